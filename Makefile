@@ -1,0 +1,41 @@
+# `make demo` and `make test` work on a fresh machine with only Python 3.11: they create .venv and
+# install every dependency pinned by requirements.lock before doing their job.
+PY ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+DEMO := out/demo
+
+.PHONY: install demo test lint bench lock clean
+
+$(STAMP): pyproject.toml requirements.lock
+	$(PY) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 is required"'
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade "pip==26.3"
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	rm -rf $(DEMO)
+	$(BIN)/pexec synth shop --rollouts 4000 --tasks 250 --seed 0 --out $(DEMO)/store
+	$(BIN)/pexec score $(DEMO)/store --out $(DEMO)/run
+	$(BIN)/pexec metrics $(DEMO)/run --by model,method
+
+lint: install
+	$(BIN)/ruff check pipeline tests
+
+test: lint
+	$(BIN)/pytest
+
+bench: install
+	$(BIN)/pexec bench replay
+	$(BIN)/pexec bench metrics
+
+# Re-pin after changing dependencies in pyproject.toml.
+lock: install
+	$(BIN)/python -m pip freeze --exclude-editable --exclude pexec > requirements.lock
+
+clean:
+	rm -rf $(VENV) out .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,230 @@
+"""Check D (data dependency): explicit references to earlier outputs, and grounded values.
+
+Explicit references take two forms:
+- a binding object recorded by an agent framework: an argument value `{"$ref": "step2.id"}`;
+- an unresolved placeholder left in a string: `$step2.id`, `{{step2.id}}`, `{{flight.id}}`, `<booking_id>`.
+A reference names a step (`stepN`, 1-based depth among calls), a logged `call_id`, or else a field name that
+is looked up in the outputs of earlier successful calls, most recent first. The rest is a path of keys and
+list indices. A reference resolves only into the output of an earlier *successful* call.
+
+Grounded parameters (declared by the spec) must carry a value that occurs in the information available
+before the step: the outputs of earlier successful calls, or the user/system messages so far.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+_STEP = re.compile(r"step(\d+)$")
+# `$step2.id` (step references only: a bare `$` is too common in money amounts), `{{ path }}`, `<name>`.
+_PLACEHOLDER = re.compile(r"\$(step\d+(?:\.[\w-]+|\[-?\d+\])*)|\{\{\s*([\w.\[\]-]+)\s*\}\}|^<([A-Za-z_][\w.]*)>$")
+
+
+class Unresolved(Exception):
+    """A reference that does not resolve; the message says why."""
+
+
+@dataclass
+class History:
+    """What the agent could know before the current step."""
+
+    outputs: dict[int, Any] = field(default_factory=dict)  # step -> output of a successful call
+    failed: set[int] = field(default_factory=set)
+    call_ids: dict[str, int] = field(default_factory=dict)
+    scalars: set[str] = field(default_factory=set)  # every scalar (and dict key) of successful outputs
+    texts: list[str] = field(default_factory=list)  # user/system messages and string outputs
+
+    def add_message(self, text: str) -> None:
+        if text:
+            self.texts.append(text)
+
+    def add_result(self, step: int, call_id: str | None, valid: bool, output: Any) -> None:
+        if call_id:
+            self.call_ids[call_id] = step
+        if not valid:
+            self.failed.add(step)
+            return
+        output = _maybe_json(output)
+        self.outputs[step] = output
+        _collect(output, self.scalars, self.texts)
+
+    def knows(self, value: Any) -> bool:
+        """Whether a grounded value occurs in the available information."""
+        text = _scalar_text(value)
+        if text is None:
+            return True  # containers are checked element by element by the caller
+        return text in self.scalars or any(text in t for t in self.texts)
+
+    def resolve(self, ref: str, step: int) -> Any:
+        head, *path = _split(ref)
+        match = _STEP.match(head)
+        if match or head in self.call_ids:
+            source = int(match.group(1)) if match else self.call_ids[head]
+            if source >= step:
+                raise Unresolved(f"{ref}: step {source} is not before step {step}")
+            if source in self.failed:
+                raise Unresolved(f"{ref}: step {source} failed")
+            if source not in self.outputs:
+                raise Unresolved(f"{ref}: no step {source}")
+            return _walk(self.outputs[source], path, ref)
+        for source in sorted(self.outputs, reverse=True):
+            output = self.outputs[source]
+            if isinstance(output, dict) and head in output:
+                return _walk(output[head], path, ref)
+        raise Unresolved(f"{ref}: no earlier successful output has a field {head!r}")
+
+
+def resolve_references(args: Any, history: History, step: int) -> tuple[Any, dict[str, str], set[str]]:
+    """Substitute resolvable references in `args`.
+
+    Returns (new args, {top-level argument: reason} for references that failed, top-level arguments that
+    held a reference). Failed references are left as they were.
+    """
+    failures: dict[str, str] = {}
+    holders: set[str] = set()
+    if not isinstance(args, dict):
+        return args, failures, holders
+    out = {}
+    for key, value in args.items():
+        new, errors, found = _substitute(value, history, step)
+        out[key] = new
+        if found:
+            holders.add(key)
+        if errors:
+            failures[key] = errors[0]
+    return out, failures, holders
+
+
+def _substitute(value: Any, history: History, step: int) -> tuple[Any, list[str], bool]:
+    if isinstance(value, str):
+        return _substitute_text(value, history, step)
+    if isinstance(value, dict):
+        if len(value) == 1 and isinstance(value.get("$ref"), str):
+            try:
+                return history.resolve(value["$ref"], step), [], True
+            except Unresolved as exc:
+                return value, [str(exc)], True
+        errors: list[str] = []
+        found = False
+        out = {}
+        for k, v in value.items():
+            out[k], e, f = _substitute(v, history, step)
+            errors += e
+            found |= f
+        return out, errors, found
+    if isinstance(value, list):
+        errors, found, items = [], False, []
+        for v in value:
+            new, e, f = _substitute(v, history, step)
+            items.append(new)
+            errors += e
+            found |= f
+        return items, errors, found
+    return value, [], False
+
+
+def _substitute_text(text: str, history: History, step: int) -> tuple[Any, list[str], bool]:
+    if "$step" not in text and "{{" not in text and not text.startswith("<"):
+        return text, [], False  # the common case, without a regex
+    matches = list(_PLACEHOLDER.finditer(text))
+    if not matches:
+        return text, [], False
+    errors: list[str] = []
+    resolved: list[Any] = []
+    for m in matches:
+        ref = m.group(1) or m.group(2) or m.group(3)
+        try:
+            resolved.append(history.resolve(ref, step))
+        except Unresolved as exc:
+            errors.append(str(exc))
+    if errors:
+        return text, errors, True
+    if len(matches) == 1 and matches[0].span() == (0, len(text)):
+        return resolved[0], [], True  # the whole value is the reference: keep the referenced type
+    pieces, last = [], 0
+    for m, value in zip(matches, resolved, strict=True):
+        pieces += [text[last : m.start()], str(value)]
+        last = m.end()
+    return "".join([*pieces, text[last:]]), [], True
+
+
+def grounded_values(args: dict[str, Any], path: str) -> Iterator[Any]:
+    """The values at a grounded parameter path: `order_id`, `items[].item_id`, `payment.card_id`."""
+    values: list[Any] = [args]
+    for part in path.split("."):
+        many = part.endswith("[]")
+        key = part.removesuffix("[]")
+        nxt: list[Any] = []
+        for v in values:
+            if isinstance(v, dict) and key in v:
+                item = v[key]
+                if many and isinstance(item, list):
+                    nxt.extend(item)
+                else:
+                    nxt.append(item)
+        values = nxt
+    for v in values:
+        if isinstance(v, list):
+            yield from v
+        elif v is not None:
+            yield v
+
+
+def _split(ref: str) -> list[str]:
+    return [p for p in re.split(r"\.|\[|\]", ref.strip()) if p]
+
+
+def _walk(value: Any, path: list[str], ref: str) -> Any:
+    for key in path:
+        value = _maybe_json(value)
+        if isinstance(value, dict) and key in value:
+            value = value[key]
+        elif isinstance(value, list) and key.lstrip("-").isdigit() and -len(value) <= int(key) < len(value):
+            value = value[int(key)]
+        else:
+            raise Unresolved(f"{ref}: no field {key!r}")
+    return value
+
+
+def _maybe_json(value: Any) -> Any:
+    if isinstance(value, str) and value[:1] in ("{", "["):
+        try:
+            return orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return value
+    return value
+
+
+def _scalar_text(value: Any) -> str | None:
+    if isinstance(value, bool) or value is None:
+        return str(value).lower()
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else repr(value)
+    if isinstance(value, str):
+        return value
+    return None
+
+
+def _collect(value: Any, scalars: set[str], texts: list[str]) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            scalars.add(k)
+            _collect(v, scalars, texts)
+    elif isinstance(value, list):
+        for v in value:
+            _collect(v, scalars, texts)
+    elif isinstance(value, str):
+        scalars.add(value)
+        if " " in value:  # free text may mention ids inside sentences
+            texts.append(value)
+    else:
+        text = _scalar_text(value)
+        if text is not None:
+            scalars.add(text)

@@ -1,0 +1,152 @@
+"""Run a scoring job: plan shards, score them as Ray tasks (bounded in flight), commit with the manifest.
+
+Local embedded Ray by default (`ray.init()`), a cluster when an address is given. `executor="inline"`
+scores in this process (tests of the pure path and profiling); it writes exactly the same output.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pipeline.envs import EnvOptions, get_environment
+from pipeline.output import code_version, write_manifest
+from pipeline.score import ScoreSettings, ShardReport, score_shard
+from pipeline.store import Shard, list_inputs, plan_shards
+
+DEFAULT_SHARD_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    files: int
+    shards: list[Shard]
+    ignored: list[str]
+    total_bytes: int
+
+
+class JobFailed(RuntimeError):
+    """A shard failed; the message names it and the reason. No manifest is written."""
+
+
+def plan(store: str, shard_bytes: int = DEFAULT_SHARD_BYTES, storage_options: dict | None = None) -> ShardPlan:
+    files, ignored = list_inputs(store, storage_options)
+    shards = plan_shards(files, shard_bytes, storage_options)
+    return ShardPlan(len(files), shards, ignored, sum(f.size for f in files))
+
+
+def run_scoring(
+    store: str,
+    run: str,
+    *,
+    env: str | None = None,
+    options: EnvOptions | None = None,
+    address: str | None = None,
+    executor: Literal["ray", "inline"] = "ray",
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    num_cpus: int | None = None,
+    run_id: str | None = None,
+    storage_options: dict | None = None,
+    on_plan: Callable[[ShardPlan], None] | None = None,
+    on_shard: Callable[[ShardReport], None] | None = None,
+) -> dict[str, Any]:
+    """Score every rollout under `store` into `run`; returns the manifest (also written as `_manifest.json`)."""
+    options = options or EnvOptions()
+    started = datetime.now(UTC)
+    if env is not None:
+        get_environment(env, options)  # a bad spec fails here, before any scoring
+    shard_plan = plan(store, shard_bytes, storage_options)
+    if on_plan:
+        on_plan(shard_plan)
+    settings = ScoreSettings(
+        run=run.rstrip("/"),
+        run_id=run_id or run.rstrip("/").rsplit("/", 1)[-1],
+        env=env,
+        options=options,
+        storage_options=storage_options,
+    )
+    if executor == "inline":
+        reports = [_inline(shard, settings, on_shard) for shard in shard_plan.shards]
+    else:
+        reports = _on_ray(shard_plan.shards, settings, address, num_cpus, on_shard)
+    reports.sort(key=lambda r: (r.source, r.start))
+    manifest = _manifest(store, settings, shard_plan, reports, started, executor)
+    write_manifest(run, manifest, storage_options)
+    return manifest
+
+
+def _inline(shard: Shard, settings: ScoreSettings, on_shard: Callable[[ShardReport], None] | None) -> ShardReport:
+    report = score_shard(shard, settings)
+    if on_shard:
+        on_shard(report)
+    return report
+
+
+def _on_ray(
+    shards: list[Shard],
+    settings: ScoreSettings,
+    address: str | None,
+    num_cpus: int | None,
+    on_shard: Callable[[ShardReport], None] | None,
+) -> list[ShardReport]:
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if not ray.is_initialized():
+        ray.init(address=address, num_cpus=num_cpus if address is None else None, include_dashboard=False,
+                 logging_level="WARNING")  # fmt: skip
+    task = ray.remote(max_retries=3, retry_exceptions=[OSError])(score_shard)
+    limit = 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))  # keep the driver small
+    pending: dict[Any, Shard] = {}
+    reports: list[ShardReport] = []
+    queue = list(shards)
+    while queue or pending:
+        while queue and len(pending) < limit:
+            shard = queue.pop(0)
+            pending[task.remote(shard, settings)] = shard
+        done, _ = ray.wait(list(pending), num_returns=1)
+        for ref in done:
+            shard = pending.pop(ref)
+            try:
+                report = ray.get(ref)
+            except Exception as exc:
+                for other in pending:
+                    ray.cancel(other, force=True)
+                cause = getattr(exc, "cause", None) or exc
+                raise JobFailed(f"shard {shard.key} ({shard.file.url} [{shard.start}:{shard.stop}]) failed: {cause}") from exc
+            reports.append(report)
+            if on_shard:
+                on_shard(report)
+    return reports
+
+
+def _manifest(
+    store: str, settings: ScoreSettings, shard_plan: ShardPlan, reports: list[ShardReport], started: datetime,
+    executor: str,
+) -> dict[str, Any]:
+    totals = {k: sum(getattr(r, k) for r in reports) for k in ("read", "scored", "rejected", "steps")}
+    environments: dict[str, str] = {}
+    for r in reports:
+        environments.update(r.environments)
+    return {
+        "run_id": settings.run_id,
+        "complete": True,
+        "code_version": code_version(),
+        "input": {
+            "store": store,
+            "files": sorted({(s.file.url, s.file.fingerprint, s.file.size) for s in shard_plan.shards}),
+            "ignored": shard_plan.ignored,
+        },
+        "settings": {"env": settings.env, "options": asdict(settings.options), "executor": executor},
+        "environments": environments,
+        "counts": totals,
+        "reconciled": totals["read"] == totals["scored"] + totals["rejected"],
+        "shards": [r.to_dict() for r in reports],
+        "started_at": started.isoformat(),
+        "finished_at": datetime.now(UTC).isoformat(),
+        "seconds": time.time() - started.timestamp(),
+    }

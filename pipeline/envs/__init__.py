@@ -1,0 +1,74 @@
+"""Environment registry: built-in environments, declarative specs, and third-party entry points.
+
+Resolution of a name (a rollout's `benchmark`, or `--env`): a registered factory first, then a package's
+entry point in the `pexec.environments` group, then a spec folder of that name (the declarative spec
+environment). Instances are cached per process: a Ray worker builds each environment once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+
+from pipeline.envs.base import Environment, EnvError, Outcome, ToolInfo
+
+__all__ = ["EnvError", "EnvOptions", "Environment", "Outcome", "ToolInfo", "get_environment", "register"]
+
+ENTRY_POINT_GROUP = "pexec.environments"
+
+
+@dataclass(frozen=True)
+class EnvOptions:
+    """Settings that select and configure an environment; hashable so instances can be cached."""
+
+    spec_dirs: tuple[str, ...] = field(default_factory=tuple)  # extra folders searched for specs
+    spec: str | None = None  # a spec name or folder that gives `observed` its schemas
+    policy: str = "code"  # code | strict (written-policy overlays, where an environment has them)
+
+
+Factory = Callable[[EnvOptions], Environment]
+_FACTORIES: dict[str, Factory] = {}
+_INSTANCES: dict[tuple[str, EnvOptions], Environment] = {}
+
+
+def register(name: str) -> Callable[[Factory], Factory]:
+    """Register an environment factory under `name` (decorator)."""
+
+    def wrap(factory: Factory) -> Factory:
+        _FACTORIES[name] = factory
+        return factory
+
+    return wrap
+
+
+def _factory(name: str, options: EnvOptions) -> Factory:
+    _load_builtins()
+    if name in _FACTORIES:
+        return _FACTORIES[name]
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == name:
+            return ep.load()
+    from pipeline.specs import find_spec
+
+    path = find_spec(name, options.spec_dirs)
+    if path is None:
+        known = sorted(_FACTORIES) + sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+        raise EnvError(f"unknown environment {name!r}: not registered ({', '.join(known)}) and no spec of that name")
+    from pipeline.envs.spec_env import SpecEnvironment
+
+    return lambda opts: SpecEnvironment.from_folder(path)
+
+
+def get_environment(name: str, options: EnvOptions | None = None) -> Environment:
+    """The (cached) environment instance for `name`."""
+    options = options or EnvOptions()
+    key = (name, options)
+    if key not in _INSTANCES:
+        _INSTANCES[key] = _factory(name, options)(options)
+    return _INSTANCES[key]
+
+
+def _load_builtins() -> None:
+    # Importing the modules runs their @register decorators.
+    from pipeline.envs import observed  # noqa: F401

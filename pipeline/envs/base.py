@@ -1,0 +1,81 @@
+"""The environment protocol every simulator implements, and the tool catalogue it exposes.
+
+The checker (pipeline.checker) only talks to this protocol, so adding a benchmark never touches it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import fastjsonschema
+
+from pipeline.model import Call, Rollout
+
+
+class EnvError(Exception):
+    """An environment cannot be built (bad spec, missing package, unknown name)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What the environment said about one call."""
+
+    accepted: bool
+    output: Any = None  # the tool's output when accepted, else None
+    message: str | None = None  # the environment's own rejection message
+    decided_by: str = "simulator"  # which source decided P: simulator | precondition | log
+
+
+@dataclass(frozen=True)
+class ToolInfo:
+    """A tool's JSON Schema (compiled once) and its grounded parameters."""
+
+    name: str
+    parameters: Mapping[str, Any]
+    grounded: frozenset[str] = frozenset()
+    validate: Callable[[Any], Any] = field(repr=False, default=lambda args: args)
+
+    @classmethod
+    def from_schema(cls, name: str, parameters: Mapping[str, Any], grounded: frozenset[str]) -> ToolInfo:
+        try:
+            validate = fastjsonschema.compile(dict(parameters), use_default=False)
+        except fastjsonschema.JsonSchemaDefinitionException as exc:
+            raise EnvError(f"tool {name!r}: parameters are not a valid JSON Schema: {exc}") from exc
+        return cls(name=name, parameters=parameters, grounded=grounded, validate=validate)
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """A replayable environment.
+
+    State objects are owned by the environment; the checker only passes them back. `execute` must leave the
+    state unchanged when it rejects a call. `checkpoint`/`rollback` give cheap access to earlier states of
+    the same rollout (an undo journal, a copy, whatever the environment does best).
+    """
+
+    name: str
+    version: str  # recorded in the manifest: spec version, simulator package version...
+    simulated: bool  # False when outputs are read from the log rather than produced by a simulator
+
+    def tool(self, name: str) -> ToolInfo | None:
+        """The tool's catalogue entry; None if the environment does not know it."""
+
+    def open_catalogue(self) -> bool:
+        """True when the environment has no catalogue (any well-formed call is a known tool)."""
+
+    def start(self, rollout: Rollout) -> Any:
+        """The initial state s_0 for this rollout."""
+
+    def available(self, state: Any, tool: str, turn: int) -> bool:
+        """Whether a known tool may be called at this point (e.g. withheld until a later turn)."""
+
+    def execute(self, state: Any, tool: str, args: dict[str, Any], call: Call) -> Outcome:
+        """Run the call in `state` (mutating it only when accepted)."""
+
+    def checkpoint(self, state: Any) -> Any:
+        """A mark of the current state to come back to."""
+
+    def rollback(self, state: Any, mark: Any) -> None:
+        """Return `state` to an earlier mark of the same rollout."""

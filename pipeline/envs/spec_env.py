@@ -1,0 +1,165 @@
+"""The declarative spec environment: tools, preconditions and effects from a `specs/<name>/` folder,
+over a JSON document state.
+
+One base document per worker process: each rollout starts by undoing the previous rollout's journal
+instead of copying the document, so a reset costs as much as the changes the last rollout made.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pipeline.envs.base import Outcome, ToolInfo
+from pipeline.expr import EvalError
+from pipeline.model import Call, Rollout
+from pipeline.specs import Effect, Spec, load_spec
+
+_MISSING = object()
+
+
+@dataclass
+class JournaledDoc:
+    """A JSON document and the undo journal of every change made to it."""
+
+    doc: dict[str, Any]
+    journal: list[tuple[str, Any, Any, Any]] = field(default_factory=list)
+
+    def set(self, container: Any, key: Any, value: Any) -> None:
+        if isinstance(container, list):
+            if key == len(container):
+                self.journal.append(("ins", container, key, None))
+                container.append(value)
+                return
+            old = container[key]  # raises IndexError for a hole
+        elif isinstance(container, dict):
+            old = container.get(key, _MISSING)
+        else:
+            raise EvalError(f"cannot set {key!r} on a {type(container).__name__}")
+        self.journal.append(("set", container, key, old))
+        container[key] = value
+
+    def delete(self, container: Any, key: Any) -> None:
+        try:
+            old = container[key]
+        except (KeyError, IndexError, TypeError) as exc:
+            raise EvalError(f"cannot delete {key!r}: not present") from exc
+        self.journal.append(("del", container, key, old))
+        del container[key]
+
+    def rollback(self, mark: int) -> None:
+        journal = self.journal
+        while len(journal) > mark:
+            op, container, key, old = journal.pop()
+            if op == "ins":
+                del container[key]
+            elif op == "del":
+                if isinstance(container, list):
+                    container.insert(key, old)
+                else:
+                    container[key] = old
+            elif old is _MISSING:
+                del container[key]
+            else:
+                container[key] = old
+
+
+def _fresh(value: Any) -> Any:
+    # Values stored in the state or returned as outputs must not alias the log's arguments or the live state.
+    return orjson.loads(orjson.dumps(value)) if isinstance(value, dict | list) else value
+
+
+class SpecEnvironment:
+    simulated = True
+
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.version = f"{spec.name}@{spec.version}+{spec.fingerprint}"
+        self._state: JournaledDoc | None = None
+
+    @classmethod
+    def from_folder(cls, folder: str | Path) -> SpecEnvironment:
+        return cls(load_spec(folder))
+
+    def tool(self, name: str) -> ToolInfo | None:
+        rules = self.spec.tools.get(name)
+        return rules.info if rules else None
+
+    def open_catalogue(self) -> bool:
+        return False
+
+    def start(self, rollout: Rollout) -> JournaledDoc:
+        if self._state is None:
+            self._state = JournaledDoc(copy.deepcopy(self.spec.initial_state))
+        state = self._state
+        state.rollback(0)
+        # A task may replace top-level parts of the initial state (e.g. its own users or orders).
+        for key, value in (rollout.env.get("state") or {}).items():
+            state.set(state.doc, key, _fresh(value))
+        return state
+
+    def available(self, state: JournaledDoc, tool: str, turn: int) -> bool:
+        return True
+
+    def execute(self, state: JournaledDoc, tool: str, args: dict[str, Any], call: Call) -> Outcome:
+        rules = self.spec.tools[tool]
+        ctx: dict[str, Any] = {"args": args, "state": state.doc}
+        for pre in rules.preconditions:
+            try:
+                ok = pre.require(ctx)
+            except EvalError as exc:
+                return Outcome(False, message=f"{pre.error(ctx)} ({exc})", decided_by="precondition")
+            if not ok:
+                return Outcome(False, message=pre.error(ctx), decided_by="precondition")
+        mark = len(state.journal)
+        try:
+            for var, expr in rules.let:
+                ctx[var] = expr(ctx)
+            for effect in rules.effects:
+                _apply(state, effect, ctx)
+            output = _fresh(rules.returns(ctx)) if rules.returns else None
+        except EvalError as exc:
+            state.rollback(mark)
+            return Outcome(False, message=f"{tool} failed: {exc}", decided_by="simulator")
+        return Outcome(True, output=output, decided_by="precondition")
+
+    def checkpoint(self, state: JournaledDoc) -> int:
+        return len(state.journal)
+
+    def rollback(self, state: JournaledDoc, mark: int) -> None:
+        state.rollback(mark)
+
+
+def _apply(state: JournaledDoc, effect: Effect, ctx: dict[str, Any]) -> None:
+    if effect.each is None:
+        _apply_once(state, effect, ctx)
+        return
+    var, items = effect.each
+    values = items(ctx)
+    if not isinstance(values, list | dict):
+        raise EvalError(f"'for' needs a list, got {type(values).__name__}")
+    for item in list(values):
+        _apply_once(state, effect, {**ctx, var: item})
+
+
+def _apply_once(state: JournaledDoc, effect: Effect, ctx: dict[str, Any]) -> None:
+    container, key = effect.target.locate(ctx)
+    if effect.op == "delete":
+        state.delete(container, key)
+        return
+    value = _fresh(effect.value(ctx))
+    if effect.op == "set":
+        state.set(container, key, value)
+        return
+    try:
+        target = container[key]
+    except (KeyError, IndexError, TypeError) as exc:
+        raise EvalError(f"cannot append: {effect.target.source} is missing") from exc
+    if not isinstance(target, list):
+        raise EvalError(f"cannot append: {effect.target.source} is not a list")
+    state.set(target, len(target), value)

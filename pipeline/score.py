@@ -1,0 +1,94 @@
+"""Score one shard: read its records, replay each rollout, write the shard's parts.
+
+This is the unit of work a Ray task runs. Counts reconcile per shard: rows read = scored + rejected.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import orjson
+
+from pipeline.checker import replay
+from pipeline.envs import EnvError, EnvOptions, get_environment
+from pipeline.model import Reject, RolloutResult
+from pipeline.output import rejects_table, rollouts_table, steps_table, write_part
+from pipeline.records import InvalidRecord, parse_rollout
+from pipeline.store import RecordError, Shard, read_shard
+
+
+@dataclass
+class ShardReport:
+    shard: str
+    source: str
+    start: int
+    stop: int | None
+    fingerprint: str
+    read: int = 0
+    scored: int = 0
+    rejected: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+    peak_rss_mib: float = 0.0  # of the process that scored the shard
+    environments: dict[str, str] = field(default_factory=dict)  # name -> version
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ScoreSettings:
+    run: str
+    run_id: str
+    env: str | None = None  # None: each rollout's `benchmark` names its environment
+    options: EnvOptions = field(default_factory=EnvOptions)
+    storage_options: dict[str, Any] | None = None
+
+
+def score_shard(shard: Shard, settings: ScoreSettings) -> ShardReport:
+    began = time.perf_counter()
+    report = ShardReport(shard.key, shard.file.url, shard.start, shard.stop, shard.file.fingerprint)
+    results: list[RolloutResult] = []
+    rejects: list[Reject] = []
+    seen: set[str] = set()
+    for location, record in read_shard(shard, settings.storage_options):
+        report.read += 1
+        reason = None
+        if isinstance(record, RecordError):
+            rejects.append(Reject(shard.file.url, location, record.reason, record.raw))
+            continue
+        try:
+            rollout = parse_rollout(record)
+            if rollout.rollout_id in seen:
+                raise InvalidRecord(f"duplicate rollout_id {rollout.rollout_id!r} in this shard")
+            seen.add(rollout.rollout_id)
+            env = get_environment(settings.env or rollout.benchmark, settings.options)
+            results.append(replay(env, rollout))
+            report.environments[env.name] = env.version
+        except (InvalidRecord, EnvError) as exc:  # a bad spec (SpecError) fails the job instead
+            reason = str(exc)
+        if reason is not None:
+            rejects.append(Reject(shard.file.url, location, reason, _raw(record)))
+    report.scored = len(results)
+    report.rejected = len(rejects)
+    report.steps = sum(r.T for r in results)
+    if report.read != report.scored + report.rejected:
+        raise RuntimeError(f"shard {shard.key}: counts do not reconcile: {report}")
+    write_part(settings.run, "steps", shard.key, steps_table(settings.run_id, results), settings.storage_options)
+    write_part(settings.run, "rollouts", shard.key, rollouts_table(settings.run_id, results), settings.storage_options)
+    write_part(
+        settings.run, "rejects", shard.key, rejects_table(settings.run_id, shard.key, rejects), settings.storage_options
+    )
+    report.seconds = time.perf_counter() - began
+    report.peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return report
+
+
+def _raw(record: dict[str, Any]) -> str:
+    try:
+        return orjson.dumps(record, default=str).decode()[:2000]
+    except TypeError:
+        return repr(record)[:2000]

@@ -1,0 +1,237 @@
+"""Environment specs as data: loading and validating a `specs/<name>/` folder.
+
+A spec folder holds `spec.toml` (tools' grounded parameters, preconditions, effects, outputs),
+`tools.json` (the tools' JSON Schemas, OpenAI `tools` format accepted as is) and `initial_state.json`.
+Every error names the file and the place in it, and is raised before any scoring starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pipeline.envs.base import EnvError, ToolInfo
+from pipeline.expr import Expr, ExprError, Target, compile_expr, compile_target, render
+
+SPEC_FILE = "spec.toml"
+SPEC_PATH_ENV = "PEXEC_SPEC_PATH"
+BUILTIN_SPECS = Path(__file__).resolve().parent.parent / "specs"
+
+_TOP_KEYS = {"name", "version", "description", "tools", "initial_state", "tool"}
+_TOOL_KEYS = {"grounded", "preconditions", "let", "effects", "returns", "description"}
+_PRE_KEYS = {"require", "error", "clause"}
+_EFFECT_OPS = ("set", "append", "delete")
+_FOR = re.compile(r"^\s*([A-Za-z_]\w*)\s+in\s+(.+)$", re.S)
+
+
+class SpecError(ValueError):
+    """A spec that cannot be used; the message names the file and the place."""
+
+
+@dataclass(frozen=True)
+class Precondition:
+    require: Expr
+    error: Expr  # renders the rejection message
+    clause: str | None = None  # where the rule comes from (e.g. a policy clause)
+
+
+@dataclass(frozen=True)
+class Effect:
+    op: str  # set | append | delete
+    target: Target
+    value: Expr | None
+    each: tuple[str, Expr] | None = None  # `for = "item in args.items"`: apply once per element
+
+
+@dataclass(frozen=True)
+class ToolRules:
+    info: ToolInfo  # schema (compiled once) and grounded parameters
+    preconditions: tuple[Precondition, ...] = ()
+    let: tuple[tuple[str, Expr], ...] = ()
+    effects: tuple[Effect, ...] = ()
+    returns: Expr | None = None
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    version: str
+    description: str
+    folder: str
+    fingerprint: str  # hash of the spec files: a changed spec is a new version
+    tools: dict[str, ToolRules] = field(default_factory=dict)
+    initial_state: dict[str, Any] = field(default_factory=dict)
+
+
+def find_spec(name: str, extra_dirs: tuple[str, ...] = ()) -> Path | None:
+    """The folder of spec `name` (or `name` itself when it is a spec folder), searched in order:
+    `extra_dirs`, $PEXEC_SPEC_PATH (os.pathsep-separated), the project's `specs/`."""
+    direct = Path(name)
+    if (direct / SPEC_FILE).is_file():
+        return direct
+    env_dirs = [d for d in os.environ.get(SPEC_PATH_ENV, "").split(os.pathsep) if d]
+    for base in [*extra_dirs, *env_dirs, str(BUILTIN_SPECS)]:
+        candidate = Path(base) / name
+        if (candidate / SPEC_FILE).is_file():
+            return candidate
+    return None
+
+
+def load_tools_json(path: Path) -> dict[str, dict[str, Any]]:
+    """Tool name -> JSON Schema of its parameters, from an OpenAI `tools` list (or bare function objects)."""
+    try:
+        items = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise SpecError(f"{path}: cannot read tools: {exc}") from exc
+    if not isinstance(items, list):
+        raise SpecError(f"{path}: expected a JSON list of tools")
+    tools: dict[str, dict[str, Any]] = {}
+    for i, item in enumerate(items):
+        fn = item.get("function", item) if isinstance(item, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise SpecError(f"{path}: tool #{i}: expected {{'type': 'function', 'function': {{'name', ...}}}}")
+        params = fn.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(params, dict):
+            raise SpecError(f"{path}: tool {fn['name']!r}: 'parameters' must be a JSON Schema object")
+        if fn["name"] in tools:
+            raise SpecError(f"{path}: tool {fn['name']!r} is defined twice")
+        tools[fn["name"]] = params
+    return tools
+
+
+def load_spec(folder: str | Path) -> Spec:
+    folder = Path(folder)
+    spec_path = folder / SPEC_FILE
+    try:
+        raw = tomllib.loads(spec_path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SpecError(f"{spec_path}: {exc}") from exc
+    _no_unknown(raw, _TOP_KEYS, f"{spec_path}")
+    for key in ("name", "version"):
+        if not isinstance(raw.get(key), str):
+            raise SpecError(f"{spec_path}: '{key}' (a string) is required")
+
+    tools_path = folder / raw.get("tools", "tools.json")
+    schemas = load_tools_json(tools_path)
+    state_path = folder / raw.get("initial_state", "initial_state.json")
+    try:
+        initial_state = orjson.loads(state_path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise SpecError(f"{state_path}: cannot read the initial state: {exc}") from exc
+    if not isinstance(initial_state, dict):
+        raise SpecError(f"{state_path}: the initial state must be a JSON object")
+
+    tables = raw.get("tool", {})
+    for name in tables:
+        if name not in schemas:
+            raise SpecError(f"{spec_path}: [tool.{name}] has no schema in {tools_path.name}")
+    tools = {
+        name: _tool_rules(name, params, tables.get(name, {}), f"{spec_path}: [tool.{name}]")
+        for name, params in schemas.items()
+    }
+    digest = hashlib.sha256()
+    for path in (spec_path, tools_path, state_path):
+        digest.update(path.read_bytes())
+    return Spec(
+        name=raw["name"],
+        version=raw["version"],
+        description=raw.get("description", ""),
+        folder=str(folder),
+        fingerprint=digest.hexdigest()[:16],
+        tools=tools,
+        initial_state=initial_state,
+    )
+
+
+def _tool_rules(name: str, params: dict[str, Any], table: dict[str, Any], where: str) -> ToolRules:
+    _no_unknown(table, _TOOL_KEYS, where)
+    grounded = table.get("grounded", [])
+    if not isinstance(grounded, list) or not all(isinstance(g, str) for g in grounded):
+        raise SpecError(f"{where}: 'grounded' must be a list of parameter paths")
+    props = params.get("properties", {})
+    for path in grounded:
+        if path.split(".")[0].removesuffix("[]") not in props:
+            raise SpecError(f"{where}: grounded parameter {path!r} is not a parameter of the tool")
+
+    names = {"args", "state"}
+    pres = []
+    for i, pre in enumerate(table.get("preconditions", [])):
+        at = f"{where} preconditions[{i}]"
+        _no_unknown(pre, _PRE_KEYS, at)
+        if "require" not in pre:
+            raise SpecError(f"{at}: 'require' is required")
+        message = pre.get("error", f"precondition failed: {pre['require']}")
+        pres.append(Precondition(_expr(pre["require"], names, at), _template(message, names, at), pre.get("clause")))
+
+    lets = []
+    for var, source in table.get("let", {}).items():
+        if var in names:
+            raise SpecError(f"{where} let.{var}: the name is already taken")
+        lets.append((var, _expr(source, names, f"{where} let.{var}")))
+        names = names | {var}
+
+    effects = []
+    for i, eff in enumerate(table.get("effects", [])):
+        at = f"{where} effects[{i}]"
+        ops = [op for op in _EFFECT_OPS if op in eff]
+        if len(ops) != 1:
+            raise SpecError(f"{at}: exactly one of {', '.join(_EFFECT_OPS)} is required")
+        op = ops[0]
+        _no_unknown(eff, {op, "value", "for"} if op != "delete" else {op, "for"}, at)
+        if op != "delete" and "value" not in eff:
+            raise SpecError(f"{at}: '{op}' needs a 'value'")
+        each, scope = None, names
+        if "for" in eff:
+            loop = _FOR.match(str(eff["for"]))
+            if not loop or loop.group(1) in names:
+                raise SpecError(f"{at}: 'for' must read '<new name> in <expression>', got {eff['for']!r}")
+            each = (loop.group(1), _expr(loop.group(2), names, f"{at} for"))
+            scope = names | {loop.group(1)}
+        try:
+            target = compile_target(eff[op], scope)
+        except ExprError as exc:
+            raise SpecError(f"{at}: {exc}") from exc
+        if target.root != "state":
+            raise SpecError(f"{at}: effects may only change the state (target rooted at {target.root!r})")
+        value = _expr(eff["value"], scope, at) if op != "delete" else None
+        effects.append(Effect(op, target, value, each))
+
+    returns = _expr(table["returns"], names, f"{where} returns") if "returns" in table else None
+    try:
+        info = ToolInfo.from_schema(name, params, frozenset(grounded))
+    except EnvError as exc:
+        raise SpecError(f"{where}: {exc}") from exc
+    return ToolRules(info, tuple(pres), tuple(lets), tuple(effects), returns)
+
+
+def _expr(source: Any, names: set[str], where: str) -> Expr:
+    if not isinstance(source, str):
+        raise SpecError(f"{where}: expected an expression string, got {source!r}")
+    try:
+        return compile_expr(source, names)
+    except ExprError as exc:
+        raise SpecError(f"{where}: {exc}") from exc
+
+
+def _template(source: Any, names: set[str], where: str) -> Expr:
+    if not isinstance(source, str):
+        raise SpecError(f"{where}: 'error' must be a string")
+    try:
+        return render(source, names)
+    except ExprError as exc:
+        raise SpecError(f"{where}: {exc}") from exc
+
+
+def _no_unknown(table: Any, allowed: set[str], where: str) -> None:
+    if not isinstance(table, dict):
+        raise SpecError(f"{where}: expected a table, got {table!r}")
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise SpecError(f"{where}: unknown field(s) {', '.join(unknown)} (allowed: {', '.join(sorted(allowed))})")
