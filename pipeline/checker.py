@@ -140,7 +140,11 @@ def _stand_in(info: ToolInfo, key: str) -> Any:
 
 
 def _accepted_earlier(
-    env: Environment, state: Any, marks: list[Any], accepted: list[tuple[Call, dict[str, Any]]], call: Call,
+    env: Environment,
+    state: Any,
+    marks: list[Any],
+    accepted: list[tuple[Call, dict[str, Any]]],
+    call: Call,
     args: dict[str, Any],
 ) -> bool:
     """Would `call` have been accepted in an earlier state of this rollout (s_0 … s_{t-2})?

@@ -8,11 +8,11 @@ from typing import Annotated, Any
 
 import orjson
 import typer
+from pipeline.aggregate import BootstrapSettings, QueryRefused, compute_metrics, sql, write_metrics
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from pipeline.aggregate import BootstrapSettings, QueryRefused, compute_metrics, sql, write_metrics
 from pipeline.distributed import DEFAULT_SHARD_BYTES, JobFailed, ShardPlan, run_scoring
 from pipeline.envs import EnvError, EnvOptions
 from pipeline.score import ShardReport
@@ -56,12 +56,17 @@ def synth(
 def score(
     store: Annotated[str, typer.Argument(help="Input store: a file or folder, local path or fsspec URL.")],
     run: Annotated[str, typer.Option("--out", help="Run folder to write (steps/, rollouts/, rejects/).")],
-    env: Annotated[str | None, typer.Option("--env", help="Environment for every rollout (default: each rollout's benchmark).")] = None,  # noqa: E501
-    spec: Annotated[str | None, typer.Option("--spec", help="Spec giving `observed` its schemas and grounding.")] = None,
+    env: Annotated[
+        str | None, typer.Option("--env", help="Environment for every rollout (default: each rollout's benchmark).")
+    ] = None,
+    spec: Annotated[
+        str | None, typer.Option("--spec", help="Spec giving `observed` its schemas and grounding.")
+    ] = None,
     spec_dir: Annotated[list[str] | None, typer.Option("--spec-dir", help="Extra folder to search for specs.")] = None,
     address: Annotated[str | None, typer.Option("--address", help="Ray cluster address (default: local Ray).")] = None,
     policy: Annotated[str, typer.Option("--policy", help="code or strict (written-policy overlays)")] = "code",
-    shard_mb: Annotated[float, typer.Option("--shard-mb", help="Target shard size in MiB.")] = DEFAULT_SHARD_BYTES / 2**20,
+    shard_mb: Annotated[float, typer.Option("--shard-mb", help="Target shard size in MiB.")] = DEFAULT_SHARD_BYTES
+    / 2**20,
     num_cpus: Annotated[int | None, typer.Option("--num-cpus", help="CPUs for local Ray.")] = None,
     inline: Annotated[bool, typer.Option("--inline", help="Score in this process, without Ray.")] = False,
 ) -> None:
@@ -70,10 +75,15 @@ def score(
         raise _fail("--policy is code or strict")
     options = EnvOptions(spec_dirs=tuple(spec_dir or ()), spec=spec, policy=policy)
     progress = Progress(
-        TextColumn("[bold]scoring"), BarColumn(), MofNCompleteColumn(), TextColumn("shards"),
+        TextColumn("[bold]scoring"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("shards"),
         TextColumn("{task.fields[rollouts]:,} rollouts · {task.fields[rate]:,.0f}/s · {task.fields[rejects]} rejects"),
-        TimeElapsedColumn(), TimeRemainingColumn(), console=console,
-    )  # fmt: skip
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+    )
     state: dict[str, Any] = {"rollouts": 0, "rejects": 0, "task": None}
 
     def on_plan(p: ShardPlan) -> None:
@@ -88,13 +98,28 @@ def score(
         state["rejects"] += r.rejected
         task = progress.tasks[state["task"]]
         elapsed = task.elapsed or 1e-9
-        progress.update(state["task"], advance=1, rollouts=state["rollouts"], rejects=state["rejects"],
-                        rate=state["rollouts"] / elapsed)  # fmt: skip
+        progress.update(
+            state["task"],
+            advance=1,
+            rollouts=state["rollouts"],
+            rejects=state["rejects"],
+            rate=state["rollouts"] / elapsed,
+        )
 
     try:
         with progress:
-            manifest = run_scoring(store, run, env=env, options=options, address=address, executor="inline" if inline else "ray",
-                                   shard_bytes=int(shard_mb * 2**20), num_cpus=num_cpus, on_plan=on_plan, on_shard=on_shard)  # fmt: skip  # noqa: E501
+            manifest = run_scoring(
+                store,
+                run,
+                env=env,
+                options=options,
+                address=address,
+                executor="inline" if inline else "ray",
+                shard_bytes=int(shard_mb * 2**20),
+                num_cpus=num_cpus,
+                on_plan=on_plan,
+                on_shard=on_shard,
+            )
     except (StoreError, SpecError, EnvError, JobFailed) as exc:
         raise _fail(str(exc)) from exc
     c = manifest["counts"]
@@ -109,11 +134,15 @@ def score(
 @app.command()
 def metrics(
     run: Annotated[str, typer.Argument(help="A scored run folder.")],
-    by: Annotated[str | None, typer.Option("--by", help="Label columns that define a condition, e.g. model,method.")] = None,
+    by: Annotated[
+        str | None, typer.Option("--by", help="Label columns that define a condition, e.g. model,method.")
+    ] = None,
     bootstrap: Annotated[int, typer.Option("--bootstrap", min=1, help="Bootstrap replicates B.")] = 1000,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     method: Annotated[str, typer.Option("--method", help="multinomial (task resampling) or poisson")] = "multinomial",
-    max_k: Annotated[int | None, typer.Option("--max-k", help="Largest k for PEC(k) (default: max T, at most 20).")] = None,
+    max_k: Annotated[
+        int | None, typer.Option("--max-k", help="Largest k for PEC(k) (default: max T, at most 20).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per cohort.")] = False,
 ) -> None:
     """Success, TER, AUC-PEC, RR and PEC(k) per cohort with 95% task-level bootstrap intervals."""
@@ -132,8 +161,10 @@ def metrics(
     out.print(metrics_table(cohorts, columns))
     if cohorts:
         b = cohorts[0]["bootstrap"]
-        out.print(f"95% intervals: {b['method']} task-level bootstrap, B={b['B']}, seed={b['seed']}, "
-                  f"DuckDB {b['duckdb_version']}; written to {run.rstrip('/')}/metrics/")  # fmt: skip
+        out.print(
+            f"95% intervals: {b['method']} task-level bootstrap, B={b['B']}, seed={b['seed']}, "
+            f"DuckDB {b['duckdb_version']}; written to {run.rstrip('/')}/metrics/"
+        )
 
 
 def metrics_table(cohorts: list[dict], by: list[str] | None) -> Table:
@@ -145,9 +176,15 @@ def metrics_table(cohorts: list[dict], by: list[str] | None) -> Table:
         pec = {p["k"]: p for p in c["pec"]}
         rr = _ci(c["rr"]) + f" ({c['rr']['eligible']})"
         table.add_row(
-            *[str(c.get(k)) for k in keys], str(c["n"]), str(c["n_tasks"]), _ci(c["success"]), _ci(c["ter"]),
-            _ci(c["auc_pec"]), rr, *(_ci(pec[k]) if k in pec else "–" for k in (1, 3, 5)),
-        )  # fmt: skip
+            *[str(c.get(k)) for k in keys],
+            str(c["n"]),
+            str(c["n_tasks"]),
+            _ci(c["success"]),
+            _ci(c["ter"]),
+            _ci(c["auc_pec"]),
+            rr,
+            *(_ci(pec[k]) if k in pec else "–" for k in (1, 3, 5)),
+        )
     return table
 
 
@@ -190,7 +227,9 @@ def sql_command(
 @app.command()
 def bench(
     what: Annotated[str, typer.Argument(help="replay or metrics")] = "replay",
-    rollouts: Annotated[int | None, typer.Option("--rollouts", help="Store size (default: 200k replay, 1M metrics).")] = None,
+    rollouts: Annotated[
+        int | None, typer.Option("--rollouts", help="Store size (default: 200k replay, 1M metrics).")
+    ] = None,
     workdir: Annotated[Path | None, typer.Option("--workdir", help="Where to put the generated data.")] = None,
 ) -> None:
     """Benchmarks: replay throughput through Ray vs a naive baseline, or the DuckDB bootstrap stage."""

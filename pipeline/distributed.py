@@ -97,8 +97,12 @@ def _on_ray(
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if not ray.is_initialized():
-        ray.init(address=address, num_cpus=num_cpus if address is None else None, include_dashboard=False,
-                 logging_level="WARNING")  # fmt: skip
+        ray.init(
+            address=address,
+            num_cpus=num_cpus if address is None else None,
+            include_dashboard=False,
+            logging_level="WARNING",
+        )
     task = ray.remote(max_retries=3, retry_exceptions=[OSError])(score_shard)
     limit = 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))  # keep the driver small
     pending: dict[Any, Shard] = {}
@@ -117,7 +121,9 @@ def _on_ray(
                 for other in pending:
                     ray.cancel(other, force=True)
                 cause = getattr(exc, "cause", None) or exc
-                raise JobFailed(f"shard {shard.key} ({shard.file.url} [{shard.start}:{shard.stop}]) failed: {cause}") from exc
+                raise JobFailed(
+                    f"shard {shard.key} ({shard.file.url} [{shard.start}:{shard.stop}]) failed: {cause}"
+                ) from exc
             reports.append(report)
             if on_shard:
                 on_shard(report)
@@ -125,7 +131,11 @@ def _on_ray(
 
 
 def _manifest(
-    store: str, settings: ScoreSettings, shard_plan: ShardPlan, reports: list[ShardReport], started: datetime,
+    store: str,
+    settings: ScoreSettings,
+    shard_plan: ShardPlan,
+    reports: list[ShardReport],
+    started: datetime,
     executor: str,
 ) -> dict[str, Any]:
     totals = {k: sum(getattr(r, k) for r in reports) for k in ("read", "scored", "rejected", "steps")}

@@ -22,21 +22,45 @@ from pipeline.model import Reject, RolloutResult
 MANIFEST = "_manifest.json"
 TABLES = ("steps", "rollouts", "rejects")
 
-_ID_FIELDS = [("run_id", pa.string()), ("rollout_id", pa.string()), ("task_id", pa.string()), ("benchmark", pa.string())]
+_ID_FIELDS = [
+    ("run_id", pa.string()),
+    ("rollout_id", pa.string()),
+    ("task_id", pa.string()),
+    ("benchmark", pa.string()),
+]
 _STEP_FIELDS = [
-    ("step", pa.int32()), ("turn", pa.int32()), ("tool", pa.string()), ("valid", pa.bool_()),
-    ("prefix_executable", pa.bool_()), ("check", pa.string()), ("cause", pa.string()), ("detail", pa.string()),
-    ("decided_by", pa.string()), ("output_match", pa.bool_()),
-]  # fmt: skip
+    ("step", pa.int32()),
+    ("turn", pa.int32()),
+    ("tool", pa.string()),
+    ("valid", pa.bool_()),
+    ("prefix_executable", pa.bool_()),
+    ("check", pa.string()),
+    ("cause", pa.string()),
+    ("detail", pa.string()),
+    ("decided_by", pa.string()),
+    ("output_match", pa.bool_()),
+]
 _ROLLOUT_FIELDS = [
-    ("T", pa.int32()), ("fed", pa.int32()), ("executable", pa.bool_()), ("auc_term", pa.float64()),
-    ("success", pa.bool_()), ("recovered", pa.bool_()), ("first_cause", pa.string()), ("n_invalid", pa.int32()),
+    ("T", pa.int32()),
+    ("fed", pa.int32()),
+    ("executable", pa.bool_()),
+    ("auc_term", pa.float64()),
+    ("success", pa.bool_()),
+    ("recovered", pa.bool_()),
+    ("first_cause", pa.string()),
+    ("n_invalid", pa.int32()),
     ("n_output_mismatch", pa.int32()),
-]  # fmt: skip
+]
 REJECT_SCHEMA = pa.schema(
-    [("run_id", pa.string()), ("shard", pa.string()), ("source", pa.string()), ("location", pa.string()),
-     ("reason", pa.string()), ("raw", pa.string())]
-)  # fmt: skip
+    [
+        ("run_id", pa.string()),
+        ("shard", pa.string()),
+        ("source", pa.string()),
+        ("location", pa.string()),
+        ("reason", pa.string()),
+        ("raw", pa.string()),
+    ]
+)
 
 
 def steps_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
@@ -46,8 +70,12 @@ def steps_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
     for result in results:
         r = result.rollout
         for s in result.steps:
-            for name, value in (("run_id", run_id), ("rollout_id", r.rollout_id), ("task_id", r.task_id),
-                                ("benchmark", r.benchmark)):  # fmt: skip
+            for name, value in (
+                ("run_id", run_id),
+                ("rollout_id", r.rollout_id),
+                ("task_id", r.task_id),
+                ("benchmark", r.benchmark),
+            ):
                 cols[name].append(value)
             for name in labels:
                 label_cols[name].append(r.labels.get(name))
@@ -66,11 +94,20 @@ def rollouts_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
         r = res.rollout
         n_invalid = sum(not s.valid for s in res.steps)
         row = {
-            "run_id": run_id, "rollout_id": r.rollout_id, "task_id": r.task_id, "benchmark": r.benchmark,
-            "T": res.T, "fed": res.fed, "executable": res.executable, "auc_term": res.auc_term,
-            "success": r.success, "recovered": res.recovered, "first_cause": res.first_cause,
-            "n_invalid": n_invalid, "n_output_mismatch": sum(s.output_match is False for s in res.steps),
-        }  # fmt: skip
+            "run_id": run_id,
+            "rollout_id": r.rollout_id,
+            "task_id": r.task_id,
+            "benchmark": r.benchmark,
+            "T": res.T,
+            "fed": res.fed,
+            "executable": res.executable,
+            "auc_term": res.auc_term,
+            "success": r.success,
+            "recovered": res.recovered,
+            "first_cause": res.first_cause,
+            "n_invalid": n_invalid,
+            "n_output_mismatch": sum(s.output_match is False for s in res.steps),
+        }
         for name, value in row.items():
             cols[name].append(value)
         for name in labels:

@@ -65,8 +65,9 @@ def synthesize(spec: str = "shop", n_rollouts: int = 1000, n_tasks: int = 100, s
         yield _rollout_record(f"r{r:07d}", task, model, method, rng)
 
 
-def write_store(records: Iterator[dict], out: str, fmt: str = "jsonl", per_file: int = 50_000,
-                compression: str | None = None) -> int:  # fmt: skip
+def write_store(
+    records: Iterator[dict], out: str, fmt: str = "jsonl", per_file: int = 50_000, compression: str | None = None
+) -> int:
     """Write records as numbered files under `out`; returns the number of records."""
     fs, root = fsspec.core.url_to_fs(out)
     fs.makedirs(root, exist_ok=True)
@@ -103,10 +104,14 @@ def _to_arrow(batch: list[dict]) -> pa.Table:
         return e
 
     rows = [
-        {**r, "env": orjson.dumps(r["env"]).decode(), "truth": orjson.dumps(r["truth"]).decode(),
-         "events": [event(e) for e in r["events"]]}
+        {
+            **r,
+            "env": orjson.dumps(r["env"]).decode(),
+            "truth": orjson.dumps(r["truth"]).decode(),
+            "events": [event(e) for e in r["events"]],
+        }
         for r in batch
-    ]  # fmt: skip
+    ]
     return pa.Table.from_pylist(rows)
 
 
@@ -152,8 +157,12 @@ def _make_task(env: SpecEnvironment, index: int, rng: random.Random) -> _Task:
         pid = rng.choice(stocked)
         card = next(iter(user["payment_methods"]))
         gold += [_Step("list_products", {}), _Step("get_product", {"product_id": pid})]
-        gold.append(_Step("place_order", {"user_id": uid, "items": [{"product_id": pid, "quantity": 1}],
-                                          "payment_method_id": card}))  # fmt: skip
+        gold.append(
+            _Step(
+                "place_order",
+                {"user_id": uid, "items": [{"product_id": pid, "quantity": 1}], "payment_method_id": card},
+            )
+        )
         ask = f"I'd like to buy one {db['products'][pid]['name']}"
     else:
         gold.append(_Step("update_address", {"user_id": uid, "street": "12 Elm Rd", "city": "Austin", "zip": "78702"}))
@@ -201,11 +210,16 @@ def _rollout_record(rollout_id: str, task: _Task, model: str, method: str, rng: 
     truth = [{"valid": s.valid, "cause": s.cause} for s in steps]
     fed = next((i + 1 for i, s in enumerate(steps) if not s.valid), len(steps) + 1)
     return {
-        "rollout_id": rollout_id, "task_id": task.task_id, "benchmark": "shop",
-        "labels": {"model": model, "method": method}, "env": {}, "events": events, "success": success,
+        "rollout_id": rollout_id,
+        "task_id": task.task_id,
+        "benchmark": "shop",
+        "labels": {"model": model, "method": method},
+        "env": {},
+        "events": events,
+        "success": success,
         "cost": {"tokens": 400 * len(steps) + rng.randint(0, 400), "latency_s": round(0.8 * len(steps), 2)},
         "truth": {"fed": fed, "first_cause": truth[fed - 1]["cause"] if fed <= len(steps) else None, "steps": truth},
-    }  # fmt: skip
+    }
 
 
 def _inject(steps: list[_Step], cause: str, task: _Task, rng: random.Random, *, first: bool, after: int = 0) -> int:
@@ -221,8 +235,9 @@ def _inject(steps: list[_Step], cause: str, task: _Task, rng: random.Random, *, 
     elif cause == "precondition":
         signed_in = next(i for i, s in enumerate(steps) if s is task.gold[0]) + 1  # the user id is known
         pos = rng.randint(max(signed_in, after), len(steps))
-        step = _Step("update_address", {"user_id": uid, "street": "1 Nowhere", "city": "Austin", "zip": "ABCDE"},
-                     valid=False)  # fmt: skip
+        step = _Step(
+            "update_address", {"user_id": uid, "street": "1 Nowhere", "city": "Austin", "zip": "ABCDE"}, valid=False
+        )
     else:
         pos = rng.randint(after, len(steps))
         step = _Step(*_bad_call(cause, rng, pos), valid=False)

@@ -46,8 +46,12 @@ def not_pending(ava: dict[str, Any]) -> str:
 
 def test_gold_path_is_fully_executable(ava):
     oid = pending(ava)
-    result = run(SIGN_IN, ("get_user", {"user_id": "U1001"}), ("get_order", {"order_id": oid}),
-                 ("cancel_order", {"order_id": oid, "reason": "no longer needed"}))  # fmt: skip
+    result = run(
+        SIGN_IN,
+        ("get_user", {"user_id": "U1001"}),
+        ("get_order", {"order_id": oid}),
+        ("cancel_order", {"order_id": oid, "reason": "no longer needed"}),
+    )
     assert flags(result) == [(True, None, None)] * 4
     assert result.fed == 5 and result.executable and result.auc_term == 1.0
     assert all(s.prefix_executable for s in result.steps)
@@ -78,9 +82,13 @@ def test_schema_is_checked_before_dependency():
 
 
 def test_references_resolve_to_earlier_outputs(ava):
-    result = run(SIGN_IN, ("get_user", {"user_id": {"$ref": "step1.user_id"}}),
-                 ("get_order", {"order_id": "$step2.orders[0]"}), ("get_user", {"user_id": "{{user_id}}"}),
-                 ("get_order", {"order_id": "<order_id>"}))  # fmt: skip
+    result = run(
+        SIGN_IN,
+        ("get_user", {"user_id": {"$ref": "step1.user_id"}}),
+        ("get_order", {"order_id": "$step2.orders[0]"}),
+        ("get_user", {"user_id": "{{user_id}}"}),
+        ("get_order", {"order_id": "<order_id>"}),
+    )
     assert flags(result) == [(True, None, None)] * 5
 
 
@@ -121,18 +129,24 @@ def test_state_consistency_vs_precondition(ava):
     twice = run(SIGN_IN, ("get_user", {"user_id": "U1001"}), cancel, cancel)
     assert flags(twice)[3] == (False, "P", "state_consistency")
     assert "only pending orders" in twice.steps[3].detail
-    never = run(SIGN_IN, ("get_user", {"user_id": "U1001"}),
-                ("cancel_order", {"order_id": not_pending(ava), "reason": "no longer needed"}))  # fmt: skip
+    never = run(
+        SIGN_IN,
+        ("get_user", {"user_id": "U1001"}),
+        ("cancel_order", {"order_id": not_pending(ava), "reason": "no longer needed"}),
+    )
     assert flags(never)[2] == (False, "P", "precondition")
 
 
 def test_invalid_calls_leave_the_state_unchanged_and_replay_continues(ava):
     oid = pending(ava)
-    result = run(SIGN_IN, ("get_user", {"user_id": "U1001"}),
-                 ("cancel_order", {"order_id": oid, "reason": "bored"}),  # S: not executed
-                 ("get_order", {"order_id": oid}),
-                 ("cancel_order", {"order_id": oid, "reason": "ordered by mistake"}),
-                 ("cancel_order", {"order_id": oid, "reason": "ordered by mistake"}))  # fmt: skip
+    result = run(
+        SIGN_IN,
+        ("get_user", {"user_id": "U1001"}),
+        ("cancel_order", {"order_id": oid, "reason": "bored"}),  # S: not executed
+        ("get_order", {"order_id": oid}),
+        ("cancel_order", {"order_id": oid, "reason": "ordered by mistake"}),
+        ("cancel_order", {"order_id": oid, "reason": "ordered by mistake"}),
+    )
     assert [s.valid for s in result.steps] == [True, True, False, True, True, False]
     assert result.fed == 3 and result.first_cause == "schema"
     # Later invalid steps carry the cheap label: precondition, not state_consistency.
@@ -144,8 +158,9 @@ def test_state_consistency_check_restores_the_state(ava):
     # After the re-tests against earlier states, the current state must be exactly as before.
     oid = pending(ava)
     cancel = ("cancel_order", {"order_id": oid, "reason": "no longer needed"})
-    result = run(SIGN_IN, ("get_user", {"user_id": "U1001"}), cancel, cancel, ("get_order", {"order_id": oid},
-                 {"output": None}))  # fmt: skip
+    result = run(
+        SIGN_IN, ("get_user", {"user_id": "U1001"}), cancel, cancel, ("get_order", {"order_id": oid}, {"output": None})
+    )
     assert result.steps[3].cause == "state_consistency"
     assert result.steps[4].valid
     env = get_environment("shop")
@@ -180,8 +195,11 @@ def test_no_calls_is_vacuously_executable():
 
 
 def test_observed_environment_uses_the_logged_error():
-    result = run(("anything", {"x": 1}, {"output": "ok", "error": False}),
-                 ("other", {"y": 2}, {"output": "backend said no", "error": True}), env="observed")  # fmt: skip
+    result = run(
+        ("anything", {"x": 1}, {"output": "ok", "error": False}),
+        ("other", {"y": 2}, {"output": "backend said no", "error": True}),
+        env="observed",
+    )
     assert flags(result) == [(True, None, None), (False, "P", "precondition")]
     assert result.steps[1].decided_by == "log" and result.steps[1].detail == "backend said no"
     assert result.steps[0].output_match is None  # no simulator: nothing to compare

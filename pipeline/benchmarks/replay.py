@@ -57,8 +57,13 @@ def naive_replay(env: SpecEnvironment, record: dict[str, Any]) -> list[bool]:
     return flags
 
 
-def bench_replay(n_rollouts: int = 220_000, n_tasks: int = 20_000, workdir: Path | None = None,
-                 baseline_sample: int = 2_000, cpus: tuple[int, ...] = (1, 2)) -> dict[str, Any]:  # fmt: skip
+def bench_replay(
+    n_rollouts: int = 220_000,
+    n_tasks: int = 20_000,
+    workdir: Path | None = None,
+    baseline_sample: int = 2_000,
+    cpus: tuple[int, ...] = (1, 2),
+) -> dict[str, Any]:
     root = Path(workdir or tempfile.mkdtemp(prefix="pexec-bench-"))
     store = root / "store"
     if store.exists():
@@ -68,8 +73,9 @@ def bench_replay(n_rollouts: int = 220_000, n_tasks: int = 20_000, workdir: Path
     print(f"synth: {n_rollouts:,} rollouts in {time.perf_counter() - t0:.1f}s -> {store}")
 
     # Baseline and the optimised checker on the same sample, one core, in this process.
-    records = [r for _, r in zip(range(baseline_sample), synthesize("shop", baseline_sample, n_tasks, seed=0),
-                                 strict=False)]  # fmt: skip
+    records = [
+        r for _, r in zip(range(baseline_sample), synthesize("shop", baseline_sample, n_tasks, seed=0), strict=False)
+    ]
     env = get_environment("shop")
     steps = sum(e["type"] == "call" for r in records for e in r["events"])
     t0 = time.perf_counter()
@@ -80,8 +86,10 @@ def bench_replay(n_rollouts: int = 220_000, n_tasks: int = 20_000, workdir: Path
     for r in records:
         replay(env, parse_rollout(r))
     checker = steps / (time.perf_counter() - t0)
-    print(f"one core, {baseline_sample:,} rollouts: naive {naive:,.0f} steps/s · checker {checker:,.0f} steps/s "
-          f"({checker / naive:.1f}x)")  # fmt: skip
+    print(
+        f"one core, {baseline_sample:,} rollouts: naive {naive:,.0f} steps/s · checker {checker:,.0f} steps/s "
+        f"({checker / naive:.1f}x)"
+    )
 
     results: dict[str, Any] = {"naive_steps_per_s": naive, "checker_steps_per_s": checker, "ray": {}}
     import ray
@@ -96,14 +104,19 @@ def bench_replay(n_rollouts: int = 220_000, n_tasks: int = 20_000, workdir: Path
         c = manifest["counts"]
         worker_peak = max(s["peak_rss_mib"] for s in manifest["shards"])
         row = {
-            "seconds": seconds, "rollouts_per_s_per_core": c["scored"] / seconds / n,
-            "steps_per_s_per_core": c["steps"] / seconds / n, "worker_peak_rss_mib": worker_peak,
-            "rollouts": c["scored"], "steps": c["steps"],
-        }  # fmt: skip
+            "seconds": seconds,
+            "rollouts_per_s_per_core": c["scored"] / seconds / n,
+            "steps_per_s_per_core": c["steps"] / seconds / n,
+            "worker_peak_rss_mib": worker_peak,
+            "rollouts": c["scored"],
+            "steps": c["steps"],
+        }
         results["ray"][n] = row
-        print(f"ray {n} cpu: {c['scored']:,} rollouts, {c['steps']:,} steps in {seconds:.1f}s (incl. Ray start) · "
-              f"{row['rollouts_per_s_per_core']:,.0f} rollouts/s/core · {row['steps_per_s_per_core']:,.0f} steps/s/core"
-              f" · {row['steps_per_s_per_core'] / naive:.1f}x naive · worker peak {worker_peak:,.0f} MiB")  # fmt: skip
+        print(
+            f"ray {n} cpu: {c['scored']:,} rollouts, {c['steps']:,} steps in {seconds:.1f}s (incl. Ray start) · "
+            f"{row['rollouts_per_s_per_core']:,.0f} rollouts/s/core · {row['steps_per_s_per_core']:,.0f} steps/s/core"
+            f" · {row['steps_per_s_per_core'] / naive:.1f}x naive · worker peak {worker_peak:,.0f} MiB"
+        )
     driver = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     results["driver_peak_rss_mib"] = driver
     print(f"driver peak RSS {driver:,.0f} MiB")

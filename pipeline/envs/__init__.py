@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 
-from pipeline.envs.base import Environment, EnvError, Outcome, ToolInfo
+from pipeline.envs.base import EnvError, Environment, Outcome, ToolInfo
 
 __all__ = ["EnvError", "EnvOptions", "Environment", "Outcome", "ToolInfo", "get_environment", "register"]
 

@@ -1,0 +1,428 @@
+"""Trajectory stores: list the data files under an fsspec URL, plan shards, read records with their location.
+
+A store is one file or a folder searched recursively. JSON Lines (plain, gzip, zstd) and Parquet are read;
+every record comes back with the place it came from, and content that cannot be read comes back as a
+`RecordError` in the stream instead of an exception, so that rows read = rows scored + rows rejected.
+Errors of the storage layer itself (network, permissions) are raised: they are worth a retry, not a reject.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import IO, Any, Literal
+
+import fsspec
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import zstandard
+from fsspec.implementations.local import LocalFileSystem
+
+Format = Literal["jsonl", "parquet"]
+Compression = Literal[None, "gzip", "zstd"]
+
+RAW_LIMIT = 2000  # characters of offending text kept in a RecordError
+_CHUNK = 1 << 20  # bytes per read of a plain or gzip stream
+_ZSTD_INPUT_CHUNK = 1 << 16  # zstd decompressobj has no output limit: small inputs bound each output chunk
+_PARQUET_BATCH_ROWS = 1024  # rollouts are large: bound the Python objects alive at once
+_BOM = b"\xef\xbb\xbf"
+
+_JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
+_COMPRESSION_SUFFIXES: tuple[tuple[str, Compression], ...] = ((".gz", "gzip"), (".zst", "zstd"), ("", None))
+# Listing keys that change with the content, most specific first (S3/GCS checksums, then times).
+_VERSION_KEYS = (
+    "ETag",
+    "etag",
+    "md5Hash",
+    "md5",
+    "checksum",
+    "crc32c",
+    "generation",
+    "mtime",
+    "LastModified",
+    "last_modified",
+    "updated",
+    "created",
+)
+
+
+class StoreError(Exception):
+    """The store as a whole cannot be used (missing, empty, changed since it was listed)."""
+
+
+@dataclass(frozen=True)
+class RecordError:
+    """One unreadable record (or the unreadable rest of a file): a reject, not a crash."""
+
+    reason: str
+    raw: str  # the offending text, at most RAW_LIMIT characters
+
+
+@dataclass(frozen=True)
+class InputFile:
+    url: str  # full URL with protocol; a plain absolute path for the local filesystem
+    fmt: Format
+    compression: Compression
+    size: int
+    fingerprint: str  # "<size>-<hash of the content version>", or "<size>" when the fs reports no version
+
+
+@dataclass(frozen=True)
+class Shard:
+    file: InputFile
+    start: int  # plain JSONL: byte offset; Parquet: first row group; whole-file shards: 0
+    stop: int | None  # exclusive byte offset / row group; None = to the end of the file
+
+    @property
+    def key(self) -> str:
+        # The input version is left out on purpose: a rerun over a changed file must overwrite the same parts.
+        ident = f"{self.file.url}\n{self.start}\n{'' if self.stop is None else self.stop}"
+        return hashlib.sha1(ident.encode()).hexdigest()[:16]
+
+    @property
+    def whole_file(self) -> bool:
+        return self.start == 0 and self.stop is None
+
+
+Record = dict[str, Any] | RecordError
+
+
+def list_inputs(url: str, storage_options: dict[str, Any] | None = None) -> tuple[list[InputFile], list[str]]:
+    """Data files of the store sorted by URL, and the URLs of files skipped for their extension.
+
+    Names starting with "." or "_" (at any depth below the store root) are neither read nor reported:
+    they are metadata such as `_manifest.json` or `.git/`. A file named directly is read whatever its name.
+    """
+    fs, root = _filesystem(url, storage_options)
+    if not fs.exists(root):
+        raise StoreError(f"no such store: {url}")
+    if fs.isfile(root):
+        entries = {root: fs.info(root)}
+    else:
+        base = root.rstrip("/") + "/"
+        entries = {
+            name: info
+            for name, info in fs.find(root, detail=True).items()
+            if info.get("type") != "directory"
+            and not any(part[:1] in (".", "_") for part in name.removeprefix(base).split("/"))
+        }
+    files: list[InputFile] = []
+    ignored: list[str] = []
+    for name in sorted(entries):
+        info = entries[name]
+        file_url = _url(fs, name)
+        kind = _classify(name)
+        if kind is None:
+            ignored.append(file_url)
+            continue
+        size = int(info["size"])
+        files.append(InputFile(file_url, kind[0], kind[1], size, _fingerprint(size, info)))
+    if not files:
+        hint = f" ({len(ignored)} other files ignored, e.g. {ignored[0]})" if ignored else ""
+        raise StoreError(f"no data files under {url}{hint}")
+    return files, ignored
+
+
+def plan_shards(
+    files: Sequence[InputFile], target_bytes: int = 64 * 2**20, storage_options: dict[str, Any] | None = None
+) -> list[Shard]:
+    """Cut files into shards of about `target_bytes` (compressed JSONL is never cut: it cannot seek)."""
+    if target_bytes < 1:
+        raise ValueError(f"target_bytes must be at least 1, got {target_bytes}")
+    shards: list[Shard] = []
+    for file in files:
+        if file.fmt == "parquet":
+            shards.extend(_parquet_shards(file, target_bytes, storage_options))
+        elif file.compression is None and file.size > target_bytes:
+            shards.extend(
+                Shard(file, start, min(start + target_bytes, file.size)) for start in range(0, file.size, target_bytes)
+            )
+        else:
+            shards.append(Shard(file, 0, None))
+    return shards
+
+
+def read_shard(shard: Shard, storage_options: dict[str, Any] | None = None) -> Iterator[tuple[str, Record]]:
+    """Yield (location, record or RecordError) for every record of the shard, in file order.
+
+    Locations: "line N" (1-based) in whole-file JSONL shards, "byte N" (offset of the line's first byte) in
+    byte-range shards, "row N" (0-based within the file) in Parquet. Blank lines are not records. A corrupt
+    compressed stream or Parquet file ends the shard with one RecordError at the point of failure.
+    """
+    fs, path = _filesystem(shard.file.url, storage_options)
+    with fs.open(path, "rb") as f:
+        _check_unchanged(f, shard.file)
+        if shard.file.fmt == "parquet":
+            yield from _read_parquet(f, shard)
+        elif shard.whole_file:
+            yield from _read_numbered(f, shard.file.compression)
+        else:
+            yield from _read_range(f, shard.start, shard.stop)
+
+
+# --- listing -------------------------------------------------------------------------------------------
+
+
+def _filesystem(url: str, storage_options: dict[str, Any] | None) -> tuple[fsspec.AbstractFileSystem, str]:
+    try:
+        return fsspec.core.url_to_fs(url, **(storage_options or {}))
+    except (ValueError, ImportError) as e:  # unknown protocol, or its package is not installed
+        raise StoreError(f"cannot open store {url}: {e}") from e
+
+
+def _url(fs: fsspec.AbstractFileSystem, path: str) -> str:
+    return path if isinstance(fs, LocalFileSystem) else fs.unstrip_protocol(path)
+
+
+def _classify(name: str) -> tuple[Format, Compression] | None:
+    lower = name.lower()
+    if lower.endswith(".parquet"):
+        return "parquet", None
+    for suffix, compression in _COMPRESSION_SUFFIXES:
+        if lower.endswith(suffix) and lower.removesuffix(suffix).endswith(_JSONL_SUFFIXES):
+            return "jsonl", compression
+    return None
+
+
+def _fingerprint(size: int, info: dict[str, Any]) -> str:
+    for key in _VERSION_KEYS:
+        value = info.get(key)
+        if value is None or value == "":
+            continue
+        if isinstance(value, datetime):  # some filesystems give a datetime in info() but a float in find()
+            value = value.timestamp()
+        return f"{size}-{hashlib.sha1(f'{key}={value}'.encode()).hexdigest()[:12]}"
+    return str(size)
+
+
+# --- planning ------------------------------------------------------------------------------------------
+
+
+def _parquet_shards(file: InputFile, target_bytes: int, storage_options: dict[str, Any] | None) -> list[Shard]:
+    fs, path = _filesystem(file.url, storage_options)
+    with fs.open(path, "rb") as f:
+        source = _Source(f)
+        try:
+            meta = pq.read_metadata(source)
+        except (pa.ArrowException, OSError):
+            if source.failed:
+                raise
+            return [Shard(file, 0, None)]  # unreadable footer: read_shard reports it as one reject
+    groups: list[Shard] = []
+    begin, size = 0, 0
+    for i in range(meta.num_row_groups):
+        row_group = meta.row_group(i)
+        size += sum(row_group.column(c).total_compressed_size for c in range(row_group.num_columns))
+        if size >= target_bytes and i + 1 < meta.num_row_groups:
+            groups.append(Shard(file, begin, i + 1))
+            begin, size = i + 1, 0
+    if not groups:
+        return [Shard(file, 0, None)]
+    groups.append(Shard(file, begin, meta.num_row_groups))
+    return groups
+
+
+# --- reading -------------------------------------------------------------------------------------------
+
+
+class _Truncated(EOFError):
+    """A compressed stream ended inside a frame."""
+
+
+# What a corrupt compressed stream raises (storage errors are other OSErrors and propagate).
+_STREAM_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile, zstandard.ZstdError)
+
+
+class _Source:
+    """File wrapper that remembers whether the storage layer failed, because pyarrow reports corrupt
+    content as OSError too and only storage failures should propagate."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self._f = f
+        self.failed = False
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return self._f.read(size)
+        except Exception:
+            self.failed = True
+            raise
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._f.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    @property
+    def closed(self) -> bool:
+        return self._f.closed
+
+
+def _check_unchanged(f: IO[bytes], file: InputFile) -> None:
+    # Byte ranges and row groups planned on another version of the file would read the wrong records.
+    size = f.seek(0, 2)
+    f.seek(0)
+    if size != file.size:
+        raise StoreError(f"{file.url} changed since it was listed: size {file.size}, now {size}")
+
+
+class _Lines:
+    """Split byte chunks into lines (newline removed), each with the offset of its first byte."""
+
+    def __init__(self, chunks: Iterable[bytes], offset: int = 0) -> None:
+        self._chunks = chunks
+        self._offset = offset
+        self._parts: list[bytes] = []  # the line being assembled; a list so long lines are joined once
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        parts = self._parts
+        pos = line_start = self._offset
+        for chunk in self._chunks:
+            i = 0
+            while (j := chunk.find(b"\n", i)) >= 0:
+                parts.append(chunk[i:j])
+                line = b"".join(parts)
+                parts.clear()
+                yield line_start, line
+                line_start = pos + j + 1
+                i = j + 1
+            if i < len(chunk):
+                parts.append(chunk[i:])
+            pos += len(chunk)
+        if parts:  # a last line without a trailing newline
+            line = b"".join(parts)
+            parts.clear()
+            yield line_start, line
+
+    def pending(self) -> bytes:
+        """The incomplete line held when the chunk source failed."""
+        return b"".join(self._parts)
+
+
+def _chunks(f: IO[bytes], compression: Compression) -> Iterator[bytes]:
+    if compression == "zstd":
+        yield from _zstd_chunks(f)
+        return
+    if compression == "gzip":
+        # read1, not read: read(n) discards what it decompressed when the stream then turns out truncated.
+        stream = gzip.GzipFile(fileobj=f, mode="rb")
+        while chunk := stream.read1(_CHUNK):
+            yield chunk
+        return
+    while chunk := f.read(_CHUNK):
+        yield chunk
+
+
+def _zstd_chunks(f: IO[bytes]) -> Iterator[bytes]:
+    # Not stream_reader: it ends silently on a truncated frame, which would drop records without a trace.
+    dctx = zstandard.ZstdDecompressor()
+    dobj = dctx.decompressobj()
+    mid_frame = False
+    while data := f.read(_ZSTD_INPUT_CHUNK):
+        while data:
+            if out := dobj.decompress(data):
+                yield out
+            mid_frame = not dobj.eof
+            if mid_frame:
+                break
+            data = dobj.unused_data  # the next frame of a multi-frame file
+            dobj = dctx.decompressobj()
+    if mid_frame:
+        raise _Truncated("stream ended inside a zstd frame")
+
+
+def _read_numbered(f: IO[bytes], compression: Compression) -> Iterator[tuple[str, Record]]:
+    lines = _Lines(_chunks(f, compression))
+    n = 0
+    try:
+        for _, line in lines:
+            n += 1
+            record = _parse(line, at_file_start=n == 1)
+            if record is not None:
+                yield f"line {n}", record
+    except _STREAM_ERRORS as e:
+        kind = "truncated" if isinstance(e, EOFError) else "corrupt"
+        where = f"after line {n}" if n else "at the start"
+        yield f"line {n + 1}", RecordError(f"{kind} {compression} stream {where}: {e}", _raw(lines.pending()))
+
+
+def _read_range(f: IO[bytes], start: int, stop: int | None) -> Iterator[tuple[str, Record]]:
+    # A shard owns the lines whose first byte lies in [start, stop). Reading from start-1, the first line
+    # seen is the one holding byte start-1, which began before start: skip it, and what follows starts at
+    # or after start (a line starting exactly at start is kept because byte start-1 is then its newline).
+    pos = max(start - 1, 0)
+    f.seek(pos)
+    lines = iter(_Lines(_chunks(f, None), offset=pos))
+    if start > 0:
+        next(lines, None)
+    for offset, line in lines:
+        if stop is not None and offset >= stop:
+            break
+        record = _parse(line, at_file_start=offset == 0)
+        if record is not None:
+            yield f"byte {offset}", record
+
+
+def _parse(line: bytes, at_file_start: bool) -> Record | None:
+    if at_file_start and line.startswith(_BOM):  # editors on Windows write one; orjson refuses it
+        line = line[len(_BOM) :]
+    if not line.strip():
+        return None
+    try:
+        value = orjson.loads(line)
+    except orjson.JSONDecodeError as e:
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as u:
+            return RecordError(f"invalid UTF-8: {u}", _raw(line))
+        return RecordError(f"invalid JSON: {e}", _raw(line))
+    if not isinstance(value, dict):
+        kind = "null" if value is None else type(value).__name__
+        return RecordError(f"record is not a JSON object (got {kind})", _raw(line))
+    return value
+
+
+def _raw(line: bytes) -> str:
+    # 4 bytes per character at most: decoding this much yields RAW_LIMIT whole characters.
+    return line[: 4 * RAW_LIMIT + 4].decode("utf-8", "replace").rstrip("\r")[:RAW_LIMIT]
+
+
+def _read_parquet(f: IO[bytes], shard: Shard) -> Iterator[tuple[str, Record]]:
+    source = _Source(f)
+    row: int | None = None
+    try:
+        parquet = pq.ParquetFile(source)
+        meta = parquet.metadata
+        stop = meta.num_row_groups if shard.stop is None else shard.stop
+        row = sum(meta.row_group(i).num_rows for i in range(shard.start))
+        for group in range(shard.start, stop):
+            # One row group at a time, so a failure is placed at the first row not yet returned.
+            for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, row_groups=[group]):
+                for record in _batch_records(batch):
+                    yield f"row {row}", record
+                    row += 1
+    except (pa.ArrowException, OSError) as e:
+        if source.failed:
+            raise
+        where = f"row group {shard.start}" if row is None else f"row {row}"
+        yield where, RecordError(f"unreadable Parquet at {where}: {e}", "")
+
+
+def _batch_records(batch: pa.RecordBatch) -> list[Record]:
+    try:
+        return batch.to_pylist(maps_as_pydicts="strict")
+    except KeyError:  # a map column with a duplicate key somewhere in the batch: find the rows
+        return [_row_record(batch.slice(i, 1)) for i in range(batch.num_rows)]
+
+
+def _row_record(row: pa.RecordBatch) -> Record:
+    try:
+        return row.to_pylist(maps_as_pydicts="strict")[0]
+    except KeyError as e:
+        return RecordError(f"Parquet row not convertible: {e.args[0]}", repr(row.to_pylist()[0])[:RAW_LIMIT])
