@@ -36,8 +36,7 @@ class History:
     outputs: dict[int, Any] = field(default_factory=dict)  # step -> output of a successful call
     failed: set[int] = field(default_factory=set)
     call_ids: dict[str, int] = field(default_factory=dict)
-    scalars: set[str] = field(default_factory=set)  # every scalar (and dict key) of successful outputs
-    texts: list[str] = field(default_factory=list)  # user/system messages and string outputs
+    texts: list[str] = field(default_factory=list)  # user/system messages, and outputs as JSON text
 
     def add_message(self, text: str) -> None:
         if text:
@@ -51,14 +50,22 @@ class History:
             return
         output = _maybe_json(output)
         self.outputs[step] = output
-        _collect(output, self.scalars, self.texts)
+        if output is not None:
+            self.texts.append(output if isinstance(output, str) else orjson.dumps(output).decode())
 
     def knows(self, value: Any) -> bool:
-        """Whether a grounded value occurs in the available information."""
+        """Whether a grounded value occurs in the available information: as a whole JSON value or key of an
+        earlier output, or as a whole word (not part of a longer id) in a message or an output's text."""
         text = _scalar_text(value)
         if text is None:
             return True  # containers are checked element by element by the caller
-        return text in self.scalars or any(text in t for t in self.texts)
+        if not text:
+            return False
+        quoted = orjson.dumps(text).decode()
+        if any(quoted in t for t in self.texts):  # the fast, common case
+            return True
+        word = re.compile(rf"(?<![\w.\-]){re.escape(text)}(?![\w\-]|\.\w)")
+        return any(word.search(t) for t in self.texts)
 
     def resolve(self, ref: str, step: int) -> Any:
         head, *path = _split(ref)
@@ -210,21 +217,3 @@ def _scalar_text(value: Any) -> str | None:
     if isinstance(value, str):
         return value
     return None
-
-
-def _collect(value: Any, scalars: set[str], texts: list[str]) -> None:
-    if isinstance(value, dict):
-        for k, v in value.items():
-            scalars.add(k)
-            _collect(v, scalars, texts)
-    elif isinstance(value, list):
-        for v in value:
-            _collect(v, scalars, texts)
-    elif isinstance(value, str):
-        scalars.add(value)
-        if " " in value:  # free text may mention ids inside sentences
-            texts.append(value)
-    else:
-        text = _scalar_text(value)
-        if text is not None:
-            scalars.add(text)
