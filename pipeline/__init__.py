@@ -1,0 +1,37 @@
+"""pexec: prefix executability for tool-using agents.
+
+The public API; the implementation lives in the modules named below.
+"""
+
+from pipeline.checker import replay
+from pipeline.distributed import plan, run_scoring
+from pipeline.envs import Environment, EnvOptions, Outcome, ToolInfo, get_environment, register
+from pipeline.model import Call, Message, Reject, Rollout, RolloutResult, StepResult
+from pipeline.records import InvalidRecord, parse_rollout
+from pipeline.specs import Spec, SpecError, load_spec
+from pipeline.synth import synthesize, write_store
+
+__all__ = [
+    "Call",
+    "EnvOptions",
+    "Environment",
+    "InvalidRecord",
+    "Message",
+    "Outcome",
+    "Reject",
+    "Rollout",
+    "RolloutResult",
+    "Spec",
+    "SpecError",
+    "StepResult",
+    "ToolInfo",
+    "get_environment",
+    "load_spec",
+    "parse_rollout",
+    "plan",
+    "register",
+    "replay",
+    "run_scoring",
+    "synthesize",
+    "write_store",
+]

@@ -1,0 +1,84 @@
+"""The `pexec` command line: the real console script in a subprocess (through local Ray), and its errors."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PEXEC = str(Path(sys.executable).with_name("pexec"))
+
+
+def pexec(*args: str, ok: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([PEXEC, *args], capture_output=True, text=True, timeout=300, env={"COLUMNS": "200",
+                          "PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin"})  # fmt: skip
+    if ok:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("cli")
+    pexec("synth", "shop", "--rollouts", "800", "--tasks", "100", "--seed", "2", "--out", str(root / "store"))
+    scored = pexec("score", str(root / "store"), "--out", str(root / "run"), "--num-cpus", "2")
+    assert "plan: 1 file(s)" in scored.stderr and "scored 800" in scored.stderr
+    return root / "run"
+
+
+def test_score_metrics_and_sql_through_the_console_script(run):
+    manifest = json.loads((run / "_manifest.json").read_text())
+    assert manifest["counts"]["scored"] == 800 and manifest["settings"]["executor"] == "ray"
+    lines = pexec("metrics", str(run), "--by", "model,method", "--bootstrap", "200", "--json").stdout.splitlines()
+    cohorts = [json.loads(line) for line in lines]
+    assert sorted((c["model"], c["method"]) for c in cohorts) == [
+        ("model-a", "plan_execute"),
+        ("model-a", "react"),
+        ("model-b", "plan_execute"),
+        ("model-b", "react"),
+    ]
+    assert sum(c["n"] for c in cohorts) == 800
+    assert all(c["bootstrap"]["B"] == 200 and c["bootstrap"]["method"] == "multinomial" for c in cohorts)
+    table = pexec("metrics", str(run), "--by", "model", "--bootstrap", "100").stdout
+    assert "model-a" in table and "TER" in table and "B=100" in table
+    csv = pexec("sql", str(run), "SELECT count(*) AS n FROM rollouts", "--format", "csv").stdout
+    assert csv.split() == ["n", "800"] or csv.split() == ['"n"', "800"]
+    joined = pexec("sql", str(run), "SELECT count(*) AS n FROM metrics", "--format", "json").stdout
+    assert json.loads(joined) == {"n": 2}
+
+
+def test_writes_through_sql_are_refused(run):
+    proc = pexec("sql", str(run), "DROP VIEW rollouts", ok=False)
+    assert proc.returncode == 2 and "refused" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["score", "/nonexistent/store", "--out", "/tmp/x"], "no such store"),
+        (["metrics", "/nonexistent/run"], "/nonexistent/run"),
+        (["synth", "airline", "--out", "/tmp/x"], "'shop' spec only"),
+        (["score", "/tmp", "--out", "/tmp/x", "--policy", "lenient"], "--policy is code or strict"),
+    ],
+)
+def test_errors_are_one_clear_line(args, message):
+    proc = pexec(*args, ok=False)
+    assert proc.returncode == 2
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_bad_spec_is_reported_with_its_file_and_place(run, tmp_path):
+    spec = tmp_path / "broken"
+    shutil.copytree(ROOT / "specs" / "shop", spec)
+    text = (spec / "spec.toml").read_text().replace('version = "1.0.0"', 'version = "1.0.0"\nextra = 1')
+    (spec / "spec.toml").write_text(text)
+    store = run.parent / "store"
+    proc = pexec("score", str(store), "--out", str(tmp_path / "r"), "--env", str(spec), "--inline", ok=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert re.search(r"broken/spec\.toml: unknown field\(s\) extra", proc.stderr.replace("\n", ""))

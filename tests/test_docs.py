@@ -1,0 +1,50 @@
+"""The README is tested against the code: every command is documented, every documented option exists."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import typer.main
+
+from pipeline.cli import app
+from pipeline.specs import load_spec
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+COMMANDS = {cmd.name: cmd for cmd in typer.main.get_command(app).commands.values()}
+
+
+def documented_invocations() -> list[list[str]]:
+    lines = []
+    for block in re.findall(r"```bash\n(.*?)```", README, re.S):
+        lines += [shlex.split(line.split("#")[0]) for line in block.splitlines() if line.startswith("pexec ")]
+    headings = re.findall(r"^### `(pexec [^`]*)`", README, re.M)
+    return lines + [h.replace("|", " ").replace("[", " ").replace("]", " ").split() for h in headings]
+
+
+def test_every_command_has_a_section():
+    for name in COMMANDS:
+        assert f"### `pexec {name}" in README, f"README has no section for `pexec {name}`"
+
+
+def test_documented_commands_and_options_exist():
+    invocations = documented_invocations()
+    assert len(invocations) >= 10
+    for words in invocations:
+        name = words[1]
+        assert name in COMMANDS, f"README uses unknown command {name!r}"
+        options = {opt for param in COMMANDS[name].params for opt in param.opts}
+        for word in words[2:]:
+            if word.startswith("--"):
+                assert word.split("=")[0] in options, f"`pexec {name}` has no option {word}"
+
+
+def test_the_spec_example_in_the_readme_compiles(tmp_path):
+    example = re.search(r"```toml\n(.*?)```", README, re.S).group(1)
+    shop = Path(__file__).resolve().parents[1] / "specs" / "shop"
+    (tmp_path / "spec.toml").write_text(example)
+    (tmp_path / "tools.json").write_text((shop / "tools.json").read_text())
+    (tmp_path / "initial_state.json").write_text((shop / "initial_state.json").read_text())
+    spec = load_spec(tmp_path)
+    assert [e.op for e in spec.tools["cancel_order"].effects] == ["set", "set", "append", "delete"]
