@@ -20,7 +20,7 @@ install: $(STAMP)
 demo: install
 	rm -rf $(DEMO)
 	$(BIN)/pexec synth shop --rollouts 4000 --tasks 250 --seed 0 --out $(DEMO)/store
-	$(BIN)/pexec score $(DEMO)/store --out $(DEMO)/run
+	$(BIN)/pexec score $(DEMO)/store --out $(DEMO)/run --shard-mb 2
 	$(BIN)/pexec metrics $(DEMO)/run --by model,method
 
 lint: install

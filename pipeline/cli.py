@@ -170,7 +170,7 @@ def metrics(
 def metrics_table(cohorts: list[dict], by: list[str] | None) -> Table:
     keys = ["benchmark", *(by or sorted({k for c in cohorts for k in c if isinstance(c[k], str)} - {"benchmark"}))]
     table = Table(title="Prefix executability (95% CI)")
-    for name in [*keys, "N", "tasks", "success", "TER", "AUC-PEC", "RR (eligible)", "PEC@1", "PEC@3", "PEC@5"]:
+    for name in [*keys, "N", "tasks", "success", "TER", "AUC-PEC", "RR (eligible)", "PEC@1", "PEC@3"]:
         table.add_column(name, justify="left" if name in keys else "right")
     for c in cohorts:
         pec = {p["k"]: p for p in c["pec"]}
@@ -183,7 +183,7 @@ def metrics_table(cohorts: list[dict], by: list[str] | None) -> Table:
             _ci(c["ter"]),
             _ci(c["auc_pec"]),
             rr,
-            *(_ci(pec[k]) if k in pec else "–" for k in (1, 3, 5)),
+            *(_ci(pec[k]) if k in pec else "–" for k in (1, 3)),
         )
     return table
 
@@ -191,7 +191,7 @@ def metrics_table(cohorts: list[dict], by: list[str] | None) -> Table:
 def _ci(m: dict) -> str:
     if m.get("value") is None:
         return "–"
-    return f"{m['value']:.3f} [{m['lo']:.3f}, {m['hi']:.3f}]"
+    return f"{m['value']:.3f} [{m['lo']:.3f},{m['hi']:.3f}]"
 
 
 @app.command("sql")
