@@ -8,11 +8,11 @@ from typing import Annotated, Any
 
 import orjson
 import typer
-from pipeline.aggregate import BootstrapSettings, QueryRefused, compute_metrics, sql, write_metrics
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from pipeline.aggregate import BootstrapSettings, QueryRefused, compute_metrics, sql, write_metrics
 from pipeline.distributed import DEFAULT_SHARD_BYTES, JobFailed, ShardPlan, run_scoring
 from pipeline.envs import EnvError, EnvOptions
 from pipeline.score import ShardReport
@@ -50,6 +50,37 @@ def synth(
     except ValueError as exc:
         raise _fail(str(exc)) from exc
     console.print(f"wrote {n} rollouts over {min(tasks, rollouts)} tasks to {out_store}")
+
+
+@app.command()
+def ingest(
+    fmt: Annotated[str, typer.Argument(help="Source format (see README: bfcl, tau2, ...).")],
+    sources: Annotated[list[str], typer.Argument(help="Files or folders to read.")],
+    out_store: Annotated[str, typer.Option("--out", help="Store to write (folder or fsspec URL).")],
+    label: Annotated[list[str] | None, typer.Option("--label", help="k=v added to every rollout's labels.")] = None,
+    option: Annotated[list[str] | None, typer.Option("--option", help="k=v setting of the format's adapter.")] = None,
+    store_fmt: Annotated[str, typer.Option("--format", help="jsonl or parquet")] = "jsonl",
+) -> None:
+    """Convert benchmark or production logs into canonical rollouts."""
+    from pipeline.ingest import IngestError, IngestOptions
+    from pipeline.ingest import ingest as run_ingest
+
+    try:
+        options = IngestOptions(labels=_pairs(label, "--label"), extra=_pairs(option, "--option"))
+        n = write_store(run_ingest(fmt, sources, options), out_store, store_fmt)
+    except (IngestError, OSError) as exc:
+        raise _fail(str(exc)) from exc
+    console.print(f"wrote {n} rollouts to {out_store}")
+
+
+def _pairs(items: list[str] | None, flag: str) -> dict[str, str]:
+    pairs = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise _fail(f"{flag} takes key=value, got {item!r}")
+        pairs[key] = value
+    return pairs
 
 
 @app.command()

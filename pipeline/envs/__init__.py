@@ -7,6 +7,8 @@ environment). Instances are cached per process: a Ray worker builds each environ
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -70,5 +72,8 @@ def get_environment(name: str, options: EnvOptions | None = None) -> Environment
 
 
 def _load_builtins() -> None:
-    # Importing the modules runs their @register decorators.
-    from pipeline.envs import observed  # noqa: F401
+    # Importing every module/folder of this package runs its @register decorators; a module must keep
+    # heavy imports (official simulators) inside its factory.
+    for module in pkgutil.iter_modules(__path__):
+        if not module.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{module.name}")
