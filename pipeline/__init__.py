@@ -3,6 +3,7 @@
 The public API; the implementation lives in the modules named below.
 """
 
+from pipeline.aggregate import BootstrapSettings, QueryRefused, compute_metrics, sql, write_metrics
 from pipeline.checker import replay
 from pipeline.distributed import plan, run_scoring
 from pipeline.envs import Environment, EnvOptions, Outcome, ToolInfo, get_environment, register
@@ -12,12 +13,14 @@ from pipeline.specs import Spec, SpecError, load_spec
 from pipeline.synth import synthesize, write_store
 
 __all__ = [
+    "BootstrapSettings",
     "Call",
     "EnvOptions",
     "Environment",
     "InvalidRecord",
     "Message",
     "Outcome",
+    "QueryRefused",
     "Reject",
     "Rollout",
     "RolloutResult",
@@ -25,6 +28,7 @@ __all__ = [
     "SpecError",
     "StepResult",
     "ToolInfo",
+    "compute_metrics",
     "get_environment",
     "load_spec",
     "parse_rollout",
@@ -32,6 +36,8 @@ __all__ = [
     "register",
     "replay",
     "run_scoring",
+    "sql",
     "synthesize",
+    "write_metrics",
     "write_store",
 ]

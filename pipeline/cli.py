@@ -68,7 +68,7 @@ def ingest(
     try:
         options = IngestOptions(labels=_pairs(label, "--label"), extra=_pairs(option, "--option"))
         n = write_store(run_ingest(fmt, sources, options), out_store, store_fmt)
-    except (IngestError, OSError) as exc:
+    except (IngestError, StoreError, OSError) as exc:
         raise _fail(str(exc)) from exc
     console.print(f"wrote {n} rollouts to {out_store}")
 

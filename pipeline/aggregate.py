@@ -1,0 +1,372 @@
+"""The DuckDB stage: per-cohort metrics with task-level bootstrap intervals, and read-only SQL over a run.
+
+DESIGN §2 ("Aggregates", "Intervals") and §7. All SQL lives in `pipeline/sql/*.sql`; this module sets a
+few DuckDB variables (`getvariable(...)` in the SQL), runs the files in order and shapes the results.
+
+Pipeline (one pass for all cohorts):
+  metrics_prepare.sql        rollouts -> cohort numbers -> per-(cohort, task) sums `s_*` (+ PEC histogram)
+  bootstrap_<method>.sql     per-(cohort, replicate) sums of the resampled tasks' `s_*`
+  metrics_intervals.sql      ratios of sums (point estimate = full data), percentile intervals
+
+Draws come from our own 32-bit hash (sql/hash.sql), never from random() or DuckDB's hash(), so the
+same run, seed, B and method give the same bounds on any DuckDB version and any thread count.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import duckdb
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.model import RESERVED_COLUMNS
+
+# Fixed columns of RUN/rollouts (DESIGN §4); any other column not starting with `cost_` is a label.
+ROLLOUT_COLUMNS = (
+    "run_id", "rollout_id", "task_id", "benchmark", "T", "fed", "executable", "auc_term", "success",
+    "recovered", "first_cause", "n_invalid", "n_output_mismatch",
+)  # fmt: skip
+_NEEDED = ("task_id", "benchmark", "T", "fed", "executable", "auc_term", "success")
+# Ratio metrics in the order they appear in a cohort dict (PEC is a list of its own).
+RATIO_METRICS = ("success", "ter", "auc_pec", "rr", "successes_after_invalid_prefix")
+_COHORT_FIELDS = ("n", "n_tasks", "n_no_calls", *RATIO_METRICS, "pec", "bootstrap")
+_UINT32 = 2**32
+
+
+@dataclass(frozen=True)
+class BootstrapSettings:
+    B: int = 1000
+    seed: int = 0
+    method: Literal["multinomial", "poisson"] = "multinomial"
+    level: float = 0.95
+
+    def __post_init__(self) -> None:
+        if self.B < 1:
+            raise ValueError(f"bootstrap B must be >= 1, got {self.B}")
+        if not 0 <= self.seed < _UINT32:
+            raise ValueError(f"bootstrap seed must be in [0, 2**32), got {self.seed}")
+        if self.method not in ("multinomial", "poisson"):
+            raise ValueError(f"bootstrap method must be 'multinomial' or 'poisson', got {self.method!r}")
+        if not 0 < self.level < 1:
+            raise ValueError(f"confidence level must be in (0, 1), got {self.level}")
+
+    @property
+    def quantiles(self) -> tuple[float, float]:
+        alpha = (1 - self.level) / 2
+        return alpha, 1 - alpha
+
+
+DEFAULT_BOOTSTRAP = BootstrapSettings()
+
+
+class QueryRefused(ValueError):
+    """A statement in a user query is not a read."""
+
+
+def label_columns(columns: Sequence[str]) -> list[str]:
+    """Label columns of a rollouts table, in table order."""
+    fixed = set(ROLLOUT_COLUMNS) | RESERVED_COLUMNS
+    return [c for c in columns if c not in fixed and not c.startswith("cost_")]
+
+
+def compute_metrics(
+    run: str,
+    by: Sequence[str] | None = None,
+    settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
+    max_k: int | None = None,
+) -> list[dict[str, Any]]:
+    """Metrics per cohort (benchmark + `by` labels; all labels when `by` is None), JSON-ready.
+
+    Cohorts come out sorted by their key (benchmark, then the labels in table order; NULL labels last).
+    """
+    if max_k is not None and max_k < 0:
+        raise ValueError(f"max_k must be >= 0, got {max_k}")
+    root = _Run(run)
+    con = _connect()
+    try:
+        if not root.has("rollouts"):
+            raise FileNotFoundError(f"no rollouts Parquet files under {root.url}/rollouts/")
+        _set_variables(con, rollouts_glob=root.glob("rollouts"))
+        _run_sql(con, "view_rollouts")
+        columns = con.sql("SELECT * FROM rollouts").columns
+        missing = [c for c in _NEEDED if c not in columns]
+        if missing:
+            raise ValueError(f"rollouts under {root.url} lack column(s) {', '.join(missing)}")
+        by_cols = _resolve_by(by, label_columns(columns))
+        q_lo, q_hi = settings.quantiles
+        _set_variables(
+            con,
+            cohort_cols=["benchmark", *by_cols],
+            max_k=max_k,
+            seed=settings.seed,
+            B=settings.B,
+            q_lo=q_lo,
+            q_hi=q_hi,
+        )
+        for name in ("hash", "metrics_prepare", f"bootstrap_{settings.method}", "metrics_intervals"):
+            _run_sql(con, name)
+        info = _rows(con, "cohort_info")
+        intervals = _rows(con, "metric_intervals")
+        pec = _rows(con, "pec_intervals")
+    finally:
+        con.close()
+    return _assemble(info, intervals, pec, ["benchmark", *by_cols], settings)
+
+
+def write_metrics(run: str, cohorts: list[dict[str, Any]]) -> None:
+    """Write RUN/metrics/metrics.parquet (one row per cohort) and pec.parquet (one per cohort and k).
+
+    Fixed file names, replaced whole: a rerun overwrites, never appends.
+    """
+    metrics_table, pec_table = metrics_tables(cohorts)
+    root = _Run(run)
+    root.write_parquet("metrics/metrics.parquet", metrics_table)
+    root.write_parquet("metrics/pec.parquet", pec_table)
+
+
+def sql(run: str, query: str) -> pa.Table:
+    """Run a read-only query over the views steps, rollouts, metrics (+ pec) of a run.
+
+    Every statement must be a read (SELECT, WITH ... SELECT, EXPLAIN [ANALYZE] SELECT); the result of the
+    last one is returned. Files outside the run cannot be read.
+    """
+    statements = _read_statements(query)
+    root = _Run(run)
+    if not root.fs.exists(root.path):
+        raise FileNotFoundError(f"no run at {run}")
+    con = _connect()
+    try:
+        for table in ("rollouts", "steps"):
+            if root.has(table):
+                _set_variables(con, **{f"{table}_glob": root.glob(table)})
+                _run_sql(con, f"view_{table}")
+        for name in ("metrics", "pec"):
+            if root.exists(f"metrics/{name}.parquet"):
+                _set_variables(con, **{f"{name}_file": root.file(f"metrics/{name}.parquet")})
+                _run_sql(con, f"view_{name}")
+        _set_variables(con, allowed_directories=[root.url + "/"])
+        _run_sql(con, "lockdown")
+        result = pa.table({})
+        for text in statements:
+            relation = con.sql(text)
+            result = relation.to_arrow_table() if relation is not None else pa.table({})
+        return result
+    finally:
+        con.close()
+
+
+def metrics_tables(cohorts: list[dict[str, Any]]) -> tuple[pa.Table, pa.Table]:
+    """The cohort dicts as two flat tables (the layout of metrics.parquet and pec.parquet)."""
+    keys: list[str] = ["benchmark"]
+    for c in cohorts:
+        keys += [k for k in c if k not in _COHORT_FIELDS and k not in keys]
+    rows, pec_rows = [], []
+    for c in cohorts:
+        row: dict[str, Any] = _label_values(c, keys)
+        row |= {"n": c["n"], "n_tasks": c["n_tasks"], "n_no_calls": c["n_no_calls"]}
+        for m in RATIO_METRICS:
+            row |= {m: c[m]["value"], f"{m}_lo": c[m]["lo"], f"{m}_hi": c[m]["hi"]}
+            if m == "rr":
+                row["rr_eligible"] = c[m]["eligible"]
+        row |= {f"bootstrap_{k}": v for k, v in c["bootstrap"].items() if k != "duckdb_version"}
+        row["duckdb_version"] = c["bootstrap"]["duckdb_version"]
+        rows.append(row)
+        pec_rows += [{**_label_values(c, keys), **p} for p in c["pec"]]
+    label_fields = [pa.field(k, pa.string()) for k in keys]
+    metric_fields = []
+    for m in RATIO_METRICS:
+        metric_fields += [pa.field(f"{m}{suffix}", pa.float64()) for suffix in ("", "_lo", "_hi")]
+        if m == "rr":
+            metric_fields.append(pa.field("rr_eligible", pa.int64()))
+    metrics_schema = pa.schema(
+        [
+            *label_fields,
+            *(pa.field(name, pa.int64()) for name in ("n", "n_tasks", "n_no_calls")),
+            *metric_fields,
+            pa.field("bootstrap_B", pa.int64()),
+            pa.field("bootstrap_seed", pa.int64()),
+            pa.field("bootstrap_method", pa.string()),
+            pa.field("bootstrap_level", pa.float64()),
+            pa.field("bootstrap_unit", pa.string()),
+            pa.field("duckdb_version", pa.string()),
+        ]
+    )
+    pec_schema = pa.schema(
+        [*label_fields, pa.field("k", pa.int64()), *(pa.field(x, pa.float64()) for x in ("value", "lo", "hi"))]
+    )
+    return pa.Table.from_pylist(rows, metrics_schema), pa.Table.from_pylist(pec_rows, pec_schema)
+
+
+def _label_values(cohort: dict[str, Any], keys: list[str]) -> dict[str, str | None]:
+    return {k: None if cohort.get(k) is None else str(cohort[k]) for k in keys}
+
+
+# --- internals ---------------------------------------------------------------------------------------
+
+
+class _Run:
+    """A run prefix: a local folder (made absolute) or an fsspec URL."""
+
+    def __init__(self, run: str) -> None:
+        self.fs, path = fsspec.core.url_to_fs(run)
+        self.path = path.rstrip("/")
+        self.local = "file" in _protocols(self.fs)
+        # What DuckDB is given: an absolute local path, or the URL itself (a registered fsspec filesystem
+        # will have to serve it; see _connect).
+        self.url = self.path if self.local else run.rstrip("/")
+
+    def file(self, rel: str) -> str:
+        return f"{self.url}/{rel}"
+
+    def glob(self, table: str) -> str:
+        # `**` also matches zero folders: flat part files and Hive-style partition folders both work.
+        return f"{self.url}/{table}/**/*.parquet"
+
+    def exists(self, rel: str) -> bool:
+        return bool(self.fs.exists(f"{self.path}/{rel}"))
+
+    def has(self, table: str) -> bool:
+        folder = f"{self.path}/{table}"
+        return bool(self.fs.isdir(folder)) and any(p.endswith(".parquet") for p in self.fs.find(folder))
+
+    def write_parquet(self, rel: str, table: pa.Table) -> None:
+        path = f"{self.path}/{rel}"
+        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        if self.local:
+            # Write aside, then rename over the old file: a crash never leaves half a metrics table.
+            tmp = f"{path}.tmp"
+            pq.write_table(table, tmp)
+            os.replace(tmp, path)
+        else:
+            with self.fs.open(path, "wb") as f:  # one object PUT: atomic on object stores
+                pq.write_table(table, f)
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    protocol = fs.protocol
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
+
+
+def _connect() -> duckdb.DuckDBPyConnection:
+    # In-memory database: nothing is persisted but the Parquet files we write. Remote runs (s3://, gs://)
+    # will need the run's fsspec filesystem registered here (con.register_filesystem).
+    return duckdb.connect()
+
+
+def _sql_text(name: str) -> str:
+    try:
+        folder: Any = resources.files("pipeline") / "sql"
+    except (NotADirectoryError, TypeError):
+        # `pipeline` as a namespace package under an editable install (no __init__.py) confuses
+        # importlib.resources on 3.11; the files sit next to this module either way.
+        folder = Path(__file__).with_name("sql")
+    return (folder / f"{name}.sql").read_text(encoding="utf-8")
+
+
+def _run_sql(con: duckdb.DuckDBPyConnection, name: str) -> None:
+    for statement in duckdb.extract_statements(_sql_text(name)):
+        con.execute(statement.query)
+
+
+def _set_variables(con: duckdb.DuckDBPyConnection, **values: Any) -> None:
+    # Parameters reach the .sql files as DuckDB variables; names come from this module only.
+    for name, value in values.items():
+        con.execute(f"SET VARIABLE {name} = ?", [value])
+
+
+def _rows(con: duckdb.DuckDBPyConnection, table: str) -> list[dict[str, Any]]:
+    return con.sql(f"SELECT * FROM {table}").to_arrow_table().to_pylist()
+
+
+def _resolve_by(by: Sequence[str] | None, labels: list[str]) -> list[str]:
+    if by is None:
+        return list(labels)
+    out: list[str] = []
+    for name in by:
+        if name == "benchmark" or name in out:
+            continue  # benchmark is always part of the cohort
+        if name not in labels:
+            available = ", ".join(labels) if labels else "none (the rollouts have no label columns)"
+            raise ValueError(f"unknown cohort column {name!r}; available label columns: {available}")
+        if name in _COHORT_FIELDS:
+            raise ValueError(f"label column {name!r} clashes with a metric name and cannot define a cohort")
+        out.append(name)
+    return out
+
+
+def _interval(row: dict[str, Any] | None) -> dict[str, float | None]:
+    if row is None:
+        return {"value": None, "lo": None, "hi": None}
+    return {"value": row["value"], "lo": row["lo"], "hi": row["hi"]}
+
+
+def _assemble(
+    info: list[dict[str, Any]],
+    intervals: list[dict[str, Any]],
+    pec: list[dict[str, Any]],
+    keys: list[str],
+    settings: BootstrapSettings,
+) -> list[dict[str, Any]]:
+    by_metric = {(r["cohort"], r["metric"]): r for r in intervals}
+    pec_by_cohort: dict[int, list[dict[str, Any]]] = {}
+    for r in pec:
+        pec_by_cohort.setdefault(r["cohort"], []).append({"k": r["k"], **_interval(r)})
+    bootstrap = {
+        "B": settings.B,
+        "seed": settings.seed,
+        "method": settings.method,
+        "level": settings.level,
+        "unit": "task",
+        "duckdb_version": duckdb.__version__,
+    }
+    cohorts = []
+    for c in info:
+        cid = c["cohort"]
+        out: dict[str, Any] = {k: c["key"][k] for k in keys}
+        out |= {"n": c["n"], "n_tasks": c["n_tasks"], "n_no_calls": c["n_no_calls"]}
+        for m in ("success", "ter", "auc_pec"):
+            out[m] = _interval(by_metric.get((cid, m)))
+        out["rr"] = {**_interval(by_metric.get((cid, "rr"))), "eligible": c["rr_eligible"]}
+        out["pec"] = sorted(pec_by_cohort.get(cid, []), key=lambda p: p["k"])
+        out["successes_after_invalid_prefix"] = _interval(by_metric.get((cid, "successes_after_invalid_prefix")))
+        out["bootstrap"] = dict(bootstrap)
+        cohorts.append(out)
+    return cohorts
+
+
+_EXPLAIN = re.compile(r"^\s*EXPLAIN\s+(?:ANALYZE\s+)?(?:\([^)]*\)\s*)?(?P<rest>.*)$", re.IGNORECASE | re.DOTALL)
+
+
+def _read_statements(query: str) -> list[str]:
+    """The statements of a query, each checked to be a read by DuckDB's own parser."""
+    statements = duckdb.extract_statements(query)
+    if not statements:
+        raise QueryRefused("empty query")
+    out = []
+    for statement in statements:
+        if not _is_read(statement):
+            kind = statement.type.name
+            text = " ".join(statement.query.split())[:80]
+            raise QueryRefused(f"only reads (SELECT, WITH, EXPLAIN SELECT) are allowed; refused {kind}: {text}")
+        out.append(statement.query)
+    return out
+
+
+def _is_read(statement: Any) -> bool:
+    if statement.type == duckdb.StatementType.SELECT:
+        return True
+    if statement.type == duckdb.StatementType.EXPLAIN:
+        match = _EXPLAIN.match(statement.query)
+        if match is None:
+            return False
+        inner = duckdb.extract_statements(match["rest"])
+        return len(inner) == 1 and inner[0].type == duckdb.StatementType.SELECT
+    return False

@@ -1,0 +1,21 @@
+"""`canonical`: canonical rollouts in any store format -> a new store (convert JSON Lines <-> Parquet,
+recompress, add labels). Every record must already be a valid canonical rollout."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from pipeline.ingest import IngestError, IngestOptions
+from pipeline.store import RecordError, list_inputs, plan_shards, read_shard
+
+
+def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
+    for source in sources:
+        files, _ = list_inputs(source)
+        for shard in plan_shards(files):
+            for location, record in read_shard(shard):
+                if isinstance(record, RecordError):
+                    raise IngestError(f"{shard.file.url} {location}: {record.reason}")
+                if options.labels:
+                    record = {**record, "labels": {**(record.get("labels") or {}), **options.labels}}
+                yield record

@@ -1,0 +1,78 @@
+-- Per-(cohort, task) sums: the only input of the bootstrap (DESIGN §7: aggregate first, then resample).
+-- Variables set by pipeline.aggregate: cohort_cols (VARCHAR[]: 'benchmark' and the `by` labels),
+-- max_k (BIGINT or NULL), seed, B.
+
+-- K of PEC(k): max_k if given, else the run's largest T, at most 20.
+SET VARIABLE pexec_k = coalesce(getvariable('max_k'), least((SELECT max(T) FROM rollouts), 20), 0);
+
+-- Every rollout with its cohort number. The key is a struct of the cohort columns so that the rest of
+-- this file does not depend on which labels define a cohort; a NULL label is a cohort value of its own.
+CREATE OR REPLACE TEMP TABLE cohort_rollouts AS
+SELECT dense_rank() OVER (ORDER BY key) - 1 AS cohort, key, task_id, T, fed, executable, auc_term, success
+FROM (
+    SELECT struct_pack(*COLUMNS(lambda c: list_contains(getvariable('cohort_cols'), c))) AS key,
+           task_id, T, fed, executable, auc_term, success
+    FROM rollouts
+);
+
+CREATE OR REPLACE TEMP TABLE cohort_info AS
+SELECT cohort,
+       any_value(key) AS key,
+       count(*) AS n,
+       count(DISTINCT task_id) AS n_tasks,
+       count_if(T = 0)::BIGINT AS n_no_calls,
+       count_if(NOT executable AND success IS NOT NULL)::BIGINT AS rr_eligible
+FROM cohort_rollouts
+GROUP BY cohort
+ORDER BY cohort;
+
+-- Sums per task; every metric is a ratio of two of these (columns s_*). Counts are INTEGER: the bootstrap
+-- adds up 10^8 of them, and narrow integer sums are the cheapest DuckDB has.
+-- auc_term is summed in integer units of 2^-40 (each term rounded to the nearest unit, error <= 4.6e-13):
+-- integer sums do not depend on the order in which threads add rows up (a DOUBLE sum does, in its last
+-- bits), so the output is repeatable bit for bit. Binary units keep the last division exact, so
+-- TER <= AUC-PEC <= 1 holds exactly (an executable rollout contributes exactly 2^40 units). A task would
+-- need over 8.3 million rollouts to overflow BIGINT (an error, not a silent wrap).
+-- RR's numerator and denominator come from `executable` and `success`, the same columns as TER and the
+-- success rate, so that success = TER * P(success | executable) + (1 - TER) * RR holds exactly.
+CREATE OR REPLACE TEMP TABLE task_base AS
+SELECT cohort, task_id,
+       count(*)::INTEGER AS s_n,
+       count_if(executable)::INTEGER AS s_exec,
+       sum(round(auc_term * 1099511627776::DOUBLE)::BIGINT)::BIGINT AS s_auc,
+       count(success)::INTEGER AS s_known,
+       count_if(success)::INTEGER AS s_succ,
+       count_if(NOT executable AND success IS NOT NULL)::INTEGER AS s_elig,
+       count_if(NOT executable AND success)::INTEGER AS s_rec
+FROM cohort_rollouts
+GROUP BY cohort, task_id;
+
+-- PEC counts per task, one column per depth: s_h<d> = #{rollouts with min(T, FED - 1, K) = d}, d >= 1.
+-- PEC(k) * N = sum of s_h<d> over d >= k. A dynamic PIVOT, so the columns follow K without editing SQL;
+-- a depth that no rollout has gets no column (it counts as 0 downstream).
+CREATE OR REPLACE TEMP TABLE task_hist AS
+PIVOT (
+    SELECT cohort, task_id, 's_h' || least(T, fed - 1, getvariable('pexec_k')) AS depth
+    FROM cohort_rollouts
+    WHERE least(T, fed - 1, getvariable('pexec_k')) >= 1
+) ON depth USING count(*)::INTEGER GROUP BY cohort, task_id;
+
+-- Tasks numbered within their cohort (ti, by task_id) and globally (g). m = tasks in the cohort,
+-- g_off = g of the cohort's first task, ti_mixed = lb32(ti) (precomputed half of every draw).
+CREATE OR REPLACE TEMP TABLE task_sums AS
+SELECT cohort, ti, g, g - ti AS g_off, m, pexec_lb32(ti::UBIGINT) AS ti_mixed, COLUMNS('^s_')
+FROM (
+    SELECT *, row_number() OVER (ORDER BY cohort, ti) - 1 AS g
+    FROM (
+        SELECT *,
+               row_number() OVER (PARTITION BY cohort ORDER BY task_id) - 1 AS ti,
+               (count(*) OVER (PARTITION BY cohort))::UBIGINT AS m
+        FROM task_base LEFT JOIN task_hist USING (cohort, task_id)
+    )
+)
+ORDER BY g;
+
+-- One key per bootstrap replicate b = 0 .. B-1.
+CREATE OR REPLACE TEMP TABLE replicates AS
+SELECT b, pexec_rep_key(getvariable('seed'), b) AS key_b
+FROM range(getvariable('B')) AS t(b);
