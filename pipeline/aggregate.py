@@ -15,6 +15,7 @@ same run, seed, B and method give the same bounds on any DuckDB version and any 
 from __future__ import annotations
 
 import os
+import sys
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -258,7 +259,10 @@ def _protocols(fs: Any) -> tuple[str, ...]:
 def _connect() -> duckdb.DuckDBPyConnection:
     # In-memory database: nothing is persisted but the Parquet files we write. Remote runs (s3://, gs://)
     # will need the run's fsspec filesystem registered here (con.register_filesystem).
-    return duckdb.connect()
+    # DuckDB's progress bar only where a person watches (it garbles logs and captured output).
+    con = duckdb.connect()
+    con.execute(f"SET enable_progress_bar = {str(sys.stderr.isatty()).lower()}")
+    return con
 
 
 def _sql_text(name: str) -> str:

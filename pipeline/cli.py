@@ -259,7 +259,7 @@ def sql_command(
 def bench(
     what: Annotated[str, typer.Argument(help="replay or metrics")] = "replay",
     rollouts: Annotated[
-        int | None, typer.Option("--rollouts", help="Store size (default: 200k replay, 1M metrics).")
+        int | None, typer.Option("--rollouts", help="Store size (default: 220k replay, 1M metrics).")
     ] = None,
     workdir: Annotated[Path | None, typer.Option("--workdir", help="Where to put the generated data.")] = None,
 ) -> None:
@@ -267,7 +267,7 @@ def bench(
     if what == "replay":
         from pipeline.benchmarks.replay import bench_replay
 
-        bench_replay(n_rollouts=rollouts or 200_000, workdir=workdir)
+        bench_replay(n_rollouts=rollouts or 220_000, workdir=workdir)
     elif what == "metrics":
         from pipeline.benchmarks.metrics import bench_metrics
 
