@@ -22,7 +22,7 @@ from pipeline.synth import synthesize, write_store
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 console = Console(stderr=True)
-out = Console()
+out = Console(width=None if sys.stdout.isatty() else 150)  # logs and pipes get full rows
 
 
 def _fail(message: str) -> typer.Exit:
@@ -199,21 +199,19 @@ def metrics(
 
 
 def metrics_table(cohorts: list[dict], by: list[str] | None) -> Table:
-    keys = ["benchmark", *(by or sorted({k for c in cohorts for k in c if isinstance(c[k], str)} - {"benchmark"}))]
-    table = Table(title="Prefix executability (95% CI)")
-    for name in [*keys, "N", "tasks", "success", "TER", "AUC-PEC", "RR (eligible)", "PEC@1", "PEC@3"]:
-        table.add_column(name, justify="left" if name in keys else "right")
+    labels = by or sorted({k for c in cohorts for k in c if isinstance(c[k], str)} - {"benchmark"})
+    table = Table(title="Prefix executability: value and 95% interval")
+    for name in ["benchmark", "condition", "N", "tasks", "success", "TER", "AUC-PEC", "RR (n)", "PEC@1", "PEC@3"]:
+        table.add_column(name, justify="left" if name in ("benchmark", "condition") else "right")
     for c in cohorts:
         pec = {p["k"]: p for p in c["pec"]}
-        rr = _ci(c["rr"]) + f" ({c['rr']['eligible']})"
         table.add_row(
-            *[str(c.get(k)) for k in keys],
+            str(c["benchmark"]),
+            " · ".join(str(c.get(k)) for k in labels) or "all",
             str(c["n"]),
             str(c["n_tasks"]),
-            _ci(c["success"]),
-            _ci(c["ter"]),
-            _ci(c["auc_pec"]),
-            rr,
+            *(_ci(c[m]) for m in ("success", "ter", "auc_pec")),
+            _ci(c["rr"]) + f"\n({c['rr']['eligible']})",
             *(_ci(pec[k]) if k in pec else "–" for k in (1, 3)),
         )
     return table
@@ -222,7 +220,7 @@ def metrics_table(cohorts: list[dict], by: list[str] | None) -> Table:
 def _ci(m: dict) -> str:
     if m.get("value") is None:
         return "–"
-    return f"{m['value']:.3f} [{m['lo']:.3f},{m['hi']:.3f}]"
+    return f"{m['value']:.3f}\n{m['lo']:.3f}–{m['hi']:.3f}"
 
 
 @app.command("sql")
