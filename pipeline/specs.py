@@ -11,6 +11,7 @@ import hashlib
 import os
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,7 +169,9 @@ def _tool_rules(name: str, params: dict[str, Any], table: dict[str, Any], where:
         if "require" not in pre:
             raise SpecError(f"{at}: 'require' is required")
         message = pre.get("error", f"precondition failed: {pre['require']}")
-        pres.append(Precondition(_expr(pre["require"], names, at), _template(message, names, at), pre.get("clause")))
+        pres.append(
+            Precondition(_expr(pre["require"], names, at), _expr(message, names, at, render), pre.get("clause"))
+        )
 
     lets = []
     for var, source in table.get("let", {}).items():
@@ -211,20 +214,11 @@ def _tool_rules(name: str, params: dict[str, Any], table: dict[str, Any], where:
     return ToolRules(info, tuple(pres), tuple(lets), tuple(effects), returns)
 
 
-def _expr(source: Any, names: set[str], where: str) -> Expr:
+def _expr(source: Any, names: set[str], where: str, compiler: Callable[..., Expr] = compile_expr) -> Expr:
     if not isinstance(source, str):
-        raise SpecError(f"{where}: expected an expression string, got {source!r}")
+        raise SpecError(f"{where}: expected a string, got {source!r}")
     try:
-        return compile_expr(source, names)
-    except ExprError as exc:
-        raise SpecError(f"{where}: {exc}") from exc
-
-
-def _template(source: Any, names: set[str], where: str) -> Expr:
-    if not isinstance(source, str):
-        raise SpecError(f"{where}: 'error' must be a string")
-    try:
-        return render(source, names)
+        return compiler(source, names)
     except ExprError as exc:
         raise SpecError(f"{where}: {exc}") from exc
 
