@@ -15,8 +15,8 @@ same run, seed, B and method give the same bounds on any DuckDB version and any 
 from __future__ import annotations
 
 import os
-import sys
 import re
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources

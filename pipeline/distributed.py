@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pipeline.envs import EnvOptions, get_environment
-from pipeline.output import code_version, write_manifest
+from pipeline.output import code_version, remove_manifest, remove_stale_parts, write_manifest
 from pipeline.score import ScoreSettings, ShardReport, score_shard
 from pipeline.store import Shard, list_inputs, plan_shards
 
@@ -62,6 +62,7 @@ def run_scoring(
     shard_plan = plan(store, shard_bytes, storage_options)
     if on_plan:
         on_plan(shard_plan)
+    remove_manifest(run, storage_options)
     settings = ScoreSettings(
         run=run.rstrip("/"),
         run_id=run_id or run.rstrip("/").rsplit("/", 1)[-1],
@@ -74,6 +75,8 @@ def run_scoring(
     else:
         reports = _on_ray(shard_plan.shards, settings, address, num_cpus, on_shard)
     reports.sort(key=lambda r: (r.source, r.start))
+    # Parts of an earlier plan of this run (another shard size, a removed input) would duplicate rows.
+    remove_stale_parts(run, {s.key for s in shard_plan.shards}, storage_options)
     manifest = _manifest(store, settings, shard_plan, reports, started, executor)
     write_manifest(run, manifest, storage_options)
     return manifest

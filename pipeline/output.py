@@ -164,6 +164,28 @@ def write_part(run: str, table_name: str, shard_key: str, table: pa.Table, stora
         pq.write_table(table, f, compression="zstd")
 
 
+def remove_manifest(run: str, storage_options: dict | None = None) -> None:
+    """Mark the run incomplete while it is being (re)written."""
+    fs, path = fsspec.core.url_to_fs(f"{run.rstrip('/')}/{MANIFEST}", **(storage_options or {}))
+    if fs.exists(path):
+        fs.rm(path)
+
+
+def remove_stale_parts(run: str, keep: set[str], storage_options: dict | None = None) -> list[str]:
+    """Delete part files of shards that are not in this run's plan (left by an earlier plan of the same run)."""
+    removed = []
+    for table in TABLES:
+        fs, folder = fsspec.core.url_to_fs(f"{run.rstrip('/')}/{table}", **(storage_options or {}))
+        if not fs.exists(folder):
+            continue
+        for path in fs.ls(folder, detail=False):
+            name = path.rsplit("/", 1)[-1]
+            if name.startswith("part-") and name.endswith(".parquet") and name[5:-8] not in keep:
+                fs.rm(path)
+                removed.append(path)
+    return removed
+
+
 def write_manifest(run: str, manifest: dict[str, Any], storage_options: dict | None = None) -> None:
     fs, path = fsspec.core.url_to_fs(f"{run.rstrip('/')}/{MANIFEST}", **(storage_options or {}))
     with fs.open(path, "wb") as f:

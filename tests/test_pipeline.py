@@ -88,6 +88,16 @@ def test_ray_and_inline_write_the_same_rows_and_reruns_do_not_duplicate(store, t
     assert len(table(ray_run, "rollouts")) == N_ROLLOUTS
 
 
+def test_rerun_with_another_shard_plan_leaves_no_stale_parts(store, tmp_path):
+    run = tmp_path / "run"
+    run_scoring(str(store), str(run), executor="inline", shard_bytes=64 * 2**20)
+    coarse = len(list((run / "steps").iterdir()))
+    run_scoring(str(store), str(run), executor="inline", shard_bytes=128 * 1024)
+    assert len(list((run / "steps").iterdir())) > coarse
+    assert len(table(run, "rollouts")) == N_ROLLOUTS
+    assert len({r["rollout_id"] for r in table(run, "rollouts")}) == N_ROLLOUTS
+
+
 def test_parquet_and_compressed_stores_score_like_json_lines(records, tmp_path):
     recs = list(records.values())
     variants = {"jsonl": ("jsonl", None), "zst": ("jsonl", "zstd"), "gz": ("jsonl", "gzip"), "pq": ("parquet", None)}
