@@ -83,6 +83,7 @@ def compute_metrics(
     by: Sequence[str] | None = None,
     settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
     max_k: int | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Metrics per cohort (benchmark + `by` labels; all labels when `by` is None), JSON-ready.
 
@@ -90,8 +91,8 @@ def compute_metrics(
     """
     if max_k is not None and max_k < 0:
         raise ValueError(f"max_k must be >= 0, got {max_k}")
-    root = _Run(run)
-    con = _connect()
+    root = _Run(run, storage_options)
+    con = _connect(root)
     try:
         if not root.has("rollouts"):
             raise FileNotFoundError(f"no rollouts Parquet files under {root.url}/rollouts/")
@@ -122,28 +123,28 @@ def compute_metrics(
     return _assemble(info, intervals, pec, ["benchmark", *by_cols], settings)
 
 
-def write_metrics(run: str, cohorts: list[dict[str, Any]]) -> None:
+def write_metrics(run: str, cohorts: list[dict[str, Any]], storage_options: dict[str, Any] | None = None) -> None:
     """Write RUN/metrics/metrics.parquet (one row per cohort) and pec.parquet (one per cohort and k).
 
     Fixed file names, replaced whole: a rerun overwrites, never appends.
     """
     metrics_table, pec_table = metrics_tables(cohorts)
-    root = _Run(run)
+    root = _Run(run, storage_options)
     root.write_parquet("metrics/metrics.parquet", metrics_table)
     root.write_parquet("metrics/pec.parquet", pec_table)
 
 
-def sql(run: str, query: str) -> pa.Table:
+def sql(run: str, query: str, storage_options: dict[str, Any] | None = None) -> pa.Table:
     """Run a read-only query over the views steps, rollouts, metrics (+ pec) of a run.
 
     Every statement must be a read (SELECT, WITH ... SELECT, EXPLAIN [ANALYZE] SELECT); the result of the
     last one is returned. Files outside the run cannot be read.
     """
     statements = _read_statements(query)
-    root = _Run(run)
+    root = _Run(run, storage_options)
     if not root.fs.exists(root.path):
         raise FileNotFoundError(f"no run at {run}")
-    con = _connect()
+    con = _connect(root)
     try:
         for table in ("rollouts", "steps"):
             if root.has(table):
@@ -216,8 +217,8 @@ def _label_values(cohort: dict[str, Any], keys: list[str]) -> dict[str, str | No
 class _Run:
     """A run prefix: a local folder (made absolute) or an fsspec URL."""
 
-    def __init__(self, run: str) -> None:
-        self.fs, path = fsspec.core.url_to_fs(run)
+    def __init__(self, run: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.fs, path = fsspec.core.url_to_fs(run, **(storage_options or {}))
         self.path = path.rstrip("/")
         self.local = "file" in _protocols(self.fs)
         # What DuckDB is given: an absolute local path, or the URL itself (a registered fsspec filesystem
@@ -256,11 +257,13 @@ def _protocols(fs: Any) -> tuple[str, ...]:
     return (protocol,) if isinstance(protocol, str) else tuple(protocol)
 
 
-def _connect() -> duckdb.DuckDBPyConnection:
-    # In-memory database: nothing is persisted but the Parquet files we write. Remote runs (s3://, gs://)
-    # will need the run's fsspec filesystem registered here (con.register_filesystem).
-    # DuckDB's progress bar only where a person watches (it garbles logs and captured output).
+def _connect(root: _Run) -> duckdb.DuckDBPyConnection:
+    # In-memory database: nothing is persisted but the Parquet files we write. A remote run (s3://, gs://)
+    # is read through its own fsspec filesystem (same credentials and endpoint as the rest of pexec).
     con = duckdb.connect()
+    if not root.local:
+        con.register_filesystem(root.fs)
+    # DuckDB's progress bar only where a person watches (it garbles logs and captured output).
     con.execute(f"SET enable_progress_bar = {str(sys.stderr.isatty()).lower()}")
     return con
 

@@ -25,6 +25,31 @@ console = Console(stderr=True)
 out = Console(width=None if sys.stdout.isatty() else 150)  # logs and pipes get full rows
 
 
+EndpointUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--endpoint-url",
+        help="S3-compatible endpoint (e.g. http://127.0.0.1:5555); credentials come "
+        "from the standard AWS environment/config.",
+    ),
+]
+StorageOption = Annotated[
+    list[str] | None, typer.Option("--storage-option", help="k=v passed to the fsspec filesystem (repeatable).")
+]
+
+
+def _storage(endpoint_url: str | None, pairs: list[str] | None) -> dict[str, Any] | None:
+    options: dict[str, Any] = {}
+    for key, value in _pairs(pairs, "--storage-option").items():
+        try:
+            options[key] = orjson.loads(value)  # numbers, booleans, objects
+        except orjson.JSONDecodeError:
+            options[key] = value
+    if endpoint_url:
+        options["endpoint_url"] = endpoint_url
+    return options or None
+
+
 def _fail(message: str) -> typer.Exit:
     console.print(f"[bold red]error:[/] {message}")
     return typer.Exit(code=2)
@@ -40,13 +65,16 @@ def synth(
     fmt: Annotated[str, typer.Option("--format", help="jsonl or parquet")] = "jsonl",
     compression: Annotated[str, typer.Option("--compression", help="none, gzip or zstd (JSON Lines)")] = "none",
     per_file: Annotated[int, typer.Option("--per-file", min=1, help="Rollouts per file.")] = 50_000,
+    endpoint_url: EndpointUrl = None,
+    storage_option: StorageOption = None,
 ) -> None:
     """Generate a synthetic store with known per-step truth (injected failures, recoveries)."""
     if fmt not in ("jsonl", "parquet") or compression not in ("none", "gzip", "zstd"):
         raise _fail("--format is jsonl or parquet; --compression is none, gzip or zstd")
     try:
         records = synthesize(spec, rollouts, tasks, seed)
-        n = write_store(records, out_store, fmt, per_file, None if compression == "none" else compression)
+        storage = _storage(endpoint_url, storage_option)
+        n = write_store(records, out_store, fmt, per_file, None if compression == "none" else compression, storage)
     except ValueError as exc:
         raise _fail(str(exc)) from exc
     console.print(f"wrote {n} rollouts over {min(tasks, rollouts)} tasks to {out_store}")
@@ -60,6 +88,8 @@ def ingest(
     label: Annotated[list[str] | None, typer.Option("--label", help="k=v added to every rollout's labels.")] = None,
     option: Annotated[list[str] | None, typer.Option("--option", help="k=v setting of the format's adapter.")] = None,
     store_fmt: Annotated[str, typer.Option("--format", help="jsonl or parquet")] = "jsonl",
+    endpoint_url: EndpointUrl = None,
+    storage_option: StorageOption = None,
 ) -> None:
     """Convert benchmark or production logs into canonical rollouts."""
     from pipeline.ingest import IngestError, IngestOptions
@@ -67,7 +97,8 @@ def ingest(
 
     try:
         options = IngestOptions(labels=_pairs(label, "--label"), extra=_pairs(option, "--option"))
-        n = write_store(run_ingest(fmt, sources, options), out_store, store_fmt)
+        storage = _storage(endpoint_url, storage_option)
+        n = write_store(run_ingest(fmt, sources, options), out_store, store_fmt, storage_options=storage)
     except (IngestError, StoreError, OSError) as exc:
         raise _fail(str(exc)) from exc
     console.print(f"wrote {n} rollouts to {out_store}")
@@ -100,45 +131,17 @@ def score(
     / 2**20,
     num_cpus: Annotated[int | None, typer.Option("--num-cpus", help="CPUs for local Ray.")] = None,
     inline: Annotated[bool, typer.Option("--inline", help="Score in this process, without Ray.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Rescore every shard, even unchanged ones.")] = False,
+    endpoint_url: EndpointUrl = None,
+    storage_option: StorageOption = None,
 ) -> None:
     """Replay every rollout and write per-step flags, per-rollout summaries, rejects and the manifest."""
     if policy not in ("code", "strict"):
         raise _fail("--policy is code or strict")
     options = EnvOptions(spec_dirs=tuple(spec_dir or ()), spec=spec, policy=policy)
-    progress = Progress(
-        TextColumn("[bold]scoring"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("shards"),
-        TextColumn("{task.fields[rollouts]:,} rollouts · {task.fields[rate]:,.0f}/s · {task.fields[rejects]} rejects"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-    )
-    state: dict[str, Any] = {"rollouts": 0, "rejects": 0, "task": None}
-
-    def on_plan(p: ShardPlan) -> None:
-        console.print(
-            f"plan: {p.files} file(s), {p.total_bytes / 2**20:,.1f} MiB -> {len(p.shards)} shard(s)"
-            + (f"; ignored {len(p.ignored)} non-data file(s)" if p.ignored else "")
-        )
-        state["task"] = progress.add_task("score", total=len(p.shards), rollouts=0, rate=0.0, rejects=0)
-
-    def on_shard(r: ShardReport) -> None:
-        state["rollouts"] += r.scored
-        state["rejects"] += r.rejected
-        task = progress.tasks[state["task"]]
-        elapsed = task.elapsed or 1e-9
-        progress.update(
-            state["task"],
-            advance=1,
-            rollouts=state["rollouts"],
-            rejects=state["rejects"],
-            rate=state["rollouts"] / elapsed,
-        )
-
+    progress = ScoreProgress()
     try:
-        with progress:
+        with progress.bar:
             manifest = run_scoring(
                 store,
                 run,
@@ -148,18 +151,128 @@ def score(
                 executor="inline" if inline else "ray",
                 shard_bytes=int(shard_mb * 2**20),
                 num_cpus=num_cpus,
-                on_plan=on_plan,
-                on_shard=on_shard,
+                storage_options=_storage(endpoint_url, storage_option),
+                on_plan=progress.on_plan,
+                on_shard=progress.on_shard,
+                force=force,
             )
     except (StoreError, SpecError, EnvError, JobFailed) as exc:
         raise _fail(str(exc)) from exc
+    _summary(manifest, run)
+
+
+class ScoreProgress:
+    """The driver's live view of a scoring job: shards, rollouts, rollouts/s, rejects, ETA."""
+
+    def __init__(self) -> None:
+        self.bar = Progress(
+            TextColumn("[bold]scoring"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("shards"),
+            TextColumn(
+                "{task.fields[rollouts]:,} rollouts · {task.fields[rate]:,.0f}/s · {task.fields[rejects]} rejects"
+            ),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+        )
+        self.rollouts = self.rejects = 0
+        self.task: Any = None
+
+    def on_plan(self, p: ShardPlan) -> None:
+        console.print(
+            f"plan: {p.files} file(s), {p.total_bytes / 2**20:,.1f} MiB -> {len(p.shards)} shard(s)"
+            + (f", {p.reusable} unchanged since they were scored (reused)" if p.reusable else "")
+            + (f"; ignored {len(p.ignored)} non-data file(s)" if p.ignored else "")
+        )
+        self.task = self.bar.add_task("score", total=len(p.shards), rollouts=0, rate=0.0, rejects=0)
+
+    def on_shard(self, r: ShardReport) -> None:
+        self.rollouts += r.scored
+        self.rejects += r.rejected
+        elapsed = self.bar.tasks[self.task].elapsed or 1e-9
+        self.bar.update(
+            self.task, advance=1, rollouts=self.rollouts, rejects=self.rejects, rate=self.rollouts / elapsed
+        )
+
+
+def _summary(manifest: dict[str, Any], run: str) -> None:
     c = manifest["counts"]
     console.print(
         f"read {c['read']:,} · scored {c['scored']:,} · rejected {c['rejected']:,} · steps {c['steps']:,} "
-        f"in {manifest['seconds']:.1f}s -> {run}"
+        f"· {c['shards_reused']} of {c['shards']} shard(s) reused · {manifest['seconds']:.1f}s -> {run}"
     )
     if c["rejected"]:
         console.print(f"[yellow]{c['rejected']} record(s) rejected: see {run.rstrip('/')}/rejects/")
+
+
+@app.command("run")
+def run_command(
+    job_file: Annotated[Path, typer.Argument(help="A job definition (jobs/*.toml).")],
+    on_date: Annotated[str | None, typer.Option("--date", help="YYYY-MM-DD for {date} (default: today, UTC).")] = None,
+    address: Annotated[str | None, typer.Option("--address", help="Ray address (overrides the job's).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Rescore every shard, even unchanged ones.")] = False,
+) -> None:
+    """Run a job: score its input (only what changed since the last run), then write its metrics."""
+    from pipeline.jobs import JobError, load_job, run_job
+
+    progress = ScoreProgress()
+    try:
+        job = load_job(job_file, on_date)
+        console.print(f"job {job.name} ({job.date}): {job.input} -> {job.output}")
+        with progress.bar:
+            manifest, cohorts = run_job(job, address, force, progress.on_plan, progress.on_shard)
+    except (JobError, StoreError, SpecError, EnvError, JobFailed, ValueError, OSError) as exc:
+        raise _fail(str(exc)) from exc
+    _summary(manifest, job.output)
+    out.print(metrics_table(cohorts, job.by))
+
+
+@app.command()
+def submit(
+    job_file: Annotated[Path, typer.Argument(help="A job definition (jobs/*.toml).")],
+    address: Annotated[str, typer.Option("--address", help="Ray dashboard address, e.g. http://HEAD:8265.")],
+    on_date: Annotated[str | None, typer.Option("--date", help="YYYY-MM-DD for {date} (default: today, UTC).")] = None,
+) -> None:
+    """Submit a job to a Ray cluster through the Jobs API; prints the submission id."""
+    from pipeline.jobs import JobError, load_job, submit_job
+
+    try:
+        job = load_job(job_file, on_date)
+        submission = submit_job(job_file, job, address)
+    except (JobError, ConnectionError, RuntimeError, ValueError) as exc:
+        raise _fail(str(exc)) from exc
+    console.print(f"submitted {job.name} ({job.date}) to {address}")
+    out.print(submission)
+
+
+@app.command()
+def status(
+    submission: Annotated[str, typer.Argument(help="A submission id from `pexec submit`.")],
+    address: Annotated[str, typer.Option("--address", help="Ray dashboard address, e.g. http://HEAD:8265.")],
+) -> None:
+    """The state of a submitted job (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED)."""
+    from ray.job_submission import JobSubmissionClient
+
+    try:
+        out.print(str(JobSubmissionClient(address).get_job_status(submission)))
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise _fail(str(exc)) from exc
+
+
+@app.command()
+def logs(
+    submission: Annotated[str, typer.Argument(help="A submission id from `pexec submit`.")],
+    address: Annotated[str, typer.Option("--address", help="Ray dashboard address, e.g. http://HEAD:8265.")],
+) -> None:
+    """The driver log of a submitted job."""
+    from ray.job_submission import JobSubmissionClient
+
+    try:
+        sys.stdout.write(JobSubmissionClient(address).get_job_logs(submission))
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise _fail(str(exc)) from exc
 
 
 @app.command()
@@ -175,14 +288,19 @@ def metrics(
         int | None, typer.Option("--max-k", help="Largest k for PEC(k) (default: max T, at most 20).")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per cohort.")] = False,
+    endpoint_url: EndpointUrl = None,
+    storage_option: StorageOption = None,
 ) -> None:
     """Success, TER, AUC-PEC, RR and PEC(k) per cohort with 95% task-level bootstrap intervals."""
     if method not in ("multinomial", "poisson"):
         raise _fail("--method is multinomial or poisson")
     columns = [c.strip() for c in by.split(",") if c.strip()] if by else None
     try:
-        cohorts = compute_metrics(run, columns, BootstrapSettings(B=bootstrap, seed=seed, method=method), max_k)
-        write_metrics(run, cohorts)
+        storage = _storage(endpoint_url, storage_option)
+        cohorts = compute_metrics(
+            run, columns, BootstrapSettings(B=bootstrap, seed=seed, method=method), max_k, storage
+        )
+        write_metrics(run, cohorts, storage)
     except (ValueError, OSError) as exc:
         raise _fail(str(exc)) from exc
     if as_json:
@@ -223,15 +341,51 @@ def _ci(m: dict) -> str:
     return f"{m['value']:.3f}\n{m['lo']:.3f}–{m['hi']:.3f}"
 
 
+@app.command()
+def report(
+    run: Annotated[str, typer.Argument(help="A scored run folder.")],
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder to write the report into.")],
+    by: Annotated[
+        str | None, typer.Option("--by", help="Label columns that define a condition, e.g. model,method.")
+    ] = None,
+    compare: Annotated[
+        tuple[str, str] | None,
+        typer.Option("--compare", help="COL=A COL=B: paired differences A - B over the tasks both share."),
+    ] = None,
+    k: Annotated[str, typer.Option("--k", help="Depths k of the PEC@k columns, e.g. 1,3,5.")] = "1,3,5",
+    bootstrap: Annotated[int, typer.Option("--bootstrap", min=1, help="Bootstrap replicates B.")] = 1000,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    method: Annotated[str, typer.Option("--method", help="multinomial (task resampling) or poisson")] = "multinomial",
+) -> None:
+    """Tables, ranking divergence, paired comparisons and figures as Markdown, HTML, CSV and Parquet."""
+    import duckdb
+
+    from pipeline.report import build_report, parse_compare
+
+    columns = [c.strip() for c in by.split(",") if c.strip()] if by else None
+    try:
+        ks = [int(x) for x in k.split(",") if x.strip()]
+        pair = parse_compare(compare) if compare else None
+        settings = BootstrapSettings(B=bootstrap, seed=seed, method=method)  # type: ignore[arg-type]
+        result = build_report(run, out_dir, columns, pair, ks, settings)
+    except (ValueError, OSError, duckdb.Error) as exc:
+        raise _fail(str(exc)) from exc
+    for path in result.files:
+        out.print(str(path))
+    console.print(f"report written to {out_dir}/report.html and {out_dir}/report.md ({len(result.files)} files)")
+
+
 @app.command("sql")
 def sql_command(
     run: Annotated[str, typer.Argument(help="A scored run folder.")],
     query: Annotated[str, typer.Argument(help="A read-only query over the views steps, rollouts, metrics.")],
     fmt: Annotated[str, typer.Option("--format", help="table, csv or json")] = "table",
+    endpoint_url: EndpointUrl = None,
+    storage_option: StorageOption = None,
 ) -> None:
     """Run a read-only SQL query (DuckDB) over the run's tables."""
     try:
-        result = sql(run, query)
+        result = sql(run, query, _storage(endpoint_url, storage_option))
     except QueryRefused as exc:
         raise _fail(f"refused: {exc}") from exc
     except Exception as exc:  # DuckDB's own errors (syntax, unknown column) are the user's to read

@@ -9,12 +9,12 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pipeline.envs import EnvOptions, get_environment
-from pipeline.output import code_version, remove_manifest, remove_stale_parts, write_manifest
+from pipeline.envs import EnvError, EnvOptions, get_environment
+from pipeline.output import code_version, read_shard_markers, remove_manifest, remove_stale_parts, write_manifest
 from pipeline.score import ScoreSettings, ShardReport, score_shard
 from pipeline.store import Shard, list_inputs, plan_shards
 
@@ -27,6 +27,7 @@ class ShardPlan:
     shards: list[Shard]
     ignored: list[str]
     total_bytes: int
+    reusable: int = 0  # shards whose committed output from an earlier run is still valid
 
 
 class JobFailed(RuntimeError):
@@ -53,33 +54,63 @@ def run_scoring(
     storage_options: dict | None = None,
     on_plan: Callable[[ShardPlan], None] | None = None,
     on_shard: Callable[[ShardReport], None] | None = None,
+    force: bool = False,
 ) -> dict[str, Any]:
-    """Score every rollout under `store` into `run`; returns the manifest (also written as `_manifest.json`)."""
+    """Score every rollout under `store` into `run`; returns the manifest (also written as `_manifest.json`).
+
+    Rerunning into the same `run` rescores only the shards whose input, code, settings or environment
+    versions changed since they were committed (`force=True` rescores all).
+    """
     options = options or EnvOptions()
     started = datetime.now(UTC)
     if env is not None:
         get_environment(env, options)  # a bad spec fails here, before any scoring
-    shard_plan = plan(store, shard_bytes, storage_options)
-    if on_plan:
-        on_plan(shard_plan)
-    remove_manifest(run, storage_options)
     settings = ScoreSettings(
         run=run.rstrip("/"),
         run_id=run_id or run.rstrip("/").rsplit("/", 1)[-1],
         env=env,
         options=options,
         storage_options=storage_options,
+        code_version=code_version(),
     )
+    shard_plan = plan(store, shard_bytes, storage_options)
+    markers = {} if force else read_shard_markers(run, storage_options)
+    reused = [r for r in (_reusable(s, markers.get(s.key), settings) for s in shard_plan.shards) if r]
+    todo = [s for s in shard_plan.shards if s.key not in {r.shard for r in reused}]
+    if on_plan:
+        on_plan(replace(shard_plan, reusable=len(reused)))
+    remove_manifest(run, storage_options)
+    for report in reused:
+        if on_shard:
+            on_shard(report)
     if executor == "inline":
-        reports = [_inline(shard, settings, on_shard) for shard in shard_plan.shards]
+        reports = [_inline(shard, settings, on_shard) for shard in todo]
     else:
-        reports = _on_ray(shard_plan.shards, settings, address, num_cpus, on_shard)
-    reports.sort(key=lambda r: (r.source, r.start))
+        reports = _on_ray(todo, settings, address, num_cpus, on_shard) if todo else []
+    reports = sorted([*reused, *reports], key=lambda r: (r.source, r.start))
     # Parts of an earlier plan of this run (another shard size, a removed input) would duplicate rows.
     remove_stale_parts(run, {s.key for s in shard_plan.shards}, storage_options)
     manifest = _manifest(store, settings, shard_plan, reports, started, executor)
     write_manifest(run, manifest, storage_options)
     return manifest
+
+
+def _reusable(shard: Shard, marker: dict[str, Any] | None, settings: ScoreSettings) -> ShardReport | None:
+    """The committed report of `shard` if its output is still what scoring it now would write."""
+    if not marker or (marker["fingerprint"], marker["start"], marker["stop"]) != (
+        shard.file.fingerprint,
+        shard.start,
+        shard.stop,
+    ):
+        return None
+    if (marker["code_version"], marker["settings"]) != (settings.code_version, settings.identity()):
+        return None
+    try:
+        if any(get_environment(n, settings.options).version != v for n, v in marker["environments"].items()):
+            return None
+    except EnvError:
+        return None
+    return ShardReport(**{**marker, "reused": True})
 
 
 def _inline(shard: Shard, settings: ScoreSettings, on_shard: Callable[[ShardReport], None] | None) -> ShardReport:
@@ -142,13 +173,14 @@ def _manifest(
     executor: str,
 ) -> dict[str, Any]:
     totals = {k: sum(getattr(r, k) for r in reports) for k in ("read", "scored", "rejected", "steps")}
+    totals["shards"], totals["shards_reused"] = len(reports), sum(r.reused for r in reports)
     environments: dict[str, str] = {}
     for r in reports:
         environments.update(r.environments)
     return {
         "run_id": settings.run_id,
         "complete": True,
-        "code_version": code_version(),
+        "code_version": settings.code_version,
         "input": {
             "store": store,
             "files": sorted({(s.file.url, s.file.fingerprint, s.file.size) for s in shard_plan.shards}),
@@ -157,7 +189,7 @@ def _manifest(
         "settings": {"env": settings.env, "options": asdict(settings.options), "executor": executor},
         "environments": environments,
         "counts": totals,
-        "reconciled": totals["read"] == totals["scored"] + totals["rejected"],
+        "reconciled": all(r.read == r.scored + r.rejected for r in reports),
         "shards": [r.to_dict() for r in reports],
         "started_at": started.isoformat(),
         "finished_at": datetime.now(UTC).isoformat(),

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from pipeline.model import Reject, RolloutResult
 
 MANIFEST = "_manifest.json"
+SHARD_MARKERS = "_shards"  # one JSON report per committed shard: what a rerun may reuse
 TABLES = ("steps", "rollouts", "rejects")
 
 _ID_FIELDS = [
@@ -172,18 +173,41 @@ def remove_manifest(run: str, storage_options: dict | None = None) -> None:
 
 
 def remove_stale_parts(run: str, keep: set[str], storage_options: dict | None = None) -> list[str]:
-    """Delete part files of shards that are not in this run's plan (left by an earlier plan of the same run)."""
+    """Delete the parts and markers of shards not in this run's plan (left by an earlier plan of the run)."""
     removed = []
-    for table in TABLES:
-        fs, folder = fsspec.core.url_to_fs(f"{run.rstrip('/')}/{table}", **(storage_options or {}))
+    for folder_name, prefix, suffix in [*((t, "part-", ".parquet") for t in TABLES), (SHARD_MARKERS, "", ".json")]:
+        fs, folder = fsspec.core.url_to_fs(f"{run.rstrip('/')}/{folder_name}", **(storage_options or {}))
         if not fs.exists(folder):
             continue
         for path in fs.ls(folder, detail=False):
             name = path.rsplit("/", 1)[-1]
-            if name.startswith("part-") and name.endswith(".parquet") and name[5:-8] not in keep:
+            if name.startswith(prefix) and name.endswith(suffix) and name[len(prefix) : -len(suffix)] not in keep:
                 fs.rm(path)
                 removed.append(path)
     return removed
+
+
+def write_shard_marker(run: str, key: str, report: dict[str, Any], storage_options: dict | None = None) -> None:
+    fs, path = fsspec.core.url_to_fs(f"{run.rstrip('/')}/{SHARD_MARKERS}/{key}.json", **(storage_options or {}))
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    with fs.open(path, "wb") as f:
+        f.write(orjson.dumps(report))
+
+
+def read_shard_markers(run: str, storage_options: dict | None = None) -> dict[str, dict[str, Any]]:
+    """Reports of the shards committed so far, by shard key."""
+    fs, folder = fsspec.core.url_to_fs(f"{run.rstrip('/')}/{SHARD_MARKERS}", **(storage_options or {}))
+    if not fs.exists(folder):
+        return {}
+    markers = {}
+    for path in fs.ls(folder, detail=False):
+        if path.endswith(".json"):
+            with fs.open(path, "rb") as f:
+                try:
+                    markers[path.rsplit("/", 1)[-1][:-5]] = orjson.loads(f.read())
+                except orjson.JSONDecodeError:
+                    continue  # a marker cut short: the shard is simply scored again
+    return markers
 
 
 def write_manifest(run: str, manifest: dict[str, Any], storage_options: dict | None = None) -> None:

@@ -15,7 +15,7 @@ import orjson
 from pipeline.checker import replay
 from pipeline.envs import EnvError, EnvOptions, get_environment
 from pipeline.model import Reject, RolloutResult
-from pipeline.output import rejects_table, rollouts_table, steps_table, write_part
+from pipeline.output import rejects_table, rollouts_table, steps_table, write_part, write_shard_marker
 from pipeline.records import InvalidRecord, parse_rollout
 from pipeline.store import RecordError, Shard, read_shard
 
@@ -34,6 +34,9 @@ class ShardReport:
     seconds: float = 0.0
     peak_rss_mib: float = 0.0  # of the process that scored the shard
     environments: dict[str, str] = field(default_factory=dict)  # name -> version
+    code_version: str = ""
+    settings: str = ""  # ScoreSettings.identity() of the run that scored it
+    reused: bool = False  # carried over from an earlier run of the same job (input and versions unchanged)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -45,12 +48,25 @@ class ScoreSettings:
     run_id: str
     env: str | None = None  # None: each rollout's `benchmark` names its environment
     options: EnvOptions = field(default_factory=EnvOptions)
-    storage_options: dict[str, Any] | None = None
+    storage_options: dict[str, Any] | None = field(default=None, repr=False)  # may hold credentials
+    code_version: str = ""
+
+    def identity(self) -> str:
+        """What, besides the input and versions, decides a shard's output (never the storage credentials)."""
+        return orjson.dumps([self.run_id, self.env, asdict(self.options)], option=orjson.OPT_SORT_KEYS).decode()
 
 
 def score_shard(shard: Shard, settings: ScoreSettings) -> ShardReport:
     began = time.perf_counter()
-    report = ShardReport(shard.key, shard.file.url, shard.start, shard.stop, shard.file.fingerprint)
+    report = ShardReport(
+        shard.key,
+        shard.file.url,
+        shard.start,
+        shard.stop,
+        shard.file.fingerprint,
+        code_version=settings.code_version,
+        settings=settings.identity(),
+    )
     results: list[RolloutResult] = []
     rejects: list[Reject] = []
     seen: set[str] = set()
@@ -84,6 +100,7 @@ def score_shard(shard: Shard, settings: ScoreSettings) -> ShardReport:
     )
     report.seconds = time.perf_counter() - began
     report.peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    write_shard_marker(settings.run, shard.key, report.to_dict(), settings.storage_options)  # the shard's commit
     return report
 
 

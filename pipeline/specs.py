@@ -114,7 +114,7 @@ def load_spec(folder: str | Path) -> Spec:
         raw = tomllib.loads(spec_path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise SpecError(f"{spec_path}: {exc}") from exc
-    _no_unknown(raw, _TOP_KEYS, f"{spec_path}")
+    check_fields(raw, _TOP_KEYS, f"{spec_path}")
     for key in ("name", "version"):
         if not isinstance(raw.get(key), str):
             raise SpecError(f"{spec_path}: '{key}' (a string) is required")
@@ -152,7 +152,7 @@ def load_spec(folder: str | Path) -> Spec:
 
 
 def _tool_rules(name: str, params: dict[str, Any], table: dict[str, Any], where: str) -> ToolRules:
-    _no_unknown(table, _TOOL_KEYS, where)
+    check_fields(table, _TOOL_KEYS, where)
     grounded = table.get("grounded", [])
     if not isinstance(grounded, list) or not all(isinstance(g, str) for g in grounded):
         raise SpecError(f"{where}: 'grounded' must be a list of parameter paths")
@@ -165,7 +165,7 @@ def _tool_rules(name: str, params: dict[str, Any], table: dict[str, Any], where:
     pres = []
     for i, pre in enumerate(table.get("preconditions", [])):
         at = f"{where} preconditions[{i}]"
-        _no_unknown(pre, _PRE_KEYS, at)
+        check_fields(pre, _PRE_KEYS, at)
         if "require" not in pre:
             raise SpecError(f"{at}: 'require' is required")
         message = pre.get("error", f"precondition failed: {pre['require']}")
@@ -187,7 +187,7 @@ def _tool_rules(name: str, params: dict[str, Any], table: dict[str, Any], where:
         if len(ops) != 1:
             raise SpecError(f"{at}: exactly one of {', '.join(_EFFECT_OPS)} is required")
         op = ops[0]
-        _no_unknown(eff, {op, "value", "for"} if op != "delete" else {op, "for"}, at)
+        check_fields(eff, {op, "value", "for"} if op != "delete" else {op, "for"}, at)
         if op != "delete" and "value" not in eff:
             raise SpecError(f"{at}: '{op}' needs a 'value'")
         each, scope = None, names
@@ -223,9 +223,10 @@ def _expr(source: Any, names: set[str], where: str, compiler: Callable[..., Expr
         raise SpecError(f"{where}: {exc}") from exc
 
 
-def _no_unknown(table: Any, allowed: set[str], where: str) -> None:
+def check_fields(table: Any, allowed: set[str], where: str, error: type[Exception] = SpecError) -> None:
+    """Raise `error` naming `where` when `table` is not a table or has fields outside `allowed`."""
     if not isinstance(table, dict):
-        raise SpecError(f"{where}: expected a table, got {table!r}")
+        raise error(f"{where}: expected a table, got {table!r}")
     unknown = sorted(set(table) - allowed)
     if unknown:
-        raise SpecError(f"{where}: unknown field(s) {', '.join(unknown)} (allowed: {', '.join(sorted(allowed))})")
+        raise error(f"{where}: unknown field(s) {', '.join(unknown)} (allowed: {', '.join(sorted(allowed))})")

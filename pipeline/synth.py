@@ -66,10 +66,15 @@ def synthesize(spec: str = "shop", n_rollouts: int = 1000, n_tasks: int = 100, s
 
 
 def write_store(
-    records: Iterator[dict], out: str, fmt: str = "jsonl", per_file: int = 50_000, compression: str | None = None
+    records: Iterator[dict],
+    out: str,
+    fmt: str = "jsonl",
+    per_file: int = 50_000,
+    compression: str | None = None,
+    storage_options: dict | None = None,
 ) -> int:
     """Write records as numbered files under `out`; returns the number of records."""
-    fs, root = fsspec.core.url_to_fs(out)
+    fs, root = fsspec.core.url_to_fs(out, **(storage_options or {}))
     fs.makedirs(root, exist_ok=True)
     count, part, batch = 0, 0, []
     for record in records:

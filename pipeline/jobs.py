@@ -1,0 +1,165 @@
+"""Job definitions (`jobs/*.toml`): what `pexec run` executes locally or on a cluster and `pexec submit`
+sends to a Ray cluster through the Jobs API.
+
+A job = input store, environment, output run, Ray address, shard size, bootstrap settings, label columns.
+`{date}` in `input`/`output` is replaced by the job's date (YYYY-MM-DD; today in UTC by default), so a
+nightly job scores the new date partition into its own run folder, and all of them stay queryable together
+(`pexec sql` / `pexec metrics` on the parent folder read every partition).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from pathlib import Path
+from typing import Any
+
+import fsspec
+
+from pipeline.aggregate import BootstrapSettings, compute_metrics, write_metrics
+from pipeline.distributed import DEFAULT_SHARD_BYTES, ShardPlan, run_scoring
+from pipeline.envs import EnvOptions
+from pipeline.score import ShardReport
+from pipeline.specs import check_fields
+from pipeline.synth import synthesize, write_store
+
+_JOB_KEYS = {"name", "description", "input", "output", "env", "spec", "spec_dirs", "policy", "address", "shard_mb",
+             "num_cpus", "endpoint_url", "metrics", "synth"}  # fmt: skip
+_METRICS_KEYS = {"by", "bootstrap", "seed", "method", "max_k"}
+_SYNTH_KEYS = {"spec", "rollouts", "tasks", "seed"}
+
+
+class JobError(ValueError):
+    """A job file that cannot be run; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    input: str
+    output: str
+    date: str
+    env: str | None = None
+    options: EnvOptions = field(default_factory=EnvOptions)
+    address: str | None = None
+    shard_bytes: int = DEFAULT_SHARD_BYTES
+    num_cpus: int | None = None
+    endpoint_url: str | None = None
+    by: list[str] | None = None
+    bootstrap: BootstrapSettings = field(default_factory=BootstrapSettings)
+    max_k: int | None = None
+    synth: dict[str, Any] | None = None  # generate the input first when it does not exist (demo jobs)
+
+    @property
+    def storage_options(self) -> dict[str, Any] | None:
+        return {"endpoint_url": self.endpoint_url} if self.endpoint_url else None
+
+
+def load_job(path: str | Path, on_date: str | None = None) -> Job:
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise JobError(f"{path}: {exc}") from exc
+    check_fields(raw, _JOB_KEYS, str(path), JobError)
+    for key in ("name", "input", "output"):
+        if not isinstance(raw.get(key), str) or not raw[key]:
+            raise JobError(f"{path}: '{key}' (a non-empty string) is required")
+    day = on_date or datetime.now(UTC).date().isoformat()
+    try:
+        date.fromisoformat(day)
+    except ValueError as exc:
+        raise JobError(f"--date must be YYYY-MM-DD, got {day!r}") from exc
+    metrics = raw.get("metrics", {})
+    check_fields(metrics, _METRICS_KEYS, f"{path} [metrics]", JobError)
+    synth = raw.get("synth")
+    if synth is not None:
+        check_fields(synth, _SYNTH_KEYS, f"{path} [synth]", JobError)
+    try:
+        bootstrap = BootstrapSettings(
+            B=metrics.get("bootstrap", 1000), seed=metrics.get("seed", 0), method=metrics.get("method", "multinomial")
+        )
+    except ValueError as exc:
+        raise JobError(f"{path} [metrics]: {exc}") from exc
+    policy = raw.get("policy", "code")
+    if policy not in ("code", "strict"):
+        raise JobError(f"{path}: policy is 'code' or 'strict', got {policy!r}")
+    return Job(
+        name=raw["name"],
+        input=_fill(raw["input"], day, path),
+        output=_fill(raw["output"], day, path),
+        date=day,
+        env=raw.get("env") or None,
+        options=EnvOptions(spec_dirs=tuple(raw.get("spec_dirs", [])), spec=raw.get("spec") or None, policy=policy),
+        address=raw.get("address") or None,
+        shard_bytes=int(float(raw.get("shard_mb", DEFAULT_SHARD_BYTES / 2**20)) * 2**20),
+        num_cpus=raw.get("num_cpus"),
+        endpoint_url=raw.get("endpoint_url") or None,
+        by=metrics.get("by"),
+        bootstrap=bootstrap,
+        max_k=metrics.get("max_k"),
+        synth=synth,
+    )
+
+
+def run_job(
+    job: Job,
+    address: str | None = None,
+    force: bool = False,
+    on_plan: Callable[[ShardPlan], None] | None = None,
+    on_shard: Callable[[ShardReport], None] | None = None,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Score the job's input (reusing unchanged shards), then compute and write its metrics."""
+    if job.synth is not None and not _exists(job.input, job.storage_options):
+        records = synthesize(job.synth.get("spec", "shop"), job.synth.get("rollouts", 1000),
+                             job.synth.get("tasks", 100), job.synth.get("seed", 0))  # fmt: skip
+        write_store(records, job.input, storage_options=job.storage_options)
+    manifest = run_scoring(
+        job.input,
+        job.output,
+        env=job.env,
+        options=job.options,
+        address=address or job.address,
+        shard_bytes=job.shard_bytes,
+        num_cpus=job.num_cpus,
+        storage_options=job.storage_options,
+        on_plan=on_plan,
+        on_shard=on_shard,
+        force=force,
+    )
+    cohorts = compute_metrics(job.output, job.by, job.bootstrap, job.max_k, job.storage_options)
+    write_metrics(job.output, cohorts, job.storage_options)
+    return manifest, cohorts
+
+
+def submit_job(job_file: Path, job: Job, address: str) -> str:
+    """Submit `pexec run` of this job to a Ray cluster; returns the submission id.
+
+    The job file's folder is uploaded as the working directory; the cluster's image provides pexec and
+    its dependencies, and storage credentials come from the cluster's own environment (never shipped).
+    """
+    from ray.job_submission import JobSubmissionClient
+
+    client = JobSubmissionClient(address)
+    return client.submit_job(
+        entrypoint=f"pexec run {shlex.quote(job_file.name)} --date {job.date}",
+        runtime_env={"working_dir": str(job_file.resolve().parent)},
+        submission_id=f"pexec-{job.name}-{job.date}-{datetime.now(UTC):%H%M%S}",
+        metadata={"job": job.name, "date": job.date},
+    )
+
+
+def _exists(url: str, storage_options: dict[str, Any] | None) -> bool:
+    fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    return bool(fs.exists(path))
+
+
+def _fill(template: str, day: str, path: Path) -> str:
+    unknown = set(re.findall(r"\{(\w*)\}", template)) - {"date"}
+    if unknown:
+        raise JobError(f"{path}: unknown placeholder(s) {', '.join(sorted(unknown))} in {template!r} (only {{date}})")
+    return template.replace("{date}", day)
