@@ -16,6 +16,7 @@ import fsspec
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
+from fsspec.implementations.local import LocalFileSystem
 
 from pipeline.model import Reject, RolloutResult
 
@@ -154,14 +155,21 @@ def _table(cols: dict[str, list[Any]], label_cols: dict[str, list[Any]], fields:
     return pa.Table.from_arrays(arrays, schema=pa.schema(schema))
 
 
+def open_for_write(url: str, storage_options: dict | None = None) -> Any:
+    """Open `url` for writing. Folders are made on local disks only: on an object store a missing bucket
+    must be an error, never created behind the user's back."""
+    fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    if isinstance(fs, LocalFileSystem):
+        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    return fs.open(path, "wb")
+
+
 def part_path(run: str, table: str, shard_key: str) -> str:
     return f"{run.rstrip('/')}/{table}/part-{shard_key}.parquet"
 
 
 def write_part(run: str, table_name: str, shard_key: str, table: pa.Table, storage_options: dict | None = None) -> None:
-    fs, path = fsspec.core.url_to_fs(part_path(run, table_name, shard_key), **(storage_options or {}))
-    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    with fs.open(path, "wb") as f:
+    with open_for_write(part_path(run, table_name, shard_key), storage_options) as f:
         pq.write_table(table, f, compression="zstd")
 
 
@@ -188,9 +196,7 @@ def remove_stale_parts(run: str, keep: set[str], storage_options: dict | None = 
 
 
 def write_shard_marker(run: str, key: str, report: dict[str, Any], storage_options: dict | None = None) -> None:
-    fs, path = fsspec.core.url_to_fs(f"{run.rstrip('/')}/{SHARD_MARKERS}/{key}.json", **(storage_options or {}))
-    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    with fs.open(path, "wb") as f:
+    with open_for_write(f"{run.rstrip('/')}/{SHARD_MARKERS}/{key}.json", storage_options) as f:
         f.write(orjson.dumps(report))
 
 
@@ -211,8 +217,7 @@ def read_shard_markers(run: str, storage_options: dict | None = None) -> dict[st
 
 
 def write_manifest(run: str, manifest: dict[str, Any], storage_options: dict | None = None) -> None:
-    fs, path = fsspec.core.url_to_fs(f"{run.rstrip('/')}/{MANIFEST}", **(storage_options or {}))
-    with fs.open(path, "wb") as f:
+    with open_for_write(f"{run.rstrip('/')}/{MANIFEST}", storage_options) as f:
         f.write(orjson.dumps(manifest, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
 
 

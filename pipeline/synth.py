@@ -8,18 +8,20 @@ the gold trajectory, success) or give up. The expected per-step truth is recorde
 
 from __future__ import annotations
 
+import gzip
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import fsspec
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
+import zstandard
 
 from pipeline.envs.spec_env import SpecEnvironment
 from pipeline.model import CAUSES, Call, Rollout
+from pipeline.output import open_for_write
 from pipeline.specs import find_spec
 
 # condition -> (probability of an invalid call, probability of recovering after one)
@@ -74,28 +76,34 @@ def write_store(
     storage_options: dict | None = None,
 ) -> int:
     """Write records as numbered files under `out`; returns the number of records."""
-    fs, root = fsspec.core.url_to_fs(out, **(storage_options or {}))
-    fs.makedirs(root, exist_ok=True)
+    root = out.rstrip("/")
     count, part, batch = 0, 0, []
     for record in records:
         batch.append(record)
         count += 1
         if len(batch) == per_file:
-            _write_file(fs, root, part, batch, fmt, compression)
+            _write_file(root, part, batch, fmt, compression, storage_options)
             part, batch = part + 1, []
     if batch or count == 0:
-        _write_file(fs, root, part, batch, fmt, compression)
+        _write_file(root, part, batch, fmt, compression, storage_options)
     return count
 
 
-def _write_file(fs: Any, root: str, part: int, batch: list[dict], fmt: str, compression: str | None) -> None:
+def _write_file(
+    root: str, part: int, batch: list[dict], fmt: str, compression: str | None, storage_options: dict | None
+) -> None:
     if fmt == "parquet":
-        with fs.open(f"{root}/part-{part:05d}.parquet", "wb") as f:
+        with open_for_write(f"{root}/part-{part:05d}.parquet", storage_options) as f:
             pq.write_table(_to_arrow(batch), f, row_group_size=5000)
         return
-    suffix = {None: "", "gzip": ".gz", "zstd": ".zst"}[compression]
     data = b"".join(orjson.dumps(r) + b"\n" for r in batch)
-    with fs.open(f"{root}/part-{part:05d}.jsonl{suffix}", "wb", compression=compression) as f:
+    if compression == "gzip":
+        suffix, data = ".gz", gzip.compress(data)
+    elif compression == "zstd":
+        suffix, data = ".zst", zstandard.ZstdCompressor().compress(data)
+    else:
+        suffix = ""
+    with open_for_write(f"{root}/part-{part:05d}.jsonl{suffix}", storage_options) as f:
         f.write(data)
 
 

@@ -1,0 +1,222 @@
+"""Scale-out with real parts: an S3-compatible server (moto, server mode) on loopback, a Ray head started
+with `ray start --head` and a job submitted through the Jobs API, a Ray worker killed with SIGKILL, a driver
+killed midway, storage faults. The servers are started by the same scripts developers use (infra/local)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import ray
+import s3fs
+
+from pipeline.aggregate import compute_metrics, sql
+from pipeline.distributed import JobFailed, run_scoring
+from pipeline.output import read_manifest, read_shard_markers
+from pipeline.synth import synthesize, write_store
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def rows(run: str, table: str, storage_options: dict | None = None) -> list[dict]:
+    result = sql(run, f"SELECT * EXCLUDE (run_id) FROM {table}", storage_options).to_pylist()
+    return sorted(result, key=lambda r: tuple(str(v) for v in r.values()))
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[dict]:
+    """A moto S3 server on a free loopback port; yields storage options for pexec."""
+    os.environ.update(CREDENTIALS)  # Ray workers started later inherit them
+    port = free_port()
+    proc = subprocess.Popen(
+        ["bash", str(ROOT / "infra/local/s3-server.sh"), str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    options = {"endpoint_url": f"http://127.0.0.1:{port}"}
+    try:
+        wait_for(lambda: _answers(port), 30, "the S3 server")
+        s3fs.S3FileSystem(**options).mkdir("pexec-test")
+        yield options
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _answers(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def local_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("scale-store")
+    write_store(synthesize("shop", 1500, 150, seed=5), str(root), per_file=300)
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference_run(local_store: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    run = str(tmp_path_factory.mktemp("reference") / "run")
+    run_scoring(str(local_store), run, executor="inline", run_id="r")
+    return run
+
+
+def test_object_storage_end_to_end_through_ray(s3, local_store, reference_run):
+    store, run = "s3://pexec-test/store", "s3://pexec-test/runs/a"
+    write_store(synthesize("shop", 1500, 150, seed=5), store, per_file=300, storage_options=s3)
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    try:
+        manifest = run_scoring(store, run, storage_options=s3, shard_bytes=256 * 1024, run_id="r")
+    finally:
+        ray.shutdown()
+    assert manifest["counts"]["scored"] == 1500 and manifest["reconciled"]
+    assert read_manifest(run, s3)["counts"] == manifest["counts"]
+    for table in ("steps", "rollouts"):
+        assert rows(run, table, s3) == rows(reference_run, table)
+    cohorts = compute_metrics(run, ["model"], storage_options=s3)
+    assert [c["model"] for c in cohorts] == ["model-a", "model-b"] and sum(c["n"] for c in cohorts) == 1500
+    # Nothing of the credentials is written anywhere in the run.
+    fs = s3fs.S3FileSystem(**s3)
+    assert "testing" not in fs.cat(f"{run[5:]}/_manifest.json").decode()
+
+
+def test_unwritable_bucket_fails_clearly_and_commits_nothing(s3, local_store):
+    with pytest.raises(JobFailed, match=r"NoSuchBucket|does not exist|not found"):
+        run_scoring(str(local_store), "s3://no-such-bucket/run", storage_options=s3, executor="ray", num_cpus=1)
+    ray.shutdown()
+    assert not s3fs.S3FileSystem(**s3).exists("no-such-bucket/run/_manifest.json")
+
+
+def test_a_missing_store_in_the_bucket_is_a_clear_error(s3, tmp_path):
+    from pipeline.store import StoreError
+
+    with pytest.raises(StoreError, match="no such store: s3://pexec-test/nothing-here"):
+        run_scoring("s3://pexec-test/nothing-here", str(tmp_path / "run"), storage_options=s3, executor="inline")
+
+
+def test_a_worker_killed_mid_job_changes_nothing(local_store, reference_run, tmp_path):
+    run = str(tmp_path / "run")
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    killed: list[int] = []
+
+    def kill_a_worker(report) -> None:
+        # After the first shard commits, SIGKILL a worker that is running a scoring task right now.
+        if killed:
+            return
+        pids = subprocess.run(["pgrep", "-f", "ray::score_shard"], capture_output=True, text=True).stdout.split()
+        for pid in pids:
+            os.kill(int(pid), signal.SIGKILL)
+            killed.append(int(pid))
+            break
+
+    try:
+        manifest = run_scoring(str(local_store), run, shard_bytes=32 * 1024, run_id="r", on_shard=kill_a_worker)
+    finally:
+        ray.shutdown()
+    assert killed, "no scoring worker was found to kill"
+    assert manifest["counts"]["scored"] == 1500
+    for table in ("steps", "rollouts"):
+        assert rows(run, table) == rows(reference_run, table)
+
+
+def test_a_driver_killed_midway_then_rerun_gives_the_same_output(local_store, reference_run, tmp_path):
+    run = tmp_path / "run"
+    cmd = [str(BIN / "pexec"), "score", str(local_store), "--out", str(run), "--shard-mb", "0.03", "--num-cpus", "1"]
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    driver = subprocess.Popen(
+        [*cmd], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env
+    )
+    try:
+        wait_for(lambda: len(read_shard_markers(str(run))) >= 3 or driver.poll() is not None, 120, "3 shards")
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait()
+    committed = len(read_shard_markers(str(run)))
+    assert read_manifest(str(run)) is None, "a killed run must not look complete"
+    done = subprocess.run([*cmd, "--inline"], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    manifest = read_manifest(str(run))
+    assert manifest["counts"]["shards_reused"] >= min(committed, 3)
+    for table in ("steps", "rollouts"):
+        assert rows(str(run), table) == rows(reference_run, table)
+
+
+def test_job_submitted_to_a_ray_head_through_the_jobs_api(tmp_path):
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    gcs, dashboard = free_port(), free_port()
+    ray_tmp = tempfile.mkdtemp(prefix="pxr", dir="/tmp")  # short: Ray's socket paths have a length limit
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PEXEC_RAY_TMP": ray_tmp, "RAY_ADDRESS": ""}
+    script = str(ROOT / "infra/local/ray-head.sh")
+    started = subprocess.run(
+        ["bash", script, "start", str(gcs), str(dashboard)], env=env, capture_output=True, text=True, timeout=120
+    )
+    try:
+        assert started.returncode == 0, started.stderr
+        jobs = tmp_path / "jobs"
+        jobs.mkdir()
+        out = tmp_path / "out"
+        (jobs / "tiny.toml").write_text(
+            f'name = "tiny"\ninput = "{out}/store"\noutput = "{out}/run/date={{date}}"\nshard_mb = 1\n'
+            '[synth]\nrollouts = 300\ntasks = 30\n[metrics]\nby = ["model"]\nbootstrap = 100\n'
+        )
+        address = f"http://127.0.0.1:{dashboard}"
+        submitted = subprocess.run(
+            [str(BIN / "pexec"), "submit", str(jobs / "tiny.toml"), "--address", address, "--date", "2026-11-29"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert submitted.returncode == 0, submitted.stderr
+        submission = submitted.stdout.strip()
+        client = JobSubmissionClient(address)
+        terminal = {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}
+        wait_for(lambda: client.get_job_status(submission) in terminal, 240, "the submitted job")
+        logs = client.get_job_logs(submission)
+        assert client.get_job_status(submission) == JobStatus.SUCCEEDED, logs
+        status = subprocess.run(
+            [str(BIN / "pexec"), "status", submission, "--address", address],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert "SUCCEEDED" in status.stdout
+        manifest = read_manifest(str(out / "run" / "date=2026-11-29"))
+        assert manifest["counts"]["scored"] == 300
+        assert pq.read_table(out / "run" / "date=2026-11-29" / "metrics" / "metrics.parquet").num_rows == 2
+    finally:
+        subprocess.run(["bash", script, "stop"], env=env, capture_output=True, timeout=60)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
