@@ -17,7 +17,8 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -91,20 +92,10 @@ def compute_metrics(
     """
     if max_k is not None and max_k < 0:
         raise ValueError(f"max_k must be >= 0, got {max_k}")
-    root = _Run(run, storage_options)
-    con = _connect(root)
-    try:
-        if not root.has("rollouts"):
-            raise FileNotFoundError(f"no rollouts Parquet files under {root.url}/rollouts/")
-        _set_variables(con, rollouts_glob=root.glob("rollouts"))
-        _run_sql(con, "view_rollouts")
-        columns = con.sql("SELECT * FROM rollouts").columns
-        missing = [c for c in _NEEDED if c not in columns]
-        if missing:
-            raise ValueError(f"rollouts under {root.url} lack column(s) {', '.join(missing)}")
-        by_cols = _resolve_by(by, label_columns(columns))
+    with open_rollouts(run, storage_options) as con:
+        by_cols = cohort_columns(con, by)
         q_lo, q_hi = settings.quantiles
-        _set_variables(
+        set_variables(
             con,
             cohort_cols=["benchmark", *by_cols],
             max_k=max_k,
@@ -113,14 +104,46 @@ def compute_metrics(
             q_lo=q_lo,
             q_hi=q_hi,
         )
-        for name in ("hash", "metrics_prepare", f"bootstrap_{settings.method}", "metrics_intervals"):
-            _run_sql(con, name)
-        info = _rows(con, "cohort_info")
-        intervals = _rows(con, "metric_intervals")
-        pec = _rows(con, "pec_intervals")
+        for name in ("metrics_prepare", f"bootstrap_{settings.method}", "metrics_intervals"):
+            run_sql(con, name)
+        info = fetch(con, "cohort_info")
+        intervals = fetch(con, "metric_intervals")
+        pec = fetch(con, "pec_intervals")
+    return _assemble(info, intervals, pec, ["benchmark", *by_cols], settings)
+
+
+@contextmanager
+def open_rollouts(run: str, storage_options: dict[str, Any] | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A fresh in-memory connection with the view `rollouts` over RUN/rollouts and the bootstrap hash macros:
+    the starting point of every aggregate over a run (metrics here, the report's tables)."""
+    root = _Run(run, storage_options)
+    if not root.has("rollouts"):
+        raise FileNotFoundError(f"no rollouts Parquet files under {root.url}/rollouts/")
+    con = _connect(root)
+    try:
+        set_variables(con, rollouts_glob=root.glob("rollouts"))
+        run_sql(con, "view_rollouts")
+        columns = rollout_columns(con)
+        missing = [c for c in _NEEDED if c not in columns]
+        if missing:
+            raise ValueError(f"rollouts under {root.url} lack column(s) {', '.join(missing)}")
+        run_sql(con, "hash")
+        yield con
     finally:
         con.close()
-    return _assemble(info, intervals, pec, ["benchmark", *by_cols], settings)
+
+
+def rollout_columns(con: duckdb.DuckDBPyConnection) -> list[str]:
+    return list(con.sql("SELECT * FROM rollouts LIMIT 0").columns)
+
+
+def cost_columns(con: duckdb.DuckDBPyConnection) -> list[str]:
+    return [c for c in rollout_columns(con) if c.startswith("cost_")]
+
+
+def cohort_columns(con: duckdb.DuckDBPyConnection, by: Sequence[str] | None) -> list[str]:
+    """The `by` labels checked against the run's label columns (all of them when None)."""
+    return resolve_by(by, label_columns(rollout_columns(con)))
 
 
 def write_metrics(run: str, cohorts: list[dict[str, Any]], storage_options: dict[str, Any] | None = None) -> None:
@@ -148,14 +171,14 @@ def sql(run: str, query: str, storage_options: dict[str, Any] | None = None) -> 
     try:
         for table in ("rollouts", "steps"):
             if root.has(table):
-                _set_variables(con, **{f"{table}_glob": root.glob(table)})
-                _run_sql(con, f"view_{table}")
+                set_variables(con, **{f"{table}_glob": root.glob(table)})
+                run_sql(con, f"view_{table}")
         for name in ("metrics", "pec"):
             if root.exists(f"metrics/{name}.parquet"):
-                _set_variables(con, **{f"{name}_file": root.file(f"metrics/{name}.parquet")})
-                _run_sql(con, f"view_{name}")
-        _set_variables(con, allowed_directories=[root.url + "/"])
-        _run_sql(con, "lockdown")
+                set_variables(con, **{f"{name}_file": root.file(f"metrics/{name}.parquet")})
+                run_sql(con, f"view_{name}")
+        set_variables(con, allowed_directories=[root.url + "/"])
+        run_sql(con, "lockdown")
         result = pa.table({})
         for text in statements:
             relation = con.sql(text)
@@ -278,22 +301,22 @@ def _sql_text(name: str) -> str:
     return (folder / f"{name}.sql").read_text(encoding="utf-8")
 
 
-def _run_sql(con: duckdb.DuckDBPyConnection, name: str) -> None:
+def run_sql(con: duckdb.DuckDBPyConnection, name: str) -> None:
     for statement in duckdb.extract_statements(_sql_text(name)):
         con.execute(statement.query)
 
 
-def _set_variables(con: duckdb.DuckDBPyConnection, **values: Any) -> None:
+def set_variables(con: duckdb.DuckDBPyConnection, **values: Any) -> None:
     # Parameters reach the .sql files as DuckDB variables; names come from this module only.
     for name, value in values.items():
         con.execute(f"SET VARIABLE {name} = ?", [value])
 
 
-def _rows(con: duckdb.DuckDBPyConnection, table: str) -> list[dict[str, Any]]:
+def fetch(con: duckdb.DuckDBPyConnection, table: str) -> list[dict[str, Any]]:
     return con.sql(f"SELECT * FROM {table}").to_arrow_table().to_pylist()
 
 
-def _resolve_by(by: Sequence[str] | None, labels: list[str]) -> list[str]:
+def resolve_by(by: Sequence[str] | None, labels: list[str]) -> list[str]:
     if by is None:
         return list(labels)
     out: list[str] = []

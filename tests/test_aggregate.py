@@ -552,10 +552,10 @@ def test_interval_level(cohort_run: tuple[Path, dict]) -> None:
 
 
 def test_sql_hash_and_poisson_table_match_numpy() -> None:
-    from pipeline.aggregate import _run_sql
+    from pipeline.aggregate import run_sql
 
     con = duckdb.connect()
-    _run_sql(con, "hash")
+    run_sql(con, "hash")
     rng = np.random.default_rng(1)
     xs = np.concatenate([np.arange(3000), rng.integers(0, 2**32, 20000), [2**32 - 1]]).astype(np.uint64)
     got = con.execute(

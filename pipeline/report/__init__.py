@@ -1,0 +1,163 @@
+"""`pexec report`: a scored run turned into the analysis an evaluation team would publish (issue 6).
+
+build_report computes (DuckDB: sql/report_*.sql, sql/paired_*.sql, and pipeline.aggregate's metrics), ranks
+(ranking.py), draws (figures.py) and writes, under OUT:
+  report.md, report.html                 the tables and figures (HTML self-contained)
+  tables/<name>.csv, tables/<name>.parquet   the numbers behind every table
+  figures/<name>.png, .svg, .csv         each figure and the data it draws
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from pipeline.aggregate import DEFAULT_BOOTSTRAP, BootstrapSettings, metrics_tables
+from pipeline.report import html, layout, markdown
+from pipeline.report.figures import Chart, cause_chart, cause_rows, fed_chart, fed_rows, pec_chart, pec_rows
+from pipeline.report.paired import Compare, paired_comparison, parse_compare
+from pipeline.report.ranking import RANKED_BY, Ranking, rank_conditions
+from pipeline.report.tables import RunTables, key_of, run_tables
+
+__all__ = ["Compare", "ReportResult", "build_report", "parse_compare"]
+
+DEFAULT_KS = (1, 3, 5)
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    out: Path
+    files: list[Path]  # every file written, sorted
+    tables: RunTables
+    rankings: list[Ranking]
+    paired: list[dict[str, Any]]  # one row per pair and metric; empty without --compare
+    charts: list[Chart]
+
+
+def build_report(
+    run: str,
+    out: str | Path,
+    by: Sequence[str] | None = None,
+    compare: Compare | None = None,
+    ks: Sequence[int] = DEFAULT_KS,
+    settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
+) -> ReportResult:
+    if not ks or any(k < 1 for k in ks):
+        raise ValueError(f"--k takes depths >= 1, got {list(ks)}")
+    ks = sorted(set(ks))
+    t = run_tables(run, by, ks, settings)
+    conditions = t.keys[1:]
+
+    def label(row: dict[str, Any]) -> str:
+        return " · ".join("–" if v is None else v for v in key_of(row, conditions)) or "all"
+
+    rankings = _rankings(t, label)
+    pair_cols: list[str] = []
+    paired: list[dict[str, Any]] = []
+    if compare is not None:
+        pair_cols, paired = paired_comparison(run, compare, t.keys, ks, settings)
+    charts = [
+        pec_chart(pec_rows(t.cohorts, label)),
+        fed_chart(fed_rows(t.fed, label)),
+        cause_chart(cause_rows(t.causes, label)),
+    ]
+    n_keys = len(t.keys)
+    display = [layout.metrics_table(t, ks), layout.recovery_table(t), layout.causes_table(t)]
+    key_counts = [n_keys, n_keys, n_keys]
+    ranked = layout.ranking_tables(rankings)
+    display += ranked
+    key_counts += [1] * len(ranked)
+    if compare is not None:
+        display.append(layout.paired_table(compare, pair_cols, paired))
+        key_counts.append(len(pair_cols))
+    title = f"Prefix executability report — {run}"
+    preamble = [layout.settings_line(t.cohorts)]
+
+    root = Path(out)
+    written: list[Path] = []
+    written.append(_write_text(root / "report.md", markdown.render(title, preamble, display, charts)))
+    written.append(_write_text(root / "report.html", html.render(title, preamble, display, charts, key_counts)))
+    metrics, pec = metrics_tables(t.cohorts)
+    data = {
+        "metrics": metrics,
+        "pec": pec,
+        "recovery": _table(t.recovery),
+        "causes": _table(t.causes),
+        "fed": _table(t.fed),
+        "costs": _table(t.costs),
+        "ranking": _table(_ranking_rows(rankings)),
+        "paired": _table([{**r, "compare": compare.title} for r in paired] if compare else []),
+    }
+    for name, table in data.items():
+        if table.num_rows:
+            written += _write_data(root / "tables" / name, table)
+    for c in charts:
+        written.append(_write_bytes(root / "figures" / f"{c.name}.png", c.png))
+        written.append(_write_text(root / "figures" / f"{c.name}.svg", c.svg))
+        rows = [dict(zip(c.columns, r, strict=True)) for r in c.rows]
+        written.append(_write_csv(root / "figures" / f"{c.name}.csv", pa.Table.from_pylist(rows)))
+    return ReportResult(root, sorted(written), t, rankings, paired, charts)
+
+
+def _rankings(t: RunTables, label: Any) -> list[Ranking]:
+    """One ranking per benchmark with at least two conditions (a single condition has no order)."""
+    out = []
+    for benchmark in dict.fromkeys(c["benchmark"] for c in t.cohorts):
+        cohorts = [c for c in t.cohorts if c["benchmark"] == benchmark]
+        if len(cohorts) < 2:
+            continue
+        values = {m: [c[m]["value"] for c in cohorts] for m in ("success", *RANKED_BY)}
+        out.append(rank_conditions(benchmark, [label(c) for c in cohorts], values))
+    return out
+
+
+def _ranking_rows(rankings: list[Ranking]) -> list[dict[str, Any]]:
+    rows = []
+    for r in rankings:
+        for i, condition in enumerate(r.conditions):
+            row: dict[str, Any] = {"benchmark": r.benchmark, "condition": condition}
+            for m in ("success", *RANKED_BY):
+                row |= {m: r.values[m][i], f"rank_{m}": r.ranks[m][i]}
+            row |= {f"kendall_tau_b_success_{m}": r.tau[m] for m in RANKED_BY}
+            row["flips"] = "; ".join(
+                f"{f.metric}: {f.higher_metric} > {f.higher_success}"
+                for f in r.flips
+                if condition in (f.higher_metric, f.higher_success)
+            )
+            rows.append(row)
+    return rows
+
+
+def _table(rows: list[dict[str, Any]]) -> pa.Table:
+    return pa.Table.from_pylist(rows)
+
+
+def _write_data(stem: Path, table: pa.Table) -> list[Path]:
+    parquet = stem.with_suffix(".parquet")
+    parquet.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, parquet)
+    return [_write_csv(stem.with_suffix(".csv"), table), parquet]
+
+
+def _write_csv(path: Path, table: pa.Table) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pacsv.write_csv(table, path)
+    return path
+
+
+def _write_text(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _write_bytes(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path

@@ -1,0 +1,73 @@
+"""Paired comparison of two conditions (`--compare COL=A COL=B`): sql/paired_*.sql give, per pair (benchmark
+and the other condition labels), A, B and A - B of every metric over the tasks both share, with a paired
+task-level bootstrap interval of the difference (cost: change of the mean in %)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline import aggregate as db
+from pipeline.aggregate import BootstrapSettings
+
+
+@dataclass(frozen=True)
+class Compare:
+    column: str
+    a: str
+    b: str
+
+    @property
+    def title(self) -> str:
+        return f"{self.column}: {self.a} − {self.b}"
+
+
+def parse_compare(items: Sequence[str]) -> Compare:
+    """`["method=dual_loop", "method=plan_react"]` -> Compare("method", "dual_loop", "plan_react")."""
+    if len(items) != 2:
+        raise ValueError(f"--compare takes exactly two COL=VALUE arguments (A then B), got {len(items)}")
+    pairs = []
+    for item in items:
+        column, sep, value = item.partition("=")
+        if not sep or not column or not value:
+            raise ValueError(f"--compare takes COL=VALUE, got {item!r}")
+        pairs.append((column, value))
+    (col_a, a), (col_b, b) = pairs
+    if col_a != col_b:
+        raise ValueError(f"--compare must name the same column twice, got {col_a!r} and {col_b!r}")
+    if a == b:
+        raise ValueError(f"--compare needs two different values of {col_a!r}, got {a!r} twice")
+    return Compare(col_a, a, b)
+
+
+def paired_comparison(
+    run: str, compare: Compare, keys: Sequence[str], ks: Sequence[int], settings: BootstrapSettings
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """(pair key columns, one row per pair and metric). `keys` are the report's cohort columns."""
+    with db.open_rollouts(run) as con:
+        db.cohort_columns(con, [compare.column])  # raises when the column is not a label of the run
+        pair_cols = [k for k in keys if k != compare.column]
+        q_lo, q_hi = settings.quantiles
+        db.set_variables(
+            con,
+            pair_cols=pair_cols,
+            compare_col=compare.column,
+            compare_a=compare.a,
+            compare_b=compare.b,
+            ks=[int(k) for k in ks],
+            seed=settings.seed,
+            B=settings.B,
+            method=settings.method,
+            q_lo=q_lo,
+            q_hi=q_hi,
+        )
+        db.run_sql(con, "paired_prepare")
+        sides = {r["side"] for r in db.fetch(con, "paired_sides")}
+        for side, value in (("A", compare.a), ("B", compare.b)):
+            if side not in sides:
+                raise ValueError(f"no rollouts with {compare.column}={value!r}")
+        if db.cost_columns(con):
+            db.run_sql(con, "paired_costs")
+        db.run_sql(con, "paired_bootstrap")
+        return pair_cols, db.fetch(con, "paired_intervals")

@@ -1,0 +1,86 @@
+"""Ranking divergence: do success and the executability metrics order the conditions the same way?
+
+Per benchmark, conditions are ranked by success, TER and AUC-PEC (rank 1 = highest; ties share the mean of
+their ranks), compared by Kendall's τ-b (which accounts for ties), and every pair whose order under success
+is the opposite of its order under TER or AUC-PEC is listed as a flip.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import combinations
+
+RANKED_BY = ("ter", "auc_pec")
+
+
+@dataclass(frozen=True)
+class Flip:
+    metric: str  # the executability metric that disagrees with success
+    higher_success: str
+    higher_metric: str
+
+
+@dataclass(frozen=True)
+class Ranking:
+    benchmark: str
+    conditions: list[str]
+    values: dict[str, list[float | None]]  # metric -> value per condition
+    ranks: dict[str, list[float]]  # metric -> rank per condition
+    tau: dict[str, float | None]  # metric -> τ-b against success; None when undefined
+    flips: list[Flip]
+
+
+def ranks(values: Sequence[float | None]) -> list[float]:
+    """Rank 1 = largest; tied values share the mean of their ranks; a missing value ranks last."""
+    keyed = [-math.inf if v is None else v for v in values]
+    order = sorted(range(len(keyed)), key=lambda i: -keyed[i])
+    out = [0.0] * len(keyed)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and keyed[order[j + 1]] == keyed[order[i]]:
+            j += 1
+        for p in range(i, j + 1):
+            out[order[p]] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Kendall's τ-b; None when either ordering is all ties (the statistic is undefined)."""
+    concordant = discordant = ties_x = ties_y = 0
+    for i, j in combinations(range(len(x)), 2):
+        dx, dy = _sign(x[i] - x[j]), _sign(y[i] - y[j])
+        if dx == 0 and dy == 0:
+            continue
+        if dx == 0:
+            ties_x += 1
+        elif dy == 0:
+            ties_y += 1
+        elif dx == dy:
+            concordant += 1
+        else:
+            discordant += 1
+    denominator = math.sqrt((concordant + discordant + ties_x) * (concordant + discordant + ties_y))
+    return None if denominator == 0 else (concordant - discordant) / denominator
+
+
+def rank_conditions(benchmark: str, conditions: list[str], values: dict[str, list[float | None]]) -> Ranking:
+    """`values` has "success" and every metric of RANKED_BY, one value per condition."""
+    all_ranks = {m: ranks(values[m]) for m in ("success", *RANKED_BY)}
+    # τ on ranks (negated: rank 1 is best) equals τ on the values, with missing values ranked last.
+    tau = {m: kendall_tau_b(all_ranks["success"], all_ranks[m]) for m in RANKED_BY}
+    flips = []
+    for m in RANKED_BY:
+        r_s, r_m = all_ranks["success"], all_ranks[m]
+        for i, j in combinations(range(len(conditions)), 2):
+            if _sign(r_s[i] - r_s[j]) * _sign(r_m[i] - r_m[j]) < 0:
+                hi_s, hi_m = (i, j) if r_s[i] < r_s[j] else (j, i)
+                flips.append(Flip(m, conditions[hi_s], conditions[hi_m]))
+    return Ranking(benchmark, conditions, values, all_ranks, tau, flips)
+
+
+def _sign(x: float) -> int:
+    return (x > 0) - (x < 0)

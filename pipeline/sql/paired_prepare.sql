@@ -1,0 +1,56 @@
+-- Paired comparison A - B (DESIGN "Intervals": the same task draws for both conditions, over the tasks they
+-- share). Variables set by pipeline.report.paired: pair_cols (VARCHAR[]: 'benchmark' and the `by` labels other
+-- than the compared column), compare_col, compare_a, compare_b, ks (BIGINT[]: the k of PEC@k), seed, B.
+-- Needs the view `rollouts` and the macros of hash.sql.
+
+-- The rollouts of both conditions with their pair key and side; all columns kept (the cost_* ones are
+-- read by paired_costs.sql).
+CREATE OR REPLACE TEMP TABLE paired_rollouts AS
+SELECT * EXCLUDE (compared),
+       CASE compared WHEN getvariable('compare_a') THEN 'A' WHEN getvariable('compare_b') THEN 'B' END AS side
+FROM (
+    SELECT struct_pack(*COLUMNS(lambda c: list_contains(getvariable('pair_cols'), c))) AS key,
+           COLUMNS(lambda c: c = getvariable('compare_col'))::VARCHAR AS compared,
+           *
+    FROM rollouts
+)
+WHERE side IS NOT NULL;
+
+-- Per (pair, side, task) sums, long: part -> value. All parts are integers so that every bootstrap sum is
+-- exact and independent of the order of addition: auc_term in units of 2^-40 (as metrics_prepare.sql).
+CREATE OR REPLACE TEMP TABLE paired_parts AS
+SELECT key, side, task_id, part, value
+FROM (
+    UNPIVOT (
+        SELECT key, side, task_id,
+               count(*)::BIGINT AS n,
+               count_if(executable)::BIGINT AS exec,
+               sum(round(auc_term * 1099511627776::DOUBLE)::BIGINT)::BIGINT AS auc,
+               count(success)::BIGINT AS known,
+               count_if(success)::BIGINT AS succ,
+               count_if(NOT executable AND success IS NOT NULL)::BIGINT AS elig,
+               count_if(NOT executable AND success)::BIGINT AS rec
+        FROM paired_rollouts
+        GROUP BY key, side, task_id
+    ) ON n, exec, auc, known, succ, elig, rec INTO NAME part VALUE value
+)
+UNION ALL
+-- PEC@k numerators: #{T >= k and FED > k} = #{min(T, FED - 1) >= k}.
+SELECT key, side, task_id, 'pec' || k AS part, count_if(least(T, fed - 1) >= k)::BIGINT AS value
+FROM paired_rollouts CROSS JOIN (SELECT unnest(getvariable('ks')) AS k)
+GROUP BY key, side, task_id, k;
+
+-- The ratio metrics: value = sum(num) / sum(den) (/ scale); kind 'diff' reports A - B.
+CREATE OR REPLACE TEMP TABLE paired_defs AS
+SELECT * FROM (VALUES
+    ('success', 'succ', 'known', 1.0, 'diff', 0),
+    ('ter', 'exec', 'n', 1.0, 'diff', 1),
+    ('auc_pec', 'auc', 'n', 1099511627776.0, 'diff', 2),
+    ('rr', 'rec', 'elig', 1.0, 'diff', 3),
+    ('successes_after_invalid_prefix', 'rec', 'succ', 1.0, 'diff', 4)
+) AS t(metric, num, den, scale, kind, ord)
+UNION ALL
+SELECT 'pec@' || k, 'pec' || k, 'n', 1.0, 'diff', 10 + k FROM (SELECT unnest(getvariable('ks')) AS k);
+
+-- Which of the two conditions occur at all (an absent one is the user's typo, reported by name).
+CREATE OR REPLACE TEMP TABLE paired_sides AS SELECT DISTINCT side FROM paired_rollouts;

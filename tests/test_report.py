@@ -1,0 +1,290 @@
+"""pexec report (issue 6): the paper's numbers, golden tables on a fixed synthetic run, the paired bootstrap
+against an independent numpy implementation, ranking divergence, and the data behind each figure."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from test_aggregate import draws, paper_rows, rollout, write_rollouts
+from typer.testing import CliRunner
+
+from pipeline.aggregate import BootstrapSettings
+from pipeline.cli import app
+from pipeline.distributed import run_scoring
+from pipeline.report import Compare, ReportResult, build_report, parse_compare
+from pipeline.report.ranking import kendall_tau_b, rank_conditions, ranks
+from pipeline.synth import synthesize, write_store
+
+GOLDEN = Path(__file__).with_name("golden")
+SMALL = BootstrapSettings(B=200, seed=3)
+
+
+def section(markdown: str, title: str) -> str:
+    """The text of one `## title` section of report.md."""
+    return markdown.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+# --- the paper's worked example ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def paper(tmp_path_factory: pytest.TempPathFactory) -> ReportResult:
+    run = tmp_path_factory.mktemp("paper-run")
+    write_rollouts(run, paper_rows())
+    return build_report(str(run), run.parent / "paper-report", settings=SMALL)
+
+
+def test_paper_numbers_in_the_report(paper: ReportResult) -> None:
+    md = (paper.out / "report.md").read_text()
+    recovery = section(md, "Recovery arithmetic")
+    # 200 episodes; 10 executable & successful; 138 of the 190 with an invalid prefix successful; 148 successes.
+    assert "| bench | 200 | 10 | 138 | 190 | 148 | 93.2% (138/148) | 0 |" in recovery
+    metrics = section(md, "Metrics per benchmark × condition")
+    row = next(line for line in metrics.splitlines() if line.startswith("| bench |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[:3] == ["bench", "200", "50"]
+    assert cells[3].startswith("0.740 ")  # success
+    assert cells[4].startswith("0.050 ")  # TER
+    assert cells[-3].startswith("0.726 ")  # RR = 138/190
+    assert cells[-2] == "190"  # RR eligible
+    [r] = read_csv(paper.out / "tables" / "recovery.csv")
+    assert float(r["share_successes_after_invalid_prefix"]) == 138 / 148
+    [m] = pq.read_table(paper.out / "tables" / "metrics.parquet").to_pylist()
+    assert (m["ter"], m["success"], m["rr"], m["rr_eligible"]) == (0.05, 0.74, 138 / 190, 190)
+    html = (paper.out / "report.html").read_text()
+    assert "93.2% (138/148)" in html and "0.726 [" in html
+
+
+# --- golden tables on a fixed synthetic run ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def synth_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("synth")
+    write_store(synthesize("shop", 600, 40, 11), str(root / "store"), "jsonl", 50_000, None)
+    run_scoring(str(root / "store"), str(root / "run"), executor="inline")
+    return root / "run"
+
+
+@pytest.fixture(scope="module")
+def synth_report(synth_run: Path) -> ReportResult:
+    compare = Compare("method", "react", "plan_execute")
+    return build_report(str(synth_run), synth_run.parent / "report", ["model", "method"], compare, [1, 3, 5], SMALL)
+
+
+def test_golden_markdown(synth_report: ReportResult) -> None:
+    md = (synth_report.out / "report.md").read_text()
+    # The title names the (temporary) run folder; everything below it is fixed by the data, seed and B.
+    body = md.split("\n", 1)[1]
+    golden = GOLDEN / "report_synth.md"
+    if os.environ.get("PEXEC_UPDATE_GOLDEN"):
+        golden.write_text(body)
+    assert body == golden.read_text()
+
+
+def test_report_files(synth_report: ReportResult) -> None:
+    names = {p.relative_to(synth_report.out).as_posix() for p in synth_report.files}
+    for table in ("metrics", "pec", "recovery", "causes", "fed", "costs", "ranking", "paired"):
+        assert {f"tables/{table}.csv", f"tables/{table}.parquet"} <= names
+    for fig in ("pec_curves", "fed_histogram", "first_causes"):
+        assert {f"figures/{fig}.png", f"figures/{fig}.svg", f"figures/{fig}.csv"} <= names
+    assert {"report.md", "report.html"} <= names
+    for p in synth_report.files:
+        assert p.stat().st_size > 0, p
+
+
+def test_rerun_is_identical(synth_run: Path, synth_report: ReportResult, tmp_path: Path) -> None:
+    again = build_report(
+        str(synth_run), tmp_path, ["model", "method"], Compare("method", "react", "plan_execute"), [1, 3, 5], SMALL
+    )
+    for p in synth_report.files:
+        rel = p.relative_to(synth_report.out)
+        if p.suffix != ".parquet":  # Parquet files embed the writer's metadata; their numbers are tested elsewhere
+            assert (again.out / rel).read_bytes() == p.read_bytes(), rel
+
+
+def test_recovery_identity_and_causes(synth_report: ReportResult) -> None:
+    t = synth_report.tables
+    for r in t.recovery:
+        assert r["n_executable_success"] + r["n_invalid_prefix_success"] == r["n_success"]
+    for c, r in zip(t.cohorts, t.recovery, strict=True):
+        assert (c["model"], c["method"]) == (r["model"], r["method"])
+        assert (
+            c["rr"]["eligible"] == r["n_invalid_prefix"] - r["n_success_unknown"]
+            or c["rr"]["eligible"] <= r["n_invalid_prefix"]
+        )
+        assert math.isclose(c["rr"]["value"], r["n_invalid_prefix_success"] / c["rr"]["eligible"])
+        causes = [x for x in t.causes if (x["model"], x["method"]) == (r["model"], r["method"])]
+        assert sum(x["n"] for x in causes) == r["n_invalid_prefix"]
+    assert {x["cost"] for x in t.costs} == {"cost_tokens", "cost_latency_s"}
+
+
+# --- paired comparison -----------------------------------------------------------------------------------
+
+
+def test_paired_matches_numpy(synth_run: Path, synth_report: ReportResult) -> None:
+    """The SQL paired bootstrap equals a direct numpy one with the same draws over the shared tasks."""
+    rows = pq.read_table(synth_run / "rollouts").to_pylist()
+    for model in ("model-a", "model-b"):
+        got = {r["metric"]: r for r in synth_report.paired if r["model"] == model}
+        side = {m: [r for r in rows if r["model"] == model and r["method"] == m] for m in ("react", "plan_execute")}
+        tasks = sorted(set(r["task_id"] for r in side["react"]) & set(r["task_id"] for r in side["plan_execute"]))
+        d = draws(SMALL.seed, SMALL.B, len(tasks)) % np.uint64(len(tasks))  # [B, m] drawn task numbers
+        counts = np.stack([np.bincount(row, minlength=len(tasks)) for row in d])
+
+        def per_task(rs: list[dict], tasks: list[str], num: Any, den: Any) -> tuple[np.ndarray, np.ndarray]:
+            by_task = {t: [r for r in rs if r["task_id"] == t] for t in tasks}
+            return (
+                np.array([sum(num(r) for r in by_task[t]) for t in tasks], float),
+                np.array([sum(den(r) for r in by_task[t]) for t in tasks], float),
+            )
+
+        for metric, num, den in [
+            ("ter", lambda r: r["executable"], lambda r: 1),
+            ("success", lambda r: r["success"], lambda r: 1),
+            ("rr", lambda r: not r["executable"] and r["success"], lambda r: not r["executable"]),
+            ("pec@3", lambda r: min(r["T"], r["fed"] - 1) >= 3, lambda r: 1),
+        ]:
+            na, da = per_task(side["react"], tasks, num, den)
+            nb, db_ = per_task(side["plan_execute"], tasks, num, den)
+            diff = counts @ na / (counts @ da) - counts @ nb / (counts @ db_)
+            assert math.isclose(got[metric]["value"], na.sum() / da.sum() - nb.sum() / db_.sum(), abs_tol=1e-12)
+            assert math.isclose(got[metric]["lo"], float(np.quantile(diff, 0.025)), abs_tol=1e-12), metric
+            assert math.isclose(got[metric]["hi"], float(np.quantile(diff, 0.975)), abs_tol=1e-12), metric
+            assert got[metric]["shared_tasks"] == len(tasks)
+        tok = {m: np.mean([r["cost_tokens"] for r in side[m] if r["task_id"] in tasks]) for m in side}
+        assert math.isclose(got["cost_tokens"]["value"], 100 * (tok["react"] / tok["plan_execute"] - 1), rel_tol=1e-9)
+
+
+def test_paired_uses_shared_tasks_only(tmp_path: Path) -> None:
+    rows = [rollout("t1", 2, 3, True, method="a"), rollout("t2", 2, 1, False, method="a")]
+    rows += [rollout("t1", 2, 1, True, method="b"), rollout("t3", 2, 3, True, method="b")]
+    write_rollouts(tmp_path / "run", rows)
+    r = build_report(str(tmp_path / "run"), tmp_path / "out", None, Compare("method", "a", "b"), [1], SMALL)
+    ter = next(x for x in r.paired if x["metric"] == "ter")
+    # Only t1 is shared: A executable (1.0), B not (0.0); the one-task bootstrap always redraws t1.
+    assert (ter["shared_tasks"], ter["value_a"], ter["value_b"], ter["value"]) == (1, 1.0, 0.0, 1.0)
+    assert ter["lo"] == ter["hi"] == 1.0
+    costs = next(x for x in r.paired if x["metric"] == "cost_tokens")
+    assert costs["value"] == 0.0  # both sides cost 100 tokens per rollout
+
+
+@pytest.mark.parametrize(
+    ("items", "message"),
+    [
+        (["method=a"], "exactly two"),
+        (["method=a", "model=b"], "same column"),
+        (["method=a", "method=a"], "two different"),
+        (["method", "method=b"], "COL=VALUE"),
+    ],
+)
+def test_parse_compare_errors(items: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_compare(items)
+
+
+# --- ranking ---------------------------------------------------------------------------------------------
+
+
+def test_ranks_and_tau_b() -> None:
+    assert ranks([0.5, 0.9, 0.5, None]) == [2.5, 1.0, 2.5, 4.0]
+    assert kendall_tau_b([1, 2, 3], [1, 2, 3]) == 1.0
+    assert kendall_tau_b([1, 2, 3], [3, 2, 1]) == -1.0
+    assert kendall_tau_b([1, 1, 1], [1, 2, 3]) is None
+    # With ties, τ-b = (C - D) / sqrt((C + D + Tx)(C + D + Ty)): x = [1, 2, 2, 3], y = [1, 3, 2, 4]:
+    # pairs: C = 5, D = 0, tied only in x = 1, only in y = 0 -> 5 / sqrt(6 * 5).
+    assert math.isclose(kendall_tau_b([1, 2, 2, 3], [1, 3, 2, 4]), 5 / math.sqrt(30))
+
+
+def test_flips_flagged() -> None:
+    r = rank_conditions(
+        "b",
+        ["p", "q", "r"],
+        {"success": [0.9, 0.8, 0.7], "ter": [0.1, 0.5, 0.3], "auc_pec": [0.9, 0.8, 0.7]},
+    )
+    assert r.ranks["ter"] == [3.0, 1.0, 2.0]
+    assert r.tau["auc_pec"] == 1.0 and math.isclose(r.tau["ter"], -1 / 3)
+    assert {(f.metric, f.higher_success, f.higher_metric) for f in r.flips} == {("ter", "p", "q"), ("ter", "p", "r")}
+
+
+def test_ranking_in_report(synth_report: ReportResult) -> None:
+    [ranking] = synth_report.rankings
+    assert ranking.benchmark == "shop" and len(ranking.conditions) == 4
+    md = (synth_report.out / "report.md").read_text()
+    text = section(md, "Ranking divergence — shop")
+    assert f"Kendall τ-b (success vs TER): {ranking.tau['ter']:.3f}" in text
+
+
+# --- figures: the data they draw -------------------------------------------------------------------------
+
+
+def test_figure_data(synth_report: ReportResult) -> None:
+    charts = {c.name: c for c in synth_report.charts}
+    t = synth_report.tables
+    pec = read_csv(synth_report.out / "figures" / "pec_curves.csv")
+    for c in t.cohorts:
+        label = f"{c['model']} · {c['method']}"
+        curve = [p for p in pec if p["condition"] == label]
+        assert [int(p["k"]) for p in curve] == [p["k"] for p in c["pec"]] == list(range(len(curve)))
+        assert [float(p["pec"]) for p in curve] == [p["value"] for p in c["pec"]]
+        assert all(float(p["lo"]) <= float(p["pec"]) <= float(p["hi"]) for p in curve)
+        fed = [r for r in charts["fed_histogram"].rows if r[1] == label]
+        assert math.isclose(sum(r[4] for r in fed), 1.0)
+        assert next(r for r in fed if r[2] == "executable")[4] == c["ter"]["value"]
+        causes = [r for r in charts["first_causes"].rows if r[1] == label]
+        assert math.isclose(sum(r[4] for r in causes), 1.0)
+        assert [r[2] for r in causes] == [x for x in ("schema", "dependency", "information", "state_consistency",
+                                                       "precondition") if x in {r[2] for r in causes}]  # fmt: skip
+    for c in charts.values():
+        assert c.png.startswith(b"\x89PNG") and "<svg" in c.svg
+
+
+# --- command line ----------------------------------------------------------------------------------------
+
+
+def test_cli_report(synth_run: Path, tmp_path: Path) -> None:
+    args = ["report", str(synth_run), "--out", str(tmp_path / "r"), "--by", "method", "--k", "2,4"]
+    args += ["--compare", "method=react", "method=plan_execute", "--bootstrap", "50", "--seed", "1"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "PEC@2" in md and "PEC@4" in md and "B=50, seed=1" in md
+    assert "Paired comparison — method: react − plan\\_execute" in md
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--compare", "method=react", "method=nope"], "no rollouts with method='nope'"),
+        (["--compare", "foo=a", "foo=b"], "unknown cohort column 'foo'"),
+        (["--k", "0"], "--k takes depths >= 1"),
+        (["--by", "nope"], "unknown cohort column 'nope'"),
+    ],
+)
+def test_cli_errors(synth_run: Path, tmp_path: Path, extra: list[str], message: str) -> None:
+    result = CliRunner().invoke(app, ["report", str(synth_run), "--out", str(tmp_path), "--bootstrap", "5", *extra])
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split())
+
+
+def test_labels_are_escaped(tmp_path: Path) -> None:
+    evil = "<script>alert(1)</script>|*x*"
+    rows = [rollout("t1", 2, 3, True, model=evil), rollout("t1", 2, 1, False, model="plain")]
+    write_rollouts(tmp_path / "run", rows)
+    r = build_report(str(tmp_path / "run"), tmp_path / "out", settings=BootstrapSettings(B=5))
+    html = (r.out / "report.html").read_text()
+    assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;|*x*" in html
+    md = (r.out / "report.md").read_text()
+    assert "\\<script\\>alert(1)\\</script\\>\\|\\*x\\*" in md
