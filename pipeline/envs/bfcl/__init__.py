@@ -1,0 +1,30 @@
+"""BFCL v3/v4 multi-turn: replay against the official simulators of the pinned `bfcl-eval` package.
+
+`bfcl_v3` and `bfcl_v4` differ only in the dataset naming their rollouts came from (the simulators are the
+same pinned classes); both names are registered so a rollout's `benchmark` selects the environment.
+`bfcl_eval` is imported inside the factory only.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pipeline.envs import EnvOptions, register
+
+if TYPE_CHECKING:
+    from pipeline.envs.bfcl.env import BfclEnvironment
+
+NAMES = ("bfcl_v3", "bfcl_v4")
+
+
+def _factory(name: str):
+    def build(options: EnvOptions) -> BfclEnvironment:
+        from pipeline.envs.bfcl.env import BfclEnvironment
+
+        return BfclEnvironment(name)
+
+    return build
+
+
+for _name in NAMES:
+    register(_name)(_factory(_name))

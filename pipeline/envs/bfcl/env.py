@@ -1,0 +1,212 @@
+"""The BFCL multi-turn environment over the official simulator classes of `bfcl-eval`.
+
+Calls run by direct method dispatch (`getattr(instance, tool)(**args)`), never through eval. A call is
+rejected (P) when the method returns an error (`{"error": ...}`, or a one-element list of one) or raises;
+the message is kept.
+
+State: one instance per involved class, built as BFCL does (`cls()`, then `_load_scenario(deepcopy(config),
+long_context=...)`), plus a journal of the accepted calls. A rejected call leaves no state change behind:
+some rejections mutate the instance (a wrong travel token decrements `token_expires_in`, seeded random
+generators advance), so the touched instance is rebuilt from its scenario by re-running the journal's
+accepted calls of that class. Rejections are rarer than acceptances and per-class journals are short, so
+this costs less than snapshotting the instance before every call (a deep copy of a long-context file
+system costs more than the call itself). `checkpoint` is the journal length; `rollback` rebuilds likewise.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.envs.base import EnvError, Outcome, ToolInfo
+from pipeline.envs.bfcl import official
+from pipeline.envs.bfcl.schema import parameters_schema
+from pipeline.model import Call, Rollout
+from pipeline.records import InvalidRecord
+
+GROUNDED_FILE = Path(__file__).resolve().parents[3] / "specs" / "bfcl_v3" / "grounded.toml"
+
+
+@dataclass(slots=True)
+class BfclState:
+    config: dict[str, Any]  # BFCL initial_config: class -> scenario
+    long_context: bool
+    withheld: dict[str, int]  # tool -> the turn from which it is available (miss_func)
+    classes: frozenset[str]
+    instances: dict[str, Any] = field(default_factory=dict)
+    journal: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)  # accepted (class, tool, args)
+
+
+class BfclEnvironment:
+    simulated = True
+
+    def __init__(self, name: str, grounded_file: Path = GROUNDED_FILE) -> None:
+        self.name = name
+        self.version = f"{official.PACKAGE}=={official.package_version()}"
+        self._class_of: dict[str, str] = {}
+        self._tools: dict[str, ToolInfo] = {}
+        self._order: dict[str, tuple[str, ...]] = {}
+        grounded = _read_grounded(grounded_file)
+        for cls, docs in official.function_docs().items():
+            simulator = official.simulator_class(cls)
+            for doc in docs:
+                tool = doc["name"]
+                method = getattr(simulator, tool, None)
+                if method is None:
+                    raise EnvError(f"{self.version}: {cls} documents {tool!r} but has no such method")
+                signature = inspect.signature(method)
+                params = [p for p in signature.parameters.values() if p.name != "self"]
+                open_keys = any(p.kind is p.VAR_KEYWORD for p in params)
+                nullable = frozenset(p.name for p in params if p.default is None)
+                schema = parameters_schema(doc["parameters"], open_keys, nullable)
+                unknown = set(grounded.get(tool, ())) - set(schema["properties"])
+                if unknown:
+                    raise EnvError(f"{grounded_file}: {tool} has no parameters {sorted(unknown)}")
+                self._class_of[tool] = cls
+                self._order[tool] = tuple(
+                    p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.POSITIONAL_ONLY)
+                )
+                self._tools[tool] = ToolInfo.from_schema(tool, schema, frozenset(grounded.get(tool, ())))
+        missing = set(grounded) - set(self._tools)
+        if missing:
+            raise EnvError(f"{grounded_file}: unknown functions {sorted(missing)}")
+
+    # -- catalogue -------------------------------------------------------------------------------------
+    def tool(self, name: str) -> ToolInfo | None:
+        return self._tools.get(name)
+
+    def open_catalogue(self) -> bool:
+        return False
+
+    def parameter_order(self, tool: str) -> tuple[str, ...] | None:
+        """Positional parameter names of a function (for call strings with positional arguments)."""
+        return self._order.get(tool)
+
+    def class_of(self, tool: str) -> str | None:
+        return self._class_of.get(tool)
+
+    # -- state -----------------------------------------------------------------------------------------
+    def start(self, rollout: Rollout) -> BfclState:
+        env = rollout.env
+        classes = env.get("involved_classes")
+        config = env.get("initial_config") or {}
+        if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+            raise InvalidRecord("bfcl: env.involved_classes must be a list of class names")
+        unknown = [c for c in classes if c not in official.CLASSES]
+        if unknown:
+            raise InvalidRecord(f"bfcl: unknown simulator classes {unknown}")
+        if not isinstance(config, dict):
+            raise InvalidRecord("bfcl: env.initial_config must be an object")
+        state = BfclState(
+            config=config,
+            long_context=bool(env.get("long_context", False)),
+            withheld=_withheld(env.get("missed_function") or {}),
+            classes=frozenset(classes),
+        )
+        for cls in classes:
+            state.instances[cls] = self._load(cls, state)
+        return state
+
+    def available(self, state: BfclState, tool: str, turn: int) -> bool:
+        if self._class_of.get(tool) not in state.classes:
+            return False
+        return turn >= state.withheld.get(tool, turn)
+
+    def execute(self, state: BfclState, tool: str, args: dict[str, Any], call: Call) -> Outcome:
+        cls = self._class_of[tool]
+        message = _run(state.instances[cls], tool, args)
+        if isinstance(message, Outcome):
+            state.journal.append((cls, tool, args))
+            return message
+        self._rebuild(state, (cls,))
+        return Outcome(False, message=message)
+
+    def checkpoint(self, state: BfclState) -> int:
+        return len(state.journal)
+
+    def rollback(self, state: BfclState, mark: int) -> None:
+        del state.journal[mark:]
+        self._rebuild(state, tuple(state.instances))
+
+    def _load(self, cls: str, state: BfclState) -> Any:
+        instance = official.simulator_class(cls)()
+        if cls not in official.STATELESS:
+            try:
+                instance._load_scenario(copy.deepcopy(state.config.get(cls, {})), long_context=state.long_context)
+            except Exception as exc:  # a malformed scenario in the record, not a simulator fault
+                raise InvalidRecord(f"bfcl: {cls} cannot load the task's initial_config: {exc!r}") from exc
+        return instance
+
+    def _rebuild(self, state: BfclState, classes: tuple[str, ...]) -> None:
+        for cls in classes:
+            state.instances[cls] = self._load(cls, state)
+        for cls, tool, args in state.journal:
+            if cls in classes and not isinstance(_run(state.instances[cls], tool, args), Outcome):
+                raise EnvError(f"{self.name}: {tool} was accepted once and rejected when rebuilding the state")
+
+
+def _run(instance: Any, tool: str, args: dict[str, Any]) -> Outcome | str:
+    """The accepted Outcome, or the rejection message. Both BFCL error conventions reject: a returned
+    `{"error": ...}` and a raised exception (BFCL's own path reports `Error during execution: ...`)."""
+    try:
+        result = getattr(instance, tool)(**copy.deepcopy(args))
+    except Exception as exc:  # the simulator refuses the call; anything it raises is its answer
+        return f"Error during execution: {exc}"
+    message = error_message(result)
+    if message is not None:
+        return message
+    return Outcome(True, output=_as_logged(result))
+
+
+def error_message(result: Any) -> str | None:
+    """The simulator's rejection message, if `result` is one: `{"error": ...}`, or (ticket and trading
+    listings) a one-element list holding such a dict or an "Error: ..." string."""
+    if isinstance(result, list) and len(result) == 1:
+        result = result[0]
+        if isinstance(result, str) and result.startswith("Error:"):
+            return result
+    if isinstance(result, dict) and "error" in result:
+        return str(result["error"])
+    return None
+
+
+def _as_logged(result: Any) -> Any:
+    # BFCL logs dicts as JSON text and everything else through str(); keep the JSON form as an object so
+    # that references and grounding can look inside it, and never alias the live state.
+    if isinstance(result, str):
+        return result
+    if isinstance(result, dict):
+        try:
+            return json.loads(json.dumps(result))
+        except (TypeError, ValueError):
+            return str(result)
+    return str(result)
+
+
+def _withheld(missed: Any) -> dict[str, int]:
+    if not isinstance(missed, dict):
+        raise InvalidRecord("bfcl: env.missed_function must map a turn to function names")
+    out: dict[str, int] = {}
+    for turn, names in missed.items():
+        if not str(turn).isdigit() or not isinstance(names, list):
+            raise InvalidRecord("bfcl: env.missed_function must map a turn to function names")
+        for name in names:
+            # BFCL's own loader may have replaced names by docs; accept both.
+            out[name["name"] if isinstance(name, dict) else str(name)] = int(turn)
+    return out
+
+
+def _read_grounded(path: Path) -> dict[str, list[str]]:
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise EnvError(f"{path}: {exc}") from exc
+    table = data.get("grounded", {})
+    if set(data) - {"grounded"} or not all(isinstance(v, list) for v in table.values()):
+        raise EnvError(f"{path}: expected one [grounded] table of function = [parameter, ...]")
+    return table

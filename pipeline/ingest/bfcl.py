@@ -1,0 +1,271 @@
+"""`bfcl`: BFCL multi-turn model result files -> canonical rollouts (benchmark `bfcl_v3` or `bfcl_v4`).
+
+Sources are result files `BFCL_v{3,4}_multi_turn_<category>_result.json` or folders holding them (searched
+recursively). Each line (`id`, `result` [turn][step][calls], token counts, latency, `inference_log`) is
+joined with
+- the dataset of its naming (questions -> user messages per turn; initial_config, involved_classes,
+  missed_function -> `env`), from the pinned package, a release wheel or `--option dataset=PATH`;
+- the score file of the same name (`..._score.json`, beside the result file, under the mirrored `score/`
+  folder, or in `--option scores=DIR`): success = the id is not listed as failed. No score file: null.
+Calls are `{name: "<JSON arguments>"}` (function-calling models; the raw text is kept, so a call whose
+arguments do not parse is an S failure) or decoded call strings (prompt-mode models), parsed with `ast`.
+The tool outputs the live run saw (`inference_log`) become each call's logged `output`.
+Labels: `model` (the result file's folder, above any `multi_turn/`), `category`, plus `--label`.
+Options: `dataset=PATH` (a folder or a bfcl-eval wheel), `scores=DIR`, `model=NAME` (overrides the folder).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from collections.abc import Iterator, Sequence
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from pipeline.envs import EnvError
+from pipeline.envs.bfcl.calls import CallSyntaxError, parse_call
+from pipeline.envs.bfcl.env import error_message
+from pipeline.ingest import IngestError, IngestOptions
+
+FILE_NAME = re.compile(r"BFCL_(v\d+)_multi_turn_(base|miss_func|miss_param|long_context)_result\.json$")
+_CONTAINER_FOLDERS = {"multi_turn", "result", "results"}
+OPTIONS = {"dataset", "scores", "model"}
+
+
+def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
+    unknown = set(options.extra) - OPTIONS
+    if unknown:
+        raise IngestError(f"bfcl: unknown options {sorted(unknown)} (known: {', '.join(sorted(OPTIONS))})")
+    files = [f for source in sources for f in _result_files(Path(source))]
+    if not files:
+        raise IngestError(f"bfcl: no BFCL_v*_multi_turn_*_result.json file in {', '.join(sources)}")
+    for path in files:
+        yield from _read_file(path, options)
+
+
+def _result_files(source: Path) -> list[Path]:
+    if source.is_file():
+        if not FILE_NAME.search(source.name):
+            raise IngestError(f"bfcl: {source} is not named BFCL_v<N>_multi_turn_<category>_result.json")
+        return [source]
+    if source.is_dir():
+        return sorted(p for p in source.rglob("*_result.json") if FILE_NAME.search(p.name))
+    raise IngestError(f"bfcl: {source} does not exist")
+
+
+def _read_file(path: Path, options: IngestOptions) -> Iterator[dict]:
+    tag, category = FILE_NAME.search(path.name).groups()
+    benchmark = f"bfcl_{tag}"
+    from pipeline.envs.bfcl import official
+
+    try:
+        dataset_name = official.data_file_name(tag, category)
+        dataset = {e["id"]: e for e in official.read_data_file(dataset_name, options.extra.get("dataset"))}
+    except EnvError as exc:
+        raise IngestError(f"bfcl: {path}: {exc}") from exc
+    failed, _ = read_scores(_score_file(path, options.extra.get("scores")))
+    model = options.extra.get("model") or model_from_path(path)
+    labels = {"model": model, "category": category, **options.labels}
+    with path.open() as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            where = f"{path} line {number}"
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise IngestError(f"bfcl: {where}: not JSON: {exc}") from exc
+            task = dataset.get(entry.get("id")) if isinstance(entry, dict) else None
+            if task is None:
+                raise IngestError(f"bfcl: {where}: id {entry.get('id')!r} is not in {dataset_name}")
+            success = None if failed is None else entry["id"] not in failed
+            yield build_record(task, entry, benchmark, category, labels, success, where)
+
+
+def build_record(
+    task: dict[str, Any],
+    entry: dict[str, Any],
+    benchmark: str,
+    category: str,
+    labels: dict[str, str],
+    success: bool | None,
+    where: str = "",
+) -> dict[str, Any]:
+    """One canonical rollout from a dataset task and a model result entry."""
+    turns = entry.get("result")
+    # A string result is BFCL's record of an inference error: the run made no calls (BFCL scores it failed).
+    turns = turns if isinstance(turns, list) else []
+    logged = _logged_outputs(entry.get("inference_log"), turns)
+    events: list[dict[str, Any]] = []
+    for index, question in enumerate(task.get("question", [])):
+        for message in question:
+            events.append(
+                {
+                    "type": "message",
+                    "role": message.get("role", "user"),
+                    "content": message.get("content", ""),
+                    "turn": index,
+                }
+            )
+        steps = turns[index] if index < len(turns) and isinstance(turns[index], list) else []
+        for step_index, step in enumerate(steps):
+            if not isinstance(step, list):
+                continue  # an undecodable prompt-mode response: BFCL ends the turn, no call was made
+            outputs = logged.get((index, step_index), [])
+            for call_index, call in enumerate(_calls(step, benchmark, where)):
+                if call_index < len(outputs):
+                    call["output"] = outputs[call_index]
+                    call["error"] = is_error_output(outputs[call_index])
+                events.append({**call, "turn": index})
+    return {
+        "rollout_id": f"{labels.get('model', '')}:{entry['id']}",
+        "task_id": entry["id"],
+        "benchmark": benchmark,
+        "labels": labels,
+        "env": {
+            "initial_config": task.get("initial_config", {}),
+            "involved_classes": task.get("involved_classes", []),
+            "missed_function": task.get("missed_function", {}),
+            "long_context": category == "long_context",
+        },
+        "events": events,
+        "success": success,
+        "cost": _cost(entry),
+    }
+
+
+def _calls(step: list[Any], benchmark: str, where: str) -> list[dict[str, Any]]:
+    calls = []
+    for item in step:
+        if isinstance(item, dict):  # function-calling: {name: "<JSON arguments>"} (one or more names)
+            for name, arguments in item.items():
+                calls.append({"type": "call", "tool": str(name), "arguments": arguments})
+        elif isinstance(item, str):  # prompt mode: a decoded call string
+            calls.append(_string_call(item, benchmark))
+        else:
+            raise IngestError(f"bfcl: {where}: a call is neither an object nor a string: {item!r}")
+    return calls
+
+
+def _string_call(text: str, benchmark: str) -> dict[str, Any]:
+    try:
+        name, args = parse_call(text, _parameter_order(benchmark))
+    except CallSyntaxError as exc:
+        # Kept as a call whose arguments cannot parse: the checker reports it as an S failure.
+        name = text.split("(", 1)[0].strip() or "<unparsed>"
+        return {"type": "call", "tool": name, "arguments": f"<unparsed: {exc}>"}
+    return {"type": "call", "tool": name, "arguments": args}
+
+
+@cache
+def _parameter_order(benchmark: str):
+    from pipeline.envs import get_environment
+
+    try:
+        return get_environment(benchmark).parameter_order
+    except EnvError as exc:
+        raise IngestError(f"bfcl: prompt-mode call strings need the simulators: {exc}") from exc
+
+
+def _logged_outputs(log: Any, turns: list[Any]) -> dict[tuple[int, int], list[str]]:
+    """(turn, step) -> the tool outputs the live run returned, in call order. BFCL's inference_log holds a
+    dict per turn (`step_<k>` -> messages, tool outputs have role `tool`) between state snapshots."""
+    if not isinstance(log, list):
+        return {}
+    turn_logs = [item for item in log if isinstance(item, dict)]
+    if len(turn_logs) != len(turns):
+        return {}  # cannot be aligned with the result: outputs count as not logged
+    out: dict[tuple[int, int], list[str]] = {}
+    for turn, turn_log in enumerate(turn_logs):
+        for key, messages in turn_log.items():
+            if key.startswith("step_") and key[5:].isdigit() and isinstance(messages, list):
+                tools = [m.get("content") for m in messages if isinstance(m, dict) and m.get("role") == "tool"]
+                out[(turn, int(key[5:]))] = [t if isinstance(t, str) else json.dumps(t) for t in tools]
+    return out
+
+
+def is_error_output(text: str) -> bool:
+    """Whether a logged tool output shows one of BFCL's error conventions: a raised exception (`Error during
+    execution: ...`), `{"error": ...}` (JSON), or a one-element error list (logged through str())."""
+    if text.startswith("Error during execution"):
+        return True
+    if not text.startswith(("{", "[")):
+        return False
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        try:
+            value = ast.literal_eval(text)  # a Python repr: literals only, never evaluated as code
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return False
+    return error_message(value) is not None
+
+
+def _cost(entry: dict[str, Any]) -> dict[str, float]:
+    cost = {}
+    for key, name in (
+        ("input_token_count", "input_tokens"),
+        ("output_token_count", "output_tokens"),
+        ("latency", "latency_s"),
+    ):
+        total = _sum(entry.get(key))
+        if total is not None:
+            cost[name] = total
+    if "input_tokens" in cost and "output_tokens" in cost:
+        cost["tokens"] = cost["input_tokens"] + cost["output_tokens"]
+    return cost
+
+
+def _sum(value: Any) -> float | None:
+    # Token counts and latency are numbers, or nested per turn and step.
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, list):
+        parts = [p for p in (_sum(v) for v in value) if p is not None]
+        return float(sum(parts)) if parts else None
+    return None
+
+
+def model_from_path(path: Path) -> str:
+    """The model's name: the result file's folder, skipping BFCL's `multi_turn/` and `result/` levels."""
+    for parent in path.resolve().parents:
+        if parent.name and parent.name not in _CONTAINER_FOLDERS:
+            return parent.name
+    return "unknown"
+
+
+def _score_file(result: Path, scores: str | None) -> Path | None:
+    name = result.name.replace("_result.json", "_score.json")
+    candidates = [Path(scores) / name] if scores else []
+    if scores:
+        candidates += sorted(Path(scores).rglob(name))
+    candidates.append(result.with_name(name))
+    parts = result.parts
+    if "result" in parts:  # BFCL layout: result/<model>/multi_turn/x_result.json -> score/<model>/...
+        i = len(parts) - 1 - parts[::-1].index("result")
+        candidates.append(Path(*parts[:i], "score", *parts[i + 1 : -1], name))
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def read_scores(path: Path | None) -> tuple[set[str] | None, dict[str, Any] | None]:
+    """(ids BFCL scored as failed, the summary line) of a score file; (None, None) when there is none."""
+    if path is None:
+        return None, None
+    failed: set[str] = set()
+    summary = None
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise IngestError(f"bfcl: {path} line {number}: not JSON: {exc}") from exc
+        if number == 1 and "accuracy" in row:
+            summary = row
+        elif isinstance(row, dict) and "id" in row:
+            failed.add(row["id"])
+    return failed, summary

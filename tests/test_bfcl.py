@@ -1,0 +1,337 @@
+"""BFCL multi-turn: the official simulators (bfcl-eval, pinned), ground truth as known answers, injected
+failures at known depths, call-string parsing, schema conversion, and the ingest adapter on real logs."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.checker import replay
+from pipeline.envs import get_environment
+from pipeline.envs.bfcl import official
+from pipeline.envs.bfcl.calls import CallSyntaxError, parse_call
+from pipeline.envs.bfcl.schema import parameters_schema
+from pipeline.ingest import IngestOptions, ingest
+from pipeline.ingest.bfcl import build_record, is_error_output, read_scores
+from pipeline.model import Call, Message, Rollout, RolloutResult
+from pipeline.records import parse_rollout
+
+REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real" / "bfcl" / "gpt-oss-120b"
+
+# Tasks whose own ground truth is not executable under BFCL's rules (dataset defects of the v4 release):
+# a function called before the turn that adds it (miss_func: withheld too early, or `missed_function`
+# keyed one turn late — the 8 tasks BFCL itself cannot run: "Holdout turn should not have user message"),
+# and close_ticket(ticket_id='ticket_001') where the doc and the simulator take an integer.
+KNOWN_DEFECTS = {
+    "multi_turn_base_173": (5, "S"),
+    "multi_turn_miss_param_173": (5, "S"),
+    "multi_turn_long_context_173": (5, "S"),
+    "multi_turn_miss_func_173": (5, "S"),
+    "multi_turn_miss_func_49": (3, "S"),
+    "multi_turn_miss_func_102": (3, "S"),
+    "multi_turn_miss_func_115": (2, "S"),
+    "multi_turn_miss_func_120": (3, "S"),
+    "multi_turn_miss_func_122": (1, "S"),
+    "multi_turn_miss_func_129": (4, "S"),
+    "multi_turn_miss_func_130": (3, "S"),
+}
+
+
+def env():
+    return get_environment("bfcl_v4")
+
+
+def task_record(task: dict[str, Any], turns: list[list[str]], category: str = "base") -> dict[str, Any]:
+    """A rollout of `task` whose calls are BFCL call strings, one call per step."""
+    entry = {"id": task["id"], "result": [[[c] for c in turn] for turn in turns]}
+    return build_record(task, entry, "bfcl_v4", category, {"model": "test"}, True)
+
+
+def run(classes: dict[str, Any], *events: Any, missed: dict[str, list[str]] | None = None) -> RolloutResult:
+    evs: list[Message | Call] = []
+    for e in events:
+        if isinstance(e, Message):
+            evs.append(e)
+        else:
+            tool, args, *turn = e
+            evs.append(Call(tool, args, turn=turn[0] if turn else 0))
+    rollout = Rollout(
+        "r",
+        "t",
+        "bfcl_v4",
+        env={"initial_config": classes, "involved_classes": list(classes), "missed_function": missed or {}},
+        events=evs,
+        success=True,
+    )
+    return replay(env(), rollout)
+
+
+def flags(result: RolloutResult) -> list[tuple[bool, str | None, str | None]]:
+    return [(s.valid, s.check, s.cause) for s in result.steps]
+
+
+FILES = {
+    "GorillaFileSystem": {
+        "root": {
+            "alex": {
+                "type": "directory",
+                "contents": {
+                    "notes.txt": {"type": "file", "content": "budget analysis"},
+                    "docs": {"type": "directory", "contents": {}},
+                },
+            }
+        }
+    }
+}
+TRAVEL_USER = Message("user", "I'm Ana Diaz: client id c1, secret s1, refresh token r1, card 4111 1111 1111 1111.")
+SIGN_IN = (
+    "authenticate_travel",
+    {
+        "client_id": "c1",
+        "client_secret": "s1",
+        "refresh_token": "r1",
+        "grant_type": "read_write",
+        "user_first_name": "Ana",
+        "user_last_name": "Diaz",
+    },
+)
+
+
+# -- known answers: the ground truth of all 800 v4 tasks -------------------------------------------------
+
+
+def test_ground_truth_of_all_800_tasks_is_executable_except_known_dataset_defects():
+    failures, total, calls = {}, 0, 0
+    for category in official.CATEGORIES:
+        tasks = official.read_data_file(official.data_file_name("v4", category))
+        answers = {
+            a["id"]: a["ground_truth"] for a in official.read_data_file(official.data_file_name("v4", category, True))
+        }
+        for task in tasks:
+            result = replay(env(), parse_rollout(task_record(task, answers[task["id"]], category)))
+            total += 1
+            calls += result.T
+            if not result.executable:
+                first = next(s for s in result.steps if not s.valid)
+                failures[task["id"]] = (first.step, first.check)
+    assert total == 800 and calls > 4000
+    assert failures == KNOWN_DEFECTS
+    assert (total - len(failures)) / total == pytest.approx(789 / 800)
+
+
+# -- injected failures at known depths ----------------------------------------------------------------------
+
+
+def test_removed_required_argument_is_a_schema_failure_at_its_depth():
+    result = run(FILES, ("cd", {"folder": "docs"}), ("ls", {}), ("touch", {}), ("pwd", {}))
+    assert result.fed == 3 and result.first_cause == "schema"
+    assert flags(result) == [(True, None, None), (True, None, None), (False, "S", "schema"), (True, None, None)]
+    assert "file_name" in result.steps[2].detail
+
+
+def test_withheld_function_is_unavailable_until_the_turn_that_adds_it():
+    missed = {"2": ["cat"]}
+    early = run(FILES, ("ls", {}, 0), ("cat", {"file_name": "notes.txt"}, 1), missed=missed)
+    assert (early.fed, early.first_cause) == (2, "schema") and "not available at turn 1" in early.steps[1].detail
+    later = run(FILES, ("ls", {}, 0), ("cat", {"file_name": "notes.txt"}, 2), missed=missed)
+    assert later.executable
+
+
+def test_function_of_a_class_not_in_the_task_is_unavailable():
+    result = run(FILES, ("ls", {}), ("get_user_id", {"user": "Bob"}))
+    assert (result.fed, result.first_cause) == (2, "schema")
+
+
+def test_invented_booking_id_is_an_information_failure():
+    classes = {"TravelAPI": {}}
+    result = run(classes, TRAVEL_USER, SIGN_IN, ("get_booking_history", {"access_token": "$step1.access_token"}))
+    assert result.executable  # the token the seeded generator gave, passed on by reference
+    invented = run(
+        classes,
+        TRAVEL_USER,
+        SIGN_IN,
+        ("cancel_booking", {"access_token": {"$ref": "step1.access_token"}, "booking_id": "BK-777"}),
+    )
+    assert (invented.fed, invented.first_cause) == (2, "information")
+    assert "booking_id='BK-777'" in invented.steps[1].detail
+
+
+def test_invented_access_token_is_caught_before_the_simulator_sees_it():
+    result = run({"TravelAPI": {}}, TRAVEL_USER, SIGN_IN, ("get_booking_history", {"access_token": "123456"}))
+    assert (result.fed, result.first_cause) == (2, "information")
+
+
+def test_posting_before_authenticating_is_a_precondition_failure_then_recovery():
+    classes = {"TwitterAPI": {"username": "ana", "password": "pw1"}}
+    user = Message("user", "I am ana, password pw1; post 'hello'.")
+    post = ("post_tweet", {"content": "hello", "tags": [], "mentions": []})
+    result = run(classes, user, post, ("authenticate_twitter", {"username": "ana", "password": "pw1"}), post)
+    assert flags(result) == [(False, "P", "precondition"), (True, None, None), (True, None, None)]
+    assert "authenticat" in result.steps[0].detail.lower()
+
+
+def test_reading_a_file_the_rollout_removed_is_a_state_consistency_failure():
+    result = run(
+        FILES,
+        ("cat", {"file_name": "notes.txt"}),
+        ("rm", {"file_name": "notes.txt"}),
+        ("cat", {"file_name": "notes.txt"}),
+    )
+    assert (result.fed, result.first_cause) == (3, "state_consistency")
+    assert result.steps[2].check == "P" and result.steps[2].detail
+
+
+def test_raised_exception_is_a_precondition_failure_with_its_message():
+    # get_flight_cost raises ValueError for a route that does not exist.
+    args = {"travel_from": "XXX", "travel_to": "YYY", "travel_date": "2024-11-15", "travel_class": "economy"}
+    result = run({"TravelAPI": {}}, Message("user", "XXX to YYY"), ("get_flight_cost", args))
+    assert flags(result) == [(False, "P", "precondition")]
+    assert result.steps[0].detail.startswith("Error during execution:")
+
+
+def test_a_rejected_call_leaves_no_state_change_behind():
+    environment = env()
+    rollout = Rollout("r", "t", "bfcl_v4", env={"initial_config": {"TravelAPI": {}}, "involved_classes": ["TravelAPI"]})
+    state = environment.start(rollout)
+    assert environment.execute(state, SIGN_IN[0], SIGN_IN[1], Call(*SIGN_IN)).accepted
+    before = copy.deepcopy(vars(state.instances["TravelAPI"]))
+    random_before = state.instances["TravelAPI"]._random.getstate()
+    bad = {
+        "access_token": "wrong",
+        "card_number": "4111111111111111",
+        "expiration_date": "12/2030",
+        "cardholder_name": "Ana Diaz",
+        "card_verification_number": 123,
+    }
+    outcome = environment.execute(state, "register_credit_card", bad, Call("register_credit_card", bad))
+    assert not outcome.accepted and outcome.message
+    after = vars(state.instances["TravelAPI"])
+    assert {k: v for k, v in after.items() if k != "_random"} == {k: v for k, v in before.items() if k != "_random"}
+    assert state.instances["TravelAPI"]._random.getstate() == random_before
+
+
+def test_checkpoint_and_rollback_return_to_an_earlier_state():
+    environment = env()
+    rollout = Rollout("r", "t", "bfcl_v4", env={"initial_config": FILES, "involved_classes": ["GorillaFileSystem"]})
+    state = environment.start(rollout)
+    mark = environment.checkpoint(state)
+    assert environment.execute(state, "rm", {"file_name": "notes.txt"}, Call("rm", {})).accepted
+    assert not environment.execute(state, "cat", {"file_name": "notes.txt"}, Call("cat", {})).accepted
+    environment.rollback(state, mark)
+    assert environment.execute(state, "cat", {"file_name": "notes.txt"}, Call("cat", {})).output == {
+        "file_content": "budget analysis"
+    }
+
+
+# -- pure parts -------------------------------------------------------------------------------------------
+
+
+def test_call_strings_are_parsed_with_positional_arguments_named_by_the_signature():
+    order = env().parameter_order
+    assert parse_call("sort('final_report.pdf')", order) == ("sort", {"file_name": "final_report.pdf"})
+    assert parse_call("mv(source='a', destination=\"b\")", order) == ("mv", {"source": "a", "destination": "b"})
+    assert parse_call("mean(numbers=[1, 2.5, (3)])", order) == ("mean", {"numbers": [1, 2.5, 3]})
+    for bad in (
+        "cd(folder=__import__('os').getcwd())",
+        "cd(folder=x)",
+        "cd(**kw)",
+        "1 + 2",
+        "cd(folder='a'",
+        "ls(1, 2, 3, 4)",
+    ):
+        with pytest.raises(CallSyntaxError):
+            parse_call(bad, order)
+
+
+def test_bfcl_types_map_to_json_schema():
+    doc = {
+        "type": "dict",
+        "properties": {
+            "a": {"type": "float"},
+            "b": {"type": "integer", "default": None},
+            "c": {
+                "type": "array",
+                "items": {"type": "dict", "properties": {"x": {"type": "string", "enum": ["p", "q"]}}},
+            },
+            "d": {"type": "boolean"},
+            "e": {"type": "any"},
+        },
+        "required": ["a"],
+    }
+    schema = parameters_schema(doc, nullable=frozenset({"d"}))
+    assert schema["type"] == "object" and schema["required"] == ["a"] and schema["additionalProperties"] is False
+    props = schema["properties"]
+    assert props["a"]["type"] == "number" and props["b"]["type"] == ["integer", "null"]
+    assert props["c"] == {
+        "type": "array",
+        "items": {"type": "object", "properties": {"x": {"type": "string", "enum": ["p", "q"]}}},
+    }
+    assert props["d"]["type"] == ["boolean", "null"] and "type" not in props["e"]
+    assert env().tool("book_flight").parameters["properties"]["travel_class"]["type"] == "string"
+    assert len([n for n in ("cd", "post_tweet", "book_flight", "place_order", "startEngine") if env().tool(n)]) == 5
+
+
+def test_logged_error_conventions_are_recognised():
+    assert is_error_output('{"error": "No such file"}')
+    assert is_error_output("Error during execution: bad keyword")
+    assert is_error_output("[{'error': 'User not authenticated. Please log in to view tickets.'}]")
+    assert is_error_output("['Error: User not authenticated. Please log in to view the watchlist.']")
+    assert not is_error_output('{"result": "ok"}') and not is_error_output("None") and not is_error_output("[1, 2]")
+
+
+# -- ingest on the real gpt-oss-120b run ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def real_records() -> list[dict]:
+    if not REAL.is_dir():
+        pytest.fail(f"the real BFCL logs are missing: {REAL} (../shared/data must be beside the project)")
+    return list(ingest("bfcl", [str(REAL)], IngestOptions(labels={"run": "nightly"})))
+
+
+def test_ingest_joins_dataset_scores_and_logged_outputs(real_records):
+    assert len(real_records) == 600
+    for category in ("base", "miss_func", "miss_param"):
+        records = [r for r in real_records if r["labels"]["category"] == category]
+        _, summary = read_scores(REAL / f"BFCL_v4_multi_turn_{category}_score.json")
+        assert len(records) == 200
+        assert sum(r["success"] for r in records) == summary["correct_count"]
+    first = real_records[0]
+    assert first["benchmark"] == "bfcl_v4" and first["labels"] == {
+        "model": "gpt-oss-120b",
+        "category": "base",
+        "run": "nightly",
+    }
+    assert first["events"][0] == {
+        "type": "message",
+        "role": "user",
+        "content": first["events"][0]["content"],
+        "turn": 0,
+    }
+    calls = [e for r in real_records for e in r["events"] if e["type"] == "call"]
+    assert len(calls) == 4459 and all("output" in c for c in calls)
+    assert sum(c["error"] for c in calls) > 100
+    assert set(first["cost"]) == {"input_tokens", "output_tokens", "tokens", "latency_s"}
+
+
+def test_prompt_mode_call_strings_are_ingested(real_records):
+    task = official.read_data_file(official.data_file_name("v4", "base"))[0]
+    entry = {"id": task["id"], "result": [[["cd(folder='document')", "mkdir('temp')"]], [["cd(folder=nope)"]]]}
+    record = build_record(task, entry, "bfcl_v4", "base", {"model": "m"}, False)
+    calls = [e for e in record["events"] if e["type"] == "call"]
+    assert calls[0]["arguments"] == {"folder": "document"} and calls[1]["arguments"] == {"dir_name": "temp"}
+    assert calls[2]["tool"] == "cd" and calls[2]["arguments"].startswith("<unparsed")
+    result = replay(env(), parse_rollout(record))
+    assert [s.check for s in result.steps] == [None, None, "S"]
+
+
+def test_inference_errors_become_rollouts_without_calls(real_records):
+    errors = [
+        r
+        for r in real_records
+        if r["labels"]["category"] == "miss_func" and not any(e["type"] == "call" for e in r["events"])
+    ]
+    assert len(errors) >= 8 and not any(r["success"] for r in errors)
