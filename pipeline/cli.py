@@ -253,12 +253,7 @@ def status(
     address: Annotated[str, typer.Option("--address", help="Ray dashboard address, e.g. http://HEAD:8265.")],
 ) -> None:
     """The state of a submitted job (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED)."""
-    from ray.job_submission import JobSubmissionClient
-
-    try:
-        out.print(str(JobSubmissionClient(address).get_job_status(submission)))
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise _fail(str(exc)) from exc
+    out.print(str(_jobs_api(address, lambda client: client.get_job_status(submission))))
 
 
 @app.command()
@@ -267,10 +262,14 @@ def logs(
     address: Annotated[str, typer.Option("--address", help="Ray dashboard address, e.g. http://HEAD:8265.")],
 ) -> None:
     """The driver log of a submitted job."""
+    sys.stdout.write(_jobs_api(address, lambda client: client.get_job_logs(submission)))
+
+
+def _jobs_api(address: str, ask: Any) -> Any:
     from ray.job_submission import JobSubmissionClient
 
     try:
-        sys.stdout.write(JobSubmissionClient(address).get_job_logs(submission))
+        return ask(JobSubmissionClient(address))
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise _fail(str(exc)) from exc
 
