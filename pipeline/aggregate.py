@@ -252,15 +252,15 @@ class _Run:
         return f"{self.url}/{rel}"
 
     def glob(self, table: str) -> str:
-        # `**` also matches zero folders: flat part files and Hive-style partition folders both work.
-        return f"{self.url}/{table}/**/*.parquet"
+        # `**` also matches zero folders: one run, or a folder of runs (e.g. nightly `date=YYYY-MM-DD/`
+        # partitions) read together.
+        return f"{self.url}/**/{table}/*.parquet"
 
     def exists(self, rel: str) -> bool:
         return bool(self.fs.exists(f"{self.path}/{rel}"))
 
     def has(self, table: str) -> bool:
-        folder = f"{self.path}/{table}"
-        return bool(self.fs.isdir(folder)) and any(p.endswith(".parquet") for p in self.fs.find(folder))
+        return any(f"/{table}/" in p for p in self.fs.glob(f"{self.path}/**/{table}/*.parquet"))
 
     def write_parquet(self, rel: str, table: pa.Table) -> None:
         path = f"{self.path}/{rel}"

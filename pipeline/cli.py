@@ -408,13 +408,13 @@ def sql_command(
 
 @app.command()
 def bench(
-    what: Annotated[str, typer.Argument(help="replay or metrics")] = "replay",
+    what: Annotated[str, typer.Argument(help="replay, metrics or scale")] = "replay",
     rollouts: Annotated[
         int | None, typer.Option("--rollouts", help="Store size (default: 220k replay, 1M metrics).")
     ] = None,
     workdir: Annotated[Path | None, typer.Option("--workdir", help="Where to put the generated data.")] = None,
 ) -> None:
-    """Benchmarks: replay throughput through Ray vs a naive baseline, or the DuckDB bootstrap stage."""
+    """Benchmarks: replay through Ray vs a naive baseline, the DuckDB bootstrap stage, or scale-out over S3."""
     if what == "replay":
         from pipeline.benchmarks.replay import bench_replay
 
@@ -423,8 +423,12 @@ def bench(
         from pipeline.benchmarks.metrics import bench_metrics
 
         bench_metrics(n_rollouts=rollouts or 1_000_000, workdir=workdir)
+    elif what == "scale":
+        from pipeline.benchmarks.scale import bench_scale
+
+        bench_scale(n_rollouts=rollouts or 1_000_000)
     else:
-        raise _fail("bench takes replay or metrics")
+        raise _fail("bench takes replay, metrics or scale")
 
 
 if __name__ == "__main__":

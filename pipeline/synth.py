@@ -58,6 +58,7 @@ def synthesize(spec: str = "shop", n_rollouts: int = 1000, n_tasks: int = 100, s
     if folder is None:
         raise ValueError("the 'shop' spec is not installed (specs/shop)")
     env = SpecEnvironment.from_folder(folder)
+    n_tasks = min(n_tasks, n_rollouts)  # a task without rollouts would never be seen
     tasks = [_make_task(env, i, random.Random(f"{seed}/task/{i}")) for i in range(n_tasks)]
     conditions = sorted(CONDITIONS)
     for r in range(n_rollouts):

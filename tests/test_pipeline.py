@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 
+from pipeline.aggregate import BootstrapSettings
 from pipeline.distributed import run_scoring
 from pipeline.output import read_manifest
 from pipeline.synth import synthesize, write_store
@@ -116,6 +117,21 @@ def test_rerun_rescores_only_changed_inputs(records, tmp_path):
     assert forced["counts"]["shards_reused"] == 0
     other_settings = run_scoring(str(store), str(run), executor="inline", run_id="renamed")
     assert other_settings["counts"]["shards_reused"] == 0
+
+
+def test_date_partitions_are_queryable_together(records, tmp_path):
+    from pipeline.aggregate import compute_metrics, sql
+
+    recs = list(records.values())
+    for day, part in (("2026-11-28", recs[:500]), ("2026-11-29", recs[500:])):
+        write_store(iter(part), str(tmp_path / "logs" / f"date={day}"))
+        run_scoring(str(tmp_path / "logs" / f"date={day}"), str(tmp_path / "runs" / f"date={day}"), executor="inline")
+    nightly = str(tmp_path / "runs")
+    assert sql(nightly, "SELECT count(*) AS n FROM rollouts").to_pylist() == [{"n": N_ROLLOUTS}]
+    assert sql(nightly, "SELECT count(DISTINCT run_id) AS n FROM steps").to_pylist() == [{"n": 2}]
+    assert sum(c["n"] for c in compute_metrics(nightly, by=[], settings=BootstrapSettings(B=50))) == N_ROLLOUTS
+    one_day = compute_metrics(str(tmp_path / "runs" / "date=2026-11-29"), by=[], settings=BootstrapSettings(B=50))
+    assert one_day[0]["n"] == N_ROLLOUTS - 500
 
 
 def test_parquet_and_compressed_stores_score_like_json_lines(records, tmp_path):
