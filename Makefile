@@ -40,6 +40,7 @@ test: lint browser
 bench: install
 	$(BIN)/pexec bench replay
 	$(BIN)/pexec bench metrics
+	$(BIN)/pexec bench scale
 
 # Re-pin after changing dependencies in pyproject.toml.
 lock: install

@@ -241,8 +241,10 @@ def submit(
     try:
         job = load_job(job_file, on_date)
         submission = submit_job(job_file, job, address)
-    except (JobError, ConnectionError, RuntimeError, ValueError) as exc:
+    except JobError as exc:
         raise _fail(str(exc)) from exc
+    except Exception as exc:  # the Jobs API client's errors: connection, authentication, server-side
+        raise _fail(f"cannot submit to {address}: {type(exc).__name__}: {exc}") from exc
     console.print(f"submitted {job.name} ({job.date}) to {address}")
     out.print(submission)
 
@@ -270,8 +272,8 @@ def _jobs_api(address: str, ask: Any) -> Any:
 
     try:
         return ask(JobSubmissionClient(address))
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise _fail(str(exc)) from exc
+    except Exception as exc:  # the Jobs API client's errors: connection, authentication, unknown id
+        raise _fail(f"{address}: {type(exc).__name__}: {exc}") from exc
 
 
 @app.command()

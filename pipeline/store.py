@@ -99,18 +99,14 @@ def list_inputs(url: str, storage_options: dict[str, Any] | None = None) -> tupl
     they are metadata such as `_manifest.json` or `.git/`. A file named directly is read whatever its name.
     """
     fs, root = _filesystem(url, storage_options)
-    if not fs.exists(root):
+    try:
+        entries = _entries(fs, root)
+    except StoreError:
+        raise
+    except Exception as e:  # the storage backend's own errors (connection, credentials, permissions)
+        raise StoreError(f"cannot list store {url}: {type(e).__name__}: {e}") from e
+    if entries is None:
         raise StoreError(f"no such store: {url}")
-    if fs.isfile(root):
-        entries = {root: fs.info(root)}
-    else:
-        base = root.rstrip("/") + "/"
-        entries = {
-            name: info
-            for name, info in fs.find(root, detail=True).items()
-            if info.get("type") != "directory"
-            and not any(part[:1] in (".", "_") for part in name.removeprefix(base).split("/"))
-        }
     files: list[InputFile] = []
     ignored: list[str] = []
     for name in sorted(entries):
@@ -166,6 +162,21 @@ def read_shard(shard: Shard, storage_options: dict[str, Any] | None = None) -> I
 
 
 # --- listing -------------------------------------------------------------------------------------------
+
+
+def _entries(fs: fsspec.AbstractFileSystem, root: str) -> dict[str, dict[str, Any]] | None:
+    """The store's files with their listing info (hidden and `_` names below the root left out)."""
+    if not fs.exists(root):
+        return None
+    if fs.isfile(root):
+        return {root: fs.info(root)}
+    base = root.rstrip("/") + "/"
+    return {
+        name: info
+        for name, info in fs.find(root, detail=True).items()
+        if info.get("type") != "directory"
+        and not any(part[:1] in (".", "_") for part in name.removeprefix(base).split("/"))
+    }
 
 
 def _filesystem(url: str, storage_options: dict[str, Any] | None) -> tuple[fsspec.AbstractFileSystem, str]:

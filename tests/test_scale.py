@@ -125,6 +125,32 @@ def test_a_missing_store_in_the_bucket_is_a_clear_error(s3, tmp_path):
         run_scoring("s3://pexec-test/nothing-here", str(tmp_path / "run"), storage_options=s3, executor="inline")
 
 
+def test_an_unreachable_store_fails_clearly(s3, tmp_path):  # s3: only for its credentials
+    from pipeline.store import StoreError
+
+    closed = {"endpoint_url": f"http://127.0.0.1:{free_port()}", "config_kwargs": {"retries": {"max_attempts": 1}}}
+    with pytest.raises(StoreError, match="cannot list store s3://pexec-test/store: EndpointConnectionError"):
+        run_scoring("s3://pexec-test/store", str(tmp_path / "run"), storage_options=closed, executor="inline")
+    assert not (tmp_path / "run").exists()
+    proc = subprocess.run(
+        [
+            str(BIN / "pexec"),
+            "score",
+            "s3://pexec-test/store",
+            "--out",
+            str(tmp_path / "run"),
+            "--endpoint-url",
+            closed["endpoint_url"],
+            "--storage-option",
+            'config_kwargs={"retries": {"max_attempts": 1}}',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "cannot list store" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_a_worker_killed_mid_job_changes_nothing(local_store, reference_run, tmp_path):
     run = str(tmp_path / "run")
     ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
@@ -177,7 +203,13 @@ def test_job_submitted_to_a_ray_head_through_the_jobs_api(tmp_path):
 
     gcs, dashboard = free_port(), free_port()
     ray_tmp = tempfile.mkdtemp(prefix="pxr", dir="/tmp")  # short: Ray's socket paths have a length limit
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PEXEC_RAY_TMP": ray_tmp, "RAY_ADDRESS": ""}
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}:{os.environ['PATH']}",
+        "PEXEC_RAY_TMP": ray_tmp,
+        "RAY_ADDRESS": "",
+        "RAY_AUTH_MODE": "disabled",
+    }
     script = str(ROOT / "infra/local/ray-head.sh")
     started = subprocess.run(
         ["bash", script, "start", str(gcs), str(dashboard)], env=env, capture_output=True, text=True, timeout=120

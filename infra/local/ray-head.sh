@@ -5,6 +5,8 @@
 # With PEXEC_RAY_TMP=/tmp/short-dir the head keeps its session files there, and `stop` ends only the
 # processes of that head (other Ray instances on the machine are left alone).
 set -euo pipefail
+# Loopback only, so Ray's token authentication is off unless the caller turns it on.
+export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 ray="${PEXEC_RAY:-$root/.venv/bin/ray}"
 case "${1:-start}" in

@@ -1,0 +1,14 @@
+"""ToolSandbox (apple/ToolSandbox) local tools, `toolsandbox`: a native simulator written from upstream's
+behaviour (upstream is not on PyPI). The RapidAPI tools are out of scope: they are not in the catalogue,
+so a call to one is an S failure."""
+
+from __future__ import annotations
+
+from pipeline.envs import EnvOptions, register
+
+
+@register("toolsandbox")
+def _toolsandbox(options: EnvOptions):
+    from pipeline.envs.toolsandbox.env import ToolSandboxEnvironment
+
+    return ToolSandboxEnvironment()

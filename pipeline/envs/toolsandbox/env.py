@@ -1,0 +1,386 @@
+"""The `toolsandbox` environment: ToolSandbox's five tables as a journaled JSON document.
+
+State document: `setting` (one row), `contact` (person_id -> row), `reminder` (reminder_id -> row),
+`messaging` (list: upstream's seed has two messages with the same id), `clock.now` (the scenario's "now",
+from the rollout's `env`) and the created-id maps `ids` (logged id -> replay id) and `shown` (replay id ->
+logged id). Rules live in specs/toolsandbox/rules.toml; tool bodies below only do what rules cannot say.
+
+Id mapping: replay creates ids deterministically (uuid5 of the rollout id and a counter). When the call
+carries the id the live run logged, the pair is recorded: later arguments are mapped logged -> replay
+before checking, outputs replay -> logged, so grounding and output comparison see the ids of the log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tomllib
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import orjson
+
+from pipeline.envs.base import EnvError, Outcome, ToolInfo
+from pipeline.envs.spec_env import JournaledDoc
+from pipeline.envs.toolsandbox import utilities as u
+from pipeline.envs.toolsandbox.text import wratio
+from pipeline.expr import EvalError, compile_expr, render
+from pipeline.model import NOT_LOGGED, Call, Rollout
+from pipeline.specs import BUILTIN_SPECS, Precondition, SpecError, compile_field, load_tools_json, tool_rules
+
+SPEC = BUILTIN_SPECS / "toolsandbox"
+SWITCHES = {"low_battery_mode": "low_battery_mode", "location_service": "location_service",
+            "cellular_service": "cellular", "wifi": "wifi"}  # fmt: skip
+SEARCH_EXACT, SEARCH_FUZZY, SEARCH_MIN, SEARCH_MAX = "exact", "fuzzy", "min", "max"
+
+
+def seed_id(payload: str) -> str:
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, payload))  # upstream's deterministic_uuid
+
+
+def load_rules(folder: Path = SPEC) -> tuple[dict[str, ToolInfo], dict[str, tuple[Precondition, ...]], str]:
+    schemas = load_tools_json(folder / "tools.json")
+    grounded = _toml(folder / "grounded.toml").get("tool", {})
+    raw = _toml(folder / "rules.toml")
+    templates, tables = raw.get("template", {}), raw.get("tool", {})
+    for name in set(grounded) | set(tables):
+        if name not in schemas:
+            raise SpecError(f"{folder}: rules for {name!r}, which is not a tool of tools.json")
+    tools = {n: tool_rules(n, p, grounded.get(n, {}), f"{folder}: {n}").info for n, p in schemas.items()}
+    rules = {n: _compile(t, templates, f"{folder}/rules.toml [tool.{n}]") for n, t in tables.items()}
+    digest = hashlib.sha256(b"".join((folder / f).read_bytes() for f in ("tools.json", "grounded.toml", "rules.toml")))
+    return tools, rules, digest.hexdigest()[:16]
+
+
+def _toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SpecError(f"{path}: {exc}") from exc
+
+
+def _compile(table: dict[str, Any], templates: dict[str, Any], where: str) -> tuple[Precondition, ...]:
+    raw = []
+    for use in table.get("use", []):
+        kind, _, field = use.partition(":")
+        if kind not in templates:
+            raise SpecError(f"{where}: unknown template {kind!r}")
+        raw.append({k: v.replace("{field}", field) for k, v in templates[kind].items()})
+    raw.extend(table.get("preconditions", []))
+    names = {"args", "state"}
+    return tuple(
+        Precondition(
+            compile_field(r["require"], names, where, compile_expr),
+            compile_field(r["error"], names, where, render),
+            r.get("clause"),
+        )
+        for r in raw
+    )
+
+
+def initial_doc(seed: dict[str, Any], env: dict[str, Any], rollout_id: str) -> dict[str, Any]:
+    """The start document of a rollout: upstream's seed relative to `env.now`, in settings variant `env.settings`."""
+    now = env.get("now")
+    if not isinstance(now, int | float) or isinstance(now, bool):
+        raise EnvError("toolsandbox: the rollout's env needs 'now' (a POSIX timestamp taken from the log)")
+    variant = env.get("settings", "base")
+    if variant not in seed["variants"]:
+        raise EnvError(f"toolsandbox: unknown settings variant {variant!r} (known: {', '.join(seed['variants'])})")
+    setting = dict(seed["settings"])
+    for column in seed["variants"][variant]:
+        setting[column] = not setting[column]
+    contacts = {
+        seed_id(c["id_payload"]): {"person_id": seed_id(c["id_payload"]), **_without(c, "id_payload")}
+        for c in seed["contacts"]
+    }
+    messages = [_seed_message(m, now) for m in seed["messages"]]
+    reminders = {seed_id(r["id_payload"]): _seed_reminder(r, now) for r in seed["reminders"]}
+    return {"setting": setting, "contact": contacts, "messaging": messages, "reminder": reminders,
+            "clock": {"now": float(now), "tz": env.get("tz", "UTC"), "created": 0, "rollout": rollout_id},
+            "ids": {}, "shown": {}}  # fmt: skip
+
+
+def _without(row: dict[str, Any], *keys: str) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k not in keys}
+
+
+def _seed_message(m: dict[str, Any], now: float) -> dict[str, Any]:
+    person = lambda name: seed_id(name) if name else None  # noqa: E731
+    return {"message_id": seed_id(m["id_payload"]), "sender_person_id": person(m["sender"]),
+            "sender_phone_number": m["sender_phone_number"], "recipient_person_id": person(m["recipient"]),
+            "recipient_phone_number": m["recipient_phone_number"], "content": m["content"],
+            "creation_timestamp": now + m["created_offset_s"]}  # fmt: skip
+
+
+def _seed_reminder(r: dict[str, Any], now: float) -> dict[str, Any]:
+    return {"reminder_id": seed_id(r["id_payload"]), "content": r["content"],
+            "creation_timestamp": now + r["created_offset_s"], "reminder_timestamp": now + r["reminder_offset_s"],
+            "latitude": r["latitude"], "longitude": r["longitude"]}  # fmt: skip
+
+
+class ToolSandboxEnvironment:
+    name = "toolsandbox"
+    simulated = True
+
+    def __init__(self, folder: Path = SPEC) -> None:
+        self.tools, self.rules, fingerprint = load_rules(folder)
+        self.seed = orjson.loads((folder / "seed.json").read_bytes())
+        self.version = f"toolsandbox-native@{fingerprint}"
+        missing = sorted(set(self.tools) - set(TOOLS))
+        if missing:
+            raise EnvError(f"toolsandbox: no implementation for {', '.join(missing)}")
+
+    def tool(self, name: str) -> ToolInfo | None:
+        return self.tools.get(name)
+
+    def open_catalogue(self) -> bool:
+        return False
+
+    def start(self, rollout: Rollout) -> JournaledDoc:
+        return JournaledDoc(initial_doc(self.seed, rollout.env, rollout.rollout_id))
+
+    def available(self, state: JournaledDoc, tool: str, turn: int) -> bool:
+        return True
+
+    def execute(self, state: JournaledDoc, tool: str, args: dict[str, Any], call: Call) -> Outcome:
+        ids = state.doc["ids"]
+        args = {k: ids.get(v, v) if isinstance(v, str) else v for k, v in args.items()}
+        ctx = {"args": args, "state": state.doc}
+        for pre in self.rules.get(tool, ()):
+            try:
+                ok = pre.require(ctx)
+            except EvalError as exc:
+                return Outcome(False, message=f"{tool}: {exc}", decided_by="precondition")
+            if not ok:
+                return Outcome(False, message=pre.error(ctx), decided_by="precondition")
+        mark = len(state.journal)
+        try:
+            output = TOOLS[tool](state, args, call)
+        except u.ToolError as exc:
+            state.rollback(mark)
+            return Outcome(False, message=str(exc), decided_by="simulator")
+        return Outcome(True, output=_shown(output, state.doc["shown"]), decided_by="simulator")
+
+    def checkpoint(self, state: JournaledDoc) -> int:
+        return len(state.journal)
+
+    def rollback(self, state: JournaledDoc, mark: int) -> None:
+        state.rollback(mark)
+
+
+def _shown(value: Any, shown: dict[str, str]) -> Any:
+    # Outputs show the ids of the live run, so later grounding and output comparison use the log's ids.
+    if isinstance(value, str):
+        return shown.get(value, value)
+    if isinstance(value, list):
+        return [_shown(v, shown) for v in value]
+    if isinstance(value, dict):
+        return {k: _shown(v, shown) for k, v in value.items()}
+    return value
+
+
+def _new_id(state: JournaledDoc, call: Call) -> str:
+    clock = state.doc["clock"]
+    state.set(clock, "created", clock["created"] + 1)
+    new = str(uuid.uuid5(uuid.NAMESPACE_URL, f"pexec-toolsandbox/{clock['rollout']}/{clock['created']}"))
+    logged = _logged_id(call)
+    if logged is not None and logged != new:
+        state.set(state.doc["ids"], logged, new)
+        state.set(state.doc["shown"], new, logged)
+    return new
+
+
+def _logged_id(call: Call) -> str | None:
+    if call.output is NOT_LOGGED or call.error or not isinstance(call.output, str):
+        return None
+    text = call.output.strip().strip("'\"")  # upstream logs the repr of the returned string
+    return text or None
+
+
+def _tz(state: JournaledDoc) -> ZoneInfo:
+    try:
+        return ZoneInfo(state.doc["clock"]["tz"])
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise u.ToolError(f"unknown time zone {state.doc['clock']['tz']!r}") from exc
+
+
+# --- tool bodies: (state, args after id mapping, call) -> output; u.ToolError rejects the call.
+def _search(rows: list[dict[str, Any]], args: dict[str, Any], plan: dict[str, tuple[str, str, float]]) -> list:
+    for param, (column, how, threshold) in plan.items():
+        if param not in args:
+            continue
+        want = args[param]
+        if how == SEARCH_EXACT:
+            rows = [r for r in rows if r[column] == want]
+        elif how == SEARCH_MIN:
+            rows = [r for r in rows if r[column] is not None and r[column] >= want]
+        elif how == SEARCH_MAX:
+            rows = [r for r in rows if r[column] is not None and r[column] <= want]
+        else:  # upstream orders fuzzy hits by score, best first
+            scored = [(wratio(want, r[column] or ""), i, r) for i, r in enumerate(rows)]
+            rows = [r for s, i, r in sorted(scored, key=lambda x: (-x[0], x[1])) if s >= threshold]
+    return [dict(r) for r in rows]
+
+
+def add_contact(state: JournaledDoc, args: dict[str, Any], call: Call) -> str:
+    pid = _new_id(state, call)
+    row = {"person_id": pid, "name": args["name"], "phone_number": args["phone_number"],
+           "relationship": args.get("relationship"), "is_self": args.get("is_self", False)}  # fmt: skip
+    state.set(state.doc["contact"], pid, row)
+    return pid
+
+
+def modify_contact(state: JournaledDoc, args: dict[str, Any], call: Call) -> None:
+    row = dict(state.doc["contact"][args["person_id"]])
+    row.update({k: v for k, v in args.items() if k != "person_id"})
+    state.set(state.doc["contact"], args["person_id"], row)
+
+
+def remove_contact(state: JournaledDoc, args: dict[str, Any], call: Call) -> None:
+    state.delete(state.doc["contact"], args["person_id"])
+
+
+CONTACT_SEARCH = {
+    "person_id": ("person_id", SEARCH_EXACT, 0),
+    "name": ("name", SEARCH_FUZZY, 90),
+    "phone_number": ("phone_number", SEARCH_EXACT, 0),
+    "relationship": ("relationship", SEARCH_FUZZY, 90),
+    "is_self": ("is_self", SEARCH_EXACT, 0),
+}
+
+
+def search_contacts(state: JournaledDoc, args: dict[str, Any], call: Call) -> list:
+    return _search(list(state.doc["contact"].values()), args, CONTACT_SEARCH)
+
+
+def send_message(state: JournaledDoc, args: dict[str, Any], call: Call) -> str:
+    contacts = list(state.doc["contact"].values())
+    me = next(c for c in contacts if c["is_self"])  # the rules guarantee exactly one
+    recipient = next((c["person_id"] for c in contacts if c["phone_number"] == args["phone_number"]), None)
+    mid = _new_id(state, call)
+    row = {"message_id": mid, "sender_person_id": me["person_id"], "sender_phone_number": me["phone_number"],
+           "recipient_person_id": recipient, "recipient_phone_number": args["phone_number"],
+           "content": args["content"], "creation_timestamp": state.doc["clock"]["now"]}  # fmt: skip
+    state.set(state.doc["messaging"], len(state.doc["messaging"]), row)
+    return mid
+
+
+MESSAGE_SEARCH = {
+    **{k: (k, SEARCH_EXACT, 0) for k in ("message_id", "sender_person_id", "sender_phone_number",
+                                          "recipient_person_id", "recipient_phone_number")},
+    "content": ("content", SEARCH_FUZZY, 50),
+    "creation_timestamp_lowerbound": ("creation_timestamp", SEARCH_MIN, 0),
+    "creation_timestamp_upperbound": ("creation_timestamp", SEARCH_MAX, 0),
+}  # fmt: skip
+
+
+def search_messages(state: JournaledDoc, args: dict[str, Any], call: Call) -> list:
+    return _search(state.doc["messaging"], args, MESSAGE_SEARCH)
+
+
+def add_reminder(state: JournaledDoc, args: dict[str, Any], call: Call) -> str:
+    rid = _new_id(state, call)
+    row = {"reminder_id": rid, "content": args["content"], "creation_timestamp": state.doc["clock"]["now"],
+           "reminder_timestamp": args["reminder_timestamp"], "latitude": args.get("latitude"),
+           "longitude": args.get("longitude")}  # fmt: skip
+    state.set(state.doc["reminder"], rid, row)
+    return rid
+
+
+def modify_reminder(state: JournaledDoc, args: dict[str, Any], call: Call) -> None:
+    row = dict(state.doc["reminder"][args["reminder_id"]])
+    row.update({k: v for k, v in args.items() if k != "reminder_id"}, creation_timestamp=state.doc["clock"]["now"])
+    state.set(state.doc["reminder"], args["reminder_id"], row)
+
+
+REMINDER_SEARCH = {
+    "reminder_id": ("reminder_id", SEARCH_EXACT, 0), "content": ("content", SEARCH_FUZZY, 50),
+    "creation_timestamp_lowerbound": ("creation_timestamp", SEARCH_MIN, 0),
+    "creation_timestamp_upperbound": ("creation_timestamp", SEARCH_MAX, 0),
+    "reminder_timestamp_lowerbound": ("reminder_timestamp", SEARCH_MIN, 0),
+    "reminder_timestamp_upperbound": ("reminder_timestamp", SEARCH_MAX, 0),
+    "latitude": ("latitude", SEARCH_EXACT, 0), "longitude": ("longitude", SEARCH_EXACT, 0),
+}  # fmt: skip
+
+
+def search_reminder(state: JournaledDoc, args: dict[str, Any], call: Call) -> list:
+    return _search(list(state.doc["reminder"].values()), args, REMINDER_SEARCH)
+
+
+def remove_reminder(state: JournaledDoc, args: dict[str, Any], call: Call) -> None:
+    state.delete(state.doc["reminder"], args["reminder_id"])
+
+
+def _getter(column: str) -> Callable[[JournaledDoc, dict[str, Any], Call], bool]:
+    return lambda state, args, call: state.doc["setting"][column]
+
+
+def _setter(column: str) -> Callable[[JournaledDoc, dict[str, Any], Call], None]:
+    def set_switch(state: JournaledDoc, args: dict[str, Any], call: Call) -> None:
+        setting = state.doc["setting"]
+        state.set(setting, column, args["on"])
+        if column == "low_battery_mode" and args["on"]:  # low-battery mode switches the radios off
+            for dependent in ("cellular", "wifi", "location_service"):
+                state.set(setting, dependent, False)
+
+    return set_switch
+
+
+def current_timestamp(state: JournaledDoc, args: dict[str, Any], call: Call) -> float:
+    # The clock advances to the time the live run read, so later "now"-relative values match the log.
+    clock = state.doc["clock"]
+    logged = call.output if isinstance(call.output, int | float) and not isinstance(call.output, bool) else None
+    if logged is None and isinstance(call.output, str):
+        try:
+            logged = float(call.output)
+        except ValueError:
+            logged = None
+    if logged is not None and logged >= clock["now"]:
+        state.set(clock, "now", float(logged))
+    return clock["now"]
+
+
+def search_holiday(state: JournaledDoc, args: dict[str, Any], call: Call) -> float | None:
+    year = args.get("year")
+    if year is None:
+        year = u.local(state.doc["clock"]["now"], _tz(state)).year
+    return u.holiday(args["holiday_name"], year, _tz(state))
+
+
+def _seconds(state: JournaledDoc, args: dict[str, Any], call: Call) -> dict[str, int]:
+    info = u.datetime_info(args["seconds"], _tz(state))
+    return {"hour": info["hour"], "minute": info["minute"], "second": info["second"]}
+
+
+_DELTAS = ("weeks", "days", "hours", "minutes", "seconds")
+_FIELDS = ("year", "month", "day", "hour", "minute", "second")
+
+TOOLS: dict[str, Callable[[JournaledDoc, dict[str, Any], Call], Any]] = {
+    "add_contact": add_contact,
+    "modify_contact": modify_contact,
+    "remove_contact": remove_contact,
+    "search_contacts": search_contacts,
+    "send_message_with_phone_number": send_message,
+    "search_messages": search_messages,
+    "add_reminder": add_reminder,
+    "modify_reminder": modify_reminder,
+    "search_reminder": search_reminder,
+    "remove_reminder": remove_reminder,
+    **{f"get_{name}_status": _getter(column) for name, column in SWITCHES.items()},
+    **{f"set_{name}_status": _setter(column) for name, column in SWITCHES.items()},
+    "get_current_location": lambda s, a, c: {k: s.doc["setting"][k] for k in ("latitude", "longitude")},
+    "get_current_timestamp": current_timestamp,
+    "timestamp_to_datetime_info": lambda s, a, c: u.datetime_info(a["timestamp"], _tz(s)),
+    "datetime_info_to_timestamp": lambda s, a, c: u.to_timestamp({k: a[k] for k in _FIELDS}, _tz(s)),
+    "shift_timestamp": lambda s, a, c: u.shift(a["timestamp"], {k: a.get(k, 0) for k in _DELTAS}, _tz(s)),
+    "timestamp_diff": lambda s, a, c: u.diff(a["timestamp_0"], a["timestamp_1"], _tz(s)),
+    "seconds_to_hours_minutes_seconds": _seconds,
+    "unit_conversion": lambda s, a, c: u.convert(a["amount"], a["from_unit"], a["to_unit"]),
+    "calculate_lat_lon_distance": lambda s, a, c: u.geodesic_km(
+        a["latitude_0"], a["longitude_0"], a["latitude_1"], a["longitude_1"]
+    ),
+    "search_holiday": search_holiday,
+    "end_conversation": lambda s, a, c: None,
+}

@@ -1,0 +1,178 @@
+"""`toolsandbox`: ToolSandbox run folders -> canonical rollouts, one per scenario.
+
+A source is a run folder holding `result_summary.json` and `trajectories/<scenario>/conversation.json`
+(or a folder of such run folders). Options (`--option k=v`):
+- `threshold` (default 1.0): success = milestone_similarity >= threshold (and the scenario did not crash);
+- `now`: the scenario clock (POSIX) when the log does not give it; `tz` (default UTC): the clock's zone.
+
+`env` = {"scenario", "settings", "now", "tz"}: the settings variant is read from the scenario name
+(`..._wifi_off`, `..._low_battery_mode_on`, ...); `now` is the first logged get_current_timestamp output,
+else the earliest creation_timestamp in the log's database updates, else the run folder's start time
+(upstream names it `agent_<model>_user_<model>_MM_DD_YYYY_HH_MM_SS`), else `--option now`.
+Labels: `model`, `user_model` (from the folder name), `categories` (comma-joined), `scenario`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import fsspec
+import orjson
+
+from pipeline.ingest import IngestError, IngestOptions
+
+OPTIONS = {"threshold", "now", "tz"}
+RUN_NAME = re.compile(r"agent_(?P<agent>.+)_user_(?P<user>.+)_(?P<ts>\d\d_\d\d_\d{4}_\d\d_\d\d_\d\d)")
+ERROR_TEXT = re.compile(r"^(Traceback|[A-Za-z_.]*(Error|Exception)\b)")
+PY_LITERALS = {"None": None, "True": True, "False": False}
+SWITCH_TOKENS = (("wifi", "off"), ("location_service", "off"), ("cellular", "off"))
+
+
+def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
+    unknown = set(options.extra) - OPTIONS
+    if unknown:
+        raise IngestError(
+            f"toolsandbox: unknown option(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(OPTIONS))})"
+        )
+    threshold = _number(options.extra.get("threshold", "1.0"), "threshold")
+    now = _number(options.extra["now"], "now") if "now" in options.extra else None
+    for source in sources:
+        for run in _runs(source):
+            yield from _read_run(run, threshold, now, options.extra.get("tz", "UTC"), options.labels)
+
+
+def _number(text: str, name: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise IngestError(f"toolsandbox: option {name}={text!r} is not a number") from None
+
+
+def _runs(source: str) -> list[str]:
+    fs, path = fsspec.core.url_to_fs(source)
+    path = path.rstrip("/")
+    if fs.isfile(f"{path}/result_summary.json"):
+        return [fs.unstrip_protocol(path)]
+    found = sorted(p.rsplit("/", 1)[0] for p in fs.glob(f"{path}/*/result_summary.json"))
+    if not found:
+        raise IngestError(f"toolsandbox: {source}: no result_summary.json here or one folder below")
+    return [fs.unstrip_protocol(p) for p in found]
+
+
+def _load(url: str) -> Any:
+    try:
+        with fsspec.open(url, "rb") as f:
+            return orjson.loads(f.read())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise IngestError(f"toolsandbox: {url}: cannot read JSON: {exc}") from exc
+
+
+def _read_run(run: str, threshold: float, now: float | None, tz: str, extra: dict[str, str]) -> Iterator[dict]:
+    summary = _load(f"{run}/result_summary.json")
+    results = summary.get("per_scenario_results") if isinstance(summary, dict) else None
+    if not isinstance(results, list):
+        raise IngestError(f"toolsandbox: {run}/result_summary.json: no 'per_scenario_results' list")
+    folder = run.rstrip("/").rsplit("/", 1)[-1]
+    named = RUN_NAME.fullmatch(folder)
+    labels = {"model": named["agent"], "user_model": named["user"]} if named else {}
+    started = (
+        dt.datetime.strptime(named["ts"], "%m_%d_%Y_%H_%M_%S").replace(tzinfo=dt.UTC).timestamp() if named else None
+    )
+    for i, result in enumerate(results):
+        if not isinstance(result, dict) or not isinstance(result.get("name"), str):
+            raise IngestError(f"toolsandbox: {run}/result_summary.json: per_scenario_results[{i}] has no name")
+        name = result["name"]
+        turns = _load(f"{run}/trajectories/{name}/conversation.json")
+        if not isinstance(turns, list):
+            raise IngestError(f"toolsandbox: {run}/trajectories/{name}/conversation.json: expected a list of messages")
+        events = _events(turns, f"{run}/trajectories/{name}/conversation.json")
+        clock = _first_timestamp(events) or _earliest_update(turns) or started or now
+        if clock is None:
+            raise IngestError(f"toolsandbox: {run}: scenario {name}: no time in the log; give --option now=POSIX")
+        similarity = result.get("milestone_similarity")
+        crashed = result.get("exception_type") is not None
+        yield {
+            "rollout_id": f"{folder}/{name}",
+            "task_id": name,
+            "benchmark": "toolsandbox",
+            "labels": {
+                **labels,
+                "scenario": name,
+                "categories": ",".join(map(str, result.get("categories") or [])),
+                **extra,
+            },
+            "env": {"scenario": name, "settings": settings_variant(name), "now": clock, "tz": tz},
+            "events": events,
+            "success": None if similarity is None else (not crashed and float(similarity) >= threshold),
+        }
+
+
+def settings_variant(scenario: str) -> str:
+    """The upstream starting variant the scenario name says (base_<column>_<on|off>... in a fixed order)."""
+    if "low_battery_mode_on" in scenario:
+        return "base_low_battery_mode_on_wifi_off_location_service_off_cellular_off"
+    flipped = [f"{col}_{state}" for col, state in SWITCH_TOKENS if f"{col}_{state}" in scenario]
+    return "_".join(["base", *flipped])
+
+
+def _events(turns: list[Any], where: str) -> list[dict]:
+    answers = {
+        t.get("tool_call_id"): t.get("content") for t in turns if isinstance(t, dict) and t.get("role") == "tool"
+    }
+    events: list[dict] = []
+    for k, turn in enumerate(turns):
+        if not isinstance(turn, dict) or not isinstance(turn.get("role"), str):
+            raise IngestError(f"toolsandbox: {where}: message #{k} has no role")
+        role = turn["role"]
+        if role in ("system", "user") or (role == "assistant" and turn.get("content")):
+            events.append({"type": "message", "role": role, "content": str(turn.get("content") or "")})
+        for call in turn.get("tool_calls") or []:
+            fn = call.get("function") or {}
+            event = {
+                "type": "call",
+                "tool": fn.get("name"),
+                "arguments": fn.get("arguments") or "{}",
+                "call_id": call.get("id"),
+            }
+            if call.get("id") in answers:
+                text = str(answers[call["id"]])
+                event["error"] = bool(ERROR_TEXT.match(text))
+                event["output"] = text if event["error"] else _output(text)
+            events.append(event)
+    return events
+
+
+def _output(text: str) -> Any:
+    # Upstream logs the repr of the returned value: a quoted string for created ids, JSON-like otherwise.
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"" and text[0] not in text[1:-1]:
+        return text[1:-1]
+    if text in PY_LITERALS:
+        return PY_LITERALS[text]
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text
+
+
+def _first_timestamp(events: list[dict]) -> float | None:
+    for e in events:
+        if e["type"] == "call" and e["tool"] == "get_current_timestamp" and isinstance(e.get("output"), int | float):
+            return float(e["output"])
+    return None
+
+
+def _earliest_update(turns: list[Any]) -> float | None:
+    stamps = [
+        row["creation_timestamp"]
+        for t in turns
+        if isinstance(t, dict)
+        for key, details in t.items()
+        if key.endswith("_details") and isinstance(details, dict)
+        for rows in (details.get("database_update") or {}).values()
+        for row in rows
+        if isinstance(row, dict) and isinstance(row.get("creation_timestamp"), int | float)
+    ]
+    return min(stamps) if stamps else None

@@ -1,0 +1,249 @@
+"""ToolSandbox local tools: every rule passes and fails, id mapping and clock, injected failures with known
+FED and cause, the ingest adapter, and an end-to-end scoring of a small store of run folders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import orjson
+import pytest
+
+from pipeline.checker import replay
+from pipeline.distributed import run_scoring
+from pipeline.envs import get_environment
+from pipeline.envs.toolsandbox.env import seed_id
+from pipeline.envs.toolsandbox.utilities import convert, geodesic_km, holiday, us_holidays
+from pipeline.ingest import IngestError, IngestOptions, ingest
+from pipeline.records import parse_rollout
+
+NOW = 1717591000.0  # 2024-06-05 12:36:40 UTC
+RUN = (
+    Path(__file__).parent
+    / "data"
+    / "toolsandbox"
+    / "agent_gpt-4o-2024-05-13_user_gpt-4o-2024-05-13_06_05_2024_12_55_46"
+)
+SELF, FRED = seed_id("Tomas Haake"), seed_id("Fredrik Thordendal")
+REMINDER = seed_id("reminder_0")
+KNOWN = f"ids {SELF} {FRED} {REMINDER} +12453344098 +19998887777 ghost-id"  # a user message that grounds these values
+
+
+def call(tool: str, output: Any = None, **args: Any) -> dict[str, Any]:
+    event = {"type": "call", "tool": tool, "arguments": args}
+    return event if output is None else {**event, "output": output}
+
+
+def run(calls: list[dict[str, Any]], settings: str = "base", now: float = NOW, rid: str = "r") -> Any:
+    events = [{"type": "message", "role": "user", "content": KNOWN}, *calls]
+    record = {"rollout_id": rid, "task_id": rid, "benchmark": "toolsandbox",
+              "env": {"now": now, "settings": settings}, "events": events}  # fmt: skip
+    return replay(get_environment("toolsandbox"), parse_rollout(record))
+
+
+LOW = "base_low_battery_mode_on_wifi_off_location_service_off_cellular_off"
+# (rule, settings variant, setup calls, passing call, failing call)
+RULES = [
+    (
+        "send needs cellular",
+        "base",
+        [],
+        call("send_message_with_phone_number", phone_number="+12453344098", content="hi"),
+        None,
+    ),
+    (
+        "send needs cellular (off)",
+        "base_cellular_off",
+        [call("set_cellular_service_status", on=True)],
+        call("send_message_with_phone_number", phone_number="+12453344098", content="hi"),
+        "cellular",
+    ),
+    (
+        "send needs one self contact",
+        "base",
+        [call("modify_contact", person_id=SELF, is_self=False)],
+        call("get_wifi_status"),
+        "self",
+    ),
+    (
+        "parseable phone number",
+        "base",
+        [],
+        call("send_message_with_phone_number", phone_number="+19998887777", content="x"),
+        "phone",
+    ),
+    (
+        "radios need low battery off",
+        LOW,
+        [call("set_low_battery_mode_status", on=False)],
+        call("set_wifi_status", on=True),
+        "wifi",
+    ),
+    ("same value is an error", "base", [], call("set_wifi_status", on=False), "same"),
+    ("location needs location service", "base", [], call("get_current_location"), "location"),
+    ("holiday needs wifi", "base", [], call("search_holiday", holiday_name="Christmas", year=2024), "holiday"),
+    ("unknown contact id", "base", [], call("remove_contact", person_id=FRED), "contact"),
+    ("unknown reminder id", "base", [], call("remove_reminder", reminder_id=REMINDER), "reminder"),
+    ("second self contact", "base", [], call("add_contact", name="Me", phone_number="+19998887777"), "second self"),
+    ("search needs criteria", "base", [], call("search_contacts", name="Fredrik"), "criteria"),
+    ("modify needs fields", "base", [], call("modify_contact", person_id=FRED, name="Fred"), "fields"),
+    ("timestamp range", "base", [], call("timestamp_to_datetime_info", timestamp=NOW), "ts"),
+    ("latitude range", "base", [], call("add_reminder", content="x", reminder_timestamp=NOW, latitude=45.0), "lat"),
+    ("longitude range", "base", [], call("add_reminder", content="x", reminder_timestamp=NOW, longitude=-120.0), "lon"),
+]
+FAILING = {
+    "cellular": (
+        "base_cellular_off",
+        call("send_message_with_phone_number", phone_number="+12453344098", content="hi"),
+        "Cellular service is not enabled",
+    ),
+    "self": (
+        "base",
+        [
+            call("modify_contact", person_id=SELF, is_self=False),
+            call("send_message_with_phone_number", phone_number="+12453344098", content="hi"),
+        ],
+        "instead found 0",
+    ),
+    "phone": ("base", call("send_message_with_phone_number", phone_number="12453344098", content="x"), "NumberParse"),
+    "wifi": (LOW, call("set_wifi_status", on=True), "cannot be turned on in low battery mode"),
+    "same": ("base", call("set_wifi_status", on=True), "wifi already enabled"),
+    "location": ("base_location_service_off", call("get_current_location"), "Location service is not enabled"),
+    "holiday": ("base_wifi_off", call("search_holiday", holiday_name="Christmas", year=2024), "Wifi is not enabled"),
+    "contact": ("base", call("remove_contact", person_id="ghost-id"), "No db entry"),
+    "reminder": ("base", call("modify_reminder", reminder_id="ghost-id", content="x"), "No db entry"),
+    "second self": (
+        "base",
+        call("add_contact", name="Me", phone_number="+19998887777", is_self=True),
+        "Self entry already exists",
+    ),
+    "criteria": ("base", call("search_messages"), "No search criteria"),
+    "fields": ("base", call("modify_reminder", reminder_id=REMINDER), "No update information"),
+    "ts": ("base", call("timestamp_to_datetime_info", timestamp=NOW * 1000), "valid range"),
+    "lat": ("base", call("add_reminder", content="x", reminder_timestamp=NOW, latitude=91.0), "-90 .. 90"),
+    "lon": ("base", call("add_reminder", content="x", reminder_timestamp=NOW, longitude=-181.0), "-180 .. 180"),
+}
+
+
+@pytest.mark.parametrize("rule", RULES, ids=[r[0] for r in RULES])
+def test_rule_passes(rule: tuple) -> None:
+    _, settings, setup, passing, _ = rule
+    steps = run([*setup, passing], settings).steps
+    assert [s.valid for s in steps] == [True] * len(steps), [s.detail for s in steps]
+
+
+@pytest.mark.parametrize("key", sorted(FAILING))
+def test_rule_fails(key: str) -> None:
+    settings, failing, message = FAILING[key]
+    step = run(failing if isinstance(failing, list) else [failing], settings).steps[-1]
+    assert (step.valid, step.check) == (False, "P")
+    assert message in step.detail
+
+
+def test_setup_breaks_send_when_no_self_contact() -> None:
+    steps = run([call("modify_contact", person_id=SELF, is_self=False),
+                 call("send_message_with_phone_number", phone_number="+12453344098", content="hi")]).steps  # fmt: skip
+    assert [s.valid for s in steps] == [True, False]
+    assert steps[1].cause == "state_consistency"  # the agent's own change broke a call s_0 would accept
+
+
+def test_low_battery_mode_turns_radios_off() -> None:
+    steps = run([call("set_low_battery_mode_status", on=True), call("get_wifi_status", output=False),
+                 call("get_cellular_service_status", output=False), call("set_low_battery_mode_status", on=False),
+                 call("set_cellular_service_status", on=True)]).steps  # fmt: skip
+    assert all(s.valid for s in steps) and steps[1].output_match and steps[2].output_match
+
+
+def test_created_ids_are_mapped_to_the_replay() -> None:
+    live = "0c2f9a44-5d7e-4b8e-9f31-6a2b1d3c4e5f"
+    result = run([call("add_reminder", output=live, content="milk", reminder_timestamp=NOW + 60),
+                  call("search_reminder", reminder_id=live), call("modify_reminder", reminder_id=live, content="oat"),
+                  call("remove_reminder", reminder_id=live), call("remove_reminder", reminder_id=live)])  # fmt: skip
+    assert [s.valid for s in result.steps] == [True, True, True, True, False]
+    assert result.steps[0].output_match is True  # the replay shows the live id
+    assert result.fed == 5
+
+
+def test_clock_comes_from_the_log_not_today() -> None:
+    day = 86400.0
+    for now in (NOW, NOW + 400 * day):
+        steps = run([call("search_reminder", reminder_timestamp_lowerbound=now - 2 * day,
+                          reminder_timestamp_upperbound=now - 0.5 * day)], now=now).steps  # fmt: skip
+        assert steps[0].valid
+    env = get_environment("toolsandbox")
+    state = env.start(parse_rollout({"rollout_id": "c", "task_id": "c", "benchmark": "toolsandbox",
+                                     "env": {"now": NOW}, "events": []}))  # fmt: skip
+    assert state.doc["reminder"][REMINDER]["reminder_timestamp"] == NOW - day
+    stepped = run([call("get_current_timestamp", output=NOW + 30), call("get_current_timestamp")])
+    assert stepped.steps[0].output_match is True
+
+
+def test_missing_clock_is_a_clear_error() -> None:
+    from pipeline.envs import EnvError
+
+    record = {"rollout_id": "x", "task_id": "x", "benchmark": "toolsandbox", "env": {}, "events": []}
+    with pytest.raises(EnvError, match="needs 'now'"):
+        get_environment("toolsandbox").start(parse_rollout(record))
+
+
+def test_injected_failures_have_known_fed_and_cause() -> None:
+    ok = [call("get_wifi_status"), call("search_contacts", name="Fredrik Thordendal")]
+    cases = {
+        "schema": (call("search_lat_lon", latitude=1.0), "S"),  # a RapidAPI tool: not available
+        "information": (call("remove_contact", person_id="made-up-id"), "D"),
+        "precondition": (call("get_current_location"), "P"),
+    }
+    for cause, (bad, check) in cases.items():
+        settings = "base_location_service_off" if cause == "precondition" else "base"
+        result = run([*ok, bad, call("get_low_battery_mode_status")], settings)
+        assert (result.fed, result.first_cause, result.steps[2].check) == (3, cause, check), cause
+        assert result.steps[3].valid
+
+
+def test_utilities_match_upstream_values() -> None:
+    # Textbook conversions, Vincenty's published test line (Flinders Peak -> Buninyong, 54,972.271 m) and
+    # the 2024 US federal calendar (11 holidays, Thanksgiving on Nov 28).
+    assert convert(100, "celsius", "fahrenheit") == pytest.approx(212.0)
+    assert convert(1, "mile", "km") == pytest.approx(1.609344)
+    flinders, buninyong = (-37.95103341666667, 144.42486788888888), (-37.65282113888889, 143.92649552777778)
+    assert geodesic_km(*flinders, *buninyong) == pytest.approx(54.972271, abs=1e-6)
+    assert len(us_holidays(2024)) == 11
+    assert holiday("thanksgiving", 2024, __import__("zoneinfo").ZoneInfo("UTC")) == 1732752000.0
+    result = run([call("datetime_info_to_timestamp", year=2024, month=2, day=30, hour=0, minute=0, second=0),
+                  call("unit_conversion", amount=1, from_unit="parsec_banana", to_unit="m")])  # fmt: skip
+    assert [s.valid for s in result.steps] == [False, False]
+
+
+def test_ingest_run_folder() -> None:
+    records = {r["task_id"]: r for r in ingest("toolsandbox", [str(RUN)])}
+    assert set(records) == {"send_message_with_contact_content_cellular_off", "add_reminder_then_modify",
+                            "remove_contact_by_name_low_battery_mode_on"}  # fmt: skip
+    send = records["send_message_with_contact_content_cellular_off"]
+    assert send["env"]["settings"] == "base_cellular_off" and send["success"] is True
+    assert send["labels"]["model"] == "gpt-4o-2024-05-13"
+    assert send["labels"]["categories"] == "STATE_DEPENDENCY,MULTIPLE_TOOL_CALL"
+    assert records["add_reminder_then_modify"]["env"]["now"] == 1717591000.5  # first get_current_timestamp
+    assert records["remove_contact_by_name_low_battery_mode_on"]["success"] is False
+    lenient = {r["task_id"]: r for r in ingest("toolsandbox", [str(RUN)], IngestOptions(extra={"threshold": "0.5"}))}
+    assert lenient["remove_contact_by_name_low_battery_mode_on"]["success"] is True
+    with pytest.raises(IngestError, match=r"no result_summary\.json"):
+        list(ingest("toolsandbox", [str(RUN / "trajectories")]))
+    with pytest.raises(IngestError, match="unknown option"):
+        list(ingest("toolsandbox", [str(RUN)], IngestOptions(extra={"bogus": "1"})))
+
+
+def test_end_to_end_scoring(tmp_path: Path) -> None:
+    store, out = tmp_path / "store", tmp_path / "run"
+    store.mkdir()
+    (store / "ts.jsonl").write_bytes(b"\n".join(orjson.dumps(r) for r in ingest("toolsandbox", [str(RUN)])))
+    run_scoring(str(store), str(out), executor="inline")
+    rows = duckdb.sql(f"SELECT task_id, T, fed, first_cause, success, recovered FROM '{out}/rollouts/*.parquet'"
+                      " ORDER BY task_id").fetchall()  # fmt: skip
+    assert rows == [
+        ("add_reminder_then_modify", 4, 5, None, True, False),
+        ("remove_contact_by_name_low_battery_mode_on", 2, 1, "information", False, False),
+        ("send_message_with_contact_content_cellular_off", 4, 2, "precondition", True, True),
+    ]
+    mismatches = duckdb.sql(f"SELECT count(*) FROM '{out}/steps/*.parquet' WHERE output_match = false").fetchall()
+    assert mismatches == [(1,)]  # search_contacts: the log shows a hand-written id, the replay the seed's
