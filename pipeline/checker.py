@@ -15,6 +15,9 @@ from pipeline.dependencies import History, grounded_values, resolve_references
 from pipeline.envs.base import Environment, Outcome, ToolInfo
 from pipeline.model import NOT_LOGGED, Call, Message, Rollout, RolloutResult, StepResult
 
+# The `detail` of every step whose arguments the log did not capture (S and D not checked).
+UNCAPTURED = "arguments not captured: S and D unknown"
+
 
 class ReplayError(Exception):
     """The environment misbehaved (e.g. a call it accepted once is rejected when replayed again)."""
@@ -34,7 +37,7 @@ def replay(env: Environment, rollout: Rollout) -> RolloutResult:
     state = env.start(rollout)
     history = History()
     marks = [env.checkpoint(state)]  # marks[i] = state after the i-th accepted call; marks[0] = s_0
-    accepted: list[tuple[Call, dict[str, Any]]] = []
+    accepted: list[tuple[Call, dict[str, Any] | None]] = []  # None: arguments not captured
     steps: list[StepResult] = []
     prefix_ok = True
     depth = 0
@@ -46,13 +49,15 @@ def replay(env: Environment, rollout: Rollout) -> RolloutResult:
         depth += 1
         verdict = _check(env, state, event, depth, history)
         if not verdict.valid and verdict.check == "P":
-            if prefix_ok and len(marks) > 1:
-                earlier = _accepted_earlier(env, state, marks, accepted, event, verdict.args or {})
+            # Without a simulator an earlier state is only less of what the agent saw, where rules cannot be
+            # evaluated and would accept vacuously: the walk-back is for simulated environments.
+            if prefix_ok and len(marks) > 1 and env.simulated:
+                earlier = _accepted_earlier(env, state, marks, accepted, event, verdict.args)
                 verdict.cause = "state_consistency" if earlier else "precondition"
             else:
                 verdict.cause = "precondition"
         if verdict.valid:
-            accepted.append((event, verdict.args or {}))
+            accepted.append((event, verdict.args))
             marks.append(env.checkpoint(state))
         output = verdict.outcome.output if verdict.outcome and verdict.valid else None
         history.add_result(depth, event.call_id, verdict.valid, output)
@@ -82,6 +87,8 @@ def _check(env: Environment, state: Any, call: Call, depth: int, history: Histor
     if not env.available(state, call.tool, call.turn):
         return _Verdict(False, "S", "schema", f"tool {call.tool!r} is not available at turn {call.turn}")
     args = call.arguments
+    if args is None:
+        return _uncaptured(env, state, call)
     if isinstance(args, str):
         try:
             args = orjson.loads(args) if args.strip() else {}
@@ -111,6 +118,20 @@ def _check(env: Environment, state: Any, call: Call, depth: int, history: Histor
     if not outcome.accepted:
         return _Verdict(False, "P", None, outcome.message, outcome, args)
     return _Verdict(True, outcome=outcome, args=args)
+
+
+def _uncaptured(env: Environment, state: Any, call: Call) -> _Verdict:
+    """The log did not capture the arguments (`arguments: null`): S and D are unknown, never passed or failed.
+
+    Only an environment that reads outcomes from the log can decide P without them; a simulator cannot run
+    the call, which is reported as a schema failure that says so rather than guessed either way.
+    """
+    if env.simulated:
+        return _Verdict(False, "S", "schema", f"{UNCAPTURED}: a simulator cannot replay the call")
+    outcome = env.execute(state, call.tool, None, call)
+    if not outcome.accepted:
+        return _Verdict(False, "P", None, f"{outcome.message} ({UNCAPTURED})", outcome)
+    return _Verdict(True, detail=UNCAPTURED, outcome=outcome)
 
 
 def _schema_failure(
@@ -143,9 +164,9 @@ def _accepted_earlier(
     env: Environment,
     state: Any,
     marks: list[Any],
-    accepted: list[tuple[Call, dict[str, Any]]],
+    accepted: list[tuple[Call, dict[str, Any] | None]],
     call: Call,
-    args: dict[str, Any],
+    args: dict[str, Any] | None,
 ) -> bool:
     """Would `call` have been accepted in an earlier state of this rollout (s_0 … s_{t-2})?
 

@@ -26,7 +26,9 @@ SPEC_PATH_ENV = "PEXEC_SPEC_PATH"
 BUILTIN_SPECS = Path(__file__).resolve().parent.parent / "specs"
 
 _TOP_KEYS = {"name", "version", "description", "tools", "initial_state", "tool"}
-_TOOL_KEYS = {"grounded", "preconditions", "let", "effects", "returns", "description"}
+_TOOL_KEYS = {"grounded", "preconditions", "observed", "let", "effects", "returns", "description"}
+# `observed` rules read what the agent saw (`seen`), for logs scored by the `observed` environment.
+OBSERVED_NAMES = frozenset({"args", "seen"})
 _PRE_KEYS = {"require", "error", "clause"}
 _EFFECT_OPS = ("set", "append", "delete")
 _FOR = re.compile(r"^\s*([A-Za-z_]\w*)\s+in\s+(.+)$", re.S)
@@ -58,6 +60,7 @@ class ToolRules:
     let: tuple[tuple[str, Expr], ...] = ()
     effects: tuple[Effect, ...] = ()
     returns: Expr | None = None
+    observed: tuple[Precondition, ...] = ()  # evaluated only by the `observed` environment
 
 
 @dataclass(frozen=True)
@@ -162,18 +165,8 @@ def tool_rules(name: str, params: dict[str, Any], table: dict[str, Any], where: 
             raise SpecError(f"{where}: grounded parameter {path!r} is not a parameter of the tool")
 
     names = {"args", "state"}
-    pres = []
-    for i, pre in enumerate(table.get("preconditions", [])):
-        at = f"{where} preconditions[{i}]"
-        check_fields(pre, _PRE_KEYS, at)
-        if "require" not in pre:
-            raise SpecError(f"{at}: 'require' is required")
-        message = pre.get("error", f"precondition failed: {pre['require']}")
-        pres.append(
-            Precondition(
-                compile_field(pre["require"], names, at), compile_field(message, names, at, render), pre.get("clause")
-            )
-        )
+    pres = _preconditions(table.get("preconditions", []), names, f"{where} preconditions")
+    observed = _preconditions(table.get("observed", []), set(OBSERVED_NAMES), f"{where} observed")
 
     lets = []
     for var, source in table.get("let", {}).items():
@@ -213,7 +206,25 @@ def tool_rules(name: str, params: dict[str, Any], table: dict[str, Any], where: 
         info = ToolInfo.from_schema(name, params, frozenset(grounded))
     except EnvError as exc:
         raise SpecError(f"{where}: {exc}") from exc
-    return ToolRules(info, tuple(pres), tuple(lets), tuple(effects), returns)
+    return ToolRules(info, pres, tuple(lets), tuple(effects), returns, observed)
+
+
+def _preconditions(items: Any, names: set[str], where: str) -> tuple[Precondition, ...]:
+    if not isinstance(items, list):
+        raise SpecError(f"{where}: expected a list of {{require, error, clause}} tables")
+    pres = []
+    for i, pre in enumerate(items):
+        at = f"{where}[{i}]"
+        check_fields(pre, _PRE_KEYS, at)
+        if "require" not in pre:
+            raise SpecError(f"{at}: 'require' is required")
+        message = pre.get("error", f"precondition failed: {pre['require']}")
+        pres.append(
+            Precondition(
+                compile_field(pre["require"], names, at), compile_field(message, names, at, render), pre.get("clause")
+            )
+        )
+    return tuple(pres)
 
 
 def compile_field(source: Any, names: set[str], where: str, compiler: Callable[..., Expr] = compile_expr) -> Expr:

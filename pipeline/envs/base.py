@@ -71,8 +71,12 @@ class Environment(Protocol):
     def available(self, state: Any, tool: str, turn: int) -> bool:
         """Whether a known tool may be called at this point (e.g. withheld until a later turn)."""
 
-    def execute(self, state: Any, tool: str, args: dict[str, Any], call: Call) -> Outcome:
-        """Run the call in `state` (mutating it only when accepted)."""
+    def execute(self, state: Any, tool: str, args: dict[str, Any] | None, call: Call) -> Outcome:
+        """Run the call in `state` (mutating it only when accepted).
+
+        `args` is None only when the log did not capture them, and only for environments with
+        `simulated = False` (the checker rejects such calls itself for a simulator).
+        """
 
     def checkpoint(self, state: Any) -> Any:
         """A mark of the current state to come back to."""

@@ -1,26 +1,46 @@
 """`observed`: for logs that come with no simulator.
 
-S is checked against a spec's schemas when one is given (otherwise any well-formed call passes S),
-D as usual, and P is decided by the logged outcome: `error: true` means the backend rejected the call.
-Outputs are the logged ones, so downstream references and grounding see what the agent saw.
+S is checked against a spec's schemas when one is given (otherwise any well-formed call passes S), D as
+usual, and P is decided by two sources, in this order:
+
+1. the spec's `observed` rules of the tool (`[tool.X] observed = [{require, error, clause}]`), evaluated over
+   `args` (the call's arguments) and `seen` (tool name -> the last output of an earlier accepted call of
+   that tool in this rollout, JSON text decoded). A rule that cannot be evaluated — an input the agent has
+   not observed yet, arguments the log did not capture — is skipped. The first false rule rejects the call
+   (`decided_by = precondition`), even when the log shows no error: the declared rule is the stricter source;
+2. the logged outcome: `error: true` rejects the call (`decided_by = log`).
+
+An accepted call reports `decided_by = precondition` when at least one rule was evaluated (and held),
+else `log`. Outputs are the logged ones, so downstream references and grounding see what the agent saw.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from pipeline.envs import EnvOptions, register
 from pipeline.envs.base import Outcome, ToolInfo
+from pipeline.expr import EvalError
 from pipeline.model import NOT_LOGGED, Call, Rollout
-from pipeline.specs import find_spec, load_spec
+from pipeline.specs import Precondition, find_spec, load_spec
+
+Seen = dict[str, Any]  # tool name -> last output of an accepted call
 
 
 class ObservedEnvironment:
     name = "observed"
     simulated = False
 
-    def __init__(self, tools: dict[str, ToolInfo] | None = None, spec_version: str = "") -> None:
+    def __init__(
+        self,
+        tools: dict[str, ToolInfo] | None = None,
+        spec_version: str = "",
+        rules: dict[str, tuple[Precondition, ...]] | None = None,
+    ) -> None:
         self._tools = tools
+        self._rules = rules or {}
         self.version = f"observed+{spec_version}" if spec_version else "observed"
 
     def tool(self, name: str) -> ToolInfo | None:
@@ -31,23 +51,56 @@ class ObservedEnvironment:
     def open_catalogue(self) -> bool:
         return self._tools is None
 
-    def start(self, rollout: Rollout) -> None:
-        return None
+    def start(self, rollout: Rollout) -> Seen:
+        return {}
 
-    def available(self, state: None, tool: str, turn: int) -> bool:
+    def available(self, state: Seen, tool: str, turn: int) -> bool:
         return True
 
-    def execute(self, state: None, tool: str, args: dict[str, Any], call: Call) -> Outcome:
+    def execute(self, state: Seen, tool: str, args: dict[str, Any] | None, call: Call) -> Outcome:
         output = None if call.output is NOT_LOGGED else call.output
+        failed, evaluated = _first_false_rule(self._rules.get(tool, ()), {"args": args, "seen": state})
+        if failed is not None:
+            note = "" if call.error else " (the log shows no error)"
+            return Outcome(False, message=failed + note, decided_by="precondition")
         if call.error:
             return Outcome(False, message=str(output) if output is not None else "logged error", decided_by="log")
-        return Outcome(True, output=output, decided_by="log")
+        state[tool] = _decoded(output)
+        return Outcome(True, output=output, decided_by="precondition" if evaluated else "log")
 
-    def checkpoint(self, state: None) -> None:
-        return None
+    def checkpoint(self, state: Seen) -> Seen:
+        return dict(state)
 
-    def rollback(self, state: None, mark: None) -> None:
-        return None
+    def rollback(self, state: Seen, mark: Seen) -> None:
+        state.clear()
+        state.update(mark)
+
+
+def _first_false_rule(rules: tuple[Precondition, ...], ctx: dict[str, Any]) -> tuple[str | None, bool]:
+    """(message of the first rule that is false, whether any rule could be evaluated)."""
+    evaluated = False
+    for rule in rules:
+        try:
+            ok = rule.require(ctx)
+        except EvalError:
+            continue  # an input the agent has not observed (or the log did not capture): no evidence
+        evaluated = True
+        if not ok:
+            try:
+                return rule.error(ctx), True
+            except EvalError:
+                return f"precondition failed: {rule.require.source}", True
+    return None, evaluated
+
+
+def _decoded(output: Any) -> Any:
+    # Production tools usually return JSON text; rules read it as data.
+    if isinstance(output, str):
+        try:
+            return orjson.loads(output)
+        except orjson.JSONDecodeError:
+            return output
+    return output
 
 
 @register("observed")
@@ -60,4 +113,8 @@ def _observed(options: EnvOptions) -> ObservedEnvironment:
     if folder is None:
         raise EnvError(f"observed: no spec named {options.spec!r}")
     spec = load_spec(folder)
-    return ObservedEnvironment({n: r.info for n, r in spec.tools.items()}, f"{spec.name}@{spec.version}")
+    return ObservedEnvironment(
+        {n: r.info for n, r in spec.tools.items()},
+        f"{spec.name}@{spec.version}+{spec.fingerprint}",
+        {n: r.observed for n, r in spec.tools.items() if r.observed},
+    )

@@ -1,0 +1,235 @@
+"""What the production-log adapters (openai, anthropic, otel, inspect) share: options, ids, labels,
+success (a field of the log or a join with an outcomes table), source files and call events.
+
+Options (`--option k=v`), the same for every format:
+- `id_field`, `task_field`, `success_field`: dotted paths into a conversation record (a key that itself
+  contains dots, such as `gen_ai.conversation.id`, is matched whole first);
+- `label.NAME=PATH`: label NAME from field PATH (defaults: `model`, `agent_version`, `date`, each also
+  looked up under `metadata.`);
+- `outcomes=PATH`: a CSV or JSON Lines table with `rollout_id` (or `id`) and `success` columns; it
+  overrides the log's own success field, and a rollout absent from it has success null;
+- `benchmark=NAME`: the canonical `benchmark` (default `observed`, the environment that needs no simulator).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any
+
+import fsspec
+import orjson
+
+from pipeline.ingest import IngestError, IngestOptions
+
+COMMON_OPTIONS = frozenset({"id_field", "task_field", "success_field", "outcomes", "benchmark"})
+DEFAULT_LABELS = {"model": "model", "agent_version": "agent_version", "date": "date"}
+_TRUE = {"true", "success", "succeeded", "pass", "passed", "correct", "c", "yes", "1"}
+_FALSE = {"false", "failure", "failed", "fail", "incorrect", "i", "partial", "p", "no", "0"}
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    fmt: str
+    id_field: str = "id"
+    task_field: str = "task_id"
+    success_field: str = "success"
+    benchmark: str = "observed"
+    label_fields: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_LABELS))
+    extra_labels: dict[str, str] = field(default_factory=dict)
+    outcomes: dict[str, bool | None] | None = None
+    own: dict[str, str] = field(default_factory=dict)  # the format's own options
+
+
+def settings(
+    fmt: str,
+    options: IngestOptions,
+    own: frozenset[str] = frozenset(),
+    labels: Mapping[str, str] | None = None,
+    **defaults: str,
+) -> LogSettings:
+    """Validated settings from `--option` values over the format's defaults (`labels`: label fields,
+    `defaults`: id/task/success fields); unknown options are an error."""
+    extra = options.extra
+    unknown = sorted(k for k in extra if k not in COMMON_OPTIONS | own and not k.startswith("label."))
+    if unknown:
+        known = ", ".join(sorted(COMMON_OPTIONS | own | {"label.NAME"}))
+        raise IngestError(f"{fmt}: unknown option(s) {', '.join(unknown)} (known: {known})")
+    given = {k.removeprefix("label."): v for k, v in extra.items() if k.startswith("label.")}
+    values = {**defaults, **{k: v for k, v in extra.items() if k in COMMON_OPTIONS - {"outcomes"}}}
+    return LogSettings(
+        fmt=fmt,
+        label_fields=DEFAULT_LABELS | dict(labels or {}) | given,
+        extra_labels=dict(options.labels),
+        outcomes=read_outcomes(fmt, extra["outcomes"]) if "outcomes" in extra else None,
+        own={k: v for k, v in extra.items() if k in own},
+        **values,
+    )
+
+
+def get_path(obj: Any, path: str) -> Any:
+    """The value at a dotted path; None when any part is missing."""
+    if not path:
+        return obj
+    if not isinstance(obj, Mapping):
+        return None
+    if path in obj:
+        return obj[path]
+    head, _, rest = path.partition(".")
+    return get_path(obj.get(head), rest) if rest else None
+
+
+def as_success(value: Any, where: str) -> bool | None:
+    """A log's success value as true/false/null: booleans, scores (>= 1 is success) and common words."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int | float):
+        return value >= 1 - 1e-6
+    word = str(value).strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    raise IngestError(f"{where}: cannot read {value!r} as success (true/false, a score, C/I, pass/fail)")
+
+
+def rollout(s: LogSettings, record: Mapping[str, Any], events: list[dict[str, Any]], where: str) -> dict[str, Any]:
+    """A canonical rollout record for one conversation; `where` names its file and place for errors
+    and is the id of last resort."""
+    rollout_id = get_path(record, s.id_field)
+    rollout_id = str(rollout_id) if rollout_id not in (None, "") else where
+    task_id = get_path(record, s.task_field)
+    labels = {}
+    for name, path in s.label_fields.items():
+        value = get_path(record, path)
+        if value is None and path == DEFAULT_LABELS.get(name):
+            value = get_path(record, f"metadata.{path}")
+        if value is not None:
+            labels[name] = value if isinstance(value, str) else orjson.dumps(value).decode()
+    if s.outcomes is not None:
+        success = s.outcomes.get(rollout_id)
+    else:
+        success = as_success(get_path(record, s.success_field), f"{where} {s.success_field}")
+    return {
+        "rollout_id": rollout_id,
+        "task_id": str(task_id) if task_id not in (None, "") else rollout_id,
+        "benchmark": s.benchmark,
+        "labels": labels | s.extra_labels,
+        "events": events,
+        "success": success,
+    }
+
+
+def call(
+    tool: Any, arguments: Any, call_id: Any, turn: int, result: tuple[Any, bool | None] | None, where: str
+) -> dict[str, Any]:
+    """A call event. `arguments`: an object, raw JSON text (kept as is: text that does not parse is an S
+    failure) or None (not captured: S and D unknown). `result`: (output, error) or None when no result was
+    logged."""
+    if not isinstance(tool, str) or not tool:
+        raise IngestError(f"{where}: a tool call without a tool name")
+    event: dict[str, Any] = {"type": "call", "tool": tool, "arguments": arguments, "turn": turn}
+    if call_id is not None:
+        event["call_id"] = str(call_id)
+    if result is not None:
+        output, error = result
+        if output is not None:
+            event["output"] = output
+        if error is not None:
+            event["error"] = error
+    return event
+
+
+def message(role: str, content: str, turn: int) -> dict[str, Any]:
+    return {"type": "message", "role": role, "content": content, "turn": turn}
+
+
+def text(content: Any) -> str:
+    """Plain text of a message content: a string, or a list of parts/blocks with `text`/`content`."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(t for t in (text(p) for p in content) if t)
+    if isinstance(content, dict):
+        for key in ("text", "content"):
+            if isinstance(content.get(key), str | list):
+                return text(content[key])
+        return ""
+    return str(content)
+
+
+def files(fmt: str, source: str, suffixes: tuple[str, ...]) -> list[str]:
+    """The files of `source` (a file, or a folder searched recursively for `suffixes`), sorted."""
+    fs, path = fsspec.core.url_to_fs(source)
+    if not fs.exists(path):
+        raise IngestError(f"{fmt}: {source}: no such file or folder")
+    if not fs.isdir(path):
+        return [source]
+    found = sorted(
+        p
+        for p in fs.find(path)
+        if p.endswith(suffixes) and not any(part.startswith(("_", ".")) for part in PurePosixPath(p).parts[-1:])
+    )
+    if not found:
+        raise IngestError(f"{fmt}: {source}: no {'/'.join(suffixes)} files in this folder")
+    return [fs.unstrip_protocol(p) for p in found]
+
+
+def documents(fmt: str, url: str) -> Iterator[tuple[str, Any]]:
+    """(place, value) for every JSON document of a file: one per line of JSON Lines, the items of a
+    top-level JSON list, else the whole JSON file. Places read `file line N` / `file [i]` / `file`."""
+    try:
+        with fsspec.open(url, "rb", compression="infer") as f:
+            data = f.read()
+    except OSError as exc:
+        raise IngestError(f"{fmt}: {url}: cannot read: {exc}") from exc
+    if url.removesuffix(".gz").removesuffix(".zst").endswith((".jsonl", ".ndjson")):
+        for number, line in enumerate(data.splitlines(), 1):
+            if line.strip():
+                yield f"{url} line {number}", _loads(fmt, line, f"{url} line {number}")
+        return
+    value = _loads(fmt, data, url)
+    if isinstance(value, list) and all(isinstance(v, dict | list) for v in value) and not _is_messages(value):
+        for i, item in enumerate(value):
+            yield f"{url} [{i}]", item
+    else:
+        yield url, value
+
+
+def _is_messages(value: list[Any]) -> bool:
+    # A bare message list is one conversation, not a list of conversations.
+    return bool(value) and all(isinstance(v, dict) and "role" in v for v in value)
+
+
+def _loads(fmt: str, data: bytes, where: str) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise IngestError(f"{fmt}: {where}: not JSON: {exc}") from exc
+
+
+def read_outcomes(fmt: str, path: str) -> dict[str, bool | None]:
+    """rollout id -> success, from a CSV or JSON Lines table with `rollout_id` (or `id`) and `success`."""
+    try:
+        with fsspec.open(path, "rt", encoding="utf-8") as f:
+            content = f.read()
+    except OSError as exc:
+        raise IngestError(f"{fmt}: --option outcomes={path}: cannot read: {exc}") from exc
+    if path.endswith(".csv"):
+        rows = [(f"{path} line {i + 2}", row) for i, row in enumerate(csv.DictReader(io.StringIO(content)))]
+    else:
+        rows = [(f"{path} line {i}", _loads(fmt, line.encode(), f"{path} line {i}"))
+                for i, line in enumerate(content.splitlines(), 1) if line.strip()]  # fmt: skip
+    table: dict[str, bool | None] = {}
+    for where, row in rows:
+        key = row.get("rollout_id", row.get("id")) if isinstance(row, dict) else None
+        if key in (None, "") or "success" not in row:
+            raise IngestError(f"{fmt}: {where}: an outcome needs 'rollout_id' (or 'id') and 'success'")
+        value = row["success"]
+        table[str(key)] = as_success(None if value == "" else value, where)
+    return table

@@ -1,0 +1,68 @@
+"""`anthropic`: Messages API conversations -> canonical rollouts, one per conversation.
+
+A source is a file or folder (searched recursively) of `.json`/`.jsonl` files. A conversation is an object
+with a `messages` list and an optional `system` prompt (its other fields give ids, labels and success, see
+`pipeline.ingest._logs`), or a bare message list. Mapping:
+- `system` and `text` blocks (or string content) -> message events; a user message with text starts a
+  new turn (a user message holding only `tool_result` blocks does not);
+- `tool_use` blocks -> calls in logged order: `name`, `input` (an object, or raw JSON text when the logger
+  kept the streamed text), `id` -> `call_id`;
+- `tool_result` blocks (matched by `tool_use_id`) -> the call's `output` (text of `content`) and
+  `error` = `is_error` (false when absent). A call with no result block has no output and no error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from pipeline.ingest import IngestError, IngestOptions
+from pipeline.ingest._logs import call, documents, files, message, rollout, settings, text
+
+
+def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
+    s = settings("anthropic", options)
+    for source in sources:
+        for url in files("anthropic", source, (".json", ".jsonl", ".ndjson", ".jsonl.gz")):
+            for where, doc in documents("anthropic", url):
+                record = {"messages": doc} if isinstance(doc, list) else doc
+                if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
+                    raise IngestError(f"anthropic: {where}: expected an object with a 'messages' list")
+                yield rollout(s, record, events(record, where), where)
+
+
+def events(record: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    messages = record["messages"]
+    blocks = [(i, m.get("role"), _blocks(m, f"{where} messages[{i}]")) for i, m in enumerate(messages)]
+    results = {
+        b.get("tool_use_id"): (text(b.get("content")), bool(b.get("is_error", False)))
+        for _, _, bs in blocks
+        for b in bs
+        if b.get("type") == "tool_result"
+    }
+    out: list[dict[str, Any]] = []
+    if text(record.get("system")):
+        out.append(message("system", text(record["system"]), 0))
+    turn = 0
+    for i, role, bs in blocks:
+        said = "\n".join(b["text"] for b in bs if b.get("type") == "text" and isinstance(b.get("text"), str))
+        if role == "user" and said:
+            turn += 1
+        if said and role in ("user", "assistant"):
+            out.append(message(role, said, turn))
+        for j, b in enumerate(bs):
+            if b.get("type") == "tool_use" and role == "assistant":
+                at = f"{where} messages[{i}].content[{j}]"
+                out.append(call(b.get("name"), b.get("input"), b.get("id"), turn, results.get(b.get("id")), at))
+    return out
+
+
+def _blocks(m: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(m, dict):
+        raise IngestError(f"anthropic: {where}: a message must be an object")
+    content = m.get("content")
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
+        raise IngestError(f"anthropic: {where}: 'content' must be a string or a list of blocks")
+    return content

@@ -1,0 +1,128 @@
+"""`inspect`: Inspect AI `.eval` logs (zip archives of JSON) -> canonical rollouts, one per sample and epoch.
+
+Read with zipfile/json (no inspect_ai dependency). A source is a `.eval` file or a folder searched
+recursively. Layout used: `header.json` (or, for a log still being written, `_journal/start.json`) gives
+`eval` (task, model, eval_id, created); `samples/<id>_epoch_<n>.json` one sample each. Mapping:
+- the record for ids/labels/success is the sample plus `model`, `task`, `eval_id`, `run_id`, `created`,
+  `date` (day of `created`), `rollout_id` = `<eval_id>/<sample id>/<epoch>` (the default id field) and
+  `score` = the value of the first scorer in `scores`, or of `--option scorer=NAME` (the default success
+  field: `C`/`I`, booleans, numbers >= 1 are success);
+- `system`/`user` messages -> message events (a user message starts a new turn), assistant text too;
+- assistant `tool_calls[]` -> calls in logged order (`function`, `arguments`, `id`); a call Inspect could
+  not parse (`parse_error`) carries the parse error text as its raw arguments, so it is an S failure;
+- `role: tool` messages (matched by `tool_call_id`) -> `output` (the content text, or the error message)
+  and `error` = whether `error` is set. A call with no tool message has no output and no error.
+"""
+
+from __future__ import annotations
+
+import re
+import zipfile
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import fsspec
+import orjson
+
+from pipeline.ingest import IngestError, IngestOptions
+from pipeline.ingest._logs import LogSettings, call, files, message, rollout, settings, text
+
+OPTIONS = frozenset({"scorer"})
+_SAMPLE = re.compile(r"^samples/(.+)_epoch_(\d+)\.json$")
+
+
+def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
+    s = settings("inspect", options, OPTIONS, id_field="rollout_id", success_field="score")
+    for source in sources:
+        for url in files("inspect", source, (".eval",)):
+            yield from _read_log(url, s)
+
+
+def _read_log(url: str, s: LogSettings) -> Iterator[dict]:
+    try:
+        with fsspec.open(url, "rb") as f, zipfile.ZipFile(f) as z:
+            names = z.namelist()
+            head = "header.json" if "header.json" in names else "_journal/start.json"
+            if head not in names:
+                raise IngestError(f"inspect: {url}: no header.json or _journal/start.json: not an Inspect .eval log")
+            info = _json(z.read(head), f"{url}!{head}").get("eval") or {}
+            samples = sorted((n for n in names if _SAMPLE.match(n)), key=_sample_order)
+            for name in samples:
+                yield _rollout(_json(z.read(name), f"{url}!{name}"), info, s, f"{url}!{name}")
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise IngestError(f"inspect: {url}: cannot read the .eval archive: {exc}") from exc
+
+
+def _sample_order(name: str) -> tuple[int, str]:
+    m = _SAMPLE.match(name)
+    assert m is not None  # filtered by the caller
+    return int(m.group(2)), m.group(1)
+
+
+def _json(data: bytes, where: str) -> dict[str, Any]:
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise IngestError(f"inspect: {where}: not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise IngestError(f"inspect: {where}: expected a JSON object")
+    return value
+
+
+def _rollout(sample: dict[str, Any], info: dict[str, Any], s: LogSettings, where: str) -> dict:
+    scores = sample.get("scores") or {}
+    scorer = s.own.get("scorer") or next(iter(scores), None)
+    if scorer is not None and scorer not in scores:
+        raise IngestError(f"inspect: {where}: no scorer {scorer!r} (scores: {', '.join(scores) or 'none'})")
+    created = str(info.get("created") or "")
+    record = {
+        **sample,
+        "model": info.get("model"),
+        "task": info.get("task"),
+        "eval_id": info.get("eval_id"),
+        "run_id": info.get("run_id"),
+        "created": created or None,
+        "date": created[:10] or None,
+        "rollout_id": f"{info.get('eval_id') or info.get('task')}/{sample.get('id')}/{sample.get('epoch', 1)}",
+        "task_id": sample.get("id"),
+        "score": (scores.get(scorer) or {}).get("value") if scorer else None,
+    }
+    messages = sample.get("messages")
+    if not isinstance(messages, list):
+        raise IngestError(f"inspect: {where}: the sample has no 'messages' list")
+    return rollout(s, record, _events(messages, where), where)
+
+
+def _events(messages: list[Any], where: str) -> list[dict[str, Any]]:
+    results = {
+        m.get("tool_call_id"): _result(m)
+        for m in messages
+        if isinstance(m, dict) and m.get("role") == "tool" and m.get("tool_call_id")
+    }
+    out: list[dict[str, Any]] = []
+    turn = 0
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise IngestError(f"inspect: {where} messages[{i}]: a message must be an object")
+        role, said = m.get("role"), text(m.get("content"))
+        turn += role == "user"
+        if role in ("system", "user", "assistant") and said:
+            out.append(message(role, said, turn))
+        if role != "assistant":
+            continue
+        for j, tc in enumerate(m.get("tool_calls") or []):
+            if not isinstance(tc, dict):
+                raise IngestError(f"inspect: {where} messages[{i}].tool_calls[{j}]: expected an object")
+            args = tc.get("arguments")
+            if tc.get("parse_error"):
+                args = str(tc["parse_error"])  # Inspect keeps no raw text: its error stands in for it
+            at = f"{where} messages[{i}].tool_calls[{j}]"
+            out.append(call(tc.get("function"), args, tc.get("id"), turn, results.get(tc.get("id")), at))
+    return out
+
+
+def _result(m: dict[str, Any]) -> tuple[Any, bool]:
+    error = m.get("error")
+    if error:
+        return (error.get("message") if isinstance(error, dict) else str(error)) or text(m.get("content")), True
+    return text(m.get("content")), False
