@@ -11,7 +11,7 @@ import hashlib
 import os
 import re
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from pipeline.envs.base import EnvError, ToolInfo
-from pipeline.expr import Expr, ExprError, Target, compile_expr, compile_target, render
+from pipeline.expr import EvalError, Expr, ExprError, Target, compile_expr, compile_target, render
 
 SPEC_FILE = "spec.toml"
 SPEC_PATH_ENV = "PEXEC_SPEC_PATH"
@@ -165,15 +165,9 @@ def tool_rules(name: str, params: dict[str, Any], table: dict[str, Any], where: 
             raise SpecError(f"{where}: grounded parameter {path!r} is not a parameter of the tool")
 
     names = {"args", "state"}
-    pres = _preconditions(table.get("preconditions", []), names, f"{where} preconditions")
-    observed = _preconditions(table.get("observed", []), set(OBSERVED_NAMES), f"{where} observed")
-
-    lets = []
-    for var, source in table.get("let", {}).items():
-        if var in names:
-            raise SpecError(f"{where} let.{var}: the name is already taken")
-        lets.append((var, compile_field(source, names, f"{where} let.{var}")))
-        names = names | {var}
+    pres = compile_preconditions(table.get("preconditions", []), names, f"{where} preconditions")
+    observed = compile_preconditions(table.get("observed", []), set(OBSERVED_NAMES), f"{where} observed")
+    lets, names = compile_lets(table.get("let"), names, f"{where} let")
 
     effects = []
     for i, eff in enumerate(table.get("effects", [])):
@@ -209,7 +203,57 @@ def tool_rules(name: str, params: dict[str, Any], table: dict[str, Any], where: 
     return ToolRules(info, pres, tuple(lets), tuple(effects), returns, observed)
 
 
-def _preconditions(items: Any, names: set[str], where: str) -> tuple[Precondition, ...]:
+@dataclass(frozen=True)
+class RuleCheck:
+    """The outcome of a tool's rules on one call."""
+
+    violated: Precondition | None = None  # the first rule that does not hold
+    message: str | None = None  # its rendered error
+    evaluated: bool = False  # whether any rule could be evaluated at all
+
+
+def check_rules(rules: Sequence[Precondition], ctx: dict[str, Any], unknown_violates: bool) -> RuleCheck:
+    """Evaluate rules in order and stop at the first that does not hold.
+
+    A rule that cannot be evaluated (a missing key, a type error) violates when `unknown_violates` — a
+    simulator's own preconditions — and is skipped otherwise: an overlay or an observation-based rule
+    without the evidence it needs says nothing.
+    """
+    evaluated = False
+    for rule in rules:
+        try:
+            holds = rule.require(ctx)
+        except EvalError as exc:
+            if unknown_violates:
+                return RuleCheck(rule, f"{_render(rule, ctx)} ({exc})", True)
+            continue
+        evaluated = True
+        if not holds:
+            return RuleCheck(rule, _render(rule, ctx), True)
+    return RuleCheck(evaluated=evaluated)
+
+
+def _render(rule: Precondition, ctx: dict[str, Any]) -> str:
+    try:
+        return rule.error(ctx)
+    except EvalError:  # the message reads something the context lacks: fall back to the rule itself
+        return f"precondition failed: {rule.require.source}"
+
+
+def compile_lets(table: Any, names: set[str], where: str) -> tuple[tuple[tuple[str, Expr], ...], set[str]]:
+    """Named values (`let = {name = "expr"}`), each seeing the ones before it; returns them and the names."""
+    lets = []
+    for var, source in (table or {}).items():
+        if var in names:
+            raise SpecError(f"{where}.{var}: the name is already taken")
+        lets.append((var, compile_field(source, names, f"{where}.{var}")))
+        names = names | {var}
+    return tuple(lets), names
+
+
+def compile_preconditions(
+    items: Any, names: set[str], where: str, clause_required: bool = False
+) -> tuple[Precondition, ...]:
     if not isinstance(items, list):
         raise SpecError(f"{where}: expected a list of {{require, error, clause}} tables")
     pres = []
@@ -218,6 +262,8 @@ def _preconditions(items: Any, names: set[str], where: str) -> tuple[Preconditio
         check_fields(pre, _PRE_KEYS, at)
         if "require" not in pre:
             raise SpecError(f"{at}: 'require' is required")
+        if clause_required and not isinstance(pre.get("clause"), str):
+            raise SpecError(f"{at}: every rule must cite its clause")
         message = pre.get("error", f"precondition failed: {pre['require']}")
         pres.append(
             Precondition(

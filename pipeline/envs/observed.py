@@ -22,9 +22,8 @@ import orjson
 
 from pipeline.envs import EnvOptions, register
 from pipeline.envs.base import Outcome, ToolInfo
-from pipeline.expr import EvalError
 from pipeline.model import NOT_LOGGED, Call, Rollout
-from pipeline.specs import Precondition, find_spec, load_spec
+from pipeline.specs import Precondition, check_rules, find_spec, load_spec
 
 Seen = dict[str, Any]  # tool name -> last output of an accepted call
 
@@ -59,14 +58,14 @@ class ObservedEnvironment:
 
     def execute(self, state: Seen, tool: str, args: dict[str, Any] | None, call: Call) -> Outcome:
         output = None if call.output is NOT_LOGGED else call.output
-        failed, evaluated = _first_false_rule(self._rules.get(tool, ()), {"args": args, "seen": state})
-        if failed is not None:
+        check = check_rules(self._rules.get(tool, ()), {"args": args, "seen": state}, unknown_violates=False)
+        if check.violated:
             note = "" if call.error else " (the log shows no error)"
-            return Outcome(False, message=failed + note, decided_by="precondition")
+            return Outcome(False, message=f"{check.message}{note}", decided_by="precondition")
         if call.error:
             return Outcome(False, message=str(output) if output is not None else "logged error", decided_by="log")
         state[tool] = _decoded(output)
-        return Outcome(True, output=output, decided_by="precondition" if evaluated else "log")
+        return Outcome(True, output=output, decided_by="precondition" if check.evaluated else "log")
 
     def checkpoint(self, state: Seen) -> Seen:
         return dict(state)
@@ -74,23 +73,6 @@ class ObservedEnvironment:
     def rollback(self, state: Seen, mark: Seen) -> None:
         state.clear()
         state.update(mark)
-
-
-def _first_false_rule(rules: tuple[Precondition, ...], ctx: dict[str, Any]) -> tuple[str | None, bool]:
-    """(message of the first rule that is false, whether any rule could be evaluated)."""
-    evaluated = False
-    for rule in rules:
-        try:
-            ok = rule.require(ctx)
-        except EvalError:
-            continue  # an input the agent has not observed (or the log did not capture): no evidence
-        evaluated = True
-        if not ok:
-            try:
-                return rule.error(ctx), True
-            except EvalError:
-                return f"precondition failed: {rule.require.source}", True
-    return None, evaluated
 
 
 def _decoded(output: Any) -> Any:

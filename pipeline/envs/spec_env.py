@@ -17,7 +17,7 @@ import orjson
 from pipeline.envs.base import Outcome, ToolInfo
 from pipeline.expr import EvalError
 from pipeline.model import Call, Rollout
-from pipeline.specs import Effect, Spec, load_spec
+from pipeline.specs import Effect, Spec, check_rules, load_spec
 
 _MISSING = object()
 
@@ -109,13 +109,9 @@ class SpecEnvironment:
     def execute(self, state: JournaledDoc, tool: str, args: dict[str, Any], call: Call) -> Outcome:
         rules = self.spec.tools[tool]
         ctx: dict[str, Any] = {"args": args, "state": state.doc}
-        for pre in rules.preconditions:
-            try:
-                ok = pre.require(ctx)
-            except EvalError as exc:
-                return Outcome(False, message=f"{pre.error(ctx)} ({exc})", decided_by="precondition")
-            if not ok:
-                return Outcome(False, message=pre.error(ctx), decided_by="precondition")
+        check = check_rules(rules.preconditions, ctx, unknown_violates=True)
+        if check.violated:
+            return Outcome(False, message=check.message, decided_by="precondition")
         mark = len(state.journal)
         try:
             for var, expr in rules.let:

@@ -18,8 +18,17 @@ from typing import Any
 from pydantic import BaseModel
 
 from pipeline.envs.base import ToolInfo
-from pipeline.expr import EvalError, Expr, compile_expr, render
-from pipeline.specs import BUILTIN_SPECS, Precondition, SpecError, compile_field, load_tools_json, tool_rules
+from pipeline.expr import EvalError, Expr
+from pipeline.specs import (
+    BUILTIN_SPECS,
+    Precondition,
+    SpecError,
+    check_rules,
+    compile_lets,
+    compile_preconditions,
+    load_tools_json,
+    tool_rules,
+)
 
 _GROUNDED_KEYS = {"grounded"}
 _POLICY_KEYS = {"let", "preconditions"}
@@ -62,24 +71,10 @@ def load_rules(domain: str, folder: Path | None = None) -> TauRules:
 
 
 def _compile_policy(table: dict[str, Any], where: str) -> ToolPolicy:
-    names = {"args", "state"}
-    lets = []
-    for var, source in table.get("let", {}).items():
-        if var in names:
-            raise SpecError(f"{where} let.{var}: the name is already taken")
-        lets.append((var, compile_field(source, names, f"{where} let.{var}")))
-        names = names | {var}
-    pres = []
-    for i, pre in enumerate(table.get("preconditions", [])):
-        at = f"{where} preconditions[{i}]"
-        if not isinstance(pre, dict) or set(pre) - {"require", "error", "clause"} or "require" not in pre:
-            raise SpecError(f"{at}: expected {{require, error, clause}}")
-        if not isinstance(pre.get("clause"), str):
-            raise SpecError(f"{at}: every policy rule must cite its clause")
-        message = pre.get("error", f"precondition failed: {pre['require']}")
-        require = compile_field(pre["require"], names, at, compile_expr)
-        pres.append(Precondition(require, compile_field(message, names, at, render), pre["clause"]))
-    return ToolPolicy(tuple(lets), tuple(pres))
+    # Policy rules may read the named values, so those come first.
+    lets, names = compile_lets(table.get("let"), {"args", "state"}, f"{where} let")
+    pres = compile_preconditions(table.get("preconditions", []), names, f"{where} preconditions", clause_required=True)
+    return ToolPolicy(lets, pres)
 
 
 def _tables(path: Path, schemas: Mapping[str, Any], allowed: set[str]) -> dict[str, dict[str, Any]]:
@@ -112,15 +107,11 @@ def policy_failure(policy: ToolPolicy, args: dict[str, Any], state: Mapping[str,
             ctx[name] = expr(ctx)
     except EvalError:
         return None
-    for pre in policy.preconditions:
-        try:
-            if pre.require(ctx):
-                continue
-            message = pre.error(ctx)
-        except EvalError:
-            continue
-        return f"policy: {message} [{pre.clause}]" if pre.clause else f"policy: {message}"
-    return None
+    check = check_rules(policy.preconditions, ctx, unknown_violates=False)
+    if not check.violated:
+        return None
+    clause = f" [{check.violated.clause}]" if check.violated.clause else ""
+    return f"policy: {check.message}{clause}"
 
 
 def view(value: Any) -> Any:

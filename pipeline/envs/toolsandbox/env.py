@@ -26,9 +26,17 @@ from pipeline.envs.base import EnvError, Outcome, ToolInfo
 from pipeline.envs.spec_env import JournaledDoc
 from pipeline.envs.toolsandbox import utilities as u
 from pipeline.envs.toolsandbox.text import wratio
-from pipeline.expr import EvalError, compile_expr, render
+from pipeline.expr import compile_expr, render
 from pipeline.model import NOT_LOGGED, Call, Rollout
-from pipeline.specs import BUILTIN_SPECS, Precondition, SpecError, compile_field, load_tools_json, tool_rules
+from pipeline.specs import (
+    BUILTIN_SPECS,
+    Precondition,
+    SpecError,
+    check_rules,
+    compile_field,
+    load_tools_json,
+    tool_rules,
+)
 
 SPEC = BUILTIN_SPECS / "toolsandbox"
 SWITCHES = {"low_battery_mode": "low_battery_mode", "location_service": "location_service",
@@ -148,13 +156,9 @@ class ToolSandboxEnvironment:
         ids = state.doc["ids"]
         args = {k: ids.get(v, v) if isinstance(v, str) else v for k, v in args.items()}
         ctx = {"args": args, "state": state.doc}
-        for pre in self.rules.get(tool, ()):
-            try:
-                ok = pre.require(ctx)
-            except EvalError as exc:
-                return Outcome(False, message=f"{tool}: {exc}", decided_by="precondition")
-            if not ok:
-                return Outcome(False, message=pre.error(ctx), decided_by="precondition")
+        check = check_rules(self.rules.get(tool, ()), ctx, unknown_violates=True)
+        if check.violated:
+            return Outcome(False, message=check.message, decided_by="precondition")
         mark = len(state.journal)
         try:
             output = TOOLS[tool](state, args, call)
