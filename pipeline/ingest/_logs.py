@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
@@ -191,9 +191,9 @@ def documents(fmt: str, url: str) -> Iterator[tuple[str, Any]]:
     if url.removesuffix(".gz").removesuffix(".zst").endswith((".jsonl", ".ndjson")):
         for number, line in enumerate(data.splitlines(), 1):
             if line.strip():
-                yield f"{url} line {number}", _loads(fmt, line, f"{url} line {number}")
+                yield f"{url} line {number}", loads(fmt, line, f"{url} line {number}")
         return
-    value = _loads(fmt, data, url)
+    value = loads(fmt, data, url)
     if isinstance(value, list) and all(isinstance(v, dict | list) for v in value) and not _is_messages(value):
         for i, item in enumerate(value):
             yield f"{url} [{i}]", item
@@ -201,16 +201,32 @@ def documents(fmt: str, url: str) -> Iterator[tuple[str, Any]]:
         yield url, value
 
 
+def conversations(fmt: str, sources: Sequence[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(place, record) for every conversation of chat-style logs: an object with a `messages` list, or a
+    bare message list (then wrapped as `{"messages": [...]}`)."""
+    for source in sources:
+        for url in files(fmt, source, (".json", ".jsonl", ".ndjson", ".jsonl.gz")):
+            for where, doc in documents(fmt, url):
+                record = {"messages": doc} if isinstance(doc, list) else doc
+                if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
+                    raise IngestError(f"{fmt}: {where}: expected an object with a 'messages' list")
+                yield where, record
+
+
 def _is_messages(value: list[Any]) -> bool:
     # A bare message list is one conversation, not a list of conversations.
     return bool(value) and all(isinstance(v, dict) and "role" in v for v in value)
 
 
-def _loads(fmt: str, data: bytes, where: str) -> Any:
+def loads(fmt: str, data: bytes, where: str, kind: type | None = None) -> Any:
+    """Decoded JSON, or an IngestError naming the place; with `kind`, the value must be of that type."""
     try:
-        return orjson.loads(data)
+        value = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise IngestError(f"{fmt}: {where}: not JSON: {exc}") from exc
+    if kind is not None and not isinstance(value, kind):
+        raise IngestError(f"{fmt}: {where}: expected a JSON {'object' if kind is dict else kind.__name__}")
+    return value
 
 
 def read_outcomes(fmt: str, path: str) -> dict[str, bool | None]:
@@ -223,7 +239,7 @@ def read_outcomes(fmt: str, path: str) -> dict[str, bool | None]:
     if path.endswith(".csv"):
         rows = [(f"{path} line {i + 2}", row) for i, row in enumerate(csv.DictReader(io.StringIO(content)))]
     else:
-        rows = [(f"{path} line {i}", _loads(fmt, line.encode(), f"{path} line {i}"))
+        rows = [(f"{path} line {i}", loads(fmt, line.encode(), f"{path} line {i}"))
                 for i, line in enumerate(content.splitlines(), 1) if line.strip()]  # fmt: skip
     table: dict[str, bool | None] = {}
     for where, row in rows:

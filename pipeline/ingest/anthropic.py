@@ -17,18 +17,13 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from pipeline.ingest import IngestError, IngestOptions
-from pipeline.ingest._logs import call, documents, files, message, rollout, settings, text
+from pipeline.ingest._logs import call, conversations, message, rollout, settings, text
 
 
 def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
     s = settings("anthropic", options)
-    for source in sources:
-        for url in files("anthropic", source, (".json", ".jsonl", ".ndjson", ".jsonl.gz")):
-            for where, doc in documents("anthropic", url):
-                record = {"messages": doc} if isinstance(doc, list) else doc
-                if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
-                    raise IngestError(f"anthropic: {where}: expected an object with a 'messages' list")
-                yield rollout(s, record, events(record, where), where)
+    for where, record in conversations("anthropic", sources):
+        yield rollout(s, record, events(record, where), where)
 
 
 def events(record: dict[str, Any], where: str) -> list[dict[str, Any]]:

@@ -22,10 +22,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import fsspec
-import orjson
 
 from pipeline.ingest import IngestError, IngestOptions
-from pipeline.ingest._logs import LogSettings, call, files, message, rollout, settings, text
+from pipeline.ingest._logs import LogSettings, call, files, loads, message, rollout, settings, text
 
 OPTIONS = frozenset({"scorer"})
 _SAMPLE = re.compile(r"^samples/(.+)_epoch_(\d+)\.json$")
@@ -45,10 +44,10 @@ def _read_log(url: str, s: LogSettings) -> Iterator[dict]:
             head = "header.json" if "header.json" in names else "_journal/start.json"
             if head not in names:
                 raise IngestError(f"inspect: {url}: no header.json or _journal/start.json: not an Inspect .eval log")
-            info = _json(z.read(head), f"{url}!{head}").get("eval") or {}
+            info = loads("inspect", z.read(head), f"{url}!{head}", dict).get("eval") or {}
             samples = sorted((n for n in names if _SAMPLE.match(n)), key=_sample_order)
             for name in samples:
-                yield _rollout(_json(z.read(name), f"{url}!{name}"), info, s, f"{url}!{name}")
+                yield _rollout(loads("inspect", z.read(name), f"{url}!{name}", dict), info, s, f"{url}!{name}")
     except (OSError, zipfile.BadZipFile) as exc:
         raise IngestError(f"inspect: {url}: cannot read the .eval archive: {exc}") from exc
 
@@ -57,16 +56,6 @@ def _sample_order(name: str) -> tuple[int, str]:
     m = _SAMPLE.match(name)
     assert m is not None  # filtered by the caller
     return int(m.group(2)), m.group(1)
-
-
-def _json(data: bytes, where: str) -> dict[str, Any]:
-    try:
-        value = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise IngestError(f"inspect: {where}: not JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise IngestError(f"inspect: {where}: expected a JSON object")
-    return value
 
 
 def _rollout(sample: dict[str, Any], info: dict[str, Any], s: LogSettings, where: str) -> dict:

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from pipeline.ingest import IngestError, IngestOptions
-from pipeline.ingest._logs import LogSettings, call, documents, files, message, rollout, settings, text
+from pipeline.ingest._logs import LogSettings, call, conversations, message, rollout, settings, text
 
 OPTIONS = frozenset({"error_prefix"})
 _CONTEXT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -27,13 +27,8 @@ _CONTEXT_ROLES = {"system": "system", "developer": "system", "user": "user", "as
 
 def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
     s = settings("openai", options, OPTIONS)
-    for source in sources:
-        for url in files("openai", source, (".json", ".jsonl", ".ndjson", ".jsonl.gz")):
-            for where, doc in documents("openai", url):
-                record = {"messages": doc} if isinstance(doc, list) else doc
-                if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
-                    raise IngestError(f"openai: {where}: expected an object with a 'messages' list")
-                yield rollout(s, record, events(record["messages"], s, where), where)
+    for where, record in conversations("openai", sources):
+        yield rollout(s, record, events(record["messages"], s, where), where)
 
 
 def events(messages: list[Any], s: LogSettings, where: str) -> list[dict[str, Any]]:

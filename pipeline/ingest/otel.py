@@ -26,10 +26,8 @@ from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-import orjson
-
 from pipeline.ingest import IngestError, IngestOptions
-from pipeline.ingest._logs import call, documents, files, message, rollout, settings, text
+from pipeline.ingest._logs import call, documents, files, loads, message, rollout, settings, text
 
 CONVERSATION = "gen_ai.conversation.id"
 _ERROR_STATUS = {2, "2", "STATUS_CODE_ERROR", "ERROR"}
@@ -162,10 +160,7 @@ def _messages(value: Any, where: str) -> list[dict[str, Any]]:
     if value is None:
         return []
     if isinstance(value, str):
-        try:
-            value = orjson.loads(value)
-        except orjson.JSONDecodeError as exc:
-            raise IngestError(f"otel: {where}: gen_ai messages are not JSON: {exc}") from exc
+        value = loads("otel", value.encode(), f"{where} gen_ai messages")
     if not isinstance(value, list):
         raise IngestError(f"otel: {where}: gen_ai messages must be a list")
     return [m for m in value if isinstance(m, dict)]
