@@ -32,6 +32,7 @@ class EnvOptions:
 Factory = Callable[[EnvOptions], Environment]
 _FACTORIES: dict[str, Factory] = {}
 _INSTANCES: dict[tuple[str, EnvOptions], Environment] = {}
+_UNKNOWN: dict[tuple[str, EnvOptions], EnvError] = {}
 
 
 def register(name: str) -> Callable[[Factory], Factory]:
@@ -63,11 +64,21 @@ def _factory(name: str, options: EnvOptions) -> Factory:
 
 
 def get_environment(name: str, options: EnvOptions | None = None) -> Environment:
-    """The (cached) environment instance for `name`."""
+    """The (cached) environment instance for `name`.
+
+    A name that cannot be resolved is remembered too: a store with many records of an unknown benchmark
+    must not search entry points and spec folders again for each of them.
+    """
     options = options or EnvOptions()
     key = (name, options)
+    if key in _UNKNOWN:
+        raise _UNKNOWN[key]
     if key not in _INSTANCES:
-        _INSTANCES[key] = _factory(name, options)(options)
+        try:
+            _INSTANCES[key] = _factory(name, options)(options)
+        except EnvError as exc:
+            _UNKNOWN[key] = exc
+            raise
     return _INSTANCES[key]
 
 
