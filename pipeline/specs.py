@@ -88,6 +88,19 @@ def find_spec(name: str, extra_dirs: tuple[str, ...] = ()) -> Path | None:
     return None
 
 
+def simulator_pins(wheels: bool = False) -> dict[str, str]:
+    """Package -> pinned version of the official simulators: `specs/simulators.txt` (installed), or with
+    `wheels` `specs/simulator-wheels.txt` (releases read from their wheel). The Makefile installs from them."""
+    path = BUILTIN_SPECS / ("simulator-wheels.txt" if wheels else "simulators.txt")
+    pins = {}
+    for line in path.read_text().splitlines():
+        requirement = line.split("#", 1)[0].strip()
+        if requirement:
+            package, _, pinned = requirement.partition("==")
+            pins[package.strip()] = pinned.strip()
+    return pins
+
+
 def load_tools_json(path: Path) -> dict[str, dict[str, Any]]:
     """Tool name -> JSON Schema of its parameters, from an OpenAI `tools` list (or bare function objects)."""
     try:

@@ -1,8 +1,10 @@
-"""BFCL end to end on the real gpt-oss-120b run: `pexec ingest bfcl` -> scoring through a real local Ray ->
-Parquet, against BFCL's own accuracy (score files) and the outputs the live run logged."""
+"""BFCL end to end: `pexec ingest bfcl` -> scoring through a real local Ray -> Parquet. The real gpt-oss-120b
+run (v4 names) against BFCL's own accuracy and the outputs the live run logged; a v3-named run against the
+v3 release."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -12,6 +14,7 @@ from typer.testing import CliRunner
 
 from pipeline.cli import app
 from pipeline.distributed import run_scoring
+from pipeline.envs.bfcl import official
 from pipeline.ingest.bfcl import read_scores
 from pipeline.output import read_manifest
 
@@ -55,3 +58,43 @@ def test_real_run_scored_through_ray_matches_bfcl_accuracy_and_logged_outputs(st
         "view_messages_sent",
         "standard_deviation",
     }
+
+
+def test_v3_named_run_replays_against_the_v3_release_in_ray_workers(tmp_path):
+    # A "model" that answers with the v3 ground truth (prompt-mode call strings), in BFCL's folder layout;
+    # BFCL's score file marks task 173 failed. Workers load 2025.8.6.2 from its wheel, beside 2025.11.10.
+    results = tmp_path / "result" / "gt-model" / "multi_turn"
+    scores = tmp_path / "score" / "gt-model" / "multi_turn"
+    results.mkdir(parents=True)
+    scores.mkdir(parents=True)
+    for category in ("base", "miss_func"):
+        answers = official.read_data_file(official.data_file_name("v3", category, True))
+        lines = [{"id": a["id"], "result": [[[c] for c in turn] for turn in a["ground_truth"]]} for a in answers]
+        (results / f"BFCL_v3_multi_turn_{category}_result.json").write_text("\n".join(map(json.dumps, lines)))
+        summary = {"accuracy": 0.995, "correct_count": 199, "total_count": 200}
+        failed = {"id": f"multi_turn_{category}_173", "valid": False}
+        (scores / f"BFCL_v3_multi_turn_{category}_score.json").write_text(
+            f"{json.dumps(summary)}\n{json.dumps(failed)}"
+        )
+    store, run = tmp_path / "store", tmp_path / "run"
+    result = CliRunner().invoke(app, ["ingest", "bfcl", str(tmp_path / "result"), "--out", str(store)])
+    assert result.exit_code == 0, result.output
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    try:
+        manifest = run_scoring(str(store), str(run))
+    finally:
+        ray.shutdown()
+    assert manifest["environments"] == {"bfcl_v3": "bfcl-eval==2025.8.6.2"}
+    assert manifest["counts"]["scored"] == 400 and manifest["counts"]["rejected"] == 0
+    rollouts = {r["task_id"]: r for r in pq.read_table(run / "rollouts").to_pylist()}
+    invalid = {key: (r["fed"], r["first_cause"]) for key, r in rollouts.items() if not r["executable"]}
+    # the known v3 dataset defects (tests/test_bfcl.py), and nothing else
+    assert invalid == {
+        "multi_turn_base_173": (5, "schema"),
+        "multi_turn_miss_func_173": (5, "schema"),
+        "multi_turn_miss_func_49": (3, "schema"),
+    }
+    assert [key for key, r in rollouts.items() if not r["success"]] == [
+        "multi_turn_base_173",
+        "multi_turn_miss_func_173",
+    ]

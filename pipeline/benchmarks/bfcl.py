@@ -98,7 +98,7 @@ def main() -> None:
     sets = {"ground truth (800 v4 tasks)": ground_truth_rollouts()}
     if args.real:
         sets["real run"] = [parse_rollout(r) for r in ingest("bfcl", [args.real], IngestOptions())]
-    print(f"{official.PACKAGE}=={official.package_version()}, one core, best of {args.repeat}")
+    print(f"{official.release('v4').pin}, one core, best of {args.repeat}")
     print("| calls | rollouts | steps | pexec checker steps/s | µs/call | BFCL official steps/s | µs/call | speed-up |")
     print("|---|---|---|---|---|---|---|---|")
     for name, rollouts in sets.items():

@@ -1,8 +1,8 @@
-"""BFCL v3/v4 multi-turn: replay against the official simulators of the pinned `bfcl-eval` package.
+"""BFCL v3/v4 multi-turn: replay against the official simulators of the pinned `bfcl-eval` releases.
 
-`bfcl_v3` and `bfcl_v4` differ only in the dataset naming their rollouts came from (the simulators are the
-same pinned classes); both names are registered so a rollout's `benchmark` selects the environment.
-`bfcl_eval` is imported inside the factory only.
+`bfcl_v3` replays against 2025.8.6.2 (the release that shipped BFCL_v3 data, read from its wheel) and
+`bfcl_v4` against the installed release; a rollout's `benchmark` selects the environment. `bfcl_eval` is
+imported inside the factory only.
 """
 
 from __future__ import annotations

@@ -1,9 +1,14 @@
-"""Access to the pinned `bfcl-eval` package: simulator classes, function docs and the multi-turn datasets.
+"""The pinned `bfcl-eval` releases: simulator classes, function docs and the multi-turn datasets.
 
-The package is imported lazily (only here, and only when called), so the rest of pexec imports without it.
-Datasets come either from the installed package or from another release's wheel (the `BFCL_v3_*` names
-ship only up to 2025.8.6.2): a folder or a `.whl` file given by the caller or by $PEXEC_BFCL_DATA, else
-the wheels under `<venv>/bfcl-data/` that the Makefile downloads.
+Each environment replays against the release its data naming comes from. `bfcl_v4` uses the installed
+package (pinned by the Makefile). `bfcl_v3` uses 2025.8.6.2, the last release with `BFCL_v3_*` data: its
+simulators differ from later ones (`TradingBot.update_market_status` exists, `echo` into a missing file
+creates it, `cd` accepts nested paths, …), so v3 runs replay only against it. That release cannot be
+installed beside the other; it is read from its wheel (`wheel_import`), found in $PEXEC_BFCL_DATA (a wheel
+or a folder of wheels) or `<venv>/bfcl-data/`, where the Makefile downloads it.
+
+`bfcl_eval` is imported lazily (only here, and only when called), so the rest of pexec imports without it.
+Dataset files come from a source the caller names, $PEXEC_BFCL_DATA, the installed package, or the wheels.
 """
 
 from __future__ import annotations
@@ -13,18 +18,22 @@ import json
 import os
 import sys
 import zipfile
-from functools import cache
+from dataclasses import dataclass
+from functools import cache, cached_property
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 from pipeline.envs.base import EnvError
+from pipeline.envs.bfcl import wheel_import
+from pipeline.specs import simulator_pins
 
 PACKAGE = "bfcl-eval"
 DATA_ENV = "PEXEC_BFCL_DATA"
+V3_RELEASE = simulator_pins(wheels=True)[PACKAGE]  # 2025.8.6.2, the last release with BFCL_v3 data
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
-_SOURCE = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code"
+_DOCS = "bfcl_eval/data/multi_turn_func_doc"
 # class -> (module in func_source_code, function doc file): the eight multi-turn simulators.
 CLASSES: dict[str, tuple[str, str]] = {
     "GorillaFileSystem": ("gorilla_file_system", "gorilla_file_system.json"),
@@ -37,37 +46,105 @@ CLASSES: dict[str, tuple[str, str]] = {
     "VehicleControlAPI": ("vehicle_control", "vehicle_control.json"),
 }
 STATELESS = frozenset({"MathAPI"})
+_SHARED_MODULES = ["long_context"]  # imported by several simulator modules: loaded before them
 
 
-def package_version() -> str:
+@dataclass(frozen=True)
+class Release:
+    """One bfcl-eval release: the installed package (`wheel` None) or a wheel file read in place."""
+
+    version: str
+    wheel: Path | None = None
+
+    @property
+    def pin(self) -> str:
+        return f"{PACKAGE}=={self.version}"
+
+    def simulator_class(self, name: str) -> type:
+        return getattr(self._modules[CLASSES[name][0]], name)
+
+    @cached_property
+    def function_docs(self) -> dict[str, list[dict[str, Any]]]:
+        """Class -> its function docs (BFCL's own JSON Lines files)."""
+        docs = {}
+        for cls, (_, doc) in CLASSES.items():
+            where = f"{self.wheel or _installed_root()}:{_DOCS}/{doc}"
+            docs[cls] = _json_lines(self._read(f"{_DOCS}/{doc}"), where)
+        return docs
+
+    @cached_property
+    def _modules(self) -> dict[str, Any]:
+        names = _SHARED_MODULES + [module for module, _ in CLASSES.values()]
+        if self.wheel is None:
+            try:
+                return {n: import_module(f"{wheel_import.INSTALLED_PACKAGE}.{n}") for n in names}
+            except ImportError as exc:
+                raise EnvError(f"cannot import the BFCL simulators of {self.pin}: {exc}") from exc
+        try:
+            return wheel_import.load_modules(self.wheel, self.version, names)
+        except wheel_import.WheelImportError as exc:
+            raise EnvError(f"cannot load the BFCL simulators of {self.pin}: {exc}") from exc
+
+    def _read(self, member: str) -> str:
+        if self.wheel is None:
+            return (_installed_root().parent / member).read_text()
+        try:
+            with zipfile.ZipFile(self.wheel) as archive:
+                return archive.read(member).decode()
+        except (KeyError, OSError, zipfile.BadZipFile) as exc:
+            raise EnvError(f"{self.wheel}: cannot read {member}: {exc}") from exc
+
+
+@cache
+def release(tag: str) -> Release:
+    """The release that replays data of naming `tag` ("v3", "v4")."""
+    if tag == "v3":
+        return Release(V3_RELEASE, find_wheel(V3_RELEASE))
+    return Release(installed_version())
+
+
+def installed_version() -> str:
     try:
         return version(PACKAGE)
     except PackageNotFoundError as exc:
         raise EnvError(f"{PACKAGE} is not installed (make installs it pinned, without its dependencies)") from exc
 
 
-@cache
-def simulator_class(name: str) -> type:
-    module, _ = CLASSES[name]
-    try:
-        return getattr(import_module(f"{_SOURCE}.{module}"), name)
-    except ImportError as exc:
-        raise EnvError(f"cannot import the BFCL simulator {name}: {exc}") from exc
+def find_wheel(release_version: str) -> Path:
+    pattern = f"bfcl_eval-{release_version}-*.whl"
+    places = _wheel_places()
+    for place in places:
+        if place.is_file() and place.match(pattern):
+            return place
+        if place.is_dir():
+            found = sorted(place.glob(pattern))
+            if found:
+                return found[0]
+    raise EnvError(
+        f"{PACKAGE} {release_version} (the simulators of BFCL_v3 data) not found as {pattern} in "
+        f"{', '.join(map(str, places))}: `make install` downloads it, or run `pip download --no-deps "
+        f"{PACKAGE}=={release_version} -d DIR` and set ${DATA_ENV}=DIR"
+    )
+
+
+def _wheel_places() -> list[Path]:
+    places = [Path(os.environ[DATA_ENV])] if os.environ.get(DATA_ENV) else []
+    return [*places, Path(sys.prefix) / "bfcl-data"]
+
+
+def _data_places() -> list[Path]:
+    *given, downloaded = _wheel_places()
+    with contextlib.suppress(EnvError):  # not installed: the downloaded wheels may still have the file
+        given.append(_installed_root())
+    return [*given, downloaded]
 
 
 @cache
-def _installed_data() -> Path:
-    package_version()
+def _installed_root() -> Path:
+    installed_version()
     import bfcl_eval
 
-    return Path(bfcl_eval.__file__).parent / "data"
-
-
-@cache
-def function_docs() -> dict[str, list[dict[str, Any]]]:
-    """Class -> its function docs (BFCL's own JSON Lines files), from the installed package."""
-    data = _installed_data() / "multi_turn_func_doc"
-    return {cls: _json_lines((data / doc).read_text(), str(data / doc)) for cls, (_, doc) in CLASSES.items()}
+    return Path(bfcl_eval.__file__).parent
 
 
 def data_file_name(version_tag: str, category: str, answers: bool = False) -> str:
@@ -77,20 +154,14 @@ def data_file_name(version_tag: str, category: str, answers: bool = False) -> st
 
 
 def read_data_file(relative: str, source: str | None = None) -> list[dict[str, Any]]:
-    """A dataset file (path relative to `data/`) from `source`, $PEXEC_BFCL_DATA, the installed package, or
-    the wheels in `<venv>/bfcl-data/`, the first that has it."""
-    candidates = [source] if source else []
-    if os.environ.get(DATA_ENV):
-        candidates.append(os.environ[DATA_ENV])
-    if not source:
-        with contextlib.suppress(EnvError):  # not installed: the wheels below may still have the file
-            candidates.append(str(_installed_data()))
-        candidates += sorted(str(p) for p in (Path(sys.prefix) / "bfcl-data").glob("bfcl_eval-*.whl"))
+    """A dataset file (path relative to `data/`) from `source`, or else the first of $PEXEC_BFCL_DATA, the
+    installed package and the downloaded wheels that has it."""
+    candidates = [Path(source)] if source else _data_places()
     for candidate in candidates:
-        text = _read_from(Path(candidate), relative)
+        text = _read_from(candidate, relative)
         if text is not None:
             return _json_lines(text, f"{candidate}:{relative}")
-    searched = ", ".join(candidates) or "nothing"
+    searched = ", ".join(map(str, candidates)) or "nothing"
     raise EnvError(f"BFCL dataset file {relative} not found (searched {searched}); pass --option dataset=PATH")
 
 
@@ -101,8 +172,12 @@ def _read_from(path: Path, relative: str) -> str | None:
                 return wheel.read(f"bfcl_eval/data/{relative}").decode()
             except KeyError:
                 return None
-    for base in (path, path / "data", path / "bfcl_eval" / "data"):
-        if (base / relative).is_file():
+    for base in (path, path / "data", path / "bfcl_eval" / "data", *sorted(path.glob("bfcl_eval-*.whl"))):
+        if base.suffix == ".whl":
+            text = _read_from(base, relative)
+            if text is not None:
+                return text
+        elif (base / relative).is_file():
             return (base / relative).read_text()
     return None
 

