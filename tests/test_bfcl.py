@@ -241,9 +241,12 @@ def test_raised_exception_is_a_precondition_failure_with_its_message():
     assert result.steps[0].detail.startswith("Error during execution:")
 
 
-def test_a_rejected_call_leaves_no_state_change_behind():
-    environment = env()
-    rollout = Rollout("r", "t", "bfcl_v4", env={"initial_config": {"TravelAPI": {}}, "involved_classes": ["TravelAPI"]})
+@pytest.mark.parametrize("tag", ["v3", "v4"])
+def test_a_rejected_call_leaves_no_state_change_behind(tag):
+    environment = get_environment(f"bfcl_{tag}")
+    rollout = Rollout(
+        "r", "t", f"bfcl_{tag}", env={"initial_config": {"TravelAPI": {}}, "involved_classes": ["TravelAPI"]}
+    )
     state = environment.start(rollout)
     assert environment.execute(state, SIGN_IN[0], SIGN_IN[1], Call(*SIGN_IN)).accepted
     before = copy.deepcopy(vars(state.instances["TravelAPI"]))
@@ -255,8 +258,12 @@ def test_a_rejected_call_leaves_no_state_change_behind():
         "cardholder_name": "Ana Diaz",
         "card_verification_number": 123,
     }
+    # The fault is real in 2025.8.6.2: the simulator itself spends a token use on the rejected call.
+    raw = copy.deepcopy(state.instances["TravelAPI"])
+    assert "error" in raw.register_credit_card(**bad)
+    assert raw.token_expires_in == before["token_expires_in"] - (1 if tag == "v3" else 0)
     outcome = environment.execute(state, "register_credit_card", bad, Call("register_credit_card", bad))
-    assert not outcome.accepted and outcome.message
+    assert not outcome.accepted and outcome.message == "Invalid access token"
     after = vars(state.instances["TravelAPI"])
     assert {k: v for k, v in after.items() if k != "_random"} == {k: v for k, v in before.items() if k != "_random"}
     assert state.instances["TravelAPI"]._random.getstate() == random_before
