@@ -13,8 +13,9 @@ from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from pipeline.code_version import code_version
 from pipeline.envs import EnvError, EnvOptions, get_environment
-from pipeline.output import code_version, read_shard_markers, remove_manifest, remove_stale_parts, write_manifest
+from pipeline.output import read_shard_markers, remove_manifest, remove_stale_parts, write_manifest
 from pipeline.score import ScoreSettings, ShardReport, score_shard
 from pipeline.store import Shard, list_inputs, plan_shards
 

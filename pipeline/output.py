@@ -6,10 +6,7 @@ parts and never duplicates rows. `_manifest.json` is written last: a run without
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
-from importlib.metadata import version as package_version
-from pathlib import Path
 from typing import Any
 
 import fsspec
@@ -227,13 +224,3 @@ def read_manifest(run: str, storage_options: dict | None = None) -> dict[str, An
         return None
     with fs.open(path, "rb") as f:
         return orjson.loads(f.read())
-
-
-def code_version() -> str:
-    """The package version plus a hash of its source: a changed checker is a new code version."""
-    digest = hashlib.sha256()
-    root = Path(__file__).resolve().parent
-    for path in sorted([*root.rglob("*.py"), *root.rglob("*.sql")]):
-        digest.update(path.relative_to(root).as_posix().encode())
-        digest.update(path.read_bytes())
-    return f"{package_version('pexec')}+{digest.hexdigest()[:12]}"

@@ -88,6 +88,15 @@ def find_spec(name: str, extra_dirs: tuple[str, ...] = ()) -> Path | None:
     return None
 
 
+def files_fingerprint(*paths: Path) -> str:
+    """A short hash of the files' bytes, in order: part of an environment's version, so that editing its
+    data files makes earlier scored shards stale."""
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def simulator_pins(wheels: bool = False) -> dict[str, str]:
     """Package -> pinned version of the official simulators: `specs/simulators.txt` (installed), or with
     `wheels` `specs/simulator-wheels.txt` (releases read from their wheel). The Makefile installs from them."""
@@ -153,15 +162,12 @@ def load_spec(folder: str | Path) -> Spec:
         name: tool_rules(name, params, tables.get(name, {}), f"{spec_path}: [tool.{name}]")
         for name, params in schemas.items()
     }
-    digest = hashlib.sha256()
-    for path in (spec_path, tools_path, state_path):
-        digest.update(path.read_bytes())
     return Spec(
         name=raw["name"],
         version=raw["version"],
         description=raw.get("description", ""),
         folder=str(folder),
-        fingerprint=digest.hexdigest()[:16],
+        fingerprint=files_fingerprint(spec_path, tools_path, state_path),
         tools=tools,
         initial_state=initial_state,
     )

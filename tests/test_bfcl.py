@@ -15,11 +15,13 @@ from pipeline.checker import replay
 from pipeline.envs import EnvError, get_environment
 from pipeline.envs.bfcl import official
 from pipeline.envs.bfcl.calls import CallSyntaxError, parse_call
+from pipeline.envs.bfcl.env import GROUNDED_FILE, BfclEnvironment
 from pipeline.envs.bfcl.schema import parameters_schema
 from pipeline.ingest import IngestOptions, ingest
 from pipeline.ingest.bfcl import build_record, is_error_output, read_scores
 from pipeline.model import Call, Message, Rollout, RolloutResult
 from pipeline.records import parse_rollout
+from pipeline.specs import files_fingerprint
 
 GROUNDED = tomllib.loads((Path(__file__).resolve().parents[1] / "specs/bfcl_v3/grounded.toml").read_text())["grounded"]
 REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real" / "bfcl" / "gpt-oss-120b"
@@ -137,7 +139,7 @@ def test_v3_data_needs_the_v3_simulators():
 
 def test_both_releases_live_side_by_side_in_one_process():
     v3, v4 = get_environment("bfcl_v3"), get_environment("bfcl_v4")
-    assert (v3.version, v4.version) == ("bfcl-eval==2025.8.6.2", "bfcl-eval==2025.11.10")
+    assert (v3.version.split("+")[0], v4.version.split("+")[0]) == ("bfcl-eval==2025.8.6.2", "bfcl-eval==2025.11.10")
     assert v3.tool("update_market_status") and v4.tool("update_market_status") is None
     assert v4.tool("get_booking_history") and v3.tool("get_booking_history") is None
     fs3, fs4 = (official.release(t).simulator_class("GorillaFileSystem") for t in ("v3", "v4"))
@@ -164,6 +166,13 @@ def test_every_grounded_parameter_names_a_function_of_some_release():
     assert set(tools) == set(GROUNDED)
     for name, params in GROUNDED.items():
         assert set(params) <= set(tools[name].parameters["properties"]) and tools[name].grounded == set(params)
+
+
+def test_the_version_changes_with_the_grounded_file(tmp_path):
+    edited = tmp_path / "grounded.toml"
+    edited.write_text('[grounded]\nbook_flight = ["access_token", "card_id"]\n')
+    assert BfclEnvironment("bfcl_v4", edited).version != env().version
+    assert env().version == f"bfcl-eval==2025.11.10+{files_fingerprint(GROUNDED_FILE)}"
 
 
 def test_a_missing_release_wheel_says_how_to_get_it():

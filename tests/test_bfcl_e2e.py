@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from pipeline.cli import app
 from pipeline.distributed import run_scoring
+from pipeline.envs import get_environment
 from pipeline.envs.bfcl import official
 from pipeline.ingest.bfcl import read_scores
 from pipeline.output import read_manifest
@@ -39,7 +40,8 @@ def test_real_run_scored_through_ray_matches_bfcl_accuracy_and_logged_outputs(st
         ray.shutdown()
     assert manifest["counts"] == {**manifest["counts"], "read": 600, "scored": 600, "rejected": 0, "steps": 4459}
     assert manifest["reconciled"] and len(manifest["shards"]) > 2
-    assert manifest["environments"] == {"bfcl_v4": "bfcl-eval==2025.11.10"}
+    assert manifest["environments"] == {"bfcl_v4": get_environment("bfcl_v4").version}
+    assert manifest["environments"]["bfcl_v4"].startswith("bfcl-eval==2025.11.10+")
     assert read_manifest(str(tmp_path / "run"))["complete"]
     rollouts = pq.read_table(tmp_path / "run" / "rollouts").to_pylist()
     for category in ("base", "miss_func", "miss_param"):
@@ -84,7 +86,8 @@ def test_v3_named_run_replays_against_the_v3_release_in_ray_workers(tmp_path):
         manifest = run_scoring(str(store), str(run))
     finally:
         ray.shutdown()
-    assert manifest["environments"] == {"bfcl_v3": "bfcl-eval==2025.8.6.2"}
+    assert manifest["environments"] == {"bfcl_v3": get_environment("bfcl_v3").version}
+    assert manifest["environments"]["bfcl_v3"].startswith("bfcl-eval==2025.8.6.2+")
     assert manifest["counts"]["scored"] == 400 and manifest["counts"]["rejected"] == 0
     rollouts = {r["task_id"]: r for r in pq.read_table(run / "rollouts").to_pylist()}
     invalid = {key: (r["fed"], r["first_cause"]) for key, r in rollouts.items() if not r["executable"]}

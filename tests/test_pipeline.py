@@ -12,6 +12,7 @@ import pytest
 import ray
 
 from pipeline.aggregate import BootstrapSettings
+from pipeline.code_version import PACKAGE_ROOT, scoring_sources
 from pipeline.distributed import run_scoring
 from pipeline.output import read_manifest
 from pipeline.synth import synthesize, write_store
@@ -192,3 +193,11 @@ def test_bad_spec_fails_before_scoring(tmp_path, store):
     with pytest.raises(SpecError, match=r"broken/spec.toml: \[tool.get_product\] preconditions\[0\]"):
         run_scoring(str(store), str(tmp_path / "run"), env=str(spec), executor="inline")
     assert not (tmp_path / "run").exists()
+
+
+def test_code_version_covers_what_scoring_executes_and_nothing_else():
+    sources = {p.relative_to(PACKAGE_ROOT).as_posix() for p in scoring_sources()}
+    # the scoring task, the checker, and modules reached only through imports (records via score.py,
+    # expr via specs, the BFCL wheel importer via its environment)
+    assert {"score.py", "checker.py", "records.py", "expr.py", "envs/bfcl/wheel_import.py"} <= sources
+    assert not {"aggregate.py", "cli.py", "distributed.py", "report/html.py", "ingest/bfcl.py"} & sources

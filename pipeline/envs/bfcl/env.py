@@ -28,7 +28,7 @@ from pipeline.envs.bfcl import official
 from pipeline.envs.bfcl.schema import parameters_schema
 from pipeline.model import Call, Rollout
 from pipeline.records import InvalidRecord
-from pipeline.specs import BUILTIN_SPECS
+from pipeline.specs import BUILTIN_SPECS, files_fingerprint
 
 GROUNDED_FILE = BUILTIN_SPECS / "bfcl_v3" / "grounded.toml"
 
@@ -49,7 +49,7 @@ class BfclEnvironment:
     def __init__(self, name: str, grounded_file: Path = GROUNDED_FILE) -> None:
         self.name = name
         self._release = official.release(name.removeprefix("bfcl_"))
-        self.version = self._release.pin
+        self.version = f"{self._release.pin}+{files_fingerprint(grounded_file)}"
         self._class_of: dict[str, str] = {}
         self._tools: dict[str, ToolInfo] = {}
         self._order: dict[str, tuple[str, ...]] = {}

@@ -8,7 +8,6 @@ read-only view of the state (`state.<collection>[key].<field>`, plus `state.sess
 
 from __future__ import annotations
 
-import hashlib
 import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from pipeline.specs import (
     check_rules,
     compile_lets,
     compile_preconditions,
+    files_fingerprint,
     load_tools_json,
     tool_rules,
 )
@@ -64,10 +64,7 @@ def load_rules(domain: str, folder: Path | None = None) -> TauRules:
         tools[name] = tool_rules(name, params, grounded.get(name, {}), f"{grounded_path}: [tool.{name}]").info
         if name in policy:
             overlay[name] = _compile_policy(policy[name], f"{policy_path}: [tool.{name}]")
-    digest = hashlib.sha256()
-    for path in (tools_path, grounded_path, policy_path):
-        digest.update(path.read_bytes())
-    return TauRules(tools, overlay, digest.hexdigest()[:16])
+    return TauRules(tools, overlay, files_fingerprint(tools_path, grounded_path, policy_path))
 
 
 def _compile_policy(table: dict[str, Any], where: str) -> ToolPolicy:

@@ -12,7 +12,6 @@ before checking, outputs replay -> logged, so grounding and output comparison se
 
 from __future__ import annotations
 
-import hashlib
 import tomllib
 import uuid
 from collections.abc import Callable
@@ -34,6 +33,7 @@ from pipeline.specs import (
     SpecError,
     check_rules,
     compile_field,
+    files_fingerprint,
     load_tools_json,
     tool_rules,
 )
@@ -58,8 +58,7 @@ def load_rules(folder: Path = SPEC) -> tuple[dict[str, ToolInfo], dict[str, tupl
             raise SpecError(f"{folder}: rules for {name!r}, which is not a tool of tools.json")
     tools = {n: tool_rules(n, p, grounded.get(n, {}), f"{folder}: {n}").info for n, p in schemas.items()}
     rules = {n: _compile(t, templates, f"{folder}/rules.toml [tool.{n}]") for n, t in tables.items()}
-    digest = hashlib.sha256(b"".join((folder / f).read_bytes() for f in ("tools.json", "grounded.toml", "rules.toml")))
-    return tools, rules, digest.hexdigest()[:16]
+    return tools, rules, files_fingerprint(*(folder / f for f in ("tools.json", "grounded.toml", "rules.toml")))
 
 
 def _toml(path: Path) -> dict[str, Any]:
