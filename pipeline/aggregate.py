@@ -4,6 +4,7 @@ DESIGN §2 ("Aggregates", "Intervals") and §7. All SQL lives in `pipeline/sql/*
 few DuckDB variables (`getvariable(...)` in the SQL), runs the files in order and shapes the results.
 
 Pipeline (one pass for all cohorts):
+  rollout_parts.sql          per rollout, the integer parts every metric is a ratio of sums of
   metrics_prepare.sql        rollouts -> cohort numbers -> per-(cohort, task) sums `s_*` (+ PEC histogram)
   bootstrap_<method>.sql     per-(cohort, replicate) sums of the resampled tasks' `s_*`
   metrics_intervals.sql      ratios of sums (point estimate = full data), percentile intervals
@@ -127,6 +128,7 @@ def open_rollouts(run: str, storage_options: dict[str, Any] | None = None) -> It
         missing = [c for c in _NEEDED if c not in columns]
         if missing:
             raise ValueError(f"rollouts under {root.url} lack column(s) {', '.join(missing)}")
+        run_sql(con, "rollout_parts")
         run_sql(con, "hash")
         yield con
     finally:

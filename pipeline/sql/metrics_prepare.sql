@@ -8,11 +8,10 @@ SET VARIABLE pexec_k = coalesce(getvariable('max_k'), least((SELECT max(T) FROM 
 -- Every rollout with its cohort number. The key is a struct of the cohort columns so that the rest of
 -- this file does not depend on which labels define a cohort; a NULL label is a cohort value of its own.
 CREATE OR REPLACE TEMP TABLE cohort_rollouts AS
-SELECT dense_rank() OVER (ORDER BY key) - 1 AS cohort, key, task_id, T, fed, executable, auc_term, success
+SELECT dense_rank() OVER (ORDER BY key) - 1 AS cohort, key, task_id, T, fed, executable, success, COLUMNS('^p_')
 FROM (
-    SELECT struct_pack(*COLUMNS(lambda c: list_contains(getvariable('cohort_cols'), c))) AS key,
-           task_id, T, fed, executable, auc_term, success
-    FROM rollouts
+    SELECT struct_pack(*COLUMNS(lambda c: list_contains(getvariable('cohort_cols'), c))) AS key, *
+    FROM rollout_parts
 );
 
 CREATE OR REPLACE TEMP TABLE cohort_info AS
@@ -26,24 +25,18 @@ FROM cohort_rollouts
 GROUP BY cohort
 ORDER BY cohort;
 
--- Sums per task; every metric is a ratio of two of these (columns s_*). Counts are INTEGER: the bootstrap
--- adds up 10^8 of them, and narrow integer sums are the cheapest DuckDB has.
--- auc_term is summed in integer units of 2^-40 (each term rounded to the nearest unit, error <= 4.6e-13):
--- integer sums do not depend on the order in which threads add rows up (a DOUBLE sum does, in its last
--- bits), so the output is repeatable bit for bit. Binary units keep the last division exact, so
--- TER <= AUC-PEC <= 1 holds exactly (an executable rollout contributes exactly 2^40 units). A task would
--- need over 8.3 million rollouts to overflow BIGINT (an error, not a silent wrap).
--- RR's numerator and denominator come from `executable` and `success`, the same columns as TER and the
--- success rate, so that success = TER * P(success | executable) + (1 - TER) * RR holds exactly.
+-- Sums per task of the parts of rollout_parts.sql; every metric is a ratio of two of these (columns s_*).
+-- Counts are INTEGER: the bootstrap adds up 10^8 of them, and narrow integer sums are the cheapest DuckDB
+-- has. A task would need over 8.3 million rollouts to overflow s_auc's BIGINT (an error, not a silent wrap).
 CREATE OR REPLACE TEMP TABLE task_base AS
 SELECT cohort, task_id,
-       count(*)::INTEGER AS s_n,
-       count_if(executable)::INTEGER AS s_exec,
-       sum(round(auc_term * 1099511627776::DOUBLE)::BIGINT)::BIGINT AS s_auc,
-       count(success)::INTEGER AS s_known,
-       count_if(success)::INTEGER AS s_succ,
-       count_if(NOT executable AND success IS NOT NULL)::INTEGER AS s_elig,
-       count_if(NOT executable AND success)::INTEGER AS s_rec
+       sum(p_n)::INTEGER AS s_n,
+       sum(p_exec)::INTEGER AS s_exec,
+       sum(p_auc)::BIGINT AS s_auc,
+       sum(p_known)::INTEGER AS s_known,
+       sum(p_succ)::INTEGER AS s_succ,
+       sum(p_elig)::INTEGER AS s_elig,
+       sum(p_rec)::INTEGER AS s_rec
 FROM cohort_rollouts
 GROUP BY cohort, task_id;
 

@@ -11,7 +11,7 @@ SELECT key, task_id,
        row_number() OVER (PARTITION BY key ORDER BY task_id) - 1 AS ti,
        (count(*) OVER (PARTITION BY key))::UBIGINT AS m
 FROM (
-    SELECT key, task_id FROM paired_parts WHERE part = 'n'
+    SELECT key, task_id FROM paired_parts WHERE part = 'p_n'
     GROUP BY key, task_id HAVING count(DISTINCT side) = 2
 );
 

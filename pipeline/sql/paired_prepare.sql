@@ -12,28 +12,18 @@ FROM (
     SELECT struct_pack(*COLUMNS(lambda c: list_contains(getvariable('pair_cols'), c))) AS key,
            COLUMNS(lambda c: c = getvariable('compare_col'))::VARCHAR AS compared,
            *
-    FROM rollouts
+    FROM rollout_parts
 )
 WHERE side IS NOT NULL;
 
--- Per (pair, side, task) sums, long: part -> value. All parts are integers so that every bootstrap sum is
--- exact and independent of the order of addition: auc_term in units of 2^-40 (as metrics_prepare.sql).
+-- Per (pair, side, task) sums of the parts of rollout_parts.sql, long: part -> value (exact integers).
 CREATE OR REPLACE TEMP TABLE paired_parts AS
-SELECT key, side, task_id, part, value
+SELECT key, side, task_id, part, sum(value)::BIGINT AS value
 FROM (
-    UNPIVOT (
-        SELECT key, side, task_id,
-               count(*)::BIGINT AS n,
-               count_if(executable)::BIGINT AS exec,
-               sum(round(auc_term * 1099511627776::DOUBLE)::BIGINT)::BIGINT AS auc,
-               count(success)::BIGINT AS known,
-               count_if(success)::BIGINT AS succ,
-               count_if(NOT executable AND success IS NOT NULL)::BIGINT AS elig,
-               count_if(NOT executable AND success)::BIGINT AS rec
-        FROM paired_rollouts
-        GROUP BY key, side, task_id
-    ) ON n, exec, auc, known, succ, elig, rec INTO NAME part VALUE value
+    UNPIVOT (SELECT key, side, task_id, COLUMNS('^p_')::BIGINT FROM paired_rollouts)
+    ON COLUMNS('^p_') INTO NAME part VALUE value
 )
+GROUP BY key, side, task_id, part
 UNION ALL
 -- PEC@k numerators: #{T >= k and FED > k} = #{min(T, FED - 1) >= k}.
 SELECT key, side, task_id, 'pec' || k AS part, count_if(least(T, fed - 1) >= k)::BIGINT AS value
@@ -43,14 +33,14 @@ GROUP BY key, side, task_id, k;
 -- The ratio metrics: value = sum(num) / sum(den) (/ scale); kind 'diff' reports A - B.
 CREATE OR REPLACE TEMP TABLE paired_defs AS
 SELECT * FROM (VALUES
-    ('success', 'succ', 'known', 1.0, 'diff', 0),
-    ('ter', 'exec', 'n', 1.0, 'diff', 1),
-    ('auc_pec', 'auc', 'n', 1099511627776.0, 'diff', 2),
-    ('rr', 'rec', 'elig', 1.0, 'diff', 3),
-    ('successes_after_invalid_prefix', 'rec', 'succ', 1.0, 'diff', 4)
+    ('success', 'p_succ', 'p_known', 1.0, 'diff', 0),
+    ('ter', 'p_exec', 'p_n', 1.0, 'diff', 1),
+    ('auc_pec', 'p_auc', 'p_n', 1099511627776.0, 'diff', 2),
+    ('rr', 'p_rec', 'p_elig', 1.0, 'diff', 3),
+    ('successes_after_invalid_prefix', 'p_rec', 'p_succ', 1.0, 'diff', 4)
 ) AS t(metric, num, den, scale, kind, ord)
 UNION ALL
-SELECT 'pec@' || k, 'pec' || k, 'n', 1.0, 'diff', 10 + k FROM (SELECT unnest(getvariable('ks')) AS k);
+SELECT 'pec@' || k, 'pec' || k, 'p_n', 1.0, 'diff', 10 + k FROM (SELECT unnest(getvariable('ks')) AS k);
 
 -- Which of the two conditions occur at all (an absent one is the user's typo, reported by name).
 CREATE OR REPLACE TEMP TABLE paired_sides AS SELECT DISTINCT side FROM paired_rollouts;
