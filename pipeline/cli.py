@@ -214,7 +214,7 @@ def run_command(
     address: Annotated[str | None, typer.Option("--address", help="Ray address (overrides the job's).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Rescore every shard, even unchanged ones.")] = False,
 ) -> None:
-    """Run a job: score its input (only what changed since the last run), then write its metrics."""
+    """Run a job: score its input (only what changed since the last run), then write its metrics (and report)."""
     from pipeline.jobs import JobError, load_job, run_job
 
     progress = ScoreProgress()
@@ -227,6 +227,8 @@ def run_command(
         raise _fail(str(exc)) from exc
     _summary(manifest, job.output)
     out.print(metrics_table(cohorts, job.by))
+    if job.report is not None:
+        console.print(f"report written to {job.report.out.rstrip('/')}/report.html and report.md")
 
 
 @app.command()
@@ -345,7 +347,7 @@ def _ci(m: dict) -> str:
 @app.command()
 def report(
     run: Annotated[str, typer.Argument(help="A scored run folder.")],
-    out_dir: Annotated[Path, typer.Option("--out", help="Folder to write the report into.")],
+    out_dir: Annotated[str, typer.Option("--out", help="Folder to write the report into (local path or URL).")],
     by: Annotated[
         str | None, typer.Option("--by", help="Label columns that define a condition, e.g. model,method.")
     ] = None,
@@ -357,6 +359,8 @@ def report(
     bootstrap: Annotated[int, typer.Option("--bootstrap", min=1, help="Bootstrap replicates B.")] = 1000,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     method: Annotated[str, typer.Option("--method", help="multinomial (task resampling) or poisson")] = "multinomial",
+    endpoint_url: EndpointUrl = None,
+    storage_option: StorageOption = None,
 ) -> None:
     """Tables, ranking divergence, paired comparisons and figures as Markdown, HTML, CSV and Parquet."""
     import duckdb
@@ -368,12 +372,12 @@ def report(
         ks = [int(x) for x in k.split(",") if x.strip()]
         pair = parse_compare(compare) if compare else None
         settings = BootstrapSettings(B=bootstrap, seed=seed, method=method)  # type: ignore[arg-type]
-        result = build_report(run, out_dir, columns, pair, ks, settings)
+        result = build_report(run, out_dir, columns, pair, ks, settings, _storage(endpoint_url, storage_option))
     except (ValueError, OSError, duckdb.Error) as exc:
         raise _fail(str(exc)) from exc
     for path in result.files:
-        out.print(str(path))
-    console.print(f"report written to {out_dir}/report.html and {out_dir}/report.md ({len(result.files)} files)")
+        out.print(path)
+    console.print(f"report written to {result.out}/report.html and {result.out}/report.md ({len(result.files)} files)")
 
 
 @app.command("sql")

@@ -28,13 +28,22 @@ from pipeline.specs import check_fields
 from pipeline.synth import synthesize, write_store
 
 _JOB_KEYS = {"name", "description", "input", "output", "env", "spec", "spec_dirs", "policy", "address", "shard_mb",
-             "num_cpus", "endpoint_url", "metrics", "synth"}  # fmt: skip
+             "num_cpus", "endpoint_url", "metrics", "synth", "report"}  # fmt: skip
 _METRICS_KEYS = {"by", "bootstrap", "seed", "method", "max_k"}
+_REPORT_KEYS = {"out", "by", "compare", "k"}
 _SYNTH_KEYS = {"spec", "rollouts", "tasks", "seed"}
 
 
 class JobError(ValueError):
     """A job file that cannot be run; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class JobReport:
+    out: str
+    by: list[str] | None
+    compare: list[str] | None  # two COL=VALUE items, as `pexec report --compare`
+    ks: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,7 @@ class Job:
     bootstrap: BootstrapSettings = field(default_factory=BootstrapSettings)
     max_k: int | None = None
     synth: dict[str, Any] | None = None  # generate the input first when it does not exist (demo jobs)
+    report: JobReport | None = None  # write a report after the metrics
 
     @property
     def storage_options(self) -> dict[str, Any] | None:
@@ -85,13 +95,15 @@ def load_job(path: str | Path, on_date: str | None = None) -> Job:
         )
     except ValueError as exc:
         raise JobError(f"{path} [metrics]: {exc}") from exc
+    output = _fill(raw["output"], day, path)
+    report = _load_report(raw.get("report"), output, metrics.get("by"), day, path)
     policy = raw.get("policy", "code")
     if policy not in ("code", "strict"):
         raise JobError(f"{path}: policy is 'code' or 'strict', got {policy!r}")
     return Job(
         name=raw["name"],
         input=_fill(raw["input"], day, path),
-        output=_fill(raw["output"], day, path),
+        output=output,
         date=day,
         env=raw.get("env") or None,
         options=EnvOptions(spec_dirs=tuple(raw.get("spec_dirs", [])), spec=raw.get("spec") or None, policy=policy),
@@ -103,7 +115,30 @@ def load_job(path: str | Path, on_date: str | None = None) -> Job:
         bootstrap=bootstrap,
         max_k=metrics.get("max_k"),
         synth=synth,
+        report=report,
     )
+
+
+def _load_report(
+    raw: dict[str, Any] | None, output: str, by: list[str] | None, day: str, path: Path
+) -> JobReport | None:
+    if raw is None:
+        return None
+    where = f"{path} [report]"
+    check_fields(raw, _REPORT_KEYS, where, JobError)
+    ks = raw.get("k", [1, 3, 5])
+    if not isinstance(ks, list) or not ks or not all(isinstance(k, int) and k >= 1 for k in ks):
+        raise JobError(f"{where}: k is a list of depths >= 1, got {ks!r}")
+    compare = raw.get("compare")
+    if compare is not None:
+        from pipeline.report import parse_compare
+
+        try:
+            parse_compare(compare if isinstance(compare, list) else [compare])
+        except ValueError as exc:
+            raise JobError(f"{where}: compare: {exc}") from exc
+    out = _fill(raw.get("out", f"{output.rstrip('/')}/report"), day, path)
+    return JobReport(out=out, by=raw.get("by", by), compare=compare, ks=tuple(ks))
 
 
 def run_job(
@@ -113,7 +148,8 @@ def run_job(
     on_plan: Callable[[ShardPlan], None] | None = None,
     on_shard: Callable[[ShardReport], None] | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Score the job's input (reusing unchanged shards), then compute and write its metrics."""
+    """Score the job's input (reusing unchanged shards), then compute and write its metrics (and its report,
+    when the job has a [report] table)."""
     if job.synth is not None and not _exists(job.input, job.storage_options):
         records = synthesize(job.synth.get("spec", "shop"), job.synth.get("rollouts", 1000),
                              job.synth.get("tasks", 100), job.synth.get("seed", 0))  # fmt: skip
@@ -133,6 +169,12 @@ def run_job(
     )
     cohorts = compute_metrics(job.output, job.by, job.bootstrap, job.max_k, job.storage_options)
     write_metrics(job.output, cohorts, job.storage_options)
+    if job.report is not None:
+        from pipeline.report import build_report, parse_compare
+
+        r = job.report
+        compare = parse_compare(r.compare) if r.compare else None
+        build_report(job.output, r.out, r.by, compare, r.ks, job.bootstrap, job.storage_options)
     return manifest, cohorts
 
 

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import gzip
 import shutil
+import textwrap
 from pathlib import Path
 
 import orjson
 import pyarrow.parquet as pq
 import pytest
 import ray
+from typer.testing import CliRunner
 
 from pipeline.aggregate import BootstrapSettings
+from pipeline.cli import app
 from pipeline.code_version import PACKAGE_ROOT, scoring_sources
 from pipeline.distributed import run_scoring
+from pipeline.jobs import JobError, load_job
 from pipeline.output import read_manifest
 from pipeline.synth import synthesize, write_store
 
@@ -201,3 +205,42 @@ def test_code_version_covers_what_scoring_executes_and_nothing_else():
     # expr via specs, the BFCL wheel importer via its environment)
     assert {"score.py", "checker.py", "records.py", "expr.py", "envs/bfcl/wheel_import.py"} <= sources
     assert not {"aggregate.py", "cli.py", "distributed.py", "report/html.py", "ingest/bfcl.py"} & sources
+
+
+def test_a_job_with_a_report_table_writes_metrics_and_report(tmp_path, local_ray):
+    job = tmp_path / "job.toml"
+    job.write_text(
+        textwrap.dedent(f"""\
+        name = "audit"
+        input = "{tmp_path}/store"
+        output = "{tmp_path}/runs/date={{date}}"
+        [synth]
+        spec = "shop"
+        rollouts = 300
+        tasks = 30
+        [metrics]
+        by = ["model", "method"]
+        bootstrap = 100
+        [report]
+        compare = ["method=react", "method=plan_execute"]
+        k = [1, 2]
+        """)
+    )
+    result = CliRunner().invoke(app, ["run", str(job), "--date", "2026-11-29"])
+    assert result.exit_code == 0, result.output
+    run = tmp_path / "runs" / "date=2026-11-29"
+    assert (run / "metrics" / "metrics.parquet").is_file()
+    md = (run / "report" / "report.md").read_text()
+    assert "| PEC@2 |" in md and "## Paired comparison — method: react − plan\\_execute" in md
+    paired = pq.read_table(run / "report" / "tables" / "paired.parquet").to_pylist()
+    assert {r["model"] for r in paired} == {"model-a", "model-b"}
+
+
+def test_a_job_report_table_is_checked_when_the_job_loads(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text('name = "x"\ninput = "a"\noutput = "b"\n[report]\ncompare = ["method=react"]\n')
+    with pytest.raises(JobError, match=r"\[report\]: compare: --compare takes exactly two"):
+        load_job(job)
+    job.write_text('name = "x"\ninput = "a"\noutput = "b"\n[report]\nk = [0]\nlayout = "wide"\n')
+    with pytest.raises(JobError, match=r"\[report\]"):
+        load_job(job)

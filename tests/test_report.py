@@ -47,7 +47,7 @@ def paper(tmp_path_factory: pytest.TempPathFactory) -> ReportResult:
 
 
 def test_paper_numbers_in_the_report(paper: ReportResult) -> None:
-    md = (paper.out / "report.md").read_text()
+    md = (Path(paper.out) / "report.md").read_text()
     recovery = section(md, "Recovery arithmetic")
     # 200 episodes; 10 executable & successful; 138 of the 190 with an invalid prefix successful; 148 successes.
     assert "| bench | 200 | 10 | 138 | 190 | 148 | 93.2% (138/148) | 0 |" in recovery
@@ -59,11 +59,11 @@ def test_paper_numbers_in_the_report(paper: ReportResult) -> None:
     assert cells[4].startswith("0.050 ")  # TER
     assert cells[-3].startswith("0.726 ")  # RR = 138/190
     assert cells[-2] == "190"  # RR eligible
-    [r] = read_csv(paper.out / "tables" / "recovery.csv")
+    [r] = read_csv(Path(paper.out) / "tables" / "recovery.csv")
     assert float(r["share_successes_after_invalid_prefix"]) == 138 / 148
-    [m] = pq.read_table(paper.out / "tables" / "metrics.parquet").to_pylist()
+    [m] = pq.read_table(Path(paper.out) / "tables" / "metrics.parquet").to_pylist()
     assert (m["ter"], m["success"], m["rr"], m["rr_eligible"]) == (0.05, 0.74, 138 / 190, 190)
-    html = (paper.out / "report.html").read_text()
+    html = (Path(paper.out) / "report.html").read_text()
     assert "93.2% (138/148)" in html and "0.726 [" in html
 
 
@@ -85,7 +85,7 @@ def synth_report(synth_run: Path) -> ReportResult:
 
 
 def test_golden_markdown(synth_report: ReportResult) -> None:
-    md = (synth_report.out / "report.md").read_text()
+    md = (Path(synth_report.out) / "report.md").read_text()
     # The title names the (temporary) run folder; everything below it is fixed by the data, seed and B.
     body = md.split("\n", 1)[1]
     golden = GOLDEN / "report_synth.md"
@@ -95,13 +95,14 @@ def test_golden_markdown(synth_report: ReportResult) -> None:
 
 
 def test_report_files(synth_report: ReportResult) -> None:
-    names = {p.relative_to(synth_report.out).as_posix() for p in synth_report.files}
+    files = [Path(p) for p in synth_report.files]
+    names = {p.relative_to(synth_report.out).as_posix() for p in files}
     for table in ("metrics", "pec", "recovery", "causes", "fed", "costs", "ranking", "paired"):
         assert {f"tables/{table}.csv", f"tables/{table}.parquet"} <= names
     for fig in ("pec_curves", "fed_histogram", "first_causes"):
         assert {f"figures/{fig}.png", f"figures/{fig}.svg", f"figures/{fig}.csv"} <= names
     assert {"report.md", "report.html"} <= names
-    for p in synth_report.files:
+    for p in files:
         assert p.stat().st_size > 0, p
 
 
@@ -109,10 +110,10 @@ def test_rerun_is_identical(synth_run: Path, synth_report: ReportResult, tmp_pat
     again = build_report(
         str(synth_run), tmp_path, ["model", "method"], Compare("method", "react", "plan_execute"), [1, 3, 5], SMALL
     )
-    for p in synth_report.files:
+    for p in map(Path, synth_report.files):
         rel = p.relative_to(synth_report.out)
         if p.suffix != ".parquet":  # Parquet files embed the writer's metadata; their numbers are tested elsewhere
-            assert (again.out / rel).read_bytes() == p.read_bytes(), rel
+            assert (Path(again.out) / rel).read_bytes() == p.read_bytes(), rel
 
 
 def test_recovery_identity_and_causes(synth_report: ReportResult) -> None:
@@ -222,7 +223,7 @@ def test_flips_flagged() -> None:
 def test_ranking_in_report(synth_report: ReportResult) -> None:
     [ranking] = synth_report.rankings
     assert ranking.benchmark == "shop" and len(ranking.conditions) == 4
-    md = (synth_report.out / "report.md").read_text()
+    md = (Path(synth_report.out) / "report.md").read_text()
     text = section(md, "Ranking divergence — shop")
     assert f"Kendall τ-b (success vs TER): {ranking.tau['ter']:.3f}" in text
 
@@ -233,7 +234,7 @@ def test_ranking_in_report(synth_report: ReportResult) -> None:
 def test_figure_data(synth_report: ReportResult) -> None:
     charts = {c.name: c for c in synth_report.charts}
     t = synth_report.tables
-    pec = read_csv(synth_report.out / "figures" / "pec_curves.csv")
+    pec = read_csv(Path(synth_report.out) / "figures" / "pec_curves.csv")
     for c in t.cohorts:
         label = f"{c['model']} · {c['method']}"
         curve = [p for p in pec if p["condition"] == label]
@@ -284,7 +285,7 @@ def test_labels_are_escaped(tmp_path: Path) -> None:
     rows = [rollout("t1", 2, 3, True, model=evil), rollout("t1", 2, 1, False, model="plain")]
     write_rollouts(tmp_path / "run", rows)
     r = build_report(str(tmp_path / "run"), tmp_path / "out", settings=BootstrapSettings(B=5))
-    html = (r.out / "report.html").read_text()
+    html = (Path(r.out) / "report.html").read_text()
     assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;|*x*" in html
-    md = (r.out / "report.md").read_text()
+    md = (Path(r.out) / "report.md").read_text()
     assert "\\<script\\>alert(1)\\</script\\>\\|\\*x\\*" in md

@@ -42,7 +42,7 @@ def test_html_renders_in_chromium(chromium: str, tmp_path: Path) -> None:
     write_rollouts(run, paper_rows())
     report = build_report(str(run), tmp_path / "out", settings=BootstrapSettings(B=50))
     page = tmp_path / "probe.html"
-    page.write_text((report.out / "report.html").read_text().replace("</body>", PROBE + "</body>"))
+    page.write_text((Path(report.out) / "report.html").read_text().replace("</body>", PROBE + "</body>"))
     cmd = [
         chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync",

@@ -19,10 +19,13 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 import s3fs
+from typer.testing import CliRunner
 
-from pipeline.aggregate import compute_metrics, sql
+from pipeline.aggregate import BootstrapSettings, compute_metrics, sql
+from pipeline.cli import app
 from pipeline.distributed import JobFailed, run_scoring
 from pipeline.output import read_manifest, read_shard_markers
+from pipeline.report import build_report
 from pipeline.synth import synthesize, write_store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,7 +95,7 @@ def reference_run(local_store: Path, tmp_path_factory: pytest.TempPathFactory) -
     return run
 
 
-def test_object_storage_end_to_end_through_ray(s3, local_store, reference_run):
+def test_object_storage_end_to_end_through_ray(s3, local_store, reference_run, tmp_path):
     store, run = "s3://pexec-test/store", "s3://pexec-test/runs/a"
     write_store(synthesize("shop", 1500, 150, seed=5), store, per_file=300, storage_options=s3)
     ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
@@ -109,6 +112,15 @@ def test_object_storage_end_to_end_through_ray(s3, local_store, reference_run):
     # Nothing of the credentials is written anywhere in the run.
     fs = s3fs.S3FileSystem(**s3)
     assert "testing" not in fs.cat(f"{run[5:]}/_manifest.json").decode()
+    # The report reads the run from the bucket and writes into it; its numbers equal a local report's.
+    report = "s3://pexec-test/reports/a"
+    args = ["report", run, "--out", report, "--by", "model", "--bootstrap", "200", "--endpoint-url", s3["endpoint_url"]]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    local = build_report(reference_run, tmp_path / "report", ["model"], settings=BootstrapSettings(B=200))
+    remote_md = fs.cat(f"{report[5:]}/report.md").decode()
+    assert remote_md.split("\n", 1)[1] == (tmp_path / "report" / "report.md").read_text().split("\n", 1)[1]
+    assert len(fs.find(report[5:])) == len(local.files)
 
 
 def test_unwritable_bucket_fails_clearly_and_commits_nothing(s3, local_store):

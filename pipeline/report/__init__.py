@@ -1,7 +1,7 @@
 """`pexec report`: a scored run turned into the analysis an evaluation team would publish (issue 6).
 
 build_report computes (DuckDB: sql/report_*.sql, sql/paired_*.sql, and pipeline.aggregate's metrics), ranks
-(ranking.py), draws (figures.py) and writes, under OUT:
+(ranking.py), draws (figures.py) and writes, under OUT (a local folder or an fsspec URL, like the run):
   report.md, report.html                 the tables and figures (HTML self-contained)
   tables/<name>.csv, tables/<name>.parquet   the numbers behind every table
   figures/<name>.png, .svg, .csv         each figure and the data it draws
@@ -9,6 +9,7 @@ build_report computes (DuckDB: sql/report_*.sql, sql/paired_*.sql, and pipeline.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from pipeline.aggregate import DEFAULT_BOOTSTRAP, BootstrapSettings, metrics_tables
+from pipeline.output import open_for_write
 from pipeline.report import html, layout, markdown
 from pipeline.report.figures import Chart, cause_chart, cause_rows, fed_chart, fed_rows, pec_chart, pec_rows
 from pipeline.report.paired import Compare, paired_comparison, parse_compare
@@ -32,8 +34,8 @@ DEFAULT_KS = (1, 3, 5)
 
 @dataclass(frozen=True)
 class ReportResult:
-    out: Path
-    files: list[Path]  # every file written, sorted
+    out: str  # the report folder, as given (local path or URL)
+    files: list[str]  # every file written, sorted
     tables: RunTables
     rankings: list[Ranking]
     paired: list[dict[str, Any]]  # one row per pair and metric; empty without --compare
@@ -47,11 +49,12 @@ def build_report(
     compare: Compare | None = None,
     ks: Sequence[int] = DEFAULT_KS,
     settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
+    storage_options: dict[str, Any] | None = None,
 ) -> ReportResult:
     if not ks or any(k < 1 for k in ks):
         raise ValueError(f"--k takes depths >= 1, got {list(ks)}")
     ks = sorted(set(ks))
-    t = run_tables(run, by, ks, settings)
+    t = run_tables(run, by, ks, settings, storage_options)
     conditions = t.keys[1:]
 
     def label(row: dict[str, Any]) -> str:
@@ -61,7 +64,7 @@ def build_report(
     pair_cols: list[str] = []
     paired: list[dict[str, Any]] = []
     if compare is not None:
-        pair_cols, paired = paired_comparison(run, compare, t.keys, ks, settings)
+        pair_cols, paired = paired_comparison(run, compare, t.keys, ks, settings, storage_options)
     charts = [
         pec_chart(pec_rows(t.cohorts, label)),
         fed_chart(fed_rows(t.fed, label)),
@@ -79,10 +82,17 @@ def build_report(
     title = f"Prefix executability report — {run}"
     preamble = [layout.settings_line(t.cohorts)]
 
-    root = Path(out)
-    written: list[Path] = []
-    written.append(_write_text(root / "report.md", markdown.render(title, preamble, display, charts)))
-    written.append(_write_text(root / "report.html", html.render(title, preamble, display, charts, key_counts)))
+    root = str(out).rstrip("/")
+
+    def write(name: str, data: bytes) -> str:
+        with open_for_write(f"{root}/{name}", storage_options) as f:
+            f.write(data)
+        return f"{root}/{name}"
+
+    written = [
+        write("report.md", markdown.render(title, preamble, display, charts).encode()),
+        write("report.html", html.render(title, preamble, display, charts, key_counts).encode()),
+    ]
     metrics, pec = metrics_tables(t.cohorts)
     data = {
         "metrics": metrics,
@@ -96,12 +106,13 @@ def build_report(
     }
     for name, table in data.items():
         if table.num_rows:
-            written += _write_data(root / "tables" / name, table)
+            written.append(write(f"tables/{name}.parquet", _parquet(table)))
+            written.append(write(f"tables/{name}.csv", _csv(table)))
     for c in charts:
-        written.append(_write_bytes(root / "figures" / f"{c.name}.png", c.png))
-        written.append(_write_text(root / "figures" / f"{c.name}.svg", c.svg))
+        written.append(write(f"figures/{c.name}.png", c.png))
+        written.append(write(f"figures/{c.name}.svg", c.svg.encode()))
         rows = [dict(zip(c.columns, r, strict=True)) for r in c.rows]
-        written.append(_write_csv(root / "figures" / f"{c.name}.csv", pa.Table.from_pylist(rows)))
+        written.append(write(f"figures/{c.name}.csv", _csv(pa.Table.from_pylist(rows))))
     return ReportResult(root, sorted(written), t, rankings, paired, charts)
 
 
@@ -138,26 +149,13 @@ def _table(rows: list[dict[str, Any]]) -> pa.Table:
     return pa.Table.from_pylist(rows)
 
 
-def _write_data(stem: Path, table: pa.Table) -> list[Path]:
-    parquet = stem.with_suffix(".parquet")
-    parquet.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, parquet)
-    return [_write_csv(stem.with_suffix(".csv"), table), parquet]
+def _parquet(table: pa.Table) -> bytes:
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    return buffer.getvalue()
 
 
-def _write_csv(path: Path, table: pa.Table) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pacsv.write_csv(table, path)
-    return path
-
-
-def _write_text(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    return path
-
-
-def _write_bytes(path: Path, data: bytes) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    return path
+def _csv(table: pa.Table) -> bytes:
+    buffer = io.BytesIO()
+    pacsv.write_csv(table, buffer)
+    return buffer.getvalue()

@@ -45,11 +45,17 @@ def descriptive(con: duckdb.DuckDBPyConnection, keys: list[str]) -> dict[str, An
     return out
 
 
-def run_tables(run: str, by: Sequence[str] | None, ks: Sequence[int], settings: BootstrapSettings) -> RunTables:
-    with db.open_rollouts(run) as con:
+def run_tables(
+    run: str,
+    by: Sequence[str] | None,
+    ks: Sequence[int],
+    settings: BootstrapSettings,
+    storage_options: dict[str, Any] | None = None,
+) -> RunTables:
+    with db.open_rollouts(run, storage_options) as con:
         keys = ["benchmark", *db.cohort_columns(con, by)]
         parts = descriptive(con, keys)
     # PEC is computed up to the largest requested k, and at least as far as the curves go (max T, <= 20).
     max_k = max([*ks, min(parts["max_t"], 20)])
-    cohorts = compute_metrics(run, keys[1:], settings, max_k)
+    cohorts = compute_metrics(run, keys[1:], settings, max_k, storage_options)
     return RunTables(keys=keys, cohorts=cohorts, **parts)
