@@ -413,6 +413,33 @@ def sql_command(
 
 
 @app.command()
+def envs(
+    spec_dir: Annotated[list[str] | None, typer.Option("--spec-dir", help="Extra folder to search for specs.")] = None,
+    check: Annotated[
+        bool, typer.Option("--check", help="Build each environment: its version, or why it cannot be built.")
+    ] = False,
+) -> None:
+    """The environments `score` can use: built-in, entry points, and specs on the search path."""
+    from pipeline.envs import get_environment, list_environments
+
+    options = EnvOptions(spec_dirs=tuple(spec_dir or ()))
+    table = Table("environment", "from", *(["version"] if check else []))
+    failed = 0
+    for name, source in list_environments(options).items():
+        row = [name, source]
+        if check:
+            try:
+                row.append(get_environment(name, options).version)
+            except (EnvError, SpecError) as exc:
+                failed += 1
+                row.append(f"[red]cannot be built: {exc}[/]")
+        table.add_row(*row)
+    out.print(table)
+    if failed:
+        raise typer.Exit(code=1)
+
+
+@app.command()
 def bench(
     what: Annotated[str, typer.Argument(help="replay, metrics or scale")] = "replay",
     rollouts: Annotated[

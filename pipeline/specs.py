@@ -80,12 +80,25 @@ def find_spec(name: str, extra_dirs: tuple[str, ...] = ()) -> Path | None:
     direct = Path(name)
     if (direct / SPEC_FILE).is_file():
         return direct
-    env_dirs = [d for d in os.environ.get(SPEC_PATH_ENV, "").split(os.pathsep) if d]
-    for base in [*extra_dirs, *env_dirs, str(BUILTIN_SPECS)]:
-        candidate = Path(base) / name
+    for base in spec_search_path(extra_dirs):
+        candidate = base / name
         if (candidate / SPEC_FILE).is_file():
             return candidate
     return None
+
+
+def spec_search_path(extra_dirs: Sequence[str] = ()) -> list[Path]:
+    env_dirs = [d for d in os.environ.get(SPEC_PATH_ENV, "").split(os.pathsep) if d]
+    return [Path(d) for d in (*extra_dirs, *env_dirs)] + [BUILTIN_SPECS]
+
+
+def spec_folders(extra_dirs: Sequence[str] = ()) -> dict[str, Path]:
+    """Every spec on the search path by name; the first folder of a name wins, as in find_spec."""
+    found: dict[str, Path] = {}
+    for base in spec_search_path(extra_dirs):
+        for spec_file in sorted(base.glob(f"*/{SPEC_FILE}")):
+            found.setdefault(spec_file.parent.name, spec_file.parent)
+    return found
 
 
 def files_fingerprint(*paths: Path) -> str:

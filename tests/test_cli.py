@@ -82,3 +82,18 @@ def test_bad_spec_is_reported_with_its_file_and_place(run, tmp_path):
     proc = pexec("score", str(store), "--out", str(tmp_path / "r"), "--env", str(spec), "--inline", ok=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert re.search(r"broken/spec\.toml: unknown field\(s\) extra", proc.stderr.replace("\n", ""))
+
+
+def test_envs_lists_every_source_and_checks_each(tmp_path):
+    shutil.copytree(ROOT / "specs" / "shop", tmp_path / "my_shop")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "spec.toml").write_text('name = "broken"\n')  # no version, no tools.json
+    listed = pexec("envs", "--spec-dir", str(tmp_path)).stdout
+    rows = {line.split("│")[1].strip(): line for line in listed.splitlines() if line.count("│") >= 3}
+    assert {"bfcl_v3", "bfcl_v4", "tau_airline", "tau_retail", "toolsandbox", "observed", "shop"} <= set(rows)
+    assert "built-in" in rows["bfcl_v3"] and str(tmp_path / "my_shop") in rows["my_shop"]
+    checked = pexec("envs", "--spec-dir", str(tmp_path), "--check", ok=False)
+    assert checked.returncode == 1
+    lines = {line.split("│")[1].strip(): line for line in checked.stdout.splitlines() if line.count("│") >= 4}
+    assert "bfcl-eval==2025.8.6.2+" in lines["bfcl_v3"] and "shop@1.0.0+" in lines["my_shop"]
+    assert "cannot be built" in lines["broken"]

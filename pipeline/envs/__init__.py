@@ -15,7 +15,16 @@ from importlib.metadata import entry_points
 
 from pipeline.envs.base import EnvError, Environment, Outcome, ToolInfo
 
-__all__ = ["EnvError", "EnvOptions", "Environment", "Outcome", "ToolInfo", "get_environment", "register"]
+__all__ = [
+    "EnvError",
+    "EnvOptions",
+    "Environment",
+    "Outcome",
+    "ToolInfo",
+    "get_environment",
+    "list_environments",
+    "register",
+]
 
 ENTRY_POINT_GROUP = "pexec.environments"
 
@@ -80,6 +89,19 @@ def get_environment(name: str, options: EnvOptions | None = None) -> Environment
             _UNKNOWN[key] = exc
             raise
     return _INSTANCES[key]
+
+
+def list_environments(options: EnvOptions | None = None) -> dict[str, str]:
+    """Every name `get_environment` resolves, with where it comes from (in resolution order: a registered
+    environment shadows an entry point, which shadows a spec folder)."""
+    from pipeline.specs import spec_folders
+
+    options = options or EnvOptions()
+    _load_builtins()
+    found = {name: f"spec {folder}" for name, folder in spec_folders(options.spec_dirs).items()}
+    found.update({ep.name: f"entry point {ep.value}" for ep in entry_points(group=ENTRY_POINT_GROUP)})
+    found.update({name: "built-in" for name in _FACTORIES})
+    return dict(sorted(found.items()))
 
 
 def _load_builtins() -> None:
