@@ -106,12 +106,17 @@ def _reusable(shard: Shard, marker: dict[str, Any] | None, settings: ScoreSettin
         return None
     if (marker["code_version"], marker["settings"]) != (settings.code_version, settings.identity()):
         return None
-    try:
-        if any(get_environment(n, settings.options).version != v for n, v in marker["environments"].items()):
-            return None
-    except EnvError:
+    if any(_version_now(n, settings) != v for n, v in marker["environments"].items()):
         return None
     return ShardReport(**{**marker, "reused": True})
+
+
+def _version_now(name: str, settings: ScoreSettings) -> str | None:
+    """The environment's version, None when it does not resolve (as score_shard records it)."""
+    try:
+        return get_environment(name, settings.options).version
+    except EnvError:
+        return None
 
 
 def _inline(shard: Shard, settings: ScoreSettings, on_shard: Callable[[ShardReport], None] | None) -> ShardReport:
@@ -175,9 +180,11 @@ def _manifest(
 ) -> dict[str, Any]:
     totals = {k: sum(getattr(r, k) for r in reports) for k in ("read", "scored", "rejected", "steps")}
     totals["shards"], totals["shards_reused"] = len(reports), sum(r.reused for r in reports)
-    environments: dict[str, str] = {}
+    environments: dict[str, str | None] = {}  # None: did not resolve on any worker
     for r in reports:
-        environments.update(r.environments)
+        for name, version in r.environments.items():
+            if version is not None or name not in environments:
+                environments[name] = version
     return {
         "run_id": settings.run_id,
         "complete": True,

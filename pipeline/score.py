@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from pipeline.checker import replay
-from pipeline.envs import EnvError, EnvOptions, get_environment
+from pipeline.envs import EnvError, Environment, EnvOptions, get_environment
 from pipeline.model import Reject, RolloutResult
 from pipeline.output import rejects_table, rollouts_table, steps_table, write_part, write_shard_marker
 from pipeline.records import InvalidRecord, parse_rollout
@@ -33,7 +33,9 @@ class ShardReport:
     steps: int = 0
     seconds: float = 0.0
     peak_rss_mib: float = 0.0  # of the process that scored the shard
-    environments: dict[str, str] = field(default_factory=dict)  # name -> version
+    # name -> version; None: the name did not resolve (its records were rejected), so a rerun rescores the
+    # shard once it does (a simulator installed, a spec added)
+    environments: dict[str, str | None] = field(default_factory=dict)
     code_version: str = ""
     settings: str = ""  # ScoreSettings.identity() of the run that scored it
     reused: bool = False  # carried over from an earlier run of the same job (input and versions unchanged)
@@ -81,9 +83,8 @@ def score_shard(shard: Shard, settings: ScoreSettings) -> ShardReport:
             if rollout.rollout_id in seen:
                 raise InvalidRecord(f"duplicate rollout_id {rollout.rollout_id!r} in this shard")
             seen.add(rollout.rollout_id)
-            env = get_environment(settings.env or rollout.benchmark, settings.options)
+            env = _environment(settings.env or rollout.benchmark, settings, report)
             results.append(replay(env, rollout))
-            report.environments[env.name] = env.version
         except (InvalidRecord, EnvError) as exc:  # a bad spec (SpecError) fails the job instead
             reason = str(exc)
         if reason is not None:
@@ -102,6 +103,17 @@ def score_shard(shard: Shard, settings: ScoreSettings) -> ShardReport:
     report.peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     write_shard_marker(settings.run, shard.key, report.to_dict(), settings.storage_options)  # the shard's commit
     return report
+
+
+def _environment(name: str, settings: ScoreSettings, report: ShardReport) -> Environment:
+    """The environment of `name`, recorded under that name (what a rerun resolves again to decide reuse)."""
+    try:
+        env = get_environment(name, settings.options)
+    except EnvError:
+        report.environments.setdefault(name, None)
+        raise
+    report.environments[name] = env.version
+    return env
 
 
 def _raw(record: dict[str, Any]) -> str:

@@ -97,3 +97,28 @@ def test_envs_lists_every_source_and_checks_each(tmp_path):
     lines = {line.split("│")[1].strip(): line for line in checked.stdout.splitlines() if line.count("│") >= 4}
     assert "bfcl-eval==2025.8.6.2+" in lines["bfcl_v3"] and "shop@1.0.0+" in lines["my_shop"]
     assert "cannot be built" in lines["broken"]
+
+
+def test_records_of_an_environment_that_appears_later_are_rescored_on_rerun(tmp_path):
+    # First run: the spec `late_shop` is not on the search path, so every record is rejected. Once it is
+    # (as when a missing simulator gets installed), a rerun in a new process must rescore, not reuse.
+    store, specs = tmp_path / "store", tmp_path / "specs"
+    specs.mkdir()
+    pexec("synth", "shop", "--rollouts", "60", "--tasks", "10", "--seed", "1", "--out", str(store))
+    for path in store.glob("*.jsonl"):
+        path.write_text(path.read_text().replace('"benchmark":"shop"', '"benchmark":"late_shop"'))
+    env = {"COLUMNS": "200", "PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin", "PEXEC_SPEC_PATH": str(specs)}
+
+    def score() -> dict:
+        proc = subprocess.run([PEXEC, "score", str(store), "--out", str(tmp_path / "run"), "--inline"],
+                              capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return json.loads((tmp_path / "run" / "_manifest.json").read_text())
+
+    first = score()
+    assert first["counts"]["rejected"] == 60 and first["environments"] == {"late_shop": None}
+    assert score()["counts"]["shards_reused"] == first["counts"]["shards"]  # still unknown: same output
+    shutil.copytree(ROOT / "specs" / "shop", specs / "late_shop")
+    third = score()
+    assert third["counts"]["scored"] == 60 and third["counts"]["shards_reused"] == 0
+    assert third["environments"]["late_shop"].startswith("shop@")
