@@ -19,7 +19,7 @@ from pipeline.envs.bfcl.calls import CallSyntaxError, parse_call
 from pipeline.envs.bfcl.env import GROUNDED_FILE, BfclEnvironment
 from pipeline.envs.bfcl.schema import parameters_schema
 from pipeline.ingest import IngestOptions, ingest
-from pipeline.ingest.bfcl import build_record, is_error_output, read_scores
+from pipeline.ingest.bfcl import build_record, ground_truth_records, is_error_output, read_scores
 from pipeline.model import Call, Message, Rollout, RolloutResult
 from pipeline.records import parse_rollout
 from pipeline.specs import files_fingerprint
@@ -105,15 +105,7 @@ SIGN_IN = (
 
 
 def ground_truth_rollouts(tag: str, environment: str) -> Iterator[Rollout]:
-    """The ground truth of all 800 tasks of a data naming, as rollouts of `environment`."""
-    for category in official.CATEGORIES:
-        tasks = official.read_data_file(official.data_file_name(tag, category))
-        answers = {
-            a["id"]: a["ground_truth"] for a in official.read_data_file(official.data_file_name(tag, category, True))
-        }
-        for task in tasks:
-            entry = {"id": task["id"], "result": [[[c] for c in turn] for turn in answers[task["id"]]]}
-            yield parse_rollout(build_record(task, entry, environment, category, {"model": "gt"}, True))
+    return map(parse_rollout, ground_truth_records(tag, environment))
 
 
 def ground_truth_failures(tag: str, environment: str) -> tuple[int, int, dict[str, tuple[int, str | None]]]:

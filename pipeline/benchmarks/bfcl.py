@@ -2,7 +2,8 @@
 BFCL's own execution path (`multi_turn_utils.execute_multi_turn_func_call`, eval on module-global instances)
 on the same calls in the same run, one core each.
 
-Calls: the ground truth of the 800 v4 multi-turn tasks, plus a real run's result files when given.
+Calls: the ground truth of the 800 v4 multi-turn tasks, plus a real run's result files when given, and the
+800 v3 tasks against 2025.8.6.2 (checker only: BFCL's own path runs on the installed release).
 Run: `python -m pipeline.benchmarks.bfcl [--real DIR] [--repeat N]`.
 """
 
@@ -11,28 +12,20 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from functools import partial
 from typing import Any
 
 from pipeline.checker import replay
 from pipeline.envs import get_environment
 from pipeline.envs.bfcl import official
 from pipeline.ingest import IngestOptions, ingest
-from pipeline.ingest.bfcl import build_record
+from pipeline.ingest.bfcl import ground_truth_records
 from pipeline.model import Call, Rollout
 from pipeline.records import parse_rollout
 
 
-def ground_truth_rollouts() -> list[Rollout]:
-    rollouts = []
-    for category in official.CATEGORIES:
-        tasks = official.read_data_file(official.data_file_name("v4", category))
-        answers = {
-            a["id"]: a["ground_truth"] for a in official.read_data_file(official.data_file_name("v4", category, True))
-        }
-        for task in tasks:
-            entry = {"id": task["id"], "result": [[[c] for c in turn] for turn in answers[task["id"]]]}
-            rollouts.append(parse_rollout(build_record(task, entry, "bfcl_v4", category, {"model": "gt"}, True)))
-    return rollouts
+def ground_truth_rollouts(tag: str) -> list[Rollout]:
+    return [parse_rollout(r) for r in ground_truth_records(tag, f"bfcl_{tag}")]
 
 
 def _call_text(call: Call) -> str:
@@ -64,30 +57,21 @@ def official_path(rollouts: list[Rollout], tag: str) -> int:
 
 
 def checker_path(rollouts: list[Rollout]) -> int:
-    env = get_environment("bfcl_v4")
-    return sum(replay(env, rollout).T for rollout in rollouts)
+    return sum(replay(get_environment(rollout.benchmark), rollout).T for rollout in rollouts)
 
 
-def measure(rollouts: list[Rollout], repeat: int) -> dict[str, Any]:
+def measure(rollouts: list[Rollout], repeat: int, official: bool = True) -> dict[str, Any]:
+    """Best-of-`repeat` throughput of the checker and (when `official`) of BFCL's own path on `rollouts`."""
     checker_path(rollouts[:50])  # build the environment and import the simulators outside the timing
     best: dict[str, float] = {}
     steps = sum(len(r.calls) for r in rollouts)
     for i in range(repeat):
-        began = time.perf_counter()
-        checker_path(rollouts)
-        best["checker"] = min(best.get("checker", float("inf")), time.perf_counter() - began)
-        began = time.perf_counter()
-        official_path(rollouts, str(i))
-        best["official"] = min(best.get("official", float("inf")), time.perf_counter() - began)
-    return {
-        "rollouts": len(rollouts),
-        "steps": steps,
-        "checker_steps_per_s": steps / best["checker"],
-        "official_steps_per_s": steps / best["official"],
-        "checker_us_per_call": 1e6 * best["checker"] / steps,
-        "official_us_per_call": 1e6 * best["official"] / steps,
-        "speedup": best["official"] / best["checker"],
-    }
+        paths = {"checker": checker_path, **({"official": partial(official_path, tag=str(i))} if official else {})}
+        for name, path in paths.items():
+            began = time.perf_counter()
+            path(rollouts)
+            best[name] = min(best.get(name, float("inf")), time.perf_counter() - began)
+    return {"rollouts": len(rollouts), "steps": steps, **{name: steps / seconds for name, seconds in best.items()}}
 
 
 def main() -> None:
@@ -95,19 +79,22 @@ def main() -> None:
     parser.add_argument("--real", help="a folder of BFCL result files (e.g. ../shared/data/real/bfcl/gpt-oss-120b)")
     parser.add_argument("--repeat", type=int, default=3, help="best of N runs")
     args = parser.parse_args()
-    sets = {"ground truth (800 v4 tasks)": ground_truth_rollouts()}
+    # BFCL's own path runs on the installed release only: the v3 set (2025.8.6.2) has no official column.
+    sets = {"ground truth, 800 v4 tasks": (ground_truth_rollouts("v4"), True)}
     if args.real:
-        sets["real run"] = [parse_rollout(r) for r in ingest("bfcl", [args.real], IngestOptions())]
-    print(f"{official.release('v4').pin}, one core, best of {args.repeat}")
+        sets["real run"] = ([parse_rollout(r) for r in ingest("bfcl", [args.real], IngestOptions())], True)
+    sets["ground truth, 800 v3 tasks (2025.8.6.2)"] = (ground_truth_rollouts("v3"), False)
+    print(f"{official.release('v4').pin} (official path), one core, best of {args.repeat}")
     print("| calls | rollouts | steps | pexec checker steps/s | µs/call | BFCL official steps/s | µs/call | speed-up |")
     print("|---|---|---|---|---|---|---|---|")
-    for name, rollouts in sets.items():
-        m = measure(rollouts, args.repeat)
-        print(
-            f"| {name} | {m['rollouts']} | {m['steps']} "
-            f"| {m['checker_steps_per_s']:,.0f} | {m['checker_us_per_call']:.0f} "
-            f"| {m['official_steps_per_s']:,.0f} | {m['official_us_per_call']:.0f} | {m['speedup']:.1f}× |"
-        )
+    for name, (rollouts, with_official) in sets.items():
+        m = measure(rollouts, args.repeat, with_official)
+        row = f"| {name} | {m['rollouts']} | {m['steps']} | {m['checker']:,.0f} | {1e6 / m['checker']:.0f} "
+        if with_official:
+            row += f"| {m['official']:,.0f} | {1e6 / m['official']:.0f} | {m['checker'] / m['official']:.1f}× |"
+        else:
+            row += "| – | – | – |"
+        print(row)
 
 
 if __name__ == "__main__":

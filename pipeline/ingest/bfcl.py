@@ -84,6 +84,19 @@ def _read_file(path: Path, options: IngestOptions) -> Iterator[dict]:
             yield build_record(task, entry, benchmark, category, labels, success, where)
 
 
+def ground_truth_records(tag: str, benchmark: str) -> Iterator[dict[str, Any]]:
+    """The ground truth of all multi-turn tasks of a data naming ("v3", "v4") as canonical records of
+    `benchmark`, one call per step, success true: the known answers of the BFCL environments."""
+    from pipeline.envs.bfcl import official
+
+    for category in official.CATEGORIES:
+        answers = official.read_data_file(official.data_file_name(tag, category, answers=True))
+        truth = {a["id"]: a["ground_truth"] for a in answers}
+        for task in official.read_data_file(official.data_file_name(tag, category)):
+            entry = {"id": task["id"], "result": [[[c] for c in turn] for turn in truth[task["id"]]]}
+            yield build_record(task, entry, benchmark, category, {"model": "ground_truth"}, True)
+
+
 def build_record(
     task: dict[str, Any],
     entry: dict[str, Any],
