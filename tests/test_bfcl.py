@@ -406,6 +406,42 @@ def test_prompt_mode_call_strings_are_ingested(real_records):
     assert [s.check for s in result.steps] == [None, None, "S"]
 
 
+def calls_of(record: dict[str, Any]) -> list[tuple[int, str, Any]]:
+    return [(e["turn"], e["tool"], e["arguments"]) for e in record["events"] if e["type"] == "call"]
+
+
+def test_raw_prompt_mode_responses_are_decoded_as_bfcl_does():
+    # Prompt-mode result files keep the model's raw text per step; BFCL decodes `[f(...), g(...)]` into calls
+    # and treats text that does not decode as the model's answer (the turn ends).
+    task = official.read_data_file(official.data_file_name("v3", "base"))[0]
+    raw = {
+        "id": task["id"],
+        "result": [
+            ['[cd(folder="document"), mkdir(dir_name="temp")]', "Both done."],
+            ["```\nls(a=True)\n```", "I could not find the file you mean."],
+        ],
+    }
+    record = build_record(task, raw, "bfcl_v3", "base", {"model": "m"}, None)
+    assert calls_of(record) == [
+        (0, "cd", {"folder": "document"}),
+        (0, "mkdir", {"dir_name": "temp"}),
+        (1, "ls", {"a": True}),
+    ]
+    # What BFCL decoded live (inference_log) wins over our decoding, and the logged outputs come along.
+    step = [
+        {"role": "assistant", "content": raw["result"][0][0]},
+        {"role": "handler_log", "model_response_decoded": ["cd(folder='document')"]},
+        {"role": "tool", "content": '{"current_working_directory": "document"}'},
+    ]
+    logged = {**raw, "inference_log": [[{"role": "state_info"}], {"step_0": step}, [], {}]}
+    first = next(e for e in build_record(task, logged, "bfcl_v3", "base", {}, None)["events"] if e["type"] == "call")
+    assert (first["tool"], first["output"]) == ("cd", '{"current_working_directory": "document"}')
+    assert first["error"] is False and len(calls_of(build_record(task, logged, "bfcl_v3", "base", {}, None))) == 2
+    # In a function-calling result (calls as lists), a string step is text even when it looks like calls.
+    fc = {"id": task["id"], "result": [[[{"ls": "{}"}], "[cd(folder='document')]"], []]}
+    assert calls_of(build_record(task, fc, "bfcl_v3", "base", {}, None)) == [(0, "ls", "{}")]
+
+
 def test_inference_errors_become_rollouts_without_calls(real_records):
     errors = [
         r

@@ -8,7 +8,8 @@ joined with
 - the score file of the same name (`..._score.json`, beside the result file, under the mirrored `score/`
   folder, or in `--option scores=DIR`): success = the id is not listed as failed. No score file: null.
 Calls are `{name: "<JSON arguments>"}` (function-calling models; the raw text is kept, so a call whose
-arguments do not parse is an S failure) or decoded call strings (prompt-mode models), parsed with `ast`.
+arguments do not parse is an S failure), decoded call strings, or a prompt-mode model's raw text per step,
+decoded as BFCL does (its logged `model_response_decoded`, else `[f(a=1), g()]` parsed with `ast`).
 The tool outputs the live run saw (`inference_log`) become each call's logged `output`.
 Labels: `model` (the result file's folder, above any `multi_turn/`), `category`, plus `--label`.
 Options: `dataset=PATH` (a folder or a bfcl-eval wheel), `scores=DIR`, `model=NAME` (overrides the folder).
@@ -20,12 +21,13 @@ import ast
 import json
 import re
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from pipeline.envs import EnvError
-from pipeline.envs.bfcl.calls import CallSyntaxError, parse_call
+from pipeline.envs.bfcl.calls import CallSyntaxError, parse_call, parse_call_list
 from pipeline.envs.bfcl.env import error_message
 from pipeline.ingest import IngestError, IngestOptions
 
@@ -110,7 +112,10 @@ def build_record(
     turns = entry.get("result")
     # A string result is BFCL's record of an inference error: the run made no calls (BFCL scores it failed).
     turns = turns if isinstance(turns, list) else []
-    logged = _logged_outputs(entry.get("inference_log"), turns)
+    logged = _step_logs(entry.get("inference_log"), turns)
+    # Function-calling results hold a step's calls as a list; a string step is then the model's text answer.
+    # In prompt mode every step is the model's raw text, which BFCL decodes into calls.
+    prompt_mode = not any(isinstance(step, list) for turn in turns if isinstance(turn, list) for step in turn)
     events: list[dict[str, Any]] = []
     for index, question in enumerate(task.get("question", [])):
         for message in question:
@@ -124,10 +129,15 @@ def build_record(
             )
         steps = turns[index] if index < len(turns) and isinstance(turns[index], list) else []
         for step_index, step in enumerate(steps):
-            if not isinstance(step, list):
-                continue  # an undecodable prompt-mode response: BFCL ends the turn, no call was made
-            outputs = logged.get((index, step_index), [])
-            for call_index, call in enumerate(_calls(step, benchmark, where)):
+            log = logged.get((index, step_index), _StepLog())
+            if isinstance(step, list):
+                calls = _calls(step, benchmark, where)
+            elif isinstance(step, str) and (prompt_mode or log.decoded is not None):
+                calls = _prompt_calls(step, log, benchmark)
+            else:
+                continue  # a text answer: BFCL ends the turn, no call was made
+            outputs = log.outputs
+            for call_index, call in enumerate(calls):
                 if call_index < len(outputs):
                     call["output"] = outputs[call_index]
                     call["error"] = is_error_output(outputs[call_index])
@@ -162,6 +172,19 @@ def _calls(step: list[Any], benchmark: str, where: str) -> list[dict[str, Any]]:
     return calls
 
 
+def _prompt_calls(text: str, log: _StepLog, benchmark: str) -> list[dict[str, Any]]:
+    """The calls of a prompt-mode response: those BFCL decoded live (`model_response_decoded` in the
+    inference log) when logged, else BFCL's default decoding of the text. Text that does not decode is an
+    answer, not a call (BFCL ends the turn)."""
+    if log.decoded is not None:
+        return [_string_call(str(c), benchmark) for c in log.decoded]
+    try:
+        decoded = parse_call_list(text, _parameter_order(benchmark))
+    except CallSyntaxError:
+        return []
+    return [{"type": "call", "tool": name, "arguments": args} for name, args in decoded]
+
+
 def _string_call(text: str, benchmark: str) -> dict[str, Any]:
     try:
         name, args = parse_call(text, _parameter_order(benchmark))
@@ -182,20 +205,32 @@ def _parameter_order(benchmark: str):
         raise IngestError(f"bfcl: prompt-mode call strings need the simulators: {exc}") from exc
 
 
-def _logged_outputs(log: Any, turns: list[Any]) -> dict[tuple[int, int], list[str]]:
-    """(turn, step) -> the tool outputs the live run returned, in call order. BFCL's inference_log holds a
-    dict per turn (`step_<k>` -> messages, tool outputs have role `tool`) between state snapshots."""
+@dataclass(frozen=True)
+class _StepLog:
+    outputs: list[str] = field(default_factory=list)  # the tool outputs the live run returned, in call order
+    decoded: list[Any] | None = None  # the call strings BFCL decoded from a text response (prompt mode)
+
+
+def _step_logs(log: Any, turns: list[Any]) -> dict[tuple[int, int], _StepLog]:
+    """(turn, step) -> what the live run logged. BFCL's inference_log holds a dict per turn (`step_<k>` ->
+    messages: tool outputs have role `tool`, the handler's record has `model_response_decoded`) between state
+    snapshots."""
     if not isinstance(log, list):
         return {}
     turn_logs = [item for item in log if isinstance(item, dict)]
     if len(turn_logs) != len(turns):
         return {}  # cannot be aligned with the result: outputs count as not logged
-    out: dict[tuple[int, int], list[str]] = {}
+    out: dict[tuple[int, int], _StepLog] = {}
     for turn, turn_log in enumerate(turn_logs):
         for key, messages in turn_log.items():
             if key.startswith("step_") and key[5:].isdigit() and isinstance(messages, list):
-                tools = [m.get("content") for m in messages if isinstance(m, dict) and m.get("role") == "tool"]
-                out[(turn, int(key[5:]))] = [t if isinstance(t, str) else json.dumps(t) for t in tools]
+                entries = [m for m in messages if isinstance(m, dict)]
+                tools = [m.get("content") for m in entries if m.get("role") == "tool"]
+                decoded = next((m["model_response_decoded"] for m in entries if "model_response_decoded" in m), None)
+                out[(turn, int(key[5:]))] = _StepLog(
+                    [t if isinstance(t, str) else json.dumps(t) for t in tools],
+                    decoded if isinstance(decoded, list) else None,
+                )
     return out
 
 

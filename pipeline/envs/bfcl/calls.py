@@ -1,4 +1,5 @@
-"""Decoded BFCL call strings (`cd(folder='document')`, `sort('a.txt')`) -> (name, arguments), with `ast`.
+"""BFCL call strings -> (name, arguments), with `ast`: one decoded call (`cd(folder='document')`,
+`sort('a.txt')`), or a prompt-mode model's whole response (`[cd(folder='document'), ls()]`).
 
 Only literal arguments are accepted (ast.literal_eval on each argument node: never eval/exec). Positional
 arguments are named through the function's parameter order.
@@ -15,19 +16,40 @@ class CallSyntaxError(ValueError):
     """The text is not a single call with literal arguments."""
 
 
-def parse_call(text: str, parameter_order: Callable[[str], Sequence[str] | None]) -> tuple[str, dict[str, Any]]:
+ParameterOrder = Callable[[str], Sequence[str] | None]
+
+
+def parse_call(text: str, parameter_order: ParameterOrder) -> tuple[str, dict[str, Any]]:
     """(function name, keyword arguments) of one call string.
 
     `parameter_order(name)` gives the parameter names in signature order (None when the function is unknown:
     positional arguments then cannot be named).
     """
-    try:
-        tree = ast.parse(text.strip(), mode="eval")
-    except SyntaxError as exc:
-        raise CallSyntaxError(f"not a call: {text!r} ({exc.msg})") from exc
-    node = tree.body
+    node = _expression(text.strip(), text)
     if not isinstance(node, ast.Call):
         raise CallSyntaxError(f"not a call: {text!r}")
+    return _call(node, parameter_order)
+
+
+def parse_call_list(text: str, parameter_order: ParameterOrder) -> list[tuple[str, dict[str, Any]]]:
+    """The calls of a prompt-mode response, decoded as BFCL's default prompting handler does: surrounding
+    backticks, newlines and spaces dropped, brackets added when missing, then a list of calls."""
+    body = text.strip("`\n ")
+    body = ("" if body.startswith("[") else "[") + body + ("" if body.endswith("]") else "]")
+    node = _expression(body, text)
+    if not isinstance(node, ast.List) or not all(isinstance(item, ast.Call) for item in node.elts):
+        raise CallSyntaxError(f"not a list of calls: {text[:80]!r}")
+    return [_call(item, parameter_order) for item in node.elts]
+
+
+def _expression(source: str, text: str) -> ast.expr:
+    try:
+        return ast.parse(source, mode="eval").body
+    except SyntaxError as exc:
+        raise CallSyntaxError(f"not a call: {text[:80]!r} ({exc.msg})") from exc
+
+
+def _call(node: ast.Call, parameter_order: ParameterOrder) -> tuple[str, dict[str, Any]]:
     name = _name(node.func)
     args: dict[str, Any] = {}
     if node.args:
