@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pipeline.code_version import code_version
-from pipeline.envs import EnvError, EnvOptions, get_environment
+from pipeline.envs import EnvError, EnvOptions, forget_unresolved, get_environment
 from pipeline.output import read_shard_markers, remove_manifest, remove_stale_parts, write_manifest
 from pipeline.score import ScoreSettings, ShardReport, score_shard
 from pipeline.store import Shard, list_inputs, plan_shards
@@ -64,6 +64,7 @@ def run_scoring(
     """
     options = options or EnvOptions()
     started = datetime.now(UTC)
+    forget_unresolved()
     if env is not None:
         get_environment(env, options)  # a bad spec fails here, before any scoring
     settings = ScoreSettings(

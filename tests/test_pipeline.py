@@ -17,6 +17,7 @@ from pipeline.aggregate import BootstrapSettings
 from pipeline.cli import app
 from pipeline.code_version import PACKAGE_ROOT, scoring_sources
 from pipeline.distributed import run_scoring
+from pipeline.envs import EnvOptions
 from pipeline.jobs import JobError, load_job
 from pipeline.output import read_manifest
 from pipeline.synth import synthesize, write_store
@@ -244,3 +245,16 @@ def test_a_job_report_table_is_checked_when_the_job_loads(tmp_path):
     job.write_text('name = "x"\ninput = "a"\noutput = "b"\n[report]\nk = [0]\nlayout = "wide"\n')
     with pytest.raises(JobError, match=r"\[report\]"):
         load_job(job)
+
+
+def test_an_environment_that_appears_between_runs_in_one_process_is_used(records, tmp_path):
+    # The registry remembers names that do not resolve (one lookup per process, not per record); a new
+    # scoring run must look again, or a notebook rerun after adding the spec would keep rejecting.
+    store, specs = tmp_path / "store", tmp_path / "specs"
+    write_store(({**r, "benchmark": "late_shop"} for r in list(records.values())[:50]), str(store))
+    options = EnvOptions(spec_dirs=(str(specs),))
+    first = run_scoring(str(store), str(tmp_path / "run"), options=options, executor="inline")
+    assert first["counts"]["rejected"] == 50 and first["environments"] == {"late_shop": None}
+    shutil.copytree(Path(__file__).resolve().parents[1] / "specs" / "shop", specs / "late_shop")
+    second = run_scoring(str(store), str(tmp_path / "run"), options=options, executor="inline")
+    assert second["counts"]["scored"] == 50 and second["counts"]["shards_reused"] == 0

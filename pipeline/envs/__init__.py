@@ -21,6 +21,7 @@ __all__ = [
     "Environment",
     "Outcome",
     "ToolInfo",
+    "forget_unresolved",
     "get_environment",
     "list_environments",
     "register",
@@ -89,6 +90,12 @@ def get_environment(name: str, options: EnvOptions | None = None) -> Environment
             _UNKNOWN[key] = exc
             raise
     return _INSTANCES[key]
+
+
+def forget_unresolved() -> None:
+    """Drop the memory of names that did not resolve: a new scoring run looks again (a simulator may have
+    been installed, a spec added since)."""
+    _UNKNOWN.clear()
 
 
 def list_environments(options: EnvOptions | None = None) -> dict[str, str]:
