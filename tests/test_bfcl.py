@@ -167,6 +167,22 @@ def test_both_releases_live_side_by_side_in_one_process():
     v4_run.events.append(Call(*echo))
     assert replay(v3, v3_run).executable  # 2025.8.6.2 creates the file
     assert "No such file" in replay(v4, v4_run).steps[0].detail  # 2025.11.10 refuses
+    # Commenting before authenticating: 2025.8.6.2 raises a dict (a TypeError), 2025.11.10 returns an error.
+    twitter = {"initial_config": {"TwitterAPI": {"username": "ana"}}, "involved_classes": ["TwitterAPI"]}
+    details = []
+    for environment in (v3, v4):
+        rollout = Rollout("r", "t", environment.name, env=twitter)
+        rollout.events += [
+            Message("user", "Comment 'hi' on tweet 0."),
+            Call("comment", {"tweet_id": 0, "comment_content": "hi"}),
+        ]
+        [step] = replay(environment, rollout).steps
+        assert (step.valid, step.check) == (False, "P")
+        details.append(step.detail)
+    assert details == [
+        "Error during execution: exceptions must derive from BaseException",
+        "User not authenticated. Please authenticate before commenting.",
+    ]
 
 
 def test_every_grounded_parameter_names_a_function_of_some_release():
