@@ -412,7 +412,7 @@ def test_ingest_joins_dataset_scores_and_logged_outputs(real_records):
 
 
 def test_prompt_mode_call_strings_are_ingested(real_records):
-    task = official.read_data_file(official.data_file_name("v4", "base"))[0]
+    task = official.read_dataset("v4", "base")[0]
     entry = {"id": task["id"], "result": [[["cd(folder='document')", "mkdir('temp')"]], [["cd(folder=nope)"]]]}
     record = build_record(task, entry, "bfcl_v4", "base", {"model": "m"}, False)
     calls = [e for e in record["events"] if e["type"] == "call"]
@@ -429,7 +429,7 @@ def calls_of(record: dict[str, Any]) -> list[tuple[int, str, Any]]:
 def test_raw_prompt_mode_responses_are_decoded_as_bfcl_does():
     # Prompt-mode result files keep the model's raw text per step; BFCL decodes `[f(...), g(...)]` into calls
     # and treats text that does not decode as the model's answer (the turn ends).
-    task = official.read_data_file(official.data_file_name("v3", "base"))[0]
+    task = official.read_dataset("v3", "base")[0]
     raw = {
         "id": task["id"],
         "result": [

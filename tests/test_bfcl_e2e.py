@@ -70,7 +70,7 @@ def test_v3_named_run_replays_against_the_v3_release_in_ray_workers(tmp_path):
     results.mkdir(parents=True)
     scores.mkdir(parents=True)
     for category in ("base", "miss_func"):
-        answers = official.read_data_file(official.data_file_name("v3", category, True))
+        answers = official.read_dataset("v3", category, answers=True)
         lines = [{"id": a["id"], "result": [[[c] for c in turn] for turn in a["ground_truth"]]} for a in answers]
         (results / f"BFCL_v3_multi_turn_{category}_result.json").write_text("\n".join(map(json.dumps, lines)))
         summary = {"accuracy": 0.995, "correct_count": 199, "total_count": 200}

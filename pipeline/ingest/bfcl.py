@@ -63,8 +63,7 @@ def _read_file(path: Path, options: IngestOptions) -> Iterator[dict]:
     from pipeline.envs.bfcl import official
 
     try:
-        dataset_name = official.data_file_name(tag, category)
-        dataset = {e["id"]: e for e in official.read_data_file(dataset_name, options.extra.get("dataset"))}
+        dataset = {e["id"]: e for e in official.read_dataset(tag, category, source=options.extra.get("dataset"))}
     except EnvError as exc:
         raise IngestError(f"bfcl: {path}: {exc}") from exc
     failed, _ = read_scores(_score_file(path, options.extra.get("scores")))
@@ -81,7 +80,7 @@ def _read_file(path: Path, options: IngestOptions) -> Iterator[dict]:
                 raise IngestError(f"bfcl: {where}: not JSON: {exc}") from exc
             task = dataset.get(entry.get("id")) if isinstance(entry, dict) else None
             if task is None:
-                raise IngestError(f"bfcl: {where}: id {entry.get('id')!r} is not in {dataset_name}")
+                raise IngestError(f"bfcl: {where}: id {entry.get('id')!r} is not a {tag} {category} task")
             success = None if failed is None else entry["id"] not in failed
             yield build_record(task, entry, benchmark, category, labels, success, where)
 
@@ -92,9 +91,9 @@ def ground_truth_records(tag: str, benchmark: str) -> Iterator[dict[str, Any]]:
     from pipeline.envs.bfcl import official
 
     for category in official.CATEGORIES:
-        answers = official.read_data_file(official.data_file_name(tag, category, answers=True))
+        answers = official.read_dataset(tag, category, answers=True)
         truth = {a["id"]: a["ground_truth"] for a in answers}
-        for task in official.read_data_file(official.data_file_name(tag, category)):
+        for task in official.read_dataset(tag, category):
             entry = {"id": task["id"], "result": [[[c] for c in turn] for turn in truth[task["id"]]]}
             yield build_record(task, entry, benchmark, category, {"model": "ground_truth"}, True)
 

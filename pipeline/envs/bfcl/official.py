@@ -8,12 +8,11 @@ installed beside the other; it is read from its wheel (`wheel_import`), found in
 or a folder of wheels) or `<venv>/bfcl-data/`, where the Makefile downloads it.
 
 `bfcl_eval` is imported lazily (only here, and only when called), so the rest of pexec imports without it.
-Dataset files come from a source the caller names, $PEXEC_BFCL_DATA, the installed package, or the wheels.
+Datasets come from the release that replays their naming (or from a folder or wheel the caller names).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -69,7 +68,7 @@ class Release:
         docs = {}
         for cls, (_, doc) in CLASSES.items():
             where = f"{self.wheel or _installed_root()}:{_DOCS}/{doc}"
-            docs[cls] = _json_lines(self._read(f"{_DOCS}/{doc}"), where)
+            docs[cls] = _json_lines(self.read(f"{_DOCS}/{doc}"), where)
         return docs
 
     @cached_property
@@ -85,9 +84,13 @@ class Release:
         except wheel_import.WheelImportError as exc:
             raise EnvError(f"cannot load the BFCL simulators of {self.pin}: {exc}") from exc
 
-    def _read(self, member: str) -> str:
+    def read(self, member: str) -> str:
+        """A file of the release by its path in the wheel (`bfcl_eval/data/...`)."""
         if self.wheel is None:
-            return (_installed_root().parent / member).read_text()
+            try:
+                return (_installed_root().parent / member).read_text()
+            except OSError as exc:
+                raise EnvError(f"{self.pin}: cannot read {member}: {exc}") from exc
         try:
             with zipfile.ZipFile(self.wheel) as archive:
                 return archive.read(member).decode()
@@ -132,13 +135,6 @@ def _wheel_places() -> list[Path]:
     return [*places, Path(sys.prefix) / "bfcl-data"]
 
 
-def _data_places() -> list[Path]:
-    *given, downloaded = _wheel_places()
-    with contextlib.suppress(EnvError):  # not installed: the downloaded wheels may still have the file
-        given.append(_installed_root())
-    return [*given, downloaded]
-
-
 @cache
 def _installed_root() -> Path:
     installed_version()
@@ -153,16 +149,16 @@ def data_file_name(version_tag: str, category: str, answers: bool = False) -> st
     return f"possible_answer/{name}" if answers else name
 
 
-def read_data_file(relative: str, source: str | None = None) -> list[dict[str, Any]]:
-    """A dataset file (path relative to `data/`) from `source`, or else the first of $PEXEC_BFCL_DATA, the
-    installed package and the downloaded wheels that has it."""
-    candidates = [Path(source)] if source else _data_places()
-    for candidate in candidates:
-        text = _read_from(candidate, relative)
-        if text is not None:
-            return _json_lines(text, f"{candidate}:{relative}")
-    searched = ", ".join(map(str, candidates)) or "nothing"
-    raise EnvError(f"BFCL dataset file {relative} not found (searched {searched}); pass --option dataset=PATH")
+def read_dataset(tag: str, category: str, answers: bool = False, source: str | None = None) -> list[dict[str, Any]]:
+    """The tasks (or, with `answers`, the ground truth) of one category of a data naming, from the release
+    that replays that naming (so data and simulators always match), or from `source` (a folder or a wheel)."""
+    relative = data_file_name(tag, category, answers)
+    if source is None:
+        return _json_lines(release(tag).read(f"bfcl_eval/data/{relative}"), f"{release(tag).pin}: {relative}")
+    text = _read_from(Path(source), relative)
+    if text is None:
+        raise EnvError(f"BFCL dataset file {relative} not found in {source}")
+    return _json_lines(text, f"{source}:{relative}")
 
 
 def _read_from(path: Path, relative: str) -> str | None:
