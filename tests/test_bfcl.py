@@ -4,6 +4,7 @@ failures at known depths, call-string parsing, schema conversion, and the ingest
 from __future__ import annotations
 
 import copy
+import json
 import sys
 import tomllib
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ from pipeline.envs.bfcl import official
 from pipeline.envs.bfcl.calls import CallSyntaxError, parse_call
 from pipeline.envs.bfcl.env import GROUNDED_FILE, BfclEnvironment
 from pipeline.envs.bfcl.schema import parameters_schema
-from pipeline.ingest import IngestOptions, ingest
+from pipeline.ingest import IngestError, IngestOptions, ingest
 from pipeline.ingest.bfcl import build_record, ground_truth_records, is_error_output, read_scores
 from pipeline.model import Call, Message, Rollout, RolloutResult
 from pipeline.records import parse_rollout
@@ -465,3 +466,15 @@ def test_inference_errors_become_rollouts_without_calls(real_records):
         if r["labels"]["category"] == "miss_func" and not any(e["type"] == "call" for e in r["events"])
     ]
     assert len(errors) >= 8 and not any(r["success"] for r in errors)
+
+
+def test_the_dataset_can_come_from_a_named_wheel_or_folder(tmp_path):
+    answers = official.read_dataset("v3", "miss_param", answers=True)[:2]
+    results = tmp_path / "m" / "BFCL_v3_multi_turn_miss_param_result.json"
+    results.parent.mkdir()
+    results.write_text("\n".join(json.dumps({"id": a["id"], "result": []}) for a in answers))
+    wheel = official.find_wheel(official.V3_RELEASE)
+    records = list(ingest("bfcl", [str(results)], IngestOptions(extra={"dataset": str(wheel)})))
+    assert [r["task_id"] for r in records] == [a["id"] for a in answers]
+    with pytest.raises(IngestError, match=r"BFCL_v3_multi_turn_miss_param\.json not found in"):
+        list(ingest("bfcl", [str(results)], IngestOptions(extra={"dataset": str(tmp_path)})))
