@@ -192,6 +192,8 @@ def _output_match(env: Environment, call: Call, verdict: _Verdict) -> bool | Non
         return None
     if verdict.valid:
         return _same(verdict.outcome.output if verdict.outcome else None, call.output)
+    if verdict.outcome is not None and verdict.outcome.output is not None:  # the simulator's own error output
+        return _same(verdict.outcome.output, call.output)
     if call.error is not None:
         return bool(call.error)
     return _same(verdict.detail, call.output)

@@ -478,3 +478,19 @@ def test_the_dataset_can_come_from_a_named_wheel_or_folder(tmp_path):
     assert [r["task_id"] for r in records] == [a["id"] for a in answers]
     with pytest.raises(IngestError, match=r"BFCL_v3_multi_turn_miss_param\.json not found in"):
         list(ingest("bfcl", [str(results)], IngestOptions(extra={"dataset": str(tmp_path)})))
+
+
+def test_a_real_v3_run_replays_exactly_only_against_the_v3_release():
+    # BFCL's own leaderboard run of DeepSeek-V3-0324-FC (tests/data/bfcl/README.md): every output it logged,
+    # errors included, is what 2025.8.6.2 returns; 2025.11.10 words five of its errors differently.
+    [record] = ingest("bfcl", [str(Path(__file__).parent / "data" / "bfcl")], IngestOptions())
+    rollout = parse_rollout(record)
+    assert (record["benchmark"], record["labels"]["model"]) == ("bfcl_v3", "DeepSeek-V3-0324-FC")
+    assert len(rollout.calls) == 30
+    v3 = replay(get_environment("bfcl_v3"), rollout)
+    assert [s.output_match for s in v3.steps] == [True] * 30
+    assert (v3.fed, v3.first_cause) == (9, "state_consistency")  # grep of the file its own mv renamed
+    v4 = replay(get_environment("bfcl_v4"), rollout)
+    assert [(s.step, s.tool) for s in v4.steps if not s.output_match] == [
+        (12, "cd"), (14, "cd"), (19, "cd"), (24, "cd"), (25, "mv")
+    ]  # fmt: skip

@@ -23,7 +23,7 @@ class Outcome:
     """What the environment said about one call."""
 
     accepted: bool
-    output: Any = None  # the tool's output when accepted, else None
+    output: Any = None  # the tool's output when accepted; for a rejection, what the simulator returned if any
     message: str | None = None  # the environment's own rejection message
     decided_by: str = "simulator"  # which source decided P: simulator | precondition | log
 

@@ -120,12 +120,12 @@ class BfclEnvironment:
 
     def execute(self, state: BfclState, tool: str, args: dict[str, Any], call: Call) -> Outcome:
         cls = self._class_of[tool]
-        message = _run(state.instances[cls], tool, args)
-        if isinstance(message, Outcome):
+        outcome = _run(state.instances[cls], tool, args)
+        if outcome.accepted:
             state.journal.append((cls, tool, args))
-            return message
-        self._rebuild(state, (cls,))
-        return Outcome(False, message=message)
+        else:
+            self._rebuild(state, (cls,))
+        return outcome
 
     def checkpoint(self, state: BfclState) -> int:
         return len(state.journal)
@@ -147,21 +147,20 @@ class BfclEnvironment:
         for cls in classes:
             state.instances[cls] = self._load(cls, state)
         for cls, tool, args in state.journal:
-            if cls in classes and not isinstance(_run(state.instances[cls], tool, args), Outcome):
+            if cls in classes and not _run(state.instances[cls], tool, args).accepted:
                 raise EnvError(f"{self.name}: {tool} was accepted once and rejected when rebuilding the state")
 
 
-def _run(instance: Any, tool: str, args: dict[str, Any]) -> Outcome | str:
-    """The accepted Outcome, or the rejection message. Both BFCL error conventions reject: a returned
-    `{"error": ...}` and a raised exception (BFCL's own path reports `Error during execution: ...`)."""
+def _run(instance: Any, tool: str, args: dict[str, Any]) -> Outcome:
+    """Both BFCL error conventions reject: a returned `{"error": ...}` and a raised exception (BFCL's own path
+    reports `Error during execution: ...`). A rejection keeps what the simulator returned, as BFCL logs it,
+    so that replay fidelity compares error outputs too."""
     try:
         result = getattr(instance, tool)(**copy.deepcopy(args))
     except Exception as exc:  # the simulator refuses the call; anything it raises is its answer
-        return f"Error during execution: {exc}"
+        return Outcome(False, output=f"Error during execution: {exc}", message=f"Error during execution: {exc}")
     message = error_message(result)
-    if message is not None:
-        return message
-    return Outcome(True, output=_as_logged(result))
+    return Outcome(message is None, output=_as_logged(result), message=message)
 
 
 def error_message(result: Any) -> str | None:

@@ -120,7 +120,7 @@ class TauEnvironment:
             output = _output(self._call(state, tool, args))
         except Exception as exc:  # the official environment turns every exception into an error message
             journal.rollback(mark)
-            return Outcome(False, message=f"Error: {exc}", decided_by="simulator")
+            return Outcome(False, output=f"Error: {exc}", message=f"Error: {exc}", decided_by="simulator")
         finally:
             journal.tracking = False
         if tool in AUTH_TOOLS and isinstance(output, str):
