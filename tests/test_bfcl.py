@@ -26,6 +26,7 @@ from pipeline.records import parse_rollout
 from pipeline.specs import files_fingerprint
 
 GROUNDED = tomllib.loads((Path(__file__).resolve().parents[1] / "specs/bfcl_v3/grounded.toml").read_text())["grounded"]
+REAL_V3 = Path(__file__).parent / "data" / "bfcl"  # excerpts of BFCL's own v3 leaderboard runs (README there)
 REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real" / "bfcl" / "gpt-oss-120b"
 
 # Tasks whose own ground truth is not executable under BFCL's rules (dataset defects), per data naming:
@@ -483,7 +484,7 @@ def test_the_dataset_can_come_from_a_named_wheel_or_folder(tmp_path):
 def test_a_real_v3_run_replays_exactly_only_against_the_v3_release():
     # BFCL's own leaderboard run of DeepSeek-V3-0324-FC (tests/data/bfcl/README.md): every output it logged,
     # errors included, is what 2025.8.6.2 returns; 2025.11.10 words five of its errors differently.
-    [record] = ingest("bfcl", [str(Path(__file__).parent / "data" / "bfcl")], IngestOptions())
+    [record] = ingest("bfcl", [str(REAL_V3 / "DeepSeek-V3-0324-FC")], IngestOptions())
     rollout = parse_rollout(record)
     assert (record["benchmark"], record["labels"]["model"]) == ("bfcl_v3", "DeepSeek-V3-0324-FC")
     assert len(rollout.calls) == 30
@@ -494,3 +495,18 @@ def test_a_real_v3_run_replays_exactly_only_against_the_v3_release():
     assert [(s.step, s.tool) for s in v4.steps if not s.output_match] == [
         (12, "cd"), (14, "cd"), (19, "cd"), (24, "cd"), (25, "mv")
     ]  # fmt: skip
+
+
+def test_a_real_prompt_mode_v3_run_is_decoded_and_replays_exactly():
+    # A prompt-mode model's raw responses (tests/data/bfcl/README.md): the calls BFCL decoded live, and our own
+    # decoding of the raw text when the log is absent, are the same 10 calls; all outputs replay exactly.
+    path = REAL_V3 / "Ling_ling-lite-v1.5" / "BFCL_v3_multi_turn_base_result.json"
+    [record] = ingest("bfcl", [str(path)], IngestOptions())
+    rollout = parse_rollout(record)
+    assert [c.tool for c in rollout.calls] == ["cd", "mkdir", "mv", "grep", "sort", "cd", "mkdir", "mv", "mv", "diff"]
+    unlogged = {**json.loads(path.read_text()), "inference_log": None}
+    unlogged = build_record(official.read_dataset("v3", "base")[0], unlogged, "bfcl_v3", "base", {}, None)
+    assert calls_of(unlogged) == [(c.turn, c.tool, c.arguments) for c in rollout.calls]
+    result = replay(get_environment("bfcl_v3"), rollout)
+    assert [s.output_match for s in result.steps] == [True] * 10
+    assert (result.fed, result.first_cause) == (3, "precondition")  # mv to a path

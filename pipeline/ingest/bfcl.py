@@ -21,7 +21,7 @@ import ast
 import json
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -128,14 +128,14 @@ def build_record(
             )
         steps = turns[index] if index < len(turns) and isinstance(turns[index], list) else []
         for step_index, step in enumerate(steps):
-            log = logged.get((index, step_index), _StepLog())
+            log = logged.get((index, step_index))
             if isinstance(step, list):
                 calls = _calls(step, benchmark, where)
-            elif isinstance(step, str) and (prompt_mode or log.decoded is not None):
+            elif isinstance(step, str) and (prompt_mode or (log is not None and log.decoded is not None)):
                 calls = _prompt_calls(step, log, benchmark)
             else:
                 continue  # a text answer: BFCL ends the turn, no call was made
-            outputs = log.outputs
+            outputs = log.outputs if log is not None else []
             for call_index, call in enumerate(calls):
                 if call_index < len(outputs):
                     call["output"] = outputs[call_index]
@@ -171,12 +171,12 @@ def _calls(step: list[Any], benchmark: str, where: str) -> list[dict[str, Any]]:
     return calls
 
 
-def _prompt_calls(text: str, log: _StepLog, benchmark: str) -> list[dict[str, Any]]:
-    """The calls of a prompt-mode response: those BFCL decoded live (`model_response_decoded` in the
-    inference log) when logged, else BFCL's default decoding of the text. Text that does not decode is an
-    answer, not a call (BFCL ends the turn)."""
-    if log.decoded is not None:
-        return [_string_call(str(c), benchmark) for c in log.decoded]
+def _prompt_calls(text: str, log: _StepLog | None, benchmark: str) -> list[dict[str, Any]]:
+    """The calls of a prompt-mode response: those BFCL decoded live (`model_response_decoded`) when the step
+    is in the inference log (none if it logged a decoding error), else BFCL's default decoding of the text.
+    Text that does not decode is an answer, not a call (BFCL ends the turn)."""
+    if log is not None:
+        return [_string_call(str(c), benchmark) for c in log.decoded or []]
     try:
         decoded = parse_call_list(text, _parameter_order(benchmark))
     except CallSyntaxError:
@@ -206,8 +206,8 @@ def _parameter_order(benchmark: str):
 
 @dataclass(frozen=True)
 class _StepLog:
-    outputs: list[str] = field(default_factory=list)  # the tool outputs the live run returned, in call order
-    decoded: list[Any] | None = None  # the call strings BFCL decoded from a text response (prompt mode)
+    outputs: list[str]  # the tool outputs the live run returned, in call order
+    decoded: list[Any] | None  # the call strings BFCL decoded from a text response (prompt mode)
 
 
 def _step_logs(log: Any, turns: list[Any]) -> dict[tuple[int, int], _StepLog]:
