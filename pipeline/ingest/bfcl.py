@@ -4,7 +4,7 @@ Sources are result files `BFCL_v{3,4}_multi_turn_<category>_result.json` or fold
 recursively). Each line (`id`, `result` [turn][step][calls], token counts, latency, `inference_log`) is
 joined with
 - the dataset of its naming (questions -> user messages per turn; initial_config, involved_classes,
-  missed_function -> `env`), from the pinned package, a release wheel or `--option dataset=PATH`;
+  missed_function -> `env`), from the release that replays that naming, or `--option dataset=PATH`;
 - the score file of the same name (`..._score.json`, beside the result file, under the mirrored `score/`
   folder, or in `--option scores=DIR`): success = the id is not listed as failed. No score file: null.
 Calls are `{name: "<JSON arguments>"}` (function-calling models; the raw text is kept, so a call whose
