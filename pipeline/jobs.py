@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 
@@ -26,6 +26,9 @@ from pipeline.envs import EnvOptions
 from pipeline.score import ShardReport
 from pipeline.specs import check_fields
 from pipeline.synth import synthesize, write_store
+
+if TYPE_CHECKING:
+    from pipeline.report import Compare
 
 _JOB_KEYS = {"name", "description", "input", "output", "env", "spec", "spec_dirs", "policy", "address", "shard_mb",
              "num_cpus", "endpoint_url", "metrics", "synth", "report"}  # fmt: skip
@@ -42,7 +45,7 @@ class JobError(ValueError):
 class JobReport:
     out: str
     by: list[str] | None
-    compare: list[str] | None  # two COL=VALUE items, as `pexec report --compare`
+    compare: Compare | None  # from two COL=VALUE items, as `pexec report --compare`
     ks: tuple[int, ...]
 
 
@@ -129,12 +132,13 @@ def _load_report(
     ks = raw.get("k", [1, 3, 5])
     if not isinstance(ks, list) or not ks or not all(isinstance(k, int) and k >= 1 for k in ks):
         raise JobError(f"{where}: k is a list of depths >= 1, got {ks!r}")
-    compare = raw.get("compare")
-    if compare is not None:
+    compare = None
+    if "compare" in raw:
         from pipeline.report import parse_compare
 
+        items = raw["compare"]
         try:
-            parse_compare(compare if isinstance(compare, list) else [compare])
+            compare = parse_compare(items if isinstance(items, list) else [items])
         except ValueError as exc:
             raise JobError(f"{where}: compare: {exc}") from exc
     out = _fill(raw.get("out", f"{output.rstrip('/')}/report"), day, path)
@@ -170,11 +174,10 @@ def run_job(
     cohorts = compute_metrics(job.output, job.by, job.bootstrap, job.max_k, job.storage_options)
     write_metrics(job.output, cohorts, job.storage_options)
     if job.report is not None:
-        from pipeline.report import build_report, parse_compare
+        from pipeline.report import build_report
 
         r = job.report
-        compare = parse_compare(r.compare) if r.compare else None
-        build_report(job.output, r.out, r.by, compare, r.ks, job.bootstrap, job.storage_options)
+        build_report(job.output, r.out, r.by, r.compare, r.ks, job.bootstrap, job.storage_options)
     return manifest, cohorts
 
 

@@ -452,9 +452,9 @@ def test_raw_prompt_mode_responses_are_decoded_as_bfcl_does():
         {"role": "tool", "content": '{"current_working_directory": "document"}'},
     ]
     logged = {**raw, "inference_log": [[{"role": "state_info"}], {"step_0": step}, [], {}]}
-    first = next(e for e in build_record(task, logged, "bfcl_v3", "base", {}, None)["events"] if e["type"] == "call")
-    assert (first["tool"], first["output"]) == ("cd", '{"current_working_directory": "document"}')
-    assert first["error"] is False and len(calls_of(build_record(task, logged, "bfcl_v3", "base", {}, None))) == 2
+    calls = [e for e in build_record(task, logged, "bfcl_v3", "base", {}, None)["events"] if e["type"] == "call"]
+    assert (calls[0]["tool"], calls[0]["output"]) == ("cd", '{"current_working_directory": "document"}')
+    assert calls[0]["error"] is False and len(calls) == 2
     # In a function-calling result (calls as lists), a string step is text even when it looks like calls.
     fc = {"id": task["id"], "result": [[[{"ls": "{}"}], "[cd(folder='document')]"], []]}
     assert calls_of(build_record(task, fc, "bfcl_v3", "base", {}, None)) == [(0, "ls", "{}")]
