@@ -30,6 +30,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.errors import PexecError
 from pipeline.model import RESERVED_COLUMNS
 
 # Fixed columns of RUN/rollouts (DESIGN §4); any other column not starting with `cost_` is a label.
@@ -70,7 +71,7 @@ class BootstrapSettings:
 DEFAULT_BOOTSTRAP = BootstrapSettings()
 
 
-class QueryRefused(ValueError):
+class QueryRefused(PexecError, ValueError):
     """A statement in a user query is not a read."""
 
 

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pipeline.code_version import code_version
 from pipeline.envs import EnvError, EnvOptions, forget_unresolved, get_environment
+from pipeline.errors import PexecError
 from pipeline.output import read_shard_markers, remove_manifest, remove_stale_parts, write_manifest
 from pipeline.score import ScoreSettings, ShardReport, score_shard
 from pipeline.store import Shard, list_inputs, plan_shards
@@ -31,7 +32,7 @@ class ShardPlan:
     reusable: int = 0  # shards whose committed output from an earlier run is still valid
 
 
-class JobFailed(RuntimeError):
+class JobFailed(PexecError, RuntimeError):
     """A shard failed; the message names it and the reason. No manifest is written."""
 
 

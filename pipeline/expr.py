@@ -14,12 +14,14 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from pipeline.errors import PexecError
+
 __all__ = ["EvalError", "Expr", "ExprError", "Target", "compile_expr", "compile_target", "render"]
 
 Fn = Callable[[Mapping[str, Any]], Any]
 
 
-class ExprError(ValueError):
+class ExprError(PexecError, ValueError):
     """A bad expression, raised at compile time."""
 
     def __init__(self, source: str, problem: str, column: int | None = None) -> None:

@@ -23,6 +23,7 @@ import fsspec
 from pipeline.aggregate import BootstrapSettings, compute_metrics, write_metrics
 from pipeline.distributed import DEFAULT_SHARD_BYTES, ShardPlan, run_scoring
 from pipeline.envs import EnvOptions
+from pipeline.errors import PexecError
 from pipeline.score import ShardReport
 from pipeline.specs import check_fields
 from pipeline.synth import synthesize, write_store
@@ -37,7 +38,7 @@ _REPORT_KEYS = {"out", "by", "compare", "k"}
 _SYNTH_KEYS = {"spec", "rollouts", "tasks", "seed"}
 
 
-class JobError(ValueError):
+class JobError(PexecError, ValueError):
     """A job file that cannot be run; the message names the file and the field."""
 
 

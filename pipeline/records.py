@@ -9,10 +9,11 @@ from typing import Any
 
 import orjson
 
+from pipeline.errors import PexecError
 from pipeline.model import NOT_LOGGED, RESERVED_COLUMNS, Call, Event, Message, Rollout
 
 
-class InvalidRecord(ValueError):
+class InvalidRecord(PexecError, ValueError):
     """The record is not a canonical rollout; the message is the reject reason."""
 
 

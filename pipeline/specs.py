@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from pipeline.envs.base import EnvError, ToolInfo
+from pipeline.errors import PexecError
 from pipeline.expr import EvalError, Expr, ExprError, Target, compile_expr, compile_target, render
 
 SPEC_FILE = "spec.toml"
@@ -34,7 +35,7 @@ _EFFECT_OPS = ("set", "append", "delete")
 _FOR = re.compile(r"^\s*([A-Za-z_]\w*)\s+in\s+(.+)$", re.S)
 
 
-class SpecError(ValueError):
+class SpecError(PexecError, ValueError):
     """A spec that cannot be used; the message names the file and the place."""
 
 

@@ -23,6 +23,8 @@ import pyarrow.parquet as pq
 import zstandard
 from fsspec.implementations.local import LocalFileSystem
 
+from pipeline.errors import PexecError
+
 Format = Literal["jsonl", "parquet"]
 Compression = Literal[None, "gzip", "zstd"]
 
@@ -51,7 +53,7 @@ _VERSION_KEYS = (
 )
 
 
-class StoreError(Exception):
+class StoreError(PexecError):
     """The store as a whole cannot be used (missing, empty, changed since it was listed)."""
 
 

@@ -11,10 +11,11 @@ from typing import Any, Protocol, runtime_checkable
 
 import fastjsonschema
 
+from pipeline.errors import PexecError
 from pipeline.model import Call, Rollout
 
 
-class EnvError(Exception):
+class EnvError(PexecError):
     """An environment cannot be built (bad spec, missing package, unknown name)."""
 
 

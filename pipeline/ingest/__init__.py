@@ -13,10 +13,11 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+from pipeline.errors import PexecError
 from pipeline.records import InvalidRecord, parse_rollout
 
 
-class IngestError(ValueError):
+class IngestError(PexecError, ValueError):
     """The sources cannot be read in this format; the message names the file and the place."""
 
 

@@ -22,12 +22,14 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from pipeline.errors import PexecError
+
 SOURCE_DIR = "bfcl_eval/eval_checker/multi_turn_eval/func_source_code"
 INSTALLED_PACKAGE = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code"
 _LOCK = threading.Lock()  # sys.modules is swapped while a release module loads
 
 
-class WheelImportError(Exception):
+class WheelImportError(PexecError):
     pass
 
 
