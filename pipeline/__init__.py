@@ -10,7 +10,8 @@ from pipeline.envs import Environment, EnvOptions, Outcome, ToolInfo, get_enviro
 from pipeline.model import Call, Message, Reject, Rollout, RolloutResult, StepResult
 from pipeline.records import InvalidRecord, parse_rollout
 from pipeline.specs import Spec, SpecError, load_spec
-from pipeline.synth import synthesize, write_store
+from pipeline.storage.stores import write_store
+from pipeline.synth import synthesize
 
 __all__ = [
     "BootstrapSettings",

@@ -15,7 +15,6 @@ same run, seed, B and method give the same bounds on any DuckDB version and any 
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 from collections.abc import Iterator, Sequence
@@ -26,12 +25,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import duckdb
-import fsspec
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from pipeline.errors import PexecError
 from pipeline.model import RESERVED_COLUMNS
+from pipeline.storage.run import RunPrefix
 
 # Fixed columns of RUN/rollouts (DESIGN §4); any other column not starting with `cost_` is a label.
 ROLLOUT_COLUMNS = (
@@ -118,7 +116,7 @@ def compute_metrics(
 def open_rollouts(run: str, storage_options: dict[str, Any] | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
     """A fresh in-memory connection with the view `rollouts` over RUN/rollouts and the bootstrap hash macros:
     the starting point of every aggregate over a run (metrics here, the report's tables)."""
-    root = _Run(run, storage_options)
+    root = RunPrefix(run, storage_options)
     if not root.has("rollouts"):
         raise FileNotFoundError(f"no rollouts Parquet files under {root.url}/rollouts/")
     con = _connect(root)
@@ -155,7 +153,7 @@ def write_metrics(run: str, cohorts: list[dict[str, Any]], storage_options: dict
     Fixed file names, replaced whole: a rerun overwrites, never appends.
     """
     metrics_table, pec_table = metrics_tables(cohorts)
-    root = _Run(run, storage_options)
+    root = RunPrefix(run, storage_options)
     root.write_parquet("metrics/metrics.parquet", metrics_table)
     root.write_parquet("metrics/pec.parquet", pec_table)
 
@@ -167,7 +165,7 @@ def sql(run: str, query: str, storage_options: dict[str, Any] | None = None) -> 
     last one is returned. Files outside the run cannot be read.
     """
     statements = _read_statements(query)
-    root = _Run(run, storage_options)
+    root = RunPrefix(run, storage_options)
     if not root.fs.exists(root.path):
         raise FileNotFoundError(f"no run at {run}")
     con = _connect(root)
@@ -240,55 +238,10 @@ def _label_values(cohort: dict[str, Any], keys: list[str]) -> dict[str, str | No
 # --- internals ---------------------------------------------------------------------------------------
 
 
-class _Run:
-    """A run prefix: a local folder (made absolute) or an fsspec URL."""
-
-    def __init__(self, run: str, storage_options: dict[str, Any] | None = None) -> None:
-        self.fs, path = fsspec.core.url_to_fs(run, **(storage_options or {}))
-        self.path = path.rstrip("/")
-        self.local = "file" in _protocols(self.fs)
-        # What DuckDB is given: an absolute local path, or the URL itself (a registered fsspec filesystem
-        # will have to serve it; see _connect).
-        self.url = self.path if self.local else run.rstrip("/")
-
-    def file(self, rel: str) -> str:
-        return f"{self.url}/{rel}"
-
-    def glob(self, table: str) -> str:
-        # `**` also matches zero folders: one run, or a folder of runs (e.g. nightly `date=YYYY-MM-DD/`
-        # partitions) read together.
-        return f"{self.url}/**/{table}/*.parquet"
-
-    def exists(self, rel: str) -> bool:
-        return bool(self.fs.exists(f"{self.path}/{rel}"))
-
-    def has(self, table: str) -> bool:
-        return any(f"/{table}/" in p for p in self.fs.glob(f"{self.path}/**/{table}/*.parquet"))
-
-    def write_parquet(self, rel: str, table: pa.Table) -> None:
-        path = f"{self.path}/{rel}"
-        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-        if self.local:
-            # Write aside, then rename over the old file: a crash never leaves half a metrics table.
-            tmp = f"{path}.tmp"
-            pq.write_table(table, tmp)
-            os.replace(tmp, path)
-        else:
-            with self.fs.open(path, "wb") as f:  # one object PUT: atomic on object stores
-                pq.write_table(table, f)
-
-
-def _protocols(fs: Any) -> tuple[str, ...]:
-    protocol = fs.protocol
-    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
-
-
-def _connect(root: _Run) -> duckdb.DuckDBPyConnection:
-    # In-memory database: nothing is persisted but the Parquet files we write. A remote run (s3://, gs://)
-    # is read through its own fsspec filesystem (same credentials and endpoint as the rest of pexec).
+def _connect(root: RunPrefix) -> duckdb.DuckDBPyConnection:
+    # In-memory database: nothing is persisted but the Parquet files we write.
     con = duckdb.connect()
-    if not root.local:
-        con.register_filesystem(root.fs)
+    root.attach(con)
     # DuckDB's progress bar only where a person watches (it garbles logs and captured output).
     con.execute(f"SET enable_progress_bar = {str(sys.stderr.isatty()).lower()}")
     return con

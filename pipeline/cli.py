@@ -17,8 +17,9 @@ from pipeline.distributed import DEFAULT_SHARD_BYTES, JobFailed, ShardPlan, run_
 from pipeline.envs import EnvError, EnvOptions
 from pipeline.score import ShardReport
 from pipeline.specs import SpecError
-from pipeline.store import StoreError
-from pipeline.synth import synthesize, write_store
+from pipeline.storage.inputs import StoreError
+from pipeline.storage.stores import write_store
+from pipeline.synth import synthesize
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 console = Console(stderr=True)

@@ -16,9 +16,9 @@ from typing import Any, Literal
 from pipeline.code_version import code_version
 from pipeline.envs import EnvError, EnvOptions, forget_unresolved, get_environment
 from pipeline.errors import PexecError
-from pipeline.output import read_shard_markers, remove_manifest, remove_stale_parts, write_manifest
 from pipeline.score import ScoreSettings, ShardReport, score_shard
-from pipeline.store import Shard, list_inputs, plan_shards
+from pipeline.storage.inputs import Shard, list_inputs, plan_shards
+from pipeline.storage.run import read_shard_markers, remove_manifest, remove_stale_parts, write_manifest
 
 DEFAULT_SHARD_BYTES = 64 * 2**20
 

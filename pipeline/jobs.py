@@ -18,15 +18,15 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import fsspec
-
 from pipeline.aggregate import BootstrapSettings, compute_metrics, write_metrics
 from pipeline.distributed import DEFAULT_SHARD_BYTES, ShardPlan, run_scoring
 from pipeline.envs import EnvOptions
 from pipeline.errors import PexecError
 from pipeline.score import ShardReport
 from pipeline.specs import check_fields
-from pipeline.synth import synthesize, write_store
+from pipeline.storage.fs import exists
+from pipeline.storage.stores import write_store
+from pipeline.synth import synthesize
 
 if TYPE_CHECKING:
     from pipeline.report import Compare
@@ -155,7 +155,7 @@ def run_job(
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Score the job's input (reusing unchanged shards), then compute and write its metrics (and its report,
     when the job has a [report] table)."""
-    if job.synth is not None and not _exists(job.input, job.storage_options):
+    if job.synth is not None and not exists(job.input, job.storage_options):
         records = synthesize(job.synth.get("spec", "shop"), job.synth.get("rollouts", 1000),
                              job.synth.get("tasks", 100), job.synth.get("seed", 0))  # fmt: skip
         write_store(records, job.input, storage_options=job.storage_options)
@@ -197,11 +197,6 @@ def submit_job(job_file: Path, job: Job, address: str) -> str:
         submission_id=f"pexec-{job.name}-{job.date}-{datetime.now(UTC):%H%M%S}",
         metadata={"job": job.name, "date": job.date},
     )
-
-
-def _exists(url: str, storage_options: dict[str, Any] | None) -> bool:
-    fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
-    return bool(fs.exists(path))
 
 
 def _fill(template: str, day: str, path: Path) -> str:

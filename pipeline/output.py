@@ -1,25 +1,13 @@
-"""The run's output tables (DESIGN §4): Arrow tables from results, Parquet parts, the manifest.
-
-Part files are named after the shard they come from, so a retried or repeated shard overwrites its own
-parts and never duplicates rows. `_manifest.json` is written last: a run without it is incomplete.
-"""
+"""The run's output tables (DESIGN §4): Arrow tables from results (written by pipeline.storage.run)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-import fsspec
-import orjson
 import pyarrow as pa
-import pyarrow.parquet as pq
-from fsspec.implementations.local import LocalFileSystem
 
 from pipeline.model import Reject, RolloutResult
-
-MANIFEST = "_manifest.json"
-SHARD_MARKERS = "_shards"  # one JSON report per committed shard: what a rerun may reuse
-TABLES = ("steps", "rollouts", "rejects")
 
 _ID_FIELDS = [
     ("run_id", pa.string()),
@@ -150,77 +138,3 @@ def _table(cols: dict[str, list[Any]], label_cols: dict[str, list[Any]], fields:
         arrays.append(pa.array(cols[name], kind))
         schema.append(pa.field(name, kind))
     return pa.Table.from_arrays(arrays, schema=pa.schema(schema))
-
-
-def open_for_write(url: str, storage_options: dict | None = None) -> Any:
-    """Open `url` for writing. Folders are made on local disks only: on an object store a missing bucket
-    must be an error, never created behind the user's back."""
-    fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
-    if isinstance(fs, LocalFileSystem):
-        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    return fs.open(path, "wb")
-
-
-def part_path(run: str, table: str, shard_key: str) -> str:
-    return f"{run.rstrip('/')}/{table}/part-{shard_key}.parquet"
-
-
-def write_part(run: str, table_name: str, shard_key: str, table: pa.Table, storage_options: dict | None = None) -> None:
-    with open_for_write(part_path(run, table_name, shard_key), storage_options) as f:
-        pq.write_table(table, f, compression="zstd")
-
-
-def remove_manifest(run: str, storage_options: dict | None = None) -> None:
-    """Mark the run incomplete while it is being (re)written."""
-    fs, path = fsspec.core.url_to_fs(f"{run.rstrip('/')}/{MANIFEST}", **(storage_options or {}))
-    if fs.exists(path):
-        fs.rm(path)
-
-
-def remove_stale_parts(run: str, keep: set[str], storage_options: dict | None = None) -> list[str]:
-    """Delete the parts and markers of shards not in this run's plan (left by an earlier plan of the run)."""
-    removed = []
-    for folder_name, prefix, suffix in [*((t, "part-", ".parquet") for t in TABLES), (SHARD_MARKERS, "", ".json")]:
-        fs, folder = fsspec.core.url_to_fs(f"{run.rstrip('/')}/{folder_name}", **(storage_options or {}))
-        if not fs.exists(folder):
-            continue
-        for path in fs.ls(folder, detail=False):
-            name = path.rsplit("/", 1)[-1]
-            if name.startswith(prefix) and name.endswith(suffix) and name[len(prefix) : -len(suffix)] not in keep:
-                fs.rm(path)
-                removed.append(path)
-    return removed
-
-
-def write_shard_marker(run: str, key: str, report: dict[str, Any], storage_options: dict | None = None) -> None:
-    with open_for_write(f"{run.rstrip('/')}/{SHARD_MARKERS}/{key}.json", storage_options) as f:
-        f.write(orjson.dumps(report))
-
-
-def read_shard_markers(run: str, storage_options: dict | None = None) -> dict[str, dict[str, Any]]:
-    """Reports of the shards committed so far, by shard key."""
-    fs, folder = fsspec.core.url_to_fs(f"{run.rstrip('/')}/{SHARD_MARKERS}", **(storage_options or {}))
-    if not fs.exists(folder):
-        return {}
-    markers = {}
-    for path in fs.ls(folder, detail=False):
-        if path.endswith(".json"):
-            with fs.open(path, "rb") as f:
-                try:
-                    markers[path.rsplit("/", 1)[-1][:-5]] = orjson.loads(f.read())
-                except orjson.JSONDecodeError:
-                    continue  # a marker cut short: the shard is simply scored again
-    return markers
-
-
-def write_manifest(run: str, manifest: dict[str, Any], storage_options: dict | None = None) -> None:
-    with open_for_write(f"{run.rstrip('/')}/{MANIFEST}", storage_options) as f:
-        f.write(orjson.dumps(manifest, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
-
-
-def read_manifest(run: str, storage_options: dict | None = None) -> dict[str, Any] | None:
-    fs, path = fsspec.core.url_to_fs(f"{run.rstrip('/')}/{MANIFEST}", **(storage_options or {}))
-    if not fs.exists(path):
-        return None
-    with fs.open(path, "rb") as f:
-        return orjson.loads(f.read())

@@ -15,9 +15,10 @@ import orjson
 from pipeline.checker import replay
 from pipeline.envs import EnvError, Environment, EnvOptions, get_environment
 from pipeline.model import Reject, RolloutResult
-from pipeline.output import rejects_table, rollouts_table, steps_table, write_part, write_shard_marker
+from pipeline.output import rejects_table, rollouts_table, steps_table
 from pipeline.records import InvalidRecord, parse_rollout
-from pipeline.store import RecordError, Shard, read_shard
+from pipeline.storage.inputs import RecordError, Shard, read_shard
+from pipeline.storage.run import write_part, write_shard_marker
 
 
 @dataclass

@@ -8,20 +8,13 @@ the gold trajectory, success) or give up. The expected per-step truth is recorde
 
 from __future__ import annotations
 
-import gzip
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-import pyarrow as pa
-import pyarrow.parquet as pq
-import zstandard
-
 from pipeline.envs.spec_env import SpecEnvironment
 from pipeline.model import CAUSES, Call, Rollout
-from pipeline.output import open_for_write
 from pipeline.specs import find_spec
 
 # condition -> (probability of an invalid call, probability of recovering after one)
@@ -66,67 +59,6 @@ def synthesize(spec: str = "shop", n_rollouts: int = 1000, n_tasks: int = 100, s
         model, method = conditions[(r // n_tasks) % len(conditions)]
         rng = random.Random(f"{seed}/rollout/{r}")
         yield _rollout_record(f"r{r:07d}", task, model, method, rng)
-
-
-def write_store(
-    records: Iterator[dict],
-    out: str,
-    fmt: str = "jsonl",
-    per_file: int = 50_000,
-    compression: str | None = None,
-    storage_options: dict | None = None,
-) -> int:
-    """Write records as numbered files under `out`; returns the number of records."""
-    root = out.rstrip("/")
-    count, part, batch = 0, 0, []
-    for record in records:
-        batch.append(record)
-        count += 1
-        if len(batch) == per_file:
-            _write_file(root, part, batch, fmt, compression, storage_options)
-            part, batch = part + 1, []
-    if batch or count == 0:
-        _write_file(root, part, batch, fmt, compression, storage_options)
-    return count
-
-
-def _write_file(
-    root: str, part: int, batch: list[dict], fmt: str, compression: str | None, storage_options: dict | None
-) -> None:
-    if fmt == "parquet":
-        with open_for_write(f"{root}/part-{part:05d}.parquet", storage_options) as f:
-            pq.write_table(_to_arrow(batch), f, row_group_size=5000)
-        return
-    data = b"".join(orjson.dumps(r) + b"\n" for r in batch)
-    if compression == "gzip":
-        suffix, data = ".gz", gzip.compress(data)
-    elif compression == "zstd":
-        suffix, data = ".zst", zstandard.ZstdCompressor().compress(data)
-    else:
-        suffix = ""
-    with open_for_write(f"{root}/part-{part:05d}.jsonl{suffix}", storage_options) as f:
-        f.write(data)
-
-
-def _to_arrow(batch: list[dict]) -> pa.Table:
-    # Parquet keeps free-form JSON (env, arguments, outputs, truth) as JSON text.
-    def event(e: dict) -> dict:
-        e = dict(e)
-        for key in ("arguments", "output"):
-            if key in e and not isinstance(e[key], str):
-                e[key] = orjson.dumps(e[key]).decode()
-        return e
-
-    rows = [
-        {
-            **r,
-            "env": orjson.dumps(r["env"]).decode(),
-            "truth": orjson.dumps(r["truth"]).decode(),
-            "events": [event(e) for e in r["events"]],
-        }
-        for r in batch
-    ]
-    return pa.Table.from_pylist(rows)
 
 
 def _make_task(env: SpecEnvironment, index: int, rng: random.Random) -> _Task:

@@ -17,7 +17,7 @@ from pipeline.distributed import run_scoring
 from pipeline.envs import get_environment
 from pipeline.envs.bfcl import official
 from pipeline.ingest.bfcl import read_scores
-from pipeline.output import read_manifest
+from pipeline.storage.run import read_manifest
 
 REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real" / "bfcl" / "gpt-oss-120b"
 

@@ -19,7 +19,7 @@ from pipeline.ingest import IngestOptions, ingest
 from pipeline.jobs import load_job
 from pipeline.model import Call, Message, Rollout
 from pipeline.samples import write_samples
-from pipeline.synth import write_store
+from pipeline.storage.stores import write_store
 
 ROOT = Path(__file__).resolve().parents[1]
 USER = "I'm ava@example.com (customer C104), about order O5521"

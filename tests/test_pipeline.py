@@ -19,8 +19,9 @@ from pipeline.code_version import PACKAGE_ROOT, scoring_sources
 from pipeline.distributed import run_scoring
 from pipeline.envs import EnvOptions
 from pipeline.jobs import JobError, load_job
-from pipeline.output import read_manifest
-from pipeline.synth import synthesize, write_store
+from pipeline.storage.run import read_manifest
+from pipeline.storage.stores import write_store
+from pipeline.synth import synthesize
 
 N_ROLLOUTS, N_TASKS = 1200, 150
 

@@ -20,7 +20,8 @@ from pipeline.cli import app
 from pipeline.distributed import run_scoring
 from pipeline.report import Compare, ReportResult, build_report, parse_compare
 from pipeline.report.ranking import kendall_tau_b, rank_conditions, ranks
-from pipeline.synth import synthesize, write_store
+from pipeline.storage.stores import write_store
+from pipeline.synth import synthesize
 
 GOLDEN = Path(__file__).with_name("golden")
 SMALL = BootstrapSettings(B=200, seed=3)

@@ -24,9 +24,10 @@ from typer.testing import CliRunner
 from pipeline.aggregate import BootstrapSettings, compute_metrics, sql
 from pipeline.cli import app
 from pipeline.distributed import JobFailed, run_scoring
-from pipeline.output import read_manifest, read_shard_markers
 from pipeline.report import build_report
-from pipeline.synth import synthesize, write_store
+from pipeline.storage.run import read_manifest, read_shard_markers
+from pipeline.storage.stores import write_store
+from pipeline.synth import synthesize
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -131,14 +132,14 @@ def test_unwritable_bucket_fails_clearly_and_commits_nothing(s3, local_store):
 
 
 def test_a_missing_store_in_the_bucket_is_a_clear_error(s3, tmp_path):
-    from pipeline.store import StoreError
+    from pipeline.storage.inputs import StoreError
 
     with pytest.raises(StoreError, match="no such store: s3://pexec-test/nothing-here"):
         run_scoring("s3://pexec-test/nothing-here", str(tmp_path / "run"), storage_options=s3, executor="inline")
 
 
 def test_an_unreachable_store_fails_clearly(s3, tmp_path):  # s3: only for its credentials
-    from pipeline.store import StoreError
+    from pipeline.storage.inputs import StoreError
 
     closed = {"endpoint_url": f"http://127.0.0.1:{free_port()}", "config_kwargs": {"retries": {"max_attempts": 1}}}
     with pytest.raises(StoreError, match="cannot list store s3://pexec-test/store: EndpointConnectionError"):

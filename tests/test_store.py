@@ -20,7 +20,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.store import (
+from pipeline.storage.inputs import (
     InputFile,
     RecordError,
     Shard,

@@ -23,7 +23,8 @@ from pipeline.distributed import run_scoring
 from pipeline.envs import get_environment
 from pipeline.envs.spec_env import JournaledDoc, SpecEnvironment
 from pipeline.records import parse_rollout
-from pipeline.synth import synthesize, write_store
+from pipeline.storage.stores import write_store
+from pipeline.synth import synthesize
 
 
 def naive_replay(env: SpecEnvironment, record: dict[str, Any]) -> list[bool]:

@@ -22,7 +22,8 @@ from typing import Any
 
 import s3fs
 
-from pipeline.synth import synthesize, write_store
+from pipeline.storage.stores import write_store
+from pipeline.synth import synthesize
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

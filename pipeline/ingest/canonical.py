@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from pipeline.ingest import IngestError, IngestOptions
-from pipeline.store import RecordError, list_inputs, plan_shards, read_shard
+from pipeline.storage.inputs import RecordError, list_inputs, plan_shards, read_shard
 
 
 def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:

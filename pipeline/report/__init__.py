@@ -20,12 +20,12 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from pipeline.aggregate import DEFAULT_BOOTSTRAP, BootstrapSettings, metrics_tables
-from pipeline.output import open_for_write
 from pipeline.report import html, layout, markdown
 from pipeline.report.figures import Chart, cause_chart, cause_rows, fed_chart, fed_rows, pec_chart, pec_rows
 from pipeline.report.paired import Compare, paired_comparison, parse_compare
 from pipeline.report.ranking import RANKED_BY, Ranking, rank_conditions
 from pipeline.report.tables import RunTables, key_of, run_tables
+from pipeline.storage.fs import open_for_write
 
 __all__ = ["Compare", "ReportResult", "build_report", "parse_compare"]
 

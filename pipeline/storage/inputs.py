@@ -1,4 +1,4 @@
-"""Trajectory stores: list the data files under an fsspec URL, plan shards, read records with their location.
+"""Input stores: list the data files under a URL, plan shards, read records with their location.
 
 A store is one file or a folder searched recursively. JSON Lines (plain, gzip, zstd) and Parquet are read;
 every record comes back with the place it came from, and content that cannot be read comes back as a
@@ -16,14 +16,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import IO, Any, Literal
 
-import fsspec
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
-from fsspec.implementations.local import LocalFileSystem
 
 from pipeline.errors import PexecError
+from pipeline.storage.fs import filesystem, list_files
 
 Format = Literal["jsonl", "parquet"]
 Compression = Literal[None, "gzip", "zstd"]
@@ -100,21 +99,18 @@ def list_inputs(url: str, storage_options: dict[str, Any] | None = None) -> tupl
     Names starting with "." or "_" (at any depth below the store root) are neither read nor reported:
     they are metadata such as `_manifest.json` or `.git/`. A file named directly is read whatever its name.
     """
-    fs, root = _filesystem(url, storage_options)
     try:
-        entries = _entries(fs, root)
-    except StoreError:
-        raise
+        entries = list_files(url, storage_options)
+    except (ValueError, ImportError) as e:  # unknown protocol, or its package is not installed
+        raise StoreError(f"cannot open store {url}: {e}") from e
     except Exception as e:  # the storage backend's own errors (connection, credentials, permissions)
         raise StoreError(f"cannot list store {url}: {type(e).__name__}: {e}") from e
     if entries is None:
         raise StoreError(f"no such store: {url}")
     files: list[InputFile] = []
     ignored: list[str] = []
-    for name in sorted(entries):
-        info = entries[name]
-        file_url = _url(fs, name)
-        kind = _classify(name)
+    for file_url, info in entries.items():
+        kind = _classify(file_url)
         if kind is None:
             ignored.append(file_url)
             continue
@@ -152,7 +148,7 @@ def read_shard(shard: Shard, storage_options: dict[str, Any] | None = None) -> I
     byte-range shards, "row N" (0-based within the file) in Parquet. Blank lines are not records. A corrupt
     compressed stream or Parquet file ends the shard with one RecordError at the point of failure.
     """
-    fs, path = _filesystem(shard.file.url, storage_options)
+    fs, path = filesystem(shard.file.url, storage_options)
     with fs.open(path, "rb") as f:
         _check_unchanged(f, shard.file)
         if shard.file.fmt == "parquet":
@@ -164,32 +160,6 @@ def read_shard(shard: Shard, storage_options: dict[str, Any] | None = None) -> I
 
 
 # --- listing -------------------------------------------------------------------------------------------
-
-
-def _entries(fs: fsspec.AbstractFileSystem, root: str) -> dict[str, dict[str, Any]] | None:
-    """The store's files with their listing info (hidden and `_` names below the root left out)."""
-    if not fs.exists(root):
-        return None
-    if fs.isfile(root):
-        return {root: fs.info(root)}
-    base = root.rstrip("/") + "/"
-    return {
-        name: info
-        for name, info in fs.find(root, detail=True).items()
-        if info.get("type") != "directory"
-        and not any(part[:1] in (".", "_") for part in name.removeprefix(base).split("/"))
-    }
-
-
-def _filesystem(url: str, storage_options: dict[str, Any] | None) -> tuple[fsspec.AbstractFileSystem, str]:
-    try:
-        return fsspec.core.url_to_fs(url, **(storage_options or {}))
-    except (ValueError, ImportError) as e:  # unknown protocol, or its package is not installed
-        raise StoreError(f"cannot open store {url}: {e}") from e
-
-
-def _url(fs: fsspec.AbstractFileSystem, path: str) -> str:
-    return path if isinstance(fs, LocalFileSystem) else fs.unstrip_protocol(path)
 
 
 def _classify(name: str) -> tuple[Format, Compression] | None:
@@ -217,7 +187,7 @@ def _fingerprint(size: int, info: dict[str, Any]) -> str:
 
 
 def _parquet_shards(file: InputFile, target_bytes: int, storage_options: dict[str, Any] | None) -> list[Shard]:
-    fs, path = _filesystem(file.url, storage_options)
+    fs, path = filesystem(file.url, storage_options)
     with fs.open(path, "rb") as f:
         source = _Source(f)
         try:

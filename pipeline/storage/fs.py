@@ -1,0 +1,82 @@
+"""URLs to filesystems: the one place a URL and the storage options meet.
+
+A URL is a local path or an fsspec URL (`s3://…`, `gs://…`, `memory://…`). Storage options (an endpoint,
+credentials, any setting of the filesystem) come with every URL pexec reads or writes, sources and outputs
+alike, so an S3-compatible store other than AWS works everywhere once `--endpoint-url` is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from fnmatch import fnmatchcase
+from typing import IO, Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+
+def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The filesystem serving `url`, built with `storage_options`, and the path of `url` on it."""
+    return fsspec.core.url_to_fs(url, **(storage_options or {}))
+
+
+def is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    return isinstance(fs, LocalFileSystem)
+
+
+def url_of(fs: fsspec.AbstractFileSystem, path: str) -> str:
+    """The URL of a path of `fs`: a plain absolute path on the local disk, else with its protocol."""
+    return path if is_local(fs) else fs.unstrip_protocol(path)
+
+
+def exists(url: str, storage_options: dict[str, Any] | None = None) -> bool:
+    fs, path = filesystem(url, storage_options)
+    return bool(fs.exists(path))
+
+
+def list_files(
+    url: str,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    patterns: Sequence[str] | None = None,
+    max_depth: int | None = None,
+) -> dict[str, dict[str, Any]] | None:
+    """The files at `url` with their listing info, by URL (see `url_of`) in sorted order; None when nothing
+    exists there.
+
+    A file named directly is listed whatever its name. Under a folder: the files at most `max_depth` levels
+    down (1: the folder's own files; None: all) whose name matches one of the glob `patterns` (None: any),
+    except names starting with "." or "_" at any depth below `url`: they are metadata such as
+    `_manifest.json` or `.git/`.
+    """
+    fs, root = filesystem(url, storage_options)
+    if not fs.exists(root):
+        return None
+    if fs.isfile(root):
+        return {url_of(fs, root): fs.info(root)}
+    base = root.rstrip("/") + "/"
+    found = {}
+    for path, info in fs.find(root, maxdepth=max_depth, detail=True).items():
+        parts = path.removeprefix(base).split("/")
+        if info.get("type") == "directory" or any(part[:1] in (".", "_") for part in parts):
+            continue
+        if patterns is None or any(fnmatchcase(parts[-1], p) for p in patterns):
+            found[url_of(fs, path)] = info
+    return dict(sorted(found.items()))
+
+
+def open_for_read(
+    url: str, storage_options: dict[str, Any] | None = None, compression: str | None = None
+) -> IO[bytes]:
+    """Open `url` for reading bytes; `compression="infer"` decompresses by the name's suffix (.gz, .zst)."""
+    fs, path = filesystem(url, storage_options)
+    return fs.open(path, "rb", compression=compression)
+
+
+def open_for_write(url: str, storage_options: dict[str, Any] | None = None) -> IO[bytes]:
+    """Open `url` for writing. Folders are made on local disks only: on an object store a missing bucket
+    must be an error, never created behind the user's back."""
+    fs, path = filesystem(url, storage_options)
+    if is_local(fs):
+        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    return fs.open(path, "wb")

@@ -1,0 +1,132 @@
+"""A run prefix (DESIGN §4): its Parquet parts, shard markers and manifest, and what DuckDB reads of it.
+
+Part files are named after the shard they come from, so a retried or repeated shard overwrites its own
+parts and never duplicates rows. `_manifest.json` is written last: a run without it is incomplete.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.storage.fs import filesystem, is_local, open_for_write
+
+if TYPE_CHECKING:
+    import duckdb
+
+MANIFEST = "_manifest.json"
+SHARD_MARKERS = "_shards"  # one JSON report per committed shard: what a rerun may reuse
+TABLES = ("steps", "rollouts", "rejects")
+
+
+def part_path(run: str, table: str, shard_key: str) -> str:
+    return f"{run.rstrip('/')}/{table}/part-{shard_key}.parquet"
+
+
+def write_part(run: str, table_name: str, shard_key: str, table: pa.Table, storage_options: dict | None = None) -> None:
+    with open_for_write(part_path(run, table_name, shard_key), storage_options) as f:
+        pq.write_table(table, f, compression="zstd")
+
+
+def remove_manifest(run: str, storage_options: dict | None = None) -> None:
+    """Mark the run incomplete while it is being (re)written."""
+    fs, path = filesystem(f"{run.rstrip('/')}/{MANIFEST}", storage_options)
+    if fs.exists(path):
+        fs.rm(path)
+
+
+def remove_stale_parts(run: str, keep: set[str], storage_options: dict | None = None) -> list[str]:
+    """Delete the parts and markers of shards not in this run's plan (left by an earlier plan of the run)."""
+    removed = []
+    for folder_name, prefix, suffix in [*((t, "part-", ".parquet") for t in TABLES), (SHARD_MARKERS, "", ".json")]:
+        fs, folder = filesystem(f"{run.rstrip('/')}/{folder_name}", storage_options)
+        if not fs.exists(folder):
+            continue
+        for path in fs.ls(folder, detail=False):
+            name = path.rsplit("/", 1)[-1]
+            if name.startswith(prefix) and name.endswith(suffix) and name[len(prefix) : -len(suffix)] not in keep:
+                fs.rm(path)
+                removed.append(path)
+    return removed
+
+
+def write_shard_marker(run: str, key: str, report: dict[str, Any], storage_options: dict | None = None) -> None:
+    with open_for_write(f"{run.rstrip('/')}/{SHARD_MARKERS}/{key}.json", storage_options) as f:
+        f.write(orjson.dumps(report))
+
+
+def read_shard_markers(run: str, storage_options: dict | None = None) -> dict[str, dict[str, Any]]:
+    """Reports of the shards committed so far, by shard key."""
+    fs, folder = filesystem(f"{run.rstrip('/')}/{SHARD_MARKERS}", storage_options)
+    if not fs.exists(folder):
+        return {}
+    markers = {}
+    for path in fs.ls(folder, detail=False):
+        if path.endswith(".json"):
+            with fs.open(path, "rb") as f:
+                try:
+                    markers[path.rsplit("/", 1)[-1][:-5]] = orjson.loads(f.read())
+                except orjson.JSONDecodeError:
+                    continue  # a marker cut short: the shard is simply scored again
+    return markers
+
+
+def write_manifest(run: str, manifest: dict[str, Any], storage_options: dict | None = None) -> None:
+    with open_for_write(f"{run.rstrip('/')}/{MANIFEST}", storage_options) as f:
+        f.write(orjson.dumps(manifest, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
+
+
+def read_manifest(run: str, storage_options: dict | None = None) -> dict[str, Any] | None:
+    fs, path = filesystem(f"{run.rstrip('/')}/{MANIFEST}", storage_options)
+    if not fs.exists(path):
+        return None
+    with fs.open(path, "rb") as f:
+        return orjson.loads(f.read())
+
+
+class RunPrefix:
+    """A run prefix as the DuckDB stage sees it: a local folder (made absolute) or an fsspec URL."""
+
+    def __init__(self, run: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.fs, path = filesystem(run, storage_options)
+        self.path = path.rstrip("/")
+        self.local = is_local(self.fs)
+        # What DuckDB is given: an absolute local path, or the URL itself (served by the filesystem that
+        # `attach` registers).
+        self.url = self.path if self.local else run.rstrip("/")
+
+    def file(self, rel: str) -> str:
+        return f"{self.url}/{rel}"
+
+    def glob(self, table: str) -> str:
+        # `**` also matches zero folders: one run, or a folder of runs (e.g. nightly `date=YYYY-MM-DD/`
+        # partitions) read together.
+        return f"{self.url}/**/{table}/*.parquet"
+
+    def exists(self, rel: str) -> bool:
+        return bool(self.fs.exists(f"{self.path}/{rel}"))
+
+    def has(self, table: str) -> bool:
+        return any(f"/{table}/" in p for p in self.fs.glob(f"{self.path}/**/{table}/*.parquet"))
+
+    def attach(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Let DuckDB read a remote run through its own fsspec filesystem (same credentials and endpoint as
+        the rest of pexec); a local run is read from disk."""
+        if not self.local:
+            con.register_filesystem(self.fs)
+
+    def write_parquet(self, rel: str, table: pa.Table) -> None:
+        path = f"{self.path}/{rel}"
+        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        if self.local:
+            # Write aside, then rename over the old file: a crash never leaves half a metrics table.
+            tmp = f"{path}.tmp"
+            pq.write_table(table, tmp)
+            os.replace(tmp, path)
+        else:
+            with self.fs.open(path, "wb") as f:  # one object PUT: atomic on object stores
+                pq.write_table(table, f)
