@@ -97,8 +97,10 @@ def ingest(
     from pipeline.ingest import ingest as run_ingest
 
     try:
-        options = IngestOptions(labels=_pairs(label, "--label"), extra=_pairs(option, "--option"))
-        storage = _storage(endpoint_url, storage_option)
+        storage = _storage(endpoint_url, storage_option)  # for the sources and the output store
+        options = IngestOptions(
+            labels=_pairs(label, "--label"), extra=_pairs(option, "--option"), storage_options=storage
+        )
         n = write_store(run_ingest(fmt, sources, options), out_store, store_fmt, storage_options=storage)
     except (IngestError, StoreError, OSError) as exc:
         raise _fail(str(exc)) from exc

@@ -2,7 +2,8 @@
 
 One module per format in this package (`pipeline/ingest/<format>.py`), each exposing
 `read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]` that yields canonical records.
-Nothing downstream knows the original format.
+Nothing downstream knows the original format. Sources are local paths or fsspec URLs, listed with
+`source_files` and opened with `options.storage_options`.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ import pkgutil
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from pipeline.errors import PexecError
 from pipeline.records import InvalidRecord, parse_rollout
+from pipeline.storage.fs import list_files
 
 
 class IngestError(PexecError, ValueError):
@@ -25,6 +28,8 @@ class IngestError(PexecError, ValueError):
 class IngestOptions:
     labels: dict[str, str] = field(default_factory=dict)  # added to every record's labels (`--label k=v`)
     extra: dict[str, str] = field(default_factory=dict)  # format-specific settings (`--option k=v`)
+    # the sources' filesystem settings (`--endpoint-url`, `--storage-option k=v`)
+    storage_options: dict[str, Any] | None = None
 
 
 def formats() -> list[str]:
@@ -43,3 +48,17 @@ def ingest(fmt: str, sources: Sequence[str], options: IngestOptions | None = Non
         except InvalidRecord as exc:  # an adapter bug, not bad input: say which record
             raise IngestError(f"{fmt}: produced an invalid record {record.get('rollout_id')!r}: {exc}") from exc
         yield record
+
+
+def source_files(
+    fmt: str, source: str, options: IngestOptions, patterns: Sequence[str], max_depth: int | None = None
+) -> list[str]:
+    """The URLs of the files to read for `source`: the file itself, or the files of the folder matching
+    `patterns` (at most `max_depth` levels down; see `pipeline.storage.fs.list_files`), sorted."""
+    found = list_files(source, options.storage_options, patterns=patterns, max_depth=max_depth)
+    if found is None:
+        raise IngestError(f"{fmt}: {source}: no such file or folder")
+    if not found:
+        below = " or below" if max_depth is None else "" if max_depth == 1 else f" or {max_depth - 1} level(s) below"
+        raise IngestError(f"{fmt}: {source}: no {' or '.join(patterns)} file in this folder{below}")
+    return list(found)

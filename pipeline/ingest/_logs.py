@@ -17,16 +17,16 @@ import csv
 import io
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
 from typing import Any
 
-import fsspec
 import orjson
 
-from pipeline.ingest import IngestError, IngestOptions
+from pipeline.ingest import IngestError, IngestOptions, source_files
+from pipeline.storage.fs import open_for_read
 
 COMMON_OPTIONS = frozenset({"id_field", "task_field", "success_field", "outcomes", "benchmark"})
 DEFAULT_LABELS = {"model": "model", "agent_version": "agent_version", "date": "date"}
+LOG_FILES = ("*.json", "*.jsonl", "*.ndjson", "*.jsonl.gz")  # what a folder of logs is searched for
 _TRUE = {"true", "success", "succeeded", "pass", "passed", "correct", "c", "yes", "1"}
 _FALSE = {"false", "failure", "failed", "fail", "incorrect", "i", "partial", "p", "no", "0"}
 
@@ -64,7 +64,7 @@ def settings(
         fmt=fmt,
         label_fields=DEFAULT_LABELS | dict(labels or {}) | given,
         extra_labels=dict(options.labels),
-        outcomes=read_outcomes(fmt, extra["outcomes"]) if "outcomes" in extra else None,
+        outcomes=read_outcomes(fmt, extra["outcomes"], options) if "outcomes" in extra else None,
         own={k: v for k, v in extra.items() if k in own},
         **values,
     )
@@ -163,28 +163,11 @@ def text(content: Any) -> str:
     return str(content)
 
 
-def files(fmt: str, source: str, suffixes: tuple[str, ...]) -> list[str]:
-    """The files of `source` (a file, or a folder searched recursively for `suffixes`), sorted."""
-    fs, path = fsspec.core.url_to_fs(source)
-    if not fs.exists(path):
-        raise IngestError(f"{fmt}: {source}: no such file or folder")
-    if not fs.isdir(path):
-        return [source]
-    found = sorted(
-        p
-        for p in fs.find(path)
-        if p.endswith(suffixes) and not any(part.startswith(("_", ".")) for part in PurePosixPath(p).parts[-1:])
-    )
-    if not found:
-        raise IngestError(f"{fmt}: {source}: no {'/'.join(suffixes)} files in this folder")
-    return [fs.unstrip_protocol(p) for p in found]
-
-
-def documents(fmt: str, url: str) -> Iterator[tuple[str, Any]]:
+def documents(fmt: str, url: str, options: IngestOptions) -> Iterator[tuple[str, Any]]:
     """(place, value) for every JSON document of a file: one per line of JSON Lines, the items of a
     top-level JSON list, else the whole JSON file. Places read `file line N` / `file [i]` / `file`."""
     try:
-        with fsspec.open(url, "rb", compression="infer") as f:
+        with open_for_read(url, options.storage_options, compression="infer") as f:
             data = f.read()
     except OSError as exc:
         raise IngestError(f"{fmt}: {url}: cannot read: {exc}") from exc
@@ -201,12 +184,12 @@ def documents(fmt: str, url: str) -> Iterator[tuple[str, Any]]:
         yield url, value
 
 
-def conversations(fmt: str, sources: Sequence[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+def conversations(fmt: str, sources: Sequence[str], options: IngestOptions) -> Iterator[tuple[str, dict[str, Any]]]:
     """(place, record) for every conversation of chat-style logs: an object with a `messages` list, or a
     bare message list (then wrapped as `{"messages": [...]}`)."""
     for source in sources:
-        for url in files(fmt, source, (".json", ".jsonl", ".ndjson", ".jsonl.gz")):
-            for where, doc in documents(fmt, url):
+        for url in source_files(fmt, source, options, LOG_FILES):
+            for where, doc in documents(fmt, url, options):
                 record = {"messages": doc} if isinstance(doc, list) else doc
                 if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
                     raise IngestError(f"{fmt}: {where}: expected an object with a 'messages' list")
@@ -229,11 +212,11 @@ def loads(fmt: str, data: bytes, where: str, kind: type | None = None) -> Any:
     return value
 
 
-def read_outcomes(fmt: str, path: str) -> dict[str, bool | None]:
+def read_outcomes(fmt: str, path: str, options: IngestOptions) -> dict[str, bool | None]:
     """rollout id -> success, from a CSV or JSON Lines table with `rollout_id` (or `id`) and `success`."""
     try:
-        with fsspec.open(path, "rt", encoding="utf-8") as f:
-            content = f.read()
+        with open_for_read(path, options.storage_options) as f:
+            content = f.read().decode("utf-8")
     except OSError as exc:
         raise IngestError(f"{fmt}: --option outcomes={path}: cannot read: {exc}") from exc
     if path.endswith(".csv"):

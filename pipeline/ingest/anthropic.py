@@ -22,7 +22,7 @@ from pipeline.ingest._logs import call, conversations, message, rollout, setting
 
 def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
     s = settings("anthropic", options)
-    for where, record in conversations("anthropic", sources):
+    for where, record in conversations("anthropic", sources, options):
         yield rollout(s, record, events(record, where), where)
 
 

@@ -18,6 +18,7 @@ Options: `dataset=PATH` (a folder or a bfcl-eval wheel), `scores=DIR`, `model=NA
 from __future__ import annotations
 
 import ast
+import io
 import json
 import re
 from collections.abc import Iterator, Sequence
@@ -29,9 +30,12 @@ from typing import Any
 from pipeline.envs import EnvError
 from pipeline.envs.bfcl.calls import CallSyntaxError, parse_call, parse_call_list
 from pipeline.envs.bfcl.env import error_message
-from pipeline.ingest import IngestError, IngestOptions
+from pipeline.ingest import IngestError, IngestOptions, source_files
+from pipeline.storage.fs import exists, list_files, open_for_read
 
-FILE_NAME = re.compile(r"BFCL_(v\d+)_multi_turn_(base|miss_func|miss_param|long_context)_result\.json$")
+_CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
+FILE_NAME = re.compile(rf"BFCL_(v\d+)_multi_turn_({'|'.join(_CATEGORIES)})_result\.json$")
+_RESULT_FILES = tuple(f"BFCL_v*_multi_turn_{category}_result.json" for category in _CATEGORIES)
 _CONTAINER_FOLDERS = {"multi_turn", "result", "results"}
 OPTIONS = {"dataset", "scores", "model"}
 
@@ -40,40 +44,31 @@ def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
     unknown = set(options.extra) - OPTIONS
     if unknown:
         raise IngestError(f"bfcl: unknown options {sorted(unknown)} (known: {', '.join(sorted(OPTIONS))})")
-    files = [f for source in sources for f in _result_files(Path(source))]
-    if not files:
-        raise IngestError(f"bfcl: no BFCL_v*_multi_turn_*_result.json file in {', '.join(sources)}")
-    for path in files:
-        yield from _read_file(path, options)
+    files = [url for source in sources for url in source_files("bfcl", source, options, _RESULT_FILES)]
+    for url in files:
+        yield from _read_file(url, options)
 
 
-def _result_files(source: Path) -> list[Path]:
-    if source.is_file():
-        if not FILE_NAME.search(source.name):
-            raise IngestError(f"bfcl: {source} is not named BFCL_v<N>_multi_turn_<category>_result.json")
-        return [source]
-    if source.is_dir():
-        return sorted(p for p in source.rglob("*_result.json") if FILE_NAME.search(p.name))
-    raise IngestError(f"bfcl: {source} does not exist")
-
-
-def _read_file(path: Path, options: IngestOptions) -> Iterator[dict]:
-    tag, category = FILE_NAME.search(path.name).groups()
+def _read_file(url: str, options: IngestOptions) -> Iterator[dict]:
+    named = FILE_NAME.search(url.rsplit("/", 1)[-1])
+    if named is None:  # a file named directly (folders are searched for these names only)
+        raise IngestError(f"bfcl: {url} is not named BFCL_v<N>_multi_turn_<category>_result.json")
+    tag, category = named.groups()
     benchmark = f"bfcl_{tag}"
     from pipeline.envs.bfcl import official
 
     try:
         dataset = {e["id"]: e for e in official.read_dataset(tag, category, source=options.extra.get("dataset"))}
     except EnvError as exc:
-        raise IngestError(f"bfcl: {path}: {exc}") from exc
-    failed, _ = read_scores(_score_file(path, options.extra.get("scores")))
-    model = options.extra.get("model") or model_from_path(path)
+        raise IngestError(f"bfcl: {url}: {exc}") from exc
+    failed, _ = read_scores(_score_file(url, options), options.storage_options)
+    model = options.extra.get("model") or model_from_path(url)
     labels = {"model": model, "category": category, **options.labels}
-    with path.open() as lines:
-        for number, line in enumerate(lines, 1):
+    with open_for_read(url, options.storage_options) as f:
+        for number, line in enumerate(io.TextIOWrapper(f, encoding="utf-8"), 1):
             if not line.strip():
                 continue
-            where = f"{path} line {number}"
+            where = f"{url} line {number}"
             try:
                 entry = json.loads(line)
             except json.JSONDecodeError as exc:
@@ -277,40 +272,45 @@ def _sum(value: Any) -> float | None:
     return None
 
 
-def model_from_path(path: Path) -> str:
+def model_from_path(url: str) -> str:
     """The model's name: the result file's folder, skipping BFCL's `multi_turn/` and `result/` levels."""
-    for parent in path.resolve().parents:
-        if parent.name and parent.name not in _CONTAINER_FOLDERS:
-            return parent.name
+    for folder in reversed(url.split("/")[:-1]):
+        if folder and folder not in _CONTAINER_FOLDERS:
+            return folder
     return "unknown"
 
 
-def _score_file(result: Path, scores: str | None) -> Path | None:
-    name = result.name.replace("_result.json", "_score.json")
-    candidates = [Path(scores) / name] if scores else []
-    if scores:
-        candidates += sorted(Path(scores).rglob(name))
-    candidates.append(result.with_name(name))
-    parts = result.parts
+def _score_file(result: str, options: IngestOptions) -> str | None:
+    parts = result.split("/")
+    name = parts[-1].replace("_result.json", "_score.json")
+    candidates = []
+    if scores := options.extra.get("scores"):
+        candidates.append(f"{scores.rstrip('/')}/{name}")
+        candidates += list(list_files(scores, options.storage_options, patterns=[name]) or {})
+    candidates.append("/".join([*parts[:-1], name]))
     if "result" in parts:  # BFCL layout: result/<model>/multi_turn/x_result.json -> score/<model>/...
         i = len(parts) - 1 - parts[::-1].index("result")
-        candidates.append(Path(*parts[:i], "score", *parts[i + 1 : -1], name))
-    return next((c for c in candidates if c.is_file()), None)
+        candidates.append("/".join([*parts[:i], "score", *parts[i + 1 : -1], name]))
+    return next((c for c in candidates if exists(c, options.storage_options)), None)
 
 
-def read_scores(path: Path | None) -> tuple[set[str] | None, dict[str, Any] | None]:
+def read_scores(
+    url: str | Path | None, storage_options: dict[str, Any] | None = None
+) -> tuple[set[str] | None, dict[str, Any] | None]:
     """(ids BFCL scored as failed, the summary line) of a score file; (None, None) when there is none."""
-    if path is None:
+    if url is None:
         return None, None
     failed: set[str] = set()
     summary = None
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    with open_for_read(str(url), storage_options) as f:
+        text = f.read().decode("utf-8")
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise IngestError(f"bfcl: {path} line {number}: not JSON: {exc}") from exc
+            raise IngestError(f"bfcl: {url} line {number}: not JSON: {exc}") from exc
         if number == 1 and "accuracy" in row:
             summary = row
         elif isinstance(row, dict) and "id" in row:

@@ -21,10 +21,9 @@ import zipfile
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import fsspec
-
-from pipeline.ingest import IngestError, IngestOptions
-from pipeline.ingest._logs import LogSettings, call, files, loads, message, rollout, settings, text
+from pipeline.ingest import IngestError, IngestOptions, source_files
+from pipeline.ingest._logs import LogSettings, call, loads, message, rollout, settings, text
+from pipeline.storage.fs import open_for_read
 
 OPTIONS = frozenset({"scorer"})
 _SAMPLE = re.compile(r"^samples/(.+)_epoch_(\d+)\.json$")
@@ -33,13 +32,13 @@ _SAMPLE = re.compile(r"^samples/(.+)_epoch_(\d+)\.json$")
 def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
     s = settings("inspect", options, OPTIONS, id_field="rollout_id", success_field="score")
     for source in sources:
-        for url in files("inspect", source, (".eval",)):
-            yield from _read_log(url, s)
+        for url in source_files("inspect", source, options, ("*.eval",)):
+            yield from _read_log(url, s, options)
 
 
-def _read_log(url: str, s: LogSettings) -> Iterator[dict]:
+def _read_log(url: str, s: LogSettings, options: IngestOptions) -> Iterator[dict]:
     try:
-        with fsspec.open(url, "rb") as f, zipfile.ZipFile(f) as z:
+        with open_for_read(url, options.storage_options) as f, zipfile.ZipFile(f) as z:
             names = z.namelist()
             head = "header.json" if "header.json" in names else "_journal/start.json"
             if head not in names:

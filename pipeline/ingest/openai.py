@@ -27,7 +27,7 @@ _CONTEXT_ROLES = {"system": "system", "developer": "system", "user": "user", "as
 
 def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
     s = settings("openai", options, OPTIONS)
-    for where, record in conversations("openai", sources):
+    for where, record in conversations("openai", sources, options):
         yield rollout(s, record, events(record["messages"], s, where), where)
 
 

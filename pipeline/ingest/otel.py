@@ -26,8 +26,8 @@ from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from pipeline.ingest import IngestError, IngestOptions
-from pipeline.ingest._logs import call, documents, files, loads, message, rollout, settings, text
+from pipeline.ingest import IngestError, IngestOptions, source_files
+from pipeline.ingest._logs import LOG_FILES, call, documents, loads, message, rollout, settings, text
 
 CONVERSATION = "gen_ai.conversation.id"
 _ERROR_STATUS = {2, "2", "STATUS_CODE_ERROR", "ERROR"}
@@ -36,16 +36,16 @@ _ERROR_STATUS = {2, "2", "STATUS_CODE_ERROR", "ERROR"}
 def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
     labels = {"model": "gen_ai.request.model", "agent_version": "service.version"}
     s = settings("otel", options, labels=labels, id_field=CONVERSATION)
-    spans = [span for source in sources for span in _spans(source)]
+    spans = [span for source in sources for span in _spans(source, options)]
     for key, group in sorted(_conversations(spans).items()):
         group.sort(key=lambda sp: (sp["start"], sp["span_id"]))
         record = _record(group, key)
         yield rollout(s, record, _events(group), f"otel: conversation {key}")
 
 
-def _spans(source: str) -> Iterator[dict[str, Any]]:
-    for url in files("otel", source, (".json", ".jsonl", ".ndjson", ".jsonl.gz")):
-        for where, doc in documents("otel", url):
+def _spans(source: str, options: IngestOptions) -> Iterator[dict[str, Any]]:
+    for url in source_files("otel", source, options, LOG_FILES):
+        for where, doc in documents("otel", url, options):
             if not isinstance(doc, dict) or not isinstance(doc.get("resourceSpans"), list):
                 raise IngestError(f"otel: {where}: not an OTLP JSON export (no 'resourceSpans' list)")
             for r, rs in enumerate(doc["resourceSpans"]):

@@ -20,10 +20,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import fsspec
 import orjson
 
-from pipeline.ingest import IngestError, IngestOptions
+from pipeline.ingest import IngestError, IngestOptions, source_files
+from pipeline.storage.fs import open_for_read
 
 OPTIONS = {"tasks"}
 SUCCESS_EPS = 1e-6
@@ -35,25 +35,13 @@ def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
         raise IngestError(f"tau2: unknown option(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(OPTIONS))})")
     tasks = _TaskSource(options.extra.get("tasks"))
     for source in sources:
-        for url in _files(source):
-            yield from _read_file(url, tasks, options.labels)
+        for url in source_files("tau2", source, options, ("*.json",), max_depth=1):
+            yield from _read_file(url, tasks, options)
 
 
-def _files(source: str) -> list[str]:
-    fs, path = fsspec.core.url_to_fs(source)
-    if not fs.exists(path):
-        raise IngestError(f"tau2: {source}: no such file or folder")
-    if fs.isdir(path):
-        found = sorted(p for p in fs.glob(f"{path.rstrip('/')}/*.json") if not Path(p).name.startswith(("_", ".")))
-        if not found:
-            raise IngestError(f"tau2: {source}: no .json results files in this folder")
-        return [fs.unstrip_protocol(p) for p in found]
-    return [source]
-
-
-def _read_file(url: str, tasks: _TaskSource, extra_labels: dict[str, str]) -> Iterator[dict]:
+def _read_file(url: str, tasks: _TaskSource, options: IngestOptions) -> Iterator[dict]:
     try:
-        with fsspec.open(url, "rb") as f:
+        with open_for_read(url, options.storage_options) as f:
             data = orjson.loads(f.read())
     except (OSError, orjson.JSONDecodeError) as exc:
         raise IngestError(f"tau2: {url}: cannot read JSON: {exc}") from exc
@@ -73,7 +61,7 @@ def _read_file(url: str, tasks: _TaskSource, extra_labels: dict[str, str]) -> It
     for index, sim in enumerate(data["simulations"]):
         if not isinstance(sim, dict):
             raise IngestError(f"tau2: {url}: simulations[{index}] is not an object")
-        yield _rollout(sim, index, url, domain, labels, own_tasks, tasks, extra_labels)
+        yield _rollout(sim, index, url, domain, labels, own_tasks, tasks, options.labels)
 
 
 def _rollout(

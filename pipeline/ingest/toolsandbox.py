@@ -19,10 +19,10 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import fsspec
 import orjson
 
-from pipeline.ingest import IngestError, IngestOptions
+from pipeline.ingest import IngestError, IngestOptions, source_files
+from pipeline.storage.fs import open_for_read
 
 OPTIONS = {"threshold", "now", "tz"}
 RUN_NAME = re.compile(r"agent_(?P<agent>.+)_user_(?P<user>.+)_(?P<ts>\d\d_\d\d_\d{4}_\d\d_\d\d_\d\d)")
@@ -40,8 +40,8 @@ def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
     threshold = _number(options.extra.get("threshold", "1.0"), "threshold")
     now = _number(options.extra["now"], "now") if "now" in options.extra else None
     for source in sources:
-        for run in _runs(source):
-            yield from _read_run(run, threshold, now, options.extra.get("tz", "UTC"), options.labels)
+        for run in _runs(source, options):
+            yield from _read_run(run, threshold, now, options.extra.get("tz", "UTC"), options)
 
 
 def _number(text: str, name: str) -> float:
@@ -51,27 +51,21 @@ def _number(text: str, name: str) -> float:
         raise IngestError(f"toolsandbox: option {name}={text!r} is not a number") from None
 
 
-def _runs(source: str) -> list[str]:
-    fs, path = fsspec.core.url_to_fs(source)
-    path = path.rstrip("/")
-    if fs.isfile(f"{path}/result_summary.json"):
-        return [fs.unstrip_protocol(path)]
-    found = sorted(p.rsplit("/", 1)[0] for p in fs.glob(f"{path}/*/result_summary.json"))
-    if not found:
-        raise IngestError(f"toolsandbox: {source}: no result_summary.json here or one folder below")
-    return [fs.unstrip_protocol(p) for p in found]
+def _runs(source: str, options: IngestOptions) -> list[str]:
+    """The folders of the result_summary.json files in `source` or one folder below (or the one named)."""
+    return [url.rsplit("/", 1)[0] for url in source_files("toolsandbox", source, options, ("result_summary.json",), 2)]
 
 
-def _load(url: str) -> Any:
+def _load(url: str, options: IngestOptions) -> Any:
     try:
-        with fsspec.open(url, "rb") as f:
+        with open_for_read(url, options.storage_options) as f:
             return orjson.loads(f.read())
     except (OSError, orjson.JSONDecodeError) as exc:
         raise IngestError(f"toolsandbox: {url}: cannot read JSON: {exc}") from exc
 
 
-def _read_run(run: str, threshold: float, now: float | None, tz: str, extra: dict[str, str]) -> Iterator[dict]:
-    summary = _load(f"{run}/result_summary.json")
+def _read_run(run: str, threshold: float, now: float | None, tz: str, options: IngestOptions) -> Iterator[dict]:
+    summary = _load(f"{run}/result_summary.json", options)
     results = summary.get("per_scenario_results") if isinstance(summary, dict) else None
     if not isinstance(results, list):
         raise IngestError(f"toolsandbox: {run}/result_summary.json: no 'per_scenario_results' list")
@@ -85,7 +79,7 @@ def _read_run(run: str, threshold: float, now: float | None, tz: str, extra: dic
         if not isinstance(result, dict) or not isinstance(result.get("name"), str):
             raise IngestError(f"toolsandbox: {run}/result_summary.json: per_scenario_results[{i}] has no name")
         name = result["name"]
-        turns = _load(f"{run}/trajectories/{name}/conversation.json")
+        turns = _load(f"{run}/trajectories/{name}/conversation.json", options)
         if not isinstance(turns, list):
             raise IngestError(f"toolsandbox: {run}/trajectories/{name}/conversation.json: expected a list of messages")
         events = _events(turns, f"{run}/trajectories/{name}/conversation.json")
@@ -102,7 +96,7 @@ def _read_run(run: str, threshold: float, now: float | None, tz: str, extra: dic
                 **labels,
                 "scenario": name,
                 "categories": ",".join(map(str, result.get("categories") or [])),
-                **extra,
+                **options.labels,
             },
             "env": {"scenario": name, "settings": settings_variant(name), "now": clock, "tz": tz},
             "events": events,

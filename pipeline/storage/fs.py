@@ -65,9 +65,7 @@ def list_files(
     return dict(sorted(found.items()))
 
 
-def open_for_read(
-    url: str, storage_options: dict[str, Any] | None = None, compression: str | None = None
-) -> IO[bytes]:
+def open_for_read(url: str, storage_options: dict[str, Any] | None = None, compression: str | None = None) -> IO[bytes]:
     """Open `url` for reading bytes; `compression="infer"` decompresses by the name's suffix (.gz, .zst)."""
     fs, path = filesystem(url, storage_options)
     return fs.open(path, "rb", compression=compression)

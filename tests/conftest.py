@@ -1,0 +1,61 @@
+"""Fixtures shared by test modules: a real S3-compatible server (moto, server mode) on loopback, started by
+the script developers use (infra/local/s3-server.sh)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import s3fs
+
+ROOT = Path(__file__).resolve().parents[1]
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[dict]:
+    """A moto S3 server on a free loopback port with the bucket `pexec-test`; yields storage options for pexec."""
+    os.environ.update(CREDENTIALS)  # Ray workers started later inherit them
+    port = free_port()
+    proc = subprocess.Popen(
+        ["bash", str(ROOT / "infra/local/s3-server.sh"), str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    options = {"endpoint_url": f"http://127.0.0.1:{port}"}
+    try:
+        wait_for(lambda: _answers(port), 30, "the S3 server")
+        s3fs.S3FileSystem(**options).mkdir("pexec-test")
+        yield options
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _answers(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
