@@ -1,7 +1,7 @@
 """Storage: every file pexec reads or writes, local or behind an fsspec URL, goes through this package.
 
-  fs.py      URL + storage options -> filesystem and path; listing, opening for read and write
-  inputs.py  input stores: data files, shards, records with their location
-  stores.py  writing canonical stores (`synth`, `ingest`)
-  run.py     a run prefix: Parquet parts, shard markers, the manifest, what DuckDB reads
+fs.py      URL + storage options -> filesystem and path; listing, opening for read and write
+inputs.py  input stores: data files, shards, records with their location
+stores.py  writing canonical stores (`synth`, `ingest`)
+run.py     a run prefix: Parquet parts, shard markers, the manifest, what DuckDB reads
 """
