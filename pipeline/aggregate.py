@@ -3,8 +3,8 @@
 DESIGN §2 ("Aggregates", "Intervals") and §7. All SQL lives in `pipeline/sql/*.sql`; this module sets a
 few DuckDB variables (`getvariable(...)` in the SQL), runs the files in order and shapes the results.
 
-Pipeline (one pass for all cohorts):
-  rollout_parts.sql          per rollout, the integer parts every metric is a ratio of sums of
+Pipeline (one pass for all cohorts); the metrics and their parts come from pipeline.catalogue:
+  rollout_parts (view)       per rollout, the catalogue's integer parts p_<name>
   metrics_prepare.sql        rollouts -> cohort numbers -> per-(cohort, task) sums `s_*` (+ PEC histogram)
   bootstrap_<method>.sql     per-(cohort, replicate) sums of the resampled tasks' `s_*`
   metrics_intervals.sql      ratios of sums (point estimate = full data), percentile intervals
@@ -30,18 +30,11 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline import catalogue, schema
 from pipeline.errors import PexecError
-from pipeline.model import RESERVED_COLUMNS
 
-# Fixed columns of RUN/rollouts (DESIGN §4); any other column not starting with `cost_` is a label.
-ROLLOUT_COLUMNS = (
-    "run_id", "rollout_id", "task_id", "benchmark", "T", "fed", "executable", "auc_term", "success",
-    "recovered", "first_cause", "n_invalid", "n_output_mismatch",
-)  # fmt: skip
+# The rollouts columns the metrics read.
 _NEEDED = ("task_id", "benchmark", "T", "fed", "executable", "auc_term", "success")
-# Ratio metrics in the order they appear in a cohort dict (PEC is a list of its own).
-RATIO_METRICS = ("success", "ter", "auc_pec", "rr", "successes_after_invalid_prefix")
-_COHORT_FIELDS = ("n", "n_tasks", "n_no_calls", *RATIO_METRICS, "pec", "bootstrap")
 _UINT32 = 2**32
 
 
@@ -76,9 +69,13 @@ class QueryRefused(PexecError, ValueError):
 
 
 def label_columns(columns: Sequence[str]) -> list[str]:
-    """Label columns of a rollouts table, in table order."""
-    fixed = set(ROLLOUT_COLUMNS) | RESERVED_COLUMNS
-    return [c for c in columns if c not in fixed and not c.startswith("cost_")]
+    """Label columns of a rollouts table, in table order: any column that is neither fixed nor a cost."""
+    return [c for c in columns if c not in schema.RESERVED_COLUMNS and not c.startswith("cost_")]
+
+
+def cohort_fields() -> tuple[str, ...]:
+    """The keys of a cohort dict besides its label values (a label may not take one of these names)."""
+    return ("n", "n_tasks", "n_no_calls", *(m.name for m in catalogue.METRICS), "bootstrap")
 
 
 def compute_metrics(
@@ -105,6 +102,8 @@ def compute_metrics(
             B=settings.B,
             q_lo=q_lo,
             q_hi=q_hi,
+            metric_defs=metric_defs(),
+            parts=[f"s_{p.name}" for p in catalogue.PARTS],
         )
         for name in ("metrics_prepare", f"bootstrap_{settings.method}", "metrics_intervals"):
             run_sql(con, name)
@@ -129,11 +128,25 @@ def open_rollouts(run: str, storage_options: dict[str, Any] | None = None) -> It
         missing = [c for c in _NEEDED if c not in columns]
         if missing:
             raise ValueError(f"rollouts under {root.url} lack column(s) {', '.join(missing)}")
-        run_sql(con, "rollout_parts")
+        _create_rollout_parts(con)
         run_sql(con, "hash")
         yield con
     finally:
         con.close()
+
+
+def _create_rollout_parts(con: duckdb.DuckDBPyConnection) -> None:
+    # The one statement built in Python: its columns are the catalogue's part expressions.
+    parts = ", ".join(f"{p.sql} AS p_{p.name}" for p in catalogue.PARTS)
+    con.execute(f"CREATE OR REPLACE TEMP VIEW rollout_parts AS SELECT *, {parts} FROM rollouts")
+
+
+def metric_defs() -> list[dict[str, Any]]:
+    """The catalogue's ratio metrics as the SQL reads them (variable `metric_defs`)."""
+    return [
+        {"metric": m.name, "num": m.num, "den": m.den, "scale": m.scale, "ord": i}
+        for i, m in enumerate(catalogue.ratios())
+    ]
 
 
 def rollout_columns(con: duckdb.DuckDBPyConnection) -> list[str]:
@@ -192,44 +205,25 @@ def sql(run: str, query: str, storage_options: dict[str, Any] | None = None) -> 
 
 
 def metrics_tables(cohorts: list[dict[str, Any]]) -> tuple[pa.Table, pa.Table]:
-    """The cohort dicts as two flat tables (the layout of metrics.parquet and pec.parquet)."""
+    """The cohort dicts as two flat tables (the layout of metrics.parquet and pec.parquet, pipeline.schema)."""
+    fields = set(cohort_fields())
     keys: list[str] = ["benchmark"]
     for c in cohorts:
-        keys += [k for k in c if k not in _COHORT_FIELDS and k not in keys]
+        keys += [k for k in c if k not in fields and k not in keys]
     rows, pec_rows = [], []
     for c in cohorts:
         row: dict[str, Any] = _label_values(c, keys)
         row |= {"n": c["n"], "n_tasks": c["n_tasks"], "n_no_calls": c["n_no_calls"]}
-        for m in RATIO_METRICS:
-            row |= {m: c[m]["value"], f"{m}_lo": c[m]["lo"], f"{m}_hi": c[m]["hi"]}
-            if m == "rr":
-                row["rr_eligible"] = c[m]["eligible"]
+        for m in catalogue.ratios():
+            row |= {m.name: c[m.name]["value"], f"{m.name}_lo": c[m.name]["lo"], f"{m.name}_hi": c[m.name]["hi"]}
+            if m.eligible:
+                row[f"{m.name}_eligible"] = c[m.name]["eligible"]
         row |= {f"bootstrap_{k}": v for k, v in c["bootstrap"].items() if k != "duckdb_version"}
         row["duckdb_version"] = c["bootstrap"]["duckdb_version"]
         rows.append(row)
         pec_rows += [{**_label_values(c, keys), **p} for p in c["pec"]]
-    label_fields = [pa.field(k, pa.string()) for k in keys]
-    metric_fields = []
-    for m in RATIO_METRICS:
-        metric_fields += [pa.field(f"{m}{suffix}", pa.float64()) for suffix in ("", "_lo", "_hi")]
-        if m == "rr":
-            metric_fields.append(pa.field("rr_eligible", pa.int64()))
-    metrics_schema = pa.schema(
-        [
-            *label_fields,
-            *(pa.field(name, pa.int64()) for name in ("n", "n_tasks", "n_no_calls")),
-            *metric_fields,
-            pa.field("bootstrap_B", pa.int64()),
-            pa.field("bootstrap_seed", pa.int64()),
-            pa.field("bootstrap_method", pa.string()),
-            pa.field("bootstrap_level", pa.float64()),
-            pa.field("bootstrap_unit", pa.string()),
-            pa.field("duckdb_version", pa.string()),
-        ]
-    )
-    pec_schema = pa.schema(
-        [*label_fields, pa.field("k", pa.int64()), *(pa.field(x, pa.float64()) for x in ("value", "lo", "hi"))]
-    )
+    metrics_schema = schema.arrow_schema(schema.metrics_table(), keys)
+    pec_schema = schema.arrow_schema(schema.PEC, keys)
     return pa.Table.from_pylist(rows, metrics_schema), pa.Table.from_pylist(pec_rows, pec_schema)
 
 
@@ -329,7 +323,7 @@ def resolve_by(by: Sequence[str] | None, labels: list[str]) -> list[str]:
         if name not in labels:
             available = ", ".join(labels) if labels else "none (the rollouts have no label columns)"
             raise ValueError(f"unknown cohort column {name!r}; available label columns: {available}")
-        if name in _COHORT_FIELDS:
+        if name in cohort_fields():
             raise ValueError(f"label column {name!r} clashes with a metric name and cannot define a cohort")
         out.append(name)
     return out
@@ -365,11 +359,14 @@ def _assemble(
         cid = c["cohort"]
         out: dict[str, Any] = {k: c["key"][k] for k in keys}
         out |= {"n": c["n"], "n_tasks": c["n_tasks"], "n_no_calls": c["n_no_calls"]}
-        for m in ("success", "ter", "auc_pec"):
-            out[m] = _interval(by_metric.get((cid, m)))
-        out["rr"] = {**_interval(by_metric.get((cid, "rr"))), "eligible": c["rr_eligible"]}
-        out["pec"] = sorted(pec_by_cohort.get(cid, []), key=lambda p: p["k"])
-        out["successes_after_invalid_prefix"] = _interval(by_metric.get((cid, "successes_after_invalid_prefix")))
+        for m in catalogue.METRICS:
+            if m.kind == "curve":
+                out[m.name] = sorted(pec_by_cohort.get(cid, []), key=lambda p: p["k"])
+                continue
+            row = by_metric.get((cid, m.name))
+            out[m.name] = _interval(row)
+            if m.eligible:
+                out[m.name]["eligible"] = row["den_total"] if row is not None else 0
         out["bootstrap"] = dict(bootstrap)
         cohorts.append(out)
     return cohorts

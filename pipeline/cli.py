@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from pipeline import catalogue
 from pipeline.aggregate import BootstrapSettings, QueryRefused, compute_metrics, sql, write_metrics
 from pipeline.distributed import DEFAULT_SHARD_BYTES, JobFailed, ShardPlan, run_scoring
 from pipeline.envs import EnvError, EnvOptions
@@ -321,20 +322,22 @@ def metrics(
 
 def metrics_table(cohorts: list[dict], by: list[str] | None) -> Table:
     labels = by or sorted({k for c in cohorts for k in c if isinstance(c[k], str)} - {"benchmark"})
+    # The catalogue's table metrics, with the curves last (PEC@1 and PEC@3) to fit a terminal.
+    ratios = [m for m in catalogue.ratios() if m.in_tables]
+    curves = [m for m in catalogue.METRICS if m.kind == "curve" and m.in_tables]
+    headers = [f"{m.label} (n)" if m.eligible else m.label for m in ratios]
+    headers += [f"{m.label}@{k}" for m in curves for k in (1, 3)]
     table = Table(title="Prefix executability: value and 95% interval")
-    for name in ["benchmark", "condition", "N", "tasks", "success", "TER", "AUC-PEC", "RR (n)", "PEC@1", "PEC@3"]:
+    for name in ["benchmark", "condition", "N", "tasks", *headers]:
         table.add_column(name, justify="left" if name in ("benchmark", "condition") else "right")
     for c in cohorts:
-        pec = {p["k"]: p for p in c["pec"]}
-        table.add_row(
-            str(c["benchmark"]),
-            " · ".join(str(c.get(k)) for k in labels) or "all",
-            str(c["n"]),
-            str(c["n_tasks"]),
-            *(_ci(c[m]) for m in ("success", "ter", "auc_pec")),
-            _ci(c["rr"]) + f"\n({c['rr']['eligible']})",
-            *(_ci(pec[k]) if k in pec else "–" for k in (1, 3)),
-        )
+        condition = " · ".join(str(c.get(k)) for k in labels) or "all"
+        cells = [str(c["benchmark"]), condition, str(c["n"]), str(c["n_tasks"])]
+        cells += [_ci(c[m.name]) + (f"\n({c[m.name]['eligible']})" if m.eligible else "") for m in ratios]
+        for m in curves:
+            curve = {p["k"]: p for p in c[m.name]}
+            cells += [_ci(curve[k]) if k in curve else "–" for k in (1, 3)]
+        table.add_row(*cells)
     return table
 
 

@@ -19,12 +19,13 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from pipeline import catalogue
 from pipeline.aggregate import DEFAULT_BOOTSTRAP, BootstrapSettings, metrics_tables
 from pipeline.output import open_for_write
 from pipeline.report import html, layout, markdown
 from pipeline.report.figures import Chart, cause_chart, cause_rows, fed_chart, fed_rows, pec_chart, pec_rows
 from pipeline.report.paired import Compare, paired_comparison, parse_compare
-from pipeline.report.ranking import RANKED_BY, Ranking, rank_conditions
+from pipeline.report.ranking import Ranking, rank_conditions
 from pipeline.report.tables import RunTables, key_of, run_tables
 
 __all__ = ["Compare", "ReportResult", "build_report", "parse_compare"]
@@ -123,7 +124,8 @@ def _rankings(t: RunTables, label: Any) -> list[Ranking]:
         cohorts = [c for c in t.cohorts if c["benchmark"] == benchmark]
         if len(cohorts) < 2:
             continue
-        values = {m: [c[m]["value"] for c in cohorts] for m in ("success", *RANKED_BY)}
+        ranked = ["success", *(m.name for m in catalogue.ratios() if m.ranked)]
+        values = {m: [c[m]["value"] for c in cohorts] for m in ranked}
         out.append(rank_conditions(benchmark, [label(c) for c in cohorts], values))
     return out
 
@@ -133,9 +135,9 @@ def _ranking_rows(rankings: list[Ranking]) -> list[dict[str, Any]]:
     for r in rankings:
         for i, condition in enumerate(r.conditions):
             row: dict[str, Any] = {"benchmark": r.benchmark, "condition": condition}
-            for m in ("success", *RANKED_BY):
+            for m in r.values:
                 row |= {m: r.values[m][i], f"rank_{m}": r.ranks[m][i]}
-            row |= {f"kendall_tau_b_success_{m}": r.tau[m] for m in RANKED_BY}
+            row |= {f"kendall_tau_b_success_{m}": tau for m, tau in r.tau.items()}
             row["flips"] = "; ".join(
                 f"{f.metric}: {f.higher_metric} > {f.higher_success}"
                 for f in r.flips

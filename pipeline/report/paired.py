@@ -61,6 +61,7 @@ def paired_comparison(
             compare_a=compare.a,
             compare_b=compare.b,
             ks=[int(k) for k in ks],
+            metric_defs=db.metric_defs(),
             seed=settings.seed,
             B=settings.B,
             method=settings.method,
