@@ -14,9 +14,8 @@ from rich.table import Table
 
 from pipeline.aggregate import BootstrapSettings, QueryRefused, compute_metrics, sql, write_metrics
 from pipeline.distributed import DEFAULT_SHARD_BYTES, JobFailed, ShardPlan, run_scoring
-from pipeline.envs import EnvError, EnvOptions
+from pipeline.envs import EnvError, EnvOptions, SpecError
 from pipeline.score import ShardReport
-from pipeline.specs import SpecError
 from pipeline.store import StoreError
 from pipeline.synth import synthesize, write_store
 

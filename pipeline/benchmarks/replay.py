@@ -21,7 +21,8 @@ from pipeline.checker import replay
 from pipeline.dependencies import grounded_values
 from pipeline.distributed import run_scoring
 from pipeline.envs import get_environment
-from pipeline.envs.spec_env import JournaledDoc, SpecEnvironment
+from pipeline.envs.document import JournaledDoc
+from pipeline.envs.spec.env import SpecEnvironment
 from pipeline.records import parse_rollout
 from pipeline.synth import synthesize, write_store
 

@@ -4,7 +4,7 @@ so a call to one is an S failure."""
 
 from __future__ import annotations
 
-from pipeline.envs import EnvOptions, register
+from pipeline.envs.registry import EnvOptions, register
 
 
 @register("toolsandbox")
