@@ -15,9 +15,8 @@ from rich.table import Table
 from pipeline import catalogue
 from pipeline.aggregate import BootstrapSettings, QueryRefused, compute_metrics, sql, write_metrics
 from pipeline.distributed import DEFAULT_SHARD_BYTES, JobFailed, ShardPlan, run_scoring
-from pipeline.envs import EnvError, EnvOptions
+from pipeline.envs import EnvError, EnvOptions, SpecError
 from pipeline.score import ShardReport
-from pipeline.specs import SpecError
 from pipeline.store import StoreError
 from pipeline.synth import synthesize, write_store
 
@@ -452,15 +451,15 @@ def bench(
 ) -> None:
     """Benchmarks: replay through Ray vs a naive baseline, the DuckDB bootstrap stage, or scale-out over S3."""
     if what == "replay":
-        from pipeline.benchmarks.replay import bench_replay
+        from pipeline.perf.replay import bench_replay
 
         bench_replay(n_rollouts=rollouts or 220_000, workdir=workdir)
     elif what == "metrics":
-        from pipeline.benchmarks.metrics import bench_metrics
+        from pipeline.perf.metrics import bench_metrics
 
         bench_metrics(n_rollouts=rollouts or 1_000_000, workdir=workdir)
     elif what == "scale":
-        from pipeline.benchmarks.scale import bench_scale
+        from pipeline.perf.scale import bench_scale
 
         bench_scale(n_rollouts=rollouts or 1_000_000)
     else:

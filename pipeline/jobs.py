@@ -23,9 +23,8 @@ import fsspec
 from pipeline.aggregate import BootstrapSettings, compute_metrics, write_metrics
 from pipeline.distributed import DEFAULT_SHARD_BYTES, ShardPlan, run_scoring
 from pipeline.envs import EnvOptions
-from pipeline.errors import PexecError
+from pipeline.errors import PexecError, check_fields
 from pipeline.score import ShardReport
-from pipeline.specs import check_fields
 from pipeline.synth import synthesize, write_store
 
 if TYPE_CHECKING:

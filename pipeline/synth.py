@@ -19,10 +19,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
-from pipeline.envs.spec_env import SpecEnvironment
+from pipeline.envs.spec.env import SpecEnvironment
+from pipeline.envs.spec.loader import find_spec
 from pipeline.model import CAUSES, Call, Rollout
 from pipeline.output import open_for_write
-from pipeline.specs import find_spec
 
 # condition -> (probability of an invalid call, probability of recovering after one)
 CONDITIONS: dict[tuple[str, str], tuple[float, float]] = {

@@ -9,8 +9,8 @@ from pathlib import Path
 import typer.main
 
 from pipeline.cli import app
+from pipeline.envs.spec.loader import load_spec
 from pipeline.schema import markdown, tables
-from pipeline.specs import load_spec
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 COMMANDS = {cmd.name: cmd for cmd in typer.main.get_command(app).commands.values()}
