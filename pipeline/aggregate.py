@@ -31,11 +31,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline import catalogue, schema
-from pipeline.errors import PexecError
+from pipeline.errors import PexecError, StorageError
 
 # The rollouts columns the metrics read.
 _NEEDED = ("task_id", "benchmark", "T", "fed", "executable", "auc_term", "success")
 _UINT32 = 2**32
+
+
+class MetricsError(PexecError, ValueError):
+    """Metrics asked for with settings or cohort columns that do not fit (the message says which)."""
 
 
 @dataclass(frozen=True)
@@ -47,13 +51,13 @@ class BootstrapSettings:
 
     def __post_init__(self) -> None:
         if self.B < 1:
-            raise ValueError(f"bootstrap B must be >= 1, got {self.B}")
+            raise MetricsError(f"bootstrap B must be >= 1, got {self.B}")
         if not 0 <= self.seed < _UINT32:
-            raise ValueError(f"bootstrap seed must be in [0, 2**32), got {self.seed}")
+            raise MetricsError(f"bootstrap seed must be in [0, 2**32), got {self.seed}")
         if self.method not in ("multinomial", "poisson"):
-            raise ValueError(f"bootstrap method must be 'multinomial' or 'poisson', got {self.method!r}")
+            raise MetricsError(f"bootstrap method must be 'multinomial' or 'poisson', got {self.method!r}")
         if not 0 < self.level < 1:
-            raise ValueError(f"confidence level must be in (0, 1), got {self.level}")
+            raise MetricsError(f"confidence level must be in (0, 1), got {self.level}")
 
     @property
     def quantiles(self) -> tuple[float, float]:
@@ -66,6 +70,14 @@ DEFAULT_BOOTSTRAP = BootstrapSettings()
 
 class QueryRefused(PexecError, ValueError):
     """A statement in a user query is not a read."""
+
+
+class QueryError(PexecError, duckdb.Error):
+    """DuckDB's own error for a user query (syntax, unknown column or table, a file outside the run)."""
+
+
+class RunNotFound(PexecError, FileNotFoundError):
+    """No scored run (or no rollouts in it) where one was named."""
 
 
 def label_columns(columns: Sequence[str]) -> list[str]:
@@ -90,7 +102,7 @@ def compute_metrics(
     Cohorts come out sorted by their key (benchmark, then the labels in table order; NULL labels last).
     """
     if max_k is not None and max_k < 0:
-        raise ValueError(f"max_k must be >= 0, got {max_k}")
+        raise MetricsError(f"max_k must be >= 0, got {max_k}")
     with open_rollouts(run, storage_options) as con:
         by_cols = cohort_columns(con, by)
         q_lo, q_hi = settings.quantiles
@@ -119,7 +131,7 @@ def open_rollouts(run: str, storage_options: dict[str, Any] | None = None) -> It
     the starting point of every aggregate over a run (metrics here, the report's tables)."""
     root = _Run(run, storage_options)
     if not root.has("rollouts"):
-        raise FileNotFoundError(f"no rollouts Parquet files under {root.url}/rollouts/")
+        raise RunNotFound(f"no rollouts Parquet files under {root.url}/rollouts/")
     con = _connect(root)
     try:
         set_variables(con, rollouts_glob=root.glob("rollouts"))
@@ -127,7 +139,7 @@ def open_rollouts(run: str, storage_options: dict[str, Any] | None = None) -> It
         columns = rollout_columns(con)
         missing = [c for c in _NEEDED if c not in columns]
         if missing:
-            raise ValueError(f"rollouts under {root.url} lack column(s) {', '.join(missing)}")
+            raise MetricsError(f"rollouts under {root.url} lack column(s) {', '.join(missing)}")
         _create_rollout_parts(con)
         run_sql(con, "hash")
         yield con
@@ -169,8 +181,11 @@ def write_metrics(run: str, cohorts: list[dict[str, Any]], storage_options: dict
     """
     metrics_table, pec_table = metrics_tables(cohorts)
     root = _Run(run, storage_options)
-    root.write_parquet("metrics/metrics.parquet", metrics_table)
-    root.write_parquet("metrics/pec.parquet", pec_table)
+    try:
+        root.write_parquet("metrics/metrics.parquet", metrics_table)
+        root.write_parquet("metrics/pec.parquet", pec_table)
+    except OSError as exc:
+        raise StorageError(f"cannot write {root.url}/metrics/: {exc}") from exc
 
 
 def sql(run: str, query: str, storage_options: dict[str, Any] | None = None) -> pa.Table:
@@ -182,7 +197,7 @@ def sql(run: str, query: str, storage_options: dict[str, Any] | None = None) -> 
     statements = _read_statements(query)
     root = _Run(run, storage_options)
     if not root.fs.exists(root.path):
-        raise FileNotFoundError(f"no run at {run}")
+        raise RunNotFound(f"no run at {run}")
     con = _connect(root)
     try:
         for table in ("rollouts", "steps"):
@@ -197,8 +212,11 @@ def sql(run: str, query: str, storage_options: dict[str, Any] | None = None) -> 
         run_sql(con, "lockdown")
         result = pa.table({})
         for text in statements:
-            relation = con.sql(text)
-            result = relation.to_arrow_table() if relation is not None else pa.table({})
+            try:
+                relation = con.sql(text)
+                result = relation.to_arrow_table() if relation is not None else pa.table({})
+            except duckdb.Error as exc:  # the user's query is wrong, not pexec
+                raise QueryError(str(exc)) from exc
         return result
     finally:
         con.close()
@@ -238,7 +256,10 @@ class _Run:
     """A run prefix: a local folder (made absolute) or an fsspec URL."""
 
     def __init__(self, run: str, storage_options: dict[str, Any] | None = None) -> None:
-        self.fs, path = fsspec.core.url_to_fs(run, **(storage_options or {}))
+        try:
+            self.fs, path = fsspec.core.url_to_fs(run, **(storage_options or {}))
+        except (ValueError, ImportError) as exc:  # unknown protocol, or its package is not installed
+            raise StorageError(f"cannot open run {run}: {exc}") from exc
         self.path = path.rstrip("/")
         self.local = "file" in _protocols(self.fs)
         # What DuckDB is given: an absolute local path, or the URL itself (a registered fsspec filesystem
@@ -322,9 +343,9 @@ def resolve_by(by: Sequence[str] | None, labels: list[str]) -> list[str]:
             continue  # benchmark is always part of the cohort
         if name not in labels:
             available = ", ".join(labels) if labels else "none (the rollouts have no label columns)"
-            raise ValueError(f"unknown cohort column {name!r}; available label columns: {available}")
+            raise MetricsError(f"unknown cohort column {name!r}; available label columns: {available}")
         if name in cohort_fields():
-            raise ValueError(f"label column {name!r} clashes with a metric name and cannot define a cohort")
+            raise MetricsError(f"label column {name!r} clashes with a metric name and cannot define a cohort")
         out.append(name)
     return out
 
@@ -377,7 +398,10 @@ _EXPLAIN = re.compile(r"^\s*EXPLAIN\s+(?:ANALYZE\s+)?(?:\([^)]*\)\s*)?(?P<rest>.
 
 def _read_statements(query: str) -> list[str]:
     """The statements of a query, each checked to be a read by DuckDB's own parser."""
-    statements = duckdb.extract_statements(query)
+    try:
+        statements = duckdb.extract_statements(query)
+    except duckdb.ParserException as exc:
+        raise QueryError(str(exc)) from exc
     if not statements:
         raise QueryRefused("empty query")
     out = []

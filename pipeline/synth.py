@@ -21,6 +21,7 @@ import zstandard
 
 from pipeline.envs.spec.env import SpecEnvironment
 from pipeline.envs.spec.loader import find_spec
+from pipeline.errors import PexecError, StorageError
 from pipeline.model import CAUSES, Call, Rollout
 from pipeline.output import open_for_write
 
@@ -32,6 +33,10 @@ CONDITIONS: dict[tuple[str, str], tuple[float, float]] = {
     ("model-b", "plan_execute"): (0.60, 0.55),
 }
 MUTATING = {"cancel_order", "return_items", "apply_coupon"}  # repeating one is a state_consistency error
+
+
+class SynthError(PexecError, ValueError):
+    """A synthetic store asked for that synth cannot build."""
 
 
 @dataclass
@@ -53,10 +58,10 @@ class _Task:
 def synthesize(spec: str = "shop", n_rollouts: int = 1000, n_tasks: int = 100, seed: int = 0) -> Iterator[dict]:
     """Canonical rollout records with a `truth` field, `n_rollouts` of them over `n_tasks` tasks."""
     if spec != "shop":
-        raise ValueError(f"synth knows how to build tasks for the 'shop' spec only, not {spec!r}")
+        raise SynthError(f"synth knows how to build tasks for the 'shop' spec only, not {spec!r}")
     folder = find_spec(spec)
     if folder is None:
-        raise ValueError("the 'shop' spec is not installed (specs/shop)")
+        raise SynthError("the 'shop' spec is not installed (specs/shop)")
     env = SpecEnvironment.from_folder(folder)
     n_tasks = min(n_tasks, n_rollouts)  # a task without rollouts would never be seen
     tasks = [_make_task(env, i, random.Random(f"{seed}/task/{i}")) for i in range(n_tasks)]
@@ -93,19 +98,22 @@ def write_store(
 def _write_file(
     root: str, part: int, batch: list[dict], fmt: str, compression: str | None, storage_options: dict | None
 ) -> None:
-    if fmt == "parquet":
-        with open_for_write(f"{root}/part-{part:05d}.parquet", storage_options) as f:
-            pq.write_table(_to_arrow(batch), f, row_group_size=5000)
-        return
-    data = b"".join(orjson.dumps(r) + b"\n" for r in batch)
-    if compression == "gzip":
-        suffix, data = ".gz", gzip.compress(data)
-    elif compression == "zstd":
-        suffix, data = ".zst", zstandard.ZstdCompressor().compress(data)
-    else:
-        suffix = ""
-    with open_for_write(f"{root}/part-{part:05d}.jsonl{suffix}", storage_options) as f:
-        f.write(data)
+    try:
+        if fmt == "parquet":
+            with open_for_write(f"{root}/part-{part:05d}.parquet", storage_options) as f:
+                pq.write_table(_to_arrow(batch), f, row_group_size=5000)
+            return
+        data = b"".join(orjson.dumps(r) + b"\n" for r in batch)
+        if compression == "gzip":
+            suffix, data = ".gz", gzip.compress(data)
+        elif compression == "zstd":
+            suffix, data = ".zst", zstandard.ZstdCompressor().compress(data)
+        else:
+            suffix = ""
+        with open_for_write(f"{root}/part-{part:05d}.jsonl{suffix}", storage_options) as f:
+            f.write(data)
+    except OSError as exc:
+        raise StorageError(f"cannot write store {root}: {exc}") from exc
 
 
 def _to_arrow(batch: list[dict]) -> pa.Table:

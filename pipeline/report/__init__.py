@@ -21,14 +21,15 @@ import pyarrow.parquet as pq
 
 from pipeline import catalogue
 from pipeline.aggregate import DEFAULT_BOOTSTRAP, BootstrapSettings, metrics_tables
+from pipeline.errors import StorageError
 from pipeline.output import open_for_write
 from pipeline.report import html, layout, markdown
 from pipeline.report.figures import Chart, cause_chart, cause_rows, fed_chart, fed_rows, pec_chart, pec_rows
-from pipeline.report.paired import Compare, paired_comparison, parse_compare
+from pipeline.report.paired import Compare, ReportError, paired_comparison, parse_compare
 from pipeline.report.ranking import Ranking, rank_conditions
 from pipeline.report.tables import RunTables, key_of, run_tables
 
-__all__ = ["Compare", "ReportResult", "build_report", "parse_compare"]
+__all__ = ["Compare", "ReportError", "ReportResult", "build_report", "parse_compare"]
 
 DEFAULT_KS = (1, 3, 5)
 
@@ -53,7 +54,7 @@ def build_report(
     storage_options: dict[str, Any] | None = None,
 ) -> ReportResult:
     if not ks or any(k < 1 for k in ks):
-        raise ValueError(f"--k takes depths >= 1, got {list(ks)}")
+        raise ReportError(f"--k takes depths >= 1, got {list(ks)}")
     ks = sorted(set(ks))
     t = run_tables(run, by, ks, settings, storage_options)
     conditions = t.keys[1:]
@@ -86,8 +87,11 @@ def build_report(
     root = str(out).rstrip("/")
 
     def write(name: str, data: bytes) -> str:
-        with open_for_write(f"{root}/{name}", storage_options) as f:
-            f.write(data)
+        try:
+            with open_for_write(f"{root}/{name}", storage_options) as f:
+                f.write(data)
+        except OSError as exc:
+            raise StorageError(f"cannot write {root}/{name}: {exc}") from exc
         return f"{root}/{name}"
 
     written = [
