@@ -6,10 +6,10 @@ The public API; the implementation lives in the modules named below.
 from pipeline.aggregate import BootstrapSettings, QueryRefused, compute_metrics, sql, write_metrics
 from pipeline.checker import replay
 from pipeline.distributed import plan, run_scoring
-from pipeline.envs import Environment, EnvOptions, Outcome, ToolInfo, get_environment, register
+from pipeline.envs import Environment, EnvOptions, Outcome, SpecError, ToolInfo, get_environment, register
+from pipeline.envs.spec.loader import Spec, load_spec
 from pipeline.model import Call, Message, Reject, Rollout, RolloutResult, StepResult
 from pipeline.records import InvalidRecord, parse_rollout
-from pipeline.specs import Spec, SpecError, load_spec
 from pipeline.storage.stores import write_store
 from pipeline.synth import synthesize
 

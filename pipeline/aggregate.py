@@ -3,8 +3,8 @@
 DESIGN §2 ("Aggregates", "Intervals") and §7. All SQL lives in `pipeline/sql/*.sql`; this module sets a
 few DuckDB variables (`getvariable(...)` in the SQL), runs the files in order and shapes the results.
 
-Pipeline (one pass for all cohorts):
-  rollout_parts.sql          per rollout, the integer parts every metric is a ratio of sums of
+Pipeline (one pass for all cohorts); the metrics and their parts come from pipeline.catalogue:
+  rollout_parts (view)       per rollout, the catalogue's integer parts p_<name>
   metrics_prepare.sql        rollouts -> cohort numbers -> per-(cohort, task) sums `s_*` (+ PEC histogram)
   bootstrap_<method>.sql     per-(cohort, replicate) sums of the resampled tasks' `s_*`
   metrics_intervals.sql      ratios of sums (point estimate = full data), percentile intervals
@@ -27,20 +27,17 @@ from typing import Any, Literal
 import duckdb
 import pyarrow as pa
 
-from pipeline.errors import PexecError
-from pipeline.model import RESERVED_COLUMNS
+from pipeline import catalogue, schema
+from pipeline.errors import PexecError, StorageError
 from pipeline.storage.run import RunPrefix
 
-# Fixed columns of RUN/rollouts (DESIGN §4); any other column not starting with `cost_` is a label.
-ROLLOUT_COLUMNS = (
-    "run_id", "rollout_id", "task_id", "benchmark", "T", "fed", "executable", "auc_term", "success",
-    "recovered", "first_cause", "n_invalid", "n_output_mismatch",
-)  # fmt: skip
+# The rollouts columns the metrics read.
 _NEEDED = ("task_id", "benchmark", "T", "fed", "executable", "auc_term", "success")
-# Ratio metrics in the order they appear in a cohort dict (PEC is a list of its own).
-RATIO_METRICS = ("success", "ter", "auc_pec", "rr", "successes_after_invalid_prefix")
-_COHORT_FIELDS = ("n", "n_tasks", "n_no_calls", *RATIO_METRICS, "pec", "bootstrap")
 _UINT32 = 2**32
+
+
+class MetricsError(PexecError, ValueError):
+    """Metrics asked for with settings or cohort columns that do not fit (the message says which)."""
 
 
 @dataclass(frozen=True)
@@ -52,13 +49,13 @@ class BootstrapSettings:
 
     def __post_init__(self) -> None:
         if self.B < 1:
-            raise ValueError(f"bootstrap B must be >= 1, got {self.B}")
+            raise MetricsError(f"bootstrap B must be >= 1, got {self.B}")
         if not 0 <= self.seed < _UINT32:
-            raise ValueError(f"bootstrap seed must be in [0, 2**32), got {self.seed}")
+            raise MetricsError(f"bootstrap seed must be in [0, 2**32), got {self.seed}")
         if self.method not in ("multinomial", "poisson"):
-            raise ValueError(f"bootstrap method must be 'multinomial' or 'poisson', got {self.method!r}")
+            raise MetricsError(f"bootstrap method must be 'multinomial' or 'poisson', got {self.method!r}")
         if not 0 < self.level < 1:
-            raise ValueError(f"confidence level must be in (0, 1), got {self.level}")
+            raise MetricsError(f"confidence level must be in (0, 1), got {self.level}")
 
     @property
     def quantiles(self) -> tuple[float, float]:
@@ -73,10 +70,22 @@ class QueryRefused(PexecError, ValueError):
     """A statement in a user query is not a read."""
 
 
+class QueryError(PexecError, duckdb.Error):
+    """DuckDB's own error for a user query (syntax, unknown column or table, a file outside the run)."""
+
+
+class RunNotFound(PexecError, FileNotFoundError):
+    """No scored run (or no rollouts in it) where one was named."""
+
+
 def label_columns(columns: Sequence[str]) -> list[str]:
-    """Label columns of a rollouts table, in table order."""
-    fixed = set(ROLLOUT_COLUMNS) | RESERVED_COLUMNS
-    return [c for c in columns if c not in fixed and not c.startswith("cost_")]
+    """Label columns of a rollouts table, in table order: any column that is neither fixed nor a cost."""
+    return [c for c in columns if c not in schema.RESERVED_COLUMNS and not c.startswith("cost_")]
+
+
+def cohort_fields() -> tuple[str, ...]:
+    """The keys of a cohort dict besides its label values (a label may not take one of these names)."""
+    return ("n", "n_tasks", "n_no_calls", *(m.name for m in catalogue.METRICS), "bootstrap")
 
 
 def compute_metrics(
@@ -91,7 +100,7 @@ def compute_metrics(
     Cohorts come out sorted by their key (benchmark, then the labels in table order; NULL labels last).
     """
     if max_k is not None and max_k < 0:
-        raise ValueError(f"max_k must be >= 0, got {max_k}")
+        raise MetricsError(f"max_k must be >= 0, got {max_k}")
     with open_rollouts(run, storage_options) as con:
         by_cols = cohort_columns(con, by)
         q_lo, q_hi = settings.quantiles
@@ -103,6 +112,8 @@ def compute_metrics(
             B=settings.B,
             q_lo=q_lo,
             q_hi=q_hi,
+            metric_defs=metric_defs(),
+            parts=[f"s_{p.name}" for p in catalogue.PARTS],
         )
         for name in ("metrics_prepare", f"bootstrap_{settings.method}", "metrics_intervals"):
             run_sql(con, name)
@@ -118,7 +129,7 @@ def open_rollouts(run: str, storage_options: dict[str, Any] | None = None) -> It
     the starting point of every aggregate over a run (metrics here, the report's tables)."""
     root = RunPrefix(run, storage_options)
     if not root.has("rollouts"):
-        raise FileNotFoundError(f"no rollouts Parquet files under {root.url}/rollouts/")
+        raise RunNotFound(f"no rollouts Parquet files under {root.url}/rollouts/")
     con = _connect(root)
     try:
         set_variables(con, rollouts_glob=root.glob("rollouts"))
@@ -126,12 +137,26 @@ def open_rollouts(run: str, storage_options: dict[str, Any] | None = None) -> It
         columns = rollout_columns(con)
         missing = [c for c in _NEEDED if c not in columns]
         if missing:
-            raise ValueError(f"rollouts under {root.url} lack column(s) {', '.join(missing)}")
-        run_sql(con, "rollout_parts")
+            raise MetricsError(f"rollouts under {root.url} lack column(s) {', '.join(missing)}")
+        _create_rollout_parts(con)
         run_sql(con, "hash")
         yield con
     finally:
         con.close()
+
+
+def _create_rollout_parts(con: duckdb.DuckDBPyConnection) -> None:
+    # The one statement built in Python: its columns are the catalogue's part expressions.
+    parts = ", ".join(f"{p.sql} AS p_{p.name}" for p in catalogue.PARTS)
+    con.execute(f"CREATE OR REPLACE TEMP VIEW rollout_parts AS SELECT *, {parts} FROM rollouts")
+
+
+def metric_defs() -> list[dict[str, Any]]:
+    """The catalogue's ratio metrics as the SQL reads them (variable `metric_defs`)."""
+    return [
+        {"metric": m.name, "num": m.num, "den": m.den, "scale": m.scale, "ord": i}
+        for i, m in enumerate(catalogue.ratios())
+    ]
 
 
 def rollout_columns(con: duckdb.DuckDBPyConnection) -> list[str]:
@@ -154,8 +179,11 @@ def write_metrics(run: str, cohorts: list[dict[str, Any]], storage_options: dict
     """
     metrics_table, pec_table = metrics_tables(cohorts)
     root = RunPrefix(run, storage_options)
-    root.write_parquet("metrics/metrics.parquet", metrics_table)
-    root.write_parquet("metrics/pec.parquet", pec_table)
+    try:
+        root.write_parquet("metrics/metrics.parquet", metrics_table)
+        root.write_parquet("metrics/pec.parquet", pec_table)
+    except OSError as exc:
+        raise StorageError(f"cannot write {root.url}/metrics/: {exc}") from exc
 
 
 def sql(run: str, query: str, storage_options: dict[str, Any] | None = None) -> pa.Table:
@@ -167,7 +195,7 @@ def sql(run: str, query: str, storage_options: dict[str, Any] | None = None) -> 
     statements = _read_statements(query)
     root = RunPrefix(run, storage_options)
     if not root.fs.exists(root.path):
-        raise FileNotFoundError(f"no run at {run}")
+        raise RunNotFound(f"no run at {run}")
     con = _connect(root)
     try:
         for table in ("rollouts", "steps"):
@@ -182,52 +210,36 @@ def sql(run: str, query: str, storage_options: dict[str, Any] | None = None) -> 
         run_sql(con, "lockdown")
         result = pa.table({})
         for text in statements:
-            relation = con.sql(text)
-            result = relation.to_arrow_table() if relation is not None else pa.table({})
+            try:
+                relation = con.sql(text)
+                result = relation.to_arrow_table() if relation is not None else pa.table({})
+            except duckdb.Error as exc:  # the user's query is wrong, not pexec
+                raise QueryError(str(exc)) from exc
         return result
     finally:
         con.close()
 
 
 def metrics_tables(cohorts: list[dict[str, Any]]) -> tuple[pa.Table, pa.Table]:
-    """The cohort dicts as two flat tables (the layout of metrics.parquet and pec.parquet)."""
+    """The cohort dicts as two flat tables (the layout of metrics.parquet and pec.parquet, pipeline.schema)."""
+    fields = set(cohort_fields())
     keys: list[str] = ["benchmark"]
     for c in cohorts:
-        keys += [k for k in c if k not in _COHORT_FIELDS and k not in keys]
+        keys += [k for k in c if k not in fields and k not in keys]
     rows, pec_rows = [], []
     for c in cohorts:
         row: dict[str, Any] = _label_values(c, keys)
         row |= {"n": c["n"], "n_tasks": c["n_tasks"], "n_no_calls": c["n_no_calls"]}
-        for m in RATIO_METRICS:
-            row |= {m: c[m]["value"], f"{m}_lo": c[m]["lo"], f"{m}_hi": c[m]["hi"]}
-            if m == "rr":
-                row["rr_eligible"] = c[m]["eligible"]
+        for m in catalogue.ratios():
+            row |= {m.name: c[m.name]["value"], f"{m.name}_lo": c[m.name]["lo"], f"{m.name}_hi": c[m.name]["hi"]}
+            if m.eligible:
+                row[f"{m.name}_eligible"] = c[m.name]["eligible"]
         row |= {f"bootstrap_{k}": v for k, v in c["bootstrap"].items() if k != "duckdb_version"}
         row["duckdb_version"] = c["bootstrap"]["duckdb_version"]
         rows.append(row)
         pec_rows += [{**_label_values(c, keys), **p} for p in c["pec"]]
-    label_fields = [pa.field(k, pa.string()) for k in keys]
-    metric_fields = []
-    for m in RATIO_METRICS:
-        metric_fields += [pa.field(f"{m}{suffix}", pa.float64()) for suffix in ("", "_lo", "_hi")]
-        if m == "rr":
-            metric_fields.append(pa.field("rr_eligible", pa.int64()))
-    metrics_schema = pa.schema(
-        [
-            *label_fields,
-            *(pa.field(name, pa.int64()) for name in ("n", "n_tasks", "n_no_calls")),
-            *metric_fields,
-            pa.field("bootstrap_B", pa.int64()),
-            pa.field("bootstrap_seed", pa.int64()),
-            pa.field("bootstrap_method", pa.string()),
-            pa.field("bootstrap_level", pa.float64()),
-            pa.field("bootstrap_unit", pa.string()),
-            pa.field("duckdb_version", pa.string()),
-        ]
-    )
-    pec_schema = pa.schema(
-        [*label_fields, pa.field("k", pa.int64()), *(pa.field(x, pa.float64()) for x in ("value", "lo", "hi"))]
-    )
+    metrics_schema = schema.arrow_schema(schema.metrics_table(), keys)
+    pec_schema = schema.arrow_schema(schema.PEC, keys)
     return pa.Table.from_pylist(rows, metrics_schema), pa.Table.from_pylist(pec_rows, pec_schema)
 
 
@@ -281,9 +293,9 @@ def resolve_by(by: Sequence[str] | None, labels: list[str]) -> list[str]:
             continue  # benchmark is always part of the cohort
         if name not in labels:
             available = ", ".join(labels) if labels else "none (the rollouts have no label columns)"
-            raise ValueError(f"unknown cohort column {name!r}; available label columns: {available}")
-        if name in _COHORT_FIELDS:
-            raise ValueError(f"label column {name!r} clashes with a metric name and cannot define a cohort")
+            raise MetricsError(f"unknown cohort column {name!r}; available label columns: {available}")
+        if name in cohort_fields():
+            raise MetricsError(f"label column {name!r} clashes with a metric name and cannot define a cohort")
         out.append(name)
     return out
 
@@ -318,11 +330,14 @@ def _assemble(
         cid = c["cohort"]
         out: dict[str, Any] = {k: c["key"][k] for k in keys}
         out |= {"n": c["n"], "n_tasks": c["n_tasks"], "n_no_calls": c["n_no_calls"]}
-        for m in ("success", "ter", "auc_pec"):
-            out[m] = _interval(by_metric.get((cid, m)))
-        out["rr"] = {**_interval(by_metric.get((cid, "rr"))), "eligible": c["rr_eligible"]}
-        out["pec"] = sorted(pec_by_cohort.get(cid, []), key=lambda p: p["k"])
-        out["successes_after_invalid_prefix"] = _interval(by_metric.get((cid, "successes_after_invalid_prefix")))
+        for m in catalogue.METRICS:
+            if m.kind == "curve":
+                out[m.name] = sorted(pec_by_cohort.get(cid, []), key=lambda p: p["k"])
+                continue
+            row = by_metric.get((cid, m.name))
+            out[m.name] = _interval(row)
+            if m.eligible:
+                out[m.name]["eligible"] = row["den_total"] if row is not None else 0
         out["bootstrap"] = dict(bootstrap)
         cohorts.append(out)
     return cohorts
@@ -333,7 +348,10 @@ _EXPLAIN = re.compile(r"^\s*EXPLAIN\s+(?:ANALYZE\s+)?(?:\([^)]*\)\s*)?(?P<rest>.
 
 def _read_statements(query: str) -> list[str]:
     """The statements of a query, each checked to be a read by DuckDB's own parser."""
-    statements = duckdb.extract_statements(query)
+    try:
+        statements = duckdb.extract_statements(query)
+    except duckdb.ParserException as exc:
+        raise QueryError(str(exc)) from exc
     if not statements:
         raise QueryRefused("empty query")
     out = []

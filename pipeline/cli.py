@@ -3,29 +3,65 @@
 from __future__ import annotations
 
 import sys
+from importlib.metadata import version
 from pathlib import Path
 from typing import Annotated, Any
 
+import click
 import orjson
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
+from typer.core import TyperGroup
 
-from pipeline.aggregate import BootstrapSettings, QueryRefused, compute_metrics, sql, write_metrics
-from pipeline.distributed import DEFAULT_SHARD_BYTES, JobFailed, ShardPlan, run_scoring
-from pipeline.envs import EnvError, EnvOptions
+from pipeline import catalogue
+from pipeline.aggregate import BootstrapSettings, compute_metrics, sql, write_metrics
+from pipeline.distributed import DEFAULT_SHARD_BYTES, ShardPlan, run_scoring
+from pipeline.envs import EnvOptions
+from pipeline.errors import PexecError
 from pipeline.score import ShardReport
-from pipeline.specs import SpecError
-from pipeline.storage.inputs import StoreError
 from pipeline.storage.stores import write_store
 from pipeline.synth import synthesize
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 console = Console(stderr=True)
 out = Console(width=None if sys.stdout.isatty() else 150)  # logs and pipes get full rows
 
 
+class _Commands(TyperGroup):
+    """The one place user-facing errors end: any command's PexecError is printed as `error: <message>` on
+    one line and exits 2. Any other exception is a bug and keeps its traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except PexecError as exc:
+            # Some messages carry several lines (DuckDB's); soft_wrap keeps long ones on one line too.
+            message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+            console.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
+            raise typer.Exit(code=2) from exc
+
+
+app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True, help=__doc__)
+
+
+def _print_version(show: bool) -> None:
+    if show:
+        typer.echo(version("pexec"))
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    show_version: Annotated[
+        bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """The options of `pexec` itself, given before any command (the app's help text comes from __doc__)."""
+
+
+# Options several commands share, declared once.
 EndpointUrl = Annotated[
     str | None,
     typer.Option(
@@ -37,6 +73,19 @@ EndpointUrl = Annotated[
 StorageOption = Annotated[
     list[str] | None, typer.Option("--storage-option", help="k=v passed to the fsspec filesystem (repeatable).")
 ]
+OutStore = Annotated[str, typer.Option("--out", help="Store to write (folder or fsspec URL).")]
+StoreFormat = Annotated[str, typer.Option("--format", help="jsonl or parquet")]
+By = Annotated[str | None, typer.Option("--by", help="Label columns that define a condition, e.g. model,method.")]
+Bootstrap = Annotated[int, typer.Option("--bootstrap", min=1, help="Bootstrap replicates B.")]
+Seed = Annotated[int, typer.Option("--seed", help="Seed of the random draws: the same seed, the same output.")]
+Method = Annotated[str, typer.Option("--method", help="multinomial (task resampling) or poisson")]
+SpecDir = Annotated[list[str] | None, typer.Option("--spec-dir", help="Extra folder to search for specs.")]
+RayAddress = Annotated[
+    str | None, typer.Option("--address", help="Ray cluster address (default: the job's for `run`, else local Ray).")
+]
+DashboardAddress = Annotated[str, typer.Option("--address", help="Ray dashboard address, e.g. http://HEAD:8265.")]
+Force = Annotated[bool, typer.Option("--force", help="Rescore every shard, even unchanged ones.")]
+OnDate = Annotated[str | None, typer.Option("--date", help="YYYY-MM-DD for {date} (default: today, UTC).")]
 
 
 def _storage(endpoint_url: str | None, pairs: list[str] | None) -> dict[str, Any] | None:
@@ -51,19 +100,25 @@ def _storage(endpoint_url: str | None, pairs: list[str] | None) -> dict[str, Any
     return options or None
 
 
-def _fail(message: str) -> typer.Exit:
-    console.print(f"[bold red]error:[/] {message}")
-    return typer.Exit(code=2)
+def _columns(by: str | None) -> list[str] | None:
+    """`--by model,method` -> ["model", "method"]; None (every label) when not given."""
+    return [c.strip() for c in by.split(",") if c.strip()] if by else None
+
+
+def _bootstrap(replicates: int, seed: int, method: str) -> BootstrapSettings:
+    if method not in ("multinomial", "poisson"):
+        raise PexecError("--method is multinomial or poisson")
+    return BootstrapSettings(B=replicates, seed=seed, method=method)  # type: ignore[arg-type]
 
 
 @app.command()
 def synth(
     spec: Annotated[str, typer.Argument(help="Spec to build tasks for (shipped: shop).")],
-    out_store: Annotated[str, typer.Option("--out", help="Store to write (folder or fsspec URL).")],
+    out_store: OutStore,
     rollouts: Annotated[int, typer.Option("--rollouts", min=1)] = 1000,
     tasks: Annotated[int, typer.Option("--tasks", min=1)] = 100,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
-    fmt: Annotated[str, typer.Option("--format", help="jsonl or parquet")] = "jsonl",
+    seed: Seed = 0,
+    fmt: StoreFormat = "jsonl",
     compression: Annotated[str, typer.Option("--compression", help="none, gzip or zstd (JSON Lines)")] = "none",
     per_file: Annotated[int, typer.Option("--per-file", min=1, help="Rollouts per file.")] = 50_000,
     endpoint_url: EndpointUrl = None,
@@ -71,13 +126,10 @@ def synth(
 ) -> None:
     """Generate a synthetic store with known per-step truth (injected failures, recoveries)."""
     if fmt not in ("jsonl", "parquet") or compression not in ("none", "gzip", "zstd"):
-        raise _fail("--format is jsonl or parquet; --compression is none, gzip or zstd")
-    try:
-        records = synthesize(spec, rollouts, tasks, seed)
-        storage = _storage(endpoint_url, storage_option)
-        n = write_store(records, out_store, fmt, per_file, None if compression == "none" else compression, storage)
-    except ValueError as exc:
-        raise _fail(str(exc)) from exc
+        raise PexecError("--format is jsonl or parquet; --compression is none, gzip or zstd")
+    records = synthesize(spec, rollouts, tasks, seed)
+    storage = _storage(endpoint_url, storage_option)
+    n = write_store(records, out_store, fmt, per_file, None if compression == "none" else compression, storage)
     console.print(f"wrote {n} rollouts over {min(tasks, rollouts)} tasks to {out_store}")
 
 
@@ -85,25 +137,22 @@ def synth(
 def ingest(
     fmt: Annotated[str, typer.Argument(help="Source format (see README: bfcl, tau2, ...).")],
     sources: Annotated[list[str], typer.Argument(help="Files or folders to read.")],
-    out_store: Annotated[str, typer.Option("--out", help="Store to write (folder or fsspec URL).")],
+    out_store: OutStore,
     label: Annotated[list[str] | None, typer.Option("--label", help="k=v added to every rollout's labels.")] = None,
     option: Annotated[list[str] | None, typer.Option("--option", help="k=v setting of the format's adapter.")] = None,
-    store_fmt: Annotated[str, typer.Option("--format", help="jsonl or parquet")] = "jsonl",
+    store_fmt: StoreFormat = "jsonl",
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
     """Convert benchmark or production logs into canonical rollouts."""
-    from pipeline.ingest import IngestError, IngestOptions
+    from pipeline.ingest import IngestOptions
     from pipeline.ingest import ingest as run_ingest
 
-    try:
-        storage = _storage(endpoint_url, storage_option)  # for the sources and the output store
-        options = IngestOptions(
-            labels=_pairs(label, "--label"), extra=_pairs(option, "--option"), storage_options=storage
-        )
-        n = write_store(run_ingest(fmt, sources, options), out_store, store_fmt, storage_options=storage)
-    except (IngestError, StoreError, OSError) as exc:
-        raise _fail(str(exc)) from exc
+    storage = _storage(endpoint_url, storage_option)  # for the sources and the output store
+    options = IngestOptions(
+        labels=_pairs(label, "--label"), extra=_pairs(option, "--option"), storage_options=storage
+    )
+    n = write_store(run_ingest(fmt, sources, options), out_store, store_fmt, storage_options=storage)
     console.print(f"wrote {n} rollouts to {out_store}")
 
 
@@ -112,7 +161,7 @@ def _pairs(items: list[str] | None, flag: str) -> dict[str, str]:
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise _fail(f"{flag} takes key=value, got {item!r}")
+            raise PexecError(f"{flag} takes key=value, got {item!r}")
         pairs[key] = value
     return pairs
 
@@ -127,40 +176,39 @@ def score(
     spec: Annotated[
         str | None, typer.Option("--spec", help="Spec giving `observed` its schemas and grounding.")
     ] = None,
-    spec_dir: Annotated[list[str] | None, typer.Option("--spec-dir", help="Extra folder to search for specs.")] = None,
-    address: Annotated[str | None, typer.Option("--address", help="Ray cluster address (default: local Ray).")] = None,
+    spec_dir: SpecDir = None,
+    address: RayAddress = None,
     policy: Annotated[str, typer.Option("--policy", help="code or strict (written-policy overlays)")] = "code",
     shard_mb: Annotated[float, typer.Option("--shard-mb", help="Target shard size in MiB.")] = DEFAULT_SHARD_BYTES
     / 2**20,
     num_cpus: Annotated[int | None, typer.Option("--num-cpus", help="CPUs for local Ray.")] = None,
     inline: Annotated[bool, typer.Option("--inline", help="Score in this process, without Ray.")] = False,
-    force: Annotated[bool, typer.Option("--force", help="Rescore every shard, even unchanged ones.")] = False,
+    force: Force = False,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
     """Replay every rollout and write per-step flags, per-rollout summaries, rejects and the manifest."""
     if policy not in ("code", "strict"):
-        raise _fail("--policy is code or strict")
+        raise PexecError("--policy is code or strict")
+    if shard_mb * 2**20 < 1:
+        raise PexecError(f"--shard-mb takes a size > 0, got {shard_mb}")
     options = EnvOptions(spec_dirs=tuple(spec_dir or ()), spec=spec, policy=policy)
     progress = ScoreProgress()
-    try:
-        with progress.bar:
-            manifest = run_scoring(
-                store,
-                run,
-                env=env,
-                options=options,
-                address=address,
-                executor="inline" if inline else "ray",
-                shard_bytes=int(shard_mb * 2**20),
-                num_cpus=num_cpus,
-                storage_options=_storage(endpoint_url, storage_option),
-                on_plan=progress.on_plan,
-                on_shard=progress.on_shard,
-                force=force,
-            )
-    except (StoreError, SpecError, EnvError, JobFailed) as exc:
-        raise _fail(str(exc)) from exc
+    with progress.bar:
+        manifest = run_scoring(
+            store,
+            run,
+            env=env,
+            options=options,
+            address=address,
+            executor="inline" if inline else "ray",
+            shard_bytes=int(shard_mb * 2**20),
+            num_cpus=num_cpus,
+            storage_options=_storage(endpoint_url, storage_option),
+            on_plan=progress.on_plan,
+            on_shard=progress.on_shard,
+            force=force,
+        )
     _summary(manifest, run)
 
 
@@ -213,21 +261,18 @@ def _summary(manifest: dict[str, Any], run: str) -> None:
 @app.command("run")
 def run_command(
     job_file: Annotated[Path, typer.Argument(help="A job definition (jobs/*.toml).")],
-    on_date: Annotated[str | None, typer.Option("--date", help="YYYY-MM-DD for {date} (default: today, UTC).")] = None,
-    address: Annotated[str | None, typer.Option("--address", help="Ray address (overrides the job's).")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Rescore every shard, even unchanged ones.")] = False,
+    on_date: OnDate = None,
+    address: RayAddress = None,
+    force: Force = False,
 ) -> None:
     """Run a job: score its input (only what changed since the last run), then write its metrics (and report)."""
-    from pipeline.jobs import JobError, load_job, run_job
+    from pipeline.jobs import load_job, run_job
 
     progress = ScoreProgress()
-    try:
-        job = load_job(job_file, on_date)
-        console.print(f"job {job.name} ({job.date}): {job.input} -> {job.output}")
-        with progress.bar:
-            manifest, cohorts = run_job(job, address, force, progress.on_plan, progress.on_shard)
-    except (JobError, StoreError, SpecError, EnvError, JobFailed, ValueError, OSError) as exc:
-        raise _fail(str(exc)) from exc
+    job = load_job(job_file, on_date)
+    console.print(f"job {job.name} ({job.date}): {job.input} -> {job.output}")
+    with progress.bar:
+        manifest, cohorts = run_job(job, address, force, progress.on_plan, progress.on_shard)
     _summary(manifest, job.output)
     out.print(metrics_table(cohorts, job.by))
     if job.report is not None:
@@ -237,19 +282,14 @@ def run_command(
 @app.command()
 def submit(
     job_file: Annotated[Path, typer.Argument(help="A job definition (jobs/*.toml).")],
-    address: Annotated[str, typer.Option("--address", help="Ray dashboard address, e.g. http://HEAD:8265.")],
-    on_date: Annotated[str | None, typer.Option("--date", help="YYYY-MM-DD for {date} (default: today, UTC).")] = None,
+    address: DashboardAddress,
+    on_date: OnDate = None,
 ) -> None:
     """Submit a job to a Ray cluster through the Jobs API; prints the submission id."""
-    from pipeline.jobs import JobError, load_job, submit_job
+    from pipeline.jobs import load_job, submit_job
 
-    try:
-        job = load_job(job_file, on_date)
-        submission = submit_job(job_file, job, address)
-    except JobError as exc:
-        raise _fail(str(exc)) from exc
-    except Exception as exc:  # the Jobs API client's errors: connection, authentication, server-side
-        raise _fail(f"cannot submit to {address}: {type(exc).__name__}: {exc}") from exc
+    job = load_job(job_file, on_date)
+    submission = submit_job(job_file, job, address)
     console.print(f"submitted {job.name} ({job.date}) to {address}")
     out.print(submission)
 
@@ -257,39 +297,32 @@ def submit(
 @app.command()
 def status(
     submission: Annotated[str, typer.Argument(help="A submission id from `pexec submit`.")],
-    address: Annotated[str, typer.Option("--address", help="Ray dashboard address, e.g. http://HEAD:8265.")],
+    address: DashboardAddress,
 ) -> None:
     """The state of a submitted job (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED)."""
-    out.print(str(_jobs_api(address, lambda client: client.get_job_status(submission))))
+    from pipeline.jobs import job_status
+
+    out.print(job_status(address, submission))
 
 
 @app.command()
 def logs(
     submission: Annotated[str, typer.Argument(help="A submission id from `pexec submit`.")],
-    address: Annotated[str, typer.Option("--address", help="Ray dashboard address, e.g. http://HEAD:8265.")],
+    address: DashboardAddress,
 ) -> None:
     """The driver log of a submitted job."""
-    sys.stdout.write(_jobs_api(address, lambda client: client.get_job_logs(submission)))
+    from pipeline.jobs import job_logs
 
-
-def _jobs_api(address: str, ask: Any) -> Any:
-    from ray.job_submission import JobSubmissionClient
-
-    try:
-        return ask(JobSubmissionClient(address))
-    except Exception as exc:  # the Jobs API client's errors: connection, authentication, unknown id
-        raise _fail(f"{address}: {type(exc).__name__}: {exc}") from exc
+    sys.stdout.write(job_logs(address, submission))
 
 
 @app.command()
 def metrics(
     run: Annotated[str, typer.Argument(help="A scored run folder.")],
-    by: Annotated[
-        str | None, typer.Option("--by", help="Label columns that define a condition, e.g. model,method.")
-    ] = None,
-    bootstrap: Annotated[int, typer.Option("--bootstrap", min=1, help="Bootstrap replicates B.")] = 1000,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
-    method: Annotated[str, typer.Option("--method", help="multinomial (task resampling) or poisson")] = "multinomial",
+    by: By = None,
+    bootstrap: Bootstrap = 1000,
+    seed: Seed = 0,
+    method: Method = "multinomial",
     max_k: Annotated[
         int | None, typer.Option("--max-k", help="Largest k for PEC(k) (default: max T, at most 20).")
     ] = None,
@@ -298,17 +331,11 @@ def metrics(
     storage_option: StorageOption = None,
 ) -> None:
     """Success, TER, AUC-PEC, RR and PEC(k) per cohort with 95% task-level bootstrap intervals."""
-    if method not in ("multinomial", "poisson"):
-        raise _fail("--method is multinomial or poisson")
-    columns = [c.strip() for c in by.split(",") if c.strip()] if by else None
-    try:
-        storage = _storage(endpoint_url, storage_option)
-        cohorts = compute_metrics(
-            run, columns, BootstrapSettings(B=bootstrap, seed=seed, method=method), max_k, storage
-        )
-        write_metrics(run, cohorts, storage)
-    except (ValueError, OSError) as exc:
-        raise _fail(str(exc)) from exc
+    settings = _bootstrap(bootstrap, seed, method)
+    columns = _columns(by)
+    storage = _storage(endpoint_url, storage_option)
+    cohorts = compute_metrics(run, columns, settings, max_k, storage)
+    write_metrics(run, cohorts, storage)
     if as_json:
         for cohort in cohorts:
             sys.stdout.write(orjson.dumps(cohort).decode() + "\n")
@@ -324,20 +351,22 @@ def metrics(
 
 def metrics_table(cohorts: list[dict], by: list[str] | None) -> Table:
     labels = by or sorted({k for c in cohorts for k in c if isinstance(c[k], str)} - {"benchmark"})
+    # The catalogue's table metrics, with the curves last (PEC@1 and PEC@3) to fit a terminal.
+    ratios = [m for m in catalogue.ratios() if m.in_tables]
+    curves = [m for m in catalogue.METRICS if m.kind == "curve" and m.in_tables]
+    headers = [f"{m.label} (n)" if m.eligible else m.label for m in ratios]
+    headers += [f"{m.label}@{k}" for m in curves for k in (1, 3)]
     table = Table(title="Prefix executability: value and 95% interval")
-    for name in ["benchmark", "condition", "N", "tasks", "success", "TER", "AUC-PEC", "RR (n)", "PEC@1", "PEC@3"]:
+    for name in ["benchmark", "condition", "N", "tasks", *headers]:
         table.add_column(name, justify="left" if name in ("benchmark", "condition") else "right")
     for c in cohorts:
-        pec = {p["k"]: p for p in c["pec"]}
-        table.add_row(
-            str(c["benchmark"]),
-            " · ".join(str(c.get(k)) for k in labels) or "all",
-            str(c["n"]),
-            str(c["n_tasks"]),
-            *(_ci(c[m]) for m in ("success", "ter", "auc_pec")),
-            _ci(c["rr"]) + f"\n({c['rr']['eligible']})",
-            *(_ci(pec[k]) if k in pec else "–" for k in (1, 3)),
-        )
+        condition = " · ".join(str(c.get(k)) for k in labels) or "all"
+        cells = [str(c["benchmark"]), condition, str(c["n"]), str(c["n_tasks"])]
+        cells += [_ci(c[m.name]) + (f"\n({c[m.name]['eligible']})" if m.eligible else "") for m in ratios]
+        for m in curves:
+            curve = {p["k"]: p for p in c[m.name]}
+            cells += [_ci(curve[k]) if k in curve else "–" for k in (1, 3)]
+        table.add_row(*cells)
     return table
 
 
@@ -351,36 +380,35 @@ def _ci(m: dict) -> str:
 def report(
     run: Annotated[str, typer.Argument(help="A scored run folder.")],
     out_dir: Annotated[str, typer.Option("--out", help="Folder to write the report into (local path or URL).")],
-    by: Annotated[
-        str | None, typer.Option("--by", help="Label columns that define a condition, e.g. model,method.")
-    ] = None,
+    by: By = None,
     compare: Annotated[
         tuple[str, str] | None,
         typer.Option("--compare", help="COL=A COL=B: paired differences A - B over the tasks both share."),
     ] = None,
     k: Annotated[str, typer.Option("--k", help="Depths k of the PEC@k columns, e.g. 1,3,5.")] = "1,3,5",
-    bootstrap: Annotated[int, typer.Option("--bootstrap", min=1, help="Bootstrap replicates B.")] = 1000,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
-    method: Annotated[str, typer.Option("--method", help="multinomial (task resampling) or poisson")] = "multinomial",
+    bootstrap: Bootstrap = 1000,
+    seed: Seed = 0,
+    method: Method = "multinomial",
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
     """Tables, ranking divergence, paired comparisons and figures as Markdown, HTML, CSV and Parquet."""
-    import duckdb
-
     from pipeline.report import build_report, parse_compare
 
-    columns = [c.strip() for c in by.split(",") if c.strip()] if by else None
-    try:
-        ks = [int(x) for x in k.split(",") if x.strip()]
-        pair = parse_compare(compare) if compare else None
-        settings = BootstrapSettings(B=bootstrap, seed=seed, method=method)  # type: ignore[arg-type]
-        result = build_report(run, out_dir, columns, pair, ks, settings, _storage(endpoint_url, storage_option))
-    except (ValueError, OSError, duckdb.Error) as exc:
-        raise _fail(str(exc)) from exc
+    settings = _bootstrap(bootstrap, seed, method)
+    pair = parse_compare(compare) if compare else None
+    storage = _storage(endpoint_url, storage_option)
+    result = build_report(run, out_dir, _columns(by), pair, _depths(k), settings, storage)
     for path in result.files:
         out.print(path)
     console.print(f"report written to {result.out}/report.html and {result.out}/report.md ({len(result.files)} files)")
+
+
+def _depths(k: str) -> list[int]:
+    try:
+        return [int(x) for x in k.split(",") if x.strip()]
+    except ValueError as exc:
+        raise PexecError(f"--k takes depths separated by commas, e.g. 1,3,5; got {k!r}") from exc
 
 
 @app.command("sql")
@@ -392,12 +420,7 @@ def sql_command(
     storage_option: StorageOption = None,
 ) -> None:
     """Run a read-only SQL query (DuckDB) over the run's tables."""
-    try:
-        result = sql(run, query, _storage(endpoint_url, storage_option))
-    except QueryRefused as exc:
-        raise _fail(f"refused: {exc}") from exc
-    except Exception as exc:  # DuckDB's own errors (syntax, unknown column) are the user's to read
-        raise _fail(str(exc)) from exc
+    result = sql(run, query, _storage(endpoint_url, storage_option))
     rows = result.to_pylist()
     if fmt == "json":
         for row in rows:
@@ -417,7 +440,7 @@ def sql_command(
 
 @app.command()
 def envs(
-    spec_dir: Annotated[list[str] | None, typer.Option("--spec-dir", help="Extra folder to search for specs.")] = None,
+    spec_dir: SpecDir = None,
     check: Annotated[
         bool, typer.Option("--check", help="Build each environment: its version, or why it cannot be built.")
     ] = False,
@@ -433,7 +456,7 @@ def envs(
         if check:
             try:
                 row.append(get_environment(name, options).version)
-            except (EnvError, SpecError) as exc:
+            except PexecError as exc:  # a missing simulator package, an invalid spec: reported in its row
                 failed += 1
                 row.append(f"[red]cannot be built: {exc}[/]")
         table.add_row(*row)
@@ -452,19 +475,19 @@ def bench(
 ) -> None:
     """Benchmarks: replay through Ray vs a naive baseline, the DuckDB bootstrap stage, or scale-out over S3."""
     if what == "replay":
-        from pipeline.benchmarks.replay import bench_replay
+        from pipeline.perf.replay import bench_replay
 
         bench_replay(n_rollouts=rollouts or 220_000, workdir=workdir)
     elif what == "metrics":
-        from pipeline.benchmarks.metrics import bench_metrics
+        from pipeline.perf.metrics import bench_metrics
 
         bench_metrics(n_rollouts=rollouts or 1_000_000, workdir=workdir)
     elif what == "scale":
-        from pipeline.benchmarks.scale import bench_scale
+        from pipeline.perf.scale import bench_scale
 
         bench_scale(n_rollouts=rollouts or 1_000_000)
     else:
-        raise _fail("bench takes replay, metrics or scale")
+        raise PexecError("bench takes replay, metrics or scale")
 
 
 if __name__ == "__main__":

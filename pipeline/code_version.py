@@ -1,9 +1,10 @@
 """The code version of scoring: what decides whether an earlier run's scored shards can be reused.
 
-It is the package version plus a hash of the source that scoring executes: `score.py`, every environment
-(the registry imports all of `envs/`), and every package module these import, followed through their
-`import` statements (lazy ones inside functions included). Editing the report, the DuckDB stage, ingest or
-the CLI therefore keeps scored shards reusable; editing the checker or an environment rescores them.
+It is the package version plus a hash of the source that scoring executes: `score.py`, all of `envs/`
+(scoring resolves environments by name, so any family may run, with the rule engine and the spec family),
+and every package module these import, followed through their `import` statements (lazy ones inside
+functions included). Editing the report, the DuckDB stage, ingest or the CLI therefore keeps scored
+shards reusable; editing the checker or an environment rescores them.
 Environments' data files (specs, pins) are covered by each environment's own version.
 """
 

@@ -122,7 +122,10 @@ def _version_now(name: str, settings: ScoreSettings) -> str | None:
 
 
 def _inline(shard: Shard, settings: ScoreSettings, on_shard: Callable[[ShardReport], None] | None) -> ShardReport:
-    report = score_shard(shard, settings)
+    try:
+        report = score_shard(shard, settings)
+    except OSError as exc:  # a storage failure: reported as the Ray path reports a failed task
+        raise JobFailed(_failed(shard, exc)) from exc
     if on_shard:
         on_shard(report)
     return report
@@ -163,13 +166,15 @@ def _on_ray(
                 for other in pending:
                     ray.cancel(other, force=True)
                 cause = getattr(exc, "cause", None) or exc
-                raise JobFailed(
-                    f"shard {shard.key} ({shard.file.url} [{shard.start}:{shard.stop}]) failed: {cause}"
-                ) from exc
+                raise JobFailed(_failed(shard, cause)) from exc
             reports.append(report)
             if on_shard:
                 on_shard(report)
     return reports
+
+
+def _failed(shard: Shard, cause: BaseException) -> str:
+    return f"shard {shard.key} ({shard.file.url} [{shard.start}:{shard.stop}]) failed: {cause}"
 
 
 def _manifest(

@@ -1,12 +1,27 @@
-"""The one base of every error a user is meant to read.
+"""The one base of every error a user is meant to read, and the field check every settings file uses.
 
 The command line catches `PexecError` in one place and prints its message on one line; any other
-exception is a bug and keeps its traceback. Subclasses that replace a former `ValueError` keep it as a
-second base, so library callers that caught `ValueError` still do.
+exception is a bug and keeps its traceback. Subclasses that replace a former exception (`ValueError`,
+`OSError`, `duckdb.Error`) keep it as a second base, so library callers that caught it still do.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class PexecError(Exception):
     """A problem with the user's input, settings or storage, stated in one line."""
+
+
+class StorageError(PexecError, OSError):
+    """A local path or storage URL that cannot be read or written (missing folder, permission, network)."""
+
+
+def check_fields(table: Any, allowed: set[str], where: str, error: type[PexecError]) -> None:
+    """Raise `error` naming `where` when `table` is not a table or has fields outside `allowed`."""
+    if not isinstance(table, dict):
+        raise error(f"{where}: expected a table, got {table!r}")
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise error(f"{where}: unknown field(s) {', '.join(unknown)} (allowed: {', '.join(sorted(allowed))})")

@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 import shlex
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from pathlib import Path
@@ -21,9 +22,8 @@ from typing import TYPE_CHECKING, Any
 from pipeline.aggregate import BootstrapSettings, compute_metrics, write_metrics
 from pipeline.distributed import DEFAULT_SHARD_BYTES, ShardPlan, run_scoring
 from pipeline.envs import EnvOptions
-from pipeline.errors import PexecError
+from pipeline.errors import PexecError, check_fields
 from pipeline.score import ShardReport
-from pipeline.specs import check_fields
 from pipeline.storage.fs import exists
 from pipeline.storage.stores import write_store
 from pipeline.synth import synthesize
@@ -40,6 +40,10 @@ _SYNTH_KEYS = {"spec", "rollouts", "tasks", "seed"}
 
 class JobError(PexecError, ValueError):
     """A job file that cannot be run; the message names the file and the field."""
+
+
+class JobsApiError(PexecError):
+    """The Ray Jobs API at an address cannot be reached, or refused a request."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,9 @@ def load_job(path: str | Path, on_date: str | None = None) -> Job:
     policy = raw.get("policy", "code")
     if policy not in ("code", "strict"):
         raise JobError(f"{path}: policy is 'code' or 'strict', got {policy!r}")
+    shard_mb = raw.get("shard_mb", DEFAULT_SHARD_BYTES / 2**20)
+    if isinstance(shard_mb, bool) or not isinstance(shard_mb, int | float) or shard_mb * 2**20 < 1:
+        raise JobError(f"{path}: shard_mb is a size in MiB > 0, got {shard_mb!r}")
     return Job(
         name=raw["name"],
         input=_fill(raw["input"], day, path),
@@ -112,7 +119,7 @@ def load_job(path: str | Path, on_date: str | None = None) -> Job:
         env=raw.get("env") or None,
         options=EnvOptions(spec_dirs=tuple(raw.get("spec_dirs", [])), spec=raw.get("spec") or None, policy=policy),
         address=raw.get("address") or None,
-        shard_bytes=int(float(raw.get("shard_mb", DEFAULT_SHARD_BYTES / 2**20)) * 2**20),
+        shard_bytes=int(shard_mb * 2**20),
         num_cpus=raw.get("num_cpus"),
         endpoint_url=raw.get("endpoint_url") or None,
         by=metrics.get("by"),
@@ -188,15 +195,39 @@ def submit_job(job_file: Path, job: Job, address: str) -> str:
     The job file's folder is uploaded as the working directory; the cluster's image provides pexec and
     its dependencies, and storage credentials come from the cluster's own environment (never shipped).
     """
+    with _jobs_api(f"submit to {address}"):
+        return _client(address).submit_job(
+            entrypoint=f"pexec run {shlex.quote(job_file.name)} --date {job.date}",
+            runtime_env={"working_dir": str(job_file.resolve().parent)},
+            submission_id=f"pexec-{job.name}-{job.date}-{datetime.now(UTC):%H%M%S}",
+            metadata={"job": job.name, "date": job.date},
+        )
+
+
+def job_status(address: str, submission: str) -> str:
+    """The state of a submitted job: PENDING, RUNNING, SUCCEEDED, FAILED or STOPPED."""
+    with _jobs_api(f"get the status of {submission} from {address}"):
+        return str(_client(address).get_job_status(submission))
+
+
+def job_logs(address: str, submission: str) -> str:
+    """The driver log of a submitted job."""
+    with _jobs_api(f"get the logs of {submission} from {address}"):
+        return _client(address).get_job_logs(submission)
+
+
+def _client(address: str) -> Any:
     from ray.job_submission import JobSubmissionClient
 
-    client = JobSubmissionClient(address)
-    return client.submit_job(
-        entrypoint=f"pexec run {shlex.quote(job_file.name)} --date {job.date}",
-        runtime_env={"working_dir": str(job_file.resolve().parent)},
-        submission_id=f"pexec-{job.name}-{job.date}-{datetime.now(UTC):%H%M%S}",
-        metadata={"job": job.name, "date": job.date},
-    )
+    return JobSubmissionClient(address)  # connects (and checks the server's version) here
+
+
+@contextmanager
+def _jobs_api(action: str) -> Iterator[None]:
+    try:
+        yield
+    except Exception as exc:  # the client's errors: connection, authentication, unknown id, upload
+        raise JobsApiError(f"cannot {action}: {type(exc).__name__}: {exc}") from exc
 
 
 def _fill(template: str, day: str, path: Path) -> str:

@@ -15,42 +15,6 @@ Check = Literal["S", "D", "P"]
 Cause = Literal["schema", "dependency", "information", "state_consistency", "precondition"]
 CAUSES: tuple[str, ...] = ("schema", "dependency", "information", "state_consistency", "precondition")
 
-# Column names the outputs use themselves; a label may not take one of them.
-RESERVED_COLUMNS = frozenset(
-    {
-        "run_id",
-        "rollout_id",
-        "task_id",
-        "benchmark",
-        "step",
-        "turn",
-        "tool",
-        "valid",
-        "prefix_executable",
-        "check",
-        "cause",
-        "detail",
-        "decided_by",
-        "output_match",
-        "T",
-        "fed",
-        "executable",
-        "auc_term",
-        "success",
-        "recovered",
-        "first_cause",
-        "n_invalid",
-        "n_output_mismatch",
-        "n_messages",
-        "source",
-        "location",
-        "reason",
-        "raw",
-        "shard",
-    }
-)
-
-
 @dataclass(slots=True)
 class Message:
     role: str

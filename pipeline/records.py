@@ -10,7 +10,8 @@ from typing import Any
 import orjson
 
 from pipeline.errors import PexecError
-from pipeline.model import NOT_LOGGED, RESERVED_COLUMNS, Call, Event, Message, Rollout
+from pipeline.model import NOT_LOGGED, Call, Event, Message, Rollout
+from pipeline.schema import RESERVED_COLUMNS
 
 
 class InvalidRecord(PexecError, ValueError):

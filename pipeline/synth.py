@@ -13,9 +13,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.envs.spec_env import SpecEnvironment
+from pipeline.envs.spec.env import SpecEnvironment
+from pipeline.envs.spec.loader import find_spec
+from pipeline.errors import PexecError
 from pipeline.model import CAUSES, Call, Rollout
-from pipeline.specs import find_spec
 
 # condition -> (probability of an invalid call, probability of recovering after one)
 CONDITIONS: dict[tuple[str, str], tuple[float, float]] = {
@@ -25,6 +26,10 @@ CONDITIONS: dict[tuple[str, str], tuple[float, float]] = {
     ("model-b", "plan_execute"): (0.60, 0.55),
 }
 MUTATING = {"cancel_order", "return_items", "apply_coupon"}  # repeating one is a state_consistency error
+
+
+class SynthError(PexecError, ValueError):
+    """A synthetic store asked for that synth cannot build."""
 
 
 @dataclass
@@ -46,10 +51,10 @@ class _Task:
 def synthesize(spec: str = "shop", n_rollouts: int = 1000, n_tasks: int = 100, seed: int = 0) -> Iterator[dict]:
     """Canonical rollout records with a `truth` field, `n_rollouts` of them over `n_tasks` tasks."""
     if spec != "shop":
-        raise ValueError(f"synth knows how to build tasks for the 'shop' spec only, not {spec!r}")
+        raise SynthError(f"synth knows how to build tasks for the 'shop' spec only, not {spec!r}")
     folder = find_spec(spec)
     if folder is None:
-        raise ValueError("the 'shop' spec is not installed (specs/shop)")
+        raise SynthError("the 'shop' spec is not installed (specs/shop)")
     env = SpecEnvironment.from_folder(folder)
     n_tasks = min(n_tasks, n_rollouts)  # a task without rollouts would never be seen
     tasks = [_make_task(env, i, random.Random(f"{seed}/task/{i}")) for i in range(n_tasks)]

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.aggregate import BootstrapSettings, QueryRefused, compute_metrics, sql, write_metrics
+from pipeline.aggregate import BootstrapSettings, QueryError, QueryRefused, compute_metrics, sql, write_metrics
 
 # --- helpers: build a scored run in tmp_path -------------------------------------------------------------
 
@@ -500,7 +500,7 @@ def test_sql_views(sql_run: Path) -> None:
     ]
     assert sql(str(sql_run), "SELECT 1 AS a; SELECT 2 AS b").to_pylist() == [{"b": 2}]
     assert sql(str(sql_run), "EXPLAIN SELECT * FROM rollouts").num_rows >= 1
-    with pytest.raises(duckdb.CatalogException):
+    with pytest.raises(QueryError, match=r"Catalog Error: .*metrics does not exist"):
         sql(str(sql_run), "SELECT * FROM metrics")  # not written yet
     write_metrics(str(sql_run), compute_metrics(str(sql_run), settings=BootstrapSettings(B=50)))
     assert sql(str(sql_run), "SELECT benchmark, ter, rr_eligible FROM metrics").to_pylist() == [
@@ -537,7 +537,7 @@ def test_sql_refuses_writes(sql_run: Path, query: str) -> None:
 
 
 def test_sql_cannot_read_outside_the_run(sql_run: Path) -> None:
-    with pytest.raises(duckdb.PermissionException):
+    with pytest.raises(QueryError, match="Permission Error"):
         sql(str(sql_run), f"SELECT * FROM read_csv('{sql_run.parent / 'outside.csv'}')")
 
 

@@ -19,11 +19,11 @@ from pipeline.envs.bfcl import official
 from pipeline.envs.bfcl.calls import CallSyntaxError, parse_call
 from pipeline.envs.bfcl.env import GROUNDED_FILE, BfclEnvironment
 from pipeline.envs.bfcl.schema import parameters_schema
+from pipeline.envs.data import files_fingerprint
 from pipeline.ingest import IngestError, IngestOptions, ingest
 from pipeline.ingest.bfcl import build_record, ground_truth_records, is_error_output, read_scores
 from pipeline.model import Call, Message, Rollout, RolloutResult
 from pipeline.records import parse_rollout
-from pipeline.specs import files_fingerprint
 
 GROUNDED = tomllib.loads((Path(__file__).resolve().parents[1] / "specs/bfcl_v3/grounded.toml").read_text())["grounded"]
 REAL_V3 = Path(__file__).parent / "data" / "bfcl"  # excerpts of BFCL's own v3 leaderboard runs (README there)

@@ -7,17 +7,24 @@ import re
 import shutil
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
+
+import pipeline.cli
+from pipeline.cli import app
+from pipeline.errors import PexecError
 
 ROOT = Path(__file__).resolve().parents[1]
 PEXEC = str(Path(sys.executable).with_name("pexec"))
+# The console script imports `pipeline` from this checkout, whichever one the venv was installed from.
+ENV = {"COLUMNS": "200", "PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
 
 
 def pexec(*args: str, ok: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([PEXEC, *args], capture_output=True, text=True, timeout=300, env={"COLUMNS": "200",
-                          "PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin"})  # fmt: skip
+    proc = subprocess.run([PEXEC, *args], capture_output=True, text=True, timeout=300, env=ENV)
     if ok:
         assert proc.returncode == 0, proc.stderr
     return proc
@@ -107,7 +114,7 @@ def test_records_of_an_environment_that_appears_later_are_rescored_on_rerun(tmp_
     pexec("synth", "shop", "--rollouts", "60", "--tasks", "10", "--seed", "1", "--out", str(store))
     for path in store.glob("*.jsonl"):
         path.write_text(path.read_text().replace('"benchmark":"shop"', '"benchmark":"late_shop"'))
-    env = {"COLUMNS": "200", "PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin", "PEXEC_SPEC_PATH": str(specs)}
+    env = {**ENV, "PEXEC_SPEC_PATH": str(specs)}
 
     def score() -> dict:
         proc = subprocess.run([PEXEC, "score", str(store), "--out", str(tmp_path / "run"), "--inline"],
@@ -122,3 +129,65 @@ def test_records_of_an_environment_that_appears_later_are_rescored_on_rerun(tmp_
     third = score()
     assert third["counts"]["scored"] == 60 and third["counts"]["shards_reused"] == 0
     assert third["environments"]["late_shop"].startswith("shop@")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["synth", "airline", "--out", "{tmp}/s"], "synth knows how to build tasks for the 'shop' spec only"),
+        (["synth", "shop", "--rollouts", "5", "--out", "{tmp}/file/s"], "cannot write store {tmp}/file/s: [Errno"),
+        (["ingest", "nope", "{tmp}", "--out", "{tmp}/s"], "unknown format 'nope'"),
+        (["ingest", "canonical", "{tmp}", "--out", "{tmp}/s", "--label", "x"], "--label takes key=value, got 'x'"),
+        (["score", "{tmp}/missing", "--out", "{tmp}/r", "--inline"], "no such store: {tmp}/missing"),
+        (["score", "{tmp}", "--out", "{tmp}/r", "--shard-mb", "0"], "--shard-mb takes a size > 0"),
+        (["run", "{tmp}/missing.toml"], "{tmp}/missing.toml: [Errno 2]"),
+        (["submit", str(ROOT / "jobs" / "demo.toml"), "--address", "bogus"], "cannot submit to bogus: ValueError"),
+        (["status", "id", "--address", "bogus"], "cannot get the status of id from bogus: ValueError"),
+        (["logs", "id", "--address", "bogus"], "cannot get the logs of id from bogus: ValueError"),
+        (["metrics", "{tmp}/missing"], "no rollouts Parquet files under {tmp}/missing/rollouts/"),
+        (["metrics", "{tmp}", "--method", "bayes"], "--method is multinomial or poisson"),
+        (["report", "{tmp}", "--out", "{tmp}/r", "--k", "1,x"], "--k takes depths separated by commas"),
+        (["report", "{tmp}", "--out", "{tmp}/r", "--compare", "a=1", "b=2"], "--compare must name the same column"),
+        (["sql", "{tmp}/missing", "SELECT 1"], "no run at {tmp}/missing"),
+        (["sql", "{tmp}", "SELEC 1"], 'Parser Error: syntax error at or near "SELEC" LINE 1: SELEC 1'),
+        (["bench", "nope"], "bench takes replay, metrics or scale"),
+    ],
+)
+def test_a_pexec_error_from_any_command_is_one_line_and_exit_2(tmp_path, args, message):
+    (tmp_path / "file").write_text("a file where a folder is expected")
+    result = CliRunner().invoke(app, [a.replace("{tmp}", str(tmp_path)) for a in args])
+    assert isinstance(result.exception, SystemExit) and result.exit_code == 2, result.exc_info
+    [line] = result.stderr.strip().splitlines()  # score's progress bar leaves a blank line before it
+    assert line.startswith("error: " + message.replace("{tmp}", str(tmp_path)))
+
+
+def test_long_and_multi_line_messages_stay_one_line_and_verbatim(monkeypatch):
+    message = "jobs/x.toml [report]: [/x] a message " + "long " * 60
+
+    def fail(*args: object) -> None:
+        raise PexecError(message.replace("a message", "a\nmessage"))
+
+    monkeypatch.setattr(pipeline.cli, "sql", fail)
+    result = CliRunner().invoke(app, ["sql", "run", "SELECT 1"])
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {message.strip()}\n"  # rich markup is not interpreted
+
+
+def test_any_other_exception_is_a_bug_and_keeps_its_traceback(monkeypatch):
+    def bug(*args: object) -> None:
+        raise KeyError("not a user error")
+
+    monkeypatch.setattr(pipeline.cli, "sql", bug)
+    result = CliRunner().invoke(app, ["sql", "run", "SELECT 1"])
+    assert isinstance(result.exception, KeyError) and result.exit_code == 1
+    assert "error:" not in result.output
+    script = "import pipeline.cli as cli; cli.sql = lambda *a: {}['boom']; cli.app()"
+    proc = subprocess.run([sys.executable, "-c", script, "sql", "run", "SELECT 1"], capture_output=True, text=True,
+                          timeout=120, env=ENV)  # fmt: skip
+    assert proc.returncode == 1 and "Traceback" in proc.stderr and "KeyError" in proc.stderr
+    assert "error:" not in proc.stderr
+
+
+def test_version():
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.stdout == version("pexec") + "\n"

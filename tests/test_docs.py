@@ -9,7 +9,8 @@ from pathlib import Path
 import typer.main
 
 from pipeline.cli import app
-from pipeline.specs import load_spec
+from pipeline.envs.spec.loader import load_spec
+from pipeline.schema import markdown, tables
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 COMMANDS = {cmd.name: cmd for cmd in typer.main.get_command(app).commands.values()}
@@ -48,3 +49,13 @@ def test_the_spec_example_in_the_readme_compiles(tmp_path):
     (tmp_path / "initial_state.json").write_text((shop / "initial_state.json").read_text())
     spec = load_spec(tmp_path)
     assert [e.op for e in spec.tools["cancel_order"].effects] == ["set", "set", "append", "delete"]
+
+
+def test_the_output_tables_in_the_readme_are_the_schema():
+    """The README's run tables are pipeline.schema's, column for column (regenerate the block between the
+    markers with `python -c "from pipeline.schema import markdown; print(markdown())"`)."""
+    block = re.search(r"<!-- schema:start -->\n(.*?)<!-- schema:end -->", README, re.S)
+    assert block is not None, "README lacks the schema block"
+    assert block.group(1) == markdown()
+    for table in tables():
+        assert f"**`{table.path}`**" in block.group(1)

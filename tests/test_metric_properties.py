@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.aggregate import RATIO_METRICS, BootstrapSettings, compute_metrics
+from pipeline import catalogue
+from pipeline.aggregate import BootstrapSettings, compute_metrics
 
 B = 200  # small: each example runs the whole DuckDB pipeline
 
@@ -103,7 +104,7 @@ def test_intervals_bracket_the_estimate(rows: list[dict[str, Any]], method: str,
     2.5% of B = 200 replicates fall on either side of it.
     """
     for c in run_metrics(rows, method, seed):
-        for m in RATIO_METRICS:
+        for m in (r.name for r in catalogue.ratios()):
             value, lo, hi = c[m]["value"], c[m]["lo"], c[m]["hi"]
             if value is None:
                 assert lo is None and hi is None

@@ -194,7 +194,7 @@ def test_bad_spec_fails_before_scoring(tmp_path, store):
     (spec / "spec.toml").write_text(
         (spec / "spec.toml").read_text().replace("has(state.products", "has(state.products,")
     )
-    from pipeline.specs import SpecError
+    from pipeline.envs import SpecError
 
     with pytest.raises(SpecError, match=r"broken/spec.toml: \[tool.get_product\] preconditions\[0\]"):
         run_scoring(str(store), str(tmp_path / "run"), env=str(spec), executor="inline")
@@ -204,7 +204,7 @@ def test_bad_spec_fails_before_scoring(tmp_path, store):
 def test_code_version_covers_what_scoring_executes_and_nothing_else():
     sources = {p.relative_to(PACKAGE_ROOT).as_posix() for p in scoring_sources()}
     # the scoring task, the checker, and modules reached only through imports (records via score.py,
-    # expr via specs, the BFCL wheel importer via its environment)
+    # expr via the rule engine, the BFCL wheel importer via its environment)
     assert {"score.py", "checker.py", "records.py", "expr.py", "envs/bfcl/wheel_import.py"} <= sources
     assert not {"aggregate.py", "cli.py", "distributed.py", "report/html.py", "ingest/bfcl.py"} & sources
 

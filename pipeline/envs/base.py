@@ -1,4 +1,5 @@
-"""The environment protocol every simulator implements, and the tool catalogue it exposes.
+"""The environment protocol every simulator implements, the tool catalogue it exposes, and the errors of
+building one.
 
 The checker (pipeline.checker) only talks to this protocol, so adding a benchmark never touches it.
 """
@@ -17,6 +18,10 @@ from pipeline.model import Call, Rollout
 
 class EnvError(PexecError):
     """An environment cannot be built (bad spec, missing package, unknown name)."""
+
+
+class SpecError(PexecError, ValueError):
+    """A spec that cannot be used; the message names the file and the place."""
 
 
 @dataclass(frozen=True, slots=True)

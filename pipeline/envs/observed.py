@@ -20,10 +20,11 @@ from typing import Any
 
 import orjson
 
-from pipeline.envs import EnvOptions, register
-from pipeline.envs.base import Outcome, ToolInfo
+from pipeline.envs.base import EnvError, Outcome, ToolInfo
+from pipeline.envs.registry import EnvOptions, register
+from pipeline.envs.rules import Precondition, check_rules
+from pipeline.envs.spec.loader import find_spec, load_spec
 from pipeline.model import NOT_LOGGED, Call, Rollout
-from pipeline.specs import Precondition, check_rules, find_spec, load_spec
 
 Seen = dict[str, Any]  # tool name -> last output of an accepted call
 
@@ -89,8 +90,6 @@ def _decoded(output: Any) -> Any:
 def _observed(options: EnvOptions) -> ObservedEnvironment:
     if options.spec is None:
         return ObservedEnvironment()
-    from pipeline.envs import EnvError
-
     folder = find_spec(options.spec, options.spec_dirs)
     if folder is None:
         raise EnvError(f"observed: no spec named {options.spec!r}")

@@ -19,15 +19,17 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from pipeline import catalogue
 from pipeline.aggregate import DEFAULT_BOOTSTRAP, BootstrapSettings, metrics_tables
+from pipeline.errors import StorageError
 from pipeline.report import html, layout, markdown
 from pipeline.report.figures import Chart, cause_chart, cause_rows, fed_chart, fed_rows, pec_chart, pec_rows
-from pipeline.report.paired import Compare, paired_comparison, parse_compare
-from pipeline.report.ranking import RANKED_BY, Ranking, rank_conditions
+from pipeline.report.paired import Compare, ReportError, paired_comparison, parse_compare
+from pipeline.report.ranking import Ranking, rank_conditions
 from pipeline.report.tables import RunTables, key_of, run_tables
 from pipeline.storage.fs import open_for_write
 
-__all__ = ["Compare", "ReportResult", "build_report", "parse_compare"]
+__all__ = ["Compare", "ReportError", "ReportResult", "build_report", "parse_compare"]
 
 DEFAULT_KS = (1, 3, 5)
 
@@ -52,7 +54,7 @@ def build_report(
     storage_options: dict[str, Any] | None = None,
 ) -> ReportResult:
     if not ks or any(k < 1 for k in ks):
-        raise ValueError(f"--k takes depths >= 1, got {list(ks)}")
+        raise ReportError(f"--k takes depths >= 1, got {list(ks)}")
     ks = sorted(set(ks))
     t = run_tables(run, by, ks, settings, storage_options)
     conditions = t.keys[1:]
@@ -85,8 +87,11 @@ def build_report(
     root = str(out).rstrip("/")
 
     def write(name: str, data: bytes) -> str:
-        with open_for_write(f"{root}/{name}", storage_options) as f:
-            f.write(data)
+        try:
+            with open_for_write(f"{root}/{name}", storage_options) as f:
+                f.write(data)
+        except OSError as exc:
+            raise StorageError(f"cannot write {root}/{name}: {exc}") from exc
         return f"{root}/{name}"
 
     written = [
@@ -123,7 +128,8 @@ def _rankings(t: RunTables, label: Any) -> list[Ranking]:
         cohorts = [c for c in t.cohorts if c["benchmark"] == benchmark]
         if len(cohorts) < 2:
             continue
-        values = {m: [c[m]["value"] for c in cohorts] for m in ("success", *RANKED_BY)}
+        ranked = ["success", *(m.name for m in catalogue.ratios() if m.ranked)]
+        values = {m: [c[m]["value"] for c in cohorts] for m in ranked}
         out.append(rank_conditions(benchmark, [label(c) for c in cohorts], values))
     return out
 
@@ -133,9 +139,9 @@ def _ranking_rows(rankings: list[Ranking]) -> list[dict[str, Any]]:
     for r in rankings:
         for i, condition in enumerate(r.conditions):
             row: dict[str, Any] = {"benchmark": r.benchmark, "condition": condition}
-            for m in ("success", *RANKED_BY):
+            for m in r.values:
                 row |= {m: r.values[m][i], f"rank_{m}": r.ranks[m][i]}
-            row |= {f"kendall_tau_b_success_{m}": r.tau[m] for m in RANKED_BY}
+            row |= {f"kendall_tau_b_success_{m}": tau for m, tau in r.tau.items()}
             row["flips"] = "; ".join(
                 f"{f.metric}: {f.higher_metric} > {f.higher_success}"
                 for f in r.flips

@@ -8,13 +8,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline import catalogue
 from pipeline.model import CAUSES
 from pipeline.report.paired import Compare
-from pipeline.report.ranking import RANKED_BY, Ranking
+from pipeline.report.ranking import Ranking
 from pipeline.report.tables import RunTables, key_of
 
-NAMES = {"success": "success", "ter": "TER", "auc_pec": "AUC-PEC", "rr": "RR"}
-NAMES["successes_after_invalid_prefix"] = "successes after invalid prefix"
 DASH = "–"
 
 
@@ -47,18 +46,27 @@ def cost_name(column: str) -> str:
 def metrics_table(t: RunTables, ks: Sequence[int]) -> Table:
     costs = sorted({r["cost"] for r in t.costs})
     cost_of = {(key_of(r, t.keys), r["cost"]): r["mean"] for r in t.costs}
-    columns = [*t.keys, "N", "tasks", "success", "TER", "AUC-PEC", *(f"PEC@{k}" for k in ks), "RR", "RR n"]
+    shown = [m for m in catalogue.METRICS if m.in_tables]
+    columns = [*t.keys, "N", "tasks"]
+    for m in shown:
+        if m.kind == "curve":
+            columns += [f"{m.label}@{k}" for k in ks]
+        else:
+            columns += [m.label, *([f"{m.label} n"] if m.eligible else [])]
     columns += [f"mean {cost_name(c)}" for c in costs]
     rows = []
     for c in t.cohorts:
-        pec = {p["k"]: p for p in c["pec"]}
         cells = [*(str(v) for v in key_of(c, t.keys)), str(c["n"]), str(c["n_tasks"])]
-        cells += [ci(c["success"]), ci(c["ter"]), ci(c["auc_pec"])]
-        cells += [ci(pec[k]) if k in pec else DASH for k in ks]
-        cells += [ci(c["rr"]), str(c["rr"]["eligible"])]
+        for m in shown:
+            if m.kind == "curve":
+                curve = {p["k"]: p for p in c[m.name]}
+                cells += [ci(curve[k]) if k in curve else DASH for k in ks]
+            else:
+                cells += [ci(c[m.name]), *([str(c[m.name]["eligible"])] if m.eligible else [])]
         cells += [num(cost_of.get((key_of(c, t.keys), col)), 2) for col in costs]
         rows.append(cells)
-    notes = ["Values with 95% task-level bootstrap intervals; RR n = rollouts with an invalid prefix and a verdict."]
+    counts = "".join(f"; {m.label} n = {m.eligible}" for m in shown if m.eligible)
+    notes = [f"Values with 95% task-level bootstrap intervals{counts}."]
     if any(c["n_no_calls"] for c in t.cohorts):
         no_calls = ", ".join(f"{'/'.join(map(str, key_of(c, t.keys)))}: {c['n_no_calls']}" for c in t.cohorts)
         notes.append(f"Rollouts with no calls (vacuously executable): {no_calls}.")
@@ -102,16 +110,16 @@ def ranking_tables(rankings: list[Ranking]) -> list[Table]:
     out = []
     for r in rankings:
         columns = ["condition"]
-        for m in ("success", *RANKED_BY):
-            columns += [NAMES[m], f"rank ({NAMES[m]})"]
+        for m in r.values:
+            columns += [_label(m), f"rank ({_label(m)})"]
         rows = []
         for i, condition in enumerate(r.conditions):
             cells = [condition]
-            for m in ("success", *RANKED_BY):
+            for m in r.values:
                 cells += [num(r.values[m][i]), _rank(r.ranks[m][i])]
             rows.append(cells)
-        notes = [f"Kendall τ-b (success vs {NAMES[m]}): {num(r.tau[m])}" for m in RANKED_BY]
-        flips = [f"{NAMES[f.metric]}: {f.higher_metric} above {f.higher_success}" for f in r.flips]
+        notes = [f"Kendall τ-b (success vs {_label(m)}): {num(tau)}" for m, tau in r.tau.items()]
+        flips = [f"{_label(f.metric)}: {f.higher_metric} above {f.higher_success}" for f in r.flips]
         notes.append("Order flips vs success: " + ("; ".join(flips) if flips else "none"))
         out.append(Table(f"Ranking divergence — {r.benchmark}", columns, rows, notes))
     return out
@@ -122,7 +130,7 @@ def paired_table(compare: Compare, pair_cols: list[str], rows_in: list[dict[str,
     rows = []
     for r in rows_in:
         is_cost = r["kind"] == "pct"
-        label = f"mean {cost_name(r['metric'])} (change %)" if is_cost else NAMES.get(r["metric"], r["metric"].upper())
+        label = f"mean {cost_name(r['metric'])} (change %)" if is_cost else _label(r["metric"])
         digits = 2 if is_cost else 3
         value = ci(r, 1) + " %" if is_cost and r["value"] is not None else ci(r, 3)
         keys = [DASH if r.get(k) is None else str(r[k]) for k in pair_cols]
@@ -142,6 +150,12 @@ def settings_line(cohorts: list[dict[str, Any]]) -> str:
         f"95% intervals: {b['method']} task-level bootstrap, B={b['B']}, seed={b['seed']}, "
         f"level={b['level']}, DuckDB {b['duckdb_version']}."
     )
+
+
+def _label(metric: str) -> str:
+    """A metric's display name; `pec@3` -> PEC@3."""
+    name, at, k = metric.partition("@")
+    return catalogue.metric(name).label + at + k
 
 
 def _rank(x: float) -> str:

@@ -10,6 +10,11 @@ from typing import Any
 
 from pipeline import aggregate as db
 from pipeline.aggregate import BootstrapSettings
+from pipeline.errors import PexecError
+
+
+class ReportError(PexecError, ValueError):
+    """A report asked for with a comparison or depths that do not fit the run (the message says which)."""
 
 
 @dataclass(frozen=True)
@@ -26,18 +31,18 @@ class Compare:
 def parse_compare(items: Sequence[str]) -> Compare:
     """`["method=dual_loop", "method=plan_react"]` -> Compare("method", "dual_loop", "plan_react")."""
     if len(items) != 2:
-        raise ValueError(f"--compare takes exactly two COL=VALUE arguments (A then B), got {len(items)}")
+        raise ReportError(f"--compare takes exactly two COL=VALUE arguments (A then B), got {len(items)}")
     pairs = []
     for item in items:
         column, sep, value = item.partition("=")
         if not sep or not column or not value:
-            raise ValueError(f"--compare takes COL=VALUE, got {item!r}")
+            raise ReportError(f"--compare takes COL=VALUE, got {item!r}")
         pairs.append((column, value))
     (col_a, a), (col_b, b) = pairs
     if col_a != col_b:
-        raise ValueError(f"--compare must name the same column twice, got {col_a!r} and {col_b!r}")
+        raise ReportError(f"--compare must name the same column twice, got {col_a!r} and {col_b!r}")
     if a == b:
-        raise ValueError(f"--compare needs two different values of {col_a!r}, got {a!r} twice")
+        raise ReportError(f"--compare needs two different values of {col_a!r}, got {a!r} twice")
     return Compare(col_a, a, b)
 
 
@@ -61,6 +66,7 @@ def paired_comparison(
             compare_a=compare.a,
             compare_b=compare.b,
             ks=[int(k) for k in ks],
+            metric_defs=db.metric_defs(),
             seed=settings.seed,
             B=settings.B,
             method=settings.method,
@@ -71,7 +77,7 @@ def paired_comparison(
         sides = {r["side"] for r in db.fetch(con, "paired_sides")}
         for side, value in (("A", compare.a), ("B", compare.b)):
             if side not in sides:
-                raise ValueError(f"no rollouts with {compare.column}={value!r}")
+                raise ReportError(f"no rollouts with {compare.column}={value!r}")
         if db.cost_columns(con):
             db.run_sql(con, "paired_costs")
         db.run_sql(con, "paired_bootstrap")

@@ -1,8 +1,9 @@
 """Ranking divergence: do success and the executability metrics order the conditions the same way?
 
-Per benchmark, conditions are ranked by success, TER and AUC-PEC (rank 1 = highest; ties share the mean of
-their ranks), compared by Kendall's τ-b (which accounts for ties), and every pair whose order under success
-is the opposite of its order under TER or AUC-PEC is listed as a flip.
+Per benchmark, conditions are ranked by success and by every metric the catalogue marks `ranked` (TER,
+AUC-PEC; rank 1 = highest; ties share the mean of their ranks), compared by Kendall's τ-b (which accounts for
+ties), and every pair whose order under success is the opposite of its order under a ranked metric is listed
+as a flip.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import combinations
-
-RANKED_BY = ("ter", "auc_pec")
 
 
 @dataclass(frozen=True)
@@ -68,12 +67,13 @@ def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float | None:
 
 
 def rank_conditions(benchmark: str, conditions: list[str], values: dict[str, list[float | None]]) -> Ranking:
-    """`values` has "success" and every metric of RANKED_BY, one value per condition."""
-    all_ranks = {m: ranks(values[m]) for m in ("success", *RANKED_BY)}
+    """`values` has "success" first, then every metric to rank against it; one value per condition."""
+    ranked_by = [m for m in values if m != "success"]
+    all_ranks = {m: ranks(values[m]) for m in values}
     # τ on ranks (negated: rank 1 is best) equals τ on the values, with missing values ranked last.
-    tau = {m: kendall_tau_b(all_ranks["success"], all_ranks[m]) for m in RANKED_BY}
+    tau = {m: kendall_tau_b(all_ranks["success"], all_ranks[m]) for m in ranked_by}
     flips = []
-    for m in RANKED_BY:
+    for m in ranked_by:
         r_s, r_m = all_ranks["success"], all_ranks[m]
         for i, j in combinations(range(len(conditions)), 2):
             if _sign(r_s[i] - r_s[j]) * _sign(r_m[i] - r_m[j]) < 0:

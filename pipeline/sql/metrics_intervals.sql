@@ -1,5 +1,6 @@
 -- Ratios of sums for the full data (b = -1: the point estimates) and for every replicate (b >= 0), then
--- percentile intervals. Variables: q_lo, q_hi = (1 -/+ level) / 2, pexec_k.
+-- percentile intervals. Variables: q_lo, q_hi = (1 -/+ level) / 2, pexec_k, and from the catalogue
+-- metric_defs (STRUCT[]: metric, num, den, scale, ord) and parts (the s_<name> columns of the parts).
 --
 -- Percentile rule: quantile_cont, i.e. linear interpolation between order statistics at position
 -- q * (n - 1) of the n replicate values, the same as numpy.quantile(method="linear"). Replicates whose
@@ -9,24 +10,29 @@ SELECT cohort, -1 AS b, sum(COLUMNS('^s_')) FROM task_sums GROUP BY cohort
 UNION ALL BY NAME
 SELECT * FROM rep_sums;
 
+-- The catalogue's ratio metrics (pipeline/catalogue.py), one row each: metric, num, den, scale, ord.
+CREATE OR REPLACE TEMP TABLE metric_defs AS SELECT unnest(getvariable('metric_defs'), recursive := true);
+
+-- Every metric of every (cohort, replicate): sum(s_<num>) / sum(s_<den>) / scale, with the denominator's total
+-- (at b = -1, the count shown beside a metric such as RR).
 CREATE OR REPLACE TEMP TABLE rep_metrics AS
-SELECT cohort, b,
-       s_succ::DOUBLE / nullif(s_known, 0)::DOUBLE AS success,
-       s_exec::DOUBLE / nullif(s_n, 0)::DOUBLE AS ter,
-       s_auc::DOUBLE / nullif(s_n, 0)::DOUBLE / 1099511627776::DOUBLE AS auc_pec,
-       s_rec::DOUBLE / nullif(s_elig, 0)::DOUBLE AS rr,
-       s_rec::DOUBLE / nullif(s_succ, 0)::DOUBLE AS successes_after_invalid_prefix
-FROM all_sums;
+WITH part_totals AS (
+    UNPIVOT (SELECT cohort, b, COLUMNS(lambda c: list_contains(getvariable('parts'), c)) FROM all_sums)
+    ON COLUMNS(* EXCLUDE (cohort, b)) INTO NAME part VALUE total
+)
+SELECT n.cohort, n.b, d.metric, den.total AS den_total,
+       n.total::DOUBLE / nullif(den.total, 0)::DOUBLE / d.scale AS value
+FROM metric_defs AS d
+JOIN part_totals AS n ON n.part = 's_' || d.num
+JOIN part_totals AS den ON den.part = 's_' || d.den AND den.cohort = n.cohort AND den.b = n.b;
 
 CREATE OR REPLACE TEMP TABLE metric_intervals AS
 SELECT cohort, metric,
        any_value(value) FILTER (WHERE b = -1) AS value,
        quantile_cont(value, getvariable('q_lo')) FILTER (WHERE b >= 0) AS lo,
-       quantile_cont(value, getvariable('q_hi')) FILTER (WHERE b >= 0) AS hi
-FROM (
-    UNPIVOT rep_metrics ON success, ter, auc_pec, rr, successes_after_invalid_prefix
-    INTO NAME metric VALUE value
-)
+       quantile_cont(value, getvariable('q_hi')) FILTER (WHERE b >= 0) AS hi,
+       any_value(den_total) FILTER (WHERE b = -1)::BIGINT AS den_total
+FROM rep_metrics
 GROUP BY cohort, metric
 ORDER BY cohort, metric;
 

@@ -19,24 +19,16 @@ SELECT cohort,
        any_value(key) AS key,
        count(*) AS n,
        count(DISTINCT task_id) AS n_tasks,
-       count_if(T = 0)::BIGINT AS n_no_calls,
-       count_if(NOT executable AND success IS NOT NULL)::BIGINT AS rr_eligible
+       count_if(T = 0)::BIGINT AS n_no_calls
 FROM cohort_rollouts
 GROUP BY cohort
 ORDER BY cohort;
 
--- Sums per task of the parts of rollout_parts.sql; every metric is a ratio of two of these (columns s_*).
--- Counts are INTEGER: the bootstrap adds up 10^8 of them, and narrow integer sums are the cheapest DuckDB
--- has. A task would need over 8.3 million rollouts to overflow s_auc's BIGINT (an error, not a silent wrap).
+-- Sums per task of the catalogue's parts (pipeline/catalogue.py): p_<name> -> s_<name>; every ratio metric is
+-- sum(s_<num>) / sum(s_<den>). BIGINT: a task would need over 8.3 million rollouts to overflow the sum of
+-- auc_term's 2^-40 units (an error, not a silent wrap).
 CREATE OR REPLACE TEMP TABLE task_base AS
-SELECT cohort, task_id,
-       sum(p_n)::INTEGER AS s_n,
-       sum(p_exec)::INTEGER AS s_exec,
-       sum(p_auc)::BIGINT AS s_auc,
-       sum(p_known)::INTEGER AS s_known,
-       sum(p_succ)::INTEGER AS s_succ,
-       sum(p_elig)::INTEGER AS s_elig,
-       sum(p_rec)::INTEGER AS s_rec
+SELECT cohort, task_id, sum(COLUMNS('^p_(.*)$'))::BIGINT AS 's_\1'
 FROM cohort_rollouts
 GROUP BY cohort, task_id;
 

@@ -30,17 +30,14 @@ SELECT key, side, task_id, 'pec' || k AS part, count_if(least(T, fed - 1) >= k):
 FROM paired_rollouts CROSS JOIN (SELECT unnest(getvariable('ks')) AS k)
 GROUP BY key, side, task_id, k;
 
--- The ratio metrics: value = sum(num) / sum(den) (/ scale); kind 'diff' reports A - B.
+-- The catalogue's ratio metrics (variable metric_defs, as in metrics_intervals.sql), then PEC@k after them:
+-- value = sum(num) / sum(den) / scale; kind 'diff' reports A - B.
 CREATE OR REPLACE TEMP TABLE paired_defs AS
-SELECT * FROM (VALUES
-    ('success', 'p_succ', 'p_known', 1.0, 'diff', 0),
-    ('ter', 'p_exec', 'p_n', 1.0, 'diff', 1),
-    ('auc_pec', 'p_auc', 'p_n', 1099511627776.0, 'diff', 2),
-    ('rr', 'p_rec', 'p_elig', 1.0, 'diff', 3),
-    ('successes_after_invalid_prefix', 'p_rec', 'p_succ', 1.0, 'diff', 4)
-) AS t(metric, num, den, scale, kind, ord)
+SELECT metric, 'p_' || num AS num, 'p_' || den AS den, scale, 'diff' AS kind, ord
+FROM (SELECT unnest(getvariable('metric_defs'), recursive := true))
 UNION ALL
-SELECT 'pec@' || k, 'pec' || k, 'p_n', 1.0, 'diff', 10 + k FROM (SELECT unnest(getvariable('ks')) AS k);
+SELECT 'pec@' || k, 'pec' || k, 'p_n', 1.0, 'diff', len(getvariable('metric_defs')) + k
+FROM (SELECT unnest(getvariable('ks')) AS k);
 
 -- Which of the two conditions occur at all (an absent one is the user's typo, reported by name).
 CREATE OR REPLACE TEMP TABLE paired_sides AS SELECT DISTINCT side FROM paired_rollouts;

@@ -13,6 +13,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.errors import StorageError
 from pipeline.storage.fs import filesystem, is_local, open_for_write
 
 if TYPE_CHECKING:
@@ -92,7 +93,10 @@ class RunPrefix:
     """A run prefix as the DuckDB stage sees it: a local folder (made absolute) or an fsspec URL."""
 
     def __init__(self, run: str, storage_options: dict[str, Any] | None = None) -> None:
-        self.fs, path = filesystem(run, storage_options)
+        try:
+            self.fs, path = filesystem(run, storage_options)
+        except (ValueError, ImportError) as exc:  # unknown protocol, or its package is not installed
+            raise StorageError(f"cannot open run {run}: {exc}") from exc
         self.path = path.rstrip("/")
         self.local = is_local(self.fs)
         # What DuckDB is given: an absolute local path, or the URL itself (served by the filesystem that

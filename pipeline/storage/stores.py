@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
+from pipeline.errors import StorageError
 from pipeline.storage.fs import open_for_write
 
 
@@ -39,19 +40,22 @@ def write_store(
 def _write_file(
     root: str, part: int, batch: list[dict], fmt: str, compression: str | None, storage_options: dict | None
 ) -> None:
-    if fmt == "parquet":
-        with open_for_write(f"{root}/part-{part:05d}.parquet", storage_options) as f:
-            pq.write_table(_to_arrow(batch), f, row_group_size=5000)
-        return
-    data = b"".join(orjson.dumps(r) + b"\n" for r in batch)
-    if compression == "gzip":
-        suffix, data = ".gz", gzip.compress(data)
-    elif compression == "zstd":
-        suffix, data = ".zst", zstandard.ZstdCompressor().compress(data)
-    else:
-        suffix = ""
-    with open_for_write(f"{root}/part-{part:05d}.jsonl{suffix}", storage_options) as f:
-        f.write(data)
+    try:
+        if fmt == "parquet":
+            with open_for_write(f"{root}/part-{part:05d}.parquet", storage_options) as f:
+                pq.write_table(_to_arrow(batch), f, row_group_size=5000)
+            return
+        data = b"".join(orjson.dumps(r) + b"\n" for r in batch)
+        if compression == "gzip":
+            suffix, data = ".gz", gzip.compress(data)
+        elif compression == "zstd":
+            suffix, data = ".zst", zstandard.ZstdCompressor().compress(data)
+        else:
+            suffix = ""
+        with open_for_write(f"{root}/part-{part:05d}.jsonl{suffix}", storage_options) as f:
+            f.write(data)
+    except OSError as exc:
+        raise StorageError(f"cannot write store {root}: {exc}") from exc
 
 
 def _to_arrow(batch: list[dict]) -> pa.Table:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pipeline.envs import EnvOptions, register
+from pipeline.envs.registry import EnvOptions, register
 
 if TYPE_CHECKING:
     from pipeline.envs.bfcl.env import BfclEnvironment

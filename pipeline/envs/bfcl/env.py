@@ -26,9 +26,9 @@ from typing import Any
 from pipeline.envs.base import EnvError, Outcome, ToolInfo
 from pipeline.envs.bfcl import official
 from pipeline.envs.bfcl.schema import parameters_schema
+from pipeline.envs.data import BUILTIN_SPECS, files_fingerprint
 from pipeline.model import Call, Rollout
 from pipeline.records import InvalidRecord
-from pipeline.specs import BUILTIN_SPECS, files_fingerprint
 
 GROUNDED_FILE = BUILTIN_SPECS / "bfcl_v3" / "grounded.toml"
 

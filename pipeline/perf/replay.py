@@ -1,7 +1,7 @@
 """Replay throughput: the full pipeline through local Ray on a synthetic `shop` store, beside a naive
 per-step baseline measured in the same run (jsonschema.validate per call, the state deep-copied per step).
 
-Run: `pexec bench replay [--rollouts N]` or `python -m pipeline.benchmarks.replay`.
+Run: `pexec bench replay [--rollouts N]` or `python -m pipeline.perf.replay`.
 """
 
 from __future__ import annotations
@@ -14,21 +14,25 @@ import time
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import orjson
 
 from pipeline.checker import replay
 from pipeline.dependencies import grounded_values
 from pipeline.distributed import run_scoring
 from pipeline.envs import get_environment
-from pipeline.envs.spec_env import JournaledDoc, SpecEnvironment
+from pipeline.envs.document import JournaledDoc
+from pipeline.envs.spec.env import SpecEnvironment
+from pipeline.perf import dev_dependency
 from pipeline.records import parse_rollout
 from pipeline.storage.stores import write_store
 from pipeline.synth import synthesize
 
+NAIVE = "the naive baseline of `pexec bench replay`"
+
 
 def naive_replay(env: SpecEnvironment, record: dict[str, Any]) -> list[bool]:
     """The straightforward loop: validate with jsonschema, snapshot the whole state before every step."""
+    jsonschema = dev_dependency("jsonschema", NAIVE)
     state = JournaledDoc(copy.deepcopy(env.spec.initial_state))
     snapshots = [copy.deepcopy(state.doc)]
     seen = ""
@@ -65,6 +69,7 @@ def bench_replay(
     baseline_sample: int = 2_000,
     cpus: tuple[int, ...] = (1, 2),
 ) -> dict[str, Any]:
+    dev_dependency("jsonschema", NAIVE)  # before the store is written, not after
     root = Path(workdir or tempfile.mkdtemp(prefix="pexec-bench-"))
     store = root / "store"
     if store.exists():

@@ -1,6 +1,6 @@
 """Benchmark of the DuckDB bootstrap stage (DESIGN §7): compute_metrics on a synthetic rollouts table.
 
-    python -m pipeline.benchmarks.metrics [--rollouts N] [--tasks M] [-B B] [--workdir DIR]
+    python -m pipeline.perf.metrics [--rollouts N] [--tasks M] [-B B] [--workdir DIR]
 
 Each method runs in a fresh process, so the peak RSS reported is that method's own.
 """

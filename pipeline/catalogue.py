@@ -1,0 +1,99 @@
+"""The metric catalogue: every cohort metric declared once, as a ratio of sums of per-rollout parts.
+
+A *part* is an integer computed per rollout from the `rollouts` table (`p_<name>` in SQL); the DuckDB stage
+sums parts per task (`s_<name>`), the bootstrap resamples those sums, and every ratio metric is
+sum(numerator part) / sum(denominator part) (docs/design.md §2). Integers keep every sum exact and
+independent of the order in which threads add rows up.
+
+Everything that shows a metric reads this catalogue: the SQL of the cohort and the paired bootstrap
+(pipeline.aggregate, pipeline.report.paired), `metrics --json` and metrics.parquet, the terminal table, the
+report's tables, its ranking and its paired comparison. To add a metric, add a `Metric` here (and a `Part`
+if it needs a new per-rollout quantity).
+
+PEC(k) is the one curve: a metric per depth k, computed from the depth histogram in
+sql/metrics_prepare.sql rather than from a single pair of parts; its entry fixes its place among the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+# auc_term in [0, 1] is summed in units of 2^-40 (error <= 4.6e-13 per term). Binary units keep the last
+# division exact, so TER <= AUC-PEC <= 1 holds exactly: an executable rollout is exactly 2^40 units.
+AUC_UNIT = 2.0**40
+
+
+@dataclass(frozen=True)
+class Part:
+    """A per-rollout integer: `sql` is an expression over one row of the `rollouts` view."""
+
+    name: str  # p_<name> per rollout, s_<name> summed per task
+    sql: str
+    doc: str
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A cohort metric. `kind="ratio"`: sum(num) / sum(den) / scale, with a task-level bootstrap interval.
+    `kind="curve"`: PEC(k), one value per depth k (num and den unused)."""
+
+    name: str  # key in `metrics --json`, column stem in metrics.parquet, `metric` in the paired table
+    label: str  # what tables and figures call it
+    num: str = ""
+    den: str = ""
+    scale: float = 1.0  # the unit of the numerator part (AUC_UNIT for auc_pec)
+    ranked: bool = False  # ordered against success in the report's ranking divergence
+    eligible: str = ""  # when set, the denominator's count is shown beside the value; this says what it counts
+    in_tables: bool = True  # a column of the terminal and report metric tables (JSON and Parquet always)
+    kind: Literal["ratio", "curve"] = "ratio"
+    doc: str = ""
+
+
+PARTS: tuple[Part, ...] = (
+    Part("n", "1", "every started rollout"),
+    Part("exec", "executable::INTEGER", "fully executable (FED = T + 1)"),
+    Part("auc", f"round(auc_term * {int(AUC_UNIT)}::DOUBLE)::BIGINT", "auc_term in units of 2^-40"),
+    Part("known", "(success IS NOT NULL)::INTEGER", "the log carries a success verdict"),
+    Part("succ", "(success IS TRUE)::INTEGER", "successful"),
+    # RR's parts come from `executable` and `success`, the same columns as TER and the success rate, so that
+    # success = TER * P(success | executable) + (1 - TER) * RR holds exactly.
+    Part("elig", "(NOT executable AND success IS NOT NULL)::INTEGER", "invalid prefix, with a verdict"),
+    Part("rec", "(NOT executable AND success IS TRUE)::INTEGER", "invalid prefix, then successful (recovered)"),
+)
+
+METRICS: tuple[Metric, ...] = (
+    Metric("success", "success", "succ", "known", doc="the benchmark's own verdict, over rollouts that have one"),
+    Metric("ter", "TER", "exec", "n", ranked=True, doc="share of fully executable rollouts"),
+    Metric("auc_pec", "AUC-PEC", "auc", "n", scale=AUC_UNIT, ranked=True, doc="mean of (FED - 1) / T"),
+    Metric("pec", "PEC", kind="curve", doc="PEC(k): share of rollouts with T >= k and FED > k"),
+    Metric(
+        "rr",
+        "RR",
+        "rec",
+        "elig",
+        eligible="rollouts with an invalid prefix and a verdict",
+        doc="recovery rate: successful among rollouts with an invalid prefix",
+    ),
+    Metric(
+        "successes_after_invalid_prefix",
+        "successes after invalid prefix",
+        "rec",
+        "succ",
+        in_tables=False,
+        doc="share of the successes that came after an invalid prefix",
+    ),
+)
+
+
+def ratios() -> list[Metric]:
+    """The ratio metrics, in catalogue order."""
+    return [m for m in METRICS if m.kind == "ratio"]
+
+
+def metric(name: str) -> Metric:
+    return next(m for m in METRICS if m.name == name)
+
+
+def pec() -> Metric:
+    return metric("pec")

@@ -1,0 +1,193 @@
+"""The run's tables, declared once (docs/design.md §4): the writers (pipeline.output, pipeline.aggregate),
+the readers (which columns of a run are labels, which must be there) and the README's "Output" section
+(checked by tests/test_docs.py) all take their columns from here.
+
+Column order in every table: the fixed id columns, then the rollouts' label columns (strings, under their own
+names), then the table's own columns; `rollouts` ends with one `cost_<name>` column per cost the logs carry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from pipeline import catalogue
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: pa.DataType
+    doc: str
+
+
+@dataclass(frozen=True)
+class RunTable:
+    name: str
+    path: str  # under the run prefix
+    row: str  # what one row is
+    ids: tuple[Column, ...]
+    fields: tuple[Column, ...]  # after the label columns
+    labels: str = ""  # how label columns appear (empty: none)
+    trailer: str = ""  # what the cost columns after the fields hold (rollouts only)
+
+    @property
+    def columns(self) -> tuple[Column, ...]:
+        return (*self.ids, *self.fields)
+
+
+_STR, _I32, _I64, _F64, _BOOL = pa.string(), pa.int32(), pa.int64(), pa.float64(), pa.bool_()
+_LABELS = "the rollouts' label columns (`model`, `method`, …)"
+
+IDS = (
+    Column("run_id", _STR, "the run's id (default: the run folder's name)"),
+    Column("rollout_id", _STR, "the rollout's id in the input store"),
+    Column("task_id", _STR, "the task; the bootstrap resamples tasks"),
+    Column("benchmark", _STR, "the environment that scored the rollout"),
+)
+
+STEPS = RunTable(
+    "steps",
+    "steps/part-<shard>.parquet",
+    "replayed call",
+    IDS,
+    (
+        Column("step", _I32, "1-based depth among the rollout's calls"),
+        Column("turn", _I32, "the conversation turn of the call"),
+        Column("tool", _STR, "the tool called"),
+        Column("valid", _BOOL, "executable in the state left by the calls before it"),
+        Column("prefix_executable", _BOOL, "this call and every earlier one are valid"),
+        Column("check", _STR, "failed check: S (schema), D (data dependency), P (precondition); null if valid"),
+        Column("cause", _STR, "first-error cause label (diagnostic); null if valid"),
+        Column("detail", _STR, "the environment's own message, or what failed"),
+        Column("decided_by", _STR, "which source decided P: simulator, precondition, log"),
+        Column("output_match", _BOOL, "replayed output equals the logged one; null when nothing was logged"),
+    ),
+    labels=_LABELS,
+)
+
+ROLLOUTS = RunTable(
+    "rollouts",
+    "rollouts/part-<shard>.parquet",
+    "rollout",
+    IDS,
+    (
+        Column("T", _I32, "number of calls"),
+        Column("fed", _I32, "first-error depth; T + 1 when every call is valid"),
+        Column("executable", _BOOL, "fed = T + 1"),
+        Column("auc_term", _F64, "(fed − 1) / T; 1.0 when T = 0"),
+        Column("success", _BOOL, "the benchmark's own verdict from the log; null when it has none"),
+        Column("recovered", _BOOL, "not executable and successful; null when success is"),
+        Column("first_cause", _STR, "cause of the first invalid call; null when executable"),
+        Column("n_invalid", _I32, "invalid calls"),
+        Column("n_output_mismatch", _I32, "calls whose replayed output differs from the logged one"),
+    ),
+    labels=_LABELS,
+    trailer="one column per cost the logs carry (`tokens`, `latency_s`, …), as `cost_<name>`",
+)
+
+REJECTS = RunTable(
+    "rejects",
+    "rejects/part-<shard>.parquet",
+    "record that could not be scored",
+    (Column("run_id", _STR, "the run's id"),),
+    (
+        Column("shard", _STR, "the shard that read it"),
+        Column("source", _STR, "the input file's URL"),
+        Column("location", _STR, "where in the file: line, row or byte range"),
+        Column("reason", _STR, "why it could not be scored"),
+        Column("raw", _STR, "the offending text, truncated"),
+    ),
+)
+
+# Columns the outputs use themselves: a label may not take one of these names.
+RESERVED_COLUMNS = frozenset(c.name for t in (STEPS, ROLLOUTS, REJECTS) for c in t.columns)
+
+COHORT_COUNTS = (
+    Column("n", _I64, "rollouts in the cohort"),
+    Column("n_tasks", _I64, "distinct tasks (the bootstrap's unit)"),
+    Column("n_no_calls", _I64, "rollouts with no calls (vacuously executable)"),
+)
+BOOTSTRAP = (
+    Column("bootstrap_B", _I64, "bootstrap replicates"),
+    Column("bootstrap_seed", _I64, "seed of the draws"),
+    Column("bootstrap_method", _STR, "multinomial (task resampling) or poisson"),
+    Column("bootstrap_level", _F64, "confidence level of the intervals"),
+    Column("bootstrap_unit", _STR, "what is resampled: task"),
+    Column("duckdb_version", _STR, "DuckDB that computed them"),
+)
+_COHORT_LABELS = "`benchmark` and the cohort's label columns"
+
+
+def metric_columns() -> tuple[Column, ...]:
+    """Per ratio metric of the catalogue: value, interval bounds and, where it has one, the eligible count."""
+    out: list[Column] = []
+    for m in catalogue.ratios():
+        out += [
+            Column(m.name, _F64, m.doc),
+            Column(f"{m.name}_lo", _F64, f"{m.label}: lower bound"),
+            Column(f"{m.name}_hi", _F64, f"{m.label}: upper bound"),
+        ]
+        if m.eligible:
+            out.append(Column(f"{m.name}_eligible", _I64, f"{m.label}'s denominator: {m.eligible}"))
+    return tuple(out)
+
+
+def metrics_table() -> RunTable:
+    return RunTable(
+        "metrics",
+        "metrics/metrics.parquet",
+        "cohort",
+        (),
+        (*COHORT_COUNTS, *metric_columns(), *BOOTSTRAP),
+        labels=_COHORT_LABELS,
+    )
+
+
+PEC = RunTable(
+    "pec",
+    "metrics/pec.parquet",
+    "cohort and depth k",
+    (),
+    (
+        Column("k", _I64, "depth"),
+        Column("value", _F64, "PEC(k): share of the cohort with T ≥ k and fed > k"),
+        Column("lo", _F64, "lower bound"),
+        Column("hi", _F64, "upper bound"),
+    ),
+    labels=_COHORT_LABELS,
+)
+
+
+def arrow_schema(table: RunTable, labels: Sequence[str] = (), costs: Sequence[str] = ()) -> pa.Schema:
+    """The Arrow schema of one part file: ids, the given label columns, the fields, then the cost columns."""
+    return pa.schema(
+        [
+            *(pa.field(c.name, c.type) for c in table.ids),
+            *(pa.field(name, pa.string()) for name in labels),
+            *(pa.field(c.name, c.type) for c in table.fields),
+            *(pa.field(name, pa.float64()) for name in costs),
+        ]
+    )
+
+
+def tables() -> tuple[RunTable, ...]:
+    """Every table of a run, in the order the README documents them."""
+    return (STEPS, ROLLOUTS, REJECTS, metrics_table(), PEC)
+
+
+def markdown() -> str:
+    """The README's description of the run's tables (tests/test_docs.py checks that the README has it)."""
+    blocks = []
+    for t in tables():
+        lines = [f"**`{t.path}`** — one row per {t.row}.", "", "| column | type | meaning |", "|---|---|---|"]
+        lines += [f"| `{c.name}` | {c.type} | {c.doc} |" for c in t.ids]
+        if t.labels:
+            lines.append(f"| `<label>`… | string | {t.labels} |")
+        lines += [f"| `{c.name}` | {c.type} | {c.doc} |" for c in t.fields]
+        if t.trailer:
+            lines.append(f"| `cost_<name>`… | double | {t.trailer} |")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"
