@@ -17,6 +17,8 @@ from pipeline.cli import app
 from pipeline.samples import write_samples
 from pipeline.storage.fs import list_files
 from pipeline.storage.inputs import RecordError, list_inputs, plan_shards, read_shard
+from pipeline.storage.stores import write_store
+from pipeline.synth import synthesize
 
 DATA = Path(__file__).resolve().parent / "data"
 REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real"
@@ -67,9 +69,10 @@ def _copy(base: Path, *names: str) -> Callable[[Path], None]:
     return copy
 
 
-# One source of each kind of adapter: a folder of run folders, BFCL results joined with the score file
-# beside them (the model named by their folder), a tau2 results file, OpenAI logs in date partitions.
+# One source of each kind of adapter: a canonical store, a folder of run folders, BFCL results joined with the
+# score file beside them (the model named by their folder), a tau2 results file, OpenAI logs in date partitions.
 SOURCES: dict[str, tuple[Callable[[Path], None], list[str]]] = {
+    "canonical": (lambda folder: write_store(synthesize("shop", 40, 8, seed=4), str(folder)), ["--label", "x=y"]),
     "toolsandbox": (_copy(DATA / "toolsandbox", *(p.name for p in (DATA / "toolsandbox").iterdir())), []),
     "bfcl": (
         _copy(REAL / "bfcl", *(f"gpt-oss-120b/BFCL_v4_multi_turn_base_{kind}.json" for kind in ("result", "score"))),

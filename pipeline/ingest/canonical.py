@@ -10,10 +10,11 @@ from pipeline.storage.inputs import RecordError, list_inputs, plan_shards, read_
 
 
 def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
+    storage = options.storage_options
     for source in sources:
-        files, _ = list_inputs(source)
-        for shard in plan_shards(files):
-            for location, record in read_shard(shard):
+        files, _ = list_inputs(source, storage)
+        for shard in plan_shards(files, storage_options=storage):
+            for location, record in read_shard(shard, storage):
                 if isinstance(record, RecordError):
                     raise IngestError(f"{shard.file.url} {location}: {record.reason}")
                 if options.labels:
