@@ -1,6 +1,6 @@
 """The DuckDB stage: per-cohort metrics with task-level bootstrap intervals, and read-only SQL over a run.
 
-DESIGN §2 ("Aggregates", "Intervals") and §7. All SQL lives in `pipeline/sql/*.sql`; this module sets a
+docs/design.md §2 ("Aggregates", "Intervals") and §7. All SQL lives in `pipeline/sql/*.sql`; this module sets a
 few DuckDB variables (`getvariable(...)` in the SQL), runs the files in order and shapes the results.
 
 Pipeline (one pass for all cohorts); the metrics and their parts come from pipeline.catalogue:

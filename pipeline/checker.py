@@ -1,4 +1,4 @@
-"""Replay one rollout against an environment and decide S/D/P for every call (DESIGN §2, §3).
+"""Replay one rollout against an environment and decide S/D/P for every call (docs/design.md §2, §3).
 
 Pure with respect to IO: an environment and a rollout in, a RolloutResult out. Independent of any benchmark.
 """

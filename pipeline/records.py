@@ -1,4 +1,4 @@
-"""Canonical rollout records (DESIGN §4): validate a decoded JSON object and build a Rollout.
+"""Canonical rollout records (docs/design.md §4): validate a decoded JSON object and build a Rollout.
 
 A record that cannot be scored raises InvalidRecord with a reason that ends up in `rejects/`.
 """

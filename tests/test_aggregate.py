@@ -1,4 +1,4 @@
-"""pipeline.aggregate: metrics, task-level bootstrap intervals, read-only SQL (DESIGN §2, §6, §7)."""
+"""pipeline.aggregate: metrics, task-level bootstrap intervals, read-only SQL (docs/design.md §2, §6, §7)."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def write_steps(run: Path, n: int) -> None:
 
 
 def paper_rows() -> list[dict[str, Any]]:
-    """DESIGN §2: 200 episodes = 50 tasks x 4 episodes; 10 fully executable and successful;
+    """docs/design.md §2: 200 episodes = 50 tasks x 4 episodes; 10 fully executable and successful;
     190 with an invalid prefix, 138 of them successful."""
     rows = []
     for i in range(200):
@@ -152,7 +152,7 @@ def lb32(x: np.ndarray | int) -> np.ndarray:
 
 
 def draws(seed: int, B: int, m: int) -> np.ndarray:
-    """h(seed, b, i) for b < B, i < m, as DESIGN/the brief define it."""
+    """h(seed, b, i) for b < B, i < m, as docs/design.md §2 "Intervals" defines it."""
     keys = lb32(lb32(seed) ^ np.arange(B, dtype=np.uint64))
     return lb32(keys[:, None] ^ lb32(np.arange(m, dtype=np.uint64))[None, :])
 

@@ -1,4 +1,4 @@
-"""Properties of the aggregates (DESIGN §2) over random small rollout tables (hypothesis)."""
+"""Properties of the aggregates (docs/design.md §2) over random small rollout tables (hypothesis)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Ingest adapters: benchmark and production log formats -> canonical rollout records (DESIGN §4).
+"""Ingest adapters: benchmark and production log formats -> canonical rollout records (docs/design.md §4).
 
 One module per format in this package (`pipeline/ingest/<format>.py`), each exposing
 `read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]` that yields canonical records.

@@ -1,4 +1,4 @@
-"""Benchmark of the DuckDB bootstrap stage (DESIGN §7): compute_metrics on a synthetic rollouts table.
+"""Benchmark of the DuckDB bootstrap stage (docs/design.md §7): compute_metrics on a synthetic rollouts table.
 
     python -m pipeline.perf.metrics [--rollouts N] [--tasks M] [-B B] [--workdir DIR]
 

@@ -46,7 +46,7 @@ def fed_rows(fed: list[dict[str, Any]], label: Callable[[dict[str, Any]], str]) 
 
 
 def cause_rows(causes: list[dict[str, Any]], label: Callable[[dict[str, Any]], str]) -> list[list[Any]]:
-    """[benchmark, condition, cause, n, share] in the fixed cause order (DESIGN §3), unknown labels last."""
+    """[benchmark, condition, cause, n, share] in the fixed cause order (docs/design.md §3), unknown labels last."""
     rank = {c: i for i, c in enumerate(CAUSES)}
     ordered = sorted(causes, key=lambda r: (r["benchmark"], label(r), rank.get(r["cause"], len(rank)), r["cause"]))
     return [[r["benchmark"], label(r), r["cause"], r["n"], r["share"]] for r in ordered]

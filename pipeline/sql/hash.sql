@@ -1,4 +1,4 @@
--- Stable integer hashing for the bootstrap draws (DESIGN "Intervals", §7).
+-- Stable integer hashing for the bootstrap draws (docs/design.md §2 "Intervals", §7).
 --
 -- DuckDB's hash() may change between versions, and random() is not reproducible across thread
 -- schedules, so every draw is derived from this function alone. It is the 32-bit "lowbias32"

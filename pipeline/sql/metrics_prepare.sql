@@ -1,4 +1,4 @@
--- Per-(cohort, task) sums: the only input of the bootstrap (DESIGN §7: aggregate first, then resample).
+-- Per-(cohort, task) sums: the only input of the bootstrap (docs/design.md §7: aggregate first, then resample).
 -- Variables set by pipeline.aggregate: cohort_cols (VARCHAR[]: 'benchmark' and the `by` labels),
 -- max_k (BIGINT or NULL), seed, B.
 

@@ -1,4 +1,4 @@
--- Paired comparison A - B (DESIGN "Intervals": the same task draws for both conditions, over the tasks they
+-- Paired comparison A - B (docs/design.md §2 "Intervals": the same task draws for both conditions, over the tasks they
 -- share). Variables set by pipeline.report.paired: pair_cols (VARCHAR[]: 'benchmark' and the `by` labels other
 -- than the compared column), compare_col, compare_a, compare_b, ks (BIGINT[]: the k of PEC@k), seed, B.
 -- Needs the view `rollouts` and the macros of hash.sql.

@@ -1,4 +1,4 @@
--- Descriptive tables of `pexec report` (DESIGN §2 "Aggregates", "Paper check"), one row per cohort (× category).
+-- Descriptive tables of `pexec report` (docs/design.md §2 "Aggregates", "Paper check"), one row per cohort (× category).
 -- Variables set by pipeline.report.tables: cohort_cols (VARCHAR[]: 'benchmark' and the `by` labels).
 -- Every table starts with the cohort's label columns (unnest of the key struct), so Python joins by value.
 

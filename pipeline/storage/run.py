@@ -1,4 +1,4 @@
-"""A run prefix (DESIGN §4): its Parquet parts, shard markers and manifest, and what DuckDB reads of it.
+"""A run prefix (docs/design.md §4): its Parquet parts, shard markers and manifest, and what DuckDB reads of it.
 
 Part files are named after the shard they come from, so a retried or repeated shard overwrites its own
 parts and never duplicates rows. `_manifest.json` is written last: a run without it is incomplete.

@@ -1,7 +1,7 @@
 """Copy-on-write over one base DB per worker, with an undo journal.
 
 The official tools mutate pydantic records in place (`user.payment_methods[...].amount -= …`). Deep-copying
-the whole DB per rollout costs 130–370 ms (DESIGN §7), so each top-level collection of the DB (users,
+the whole DB per rollout costs 130–370 ms (docs/design.md §7), so each top-level collection of the DB (users,
 orders, flights, …) is replaced by a `CowDict`: while a call that may write is running, the first access
 to a record copies that record alone and journals the object it replaced. Undoing a journal entry puts the
 untouched object back, so a rollout reset, a rejected call and a state-consistency walk-back all cost as
