@@ -8,9 +8,11 @@ import signal
 import socket
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import fsspec
 import pytest
 import s3fs
 
@@ -59,3 +61,13 @@ def _answers(port: int) -> bool:
         return True
     except OSError:
         return False
+
+
+@pytest.fixture
+def mem_root() -> Iterator[str]:
+    """A fresh folder on fsspec's in-memory filesystem, removed afterwards."""
+    root = f"memory://t-{uuid.uuid4().hex}"
+    yield root
+    fs = fsspec.filesystem("memory")
+    if fs.exists(root):
+        fs.rm(root, recursive=True)

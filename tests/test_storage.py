@@ -4,8 +4,7 @@ loopback) with the same `--endpoint-url` as its output."""
 from __future__ import annotations
 
 import shutil
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import fsspec
@@ -22,15 +21,6 @@ from pipeline.synth import synthesize
 
 DATA = Path(__file__).resolve().parent / "data"
 REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real"
-
-
-@pytest.fixture
-def mem_root() -> Iterator[str]:
-    root = f"memory://t-{uuid.uuid4().hex}"
-    yield root
-    fs = fsspec.filesystem("memory")
-    if fs.exists(root):
-        fs.rm(root, recursive=True)
 
 
 def test_list_files_patterns_depth_and_hidden_names(mem_root: str) -> None:

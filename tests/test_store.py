@@ -6,7 +6,6 @@ import os
 import re
 import uuid
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,15 +47,6 @@ def write(path: Path, data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
     return path
-
-
-@pytest.fixture
-def mem_root() -> Iterator[str]:
-    root = f"memory://t-{uuid.uuid4().hex}"
-    yield root
-    fs = fsspec.filesystem("memory")
-    if fs.exists(root):
-        fs.rm(root, recursive=True)
 
 
 # --- listing -------------------------------------------------------------------------------------------
