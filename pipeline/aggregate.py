@@ -7,7 +7,8 @@ Pipeline (one pass for all cohorts); the metrics and their parts come from pipel
   rollout_parts (view)       per rollout, the catalogue's integer parts p_<name>
   metrics_prepare.sql        rollouts -> cohort numbers -> per-(cohort, task) sums `s_*` (+ PEC histogram)
   bootstrap_<method>.sql     per-(cohort, replicate) sums of the resampled tasks' `s_*`
-  metrics_intervals.sql      ratios of sums (point estimate = full data), percentile intervals
+  metrics_intervals.sql      ratios of sums (point estimate = full data), percentile intervals, and what the
+                             small-sample interval needs (pipeline.intervals picks the interval per metric)
 
 Draws come from our own 32-bit hash (sql/hash.sql), never from random() or DuckDB's hash(), so the
 same run, seed, B and method give the same bounds on any DuckDB version and any thread count.
@@ -27,12 +28,13 @@ from typing import Any, Literal
 import duckdb
 import pyarrow as pa
 
-from pipeline import catalogue, schema
+from pipeline import catalogue, intervals, schema
 from pipeline.errors import PexecError, StorageError
 from pipeline.storage.run import RunPrefix
 
 # The rollouts columns the metrics read.
-_NEEDED = ("task_id", "benchmark", "T", "fed", "executable", "auc_term", "success")
+_NEEDED = ("task_id", "benchmark", "T", "fed", "executable", "auc_term", "success", "n_output_mismatch",
+           "n_output_compared", "diverged_before_fed")  # fmt: skip
 _UINT32 = 2**32
 
 
@@ -85,7 +87,8 @@ def label_columns(columns: Sequence[str]) -> list[str]:
 
 def cohort_fields() -> tuple[str, ...]:
     """The keys of a cohort dict besides its label values (a label may not take one of these names)."""
-    return ("n", "n_tasks", "n_no_calls", *(m.name for m in catalogue.METRICS), "bootstrap")
+    counts = (c.name for c in schema.COHORT_COUNTS)
+    return (*counts, "strict_replay", *(m.name for m in catalogue.METRICS), "bootstrap")
 
 
 def compute_metrics(
@@ -94,14 +97,33 @@ def compute_metrics(
     settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
     max_k: int | None = None,
     storage_options: dict[str, Any] | None = None,
+    strict_replay: bool = False,
 ) -> list[dict[str, Any]]:
     """Metrics per cohort (benchmark + `by` labels; all labels when `by` is None), JSON-ready.
 
     Cohorts come out sorted by their key (benchmark, then the labels in table order; NULL labels last).
+    `strict_replay` leaves out the rollouts whose replay diverged from the log before their first error.
     """
+    return metrics_and_replicates(run, by, settings, max_k, storage_options, strict_replay)[0]
+
+
+Replicates = list[dict[str, list[float | None]]]  # per cohort (as listed): metric -> value per replicate b
+
+
+def metrics_and_replicates(
+    run: str,
+    by: Sequence[str] | None = None,
+    settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
+    max_k: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+    strict_replay: bool = False,
+    replicated: Sequence[str] = (),
+) -> tuple[list[dict[str, Any]], Replicates]:
+    """compute_metrics, and the bootstrap replicates' values of the `replicated` ratio metrics (the draws the
+    intervals come from; None where a replicate's ratio is undefined)."""
     if max_k is not None and max_k < 0:
         raise MetricsError(f"max_k must be >= 0, got {max_k}")
-    with open_rollouts(run, storage_options) as con:
+    with open_rollouts(run, storage_options, strict_replay) as con:
         by_cols = cohort_columns(con, by)
         q_lo, q_hi = settings.quantiles
         set_variables(
@@ -118,15 +140,31 @@ def compute_metrics(
         for name in ("metrics_prepare", f"bootstrap_{settings.method}", "metrics_intervals"):
             run_sql(con, name)
         info = fetch(con, "cohort_info")
-        intervals = fetch(con, "metric_intervals")
-        pec = fetch(con, "pec_intervals")
-    return _assemble(info, intervals, pec, ["benchmark", *by_cols], settings)
+        ratios = _join(fetch(con, "metric_intervals"), fetch(con, "metric_clusters"), ("cohort", "metric"))
+        pec = _join(fetch(con, "pec_intervals"), fetch(con, "pec_clusters"), ("cohort", "k"))
+        set_variables(con, replicated=list(replicated))
+        reps = fetch(con, "(SELECT cohort, metric, list(value ORDER BY b) AS values FROM rep_metrics "
+                          "WHERE b >= 0 AND list_contains(getvariable('replicated'), metric) GROUP BY ALL)")  # fmt: skip
+    cohorts = _assemble(info, ratios, pec, ["benchmark", *by_cols], settings, strict_replay)
+    per_cohort: Replicates = [{} for _ in cohorts]
+    for r in reps:
+        per_cohort[r["cohort"]][r["metric"]] = r["values"]
+    return cohorts, per_cohort
+
+
+def _join(rows: list[dict[str, Any]], extra: list[dict[str, Any]], key: tuple[str, str]) -> list[dict[str, Any]]:
+    by_key = {tuple(r[k] for k in key): r for r in extra}
+    return [{**r, **by_key.get(tuple(r[k] for k in key), {})} for r in rows]
 
 
 @contextmanager
-def open_rollouts(run: str, storage_options: dict[str, Any] | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A fresh in-memory connection with the view `rollouts` over RUN/rollouts and the bootstrap hash macros:
-    the starting point of every aggregate over a run (metrics here, the report's tables)."""
+def open_rollouts(
+    run: str, storage_options: dict[str, Any] | None = None, strict_replay: bool = False
+) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A fresh in-memory connection with the view `rollouts` over RUN/rollouts, the view `rollout_parts` (the
+    rollouts the metrics count, with the catalogue's parts) and the bootstrap hash macros: the starting point of
+    every aggregate over a run (metrics here, the report's tables). `strict_replay` leaves the rollouts whose
+    replay diverged before their first error out of `rollout_parts`."""
     root = RunPrefix(run, storage_options)
     if not root.has("rollouts"):
         raise RunNotFound(f"no rollouts Parquet files under {root.url}/rollouts/")
@@ -138,17 +176,18 @@ def open_rollouts(run: str, storage_options: dict[str, Any] | None = None) -> It
         missing = [c for c in _NEEDED if c not in columns]
         if missing:
             raise MetricsError(f"rollouts under {root.url} lack column(s) {', '.join(missing)}")
-        _create_rollout_parts(con)
+        _create_rollout_parts(con, strict_replay)
         run_sql(con, "hash")
         yield con
     finally:
         con.close()
 
 
-def _create_rollout_parts(con: duckdb.DuckDBPyConnection) -> None:
+def _create_rollout_parts(con: duckdb.DuckDBPyConnection, strict_replay: bool) -> None:
     # The one statement built in Python: its columns are the catalogue's part expressions.
     parts = ", ".join(f"{p.sql} AS p_{p.name}" for p in catalogue.PARTS)
-    con.execute(f"CREATE OR REPLACE TEMP VIEW rollout_parts AS SELECT *, {parts} FROM rollouts")
+    where = " WHERE NOT diverged_before_fed" if strict_replay else ""
+    con.execute(f"CREATE OR REPLACE TEMP VIEW rollout_parts AS SELECT *, {parts} FROM rollouts{where}")
 
 
 def metric_defs() -> list[dict[str, Any]]:
@@ -229,15 +268,17 @@ def metrics_tables(cohorts: list[dict[str, Any]]) -> tuple[pa.Table, pa.Table]:
     rows, pec_rows = [], []
     for c in cohorts:
         row: dict[str, Any] = _label_values(c, keys)
-        row |= {"n": c["n"], "n_tasks": c["n_tasks"], "n_no_calls": c["n_no_calls"]}
+        row |= {col.name: c[col.name] for col in schema.COHORT_COUNTS}
+        row["strict_replay"] = c["strict_replay"]
         for m in catalogue.ratios():
             row |= {m.name: c[m.name]["value"], f"{m.name}_lo": c[m.name]["lo"], f"{m.name}_hi": c[m.name]["hi"]}
+            row[f"{m.name}_method"] = c[m.name].get("method")
             if m.eligible:
                 row[f"{m.name}_eligible"] = c[m.name]["eligible"]
         row |= {f"bootstrap_{k}": v for k, v in c["bootstrap"].items() if k != "duckdb_version"}
         row["duckdb_version"] = c["bootstrap"]["duckdb_version"]
         rows.append(row)
-        pec_rows += [{**_label_values(c, keys), **p} for p in c["pec"]]
+        pec_rows += [{**_label_values(c, keys), "method": None, **p} for p in c["pec"]]
     metrics_schema = schema.arrow_schema(schema.metrics_table(), keys)
     pec_schema = schema.arrow_schema(schema.PEC, keys)
     return pa.Table.from_pylist(rows, metrics_schema), pa.Table.from_pylist(pec_rows, pec_schema)
@@ -300,23 +341,33 @@ def resolve_by(by: Sequence[str] | None, labels: list[str]) -> list[str]:
     return out
 
 
-def _interval(row: dict[str, Any] | None) -> dict[str, float | None]:
-    if row is None:
+def _interval(row: dict[str, Any] | None, level: float) -> dict[str, Any]:
+    """value, lo, hi and the interval's method (pipeline.intervals); no method where there is no value, nor for
+    PEC(0) = 1, which holds by definition."""
+    if row is None or row["value"] is None:
         return {"value": None, "lo": None, "hi": None}
-    return {"value": row["value"], "lo": row["lo"], "hi": row["hi"]}
+    if row.get("k") == 0:
+        return {"value": row["value"], "lo": row["lo"], "hi": row["hi"]}
+    den = row.get("den_total", row.get("n"))
+    cluster = intervals.Cluster(row["value"], float(den), row["den_tasks"], row["resid_ss"] or 0.0)
+    lo, hi, method = intervals.interval(cluster, row["lo"], row["hi"], level)
+    return {"value": row["value"], "lo": lo, "hi": hi, "method": method}
 
 
 def _assemble(
     info: list[dict[str, Any]],
-    intervals: list[dict[str, Any]],
+    ratios: list[dict[str, Any]],
     pec: list[dict[str, Any]],
     keys: list[str],
     settings: BootstrapSettings,
+    strict_replay: bool,
 ) -> list[dict[str, Any]]:
-    by_metric = {(r["cohort"], r["metric"]): r for r in intervals}
+    by_metric = {(r["cohort"], r["metric"]): r for r in ratios}
+    n_of = {c["cohort"]: c["n"] for c in info}
     pec_by_cohort: dict[int, list[dict[str, Any]]] = {}
     for r in pec:
-        pec_by_cohort.setdefault(r["cohort"], []).append({"k": r["k"], **_interval(r)})
+        point = _interval({**r, "n": n_of[r["cohort"]]}, settings.level)
+        pec_by_cohort.setdefault(r["cohort"], []).append({"k": r["k"], **point})
     bootstrap = {
         "B": settings.B,
         "seed": settings.seed,
@@ -329,13 +380,14 @@ def _assemble(
     for c in info:
         cid = c["cohort"]
         out: dict[str, Any] = {k: c["key"][k] for k in keys}
-        out |= {"n": c["n"], "n_tasks": c["n_tasks"], "n_no_calls": c["n_no_calls"]}
+        out |= {col.name: c[col.name] for col in schema.COHORT_COUNTS}
+        out["strict_replay"] = strict_replay
         for m in catalogue.METRICS:
             if m.kind == "curve":
                 out[m.name] = sorted(pec_by_cohort.get(cid, []), key=lambda p: p["k"])
                 continue
             row = by_metric.get((cid, m.name))
-            out[m.name] = _interval(row)
+            out[m.name] = _interval(row, settings.level)
             if m.eligible:
                 out[m.name]["eligible"] = row["den_total"] if row is not None else 0
         out["bootstrap"] = dict(bootstrap)

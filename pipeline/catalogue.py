@@ -48,6 +48,11 @@ class Metric:
     in_tables: bool = True  # a column of the terminal and report metric tables (JSON and Parquet always)
     kind: Literal["ratio", "curve"] = "ratio"
     doc: str = ""
+    # The exact population the value is computed over (README and docs/design.md §2.3 print it).
+    population: str = "every rollout of the cohort"
+    # How its small-sample interval is justified (pipeline.intervals): a share of counted units, or the mean
+    # of a quantity in [0, 1] (the Wilson interval is then conservative).
+    quantity: Literal["share", "mean01"] = "share"
 
 
 PARTS: tuple[Part, ...] = (
@@ -60,13 +65,38 @@ PARTS: tuple[Part, ...] = (
     # success = TER * P(success | executable) + (1 - TER) * RR holds exactly.
     Part("elig", "(NOT executable AND success IS NOT NULL)::INTEGER", "invalid prefix, with a verdict"),
     Part("rec", "(NOT executable AND success IS TRUE)::INTEGER", "invalid prefix, then successful (recovered)"),
+    Part("exec_known", "(executable AND success IS NOT NULL)::INTEGER", "fully executable, with a verdict"),
+    Part("succ_exec", "(executable AND success IS TRUE)::INTEGER", "fully executable and successful"),
+    Part("cmp", "n_output_compared", "calls with both a logged and a replayed output"),
+    Part("match", "n_output_compared - n_output_mismatch", "calls whose replayed output equals the logged one"),
 )
 
 METRICS: tuple[Metric, ...] = (
-    Metric("success", "success", "succ", "known", doc="the benchmark's own verdict, over rollouts that have one"),
+    Metric(
+        "success",
+        "success",
+        "succ",
+        "known",
+        doc="the benchmark's own verdict",
+        population="rollouts with a verdict (success not null); `n_unknown_success` counts the others",
+    ),
     Metric("ter", "TER", "exec", "n", ranked=True, doc="share of fully executable rollouts"),
-    Metric("auc_pec", "AUC-PEC", "auc", "n", scale=AUC_UNIT, ranked=True, doc="mean of (FED - 1) / T"),
-    Metric("pec", "PEC", kind="curve", doc="PEC(k): share of rollouts with T >= k and FED > k"),
+    Metric(
+        "auc_pec",
+        "AUC-PEC",
+        "auc",
+        "n",
+        scale=AUC_UNIT,
+        ranked=True,
+        doc="mean of (FED - 1) / T (1 when T = 0)",
+        quantity="mean01",
+    ),
+    Metric(
+        "pec",
+        "PEC",
+        kind="curve",
+        doc="PEC(k): share of rollouts with T >= k and FED > k; PEC(0) = 1 by definition (no interval method)",
+    ),
     Metric(
         "rr",
         "RR",
@@ -74,6 +104,18 @@ METRICS: tuple[Metric, ...] = (
         "elig",
         eligible="rollouts with an invalid prefix and a verdict",
         doc="recovery rate: successful among rollouts with an invalid prefix",
+        population="rollouts with an invalid prefix and a verdict (`rr_eligible`)",
+    ),
+    Metric(
+        "success_given_executable",
+        "P(success | executable)",
+        "succ_exec",
+        "exec_known",
+        eligible="fully executable rollouts with a verdict",
+        in_tables=False,
+        doc="successful among fully executable rollouts; success = TER_v * this + (1 - TER_v) * RR exactly, "
+        "TER_v = its eligible count / (its eligible count + rr_eligible)",
+        population="fully executable rollouts with a verdict (`success_given_executable_eligible`)",
     ),
     Metric(
         "successes_after_invalid_prefix",
@@ -82,6 +124,16 @@ METRICS: tuple[Metric, ...] = (
         "succ",
         in_tables=False,
         doc="share of the successes that came after an invalid prefix",
+        population="successful rollouts",
+    ),
+    Metric(
+        "output_match",
+        "output match",
+        "match",
+        "cmp",
+        eligible="calls with a logged and a replayed output",
+        doc="replay faithfulness: calls whose replayed output equals the logged one",
+        population="calls with both a logged and a replayed output (`output_match_eligible`)",
     ),
 )
 

@@ -36,6 +36,22 @@ FROM rep_metrics
 GROUP BY cohort, metric
 ORDER BY cohort, metric;
 
+-- What the small-sample interval needs (pipeline/intervals.py), per (cohort, metric): den_tasks = tasks with a
+-- nonzero denominator, resid_ss = sum over tasks of (num_i / scale - value * den_i)^2 (the cluster variance).
+CREATE OR REPLACE TEMP TABLE metric_clusters AS
+WITH task_parts AS (
+    UNPIVOT (SELECT cohort, ti, COLUMNS(lambda c: list_contains(getvariable('parts'), c)) FROM task_sums)
+    ON COLUMNS(* EXCLUDE (cohort, ti)) INTO NAME part VALUE total
+)
+SELECT i.cohort, i.metric,
+       count_if(den.total > 0)::BIGINT AS den_tasks,
+       sum(power(n.total::DOUBLE / d.scale - i.value * den.total::DOUBLE, 2)) AS resid_ss
+FROM metric_intervals AS i
+JOIN metric_defs AS d USING (metric)
+JOIN task_parts AS n ON n.cohort = i.cohort AND n.part = 's_' || d.num
+JOIN task_parts AS den ON den.cohort = n.cohort AND den.ti = n.ti AND den.part = 's_' || d.den
+GROUP BY i.cohort, i.metric;
+
 -- PEC(k) = #{min(T, FED - 1) >= k} / N = (sum of s_h<d> over d >= k) / s_n, k = 0 .. K (PEC(0) = 1).
 CREATE OR REPLACE TEMP TABLE rep_pec AS
 WITH hist AS (
@@ -62,3 +78,27 @@ SELECT cohort, k,
 FROM rep_pec
 GROUP BY cohort, k
 ORDER BY cohort, k;
+
+-- The same for PEC(k), k >= 1: per task, num_i(k) = sum of s_h<d> over d >= k and den_i = s_n.
+CREATE OR REPLACE TEMP TABLE pec_clusters AS
+WITH hist AS (
+    SELECT cohort, ti, CAST(substr(depth, 4) AS BIGINT) AS d, cnt
+    FROM (
+        UNPIVOT (SELECT cohort, ti, COLUMNS('^s_(n|h[0-9]+)$')::DOUBLE FROM task_sums)
+        ON COLUMNS('^s_(n|h[0-9]+)$') INTO NAME depth VALUE cnt
+    )
+    WHERE depth <> 's_n'
+),
+per_task AS (
+    SELECT s.cohort, s.ti, k.k, s.s_n,
+           sum(coalesce(h.cnt, 0)) OVER (PARTITION BY s.cohort, s.ti ORDER BY k.k DESC) AS num
+    FROM task_sums AS s
+    CROSS JOIN range(1, getvariable('pexec_k') + 1) AS k(k)
+    LEFT JOIN hist AS h ON h.cohort = s.cohort AND h.ti = s.ti AND h.d = k.k
+)
+SELECT p.cohort, p.k,
+       count_if(p.s_n > 0)::BIGINT AS den_tasks,
+       sum(power(p.num - i.value * p.s_n, 2)) AS resid_ss
+FROM per_task AS p
+JOIN pec_intervals AS i USING (cohort, k)
+GROUP BY p.cohort, p.k;
