@@ -136,19 +136,18 @@ def metrics_and_replicates(
             q_hi=q_hi,
             metric_defs=metric_defs(),
             parts=[f"s_{p.name}" for p in catalogue.PARTS],
+            replicated=list(replicated),
         )
         for name in ("metrics_prepare", f"bootstrap_{settings.method}", "metrics_intervals"):
             run_sql(con, name)
         info = fetch(con, "cohort_info")
         ratios = _join(fetch(con, "metric_intervals"), fetch(con, "metric_clusters"), ("cohort", "metric"))
         pec = _join(fetch(con, "pec_intervals"), fetch(con, "pec_clusters"), ("cohort", "k"))
-        set_variables(con, replicated=list(replicated))
-        reps = fetch(con, "(SELECT cohort, metric, list(value ORDER BY b) AS values FROM rep_metrics "
-                          "WHERE b >= 0 AND list_contains(getvariable('replicated'), metric) GROUP BY ALL)")  # fmt: skip
+        reps = fetch(con, "replicated_values")
     cohorts = _assemble(info, ratios, pec, ["benchmark", *by_cols], settings, strict_replay)
     per_cohort: Replicates = [{} for _ in cohorts]
     for r in reps:
-        per_cohort[r["cohort"]][r["metric"]] = r["values"]
+        per_cohort[r["cohort"]][r["metric"]] = r["replicate_values"]
     return cohorts, per_cohort
 
 
@@ -190,12 +189,11 @@ def _create_rollout_parts(con: duckdb.DuckDBPyConnection, strict_replay: bool) -
     con.execute(f"CREATE OR REPLACE TEMP VIEW rollout_parts AS SELECT *, {parts} FROM rollouts{where}")
 
 
-def metric_defs() -> list[dict[str, Any]]:
-    """The catalogue's ratio metrics as the SQL reads them (variable `metric_defs`)."""
-    return [
-        {"metric": m.name, "num": m.num, "den": m.den, "scale": m.scale, "ord": i}
-        for i, m in enumerate(catalogue.ratios())
-    ]
+def metric_defs(paired: bool = False) -> list[dict[str, Any]]:
+    """The catalogue's ratio metrics as the SQL reads them (variable `metric_defs`); `paired`: only those of the
+    paired comparison."""
+    shown = [m for m in catalogue.ratios() if m.paired or not paired]
+    return [{"metric": m.name, "num": m.num, "den": m.den, "scale": m.scale, "ord": i} for i, m in enumerate(shown)]
 
 
 def rollout_columns(con: duckdb.DuckDBPyConnection) -> list[str]:
@@ -284,6 +282,20 @@ def metrics_tables(cohorts: list[dict[str, Any]]) -> tuple[pa.Table, pa.Table]:
     return pa.Table.from_pylist(rows, metrics_schema), pa.Table.from_pylist(pec_rows, pec_schema)
 
 
+def replay_note(cohorts: list[dict[str, Any]]) -> str:
+    """How many rollouts' replay diverged from the log before their first error, and what was done with them."""
+    diverged = sum(c["n_diverged_before_fed"] for c in cohorts)
+    if cohorts and cohorts[0]["strict_replay"]:
+        return (
+            f"--strict-replay: {diverged} rollout(s) whose replay diverged from the log before their first error "
+            "are left out of every number."
+        )
+    return (
+        f"{diverged} rollout(s) diverged from the log before their first error (their FED is not trustworthy); "
+        "they are counted (--strict-replay leaves them out)."
+    )
+
+
 def _label_values(cohort: dict[str, Any], keys: list[str]) -> dict[str, str | None]:
     return {k: None if cohort.get(k) is None else str(cohort[k]) for k in keys}
 
@@ -348,8 +360,9 @@ def _interval(row: dict[str, Any] | None, level: float) -> dict[str, Any]:
         return {"value": None, "lo": None, "hi": None}
     if row.get("k") == 0:
         return {"value": row["value"], "lo": row["lo"], "hi": row["hi"]}
-    den = row.get("den_total", row.get("n"))
-    cluster = intervals.Cluster(row["value"], float(den), row["den_tasks"], row["resid_ss"] or 0.0)
+    moments = (int(row[k]) for k in ("num_total", "yy", "xy", "xx"))
+    cluster = intervals.Cluster(row["value"], row.get("den_total", row.get("n")), row["den_tasks"], *moments,
+                                scale=row["scale"])  # fmt: skip
     lo, hi, method = intervals.interval(cluster, row["lo"], row["hi"], level)
     return {"value": row["value"], "lo": lo, "hi": hi, "method": method}
 

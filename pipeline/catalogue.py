@@ -53,6 +53,7 @@ class Metric:
     # How its small-sample interval is justified (pipeline.intervals): a share of counted units, or the mean
     # of a quantity in [0, 1] (the Wilson interval is then conservative).
     quantity: Literal["share", "mean01"] = "share"
+    paired: bool = True  # a row of the report's paired comparison of two conditions
 
 
 PARTS: tuple[Part, ...] = (
@@ -134,6 +135,7 @@ METRICS: tuple[Metric, ...] = (
         eligible="calls with a logged and a replayed output",
         doc="replay faithfulness: calls whose replayed output equals the logged one",
         population="calls with both a logged and a replayed output (`output_match_eligible`)",
+        paired=False,  # a property of the replay, not a condition to compare
     ),
 )
 

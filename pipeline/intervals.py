@@ -28,16 +28,33 @@ MIN_DENOMINATOR = 30  # the denominator's total: rollouts (calls for the output-
 BOOTSTRAP = "bootstrap"
 WILSON = "wilson-clustered"
 Method = Literal["bootstrap", "wilson-clustered"]
+MARK = "†"  # what the tables put beside a Wilson interval, with NOTE below them
+NOTE = (
+    f"{MARK} Wilson score interval on the effective sample size (n / design effect from the task clustering): "
+    f"fewer than {MIN_TASKS} tasks or {MIN_DENOMINATOR} units in the denominator, or an estimate at 0 or 1, "
+    "where the task bootstrap degenerates."
+)
 
 
 @dataclass(frozen=True)
 class Cluster:
-    """What the small-sample interval needs of one (cohort, metric): from sql/metrics_intervals.sql."""
+    """What the small-sample interval needs of one (cohort, metric), from sql/metrics_intervals.sql: per task i
+    the numerator part's sum y_i and the denominator part's x_i (value = sum y / sum x / scale)."""
 
     value: float  # the point estimate r
-    den_total: float  # X (for AUC-PEC: rollouts)
-    den_tasks: int  # m: tasks with a nonzero denominator
-    resid_ss: float  # sum over tasks of (y_i - r x_i)^2
+    den_total: int  # X (for AUC-PEC: rollouts; for the output-match rate: calls)
+    den_tasks: int  # m: tasks with x_i > 0
+    num_total: int  # Y
+    yy: int  # sum y_i^2
+    xy: int  # sum x_i y_i
+    xx: int  # sum x_i^2
+    scale: float = 1.0
+
+    @property
+    def resid_ss(self) -> float:
+        """sum over tasks of (y_i / scale - r x_i)^2, from the integer moments (exact up to the last division)."""
+        X, Y = self.den_total, self.num_total
+        return (self.yy * X * X - 2 * Y * X * self.xy + Y * Y * self.xx) / (X * X * self.scale * self.scale)
 
 
 def small_sample(c: Cluster) -> bool:

@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 
 _JOB_KEYS = {"name", "description", "input", "output", "env", "spec", "spec_dirs", "policy", "address", "shard_mb",
              "num_cpus", "endpoint_url", "metrics", "synth", "report"}  # fmt: skip
-_METRICS_KEYS = {"by", "bootstrap", "seed", "method", "max_k"}
-_REPORT_KEYS = {"out", "by", "compare", "k"}
+_METRICS_KEYS = {"by", "bootstrap", "seed", "method", "max_k", "strict_replay"}
+_REPORT_KEYS = {"out", "by", "compare", "k", "within"}
 _SYNTH_KEYS = {"spec", "rollouts", "tasks", "seed"}
 
 
@@ -52,6 +52,7 @@ class JobReport:
     by: list[str] | None
     compare: Compare | None  # from two COL=VALUE items, as `pexec report --compare`
     ks: tuple[int, ...]
+    within: str | None = None  # as `pexec report --within`
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class Job:
     by: list[str] | None = None
     bootstrap: BootstrapSettings = field(default_factory=BootstrapSettings)
     max_k: int | None = None
+    strict_replay: bool = False  # as `--strict-replay`, for the metrics and the report
     synth: dict[str, Any] | None = None  # generate the input first when it does not exist (demo jobs)
     report: JobReport | None = None  # write a report after the metrics
 
@@ -103,6 +105,9 @@ def load_job(path: str | Path, on_date: str | None = None) -> Job:
         )
     except ValueError as exc:
         raise JobError(f"{path} [metrics]: {exc}") from exc
+    strict_replay = metrics.get("strict_replay", False)
+    if not isinstance(strict_replay, bool):
+        raise JobError(f"{path} [metrics]: strict_replay is true or false, got {strict_replay!r}")
     output = _fill(raw["output"], day, path)
     report = _load_report(raw.get("report"), output, metrics.get("by"), day, path)
     policy = raw.get("policy", "code")
@@ -125,6 +130,7 @@ def load_job(path: str | Path, on_date: str | None = None) -> Job:
         by=metrics.get("by"),
         bootstrap=bootstrap,
         max_k=metrics.get("max_k"),
+        strict_replay=strict_replay,
         synth=synth,
         report=report,
     )
@@ -149,8 +155,11 @@ def _load_report(
             compare = parse_compare(items if isinstance(items, list) else [items])
         except ValueError as exc:
             raise JobError(f"{where}: compare: {exc}") from exc
+    within = raw.get("within")
+    if within is not None and (not isinstance(within, str) or not within):
+        raise JobError(f"{where}: within is a label column name, got {within!r}")
     out = _fill(raw.get("out", f"{output.rstrip('/')}/report"), day, path)
-    return JobReport(out=out, by=raw.get("by", by), compare=compare, ks=tuple(ks))
+    return JobReport(out=out, by=raw.get("by", by), compare=compare, ks=tuple(ks), within=within)
 
 
 def run_job(
@@ -179,13 +188,14 @@ def run_job(
         on_shard=on_shard,
         force=force,
     )
-    cohorts = compute_metrics(job.output, job.by, job.bootstrap, job.max_k, job.storage_options)
+    cohorts = compute_metrics(job.output, job.by, job.bootstrap, job.max_k, job.storage_options, job.strict_replay)
     write_metrics(job.output, cohorts, job.storage_options)
     if job.report is not None:
         from pipeline.report import build_report
 
         r = job.report
-        build_report(job.output, r.out, r.by, r.compare, r.ks, job.bootstrap, job.storage_options)
+        build_report(job.output, r.out, r.by, r.compare, r.ks, job.bootstrap, job.storage_options, r.within,
+                     job.strict_replay)  # fmt: skip
     return manifest, cohorts
 
 

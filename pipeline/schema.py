@@ -115,7 +115,11 @@ COHORT_COUNTS = (
     Column("n", _I64, "rollouts in the cohort"),
     Column("n_tasks", _I64, "distinct tasks (the bootstrap's unit)"),
     Column("n_no_calls", _I64, "rollouts with no calls (vacuously executable)"),
-    Column("n_unknown_success", _I64, "rollouts without a verdict (success null): left out of success, RR, P(success | executable)"),
+    Column(
+        "n_unknown_success",
+        _I64,
+        "rollouts without a verdict (success null): left out of success, RR and P(success | executable)",
+    ),
     Column(
         "n_diverged_before_fed",
         _I64,

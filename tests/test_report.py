@@ -50,16 +50,18 @@ def paper(tmp_path_factory: pytest.TempPathFactory) -> ReportResult:
 def test_paper_numbers_in_the_report(paper: ReportResult) -> None:
     md = (Path(paper.out) / "report.md").read_text()
     recovery = section(md, "Recovery arithmetic")
-    # 200 episodes; 10 executable & successful; 138 of the 190 with an invalid prefix successful; 148 successes.
-    assert "| bench | 200 | 10 | 138 | 190 | 148 | 93.2% (138/148) | 0 |" in recovery
+    # 200 episodes, all with a verdict; 10 executable & successful; 138 of the 190 with an invalid prefix
+    # successful; 148 successes; the identity in those counts.
+    identity = "148/200 = 10/200 · 10/10 + 190/200 · 138/190"
+    assert f"| bench | 200 | 0 | 200 | 10 | 10 | 190 | 138 | 148 | 93.2% (138/148) | {identity} |" in recovery
     metrics = section(md, "Metrics per benchmark × condition")
     row = next(line for line in metrics.splitlines() if line.startswith("| bench |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[:3] == ["bench", "200", "50"]
-    assert cells[3].startswith("0.740 ")  # success
-    assert cells[4].startswith("0.050 ")  # TER
-    assert cells[-3].startswith("0.726 ")  # RR = 138/190
-    assert cells[-2] == "190"  # RR eligible
+    assert cells[:4] == ["bench", "200", "50", "0"]  # N, tasks, no verdict
+    assert cells[4].startswith("0.740 ")  # success
+    assert cells[5].startswith("0.050 ")  # TER
+    assert cells[10].startswith("0.726 ")  # RR = 138/190
+    assert cells[11] == "190"  # RR eligible
     [r] = read_csv(Path(paper.out) / "tables" / "recovery.csv")
     assert float(r["share_successes_after_invalid_prefix"]) == 138 / 148
     [m] = pq.read_table(Path(paper.out) / "tables" / "metrics.parquet").to_pylist()
@@ -123,10 +125,7 @@ def test_recovery_identity_and_causes(synth_report: ReportResult) -> None:
         assert r["n_executable_success"] + r["n_invalid_prefix_success"] == r["n_success"]
     for c, r in zip(t.cohorts, t.recovery, strict=True):
         assert (c["model"], c["method"]) == (r["model"], r["method"])
-        assert (
-            c["rr"]["eligible"] == r["n_invalid_prefix"] - r["n_success_unknown"]
-            or c["rr"]["eligible"] <= r["n_invalid_prefix"]
-        )
+        assert c["rr"]["eligible"] == r["n_invalid_prefix_with_verdict"] <= r["n_invalid_prefix"]
         assert math.isclose(c["rr"]["value"], r["n_invalid_prefix_success"] / c["rr"]["eligible"])
         causes = [x for x in t.causes if (x["model"], x["method"]) == (r["model"], r["method"])]
         assert sum(x["n"] for x in causes) == r["n_invalid_prefix"]
@@ -223,7 +222,7 @@ def test_flips_flagged() -> None:
 
 def test_ranking_in_report(synth_report: ReportResult) -> None:
     [ranking] = synth_report.rankings
-    assert ranking.benchmark == "shop" and len(ranking.conditions) == 4
+    assert ranking.group == {"benchmark": "shop"} and len(ranking.conditions) == 4
     md = (Path(synth_report.out) / "report.md").read_text()
     text = section(md, "Ranking divergence — shop")
     assert f"Kendall τ-b (success vs TER): {ranking.tau['ter']:.3f}" in text
