@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from pipeline import intervals
+
 # auc_term in [0, 1] is summed in units of 2^-40 (error <= 4.6e-13 per term). Binary units keep the last
 # division exact, so TER <= AUC-PEC <= 1 holds exactly: an executable rollout is exactly 2^40 units.
 AUC_UNIT = 2.0**40
@@ -96,7 +98,7 @@ METRICS: tuple[Metric, ...] = (
         "pec",
         "PEC",
         kind="curve",
-        doc="PEC(k): share of rollouts with T >= k and FED > k; PEC(0) = 1 by definition (no interval method)",
+        doc="PEC(k): share of rollouts with T >= k and FED > k (PEC(0) = 1 by definition)",
     ),
     Metric(
         "rr",
@@ -151,3 +153,22 @@ def metric(name: str) -> Metric:
 
 def pec() -> Metric:
     return metric("pec")
+
+
+def markdown() -> str:
+    """The README's table of metrics: each one's key, definition, exact population and interval method
+    (tests/test_docs.py checks that the README has it)."""
+    small = (
+        f"task bootstrap; Wilson on the effective sample size (†) below {intervals.MIN_TASKS} tasks or "
+        f"{intervals.MIN_DENOMINATOR} units in the denominator, or at 0/1"
+    )
+    notes = {
+        "share": "",
+        "mean01": " (conservative for this mean of a [0, 1] quantity: r (1 − r) bounds its variance)",
+    }
+    lines = ["| metric | key | what | over | interval |", "|---|---|---|---|---|"]
+    for m in METRICS:
+        interval = small + notes[m.quantity] + ("; PEC(0) = 1 exactly, no interval method" if m.kind == "curve" else "")
+        cells = [m.label, f"`{m.name}`", m.doc, m.population, interval]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
