@@ -8,9 +8,9 @@ from pathlib import Path
 
 import typer.main
 
+from pipeline import catalogue
 from pipeline.cli import app
 from pipeline.envs.spec.loader import load_spec
-from pipeline import catalogue
 from pipeline.schema import markdown, tables
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()

@@ -201,8 +201,11 @@ def settings_line(cohorts: list[dict[str, Any]]) -> str:
         f"95% intervals: {b['method']} task-level bootstrap, B={b['B']}, seed={b['seed']}, "
         f"level={b['level']}, DuckDB {b['duckdb_version']}; {intervals.MARK} marks a Wilson interval on the effective "
         "sample size instead (small sample or estimate at 0 or 1)."
-        + (" --strict-replay: rollouts whose replay diverged before their first error are left out." if
-           cohorts[0]["strict_replay"] else "")
+        + (
+            " --strict-replay: rollouts whose replay diverged before their first error are left out."
+            if cohorts[0]["strict_replay"]
+            else ""
+        )
     )
 
 

@@ -61,7 +61,5 @@ def run_tables(
     # PEC is computed up to the largest requested k, and at least as far as the curves go (max T, <= 20).
     max_k = max([*ks, min(parts["max_t"], 20)])
     ranked = ["success", *(m.name for m in catalogue.ratios() if m.ranked)]
-    cohorts, replicates = metrics_and_replicates(
-        run, keys[1:], settings, max_k, storage_options, strict_replay, ranked
-    )
+    cohorts, replicates = metrics_and_replicates(run, keys[1:], settings, max_k, storage_options, strict_replay, ranked)
     return RunTables(keys=keys, cohorts=cohorts, replicates=replicates, **parts)
