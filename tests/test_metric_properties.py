@@ -12,22 +12,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_aggregate import _TYPES
 
 from pipeline import catalogue
 from pipeline.aggregate import BootstrapSettings, compute_metrics
 
 B = 200  # small: each example runs the whole DuckDB pipeline
 
-_TYPES = {
-    "T": pa.int32(),
-    "fed": pa.int32(),
-    "executable": pa.bool_(),
-    "auc_term": pa.float64(),
-    "success": pa.bool_(),
-    "n_output_mismatch": pa.int32(),
-    "n_output_compared": pa.int32(),
-    "diverged_before_fed": pa.bool_(),
-}
 
 
 @st.composite
