@@ -7,8 +7,10 @@ independent of the order in which threads add rows up.
 
 Everything that shows a metric reads this catalogue: the SQL of the cohort and the paired bootstrap
 (pipeline.aggregate, pipeline.report.paired), `metrics --json` and metrics.parquet, the terminal table, the
-report's tables, its ranking and its paired comparison. To add a metric, add a `Metric` here (and a `Part`
-if it needs a new per-rollout quantity).
+report's tables, its ranking and its paired comparison, and the README's table of metrics (`markdown()`).
+To add a metric, add a `Metric` here (and a `Part` if it needs a new per-rollout quantity), with its exact
+population; its interval is the task bootstrap, or Wilson on the effective sample size where that degenerates
+(pipeline.intervals).
 
 PEC(k) is the one curve: a metric per depth k, computed from the depth histogram in
 sql/metrics_prepare.sql rather than from a single pair of parts; its entry fixes its place among the others.

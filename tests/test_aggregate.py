@@ -14,8 +14,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from typer.testing import CliRunner
 
 from pipeline.aggregate import BootstrapSettings, QueryError, QueryRefused, compute_metrics, sql, write_metrics
+from pipeline.cli import app
 
 # --- helpers: build a scored run in tmp_path -------------------------------------------------------------
 
@@ -642,6 +644,11 @@ def test_rr_at_0_or_1_on_12_independent_tasks(tmp_path: Path, recovered: bool, b
         assert rr["value"] == 1.0 and rr["hi"] == 1.0 and rr["lo"] <= 0.76
         assert math.isclose(rr["lo"], 12 / (12 + z2), rel_tol=1e-12)
     assert c["ter"]["value"] == 0.0 and c["ter"]["hi"] >= 0.24  # TER = 0/12 too
+    table = CliRunner().invoke(app, ["metrics", str(tmp_path), "--bootstrap", "50"])
+    assert table.exit_code == 0, table.output
+    text = " ".join(table.stdout.split())
+    assert f"{rr['value']:.3f} †" in text and f"{rr['lo']:.3f}–{rr['hi']:.3f}" in text  # value and interval cell
+    assert "† Wilson score interval" in text
 
 
 def test_rr_on_one_task_counts_one_unit(tmp_path: Path) -> None:
