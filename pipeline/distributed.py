@@ -18,7 +18,13 @@ from pipeline.envs import EnvError, EnvOptions, forget_unresolved, get_environme
 from pipeline.errors import PexecError
 from pipeline.score import ScoreSettings, ShardReport, score_shard
 from pipeline.storage.inputs import Shard, list_inputs, plan_shards
-from pipeline.storage.run import read_shard_markers, remove_manifest, remove_stale_parts, write_manifest
+from pipeline.storage.run import (
+    read_shard_markers,
+    remove_manifest,
+    remove_stale_parts,
+    write_manifest,
+    write_plan,
+)
 
 DEFAULT_SHARD_BYTES = 64 * 2**20
 
@@ -83,6 +89,8 @@ def run_scoring(
     if on_plan:
         on_plan(replace(shard_plan, reusable=len(reused)))
     remove_manifest(run, storage_options)
+    # Before any shard: what the run covers, so that a reader of an unfinished run can state its coverage.
+    write_plan(run, _plan_record(store, settings, shard_plan, started), storage_options)
     for report in reused:
         if on_shard:
             on_shard(report)
@@ -175,6 +183,29 @@ def _on_ray(
 
 def _failed(shard: Shard, cause: BaseException) -> str:
     return f"shard {shard.key} ({shard.file.url} [{shard.start}:{shard.stop}]) failed: {cause}"
+
+
+def _plan_record(store: str, settings: ScoreSettings, shard_plan: ShardPlan, started: datetime) -> dict[str, Any]:
+    return {
+        "run_id": settings.run_id,
+        "store": store,
+        "code_version": settings.code_version,
+        "settings": settings.identity(),
+        "started_at": started.isoformat(),
+        # rows: None where planning cannot count records (JSON Lines); a committed marker counts for this
+        # plan when its fingerprint, range, code version and settings match (pipeline.coverage).
+        "shards": [
+            {
+                "shard": s.key,
+                "source": s.file.url,
+                "fingerprint": s.file.fingerprint,
+                "start": s.start,
+                "stop": s.stop,
+                "rows": s.rows,
+            }
+            for s in shard_plan.shards
+        ],
+    }
 
 
 def _manifest(
