@@ -297,7 +297,7 @@ def metrics_tables(cohorts: list[dict[str, Any]]) -> tuple[pa.Table, pa.Table]:
         row["duckdb_version"] = c["bootstrap"]["duckdb_version"]
         covered = c.get("partial") or {}
         row["partial"] = bool(covered)
-        row |= {f"partial_{k}": covered.get(k) for k in ("shards", "shards_total", "rollouts", "rollouts_total")}
+        row |= {c.name: covered.get(c.name.removeprefix("partial_")) for c in schema.PARTIAL[1:]}
         rows.append(row)
         pec_rows += [{**_label_values(c, keys), **p} for p in c["pec"]]
     metrics_schema = schema.arrow_schema(schema.metrics_table(), keys)

@@ -41,6 +41,8 @@ class RunState:
     shards_total: int | None  # planned shards; None when no plan was recorded
     rollouts: int  # rollouts those shards read (scored + rejected)
     rollouts_total: int | None  # rollouts in the whole input; None when the plan cannot count them (JSON Lines)
+    input_bytes: int | None  # input bytes those shards span; None when unknown
+    input_bytes_total: int | None
     missing: str  # what is missing, "" when complete
     fix: str  # how to finish the run, "" when complete
     keys: tuple[str, ...]  # the readable shards
@@ -74,6 +76,8 @@ class Coverage:
             "shards_total": _total(r.shards_total for r in self.runs),
             "rollouts": sum(r.rollouts for r in self.runs),
             "rollouts_total": _total(r.rollouts_total for r in self.runs),
+            "input_bytes": _total(r.input_bytes for r in self.runs),
+            "input_bytes_total": _total(r.input_bytes_total for r in self.runs),
             "incomplete_runs": [self.root.file(r.rel) if r.rel else self.root.url for r in self.runs if not r.complete],
         }
 
@@ -82,6 +86,10 @@ def describe_partial(partial: dict[str, Any]) -> str:
     """The one-line warning every output of a partial read carries."""
     shards = f"{partial['shards']:,} of {_of(partial['shards_total'])} shards"
     rollouts = f"{partial['rollouts']:,} of {_of(partial['rollouts_total'])} rollouts"
+    if partial["input_bytes"] is not None and partial["input_bytes_total"]:
+        rollouts += (
+            f", {partial['input_bytes'] / 2**20:,.1f} of {partial['input_bytes_total'] / 2**20:,.1f} MiB of input"
+        )
     runs = ", ".join(partial["incomplete_runs"])
     return f"PARTIAL RUN: these numbers cover {shards} ({rollouts}) of the incomplete run(s) {runs}"
 
@@ -152,7 +160,7 @@ def _state(root: RunPrefix, rel: str, files: set[str]) -> RunState:
         keys = tuple(k for k in reports if has_parts(k))
         total = sum(int(s.get("read", 0)) for s in reports.values())
         if not lost:
-            return RunState(rel, True, len(keys), len(keys), total, total, "", "", keys)
+            return RunState(rel, True, len(keys), len(keys), total, total, None, None, "", "", keys)
         store = manifest.get("input", {}).get("store", "STORE")
         return RunState(
             rel,
@@ -161,6 +169,8 @@ def _state(root: RunPrefix, rel: str, files: set[str]) -> RunState:
             len(reports),
             sum(int(reports[k].get("read", 0)) for k in keys),
             total,
+            None,
+            None,
             f"its manifest lists {len(reports)} shards but {len(lost)} part file(s) are missing ({_some(lost)})",
             f"rescore it with `pexec score {store} --out {run} --force`",
             keys,
@@ -177,6 +187,8 @@ def _state(root: RunPrefix, rel: str, files: set[str]) -> RunState:
             None,
             sum(int(markers[k].get("read", 0)) for k in keys),
             None,
+            None,
+            None,
             f"{what}, and no {PLAN}: the total it should cover is unknown",
             f"finish it with the `pexec score` command that wrote it (same STORE, `--out {run}`)",
             keys,
@@ -184,7 +196,7 @@ def _state(root: RunPrefix, rel: str, files: set[str]) -> RunState:
     planned = {s["shard"]: s for s in plan.get("shards", [])}
     current = {k: m for k, m in markers.items() if k in planned and _matches(m, planned[k], plan)}
     keys = tuple(k for k in planned if k in current and has_parts(k))
-    counts = [current[k].get("read") if k in current else planned[k].get("rows") for k in planned]
+    counts = (current[k].get("read") if k in current else planned[k].get("rows") for k in planned)
     covered = sum(int(current[k].get("read", 0)) for k in keys)
     return RunState(
         rel,
@@ -192,7 +204,9 @@ def _state(root: RunPrefix, rel: str, files: set[str]) -> RunState:
         len(keys),
         len(planned),
         covered,
-        None if any(c is None for c in counts) else sum(counts),
+        _total(counts),
+        _total(planned[k].get("bytes") for k in keys),
+        plan.get("bytes"),
         f"{what}; {len(keys)} of {len(planned)} shards committed",
         f"finish it with the same `pexec score {plan.get('store', 'STORE')} --out {run}` (committed shards are reused)",
         keys,

@@ -192,8 +192,10 @@ def _plan_record(store: str, settings: ScoreSettings, shard_plan: ShardPlan, sta
         "code_version": settings.code_version,
         "settings": settings.identity(),
         "started_at": started.isoformat(),
-        # rows: None where planning cannot count records (JSON Lines); a committed marker counts for this
-        # plan when its fingerprint, range, code version and settings match (pipeline.coverage).
+        # rows: None where planning cannot count records (JSON Lines), bytes: where a shard is a range of
+        # Parquet row groups. A committed marker counts for this plan when its fingerprint, range, code version
+        # and settings match (pipeline.coverage).
+        "bytes": shard_plan.total_bytes,
         "shards": [
             {
                 "shard": s.key,
@@ -202,10 +204,18 @@ def _plan_record(store: str, settings: ScoreSettings, shard_plan: ShardPlan, sta
                 "start": s.start,
                 "stop": s.stop,
                 "rows": s.rows,
+                "bytes": _span(s),
             }
             for s in shard_plan.shards
         ],
     }
+
+
+def _span(shard: Shard) -> int | None:
+    """The input bytes a shard covers: its byte range, or its whole file; None for a range of row groups."""
+    if shard.whole_file:
+        return shard.file.size
+    return shard.stop - shard.start if shard.file.fmt == "jsonl" and shard.stop is not None else None
 
 
 def _manifest(

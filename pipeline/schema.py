@@ -127,6 +127,8 @@ PARTIAL = (
     Column("partial_shards_total", _I64, "shards planned; null when complete or no plan was recorded"),
     Column("partial_rollouts", _I64, "rollouts read by the shards read (scored and rejected); null when complete"),
     Column("partial_rollouts_total", _I64, "rollouts in the input; null when complete or unknown (JSON Lines)"),
+    Column("partial_input_bytes", _I64, "input bytes the shards read span; null when complete or unknown"),
+    Column("partial_input_bytes_total", _I64, "input bytes of the run; null when complete or unknown"),
 )
 _COHORT_LABELS = "`benchmark` and the cohort's label columns"
 
