@@ -173,9 +173,12 @@ def run_job(
     """Score the job's input (reusing unchanged shards), then compute and write its metrics (and its report,
     when the job has a [report] table)."""
     if job.report is not None:  # before any work: a report folder it may not write fails the job now
-        from pipeline.report import check_output
+        from pipeline.report import ReportError, check_output
 
-        check_output(job.output, job.report.out, job.report.overwrite, job.storage_options)
+        try:
+            check_output(job.output, job.report.out, job.report.overwrite, job.storage_options)
+        except ReportError as exc:
+            raise JobError(f"job {job.name}: {exc} (in a job file: overwrite = true in [report])") from exc
     if job.synth is not None and not exists(job.input, job.storage_options):
         records = synthesize(job.synth.get("spec", "shop"), job.synth.get("rollouts", 1000),
                              job.synth.get("tasks", 100), job.synth.get("seed", 0))  # fmt: skip

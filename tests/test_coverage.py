@@ -23,6 +23,7 @@ from pipeline.aggregate import BootstrapSettings, compute_metrics, metrics_name,
 from pipeline.cli import app
 from pipeline.coverage import RunIncomplete
 from pipeline.distributed import run_scoring
+from pipeline.jobs import JobError, load_job, run_job
 from pipeline.report import ReportError, build_report
 from pipeline.storage.run import read_plan, read_shard_markers
 from pipeline.storage.stores import write_store
@@ -297,3 +298,18 @@ def test_report_into_a_non_empty_folder_needs_overwrite(parquet_run: tuple[Path,
     with pytest.raises(ReportError, match="holds the run"):
         build_report(run, Path(run).parent, settings=FAST, overwrite=True)
     assert (Path(run) / "_manifest.json").exists()
+
+
+def test_a_job_checks_its_report_folder_and_settings_before_any_work(tmp_path: Path) -> None:
+    job_file = tmp_path / "job.toml"
+    body = f'name = "j"\ninput = "{tmp_path}/store"\noutput = "{tmp_path}/run"\n'
+    job_file.write_text(body + '[metrics]\npartial = "yes"\n')
+    with pytest.raises(JobError, match="partial is true or false"):
+        load_job(job_file)
+    (tmp_path / "rep").mkdir()
+    (tmp_path / "rep" / "old.md").write_text("old")
+    job_file.write_text(body + f'[synth]\nrollouts = 20\ntasks = 5\n[report]\nout = "{tmp_path}/rep"\n')
+    with pytest.raises(JobError, match=r"report folder .*/rep is not empty.*overwrite = true in \[report\]"):
+        run_job(load_job(job_file))
+    assert not (tmp_path / "store").exists() and not (tmp_path / "run").exists()  # nothing was done
+    assert load_job(job_file.with_name("job.toml")).report.overwrite is False
