@@ -264,7 +264,8 @@ def _summary(manifest: dict[str, Any], run: str) -> None:
         f"· {c['shards_reused']} of {c['shards']} shard(s) reused · {manifest['seconds']:.1f}s -> {run}"
     )
     if c["rejected"]:
-        console.print(f"[yellow]{c['rejected']} record(s) rejected: see {run.rstrip('/')}/rejects/")
+        query = "SELECT reason, source, location FROM rejects"
+        console.print(f"[yellow]{c['rejected']} record(s) rejected; to see them: pexec sql {run} '{query}'")
 
 
 @app.command("run")

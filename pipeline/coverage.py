@@ -106,7 +106,10 @@ def read_coverage(run: str, storage_options: dict[str, Any] | None = None, parti
     folders = _run_folders(files)
     if not folders:
         raise RunNotFound(f"no scored run under {run} (no {MANIFEST}, {PLAN} or part files)")
-    coverage = Coverage(root, tuple(_state(root, rel, files) for rel in folders))
+    try:
+        coverage = Coverage(root, tuple(_state(root, rel, files) for rel in folders))
+    except OSError as exc:  # a file listed a moment ago is gone (a rerun started), or storage failed
+        raise StorageError(f"cannot read run {run}: {exc}") from exc
     incomplete = [r for r in coverage.runs if not r.complete]
     if incomplete and not partial:
         if len(coverage.runs) == 1:

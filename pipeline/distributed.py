@@ -39,7 +39,8 @@ class ShardPlan:
 
 
 class JobFailed(PexecError, RuntimeError):
-    """A shard failed; the message names it and the reason. No manifest is written."""
+    """A shard failed, or the run cannot be written; the message names it and the reason. No manifest is
+    written."""
 
 
 def plan(store: str, shard_bytes: int = DEFAULT_SHARD_BYTES, storage_options: dict | None = None) -> ShardPlan:
@@ -90,7 +91,10 @@ def run_scoring(
         on_plan(replace(shard_plan, reusable=len(reused)))
     remove_manifest(run, storage_options)
     # Before any shard: what the run covers, so that a reader of an unfinished run can state its coverage.
-    write_plan(run, _plan_record(store, settings, shard_plan, started), storage_options)
+    try:
+        write_plan(run, _plan_record(store, settings, shard_plan, started), storage_options)
+    except OSError as exc:  # the first write to the run: a missing bucket or no permission fails here
+        raise JobFailed(f"cannot write run {run}: {exc}") from exc
     for report in reused:
         if on_shard:
             on_shard(report)
