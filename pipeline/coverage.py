@@ -91,7 +91,7 @@ def describe_partial(partial: dict[str, Any]) -> str:
             f", {partial['input_bytes'] / 2**20:,.1f} of {partial['input_bytes_total'] / 2**20:,.1f} MiB of input"
         )
     runs = ", ".join(partial["incomplete_runs"])
-    return f"PARTIAL RUN: these numbers cover {shards} ({rollouts}) of the incomplete run(s) {runs}"
+    return f"PARTIAL RUN: these numbers cover {shards} ({rollouts}); incomplete: {runs}"
 
 
 def read_coverage(run: str, storage_options: dict[str, Any] | None = None, partial: bool = False) -> Coverage:
