@@ -53,10 +53,11 @@ def paired_comparison(
     ks: Sequence[int],
     settings: BootstrapSettings,
     storage_options: dict[str, Any] | None = None,
+    partial: bool = False,
     strict_replay: bool = False,
 ) -> tuple[list[str], list[dict[str, Any]]]:
     """(pair key columns, one row per pair and metric). `keys` are the report's cohort columns."""
-    with db.open_rollouts(run, storage_options, strict_replay) as con:
+    with db.open_rollouts(run, storage_options, partial, strict_replay) as con:
         db.cohort_columns(con, [compare.column])  # raises when the column is not a label of the run
         pair_cols = [k for k in keys if k != compare.column]
         q_lo, q_hi = settings.quantiles

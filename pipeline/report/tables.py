@@ -53,13 +53,16 @@ def run_tables(
     ks: Sequence[int],
     settings: BootstrapSettings,
     storage_options: dict[str, Any] | None = None,
+    partial: bool = False,
     strict_replay: bool = False,
 ) -> RunTables:
-    with db.open_rollouts(run, storage_options, strict_replay) as con:
+    with db.open_rollouts(run, storage_options, partial, strict_replay) as con:
         keys = ["benchmark", *db.cohort_columns(con, by)]
         parts = descriptive(con, keys)
     # PEC is computed up to the largest requested k, and at least as far as the curves go (max T, <= 20).
     max_k = max([*ks, min(parts["max_t"], 20)])
     ranked = ["success", *(m.name for m in catalogue.ratios() if m.ranked)]
-    cohorts, replicates = metrics_and_replicates(run, keys[1:], settings, max_k, storage_options, strict_replay, ranked)
+    cohorts, replicates = metrics_and_replicates(
+        run, keys[1:], settings, max_k, storage_options, partial, strict_replay, ranked
+    )
     return RunTables(keys=keys, cohorts=cohorts, replicates=replicates, **parts)
