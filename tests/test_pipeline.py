@@ -237,7 +237,8 @@ def test_a_job_with_a_report_table_writes_metrics_and_report(tmp_path, local_ray
     md = (run / "report" / "report.md").read_text()
     assert "| PEC@2 |" in md and "## Paired comparison — method: react − plan\\_execute" in md
     assert "## Ranking divergence — shop · model=model-a" in md and "--strict-replay: 0 rollout(s)" in md
-    assert all(pq.read_table(run / "metrics" / "metrics.parquet").column("strict_replay").to_pylist())
+    metrics = pq.read_table(run / "metrics" / "metrics_by_model_and_method" / "metrics.parquet")
+    assert all(metrics.column("strict_replay").to_pylist())
     paired = pq.read_table(run / "report" / "tables" / "paired.parquet").to_pylist()
     assert {r["model"] for r in paired} == {"model-a", "model-b"}
 
