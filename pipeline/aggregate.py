@@ -421,8 +421,7 @@ def _interval(row: dict[str, Any] | None, level: float) -> dict[str, Any]:
     if row.get("k") == 0:
         return {"value": row["value"], "lo": row["lo"], "hi": row["hi"]}
     moments = (int(row[k]) for k in ("num_total", "yy", "xy", "xx"))
-    cluster = intervals.Cluster(row["value"], row.get("den_total", row.get("n")), row["den_tasks"], *moments,
-                                scale=row["scale"])  # fmt: skip
+    cluster = intervals.Cluster(row["value"], row["den_total"], row["den_tasks"], *moments, scale=row["scale"])
     lo, hi, method = intervals.interval(cluster, row["lo"], row["hi"], level)
     return {"value": row["value"], "lo": lo, "hi": hi, "method": method}
 
@@ -436,11 +435,9 @@ def _assemble(
     strict_replay: bool,
 ) -> list[dict[str, Any]]:
     by_metric = {(r["cohort"], r["metric"]): r for r in ratios}
-    n_of = {c["cohort"]: c["n"] for c in info}
     pec_by_cohort: dict[int, list[dict[str, Any]]] = {}
     for r in pec:
-        point = _interval({**r, "n": n_of[r["cohort"]]}, settings.level)
-        pec_by_cohort.setdefault(r["cohort"], []).append({"k": r["k"], **point})
+        pec_by_cohort.setdefault(r["cohort"], []).append({"k": r["k"], **_interval(r, settings.level)})
     bootstrap = {
         "B": settings.B,
         "seed": settings.seed,

@@ -107,6 +107,7 @@ per_task AS (
     LEFT JOIN hist AS h ON h.cohort = s.cohort AND h.ti = s.ti AND h.d = k.k
 )
 SELECT cohort, k, 1.0::DOUBLE AS scale,
+       sum(x)::BIGINT AS den_total,
        count_if(x > 0)::BIGINT AS den_tasks,
        sum(y)::HUGEINT AS num_total,
        sum(y * y)::HUGEINT AS yy,
