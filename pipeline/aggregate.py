@@ -4,6 +4,7 @@ docs/design.md §2 ("Aggregates", "Intervals") and §7. All SQL lives in `pipeli
 few DuckDB variables (`getvariable(...)` in the SQL), runs the files in order and shapes the results.
 
 Pipeline (one pass for all cohorts); the metrics and their parts come from pipeline.catalogue:
+  view_population.sql        the rollouts the metrics count (`Population`: harness errors, benchmark pools)
   rollout_parts (view)       per rollout, the catalogue's integer parts p_<name>
   metrics_prepare.sql        rollouts -> cohort numbers -> per-(cohort, task) sums `s_*` (+ PEC histogram)
   bootstrap_<method>.sql     per-(cohort, replicate) sums of the resampled tasks' `s_*`
@@ -64,6 +65,49 @@ class BootstrapSettings:
 
 
 DEFAULT_BOOTSTRAP = BootstrapSettings()
+HarnessErrors = Literal["exclude", "fail"]
+
+
+@dataclass(frozen=True)
+class Population:
+    """Which rollouts every aggregate counts, and as what (docs/design.md §4; sql/view_population.sql).
+
+    harness_errors: "exclude" leaves harness-error rollouts out of every metric; "fail" counts them as
+    non-executable failures (executable and success false). Either way they are counted per cohort.
+    pools: (pool name, its benchmarks): those benchmarks form one cohort under the pool's name; their tasks stay
+    distinct per benchmark in the bootstrap.
+    """
+
+    harness_errors: HarnessErrors = "exclude"
+    pools: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.harness_errors not in ("exclude", "fail"):
+            raise MetricsError(f"harness errors are 'exclude' or 'fail', got {self.harness_errors!r}")
+        seen: dict[str, str] = {}
+        for name, benchmarks in self.pools:
+            if not name or not benchmarks:
+                raise MetricsError(f"a pool needs a name and its benchmarks, got {name!r}={','.join(benchmarks)!r}")
+            for b in benchmarks:
+                if b in seen:
+                    raise MetricsError(f"benchmark {b!r} is in two pools: {seen[b]!r} and {name!r}")
+                seen[b] = name
+
+    @property
+    def pooled(self) -> dict[str, str]:
+        """benchmark -> the pool it is counted in."""
+        return {b: name for name, benchmarks in self.pools for b in benchmarks}
+
+
+DEFAULT_POPULATION = Population()
+
+
+def harness_note(cohorts: Sequence[dict[str, Any]]) -> str:
+    """How harness-error rollouts (the harness never really ran them) entered the cohorts' numbers."""
+    n = sum(c["n_harness_error"] for c in cohorts)
+    if cohorts and cohorts[0]["harness_errors"] == "fail":
+        return f"Harness errors: {n}, counted in N as non-executable failures (executable and success false)."
+    return f"Harness errors: {n}, left out of N and of every metric (--harness-errors fail counts them as failures)."
 
 
 class QueryRefused(PexecError, ValueError):
@@ -79,13 +123,24 @@ class RunNotFound(PexecError, FileNotFoundError):
 
 
 def label_columns(columns: Sequence[str]) -> list[str]:
-    """Label columns of a rollouts table, in table order: any column that is neither fixed nor a cost."""
-    return [c for c in columns if c not in schema.RESERVED_COLUMNS and not c.startswith("cost_")]
+    """Condition label columns of a rollouts table, in table order: any column that is neither fixed, nor a
+    cost, nor an attribute."""
+    return [
+        c
+        for c in columns
+        if c not in schema.RESERVED_COLUMNS and not c.startswith(("cost_", schema.ATTRIBUTE_PREFIX))
+    ]
+
+
+def attribute_columns(columns: Sequence[str]) -> list[str]:
+    """Attribute columns (`attr_<name>`) of a rollouts table, in table order."""
+    return [c for c in columns if c.startswith(schema.ATTRIBUTE_PREFIX)]
 
 
 def cohort_fields() -> tuple[str, ...]:
     """The keys of a cohort dict besides its label values (a label may not take one of these names)."""
-    return ("n", "n_tasks", "n_no_calls", *(m.name for m in catalogue.METRICS), "bootstrap")
+    counts = ("n", "n_tasks", "n_no_calls", "n_harness_error", "harness_errors")
+    return (*counts, *(m.name for m in catalogue.METRICS), "bootstrap")
 
 
 def compute_metrics(
@@ -94,14 +149,16 @@ def compute_metrics(
     settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
     max_k: int | None = None,
     storage_options: dict[str, Any] | None = None,
+    population: Population = DEFAULT_POPULATION,
 ) -> list[dict[str, Any]]:
-    """Metrics per cohort (benchmark + `by` labels; all labels when `by` is None), JSON-ready.
+    """Metrics per cohort (benchmark + `by` columns: condition labels, or attributes when named; every condition
+    label when `by` is None), JSON-ready, over the rollouts `population` counts.
 
     Cohorts come out sorted by their key (benchmark, then the labels in table order; NULL labels last).
     """
     if max_k is not None and max_k < 0:
         raise MetricsError(f"max_k must be >= 0, got {max_k}")
-    with open_rollouts(run, storage_options) as con:
+    with open_rollouts(run, storage_options, population) as con:
         by_cols = cohort_columns(con, by)
         q_lo, q_hi = settings.quantiles
         set_variables(
@@ -120,13 +177,19 @@ def compute_metrics(
         info = fetch(con, "cohort_info")
         intervals = fetch(con, "metric_intervals")
         pec = fetch(con, "pec_intervals")
-    return _assemble(info, intervals, pec, ["benchmark", *by_cols], settings)
+        run_sql(con, "harness_counts")
+        harness = fetch(con, "harness_counts")
+    return _assemble(info, intervals, pec, harness, ["benchmark", *by_cols], settings, population)
 
 
 @contextmanager
-def open_rollouts(run: str, storage_options: dict[str, Any] | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A fresh in-memory connection with the view `rollouts` over RUN/rollouts and the bootstrap hash macros:
-    the starting point of every aggregate over a run (metrics here, the report's tables)."""
+def open_rollouts(
+    run: str, storage_options: dict[str, Any] | None = None, population: Population = DEFAULT_POPULATION
+) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A fresh in-memory connection with the view `rollouts` = the rollouts `population` counts (over
+    RUN/rollouts: `run_rollouts`, every row as scored; `all_rollouts`, the same with the pools applied) and the
+    bootstrap hash macros: the starting point of every aggregate over a run (metrics here, the report's
+    tables). Harness errors are left out or made failures here, in one place, for every metric."""
     root = RunPrefix(run, storage_options)
     if not root.has("rollouts"):
         raise RunNotFound(f"no rollouts Parquet files under {root.url}/rollouts/")
@@ -138,11 +201,29 @@ def open_rollouts(run: str, storage_options: dict[str, Any] | None = None) -> It
         missing = [c for c in _NEEDED if c not in columns]
         if missing:
             raise MetricsError(f"rollouts under {root.url} lack column(s) {', '.join(missing)}")
+        pooled = population.pooled
+        set_variables(
+            con,
+            harness_errors=population.harness_errors,
+            pool_from=list(pooled),
+            pool_to=list(pooled.values()),
+        )
+        run_sql(con, "view_population")
+        _check_pools(con, population, root.url)
         _create_rollout_parts(con)
         run_sql(con, "hash")
         yield con
     finally:
         con.close()
+
+
+def _check_pools(con: duckdb.DuckDBPyConnection, population: Population, url: str) -> None:
+    # A pool naming a benchmark the run does not have would silently be a smaller pool than asked for.
+    present = {r[0] for r in con.sql("SELECT DISTINCT benchmark FROM run_rollouts").fetchall()}
+    absent = [b for b in population.pooled if b not in present]
+    if absent:
+        have = ", ".join(sorted(map(str, present)))
+        raise MetricsError(f"--pool names benchmark(s) {', '.join(absent)} that {url} does not have (it has: {have})")
 
 
 def _create_rollout_parts(con: duckdb.DuckDBPyConnection) -> None:
@@ -168,8 +249,10 @@ def cost_columns(con: duckdb.DuckDBPyConnection) -> list[str]:
 
 
 def cohort_columns(con: duckdb.DuckDBPyConnection, by: Sequence[str] | None) -> list[str]:
-    """The `by` labels checked against the run's label columns (all of them when None)."""
-    return resolve_by(by, label_columns(rollout_columns(con)))
+    """The `by` columns checked against the run's label and attribute columns (every label when None); an
+    attribute is named as `termination_reason` or `attr_termination_reason` and comes back as its column."""
+    columns = rollout_columns(con)
+    return resolve_by(by, label_columns(columns), attribute_columns(columns))
 
 
 def write_metrics(run: str, cohorts: list[dict[str, Any]], storage_options: dict[str, Any] | None = None) -> None:
@@ -229,7 +312,7 @@ def metrics_tables(cohorts: list[dict[str, Any]]) -> tuple[pa.Table, pa.Table]:
     rows, pec_rows = [], []
     for c in cohorts:
         row: dict[str, Any] = _label_values(c, keys)
-        row |= {"n": c["n"], "n_tasks": c["n_tasks"], "n_no_calls": c["n_no_calls"]}
+        row |= {k: c[k] for k in ("n", "n_tasks", "n_no_calls", "n_harness_error", "harness_errors")}
         for m in catalogue.ratios():
             row |= {m.name: c[m.name]["value"], f"{m.name}_lo": c[m.name]["lo"], f"{m.name}_hi": c[m.name]["hi"]}
             if m.eligible:
@@ -284,19 +367,25 @@ def fetch(con: duckdb.DuckDBPyConnection, table: str) -> list[dict[str, Any]]:
     return con.sql(f"SELECT * FROM {table}").to_arrow_table().to_pylist()
 
 
-def resolve_by(by: Sequence[str] | None, labels: list[str]) -> list[str]:
+def resolve_by(by: Sequence[str] | None, labels: list[str], attributes: Sequence[str] = ()) -> list[str]:
+    """Cohort columns for `by` (every condition label when None). `attributes` are column names (`attr_<name>`),
+    found by either name."""
     if by is None:
         return list(labels)
     out: list[str] = []
     for name in by:
-        if name == "benchmark" or name in out:
+        column = name if name in labels or name in attributes else schema.ATTRIBUTE_PREFIX + name
+        if name == "benchmark" or column in out:
             continue  # benchmark is always part of the cohort
-        if name not in labels:
+        if column not in labels and column not in attributes:
             available = ", ".join(labels) if labels else "none (the rollouts have no label columns)"
-            raise MetricsError(f"unknown cohort column {name!r}; available label columns: {available}")
+            attrs = ", ".join(a.removeprefix(schema.ATTRIBUTE_PREFIX) for a in attributes) or "none"
+            raise MetricsError(
+                f"unknown cohort column {name!r}; available label columns: {available}; attributes: {attrs}"
+            )
         if name in cohort_fields():
             raise MetricsError(f"label column {name!r} clashes with a metric name and cannot define a cohort")
-        out.append(name)
+        out.append(column)
     return out
 
 
@@ -310,8 +399,10 @@ def _assemble(
     info: list[dict[str, Any]],
     intervals: list[dict[str, Any]],
     pec: list[dict[str, Any]],
+    harness: list[dict[str, Any]],
     keys: list[str],
     settings: BootstrapSettings,
+    population: Population,
 ) -> list[dict[str, Any]]:
     by_metric = {(r["cohort"], r["metric"]): r for r in intervals}
     pec_by_cohort: dict[int, list[dict[str, Any]]] = {}
@@ -325,11 +416,21 @@ def _assemble(
         "unit": "task",
         "duckdb_version": duckdb.__version__,
     }
+    def key(k: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(k[name] for name in keys)
+
+    n_harness = {key(h["key"]): h["n_harness_error"] for h in harness}
+    # A cohort made only of excluded harness errors has no rollout in the population: it is still listed.
+    counted = {key(c["key"]) for c in info}
+    empty = {"cohort": None, "n": 0, "n_tasks": 0, "n_no_calls": 0}
+    info = [*info, *({**empty, "key": h["key"]} for h in harness if key(h["key"]) not in counted)]
+    info.sort(key=lambda c: tuple((v is None, v) for v in key(c["key"])))
     cohorts = []
     for c in info:
         cid = c["cohort"]
         out: dict[str, Any] = {k: c["key"][k] for k in keys}
         out |= {"n": c["n"], "n_tasks": c["n_tasks"], "n_no_calls": c["n_no_calls"]}
+        out |= {"n_harness_error": n_harness.get(key(c["key"]), 0), "harness_errors": population.harness_errors}
         for m in catalogue.METRICS:
             if m.kind == "curve":
                 out[m.name] = sorted(pec_by_cohort.get(cid, []), key=lambda p: p["k"])

@@ -17,7 +17,15 @@ from rich.text import Text
 from typer.core import TyperGroup
 
 from pipeline import catalogue
-from pipeline.aggregate import BootstrapSettings, compute_metrics, sql, write_metrics
+from pipeline.aggregate import (
+    BootstrapSettings,
+    Population,
+    cohort_fields,
+    compute_metrics,
+    harness_note,
+    sql,
+    write_metrics,
+)
 from pipeline.distributed import DEFAULT_SHARD_BYTES, ShardPlan, run_scoring
 from pipeline.envs import EnvOptions
 from pipeline.errors import PexecError
@@ -75,7 +83,24 @@ StorageOption = Annotated[
 ]
 OutStore = Annotated[str, typer.Option("--out", help="Store to write (folder or fsspec URL).")]
 StoreFormat = Annotated[str, typer.Option("--format", help="jsonl or parquet")]
-By = Annotated[str | None, typer.Option("--by", help="Label columns that define a condition, e.g. model,method.")]
+By = Annotated[
+    str | None,
+    typer.Option(
+        "--by", help="Columns that define a cohort, e.g. model,method (default: every label); attributes too."
+    ),
+]
+HarnessErrors = Annotated[
+    str,
+    typer.Option(
+        "--harness-errors",
+        help="exclude: harness-error rollouts are left out of every metric (always counted); "
+        "fail: they count as non-executable failures.",
+    ),
+]
+Pool = Annotated[
+    list[str] | None,
+    typer.Option("--pool", help="NAME=B1,B2: count benchmarks B1, B2 as one benchmark NAME (repeatable)."),
+]
 Bootstrap = Annotated[int, typer.Option("--bootstrap", min=1, help="Bootstrap replicates B.")]
 Seed = Annotated[int, typer.Option("--seed", help="Seed of the random draws: the same seed, the same output.")]
 Method = Annotated[str, typer.Option("--method", help="multinomial (task resampling) or poisson")]
@@ -103,6 +128,14 @@ def _storage(endpoint_url: str | None, pairs: list[str] | None) -> dict[str, Any
 def _columns(by: str | None) -> list[str] | None:
     """`--by model,method` -> ["model", "method"]; None (every label) when not given."""
     return [c.strip() for c in by.split(",") if c.strip()] if by else None
+
+
+def _population(harness_errors: str, pools: list[str] | None) -> Population:
+    if harness_errors not in ("exclude", "fail"):
+        raise PexecError(f"--harness-errors is exclude or fail, got {harness_errors!r}")
+    named = _pairs(pools, "--pool")
+    pooled = tuple((name, tuple(b.strip() for b in value.split(",") if b.strip())) for name, value in named.items())
+    return Population(harness_errors, pooled)  # type: ignore[arg-type]
 
 
 def _bootstrap(replicates: int, seed: int, method: str) -> BootstrapSettings:
@@ -274,7 +307,7 @@ def run_command(
     with progress.bar:
         manifest, cohorts = run_job(job, address, force, progress.on_plan, progress.on_shard)
     _summary(manifest, job.output)
-    out.print(metrics_table(cohorts, job.by))
+    out.print(metrics_table(cohorts))
     if job.report is not None:
         console.print(f"report written to {job.report.out.rstrip('/')}/report.html and report.md")
 
@@ -327,41 +360,45 @@ def metrics(
         int | None, typer.Option("--max-k", help="Largest k for PEC(k) (default: max T, at most 20).")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per cohort.")] = False,
+    harness_errors: HarnessErrors = "exclude",
+    pool: Pool = None,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
     """Success, TER, AUC-PEC, RR and PEC(k) per cohort with 95% task-level bootstrap intervals."""
     settings = _bootstrap(bootstrap, seed, method)
-    columns = _columns(by)
+    population = _population(harness_errors, pool)
     storage = _storage(endpoint_url, storage_option)
-    cohorts = compute_metrics(run, columns, settings, max_k, storage)
+    cohorts = compute_metrics(run, _columns(by), settings, max_k, storage, population)
     write_metrics(run, cohorts, storage)
     if as_json:
         for cohort in cohorts:
             sys.stdout.write(orjson.dumps(cohort).decode() + "\n")
         return
-    out.print(metrics_table(cohorts, columns))
+    out.print(metrics_table(cohorts))
     if cohorts:
         b = cohorts[0]["bootstrap"]
         out.print(
             f"95% intervals: {b['method']} task-level bootstrap, B={b['B']}, seed={b['seed']}, "
             f"DuckDB {b['duckdb_version']}; written to {run.rstrip('/')}/metrics/"
         )
+        out.print(harness_note(cohorts))
 
 
-def metrics_table(cohorts: list[dict], by: list[str] | None) -> Table:
-    labels = by or sorted({k for c in cohorts for k in c if isinstance(c[k], str)} - {"benchmark"})
+def metrics_table(cohorts: list[dict]) -> Table:
+    # The cohort's key columns: everything of a cohort dict that is not a count, a metric or a setting.
+    labels = [k for k in (cohorts[0] if cohorts else {}) if k != "benchmark" and k not in cohort_fields()]
     # The catalogue's table metrics, with the curves last (PEC@1 and PEC@3) to fit a terminal.
     ratios = [m for m in catalogue.ratios() if m.in_tables]
     curves = [m for m in catalogue.METRICS if m.kind == "curve" and m.in_tables]
     headers = [f"{m.label} (n)" if m.eligible else m.label for m in ratios]
     headers += [f"{m.label}@{k}" for m in curves for k in (1, 3)]
     table = Table(title="Prefix executability: value and 95% interval")
-    for name in ["benchmark", "condition", "N", "tasks", *headers]:
+    for name in ["benchmark", "condition", "N", "tasks", "harness errors", *headers]:
         table.add_column(name, justify="left" if name in ("benchmark", "condition") else "right")
     for c in cohorts:
         condition = " · ".join(str(c.get(k)) for k in labels) or "all"
-        cells = [str(c["benchmark"]), condition, str(c["n"]), str(c["n_tasks"])]
+        cells = [str(c["benchmark"]), condition, str(c["n"]), str(c["n_tasks"]), str(c["n_harness_error"])]
         cells += [_ci(c[m.name]) + (f"\n({c[m.name]['eligible']})" if m.eligible else "") for m in ratios]
         for m in curves:
             curve = {p["k"]: p for p in c[m.name]}
@@ -389,6 +426,8 @@ def report(
     bootstrap: Bootstrap = 1000,
     seed: Seed = 0,
     method: Method = "multinomial",
+    harness_errors: HarnessErrors = "exclude",
+    pool: Pool = None,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
@@ -396,9 +435,10 @@ def report(
     from pipeline.report import build_report, parse_compare
 
     settings = _bootstrap(bootstrap, seed, method)
+    population = _population(harness_errors, pool)
     pair = parse_compare(compare) if compare else None
     storage = _storage(endpoint_url, storage_option)
-    result = build_report(run, out_dir, _columns(by), pair, _depths(k), settings, storage)
+    result = build_report(run, out_dir, _columns(by), pair, _depths(k), settings, storage, population)
     for path in result.files:
         out.print(path)
     console.print(f"report written to {result.out}/report.html and {result.out}/report.md ({len(result.files)} files)")

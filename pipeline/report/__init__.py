@@ -20,7 +20,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from pipeline import catalogue
-from pipeline.aggregate import DEFAULT_BOOTSTRAP, BootstrapSettings, metrics_tables
+from pipeline.aggregate import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, BootstrapSettings, Population, metrics_tables
 from pipeline.errors import StorageError
 from pipeline.report import html, layout, markdown
 from pipeline.report.figures import Chart, cause_chart, cause_rows, fed_chart, fed_rows, pec_chart, pec_rows
@@ -52,11 +52,12 @@ def build_report(
     ks: Sequence[int] = DEFAULT_KS,
     settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
     storage_options: dict[str, Any] | None = None,
+    population: Population = DEFAULT_POPULATION,
 ) -> ReportResult:
     if not ks or any(k < 1 for k in ks):
         raise ReportError(f"--k takes depths >= 1, got {list(ks)}")
     ks = sorted(set(ks))
-    t = run_tables(run, by, ks, settings, storage_options)
+    t = run_tables(run, by, ks, settings, storage_options, population)
     conditions = t.keys[1:]
 
     def label(row: dict[str, Any]) -> str:
@@ -66,7 +67,7 @@ def build_report(
     pair_cols: list[str] = []
     paired: list[dict[str, Any]] = []
     if compare is not None:
-        pair_cols, paired = paired_comparison(run, compare, t.keys, ks, settings, storage_options)
+        pair_cols, paired = paired_comparison(run, compare, t.keys, ks, settings, storage_options, population)
     charts = [
         pec_chart(pec_rows(t.cohorts, label)),
         fed_chart(fed_rows(t.fed, label)),

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline import catalogue
+from pipeline.aggregate import harness_note
 from pipeline.model import CAUSES
 from pipeline.report.paired import Compare
 from pipeline.report.ranking import Ranking
@@ -47,7 +48,7 @@ def metrics_table(t: RunTables, ks: Sequence[int]) -> Table:
     costs = sorted({r["cost"] for r in t.costs})
     cost_of = {(key_of(r, t.keys), r["cost"]): r["mean"] for r in t.costs}
     shown = [m for m in catalogue.METRICS if m.in_tables]
-    columns = [*t.keys, "N", "tasks"]
+    columns = [*t.keys, "N", "tasks", "harness errors"]
     for m in shown:
         if m.kind == "curve":
             columns += [f"{m.label}@{k}" for k in ks]
@@ -56,7 +57,7 @@ def metrics_table(t: RunTables, ks: Sequence[int]) -> Table:
     columns += [f"mean {cost_name(c)}" for c in costs]
     rows = []
     for c in t.cohorts:
-        cells = [*(str(v) for v in key_of(c, t.keys)), str(c["n"]), str(c["n_tasks"])]
+        cells = [*(str(v) for v in key_of(c, t.keys)), str(c["n"]), str(c["n_tasks"]), str(c["n_harness_error"])]
         for m in shown:
             if m.kind == "curve":
                 curve = {p["k"]: p for p in c[m.name]}
@@ -66,7 +67,7 @@ def metrics_table(t: RunTables, ks: Sequence[int]) -> Table:
         cells += [num(cost_of.get((key_of(c, t.keys), col)), 2) for col in costs]
         rows.append(cells)
     counts = "".join(f"; {m.label} n = {m.eligible}" for m in shown if m.eligible)
-    notes = [f"Values with 95% task-level bootstrap intervals{counts}."]
+    notes = [f"Values with 95% task-level bootstrap intervals{counts}.", harness_note(t.cohorts)]
     if any(c["n_no_calls"] for c in t.cohorts):
         no_calls = ", ".join(f"{'/'.join(map(str, key_of(c, t.keys)))}: {c['n_no_calls']}" for c in t.cohorts)
         notes.append(f"Rollouts with no calls (vacuously executable): {no_calls}.")

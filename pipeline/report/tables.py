@@ -11,7 +11,7 @@ from typing import Any
 import duckdb
 
 from pipeline import aggregate as db
-from pipeline.aggregate import BootstrapSettings, compute_metrics
+from pipeline.aggregate import DEFAULT_POPULATION, BootstrapSettings, Population, compute_metrics
 
 Key = tuple[str | None, ...]
 
@@ -20,7 +20,7 @@ Key = tuple[str | None, ...]
 class RunTables:
     """Everything the report shows, per cohort. Rows are dicts whose first fields are the cohort keys."""
 
-    keys: list[str]  # benchmark + the condition labels
+    keys: list[str]  # benchmark + the condition labels (and attribute columns, when asked for)
     cohorts: list[dict[str, Any]]  # compute_metrics' cohort dicts (intervals, PEC curve, bootstrap settings)
     recovery: list[dict[str, Any]]
     causes: list[dict[str, Any]]
@@ -51,11 +51,12 @@ def run_tables(
     ks: Sequence[int],
     settings: BootstrapSettings,
     storage_options: dict[str, Any] | None = None,
+    population: Population = DEFAULT_POPULATION,
 ) -> RunTables:
-    with db.open_rollouts(run, storage_options) as con:
+    with db.open_rollouts(run, storage_options, population) as con:
         keys = ["benchmark", *db.cohort_columns(con, by)]
         parts = descriptive(con, keys)
     # PEC is computed up to the largest requested k, and at least as far as the curves go (max T, <= 20).
     max_k = max([*ks, min(parts["max_t"], 20)])
-    cohorts = compute_metrics(run, keys[1:], settings, max_k, storage_options)
+    cohorts = compute_metrics(run, keys[1:], settings, max_k, storage_options, population)
     return RunTables(keys=keys, cohorts=cohorts, **parts)

@@ -70,6 +70,9 @@ def _to_arrow(batch: list[dict]) -> pa.Table:
     rows = [
         {
             **r,
+            # Every row has both keys (Arrow takes the columns from the first row); no attributes: null.
+            "attributes": r.get("attributes") or None,
+            "status": r.get("status", "ok"),
             "env": orjson.dumps(r["env"]).decode(),
             "truth": orjson.dumps(r["truth"]).decode(),
             "events": [event(e) for e in r["events"]],
