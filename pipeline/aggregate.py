@@ -126,9 +126,7 @@ def label_columns(columns: Sequence[str]) -> list[str]:
     """Condition label columns of a rollouts table, in table order: any column that is neither fixed, nor a
     cost, nor an attribute."""
     return [
-        c
-        for c in columns
-        if c not in schema.RESERVED_COLUMNS and not c.startswith(("cost_", schema.ATTRIBUTE_PREFIX))
+        c for c in columns if c not in schema.RESERVED_COLUMNS and not c.startswith(("cost_", schema.ATTRIBUTE_PREFIX))
     ]
 
 
@@ -416,6 +414,7 @@ def _assemble(
         "unit": "task",
         "duckdb_version": duckdb.__version__,
     }
+
     def key(k: dict[str, Any]) -> tuple[Any, ...]:
         return tuple(k[name] for name in keys)
 

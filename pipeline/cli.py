@@ -182,9 +182,7 @@ def ingest(
     from pipeline.ingest import ingest as run_ingest
 
     storage = _storage(endpoint_url, storage_option)  # for the sources and the output store
-    options = IngestOptions(
-        labels=_pairs(label, "--label"), extra=_pairs(option, "--option"), storage_options=storage
-    )
+    options = IngestOptions(labels=_pairs(label, "--label"), extra=_pairs(option, "--option"), storage_options=storage)
     n = write_store(run_ingest(fmt, sources, options), out_store, store_fmt, storage_options=storage)
     console.print(f"wrote {n} rollouts to {out_store}")
 
