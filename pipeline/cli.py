@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
 from typing import Annotated, Any
@@ -183,8 +184,16 @@ def ingest(
 
     storage = _storage(endpoint_url, storage_option)  # for the sources and the output store
     options = IngestOptions(labels=_pairs(label, "--label"), extra=_pairs(option, "--option"), storage_options=storage)
-    n = write_store(run_ingest(fmt, sources, options), out_store, store_fmt, storage_options=storage)
-    console.print(f"wrote {n} rollouts to {out_store}")
+    harness_errors = 0
+
+    def counted(records: Iterator[dict]) -> Iterator[dict]:
+        nonlocal harness_errors
+        for record in records:
+            harness_errors += record.get("status") == "harness_error"
+            yield record
+
+    n = write_store(counted(run_ingest(fmt, sources, options)), out_store, store_fmt, storage_options=storage)
+    console.print(f"wrote {n} rollouts to {out_store}: {n - harness_errors} ok, {harness_errors} harness error(s)")
 
 
 def _pairs(items: list[str] | None, flag: str) -> dict[str, str]:

@@ -20,6 +20,7 @@ Status = Literal["ok", "harness_error"]
 STATUSES: tuple[str, ...] = ("ok", "harness_error")
 HARNESS_REASON = "harness_error"
 
+
 @dataclass(slots=True)
 class Message:
     role: str
