@@ -423,7 +423,7 @@ def _assemble(
     counted = {key(c["key"]) for c in info}
     empty = {"cohort": None, "n": 0, "n_tasks": 0, "n_no_calls": 0}
     info = [*info, *({**empty, "key": h["key"]} for h in harness if key(h["key"]) not in counted)]
-    info.sort(key=lambda c: tuple((v is None, v) for v in key(c["key"])))
+    info.sort(key=lambda c: tuple((v is None, v) for v in c["key"].values()))  # as SQL orders the key structs
     cohorts = []
     for c in info:
         cid = c["cohort"]

@@ -55,9 +55,9 @@ def test_paper_numbers_in_the_report(paper: ReportResult) -> None:
     metrics = section(md, "Metrics per benchmark × condition")
     row = next(line for line in metrics.splitlines() if line.startswith("| bench |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[:3] == ["bench", "200", "50"]
-    assert cells[3].startswith("0.740 ")  # success
-    assert cells[4].startswith("0.050 ")  # TER
+    assert cells[:4] == ["bench", "200", "50", "0"]  # N, tasks, harness errors
+    assert cells[4].startswith("0.740 ")  # success
+    assert cells[5].startswith("0.050 ")  # TER
     assert cells[-3].startswith("0.726 ")  # RR = 138/190
     assert cells[-2] == "190"  # RR eligible
     [r] = read_csv(Path(paper.out) / "tables" / "recovery.csv")
