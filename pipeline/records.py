@@ -66,8 +66,8 @@ def _labels(raw: Any) -> dict[str, str]:
 def _strings(raw: Any, name: str) -> dict[str, str]:
     """An object of labels or attributes as string values (others as JSON text; null values dropped)."""
     raw = _json_field(raw, name) or {}
-    if isinstance(raw, list):  # Parquet maps arrive as [(key, value), ...]
-        raw = dict(raw)
+    if isinstance(raw, list) and all(isinstance(kv, list | tuple) and len(kv) == 2 for kv in raw):
+        raw = dict(raw)  # Parquet maps arrive as [(key, value), ...]
     if not isinstance(raw, dict):
         raise InvalidRecord(f"'{name}' must be an object")
     return {
