@@ -24,9 +24,11 @@ from pipeline.aggregate import (
     cohort_fields,
     compute_metrics,
     harness_note,
+    partial_of,
     sql,
     write_metrics,
 )
+from pipeline.coverage import describe_partial
 from pipeline.distributed import DEFAULT_SHARD_BYTES, ShardPlan, run_scoring
 from pipeline.envs import EnvOptions
 from pipeline.errors import PexecError
@@ -112,6 +114,14 @@ RayAddress = Annotated[
 DashboardAddress = Annotated[str, typer.Option("--address", help="Ray dashboard address, e.g. http://HEAD:8265.")]
 Force = Annotated[bool, typer.Option("--force", help="Rescore every shard, even unchanged ones.")]
 OnDate = Annotated[str | None, typer.Option("--date", help="YYYY-MM-DD for {date} (default: today, UTC).")]
+Partial = Annotated[
+    bool,
+    typer.Option(
+        "--partial",
+        help="Read an incomplete run (killed scoring, missing parts): only its committed shards; "
+        "every output states the coverage.",
+    ),
+]
 
 
 def _storage(endpoint_url: str | None, pairs: list[str] | None) -> dict[str, Any] | None:
@@ -295,7 +305,8 @@ def _summary(manifest: dict[str, Any], run: str) -> None:
         f"· {c['shards_reused']} of {c['shards']} shard(s) reused · {manifest['seconds']:.1f}s -> {run}"
     )
     if c["rejected"]:
-        console.print(f"[yellow]{c['rejected']} record(s) rejected: see {run.rstrip('/')}/rejects/")
+        query = "SELECT reason, source, location FROM rejects"
+        console.print(f"[yellow]{c['rejected']} record(s) rejected; to see them: pexec sql {run} '{query}'")
 
 
 @app.command("run")
@@ -369,25 +380,29 @@ def metrics(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per cohort.")] = False,
     harness_errors: HarnessErrors = "exclude",
     pool: Pool = None,
+    partial: Partial = False,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
     """Success, TER, AUC-PEC, RR and PEC(k) per cohort with 95% task-level bootstrap intervals."""
     settings = _bootstrap(bootstrap, seed, method)
     population = _population(harness_errors, pool)
+    columns = _columns(by)
     storage = _storage(endpoint_url, storage_option)
-    cohorts = compute_metrics(run, _columns(by), settings, max_k, storage, population)
-    write_metrics(run, cohorts, storage)
+    cohorts = compute_metrics(run, columns, settings, max_k, storage, partial, population)
+    folder = write_metrics(run, cohorts, storage, columns)
     if as_json:
         for cohort in cohorts:
             sys.stdout.write(orjson.dumps(cohort).decode() + "\n")
         return
+    if cohorts and cohorts[0]["partial"]:
+        out.print(Text(describe_partial(cohorts[0]["partial"]), style="bold yellow"), soft_wrap=True)
     out.print(metrics_table(cohorts))
     if cohorts:
         b = cohorts[0]["bootstrap"]
         out.print(
             f"95% intervals: {b['method']} task-level bootstrap, B={b['B']}, seed={b['seed']}, "
-            f"DuckDB {b['duckdb_version']}; written to {run.rstrip('/')}/metrics/"
+            f"DuckDB {b['duckdb_version']}; written to {folder}/"
         )
         out.print(harness_note(cohorts))
 
@@ -435,6 +450,10 @@ def report(
     method: Method = "multinomial",
     harness_errors: HarnessErrors = "exclude",
     pool: Pool = None,
+    partial: Partial = False,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Remove what DIR holds first (a non-empty DIR is refused without).")
+    ] = False,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
@@ -445,9 +464,22 @@ def report(
     population = _population(harness_errors, pool)
     pair = parse_compare(compare) if compare else None
     storage = _storage(endpoint_url, storage_option)
-    result = build_report(run, out_dir, _columns(by), pair, _depths(k), settings, storage, population)
+    result = build_report(
+        run,
+        out_dir,
+        _columns(by),
+        pair,
+        _depths(k),
+        settings,
+        storage,
+        partial=partial,
+        overwrite=overwrite,
+        population=population,
+    )
     for path in result.files:
         out.print(path)
+    if result.tables.cohorts and result.tables.cohorts[0]["partial"]:
+        console.print(Text(describe_partial(result.tables.cohorts[0]["partial"]), style="bold yellow"), soft_wrap=True)
     console.print(f"report written to {result.out}/report.html and {result.out}/report.md ({len(result.files)} files)")
 
 
@@ -461,13 +493,19 @@ def _depths(k: str) -> list[int]:
 @app.command("sql")
 def sql_command(
     run: Annotated[str, typer.Argument(help="A scored run folder.")],
-    query: Annotated[str, typer.Argument(help="A read-only query over the views steps, rollouts, metrics.")],
+    query: Annotated[
+        str, typer.Argument(help="A read-only query over the views steps, rollouts, rejects, metrics, pec, ….")
+    ],
     fmt: Annotated[str, typer.Option("--format", help="table, csv or json")] = "table",
+    partial: Partial = False,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
     """Run a read-only SQL query (DuckDB) over the run's tables."""
-    result = sql(run, query, _storage(endpoint_url, storage_option))
+    result = sql(run, query, _storage(endpoint_url, storage_option), partial)
+    covered = partial_of(result)
+    if covered:  # on stderr: the result itself stays what the query asked for
+        console.print(Text(describe_partial(covered), style="bold yellow"), soft_wrap=True)
     rows = result.to_pylist()
     if fmt == "json":
         for row in rows:

@@ -118,7 +118,7 @@ def test_cli_metrics_say_how_harness_errors_were_counted(run: Path) -> None:
     shown = cli.invoke(app, ["metrics", str(run), "--bootstrap", "50", "--harness-errors", "fail"])
     assert shown.exit_code == 0, shown.output
     assert "harness errors" in shown.output and "Harness errors: 3, counted in N as non-executable" in shown.output
-    table = pq.read_table(run / "metrics" / "metrics.parquet").to_pylist()
+    table = pq.read_table(run / "metrics" / "metrics" / "metrics.parquet").to_pylist()  # metrics over every label
     assert {(r["model"], r["n"], r["n_harness_error"], r["harness_errors"]) for r in table} == {
         ("m", 6, 2, "fail"),
         ("z", 1, 1, "fail"),

@@ -53,10 +53,11 @@ def paired_comparison(
     ks: Sequence[int],
     settings: BootstrapSettings,
     storage_options: dict[str, Any] | None = None,
+    partial: bool = False,
     population: db.Population = db.DEFAULT_POPULATION,
 ) -> tuple[list[str], list[dict[str, Any]]]:
     """(pair key columns, one row per pair and metric). `keys` are the report's cohort columns."""
-    with db.open_rollouts(run, storage_options, population) as con:
+    with db.open_rollouts(run, storage_options, partial, population) as con:
         # raises when it is not a label or attribute; an attribute comes back as its column (attr_<name>)
         column = next(iter(db.cohort_columns(con, [compare.column])), compare.column)
         pair_cols = [k for k in keys if k != column]

@@ -51,12 +51,13 @@ def run_tables(
     ks: Sequence[int],
     settings: BootstrapSettings,
     storage_options: dict[str, Any] | None = None,
+    partial: bool = False,
     population: Population = DEFAULT_POPULATION,
 ) -> RunTables:
-    with db.open_rollouts(run, storage_options, population) as con:
+    with db.open_rollouts(run, storage_options, partial, population) as con:
         keys = ["benchmark", *db.cohort_columns(con, by)]
         parts = descriptive(con, keys)
     # PEC is computed up to the largest requested k, and at least as far as the curves go (max T, <= 20).
     max_k = max([*ks, min(parts["max_t"], 20)])
-    cohorts = compute_metrics(run, keys[1:], settings, max_k, storage_options, population)
+    cohorts = compute_metrics(run, keys[1:], settings, max_k, storage_options, partial, population)
     return RunTables(keys=keys, cohorts=cohorts, **parts)
