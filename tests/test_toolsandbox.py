@@ -9,8 +9,10 @@ from typing import Any
 import duckdb
 import orjson
 import pytest
+from typer.testing import CliRunner
 
 from pipeline.checker import replay
+from pipeline.cli import app
 from pipeline.distributed import run_scoring
 from pipeline.envs import get_environment
 from pipeline.envs.toolsandbox.env import seed_id
@@ -311,6 +313,12 @@ def test_a_crashed_scenario_is_a_harness_error_with_its_recovered_calls(crashed_
     assert [e["type"] for e in events].count("call") == 1 and events[-1]["type"] == "call"
     assert [same(e) for e in events] == [same(e) for e in finished[CRASHED]["events"][: len(events)]]
     assert all(records[t]["status"] == "ok" and records[t] == finished[t] for t in records if t != CRASHED)
+    # The command line ingests the mixed folder whole and counts what it wrote.
+    store = crashed_run.parent / "store"
+    shown = CliRunner().invoke(app, ["ingest", "toolsandbox", str(crashed_run), "--out", str(store)])
+    assert shown.exit_code == 0 and f"wrote 3 rollouts to {store}: 2 ok, 1 harness error(s)" in "".join(
+        shown.output.splitlines()
+    )
     # Without execution_context.json (a crash before play began) the rollout has no calls at all.
     (crashed_run / "trajectories" / CRASHED / "execution_context.json").unlink()
     bare = {r["task_id"]: r for r in ingest("toolsandbox", [str(crashed_run)])}[CRASHED]
