@@ -17,7 +17,7 @@ from pipeline.cli import app
 from pipeline.distributed import run_scoring
 from pipeline.jobs import JobError, load_job
 from pipeline.records import InvalidRecord, parse_rollout
-from pipeline.report import build_report
+from pipeline.report import Compare, build_report
 from pipeline.storage.stores import write_store
 
 SMALL = BootstrapSettings(B=50)
@@ -169,3 +169,25 @@ def test_jobs_take_harness_errors_from_their_metrics_table(tmp_path: Path) -> No
     job.write_text('name = "j"\ninput = "in"\noutput = "out"\n[metrics]\nharness_errors = "drop"\n')
     with pytest.raises(JobError, match="harness errors are 'exclude' or 'fail'"):
         load_job(job)
+
+
+def test_report_pools_and_compares_an_attribute(tmp_path: Path) -> None:
+    more = [
+        record("b1", "t1", "m", [False], True, attributes={"trial": "1"}),
+        record("b2", "t2", "m", [True], False, attributes={"trial": "0"}),
+    ]
+    write_store(iter(RECORDS + more), str(tmp_path / "store"))
+    run_scoring(str(tmp_path / "store"), str(tmp_path / "run"), executor="inline")
+    pooled = Population(pools=(("all", ("observed",)),))
+    report = build_report(str(tmp_path / "run"), tmp_path / "report", ["model", "trial"],
+                          Compare("trial", "0", "1"), settings=SMALL, population=pooled)  # fmt: skip
+    assert report.tables.keys == ["benchmark", "model", "attr_trial"]
+    cohorts = {
+        (c["benchmark"], c["model"], c["attr_trial"]): (c["n"], c["n_harness_error"]) for c in report.tables.cohorts
+    }
+    # The crashes carry no trial: a cohort of their own, with nothing to measure.
+    assert cohorts == {("all", "m", "0"): (3, 0), ("all", "m", "1"): (3, 0), ("all", "m", None): (0, 2),
+                       ("all", "z", None): (0, 1)}  # fmt: skip
+    # trial 0 vs 1 over the tasks both have (t1, t2): success 1/2 vs 2/2.
+    success = next(p for p in report.paired if p["metric"] == "success")
+    assert (success["shared_tasks"], success["value_a"], success["value_b"], success["value"]) == (2, 0.5, 1.0, -0.5)
