@@ -4,6 +4,7 @@ docs/design.md §2 ("Aggregates", "Intervals") and §7. All SQL lives in `pipeli
 few DuckDB variables (`getvariable(...)` in the SQL), runs the files in order and shapes the results.
 
 Pipeline (one pass for all cohorts); the metrics and their parts come from pipeline.catalogue:
+  view_population.sql        the rollouts the metrics count (`Population`: harness errors, benchmark pools)
   rollout_parts (view)       per rollout, the catalogue's integer parts p_<name>
   metrics_prepare.sql        rollouts -> cohort numbers -> per-(cohort, task) sums `s_*` (+ PEC histogram)
   bootstrap_<method>.sql     per-(cohort, replicate) sums of the resampled tasks' `s_*`
@@ -71,6 +72,52 @@ class BootstrapSettings:
 
 
 DEFAULT_BOOTSTRAP = BootstrapSettings()
+HarnessErrors = Literal["exclude", "fail"]
+
+
+@dataclass(frozen=True)
+class Population:
+    """Which rollouts every aggregate counts, and as what (docs/design.md §4; sql/view_population.sql).
+
+    harness_errors: "exclude" leaves harness-error rollouts out of every metric; "fail" counts them as
+    non-executable failures (executable and success false). Either way they are counted per cohort.
+    pools: (pool name, its benchmarks): those benchmarks form one cohort under the pool's name; their tasks stay
+    distinct per benchmark in the bootstrap.
+    strict_replay: leave out the rollouts whose replay diverged from the log before their first error (their FED
+    is not trustworthy); they are counted per cohort either way.
+    """
+
+    harness_errors: HarnessErrors = "exclude"
+    pools: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    strict_replay: bool = False
+
+    def __post_init__(self) -> None:
+        if self.harness_errors not in ("exclude", "fail"):
+            raise MetricsError(f"harness errors are 'exclude' or 'fail', got {self.harness_errors!r}")
+        seen: dict[str, str] = {}
+        for name, benchmarks in self.pools:
+            if not name or not benchmarks:
+                raise MetricsError(f"a pool needs a name and its benchmarks, got {name!r}={','.join(benchmarks)!r}")
+            for b in benchmarks:
+                if b in seen:
+                    raise MetricsError(f"benchmark {b!r} is in two pools: {seen[b]!r} and {name!r}")
+                seen[b] = name
+
+    @property
+    def pooled(self) -> dict[str, str]:
+        """benchmark -> the pool it is counted in."""
+        return {b: name for name, benchmarks in self.pools for b in benchmarks}
+
+
+DEFAULT_POPULATION = Population()
+
+
+def harness_note(cohorts: Sequence[dict[str, Any]]) -> str:
+    """How harness-error rollouts (the harness never really ran them) entered the cohorts' numbers."""
+    n = sum(c["n_harness_error"] for c in cohorts)
+    if cohorts and cohorts[0]["harness_errors"] == "fail":
+        return f"Harness errors: {n}, counted in N as non-executable failures (executable and success false)."
+    return f"Harness errors: {n}, left out of N and of every metric (--harness-errors fail counts them as failures)."
 
 
 class QueryRefused(PexecError, ValueError):
@@ -82,14 +129,22 @@ class QueryError(PexecError, duckdb.Error):
 
 
 def label_columns(columns: Sequence[str]) -> list[str]:
-    """Label columns of a rollouts table, in table order: any column that is neither fixed nor a cost."""
-    return [c for c in columns if c not in schema.RESERVED_COLUMNS and not c.startswith("cost_")]
+    """Condition label columns of a rollouts table, in table order: any column that is neither fixed, nor a
+    cost, nor an attribute."""
+    return [
+        c for c in columns if c not in schema.RESERVED_COLUMNS and not c.startswith(("cost_", schema.ATTRIBUTE_PREFIX))
+    ]
+
+
+def attribute_columns(columns: Sequence[str]) -> list[str]:
+    """Attribute columns (`attr_<name>`) of a rollouts table, in table order."""
+    return [c for c in columns if c.startswith(schema.ATTRIBUTE_PREFIX)]
 
 
 def cohort_fields() -> tuple[str, ...]:
     """The keys of a cohort dict besides its label values (a label may not take one of these names)."""
-    counts = (c.name for c in schema.COHORT_COUNTS)
-    return (*counts, "strict_replay", *(m.name for m in catalogue.METRICS), "bootstrap", "partial")
+    counts = (c.name for c in (*schema.COHORT_COUNTS, *schema.POPULATION))
+    return (*counts, *(m.name for m in catalogue.METRICS), "bootstrap", "partial")
 
 
 def compute_metrics(
@@ -99,16 +154,16 @@ def compute_metrics(
     max_k: int | None = None,
     storage_options: dict[str, Any] | None = None,
     partial: bool = False,
-    strict_replay: bool = False,
+    population: Population = DEFAULT_POPULATION,
 ) -> list[dict[str, Any]]:
-    """Metrics per cohort (benchmark + `by` labels; all labels when `by` is None), JSON-ready.
+    """Metrics per cohort (benchmark + `by` columns: condition labels, or attributes when named; every condition
+    label when `by` is None), JSON-ready, over the rollouts `population` counts.
 
     Cohorts come out sorted by their key (benchmark, then the labels in table order; NULL labels last).
     An incomplete run is refused unless `partial`; then every cohort's `partial` states the coverage
-    (None for a complete run), pipeline.coverage. `strict_replay` leaves out the rollouts whose replay
-    diverged from the log before their first error.
+    (None for a complete run), pipeline.coverage.
     """
-    return metrics_and_replicates(run, by, settings, max_k, storage_options, partial, strict_replay)[0]
+    return metrics_and_replicates(run, by, settings, max_k, storage_options, partial, population)[0]
 
 
 Replicates = list[dict[str, list[float | None]]]  # per cohort (as listed): metric -> value per replicate b
@@ -121,7 +176,7 @@ def metrics_and_replicates(
     max_k: int | None = None,
     storage_options: dict[str, Any] | None = None,
     partial: bool = False,
-    strict_replay: bool = False,
+    population: Population = DEFAULT_POPULATION,
     replicated: Sequence[str] = (),
 ) -> tuple[list[dict[str, Any]], Replicates]:
     """compute_metrics, and the bootstrap replicates' values of the `replicated` ratio metrics (the draws the
@@ -129,7 +184,7 @@ def metrics_and_replicates(
     if max_k is not None and max_k < 0:
         raise MetricsError(f"max_k must be >= 0, got {max_k}")
     coverage = read_coverage(run, storage_options, partial)
-    with _open_rollouts(coverage, strict_replay) as con:
+    with _open_rollouts(coverage, population) as con:
         by_cols = cohort_columns(con, by)
         q_lo, q_hi = settings.quantiles
         set_variables(
@@ -150,10 +205,15 @@ def metrics_and_replicates(
         ratios = _join(fetch(con, "metric_intervals"), fetch(con, "metric_clusters"), ("cohort", "metric"))
         pec = _join(fetch(con, "pec_intervals"), fetch(con, "pec_clusters"), ("cohort", "k"))
         reps = fetch(con, "replicated_values")
-    cohorts = _assemble(info, ratios, pec, ["benchmark", *by_cols], settings, strict_replay)
-    per_cohort: Replicates = [{} for _ in cohorts]
+        run_sql(con, "harness_counts")
+        harness = fetch(con, "harness_counts")
+    cohorts, ids = _assemble(info, ratios, pec, harness, ["benchmark", *by_cols], settings, population)
+    by_id: dict[int, dict[str, list[float | None]]] = {}
     for r in reps:
-        per_cohort[r["cohort"]][r["metric"]] = r["replicate_values"]
+        by_id.setdefault(r["cohort"], {})[r["metric"]] = r["replicate_values"]
+    # A cohort with no rollout in the population (only harness errors) has no replicates: all undefined.
+    undefined = [None] * settings.B
+    per_cohort: Replicates = [{m: by_id.get(cid, {}).get(m, undefined) for m in replicated} for cid in ids]
     for c in cohorts:
         c["partial"] = coverage.partial()
     return cohorts, per_cohort
@@ -166,19 +226,23 @@ def _join(rows: list[dict[str, Any]], extra: list[dict[str, Any]], key: tuple[st
 
 @contextmanager
 def open_rollouts(
-    run: str, storage_options: dict[str, Any] | None = None, partial: bool = False, strict_replay: bool = False
+    run: str,
+    storage_options: dict[str, Any] | None = None,
+    partial: bool = False,
+    population: Population = DEFAULT_POPULATION,
 ) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A fresh in-memory connection with the view `rollouts` over the run's rollouts parts, the view
-    `rollout_parts` (the rollouts the metrics count, with the catalogue's parts) and the bootstrap hash macros:
-    the starting point of every aggregate over a run (metrics here, the report's tables). An incomplete run is
-    refused unless `partial` (pipeline.coverage); `strict_replay` leaves the rollouts whose replay diverged
-    before their first error out of `rollout_parts`."""
-    with _open_rollouts(read_coverage(run, storage_options, partial), strict_replay) as con:
+    """A fresh in-memory connection with the view `rollouts` = the rollouts `population` counts (over the run's
+    rollouts parts: `run_rollouts`, every row as scored; `all_rollouts`, the same with the pools applied), the view
+    `rollout_parts` (those rollouts with the catalogue's parts) and the bootstrap hash macros: the starting point
+    of every aggregate over a run (metrics here, the report's tables). Harness errors are left out or made
+    failures, and under strict replay the rollouts whose replay diverged before their first error are left out,
+    here, in one place, for every metric. An incomplete run is refused unless `partial` (pipeline.coverage)."""
+    with _open_rollouts(read_coverage(run, storage_options, partial), population) as con:
         yield con
 
 
 @contextmanager
-def _open_rollouts(coverage: Coverage, strict_replay: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+def _open_rollouts(coverage: Coverage, population: Population) -> Iterator[duckdb.DuckDBPyConnection]:
     root = coverage.root
     con = _connect(root)
     try:
@@ -187,12 +251,33 @@ def _open_rollouts(coverage: Coverage, strict_replay: bool = False) -> Iterator[
         columns = rollout_columns(con)
         missing = [c for c in _NEEDED if c not in columns]
         if missing:
-            raise MetricsError(f"rollouts under {root.url} lack column(s) {', '.join(missing)}")
-        _create_rollout_parts(con, strict_replay)
+            raise MetricsError(
+                f"rollouts under {root.url} lack column(s) {', '.join(missing)}: scored by an older pexec; "
+                "rescore it with the same `pexec score STORE --out RUN`"
+            )
+        pooled = population.pooled
+        set_variables(
+            con,
+            harness_errors=population.harness_errors,
+            pool_from=list(pooled),
+            pool_to=list(pooled.values()),
+        )
+        run_sql(con, "view_population")
+        _check_pools(con, population, root.url)
+        _create_rollout_parts(con, population.strict_replay)
         run_sql(con, "hash")
         yield con
     finally:
         con.close()
+
+
+def _check_pools(con: duckdb.DuckDBPyConnection, population: Population, url: str) -> None:
+    # A pool naming a benchmark the run does not have would silently be a smaller pool than asked for.
+    present = {r[0] for r in con.sql("SELECT DISTINCT benchmark FROM run_rollouts").fetchall()}
+    absent = [b for b in population.pooled if b not in present]
+    if absent:
+        have = ", ".join(sorted(map(str, present)))
+        raise MetricsError(f"--pool names benchmark(s) {', '.join(absent)} that {url} does not have (it has: {have})")
 
 
 def _create_rollout_parts(con: duckdb.DuckDBPyConnection, strict_replay: bool) -> None:
@@ -218,8 +303,10 @@ def cost_columns(con: duckdb.DuckDBPyConnection) -> list[str]:
 
 
 def cohort_columns(con: duckdb.DuckDBPyConnection, by: Sequence[str] | None) -> list[str]:
-    """The `by` labels checked against the run's label columns (all of them when None)."""
-    return resolve_by(by, label_columns(rollout_columns(con)))
+    """The `by` columns checked against the run's label and attribute columns (every label when None); an
+    attribute is named as `termination_reason` or `attr_termination_reason` and comes back as its column."""
+    columns = rollout_columns(con)
+    return resolve_by(by, label_columns(columns), attribute_columns(columns))
 
 
 def metrics_name(by: Sequence[str] | None) -> str:
@@ -323,8 +410,7 @@ def metrics_tables(cohorts: list[dict[str, Any]]) -> tuple[pa.Table, pa.Table]:
     rows, pec_rows = [], []
     for c in cohorts:
         row: dict[str, Any] = _label_values(c, keys)
-        row |= {col.name: c[col.name] for col in schema.COHORT_COUNTS}
-        row["strict_replay"] = c["strict_replay"]
+        row |= {col.name: c[col.name] for col in (*schema.COHORT_COUNTS, *schema.POPULATION)}
         for m in catalogue.ratios():
             row |= {m.name: c[m.name]["value"], f"{m.name}_lo": c[m.name]["lo"], f"{m.name}_hi": c[m.name]["hi"]}
             row[f"{m.name}_method"] = c[m.name].get("method")
@@ -397,19 +483,25 @@ def fetch(con: duckdb.DuckDBPyConnection, table: str) -> list[dict[str, Any]]:
     return con.sql(f"SELECT * FROM {table}").to_arrow_table().to_pylist()
 
 
-def resolve_by(by: Sequence[str] | None, labels: list[str]) -> list[str]:
+def resolve_by(by: Sequence[str] | None, labels: list[str], attributes: Sequence[str] = ()) -> list[str]:
+    """Cohort columns for `by` (every condition label when None). `attributes` are column names (`attr_<name>`),
+    found by either name."""
     if by is None:
         return list(labels)
     out: list[str] = []
     for name in by:
-        if name == "benchmark" or name in out:
+        column = name if name in labels or name in attributes else schema.ATTRIBUTE_PREFIX + name
+        if name == "benchmark" or column in out:
             continue  # benchmark is always part of the cohort
-        if name not in labels:
+        if column not in labels and column not in attributes:
             available = ", ".join(labels) if labels else "none (the rollouts have no label columns)"
-            raise MetricsError(f"unknown cohort column {name!r}; available label columns: {available}")
+            attrs = ", ".join(a.removeprefix(schema.ATTRIBUTE_PREFIX) for a in attributes) or "none"
+            raise MetricsError(
+                f"unknown cohort column {name!r}; available label columns: {available}; attributes: {attrs}"
+            )
         if name in cohort_fields():
             raise MetricsError(f"label column {name!r} clashes with a metric name and cannot define a cohort")
-        out.append(name)
+        out.append(column)
     return out
 
 
@@ -430,10 +522,12 @@ def _assemble(
     info: list[dict[str, Any]],
     ratios: list[dict[str, Any]],
     pec: list[dict[str, Any]],
+    harness: list[dict[str, Any]],
     keys: list[str],
     settings: BootstrapSettings,
-    strict_replay: bool,
-) -> list[dict[str, Any]]:
+    population: Population,
+) -> tuple[list[dict[str, Any]], list[int | None]]:
+    """The cohort dicts, in key order, and each one's cohort number in the SQL tables (None: no rollout)."""
     by_metric = {(r["cohort"], r["metric"]): r for r in ratios}
     pec_by_cohort: dict[int, list[dict[str, Any]]] = {}
     for r in pec:
@@ -446,12 +540,24 @@ def _assemble(
         "unit": "task",
         "duckdb_version": duckdb.__version__,
     }
-    cohorts = []
+
+    def key(k: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(k[name] for name in keys)
+
+    n_harness = {key(h["key"]): h["n_harness_error"] for h in harness}
+    # A cohort made only of excluded harness errors has no rollout in the population: it is still listed.
+    counted = {key(c["key"]) for c in info}
+    empty = {"cohort": None, "n": 0, "n_tasks": 0, "n_no_calls": 0, "n_unknown_success": 0, "n_diverged_before_fed": 0}
+    info = [*info, *({**empty, "key": h["key"]} for h in harness if key(h["key"]) not in counted)]
+    info.sort(key=lambda c: tuple((v is None, v) for v in c["key"].values()))  # as SQL orders the key structs
+    cohorts, ids = [], []
     for c in info:
         cid = c["cohort"]
+        ids.append(cid)
         out: dict[str, Any] = {k: c["key"][k] for k in keys}
-        out |= {col.name: c[col.name] for col in schema.COHORT_COUNTS}
-        out["strict_replay"] = strict_replay
+        out |= {col.name: c[col.name] for col in schema.COHORT_COUNTS if col.name != "n_harness_error"}
+        out["n_harness_error"] = n_harness.get(key(c["key"]), 0)  # counted over every scored rollout
+        out |= {"harness_errors": population.harness_errors, "strict_replay": population.strict_replay}
         for m in catalogue.METRICS:
             if m.kind == "curve":
                 out[m.name] = sorted(pec_by_cohort.get(cid, []), key=lambda p: p["k"])
@@ -462,7 +568,7 @@ def _assemble(
                 out[m.name]["eligible"] = row["den_total"] if row is not None else 0
         out["bootstrap"] = dict(bootstrap)
         cohorts.append(out)
-    return cohorts
+    return cohorts, ids
 
 
 _EXPLAIN = re.compile(r"^\s*EXPLAIN\s+(?:ANALYZE\s+)?(?:\([^)]*\)\s*)?(?P<rest>.*)$", re.IGNORECASE | re.DOTALL)

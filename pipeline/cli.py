@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
 from typing import Annotated, Any
@@ -17,7 +18,17 @@ from rich.text import Text
 from typer.core import TyperGroup
 
 from pipeline import catalogue, intervals
-from pipeline.aggregate import BootstrapSettings, compute_metrics, partial_of, replay_note, sql, write_metrics
+from pipeline.aggregate import (
+    BootstrapSettings,
+    Population,
+    cohort_fields,
+    compute_metrics,
+    harness_note,
+    partial_of,
+    replay_note,
+    sql,
+    write_metrics,
+)
 from pipeline.coverage import describe_partial
 from pipeline.distributed import DEFAULT_SHARD_BYTES, ShardPlan, run_scoring
 from pipeline.envs import EnvOptions
@@ -27,7 +38,7 @@ from pipeline.storage.stores import write_store
 from pipeline.synth import synthesize
 
 console = Console(stderr=True)
-out = Console(width=None if sys.stdout.isatty() else 150)  # logs and pipes get full rows
+out = Console(width=None if sys.stdout.isatty() else 200)  # logs and pipes get full rows
 
 
 class _Commands(TyperGroup):
@@ -76,7 +87,24 @@ StorageOption = Annotated[
 ]
 OutStore = Annotated[str, typer.Option("--out", help="Store to write (folder or fsspec URL).")]
 StoreFormat = Annotated[str, typer.Option("--format", help="jsonl or parquet")]
-By = Annotated[str | None, typer.Option("--by", help="Label columns that define a condition, e.g. model,method.")]
+By = Annotated[
+    str | None,
+    typer.Option(
+        "--by", help="Columns that define a cohort, e.g. model,method (default: every label); attributes too."
+    ),
+]
+HarnessErrors = Annotated[
+    str,
+    typer.Option(
+        "--harness-errors",
+        help="exclude: harness-error rollouts are left out of every metric (always counted); "
+        "fail: they count as non-executable failures.",
+    ),
+]
+Pool = Annotated[
+    list[str] | None,
+    typer.Option("--pool", help="NAME=B1,B2: count benchmarks B1, B2 as one benchmark NAME (repeatable)."),
+]
 Bootstrap = Annotated[int, typer.Option("--bootstrap", min=1, help="Bootstrap replicates B.")]
 Seed = Annotated[int, typer.Option("--seed", help="Seed of the random draws: the same seed, the same output.")]
 Method = Annotated[str, typer.Option("--method", help="multinomial (task resampling) or poisson")]
@@ -119,6 +147,14 @@ def _storage(endpoint_url: str | None, pairs: list[str] | None) -> dict[str, Any
 def _columns(by: str | None) -> list[str] | None:
     """`--by model,method` -> ["model", "method"]; None (every label) when not given."""
     return [c.strip() for c in by.split(",") if c.strip()] if by else None
+
+
+def _population(harness_errors: str, pools: list[str] | None, strict_replay: bool) -> Population:
+    if harness_errors not in ("exclude", "fail"):
+        raise PexecError(f"--harness-errors is exclude or fail, got {harness_errors!r}")
+    named = _pairs(pools, "--pool")
+    pooled = tuple((name, tuple(b.strip() for b in value.split(",") if b.strip())) for name, value in named.items())
+    return Population(harness_errors, pooled, strict_replay)  # type: ignore[arg-type]
 
 
 def _bootstrap(replicates: int, seed: int, method: str) -> BootstrapSettings:
@@ -165,11 +201,17 @@ def ingest(
     from pipeline.ingest import ingest as run_ingest
 
     storage = _storage(endpoint_url, storage_option)  # for the sources and the output store
-    options = IngestOptions(
-        labels=_pairs(label, "--label"), extra=_pairs(option, "--option"), storage_options=storage
-    )
-    n = write_store(run_ingest(fmt, sources, options), out_store, store_fmt, storage_options=storage)
-    console.print(f"wrote {n} rollouts to {out_store}")
+    options = IngestOptions(labels=_pairs(label, "--label"), extra=_pairs(option, "--option"), storage_options=storage)
+    harness_errors = 0
+
+    def counted(records: Iterator[dict]) -> Iterator[dict]:
+        nonlocal harness_errors
+        for record in records:
+            harness_errors += record.get("status") == "harness_error"
+            yield record
+
+    n = write_store(counted(run_ingest(fmt, sources, options)), out_store, store_fmt, storage_options=storage)
+    console.print(f"wrote {n} rollouts to {out_store}: {n - harness_errors} ok, {harness_errors} harness error(s)")
 
 
 def _pairs(items: list[str] | None, flag: str) -> dict[str, str]:
@@ -291,7 +333,7 @@ def run_command(
     with progress.bar:
         manifest, cohorts = run_job(job, address, force, progress.on_plan, progress.on_shard)
     _summary(manifest, job.output)
-    out.print(metrics_table(cohorts, job.by))
+    print_table(metrics_table(cohorts))
     for note in metrics_notes(cohorts):
         out.print(note)
     if job.report is not None:
@@ -346,6 +388,8 @@ def metrics(
         int | None, typer.Option("--max-k", help="Largest k for PEC(k) (default: max T, at most 20).")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per cohort.")] = False,
+    harness_errors: HarnessErrors = "exclude",
+    pool: Pool = None,
     partial: Partial = False,
     strict_replay: StrictReplay = False,
     endpoint_url: EndpointUrl = None,
@@ -354,9 +398,10 @@ def metrics(
     """Success, TER, AUC-PEC, RR, output match and PEC(k) per cohort with 95% intervals (task bootstrap, or
     Wilson on the effective sample size for small samples)."""
     settings = _bootstrap(bootstrap, seed, method)
+    population = _population(harness_errors, pool, strict_replay)
     columns = _columns(by)
     storage = _storage(endpoint_url, storage_option)
-    cohorts = compute_metrics(run, columns, settings, max_k, storage, partial, strict_replay)
+    cohorts = compute_metrics(run, columns, settings, max_k, storage, partial, population)
     folder = write_metrics(run, cohorts, storage, columns)
     if as_json:
         for cohort in cohorts:
@@ -364,7 +409,7 @@ def metrics(
         return
     if cohorts and cohorts[0]["partial"]:
         out.print(Text(describe_partial(cohorts[0]["partial"]), style="bold yellow"), soft_wrap=True)
-    out.print(metrics_table(cohorts, columns))
+    print_table(metrics_table(cohorts))
     if cohorts:
         b = cohorts[0]["bootstrap"]
         out.print(
@@ -375,25 +420,36 @@ def metrics(
             out.print(note)
 
 
-def metrics_table(cohorts: list[dict], by: list[str] | None) -> Table:
-    labels = by or sorted({k for c in cohorts for k in c if isinstance(c[k], str)} - {"benchmark"})
+def metrics_table(cohorts: list[dict]) -> Table:
+    # The cohort's key columns: everything of a cohort dict that is not a count, a metric or a setting.
+    labels = [k for k in (cohorts[0] if cohorts else {}) if k != "benchmark" and k not in cohort_fields()]
     # The catalogue's table metrics, with the curves last (PEC@1 and PEC@3) to fit a terminal.
     ratios = [m for m in catalogue.ratios() if m.in_tables]
     curves = [m for m in catalogue.METRICS if m.kind == "curve" and m.in_tables]
     headers = [f"{m.label} (n)" if m.eligible else m.label for m in ratios]
     headers += [f"{m.label}@{k}" for m in curves for k in (1, 3)]
-    table = Table(title="Prefix executability: value and 95% interval")
-    for name in ["benchmark", "condition", "N", "tasks", "no verdict", *headers]:
-        table.add_column(name, justify="left" if name in ("benchmark", "condition") else "right")
+    rows = []
     for c in cohorts:
         condition = " · ".join(str(c.get(k)) for k in labels) or "all"
-        cells = [str(c["benchmark"]), condition, str(c["n"]), str(c["n_tasks"]), str(c["n_unknown_success"])]
+        cells = [str(c["benchmark"]), condition, str(c["n"]), str(c["n_tasks"])]
+        cells += [str(c["n_unknown_success"]), str(c["n_harness_error"])]
         cells += [_ci(c[m.name]) + (f"\n({c[m.name]['eligible']})" if m.eligible else "") for m in ratios]
         for m in curves:
             curve = {p["k"]: p for p in c[m.name]}
             cells += [_ci(curve[k]) if k in curve else "–" for k in (1, 3)]
+        rows.append(cells)
+    table = Table(title="Prefix executability: value and 95% interval")
+    for i, name in enumerate(["benchmark", "condition", "N", "tasks", "no verdict", "harness errors", *headers]):
+        table.add_column(name, justify="left" if i < 2 else "right")
+    for cells in rows:
         table.add_row(*cells)
     return table
+
+
+def print_table(table: Table) -> None:
+    """Print a table at its natural width: a narrow terminal wraps the lines, but no cell is folded or cut to
+    "0.7…", which would read as another number."""
+    Console(file=out.file, width=100_000, color_system=out.color_system, force_terminal=out.is_terminal).print(table)
 
 
 def metrics_notes(cohorts: list[dict]) -> list[str]:
@@ -402,7 +458,7 @@ def metrics_notes(cohorts: list[dict]) -> list[str]:
     points = [p for c in cohorts for p in [*(c[m.name] for m in catalogue.ratios()), *c["pec"]]]
     if any(p.get("method") == intervals.WILSON for p in points):
         notes.append(intervals.NOTE)
-    return [*notes, replay_note(cohorts)]
+    return [*notes, harness_note(cohorts), replay_note(cohorts)]
 
 
 def _ci(m: dict) -> str:
@@ -429,6 +485,8 @@ def report(
     bootstrap: Bootstrap = 1000,
     seed: Seed = 0,
     method: Method = "multinomial",
+    harness_errors: HarnessErrors = "exclude",
+    pool: Pool = None,
     partial: Partial = False,
     strict_replay: StrictReplay = False,
     overwrite: Annotated[
@@ -441,6 +499,7 @@ def report(
     from pipeline.report import build_report, parse_compare
 
     settings = _bootstrap(bootstrap, seed, method)
+    population = _population(harness_errors, pool, strict_replay)
     pair = parse_compare(compare) if compare else None
     storage = _storage(endpoint_url, storage_option)
     result = build_report(
@@ -454,7 +513,7 @@ def report(
         partial=partial,
         overwrite=overwrite,
         within=within,
-        strict_replay=strict_replay,
+        population=population,
     )
     for path in result.files:
         out.print(path)

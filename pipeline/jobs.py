@@ -19,7 +19,7 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.aggregate import BootstrapSettings, compute_metrics, write_metrics
+from pipeline.aggregate import BootstrapSettings, Population, compute_metrics, write_metrics
 from pipeline.distributed import DEFAULT_SHARD_BYTES, ShardPlan, run_scoring
 from pipeline.envs import EnvOptions
 from pipeline.errors import PexecError, check_fields
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 _JOB_KEYS = {"name", "description", "input", "output", "env", "spec", "spec_dirs", "policy", "address", "shard_mb",
              "num_cpus", "endpoint_url", "metrics", "synth", "report"}  # fmt: skip
-_METRICS_KEYS = {"by", "bootstrap", "seed", "method", "max_k", "partial", "strict_replay"}
+_METRICS_KEYS = {"by", "bootstrap", "seed", "method", "max_k", "partial", "strict_replay", "harness_errors"}
 _REPORT_KEYS = {"out", "by", "compare", "k", "overwrite", "within"}
 _SYNTH_KEYS = {"spec", "rollouts", "tasks", "seed"}
 
@@ -70,9 +70,9 @@ class Job:
     endpoint_url: str | None = None
     by: list[str] | None = None
     bootstrap: BootstrapSettings = field(default_factory=BootstrapSettings)
+    population: Population = field(default_factory=Population)  # how harness errors count (metrics and report)
     max_k: int | None = None
     partial: bool = False  # metrics and report of an incomplete output run, stating their coverage (--partial)
-    strict_replay: bool = False  # as `--strict-replay`, for the metrics and the report
     synth: dict[str, Any] | None = None  # generate the input first when it does not exist (demo jobs)
     report: JobReport | None = None  # write a report after the metrics
 
@@ -105,6 +105,10 @@ def load_job(path: str | Path, on_date: str | None = None) -> Job:
         bootstrap = BootstrapSettings(
             B=metrics.get("bootstrap", 1000), seed=metrics.get("seed", 0), method=metrics.get("method", "multinomial")
         )
+        population = Population(
+            harness_errors=metrics.get("harness_errors", "exclude"),
+            strict_replay=_flag(metrics, "strict_replay", f"{path} [metrics]"),
+        )
     except ValueError as exc:
         raise JobError(f"{path} [metrics]: {exc}") from exc
     output = _fill(raw["output"], day, path)
@@ -128,9 +132,9 @@ def load_job(path: str | Path, on_date: str | None = None) -> Job:
         endpoint_url=raw.get("endpoint_url") or None,
         by=metrics.get("by"),
         bootstrap=bootstrap,
+        population=population,
         max_k=metrics.get("max_k"),
         partial=_flag(metrics, "partial", f"{path} [metrics]"),
-        strict_replay=_flag(metrics, "strict_replay", f"{path} [metrics]"),
         synth=synth,
         report=report,
     )
@@ -203,7 +207,7 @@ def run_job(
         force=force,
     )
     cohorts = compute_metrics(
-        job.output, job.by, job.bootstrap, job.max_k, job.storage_options, job.partial, job.strict_replay
+        job.output, job.by, job.bootstrap, job.max_k, job.storage_options, job.partial, job.population
     )
     write_metrics(job.output, cohorts, job.storage_options, job.by)
     if job.report is not None:
@@ -212,7 +216,7 @@ def run_job(
         r = job.report
         build_report(job.output, r.out, r.by, r.compare, r.ks, job.bootstrap, job.storage_options,
                      partial=job.partial, overwrite=r.overwrite, within=r.within,
-                     strict_replay=job.strict_replay)  # fmt: skip
+                     population=job.population)  # fmt: skip
     return manifest, cohorts
 
 

@@ -3,7 +3,9 @@ the readers (which columns of a run are labels, which must be there) and the REA
 (checked by tests/test_docs.py) all take their columns from here.
 
 Column order in every table: the fixed id columns, then the rollouts' label columns (strings, under their own
-names), then the table's own columns; `rollouts` ends with one `cost_<name>` column per cost the logs carry.
+names), then their attribute columns (strings, `attr_<name>`), then the table's own columns; `rollouts` ends with
+one `cost_<name>` column per cost the logs carry. Labels are conditions (a default cohort is benchmark × labels);
+attributes describe one rollout (termination reason, trial...) and define a cohort only when asked for.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class RunTable:
     ids: tuple[Column, ...]
     fields: tuple[Column, ...]  # after the label columns
     labels: str = ""  # how label columns appear (empty: none)
+    attributes: str = ""  # how attribute columns appear (empty: none)
     trailer: str = ""  # what the cost columns after the fields hold (rollouts only)
 
     @property
@@ -39,7 +42,10 @@ class RunTable:
 
 
 _STR, _I32, _I64, _F64, _BOOL = pa.string(), pa.int32(), pa.int64(), pa.float64(), pa.bool_()
-_LABELS = "the rollouts' label columns (`model`, `method`, …)"
+_LABELS = "the rollouts' condition labels (`model`, `method`, …)"
+ATTRIBUTE_PREFIX = "attr_"
+_ATTRIBUTES = "the rollouts' attributes (`attr_termination_reason`, `attr_trial`, `attr_harness_error`, …)"
+_STATUS = Column("status", _STR, "ok, or harness_error: the harness never ran it (`attr_harness_error` says why)")
 
 IDS = (
     Column("run_id", _STR, "the run's id (default: the run folder's name)"),
@@ -54,6 +60,7 @@ STEPS = RunTable(
     "replayed call",
     IDS,
     (
+        _STATUS,
         Column("step", _I32, "1-based depth among the rollout's calls"),
         Column("turn", _I32, "the conversation turn of the call"),
         Column("tool", _STR, "the tool called"),
@@ -66,6 +73,7 @@ STEPS = RunTable(
         Column("output_match", _BOOL, "replayed output equals the logged one; null when nothing was logged"),
     ),
     labels=_LABELS,
+    attributes=_ATTRIBUTES,
 )
 
 ROLLOUTS = RunTable(
@@ -74,6 +82,7 @@ ROLLOUTS = RunTable(
     "rollout",
     IDS,
     (
+        _STATUS,
         Column("T", _I32, "number of calls"),
         Column("fed", _I32, "first-error depth; T + 1 when every call is valid"),
         Column("executable", _BOOL, "fed = T + 1"),
@@ -91,6 +100,7 @@ ROLLOUTS = RunTable(
         ),
     ),
     labels=_LABELS,
+    attributes=_ATTRIBUTES,
     trailer="one column per cost the logs carry (`tokens`, `latency_s`, …), as `cost_<name>`",
 )
 
@@ -127,8 +137,13 @@ COHORT_COUNTS = (
         _I64,
         "rollouts whose replay diverged from the log before their first error (left out of n under strict_replay)",
     ),
+    Column("n_harness_error", _I64, "harness-error rollouts; in n and the metrics only under harness_errors = fail"),
 )
-STRICT_REPLAY = Column("strict_replay", _BOOL, "the rollouts of n_diverged_before_fed were left out (--strict-replay)")
+# The population the numbers are over (pipeline.aggregate.Population).
+POPULATION = (
+    Column("harness_errors", _STR, "exclude (left out of every metric) or fail (counted as non-executable failures)"),
+    Column("strict_replay", _BOOL, "the rollouts of n_diverged_before_fed were left out (--strict-replay)"),
+)
 BOOTSTRAP = (
     Column("bootstrap_B", _I64, "bootstrap replicates"),
     Column("bootstrap_seed", _I64, "seed of the draws"),
@@ -173,7 +188,7 @@ def metrics_table() -> RunTable:
         "metrics/<name>/metrics.parquet",
         "cohort",
         (),
-        (*COHORT_COUNTS, STRICT_REPLAY, *metric_columns(), *BOOTSTRAP, *PARTIAL),
+        (*COHORT_COUNTS, *POPULATION, *metric_columns(), *BOOTSTRAP, *PARTIAL),
         labels=_COHORT_LABELS,
     )
 
@@ -194,12 +209,15 @@ PEC = RunTable(
 )
 
 
-def arrow_schema(table: RunTable, labels: Sequence[str] = (), costs: Sequence[str] = ()) -> pa.Schema:
-    """The Arrow schema of one part file: ids, the given label columns, the fields, then the cost columns."""
+def arrow_schema(
+    table: RunTable, labels: Sequence[str] = (), costs: Sequence[str] = (), attributes: Sequence[str] = ()
+) -> pa.Schema:
+    """The Arrow schema of one part file: ids, the label columns, the attribute columns (given as column names,
+    `attr_<name>`), the fields, then the cost columns."""
     return pa.schema(
         [
             *(pa.field(c.name, c.type) for c in table.ids),
-            *(pa.field(name, pa.string()) for name in labels),
+            *(pa.field(name, pa.string()) for name in [*labels, *attributes]),
             *(pa.field(c.name, c.type) for c in table.fields),
             *(pa.field(name, pa.float64()) for name in costs),
         ]
@@ -219,6 +237,8 @@ def markdown() -> str:
         lines += [f"| `{c.name}` | {c.type} | {c.doc} |" for c in t.ids]
         if t.labels:
             lines.append(f"| `<label>`… | string | {t.labels} |")
+        if t.attributes:
+            lines.append(f"| `{ATTRIBUTE_PREFIX}<name>`… | string | {t.attributes} |")
         lines += [f"| `{c.name}` | {c.type} | {c.doc} |" for c in t.fields]
         if t.trailer:
             lines.append(f"| `cost_<name>`… | double | {t.trailer} |")

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.aggregate import BootstrapSettings, compute_metrics
+from pipeline.aggregate import BootstrapSettings, Population, compute_metrics
 from pipeline.cli import app
 from pipeline.distributed import run_scoring
 from pipeline.report import build_report
@@ -89,7 +89,7 @@ def test_strict_replay_leaves_them_out_and_says_so(run: Path, tmp_path: Path) ->
         assert c["ter"]["value"] == sum(r["executable"] for r in kept) / len(kept)
     table = CliRunner().invoke(app, ["metrics", str(run), "--bootstrap", "50", "--strict-replay"])
     assert f"--strict-replay: {len(diverged)} rollout(s) whose replay diverged" in " ".join(table.stdout.split())
-    report = build_report(str(run), tmp_path, [], settings=SETTINGS, strict_replay=True)
+    report = build_report(str(run), tmp_path, [], settings=SETTINGS, population=Population(strict_replay=True))
     [r] = report.tables.recovery
     assert r["n"] == len(rows)
     md = (Path(report.out) / "report.md").read_text()

@@ -58,11 +58,11 @@ def test_paper_numbers_in_the_report(paper: ReportResult) -> None:
     metrics = section(md, "Metrics per benchmark × condition")
     row = next(line for line in metrics.splitlines() if line.startswith("| bench |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[:4] == ["bench", "200", "50", "0"]  # N, tasks, no verdict
-    assert cells[4].startswith("0.740 ")  # success
-    assert cells[5].startswith("0.050 ")  # TER
-    assert cells[10].startswith("0.726 ")  # RR = 138/190
-    assert cells[11] == "190"  # RR eligible
+    assert cells[:5] == ["bench", "200", "50", "0", "0"]  # N, tasks, no verdict, harness errors
+    assert cells[5].startswith("0.740 ")  # success
+    assert cells[6].startswith("0.050 ")  # TER
+    assert cells[11].startswith("0.726 ")  # RR = 138/190
+    assert cells[12] == "190"  # RR eligible
     [r] = read_csv(Path(paper.out) / "tables" / "recovery.csv")
     assert float(r["share_successes_after_invalid_prefix"]) == 138 / 148
     [m] = pq.read_table(Path(paper.out) / "tables" / "metrics.parquet").to_pylist()
@@ -326,7 +326,8 @@ def test_unknown_verdicts_identity_and_counts_agree(tmp_path: Path) -> None:
     assert "| bench | 8 | 1 | 7 | 4 | 3 | 3 | 2 | 5 | 40.0% (2/5) | 5/7 = 4/7 · 3/4 + 3/7 · 2/3 |" in recovery
     metrics = section(md, "Metrics per benchmark × condition")
     cells = [x.strip() for x in next(ln for ln in metrics.splitlines() if ln.startswith("| bench |")).split("|")[1:-1]]
-    assert cells[3] == "1" and cells[4].startswith("0.714 ") and cells[10].startswith("0.667 ") and cells[11] == "3"
+    assert cells[3:5] == ["1", "0"]  # no verdict, harness errors
+    assert cells[5].startswith("0.714 ") and cells[11].startswith("0.667 ") and cells[12] == "3"
     [m] = pq.read_table(Path(report.out) / "tables" / "metrics.parquet").to_pylist()
     assert (m["n_unknown_success"], m["rr_eligible"], m["success_given_executable_eligible"]) == (1, 3, 4)
 

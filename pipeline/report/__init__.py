@@ -20,7 +20,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from pipeline import catalogue
-from pipeline.aggregate import DEFAULT_BOOTSTRAP, BootstrapSettings, metrics_tables
+from pipeline.aggregate import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, BootstrapSettings, Population, metrics_tables
 from pipeline.coverage import describe_partial
 from pipeline.errors import StorageError
 from pipeline.report import html, layout, markdown
@@ -57,18 +57,18 @@ def build_report(
     partial: bool = False,
     overwrite: bool = False,
     within: str | None = None,
-    strict_replay: bool = False,
+    population: Population = DEFAULT_POPULATION,
 ) -> ReportResult:
     """Write the report of `run` into `out`. An incomplete run is refused unless `partial` (then the report
     says so at the top); a non-empty `out` is refused unless `overwrite`, which removes what it holds first.
     `within`: rank the other conditions within each value of this cohort column (default: per benchmark).
-    `strict_replay`: leave out the rollouts whose replay diverged from the log before their first error."""
+    `population`: which rollouts count (harness errors, pools, strict replay: pipeline.aggregate.Population)."""
     if not ks or any(k < 1 for k in ks):
         raise ReportError(f"--k takes depths >= 1, got {list(ks)}")
     ks = sorted(set(ks))
     root = str(out).rstrip("/")
     check_output(run, root, overwrite, storage_options)
-    t = run_tables(run, by, ks, settings, storage_options, partial, strict_replay)
+    t = run_tables(run, by, ks, settings, storage_options, partial, population)
     conditions = t.keys[1:]
     if within is not None and within not in conditions:
         available = ", ".join(conditions) or "none"
@@ -81,9 +81,7 @@ def build_report(
     pair_cols: list[str] = []
     paired: list[dict[str, Any]] = []
     if compare is not None:
-        pair_cols, paired = paired_comparison(
-            run, compare, t.keys, ks, settings, storage_options, partial, strict_replay
-        )
+        pair_cols, paired = paired_comparison(run, compare, t.keys, ks, settings, storage_options, partial, population)
     charts = [
         pec_chart(pec_rows(t.cohorts, label)),
         fed_chart(fed_rows(t.fed, label)),

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline import catalogue, intervals
-from pipeline.aggregate import replay_note
+from pipeline.aggregate import harness_note, replay_note
 from pipeline.model import CAUSES
 from pipeline.report.paired import Compare
 from pipeline.report.ranking import Ranking
@@ -53,7 +53,7 @@ def metrics_table(t: RunTables, ks: Sequence[int]) -> Table:
     costs = sorted({r["cost"] for r in t.costs})
     cost_of = {(key_of(r, t.keys), r["cost"]): r["mean"] for r in t.costs}
     shown = [m for m in catalogue.METRICS if m.in_tables]
-    columns = [*t.keys, "N", "tasks", "no verdict"]
+    columns = [*t.keys, "N", "tasks", "no verdict", "harness errors"]
     for m in shown:
         if m.kind == "curve":
             columns += [f"{m.label}@{k}" for k in ks]
@@ -62,7 +62,8 @@ def metrics_table(t: RunTables, ks: Sequence[int]) -> Table:
     columns += [f"mean {cost_name(c)}" for c in costs]
     rows = []
     for c in t.cohorts:
-        cells = [*(str(v) for v in key_of(c, t.keys)), str(c["n"]), str(c["n_tasks"]), str(c["n_unknown_success"])]
+        cells = [*(str(v) for v in key_of(c, t.keys)), str(c["n"]), str(c["n_tasks"])]
+        cells += [str(c["n_unknown_success"]), str(c["n_harness_error"])]
         for m in shown:
             if m.kind == "curve":
                 curve = {p["k"]: p for p in c[m.name]}
@@ -75,7 +76,8 @@ def metrics_table(t: RunTables, ks: Sequence[int]) -> Table:
     notes = [
         f"Values with 95% intervals (task-level bootstrap; {intervals.MARK}: see below){counts}. Success and RR "
         "are over the rollouts with a verdict (no verdict = success unknown, left out); TER, AUC-PEC and PEC over "
-        "all N."
+        "all N.",
+        harness_note(t.cohorts),
     ]
     if any(_small(c) for c in t.cohorts):
         notes.append(intervals.NOTE)

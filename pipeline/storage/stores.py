@@ -70,8 +70,11 @@ def _to_arrow(batch: list[dict]) -> pa.Table:
     rows = [
         {
             **r,
-            "env": orjson.dumps(r["env"]).decode(),
-            "truth": orjson.dumps(r["truth"]).decode(),
+            # Every row has both keys (Arrow takes the columns from the first row); no attributes: null.
+            "attributes": r.get("attributes") or None,
+            "status": r.get("status", "ok"),
+            "env": orjson.dumps(r.get("env") or {}).decode(),  # optional in a canonical record, as truth is
+            "truth": orjson.dumps(r.get("truth")).decode(),
             "events": [event(e) for e in r["events"]],
         }
         for r in batch
