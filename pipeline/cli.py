@@ -22,6 +22,7 @@ from pipeline.distributed import DEFAULT_SHARD_BYTES, ShardPlan, run_scoring
 from pipeline.envs import EnvOptions
 from pipeline.errors import PexecError
 from pipeline.score import ShardReport
+from pipeline.storage.lease import DEFAULT_STALE_AFTER
 from pipeline.storage.stores import write_store
 from pipeline.synth import synthesize
 
@@ -184,6 +185,14 @@ def score(
     num_cpus: Annotated[int | None, typer.Option("--num-cpus", help="CPUs for local Ray.")] = None,
     inline: Annotated[bool, typer.Option("--inline", help="Score in this process, without Ray.")] = False,
     force: Force = False,
+    lease_stale_after: Annotated[
+        float,
+        typer.Option(
+            "--lease-stale-after",
+            min=1,
+            help="Seconds without a heartbeat after which another writer's lease on the run is taken over.",
+        ),
+    ] = DEFAULT_STALE_AFTER,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
@@ -208,6 +217,7 @@ def score(
             on_plan=progress.on_plan,
             on_shard=progress.on_shard,
             force=force,
+            lease_stale_after=lease_stale_after,
         )
     _summary(manifest, run)
 

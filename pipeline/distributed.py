@@ -18,6 +18,7 @@ from pipeline.envs import EnvError, EnvOptions, forget_unresolved, get_environme
 from pipeline.errors import PexecError
 from pipeline.score import ScoreSettings, ShardReport, score_shard
 from pipeline.storage.inputs import Shard, list_inputs, plan_shards
+from pipeline.storage.lease import DEFAULT_STALE_AFTER, Lease
 from pipeline.storage.run import read_shard_markers, remove_manifest, remove_stale_parts, write_manifest
 
 DEFAULT_SHARD_BYTES = 64 * 2**20
@@ -57,11 +58,14 @@ def run_scoring(
     on_plan: Callable[[ShardPlan], None] | None = None,
     on_shard: Callable[[ShardReport], None] | None = None,
     force: bool = False,
+    lease_stale_after: float = DEFAULT_STALE_AFTER,
 ) -> dict[str, Any]:
     """Score every rollout under `store` into `run`; returns the manifest (also written as `_manifest.json`).
 
     Rerunning into the same `run` rescores only the shards whose input, code, settings or environment
-    versions changed since they were committed (`force=True` rescores all).
+    versions changed since they were committed (`force=True` rescores all). One writer at a time: the run's
+    lease (pipeline.storage.lease) is held from before the first write to the manifest; a second writer fails
+    at once naming the holder, and a lease without a heartbeat for `lease_stale_after` seconds is taken over.
     """
     options = options or EnvOptions()
     started = datetime.now(UTC)
@@ -77,24 +81,27 @@ def run_scoring(
         code_version=code_version(),
     )
     shard_plan = plan(store, shard_bytes, storage_options)
-    markers = {} if force else read_shard_markers(run, storage_options)
-    reused = [r for r in (_reusable(s, markers.get(s.key), settings) for s in shard_plan.shards) if r]
-    todo = [s for s in shard_plan.shards if s.key not in {r.shard for r in reused}]
-    if on_plan:
-        on_plan(replace(shard_plan, reusable=len(reused)))
-    remove_manifest(run, storage_options)
-    for report in reused:
-        if on_shard:
-            on_shard(report)
-    if executor == "inline":
-        reports = [_inline(shard, settings, on_shard) for shard in todo]
-    else:
-        reports = _on_ray(todo, settings, address, num_cpus, on_shard) if todo else []
-    reports = sorted([*reused, *reports], key=lambda r: (r.source, r.start))
-    # Parts of an earlier plan of this run (another shard size, a removed input) would duplicate rows.
-    remove_stale_parts(run, {s.key for s in shard_plan.shards}, storage_options)
-    manifest = _manifest(store, settings, shard_plan, reports, started, executor)
-    write_manifest(run, manifest, storage_options)
+    with Lease(run, storage_options, lease_stale_after) as lease:
+        markers = {} if force else read_shard_markers(run, storage_options)
+        reused = [r for r in (_reusable(s, markers.get(s.key), settings) for s in shard_plan.shards) if r]
+        todo = [s for s in shard_plan.shards if s.key not in {r.shard for r in reused}]
+        if on_plan:
+            on_plan(replace(shard_plan, reusable=len(reused)))
+        remove_manifest(run, storage_options)
+        for report in reused:
+            if on_shard:
+                on_shard(report)
+        if executor == "inline":
+            reports = [_inline(shard, settings, on_shard) for shard in todo]
+        else:
+            reports = _on_ray(todo, settings, address, num_cpus, on_shard) if todo else []
+        reports = sorted([*reused, *reports], key=lambda r: (r.source, r.start))
+        lease.check()  # a writer that lost its lease must not delete or commit anything
+        # Parts of an earlier plan of this run (another shard size, a removed input) would duplicate rows.
+        remove_stale_parts(run, {s.key for s in shard_plan.shards}, storage_options)
+        manifest = _manifest(store, settings, shard_plan, reports, started, executor)
+        lease.check()
+        write_manifest(run, manifest, storage_options)
     return manifest
 
 
