@@ -23,7 +23,7 @@ from pipeline.envs import EnvOptions
 from pipeline.errors import PexecError
 from pipeline.score import ShardReport
 from pipeline.storage.lease import DEFAULT_STALE_AFTER
-from pipeline.storage.stores import write_store
+from pipeline.storage.stores import WriteMode, write_store
 from pipeline.synth import synthesize
 
 console = Console(stderr=True)
@@ -76,6 +76,10 @@ StorageOption = Annotated[
 ]
 OutStore = Annotated[str, typer.Option("--out", help="Store to write (folder or fsspec URL).")]
 StoreFormat = Annotated[str, typer.Option("--format", help="jsonl or parquet")]
+Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace the files already in the output store.")]
+Append = Annotated[
+    bool, typer.Option("--append", help="Add new files beside those already in the output store (same format).")
+]
 By = Annotated[str | None, typer.Option("--by", help="Label columns that define a condition, e.g. model,method.")]
 Bootstrap = Annotated[int, typer.Option("--bootstrap", min=1, help="Bootstrap replicates B.")]
 Seed = Annotated[int, typer.Option("--seed", help="Seed of the random draws: the same seed, the same output.")]
@@ -101,6 +105,12 @@ def _storage(endpoint_url: str | None, pairs: list[str] | None) -> dict[str, Any
     return options or None
 
 
+def _write_mode(overwrite: bool, append: bool) -> WriteMode:
+    if overwrite and append:
+        raise PexecError("--overwrite and --append exclude each other")
+    return "overwrite" if overwrite else "append" if append else "new"
+
+
 def _columns(by: str | None) -> list[str] | None:
     """`--by model,method` -> ["model", "method"]; None (every label) when not given."""
     return [c.strip() for c in by.split(",") if c.strip()] if by else None
@@ -122,15 +132,18 @@ def synth(
     fmt: StoreFormat = "jsonl",
     compression: Annotated[str, typer.Option("--compression", help="none, gzip or zstd (JSON Lines)")] = "none",
     per_file: Annotated[int, typer.Option("--per-file", min=1, help="Rollouts per file.")] = 50_000,
+    overwrite: Overwrite = False,
+    append: Append = False,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
     """Generate a synthetic store with known per-step truth (injected failures, recoveries)."""
     if fmt not in ("jsonl", "parquet") or compression not in ("none", "gzip", "zstd"):
         raise PexecError("--format is jsonl or parquet; --compression is none, gzip or zstd")
+    mode = _write_mode(overwrite, append)
     records = synthesize(spec, rollouts, tasks, seed)
     storage = _storage(endpoint_url, storage_option)
-    n = write_store(records, out_store, fmt, per_file, None if compression == "none" else compression, storage)
+    n = write_store(records, out_store, fmt, per_file, None if compression == "none" else compression, storage, mode)
     console.print(f"wrote {n} rollouts over {min(tasks, rollouts)} tasks to {out_store}")
 
 
@@ -142,6 +155,8 @@ def ingest(
     label: Annotated[list[str] | None, typer.Option("--label", help="k=v added to every rollout's labels.")] = None,
     option: Annotated[list[str] | None, typer.Option("--option", help="k=v setting of the format's adapter.")] = None,
     store_fmt: StoreFormat = "jsonl",
+    overwrite: Overwrite = False,
+    append: Append = False,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
@@ -153,7 +168,8 @@ def ingest(
     options = IngestOptions(
         labels=_pairs(label, "--label"), extra=_pairs(option, "--option"), storage_options=storage
     )
-    n = write_store(run_ingest(fmt, sources, options), out_store, store_fmt, storage_options=storage)
+    records = run_ingest(fmt, sources, options)
+    n = write_store(records, out_store, store_fmt, storage_options=storage, mode=_write_mode(overwrite, append))
     console.print(f"wrote {n} rollouts to {out_store}")
 
 

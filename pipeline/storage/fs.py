@@ -34,6 +34,12 @@ def exists(url: str, storage_options: dict[str, Any] | None = None) -> bool:
     return bool(fs.exists(path))
 
 
+def is_empty(url: str, storage_options: dict[str, Any] | None = None) -> bool:
+    """True when nothing is at `url`, or a folder whose only files are metadata (names starting with "."
+    or "_", see `list_files`)."""
+    return not list_files(url, storage_options)
+
+
 def list_files(
     url: str,
     storage_options: dict[str, Any] | None = None,

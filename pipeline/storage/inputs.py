@@ -110,7 +110,7 @@ def list_inputs(url: str, storage_options: dict[str, Any] | None = None) -> tupl
     files: list[InputFile] = []
     ignored: list[str] = []
     for file_url, info in entries.items():
-        kind = _classify(file_url)
+        kind = classify(file_url)
         if kind is None:
             ignored.append(file_url)
             continue
@@ -162,7 +162,8 @@ def read_shard(shard: Shard, storage_options: dict[str, Any] | None = None) -> I
 # --- listing -------------------------------------------------------------------------------------------
 
 
-def _classify(name: str) -> tuple[Format, Compression] | None:
+def classify(name: str) -> tuple[Format, Compression] | None:
+    """The format and compression a file name says, or None when it is not a data file."""
     lower = name.lower()
     if lower.endswith(".parquet"):
         return "parquet", None
