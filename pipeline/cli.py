@@ -165,9 +165,7 @@ def ingest(
     from pipeline.ingest import ingest as run_ingest
 
     storage = _storage(endpoint_url, storage_option)  # for the sources and the output store
-    options = IngestOptions(
-        labels=_pairs(label, "--label"), extra=_pairs(option, "--option"), storage_options=storage
-    )
+    options = IngestOptions(labels=_pairs(label, "--label"), extra=_pairs(option, "--option"), storage_options=storage)
     records = run_ingest(fmt, sources, options)
     n = write_store(records, out_store, store_fmt, storage_options=storage, mode=_write_mode(overwrite, append))
     console.print(f"wrote {n} rollouts to {out_store}")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import wait_for
+
 from pipeline.distributed import run_scoring
 from pipeline.storage.fs import exists, filesystem
 from pipeline.storage.lease import LEASE, Lease, LeaseHeld, LeaseLost

@@ -70,7 +70,7 @@ def test_append_adds_files_whose_names_never_collide(where: tuple[str, dict | No
     assert len(names) == 2 + 2 + 1 and names[:2] == ["part-00000.jsonl", "part-00001.jsonl"]
     # Later appends sort after earlier ones: the store reads back in write order.
     assert ids(store, storage) == [r["rollout_id"] for r in first + second + third]
-    with pytest.raises(StoreExists, match="--append writes parquet but .* holds files of another format"):
+    with pytest.raises(StoreExists, match=r"--append writes parquet but .* holds files of another format"):
         write_store(iter(third), store, fmt="parquet", storage_options=storage, mode="append")
 
 

@@ -119,7 +119,7 @@ class Lease:
                 )
                 new = self._object.swap(_dump(me), version)
         if new is None:  # another writer created or took it over between our read and our write
-            raise LeaseHeld(f"run {self.url.rsplit('/', 1)[0]}: another writer acquired the lease just now ({self.url})")
+            raise LeaseHeld(f"run {self.url.rsplit('/', 1)[0]}: another writer took the lease just now ({self.url})")
         self._holder, self._version = me, new
 
     def renew(self) -> None:
