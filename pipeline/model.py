@@ -15,7 +15,6 @@ Check = Literal["S", "D", "P"]
 Cause = Literal["schema", "dependency", "information", "state_consistency", "precondition"]
 CAUSES: tuple[str, ...] = ("schema", "dependency", "information", "state_consistency", "precondition")
 
-
 @dataclass(slots=True)
 class Message:
     role: str
