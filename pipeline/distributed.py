@@ -17,9 +17,17 @@ from pipeline.code_version import code_version
 from pipeline.envs import EnvError, EnvOptions, forget_unresolved, get_environment
 from pipeline.errors import PexecError
 from pipeline.score import ScoreSettings, ShardReport, score_shard
+from pipeline.storage.ids import Duplicates, digest, duplicate_ids
 from pipeline.storage.inputs import Shard, list_inputs, plan_shards
 from pipeline.storage.lease import DEFAULT_STALE_AFTER, Lease
-from pipeline.storage.run import read_shard_markers, remove_manifest, remove_stale_parts, write_manifest
+from pipeline.storage.run import (
+    TABLES,
+    part_sizes,
+    read_shard_markers,
+    remove_manifest,
+    remove_stale_parts,
+    write_manifest,
+)
 
 DEFAULT_SHARD_BYTES = 64 * 2**20
 
@@ -81,9 +89,13 @@ def run_scoring(
         code_version=code_version(),
     )
     shard_plan = plan(store, shard_bytes, storage_options)
+    duplicates = duplicate_ids(shard_plan.shards, storage_options)
     with Lease(run, storage_options, lease_stale_after) as lease:
         markers = {} if force else read_shard_markers(run, storage_options)
-        reused = [r for r in (_reusable(s, markers.get(s.key), settings) for s in shard_plan.shards) if r]
+        sizes = part_sizes(run, storage_options) if markers else {}
+        reused = [
+            r for r in (_reusable(s, markers.get(s.key), settings, sizes, duplicates) for s in shard_plan.shards) if r
+        ]
         todo = [s for s in shard_plan.shards if s.key not in {r.shard for r in reused}]
         if on_plan:
             on_plan(replace(shard_plan, reusable=len(reused)))
@@ -92,9 +104,9 @@ def run_scoring(
             if on_shard:
                 on_shard(report)
         if executor == "inline":
-            reports = [_inline(shard, settings, on_shard) for shard in todo]
+            reports = [_inline(shard, settings, duplicates, on_shard) for shard in todo]
         else:
-            reports = _on_ray(todo, settings, address, num_cpus, on_shard) if todo else []
+            reports = _on_ray(todo, settings, duplicates, address, num_cpus, on_shard) if todo else []
         reports = sorted([*reused, *reports], key=lambda r: (r.source, r.start))
         lease.check()  # a writer that lost its lease must not delete or commit anything
         # Parts of an earlier plan of this run (another shard size, a removed input) would duplicate rows.
@@ -105,8 +117,15 @@ def run_scoring(
     return manifest
 
 
-def _reusable(shard: Shard, marker: dict[str, Any] | None, settings: ScoreSettings) -> ShardReport | None:
-    """The committed report of `shard` if its output is still what scoring it now would write."""
+def _reusable(
+    shard: Shard,
+    marker: dict[str, Any] | None,
+    settings: ScoreSettings,
+    sizes: dict[str, dict[str, int]],
+    duplicates: Duplicates,
+) -> ShardReport | None:
+    """The committed report of `shard` if its output is still what scoring it now would write, and still on
+    disk as it was committed (every part present with the size recorded in the marker)."""
     if not marker or (marker["fingerprint"], marker["start"], marker["stop"]) != (
         shard.file.fingerprint,
         shard.start,
@@ -115,8 +134,13 @@ def _reusable(shard: Shard, marker: dict[str, Any] | None, settings: ScoreSettin
         return None
     if (marker["code_version"], marker["settings"]) != (settings.code_version, settings.identity()):
         return None
+    if marker.get("duplicates", "") != digest(duplicates.get(shard.key, {})):
+        return None  # copies of its ids appeared or went elsewhere in the store
     if any(_version_now(n, settings) != v for n, v in marker["environments"].items()):
         return None
+    parts = marker.get("parts") or {}
+    if any(sizes.get(table, {}).get(shard.key) != parts.get(table) for table in TABLES):
+        return None  # a part deleted, cut short or replaced since: scored again
     return ShardReport(**{**marker, "reused": True})
 
 
@@ -128,9 +152,11 @@ def _version_now(name: str, settings: ScoreSettings) -> str | None:
         return None
 
 
-def _inline(shard: Shard, settings: ScoreSettings, on_shard: Callable[[ShardReport], None] | None) -> ShardReport:
+def _inline(
+    shard: Shard, settings: ScoreSettings, duplicates: Duplicates, on_shard: Callable[[ShardReport], None] | None
+) -> ShardReport:
     try:
-        report = score_shard(shard, settings)
+        report = score_shard(shard, settings, duplicates.get(shard.key))
     except OSError as exc:  # a storage failure: reported as the Ray path reports a failed task
         raise JobFailed(_failed(shard, exc)) from exc
     if on_shard:
@@ -141,6 +167,7 @@ def _inline(shard: Shard, settings: ScoreSettings, on_shard: Callable[[ShardRepo
 def _on_ray(
     shards: list[Shard],
     settings: ScoreSettings,
+    duplicates: Duplicates,
     address: str | None,
     num_cpus: int | None,
     on_shard: Callable[[ShardReport], None] | None,
@@ -163,7 +190,7 @@ def _on_ray(
     while queue or pending:
         while queue and len(pending) < limit:
             shard = queue.pop(0)
-            pending[task.remote(shard, settings)] = shard
+            pending[task.remote(shard, settings, duplicates.get(shard.key))] = shard
         done, _ = ray.wait(list(pending), num_returns=1)
         for ref in done:
             shard = pending.pop(ref)

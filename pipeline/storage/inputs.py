@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 import zstandard
 
 from pipeline.errors import PexecError
+from pipeline.records import record_id
 from pipeline.storage.fs import filesystem, list_files
 
 Format = Literal["jsonl", "parquet"]
@@ -157,6 +158,47 @@ def read_shard(shard: Shard, storage_options: dict[str, Any] | None = None) -> I
             yield from _read_numbered(f, shard.file.compression)
         else:
             yield from _read_range(f, shard.start, shard.stop)
+
+
+def read_ids(file: InputFile, storage_options: dict[str, Any] | None = None) -> Iterator[tuple[str, int, str]]:
+    """(location, position, rollout id) of every record of `file` that carries a valid id, in file order: what
+    the id pass reads to find duplicates across shards without scoring anything.
+
+    Locations are those of a whole-file read ("line N", "row N"), whatever the sharding; the position places
+    the record in a shard: the byte offset of its line (JSON Lines), its row group (Parquet).
+    """
+    fs, path = filesystem(file.url, storage_options)
+    with fs.open(path, "rb") as f:
+        _check_unchanged(f, file)
+        if file.fmt == "parquet":
+            yield from _parquet_ids(f)
+            return
+        n = 0
+        try:
+            for offset, line in _Lines(_chunks(f, file.compression)):
+                n += 1
+                record = _parse(line, at_file_start=n == 1)
+                if isinstance(record, dict) and (rid := record_id(record)) is not None:
+                    yield f"line {n}", offset, rid
+        except _STREAM_ERRORS:
+            return  # the rest is unreadable: read_shard reports it
+
+
+def _parquet_ids(f: IO[bytes]) -> Iterator[tuple[str, int, str]]:
+    source = _Source(f)
+    try:
+        parquet = pq.ParquetFile(source)
+        if "rollout_id" not in parquet.schema_arrow.names:
+            return
+        row = 0
+        for group in range(parquet.metadata.num_row_groups):
+            for value in parquet.read_row_group(group, columns=["rollout_id"]).column(0).to_pylist():
+                if (rid := record_id({"rollout_id": value})) is not None:
+                    yield f"row {row}", group, rid
+                row += 1
+    except (pa.ArrowException, OSError):
+        if source.failed:
+            raise  # unreadable content: read_shard reports it
 
 
 # --- listing -------------------------------------------------------------------------------------------
