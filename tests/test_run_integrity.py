@@ -44,9 +44,11 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "a.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in a))
     b = [rec(50 + i, f"b{i}") for i in range(10)] + [rec(60, "a7", 2), rec(61, "b3", 2)]
     (root / "b.jsonl.gz").write_bytes(gzip.compress(b"".join(orjson.dumps(r) + b"\n" for r in b)))
-    c = [rec(i, f"c{i}") for i in range(15)] + [rec(62, "a5", 3), rec(63, "b0", 2)] + [
-        rec(i, f"c{i}") for i in range(15, 30)
-    ]
+    c = (
+        [rec(i, f"c{i}") for i in range(15)]
+        + [rec(62, "a5", 3), rec(63, "b0", 2)]
+        + [rec(i, f"c{i}") for i in range(15, 30)]
+    )
     staging = root / ".parquet"
     write_store(iter(c), str(staging), fmt="parquet")
     pq.write_table(pq.read_table(staging / "part-00000.parquet"), root / "c.parquet", row_group_size=8)
