@@ -52,7 +52,7 @@ def test_a_stale_lease_is_taken_over_and_its_old_holder_stops(where: tuple[str, 
     time.sleep(0.7)  # no heartbeat: stale
     new = Lease(run, storage, stale_after=0.5)
     new.acquire()
-    assert "taking over the stale lease" in caplog.text
+    assert f"taking over the lease of {run} (stale): " in caplog.text
     with pytest.raises(LeaseLost, match="taken over by another writer"):
         old.renew()
     old.release()  # must not remove the new holder's lease
@@ -158,3 +158,18 @@ def test_two_concurrent_score_runs_one_refuses_and_the_run_equals_a_clean_one(
     assert f"pid {first.pid} " in lines[0]
     assert not exists(f"{run}/{LEASE}", storage)
     assert run_rows(run, storage) == run_rows(clean, storage)
+
+
+def test_a_killed_writer_on_this_host_does_not_block_the_rerun(tmp_path: Path) -> None:
+    store, run, clean = str(tmp_path / "store"), str(tmp_path / "run"), str(tmp_path / "clean" / "run")
+    write_store(synthesize("shop", 300, 40, seed=5), store, per_file=100)
+    subprocess.run(score_args(store, clean, "0.05", None), env=pexec_env(), check=True, capture_output=True)
+    killed = subprocess.Popen(score_args(store, run, "0.05", None), env=pexec_env(), stderr=subprocess.DEVNULL)
+    wait_for(lambda: exists(f"{run}/{LEASE}"), 60, "the first writer's lease")
+    killed.kill()  # SIGKILL: no clean-up, the lease stays behind
+    killed.wait()
+    assert exists(f"{run}/{LEASE}")
+    rerun = subprocess.run(score_args(store, run, "0.05", None), env=pexec_env(), capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr
+    assert f"taking over the lease of {run} (its process is gone): " in rerun.stderr
+    assert run_rows(run, None) == run_rows(clean, None)

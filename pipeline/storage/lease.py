@@ -3,7 +3,8 @@ writes the run.
 
 The lease names its holder (user, host, pid, start time) and carries a heartbeat that the holder renews in a
 background thread. A second writer fails at once naming the holder; a lease whose heartbeat is older than
-`stale_after` seconds (a crashed or killed driver) is taken over, with a warning.
+`stale_after` seconds (a crashed or killed driver), or whose holder ran on this host and is gone, is taken
+over, with a warning.
 
 Every change of the lease is a compare-and-swap, so two writers can never both believe they hold it:
 - object storage (S3 and S3-compatible servers): conditional requests — create with `If-None-Match: *`,
@@ -109,13 +110,17 @@ class Lease:
                 new = self._object.create(_dump(me))
             else:
                 age = me.heartbeat - current.heartbeat
-                if age <= self.stale_after:
+                if age <= self.stale_after and not _gone(current, me):
                     raise LeaseHeld(
                         f"run {self.url.rsplit('/', 1)[0]} is being written by {current.describe(me.heartbeat)}; "
                         f"its lease is stale after {self.stale_after:.0f}s without a heartbeat ({self.url})"
                     )
+                why = "its process is gone" if age <= self.stale_after else "stale"
                 log.warning(
-                    "taking over the stale lease of %s: %s", self.url.rsplit("/", 1)[0], current.describe(me.heartbeat)
+                    "taking over the lease of %s (%s): %s",
+                    self.url.rsplit("/", 1)[0],
+                    why,
+                    current.describe(me.heartbeat),
                 )
                 new = self._object.swap(_dump(me), version)
         if new is None:  # another writer created or took it over between our read and our write
@@ -154,6 +159,20 @@ class Lease:
                 return
             except OSError as exc:  # a network blip: the next beat tries again, well within the limit
                 log.warning("could not renew the lease %s: %s", self.url, exc)
+
+
+def _gone(holder: Holder, me: Holder) -> bool:
+    """The holder ran on this host and its process no longer exists (killed, out of memory): no need to wait
+    for its heartbeat to go stale."""
+    if holder.host != me.host or holder.pid <= 0:
+        return False
+    try:
+        os.kill(holder.pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, someone else's
+        return False
+    return False
 
 
 def _dump(holder: Holder) -> bytes:
