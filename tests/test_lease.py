@@ -16,6 +16,7 @@ import pytest
 from conftest import wait_for
 
 from pipeline.distributed import run_scoring
+from pipeline.errors import StorageError
 from pipeline.storage.fs import exists, filesystem
 from pipeline.storage.lease import LEASE, Lease, LeaseHeld, LeaseLost
 from pipeline.storage.stores import write_store
@@ -173,3 +174,8 @@ def test_a_killed_writer_on_this_host_does_not_block_the_rerun(tmp_path: Path) -
     assert rerun.returncode == 0, rerun.stderr
     assert f"taking over the lease of {run} (its process is gone): " in rerun.stderr
     assert run_rows(run, None) == run_rows(clean, None)
+
+
+def test_a_missing_bucket_is_one_clear_error(s3: dict) -> None:
+    with pytest.raises(StorageError, match=r"cannot take the lease s3://no-such-bucket/run/_lease\.json: "):
+        Lease("s3://no-such-bucket/run", s3).acquire()

@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 from fsspec.asyn import sync
 
-from pipeline.errors import PexecError
+from pipeline.errors import PexecError, StorageError
 from pipeline.storage.fs import filesystem, is_local
 
 LEASE = "_lease.json"
@@ -103,6 +103,14 @@ class Lease:
         self.release()
 
     def acquire(self) -> None:
+        try:
+            self._acquire()
+        except PexecError:
+            raise
+        except Exception as exc:  # the backend's own errors (missing bucket, permissions, network): one line
+            raise StorageError(f"cannot take the lease {self.url}: {type(exc).__name__}: {exc}") from exc
+
+    def _acquire(self) -> None:
         me = _me()
         with self._object.locked():
             current, version = self._object.read()
