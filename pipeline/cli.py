@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from importlib.metadata import version
 from pathlib import Path
@@ -216,6 +217,7 @@ def score(
     if shard_mb * 2**20 < 1:
         raise PexecError(f"--shard-mb takes a size > 0, got {shard_mb}")
     options = EnvOptions(spec_dirs=tuple(spec_dir or ()), spec=spec, policy=policy)
+    _unwind_on_sigterm()
     progress = ScoreProgress()
     with progress.bar:
         manifest = run_scoring(
@@ -234,6 +236,15 @@ def score(
             lease_stale_after=lease_stale_after,
         )
     _summary(manifest, run)
+
+
+def _unwind_on_sigterm() -> None:
+    """A scheduler's SIGTERM (a cron or pod timeout) unwinds like Ctrl-C, so the run's lease is released."""
+
+    def leave(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, leave)
 
 
 class ScoreProgress:
@@ -292,6 +303,7 @@ def run_command(
     """Run a job: score its input (only what changed since the last run), then write its metrics (and report)."""
     from pipeline.jobs import load_job, run_job
 
+    _unwind_on_sigterm()
     progress = ScoreProgress()
     job = load_job(job_file, on_date)
     console.print(f"job {job.name} ({job.date}): {job.input} -> {job.output}")

@@ -19,7 +19,7 @@ from pipeline.errors import PexecError
 from pipeline.score import ScoreSettings, ShardReport, score_shard
 from pipeline.storage.ids import Duplicates, digest, duplicate_ids
 from pipeline.storage.inputs import Shard, list_inputs, plan_shards
-from pipeline.storage.lease import DEFAULT_STALE_AFTER, Lease
+from pipeline.storage.lease import DEFAULT_STALE_AFTER, Lease, LeaseLost
 from pipeline.storage.run import (
     TABLES,
     part_sizes,
@@ -104,9 +104,9 @@ def run_scoring(
             if on_shard:
                 on_shard(report)
         if executor == "inline":
-            reports = [_inline(shard, settings, duplicates, on_shard) for shard in todo]
+            reports = [_inline(shard, settings, duplicates, on_shard, lease.check) for shard in todo]
         else:
-            reports = _on_ray(todo, settings, duplicates, address, num_cpus, on_shard) if todo else []
+            reports = _on_ray(todo, settings, duplicates, address, num_cpus, on_shard, lease.check) if todo else []
         reports = sorted([*reused, *reports], key=lambda r: (r.source, r.start))
         lease.check()  # a writer that lost its lease must not delete or commit anything
         # Parts of an earlier plan of this run (another shard size, a removed input) would duplicate rows.
@@ -153,8 +153,13 @@ def _version_now(name: str, settings: ScoreSettings) -> str | None:
 
 
 def _inline(
-    shard: Shard, settings: ScoreSettings, duplicates: Duplicates, on_shard: Callable[[ShardReport], None] | None
+    shard: Shard,
+    settings: ScoreSettings,
+    duplicates: Duplicates,
+    on_shard: Callable[[ShardReport], None] | None,
+    still_held: Callable[[], None],
 ) -> ShardReport:
+    still_held()
     try:
         report = score_shard(shard, settings, duplicates.get(shard.key))
     except OSError as exc:  # a storage failure: reported as the Ray path reports a failed task
@@ -171,6 +176,7 @@ def _on_ray(
     address: str | None,
     num_cpus: int | None,
     on_shard: Callable[[ShardReport], None] | None,
+    still_held: Callable[[], None],
 ) -> list[ShardReport]:
     import ray
 
@@ -192,6 +198,12 @@ def _on_ray(
             shard = queue.pop(0)
             pending[task.remote(shard, settings, duplicates.get(shard.key))] = shard
         done, _ = ray.wait(list(pending), num_returns=1)
+        try:
+            still_held()
+        except LeaseLost:  # another writer owns the run now: stop writing parts into it
+            for other in pending:
+                ray.cancel(other, force=True)
+            raise
         for ref in done:
             shard = pending.pop(ref)
             try:

@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import orjson
 import pyarrow.parquet as pq
 import pytest
 from conftest import wait_for
@@ -109,6 +110,13 @@ def test_the_lease_is_released_when_scoring_is_interrupted(tmp_path: Path) -> No
 # --- two real `pexec score` processes on one run ------------------------------------------------------
 
 
+def holder_pid(run: str) -> int | None:
+    try:
+        return orjson.loads((Path(run) / LEASE).read_bytes())["pid"]
+    except FileNotFoundError:
+        return None
+
+
 def pexec_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
 
@@ -179,3 +187,39 @@ def test_a_killed_writer_on_this_host_does_not_block_the_rerun(tmp_path: Path) -
 def test_a_missing_bucket_is_one_clear_error(s3: dict) -> None:
     with pytest.raises(StorageError, match=r"cannot take the lease s3://no-such-bucket/run/_lease\.json: "):
         Lease("s3://no-such-bucket/run", s3).acquire()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signalled_score_releases_its_lease_and_commits_nothing(tmp_path: Path, sig: signal.Signals) -> None:
+    store, run = str(tmp_path / "store"), str(tmp_path / "run")
+    write_store(synthesize("shop", 3000, 100, seed=5), store, per_file=500)
+    proc = subprocess.Popen(score_args(store, run, "0.05", None), env=pexec_env(), stderr=subprocess.PIPE)
+    wait_for(lambda: exists(f"{run}/{LEASE}"), 60, "the writer's lease")
+    time.sleep(0.5)  # into scoring
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0, err
+    assert not exists(f"{run}/{LEASE}") and not exists(f"{run}/_manifest.json")
+
+
+def test_a_writer_whose_stale_lease_was_taken_over_stops_without_committing(tmp_path: Path) -> None:
+    store, run, clean = str(tmp_path / "store"), str(tmp_path / "run"), str(tmp_path / "clean" / "run")
+    write_store(synthesize("shop", 2000, 100, seed=5), store, per_file=250)
+    subprocess.run(score_args(store, clean, "0.2", None), env=pexec_env(), check=True, capture_output=True)
+    args = [*score_args(store, run, "0.2", None), "--lease-stale-after", "1"]
+    first = subprocess.Popen(args, env=pexec_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: exists(f"{run}/{LEASE}"), 60, "the first writer's lease")
+    os.kill(first.pid, signal.SIGSTOP)  # hung: no heartbeat
+    time.sleep(1.5)
+    second = subprocess.Popen(args, env=pexec_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: holder_pid(run) == second.pid, 60, "the second writer's takeover")
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    _, first_err = first.communicate(timeout=120)
+    _, second_err = second.communicate(timeout=120)
+    assert second.returncode == 0, second_err
+    assert f"taking over the lease of {run} (stale): " in second_err
+    assert first.returncode == 2, first_err
+    assert first_err.strip().splitlines()[-1] == f"error: the lease of {run} was taken over by another writer"
+    assert run_rows(run, None) == run_rows(clean, None)
