@@ -108,11 +108,11 @@ def run_scoring(
         else:
             reports = _on_ray(todo, settings, duplicates, address, num_cpus, on_shard, lease.check) if todo else []
         reports = sorted([*reused, *reports], key=lambda r: (r.source, r.start))
-        lease.check()  # a writer that lost its lease must not delete or commit anything
+        lease.confirm()  # a writer that lost its lease must not delete or commit anything
         # Parts of an earlier plan of this run (another shard size, a removed input) would duplicate rows.
         remove_stale_parts(run, {s.key for s in shard_plan.shards}, storage_options)
         manifest = _manifest(store, settings, shard_plan, reports, started, executor)
-        lease.check()
+        lease.confirm()
         write_manifest(run, manifest, storage_options)
     return manifest
 

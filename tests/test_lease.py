@@ -192,10 +192,9 @@ def test_a_missing_bucket_is_one_clear_error(s3: dict) -> None:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_a_signalled_score_releases_its_lease_and_commits_nothing(tmp_path: Path, sig: signal.Signals) -> None:
     store, run = str(tmp_path / "store"), str(tmp_path / "run")
-    write_store(synthesize("shop", 3000, 100, seed=5), store, per_file=500)
+    write_store(synthesize("shop", 6000, 100, seed=5), store, per_file=500)  # a few seconds of scoring
     proc = subprocess.Popen(score_args(store, run, "0.05", None), env=pexec_env(), stderr=subprocess.PIPE)
     wait_for(lambda: exists(f"{run}/{LEASE}"), 60, "the writer's lease")
-    time.sleep(0.5)  # into scoring
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode != 0, err

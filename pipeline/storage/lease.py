@@ -89,6 +89,7 @@ class Lease:
         self._lost: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._renewing = threading.Lock()  # the heartbeat and confirm() must not race on the version
 
     def __enter__(self) -> Lease:
         self.acquire()
@@ -139,17 +140,24 @@ class Lease:
         """Move the heartbeat on; LeaseLost when someone else holds the lease now."""
         if self._holder is None:
             raise LeaseLost(f"{self.url}: not held")
-        holder = replace(self._holder, heartbeat=time.time())
-        with self._object.locked():
-            new = self._object.swap(_dump(holder), self._version)
-        if new is None:
-            raise LeaseLost(f"the lease of {self.url.rsplit('/', 1)[0]} was taken over by another writer")
-        self._holder, self._version = holder, new
+        with self._renewing:
+            holder = replace(self._holder, heartbeat=time.time())
+            with self._object.locked():
+                new = self._object.swap(_dump(holder), self._version)
+            if new is None:
+                raise LeaseLost(f"the lease of {self.url.rsplit('/', 1)[0]} was taken over by another writer")
+            self._holder, self._version = holder, new
 
     def check(self) -> None:
-        """Raise LeaseLost if a renewal found the lease taken over (called before each commit step)."""
+        """Raise LeaseLost if the heartbeat found the lease taken over (cheap: called before each shard)."""
         if self._lost:
             raise LeaseLost(self._lost)
+
+    def confirm(self) -> None:
+        """Renew now, or raise LeaseLost: called right before each step that deletes or commits, so that it
+        happens only while this writer certainly holds the lease (whatever became of the heartbeat)."""
+        self.check()
+        self.renew()
 
     def release(self) -> None:
         if self._holder is None:
@@ -165,8 +173,8 @@ class Lease:
             except LeaseLost as exc:
                 self._lost = str(exc)
                 return
-            except OSError as exc:  # a network blip: the next beat tries again, well within the limit
-                log.warning("could not renew the lease %s: %s", self.url, exc)
+            except Exception as exc:  # a network blip: the next beat tries again; confirm() is the guard
+                log.warning("could not renew the lease %s: %s: %s", self.url, type(exc).__name__, exc)
 
 
 def _gone(holder: Holder, me: Holder) -> bool:
