@@ -110,6 +110,14 @@ def test_the_lease_is_released_when_scoring_is_interrupted(tmp_path: Path) -> No
 # --- two real `pexec score` processes on one run ------------------------------------------------------
 
 
+def lease_appears(run: str, storage: dict | None) -> None:
+    """Wait for a writer's lease, polling often: the writer may be done soon after it appears."""
+    deadline = time.monotonic() + 60
+    while not exists(f"{run}/{LEASE}", storage):
+        assert time.monotonic() < deadline, f"no lease under {run} after 60s"
+        time.sleep(0.01)
+
+
 def holder_pid(run: str) -> int | None:
     try:
         return orjson.loads((Path(run) / LEASE).read_bytes())["pid"]
@@ -142,7 +150,7 @@ def test_two_concurrent_score_runs_one_refuses_and_the_run_equals_a_clean_one(
     run, storage = where
     base = run.rsplit("/", 1)[0]
     store = f"{base}/store"
-    write_store(synthesize("shop", 300, 40, seed=5), store, per_file=100, storage_options=storage)
+    write_store(synthesize("shop", 1200, 100, seed=5), store, per_file=300, storage_options=storage)
     clean = f"{base}/clean/run"  # same basename: the same run_id
     subprocess.run(score_args(store, clean, "0.05", storage), env=pexec_env(), check=True, capture_output=True)
 
@@ -151,7 +159,7 @@ def test_two_concurrent_score_runs_one_refuses_and_the_run_equals_a_clean_one(
     )
     try:
         # Freeze the first writer while it holds the lease, so the second one certainly overlaps it.
-        wait_for(lambda: exists(f"{run}/{LEASE}", storage), 60, "the first writer's lease")
+        lease_appears(run, storage)
         os.kill(first.pid, signal.SIGSTOP)
         assert exists(f"{run}/{LEASE}", storage)
         second = subprocess.run(
@@ -171,10 +179,10 @@ def test_two_concurrent_score_runs_one_refuses_and_the_run_equals_a_clean_one(
 
 def test_a_killed_writer_on_this_host_does_not_block_the_rerun(tmp_path: Path) -> None:
     store, run, clean = str(tmp_path / "store"), str(tmp_path / "run"), str(tmp_path / "clean" / "run")
-    write_store(synthesize("shop", 300, 40, seed=5), store, per_file=100)
+    write_store(synthesize("shop", 1200, 100, seed=5), store, per_file=300)
     subprocess.run(score_args(store, clean, "0.05", None), env=pexec_env(), check=True, capture_output=True)
     killed = subprocess.Popen(score_args(store, run, "0.05", None), env=pexec_env(), stderr=subprocess.DEVNULL)
-    wait_for(lambda: exists(f"{run}/{LEASE}"), 60, "the first writer's lease")
+    lease_appears(run, None)
     killed.kill()  # SIGKILL: no clean-up, the lease stays behind
     killed.wait()
     assert exists(f"{run}/{LEASE}")
@@ -194,7 +202,7 @@ def test_a_signalled_score_releases_its_lease_and_commits_nothing(tmp_path: Path
     store, run = str(tmp_path / "store"), str(tmp_path / "run")
     write_store(synthesize("shop", 6000, 100, seed=5), store, per_file=500)  # a few seconds of scoring
     proc = subprocess.Popen(score_args(store, run, "0.05", None), env=pexec_env(), stderr=subprocess.PIPE)
-    wait_for(lambda: exists(f"{run}/{LEASE}"), 60, "the writer's lease")
+    lease_appears(run, None)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode != 0, err
@@ -207,7 +215,7 @@ def test_a_writer_whose_stale_lease_was_taken_over_stops_without_committing(tmp_
     subprocess.run(score_args(store, clean, "0.2", None), env=pexec_env(), check=True, capture_output=True)
     args = [*score_args(store, run, "0.2", None), "--lease-stale-after", "1"]
     first = subprocess.Popen(args, env=pexec_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: exists(f"{run}/{LEASE}"), 60, "the first writer's lease")
+    lease_appears(run, None)
     os.kill(first.pid, signal.SIGSTOP)  # hung: no heartbeat
     time.sleep(1.5)
     second = subprocess.Popen(args, env=pexec_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
