@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import orjson
@@ -19,7 +20,7 @@ from conftest import wait_for
 from pipeline.distributed import run_scoring
 from pipeline.errors import StorageError
 from pipeline.storage.fs import exists, filesystem
-from pipeline.storage.lease import LEASE, Lease, LeaseHeld, LeaseLost
+from pipeline.storage.lease import LEASE, Lease, LeaseHeld, LeaseLost, _dump, _me, _object_for
 from pipeline.storage.stores import write_store
 from pipeline.synth import synthesize
 
@@ -71,6 +72,23 @@ def test_the_heartbeat_keeps_a_long_run_alive(where: tuple[str, dict | None]) ->
         with pytest.raises(LeaseHeld):
             Lease(run, storage, stale_after=0.5).acquire()
         lease.check()
+
+
+def test_every_change_of_the_lease_object_is_conditional(where: tuple[str, dict | None]) -> None:
+    """The compare-and-swap primitives themselves (S3: If-None-Match / If-Match on the server)."""
+    run, storage = where
+    obj = _object_for(f"{run}/{LEASE}", storage)
+    me = _me()
+    mine, renewed, theirs = (_dump(replace(me, token=t)) for t in ("mine", "mine-renewed", "theirs"))
+    with obj.locked():
+        v1 = obj.create(mine)
+        assert v1 is not None and obj.create(theirs) is None  # exists already
+        v2 = obj.swap(renewed, v1)
+        assert v2 is not None and obj.swap(theirs, v1) is None  # v1 is no longer the version there
+        obj.delete(v1)  # an outdated holder's release removes nothing
+        assert exists(f"{run}/{LEASE}", storage)
+        obj.delete(v2)
+    assert not exists(f"{run}/{LEASE}", storage)
 
 
 def test_simultaneous_acquisitions_on_a_local_disk_have_one_winner(tmp_path: Path) -> None:
