@@ -35,9 +35,19 @@ def exists(url: str, storage_options: dict[str, Any] | None = None) -> bool:
 
 
 def is_empty(url: str, storage_options: dict[str, Any] | None = None) -> bool:
-    """True when nothing is at `url`, or a folder whose only files are metadata (names starting with "."
-    or "_", see `list_files`)."""
-    return not list_files(url, storage_options)
+    """True when nothing is at `url`, or it is a folder without files (an output may be written there without
+    mixing with earlier contents)."""
+    fs, path = filesystem(url, storage_options)
+    if not fs.exists(path):
+        return True
+    return fs.isdir(path) and not fs.find(path)
+
+
+def remove_all(url: str, storage_options: dict[str, Any] | None = None) -> None:
+    """Remove whatever is at `url` (an output about to be overwritten); nothing there is fine."""
+    fs, path = filesystem(url, storage_options)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
 
 
 def list_files(

@@ -92,7 +92,8 @@ class Lease:
         self._renewing = threading.Lock()  # the heartbeat and confirm() must not race on the version
 
     def __enter__(self) -> Lease:
-        self.acquire()
+        if self._holder is None:  # not acquired beforehand
+            self.acquire()
         self._thread = threading.Thread(target=self._heartbeat, name="pexec-lease", daemon=True)
         self._thread.start()
         return self

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import zstandard
 
 from pipeline.errors import StorageError
-from pipeline.storage.fs import filesystem, is_empty, list_files, open_for_write
+from pipeline.storage.fs import filesystem, list_files, open_for_write
 from pipeline.storage.inputs import classify
 
 WriteMode = Literal["new", "overwrite", "append"]
@@ -72,12 +72,13 @@ def write_store(
 def _existing(root: str, fmt: str, mode: WriteMode, storage_options: dict | None) -> list[str]:
     """The visible files under `root` (URLs), after checking that `mode` allows writing there."""
     try:
-        if is_empty(root, storage_options):
-            return []
         fs, path = filesystem(root, storage_options)
         if fs.isfile(path):
             raise StoreExists(f"{root} is a file; --out takes a folder")
+        # What a reader of the store would see: hidden names (a crashed write's staging folder) do not count.
         files = list(list_files(root, storage_options) or {})
+        if not files:
+            return []
     except OSError as exc:
         if isinstance(exc, StorageError):
             raise
