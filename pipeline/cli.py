@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Iterator
 from importlib.metadata import version
@@ -34,7 +35,8 @@ from pipeline.distributed import DEFAULT_SHARD_BYTES, ShardPlan, run_scoring
 from pipeline.envs import EnvOptions
 from pipeline.errors import PexecError
 from pipeline.score import ShardReport
-from pipeline.storage.stores import write_store
+from pipeline.storage.lease import DEFAULT_STALE_AFTER
+from pipeline.storage.stores import WriteMode, write_store
 from pipeline.synth import synthesize
 
 console = Console(stderr=True)
@@ -87,6 +89,10 @@ StorageOption = Annotated[
 ]
 OutStore = Annotated[str, typer.Option("--out", help="Store to write (folder or fsspec URL).")]
 StoreFormat = Annotated[str, typer.Option("--format", help="jsonl or parquet")]
+Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace the files already in the output store.")]
+Append = Annotated[
+    bool, typer.Option("--append", help="Add new files beside those already in the output store (same format).")
+]
 By = Annotated[
     str | None,
     typer.Option(
@@ -144,6 +150,12 @@ def _storage(endpoint_url: str | None, pairs: list[str] | None) -> dict[str, Any
     return options or None
 
 
+def _write_mode(overwrite: bool, append: bool) -> WriteMode:
+    if overwrite and append:
+        raise PexecError("--overwrite and --append exclude each other")
+    return "overwrite" if overwrite else "append" if append else "new"
+
+
 def _columns(by: str | None) -> list[str] | None:
     """`--by model,method` -> ["model", "method"]; None (every label) when not given."""
     return [c.strip() for c in by.split(",") if c.strip()] if by else None
@@ -173,15 +185,18 @@ def synth(
     fmt: StoreFormat = "jsonl",
     compression: Annotated[str, typer.Option("--compression", help="none, gzip or zstd (JSON Lines)")] = "none",
     per_file: Annotated[int, typer.Option("--per-file", min=1, help="Rollouts per file.")] = 50_000,
+    overwrite: Overwrite = False,
+    append: Append = False,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
     """Generate a synthetic store with known per-step truth (injected failures, recoveries)."""
     if fmt not in ("jsonl", "parquet") or compression not in ("none", "gzip", "zstd"):
         raise PexecError("--format is jsonl or parquet; --compression is none, gzip or zstd")
+    mode = _write_mode(overwrite, append)
     records = synthesize(spec, rollouts, tasks, seed)
     storage = _storage(endpoint_url, storage_option)
-    n = write_store(records, out_store, fmt, per_file, None if compression == "none" else compression, storage)
+    n = write_store(records, out_store, fmt, per_file, None if compression == "none" else compression, storage, mode)
     console.print(f"wrote {n} rollouts over {min(tasks, rollouts)} tasks to {out_store}")
 
 
@@ -193,6 +208,8 @@ def ingest(
     label: Annotated[list[str] | None, typer.Option("--label", help="k=v added to every rollout's labels.")] = None,
     option: Annotated[list[str] | None, typer.Option("--option", help="k=v setting of the format's adapter.")] = None,
     store_fmt: StoreFormat = "jsonl",
+    overwrite: Overwrite = False,
+    append: Append = False,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
@@ -210,7 +227,8 @@ def ingest(
             harness_errors += record.get("status") == "harness_error"
             yield record
 
-    n = write_store(counted(run_ingest(fmt, sources, options)), out_store, store_fmt, storage_options=storage)
+    records = counted(run_ingest(fmt, sources, options))
+    n = write_store(records, out_store, store_fmt, storage_options=storage, mode=_write_mode(overwrite, append))
     console.print(f"wrote {n} rollouts to {out_store}: {n - harness_errors} ok, {harness_errors} harness error(s)")
 
 
@@ -242,6 +260,14 @@ def score(
     num_cpus: Annotated[int | None, typer.Option("--num-cpus", help="CPUs for local Ray.")] = None,
     inline: Annotated[bool, typer.Option("--inline", help="Score in this process, without Ray.")] = False,
     force: Force = False,
+    lease_stale_after: Annotated[
+        float,
+        typer.Option(
+            "--lease-stale-after",
+            min=1,
+            help="Seconds without a heartbeat after which another writer's lease on the run is taken over.",
+        ),
+    ] = DEFAULT_STALE_AFTER,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
@@ -251,6 +277,7 @@ def score(
     if shard_mb * 2**20 < 1:
         raise PexecError(f"--shard-mb takes a size > 0, got {shard_mb}")
     options = EnvOptions(spec_dirs=tuple(spec_dir or ()), spec=spec, policy=policy)
+    _unwind_on_sigterm()
     progress = ScoreProgress()
     with progress.bar:
         manifest = run_scoring(
@@ -266,8 +293,18 @@ def score(
             on_plan=progress.on_plan,
             on_shard=progress.on_shard,
             force=force,
+            lease_stale_after=lease_stale_after,
         )
     _summary(manifest, run)
+
+
+def _unwind_on_sigterm() -> None:
+    """A scheduler's SIGTERM (a cron or pod timeout) unwinds like Ctrl-C, so the run's lease is released."""
+
+    def leave(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, leave)
 
 
 class ScoreProgress:
@@ -327,6 +364,7 @@ def run_command(
     """Run a job: score its input (only what changed since the last run), then write its metrics (and report)."""
     from pipeline.jobs import load_job, run_job
 
+    _unwind_on_sigterm()
     progress = ScoreProgress()
     job = load_job(job_file, on_date)
     console.print(f"job {job.name} ({job.date}): {job.input} -> {job.output}")

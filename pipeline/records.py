@@ -55,6 +55,14 @@ def parse_rollout(record: dict[str, Any]) -> Rollout:
     )
 
 
+def record_id(record: dict[str, Any]) -> str | None:
+    """The record's rollout id as `parse_rollout` reads it, or None when it has no valid one."""
+    value = record.get("rollout_id")
+    if not isinstance(value, str | int) or isinstance(value, bool) or value == "":
+        return None
+    return str(value)
+
+
 def _labels(raw: Any) -> dict[str, str]:
     labels = _strings(raw, "labels")
     for key in labels:

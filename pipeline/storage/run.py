@@ -30,9 +30,26 @@ def part_path(run: str, table: str, shard_key: str) -> str:
     return f"{run.rstrip('/')}/{table}/part-{shard_key}.parquet"
 
 
-def write_part(run: str, table_name: str, shard_key: str, table: pa.Table, storage_options: dict | None = None) -> None:
+def write_part(run: str, table_name: str, shard_key: str, table: pa.Table, storage_options: dict | None = None) -> int:
+    """Write one part; returns its size in bytes (recorded in the shard's marker, checked before reuse)."""
     with open_for_write(part_path(run, table_name, shard_key), storage_options) as f:
         pq.write_table(table, f, compression="zstd")
+        return f.tell()
+
+
+def part_sizes(run: str, storage_options: dict | None = None) -> dict[str, dict[str, int]]:
+    """The size of every part file now in the run, by table and shard key."""
+    sizes: dict[str, dict[str, int]] = {}
+    for table in TABLES:
+        fs, folder = filesystem(f"{run.rstrip('/')}/{table}", storage_options)
+        fs.invalidate_cache(folder)  # another process may have changed it since this one last looked
+        found = fs.ls(folder, detail=True) if fs.exists(folder) else []
+        sizes[table] = {
+            name[5:-8]: int(info["size"])
+            for info in found
+            if (name := info["name"].rsplit("/", 1)[-1]).startswith("part-") and name.endswith(".parquet")
+        }
+    return sizes
 
 
 def remove_manifest(run: str, storage_options: dict | None = None) -> None:
