@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -93,11 +94,13 @@ def run_scoring(
     shard_plan = plan(store, shard_bytes, storage_options)
     duplicates = duplicate_ids(shard_plan.shards, storage_options)
     lease = Lease(run, storage_options, lease_stale_after)
-    try:
-        lease.acquire()
-    except StorageError as exc:  # the first write to the run: a missing bucket or no permission fails here
-        raise JobFailed(f"cannot write run {run}: {exc}") from exc
-    with lease:
+    with ExitStack() as held:
+        with lease.taking():
+            try:
+                lease.acquire()
+            except StorageError as exc:  # the first write to the run: a missing bucket or no permission fails here
+                raise JobFailed(f"cannot write run {run}: {exc}") from exc
+            held.enter_context(lease)
         markers = {} if force else read_shard_markers(run, storage_options)
         sizes = part_sizes(run, storage_options) if markers else {}
         reused = [

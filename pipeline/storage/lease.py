@@ -20,6 +20,7 @@ import fcntl
 import getpass
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -90,6 +91,21 @@ class Lease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._renewing = threading.Lock()  # the heartbeat and confirm() must not race on the version
+
+    @contextlib.contextmanager
+    def taking(self) -> Iterator[None]:
+        """Signals (Ctrl-C, SIGTERM) wait while the lease is taken and its release is registered (enter the lease
+        inside this block): one arriving between the lease file's creation and the `with` that releases it
+        would otherwise leave the lease behind. Only the main thread receives signals; elsewhere a no-op."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        deferred = {signal.SIGINT, signal.SIGTERM}
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, deferred)
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # a pending signal is delivered here
 
     def __enter__(self) -> Lease:
         if self._holder is None:  # not acquired beforehand
