@@ -439,6 +439,30 @@ def sql_command(
 
 
 @app.command()
+def view(
+    run: Annotated[str, typer.Argument(help="A scored run folder or URL.")],
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on.")] = 8765,
+    host: Annotated[
+        str, typer.Option("--host", help="Address to listen on (default: this machine only).")
+    ] = "127.0.0.1",
+    bootstrap: Bootstrap = 1000,
+    seed: Seed = 0,
+    method: Method = "multinomial",
+    endpoint_url: EndpointUrl = None,
+    storage_option: StorageOption = None,
+) -> None:
+    """Browse a run: cohorts and their metrics -> the rollouts behind a number -> one rollout's steps."""
+    from pipeline.view import RunView, serve
+
+    run_view = RunView(run, _storage(endpoint_url, storage_option), _bootstrap(bootstrap, seed, method))
+    console.print(f"pexec view: http://{host}:{port}/ (Ctrl-C to stop)")
+    try:
+        serve(run_view, host=host, port=port)
+    finally:
+        run_view.close()
+
+
+@app.command()
 def envs(
     spec_dir: SpecDir = None,
     check: Annotated[
