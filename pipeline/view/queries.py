@@ -255,7 +255,7 @@ class RunView:
                 f_mismatch=filters.mismatch,
             )
             run_sql(self.con, "view_filtered")
-            total = self.con.sql(f"SELECT count(*) FROM filtered WHERE {cond}", params=params).fetchone()[0]
+            total = self.con.sql(f"SELECT count(*) FROM filtered WHERE {cond}", params=params).fetchall()[0][0]
             rows = (
                 self.con.sql(
                     f"SELECT {select}, _shard FROM filtered WHERE {cond} AND {page_cond} "

@@ -1,0 +1,184 @@
+"""`pexec view` over a real scored run: the pages' numbers against the run's Parquet read independently,
+filters and keyset paging, the rollout page's steps and logged events, escaping, and refusals."""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from starlette.testclient import TestClient
+
+from pipeline.aggregate import BootstrapSettings, compute_metrics, write_metrics
+from pipeline.distributed import run_scoring
+from pipeline.storage.stores import write_store
+from pipeline.synth import synthesize
+from pipeline.view import RunView, create_app
+
+EVIL = '<script>alert("x")</script>'
+SETTINGS = BootstrapSettings(B=20)
+
+
+def make_run(folder: Path, storage_options: dict | None = None, root: str | None = None) -> str:
+    """A synthetic shop store (one rollout labelled with markup) scored inline; returns the run's URL."""
+    records = list(synthesize("shop", n_rollouts=240, n_tasks=30, seed=3))
+    records[7]["labels"] = {**records[7]["labels"], "method": EVIL}
+    base = root or str(folder)
+    write_store(iter(records), f"{base}/store", per_file=100, storage_options=storage_options)
+    run_scoring(f"{base}/store", f"{base}/run", executor="inline", storage_options=storage_options)
+    return f"{base}/run"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return make_run(tmp_path_factory.mktemp("view"))
+
+
+@pytest.fixture(scope="module")
+def client(run: str) -> Iterator[TestClient]:
+    view = RunView(run, None, SETTINGS)
+    try:
+        yield TestClient(create_app(view))
+    finally:
+        view.close()
+
+
+def rollouts_table(run: str):
+    return pq.read_table(f"{run}/rollouts")
+
+
+def links(page: str, path: str) -> list[str]:
+    return [html.unescape(h) for h in re.findall(rf'href="({re.escape(path)}\?[^"]*)"', page)]
+
+
+def count(page: str) -> int:
+    return int(re.search(r'<p id="count"><strong>(\d+)</strong>', page).group(1))
+
+
+def test_front_page_counts_are_the_runs(client: TestClient, run: str) -> None:
+    table = rollouts_table(run)
+    page = client.get("/").text
+    assert "computed now from the rollouts" in page  # no metrics.parquet yet
+    # Every cohort's n links to exactly the rollouts of that cohort; together they are the whole run.
+    totals = [count(client.get(h).text) for h in links(page, "/rollouts") if "cause=" not in h and "fed=" not in h]
+    assert sum(totals) == table.num_rows == 240
+    expected = compute_metrics(run, None, SETTINGS)
+    assert len(totals) == len(expected)
+    assert sorted(totals) == sorted(c["n"] for c in expected)
+    ter = expected[0]["ter"]
+    assert f"{ter['value']:.3f} [{ter['lo']:.3f}, {ter['hi']:.3f}]" in page
+
+
+def test_cause_link_lists_exactly_those_rollouts(client: TestClient, run: str) -> None:
+    table = rollouts_table(run)
+    page = client.get("/").text
+    cause_links = [h for h in links(page, "/rollouts") if "cause=dependency" in h]
+    assert cause_links
+    listed = client.get(cause_links[0]).text
+    q = dict(re.findall(r"label\.(\w+)=([^&]*)", cause_links[0]))
+    mask = pc.equal(table["first_cause"], "dependency")
+    for col, value in q.items():
+        mask = pc.and_(mask, pc.equal(table[col], value))
+    assert count(listed) == pc.sum(mask.cast("int64")).as_py() > 0
+
+
+def test_filters_and_keyset_paging_cover_each_rollout_once(client: TestClient, run: str) -> None:
+    table = rollouts_table(run)
+    n_exec = pc.sum(table["executable"].cast("int64")).as_py()
+    url: str | None = "/rollouts?fed=0"
+    seen: list[str] = []
+    while url:
+        page = client.get(url).text
+        assert count(page) == n_exec
+        seen += re.findall(r'class="rollout" href="[^"]*">([^<]+)</a>', page)
+        nxt = re.search(r'id="next" href="([^"]*)"', page)
+        url = html.unescape(nxt.group(1)) if nxt else None
+    expected = sorted(
+        r for r, e in zip(table["rollout_id"].to_pylist(), table["executable"].to_pylist(), strict=True) if e
+    )
+    assert sorted(seen) == expected and len(seen) == len(set(seen)) and n_exec > 50  # more than one page
+    failing = count(client.get("/rollouts?success=false&mismatch=0").text)
+    assert failing == sum(s is False for s in table["success"].to_pylist())
+
+
+def test_rollout_page_shows_the_failing_step_and_the_logged_trajectory(client: TestClient, run: str) -> None:
+    steps = pq.read_table(f"{run}/steps").to_pylist()
+    bad = next(s for s in steps if not s["valid"])
+    page = client.get("/rollouts?" + f"cause={bad['cause']}").text
+    link = next(h for h in links(page, "/rollout") if f"id={bad['rollout_id']}&" in h)
+    shown = client.get(link).text
+    row = re.search(rf'<tr class="bad first-error" id="step-{bad["step"]}">(.*?)</tr>', shown, re.S)
+    assert row is not None and bad["tool"] in row.group(1) and bad["cause"] in row.group(1)
+    assert bad["detail"] == html.unescape(re.search(r"detail\">([^<]*)<", row.group(1)).group(1))
+    # Events come from the input store: the user's first message and the call's arguments.
+    assert 'id="input-note"' not in shown
+    assert shown.count('<li class="call') == max(s["step"] for s in steps if s["rollout_id"] == bad["rollout_id"])
+    assert '<li class="msg role-user">' in shown
+    back = re.search(r'id="back" href="([^"]*)"', shown).group(1)
+    assert f"cause={bad['cause']}" in html.unescape(back)
+
+
+def test_labels_from_logs_are_escaped(client: TestClient) -> None:
+    page = client.get("/").text
+    assert EVIL not in page and "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in page
+
+
+def test_stored_metrics_are_used_only_while_current(run: str, tmp_path: Path) -> None:
+    write_metrics(run, compute_metrics(run, ["model"], SETTINGS))
+    view = RunView(run, None, SETTINGS)
+    try:
+        page = TestClient(create_app(view)).get("/").text
+        assert "metrics/metrics.parquet (task bootstrap, multinomial, B=20" in page
+        assert '<th class="key">method</th>' not in page  # the stored cohorts: benchmark x model
+    finally:
+        view.close()
+    # A rescore after the metrics makes them stale: the viewer computes instead of showing old numbers.
+    run_scoring(str(Path(run).parent / "store"), run, executor="inline", force=True)
+    view = RunView(run, None, SETTINGS)
+    try:
+        assert "computed now from the rollouts" in TestClient(create_app(view)).get("/").text
+    finally:
+        view.close()
+
+
+def test_refusals_say_what_is_wrong(client: TestClient) -> None:
+    r = client.get("/rollouts?label.nosuch=1")
+    assert r.status_code == 400 and "unknown column &#39;nosuch&#39;" in r.text
+    r = client.get("/rollouts?fed=two")
+    assert r.status_code == 400 and "fed must be a depth" in r.text
+    r = client.get("/rollout?run=x&shard=../../etc&id=r1")
+    assert r.status_code == 400 and "not a shard key" in r.text
+    r = client.get("/rollout?run=x&shard=abc&id=r1")
+    assert r.status_code == 400 and "no rollout" in r.text
+
+
+def test_a_changed_input_is_not_shown_as_the_scored_one(tmp_path: Path) -> None:
+    run = make_run(tmp_path)
+    first = sorted((tmp_path / "store").rglob("*.jsonl*"))[0]
+    first.write_bytes(first.read_bytes() + b"\n")
+    view = RunView(run, None, SETTINGS)
+    try:
+        client = TestClient(create_app(view))
+        listed = client.get("/rollouts").text
+        page = client.get(links(listed, "/rollout")[0]).text
+        assert "changed since the run scored it" in page and '<li class="call' not in page
+        assert '<table id="steps">' in page  # the scored steps are still shown
+    finally:
+        view.close()
+
+
+def test_a_run_on_object_storage(s3: dict, tmp_path: Path) -> None:
+    run = make_run(tmp_path, s3, root="s3://pexec-test/view")
+    view = RunView(run, s3, SETTINGS)
+    try:
+        client = TestClient(create_app(view))
+        listed = client.get("/rollouts?fed=1").text
+        assert count(listed) > 0
+        page = client.get(links(listed, "/rollout")[0]).text
+        assert 'class="bad first-error" id="step-1"' in page and '<li class="call bad">' in page
+    finally:
+        view.close()
