@@ -491,13 +491,14 @@ def envs(
 
 @app.command()
 def bench(
-    what: Annotated[str, typer.Argument(help="replay, metrics or scale")] = "replay",
+    what: Annotated[str, typer.Argument(help="replay, metrics, scale or view")] = "replay",
     rollouts: Annotated[
-        int | None, typer.Option("--rollouts", help="Store size (default: 220k replay, 1M metrics).")
+        int | None, typer.Option("--rollouts", help="Store size (default: 220k replay, 1M metrics and view).")
     ] = None,
     workdir: Annotated[Path | None, typer.Option("--workdir", help="Where to put the generated data.")] = None,
 ) -> None:
-    """Benchmarks: replay through Ray vs a naive baseline, the DuckDB bootstrap stage, or scale-out over S3."""
+    """Benchmarks: replay through Ray vs a naive baseline, the DuckDB bootstrap stage, scale-out over S3, or
+    the viewer's page latency."""
     if what == "replay":
         from pipeline.perf.replay import bench_replay
 
@@ -510,8 +511,12 @@ def bench(
         from pipeline.perf.scale import bench_scale
 
         bench_scale(n_rollouts=rollouts or 1_000_000)
+    elif what == "view":
+        from pipeline.perf.view import bench_view
+
+        bench_view(n_rollouts=rollouts or 1_000_000, workdir=workdir)
     else:
-        raise PexecError("bench takes replay, metrics or scale")
+        raise PexecError("bench takes replay, metrics, scale or view")
 
 
 if __name__ == "__main__":
