@@ -1,4 +1,4 @@
--- The viewer's rollout filters (docs/design.md §7); a NULL variable means "any". The label and status filters
+-- The viewer's rollout filters (docs/design.md §5.6); a NULL variable means "any". The label and status filters
 -- (columns that differ from run to run) and the page bounds are added by pipeline.view.queries (label columns differ from run to run).
 --   f_cause      first-error cause
 --   f_tool       the tool of the first invalid call

@@ -1,4 +1,4 @@
-"""`pexec view`: a local web viewer over a run (docs/design.md §7).
+"""`pexec view`: a local web viewer over a run (docs/design.md §5.6).
 
 queries.py  what the pages show, read from the run with DuckDB in place
 app.py      the Starlette app, its Jinja2 templates (templates/) and stylesheet (static/)
