@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import html
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from starlette.testclient import TestClient
+from typer.testing import CliRunner
 
 from pipeline.aggregate import BootstrapSettings, compute_metrics, write_metrics
+from pipeline.cli import app
 from pipeline.distributed import run_scoring
 from pipeline.storage.stores import write_store
 from pipeline.synth import synthesize
@@ -182,3 +186,31 @@ def test_a_run_on_object_storage(s3: dict, tmp_path: Path) -> None:
         assert 'class="bad first-error" id="step-1"' in page and '<li class="call bad">' in page
     finally:
         view.close()
+
+
+def test_status_filter_where_the_run_has_the_column(run: str, tmp_path: Path) -> None:
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    for part in (copy / "rollouts").glob("*.parquet"):
+        table = pq.read_table(part)
+        status = ["harness_error" if i % 7 == 0 else "ok" for i in range(table.num_rows)]
+        pq.write_table(table.append_column("status", pa.array(status)), part)
+    view = RunView(str(copy), None, SETTINGS)
+    try:
+        client = TestClient(create_app(view))
+        expected = sum(1 for s in pq.read_table(copy / "rollouts")["status"].to_pylist() if s == "harness_error")
+        page = client.get("/rollouts?status=harness_error").text
+        assert count(page) == expected > 0 and "<th>status</th>" in page
+    finally:
+        view.close()
+    view = RunView(run, None, SETTINGS)
+    try:
+        r = TestClient(create_app(view)).get("/rollouts?status=ok")
+        assert r.status_code == 400 and "no status column" in r.text
+    finally:
+        view.close()
+
+
+def test_cli_refuses_a_missing_run(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["view", str(tmp_path / "nothing")])
+    assert result.exit_code == 2 and "no rollouts Parquet files" in result.output

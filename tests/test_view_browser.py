@@ -8,7 +8,6 @@ outside CI; under CI a missing browser fails the test set-up.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,12 +18,12 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import ROOT, _answers, free_port, wait_for
 from test_aggregate import paper_rows, write_rollouts
+from test_report_browser import chromium  # noqa: F401  (skipped without chromium, failed under CI)
 from test_view import make_run
 
 from pipeline.aggregate import BootstrapSettings
 from pipeline.report import build_report
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
     "--disable-sync", "--no-first-run",
@@ -43,15 +42,6 @@ FIT = """() => {
   });
   return {pageOverflow: doc.scrollWidth - window.innerWidth, boxes};
 }"""
-
-
-@pytest.fixture(scope="module")
-def chromium() -> str:
-    if CHROMIUM is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is not installed (CI is set): make browser")
-        pytest.skip("chromium not installed (make browser); set CI=true to make this a failure")
-    return CHROMIUM
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +65,7 @@ def viewer(run: str) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def browser(chromium: str) -> Iterator[object]:
+def browser(chromium: str) -> Iterator[object]:  # noqa: F811
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
