@@ -441,7 +441,7 @@ def sql_command(
 @app.command()
 def view(
     run: Annotated[str, typer.Argument(help="A scored run folder or URL.")],
-    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on.")] = 8765,
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 8765,
     host: Annotated[
         str, typer.Option("--host", help="Address to listen on (default: this machine only).")
     ] = "127.0.0.1",

@@ -163,7 +163,7 @@ def cause_chart(rows: list[list[Any]]) -> Chart:
     causes = sorted({r[2] for r in rows}, key=lambda c: (rank.get(c, len(rank)), c))
     by = {(r[0], r[1], r[2]): r for r in rows}
     with plt.rc_context(_STYLE):
-        fig, ax = plt.subplots(figsize=(max(_PANEL[0], 0.9 * len(bars) + 2.2), _PANEL[1] + 0.4), layout="constrained")
+        fig, ax = plt.subplots(figsize=(max(_PANEL[0], 1.0 * len(bars) + 2.2), _PANEL[1] + 0.4), layout="constrained")
         bottom = [0.0] * len(bars)
         x = list(range(len(bars)))
         for cause in causes:
@@ -178,12 +178,19 @@ def cause_chart(rows: list[list[Any]]) -> Chart:
         totals = {(r[0], r[1]): 0 for r in rows}
         for r in rows:
             totals[(r[0], r[1])] += r[3]
-        ax.set_xticks(x, [f"{c}\n{b}\nn={totals[(b, c)]}" for b, c in bars])
+        several = len({b for b, _ in bars}) > 1  # name the benchmark only when there is a choice
+        ax.set_xticks(x, [_bar_label(b, c, totals[(b, c)], several) for b, c in bars])
         ax.set(ylabel="share of rollouts with an invalid prefix", ylim=(0, 1.0))
         ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
         fig.legend(*ax.get_legend_handles_labels(), loc="outside right upper", title="first-error cause")
         columns = ["benchmark", "condition", "cause", "n", "share"]
         return _chart("first_causes", "First-error cause", columns, rows, fig)
+
+
+def _bar_label(benchmark: str, condition: str, n: int, with_benchmark: bool) -> str:
+    """One label part per line (long cohort labels do not run into their neighbours), then n."""
+    lines = ([benchmark] if with_benchmark else []) + condition.split(" · ")
+    return "\n".join([*lines, f"n={n}"])
 
 
 def _pec_line(ax: Axes, pts: list[list[Any]], colour: str, label: str | None) -> None:
