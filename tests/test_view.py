@@ -68,13 +68,18 @@ def test_front_page_counts_are_the_runs(client: TestClient, run: str) -> None:
     page = client.get("/").text
     assert "computed now from the rollouts" in page  # no metrics.parquet yet
     # Every cohort's n links to exactly the rollouts of that cohort; together they are the whole run.
-    totals = [count(client.get(h).text) for h in links(page, "/rollouts") if "cause=" not in h and "fed=" not in h]
+    n_links = [html.unescape(h) for h in re.findall(r'class="n" href="([^"]*)"', page)]
+    totals = [count(client.get(h).text) for h in n_links]
     assert sum(totals) == table.num_rows == 240
     expected = compute_metrics(run, None, SETTINGS)
     assert len(totals) == len(expected)
     assert sorted(totals) == sorted(c["n"] for c in expected)
     ter = expected[0]["ter"]
     assert f"{ter['value']:.3f} [{ter['lo']:.3f}, {ter['hi']:.3f}]" in page
+    # TER links to the executable rollouts of its cohort: their number over n is the point estimate.
+    ter_link = html.unescape(re.search(r'class="metric-ter" href="([^"]*)"', page).group(1))
+    n_exec = count(client.get(ter_link).text)
+    assert "fed=0" in ter_link and n_exec / expected[0]["n"] == pytest.approx(ter["value"])
 
 
 def test_cause_link_lists_exactly_those_rollouts(client: TestClient, run: str) -> None:

@@ -34,7 +34,11 @@ def _ci(value: dict[str, Any]) -> str:
     return f"{value['value']:.3f} [{value['lo']:.3f}, {value['hi']:.3f}]"
 
 
-_ENV.globals |= {"href": _href, "ci": _ci, "urlencode": urlencode}
+# A metric whose numerator is a filter links to those rollouts (TER: the executable ones; success: the
+# successful ones); the cause counts beside them link to each cause.
+DRILL = {"ter": [("fed", "0")], "success": [("success", "true")]}
+
+_ENV.globals |= {"href": _href, "ci": _ci, "drill": DRILL}
 
 
 def create_app(view: RunView) -> Starlette:
