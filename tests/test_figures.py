@@ -87,6 +87,8 @@ def test_formats_for_a_paper() -> None:
     # Text is text: labels are searchable in the SVG, not glyph paths.
     assert ">PEC(k)</text>" in chart.svg and ">model-b · react</text>" in chart.svg
     assert "DejaVu Sans" in chart.svg
+    again = CHARTS["pec_curves"]()  # no dates or random ids: a rerun writes the same bytes
+    assert (again.png, again.svg, again.pdf) == (chart.png, chart.svg, chart.pdf)
 
 
 def test_a_cause_has_one_colour_whatever_else_is_drawn() -> None:
