@@ -190,7 +190,10 @@ class RunView:
         if not self.root.exists(rel) or not self.root.exists(MANIFEST):
             return None
         fs, base = self.root.fs, self.root.path
-        if fs.modified(f"{base}/{rel}") < fs.modified(f"{base}/{MANIFEST}"):
+        try:
+            if fs.modified(f"{base}/{rel}") < fs.modified(f"{base}/{MANIFEST}"):
+                return None
+        except (NotImplementedError, OSError):  # a store that cannot tell: the file's age is unknown
             return None
         with fs.open(f"{base}/{rel}", "rb") as f:
             table = pq.read_table(f)
