@@ -65,6 +65,7 @@ def create_app(view: RunView) -> Starlette:
             page=page,
             page_size=PAGE,
             has_status=view.has_status,
+            text_columns={"task_id", "benchmark", "first_cause", "status", *view.labels},
             first=after is None,
             page_title="Rollouts",
         )
