@@ -8,6 +8,7 @@ import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -31,6 +32,7 @@ def make_run(folder: Path, storage_options: dict | None = None, root: str | None
     """A synthetic shop store (one rollout labelled with markup) scored inline; returns the run's URL."""
     records = list(synthesize("shop", n_rollouts=240, n_tasks=30, seed=3))
     records[7]["labels"] = {**records[7]["labels"], "method": EVIL}
+    records[7]["events"][0]["content"] += EVIL
     base = root or str(folder)
     write_store(iter(records), f"{base}/store", per_file=100, storage_options=storage_options)
     run_scoring(f"{base}/store", f"{base}/run", executor="inline", storage_options=storage_options)
@@ -131,9 +133,14 @@ def test_rollout_page_shows_the_failing_step_and_the_logged_trajectory(client: T
     assert f"cause={bad['cause']}" in html.unescape(back)
 
 
-def test_labels_from_logs_are_escaped(client: TestClient) -> None:
+def test_text_from_logs_is_escaped(client: TestClient) -> None:
+    escaped = "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;"
     page = client.get("/").text
-    assert EVIL not in page and "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in page
+    assert EVIL not in page and escaped in page
+    listed = client.get("/rollouts?" + urlencode({"label.method": EVIL})).text
+    assert count(listed) == 1 and EVIL not in listed
+    shown = client.get(links(listed, "/rollout")[0]).text  # the label and the user's message
+    assert EVIL not in shown and shown.count(escaped) == 2
 
 
 def test_stored_metrics_are_used_only_while_current(run: str, tmp_path: Path) -> None:
