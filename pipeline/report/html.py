@@ -16,7 +16,10 @@ div.scroll { overflow-x: auto; max-width: 100%; margin: .5em 0; }
 table { border-collapse: collapse; font-variant-numeric: tabular-nums; }
 th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; white-space: nowrap; }
 th { background: #f3f3f3; } td.key, th.key { text-align: left; }
-div.scroll tr > :first-child { position: sticky; left: 0; z-index: 1; background: #fff; }
+div.scroll table { border-collapse: separate; border-spacing: 0; }
+div.scroll th, div.scroll td { border-width: 0 1px 1px 0; }
+div.scroll thead th { border-top-width: 1px; }
+div.scroll tr > :first-child { position: sticky; left: 0; z-index: 1; background: #fff; border-left-width: 1px; }
 div.scroll thead tr > :first-child { background: #f3f3f3; }
 p.note { color: #555; margin: .2em 0; font-size: .92em; }
 figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
