@@ -475,13 +475,15 @@ def view(
     bootstrap: Bootstrap = 1000,
     seed: Seed = 0,
     method: Method = "multinomial",
+    partial: Partial = False,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
     """Browse a run: cohorts and their metrics -> the rollouts behind a number -> one rollout's steps."""
     from pipeline.view import RunView, serve
 
-    run_view = RunView(run, _storage(endpoint_url, storage_option), _bootstrap(bootstrap, seed, method))
+    settings = _bootstrap(bootstrap, seed, method)
+    run_view = RunView(run, _storage(endpoint_url, storage_option), settings, partial)
     console.print(f"pexec view: http://{host}:{port}/ (Ctrl-C to stop)")
     try:
         serve(run_view, host=host, port=port)

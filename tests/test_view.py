@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from pipeline.aggregate import BootstrapSettings, compute_metrics, write_metrics
 from pipeline.cli import app
+from pipeline.coverage import RunIncomplete
 from pipeline.distributed import run_scoring
 from pipeline.storage.stores import write_store
 from pipeline.synth import synthesize
@@ -144,12 +145,15 @@ def test_text_from_logs_is_escaped(client: TestClient) -> None:
 
 
 def test_stored_metrics_are_used_only_while_current(run: str, tmp_path: Path) -> None:
-    write_metrics(run, compute_metrics(run, ["model"], SETTINGS))
+    # Stored with other settings than the viewer's (B=7): the page shows the stored numbers and says so.
+    stored = compute_metrics(run, None, BootstrapSettings(B=7))
+    write_metrics(run, stored)
     view = RunView(run, None, SETTINGS)
     try:
         page = TestClient(create_app(view)).get("/").text
-        assert "metrics/metrics.parquet (task bootstrap, multinomial, B=20" in page
-        assert '<th class="key">method</th>' not in page  # the stored cohorts: benchmark x model
+        assert "metrics/metrics/metrics.parquet (task bootstrap, multinomial, B=7" in page
+        ter = stored[0]["ter"]
+        assert f"{ter['value']:.3f} [{ter['lo']:.3f}, {ter['hi']:.3f}]" in page
     finally:
         view.close()
     # A rescore after the metrics makes them stale: the viewer computes instead of showing old numbers.
@@ -225,4 +229,18 @@ def test_status_filter_where_the_run_has_the_column(run: str, tmp_path: Path) ->
 
 def test_cli_refuses_a_missing_run(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["view", str(tmp_path / "nothing")])
-    assert result.exit_code == 2 and "no rollouts Parquet files" in result.output
+    assert result.exit_code == 2 and "no run at" in result.output
+
+
+def test_an_incomplete_run_only_with_partial_and_saying_so(run: str, tmp_path: Path) -> None:
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    (copy / "_manifest.json").unlink()  # scoring did not finish
+    with pytest.raises(RunIncomplete, match="--partial"):
+        RunView(str(copy), None, SETTINGS)
+    view = RunView(str(copy), None, SETTINGS, partial=True)
+    try:
+        page = TestClient(create_app(view)).get("/rollouts").text
+        assert 'id="partial"' in page and "of 3 shards" in page
+    finally:
+        view.close()

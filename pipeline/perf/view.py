@@ -23,7 +23,8 @@ from pipeline.perf.metrics import write_synthetic_rollouts
 
 
 def write_synthetic_run(run: Path, n_rollouts: int, n_tasks: int, parts: int = 4) -> None:
-    """Rollouts (pipeline.perf.metrics) and, part for part, their steps (sql/synthetic_steps.sql)."""
+    """Rollouts (pipeline.perf.metrics, committed as a complete run) and, part for part, their steps
+    (sql/synthetic_steps.sql) in place of the empty steps parts the commit wrote."""
     write_synthetic_rollouts(run, n_rollouts, n_tasks, parts=parts, n_models=4)
     (run / "steps").mkdir(exist_ok=True)
     con = duckdb.connect()

@@ -6,7 +6,7 @@ COPY (
            s.step::INTEGER AS step, 0 AS turn,
            'tool_' || ((s.step * 7 + length(r.rollout_id)) % 8)::VARCHAR AS tool,
            s.step < r.fed AS valid, s.step < r.fed AS prefix_executable,
-           CASE WHEN s.step = r.fed THEN 'P' END AS "check",
+           CASE WHEN s.step = r.fed THEN 'P' END AS failed_check,
            CASE WHEN s.step = r.fed THEN r.first_cause END AS cause,
            CASE WHEN s.step = r.fed THEN 'synthetic failure' END AS detail,
            'precondition' AS decided_by, NULL::BOOLEAN AS output_match

@@ -1,5 +1,5 @@
--- The steps of one rollout, read from the one steps part of its shard (variable r_steps).
+-- The steps of one rollout (variables r_run, r_id), over the `steps` view of its shard's part (view_steps.sql).
 CREATE OR REPLACE TEMP VIEW one_rollout_steps AS
-SELECT * FROM read_parquet(getvariable('r_steps'))
+SELECT * FROM steps
 WHERE run_id = getvariable('r_run') AND rollout_id = getvariable('r_id')
 ORDER BY step;

@@ -43,7 +43,7 @@ _ENV.globals |= {"href": _href, "ci": _ci, "drill": DRILL}
 
 def create_app(view: RunView) -> Starlette:
     def render(name: str, status: int = 200, **context: Any) -> HTMLResponse:
-        html = _ENV.get_template(name).render(run=view.run, **context)
+        html = _ENV.get_template(name).render(run=view.run, coverage_note=view.coverage_note, **context)
         return HTMLResponse(html, status_code=status)
 
     def cohorts(request: Request) -> Response:

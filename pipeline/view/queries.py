@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from pipeline import catalogue, schema
 from pipeline.aggregate import (
     DEFAULT_BOOTSTRAP,
+    DEFAULT_METRICS,
     BootstrapSettings,
     compute_metrics,
     fetch,
@@ -29,11 +30,12 @@ from pipeline.aggregate import (
     run_sql,
     set_variables,
 )
+from pipeline.coverage import describe_partial, read_coverage
 from pipeline.errors import PexecError
 from pipeline.model import NOT_LOGGED, Call, Event
 from pipeline.records import InvalidRecord, parse_rollout
 from pipeline.storage.inputs import Shard, StoreError, list_inputs, read_shard
-from pipeline.storage.run import MANIFEST, RunPrefix, read_manifest
+from pipeline.storage.run import MANIFEST, read_manifest, read_plan
 
 PAGE = 50
 STATUS = "status"  # harness error status, filtered on where the run has the column
@@ -140,18 +142,26 @@ class RunView:
     """One run opened for the viewer's lifetime; DuckDB's connection is used by one request at a time."""
 
     def __init__(
-        self, run: str, storage_options: dict[str, Any] | None = None, settings: BootstrapSettings = DEFAULT_BOOTSTRAP
+        self,
+        run: str,
+        storage_options: dict[str, Any] | None = None,
+        settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
+        partial: bool = False,
     ) -> None:
         self.run = run
         self.storage_options = storage_options
         self.settings = settings
-        self.root = RunPrefix(run, storage_options)
+        self.partial = partial
+        # An incomplete run is refused unless `partial`; then only committed shards are read, and every page
+        # says what they cover.
+        coverage = read_coverage(run, storage_options, partial)
+        self.root = coverage.root
+        covered = coverage.partial()
+        self.coverage_note = describe_partial(covered) if covered else ""
         self._stack = ExitStack()
-        self.con = self._stack.enter_context(open_rollouts(run, storage_options))
-        if not self.root.has("steps"):
-            self.close()
-            raise ViewError(f"no steps Parquet files under {self.root.url}/steps/")
-        set_variables(self.con, rollouts_glob=self.root.glob("rollouts"), steps_glob=self.root.glob("steps"))
+        self.con = self._stack.enter_context(open_rollouts(run, storage_options, partial))
+        # rollouts_files is set by open_rollouts; steps_files is the one-rollout page's (view_rollout_steps).
+        set_variables(self.con, located_steps_files=coverage.parts("steps"))
         run_sql(self.con, "view_located")
         self.columns = rollout_columns(self.con)
         self.labels = label_columns(self.columns)
@@ -175,7 +185,8 @@ class RunView:
         if stored is not None:
             keys, rows, source = stored
         else:
-            computed = compute_metrics(self.run, None, self.settings, storage_options=self.storage_options)
+            computed = compute_metrics(self.run, None, self.settings, storage_options=self.storage_options,
+                                       partial=self.partial)  # fmt: skip
             keys = ["benchmark", *self.labels]
             rows = [_from_dict(c, keys) for c in computed]
             s = self.settings
@@ -184,9 +195,10 @@ class RunView:
         return Cohorts(keys, [replace(c, causes=causes.get(_key_tuple(c.key, keys), [])) for c in rows], source)
 
     def _stored_metrics(self) -> tuple[list[str], list[Cohort], str] | None:
-        """metrics/metrics.parquet when it is current: written after the run's manifest, with the same
-        rollouts per cohort as the run has now. Otherwise None (the metrics are computed instead)."""
-        rel = "metrics/metrics.parquet"
+        """The metrics over every label (RUN/metrics/metrics/metrics.parquet, as `pexec metrics` without --by
+        writes them) when they are current: written after the run's manifest, with the same rollouts per
+        cohort as the run has now. Otherwise None (the metrics are computed instead)."""
+        rel = f"metrics/{DEFAULT_METRICS}/metrics.parquet"
         if not self.root.exists(rel) or not self.root.exists(MANIFEST):
             return None
         fs, base = self.root.fs, self.root.path
@@ -286,7 +298,9 @@ class RunView:
             if not found:
                 raise ViewError(f"no rollout {rollout_id!r} of run {run_id!r} in shard {shard}")
             summary = found[0]
-            set_variables(self.con, r_steps=_steps_part(summary["_file"]))
+            # The `steps` view (its column names settled) over the one steps part of the rollout's shard.
+            set_variables(self.con, steps_files=[_steps_part(summary["_file"])])
+            run_sql(self.con, "view_steps")
             run_sql(self.con, "view_rollout_steps")
             steps = fetch(self.con, "one_rollout_steps")
         view = RolloutView(summary, steps)
@@ -299,14 +313,12 @@ class RunView:
         Only the one shard that holds it is read; a changed input is refused (its events could differ from
         what was scored)."""
         run_folder = part_file.rsplit("/rollouts/", 1)[0]
-        manifest = read_manifest(run_folder, self.storage_options)
-        if manifest is None:
-            view.input_note = f"no {MANIFEST} in {run_folder}: the run is incomplete, its input is not recorded"
+        recorded = [read_manifest(run_folder, self.storage_options), read_plan(run_folder, self.storage_options)]
+        shards = [s for r in recorded if r for s in r.get("shards", []) if s.get("shard") == shard and "source" in s]
+        if not shards:
+            view.input_note = f"the run does not record the input of shard {shard} (no manifest or plan lists it)"
             return
-        entry = next((s for s in manifest.get("shards", []) if s.get("shard") == shard), None)
-        if entry is None:
-            view.input_note = f"shard {shard} is not in the run's manifest"
-            return
+        entry = shards[0]
         try:
             files, _ = list_inputs(entry["source"], self.storage_options)
             file = files[0]
