@@ -1,12 +1,10 @@
 """Benchmark of `pexec view`'s pages on a large run (docs/design.md §7): the synthetic rollouts table of
 pipeline.perf.metrics plus its steps, served by the real app, each page timed end to end (query + template).
-
-    python -m pipeline.perf.view [--rollouts N] [--workdir DIR]
+Run it as `pexec bench view [--rollouts N] [--workdir DIR]`.
 """
 
 from __future__ import annotations
 
-import argparse
 import re
 import shutil
 import statistics
@@ -80,14 +78,3 @@ def bench_view(n_rollouts: int = 1_000_000, workdir: str | Path | None = None, r
     print(result, flush=True)
     return result
 
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rollouts", type=int, default=1_000_000)
-    parser.add_argument("--workdir", default=None)
-    args = parser.parse_args()
-    bench_view(args.rollouts, args.workdir)
-
-
-if __name__ == "__main__":
-    main()
