@@ -115,6 +115,14 @@ def test_filters_and_keyset_paging_cover_each_rollout_once(client: TestClient, r
     assert sorted(seen) == expected and len(seen) == len(set(seen)) and n_exec > 50  # more than one page
     failing = count(client.get("/rollouts?success=false&mismatch=0").text)
     assert failing == sum(s is False for s in table["success"].to_pylist())
+    # The failing tool: the tool of each rollout's first invalid call, from the steps read independently.
+    steps = pq.read_table(Path(run) / "steps").to_pylist()
+    first_bad = {}
+    for st in sorted(steps, key=lambda st: st["step"]):
+        if not st["valid"]:
+            first_bad.setdefault(st["rollout_id"], st["tool"])
+    tool = max(set(first_bad.values()), key=list(first_bad.values()).count)
+    assert count(client.get(f"/rollouts?tool={tool}").text) == list(first_bad.values()).count(tool) > 1
 
 
 def test_rollout_page_shows_the_failing_step_and_the_logged_trajectory(client: TestClient, run: str) -> None:

@@ -247,7 +247,8 @@ class RunView:
         if self.has_status:
             columns.append(STATUS)
         # Label and status columns differ from run to run: their conditions are composed here, from column
-        # names checked against the run's own (Filters.parse) and quoted; values are always parameters.
+        # names checked against the run's own (Filters.parse) and quoted; values are always parameters. The
+        # tool condition is added only when set (sql/view_filtered.sql says why).
         where, params = ["TRUE"], []
         for column, value in filters.labels:
             where.append(f"{_ident(column)} IS NOT DISTINCT FROM ?")
@@ -255,6 +256,8 @@ class RunView:
         if filters.status is not None:
             where.append(f"{_ident(STATUS)} = ?")
             params.append(filters.status)
+        if filters.tool is not None:
+            where.append("(run_id, _shard, rollout_id, fed) IN (SELECT * FROM tool_steps)")
         cond = " AND ".join(where)
         select = ", ".join(_ident(c) for c in columns)
         page_cond, page_params = (
