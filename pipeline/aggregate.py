@@ -7,7 +7,8 @@ Pipeline (one pass for all cohorts); the metrics and their parts come from pipel
   rollout_parts (view)       per rollout, the catalogue's integer parts p_<name>
   metrics_prepare.sql        rollouts -> cohort numbers -> per-(cohort, task) sums `s_*` (+ PEC histogram)
   bootstrap_<method>.sql     per-(cohort, replicate) sums of the resampled tasks' `s_*`
-  metrics_intervals.sql      ratios of sums (point estimate = full data), percentile intervals
+  metrics_intervals.sql      ratios of sums (point estimate = full data), percentile intervals, and what the
+                             small-sample interval needs (pipeline.intervals picks the interval per metric)
 
 Draws come from our own 32-bit hash (sql/hash.sql), never from random() or DuckDB's hash(), so the
 same run, seed, B and method give the same bounds on any DuckDB version and any thread count.
@@ -28,13 +29,14 @@ import duckdb
 import orjson
 import pyarrow as pa
 
-from pipeline import catalogue, schema
+from pipeline import catalogue, intervals, schema
 from pipeline.coverage import Coverage, read_coverage
 from pipeline.errors import PexecError, StorageError
 from pipeline.storage.run import RunPrefix
 
 # The rollouts columns the metrics read.
-_NEEDED = ("task_id", "benchmark", "T", "fed", "executable", "auc_term", "success")
+_NEEDED = ("task_id", "benchmark", "T", "fed", "executable", "auc_term", "success", "n_output_mismatch",
+           "n_output_compared", "diverged_before_fed")  # fmt: skip
 _UINT32 = 2**32
 DEFAULT_METRICS = "metrics"  # the name of the metrics over every label (no --by)
 _METRICS_NAME = re.compile(r"^metrics(_by_\w+)?$")
@@ -86,7 +88,8 @@ def label_columns(columns: Sequence[str]) -> list[str]:
 
 def cohort_fields() -> tuple[str, ...]:
     """The keys of a cohort dict besides its label values (a label may not take one of these names)."""
-    return ("n", "n_tasks", "n_no_calls", *(m.name for m in catalogue.METRICS), "bootstrap", "partial")
+    counts = (c.name for c in schema.COHORT_COUNTS)
+    return (*counts, "strict_replay", *(m.name for m in catalogue.METRICS), "bootstrap", "partial")
 
 
 def compute_metrics(
@@ -96,17 +99,37 @@ def compute_metrics(
     max_k: int | None = None,
     storage_options: dict[str, Any] | None = None,
     partial: bool = False,
+    strict_replay: bool = False,
 ) -> list[dict[str, Any]]:
     """Metrics per cohort (benchmark + `by` labels; all labels when `by` is None), JSON-ready.
 
     Cohorts come out sorted by their key (benchmark, then the labels in table order; NULL labels last).
     An incomplete run is refused unless `partial`; then every cohort's `partial` states the coverage
-    (None for a complete run), pipeline.coverage.
+    (None for a complete run), pipeline.coverage. `strict_replay` leaves out the rollouts whose replay
+    diverged from the log before their first error.
     """
+    return metrics_and_replicates(run, by, settings, max_k, storage_options, partial, strict_replay)[0]
+
+
+Replicates = list[dict[str, list[float | None]]]  # per cohort (as listed): metric -> value per replicate b
+
+
+def metrics_and_replicates(
+    run: str,
+    by: Sequence[str] | None = None,
+    settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
+    max_k: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+    partial: bool = False,
+    strict_replay: bool = False,
+    replicated: Sequence[str] = (),
+) -> tuple[list[dict[str, Any]], Replicates]:
+    """compute_metrics, and the bootstrap replicates' values of the `replicated` ratio metrics (the draws the
+    intervals come from; None where a replicate's ratio is undefined)."""
     if max_k is not None and max_k < 0:
         raise MetricsError(f"max_k must be >= 0, got {max_k}")
     coverage = read_coverage(run, storage_options, partial)
-    with _open_rollouts(coverage) as con:
+    with _open_rollouts(coverage, strict_replay) as con:
         by_cols = cohort_columns(con, by)
         q_lo, q_hi = settings.quantiles
         set_variables(
@@ -119,31 +142,43 @@ def compute_metrics(
             q_hi=q_hi,
             metric_defs=metric_defs(),
             parts=[f"s_{p.name}" for p in catalogue.PARTS],
+            replicated=list(replicated),
         )
         for name in ("metrics_prepare", f"bootstrap_{settings.method}", "metrics_intervals"):
             run_sql(con, name)
         info = fetch(con, "cohort_info")
-        intervals = fetch(con, "metric_intervals")
-        pec = fetch(con, "pec_intervals")
-    cohorts = _assemble(info, intervals, pec, ["benchmark", *by_cols], settings)
+        ratios = _join(fetch(con, "metric_intervals"), fetch(con, "metric_clusters"), ("cohort", "metric"))
+        pec = _join(fetch(con, "pec_intervals"), fetch(con, "pec_clusters"), ("cohort", "k"))
+        reps = fetch(con, "replicated_values")
+    cohorts = _assemble(info, ratios, pec, ["benchmark", *by_cols], settings, strict_replay)
+    per_cohort: Replicates = [{} for _ in cohorts]
+    for r in reps:
+        per_cohort[r["cohort"]][r["metric"]] = r["replicate_values"]
     for c in cohorts:
         c["partial"] = coverage.partial()
-    return cohorts
+    return cohorts, per_cohort
+
+
+def _join(rows: list[dict[str, Any]], extra: list[dict[str, Any]], key: tuple[str, str]) -> list[dict[str, Any]]:
+    by_key = {tuple(r[k] for k in key): r for r in extra}
+    return [{**r, **by_key.get(tuple(r[k] for k in key), {})} for r in rows]
 
 
 @contextmanager
 def open_rollouts(
-    run: str, storage_options: dict[str, Any] | None = None, partial: bool = False
+    run: str, storage_options: dict[str, Any] | None = None, partial: bool = False, strict_replay: bool = False
 ) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A fresh in-memory connection with the view `rollouts` over the run's rollouts parts and the bootstrap
-    hash macros: the starting point of every aggregate over a run (metrics here, the report's tables).
-    An incomplete run is refused unless `partial` (pipeline.coverage)."""
-    with _open_rollouts(read_coverage(run, storage_options, partial)) as con:
+    """A fresh in-memory connection with the view `rollouts` over the run's rollouts parts, the view
+    `rollout_parts` (the rollouts the metrics count, with the catalogue's parts) and the bootstrap hash macros:
+    the starting point of every aggregate over a run (metrics here, the report's tables). An incomplete run is
+    refused unless `partial` (pipeline.coverage); `strict_replay` leaves the rollouts whose replay diverged
+    before their first error out of `rollout_parts`."""
+    with _open_rollouts(read_coverage(run, storage_options, partial), strict_replay) as con:
         yield con
 
 
 @contextmanager
-def _open_rollouts(coverage: Coverage) -> Iterator[duckdb.DuckDBPyConnection]:
+def _open_rollouts(coverage: Coverage, strict_replay: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
     root = coverage.root
     con = _connect(root)
     try:
@@ -153,25 +188,25 @@ def _open_rollouts(coverage: Coverage) -> Iterator[duckdb.DuckDBPyConnection]:
         missing = [c for c in _NEEDED if c not in columns]
         if missing:
             raise MetricsError(f"rollouts under {root.url} lack column(s) {', '.join(missing)}")
-        _create_rollout_parts(con)
+        _create_rollout_parts(con, strict_replay)
         run_sql(con, "hash")
         yield con
     finally:
         con.close()
 
 
-def _create_rollout_parts(con: duckdb.DuckDBPyConnection) -> None:
+def _create_rollout_parts(con: duckdb.DuckDBPyConnection, strict_replay: bool) -> None:
     # The one statement built in Python: its columns are the catalogue's part expressions.
     parts = ", ".join(f"{p.sql} AS p_{p.name}" for p in catalogue.PARTS)
-    con.execute(f"CREATE OR REPLACE TEMP VIEW rollout_parts AS SELECT *, {parts} FROM rollouts")
+    where = " WHERE NOT diverged_before_fed" if strict_replay else ""
+    con.execute(f"CREATE OR REPLACE TEMP VIEW rollout_parts AS SELECT *, {parts} FROM rollouts{where}")
 
 
-def metric_defs() -> list[dict[str, Any]]:
-    """The catalogue's ratio metrics as the SQL reads them (variable `metric_defs`)."""
-    return [
-        {"metric": m.name, "num": m.num, "den": m.den, "scale": m.scale, "ord": i}
-        for i, m in enumerate(catalogue.ratios())
-    ]
+def metric_defs(paired: bool = False) -> list[dict[str, Any]]:
+    """The catalogue's ratio metrics as the SQL reads them (variable `metric_defs`); `paired`: only those of the
+    paired comparison."""
+    shown = [m for m in catalogue.ratios() if m.paired or not paired]
+    return [{"metric": m.name, "num": m.num, "den": m.den, "scale": m.scale, "ord": i} for i, m in enumerate(shown)]
 
 
 def rollout_columns(con: duckdb.DuckDBPyConnection) -> list[str]:
@@ -288,9 +323,11 @@ def metrics_tables(cohorts: list[dict[str, Any]]) -> tuple[pa.Table, pa.Table]:
     rows, pec_rows = [], []
     for c in cohorts:
         row: dict[str, Any] = _label_values(c, keys)
-        row |= {"n": c["n"], "n_tasks": c["n_tasks"], "n_no_calls": c["n_no_calls"]}
+        row |= {col.name: c[col.name] for col in schema.COHORT_COUNTS}
+        row["strict_replay"] = c["strict_replay"]
         for m in catalogue.ratios():
             row |= {m.name: c[m.name]["value"], f"{m.name}_lo": c[m.name]["lo"], f"{m.name}_hi": c[m.name]["hi"]}
+            row[f"{m.name}_method"] = c[m.name].get("method")
             if m.eligible:
                 row[f"{m.name}_eligible"] = c[m.name]["eligible"]
         row |= {f"bootstrap_{k}": v for k, v in c["bootstrap"].items() if k != "duckdb_version"}
@@ -299,10 +336,24 @@ def metrics_tables(cohorts: list[dict[str, Any]]) -> tuple[pa.Table, pa.Table]:
         row["partial"] = bool(covered)
         row |= {c.name: covered.get(c.name.removeprefix("partial_")) for c in schema.PARTIAL[1:]}
         rows.append(row)
-        pec_rows += [{**_label_values(c, keys), **p} for p in c["pec"]]
+        pec_rows += [{**_label_values(c, keys), "method": None, **p} for p in c["pec"]]
     metrics_schema = schema.arrow_schema(schema.metrics_table(), keys)
     pec_schema = schema.arrow_schema(schema.PEC, keys)
     return pa.Table.from_pylist(rows, metrics_schema), pa.Table.from_pylist(pec_rows, pec_schema)
+
+
+def replay_note(cohorts: list[dict[str, Any]]) -> str:
+    """How many rollouts' replay diverged from the log before their first error, and what was done with them."""
+    diverged = sum(c["n_diverged_before_fed"] for c in cohorts)
+    if cohorts and cohorts[0]["strict_replay"]:
+        return (
+            f"--strict-replay: {diverged} rollout(s) whose replay diverged from the log before their first error "
+            "are left out of every number."
+        )
+    return (
+        f"{diverged} rollout(s) diverged from the log before their first error (their FED is not trustworthy); "
+        "they are counted (--strict-replay leaves them out)."
+    )
 
 
 def _label_values(cohort: dict[str, Any], keys: list[str]) -> dict[str, str | None]:
@@ -362,23 +413,31 @@ def resolve_by(by: Sequence[str] | None, labels: list[str]) -> list[str]:
     return out
 
 
-def _interval(row: dict[str, Any] | None) -> dict[str, float | None]:
-    if row is None:
+def _interval(row: dict[str, Any] | None, level: float) -> dict[str, Any]:
+    """value, lo, hi and the interval's method (pipeline.intervals); no method where there is no value, nor for
+    PEC(0) = 1, which holds by definition."""
+    if row is None or row["value"] is None:
         return {"value": None, "lo": None, "hi": None}
-    return {"value": row["value"], "lo": row["lo"], "hi": row["hi"]}
+    if row.get("k") == 0:
+        return {"value": row["value"], "lo": row["lo"], "hi": row["hi"]}
+    moments = (int(row[k]) for k in ("num_total", "yy", "xy", "xx"))
+    cluster = intervals.Cluster(row["value"], row["den_total"], row["den_tasks"], *moments, scale=row["scale"])
+    lo, hi, method = intervals.interval(cluster, row["lo"], row["hi"], level)
+    return {"value": row["value"], "lo": lo, "hi": hi, "method": method}
 
 
 def _assemble(
     info: list[dict[str, Any]],
-    intervals: list[dict[str, Any]],
+    ratios: list[dict[str, Any]],
     pec: list[dict[str, Any]],
     keys: list[str],
     settings: BootstrapSettings,
+    strict_replay: bool,
 ) -> list[dict[str, Any]]:
-    by_metric = {(r["cohort"], r["metric"]): r for r in intervals}
+    by_metric = {(r["cohort"], r["metric"]): r for r in ratios}
     pec_by_cohort: dict[int, list[dict[str, Any]]] = {}
     for r in pec:
-        pec_by_cohort.setdefault(r["cohort"], []).append({"k": r["k"], **_interval(r)})
+        pec_by_cohort.setdefault(r["cohort"], []).append({"k": r["k"], **_interval(r, settings.level)})
     bootstrap = {
         "B": settings.B,
         "seed": settings.seed,
@@ -391,13 +450,14 @@ def _assemble(
     for c in info:
         cid = c["cohort"]
         out: dict[str, Any] = {k: c["key"][k] for k in keys}
-        out |= {"n": c["n"], "n_tasks": c["n_tasks"], "n_no_calls": c["n_no_calls"]}
+        out |= {col.name: c[col.name] for col in schema.COHORT_COUNTS}
+        out["strict_replay"] = strict_replay
         for m in catalogue.METRICS:
             if m.kind == "curve":
                 out[m.name] = sorted(pec_by_cohort.get(cid, []), key=lambda p: p["k"])
                 continue
             row = by_metric.get((cid, m.name))
-            out[m.name] = _interval(row)
+            out[m.name] = _interval(row, settings.level)
             if m.eligible:
                 out[m.name]["eligible"] = row["den_total"] if row is not None else 0
         out["bootstrap"] = dict(bootstrap)

@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 
 _JOB_KEYS = {"name", "description", "input", "output", "env", "spec", "spec_dirs", "policy", "address", "shard_mb",
              "num_cpus", "endpoint_url", "metrics", "synth", "report"}  # fmt: skip
-_METRICS_KEYS = {"by", "bootstrap", "seed", "method", "max_k", "partial"}
-_REPORT_KEYS = {"out", "by", "compare", "k", "overwrite"}
+_METRICS_KEYS = {"by", "bootstrap", "seed", "method", "max_k", "partial", "strict_replay"}
+_REPORT_KEYS = {"out", "by", "compare", "k", "overwrite", "within"}
 _SYNTH_KEYS = {"spec", "rollouts", "tasks", "seed"}
 
 
@@ -53,6 +53,7 @@ class JobReport:
     compare: Compare | None  # from two COL=VALUE items, as `pexec report --compare`
     ks: tuple[int, ...]
     overwrite: bool = False  # replace what `out` holds (`pexec report --overwrite`); else a non-empty out fails
+    within: str | None = None  # as `pexec report --within`
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class Job:
     bootstrap: BootstrapSettings = field(default_factory=BootstrapSettings)
     max_k: int | None = None
     partial: bool = False  # metrics and report of an incomplete output run, stating their coverage (--partial)
+    strict_replay: bool = False  # as `--strict-replay`, for the metrics and the report
     synth: dict[str, Any] | None = None  # generate the input first when it does not exist (demo jobs)
     report: JobReport | None = None  # write a report after the metrics
 
@@ -128,6 +130,7 @@ def load_job(path: str | Path, on_date: str | None = None) -> Job:
         bootstrap=bootstrap,
         max_k=metrics.get("max_k"),
         partial=_flag(metrics, "partial", f"{path} [metrics]"),
+        strict_replay=_flag(metrics, "strict_replay", f"{path} [metrics]"),
         synth=synth,
         report=report,
     )
@@ -152,8 +155,11 @@ def _load_report(
             compare = parse_compare(items if isinstance(items, list) else [items])
         except ValueError as exc:
             raise JobError(f"{where}: compare: {exc}") from exc
+    within = raw.get("within")
+    if within is not None and (not isinstance(within, str) or not within):
+        raise JobError(f"{where}: within is a label column name, got {within!r}")
     out = _fill(raw.get("out", f"{output.rstrip('/')}/report"), day, path)
-    return JobReport(out, raw.get("by", by), compare, tuple(ks), _flag(raw, "overwrite", where))
+    return JobReport(out, raw.get("by", by), compare, tuple(ks), _flag(raw, "overwrite", where), within)
 
 
 def _flag(table: dict[str, Any], key: str, where: str) -> bool:
@@ -196,14 +202,17 @@ def run_job(
         on_shard=on_shard,
         force=force,
     )
-    cohorts = compute_metrics(job.output, job.by, job.bootstrap, job.max_k, job.storage_options, job.partial)
+    cohorts = compute_metrics(
+        job.output, job.by, job.bootstrap, job.max_k, job.storage_options, job.partial, job.strict_replay
+    )
     write_metrics(job.output, cohorts, job.storage_options, job.by)
     if job.report is not None:
         from pipeline.report import build_report
 
         r = job.report
         build_report(job.output, r.out, r.by, r.compare, r.ks, job.bootstrap, job.storage_options,
-                     partial=job.partial, overwrite=r.overwrite)  # fmt: skip
+                     partial=job.partial, overwrite=r.overwrite, within=r.within,
+                     strict_replay=job.strict_replay)  # fmt: skip
     return manifest, cohorts
 
 

@@ -83,6 +83,12 @@ ROLLOUTS = RunTable(
         Column("first_cause", _STR, "cause of the first invalid call; null when executable"),
         Column("n_invalid", _I32, "invalid calls"),
         Column("n_output_mismatch", _I32, "calls whose replayed output differs from the logged one"),
+        Column("n_output_compared", _I32, "calls with both a logged and a replayed output (`output_match` not null)"),
+        Column(
+            "diverged_before_fed",
+            _BOOL,
+            "a call before the first error has a replayed output unlike the logged one: fed is not trustworthy",
+        ),
     ),
     labels=_LABELS,
     trailer="one column per cost the logs carry (`tokens`, `latency_s`, …), as `cost_<name>`",
@@ -111,7 +117,18 @@ COHORT_COUNTS = (
     Column("n", _I64, "rollouts in the cohort"),
     Column("n_tasks", _I64, "distinct tasks (the bootstrap's unit)"),
     Column("n_no_calls", _I64, "rollouts with no calls (vacuously executable)"),
+    Column(
+        "n_unknown_success",
+        _I64,
+        "rollouts without a verdict (success null): left out of success, RR and P(success | executable)",
+    ),
+    Column(
+        "n_diverged_before_fed",
+        _I64,
+        "rollouts whose replay diverged from the log before their first error (left out of n under strict_replay)",
+    ),
 )
+STRICT_REPLAY = Column("strict_replay", _BOOL, "the rollouts of n_diverged_before_fed were left out (--strict-replay)")
 BOOTSTRAP = (
     Column("bootstrap_B", _I64, "bootstrap replicates"),
     Column("bootstrap_seed", _I64, "seed of the draws"),
@@ -131,16 +148,19 @@ PARTIAL = (
     Column("partial_input_bytes_total", _I64, "input bytes of the run; null when complete or unknown"),
 )
 _COHORT_LABELS = "`benchmark` and the cohort's label columns"
+_METHODS = "interval method, `bootstrap` or `wilson-clustered` (small sample or estimate at 0/1)"
 
 
 def metric_columns() -> tuple[Column, ...]:
-    """Per ratio metric of the catalogue: value, interval bounds and, where it has one, the eligible count."""
+    """Per ratio metric of the catalogue: value, interval bounds and method and, where it has one, the eligible
+    count."""
     out: list[Column] = []
     for m in catalogue.ratios():
         out += [
-            Column(m.name, _F64, m.doc),
+            Column(m.name, _F64, f"{m.doc}; over {m.population}"),
             Column(f"{m.name}_lo", _F64, f"{m.label}: lower bound"),
             Column(f"{m.name}_hi", _F64, f"{m.label}: upper bound"),
+            Column(f"{m.name}_method", _STR, f"{m.label}: {_METHODS}"),
         ]
         if m.eligible:
             out.append(Column(f"{m.name}_eligible", _I64, f"{m.label}'s denominator: {m.eligible}"))
@@ -153,7 +173,7 @@ def metrics_table() -> RunTable:
         "metrics/<name>/metrics.parquet",
         "cohort",
         (),
-        (*COHORT_COUNTS, *metric_columns(), *BOOTSTRAP, *PARTIAL),
+        (*COHORT_COUNTS, STRICT_REPLAY, *metric_columns(), *BOOTSTRAP, *PARTIAL),
         labels=_COHORT_LABELS,
     )
 
@@ -168,6 +188,7 @@ PEC = RunTable(
         Column("value", _F64, "PEC(k): share of the cohort with T ≥ k and fed > k"),
         Column("lo", _F64, "lower bound"),
         Column("hi", _F64, "upper bound"),
+        Column("method", _STR, f"{_METHODS}; null for k = 0 (PEC(0) = 1 by definition)"),
     ),
     labels=_COHORT_LABELS,
 )

@@ -64,6 +64,8 @@ def write_synthetic_rollouts(
             "first_cause": first_cause,
             "n_invalid": pa.array(n_invalid.astype(np.int32)),
             "n_output_mismatch": pa.array(np.zeros(n_rollouts, np.int32)),
+            "n_output_compared": pa.array(T),
+            "diverged_before_fed": pa.array(np.zeros(n_rollouts, bool)),
             "cost_tokens": pa.array(rng.gamma(2.0, 500.0, n_rollouts)),
         }
     )

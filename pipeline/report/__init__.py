@@ -65,25 +65,34 @@ def build_report(
     *,
     partial: bool = False,
     overwrite: bool = False,
+    within: str | None = None,
+    strict_replay: bool = False,
 ) -> ReportResult:
     """Write the report of `run` into `out`. An incomplete run is refused unless `partial` (then the report
-    says so at the top); a non-empty `out` is refused unless `overwrite`, which removes what it holds first."""
+    says so at the top); a non-empty `out` is refused unless `overwrite`, which removes what it holds first.
+    `within`: rank the other conditions within each value of this cohort column (default: per benchmark).
+    `strict_replay`: leave out the rollouts whose replay diverged from the log before their first error."""
     if not ks or any(k < 1 for k in ks):
         raise ReportError(f"--k takes depths >= 1, got {list(ks)}")
     ks = sorted(set(ks))
     root = str(out).rstrip("/")
     check_output(run, root, overwrite, storage_options)
-    t = run_tables(run, by, ks, settings, storage_options, partial)
+    t = run_tables(run, by, ks, settings, storage_options, partial, strict_replay)
     conditions = t.keys[1:]
+    if within is not None and within not in conditions:
+        available = ", ".join(conditions) or "none"
+        raise ReportError(f"--within takes one of the cohort's label columns ({available}), got {within!r}")
 
     def label(row: dict[str, Any]) -> str:
         return " · ".join("–" if v is None else v for v in key_of(row, conditions)) or "all"
 
-    rankings = _rankings(t, label)
+    rankings = _rankings(t, within)
     pair_cols: list[str] = []
     paired: list[dict[str, Any]] = []
     if compare is not None:
-        pair_cols, paired = paired_comparison(run, compare, t.keys, ks, settings, storage_options, partial)
+        pair_cols, paired = paired_comparison(
+            run, compare, t.keys, ks, settings, storage_options, partial, strict_replay
+        )
     colours = cohort_colours(label(c) for c in t.cohorts)  # one colour per cohort in every figure
     charts = [
         pec_chart(pec_rows(t.cohorts, label), colours),
@@ -95,7 +104,7 @@ def build_report(
     key_counts = [n_keys, n_keys, n_keys]
     ranked = layout.ranking_tables(rankings)
     display += ranked
-    key_counts += [1] * len(ranked)
+    key_counts += [1] * len(ranked)  # the condition column
     if compare is not None:
         display.append(layout.paired_table(compare, pair_cols, paired))
         key_counts.append(len(pair_cols))
@@ -155,16 +164,24 @@ def check_output(run: str, out: str, overwrite: bool, storage_options: dict[str,
         raise ReportError(f"report folder {out} is not empty: pass --overwrite to replace what it holds")
 
 
-def _rankings(t: RunTables, label: Any) -> list[Ranking]:
-    """One ranking per benchmark with at least two conditions (a single condition has no order)."""
+def _rankings(t: RunTables, within: str | None) -> list[Ranking]:
+    """One ranking per benchmark (and value of `within`) with at least two conditions (a single one has no
+    order); the conditions are named by the other labels."""
+    group_cols = ["benchmark", *([within] if within else [])]
+    shown = [k for k in t.keys[1:] if k != within]
+    groups: dict[tuple[str | None, ...], list[int]] = {}
+    for i, c in enumerate(t.cohorts):
+        groups.setdefault(key_of(c, group_cols), []).append(i)
+    ranked = ["success", *(m.name for m in catalogue.ratios() if m.ranked)]
     out = []
-    for benchmark in dict.fromkeys(c["benchmark"] for c in t.cohorts):
-        cohorts = [c for c in t.cohorts if c["benchmark"] == benchmark]
-        if len(cohorts) < 2:
+    for key, members in groups.items():
+        if len(members) < 2:
             continue
-        ranked = ["success", *(m.name for m in catalogue.ratios() if m.ranked)]
+        cohorts = [t.cohorts[i] for i in members]
+        labels = [" · ".join("–" if v is None else v for v in key_of(c, shown)) or "all" for c in cohorts]
         values = {m: [c[m]["value"] for c in cohorts] for m in ranked}
-        out.append(rank_conditions(benchmark, [label(c) for c in cohorts], values))
+        replicates = {m: [t.replicates[i][m] for i in members] for m in ranked}
+        out.append(rank_conditions(dict(zip(group_cols, key, strict=True)), labels, values, replicates))
     return out
 
 
@@ -172,12 +189,12 @@ def _ranking_rows(rankings: list[Ranking]) -> list[dict[str, Any]]:
     rows = []
     for r in rankings:
         for i, condition in enumerate(r.conditions):
-            row: dict[str, Any] = {"benchmark": r.benchmark, "condition": condition}
+            row: dict[str, Any] = {**r.group, "condition": condition}
             for m in r.values:
                 row |= {m: r.values[m][i], f"rank_{m}": r.ranks[m][i]}
             row |= {f"kendall_tau_b_success_{m}": tau for m, tau in r.tau.items()}
             row["flips"] = "; ".join(
-                f"{f.metric}: {f.higher_metric} > {f.higher_success}"
+                f"{f.metric}: {f.higher_metric} > {f.higher_success} ({layout.share(f.share)} of replicates)"
                 for f in r.flips
                 if condition in (f.higher_metric, f.higher_success)
             )
