@@ -175,7 +175,9 @@ def test_stored_metrics_are_used_only_while_current(run: str, tmp_path: Path) ->
 
 def test_refusals_say_what_is_wrong(client: TestClient) -> None:
     r = client.get("/rollouts?label.nosuch=1")
-    assert r.status_code == 400 and "unknown column &#39;nosuch&#39;" in r.text
+    assert r.status_code == 400 and "unknown label column &#39;nosuch&#39;" in r.text
+    r = client.get("/rollouts?label.fed=3")  # not a label: refused, not compared as text
+    assert r.status_code == 400 and "unknown label column &#39;fed&#39;" in r.text
     r = client.get("/rollouts?fed=two")
     assert r.status_code == 400 and "fed must be a depth" in r.text
     r = client.get("/rollout?run=x&shard=../../etc&id=r1")

@@ -56,7 +56,7 @@ def create_app(view: RunView) -> Starlette:
 
     def rollouts(request: Request) -> Response:
         params = list(request.query_params.multi_items())
-        filters = Filters.parse(params, view.columns)
+        filters = Filters.parse(params, ["benchmark", *view.labels], view.has_status)
         after = _after(request)
         page = view.rollouts(filters, after)
         return render(

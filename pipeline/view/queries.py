@@ -75,15 +75,16 @@ class Filters:
         return replace(self, **{name: () if name == "labels" else None})
 
     @classmethod
-    def parse(cls, params: list[tuple[str, str]], columns: list[str]) -> Filters:
-        """Filters from URL query pairs; unknown columns and malformed values are refused, never ignored."""
+    def parse(cls, params: list[tuple[str, str]], label_cols: list[str], has_status: bool) -> Filters:
+        """Filters from URL query pairs; `label_cols`: the columns a cohort filter may name (benchmark and the
+        run's label columns). Unknown columns and malformed values are refused, never ignored."""
         labels: list[tuple[str, str | None]] = []
         values: dict[str, Any] = {}
         for key, value in params:
             if key.startswith("label.") or key == "null":
                 column = key[len("label.") :] if key != "null" else value
-                if column not in columns:
-                    raise ViewError(f"unknown column {column!r} in the filter")
+                if column not in label_cols:
+                    raise ViewError(f"unknown label column {column!r} in the filter")
                 labels.append((column, value if key != "null" else None))
             elif value == "":
                 continue  # an empty form field: any
@@ -101,7 +102,7 @@ class Filters:
                 if value not in ("0", "1"):
                     raise ViewError(f"mismatch must be 0 or 1, got {value!r}")
                 values["mismatch"] = value == "1"
-        if "status" in values and STATUS not in columns:
+        if "status" in values and not has_status:
             raise ViewError("this run has no status column")
         return cls(labels=tuple(labels), **values)
 
