@@ -108,7 +108,7 @@ def pec_chart(rows: list[list[Any]], colours: dict[str, str] | None = None) -> C
             _legend(fig, axes)
         else:  # small multiples: one panel per cohort, the others in grey behind it
             cells = [(b, c) for b, series in panels.items() for c in series]
-            fig, axes = _grid(len(cells), ncols=4)
+            fig, axes = _grid(len(cells), ncols=4, legend=False)
             for ax, (benchmark, condition) in zip(axes, cells, strict=True):
                 for other, pts in panels[benchmark].items():
                     if other != condition:
@@ -229,13 +229,12 @@ def _by_panel(rows: list[list[Any]]) -> dict[str, dict[str, list[list[Any]]]]:
     return panels
 
 
-def _grid(n: int, ncols: int | None = None) -> tuple[Figure, list[Axes]]:
+def _grid(n: int, ncols: int | None = None, legend: bool = True) -> tuple[Figure, list[Axes]]:
     n = max(n, 1)
     ncols = min(n, ncols or n)
     nrows = -(-n // ncols)
-    fig, axes = plt.subplots(
-        nrows, ncols, figsize=(_PANEL[0] * ncols + 1.6, _PANEL[1] * nrows), squeeze=False, layout="constrained"
-    )
+    width = _PANEL[0] * ncols + (1.6 if legend else 0.0)  # room for the legend beside the panels
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, _PANEL[1] * nrows), squeeze=False, layout="constrained")
     flat = [ax for row in axes for ax in row]
     for ax in flat[n:]:
         ax.set_visible(False)
