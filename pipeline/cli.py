@@ -518,9 +518,10 @@ def view(
     storage_option: StorageOption = None,
 ) -> None:
     """Browse a run: cohorts and their metrics -> the rollouts behind a number -> one rollout's steps."""
-    from pipeline.view import RunView, serve
+    from pipeline.view import RunView, check_address, serve
 
     settings = _bootstrap(bootstrap, seed, method)
+    check_address(host, port)
     run_view = RunView(run, _storage(endpoint_url, storage_option), settings, partial)
     console.print(f"pexec view: http://{host}:{port}/ (Ctrl-C to stop)")
     try:

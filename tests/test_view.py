@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import re
 import shutil
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlencode
@@ -237,9 +238,13 @@ def test_status_filter_where_the_run_has_the_column(run: str, tmp_path: Path) ->
         view.close()
 
 
-def test_cli_refuses_a_missing_run(tmp_path: Path) -> None:
+def test_cli_refuses_a_missing_run_and_a_busy_port(run: str, tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["view", str(tmp_path / "nothing")])
     assert result.exit_code == 2 and "no run at" in result.output
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        result = CliRunner().invoke(app, ["view", run, "--port", str(port), "--bootstrap", "20"])
+    assert result.exit_code == 2 and f"cannot listen on 127.0.0.1:{port}" in result.output
 
 
 def test_an_incomplete_run_only_with_partial_and_saying_so(run: str, tmp_path: Path) -> None:

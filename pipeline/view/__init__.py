@@ -4,7 +4,7 @@ queries.py  what the pages show, read from the run with DuckDB in place
 app.py      the Starlette app, its Jinja2 templates (templates/) and stylesheet (static/)
 """
 
-from pipeline.view.app import create_app, serve
+from pipeline.view.app import check_address, create_app, serve
 from pipeline.view.queries import Filters, RunView, ViewError
 
-__all__ = ["Filters", "RunView", "ViewError", "create_app", "serve"]
+__all__ = ["Filters", "RunView", "ViewError", "check_address", "create_app", "serve"]

@@ -4,6 +4,7 @@ outside the package (no CDN)."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -103,6 +104,15 @@ def _after(request: Request) -> tuple[str, str, str] | None:
     return parts  # type: ignore[return-value]
 
 
+def check_address(host: str, port: int) -> None:
+    """Refuse an address that cannot be listened on up front, with the reason (not left to the server's log)."""
+    try:
+        socket.create_server((host, port)).close()
+    except OSError as exc:
+        raise ViewError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+
+
 def serve(view: RunView, host: str = "127.0.0.1", port: int = 8765) -> None:
     """Serve until interrupted (Ctrl-C)."""
+    check_address(host, port)
     uvicorn.run(create_app(view), host=host, port=port, log_level="warning")
