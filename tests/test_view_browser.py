@@ -113,8 +113,10 @@ def test_tables_fit_the_page(browser, viewer: str, tmp_path: Path, width: int) -
     report_run = tmp_path / "run"
     write_rollouts(report_run, paper_rows())
     report = build_report(str(report_run), tmp_path / "out", settings=BootstrapSettings(B=20))
-    pages = [Path(report.out, "report.html").as_uri(), viewer + "/", viewer + "/rollouts"]
     page = browser.new_page(viewport={"width": width, "height": 900})
+    page.goto(viewer + "/rollouts?fed=1")
+    one_rollout = viewer + page.locator("a.rollout").first.get_attribute("href")
+    pages = [Path(report.out, "report.html").as_uri(), viewer + "/", viewer + "/rollouts", one_rollout]
     for url in pages:
         page.goto(url)
         page.screenshot(path=str(tmp_path / f"page-{width}.png"), full_page=True)
