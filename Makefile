@@ -31,7 +31,8 @@ demo: install
 lint: install
 	$(BIN)/ruff check pipeline tests
 
-# The report test opens the HTML in a real headless browser (Debian's chromium).
+# The report and viewer tests open pages in a real headless browser: Debian's chromium, driven by Playwright
+# (pinned in the dev extra) through executable_path, so Playwright never downloads a browser of its own.
 browser:
 	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 

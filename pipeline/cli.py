@@ -601,6 +601,33 @@ def sql_command(
 
 
 @app.command()
+def view(
+    run: Annotated[str, typer.Argument(help="A scored run folder or URL.")],
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 8765,
+    host: Annotated[
+        str, typer.Option("--host", help="Address to listen on (default: this machine only).")
+    ] = "127.0.0.1",
+    bootstrap: Bootstrap = 1000,
+    seed: Seed = 0,
+    method: Method = "multinomial",
+    partial: Partial = False,
+    endpoint_url: EndpointUrl = None,
+    storage_option: StorageOption = None,
+) -> None:
+    """Browse a run: cohorts and their metrics -> the rollouts behind a number -> one rollout's steps."""
+    from pipeline.view import RunView, check_address, serve
+
+    settings = _bootstrap(bootstrap, seed, method)
+    check_address(host, port)
+    run_view = RunView(run, _storage(endpoint_url, storage_option), settings, partial)
+    console.print(f"pexec view: http://{host}:{port}/ (Ctrl-C to stop)")
+    try:
+        serve(run_view, host=host, port=port)
+    finally:
+        run_view.close()
+
+
+@app.command()
 def envs(
     spec_dir: SpecDir = None,
     check: Annotated[
@@ -629,13 +656,14 @@ def envs(
 
 @app.command()
 def bench(
-    what: Annotated[str, typer.Argument(help="replay, metrics or scale")] = "replay",
+    what: Annotated[str, typer.Argument(help="replay, metrics, scale or view")] = "replay",
     rollouts: Annotated[
-        int | None, typer.Option("--rollouts", help="Store size (default: 220k replay, 1M metrics).")
+        int | None, typer.Option("--rollouts", help="Store size (default: 220k replay, 1M metrics and view).")
     ] = None,
     workdir: Annotated[Path | None, typer.Option("--workdir", help="Where to put the generated data.")] = None,
 ) -> None:
-    """Benchmarks: replay through Ray vs a naive baseline, the DuckDB bootstrap stage, or scale-out over S3."""
+    """Benchmarks: replay through Ray vs a naive baseline, the DuckDB bootstrap stage, scale-out over S3, or
+    the viewer's page latency."""
     if what == "replay":
         from pipeline.perf.replay import bench_replay
 
@@ -648,8 +676,12 @@ def bench(
         from pipeline.perf.scale import bench_scale
 
         bench_scale(n_rollouts=rollouts or 1_000_000)
+    elif what == "view":
+        from pipeline.perf.view import bench_view
+
+        bench_view(n_rollouts=rollouts or 1_000_000, workdir=workdir)
     else:
-        raise PexecError("bench takes replay, metrics or scale")
+        raise PexecError("bench takes replay, metrics, scale or view")
 
 
 if __name__ == "__main__":

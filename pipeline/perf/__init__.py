@@ -1,5 +1,6 @@
 """Performance measurements of pexec itself (`pexec bench`, `python -m pipeline.perf.<name>`): replay
-throughput, the DuckDB bootstrap stage, scale-out over S3, and replay over the BFCL and τ simulators.
+throughput, the DuckDB bootstrap stage, scale-out over S3, the viewer's pages, and replay over the BFCL and τ
+simulators.
 
 Not to be confused with the benchmarks a rollout's `benchmark` names (BFCL, τ...): those are environments,
 in pipeline/envs/. Measurements that need a development dependency (jsonschema for the naive replay

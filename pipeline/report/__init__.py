@@ -4,7 +4,7 @@ build_report computes (DuckDB: sql/report_*.sql, sql/paired_*.sql, and pipeline.
 (ranking.py), draws (figures.py) and writes, under OUT (a local folder or an fsspec URL, like the run):
   report.md, report.html                 the tables and figures (HTML self-contained)
   tables/<name>.csv, tables/<name>.parquet   the numbers behind every table
-  figures/<name>.png, .svg, .csv         each figure and the data it draws
+  figures/<name>.png, .pdf, .svg, .csv   each figure (300 dpi PNG, vector PDF/SVG) and the data it draws
 """
 
 from __future__ import annotations
@@ -24,7 +24,16 @@ from pipeline.aggregate import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, BootstrapS
 from pipeline.coverage import describe_partial
 from pipeline.errors import StorageError
 from pipeline.report import html, layout, markdown
-from pipeline.report.figures import Chart, cause_chart, cause_rows, fed_chart, fed_rows, pec_chart, pec_rows
+from pipeline.report.figures import (
+    Chart,
+    cause_chart,
+    cause_rows,
+    cohort_colours,
+    fed_chart,
+    fed_rows,
+    pec_chart,
+    pec_rows,
+)
 from pipeline.report.paired import Compare, ReportError, paired_comparison, parse_compare
 from pipeline.report.ranking import Ranking, rank_conditions
 from pipeline.report.tables import RunTables, key_of, run_tables
@@ -82,9 +91,10 @@ def build_report(
     paired: list[dict[str, Any]] = []
     if compare is not None:
         pair_cols, paired = paired_comparison(run, compare, t.keys, ks, settings, storage_options, partial, population)
+    colours = cohort_colours(label(c) for c in t.cohorts)  # one colour per cohort in every figure
     charts = [
-        pec_chart(pec_rows(t.cohorts, label)),
-        fed_chart(fed_rows(t.fed, label)),
+        pec_chart(pec_rows(t.cohorts, label), colours),
+        fed_chart(fed_rows(t.fed, label), colours),
         cause_chart(cause_rows(t.causes, label)),
     ]
     n_keys = len(t.keys)
@@ -132,6 +142,7 @@ def build_report(
     for c in charts:
         written.append(write(f"figures/{c.name}.png", c.png))
         written.append(write(f"figures/{c.name}.svg", c.svg.encode()))
+        written.append(write(f"figures/{c.name}.pdf", c.pdf))
         rows = [dict(zip(c.columns, r, strict=True)) for r in c.rows]
         written.append(write(f"figures/{c.name}.csv", _csv(pa.Table.from_pylist(rows))))
     return ReportResult(root, sorted(written), t, rankings, paired, charts)

@@ -1,10 +1,16 @@
 """The report's figures: what each shows is computed by a pure function (its rows are also written as CSV and
-tested); drawing is matplotlib (Agg), saved as PNG and SVG with fixed metadata so reruns give the same files."""
+tested); drawing is matplotlib (Agg), saved as PNG (300 dpi), PDF and SVG (text kept as text) with fixed
+metadata, so reruns give the same files and a paper can take them as they are.
+
+Colours mean the same thing everywhere: a cause always has its own colour (CAUSE_COLOURS, keyed by name),
+and a cohort takes the colour of its place in the report's sorted cohort labels (cohort_colours), in every
+figure. One title per panel (the benchmark); the figure's title is its caption, outside the image.
+"""
 
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,23 +18,60 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator, PercentFormatter
 
 from pipeline.model import CAUSES
 
 EXECUTABLE = "executable"  # the FED bin of fully executable rollouts (FED = T + 1)
+MAX_OVERLAID = 8  # cohorts drawn on one axes; more get one small panel each
 
-plt.rcParams["svg.hashsalt"] = "pexec"  # stable element ids in the SVG
+# Okabe & Ito's colour-blind-safe set, in the order cohorts take them (black and yellow last).
+COHORT_PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442")
+# Paul Tol's muted set, one colour per cause for good; a label outside the fixed causes is grey.
+CAUSE_COLOURS = {
+    "schema": "#332288",
+    "dependency": "#88CCEE",
+    "information": "#117733",
+    "state_consistency": "#DDCC77",
+    "precondition": "#CC6677",
+}
+OTHER_CAUSE = "#BBBBBB"
+
+_STYLE = {
+    "font.family": "DejaVu Sans",  # ships with matplotlib: the same glyphs on every machine
+    "font.size": 9,
+    "axes.titlesize": 10,
+    "legend.fontsize": 9,
+    "legend.frameon": False,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "svg.fonttype": "none",  # text stays text (searchable, editable)
+    "svg.hashsalt": "pexec",  # stable element ids
+    "pdf.fonttype": 42,  # TrueType, text kept
+}
+_PANEL = (3.6, 2.7)  # inches per panel
 
 
 @dataclass(frozen=True)
 class Chart:
     name: str  # file stem under figures/
-    title: str
+    title: str  # the caption
     columns: list[str]
     rows: list[list[Any]]  # the data drawn, one row per point / bar segment
     png: bytes
     svg: str
+    pdf: bytes
+
+
+def cohort_colours(labels: Iterable[str]) -> dict[str, str]:
+    """Cohort label -> colour, by sorted label (the palette repeats past eight; small multiples tell apart)."""
+    return {lab: COHORT_PALETTE[i % len(COHORT_PALETTE)] for i, lab in enumerate(sorted(set(labels)))}
+
+
+def cause_colour(cause: str) -> str:
+    return CAUSE_COLOURS.get(cause, OTHER_CAUSE)
 
 
 def pec_rows(cohorts: list[dict[str, Any]], label: Callable[[dict[str, Any]], str]) -> list[list[Any]]:
@@ -52,57 +95,131 @@ def cause_rows(causes: list[dict[str, Any]], label: Callable[[dict[str, Any]], s
     return [[r["benchmark"], label(r), r["cause"], r["n"], r["share"]] for r in ordered]
 
 
-def pec_chart(rows: list[list[Any]]) -> Chart:
-    fig, axes = _panels(rows)
-    for ax, (benchmark, series) in zip(axes, _by_panel(rows).items(), strict=True):
-        for condition, pts in series.items():
-            k = [p[2] for p in pts]
-            line = ax.plot(k, [p[3] for p in pts], marker="o", markersize=3, label=condition)[0]
-            lo = [p[3] if p[4] is None else p[4] for p in pts]
-            hi = [p[3] if p[5] is None else p[5] for p in pts]
-            ax.fill_between(k, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
-        ax.set(title=benchmark, xlabel="depth k", ylabel="PEC(k)", ylim=(0, 1.02))
-        ax.legend(fontsize=7)
-    return _chart(
-        "pec_curves", "PEC(k) with 95% intervals", ["benchmark", "condition", "k", "pec", "lo", "hi"], rows, fig
-    )
+def pec_chart(rows: list[list[Any]], colours: dict[str, str] | None = None) -> Chart:
+    colours = colours or cohort_colours(r[1] for r in rows)
+    panels = _by_panel(rows)
+    with plt.rc_context(_STYLE):
+        if max((len(s) for s in panels.values()), default=0) <= MAX_OVERLAID:
+            fig, axes = _grid(len(panels))
+            for ax, (benchmark, series) in zip(axes, panels.items(), strict=True):
+                for condition, pts in series.items():
+                    _pec_line(ax, pts, colours[condition], condition)
+                _pec_axes(ax, benchmark)
+            _legend(fig, axes)
+        else:  # small multiples: one panel per cohort, the others in grey behind it
+            cells = [(b, c) for b, series in panels.items() for c in series]
+            fig, axes = _grid(len(cells), ncols=4, legend=False)
+            for ax, (benchmark, condition) in zip(axes, cells, strict=True):
+                for other, pts in panels[benchmark].items():
+                    if other != condition:
+                        ax.plot([p[2] for p in pts], [p[3] for p in pts], color="#cccccc", linewidth=0.8)
+                _pec_line(ax, panels[benchmark][condition], colours[condition], None)
+                _pec_axes(ax, f"{benchmark} · {condition}")
+        columns = ["benchmark", "condition", "k", "pec", "lo", "hi"]
+        return _chart("pec_curves", "PEC(k) with 95% intervals", columns, rows, fig)
 
 
-def fed_chart(rows: list[list[Any]]) -> Chart:
-    fig, axes = _panels(rows)
-    for ax, (benchmark, series) in zip(axes, _by_panel(rows).items(), strict=True):
-        bins = sorted({p[2] for pts in series.values() for p in pts}, key=_bin_order)
-        width = 0.8 / max(len(series), 1)
-        for s, (condition, pts) in enumerate(series.items()):
-            share = {p[2]: p[4] for p in pts}
-            ax.bar([i + s * width for i in range(len(bins))], [share.get(b, 0.0) for b in bins], width, label=condition)
-        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(bins))], bins, fontsize=7)
-        ax.set(title=benchmark, xlabel="first-error depth (FED)", ylabel="share of rollouts")
-        ax.legend(fontsize=7)
-    columns = ["benchmark", "condition", "fed_bin", "n", "share"]
-    return _chart("fed_histogram", "First-error depth (FED)", columns, rows, fig)
+def fed_chart(rows: list[list[Any]], colours: dict[str, str] | None = None) -> Chart:
+    """Shares by first-error depth on a true depth axis (empty depths keep their place), and the share of
+    executable rollouts in a narrow panel of its own beside it."""
+    colours = colours or cohort_colours(r[1] for r in rows)
+    panels = _by_panel(rows)
+    with plt.rc_context(_STYLE):
+        n = max(len(panels), 1)
+        depth_max = max((int(r[2]) for r in rows if r[2] != EXECUTABLE), default=1)
+        fig = plt.figure(figsize=(_PANEL[0] * 1.25 * n, _PANEL[1]), layout="constrained")
+        grid = fig.add_gridspec(1, 2 * n, width_ratios=[max(depth_max, 4), 1.3] * n)
+        axes = []
+        for i, (benchmark, series) in enumerate(panels.items()):
+            ax = fig.add_subplot(grid[0, 2 * i])
+            ex = fig.add_subplot(grid[0, 2 * i + 1], sharey=ax)
+            width = 0.8 / max(len(series), 1)
+            for s, (condition, pts) in enumerate(series.items()):
+                offset = (s - (len(series) - 1) / 2) * width
+                depth = [(int(p[2]), p[4]) for p in pts if p[2] != EXECUTABLE]
+                ax.bar([d + offset for d, _ in depth], [v for _, v in depth], width, color=colours[condition],
+                       label=condition)  # fmt: skip
+                executable = next((p[4] for p in pts if p[2] == EXECUTABLE), 0.0)
+                ex.bar([offset], [executable], width, color=colours[condition])
+            ax.set(title=benchmark, xlabel="first-error depth (FED)", ylabel="share of rollouts")
+            ax.set_xlim(0.4, depth_max + 0.6)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+            ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+            ex.set_xticks([0], [EXECUTABLE])
+            ex.set_xlim(-0.6, 0.6)
+            ex.tick_params(axis="y", labelleft=False)
+            ex.spines["left"].set_linestyle((0, (2, 2)))
+            axes.append(ax)
+        _legend(fig, axes)
+        columns = ["benchmark", "condition", "fed_bin", "n", "share"]
+        return _chart("fed_histogram", "First-error depth (FED)", columns, rows, fig)
 
 
 def cause_chart(rows: list[list[Any]]) -> Chart:
+    """Shares of first-error causes per cohort (each cause in its own colour), with the counts: n (rollouts
+    with an invalid prefix) under each bar, the count in each segment that has room for it."""
     bars = list(dict.fromkeys((r[0], r[1]) for r in rows))
-    causes = list(dict.fromkeys(r[2] for r in rows))
-    share = {(r[0], r[1], r[2]): r[4] for r in rows}
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(bars) + 2), 3.6))
-    bottom = [0.0] * len(bars)
-    x = range(len(bars))
-    for cause in causes:
-        heights = [share.get((b, c, cause), 0.0) for b, c in bars]
-        ax.bar(x, heights, 0.6, bottom=bottom, label=cause)
-        bottom = [a + h for a, h in zip(bottom, heights, strict=True)]
-    ax.set_xticks(list(x), [f"{b}\n{c}" for b, c in bars], fontsize=7)
-    ax.set(ylabel="share of rollouts with an invalid prefix", ylim=(0, 1.0))
-    ax.legend(fontsize=7, bbox_to_anchor=(1.02, 1), loc="upper left")
-    columns = ["benchmark", "condition", "cause", "n", "share"]
-    return _chart("first_causes", "First-error cause", columns, rows, fig)
+    rank = {c: i for i, c in enumerate(CAUSES)}
+    causes = sorted({r[2] for r in rows}, key=lambda c: (rank.get(c, len(rank)), c))
+    by = {(r[0], r[1], r[2]): r for r in rows}
+    with plt.rc_context(_STYLE):
+        fig, ax = plt.subplots(figsize=(max(_PANEL[0], 1.0 * len(bars) + 2.2), _PANEL[1] + 0.4), layout="constrained")
+        bottom = [0.0] * len(bars)
+        x = list(range(len(bars)))
+        for cause in causes:
+            segs = [by.get((b, c, cause)) for b, c in bars]
+            heights = [s[4] if s else 0.0 for s in segs]
+            ax.bar(x, heights, 0.65, bottom=bottom, label=cause, color=cause_colour(cause))
+            for i, s in enumerate(segs):
+                if s and s[4] >= 0.07:  # counts where they fit
+                    ax.text(i, bottom[i] + s[4] / 2, str(s[3]), ha="center", va="center", fontsize=8,
+                            color=_ink(cause_colour(cause)))  # fmt: skip
+            bottom = [a + h for a, h in zip(bottom, heights, strict=True)]
+        totals = {(r[0], r[1]): 0 for r in rows}
+        for r in rows:
+            totals[(r[0], r[1])] += r[3]
+        several = len({b for b, _ in bars}) > 1  # name the benchmark only when there is a choice
+        ax.set_xticks(x, [_bar_label(b, c, totals[(b, c)], several) for b, c in bars])
+        ax.set(ylabel="share of rollouts with an invalid prefix", ylim=(0, 1.0))
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+        fig.legend(*ax.get_legend_handles_labels(), loc="outside right upper", title="first-error cause")
+        columns = ["benchmark", "condition", "cause", "n", "share"]
+        return _chart("first_causes", "First-error cause", columns, rows, fig)
 
 
-def _bin_order(b: str) -> tuple[int, int]:
-    return (1, 0) if b == EXECUTABLE else (0, int(b))
+def _bar_label(benchmark: str, condition: str, n: int, with_benchmark: bool) -> str:
+    """One label part per line (long cohort labels do not run into their neighbours), then n."""
+    lines = ([benchmark] if with_benchmark else []) + condition.split(" · ")
+    return "\n".join([*lines, f"n={n}"])
+
+
+def _pec_line(ax: Axes, pts: list[list[Any]], colour: str, label: str | None) -> None:
+    k = [p[2] for p in pts]
+    lo = [p[3] if p[4] is None else p[4] for p in pts]
+    hi = [p[3] if p[5] is None else p[5] for p in pts]
+    ax.fill_between(k, lo, hi, color=colour, alpha=0.13, linewidth=0)
+    ax.plot(k, [p[3] for p in pts], color=colour, marker="o", markersize=2.5, linewidth=1.4, label=label)
+
+
+def _pec_axes(ax: Axes, title: str) -> None:
+    ax.set(title=title, xlabel="depth k", ylabel="PEC(k)", ylim=(0, 1.02))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+
+
+def _legend(fig: Figure, axes: list[Axes]) -> None:
+    """One legend for the figure (a cohort has one colour in every panel), outside the plotting area."""
+    handles: dict[str, Any] = {}
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(lab, h)
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="outside right upper", title="cohort")
+
+
+def _ink(colour: str) -> str:
+    """Black or white text, whichever reads on the colour."""
+    r, g, b = (int(colour[i : i + 2], 16) for i in (1, 3, 5))
+    return "#000000" if 0.299 * r + 0.587 * g + 0.114 * b > 150 else "#ffffff"
 
 
 def _by_panel(rows: list[list[Any]]) -> dict[str, dict[str, list[list[Any]]]]:
@@ -112,17 +229,22 @@ def _by_panel(rows: list[list[Any]]) -> dict[str, dict[str, list[list[Any]]]]:
     return panels
 
 
-def _panels(rows: list[list[Any]]) -> tuple[Figure, list[Any]]:
-    n = max(len({r[0] for r in rows}), 1)
-    fig, axes = plt.subplots(1, n, figsize=(5.5 * n, 3.6), squeeze=False)
-    return fig, list(axes[0][: len({r[0] for r in rows})])
+def _grid(n: int, ncols: int | None = None, legend: bool = True) -> tuple[Figure, list[Axes]]:
+    n = max(n, 1)
+    ncols = min(n, ncols or n)
+    nrows = -(-n // ncols)
+    width = _PANEL[0] * ncols + (1.6 if legend else 0.0)  # room for the legend beside the panels
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, _PANEL[1] * nrows), squeeze=False, layout="constrained")
+    flat = [ax for row in axes for ax in row]
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
 
 
 def _chart(name: str, title: str, columns: list[str], rows: list[list[Any]], fig: Figure) -> Chart:
-    fig.suptitle(title)
-    fig.tight_layout()
-    png, svg = io.BytesIO(), io.StringIO()
-    fig.savefig(png, format="png", dpi=100, metadata={"Software": None})
+    png, svg, pdf = io.BytesIO(), io.StringIO(), io.BytesIO()
+    fig.savefig(png, format="png", dpi=300, metadata={"Software": None})
     fig.savefig(svg, format="svg", metadata={"Date": None, "Creator": None})
+    fig.savefig(pdf, format="pdf", metadata={"CreationDate": None, "Creator": None, "Producer": None})
     plt.close(fig)
-    return Chart(name, title, columns, rows, png.getvalue(), svg.getvalue())
+    return Chart(name, title, columns, rows, png.getvalue(), svg.getvalue(), pdf.getvalue())

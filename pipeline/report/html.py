@@ -12,9 +12,15 @@ from pipeline.report.layout import Table
 _CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; padding: 0 1em; }
 h1 { font-size: 1.6em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ddd; }
-table { border-collapse: collapse; margin: .5em 0; font-variant-numeric: tabular-nums; }
+div.scroll { overflow-x: auto; max-width: 100%; margin: .5em 0; }
+table { border-collapse: collapse; font-variant-numeric: tabular-nums; }
 th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; white-space: nowrap; }
 th { background: #f3f3f3; } td.key, th.key { text-align: left; }
+div.scroll table { border-collapse: separate; border-spacing: 0; }
+div.scroll th, div.scroll td { border-width: 0 1px 1px 0; }
+div.scroll thead th { border-top-width: 1px; }
+div.scroll tr > :first-child { position: sticky; left: 0; z-index: 1; background: #fff; border-left-width: 1px; }
+div.scroll thead tr > :first-child { background: #f3f3f3; }
 p.note { color: #555; margin: .2em 0; font-size: .92em; }
 figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
 figcaption { color: #555; font-size: .92em; }
@@ -46,7 +52,8 @@ def _table(t: Table, keys: int) -> str:
     rows = "".join(
         "<tr>" + "".join(f"<td{cls(i)}>{escape(c)}</td>" for i, c in enumerate(row)) + "</tr>\n" for row in t.rows
     )
-    return f"<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{rows}</tbody>\n</table>"
+    # Wide tables scroll inside their container (first column pinned), never the page.
+    return f'<div class="scroll">\n<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{rows}</tbody>\n</table>\n</div>'
 
 
 def _figure(c: Chart) -> str:

@@ -1,0 +1,10 @@
+"""`pexec view`: a local web viewer over a run (docs/design.md §5.6).
+
+queries.py  what the pages show, read from the run with DuckDB in place
+app.py      the Starlette app, its Jinja2 templates (templates/) and stylesheet (static/)
+"""
+
+from pipeline.view.app import check_address, create_app, serve
+from pipeline.view.queries import Filters, RunView, ViewError
+
+__all__ = ["Filters", "RunView", "ViewError", "check_address", "create_app", "serve"]

@@ -1,0 +1,381 @@
+"""What the viewer shows, read from the run with DuckDB in place (no copy): cohorts with their metrics, the
+rollouts behind a number (filtered, one page at a time), one rollout's steps beside its logged events.
+
+The run is opened once with pipeline.aggregate's helpers (the `rollouts` view, its checks, the storage
+filesystem); sql/view_located.sql adds the shard each row was scored in, which names a rollout uniquely
+(run_id, shard, rollout_id) and leads back to its input through the manifest's shard list.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import orjson
+import pyarrow.parquet as pq
+
+from pipeline import catalogue, schema
+from pipeline.aggregate import (
+    DEFAULT_BOOTSTRAP,
+    DEFAULT_METRICS,
+    BootstrapSettings,
+    compute_metrics,
+    fetch,
+    label_columns,
+    open_rollouts,
+    rollout_columns,
+    run_sql,
+    set_variables,
+)
+from pipeline.coverage import describe_partial, read_coverage
+from pipeline.errors import PexecError
+from pipeline.model import NOT_LOGGED, Call, Event
+from pipeline.records import InvalidRecord, parse_rollout
+from pipeline.storage.inputs import Shard, StoreError, list_inputs, read_shard
+from pipeline.storage.run import MANIFEST, read_manifest, read_plan
+
+PAGE = 50
+STATUS = "status"  # harness error status, filtered on where the run has the column
+_SHARD = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# Columns a rollouts page lists (labels and, where present, status are added per run).
+_ROW_COLUMNS = ("T", "fed", "executable", "success", "first_cause", "n_invalid", "n_output_mismatch")
+
+
+class ViewError(PexecError, ValueError):
+    """A viewer request that names something the run does not have (the message says what)."""
+
+
+@dataclass(frozen=True)
+class Filters:
+    """Which rollouts a page lists; every field None means "any". All of it travels in the URL query."""
+
+    labels: tuple[tuple[str, str | None], ...] = ()  # (column, value); None matches a NULL label
+    cause: str | None = None  # first-error cause
+    tool: str | None = None  # tool of the first invalid call
+    fed: int | None = None  # first-error depth; 0 = executable
+    success: str | None = None  # "true", "false" or "null"
+    mismatch: bool | None = None  # some replayed output differs from the logged one
+    status: str | None = None
+
+    def query(self) -> list[tuple[str, str]]:
+        """The URL query pairs that give these filters back (Filters.parse)."""
+        out = [(f"label.{c}", v) if v is not None else ("null", c) for c, v in self.labels]
+        for name in ("cause", "tool", "fed", "success", "status"):
+            value = getattr(self, name)
+            if value is not None:
+                out.append((name, str(value)))
+        if self.mismatch is not None:
+            out.append(("mismatch", "1" if self.mismatch else "0"))
+        return out
+
+    def without(self, name: str) -> Filters:
+        return replace(self, **{name: () if name == "labels" else None})
+
+    @classmethod
+    def parse(cls, params: list[tuple[str, str]], label_cols: list[str], has_status: bool) -> Filters:
+        """Filters from URL query pairs; `label_cols`: the columns a cohort filter may name (benchmark and the
+        run's label columns). Unknown columns and malformed values are refused, never ignored."""
+        labels: list[tuple[str, str | None]] = []
+        values: dict[str, Any] = {}
+        for key, value in params:
+            if key.startswith("label.") or key == "null":
+                column = key[len("label.") :] if key != "null" else value
+                if column not in label_cols:
+                    raise ViewError(f"unknown label column {column!r} in the filter")
+                labels.append((column, value if key != "null" else None))
+            elif value == "":
+                continue  # an empty form field: any
+            elif key in ("cause", "tool", "status"):
+                values[key] = value
+            elif key == "fed":
+                if not value.isdigit():
+                    raise ViewError(f"fed must be a depth (0 = executable), got {value!r}")
+                values["fed"] = int(value)
+            elif key == "success":
+                if value not in ("true", "false", "null"):
+                    raise ViewError(f"success must be true, false or null, got {value!r}")
+                values["success"] = value
+            elif key == "mismatch":
+                if value not in ("0", "1"):
+                    raise ViewError(f"mismatch must be 0 or 1, got {value!r}")
+                values["mismatch"] = value == "1"
+        if "status" in values and not has_status:
+            raise ViewError("this run has no status column")
+        return cls(labels=tuple(labels), **values)
+
+
+@dataclass(frozen=True)
+class Cohort:
+    key: dict[str, str | None]  # benchmark and the cohort's label values
+    n: int
+    n_tasks: int
+    metrics: list[tuple[catalogue.Metric, dict[str, Any]]]  # value, lo, hi (and eligible)
+    causes: list[tuple[str, int]]  # first-error cause ("" = executable) -> rollouts
+
+
+@dataclass(frozen=True)
+class Cohorts:
+    keys: list[str]
+    cohorts: list[Cohort]
+    source: str  # where the numbers come from, shown on the page
+
+
+@dataclass(frozen=True)
+class Page:
+    columns: list[str]
+    rows: list[dict[str, Any]]
+    total: int
+    next_after: tuple[str, str, str] | None  # (run_id, rollout_id, shard) of the last row when more follow
+
+
+@dataclass
+class RolloutView:
+    summary: dict[str, Any]
+    steps: list[dict[str, Any]]
+    events: list[dict[str, Any]] = field(default_factory=list)  # messages and calls, each call with its step
+    input_note: str = ""  # why the logged events are not shown, when they are not
+
+
+class RunView:
+    """One run opened for the viewer's lifetime; DuckDB's connection is used by one request at a time."""
+
+    def __init__(
+        self,
+        run: str,
+        storage_options: dict[str, Any] | None = None,
+        settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
+        partial: bool = False,
+    ) -> None:
+        self.run = run
+        self.storage_options = storage_options
+        self.settings = settings
+        self.partial = partial
+        # An incomplete run is refused unless `partial`; then only committed shards are read, and every page
+        # says what they cover.
+        coverage = read_coverage(run, storage_options, partial)
+        self.root = coverage.root
+        covered = coverage.partial()
+        self.coverage_note = describe_partial(covered) if covered else ""
+        self._stack = ExitStack()
+        self.con = self._stack.enter_context(open_rollouts(run, storage_options, partial))
+        # rollouts_files is set by open_rollouts; steps_files is the one-rollout page's (view_rollout_steps).
+        set_variables(self.con, located_steps_files=coverage.parts("steps"))
+        run_sql(self.con, "view_located")
+        self.columns = rollout_columns(self.con)
+        self.labels = label_columns(self.columns)
+        self.has_status = STATUS in self.columns
+        self._lock = threading.Lock()
+        self._cohorts: Cohorts | None = None
+
+    def close(self) -> None:
+        self._stack.close()
+
+    # --- cohorts -----------------------------------------------------------------------------------
+
+    def cohorts(self) -> Cohorts:
+        with self._lock:
+            if self._cohorts is None:
+                self._cohorts = self._load_cohorts()
+            return self._cohorts
+
+    def _load_cohorts(self) -> Cohorts:
+        stored = self._stored_metrics()
+        if stored is not None:
+            keys, rows, source = stored
+        else:
+            computed = compute_metrics(self.run, None, self.settings, storage_options=self.storage_options,
+                                       partial=self.partial)  # fmt: skip
+            keys = ["benchmark", *self.labels]
+            rows = [_from_dict(c, keys) for c in computed]
+            s = self.settings
+            source = f"computed now from the rollouts (task bootstrap, {s.method}, B={s.B}, seed {s.seed})"
+        causes = self._causes(keys)
+        return Cohorts(keys, [replace(c, causes=causes.get(_key_tuple(c.key, keys), [])) for c in rows], source)
+
+    def _stored_metrics(self) -> tuple[list[str], list[Cohort], str] | None:
+        """The metrics over every label (RUN/metrics/metrics/metrics.parquet, as `pexec metrics` without --by
+        writes them) when they are current: written after the run's manifest, with the same rollouts per
+        cohort as the run has now. Otherwise None (the metrics are computed instead)."""
+        rel = f"metrics/{DEFAULT_METRICS}/metrics.parquet"
+        if not self.root.exists(rel) or not self.root.exists(MANIFEST):
+            return None
+        fs, base = self.root.fs, self.root.path
+        try:
+            if fs.modified(f"{base}/{rel}") < fs.modified(f"{base}/{MANIFEST}"):
+                return None
+        except (NotImplementedError, OSError):  # a store that cannot tell: the file's age is unknown
+            return None
+        with fs.open(f"{base}/{rel}", "rb") as f:
+            table = pq.read_table(f)
+        fields = {c.name for c in schema.metrics_table().columns}
+        keys = [c for c in table.column_names if c not in fields]
+        if any(k not in self.columns for k in keys):
+            return None
+        rows = [_from_row(r, keys) for r in table.to_pylist()]
+        if {_key_tuple(c.key, keys): c.n for c in rows} != self._counts(keys):
+            return None
+        first = table.slice(0, 1).to_pylist()[0] if table.num_rows else {}
+        source = (
+            f"{rel} (task bootstrap, {first.get('bootstrap_method')}, B={first.get('bootstrap_B')}, "
+            f"seed {first.get('bootstrap_seed')})"
+        )
+        return keys, rows, source
+
+    def _counts(self, keys: list[str]) -> dict[tuple[Any, ...], int]:
+        out: dict[tuple[Any, ...], int] = {}
+        for key, _cause, n in self._cause_rows(keys):
+            out[key] = out.get(key, 0) + n
+        return out
+
+    def _causes(self, keys: list[str]) -> dict[tuple[Any, ...], list[tuple[str, int]]]:
+        out: dict[tuple[Any, ...], list[tuple[str, int]]] = {}
+        for key, cause, n in self._cause_rows(keys):
+            out.setdefault(key, []).append((cause, n))
+        return out
+
+    def _cause_rows(self, keys: list[str]) -> list[tuple[tuple[Any, ...], str, int]]:
+        set_variables(self.con, cohort_cols=keys)
+        run_sql(self.con, "view_cohort_causes")
+        return [(_key_tuple(r["key"], keys), r["cause"], r["n"]) for r in fetch(self.con, "cohort_causes")]
+
+    # --- rollouts ----------------------------------------------------------------------------------
+
+    def rollouts(self, filters: Filters, after: tuple[str, str, str] | None = None, limit: int = PAGE) -> Page:
+        columns = ["run_id", "rollout_id", "task_id", "benchmark", *self.labels, *_ROW_COLUMNS]
+        if self.has_status:
+            columns.append(STATUS)
+        # Label and status columns differ from run to run: their conditions are composed here, from column
+        # names checked against the run's own (Filters.parse) and quoted; values are always parameters. The
+        # tool condition is added only when set (sql/view_filtered.sql says why).
+        where, params = ["TRUE"], []
+        for column, value in filters.labels:
+            where.append(f"{_ident(column)} IS NOT DISTINCT FROM ?")
+            params.append(value)
+        if filters.status is not None:
+            where.append(f"{_ident(STATUS)} = ?")
+            params.append(filters.status)
+        if filters.tool is not None:
+            where.append("(run_id, _shard, rollout_id, fed) IN (SELECT * FROM tool_steps)")
+        cond = " AND ".join(where)
+        select = ", ".join(_ident(c) for c in columns)
+        page_cond, page_params = (
+            ("TRUE", []) if after is None else ("row(run_id, rollout_id, _shard) > row(?, ?, ?)", list(after))
+        )
+        with self._lock:
+            set_variables(
+                self.con,
+                f_cause=filters.cause,
+                f_tool=filters.tool,
+                f_fed=filters.fed,
+                f_success=filters.success,
+                f_mismatch=filters.mismatch,
+            )
+            run_sql(self.con, "view_filtered")
+            total = self.con.sql(f"SELECT count(*) FROM filtered WHERE {cond}", params=params).fetchall()[0][0]
+            rows = (
+                self.con.sql(
+                    f"SELECT {select}, _shard FROM filtered WHERE {cond} AND {page_cond} "
+                    "ORDER BY run_id, rollout_id, _shard LIMIT ?",
+                    params=[*params, *page_params, limit + 1],
+                )
+                .to_arrow_table()
+                .to_pylist()
+            )
+        more = len(rows) > limit
+        rows = rows[:limit]
+        last = rows[-1] if more else None
+        next_after = (last["run_id"], last["rollout_id"], last["_shard"]) if last else None
+        return Page(columns, rows, total, next_after)
+
+    # --- one rollout -------------------------------------------------------------------------------
+
+    def rollout(self, run_id: str, shard: str, rollout_id: str) -> RolloutView:
+        if not _SHARD.match(shard):
+            raise ViewError(f"not a shard key: {shard!r}")
+        with self._lock:
+            set_variables(self.con, r_run=run_id, r_shard=shard, r_id=rollout_id)
+            run_sql(self.con, "view_rollout")
+            found = fetch(self.con, "one_rollout")
+            if not found:
+                raise ViewError(f"no rollout {rollout_id!r} of run {run_id!r} in shard {shard}")
+            summary = found[0]
+            # The `steps` view (its column names settled) over the one steps part of the rollout's shard.
+            set_variables(self.con, steps_files=[_steps_part(summary["_file"])])
+            run_sql(self.con, "view_steps")
+            run_sql(self.con, "view_rollout_steps")
+            steps = fetch(self.con, "one_rollout_steps")
+        view = RolloutView(summary, steps)
+        self._attach_input(view, summary["_file"], shard, rollout_id)
+        return view
+
+    def _attach_input(self, view: RolloutView, part_file: str, shard: str, rollout_id: str) -> None:
+        """The rollout's messages and call arguments, read again from the input it was scored from.
+
+        Only the one shard that holds it is read; a changed input is refused (its events could differ from
+        what was scored)."""
+        run_folder = part_file.rsplit("/rollouts/", 1)[0]
+        recorded = [read_manifest(run_folder, self.storage_options), read_plan(run_folder, self.storage_options)]
+        shards = [s for r in recorded if r for s in r.get("shards", []) if s.get("shard") == shard and "source" in s]
+        if not shards:
+            view.input_note = f"the run does not record the input of shard {shard} (no manifest or plan lists it)"
+            return
+        entry = shards[0]
+        try:
+            files, _ = list_inputs(entry["source"], self.storage_options)
+            file = files[0]
+            if file.fingerprint != entry["fingerprint"]:
+                raise StoreError(f"{entry['source']} changed since the run scored it")
+            for _location, record in read_shard(Shard(file, entry["start"], entry["stop"]), self.storage_options):
+                if isinstance(record, dict) and record.get("rollout_id") == rollout_id:
+                    view.events = _events(parse_rollout(record).events, view.steps)
+                    return
+        except (StoreError, InvalidRecord, OSError) as exc:
+            view.input_note = f"the input cannot be shown: {exc}"
+            return
+        view.input_note = f"rollout {rollout_id!r} was not found in its input shard ({entry['source']})"
+
+
+def _events(events: list[Event], steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages and calls in log order; the i-th call carries the i-th step's verdict."""
+    by_step = {s["step"]: s for s in steps}
+    out, depth = [], 0
+    for e in events:
+        if isinstance(e, Call):
+            depth += 1
+            output = None if e.output is NOT_LOGGED else orjson.dumps(e.output, default=str).decode()
+            out.append({"kind": "call", "call": e, "step": by_step.get(depth), "output": output})
+        else:
+            out.append({"kind": "message", "message": e})
+    return out
+
+
+def _steps_part(rollouts_part: str) -> str:
+    head, _, tail = rollouts_part.rpartition("/rollouts/")
+    return f"{head}/steps/{tail}"
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _key_tuple(key: dict[str, Any], keys: list[str]) -> tuple[Any, ...]:
+    return tuple(None if key.get(k) is None else str(key[k]) for k in keys)
+
+
+def _from_dict(c: dict[str, Any], keys: list[str]) -> Cohort:
+    metrics = [(m, c[m.name]) for m in catalogue.ratios() if m.in_tables]
+    return Cohort({k: c.get(k) for k in keys}, c["n"], c["n_tasks"], metrics, [])
+
+
+def _from_row(r: dict[str, Any], keys: list[str]) -> Cohort:
+    metrics = []
+    for m in catalogue.ratios():
+        if m.in_tables:
+            value = {"value": r[m.name], "lo": r[f"{m.name}_lo"], "hi": r[f"{m.name}_hi"]}
+            if m.eligible:
+                value["eligible"] = r[f"{m.name}_eligible"]
+            metrics.append((m, value))
+    return Cohort({k: r[k] for k in keys}, r["n"], r["n_tasks"], metrics, [])

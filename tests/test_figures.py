@@ -1,0 +1,127 @@
+"""The report's figures as a paper takes them: fixed colours per cause and per cohort, integer depth axes, a
+true FED depth axis with the executable bar apart, counts on the cause bars, 300 dpi PNG + PDF + SVG with text
+kept as text, small multiples past eight cohorts; and each drawing compared with a checked-in reference PNG.
+
+Regenerate the references deliberately with PEXEC_REGEN_FIGURES=1 (then look at them before committing).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+from pathlib import Path
+
+import pytest
+from matplotlib.testing.compare import compare_images
+from PIL import Image
+
+from pipeline.report.figures import (
+    CAUSE_COLOURS,
+    COHORT_PALETTE,
+    Chart,
+    cause_chart,
+    cohort_colours,
+    fed_chart,
+    pec_chart,
+)
+
+REFERENCES = Path(__file__).parent / "golden" / "figures"
+COHORTS = ["model-a · react", "model-b · react", "model-c · plan"]
+
+
+def pec_rows(cohorts: list[str], benchmarks: tuple[str, ...] = ("shop", "bank")) -> list[list]:
+    rows = []
+    for b, bench in enumerate(benchmarks):
+        for i, c in enumerate(cohorts):
+            for k in range(8):
+                v = max(0.0, 1.0 - k * (0.09 + 0.02 * i + 0.01 * b))
+                rows.append([bench, c, k, v, max(0.0, v - 0.06), min(1.0, v + 0.05)])
+    return rows
+
+
+def fed_rows() -> list[list]:
+    # Depths 3, 4, 6-8 are empty: they keep their place on the axis.
+    shares = {"1": 0.2, "2": 0.15, "5": 0.1, "9": 0.05, "executable": 0.5}
+    return [["shop", c, d, int(100 * s), s - 0.02 * i if d == "1" else s] for i, c in enumerate(COHORTS)
+            for d, s in shares.items()]  # fmt: skip
+
+
+def cause_rows() -> list[list]:
+    rows = []
+    for i, c in enumerate(COHORTS):
+        counts = {"schema": 10 + i, "dependency": 30, "precondition": 20 - 5 * i, "tool_crash": 3}
+        total = sum(counts.values())
+        rows += [["shop", c, cause, n, n / total] for cause, n in counts.items()]
+    return rows
+
+
+CHARTS = {
+    "pec_curves": lambda: pec_chart(pec_rows(COHORTS), cohort_colours(COHORTS)),
+    "pec_small_multiples": lambda: pec_chart(pec_rows([f"cohort-{i:02d}" for i in range(10)], ("shop",))),
+    "fed_histogram": lambda: fed_chart(fed_rows(), cohort_colours(COHORTS)),
+    "first_causes": lambda: cause_chart(cause_rows()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHARTS))
+def test_figure_matches_its_reference(name: str, tmp_path: Path) -> None:
+    chart: Chart = CHARTS[name]()
+    # Compared at a third of the 300 dpi (small references; still every label and bar).
+    image = Image.open(io.BytesIO(chart.png))
+    small = image.resize((image.width // 3, image.height // 3), Image.Resampling.LANCZOS)
+    actual = tmp_path / f"{name}.png"
+    small.save(actual)
+    reference = REFERENCES / f"{name}.png"
+    if os.environ.get("PEXEC_REGEN_FIGURES"):
+        reference.parent.mkdir(parents=True, exist_ok=True)
+        small.save(reference)
+    assert compare_images(str(reference), str(actual), tol=2) is None
+
+
+def test_formats_for_a_paper() -> None:
+    chart = CHARTS["pec_curves"]()
+    png = Image.open(io.BytesIO(chart.png))
+    assert round(png.info["dpi"][0]) == 300
+    assert chart.pdf.startswith(b"%PDF-")
+    # Text is text: labels are searchable in the SVG, not glyph paths.
+    assert ">PEC(k)</text>" in chart.svg and ">model-b · react</text>" in chart.svg
+    assert "DejaVu Sans" in chart.svg
+    again = CHARTS["pec_curves"]()  # no dates or random ids: a rerun writes the same bytes
+    assert (again.png, again.svg, again.pdf) == (chart.png, chart.svg, chart.pdf)
+
+
+def test_a_cause_has_one_colour_whatever_else_is_drawn() -> None:
+    only = cause_chart([["shop", "a", "precondition", 5, 1.0]])
+    mixed = cause_chart(cause_rows())
+    assert CAUSE_COLOURS["precondition"].lower() in only.svg.lower()
+    assert CAUSE_COLOURS["precondition"].lower() in mixed.svg.lower()
+    assert CAUSE_COLOURS["schema"].lower() not in only.svg.lower()
+
+
+def test_a_cohort_has_one_colour_in_every_figure() -> None:
+    colours = cohort_colours(["b", "c", "a"])
+    assert colours == {"a": COHORT_PALETTE[0], "b": COHORT_PALETTE[1], "c": COHORT_PALETTE[2]}
+    # Only cohort b drawn: it keeps b's colour (not the first colour) in the PEC and the FED figure alike.
+    pec = pec_chart([r for r in pec_rows(["b"]) if r[0] == "shop"], colours)
+    fed = fed_chart([["shop", "b", "1", 3, 0.3], ["shop", "b", "executable", 7, 0.7]], colours)
+    for chart in (pec, fed):
+        assert COHORT_PALETTE[1].lower() in chart.svg.lower()
+        assert COHORT_PALETTE[0].lower() not in chart.svg.lower()
+
+
+def test_cause_bars_carry_their_counts() -> None:
+    chart = cause_chart(cause_rows())
+    for i, _ in enumerate(COHORTS):
+        total = 10 + i + 30 + 20 - 5 * i + 3
+        assert f">n={total}</text>" in chart.svg.replace("\n", "")
+    assert ">30</text>" in chart.svg  # a segment's count
+
+
+def test_depth_axes_have_integer_ticks_only() -> None:
+    for name, expected in (
+        ("pec_curves", [str(k) for k in range(8)] * 2),
+        ("fed_histogram", [*"123456789", "executable"]),
+    ):
+        ticks = re.findall(r'<g id="xtick_\d+">.*?>([^<>]+)</text>', CHARTS[name]().svg, re.S)
+        assert ticks == expected, name

@@ -1,0 +1,261 @@
+"""`pexec view` over a real scored run: the pages' numbers against the run's Parquet read independently,
+filters and keyset paging, the rollout page's steps and logged events, escaping, and refusals."""
+
+from __future__ import annotations
+
+import html
+import re
+import shutil
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlencode
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from starlette.testclient import TestClient
+from typer.testing import CliRunner
+
+from pipeline.aggregate import BootstrapSettings, compute_metrics, write_metrics
+from pipeline.cli import app
+from pipeline.coverage import RunIncomplete
+from pipeline.distributed import run_scoring
+from pipeline.storage.stores import write_store
+from pipeline.synth import synthesize
+from pipeline.view import RunView, create_app
+
+EVIL = '<script>alert("x")</script>'
+SETTINGS = BootstrapSettings(B=20)
+
+
+def make_run(folder: Path, storage_options: dict | None = None, root: str | None = None) -> str:
+    """A synthetic shop store (one rollout labelled with markup) scored inline; returns the run's URL."""
+    records = list(synthesize("shop", n_rollouts=240, n_tasks=30, seed=3))
+    records[7]["labels"] = {**records[7]["labels"], "method": EVIL}
+    records[7]["events"][0]["content"] += EVIL
+    base = root or str(folder)
+    write_store(iter(records), f"{base}/store", per_file=100, storage_options=storage_options)
+    run_scoring(f"{base}/store", f"{base}/run", executor="inline", storage_options=storage_options)
+    return f"{base}/run"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return make_run(tmp_path_factory.mktemp("view"))
+
+
+@pytest.fixture(scope="module")
+def client(run: str) -> Iterator[TestClient]:
+    view = RunView(run, None, SETTINGS)
+    try:
+        yield TestClient(create_app(view))
+    finally:
+        view.close()
+
+
+def rollouts_table(run: str):
+    return pq.read_table(f"{run}/rollouts")
+
+
+def links(page: str, path: str) -> list[str]:
+    return [html.unescape(h) for h in re.findall(rf'href="({re.escape(path)}\?[^"]*)"', page)]
+
+
+def count(page: str) -> int:
+    return int(re.search(r'<p id="count"><strong>(\d+)</strong>', page).group(1))
+
+
+def test_front_page_counts_are_the_runs(client: TestClient, run: str) -> None:
+    table = rollouts_table(run)
+    page = client.get("/").text
+    assert "computed now from the rollouts" in page  # no metrics.parquet yet
+    # Every cohort's n links to exactly the rollouts of that cohort; together they are the whole run.
+    n_links = [html.unescape(h) for h in re.findall(r'class="n" href="([^"]*)"', page)]
+    totals = [count(client.get(h).text) for h in n_links]
+    assert sum(totals) == table.num_rows == 240
+    expected = compute_metrics(run, None, SETTINGS)
+    assert len(totals) == len(expected)
+    assert sorted(totals) == sorted(c["n"] for c in expected)
+    ter = expected[0]["ter"]
+    assert f"{ter['value']:.3f} [{ter['lo']:.3f}, {ter['hi']:.3f}]" in page
+    # TER links to the executable rollouts of its cohort: their number over n is the point estimate.
+    ter_link = html.unescape(re.search(r'class="metric-ter" href="([^"]*)"', page).group(1))
+    n_exec = count(client.get(ter_link).text)
+    assert "fed=0" in ter_link and n_exec / expected[0]["n"] == pytest.approx(ter["value"])
+
+
+def test_cause_link_lists_exactly_those_rollouts(client: TestClient, run: str) -> None:
+    table = rollouts_table(run)
+    page = client.get("/").text
+    cause_links = [h for h in links(page, "/rollouts") if "cause=dependency" in h]
+    assert cause_links
+    listed = client.get(cause_links[0]).text
+    q = dict(re.findall(r"label\.(\w+)=([^&]*)", cause_links[0]))
+    mask = pc.equal(table["first_cause"], "dependency")
+    for col, value in q.items():
+        mask = pc.and_(mask, pc.equal(table[col], value))
+    assert count(listed) == pc.sum(mask.cast("int64")).as_py() > 0
+
+
+def test_filters_and_keyset_paging_cover_each_rollout_once(client: TestClient, run: str) -> None:
+    table = rollouts_table(run)
+    n_exec = pc.sum(table["executable"].cast("int64")).as_py()
+    url: str | None = "/rollouts?fed=0"
+    seen: list[str] = []
+    while url:
+        page = client.get(url).text
+        assert count(page) == n_exec
+        seen += re.findall(r'class="rollout" href="[^"]*">([^<]+)</a>', page)
+        nxt = re.search(r'id="next" href="([^"]*)"', page)
+        url = html.unescape(nxt.group(1)) if nxt else None
+    expected = sorted(
+        r for r, e in zip(table["rollout_id"].to_pylist(), table["executable"].to_pylist(), strict=True) if e
+    )
+    assert sorted(seen) == expected and len(seen) == len(set(seen)) and n_exec > 50  # more than one page
+    failing = count(client.get("/rollouts?success=false&mismatch=0").text)
+    assert failing == sum(s is False for s in table["success"].to_pylist())
+    # The failing tool: the tool of each rollout's first invalid call, from the steps read independently.
+    steps = pq.read_table(Path(run) / "steps").to_pylist()
+    first_bad = {}
+    for st in sorted(steps, key=lambda st: st["step"]):
+        if not st["valid"]:
+            first_bad.setdefault(st["rollout_id"], st["tool"])
+    tool = max(set(first_bad.values()), key=list(first_bad.values()).count)
+    assert count(client.get(f"/rollouts?tool={tool}").text) == list(first_bad.values()).count(tool) > 1
+
+
+def test_rollout_page_shows_the_failing_step_and_the_logged_trajectory(client: TestClient, run: str) -> None:
+    steps = pq.read_table(f"{run}/steps").to_pylist()
+    bad = next(s for s in steps if not s["valid"])
+    page = client.get("/rollouts?" + f"cause={bad['cause']}").text
+    link = next(h for h in links(page, "/rollout") if f"id={bad['rollout_id']}&" in h)
+    shown = client.get(link).text
+    row = re.search(rf'<tr class="bad first-error" id="step-{bad["step"]}">(.*?)</tr>', shown, re.S)
+    assert row is not None and bad["tool"] in row.group(1) and bad["cause"] in row.group(1)
+    assert bad["detail"] == html.unescape(re.search(r"detail\">([^<]*)<", row.group(1)).group(1))
+    # Events come from the input store: the user's first message and the call's arguments.
+    assert 'id="input-note"' not in shown
+    assert shown.count('<li class="call') == max(s["step"] for s in steps if s["rollout_id"] == bad["rollout_id"])
+    assert '<li class="msg role-user">' in shown
+    back = re.search(r'id="back" href="([^"]*)"', shown).group(1)
+    assert f"cause={bad['cause']}" in html.unescape(back)
+
+
+def test_text_from_logs_is_escaped(client: TestClient) -> None:
+    escaped = "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;"
+    page = client.get("/").text
+    assert EVIL not in page and escaped in page
+    listed = client.get("/rollouts?" + urlencode({"label.method": EVIL})).text
+    assert count(listed) == 1 and EVIL not in listed
+    shown = client.get(links(listed, "/rollout")[0]).text  # the label and the user's message
+    assert EVIL not in shown and shown.count(escaped) == 2
+
+
+def test_stored_metrics_are_used_only_while_current(run: str, tmp_path: Path) -> None:
+    # Stored with other settings than the viewer's (B=7): the page shows the stored numbers and says so.
+    stored = compute_metrics(run, None, BootstrapSettings(B=7))
+    write_metrics(run, stored)
+    view = RunView(run, None, SETTINGS)
+    try:
+        page = TestClient(create_app(view)).get("/").text
+        assert "metrics/metrics/metrics.parquet (task bootstrap, multinomial, B=7" in page
+        ter = stored[0]["ter"]
+        assert f"{ter['value']:.3f} [{ter['lo']:.3f}, {ter['hi']:.3f}]" in page
+    finally:
+        view.close()
+    # A rescore after the metrics makes them stale: the viewer computes instead of showing old numbers.
+    run_scoring(str(Path(run).parent / "store"), run, executor="inline", force=True)
+    view = RunView(run, None, SETTINGS)
+    try:
+        assert "computed now from the rollouts" in TestClient(create_app(view)).get("/").text
+    finally:
+        view.close()
+
+
+def test_refusals_say_what_is_wrong(client: TestClient) -> None:
+    r = client.get("/rollouts?label.nosuch=1")
+    assert r.status_code == 400 and "unknown label column &#39;nosuch&#39;" in r.text
+    r = client.get("/rollouts?label.fed=3")  # not a label: refused, not compared as text
+    assert r.status_code == 400 and "unknown label column &#39;fed&#39;" in r.text
+    r = client.get("/rollouts?fed=two")
+    assert r.status_code == 400 and "fed must be a depth" in r.text
+    r = client.get("/rollout?run=x&shard=../../etc&id=r1")
+    assert r.status_code == 400 and "not a shard key" in r.text
+    r = client.get("/rollout?run=x&shard=abc&id=r1")
+    assert r.status_code == 400 and "no rollout" in r.text
+
+
+def test_a_changed_input_is_not_shown_as_the_scored_one(tmp_path: Path) -> None:
+    run = make_run(tmp_path)
+    first = sorted((tmp_path / "store").rglob("*.jsonl*"))[0]
+    first.write_bytes(first.read_bytes() + b"\n")
+    view = RunView(run, None, SETTINGS)
+    try:
+        client = TestClient(create_app(view))
+        listed = client.get("/rollouts").text
+        page = client.get(links(listed, "/rollout")[0]).text
+        assert "changed since the run scored it" in page and '<li class="call' not in page
+        assert '<table id="steps">' in page  # the scored steps are still shown
+    finally:
+        view.close()
+
+
+def test_a_run_on_object_storage(s3: dict, tmp_path: Path) -> None:
+    run = make_run(tmp_path, s3, root="s3://pexec-test/view")
+    view = RunView(run, s3, SETTINGS)
+    try:
+        client = TestClient(create_app(view))
+        listed = client.get("/rollouts?fed=1").text
+        assert count(listed) > 0
+        page = client.get(links(listed, "/rollout")[0]).text
+        assert 'class="bad first-error" id="step-1"' in page and '<li class="call bad">' in page
+    finally:
+        view.close()
+
+
+def test_status_filter_where_the_run_has_the_column(run: str, tmp_path: Path) -> None:
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    for part in (copy / "rollouts").glob("*.parquet"):
+        table = pq.read_table(part)
+        status = ["harness_error" if i % 7 == 0 else "ok" for i in range(table.num_rows)]
+        pq.write_table(table.append_column("status", pa.array(status)), part)
+    view = RunView(str(copy), None, SETTINGS)
+    try:
+        client = TestClient(create_app(view))
+        expected = sum(1 for s in pq.read_table(copy / "rollouts")["status"].to_pylist() if s == "harness_error")
+        page = client.get("/rollouts?status=harness_error").text
+        assert count(page) == expected > 0 and '<th class="key">status</th>' in page
+    finally:
+        view.close()
+    view = RunView(run, None, SETTINGS)
+    try:
+        r = TestClient(create_app(view)).get("/rollouts?status=ok")
+        assert r.status_code == 400 and "no status column" in r.text
+    finally:
+        view.close()
+
+
+def test_cli_refuses_a_missing_run_and_a_busy_port(run: str, tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["view", str(tmp_path / "nothing")])
+    assert result.exit_code == 2 and "no run at" in result.output
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        result = CliRunner().invoke(app, ["view", run, "--port", str(port), "--bootstrap", "20"])
+    assert result.exit_code == 2 and f"cannot listen on 127.0.0.1:{port}" in result.output
+
+
+def test_an_incomplete_run_only_with_partial_and_saying_so(run: str, tmp_path: Path) -> None:
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    (copy / "_manifest.json").unlink()  # scoring did not finish
+    with pytest.raises(RunIncomplete, match="--partial"):
+        RunView(str(copy), None, SETTINGS)
+    view = RunView(str(copy), None, SETTINGS, partial=True)
+    try:
+        page = TestClient(create_app(view)).get("/rollouts").text
+        assert 'id="partial"' in page and "of 3 shards" in page
+    finally:
+        view.close()
