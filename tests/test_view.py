@@ -215,25 +215,19 @@ def test_a_run_on_object_storage(s3: dict, tmp_path: Path) -> None:
         view.close()
 
 
-def test_status_filter_where_the_run_has_the_column(run: str, tmp_path: Path) -> None:
+def test_status_filter(run: str, tmp_path: Path) -> None:
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
     for part in (copy / "rollouts").glob("*.parquet"):
         table = pq.read_table(part)
         status = ["harness_error" if i % 7 == 0 else "ok" for i in range(table.num_rows)]
-        pq.write_table(table.append_column("status", pa.array(status)), part)
+        pq.write_table(table.set_column(table.schema.get_field_index("status"), "status", pa.array(status)), part)
     view = RunView(str(copy), None, SETTINGS)
     try:
         client = TestClient(create_app(view))
         expected = sum(1 for s in pq.read_table(copy / "rollouts")["status"].to_pylist() if s == "harness_error")
         page = client.get("/rollouts?status=harness_error").text
         assert count(page) == expected > 0 and '<th class="key">status</th>' in page
-    finally:
-        view.close()
-    view = RunView(run, None, SETTINGS)
-    try:
-        r = TestClient(create_app(view)).get("/rollouts?status=ok")
-        assert r.status_code == 400 and "no status column" in r.text
     finally:
         view.close()
 

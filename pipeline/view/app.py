@@ -57,7 +57,7 @@ def create_app(view: RunView) -> Starlette:
 
     def rollouts(request: Request) -> Response:
         params = list(request.query_params.multi_items())
-        filters = Filters.parse(params, ["benchmark", *view.labels], view.has_status)
+        filters = Filters.parse(params, ["benchmark", *view.labels])
         after = _after(request)
         page = view.rollouts(filters, after)
         return render(
@@ -65,7 +65,6 @@ def create_app(view: RunView) -> Starlette:
             filters=filters,
             page=page,
             page_size=PAGE,
-            has_status=view.has_status,
             text_columns={"task_id", "benchmark", "first_cause", "status", *view.labels},
             first=after is None,
             page_title="Rollouts",

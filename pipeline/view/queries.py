@@ -38,9 +38,9 @@ from pipeline.storage.inputs import Shard, StoreError, list_inputs, read_shard
 from pipeline.storage.run import MANIFEST, read_manifest, read_plan
 
 PAGE = 50
-STATUS = "status"  # harness error status, filtered on where the run has the column
+STATUS = "status"  # ok or harness_error
 _SHARD = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-# Columns a rollouts page lists (labels and, where present, status are added per run).
+# Columns a rollouts page lists (the run's labels and the status are added per run).
 _ROW_COLUMNS = ("T", "fed", "executable", "success", "first_cause", "n_invalid", "n_output_mismatch")
 
 
@@ -75,7 +75,7 @@ class Filters:
         return replace(self, **{name: () if name == "labels" else None})
 
     @classmethod
-    def parse(cls, params: list[tuple[str, str]], label_cols: list[str], has_status: bool) -> Filters:
+    def parse(cls, params: list[tuple[str, str]], label_cols: list[str]) -> Filters:
         """Filters from URL query pairs; `label_cols`: the columns a cohort filter may name (benchmark and the
         run's label columns). Unknown columns and malformed values are refused, never ignored."""
         labels: list[tuple[str, str | None]] = []
@@ -102,8 +102,6 @@ class Filters:
                 if value not in ("0", "1"):
                     raise ViewError(f"mismatch must be 0 or 1, got {value!r}")
                 values["mismatch"] = value == "1"
-        if "status" in values and not has_status:
-            raise ViewError("this run has no status column")
         return cls(labels=tuple(labels), **values)
 
 
@@ -166,7 +164,6 @@ class RunView:
         run_sql(self.con, "view_located")
         self.columns = rollout_columns(self.con)
         self.labels = label_columns(self.columns)
-        self.has_status = STATUS in self.columns
         self._lock = threading.Lock()
         self._cohorts: Cohorts | None = None
 
@@ -244,9 +241,7 @@ class RunView:
     # --- rollouts ----------------------------------------------------------------------------------
 
     def rollouts(self, filters: Filters, after: tuple[str, str, str] | None = None, limit: int = PAGE) -> Page:
-        columns = ["run_id", "rollout_id", "task_id", "benchmark", *self.labels, *_ROW_COLUMNS]
-        if self.has_status:
-            columns.append(STATUS)
+        columns = ["run_id", "rollout_id", "task_id", "benchmark", *self.labels, *_ROW_COLUMNS, STATUS]
         # Label and status columns differ from run to run: their conditions are composed here, from column
         # names checked against the run's own (Filters.parse) and quoted; values are always parameters. The
         # tool condition is added only when set (sql/view_filtered.sql says why).
