@@ -39,7 +39,7 @@ def parse_rollout(record: dict[str, Any]) -> Rollout:
         benchmark=str(record["benchmark"]),
         labels=labels,
         env=env,
-        events=[_event(e, i) for i, e in enumerate(events)],
+        events=[parse_event(e, i) for i, e in enumerate(events)],
         success=success,
         cost=_cost(record.get("cost")),
         truth=_json_field(record.get("truth"), "truth"),
@@ -75,7 +75,8 @@ def _cost(raw: Any) -> dict[str, float]:
     return cost
 
 
-def _event(raw: Any, index: int) -> Event:
+def parse_event(raw: Any, index: int) -> Event:
+    """One event of a canonical record (`index` names it in the error)."""
     if not isinstance(raw, dict):
         raise InvalidRecord(f"events[{index}] is not an object")
     kind = raw.get("type")
