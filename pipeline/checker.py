@@ -205,8 +205,19 @@ def _schema_failure(
         key = exc.path[1] if len(exc.path) > 1 else None
         if key in ref_holders and key not in ref_failures:
             return Verdict(False, "D", "dependency", f"referenced value for {key!r} does not fit: {exc.message}")
-        return Verdict(False, "S", "schema", exc.message)
+        return Verdict(False, "S", "schema", _schema_message(exc))
     return None
+
+
+def _schema_message(exc: fastjsonschema.JsonSchemaValueException) -> str:
+    # fastjsonschema names unexpected properties as a set, whose order changes with the hash seed: sort them.
+    definition = exc.definition if isinstance(exc.definition, dict) else {}
+    if exc.rule == "additionalProperties" and isinstance(exc.value, dict) and "patternProperties" not in definition:
+        allowed = definition.get("properties", {})
+        extra = sorted(k for k in exc.value if k not in allowed)
+        if extra:
+            return f"{exc.name} must not contain {{{', '.join(map(repr, extra))}}} properties"
+    return exc.message
 
 
 def _stand_in(info: ToolInfo, key: str) -> Any:

@@ -4,16 +4,25 @@ execution, recording, discarded checks, incremental cost, and the indexed ground
 from __future__ import annotations
 
 import re
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
+import duckdb
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.dependencies import History
+from pipeline.distributed import run_scoring
 from pipeline.envs import get_environment
-from pipeline.guard import GuardSession, open_session
-from pipeline.model import Call
+from pipeline.guard import GuardSession, GuardVerdict, open_session
+from pipeline.ingest import IngestOptions, ingest
+from pipeline.model import NOT_LOGGED, Call, Message, Rollout
+from pipeline.records import parse_rollout
+from pipeline.storage.stores import write_store
+from pipeline.synth import synthesize
 
 AVA = "Hi, I'm Ava Lopez (ava.lopez@example.com, zip 78701)."
 SIGN_IN = Call("authenticate", {"email": "ava.lopez@example.com", "zip": "78701"})
@@ -105,8 +114,6 @@ class CountingEnv:
 
 def test_a_check_costs_one_execution_at_any_depth():
     env = CountingEnv(get_environment("shop"))
-    from pipeline.model import Rollout
-
     session = GuardSession(env, Rollout("r", "t", "shop"))  # type: ignore[arg-type]
     session.message("user", AVA)
     session.record(SIGN_IN)
@@ -140,3 +147,70 @@ def test_the_indexed_history_knows_exactly_what_a_full_scan_finds(messages, valu
         history.add_message(m)
     for v in values:
         assert history.knows(v) == _linear_knows([m for m in messages if m], v), (messages, v)
+
+
+# -- the guard's answers equal the scorer's ------------------------------------------------------------------
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+LOGS = {  # format -> (sources, options): every shared real log, as tests/test_bfcl.py and test_tau.py read them
+    "bfcl": ([SHARED / "real" / "bfcl" / "gpt-oss-120b", Path(__file__).parent / "data" / "bfcl"], {}),
+    "tau2": ([SHARED / "real" / "tau2"], {"tasks": str(SHARED / "tau3")}),
+}
+STEP_COLUMNS = ("step", "turn", "tool", "valid", "prefix_executable", "check", "cause", "detail", "decided_by")
+
+
+def drive(record: dict[str, Any]) -> tuple[list[tuple], list[GuardVerdict]]:
+    """A guard session through a logged rollout: each call checked before it is recorded with its outcome."""
+    rollout = parse_rollout(record)
+    session = open_session(rollout.benchmark, rollout.env, rollout_id=rollout.rollout_id, task_id=rollout.task_id)
+    verdicts = []
+    try:
+        for event in rollout.events:
+            if isinstance(event, Message):
+                session.message(event.role, event.content, event.turn)
+                continue
+            verdicts.append(session.check(replace(event, output=NOT_LOGGED, error=None)))
+            session.record(event, output=event.output, error=event.error)
+        steps = [(*(getattr(s, c) for c in STEP_COLUMNS), s.output_match) for s in session.steps]
+    finally:
+        session.close()
+    return steps, verdicts
+
+
+def test_a_guard_session_through_every_real_log_gives_the_scorers_flags_and_causes(tmp_path):
+    if not SHARED.is_dir():
+        pytest.fail(f"shared data not found at {SHARED} (expected ../shared/data next to the project)")
+    store = tmp_path / "store"
+    store.mkdir()
+    records = {}
+    for fmt, (sources, extra) in LOGS.items():
+        part = list(ingest(fmt, [str(s) for s in sources], IngestOptions(extra=extra)))
+        (store / f"{fmt}.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in part))
+        records.update({r["rollout_id"]: r for r in part})
+    shop = list(synthesize("shop", 300, 60, seed=3))
+    write_store(shop, str(store / "shop"), per_file=1000)
+    records.update({r["rollout_id"]: r for r in shop})
+    assert len(records) == 600 + 2 + 290 + 300  # rollout ids are unique across the sources
+
+    run = tmp_path / "run"
+    manifest = run_scoring(str(store), str(run), num_cpus=1)
+    assert manifest["counts"]["rejected"] == 0
+    columns = ", ".join(f'"{c}"' for c in (*STEP_COLUMNS, "output_match"))
+    rows = duckdb.sql(
+        f"SELECT rollout_id, {columns} FROM read_parquet('{run}/steps/*.parquet') ORDER BY rollout_id, step"
+    ).fetchall()
+    scored: dict[str, list[tuple]] = {}
+    for rollout_id, *row in rows:
+        scored.setdefault(rollout_id, []).append(tuple(row))
+
+    failures = 0
+    for rollout_id, record in records.items():
+        steps, verdicts = drive(record)
+        assert steps == scored.get(rollout_id, []), rollout_id
+        failures += sum(not s[3] for s in steps)
+        # With a simulator, the verdict before execution is already the step's: P is the simulator's own.
+        for verdict, step in zip(verdicts, steps, strict=True):
+            assert (verdict.step, verdict.valid, verdict.check, verdict.cause, verdict.detail) == (
+                step[0], step[3], step[5], step[6], step[7]
+            ), rollout_id
+    assert sum(len(s) for s in scored.values()) == len(rows) > 9000 and failures > 500
