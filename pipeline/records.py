@@ -110,6 +110,20 @@ def parse_event(raw: Any, index: int) -> Event:
     raise InvalidRecord(f"events[{index}]: unknown event type {kind!r} (expected 'message' or 'call')")
 
 
+def event_record(event: Event) -> dict[str, Any]:
+    """The canonical form of an event, as `parse_event` reads it."""
+    if isinstance(event, Message):
+        return {"type": "message", "role": event.role, "content": event.content, "turn": event.turn}
+    out: dict[str, Any] = {"type": "call", "tool": event.tool, "arguments": event.arguments, "turn": event.turn}
+    if event.call_id is not None:
+        out["call_id"] = event.call_id
+    if event.output is not NOT_LOGGED:
+        out["output"] = event.output
+    if event.error is not None:
+        out["error"] = event.error
+    return out
+
+
 def _json_field(value: Any, name: str) -> Any:
     # Parquet stores free-form objects as JSON text.
     if isinstance(value, str):
