@@ -6,8 +6,8 @@ import re
 import shlex
 from pathlib import Path
 
-import click
 import typer.main
+from typer.core import TyperGroup
 
 from pipeline.cli import app
 from pipeline.envs.spec.loader import load_spec
@@ -18,7 +18,7 @@ README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 COMMANDS = {
     f"{cmd.name} {sub}" if sub else cmd.name: command
     for cmd in typer.main.get_command(app).commands.values()
-    for sub, command in (cmd.commands.items() if isinstance(cmd, click.Group) else [(None, cmd)])
+    for sub, command in (cmd.commands.items() if isinstance(cmd, TyperGroup) else [(None, cmd)])
 }
 
 
