@@ -94,10 +94,18 @@ class Session:
 
     def record(self, call: Call) -> StepResult:
         """Add `call` (with its logged outcome) as the next step. The pending verdict is reused when it is
-        for the same call and cannot depend on the outcome (a simulator decides P itself); otherwise the
-        call is checked again, now with its outcome."""
+        for the same call and could not have read the outcome: a simulator decided it, and its output is the
+        recorded one. Otherwise the call is checked again, now with its outcome: without a simulator P reads
+        it, and a simulator may too (ToolSandbox maps the ids it creates to the logged ones)."""
         pending = self._pending
-        if pending is not None and (pending[0] is call or (self.env.simulated and _same_call(pending[0], call))):
+        if pending is not None and (
+            pending[0] is call
+            or (
+                self.env.simulated
+                and _same_call(pending[0], call)
+                and _output_match(self.env, call, pending[1]) is not False
+            )
+        ):
             return self._commit(call, pending[1])
         return self._commit(call, self.check(call))
 

@@ -96,9 +96,10 @@ class GuardSession:
 
     def record(self, call: Call, output: Any = NOT_LOGGED, error: bool | None = None) -> StepResult:
         """Add `call` as the next step with its real outcome: the production tool's output (or, in a
-        simulated environment, what the simulator returned) and whether it was an error."""
+        simulated environment, what the simulator returned) and whether it was an error. An output of None
+        is "not known", as `null` is in a canonical log."""
         if output is not NOT_LOGGED or error is not None:
-            call = replace(call, output=output, error=error)
+            call = replace(call, output=NOT_LOGGED if output is None else output, error=error)
         self.rollout.events.append(call)
         return self._session.record(call)
 

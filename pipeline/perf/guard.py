@@ -8,7 +8,9 @@ check of the next call at session depth 1, 10 and 50, in the `shop` spec and in 
   guard without incremental state does), in the same run.
 
 Each session records every checked call (the agent's loop: check, run the tool, record), so a check at
-depth d follows d - 1 recorded calls. Not a timed test: figures go in the README.
+depth d follows d - 1 recorded calls. An HTTP agent pauses before each check (uniform, mean `think_s`: its
+model deciding the call), and a second pass sends back to back (the service saturated). Not a timed test:
+figures go in the README.
 """
 
 from __future__ import annotations
@@ -209,7 +211,7 @@ def http(scenario: Scenario, concurrent: int, rounds: int, thinks: tuple[float, 
         server.wait(timeout=30)
 
 
-def bench_guard(sessions: int = 400, concurrent: int = 50, rounds: int = 4, think_s: float = 0.05) -> dict[str, Any]:
+def bench_guard(sessions: int = 400, concurrent: int = 50, rounds: int = 2, think_s: float = 0.5) -> dict[str, Any]:
     """`think_s`: the mean pause of an HTTP agent before each check (0: back to back, the service saturated)."""
     report: dict[str, Any] = {}
     for scenario in SCENARIOS:
@@ -222,6 +224,7 @@ def bench_guard(sessions: int = 400, concurrent: int = 50, rounds: int = 4, thin
             f"http {concurrent}, think 0": saturated,
         }
         report[scenario.name] = {mode: {d: percentiles(t[d]) for d in DEPTHS} for mode, t in modes.items()}
+    report["load_average"] = os.getloadavg()  # the machine's, at the end: these are wall-clock figures
     _print(report)
     return report
 
@@ -229,9 +232,12 @@ def bench_guard(sessions: int = 400, concurrent: int = 50, rounds: int = 4, thin
 def _print(report: dict[str, Any]) -> None:
     print(f"{'scenario':9} {'mode':24} " + " ".join(f"{'depth ' + str(d) + ' p50/p99 (µs)':>24}" for d in DEPTHS))
     for name, modes in report.items():
+        if name == "load_average":
+            continue
         for mode, by_depth in modes.items():
             cells = [f"{by_depth[d]['p50_us']:>10,.0f} / {by_depth[d]['p99_us']:>9,.0f}" for d in DEPTHS]
             print(f"{name:9} {mode:24} " + " ".join(f"{c:>24}" for c in cells))
+    print(f"load average (1, 5, 15 min): {', '.join(f'{x:.1f}' for x in report['load_average'])}")
     print(json.dumps(report))
 
 
@@ -239,8 +245,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=400, help="library sessions per scenario (shop)")
     parser.add_argument("--concurrent", type=int, default=50, help="HTTP sessions at once")
-    parser.add_argument("--rounds", type=int, default=4, help="sessions per HTTP client")
-    parser.add_argument("--think-ms", type=float, default=50.0, help="mean pause of an HTTP agent before a check")
+    parser.add_argument("--rounds", type=int, default=2, help="sessions per HTTP client")
+    parser.add_argument("--think-ms", type=float, default=500.0, help="mean pause of an HTTP agent before a check")
     args = parser.parse_args()
     bench_guard(args.sessions, args.concurrent, args.rounds, args.think_ms / 1000)
 
