@@ -41,6 +41,10 @@ class Verdict:
         """The environment's own rejection message (P), if it gave one."""
         return self.outcome.message if self.outcome else None
 
+    @property
+    def decided_by(self) -> str | None:
+        return self.outcome.decided_by if self.outcome else None
+
 
 def replay(env: Environment, rollout: Rollout) -> RolloutResult:
     session = Session(env, rollout)
@@ -130,7 +134,7 @@ class Session:
             check=verdict.check,
             cause=verdict.cause,
             detail=verdict.detail,
-            decided_by=verdict.outcome.decided_by if verdict.outcome else None,
+            decided_by=verdict.decided_by,
             output_match=_output_match(self.env, call, verdict),
         )
         self.steps.append(step)

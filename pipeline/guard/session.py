@@ -32,17 +32,9 @@ class GuardVerdict:
 
     @classmethod
     def of(cls, step: int, verdict: Verdict, simulated: bool) -> GuardVerdict:
-        outcome = verdict.outcome
-        return cls(
-            step=step,
-            valid=verdict.valid,
-            check=verdict.check,
-            cause=verdict.cause,
-            detail=verdict.detail,
-            message=verdict.message,
-            decided_by=outcome.decided_by if outcome else None,
-            output=outcome.output if outcome and verdict.valid and simulated else None,
-        )
+        output = verdict.outcome.output if verdict.outcome is not None and verdict.valid and simulated else None
+        why = (verdict.check, verdict.cause, verdict.detail, verdict.message, verdict.decided_by)
+        return cls(step, verdict.valid, *why, output)
 
     def to_json(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__slots__}

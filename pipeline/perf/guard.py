@@ -147,10 +147,11 @@ def _call_json(call: Call, output: Any = None) -> dict[str, Any]:
 
 async def _http_sessions(
     scenario: Scenario, port: int, concurrent: int, rounds: int, think_s: float
-) -> dict[int, list[float]]:
+) -> tuple[dict[int, list[float]], dict[int, list[float]]]:
     import aiohttp
 
     times: dict[int, list[float]] = {d: [] for d in DEPTHS}
+    served: dict[int, list[float]] = {d: [] for d in DEPTHS}  # the server's own time (Server-Timing)
     base = f"http://127.0.0.1:{port}"
     rng = random.Random(0)
 
@@ -168,11 +169,13 @@ async def _http_sessions(
                 began = time.perf_counter()
                 async with http.post(f"{base}/sessions/{sid}/check", json={"call": _call_json(call)}) as resp:
                     verdict = orjson.loads(await resp.read())
+                    timing = resp.headers["server-timing"]
                 elapsed = time.perf_counter() - began
                 if not verdict.get("valid"):
                     raise RuntimeError(f"bench {scenario.name} over HTTP: step {depth} is invalid: {verdict}")
                 if depth in times:
                     times[depth].append(elapsed)
+                    served[depth].append(float(timing.split("dur=")[1]) / 1000)
                 body = {"call": _call_json(call, verdict["output"])}
                 async with http.post(f"{base}/sessions/{sid}/record", json=body) as resp:
                     await resp.read()
@@ -182,11 +185,13 @@ async def _http_sessions(
     connector = aiohttp.TCPConnector(limit=concurrent)
     async with aiohttp.ClientSession(connector=connector) as http:
         await asyncio.gather(*(agent(http, i) for i in range(concurrent)))
-    return times
+    return times, served
 
 
-def http(scenario: Scenario, concurrent: int, rounds: int, thinks: tuple[float, ...]) -> list[dict[int, list[float]]]:
-    """Per think time, per depth, the seconds of each check request."""
+def http(
+    scenario: Scenario, concurrent: int, rounds: int, thinks: tuple[float, ...]
+) -> list[tuple[dict[int, list[float]], dict[int, list[float]]]]:
+    """Per think time, per depth, the seconds of each check request: at the client, and in the guard."""
     port = _free_port()
     pexec = str(Path(sys.executable).parent / "pexec")
     server = subprocess.Popen(
@@ -216,11 +221,12 @@ def bench_guard(sessions: int = 400, concurrent: int = 50, rounds: int = 2, thin
     report: dict[str, Any] = {}
     for scenario in SCENARIOS:
         library(scenario, 5)  # warm-up
-        paced, saturated = http(scenario, concurrent, rounds, (think_s, 0.0))
+        (paced, paced_served), (saturated, _) = http(scenario, concurrent, rounds, (think_s, 0.0))
         modes = {
             "library": library(scenario, sessions),
             "re-replay": rereplay(scenario, sessions),
             f"http {concurrent}, think {think_s * 1000:g} ms": paced,
+            "  of which in the guard": paced_served,
             f"http {concurrent}, think 0": saturated,
         }
         report[scenario.name] = {mode: {d: percentiles(t[d]) for d in DEPTHS} for mode, t in modes.items()}
