@@ -36,6 +36,7 @@ class Client:
             request.add_header("Authorization", f"Bearer {self.token}")
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
+                self.headers = response.headers
                 return response.status, orjson.loads(response.read())
         except urllib.error.HTTPError as exc:
             return exc.code, orjson.loads(exc.read())
@@ -93,6 +94,7 @@ def test_a_session_over_http(shop):
     assert shop("POST", f"/sessions/{sid}/message", {"role": "user", "content": AVA}) == (200, {"depth": 0})
     status, verdict = shop("POST", f"/sessions/{sid}/check", {"call": SIGN_IN})
     assert verdict["valid"] and verdict["output"] == {"user_id": "U1001"} and verdict["step"] == 1
+    assert 0 < float(shop.headers["server-timing"].removeprefix("guard;dur=")) < 1000  # ms, in the guard
     status, step = shop("POST", f"/sessions/{sid}/record", {"call": {**SIGN_IN, "output": {"user_id": "U1001"}}})
     assert status == 200 and step["valid"] and step["output_match"] is True and step["step"] == 1
     oid = pending_order()
@@ -163,6 +165,12 @@ def test_stateless_checks_replay_only_what_the_cache_has_not_seen(shop):
     assert {**fresh, "replayed": 1} == verdict and fresh["replayed"] == 3  # another start: replayed in full
     bad = shop("POST", "/check", {"start": start, "events": [{"type": "nope"}], "call": cancel})
     assert bad[0] == 400 and "events[0]: unknown event type 'nope'" in bad[1]["error"]
+    for i in range(5):  # more prefixes than --max-sessions: the cache keeps the most recent
+        shop("POST", "/check", {"start": {"rollout_id": f"s{i}"}, "events": events, "call": cancel})
+    health = shop("GET", "/health")[1]
+    assert health["cached"] + health["sessions"] == 3
+    assert shop("POST", "/check", {"start": {"rollout_id": "s4"}, "events": events, "call": cancel})[1]["replayed"] == 0
+    assert shop("POST", "/check", {"start": {"rollout_id": "s0"}, "events": events, "call": cancel})[1]["replayed"] == 3
 
 
 def test_a_bfcl_session_and_a_malformed_start():

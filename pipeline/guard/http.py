@@ -104,6 +104,7 @@ def create_app(guard: Guard, token: str | None = None) -> Starlette:
             "environment": guard.name,
             "version": guard.version,
             "sessions": guard.live,
+            "cached": guard.cached,
             "max_sessions": limits.max_sessions,
             "ttl_s": limits.ttl_s,
         }

@@ -144,6 +144,11 @@ class Guard:
     def live(self) -> int:
         return len(self._live)
 
+    @property
+    def cached(self) -> int:
+        """Sessions kept by the stateless cache."""
+        return len(self._prefixes)
+
     def shutdown(self) -> None:
         with self._lock:
             sessions = [s for s, _ in self._live.values()] + list(self._prefixes.values())
