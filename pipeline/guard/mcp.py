@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shlex
 import time
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -24,7 +25,7 @@ from typing import Any
 import anyio
 import mcp.types as types
 import orjson
-from mcp import Client, StdioServerParameters, stdio_server
+from mcp import Client, MCPError, StdioServerParameters, stdio_server
 from mcp.server.lowlevel.server import Server
 
 from pipeline.envs import EnvOptions
@@ -158,13 +159,24 @@ async def serve_proxy(upstream: list[str], options: EnvOptions, log: str | None)
             raise McpProxyError(f"no spec named {options.spec!r}")
         spec = load_spec(folder)
     async with AsyncExitStack() as stack:
-        client = await stack.enter_async_context(Client(StdioServerParameters(command=upstream[0], args=upstream[1:])))
-        proxy = GuardProxy(client, await _list_all(client), spec, log)
+        try:
+            params = StdioServerParameters(command=upstream[0], args=upstream[1:])
+            client = await stack.enter_async_context(Client(params))
+            tools = await _list_all(client)
+        except (OSError, MCPError, ExceptionGroup) as exc:  # the upstream did not start or does not speak MCP
+            raise McpProxyError(f"upstream MCP server {shlex.join(upstream)!r}: {_reason(exc)}") from exc
+        proxy = GuardProxy(client, tools, spec, log)
         server: Server[Any] = Server(
             "pexec-guard", version="1", on_list_tools=proxy.list_tools, on_call_tool=proxy.call_tool
         )
         read, write = await stack.enter_async_context(stdio_server())
         await server.run(read, write, server.create_initialization_options())
+
+
+def _reason(exc: BaseException) -> str:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}"
 
 
 def run_proxy(upstream: list[str], options: EnvOptions, log: str | None) -> None:
