@@ -141,13 +141,16 @@ def _linear_knows(texts: list[str], value: Any) -> bool:
 WORDY = st.text(alphabet="ab1-._ @\"\\\né", max_size=12)
 
 
-@given(st.lists(WORDY, max_size=6), st.lists(WORDY, min_size=1, max_size=6))
-def test_the_indexed_history_knows_exactly_what_a_full_scan_finds(messages, values):
+@given(
+    st.lists(st.one_of(WORDY, st.dictionaries(WORDY, WORDY, max_size=2)), max_size=6),
+    st.lists(st.one_of(WORDY, st.integers(-20, 20)), min_size=1, max_size=6),
+)
+def test_the_indexed_history_knows_exactly_what_a_full_scan_finds(said, values):
     history = History()
-    for m in messages:
-        history.add_message(m)
+    for step, item in enumerate(said, 1):  # text as a message, objects as a call's output
+        history.add_result(step, None, True, item) if isinstance(item, dict) else history.add_message(item)
     for v in values:
-        assert history.knows(v) == _linear_knows([m for m in messages if m], v), (messages, v)
+        assert history.knows(v) == _linear_knows(history.texts, v), (history.texts, v)
 
 
 # -- the guard's answers equal the scorer's ------------------------------------------------------------------
