@@ -41,6 +41,8 @@ def post(port: int, path: str, body: dict, token: str | None) -> tuple[int, dict
 
 def test_a_serve_deployment_answers_stateless_checks():
     port = free_port()
+    if ray.is_initialized():  # an earlier test's scoring run: Serve gets a Ray of its own
+        ray.shutdown()
     ray.init(num_cpus=2, include_dashboard=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
