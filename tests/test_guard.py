@@ -20,6 +20,7 @@ from pipeline.envs import EnvOptions, get_environment
 from pipeline.guard import GuardSession, open_session
 from pipeline.ingest import IngestOptions, ingest
 from pipeline.model import NOT_LOGGED, Call, Message, Rollout
+from pipeline.perf.guard import SCENARIOS, library, rereplay
 from pipeline.records import parse_rollout
 from pipeline.samples import write_samples
 from pipeline.storage.stores import write_store
@@ -245,3 +246,11 @@ def test_a_guard_session_through_production_logs_in_observed_gives_the_scorers_s
         outcomes["before"] += sum(not v.valid for v in verdicts)
         outcomes["after"] += sum(not s[3] for s in steps)
     assert 0 < outcomes["before"] < outcomes["after"]  # logged errors are known only once recorded
+
+
+def test_the_latency_benchmarks_scenarios_stay_valid_to_depth_50():
+    # `pexec bench guard` (not timed here): its call sequences must stay executable, and both paths measure.
+    for scenario in SCENARIOS:
+        checks, prefixes = library(scenario, 2), rereplay(scenario, 1)
+        assert {d: len(t) for d, t in checks.items()} == {1: 2, 10: 2, 50: 2}
+        assert {d: len(t) for d, t in prefixes.items()} == {1: 1, 10: 1, 50: 1}
