@@ -131,7 +131,7 @@ class Session:
             tool=call.tool,
             valid=verdict.valid,
             prefix_executable=self.prefix_ok,
-            check=verdict.check,
+            failed_check=verdict.check,
             cause=verdict.cause,
             detail=verdict.detail,
             decided_by=verdict.decided_by,

@@ -16,8 +16,9 @@ from rich.table import Table
 from rich.text import Text
 from typer.core import TyperGroup
 
-from pipeline import catalogue
-from pipeline.aggregate import BootstrapSettings, compute_metrics, sql, write_metrics
+from pipeline import catalogue, intervals
+from pipeline.aggregate import BootstrapSettings, compute_metrics, partial_of, replay_note, sql, write_metrics
+from pipeline.coverage import describe_partial
 from pipeline.distributed import DEFAULT_SHARD_BYTES, ShardPlan, run_scoring
 from pipeline.envs import EnvOptions
 from pipeline.errors import PexecError
@@ -86,6 +87,21 @@ RayAddress = Annotated[
 DashboardAddress = Annotated[str, typer.Option("--address", help="Ray dashboard address, e.g. http://HEAD:8265.")]
 Force = Annotated[bool, typer.Option("--force", help="Rescore every shard, even unchanged ones.")]
 OnDate = Annotated[str | None, typer.Option("--date", help="YYYY-MM-DD for {date} (default: today, UTC).")]
+Partial = Annotated[
+    bool,
+    typer.Option(
+        "--partial",
+        help="Read an incomplete run (killed scoring, missing parts): only its committed shards; "
+        "every output states the coverage.",
+    ),
+]
+StrictReplay = Annotated[
+    bool,
+    typer.Option(
+        "--strict-replay",
+        help="Leave out the rollouts whose replay diverged from the log before their first error (FED untrusted).",
+    ),
+]
 
 
 def _storage(endpoint_url: str | None, pairs: list[str] | None) -> dict[str, Any] | None:
@@ -255,7 +271,8 @@ def _summary(manifest: dict[str, Any], run: str) -> None:
         f"· {c['shards_reused']} of {c['shards']} shard(s) reused · {manifest['seconds']:.1f}s -> {run}"
     )
     if c["rejected"]:
-        console.print(f"[yellow]{c['rejected']} record(s) rejected: see {run.rstrip('/')}/rejects/")
+        query = "SELECT reason, source, location FROM rejects"
+        console.print(f"[yellow]{c['rejected']} record(s) rejected; to see them: pexec sql {run} '{query}'")
 
 
 @app.command("run")
@@ -275,6 +292,8 @@ def run_command(
         manifest, cohorts = run_job(job, address, force, progress.on_plan, progress.on_shard)
     _summary(manifest, job.output)
     out.print(metrics_table(cohorts, job.by))
+    for note in metrics_notes(cohorts):
+        out.print(note)
     if job.report is not None:
         console.print(f"report written to {job.report.out.rstrip('/')}/report.html and report.md")
 
@@ -327,26 +346,33 @@ def metrics(
         int | None, typer.Option("--max-k", help="Largest k for PEC(k) (default: max T, at most 20).")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per cohort.")] = False,
+    partial: Partial = False,
+    strict_replay: StrictReplay = False,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
-    """Success, TER, AUC-PEC, RR and PEC(k) per cohort with 95% task-level bootstrap intervals."""
+    """Success, TER, AUC-PEC, RR, output match and PEC(k) per cohort with 95% intervals (task bootstrap, or
+    Wilson on the effective sample size for small samples)."""
     settings = _bootstrap(bootstrap, seed, method)
     columns = _columns(by)
     storage = _storage(endpoint_url, storage_option)
-    cohorts = compute_metrics(run, columns, settings, max_k, storage)
-    write_metrics(run, cohorts, storage)
+    cohorts = compute_metrics(run, columns, settings, max_k, storage, partial, strict_replay)
+    folder = write_metrics(run, cohorts, storage, columns)
     if as_json:
         for cohort in cohorts:
             sys.stdout.write(orjson.dumps(cohort).decode() + "\n")
         return
+    if cohorts and cohorts[0]["partial"]:
+        out.print(Text(describe_partial(cohorts[0]["partial"]), style="bold yellow"), soft_wrap=True)
     out.print(metrics_table(cohorts, columns))
     if cohorts:
         b = cohorts[0]["bootstrap"]
         out.print(
             f"95% intervals: {b['method']} task-level bootstrap, B={b['B']}, seed={b['seed']}, "
-            f"DuckDB {b['duckdb_version']}; written to {run.rstrip('/')}/metrics/"
+            f"DuckDB {b['duckdb_version']}; written to {folder}/"
         )
+        for note in metrics_notes(cohorts):
+            out.print(note)
 
 
 def metrics_table(cohorts: list[dict], by: list[str] | None) -> Table:
@@ -357,11 +383,11 @@ def metrics_table(cohorts: list[dict], by: list[str] | None) -> Table:
     headers = [f"{m.label} (n)" if m.eligible else m.label for m in ratios]
     headers += [f"{m.label}@{k}" for m in curves for k in (1, 3)]
     table = Table(title="Prefix executability: value and 95% interval")
-    for name in ["benchmark", "condition", "N", "tasks", *headers]:
+    for name in ["benchmark", "condition", "N", "tasks", "no verdict", *headers]:
         table.add_column(name, justify="left" if name in ("benchmark", "condition") else "right")
     for c in cohorts:
         condition = " · ".join(str(c.get(k)) for k in labels) or "all"
-        cells = [str(c["benchmark"]), condition, str(c["n"]), str(c["n_tasks"])]
+        cells = [str(c["benchmark"]), condition, str(c["n"]), str(c["n_tasks"]), str(c["n_unknown_success"])]
         cells += [_ci(c[m.name]) + (f"\n({c[m.name]['eligible']})" if m.eligible else "") for m in ratios]
         for m in curves:
             curve = {p["k"]: p for p in c[m.name]}
@@ -370,10 +396,20 @@ def metrics_table(cohorts: list[dict], by: list[str] | None) -> Table:
     return table
 
 
+def metrics_notes(cohorts: list[dict]) -> list[str]:
+    """What the table's populations and markers mean (the report says the same: pipeline.report.layout)."""
+    notes = ["success and RR: over the rollouts with a verdict (no verdict: left out); TER, AUC-PEC, PEC: all N."]
+    points = [p for c in cohorts for p in [*(c[m.name] for m in catalogue.ratios()), *c["pec"]]]
+    if any(p.get("method") == intervals.WILSON for p in points):
+        notes.append(intervals.NOTE)
+    return [*notes, replay_note(cohorts)]
+
+
 def _ci(m: dict) -> str:
     if m.get("value") is None:
         return "–"
-    return f"{m['value']:.3f}\n{m['lo']:.3f}–{m['hi']:.3f}"
+    mark = f" {intervals.MARK}" if m.get("method") == intervals.WILSON else ""
+    return f"{m['value']:.3f}{mark}\n{m['lo']:.3f}–{m['hi']:.3f}"
 
 
 @app.command()
@@ -386,9 +422,18 @@ def report(
         typer.Option("--compare", help="COL=A COL=B: paired differences A - B over the tasks both share."),
     ] = None,
     k: Annotated[str, typer.Option("--k", help="Depths k of the PEC@k columns, e.g. 1,3,5.")] = "1,3,5",
+    within: Annotated[
+        str | None,
+        typer.Option("--within", help="Rank the other conditions within each value of this column, e.g. model."),
+    ] = None,
     bootstrap: Bootstrap = 1000,
     seed: Seed = 0,
     method: Method = "multinomial",
+    partial: Partial = False,
+    strict_replay: StrictReplay = False,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Remove what DIR holds first (a non-empty DIR is refused without).")
+    ] = False,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
@@ -398,9 +443,23 @@ def report(
     settings = _bootstrap(bootstrap, seed, method)
     pair = parse_compare(compare) if compare else None
     storage = _storage(endpoint_url, storage_option)
-    result = build_report(run, out_dir, _columns(by), pair, _depths(k), settings, storage)
+    result = build_report(
+        run,
+        out_dir,
+        _columns(by),
+        pair,
+        _depths(k),
+        settings,
+        storage,
+        partial=partial,
+        overwrite=overwrite,
+        within=within,
+        strict_replay=strict_replay,
+    )
     for path in result.files:
         out.print(path)
+    if result.tables.cohorts and result.tables.cohorts[0]["partial"]:
+        console.print(Text(describe_partial(result.tables.cohorts[0]["partial"]), style="bold yellow"), soft_wrap=True)
     console.print(f"report written to {result.out}/report.html and {result.out}/report.md ({len(result.files)} files)")
 
 
@@ -414,13 +473,19 @@ def _depths(k: str) -> list[int]:
 @app.command("sql")
 def sql_command(
     run: Annotated[str, typer.Argument(help="A scored run folder.")],
-    query: Annotated[str, typer.Argument(help="A read-only query over the views steps, rollouts, metrics.")],
+    query: Annotated[
+        str, typer.Argument(help="A read-only query over the views steps, rollouts, rejects, metrics, pec, ….")
+    ],
     fmt: Annotated[str, typer.Option("--format", help="table, csv or json")] = "table",
+    partial: Partial = False,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
     """Run a read-only SQL query (DuckDB) over the run's tables."""
-    result = sql(run, query, _storage(endpoint_url, storage_option))
+    result = sql(run, query, _storage(endpoint_url, storage_option), partial)
+    covered = partial_of(result)
+    if covered:  # on stderr: the result itself stays what the query asked for
+        console.print(Text(describe_partial(covered), style="bold yellow"), soft_wrap=True)
     rows = result.to_pylist()
     if fmt == "json":
         for row in rows:

@@ -54,6 +54,8 @@ def rollouts_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
             "first_cause": res.first_cause,
             "n_invalid": sum(not s.valid for s in res.steps),
             "n_output_mismatch": sum(s.output_match is False for s in res.steps),
+            "n_output_compared": sum(s.output_match is not None for s in res.steps),
+            "diverged_before_fed": any(s.output_match is False for s in res.steps if s.step < res.fed),
             **{f"cost_{k}": r.cost.get(k) for k in cost_names},
         }
         for name, value in row.items():

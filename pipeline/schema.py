@@ -59,7 +59,7 @@ STEPS = RunTable(
         Column("tool", _STR, "the tool called"),
         Column("valid", _BOOL, "executable in the state left by the calls before it"),
         Column("prefix_executable", _BOOL, "this call and every earlier one are valid"),
-        Column("check", _STR, "failed check: S (schema), D (data dependency), P (precondition); null if valid"),
+        Column("failed_check", _STR, "failed check: S (schema), D (data dependency), P (precondition); null if valid"),
         Column("cause", _STR, "first-error cause label (diagnostic); null if valid"),
         Column("detail", _STR, "the environment's own message, or what failed"),
         Column("decided_by", _STR, "which source decided P: simulator, precondition, log"),
@@ -83,6 +83,12 @@ ROLLOUTS = RunTable(
         Column("first_cause", _STR, "cause of the first invalid call; null when executable"),
         Column("n_invalid", _I32, "invalid calls"),
         Column("n_output_mismatch", _I32, "calls whose replayed output differs from the logged one"),
+        Column("n_output_compared", _I32, "calls with both a logged and a replayed output (`output_match` not null)"),
+        Column(
+            "diverged_before_fed",
+            _BOOL,
+            "a call before the first error has a replayed output unlike the logged one: fed is not trustworthy",
+        ),
     ),
     labels=_LABELS,
     trailer="one column per cost the logs carry (`tokens`, `latency_s`, …), as `cost_<name>`",
@@ -102,14 +108,27 @@ REJECTS = RunTable(
     ),
 )
 
+# The former name of `failed_check`: steps parts of older runs still carry it (sql/view_steps.sql reads both).
+RETIRED_COLUMNS = frozenset({"check"})
 # Columns the outputs use themselves: a label may not take one of these names.
-RESERVED_COLUMNS = frozenset(c.name for t in (STEPS, ROLLOUTS, REJECTS) for c in t.columns)
+RESERVED_COLUMNS = frozenset(c.name for t in (STEPS, ROLLOUTS, REJECTS) for c in t.columns) | RETIRED_COLUMNS
 
 COHORT_COUNTS = (
     Column("n", _I64, "rollouts in the cohort"),
     Column("n_tasks", _I64, "distinct tasks (the bootstrap's unit)"),
     Column("n_no_calls", _I64, "rollouts with no calls (vacuously executable)"),
+    Column(
+        "n_unknown_success",
+        _I64,
+        "rollouts without a verdict (success null): left out of success, RR and P(success | executable)",
+    ),
+    Column(
+        "n_diverged_before_fed",
+        _I64,
+        "rollouts whose replay diverged from the log before their first error (left out of n under strict_replay)",
+    ),
 )
+STRICT_REPLAY = Column("strict_replay", _BOOL, "the rollouts of n_diverged_before_fed were left out (--strict-replay)")
 BOOTSTRAP = (
     Column("bootstrap_B", _I64, "bootstrap replicates"),
     Column("bootstrap_seed", _I64, "seed of the draws"),
@@ -118,17 +137,30 @@ BOOTSTRAP = (
     Column("bootstrap_unit", _STR, "what is resampled: task"),
     Column("duckdb_version", _STR, "DuckDB that computed them"),
 )
+# A partial read (pipeline.coverage): what the numbers cover. Null counts when the run is complete.
+PARTIAL = (
+    Column("partial", _BOOL, "read from an incomplete run (`--partial`): the numbers cover only part of it"),
+    Column("partial_shards", _I64, "shards read; null when complete"),
+    Column("partial_shards_total", _I64, "shards planned; null when complete or no plan was recorded"),
+    Column("partial_rollouts", _I64, "rollouts read by the shards read (scored and rejected); null when complete"),
+    Column("partial_rollouts_total", _I64, "rollouts in the input; null when complete or unknown (JSON Lines)"),
+    Column("partial_input_bytes", _I64, "input bytes the shards read span; null when complete or unknown"),
+    Column("partial_input_bytes_total", _I64, "input bytes of the run; null when complete or unknown"),
+)
 _COHORT_LABELS = "`benchmark` and the cohort's label columns"
+_METHODS = "interval method, `bootstrap` or `wilson-clustered` (small sample or estimate at 0/1)"
 
 
 def metric_columns() -> tuple[Column, ...]:
-    """Per ratio metric of the catalogue: value, interval bounds and, where it has one, the eligible count."""
+    """Per ratio metric of the catalogue: value, interval bounds and method and, where it has one, the eligible
+    count."""
     out: list[Column] = []
     for m in catalogue.ratios():
         out += [
-            Column(m.name, _F64, m.doc),
+            Column(m.name, _F64, f"{m.doc}; over {m.population}"),
             Column(f"{m.name}_lo", _F64, f"{m.label}: lower bound"),
             Column(f"{m.name}_hi", _F64, f"{m.label}: upper bound"),
+            Column(f"{m.name}_method", _STR, f"{m.label}: {_METHODS}"),
         ]
         if m.eligible:
             out.append(Column(f"{m.name}_eligible", _I64, f"{m.label}'s denominator: {m.eligible}"))
@@ -138,17 +170,17 @@ def metric_columns() -> tuple[Column, ...]:
 def metrics_table() -> RunTable:
     return RunTable(
         "metrics",
-        "metrics/metrics.parquet",
+        "metrics/<name>/metrics.parquet",
         "cohort",
         (),
-        (*COHORT_COUNTS, *metric_columns(), *BOOTSTRAP),
+        (*COHORT_COUNTS, STRICT_REPLAY, *metric_columns(), *BOOTSTRAP, *PARTIAL),
         labels=_COHORT_LABELS,
     )
 
 
 PEC = RunTable(
     "pec",
-    "metrics/pec.parquet",
+    "metrics/<name>/pec.parquet",
     "cohort and depth k",
     (),
     (
@@ -156,6 +188,7 @@ PEC = RunTable(
         Column("value", _F64, "PEC(k): share of the cohort with T ≥ k and fed > k"),
         Column("lo", _F64, "lower bound"),
         Column("hi", _F64, "upper bound"),
+        Column("method", _STR, f"{_METHODS}; null for k = 0 (PEC(0) = 1 by definition)"),
     ),
     labels=_COHORT_LABELS,
 )

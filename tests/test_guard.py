@@ -46,7 +46,7 @@ def signed_in() -> GuardSession:
 def test_a_check_decides_before_anything_is_recorded():
     session = open_session("shop")
     verdict = session.check(SIGN_IN)
-    assert (verdict.step, verdict.valid, verdict.check, verdict.cause) == (1, False, "D", "information")
+    assert (verdict.step, verdict.valid, verdict.failed_check, verdict.cause) == (1, False, "D", "information")
     assert verdict.detail.startswith("email='ava.lopez@example.com'") and session.depth == 0
     session.message("user", AVA)
     verdict = session.check(SIGN_IN)  # repaired by what the user said since
@@ -54,9 +54,9 @@ def test_a_check_decides_before_anything_is_recorded():
     step = session.record(SIGN_IN, output={"user_id": "U1001"})
     assert (step.step, step.valid, step.prefix_executable, step.output_match) == (1, True, True, True)
     schema = session.check(Call("get_user", {"user_id": 1001}))
-    assert (schema.valid, schema.check, schema.cause) == (False, "S", "schema")
+    assert (schema.valid, schema.failed_check, schema.cause) == (False, "S", "schema")
     unknown = session.check(Call("get_user", {"user_id": "U9999"}))
-    assert (unknown.check, unknown.cause) == ("D", "information")
+    assert (unknown.failed_check, unknown.cause) == ("D", "information")
     session.close()
 
 
@@ -72,7 +72,7 @@ def test_a_checked_call_that_is_not_recorded_leaves_no_trace():
     step = session.record(cancel, output={"order_id": oid})
     assert step.valid and step.step == 2 and step.output_match is False  # the simulator returned the whole order
     again = session.check(cancel)
-    assert (again.valid, again.check, again.cause) == (False, "P", "state_consistency")
+    assert (again.valid, again.failed_check, again.cause) == (False, "P", "state_consistency")
     assert again.message and again.detail == again.message
     session.close()
 
@@ -163,7 +163,7 @@ LOGS = {  # format -> (sources, options): every shared real log, as tests/test_b
     "tau2": ([SHARED / "real" / "tau2"], {"tasks": str(SHARED / "tau3")}),
     "toolsandbox": ([next((DATA / "toolsandbox").glob("agent_*"))], {}),
 }
-STEP_COLUMNS = ("step", "turn", "tool", "valid", "prefix_executable", "check", "cause", "detail", "decided_by")
+STEP_COLUMNS = ("step", "turn", "tool", "valid", "prefix_executable", "failed_check", "cause", "detail", "decided_by")
 
 
 def drive(record: dict[str, Any], env: str | None = None, options: EnvOptions | None = None) -> tuple[list, list]:
@@ -223,7 +223,7 @@ def test_a_guard_session_through_every_real_log_gives_the_scorers_flags_and_caus
         failures += sum(not s[3] for s in steps)
         # With a simulator, the verdict before execution is already the step's: P is the simulator's own.
         for verdict, step in zip(verdicts, steps, strict=True):
-            assert (verdict.step, verdict.valid, verdict.check, verdict.cause, verdict.detail) == (
+            assert (verdict.step, verdict.valid, verdict.failed_check, verdict.cause, verdict.detail) == (
                 step[0], step[3], step[5], step[6], step[7]
             ), rollout_id
     assert sum(len(s) for s in scored.values()) > 9000 and failures > 500

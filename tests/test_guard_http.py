@@ -90,7 +90,8 @@ def test_a_session_over_http(shop):
     assert status == 201
     sid = created["session"]
     status, verdict = shop("POST", f"/sessions/{sid}/check", {"call": SIGN_IN})
-    assert status == 200 and (verdict["valid"], verdict["check"], verdict["cause"]) == (False, "D", "information")
+    assert status == 200
+    assert (verdict["valid"], verdict["failed_check"], verdict["cause"]) == (False, "D", "information")
     assert shop("POST", f"/sessions/{sid}/message", {"role": "user", "content": AVA}) == (200, {"depth": 0})
     status, verdict = shop("POST", f"/sessions/{sid}/check", {"call": SIGN_IN})
     assert verdict["valid"] and verdict["output"] == {"user_id": "U1001"} and verdict["step"] == 1
@@ -102,7 +103,7 @@ def test_a_session_over_http(shop):
     shop("POST", f"/sessions/{sid}/message", {"role": "user", "content": f"cancel {oid}"})
     shop("POST", f"/sessions/{sid}/record", {"call": cancel})
     status, verdict = shop("POST", f"/sessions/{sid}/check", {"call": cancel})
-    assert (verdict["valid"], verdict["check"], verdict["cause"]) == (False, "P", "state_consistency")
+    assert (verdict["valid"], verdict["failed_check"], verdict["cause"]) == (False, "P", "state_consistency")
     assert verdict["message"] and verdict["step"] == 3
     assert shop("DELETE", f"/sessions/{sid}") == (200, {"closed": sid, "depth": 2})
     status, error = shop("POST", f"/sessions/{sid}/check", {"call": SIGN_IN})
@@ -126,7 +127,7 @@ def test_bad_requests_get_one_line_4xx(shop):
         got, answer = shop(method, path, *body)
         assert got == status and reason in answer["error"] and "\n" not in answer["error"], (path, answer)
     schema = shop("POST", f"/sessions/{sid}/check", {"call": {"tool": "get_user", "arguments": "{oops"}})[1]
-    assert (schema["valid"], schema["check"]) == (False, "S")  # a malformed call is a verdict, not a bad request
+    assert (schema["valid"], schema["failed_check"]) == (False, "S")  # a malformed call is a verdict, not a bad request
     assert Client(int(shop.base.rsplit(":", 1)[1]), token="wrong")("GET", "/health") == (
         401,
         {"error": "missing or wrong bearer token"},
@@ -184,7 +185,7 @@ def test_a_bfcl_session_and_a_malformed_start():
         verdict = client("POST", f"/sessions/{sid}/check", {"call": {"tool": "add", "arguments": {"a": 1, "b": 2}}})[1]
         assert verdict["valid"] and verdict["output"] == {"result": 3}
         wrong = client("POST", f"/sessions/{sid}/check", {"call": {"tool": "add", "arguments": {"a": "x"}}})[1]
-        assert (wrong["valid"], wrong["check"], wrong["cause"]) == (False, "S", "schema")
+        assert (wrong["valid"], wrong["failed_check"], wrong["cause"]) == (False, "S", "schema")
     finally:
         stop(proc)
 

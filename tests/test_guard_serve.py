@@ -55,7 +55,7 @@ def test_a_serve_deployment_answers_stateless_checks():
             {"error": "missing or wrong bearer token"},
         )
         status, verdict = post(port, "/check", {"events": [], "call": SIGN_IN}, "t")
-        assert (verdict["valid"], verdict["check"], verdict["cause"]) == (False, "D", "information")
+        assert (verdict["valid"], verdict["failed_check"], verdict["cause"]) == (False, "D", "information")
     finally:
         serve.shutdown()
         ray.shutdown()

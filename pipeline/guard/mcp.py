@@ -59,7 +59,7 @@ def observed_environment(tools: list[types.Tool], spec: Spec | None) -> Observed
 
 
 def refusal(verdict: GuardVerdict, tool: str) -> str:
-    return f"pexec guard refused {tool}: {verdict.check} check failed ({verdict.cause}): {verdict.detail}"
+    return f"pexec guard refused {tool}: {verdict.failed_check} check failed ({verdict.cause}): {verdict.detail}"
 
 
 def result_output(result: types.CallToolResult) -> Any:

@@ -23,7 +23,7 @@ class GuardVerdict:
 
     step: int
     valid: bool
-    check: str | None  # the failed check: S, D or P
+    failed_check: str | None  # S, D or P; None when valid
     cause: str | None
     detail: str | None
     message: str | None  # the environment's own rejection message
