@@ -73,9 +73,9 @@ def parse_start(body: Any) -> dict[str, Any]:
 
 def _event(raw: Any, where: str) -> Call | Message:
     try:
-        return parse_event(raw, 0)
+        return parse_event(raw, where)
     except InvalidRecord as exc:
-        raise GuardRequestError(f"{where}: {str(exc).removeprefix('events[0]').lstrip(': ')}") from exc
+        raise GuardRequestError(str(exc)) from exc
 
 
 def step_json(step: Any) -> dict[str, Any]:
