@@ -12,6 +12,7 @@ import hmac
 import ipaddress
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import asdict
 from typing import Any
 
 import orjson
@@ -21,7 +22,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from pipeline.errors import PexecError
-from pipeline.guard.service import Guard, GuardRequestError, parse_call, step_json
+from pipeline.guard.service import Guard, GuardRequestError, parse_call
 
 MAX_BODY = 8 * 1024 * 1024  # a stateless request carries the session's events
 Handler = Callable[[Request], Awaitable[Response]]
@@ -119,7 +120,7 @@ def create_app(guard: Guard, token: str | None = None) -> Starlette:
     def record(request: Request, body: dict[str, Any]) -> dict[str, Any]:
         session = guard.session(request.path_params["session"])
         call = parse_call(body.get("call"))
-        return step_json(session.record(call, output=call.output, error=call.error))
+        return asdict(session.record(call, output=call.output, error=call.error))
 
     def message(request: Request, body: dict[str, Any]) -> dict[str, Any]:
         session = guard.session(request.path_params["session"])

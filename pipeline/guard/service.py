@@ -14,8 +14,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -78,10 +77,6 @@ def _event(raw: Any, where: str) -> Call | Message:
         raise GuardRequestError(str(exc)) from exc
 
 
-def step_json(step: Any) -> dict[str, Any]:
-    return asdict(step)
-
-
 class Guard:
     """The sessions of one environment: live ones by id, and the stateless cache."""
 
@@ -91,13 +86,11 @@ class Guard:
         options: EnvOptions | None = None,
         limits: Limits | None = None,
         pool: EnvironmentPool = POOL,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
         self.options = options or EnvOptions()
         self.limits = limits or Limits()
         self._pool = pool
-        self._clock = clock
         self._live: OrderedDict[str, tuple[GuardSession, float]] = OrderedDict()  # least recently used first
         self._prefixes: OrderedDict[bytes, GuardSession] = OrderedDict()
         self._lock = threading.Lock()
@@ -119,7 +112,7 @@ class Guard:
         session = self._open(start)
         session_id = secrets.token_urlsafe(16)
         with self._lock:
-            self._live[session_id] = (session, self._clock())
+            self._live[session_id] = (session, time.monotonic())
         return session_id
 
     def session(self, session_id: str) -> GuardSession:
@@ -128,7 +121,7 @@ class Guard:
             found = self._live.get(session_id)
             if found is None:
                 raise GuardRequestError(f"no session {session_id!r} (closed, expired or never created)", 404)
-            self._live[session_id] = (found[0], self._clock())
+            self._live[session_id] = (found[0], time.monotonic())
             self._live.move_to_end(session_id)
             return found[0]
 
@@ -158,7 +151,7 @@ class Guard:
             session.close()
 
     def _expire(self) -> None:
-        horizon = self._clock() - self.limits.ttl_s
+        horizon = time.monotonic() - self.limits.ttl_s
         while self._live:
             session_id, (session, used) = next(iter(self._live.items()))
             if used > horizon:
