@@ -33,7 +33,7 @@ class Unresolved(Exception):
 @dataclass
 class History:
     """What the agent could know before the current step, indexed as it grows so that a look-up costs the
-    same at any depth (docs/design.md §5): every text's words point to the texts that hold them, and every
+    same at any depth (docs/design.md §5.6): every text's words point to the texts that hold them, and every
     field name to the latest output that has it."""
 
     outputs: dict[int, Any] = field(default_factory=dict)  # step -> output of a successful call

@@ -4,7 +4,7 @@ maximum count, the stateless mode whose requests carry the session's events, and
 Stateless requests are answered from a cache of sessions keyed by a hash chain over the start and the
 events: a request that extends a cached prefix replays only its new events, so an agent's loop of
 check → record → check costs O(1) per request at any depth on the replica that saw the previous request
-(docs/design.md §5). Any replica answers any request; a miss replays the prefix.
+(docs/design.md §5.6). Any replica answers any request; a miss replays the prefix.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The guard's library API: a live agent's session checks its next call before it runs, then records what
-happened (docs/design.md §5).
+happened (docs/design.md §5.6).
 
 A session is the batch checker's own `Session` (pipeline.checker), so its steps equal what `pexec score`
 writes for the same rollout. It holds an environment instance of its own, leased from a pool: the spec and
