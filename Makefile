@@ -43,6 +43,7 @@ bench: install
 	$(BIN)/pexec bench replay
 	$(BIN)/pexec bench metrics
 	$(BIN)/pexec bench scale
+	$(BIN)/pexec bench guard
 
 # Re-pin after changing dependencies in pyproject.toml.
 lock: install

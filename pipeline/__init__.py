@@ -9,6 +9,7 @@ from pipeline.coverage import RunIncomplete
 from pipeline.distributed import plan, run_scoring
 from pipeline.envs import Environment, EnvOptions, Outcome, SpecError, ToolInfo, get_environment, register
 from pipeline.envs.spec.loader import Spec, load_spec
+from pipeline.guard import GuardSession, GuardVerdict, open_session
 from pipeline.model import Call, Message, Reject, Rollout, RolloutResult, StepResult
 from pipeline.records import InvalidRecord, parse_rollout
 from pipeline.storage.stores import write_store
@@ -19,6 +20,8 @@ __all__ = [
     "Call",
     "EnvOptions",
     "Environment",
+    "GuardSession",
+    "GuardVerdict",
     "InvalidRecord",
     "Message",
     "Outcome",
@@ -34,6 +37,7 @@ __all__ = [
     "compute_metrics",
     "get_environment",
     "load_spec",
+    "open_session",
     "parse_rollout",
     "plan",
     "register",

@@ -654,16 +654,63 @@ def envs(
         raise typer.Exit(code=1)
 
 
+guard_app = typer.Typer(no_args_is_help=True, help="Pre-execution guard: check an agent's next call before it runs.")
+app.add_typer(guard_app, name="guard")
+GuardSpec = Annotated[str | None, typer.Option("--spec", help="Spec giving `observed` its schemas and rules.")]
+
+
+@guard_app.command("serve")
+def guard_serve(
+    env: Annotated[str, typer.Option("--env", help="Environment of every session (as `score --env`).")],
+    spec: GuardSpec = None,
+    spec_dir: SpecDir = None,
+    policy: Annotated[str, typer.Option("--policy", help="code or strict (written-policy overlays)")] = "code",
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on.")] = 8765,
+    token: Annotated[
+        str | None,
+        typer.Option("--token", envvar="PEXEC_GUARD_TOKEN", help="Bearer token; required beyond loopback."),
+    ] = None,
+    max_sessions: Annotated[int, typer.Option("--max-sessions", min=1, help="Live sessions kept at most.")] = 1000,
+    ttl: Annotated[float, typer.Option("--ttl", min=1, help="Seconds an idle session is kept.")] = 600.0,
+) -> None:
+    """Serve the guard over HTTP: sessions (create, check, record, message, close) and stateless checks."""
+    from pipeline.guard.http import require_token, serve
+    from pipeline.guard.service import Guard, Limits
+
+    if policy not in ("code", "strict"):
+        raise PexecError("--policy is code or strict")
+    require_token(host, token)  # before an environment is built
+    guard = Guard(env, EnvOptions(tuple(spec_dir or ()), spec, policy), Limits(max_sessions, ttl))
+    console.print(f"guard: {env} ({guard.version}) on http://{host}:{port}")
+    serve(guard, host, port, token)
+
+
+@guard_app.command("mcp")
+def guard_mcp(
+    upstream: Annotated[list[str], typer.Argument(help="The upstream MCP server's command, after `--`.")],
+    spec: GuardSpec = None,
+    spec_dir: SpecDir = None,
+    log: Annotated[
+        str | None, typer.Option("--log", help="Canonical rollout log to append (JSONL; default: none).")
+    ] = None,
+) -> None:
+    """Run as a stdio MCP server in front of an upstream one, refusing calls that fail S, D or P."""
+    from pipeline.guard.mcp import run_proxy
+
+    run_proxy(upstream, EnvOptions(tuple(spec_dir or ()), spec), log)
+
+
 @app.command()
 def bench(
-    what: Annotated[str, typer.Argument(help="replay, metrics, scale or view")] = "replay",
+    what: Annotated[str, typer.Argument(help="replay, metrics, scale, view or guard")] = "replay",
     rollouts: Annotated[
         int | None, typer.Option("--rollouts", help="Store size (default: 220k replay, 1M metrics and view).")
     ] = None,
     workdir: Annotated[Path | None, typer.Option("--workdir", help="Where to put the generated data.")] = None,
 ) -> None:
     """Benchmarks: replay through Ray vs a naive baseline, the DuckDB bootstrap stage, scale-out over S3, or
-    the viewer's page latency."""
+    the viewer's page latency, or the guard's latency per check."""
     if what == "replay":
         from pipeline.perf.replay import bench_replay
 
@@ -680,8 +727,12 @@ def bench(
         from pipeline.perf.view import bench_view
 
         bench_view(n_rollouts=rollouts or 1_000_000, workdir=workdir)
+    elif what == "guard":
+        from pipeline.perf.guard import bench_guard
+
+        bench_guard()
     else:
-        raise PexecError("bench takes replay, metrics, scale or view")
+        raise PexecError("bench takes replay, metrics, scale, view or guard")
 
 
 if __name__ == "__main__":

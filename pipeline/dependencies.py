@@ -14,7 +14,7 @@ before the step: the outputs of earlier successful calls, or the user/system mes
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +22,7 @@ import orjson
 
 _STEP = re.compile(r"step(\d+)$")
 # `$step2.id` (step references only: a bare `$` is too common in money amounts), `{{ path }}`, `<name>`.
+_WORD = re.compile(r"[\w-]+")  # a run of the characters that `History.knows` counts as part of a word
 _PLACEHOLDER = re.compile(r"\$(step\d+(?:\.[\w-]+|\[-?\d+\])*)|\{\{\s*([\w.\[\]-]+)\s*\}\}|^<([A-Za-z_][\w.]*)>$")
 
 
@@ -31,16 +32,20 @@ class Unresolved(Exception):
 
 @dataclass
 class History:
-    """What the agent could know before the current step."""
+    """What the agent could know before the current step, indexed as it grows so that a look-up costs the
+    same at any depth (docs/design.md §5.6): every text's words point to the texts that hold them, and every
+    field name to the latest output that has it."""
 
     outputs: dict[int, Any] = field(default_factory=dict)  # step -> output of a successful call
     failed: set[int] = field(default_factory=set)
     call_ids: dict[str, int] = field(default_factory=dict)
     texts: list[str] = field(default_factory=list)  # user/system messages, and outputs as JSON text
+    words: dict[str, set[int]] = field(default_factory=dict)  # a maximal run of word characters -> texts
+    fields: dict[str, int] = field(default_factory=dict)  # a top-level output key -> the latest step with it
 
     def add_message(self, text: str) -> None:
         if text:
-            self.texts.append(text)
+            self._add_text(text)
 
     def add_result(self, step: int, call_id: str | None, valid: bool, output: Any) -> None:
         if call_id:
@@ -50,8 +55,16 @@ class History:
             return
         output = _maybe_json(output)
         self.outputs[step] = output
+        if isinstance(output, dict):
+            self.fields.update(dict.fromkeys(output, step))
         if output is not None:
-            self.texts.append(output if isinstance(output, str) else orjson.dumps(output).decode())
+            self._add_text(output if isinstance(output, str) else orjson.dumps(output).decode())
+
+    def _add_text(self, text: str) -> None:
+        index = len(self.texts)
+        self.texts.append(text)
+        for word in set(_WORD.findall(text)):
+            self.words.setdefault(word, set()).add(index)
 
     def knows(self, value: Any) -> bool:
         """Whether a grounded value occurs in the available information: as a whole JSON value or key of an
@@ -62,10 +75,20 @@ class History:
         if not text:
             return False
         quoted = orjson.dumps(text).decode()
-        if any(quoted in t for t in self.texts):  # the fast, common case
+        if any(quoted in self.texts[i] for i in self._candidates(quoted)):  # the fast, common case
             return True
         word = re.compile(rf"(?<![\w.\-]){re.escape(text)}(?![\w\-]|\.\w)")
-        return any(word.search(t) for t in self.texts)
+        return any(word.search(self.texts[i]) for i in self._candidates(text))
+
+    def _candidates(self, text: str) -> Iterable[int]:
+        """The texts that may hold `text` where both searches of `knows` look for it. Each of its runs of word
+        characters is bounded there by its own other characters or the searches' boundaries, so it is a
+        whole word of any text that holds it: only texts that have every one of them can match."""
+        runs = set(_WORD.findall(text))
+        if not runs:
+            return range(len(self.texts))
+        postings = sorted((self.words.get(run, set()) for run in runs), key=len)
+        return set.intersection(*postings)
 
     def resolve(self, ref: str, step: int) -> Any:
         head, *path = _split(ref)
@@ -79,10 +102,8 @@ class History:
             if source not in self.outputs:
                 raise Unresolved(f"{ref}: no step {source}")
             return _walk(self.outputs[source], path, ref)
-        for source in sorted(self.outputs, reverse=True):
-            output = self.outputs[source]
-            if isinstance(output, dict) and head in output:
-                return _walk(output[head], path, ref)
+        if head in self.fields:
+            return _walk(self.outputs[self.fields[head]][head], path, ref)
         raise Unresolved(f"{ref}: no earlier successful output has a field {head!r}")
 
 

@@ -46,7 +46,7 @@ def parse_rollout(record: dict[str, Any]) -> Rollout:
         benchmark=str(record["benchmark"]),
         labels=labels,
         env=env,
-        events=[_event(e, i) for i, e in enumerate(events)],
+        events=[parse_event(e, f"events[{i}]") for i, e in enumerate(events)],
         success=success,
         cost=_cost(record.get("cost")),
         truth=_json_field(record.get("truth"), "truth"),
@@ -99,13 +99,14 @@ def _cost(raw: Any) -> dict[str, float]:
     return cost
 
 
-def _event(raw: Any, index: int) -> Event:
+def parse_event(raw: Any, where: str) -> Event:
+    """One event of a canonical record; `where` names it in the error (`events[3]`)."""
     if not isinstance(raw, dict):
-        raise InvalidRecord(f"events[{index}] is not an object")
+        raise InvalidRecord(f"{where} is not an object")
     kind = raw.get("type")
     turn = raw.get("turn") or 0
     if not isinstance(turn, int):
-        raise InvalidRecord(f"events[{index}].turn must be an integer")
+        raise InvalidRecord(f"{where}.turn must be an integer")
     if kind == "message":
         content = raw.get("content")
         if content is None:
@@ -116,10 +117,10 @@ def _event(raw: Any, index: int) -> Event:
     if kind == "call":
         tool = raw.get("tool")
         if not isinstance(tool, str) or not tool:
-            raise InvalidRecord(f"events[{index}]: a call needs a 'tool' name")
+            raise InvalidRecord(f"{where}: a call needs a 'tool' name")
         error = raw.get("error")
         if error is not None and not isinstance(error, bool):
-            raise InvalidRecord(f"events[{index}].error must be true, false or null")
+            raise InvalidRecord(f"{where}.error must be true, false or null")
         call_id = raw.get("call_id")
         return Call(
             tool=tool,
@@ -130,7 +131,21 @@ def _event(raw: Any, index: int) -> Event:
             turn=turn,
             call_id=str(call_id) if call_id is not None else None,
         )
-    raise InvalidRecord(f"events[{index}]: unknown event type {kind!r} (expected 'message' or 'call')")
+    raise InvalidRecord(f"{where}: unknown event type {kind!r} (expected 'message' or 'call')")
+
+
+def event_record(event: Event) -> dict[str, Any]:
+    """The canonical form of an event, as `parse_event` reads it."""
+    if isinstance(event, Message):
+        return {"type": "message", "role": event.role, "content": event.content, "turn": event.turn}
+    out: dict[str, Any] = {"type": "call", "tool": event.tool, "arguments": event.arguments, "turn": event.turn}
+    if event.call_id is not None:
+        out["call_id"] = event.call_id
+    if event.output is not NOT_LOGGED:
+        out["output"] = event.output
+    if event.error is not None:
+        out["error"] = event.error
+    return out
 
 
 def _json_field(value: Any, name: str) -> Any:

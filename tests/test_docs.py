@@ -7,6 +7,7 @@ import shlex
 from pathlib import Path
 
 import typer.main
+from typer.core import TyperGroup
 
 from pipeline import catalogue
 from pipeline.cli import app
@@ -14,7 +15,12 @@ from pipeline.envs.spec.loader import load_spec
 from pipeline.schema import markdown, tables
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-COMMANDS = {cmd.name: cmd for cmd in typer.main.get_command(app).commands.values()}
+# "name" or "group sub" (a sub-app's commands, e.g. "guard serve") -> the click command
+COMMANDS = {
+    f"{cmd.name} {sub}" if sub else cmd.name: command
+    for cmd in typer.main.get_command(app).commands.values()
+    for sub, command in (cmd.commands.items() if isinstance(cmd, TyperGroup) else [(None, cmd)])
+}
 
 
 def documented_invocations() -> list[list[str]]:
@@ -34,10 +40,11 @@ def test_documented_commands_and_options_exist():
     invocations = documented_invocations()
     assert len(invocations) >= 10
     for words in invocations:
-        name = words[1]
+        name = words[1] if words[1] in COMMANDS else " ".join(words[1:3])
         assert name in COMMANDS, f"README uses unknown command {name!r}"
         options = {opt for param in COMMANDS[name].params for opt in param.opts}
-        for word in words[2:]:
+        arguments = words[1 + len(name.split()) :]
+        for word in arguments[: arguments.index("--") if "--" in arguments else None]:  # `--`: another program's
             if word.startswith("--"):
                 assert word.split("=")[0] in options, f"`pexec {name}` has no option {word}"
 

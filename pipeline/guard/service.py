@@ -1,0 +1,207 @@
+"""The guard as a service, independent of any web framework: live sessions with a time-to-live and a
+maximum count, the stateless mode whose requests carry the session's events, and the JSON they speak.
+
+Stateless requests are answered from a cache of sessions keyed by a hash chain over the start and the
+events: a request that extends a cached prefix replays only its new events, so an agent's loop of
+check → record → check costs O(1) per request at any depth on the replica that saw the previous request
+(docs/design.md §5.7). Any replica answers any request; a miss replays the prefix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from pipeline.envs import EnvOptions, get_environment
+from pipeline.errors import PexecError
+from pipeline.guard.session import POOL, EnvironmentPool, GuardSession, open_session
+from pipeline.model import Call, Message
+from pipeline.records import InvalidRecord, parse_event
+
+
+class GuardRequestError(PexecError):
+    """A request the guard cannot answer; `status` is the HTTP status that says why."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_sessions: int = 1000  # live sessions, and sessions kept by the stateless cache
+    ttl_s: float = 600.0  # a session unused this long is closed
+
+
+def parse_call(raw: Any) -> Call:
+    """A call in the canonical form (README "Input"): `tool`, `arguments`, optional `turn`, `call_id`,
+    `output`, `error`."""
+    if not isinstance(raw, dict):
+        raise GuardRequestError("'call' must be an object")
+    event = _event({**raw, "type": "call"}, "call")
+    assert isinstance(event, Call)
+    return event
+
+
+def parse_start(body: Any) -> dict[str, Any]:
+    """The session's start: a rollout's `env` and the rollout-level fields an environment may read."""
+    if not isinstance(body, dict):
+        raise GuardRequestError("the session's start must be an object")
+    env = body.get("env", {})
+    if not isinstance(env, dict):
+        raise GuardRequestError("'env' must be an object")
+    start = {"env": env}
+    for key in ("rollout_id", "task_id"):
+        value = body.get(key, "guard")
+        if not isinstance(value, str) or not value:
+            raise GuardRequestError(f"{key!r} must be a non-empty string")
+        start[key] = value
+    labels = body.get("labels", {})
+    if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+        raise GuardRequestError("'labels' must be an object of strings")
+    start["labels"] = labels
+    return start
+
+
+def _event(raw: Any, where: str) -> Call | Message:
+    try:
+        return parse_event(raw, where)
+    except InvalidRecord as exc:
+        raise GuardRequestError(str(exc)) from exc
+
+
+class Guard:
+    """The sessions of one environment: live ones by id, and the stateless cache."""
+
+    def __init__(
+        self,
+        name: str,
+        options: EnvOptions | None = None,
+        limits: Limits | None = None,
+        pool: EnvironmentPool = POOL,
+    ) -> None:
+        self.name = name
+        self.options = options or EnvOptions()
+        self.limits = limits or Limits()
+        self._pool = pool
+        self._live: OrderedDict[str, tuple[GuardSession, float]] = OrderedDict()  # least recently used first
+        self._prefixes: OrderedDict[bytes, GuardSession] = OrderedDict()
+        self._lock = threading.Lock()
+        self.version = get_environment(name, self.options).version  # an unknown name fails here, once
+
+    # -- live sessions ------------------------------------------------------------------------------------
+    def create(self, body: dict[str, Any]) -> str:
+        start = parse_start(body)
+        with self._lock:
+            self._expire()
+            if len(self._live) + len(self._prefixes) >= self.limits.max_sessions and self._prefixes:
+                self._prefixes.popitem(last=False)[1].close()  # the cache gives way to live sessions
+            if len(self._live) >= self.limits.max_sessions:
+                raise GuardRequestError(
+                    f"session limit reached ({self.limits.max_sessions} live sessions): close one, or wait "
+                    f"for an idle one to expire ({self.limits.ttl_s:g} s)",
+                    status=429,
+                )
+        session = self._open(start)
+        session_id = secrets.token_urlsafe(16)
+        with self._lock:
+            self._live[session_id] = (session, time.monotonic())
+        return session_id
+
+    def session(self, session_id: str) -> GuardSession:
+        with self._lock:
+            self._expire()
+            found = self._live.get(session_id)
+            if found is None:
+                raise GuardRequestError(f"no session {session_id!r} (closed, expired or never created)", 404)
+            self._live[session_id] = (found[0], time.monotonic())
+            self._live.move_to_end(session_id)
+            return found[0]
+
+    def close(self, session_id: str) -> GuardSession:
+        with self._lock:
+            found = self._live.pop(session_id, None)
+        if found is None:
+            raise GuardRequestError(f"no session {session_id!r} (closed, expired or never created)", 404)
+        found[0].close()
+        return found[0]
+
+    @property
+    def live(self) -> int:
+        return len(self._live)
+
+    @property
+    def cached(self) -> int:
+        """Sessions kept by the stateless cache."""
+        return len(self._prefixes)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            sessions = [s for s, _ in self._live.values()] + list(self._prefixes.values())
+            self._live.clear()
+            self._prefixes.clear()
+        for session in sessions:
+            session.close()
+
+    def _expire(self) -> None:
+        horizon = time.monotonic() - self.limits.ttl_s
+        while self._live:
+            session_id, (session, used) = next(iter(self._live.items()))
+            if used > horizon:
+                break
+            del self._live[session_id]
+            session.close()
+
+    def _open(self, start: dict[str, Any]) -> GuardSession:
+        try:
+            return open_session(self.name, **start, options=self.options, pool=self._pool)
+        except PexecError as exc:
+            raise GuardRequestError(f"cannot start a session: {exc}") from exc
+
+    # -- stateless ----------------------------------------------------------------------------------------
+    def check_stateless(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The verdict on `call` after `events` (canonical events, calls with their outcomes) from `start`."""
+        start = parse_start(body.get("start", {}))
+        events = body.get("events", [])
+        if not isinstance(events, list):
+            raise GuardRequestError("'events' must be a list")
+        parsed = [_event(e, f"events[{i}]") for i, e in enumerate(events)]
+        call = parse_call(body.get("call"))
+        keys = [_hash(b"", start)]
+        for raw in events:
+            keys.append(_hash(keys[-1], raw))
+        with self._lock:
+            hit = next((i for i in range(len(keys) - 1, -1, -1) if keys[i] in self._prefixes), None)
+            session = self._prefixes.pop(keys[hit]) if hit is not None else None
+        if session is None:
+            hit, session = 0, self._open(start)
+        try:
+            for event in parsed[hit:]:
+                if isinstance(event, Message):
+                    session.message(event.role, event.content, event.turn)
+                else:
+                    session.record(event, output=event.output, error=event.error)
+            verdict = session.check(call)
+        except Exception:
+            session.close()
+            raise
+        with self._lock:
+            self._prefixes[keys[-1]] = session
+            while len(self._prefixes) + len(self._live) > self.limits.max_sessions and self._prefixes:
+                self._prefixes.popitem(last=False)[1].close()
+        return {**verdict.to_json(), "replayed": len(parsed) - hit}
+
+
+def _hash(previous: bytes, value: Any) -> bytes:
+    try:
+        data = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except TypeError as exc:
+        raise GuardRequestError(f"not JSON: {exc}") from exc
+    return hashlib.blake2b(previous + data, digest_size=16).digest()

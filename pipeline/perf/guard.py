@@ -1,0 +1,261 @@
+"""The guard's latency per check (`pexec bench guard`, `python -m pipeline.perf.guard`): p50 and p99 of one
+check of the next call at session depth 1, 10 and 50, in the `shop` spec and in BFCL (v4 simulators):
+
+- library: `GuardSession.check` in this process;
+- HTTP: `POST /sessions/{id}/check` on `pexec guard serve` over loopback, 50 sessions at once (one client
+  connection each, aiohttp), the client's time per request;
+- baseline: deciding the same call by replaying the session's whole prefix with the batch checker (what a
+  guard without incremental state does), in the same run.
+
+Each session records every checked call (the agent's loop: check, run the tool, record), so a check at
+depth d follows d - 1 recorded calls. An HTTP agent pauses before each check (uniform, mean `think_s`: its
+model deciding the call), and a second pass sends back to back (the service saturated). Not a timed test:
+figures go in the README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from pipeline.checker import replay
+from pipeline.envs import get_environment
+from pipeline.guard import open_session
+from pipeline.model import Call, Message, Rollout
+
+DEPTHS = (1, 10, 50)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """An environment, a start and an endless sequence of valid calls (after the opening messages)."""
+
+    name: str
+    env: str
+    start: dict[str, Any]
+    messages: tuple[str, ...]
+    calls: Callable[[], Iterator[Call]] = field(repr=False)
+
+
+def _shop_calls() -> Iterator[Call]:
+    state = get_environment("shop").spec.initial_state
+    order = state["users"]["U1001"]["orders"][0]
+    product = next(iter(state["products"]))
+    yield Call("authenticate", {"email": "ava.lopez@example.com", "zip": "78701"})
+    yield Call("list_products", {})
+    yield from itertools.cycle(
+        [
+            Call("get_user", {"user_id": "U1001"}),
+            Call("get_order", {"order_id": order}),
+            Call("get_product", {"product_id": product}),
+            Call("list_products", {}),
+        ]
+    )
+
+
+def _bfcl_calls() -> Iterator[Call]:
+    for i in itertools.count():
+        yield Call("mkdir", {"dir_name": f"d{i}"}) if i % 2 == 0 else Call("ls", {"a": False})
+
+
+SCENARIOS = (
+    Scenario("shop", "shop", {}, ("Hi, I'm Ava Lopez (ava.lopez@example.com, zip 78701).",), _shop_calls),
+    Scenario(
+        "bfcl",
+        "bfcl_v4",
+        {
+            "involved_classes": ["GorillaFileSystem", "MathAPI"],
+            "initial_config": {"GorillaFileSystem": {"root": {"alex": {"type": "directory", "contents": {}}}}},
+        },
+        ("Make folders in my home directory and list them.",),
+        _bfcl_calls,
+    ),
+)
+
+
+def percentiles(samples: list[float]) -> dict[str, float]:
+    """p50 and p99 in microseconds, and the number of samples."""
+    us = np.asarray(samples) * 1e6
+    return {"p50_us": float(np.percentile(us, 50)), "p99_us": float(np.percentile(us, 99)), "n": len(samples)}
+
+
+def library(scenario: Scenario, sessions: int) -> dict[int, list[float]]:
+    """Per depth, the seconds of each check, over `sessions` sessions taken to depth max(DEPTHS)."""
+    times: dict[int, list[float]] = {d: [] for d in DEPTHS}
+    clock = time.perf_counter
+    for i in range(sessions):
+        session = open_session(scenario.env, scenario.start, rollout_id=f"bench-{i}")
+        for text in scenario.messages:
+            session.message("user", text)
+        for depth, call in zip(range(1, max(DEPTHS) + 1), scenario.calls(), strict=False):
+            began = clock()
+            verdict = session.check(call)
+            elapsed = clock() - began
+            if not verdict.valid:
+                raise RuntimeError(f"bench {scenario.name}: step {depth} {call.tool} is invalid: {verdict.detail}")
+            if depth in times:
+                times[depth].append(elapsed)
+            session.record(call, output=verdict.output)
+        session.close()
+    return times
+
+
+def rereplay(scenario: Scenario, repeats: int) -> dict[int, list[float]]:
+    """Per depth, the seconds to decide the call at that depth by replaying the prefix and the call."""
+    env = get_environment(scenario.env)
+    events: list[Message | Call] = [Message("user", text) for text in scenario.messages]
+    calls = list(itertools.islice(scenario.calls(), max(DEPTHS)))
+    times: dict[int, list[float]] = {d: [] for d in DEPTHS}
+    for depth in DEPTHS:
+        rollout = Rollout("bench", "bench", scenario.env, env=scenario.start, events=events + calls[:depth])
+        for _ in range(repeats):
+            began = time.perf_counter()
+            result = replay(env, rollout)
+            times[depth].append(time.perf_counter() - began)
+            assert result.executable
+    return times
+
+
+# -- HTTP ------------------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _call_json(call: Call, output: Any = None) -> dict[str, Any]:
+    return {"tool": call.tool, "arguments": call.arguments, **({"output": output} if output is not None else {})}
+
+
+async def _http_sessions(
+    scenario: Scenario, port: int, concurrent: int, rounds: int, think_s: float
+) -> tuple[dict[int, list[float]], dict[int, list[float]]]:
+    import aiohttp
+
+    times: dict[int, list[float]] = {d: [] for d in DEPTHS}
+    served: dict[int, list[float]] = {d: [] for d in DEPTHS}  # the server's own time (Server-Timing)
+    base = f"http://127.0.0.1:{port}"
+    rng = random.Random(0)
+
+    async def agent(http: aiohttp.ClientSession, index: int) -> None:
+        for r in range(rounds):
+            start = {"env": scenario.start, "rollout_id": f"b{index}-{r}"}
+            async with http.post(f"{base}/sessions", json=start) as resp:
+                sid = (await resp.json())["session"]
+            for text in scenario.messages:
+                async with http.post(f"{base}/sessions/{sid}/message", json={"role": "user", "content": text}) as resp:
+                    await resp.read()
+            for depth, call in zip(range(1, max(DEPTHS) + 1), scenario.calls(), strict=False):
+                if think_s:
+                    await asyncio.sleep(rng.uniform(0, 2 * think_s))  # the agent's model deciding the call
+                began = time.perf_counter()
+                async with http.post(f"{base}/sessions/{sid}/check", json={"call": _call_json(call)}) as resp:
+                    verdict = orjson.loads(await resp.read())
+                    timing = resp.headers["server-timing"]
+                elapsed = time.perf_counter() - began
+                if not verdict.get("valid"):
+                    raise RuntimeError(f"bench {scenario.name} over HTTP: step {depth} is invalid: {verdict}")
+                if depth in times:
+                    times[depth].append(elapsed)
+                    served[depth].append(float(timing.split("dur=")[1]) / 1000)
+                body = {"call": _call_json(call, verdict["output"])}
+                async with http.post(f"{base}/sessions/{sid}/record", json=body) as resp:
+                    await resp.read()
+            async with http.delete(f"{base}/sessions/{sid}") as resp:
+                await resp.read()
+
+    connector = aiohttp.TCPConnector(limit=concurrent)
+    async with aiohttp.ClientSession(connector=connector) as http:
+        await asyncio.gather(*(agent(http, i) for i in range(concurrent)))
+    return times, served
+
+
+def http(
+    scenario: Scenario, concurrent: int, rounds: int, thinks: tuple[float, ...]
+) -> list[tuple[dict[int, list[float]], dict[int, list[float]]]]:
+    """Per think time, per depth, the seconds of each check request: at the client, and in the guard."""
+    port = _free_port()
+    pexec = str(Path(sys.executable).parent / "pexec")
+    server = subprocess.Popen(
+        [pexec, "guard", "serve", "--env", scenario.env, "--port", str(port), "--max-sessions", str(2 * concurrent)],
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the guard service did not start") from None
+                time.sleep(0.2)
+        asyncio.run(_http_sessions(scenario, port, concurrent, 1, 0))  # warm-up: the pool's environments
+        return [asyncio.run(_http_sessions(scenario, port, concurrent, rounds, think)) for think in thinks]
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+
+
+def bench_guard(sessions: int = 400, concurrent: int = 50, rounds: int = 2, think_s: float = 0.5) -> dict[str, Any]:
+    """`think_s`: the mean pause of an HTTP agent before each check (0: back to back, the service saturated)."""
+    report: dict[str, Any] = {}
+    for scenario in SCENARIOS:
+        library(scenario, 5)  # warm-up
+        (paced, paced_served), (saturated, _) = http(scenario, concurrent, rounds, (think_s, 0.0))
+        modes = {
+            "library": library(scenario, sessions),
+            "re-replay": rereplay(scenario, sessions),
+            f"http {concurrent}, think {think_s * 1000:g} ms": paced,
+            "  of which in the guard": paced_served,
+            f"http {concurrent}, think 0": saturated,
+        }
+        report[scenario.name] = {mode: {d: percentiles(t[d]) for d in DEPTHS} for mode, t in modes.items()}
+    report["load_average"] = os.getloadavg()  # the machine's, at the end: these are wall-clock figures
+    _print(report)
+    return report
+
+
+def _print(report: dict[str, Any]) -> None:
+    print(f"{'scenario':9} {'mode':24} " + " ".join(f"{'depth ' + str(d) + ' p50/p99 (µs)':>24}" for d in DEPTHS))
+    for name, modes in report.items():
+        if name == "load_average":
+            continue
+        for mode, by_depth in modes.items():
+            cells = [f"{by_depth[d]['p50_us']:>10,.0f} / {by_depth[d]['p99_us']:>9,.0f}" for d in DEPTHS]
+            print(f"{name:9} {mode:24} " + " ".join(f"{c:>24}" for c in cells))
+    print(f"load average (1, 5, 15 min): {', '.join(f'{x:.1f}' for x in report['load_average'])}")
+    print(json.dumps(report))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=400, help="library sessions per scenario (shop)")
+    parser.add_argument("--concurrent", type=int, default=50, help="HTTP sessions at once")
+    parser.add_argument("--rounds", type=int, default=2, help="sessions per HTTP client")
+    parser.add_argument("--think-ms", type=float, default=500.0, help="mean pause of an HTTP agent before a check")
+    args = parser.parse_args()
+    bench_guard(args.sessions, args.concurrent, args.rounds, args.think_ms / 1000)
+
+
+if __name__ == "__main__":
+    main()
