@@ -38,6 +38,7 @@ from pipeline.score import ShardReport
 from pipeline.storage.lease import DEFAULT_STALE_AFTER
 from pipeline.storage.stores import WriteMode, write_store
 from pipeline.synth import synthesize
+from pipeline.tools import TOOL_FIELDS, tool_cohort_columns, tool_profiles
 
 console = Console(stderr=True)
 out = Console(width=None if sys.stdout.isatty() else 200)  # logs and pipes get full rows
@@ -439,6 +440,10 @@ def metrics(
     population = _population(harness_errors, pool, strict_replay)
     columns = _columns(by)
     storage = _storage(endpoint_url, storage_option)
+    tool_by = tool_cohort_columns(columns)
+    if tool_by is not None:
+        _tool_metrics(run, tool_by, settings, storage, partial, population, as_json)
+        return
     cohorts = compute_metrics(run, columns, settings, max_k, storage, partial, population)
     folder = write_metrics(run, cohorts, storage, columns)
     if as_json:
@@ -456,6 +461,37 @@ def metrics(
         )
         for note in metrics_notes(cohorts):
             out.print(note)
+
+
+def _tool_metrics(
+    run: str,
+    by: list[str],
+    settings: BootstrapSettings,
+    storage: dict[str, Any] | None,
+    partial: bool,
+    population: Population,
+    as_json: bool,
+) -> None:
+    """`metrics --by tool[,labels]`: the per-tool error profile (step-level cohorts), printed, not written."""
+    from pipeline.report.layout import tools_table
+
+    rows = tool_profiles(run, by, settings, storage, partial, population)
+    if as_json:
+        for row in rows:
+            sys.stdout.write(orjson.dumps(row).decode() + "\n")
+        return
+    if not rows:
+        raise PexecError(f"{run} has no steps: nothing to profile per tool")
+    keys = [k for k in rows[0] if k not in TOOL_FIELDS]
+    shown = tools_table(rows, keys)
+    table = Table(title=shown.title)
+    for i, name in enumerate(shown.columns):
+        table.add_column(name, justify="left" if i < len(keys) or name == "causes" else "right")
+    for cells in shown.rows:
+        table.add_row(*cells)
+    print_table(table)
+    b = rows[0]["bootstrap"]
+    out.print(f"B={b['B']}, seed={b['seed']}, {b['method']}. " + " ".join(shown.notes), soft_wrap=True)
 
 
 def metrics_table(cohorts: list[dict]) -> Table:

@@ -101,9 +101,9 @@ def test_golden_markdown(synth_report: ReportResult) -> None:
 def test_report_files(synth_report: ReportResult) -> None:
     files = [Path(p) for p in synth_report.files]
     names = {p.relative_to(synth_report.out).as_posix() for p in files}
-    for table in ("metrics", "pec", "recovery", "causes", "fed", "costs", "ranking", "paired"):
+    for table in ("metrics", "pec", "recovery", "causes", "fed", "tools", "costs", "ranking", "paired"):
         assert {f"tables/{table}.csv", f"tables/{table}.parquet"} <= names
-    for fig in ("pec_curves", "fed_histogram", "first_causes"):
+    for fig in ("pec_curves", "fed_histogram", "first_causes", "tool_invalid_rates"):
         assert {f"figures/{fig}.png", f"figures/{fig}.svg", f"figures/{fig}.csv"} <= names
     assert {"report.md", "report.html"} <= names
     for p in files:

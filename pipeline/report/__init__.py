@@ -33,11 +33,14 @@ from pipeline.report.figures import (
     fed_rows,
     pec_chart,
     pec_rows,
+    tool_chart,
+    tool_rows,
 )
 from pipeline.report.paired import Compare, ReportError, paired_comparison, parse_compare
 from pipeline.report.ranking import Ranking, rank_conditions
 from pipeline.report.tables import RunTables, key_of, run_tables
 from pipeline.storage.fs import filesystem, is_empty, open_for_write, remove_all
+from pipeline.tools import tool_profiles
 
 __all__ = ["Compare", "ReportError", "ReportResult", "build_report", "check_output", "parse_compare"]
 
@@ -52,6 +55,7 @@ class ReportResult:
     rankings: list[Ranking]
     paired: list[dict[str, Any]]  # one row per pair and metric; empty without --compare
     charts: list[Chart]
+    tools: list[dict[str, Any]]  # the per-tool error profile (pipeline.tools), per benchmark × tool × labels
 
 
 def build_report(
@@ -91,15 +95,20 @@ def build_report(
     paired: list[dict[str, Any]] = []
     if compare is not None:
         pair_cols, paired = paired_comparison(run, compare, t.keys, ks, settings, storage_options, partial, population)
+    tools = tool_profiles(run, conditions, settings, storage_options, partial, population)
     colours = cohort_colours(label(c) for c in t.cohorts)  # one colour per cohort in every figure
     charts = [
         pec_chart(pec_rows(t.cohorts, label), colours),
         fed_chart(fed_rows(t.fed, label), colours),
         cause_chart(cause_rows(t.causes, label)),
+        *([tool_chart(tool_rows(tools, label), colours)] if tools else []),
     ]
     n_keys = len(t.keys)
     display = [layout.metrics_table(t, ks), layout.recovery_table(t), layout.causes_table(t)]
     key_counts = [n_keys, n_keys, n_keys]
+    if tools:
+        display.append(layout.tools_table(tools, [t.keys[0], "tool", *conditions]))
+        key_counts.append(n_keys + 1)
     ranked = layout.ranking_tables(rankings)
     display += ranked
     key_counts += [1] * len(ranked)  # the condition column
@@ -131,6 +140,7 @@ def build_report(
         "recovery": _table(t.recovery),
         "causes": _table(t.causes),
         "fed": _table(t.fed),
+        "tools": _table([_tool_row(r) for r in tools]),
         "costs": _table(t.costs),
         "ranking": _table(_ranking_rows(rankings)),
         "paired": _table([{**r, "compare": compare.title} for r in paired] if compare else []),
@@ -145,7 +155,7 @@ def build_report(
         written.append(write(f"figures/{c.name}.pdf", c.pdf))
         rows = [dict(zip(c.columns, r, strict=True)) for r in c.rows]
         written.append(write(f"figures/{c.name}.csv", _csv(pa.Table.from_pylist(rows))))
-    return ReportResult(root, sorted(written), t, rankings, paired, charts)
+    return ReportResult(root, sorted(written), t, rankings, paired, charts, tools)
 
 
 def check_output(run: str, out: str, overwrite: bool, storage_options: dict[str, Any] | None) -> None:
@@ -198,6 +208,16 @@ def _ranking_rows(rankings: list[Ranking]) -> list[dict[str, Any]]:
             )
             rows.append(row)
     return rows
+
+
+def _tool_row(r: dict[str, Any]) -> dict[str, Any]:
+    """A per-tool profile flattened for CSV / Parquet (intervals as _lo/_hi/_method columns, causes as text)."""
+    flat = {k: v for k, v in r.items() if not isinstance(v, dict | list)}
+    flat["causes"] = "; ".join(f"{c['cause']}={c['n']}" for c in r["causes"])
+    for m in ("invalid_rate", "output_match"):
+        flat |= {m: r[m]["value"], f"{m}_lo": r[m]["lo"], f"{m}_hi": r[m]["hi"], f"{m}_method": r[m].get("method")}
+        flat[f"{m}_eligible"] = r[m]["eligible"]
+    return flat
 
 
 def _table(rows: list[dict[str, Any]]) -> pa.Table:

@@ -248,3 +248,41 @@ def _chart(name: str, title: str, columns: list[str], rows: list[list[Any]], fig
     fig.savefig(pdf, format="pdf", metadata={"CreationDate": None, "Creator": None, "Producer": None})
     plt.close(fig)
     return Chart(name, title, columns, rows, png.getvalue(), svg.getvalue(), pdf.getvalue())
+
+
+def tool_rows(tools: list[dict[str, Any]], label: Callable[[dict[str, Any]], str]) -> list[list[Any]]:
+    """[benchmark, condition, tool, calls, invalid rate, lo, hi] per step-level cohort (pipeline.tools)."""
+    return [
+        [t["benchmark"], label(t), t["tool"], t["n_calls"], *(t["invalid_rate"].get(k) for k in ("value", "lo", "hi"))]
+        for t in tools
+    ]
+
+
+def tool_chart(rows: list[list[Any]], colours: dict[str, str] | None = None) -> Chart:
+    """Invalid rate per tool with its task-clustered interval, one panel per benchmark, tools top to bottom."""
+    colours = colours or cohort_colours(r[1] for r in rows)
+    panels = _by_panel(rows)
+    with plt.rc_context(_STYLE):
+        # Room for every (tool, cohort) row of the tallest panel.
+        n_rows = max((len({p[2] for s in v.values() for p in s}) * len(v) for v in panels.values()), default=1)
+        fig, axes = _grid(len(panels))
+        fig.set_figheight(max(_PANEL[1], 0.28 * n_rows + 1.0))
+        for ax, (benchmark, series) in zip(axes, panels.items(), strict=False):
+            tools = sorted({p[2] for s in series.values() for p in s})
+            y = {t: i for i, t in enumerate(tools)}
+            height = 0.8 / max(len(series), 1)
+            for s, (condition, pts) in enumerate(series.items()):
+                offset = (s - (len(series) - 1) / 2) * height
+                for p in pts:
+                    if p[4] is None:
+                        continue
+                    err = [[p[4] - (p[4] if p[5] is None else p[5])], [(p[4] if p[6] is None else p[6]) - p[4]]]
+                    ax.errorbar(p[4], y[p[2]] + offset, xerr=err, fmt="o", markersize=3, capsize=2,
+                                color=colours[condition], label=condition)  # fmt: skip
+            ax.set_yticks(list(y.values()), list(y))
+            ax.invert_yaxis()
+            ax.set(title=benchmark, xlabel="invalid calls (share of the tool's calls)", xlim=(0, 1))
+            ax.xaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+        _legend(fig, axes)
+        columns = ["benchmark", "condition", "tool", "calls", "invalid_rate", "lo", "hi"]
+        return _chart("tool_invalid_rates", "Invalid rate per tool (95% task-clustered interval)", columns, rows, fig)

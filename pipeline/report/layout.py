@@ -219,3 +219,25 @@ def _label(metric: str) -> str:
 
 def _rank(x: float) -> str:
     return str(int(x)) if x == int(x) else f"{x:.1f}"
+
+
+def tools_table(rows: list[dict[str, Any]], keys: Sequence[str]) -> Table:
+    """The per-tool error profile (pipeline.tools): one row per benchmark × tool [× labels]."""
+    columns = [*keys, "calls", "tasks", "invalid rate", "invalid", "causes", "first errors", "first-error share",
+               "output match", "output match n"]  # fmt: skip
+    out = []
+    for r in rows:
+        causes = ", ".join(f"{c['cause']} ({c['n']})" for c in r["causes"]) or DASH
+        cells = [DASH if r[k] is None else str(r[k]) for k in keys]
+        cells += [str(r["n_calls"]), str(r["n_tasks"]), ci(r["invalid_rate"]), str(r["n_invalid"]), causes]
+        cells += [str(r["n_first_errors"]), share(r["first_error_share"]), ci(r["output_match"])]
+        cells.append(str(r["output_match"]["eligible"]))
+        out.append(cells)
+    notes = [
+        f"Per tool, over its calls in the counted rollouts. Invalid rate and output match: value [95% interval], "
+        f"task-level bootstrap (clustered by task: a task's calls are resampled together; {intervals.MARK}: "
+        "Wilson on the effective sample size). First errors: calls that were their rollout's first invalid call; "
+        "first-error share: of the first errors in the benchmark (× labels), the share at this tool (no interval). "
+        "Output match only where a simulator replayed the call and the log had an output (n).",
+    ]
+    return Table("Per-tool error profile", columns, out, notes)

@@ -1,0 +1,125 @@
+"""Per-tool error profiles: step-level cohorts (benchmark × tool [× labels]) with task-clustered intervals.
+
+A tool's invalid rate is sum(invalid calls) / sum(calls) over its calls in the population the metrics count
+(pipeline.aggregate.Population); its interval is the same task-level bootstrap as the rollout metrics
+(sql/tool_prepare.sql builds the per-(cohort, task) sums, then bootstrap_<method>.sql and metrics_intervals.sql
+run unchanged), so the calls of one task move together (docs/design.md §2 "Intervals").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+
+from pipeline import aggregate as db
+from pipeline.aggregate import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, BootstrapSettings, Population
+from pipeline.coverage import read_coverage
+
+
+@dataclass(frozen=True)
+class ToolMetric:
+    name: str
+    label: str
+    num: str
+    den: str
+    doc: str
+
+
+# Ratio metrics over calls: sum(num part) / sum(den part) of sql/tool_prepare.sql's s_<name> columns.
+TOOL_METRICS = (
+    ToolMetric("invalid_rate", "invalid rate", "inv", "n", "invalid calls among the tool's calls"),
+    ToolMetric(
+        "output_match",
+        "output match",
+        "match",
+        "cmp",
+        "replayed output equals the logged one, among the tool's calls with both (simulated environments)",
+    ),
+)
+
+
+# The keys of a profile dict besides its cohort columns (benchmark, tool, labels).
+TOOL_FIELDS = ("n_calls", "n_tasks", "n_invalid", "n_first_errors", "causes", "first_error_share",
+               *(m.name for m in TOOL_METRICS), "bootstrap")  # fmt: skip
+
+
+def tool_cohort_columns(by: Sequence[str] | None) -> list[str] | None:
+    """`by` without `tool` (the step-level cohort always has it); None when `by` does not name `tool`."""
+    if by is None or "tool" not in by:
+        return None
+    return [c for c in by if c != "tool"]
+
+
+def tool_profiles(
+    run: str,
+    by: Sequence[str] | None = (),
+    settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
+    storage_options: dict[str, Any] | None = None,
+    partial: bool = False,
+    population: Population = DEFAULT_POPULATION,
+) -> list[dict[str, Any]]:
+    """One dict per (benchmark, tool[, `by` labels]), sorted by that key: calls, tasks, invalid calls, their
+    causes, first errors (calls that were their rollout's first invalid call) and first-error share (of the
+    first errors of the benchmark [× labels], the share at this tool: a point value, no interval), and the
+    ratio metrics of TOOL_METRICS with task-clustered intervals."""
+    coverage = read_coverage(run, storage_options, partial)
+    steps = coverage.parts("steps")
+    with db.open_rollouts(run, storage_options, partial, population) as con:
+        labels = db.cohort_columns(con, by or [])
+        keys = ["benchmark", "tool", *labels]
+        if not steps:
+            return []
+        q_lo, q_hi = settings.quantiles
+        db.set_variables(
+            con,
+            steps_files=steps,
+            cohort_cols=keys,
+            seed=settings.seed,
+            B=settings.B,
+            q_lo=q_lo,
+            q_hi=q_hi,
+            metric_defs=[
+                {"metric": m.name, "num": m.num, "den": m.den, "scale": 1.0, "ord": i}
+                for i, m in enumerate(TOOL_METRICS)
+            ],
+            parts=["s_n", "s_inv", "s_first", "s_cmp", "s_match"],
+            replicated=[],
+        )
+        for name in ("view_steps", "tool_prepare", f"bootstrap_{settings.method}", "metrics_intervals"):
+            db.run_sql(con, name)
+        return _assemble(con, keys, settings)
+
+
+def _assemble(con: duckdb.DuckDBPyConnection, keys: list[str], settings: BootstrapSettings) -> list[dict[str, Any]]:
+    info = db.fetch(con, "tool_info")
+    ratios = {(r["cohort"], r["metric"]): r for r in db.fetch(con, "metric_intervals")}
+    clusters = {(r["cohort"], r["metric"]): r for r in db.fetch(con, "metric_clusters")}
+    group = [k for k in keys if k != "tool"]
+    first_total: dict[tuple[Any, ...], int] = {}
+    for c in info:
+        g = tuple(c["key"][k] for k in group)
+        first_total[g] = first_total.get(g, 0) + c["n_first_errors"]
+    out = []
+    for c in info:
+        row: dict[str, Any] = {k: c["key"][k] for k in keys}
+        row |= {k: c[k] for k in ("n_calls", "n_tasks", "n_invalid", "n_first_errors", "causes")}
+        total = first_total[tuple(c["key"][k] for k in group)]
+        row["first_error_share"] = c["n_first_errors"] / total if total else None
+        for m in TOOL_METRICS:
+            r = ratios.get((c["cohort"], m.name))
+            full = {**r, **clusters.get((c["cohort"], m.name), {})} if r else None
+            row[m.name] = db._interval(full, settings.level)
+            row[m.name]["eligible"] = full["den_total"] if full else 0
+        row["bootstrap"] = {
+            "B": settings.B,
+            "seed": settings.seed,
+            "method": settings.method,
+            "level": settings.level,
+            "unit": "task",
+        }
+        out.append(row)
+    out.sort(key=lambda r: tuple((r[k] is None, r[k]) for k in keys))
+    return out
