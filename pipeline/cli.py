@@ -377,6 +377,24 @@ def run_command(
         out.print(note)
     if job.report is not None:
         console.print(f"report written to {job.report.out.rstrip('/')}/report.html and report.md")
+    if job.diff is not None:
+        _job_diff(job)
+
+
+def _job_diff(job: Any) -> None:
+    """The job's [diff]: `pexec diff PREVIOUS OUTPUT`; a crossed fail_on threshold exits 1 (after the run and
+    its metrics are written)."""
+    from pipeline.diff import breaches, diff_runs, parse_threshold
+    from pipeline.jobs import previous_run
+
+    previous = previous_run(job)
+    if previous is None:
+        console.print(f"diff skipped: no earlier run found (looked for {', '.join(job.diff.candidates)})")
+        return
+    console.print(f"diff: {previous} (A) -> {job.output} (B)")
+    result = diff_runs(previous, job.output, job.diff.by, job.bootstrap, job.storage_options, job.population)
+    _print_diff(result)
+    _alert(breaches(result, [parse_threshold(t) for t in job.diff.fail_on]))
 
 
 @app.command()
@@ -594,6 +612,100 @@ def report(
     if result.tables.cohorts and result.tables.cohorts[0]["partial"]:
         console.print(Text(describe_partial(result.tables.cohorts[0]["partial"]), style="bold yellow"), soft_wrap=True)
     console.print(f"report written to {result.out}/report.html and {result.out}/report.md ({len(result.files)} files)")
+
+
+@app.command()
+def diff(
+    run_a: Annotated[str, typer.Argument(help="The earlier run (A).")],
+    run_b: Annotated[str, typer.Argument(help="The later run (B): differences are B - A.")],
+    by: By = None,
+    fail_on: Annotated[
+        list[str] | None,
+        typer.Option("--fail-on", help="METRIC<NUMBER (or <=, >, >=) on B - A: exit 1 when crossed (repeatable)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per cohort × metric and per tool.")] = False,
+    bootstrap: Bootstrap = 1000,
+    seed: Seed = 0,
+    method: Method = "multinomial",
+    harness_errors: HarnessErrors = "exclude",
+    pool: Pool = None,
+    strict_replay: StrictReplay = False,
+    endpoint_url: EndpointUrl = None,
+    storage_option: StorageOption = None,
+) -> None:
+    """Drift between two runs with different tasks: B - A per cohort and metric, and per tool, with two-sample
+    task-level bootstrap intervals; --fail-on turns thresholds into exit code 1."""
+    from pipeline.diff import breaches, diff_runs, parse_threshold
+
+    thresholds = [parse_threshold(t) for t in fail_on or []]
+    settings = _bootstrap(bootstrap, seed, method)
+    population = _population(harness_errors, pool, strict_replay)
+    result = diff_runs(run_a, run_b, _columns(by), settings, _storage(endpoint_url, storage_option), population)
+    if as_json:
+        for row in result.rows:
+            sys.stdout.write(orjson.dumps({"kind": "metric", **row}).decode() + "\n")
+        for row in result.tools:
+            sys.stdout.write(orjson.dumps({"kind": "tool", "metric": "invalid_rate", **row}).decode() + "\n")
+    else:
+        _print_diff(result)
+    _alert(breaches(result, thresholds))
+
+
+def _alert(lines: list[str]) -> None:
+    """One line per crossed --fail-on threshold on stderr, then exit 1 (for alerting)."""
+    for line in lines:
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
+    if lines:
+        raise typer.Exit(1)
+
+
+def _print_diff(result: Any) -> None:
+    s = result.settings
+    out.print(
+        f"Differences B − A (B = the second run). 95% intervals: two-sample task-level bootstrap ({s.method}, "
+        f"B={s.B}): each run's tasks resampled on their own, seed {s.seed} for A and {result.seed_b} for B.",
+        soft_wrap=True,
+    )
+    if result.shared_tasks:
+        out.print(
+            f"The runs share {result.shared_tasks} task(s): this unpaired interval ignores the pairing; for a paired "
+            "comparison put both in one run and use `pexec report --compare`.",
+            soft_wrap=True,
+        )
+    if not result.rows:
+        out.print("No cohort is in both runs: nothing to compare (the cohorts of each are listed below).")
+    else:
+        table = Table(title="Drift per cohort: B − A")
+        for name in [*result.keys, "metric", "A", "B", "B − A", "95% interval", "tasks A", "tasks B"]:
+            table.add_column(name, justify="left" if name in result.keys or name == "metric" else "right")
+        for r in result.rows:
+            cells = [str(r[k]) for k in result.keys] + [r["metric"], _fmt(r["a"]), _fmt(r["b"])]
+            cells += [_fmt(r["diff"], "+"), f"{_fmt(r['lo'], '+')} – {_fmt(r['hi'], '+')}", str(r["tasks_a"])]
+            table.add_row(*cells, str(r["tasks_b"]))
+        print_table(table)
+    for name, only in (("A", result.only_a), ("B", result.only_b)):
+        for k in only:
+            out.print(f"cohort only in {name}: " + ", ".join(f"{c}={v}" for c, v in k.items()), soft_wrap=True)
+    if result.tools:
+        keys = [k for k in result.tools[0] if k not in ("a", "b", "diff", "lo", "hi", "replicates_used", "calls_a",
+                                                        "calls_b")]  # fmt: skip
+        table = Table(title="Invalid rate per tool: B − A")
+        for name in [*keys, "A", "B", "B − A", "95% interval", "calls A", "calls B"]:
+            table.add_column(name, justify="left" if name in keys else "right")
+        for r in result.tools:
+            cells = [str(r[k]) for k in keys] + [_fmt(r["a"]), _fmt(r["b"]), _fmt(r["diff"], "+")]
+            table.add_row(*cells, f"{_fmt(r['lo'], '+')} – {_fmt(r['hi'], '+')}", str(r["calls_a"]), str(r["calls_b"]))
+        print_table(table)
+    for label, rows in (("new tool", result.new_tools), ("vanished tool", result.vanished_tools)):
+        for r in rows:
+            out.print(f"{label}: " + ", ".join(f"{k}={v}" for k, v in r.items()), soft_wrap=True)
+    for r in result.new_causes:
+        where = ", ".join(f"{k}={v}" for k, v in r.items() if k not in ("cause", "n"))
+        out.print(f"new cause: {r['cause']} ({r['n']} call(s); {where})", soft_wrap=True)
+
+
+def _fmt(x: float | None, sign: str = "") -> str:
+    return "–" if x is None else f"{x:{sign}.3f}"
 
 
 def _depths(k: str) -> list[int]:

@@ -15,7 +15,7 @@ import tomllib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,10 +32,11 @@ if TYPE_CHECKING:
     from pipeline.report import Compare
 
 _JOB_KEYS = {"name", "description", "input", "output", "env", "spec", "spec_dirs", "policy", "address", "shard_mb",
-             "num_cpus", "endpoint_url", "metrics", "synth", "report"}  # fmt: skip
+             "num_cpus", "endpoint_url", "metrics", "synth", "report", "diff"}  # fmt: skip
 _METRICS_KEYS = {"by", "bootstrap", "seed", "method", "max_k", "partial", "strict_replay", "harness_errors"}
 _REPORT_KEYS = {"out", "by", "compare", "k", "overwrite", "within"}
 _SYNTH_KEYS = {"spec", "rollouts", "tasks", "seed"}
+_DIFF_KEYS = {"against", "by", "fail_on", "look_back_days"}
 
 
 class JobError(PexecError, ValueError):
@@ -57,6 +58,15 @@ class JobReport:
 
 
 @dataclass(frozen=True)
+class JobDiff:
+    """`pexec diff` of the job's run against an earlier one (the [diff] table)."""
+
+    candidates: tuple[str, ...]  # the runs to compare against, most recent first: the first that exists is used
+    by: list[str] | None
+    fail_on: tuple[str, ...]  # --fail-on thresholds, checked when the job file is loaded
+
+
+@dataclass(frozen=True)
 class Job:
     name: str
     input: str
@@ -75,6 +85,7 @@ class Job:
     partial: bool = False  # metrics and report of an incomplete output run, stating their coverage (--partial)
     synth: dict[str, Any] | None = None  # generate the input first when it does not exist (demo jobs)
     report: JobReport | None = None  # write a report after the metrics
+    diff: JobDiff | None = None  # compare the run with an earlier one after the metrics
 
     @property
     def storage_options(self) -> dict[str, Any] | None:
@@ -113,6 +124,7 @@ def load_job(path: str | Path, on_date: str | None = None) -> Job:
         raise JobError(f"{path} [metrics]: {exc}") from exc
     output = _fill(raw["output"], day, path)
     report = _load_report(raw.get("report"), output, metrics.get("by"), day, path)
+    diff = _load_diff(raw.get("diff"), raw["output"], metrics.get("by"), day, path)
     policy = raw.get("policy", "code")
     if policy not in ("code", "strict"):
         raise JobError(f"{path}: policy is 'code' or 'strict', got {policy!r}")
@@ -137,6 +149,7 @@ def load_job(path: str | Path, on_date: str | None = None) -> Job:
         partial=_flag(metrics, "partial", f"{path} [metrics]"),
         synth=synth,
         report=report,
+        diff=diff,
     )
 
 
@@ -164,6 +177,45 @@ def _load_report(
         raise JobError(f"{where}: within is a label column name, got {within!r}")
     out = _fill(raw.get("out", f"{output.rstrip('/')}/report"), day, path)
     return JobReport(out, raw.get("by", by), compare, tuple(ks), _flag(raw, "overwrite", where), within)
+
+
+def _load_diff(raw: dict[str, Any] | None, template: str, by: list[str] | None, day: str, path: Path) -> JobDiff | None:
+    """against = "previous": the output template at the latest earlier date (within look_back_days, default 7)
+    whose run exists; any other string is a run folder or URL ({date} filled in)."""
+    if raw is None:
+        return None
+    where = f"{path} [diff]"
+    check_fields(raw, _DIFF_KEYS, where, JobError)
+    against = raw.get("against", "previous")
+    if not isinstance(against, str) or not against:
+        raise JobError(f'{where}: against is "previous" or a run folder, got {against!r}')
+    days = raw.get("look_back_days", 7)
+    if isinstance(days, bool) or not isinstance(days, int) or days < 1:
+        raise JobError(f"{where}: look_back_days is a whole number >= 1, got {days!r}")
+    if against == "previous":
+        if "{date}" not in template:
+            raise JobError(f'{where}: against = "previous" needs {{date}} in the job\'s output')
+        start = date.fromisoformat(day)
+        candidates = tuple(_fill(template, (start - timedelta(days=d)).isoformat(), path) for d in range(1, days + 1))
+    else:
+        candidates = (_fill(against, day, path),)
+    fail_on = raw.get("fail_on", [])
+    if not isinstance(fail_on, list) or not all(isinstance(t, str) for t in fail_on):
+        raise JobError(f'{where}: fail_on is a list of thresholds such as "ter<-0.02", got {fail_on!r}')
+    from pipeline.diff import DiffError, parse_threshold
+
+    try:
+        for t in fail_on:
+            parse_threshold(t)
+    except DiffError as exc:
+        raise JobError(f"{where}: {exc}") from exc
+    return JobDiff(candidates, raw.get("by", by), tuple(fail_on))
+
+
+def previous_run(job: Job) -> str | None:
+    """The run the job's [diff] compares against: the first of its candidates that exists (None: none does)."""
+    assert job.diff is not None
+    return next((c for c in job.diff.candidates if exists(c, job.storage_options)), None)
 
 
 def _flag(table: dict[str, Any], key: str, where: str) -> bool:

@@ -65,13 +65,26 @@ def tool_profiles(
     causes, first errors (calls that were their rollout's first invalid call) and first-error share (of the
     first errors of the benchmark [× labels], the share at this tool: a point value, no interval), and the
     ratio metrics of TOOL_METRICS with task-clustered intervals."""
+    return profiles_and_replicates(run, by, settings, storage_options, partial, population)[0]
+
+
+def profiles_and_replicates(
+    run: str,
+    by: Sequence[str] | None = (),
+    settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
+    storage_options: dict[str, Any] | None = None,
+    partial: bool = False,
+    population: Population = DEFAULT_POPULATION,
+) -> tuple[list[dict[str, Any]], list[list[float | None]]]:
+    """tool_profiles, and per profile (as listed) its invalid rate in every bootstrap replicate (None where a
+    replicate's ratio is undefined): the draws its interval comes from."""
     coverage = read_coverage(run, storage_options, partial)
     steps = coverage.parts("steps")
     with db.open_rollouts(run, storage_options, partial, population) as con:
         labels = db.cohort_columns(con, by or [])
         keys = ["benchmark", "tool", *labels]
         if not steps:
-            return []
+            return [], []
         q_lo, q_hi = settings.quantiles
         db.set_variables(
             con,
@@ -86,15 +99,18 @@ def tool_profiles(
                 for i, m in enumerate(TOOL_METRICS)
             ],
             parts=["s_n", "s_inv", "s_first", "s_cmp", "s_match"],
-            replicated=[],
+            replicated=["invalid_rate"],
         )
         for name in ("view_steps", "tool_prepare", f"bootstrap_{settings.method}", "metrics_intervals"):
             db.run_sql(con, name)
         return _assemble(con, keys, settings)
 
 
-def _assemble(con: duckdb.DuckDBPyConnection, keys: list[str], settings: BootstrapSettings) -> list[dict[str, Any]]:
+def _assemble(
+    con: duckdb.DuckDBPyConnection, keys: list[str], settings: BootstrapSettings
+) -> tuple[list[dict[str, Any]], list[list[float | None]]]:
     info = db.fetch(con, "tool_info")
+    reps = {r["cohort"]: r["replicate_values"] for r in db.fetch(con, "replicated_values")}
     ratios = {(r["cohort"], r["metric"]): r for r in db.fetch(con, "metric_intervals")}
     clusters = {(r["cohort"], r["metric"]): r for r in db.fetch(con, "metric_clusters")}
     group = [k for k in keys if k != "tool"]
@@ -102,7 +118,7 @@ def _assemble(con: duckdb.DuckDBPyConnection, keys: list[str], settings: Bootstr
     for c in info:
         g = tuple(c["key"][k] for k in group)
         first_total[g] = first_total.get(g, 0) + c["n_first_errors"]
-    out = []
+    out: list[tuple[dict[str, Any], list[float | None]]] = []
     for c in info:
         row: dict[str, Any] = {k: c["key"][k] for k in keys}
         row |= {k: c[k] for k in ("n_calls", "n_tasks", "n_invalid", "n_first_errors", "causes")}
@@ -120,6 +136,6 @@ def _assemble(con: duckdb.DuckDBPyConnection, keys: list[str], settings: Bootstr
             "level": settings.level,
             "unit": "task",
         }
-        out.append(row)
-    out.sort(key=lambda r: tuple((r[k] is None, r[k]) for k in keys))
-    return out
+        out.append((row, reps.get(c["cohort"], [None] * settings.B)))
+    out.sort(key=lambda p: tuple((p[0][k] is None, p[0][k]) for k in keys))
+    return [p[0] for p in out], [p[1] for p in out]

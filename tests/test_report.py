@@ -183,6 +183,14 @@ def test_paired_uses_shared_tasks_only(tmp_path: Path) -> None:
     assert costs["value"] == 0.0  # both sides cost 100 tokens per rollout
 
 
+def test_empty_pairing_is_said(tmp_path: Path) -> None:
+    rows = [rollout("t1", 2, 3, True, method="a"), rollout("t2", 2, 1, False, method="b")]
+    write_rollouts(tmp_path / "run", rows)
+    r = build_report(str(tmp_path / "run"), tmp_path / "out", None, Compare("method", "a", "b"), [1], SMALL)
+    assert r.paired == []
+    assert "The pairing is empty" in (tmp_path / "out" / "report.md").read_text()
+
+
 @pytest.mark.parametrize(
     ("items", "message"),
     [

@@ -192,6 +192,12 @@ def paired_table(compare: Compare, pair_cols: list[str], rows_in: list[dict[str,
         f"A = {compare.column}={compare.a}, B = {compare.column}={compare.b}, over the tasks both share; paired "
         "task-level bootstrap (the same task draws for A and B). Costs: change of the mean in % of B."
     )
+    if not rows:
+        note = (
+            f"The pairing is empty: {compare.column}={compare.a} and {compare.column}={compare.b} share no task in "
+            "any cohort, so there is nothing to compare pairwise. For two samples of different tasks use an "
+            "unpaired comparison (`pexec diff RUN_A RUN_B`)."
+        )
     return Table(f"Paired comparison — {compare.title}", columns, rows, [note])
 
 

@@ -1,0 +1,141 @@
+"""pexec diff (issue 18): drift between runs with disjoint tasks, two-sample task bootstrap, --fail-on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+from test_aggregate import rollout, weights
+from test_ingest_observed import ROOT, ingest_day, write_samples
+from test_tools import write_run
+from typer.testing import CliRunner
+
+from pipeline.aggregate import BootstrapSettings, compute_metrics
+from pipeline.cli import app
+from pipeline.diff import SEED_B, DiffError, diff_runs, parse_threshold
+from pipeline.distributed import run_scoring
+from pipeline.jobs import JobError, load_job, previous_run
+
+SETTINGS = BootstrapSettings(B=400, seed=4)
+
+
+def nightly(run: Path, prefix: str, n_exec: int, second_tool: str, cause_tool: str = "search") -> np.ndarray:
+    """40 tasks named <prefix>NN, one rollout each of two calls (search, then `second_tool`); the first n_exec are
+    fully executable, the others fail at their second call. Returns the per-task executable counts."""
+    rollouts, calls = [], []
+    for t in range(40):
+        ok = t < n_exec
+        rollouts.append(rollout(f"{prefix}{t:02d}", 2, 3 if ok else 2, ok))
+        calls.append([("search", True, None), (second_tool, ok, None)])
+    write_run(run, rollouts, calls)
+    return np.array([1 if t < n_exec else 0 for t in range(40)])
+
+
+def test_two_sample_bootstrap_known_answer(tmp_path: Path) -> None:
+    ex_a = nightly(tmp_path / "a", "a", 20, "pay")
+    ex_b = nightly(tmp_path / "b", "b", 10, "pay")
+    result = diff_runs(str(tmp_path / "a"), str(tmp_path / "b"), settings=SETTINGS)
+    ter = next(r for r in result.rows if r["metric"] == "ter")
+    assert (ter["a"], ter["b"], ter["diff"]) == (0.5, 0.25, -0.25)
+    # Independent resampling of each run's 40 tasks: A with seed 4, B with seed 4 XOR SEED_B.
+    rep_a = weights(4, 400, 40, "multinomial") @ ex_a / 40
+    rep_b = weights(4 ^ SEED_B, 400, 40, "multinomial") @ ex_b / 40
+    lo, hi = np.quantile(rep_b - rep_a, [0.025, 0.975])
+    assert ter["lo"] == pytest.approx(lo) and ter["hi"] == pytest.approx(hi)
+    assert result.shared_tasks == 0 and result.seed_b == 4 ^ SEED_B
+    pay = next(r for r in result.tools if r["tool"] == "pay")
+    assert (pay["a"], pay["b"]) == (0.5, 0.75)
+
+
+def test_new_vanished_tools_and_causes(tmp_path: Path) -> None:
+    nightly(tmp_path / "a", "a", 20, "pay")
+    nightly(tmp_path / "b", "b", 20, "refund")
+    result = diff_runs(str(tmp_path / "a"), str(tmp_path / "b"), settings=SETTINGS)
+    assert [(r["tool"], r["calls"]) for r in result.new_tools] == [("refund", 40)]
+    assert [(r["tool"], r["calls"]) for r in result.vanished_tools] == [("pay", 40)]
+    assert [(r["tool"], r["cause"], r["n"]) for r in result.new_causes] == [("refund", "refund_bad", 20)]
+
+
+def test_fail_on_exit_codes(tmp_path: Path) -> None:
+    nightly(tmp_path / "a", "a", 20, "pay")
+    nightly(tmp_path / "b", "b", 10, "pay")
+    args = ["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--bootstrap", "100"]
+    breached = CliRunner().invoke(app, [*args, "--fail-on", "ter<-0.2", "--fail-on", "invalid_rate>0.1"])
+    assert breached.exit_code == 1, breached.output
+    lines = [line for line in breached.output.splitlines() if line.startswith("breach")]
+    assert len(lines) == 2
+    assert lines[0].startswith("breach ter<-0.2: ter B − A = -0.2500") and "benchmark=bench" in lines[0]
+    assert "tool=pay" in lines[1]
+    quiet = CliRunner().invoke(app, [*args, "--fail-on", "ter<-0.3"])
+    assert quiet.exit_code == 0, quiet.output
+    assert "Drift per cohort" in quiet.output and "-0.250" in quiet.output
+    rows = [orjson.loads(x) for x in CliRunner().invoke(app, [*args, "--json"]).output.splitlines()]
+    assert {r["metric"] for r in rows if r["kind"] == "metric"} >= {"ter", "auc_pec", "success"}
+
+
+@pytest.mark.parametrize("text", ["ter<<1", "__import__('os')<1", "ter<1; rm", "ter", "nope<1", "ter<1e"])
+def test_threshold_grammar_refuses(text: str) -> None:
+    with pytest.raises(DiffError):
+        parse_threshold(text)
+
+
+def test_threshold_grammar() -> None:
+    t = parse_threshold(" auc_pec >= -.05 ")
+    assert (t.metric, t.op, t.value) == ("auc_pec", ">=", -0.05)
+    assert t.breached(0.0) and not t.breached(-0.1) and not t.breached(None)
+
+
+def test_no_common_cohort_is_said(tmp_path: Path) -> None:
+    nightly(tmp_path / "a", "a", 20, "pay")
+    write_run(tmp_path / "b", [rollout("x", 1, 2, True, benchmark="other")], [[("search", True, None)]])
+    result = CliRunner().invoke(app, ["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--bootstrap", "50"])
+    assert result.exit_code == 0, result.output
+    assert "No cohort is in both runs" in result.output
+    assert "cohort only in A: benchmark=bench" in result.output and "cohort only in B: benchmark=other" in result.output
+
+
+def test_two_real_nights_of_support_logs(tmp_path: Path) -> None:
+    """The support sample's two nights, scored as the nightly job scores them, then `pexec diff` between them. The
+    sample reuses its scenario task ids every night: the diff says how many tasks the runs share."""
+    days = ("2026-11-28", "2026-11-29")
+    write_samples(tmp_path / "logs", days, per_date=60, seed=3)
+    job = load_job(ROOT / "jobs" / "nightly_support.toml", days[1])
+    for d in days:
+        ingest_day(tmp_path / "logs", tmp_path / "store", d)
+        run_scoring(str(tmp_path / "store" / f"date={d}"), str(tmp_path / f"date={d}"), env=job.env,
+                    options=job.options, executor="inline")  # fmt: skip
+    a, b = str(tmp_path / f"date={days[0]}"), str(tmp_path / f"date={days[1]}")
+    result = diff_runs(a, b, ["model"], SETTINGS)
+    metrics_a = {(c["model"], "ter"): c["ter"]["value"] for c in compute_metrics(a, ["model"], SETTINGS)}
+    metrics_b = {(c["model"], "ter"): c["ter"]["value"] for c in compute_metrics(b, ["model"], SETTINGS)}
+    for r in (r for r in result.rows if r["metric"] == "ter"):
+        key = (r["model"], "ter")
+        assert r["diff"] == pytest.approx(metrics_b[key] - metrics_a[key])
+        assert r["lo"] <= r["diff"] <= r["hi"]
+    assert {r["tool"] for r in result.tools} >= {"cancel_order"}
+    assert result.shared_tasks > 0
+    cli = CliRunner().invoke(app, ["diff", a, b, "--by", "model", "--bootstrap", "100", "--fail-on", "ter>=-1"])
+    assert cli.exit_code == 1 and cli.output.count("breach ter>=-1") == 2, cli.output
+    assert "The runs share" in cli.output
+
+
+def test_job_diff_resolves_the_previous_night(tmp_path: Path) -> None:
+    job = load_job(ROOT / "jobs" / "nightly_support.toml", "2026-11-29")
+    assert job.diff is not None and job.diff.fail_on == ("ter<-0.02",)
+    assert job.diff.candidates[:2] == ("out/support/runs/date=2026-11-28", "out/support/runs/date=2026-11-27")
+    assert len(job.diff.candidates) == 7 and job.diff.by == ["model", "agent_version"]
+    for day in ("2026-11-26", "2026-11-27"):
+        write_run(tmp_path / f"date={day}", [rollout("x", 1, 2, True)], [[("search", True, None)]])
+    spec = tmp_path / "job.toml"
+    spec.write_text(f'name = "n"\ninput = "in/{{date}}"\noutput = "{tmp_path}/date={{date}}"\n'
+                    '[diff]\nagainst = "previous"\nlook_back_days = 3\n')  # fmt: skip
+    assert previous_run(load_job(spec, "2026-11-29")) == f"{tmp_path}/date=2026-11-27"
+    assert previous_run(load_job(spec, "2026-11-26")) is None
+    spec.write_text('name = "n"\ninput = "i"\noutput = "o/{date}"\n[diff]\nfail_on = ["ter<<0"]\n')
+    with pytest.raises(JobError, match="--fail-on takes"):
+        load_job(spec, "2026-11-29")
+    spec.write_text('name = "n"\ninput = "i"\noutput = "o"\n[diff]\n')
+    with pytest.raises(JobError, match="needs \\{date\\}"):
+        load_job(spec, "2026-11-29")
