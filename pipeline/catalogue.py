@@ -74,6 +74,21 @@ PARTS: tuple[Part, ...] = (
     Part("succ_exec", "(executable AND success IS TRUE)::INTEGER", "fully executable and successful"),
     Part("cmp", "n_output_compared", "calls with both a logged and a replayed output"),
     Part("match", "n_output_compared - n_output_mismatch", "calls whose replayed output equals the logged one"),
+    # Harm (pipeline.effects): NULL columns (a run scored before effect classes) count in no denominator.
+    Part("eff", "(n_writes IS NOT NULL)::INTEGER", "scored with effect classes"),
+    Part("wr", "coalesce(n_writes > 0, false)::INTEGER", "at least one write or irreversible call"),
+    Part(
+        "wauc",
+        f"coalesce(round(write_auc_term * {int(AUC_UNIT)}::DOUBLE)::BIGINT, 0)",
+        "write_auc_term in units of 2^-40 (0 without writes)",
+    ),
+    Part("irr_bad", "coalesce(n_invalid_irreversible > 0, false)::INTEGER", "an invalid irreversible call"),
+    Part("uncl", "coalesce(n_unclassified > 0, false)::INTEGER", "a call of a tool with no declared effect"),
+    Part(
+        "wtauc",
+        f"coalesce(round(weighted_auc_term * {int(AUC_UNIT)}::DOUBLE)::BIGINT, 0)",
+        "weighted_auc_term in units of 2^-40",
+    ),
 )
 
 METRICS: tuple[Metric, ...] = (
@@ -140,6 +155,48 @@ METRICS: tuple[Metric, ...] = (
         doc="replay faithfulness: calls whose replayed output equals the logged one",
         population="calls with both a logged and a replayed output (`output_match_eligible`)",
         paired=False,  # a property of the replay, not a condition to compare
+    ),
+    Metric(
+        "write_auc",
+        "AUC-PEC (writes)",
+        "wauc",
+        "wr",
+        scale=AUC_UNIT,
+        eligible="rollouts with a write or irreversible call",
+        doc="first-invalid-write depth: mean of (write_fed - 1) / n_writes, FED among the write and irreversible "
+        "calls only (1 when every write is valid)",
+        population="rollouts with at least one write or irreversible call (`write_auc_eligible`); rollouts "
+        "without writes are the rest of N, in no write metric",
+        quantity="mean01",
+    ),
+    Metric(
+        "irreversible_invalid",
+        "invalid irreversible",
+        "irr_bad",
+        "eff",
+        doc="share of rollouts with at least one invalid call of an irreversible tool",
+        population="rollouts scored with effect classes (every rollout of a current run)",
+    ),
+    Metric(
+        "weighted_auc_pec",
+        "weighted AUC-PEC",
+        "wtauc",
+        "eff",
+        scale=AUC_UNIT,
+        doc="mean of (weight of the calls before FED) / (weight of all calls), per-tool weights of effects.toml "
+        "(1 when T = 0; equals AUC-PEC when every weight is 1)",
+        population="rollouts scored with effect classes (every rollout of a current run)",
+        quantity="mean01",
+    ),
+    Metric(
+        "unclassified",
+        "unclassified",
+        "uncl",
+        "eff",
+        in_tables=False,
+        doc="share of rollouts with a call of a tool whose environment declares no effect class",
+        population="rollouts scored with effect classes (every rollout of a current run)",
+        paired=False,  # a property of the environment's declarations
     ),
 )
 

@@ -125,6 +125,8 @@ class Session:
         output = verdict.outcome.output if verdict.outcome and verdict.valid else None
         self.history.add_result(depth, call.call_id, verdict.valid, output)
         self.prefix_ok = self.prefix_ok and verdict.valid
+        info = self.env.tool(call.tool)
+        effect = info.effect if info is not None else None
         step = StepResult(
             step=depth,
             turn=call.turn,
@@ -136,6 +138,8 @@ class Session:
             detail=verdict.detail,
             decided_by=verdict.decided_by,
             output_match=_output_match(self.env, call, verdict),
+            effect=effect.effect if effect else None,
+            effect_weight=effect.weight if effect else 1.0,
         )
         self.steps.append(step)
         return step

@@ -546,7 +546,11 @@ def print_table(table: Table) -> None:
 
 def metrics_notes(cohorts: list[dict]) -> list[str]:
     """What the table's populations and markers mean (the report says the same: pipeline.report.layout)."""
-    notes = ["success and RR: over the rollouts with a verdict (no verdict: left out); TER, AUC-PEC, PEC: all N."]
+    notes = [
+        "success and RR: over the rollouts with a verdict (no verdict: left out); TER, AUC-PEC, PEC: all N.",
+        "AUC-PEC (writes): over the rollouts with a write or irreversible call (n; the rest have none); invalid "
+        "irreversible, weighted AUC-PEC: all N.",
+    ]
     points = [p for c in cohorts for p in [*(c[m.name] for m in catalogue.ratios()), *c["pec"]]]
     if any(p.get("method") == intervals.WILSON for p in points):
         notes.append(intervals.NOTE)

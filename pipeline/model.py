@@ -76,6 +76,8 @@ class StepResult:
     detail: str | None
     decided_by: str | None  # which source decided P: "simulator", "precondition", "log", ...
     output_match: bool | None
+    effect: str | None = None  # the tool's effect class (pipeline.effects); None when undeclared
+    effect_weight: float = 1.0  # its weight in the weighted executability
 
 
 @dataclass(slots=True)

@@ -7,6 +7,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from pipeline.effects import WRITES
 from pipeline.model import Reject, RolloutResult
 from pipeline.schema import ATTRIBUTE_PREFIX, REJECTS, ROLLOUTS, STEPS, arrow_schema
 
@@ -64,11 +65,30 @@ def rollouts_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
             "n_output_mismatch": sum(s.output_match is False for s in res.steps),
             "n_output_compared": sum(s.output_match is not None for s in res.steps),
             "diverged_before_fed": any(s.output_match is False for s in res.steps if s.step < res.fed),
+            **effect_columns(res),
             **{f"cost_{k}": r.cost.get(k) for k in cost_names},
         }
         for name, value in row.items():
             cols[name].append(value)
     return _table(cols, schema)
+
+
+def effect_columns(res: RolloutResult) -> dict[str, Any]:
+    """The rollout's harm columns from its steps' effect classes (docs/design.md §2.2): writes (write or
+    irreversible calls), unclassified calls, invalid irreversible calls, the first invalid write's depth among
+    the writes (write_fed, as fed among all calls) and its AUC term, and the weighted AUC term."""
+    writes = [s for s in res.steps if s.effect in WRITES]
+    write_fed = next((i for i, s in enumerate(writes, start=1) if not s.valid), len(writes) + 1) if writes else None
+    total = sum(s.effect_weight for s in res.steps)
+    before = sum(s.effect_weight for s in res.steps if s.step < res.fed)
+    return {
+        "n_writes": len(writes),
+        "n_unclassified": sum(s.effect is None for s in res.steps),
+        "n_invalid_irreversible": sum(s.effect == "irreversible" and not s.valid for s in res.steps),
+        "write_fed": write_fed,
+        "write_auc_term": None if write_fed is None else (write_fed - 1) / len(writes),
+        "weighted_auc_term": 1.0 if not res.steps else before / total,
+    }
 
 
 def rejects_table(run_id: str, shard: str, rejects: Sequence[Reject]) -> pa.Table:

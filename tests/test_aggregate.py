@@ -65,6 +65,12 @@ _TYPES = {
     "n_output_compared": pa.int32(),
     "diverged_before_fed": pa.bool_(),
     "cost_tokens": pa.float64(),
+    "n_writes": pa.int32(),
+    "n_unclassified": pa.int32(),
+    "n_invalid_irreversible": pa.int32(),
+    "write_fed": pa.int32(),
+    "write_auc_term": pa.float64(),
+    "weighted_auc_term": pa.float64(),
 }
 
 

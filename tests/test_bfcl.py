@@ -203,7 +203,8 @@ def test_the_version_changes_with_the_grounded_file(tmp_path):
     edited = tmp_path / "grounded.toml"
     edited.write_text('[grounded]\nbook_flight = ["access_token", "card_id"]\n')
     assert BfclEnvironment("bfcl_v4", edited).version != env().version
-    assert env().version == f"bfcl-eval==2025.11.10+{files_fingerprint(GROUNDED_FILE)}"
+    effects = GROUNDED_FILE.with_name("effects.toml")  # the effect classes are part of the version too
+    assert env().version == f"bfcl-eval==2025.11.10+{files_fingerprint(GROUNDED_FILE, effects)}"
 
 
 def test_a_missing_release_wheel_says_how_to_get_it():

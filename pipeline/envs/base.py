@@ -12,6 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import fastjsonschema
 
+from pipeline.effects import Effect
 from pipeline.errors import PexecError
 from pipeline.model import Call, Rollout
 
@@ -42,6 +43,7 @@ class ToolInfo:
     parameters: Mapping[str, Any]
     grounded: frozenset[str] = frozenset()
     validate: Callable[[Any], Any] = field(repr=False, default=lambda args: args)
+    effect: Effect | None = None  # read / write / irreversible and weight (pipeline.effects); None: undeclared
 
     @classmethod
     def from_schema(cls, name: str, parameters: Mapping[str, Any], grounded: frozenset[str]) -> ToolInfo:

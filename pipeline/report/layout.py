@@ -76,7 +76,8 @@ def metrics_table(t: RunTables, ks: Sequence[int]) -> Table:
     notes = [
         f"Values with 95% intervals (task-level bootstrap; {intervals.MARK}: see below){counts}. Success and RR "
         "are over the rollouts with a verdict (no verdict = success unknown, left out); TER, AUC-PEC and PEC over "
-        "all N.",
+        "all N. AUC-PEC (writes) is over the rollouts with a write or irreversible call (its n; the others have "
+        "no writes); invalid irreversible and weighted AUC-PEC over all N.",
         harness_note(t.cohorts),
     ]
     if any(_small(c) for c in t.cohorts):

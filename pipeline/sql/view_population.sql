@@ -6,7 +6,8 @@
 --   pool_from, pool_to  (VARCHAR[]) benchmark pool_from[i] is counted as benchmark pool_to[i]; its task ids get
 --                   the original benchmark as a prefix, so tasks stay distinct per benchmark in the bootstrap.
 -- Runs scored before rollouts had a status have no such column: their rows count as `ok` (status NULL); tables
--- without recovered/first_cause get them as NULL.
+-- without recovered/first_cause, or scored before tools had effect classes (n_writes … weighted_auc_term), get
+-- them as NULL: the harm metrics of such rollouts are undefined, never 0 (pipeline/catalogue.py, part `eff`).
 ALTER VIEW rollouts RENAME TO run_rollouts;
 
 CREATE OR REPLACE TEMP VIEW all_rollouts AS
@@ -21,7 +22,10 @@ SELECT * REPLACE (
 FROM (
     SELECT * FROM run_rollouts
     UNION ALL BY NAME
-    SELECT NULL::VARCHAR AS status, NULL::BOOLEAN AS recovered, NULL::VARCHAR AS first_cause WHERE false
+    SELECT NULL::VARCHAR AS status, NULL::BOOLEAN AS recovered, NULL::VARCHAR AS first_cause,
+           NULL::INTEGER AS n_writes, NULL::INTEGER AS n_unclassified, NULL::INTEGER AS n_invalid_irreversible,
+           NULL::INTEGER AS write_fed, NULL::DOUBLE AS write_auc_term, NULL::DOUBLE AS weighted_auc_term
+    WHERE false
 );
 
 CREATE OR REPLACE TEMP VIEW rollouts AS
@@ -29,6 +33,7 @@ SELECT * REPLACE (
     CASE WHEN status = 'harness_error' THEN false ELSE executable END AS executable,
     CASE WHEN status = 'harness_error' THEN 1 ELSE fed END AS fed,
     CASE WHEN status = 'harness_error' THEN 0.0 ELSE auc_term END AS auc_term,
+    CASE WHEN status = 'harness_error' THEN 0.0 ELSE weighted_auc_term END AS weighted_auc_term,
     CASE WHEN status = 'harness_error' THEN false ELSE success END AS success,
     CASE WHEN status = 'harness_error' THEN false ELSE recovered END AS recovered,
     CASE WHEN status = 'harness_error' THEN 'harness_error' ELSE first_cause END AS first_cause

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.effects import FILE, load_effects, with_effects
 from pipeline.envs.base import EnvError, Outcome, ToolInfo
 from pipeline.envs.bfcl import official
 from pipeline.envs.bfcl.schema import parameters_schema
@@ -49,7 +50,10 @@ class BfclEnvironment:
     def __init__(self, name: str, grounded_file: Path = GROUNDED_FILE) -> None:
         self.name = name
         self._release = official.release(name.removeprefix("bfcl_"))
-        self.version = f"{self._release.pin}+{files_fingerprint(grounded_file)}"
+        effects_file = grounded_file.with_name(FILE)
+        self.version = (
+            f"{self._release.pin}+{files_fingerprint(grounded_file, *[effects_file] * effects_file.is_file())}"
+        )
         self._class_of: dict[str, str] = {}
         self._tools: dict[str, ToolInfo] = {}
         self._order: dict[str, tuple[str, ...]] = {}
@@ -76,6 +80,9 @@ class BfclEnvironment:
                     p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.POSITIONAL_ONLY)
                 )
                 self._tools[tool] = ToolInfo.from_schema(tool, schema, frozenset(grounded.get(tool, ())))
+        # One effects file serves both releases too (specs/bfcl_v3/effects.toml, written by hand).
+        declared = load_effects(grounded_file.parent)
+        self._tools = with_effects(self._tools, {t: e for t, e in declared.items() if t in self._tools}, self.name)
 
     # -- catalogue -------------------------------------------------------------------------------------
     def tool(self, name: str) -> ToolInfo | None:

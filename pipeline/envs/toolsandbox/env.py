@@ -21,6 +21,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import orjson
 
+from pipeline.effects import FILE, load_effects, with_effects
 from pipeline.envs.base import EnvError, Outcome, SpecError, ToolInfo
 from pipeline.envs.data import BUILTIN_SPECS, files_fingerprint
 from pipeline.envs.document import JournaledDoc
@@ -50,8 +51,10 @@ def load_rules(folder: Path = SPEC) -> tuple[dict[str, ToolInfo], dict[str, tupl
         if name not in schemas:
             raise SpecError(f"{folder}: rules for {name!r}, which is not a tool of tools.json")
     tools = {n: tool_rules(n, p, grounded.get(n, {}), f"{folder}: {n}").info for n, p in schemas.items()}
+    tools = with_effects(tools, load_effects(folder), str(folder))
     rules = {n: _compile(t, templates, f"{folder}/rules.toml [tool.{n}]") for n, t in tables.items()}
-    return tools, rules, files_fingerprint(*(folder / f for f in ("tools.json", "grounded.toml", "rules.toml")))
+    files = [folder / f for f in ("tools.json", "grounded.toml", "rules.toml", FILE) if (folder / f).is_file()]
+    return tools, rules, files_fingerprint(*files)
 
 
 def _toml(path: Path) -> dict[str, Any]:
