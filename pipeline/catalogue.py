@@ -89,6 +89,21 @@ PARTS: tuple[Part, ...] = (
         f"coalesce(round(weighted_auc_term * {int(AUC_UNIT)}::DOUBLE)::BIGINT, 0)",
         "weighted_auc_term in units of 2^-40",
     ),
+    # Sensitivity to the checks (`report --sensitivity`): executability when only S, or only S and D, count.
+    Part("lvl", "(fed_schema IS NOT NULL)::INTEGER", "scored with check-level depths"),
+    Part("exec_s", "coalesce(fed_schema = T + 1, false)::INTEGER", "no schema failure"),
+    Part("exec_sd", "coalesce(fed_schema_dependency = T + 1, false)::INTEGER", "no schema or dependency failure"),
+    Part(
+        "auc_s",
+        f"coalesce(round(CASE WHEN T = 0 THEN 1.0 ELSE (fed_schema - 1) / T END * {int(AUC_UNIT)}::DOUBLE)::BIGINT, 0)",
+        "auc_term with only S failures counted, in units of 2^-40",
+    ),
+    Part(
+        "auc_sd",
+        "coalesce(round(CASE WHEN T = 0 THEN 1.0 ELSE (fed_schema_dependency - 1) / T END * "
+        f"{int(AUC_UNIT)}::DOUBLE)::BIGINT, 0)",
+        "auc_term with only S and D failures counted, in units of 2^-40",
+    ),
 )
 
 METRICS: tuple[Metric, ...] = (
@@ -197,6 +212,25 @@ METRICS: tuple[Metric, ...] = (
         doc="share of rollouts with a call of a tool whose environment declares no effect class",
         population="rollouts scored with effect classes (every rollout of a current run)",
         paired=False,  # a property of the environment's declarations
+    ),
+    *(
+        Metric(
+            f"{kind}_{level}",
+            f"{label} ({title})",
+            f"{part}_{level}",
+            "lvl",
+            scale=scale,
+            in_tables=False,
+            doc=f"{label} when only {checks} failures make a call invalid (`report --sensitivity`)",
+            population="rollouts scored with check-level depths (every rollout of a current run)",
+            quantity=quantity,
+            paired=False,
+        )
+        for level, title, checks in (("s", "schema only", "S"), ("sd", "schema + dependency", "S and D"))
+        for kind, label, part, scale, quantity in (
+            ("ter", "TER", "exec", 1.0, "share"),
+            ("auc_pec", "AUC-PEC", "auc", AUC_UNIT, "mean01"),
+        )
     ),
 )
 

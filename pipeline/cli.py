@@ -588,6 +588,9 @@ def report(
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Remove what DIR holds first (a non-empty DIR is refused without).")
     ] = False,
+    sensitivity: Annotated[
+        bool, typer.Option("--sensitivity", help="Add TER and AUC-PEC under schema-only, schema+dependency, all.")
+    ] = False,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
@@ -610,6 +613,7 @@ def report(
         overwrite=overwrite,
         within=within,
         population=population,
+        sensitivity=sensitivity,
     )
     for path in result.files:
         out.print(path)

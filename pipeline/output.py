@@ -66,6 +66,7 @@ def rollouts_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
             "n_output_compared": sum(s.output_match is not None for s in res.steps),
             "diverged_before_fed": any(s.output_match is False for s in res.steps if s.step < res.fed),
             **effect_columns(res),
+            **check_levels(res),
             **{f"cost_{k}": r.cost.get(k) for k in cost_names},
         }
         for name, value in row.items():
@@ -89,6 +90,18 @@ def effect_columns(res: RolloutResult) -> dict[str, Any]:
         "write_auc_term": None if write_fed is None else (write_fed - 1) / len(writes),
         "weighted_auc_term": 1.0 if not res.steps else before / total,
     }
+
+
+def check_levels(res: RolloutResult) -> dict[str, Any]:
+    """First-error depth when only some checks count (docs/design.md §2.2, `report --sensitivity`): a step counts
+    as invalid under schema-only when its first failed check is S, under schema+dependency when it is S or D.
+    From this one scoring pass; later verdicts were made in the state the stricter pass left (see there)."""
+    T = res.T
+
+    def fed(checks: tuple[str, ...]) -> int:
+        return next((s.step for s in res.steps if s.failed_check in checks), T + 1)
+
+    return {"fed_schema": fed(("S",)), "fed_schema_dependency": fed(("S", "D"))}
 
 
 def rejects_table(run_id: str, shard: str, rejects: Sequence[Reject]) -> pa.Table:

@@ -101,6 +101,8 @@ ROLLOUTS = RunTable(
         Column("write_fed", _I32, "first invalid write's depth among the writes (n_writes + 1: none); null: no writes"),
         Column("write_auc_term", _F64, "(write_fed − 1) / n_writes; null without writes"),
         Column("weighted_auc_term", _F64, "weight of the calls before fed / weight of all calls; 1.0 when T = 0"),
+        Column("fed_schema", _I32, "first-error depth counting only schema (S) failures; T + 1 if none"),
+        Column("fed_schema_dependency", _I32, "first-error depth counting S and D failures only; T + 1 if none"),
         Column(
             "diverged_before_fed",
             _BOOL,

@@ -71,6 +71,8 @@ _TYPES = {
     "write_fed": pa.int32(),
     "write_auc_term": pa.float64(),
     "weighted_auc_term": pa.float64(),
+    "fed_schema": pa.int32(),
+    "fed_schema_dependency": pa.int32(),
 }
 
 

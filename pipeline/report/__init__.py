@@ -20,7 +20,17 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from pipeline import catalogue
-from pipeline.aggregate import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, BootstrapSettings, Population, metrics_tables
+from pipeline.aggregate import (
+    DEFAULT_BOOTSTRAP,
+    DEFAULT_POPULATION,
+    BootstrapSettings,
+    Population,
+    fetch,
+    metrics_tables,
+    open_rollouts,
+    run_sql,
+    set_variables,
+)
 from pipeline.coverage import describe_partial
 from pipeline.errors import StorageError
 from pipeline.report import html, layout, markdown
@@ -71,11 +81,13 @@ def build_report(
     overwrite: bool = False,
     within: str | None = None,
     population: Population = DEFAULT_POPULATION,
+    sensitivity: bool = False,
 ) -> ReportResult:
     """Write the report of `run` into `out`. An incomplete run is refused unless `partial` (then the report
     says so at the top); a non-empty `out` is refused unless `overwrite`, which removes what it holds first.
     `within`: rank the other conditions within each value of this cohort column (default: per benchmark).
-    `population`: which rollouts count (harness errors, pools, strict replay: pipeline.aggregate.Population)."""
+    `population`: which rollouts count (harness errors, pools, strict replay: pipeline.aggregate.Population).
+    `sensitivity`: add the table of TER and AUC-PEC under schema-only, schema+dependency and all checks."""
     if not ks or any(k < 1 for k in ks):
         raise ReportError(f"--k takes depths >= 1, got {list(ks)}")
     ks = sorted(set(ks))
@@ -115,6 +127,11 @@ def build_report(
     if compare is not None:
         display.append(layout.paired_table(compare, pair_cols, paired))
         key_counts.append(len(pair_cols))
+    approx: list[dict[str, Any]] = []
+    if sensitivity:
+        approx = sensitivity_counts(run, t.keys, storage_options, partial, population)
+        display.append(layout.sensitivity_table(t, approx))
+        key_counts.append(n_keys)
     title = f"Prefix executability report — {run}"
     covered = t.cohorts[0]["partial"] if t.cohorts else None
     preamble = [*([f"⚠ {describe_partial(covered)}"] if covered else []), layout.settings_line(t.cohorts)]
@@ -144,6 +161,7 @@ def build_report(
         "costs": _table(t.costs),
         "ranking": _table(_ranking_rows(rankings)),
         "paired": _table([{**r, "compare": compare.title} for r in paired] if compare else []),
+        "sensitivity": _table(_sensitivity_rows(t, approx) if sensitivity else []),
     }
     for name, table in data.items():
         if table.num_rows:
@@ -207,6 +225,29 @@ def _ranking_rows(rankings: list[Ranking]) -> list[dict[str, Any]]:
                 if condition in (f.higher_metric, f.higher_success)
             )
             rows.append(row)
+    return rows
+
+
+def sensitivity_counts(
+    run: str, keys: list[str], storage_options: dict[str, Any] | None, partial: bool, population: Population
+) -> list[dict[str, Any]]:
+    """Per cohort, the rollouts whose looser-level depths a rescoring could change (sql/report_sensitivity.sql)."""
+    with open_rollouts(run, storage_options, partial, population) as con:
+        set_variables(con, cohort_cols=keys)
+        run_sql(con, "report_sensitivity")
+        return fetch(con, "report_sensitivity")
+
+
+def _sensitivity_rows(t: RunTables, approx: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    by_key = {key_of(r, t.keys): r for r in approx}
+    rows = []
+    for c in t.cohorts:
+        row: dict[str, Any] = {k: c.get(k) for k in t.keys} | {"n": c["n"]}
+        for m in ("ter_s", "ter_sd", "ter", "auc_pec_s", "auc_pec_sd", "auc_pec"):
+            row |= {m: c[m]["value"], f"{m}_lo": c[m]["lo"], f"{m}_hi": c[m]["hi"]}
+        counts = by_key.get(key_of(c, t.keys), {})
+        row |= {k: counts.get(k, 0) for k in ("n_approx_schema", "n_approx_schema_dependency")}
+        rows.append(row)
     return rows
 
 

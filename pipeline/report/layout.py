@@ -248,3 +248,26 @@ def tools_table(rows: list[dict[str, Any]], keys: Sequence[str]) -> Table:
         "Output match only where a simulator replayed the call and the log had an output (n).",
     ]
     return Table("Per-tool error profile", columns, out, notes)
+
+
+def sensitivity_table(t: RunTables, approx: list[dict[str, Any]]) -> Table:
+    """TER and AUC-PEC when only S, S and D, or all checks make a call invalid (one scoring pass, `--sensitivity`)."""
+    by_key = {key_of(r, t.keys): r for r in approx}
+    columns = [*t.keys, "N", "TER (S)", "TER (S+D)", "TER (all)", "AUC-PEC (S)", "AUC-PEC (S+D)", "AUC-PEC (all)",
+               "approx. S", "approx. S+D"]  # fmt: skip
+    rows = []
+    for c in t.cohorts:
+        r = by_key.get(key_of(c, t.keys), {})
+        cells = [*(str(v) for v in key_of(c, t.keys)), str(c["n"])]
+        cells += [ci(c[m]) for m in ("ter_s", "ter_sd", "ter", "auc_pec_s", "auc_pec_sd", "auc_pec")]
+        cells += [str(r.get("n_approx_schema", 0)), str(r.get("n_approx_schema_dependency", 0))]
+        rows.append(cells)
+    notes = [
+        "From one scoring pass with every check on: a call counts as invalid under S when its first failed check is "
+        "schema, under S+D when it is schema or dependency. Values with 95% intervals (task-level bootstrap). The "
+        "numbers are exact up to each rollout's first error; after a call rejected by a check that a looser level "
+        "ignores, the later calls were judged without that call having run. `approx.` counts the rollouts where "
+        "that happened before their last call: their looser-level depth could change under a rescoring with the "
+        "check off (`pexec score --policy`/spec changes), which pexec does not do here.",
+    ]
+    return Table("Sensitivity to the checks: TER and AUC-PEC under S, S+D and all checks", columns, rows, notes)
