@@ -500,6 +500,8 @@ def _tool_metrics(
         return
     if not rows:
         raise PexecError(f"{run} has no steps: nothing to profile per tool")
+    if rows[0]["partial"]:
+        out.print(Text(describe_partial(rows[0]["partial"]), style="bold yellow"), soft_wrap=True)
     keys = [k for k in rows[0] if k not in TOOL_FIELDS]
     shown = tools_table(rows, keys)
     table = Table(title=shown.title)

@@ -144,13 +144,19 @@ def diff_runs(
 
 
 def breaches(result: DiffResult, thresholds: Sequence[Threshold]) -> list[str]:
-    """One line per (threshold, cohort or tool) whose point difference B − A crosses it."""
+    """One line per (threshold, cohort or tool) whose point difference B − A crosses it. A threshold that no
+    cohort (or tool) of both runs can evaluate is refused: an alert that cannot fire must not read as "no drift"."""
     lines = []
     for t in thresholds:
         if t.metric == TOOL_METRIC:
             rows, keys = result.tools, ["benchmark", "tool", *result.keys[1:]]
         else:
             rows, keys = [r for r in result.rows if r["metric"] == t.metric], result.keys
+        if all(r["diff"] is None for r in rows):
+            raise DiffError(
+                f"--fail-on {t} cannot be evaluated: no {'tool' if t.metric == TOOL_METRIC else 'cohort'} of both "
+                f"runs has {t.metric} defined in both"
+            )
         for r in rows:
             if t.breached(r["diff"]):
                 where = ", ".join(f"{k}={r[k]}" for k in keys)

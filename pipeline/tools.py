@@ -43,7 +43,7 @@ TOOL_METRICS = (
 
 # The keys of a profile dict besides its cohort columns (benchmark, tool, labels).
 TOOL_FIELDS = ("n_calls", "n_tasks", "n_invalid", "n_first_errors", "causes", "first_error_share",
-               *(m.name for m in TOOL_METRICS), "bootstrap")  # fmt: skip
+               *(m.name for m in TOOL_METRICS), "bootstrap", "partial")  # fmt: skip
 
 
 def tool_cohort_columns(by: Sequence[str] | None) -> list[str] | None:
@@ -103,7 +103,10 @@ def profiles_and_replicates(
         )
         for name in ("view_steps", "tool_prepare", f"bootstrap_{settings.method}", "metrics_intervals"):
             db.run_sql(con, name)
-        return _assemble(con, keys, settings)
+        rows, reps = _assemble(con, keys, settings)
+    for row in rows:
+        row["partial"] = coverage.partial()
+    return rows, reps
 
 
 def _assemble(

@@ -94,6 +94,9 @@ def test_no_common_cohort_is_said(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "No cohort is in both runs" in result.output
     assert "cohort only in A: benchmark=bench" in result.output and "cohort only in B: benchmark=other" in result.output
+    # An alert that cannot be evaluated is refused (exit 2), never read as "no drift" (exit 0).
+    refused = CliRunner().invoke(app, ["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--fail-on", "ter<-0.02"])
+    assert refused.exit_code == 2 and "--fail-on ter<-0.02 cannot be evaluated" in refused.output, refused.output
 
 
 def test_two_real_nights_of_support_logs(tmp_path: Path) -> None:

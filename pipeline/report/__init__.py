@@ -253,7 +253,7 @@ def _sensitivity_rows(t: RunTables, approx: list[dict[str, Any]]) -> list[dict[s
 
 def _tool_row(r: dict[str, Any]) -> dict[str, Any]:
     """A per-tool profile flattened for CSV / Parquet (intervals as _lo/_hi/_method columns, causes as text)."""
-    flat = {k: v for k, v in r.items() if not isinstance(v, dict | list)}
+    flat = {k: v for k, v in r.items() if k != "partial" and not isinstance(v, dict | list)}
     flat["causes"] = "; ".join(f"{c['cause']}={c['n']}" for c in r["causes"])
     for m in ("invalid_rate", "output_match"):
         flat |= {m: r[m]["value"], f"{m}_lo": r[m]["lo"], f"{m}_hi": r[m]["hi"], f"{m}_method": r[m].get("method")}
