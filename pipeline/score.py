@@ -1,23 +1,32 @@
 """Score one shard: read its records, replay each rollout, write the shard's parts.
 
 This is the unit of work a Ray task runs. Counts reconcile per shard: rows read = scored + rejected.
+No record can stop a run: whatever one record provokes while it is parsed, replayed or converted for
+writing is that record's reject, with the reason and its location. Only failures of the machine or the
+settings — storage (OSError), a bad spec (SpecError) — fail the shard, and a retry or a fix resumes it.
 """
 
 from __future__ import annotations
 
+import reprlib
 import resource
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import orjson
+import pyarrow as pa
 
 from pipeline.checker import replay
-from pipeline.envs import EnvError, Environment, EnvOptions, get_environment
+from pipeline.envs import EnvError, Environment, EnvOptions, SpecError, get_environment
 from pipeline.model import Reject, RolloutResult
 from pipeline.output import rejects_table, rollouts_table, steps_table
 from pipeline.records import InvalidRecord, parse_rollout
-from pipeline.storage.inputs import RecordError, Shard, read_shard
+from pipeline.storage.inputs import RAW_LIMIT, RecordError, Shard, read_shard
+
+# Not a record's fault: the shard fails (and is retried or resumed) instead of rejecting the record.
+_FATAL = (OSError, SpecError)
+_REASON_LIMIT = 1000  # characters of a reject reason (messages may quote the record's values)
 from pipeline.storage.run import write_part, write_shard_marker
 
 
@@ -71,13 +80,13 @@ def score_shard(shard: Shard, settings: ScoreSettings) -> ShardReport:
         settings=settings.identity(),
     )
     results: list[RolloutResult] = []
+    locations: list[str] = []  # of each result, should it fail to convert for writing
     rejects: list[Reject] = []
     seen: set[str] = set()
     for location, record in read_shard(shard, settings.storage_options):
         report.read += 1
-        reason = None
         if isinstance(record, RecordError):
-            rejects.append(Reject(shard.file.url, location, record.reason, record.raw))
+            rejects.append(_reject(shard, location, record.reason, record.raw))
             continue
         try:
             rollout = parse_rollout(record)
@@ -86,17 +95,21 @@ def score_shard(shard: Shard, settings: ScoreSettings) -> ShardReport:
             seen.add(rollout.rollout_id)
             env = _environment(settings.env or rollout.benchmark, settings, report)
             results.append(replay(env, rollout))
-        except (InvalidRecord, EnvError) as exc:  # a bad spec (SpecError) fails the job instead
-            reason = str(exc)
-        if reason is not None:
-            rejects.append(Reject(shard.file.url, location, reason, _raw(record)))
+            locations.append(location)
+        except (InvalidRecord, EnvError) as exc:
+            rejects.append(_reject(shard, location, str(exc), _raw(record)))
+        except _FATAL:
+            raise
+        except Exception as exc:  # noqa: BLE001 - anything else this one record provoked is its reject
+            rejects.append(_reject(shard, location, _unexpected(exc), _raw(record)))
+    steps, rollouts = _tables(settings.run_id, results, locations, rejects, shard)
     report.scored = len(results)
     report.rejected = len(rejects)
     report.steps = sum(r.T for r in results)
     if report.read != report.scored + report.rejected:
         raise RuntimeError(f"shard {shard.key}: counts do not reconcile: {report}")
-    write_part(settings.run, "steps", shard.key, steps_table(settings.run_id, results), settings.storage_options)
-    write_part(settings.run, "rollouts", shard.key, rollouts_table(settings.run_id, results), settings.storage_options)
+    write_part(settings.run, "steps", shard.key, steps, settings.storage_options)
+    write_part(settings.run, "rollouts", shard.key, rollouts, settings.storage_options)
     write_part(
         settings.run, "rejects", shard.key, rejects_table(settings.run_id, shard.key, rejects), settings.storage_options
     )
@@ -117,8 +130,55 @@ def _environment(name: str, settings: ScoreSettings, report: ShardReport) -> Env
     return env
 
 
+def _tables(
+    run_id: str, results: list[RolloutResult], locations: list[str], rejects: list[Reject], shard: Shard
+) -> tuple[pa.Table, pa.Table]:
+    """The shard's steps and rollouts tables. A result that cannot be converted (found by converting each
+    one alone, only when the whole fails) moves from `results` to `rejects`."""
+    try:
+        return steps_table(run_id, results), rollouts_table(run_id, results)
+    except _FATAL:
+        raise
+    except Exception:  # noqa: BLE001 - some result does not convert: find which
+        pass
+    kept, kept_locations = [], []
+    for result, location in zip(results, locations, strict=True):
+        try:
+            steps_table(run_id, [result]), rollouts_table(run_id, [result])
+        except _FATAL:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            rejects.append(_reject(shard, location, f"result cannot be written: {_unexpected(exc)}", ""))
+            continue
+        kept.append(result)
+        kept_locations.append(location)
+    results[:], locations[:] = kept, kept_locations
+    return steps_table(run_id, results), rollouts_table(run_id, results)
+
+
+def _reject(shard: Shard, location: str, reason: str, raw: str) -> Reject:
+    return Reject(shard.file.url, location, _printable(reason[:_REASON_LIMIT]), _printable(raw))
+
+
+def _printable(text: str) -> str:
+    # Lone surrogates (from Python-built records) cannot be written as UTF-8; keep them visible as escapes.
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _unexpected(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError) or "Recursion limit" in str(exc):
+        return f"nested too deeply to score ({type(exc).__name__})"
+    return f"could not be scored: {type(exc).__name__}: {exc}"
+
+
+_SHORT = reprlib.Repr()  # bounded in depth and width (reprlib's defaults)
+
+
 def _raw(record: dict[str, Any]) -> str:
     try:
-        return orjson.dumps(record, default=str).decode()[:2000]
-    except TypeError:
-        return repr(record)[:2000]
+        return orjson.dumps(record, default=str).decode()[:RAW_LIMIT]
+    except TypeError:  # not JSON (too deep, a type orjson does not know): a bounded repr instead
+        try:
+            return _SHORT.repr(record)[:RAW_LIMIT]
+        except ValueError:  # an integer too long to print
+            return ""
