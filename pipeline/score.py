@@ -23,11 +23,11 @@ from pipeline.model import Reject, RolloutResult
 from pipeline.output import rejects_table, rollouts_table, steps_table
 from pipeline.records import InvalidRecord, parse_rollout
 from pipeline.storage.inputs import RAW_LIMIT, RecordError, Shard, read_shard
+from pipeline.storage.run import write_part, write_shard_marker
 
 # Not a record's fault: the shard fails (and is retried or resumed) instead of rejecting the record.
 _FATAL = (OSError, SpecError)
 _REASON_LIMIT = 1000  # characters of a reject reason (messages may quote the record's values)
-from pipeline.storage.run import write_part, write_shard_marker
 
 
 @dataclass
@@ -100,7 +100,7 @@ def score_shard(shard: Shard, settings: ScoreSettings) -> ShardReport:
             rejects.append(_reject(shard, location, str(exc), _raw(record)))
         except _FATAL:
             raise
-        except Exception as exc:  # noqa: BLE001 - anything else this one record provoked is its reject
+        except Exception as exc:  # anything else this one record provoked is its reject
             rejects.append(_reject(shard, location, _unexpected(exc), _raw(record)))
     steps, rollouts = _tables(settings.run_id, results, locations, rejects, shard)
     report.scored = len(results)
@@ -139,7 +139,7 @@ def _tables(
         return steps_table(run_id, results), rollouts_table(run_id, results)
     except _FATAL:
         raise
-    except Exception:  # noqa: BLE001 - some result does not convert: find which
+    except Exception:  # some result does not convert: find which, below
         pass
     kept, kept_locations = [], []
     for result, location in zip(results, locations, strict=True):
@@ -147,7 +147,7 @@ def _tables(
             steps_table(run_id, [result]), rollouts_table(run_id, [result])
         except _FATAL:
             raise
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             rejects.append(_reject(shard, location, f"result cannot be written: {_unexpected(exc)}", ""))
             continue
         kept.append(result)
