@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import sys
+import warnings
 from importlib.metadata import version
 from pathlib import Path
 from typing import Annotated, Any
@@ -25,8 +27,25 @@ from pipeline.score import ShardReport
 from pipeline.storage.stores import write_store
 from pipeline.synth import synthesize
 
-console = Console(stderr=True)
-out = Console(width=None if sys.stdout.isatty() else 150)  # logs and pipes get full rows
+# Data is never markup: labels, values, paths and messages are printed as they are (no [style] tags, no
+# :emoji: codes), with control characters shown as escapes by `literal`. Our own styles are Text objects.
+console = Console(stderr=True, markup=False, emoji=False, highlight=False)
+out = Console(width=None if sys.stdout.isatty() else 150, markup=False, emoji=False, highlight=False)
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")  # C0, C1, bidi overrides
+
+
+def literal(value: Any) -> str:
+    """A value from data, a path or an exception as it should appear on a terminal: every control character
+    (escape sequences, carriage returns, bells, newlines, bidi overrides) as its Python escape."""
+    return _CONTROL.sub(lambda m: m[0].encode("unicode_escape").decode(), str(value))
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, *_: Any) -> None:
+    # Library warnings quote data too (matplotlib names a label's glyphs it cannot draw).
+    console.print(literal(f"{filename}:{lineno}: {category.__name__}: {message}"), soft_wrap=True)
+
+
+warnings.showwarning = _show_warning
 
 
 class _Commands(TyperGroup):
@@ -39,7 +58,7 @@ class _Commands(TyperGroup):
         except PexecError as exc:
             # Some messages carry several lines (DuckDB's); soft_wrap keeps long ones on one line too.
             message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-            console.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
+            console.print(Text.assemble(("error:", "bold red"), " ", literal(message)), soft_wrap=True)
             raise typer.Exit(code=2) from exc
 
 
@@ -130,7 +149,7 @@ def synth(
     records = synthesize(spec, rollouts, tasks, seed)
     storage = _storage(endpoint_url, storage_option)
     n = write_store(records, out_store, fmt, per_file, None if compression == "none" else compression, storage)
-    console.print(f"wrote {n} rollouts over {min(tasks, rollouts)} tasks to {out_store}")
+    console.print(f"wrote {n} rollouts over {min(tasks, rollouts)} tasks to {literal(out_store)}")
 
 
 @app.command()
@@ -153,7 +172,7 @@ def ingest(
         labels=_pairs(label, "--label"), extra=_pairs(option, "--option"), storage_options=storage
     )
     n = write_store(run_ingest(fmt, sources, options), out_store, store_fmt, storage_options=storage)
-    console.print(f"wrote {n} rollouts to {out_store}")
+    console.print(f"wrote {n} rollouts to {literal(out_store)}")
 
 
 def _pairs(items: list[str] | None, flag: str) -> dict[str, str]:
@@ -252,10 +271,10 @@ def _summary(manifest: dict[str, Any], run: str) -> None:
     c = manifest["counts"]
     console.print(
         f"read {c['read']:,} · scored {c['scored']:,} · rejected {c['rejected']:,} · steps {c['steps']:,} "
-        f"· {c['shards_reused']} of {c['shards']} shard(s) reused · {manifest['seconds']:.1f}s -> {run}"
+        f"· {c['shards_reused']} of {c['shards']} shard(s) reused · {manifest['seconds']:.1f}s -> {literal(run)}"
     )
     if c["rejected"]:
-        console.print(f"[yellow]{c['rejected']} record(s) rejected: see {run.rstrip('/')}/rejects/")
+        console.print(Text(f"{c['rejected']} record(s) rejected: see {literal(run.rstrip('/'))}/rejects/", "yellow"))
 
 
 @app.command("run")
@@ -270,13 +289,13 @@ def run_command(
 
     progress = ScoreProgress()
     job = load_job(job_file, on_date)
-    console.print(f"job {job.name} ({job.date}): {job.input} -> {job.output}")
+    console.print(literal(f"job {job.name} ({job.date}): {job.input} -> {job.output}"))
     with progress.bar:
         manifest, cohorts = run_job(job, address, force, progress.on_plan, progress.on_shard)
     _summary(manifest, job.output)
     out.print(metrics_table(cohorts, job.by))
     if job.report is not None:
-        console.print(f"report written to {job.report.out.rstrip('/')}/report.html and report.md")
+        console.print(f"report written to {literal(job.report.out.rstrip('/'))}/report.html and report.md")
 
 
 @app.command()
@@ -290,8 +309,8 @@ def submit(
 
     job = load_job(job_file, on_date)
     submission = submit_job(job_file, job, address)
-    console.print(f"submitted {job.name} ({job.date}) to {address}")
-    out.print(submission)
+    console.print(literal(f"submitted {job.name} ({job.date}) to {address}"))
+    out.print(literal(submission))
 
 
 @app.command()
@@ -302,7 +321,7 @@ def status(
     """The state of a submitted job (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED)."""
     from pipeline.jobs import job_status
 
-    out.print(job_status(address, submission))
+    out.print(literal(job_status(address, submission)))
 
 
 @app.command()
@@ -345,7 +364,7 @@ def metrics(
         b = cohorts[0]["bootstrap"]
         out.print(
             f"95% intervals: {b['method']} task-level bootstrap, B={b['B']}, seed={b['seed']}, "
-            f"DuckDB {b['duckdb_version']}; written to {run.rstrip('/')}/metrics/"
+            f"DuckDB {b['duckdb_version']}; written to {literal(run.rstrip('/'))}/metrics/"
         )
 
 
@@ -360,8 +379,8 @@ def metrics_table(cohorts: list[dict], by: list[str] | None) -> Table:
     for name in ["benchmark", "condition", "N", "tasks", *headers]:
         table.add_column(name, justify="left" if name in ("benchmark", "condition") else "right")
     for c in cohorts:
-        condition = " · ".join(str(c.get(k)) for k in labels) or "all"
-        cells = [str(c["benchmark"]), condition, str(c["n"]), str(c["n_tasks"])]
+        condition = " · ".join(literal(c.get(k)) for k in labels) or "all"
+        cells = [literal(c["benchmark"]), condition, str(c["n"]), str(c["n_tasks"])]
         cells += [_ci(c[m.name]) + (f"\n({c[m.name]['eligible']})" if m.eligible else "") for m in ratios]
         for m in curves:
             curve = {p["k"]: p for p in c[m.name]}
@@ -400,8 +419,9 @@ def report(
     storage = _storage(endpoint_url, storage_option)
     result = build_report(run, out_dir, _columns(by), pair, _depths(k), settings, storage)
     for path in result.files:
-        out.print(path)
-    console.print(f"report written to {result.out}/report.html and {result.out}/report.md ({len(result.files)} files)")
+        out.print(literal(path))
+    where = literal(result.out)
+    console.print(f"report written to {where}/report.html and {where}/report.md ({len(result.files)} files)")
 
 
 def _depths(k: str) -> list[int]:
@@ -432,9 +452,9 @@ def sql_command(
     else:
         table = Table()
         for name in result.column_names:
-            table.add_column(name)
+            table.add_column(literal(name))
         for row in rows:
-            table.add_row(*("" if v is None else str(v) for v in row.values()))
+            table.add_row(*("" if v is None else literal(v) for v in row.values()))
         out.print(table)
 
 
@@ -452,13 +472,13 @@ def envs(
     table = Table("environment", "from", *(["version"] if check else []))
     failed = 0
     for name, source in list_environments(options).items():
-        row = [name, source]
+        row: list[str | Text] = [literal(name), literal(source)]
         if check:
             try:
-                row.append(get_environment(name, options).version)
+                row.append(literal(get_environment(name, options).version))
             except PexecError as exc:  # a missing simulator package, an invalid spec: reported in its row
                 failed += 1
-                row.append(f"[red]cannot be built: {exc}[/]")
+                row.append(Text(f"cannot be built: {literal(exc)}", "red"))
         table.add_row(*row)
     out.print(table)
     if failed:

@@ -85,7 +85,10 @@ def parse_rollout(record: dict[str, Any]) -> Rollout:
 def _labels(raw: Any) -> dict[str, str]:
     raw = _json_field(raw, "labels") or {}
     if isinstance(raw, list):  # Parquet maps arrive as [(key, value), ...]
-        raw = dict(raw)
+        try:
+            raw = dict(raw)
+        except (TypeError, ValueError):
+            raise InvalidRecord("'labels' must be an object") from None
     if not isinstance(raw, dict):
         raise InvalidRecord("'labels' must be an object")
     labels = {}

@@ -8,6 +8,7 @@ settings — storage (OSError), a bad spec (SpecError) — fail the shard, and a
 
 from __future__ import annotations
 
+import re
 import reprlib
 import resource
 import time
@@ -27,6 +28,7 @@ from pipeline.storage.run import write_part, write_shard_marker
 
 # Not a record's fault: the shard fails (and is retried or resumed) instead of rejecting the record.
 _FATAL = (OSError, SpecError)
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:+-]{0,99}")
 _REASON_LIMIT = 1000  # characters of a reject reason (messages may quote the record's values)
 
 
@@ -120,7 +122,12 @@ def score_shard(shard: Shard, settings: ScoreSettings) -> ShardReport:
 
 
 def _environment(name: str, settings: ScoreSettings, report: ShardReport) -> Environment:
-    """The environment of `name`, recorded under that name (what a rerun resolves again to decide reuse)."""
+    """The environment of `name`, recorded under that name (what a rerun resolves again to decide reuse).
+
+    A name from a record's `benchmark` must be a plain name: spec lookup takes paths, and data must not
+    choose a folder to load (or a name the filesystem refuses)."""
+    if settings.env is None and not _PLAIN_NAME.fullmatch(name):
+        raise EnvError(f"benchmark {name[:100]!r} is not an environment name (letters, digits, _ . : + -)")
     try:
         env = get_environment(name, settings.options)
     except EnvError:
