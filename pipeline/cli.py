@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import re
 import sys
 import warnings
@@ -11,6 +12,7 @@ from typing import Annotated, Any
 
 import click
 import orjson
+import pyarrow as pa
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -19,7 +21,7 @@ from rich.text import Text
 from typer.core import TyperGroup
 
 from pipeline import catalogue
-from pipeline.aggregate import BootstrapSettings, compute_metrics, sql, write_metrics
+from pipeline.aggregate import BootstrapSettings, QueryLimits, compute_metrics, sql, write_metrics
 from pipeline.distributed import DEFAULT_SHARD_BYTES, ShardPlan, run_scoring
 from pipeline.envs import EnvOptions
 from pipeline.errors import PexecError
@@ -436,26 +438,68 @@ def sql_command(
     run: Annotated[str, typer.Argument(help="A scored run folder.")],
     query: Annotated[str, typer.Argument(help="A read-only query over the views steps, rollouts, metrics.")],
     fmt: Annotated[str, typer.Option("--format", help="table, csv or json")] = "table",
+    memory_limit: Annotated[
+        str, typer.Option("--memory-limit", help="DuckDB memory limit (e.g. 512MB, 4GB); beyond it, it spills.")
+    ] = QueryLimits.memory_limit,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="Seconds the query may run before it is stopped.")
+    ] = QueryLimits.timeout,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
     """Run a read-only SQL query (DuckDB) over the run's tables."""
-    result = sql(run, query, _storage(endpoint_url, storage_option))
-    rows = result.to_pylist()
+    if fmt not in ("table", "csv", "json"):
+        raise PexecError(f"--format is table, csv or json, got {fmt!r}")
+    limits = QueryLimits(memory_limit=memory_limit, timeout=timeout)
+    result = sql(run, query, _storage(endpoint_url, storage_option), limits)
+    rows = result.to_pylist(maps_as_pydicts="strict")
     if fmt == "json":
         for row in rows:
-            sys.stdout.write(orjson.dumps(row, default=str).decode() + "\n")
+            sys.stdout.write(_json(row) + "\n")
     elif fmt == "csv":
-        import pyarrow.csv as pacsv
-
-        pacsv.write_csv(result, sys.stdout.buffer)
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(result.column_names)
+        for row in rows:
+            writer.writerow(_csv_cell(v) for v in row.values())
     else:
         table = Table()
         for name in result.column_names:
             table.add_column(literal(name))
         for row in rows:
-            table.add_row(*("" if v is None else literal(v) for v in row.values()))
+            table.add_row(*("" if v is None else literal(_csv_cell(v)) for v in row.values()))
         out.print(table)
+
+
+def _json(value: Any) -> str:
+    # Every DuckDB type: nested values as JSON, decimals exact (as text), blobs and intervals as text.
+    return orjson.dumps(value, default=_json_default, option=orjson.OPT_NON_STR_KEYS).decode()
+
+
+def _json_default(value: Any) -> str:
+    if isinstance(value, bytes):
+        return _blob(value)
+    if isinstance(value, pa.MonthDayNano):  # an INTERVAL, as an ISO 8601 duration
+        months, days, ns = value
+        seconds = f"T{ns / 1e9:g}S" if ns else ""
+        return "P" + (f"{months}M" if months else "") + (f"{days}D" if days or not (months or ns) else "") + seconds
+    return str(value)  # Decimal, and anything else with a text form
+
+
+def _blob(value: bytes) -> str:
+    """Bytes as DuckDB prints a BLOB: printable ASCII as is, the rest as \\xNN."""
+    return "".join(chr(b) if 32 <= b < 127 and b != 92 else f"\\x{b:02X}" for b in value)
+
+
+def _csv_cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, bytes | pa.MonthDayNano):
+        return _json_default(value)
+    if isinstance(value, list | dict):
+        return _json(value)
+    return str(value)
 
 
 @app.command()
