@@ -323,8 +323,8 @@ _CMPOPS: dict[type[ast.cmpop], Callable[[Any, Any], bool]] = {
     ast.LtE: operator.le,
     ast.Gt: operator.gt,
     ast.GtE: operator.ge,
-    ast.In: lambda a, b: a in b,
-    ast.NotIn: lambda a, b: a not in b,
+    ast.In: lambda a, b: _scanned(b) and a in b,
+    ast.NotIn: lambda a, b: not (_scanned(b) and a in b),
     ast.Is: operator.is_,
     ast.IsNot: operator.is_not,
 }
@@ -699,6 +699,7 @@ class _Compiler:
 
             def call1(ctx: Mapping[str, Any]) -> Any:
                 v = arg(ctx)
+                _scanned(v)
                 try:
                     return _charged(fn(v))
                 except _CALL_ERRORS as e:
@@ -709,12 +710,29 @@ class _Compiler:
         def call(ctx: Mapping[str, Any]) -> Any:
             values = [a(ctx) for a in args]
             named = {k: v(ctx) for k, v in kwargs}
+            for v in values:
+                _scanned(v)
             try:
                 return _charged(fn(*values, **named))
             except _CALL_ERRORS as e:
                 raise fail(e) from None
 
         return call
+
+
+def _scanned(value: Any) -> bool:
+    """Charge a scan of `value` done in C (membership, a function over a list), which one node does not
+    cover: a step per element of a long list or object, per 64 characters of a long string. Always true."""
+    kind = type(value)
+    if kind is list or kind is dict or kind is tuple:
+        n = len(value)
+    elif kind is str:
+        n = len(value) >> 6
+    else:
+        return True
+    if n > 64:
+        _meter().step(n)
+    return True
 
 
 def _charged(result: Any) -> Any:

@@ -1061,3 +1061,19 @@ def test_budget_exceeded_is_an_eval_error_that_rules_never_skip() -> None:
         check = check_rules([rule], ctx, unknown_violates)
         assert check.violated is rule
         assert check.message.startswith("rule not evaluated: evaluation budget exceeded: more than 2,000,000 steps")
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "len([a for a in args.s if a in state.big])",  # membership scans the list in C: charged per element
+        "len([a for a in args.s if count(state.big, a) > 0])",
+        "len([a for a in args.s if max(state.big) > 0])",
+    ],
+)
+def test_scans_done_in_c_are_charged(source: str) -> None:
+    ctx = {"args": {"s": list(range(1000))}, "state": {"big": list(range(100_000))}}
+    with pytest.raises(expr_module.BudgetExceeded, match="more than 2,000,000 steps"):
+        compile_expr(source, NAMES)(ctx)
+    ctx["args"]["s"] = list(range(10))
+    assert compile_expr(source, NAMES)(ctx) == 10
