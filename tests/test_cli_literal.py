@@ -20,6 +20,8 @@ MARKUP = "[/x][bold]b:smile:"
 CONTROL = "\x1b[31mred\x1b[0m\r\x07\u202e"
 SHOWN = "\\x1b[31mred\\x1b[0m\\r\\x07\\u202e"  # how CONTROL must appear
 
+pytestmark = pytest.mark.fuzz  # an adversarial suite: `make fuzz` runs it too
+
 
 def cli(*args: str, code: int = 0) -> str:
     result = CliRunner().invoke(app, list(args), catch_exceptions=False)

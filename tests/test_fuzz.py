@@ -13,6 +13,7 @@ import json
 import os
 import random
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.distributed import run_scoring
+from pipeline.expr import BudgetExceeded, EvalError, ExprError, compile_expr
 from pipeline.records import InvalidRecord, parse_rollout
 from pipeline.synth import synthesize
 
@@ -84,7 +86,8 @@ def _part(record: dict[str, Any], part: str) -> Any:
     return record.get(part)
 
 
-TALLY = {"runs": 0, "records": 0, "scored": 0, "rejected": 0, "lost": 0}
+TALLY: dict[str, Any] = {"runs": 0, "records": 0, "scored": 0, "rejected": 0, "lost": 0}
+TALLY |= {"expressions": 0, "expr_refused": 0, "expr_over_budget": 0, "expr_slowest_s": 0.0}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -192,3 +195,56 @@ def test_adversarial_records_through_ray(tmp_path: Path) -> None:
 def test_costs_are_finite(cost: dict[str, Any], reason: str) -> None:
     with pytest.raises(InvalidRecord, match=re.escape(reason)):
         parse_rollout(dict(BASE[0], cost=cost))
+
+
+# ---- expressions (issue 15.4): any expression over any data ends with a value or a reason ----
+
+leaves = st.sampled_from(["args.s", "args.n", "args.l", "state", "x", "'ab'", "2", "10**3", "[1, 2]", "{'k': 1}"])
+
+
+def _grow(inner: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+    binary = st.tuples(inner, st.sampled_from(["+", "*", "-", "//", "%", "==", "in", "and"]), inner)
+    return st.one_of(
+        binary.map(lambda t: f"({t[0]} {t[1]} {t[2]})"),
+        st.tuples(st.sampled_from(["len", "str", "sorted", "unique", "sum", "max", "keys"]), inner).map(
+            lambda t: f"{t[0]}({t[1]})"
+        ),
+        st.tuples(inner, inner).map(lambda t: f"[{t[0]} for x in {t[1]}]"),
+        st.tuples(inner, inner, inner).map(lambda t: f"[{t[0]} for x in {t[1]} for y in {t[2]}]"),
+        st.tuples(inner, inner).map(lambda t: f"concat({t[0]}, {t[1]})"),
+        inner.map(lambda t: f"matches({t}, '(a+)+$')"),
+        inner.map(lambda t: f"{t}[1:]"),
+    )
+
+
+expressions = st.recursive(leaves, _grow, max_leaves=10)
+contexts = st.fixed_dictionaries(
+    {
+        "s": st.sampled_from(["", "a" * 29 + "!", "[/x]" * 1000, "x" * 100_000]),
+        "n": st.sampled_from([0, -1, 2**62, 10**300]),
+        "l": st.sampled_from([[], list(range(1000)), [[1]] * 500, ["a" * 1000] * 300]),
+    }
+)
+
+
+@pytest.mark.fuzz
+@settings(max_examples=EXAMPLES * 8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(source=expressions, args=contexts)
+def test_every_expression_ends_with_a_value_or_a_reason(source: str, args: dict[str, Any]) -> None:
+    TALLY["expressions"] += 1
+    try:
+        expr = compile_expr(source, {"args", "state"})
+    except ExprError:
+        TALLY["expr_refused"] += 1
+        return  # refused at load (size, nesting, a name that is not allowed): a reason
+    ctx = {"args": args, "state": {"k": list(range(50))}}
+    began = time.perf_counter()
+    try:
+        expr(ctx)
+    except BudgetExceeded as exc:
+        TALLY["expr_over_budget"] += 1
+        assert str(exc).startswith("evaluation budget exceeded: ") and "evaluating: " in str(exc)
+    except EvalError as exc:
+        assert str(exc)  # a stated reason (type error, missing key, division by zero, ...)
+    finally:
+        TALLY["expr_slowest_s"] = round(max(TALLY["expr_slowest_s"], time.perf_counter() - began), 2)

@@ -21,6 +21,8 @@ from pipeline.errors import PexecError
 from pipeline.storage.stores import write_store
 from pipeline.synth import synthesize
 
+pytestmark = pytest.mark.fuzz  # an adversarial suite: `make fuzz` runs it too
+
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
