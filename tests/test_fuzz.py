@@ -248,3 +248,42 @@ def test_every_expression_ends_with_a_value_or_a_reason(source: str, args: dict[
         assert str(exc)  # a stated reason (type error, missing key, division by zero, ...)
     finally:
         TALLY["expr_slowest_s"] = round(max(TALLY["expr_slowest_s"], time.perf_counter() - began), 2)
+
+
+@pytest.mark.fuzz
+def test_parquet_columns_of_unexpected_types(tmp_path: Path) -> None:
+    """Parquet carries types JSON cannot: NaN, timestamps, bytes, structs. Each file has one odd column."""
+    import datetime
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    events = [
+        {"type": "message", "role": "user", "content": "hi", "turn": 0},
+        {"type": "call", "tool": "list_products", "arguments": "{}", "output": "[]", "turn": 0},
+    ]
+    base = {"task_id": "t", "benchmark": "shop", "labels": {"model": "m"}, "events": events, "success": True}
+    variants = {
+        "nan_cost": {"cost": {"tokens": float("nan")}},
+        "timestamp_id": {"rollout_id": datetime.datetime(2026, 11, 30, tzinfo=datetime.UTC)},
+        "int_success": {"success": 1},
+        "bytes_arguments": {"events": [{"type": "call", "tool": "list_products", "arguments": b"\xff\x00"}]},
+        "struct_labels": {"labels": {"model": 7, "[/x]": "\x1b[2J"}},
+        "list_env": {"env": [1, 2]},
+        "float_turn": {"events": [{"type": "message", "role": "user", "content": "hi", "turn": 1.5}]},
+        "huge_text": {"events": [{"type": "message", "role": "user", "content": "x" * 3_000_000}]},
+    }
+    store = tmp_path / "store"
+    store.mkdir()
+    pq.write_table(pa.Table.from_pylist([dict(base, rollout_id="ok")]), store / "ok.parquet")
+    for name, change in variants.items():  # Arrow types a column by all its rows: one file per variant
+        row = dict(base, rollout_id=name) | change
+        pq.write_table(pa.Table.from_pylist([row]), store / f"{name}.parquet")
+    manifest = run_scoring(str(store), str(tmp_path / "run"), executor="inline")
+    assert manifest["counts"]["read"] == 1 + len(variants) and manifest["counts"]["scored"] >= 1
+    assert manifest["counts"]["read"] == manifest["counts"]["scored"] + manifest["counts"]["rejected"]
+    reasons = dict(
+        duckdb.sql(f"SELECT source, reason FROM read_parquet('{tmp_path}/run/rejects/*.parquet')").fetchall()
+    )
+    assert any("must be a finite number" in r for r in reasons.values())
+    assert any("'success' must be true, false or null" in r for r in reasons.values())
