@@ -64,6 +64,7 @@ FIELDS = [
 def records(draw: st.DrawFn) -> str:
     """One line of a JSON Lines store: a real rollout with some fields replaced, or broken text."""
     if draw(st.integers(0, 9)) == 0:
+        TALLY["broken_lines"] += 1
         return draw(st.sampled_from(["{", "[1, 2]", '"text"', '{"rollout_id": NaN}', "\x00\x01", "{}" * 3]))
     record = json.loads(json.dumps(draw(st.sampled_from(BASE))))
     record["rollout_id"] = f"{record['rollout_id']}-{draw(st.integers(0, 10**9))}"  # shards refuse duplicates
@@ -72,6 +73,7 @@ def records(draw: st.DrawFn) -> str:
         target = _part(record, part)
         if isinstance(target, dict):
             target[key] = draw(hostile)
+            TALLY["hostile_values"] += 1
     line = json.dumps(record, allow_nan=True)  # NaN and Infinity make the line invalid JSON: a reject
     return DEEP.sub(lambda m: deep_text(int(m[1])), line)
 
@@ -87,6 +89,7 @@ def _part(record: dict[str, Any], part: str) -> Any:
 
 
 TALLY: dict[str, Any] = {"runs": 0, "records": 0, "scored": 0, "rejected": 0, "lost": 0}
+TALLY |= {"broken_lines": 0, "hostile_values": 0}  # generated (hypothesis may discard a few)
 TALLY |= {"expressions": 0, "expr_refused": 0, "expr_over_budget": 0, "expr_slowest_s": 0.0}
 
 
