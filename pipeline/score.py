@@ -151,11 +151,13 @@ def _tables(
     kept, kept_locations = [], []
     for result, location in zip(results, locations, strict=True):
         try:
-            steps_table(run_id, [result]), rollouts_table(run_id, [result])
+            steps_table(run_id, [result])
+            rollouts_table(run_id, [result])
         except _FATAL:
             raise
         except Exception as exc:
-            rejects.append(_reject(shard, location, f"result cannot be written: {_unexpected(exc)}", ""))
+            reason = f"its result cannot be written: {type(exc).__name__}: {exc}"
+            rejects.append(_reject(shard, location, reason, _SHORT.repr(result.rollout.rollout_id)))
             continue
         kept.append(result)
         kept_locations.append(location)

@@ -290,3 +290,24 @@ def test_parquet_columns_of_unexpected_types(tmp_path: Path) -> None:
     )
     assert any("must be a finite number" in r for r in reasons.values())
     assert any("'success' must be true, false or null" in r for r in reasons.values())
+
+
+def test_a_result_that_cannot_be_written_is_a_reject(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A fault no real input is known to cause (so it is injected): converting one result to Arrow fails.
+    # That result becomes a reject with the reason; the others of the shard are written.
+    import pipeline.score
+
+    real = pipeline.score.rollouts_table
+
+    def failing(run_id: str, results: list) -> Any:
+        if any(r.rollout.rollout_id == BASE[1]["rollout_id"] for r in results):
+            raise ValueError("injected conversion failure")
+        return real(run_id, results)
+
+    monkeypatch.setattr(pipeline.score, "rollouts_table", failing)
+    lines = [json.dumps(r) for r in BASE[:5]]
+    manifest, rollouts, rejects = score_lines(lines, tmp_path)
+    assert_nothing_lost(lines, manifest, rollouts, rejects)
+    assert (rollouts, rejects) == (4, 1)
+    (reason,) = duckdb.sql(f"SELECT reason FROM read_parquet('{tmp_path}/run/rejects/*.parquet')").fetchall()[0]
+    assert reason == "its result cannot be written: ValueError: injected conversion failure"
