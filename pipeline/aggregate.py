@@ -28,15 +28,20 @@ from pathlib import Path
 from typing import Any, Literal
 
 import duckdb
+import orjson
 import pyarrow as pa
 
 from pipeline import catalogue, schema
+from pipeline.coverage import Coverage, read_coverage
 from pipeline.errors import PexecError, StorageError
 from pipeline.storage.run import RunPrefix
 
 # The rollouts columns the metrics read.
 _NEEDED = ("task_id", "benchmark", "T", "fed", "executable", "auc_term", "success")
 _UINT32 = 2**32
+DEFAULT_METRICS = "metrics"  # the name of the metrics over every label (no --by)
+_METRICS_NAME = re.compile(r"^metrics(_by_\w+)?$")
+PARTIAL_KEY = b"pexec.partial"  # schema metadata of a `sql` result read from an incomplete run
 
 
 class MetricsError(PexecError, ValueError):
@@ -77,10 +82,6 @@ class QueryError(PexecError, duckdb.Error):
     """DuckDB's own error for a user query (syntax, unknown column or table, a file outside the run)."""
 
 
-class RunNotFound(PexecError, FileNotFoundError):
-    """No scored run (or no rollouts in it) where one was named."""
-
-
 def label_columns(columns: Sequence[str]) -> list[str]:
     """Label columns of a rollouts table, in table order: any column that is neither fixed nor a cost."""
     return [c for c in columns if c not in schema.RESERVED_COLUMNS and not c.startswith("cost_")]
@@ -88,7 +89,7 @@ def label_columns(columns: Sequence[str]) -> list[str]:
 
 def cohort_fields() -> tuple[str, ...]:
     """The keys of a cohort dict besides its label values (a label may not take one of these names)."""
-    return ("n", "n_tasks", "n_no_calls", *(m.name for m in catalogue.METRICS), "bootstrap")
+    return ("n", "n_tasks", "n_no_calls", *(m.name for m in catalogue.METRICS), "bootstrap", "partial")
 
 
 def compute_metrics(
@@ -97,14 +98,18 @@ def compute_metrics(
     settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
     max_k: int | None = None,
     storage_options: dict[str, Any] | None = None,
+    partial: bool = False,
 ) -> list[dict[str, Any]]:
     """Metrics per cohort (benchmark + `by` labels; all labels when `by` is None), JSON-ready.
 
     Cohorts come out sorted by their key (benchmark, then the labels in table order; NULL labels last).
+    An incomplete run is refused unless `partial`; then every cohort's `partial` states the coverage
+    (None for a complete run), pipeline.coverage.
     """
     if max_k is not None and max_k < 0:
         raise MetricsError(f"max_k must be >= 0, got {max_k}")
-    with open_rollouts(run, storage_options) as con:
+    coverage = read_coverage(run, storage_options, partial)
+    with _open_rollouts(coverage) as con:
         by_cols = cohort_columns(con, by)
         q_lo, q_hi = settings.quantiles
         set_variables(
@@ -123,19 +128,29 @@ def compute_metrics(
         info = fetch(con, "cohort_info")
         intervals = fetch(con, "metric_intervals")
         pec = fetch(con, "pec_intervals")
-    return _assemble(info, intervals, pec, ["benchmark", *by_cols], settings)
+    cohorts = _assemble(info, intervals, pec, ["benchmark", *by_cols], settings)
+    for c in cohorts:
+        c["partial"] = coverage.partial()
+    return cohorts
 
 
 @contextmanager
-def open_rollouts(run: str, storage_options: dict[str, Any] | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A fresh in-memory connection with the view `rollouts` over RUN/rollouts and the bootstrap hash macros:
-    the starting point of every aggregate over a run (metrics here, the report's tables)."""
-    root = RunPrefix(run, storage_options)
-    if not root.has("rollouts"):
-        raise RunNotFound(f"no rollouts Parquet files under {root.url}/rollouts/")
+def open_rollouts(
+    run: str, storage_options: dict[str, Any] | None = None, partial: bool = False
+) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A fresh in-memory connection with the view `rollouts` over the run's rollouts parts and the bootstrap
+    hash macros: the starting point of every aggregate over a run (metrics here, the report's tables).
+    An incomplete run is refused unless `partial` (pipeline.coverage)."""
+    with _open_rollouts(read_coverage(run, storage_options, partial)) as con:
+        yield con
+
+
+@contextmanager
+def _open_rollouts(coverage: Coverage) -> Iterator[duckdb.DuckDBPyConnection]:
+    root = coverage.root
     con = _connect(root)
     try:
-        set_variables(con, rollouts_glob=root.glob("rollouts"))
+        set_variables(con, rollouts_files=coverage.parts("rollouts"))
         run_sql(con, "view_rollouts")
         columns = rollout_columns(con)
         missing = [c for c in _NEEDED if c not in columns]
@@ -175,18 +190,37 @@ def cohort_columns(con: duckdb.DuckDBPyConnection, by: Sequence[str] | None) -> 
     return resolve_by(by, label_columns(rollout_columns(con)))
 
 
-def write_metrics(run: str, cohorts: list[dict[str, Any]], storage_options: dict[str, Any] | None = None) -> None:
-    """Write RUN/metrics/metrics.parquet (one row per cohort) and pec.parquet (one per cohort and k).
+def metrics_name(by: Sequence[str] | None) -> str:
+    """The name a metrics result is kept (and queried) under: `metrics` over every label (no `by`),
+    else `metrics_by_<col>[_and_<col>…]` (`metrics_by_benchmark` for the benchmark alone); characters other
+    than letters, digits and `_` in a column name become `_`."""
+    if by is None:
+        return DEFAULT_METRICS
+    cols = [re.sub(r"\W", "_", c, flags=re.ASCII) for c in dict.fromkeys(by) if c != "benchmark"]
+    return "metrics_by_" + ("_and_".join(cols) or "benchmark")
 
-    Fixed file names, replaced whole: a rerun overwrites, never appends.
+
+def write_metrics(
+    run: str,
+    cohorts: list[dict[str, Any]],
+    storage_options: dict[str, Any] | None = None,
+    by: Sequence[str] | None = None,
+) -> str:
+    """Write RUN/metrics/<name>/metrics.parquet (one row per cohort) and pec.parquet (one per cohort and k),
+    `<name>` = metrics_name(by), the `by` the cohorts were computed with; returns that folder.
+
+    Fixed file names, replaced whole: the same `by` again overwrites, never appends; another `by` is kept
+    beside it.
     """
     metrics_table, pec_table = metrics_tables(cohorts)
     root = RunPrefix(run, storage_options)
+    folder = f"metrics/{metrics_name(by)}"
     try:
-        root.write_parquet("metrics/metrics.parquet", metrics_table)
-        root.write_parquet("metrics/pec.parquet", pec_table)
+        root.write_parquet(f"{folder}/metrics.parquet", metrics_table)
+        root.write_parquet(f"{folder}/pec.parquet", pec_table)
     except OSError as exc:
-        raise StorageError(f"cannot write {root.url}/metrics/: {exc}") from exc
+        raise StorageError(f"cannot write {root.url}/{folder}/: {exc}") from exc
+    return root.file(folder)
 
 
 @dataclass(frozen=True)
@@ -208,35 +242,41 @@ _MEMORY = re.compile(r"\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", re.IGNORE
 
 
 def sql(
-    run: str, query: str, storage_options: dict[str, Any] | None = None, limits: QueryLimits | None = None
+    run: str,
+    query: str,
+    storage_options: dict[str, Any] | None = None,
+    partial: bool = False,
+    limits: QueryLimits | None = None,
 ) -> pa.Table:
-    """Run a read-only query over the views steps, rollouts, metrics (+ pec) of a run.
+    """Run a read-only query over the views of a run: steps, rollouts, rejects, and one per metrics result
+    (`metrics`/`pec`, `metrics_by_model`/`pec_by_model`, …).
 
     Every statement must be a read (SELECT, WITH ... SELECT, EXPLAIN [ANALYZE] SELECT); the result of the
-    last one is returned. Files outside the run cannot be read. The query runs within `limits` (memory,
-    time); its spill files go to a private temporary folder, never the current directory.
+    last one is returned. Files outside the run cannot be read. An incomplete run is refused unless
+    `partial`; then the result's schema metadata carries the coverage under PARTIAL_KEY (see partial_of).
+    The query runs within `limits` (memory, time); its spill files go to a private temporary folder, never
+    the current directory.
     """
     limits = limits or QueryLimits()
     statements = _read_statements(query)
-    root = RunPrefix(run, storage_options)
-    if not root.fs.exists(root.path):
-        raise RunNotFound(f"no run at {run}")
+    coverage = read_coverage(run, storage_options, partial)
+    root = coverage.root
     con = _connect(root)
     spill = tempfile.mkdtemp(prefix="pexec-sql-")
     try:
         set_variables(con, memory_limit=limits.memory_limit, temp_directory=spill)
         run_sql(con, "limits")
-        for table in ("rollouts", "steps"):
-            if root.has(table):
-                set_variables(con, **{f"{table}_glob": root.glob(table)})
+        for table in ("rollouts", "steps", "rejects"):
+            files = coverage.parts(table)
+            if files:
+                set_variables(con, **{f"{table}_files": files})
                 run_sql(con, f"view_{table}")
-        for name in ("metrics", "pec"):
-            if root.exists(f"metrics/{name}.parquet"):
-                set_variables(con, **{f"{name}_file": root.file(f"metrics/{name}.parquet")})
-                run_sql(con, f"view_{name}")
+        _metrics_views(con, root)
         set_variables(con, allowed_directories=[root.url + "/"])
         run_sql(con, "lockdown")
-        return _run_limited(con, statements, limits)
+        result = _run_limited(con, statements, limits)
+        covered = coverage.partial()
+        return result if covered is None else result.replace_schema_metadata({PARTIAL_KEY: orjson.dumps(covered)})
     finally:
         con.close()
         shutil.rmtree(spill, ignore_errors=True)
@@ -263,6 +303,31 @@ def _run_limited(con: duckdb.DuckDBPyConnection, statements: list[str], limits: 
     return result
 
 
+def partial_of(result: pa.Table) -> dict[str, Any] | None:
+    """The coverage of a `sql` result read from an incomplete run (None: the run is complete)."""
+    raw = (result.schema.metadata or {}).get(PARTIAL_KEY)
+    return None if raw is None else orjson.loads(raw)
+
+
+def _metrics_views(con: duckdb.DuckDBPyConnection, root: RunPrefix) -> None:
+    """A view per metrics result under RUN/metrics/<name>/: `<name>` over metrics.parquet and its PEC table
+    (`pec`, `pec_by_…`) over pec.parquet."""
+    files = {}
+    for path in sorted(root.fs.glob(f"{root.path}/metrics/*/metrics.parquet")):
+        name = path.rsplit("/", 2)[-2]
+        if _METRICS_NAME.match(name):  # else not written by write_metrics
+            files[name] = f"metrics/{name}/metrics.parquet"
+            files["pec" + name.removeprefix("metrics")] = f"metrics/{name}/pec.parquet"
+    for i, (view, rel) in enumerate(files.items()):
+        if root.exists(rel):
+            # The one statement built here: a view's name is data (validated above); its file, a variable of
+            # its own (a view reads its variable when queried).
+            set_variables(con, **{f"metrics_file_{i}": root.file(rel)})
+            con.execute(
+                f"CREATE OR REPLACE TEMP VIEW \"{view}\" AS SELECT * FROM read_parquet(getvariable('metrics_file_{i}'))"
+            )
+
+
 def metrics_tables(cohorts: list[dict[str, Any]]) -> tuple[pa.Table, pa.Table]:
     """The cohort dicts as two flat tables (the layout of metrics.parquet and pec.parquet, pipeline.schema)."""
     fields = set(cohort_fields())
@@ -279,6 +344,9 @@ def metrics_tables(cohorts: list[dict[str, Any]]) -> tuple[pa.Table, pa.Table]:
                 row[f"{m.name}_eligible"] = c[m.name]["eligible"]
         row |= {f"bootstrap_{k}": v for k, v in c["bootstrap"].items() if k != "duckdb_version"}
         row["duckdb_version"] = c["bootstrap"]["duckdb_version"]
+        covered = c.get("partial") or {}
+        row["partial"] = bool(covered)
+        row |= {c.name: covered.get(c.name.removeprefix("partial_")) for c in schema.PARTIAL[1:]}
         rows.append(row)
         pec_rows += [{**_label_values(c, keys), **p} for p in c["pec"]]
     metrics_schema = schema.arrow_schema(schema.metrics_table(), keys)

@@ -21,7 +21,8 @@ from rich.text import Text
 from typer.core import TyperGroup
 
 from pipeline import catalogue
-from pipeline.aggregate import BootstrapSettings, QueryLimits, compute_metrics, sql, write_metrics
+from pipeline.aggregate import BootstrapSettings, QueryLimits, compute_metrics, partial_of, sql, write_metrics
+from pipeline.coverage import describe_partial
 from pipeline.distributed import DEFAULT_SHARD_BYTES, ShardPlan, run_scoring
 from pipeline.envs import EnvOptions
 from pipeline.errors import PexecError
@@ -107,6 +108,14 @@ RayAddress = Annotated[
 DashboardAddress = Annotated[str, typer.Option("--address", help="Ray dashboard address, e.g. http://HEAD:8265.")]
 Force = Annotated[bool, typer.Option("--force", help="Rescore every shard, even unchanged ones.")]
 OnDate = Annotated[str | None, typer.Option("--date", help="YYYY-MM-DD for {date} (default: today, UTC).")]
+Partial = Annotated[
+    bool,
+    typer.Option(
+        "--partial",
+        help="Read an incomplete run (killed scoring, missing parts): only its committed shards; "
+        "every output states the coverage.",
+    ),
+]
 
 
 def _storage(endpoint_url: str | None, pairs: list[str] | None) -> dict[str, Any] | None:
@@ -276,7 +285,9 @@ def _summary(manifest: dict[str, Any], run: str) -> None:
         f"· {c['shards_reused']} of {c['shards']} shard(s) reused · {manifest['seconds']:.1f}s -> {literal(run)}"
     )
     if c["rejected"]:
-        console.print(Text(f"{c['rejected']} record(s) rejected: see {literal(run.rstrip('/'))}/rejects/", "yellow"))
+        query = "SELECT reason, source, location FROM rejects"
+        hint = f"{c['rejected']} record(s) rejected; to see them: pexec sql {literal(run)} '{query}'"
+        console.print(Text(hint, "yellow"))
 
 
 @app.command("run")
@@ -348,6 +359,7 @@ def metrics(
         int | None, typer.Option("--max-k", help="Largest k for PEC(k) (default: max T, at most 20).")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per cohort.")] = False,
+    partial: Partial = False,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
@@ -355,18 +367,20 @@ def metrics(
     settings = _bootstrap(bootstrap, seed, method)
     columns = _columns(by)
     storage = _storage(endpoint_url, storage_option)
-    cohorts = compute_metrics(run, columns, settings, max_k, storage)
-    write_metrics(run, cohorts, storage)
+    cohorts = compute_metrics(run, columns, settings, max_k, storage, partial)
+    folder = write_metrics(run, cohorts, storage, columns)
     if as_json:
         for cohort in cohorts:
             sys.stdout.write(orjson.dumps(cohort).decode() + "\n")
         return
+    if cohorts and cohorts[0]["partial"]:
+        out.print(Text(literal(describe_partial(cohorts[0]["partial"])), style="bold yellow"), soft_wrap=True)
     out.print(metrics_table(cohorts, columns))
     if cohorts:
         b = cohorts[0]["bootstrap"]
         out.print(
             f"95% intervals: {b['method']} task-level bootstrap, B={b['B']}, seed={b['seed']}, "
-            f"DuckDB {b['duckdb_version']}; written to {literal(run.rstrip('/'))}/metrics/"
+            f"DuckDB {b['duckdb_version']}; written to {literal(folder)}/"
         )
 
 
@@ -410,6 +424,10 @@ def report(
     bootstrap: Bootstrap = 1000,
     seed: Seed = 0,
     method: Method = "multinomial",
+    partial: Partial = False,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Remove what DIR holds first (a non-empty DIR is refused without).")
+    ] = False,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
@@ -419,9 +437,14 @@ def report(
     settings = _bootstrap(bootstrap, seed, method)
     pair = parse_compare(compare) if compare else None
     storage = _storage(endpoint_url, storage_option)
-    result = build_report(run, out_dir, _columns(by), pair, _depths(k), settings, storage)
+    result = build_report(
+        run, out_dir, _columns(by), pair, _depths(k), settings, storage, partial=partial, overwrite=overwrite
+    )
     for path in result.files:
         out.print(literal(path))
+    if result.tables.cohorts and result.tables.cohorts[0]["partial"]:
+        notice = literal(describe_partial(result.tables.cohorts[0]["partial"]))
+        console.print(Text(notice, style="bold yellow"), soft_wrap=True)
     where = literal(result.out)
     console.print(f"report written to {where}/report.html and {where}/report.md ({len(result.files)} files)")
 
@@ -436,7 +459,9 @@ def _depths(k: str) -> list[int]:
 @app.command("sql")
 def sql_command(
     run: Annotated[str, typer.Argument(help="A scored run folder.")],
-    query: Annotated[str, typer.Argument(help="A read-only query over the views steps, rollouts, metrics.")],
+    query: Annotated[
+        str, typer.Argument(help="A read-only query over the views steps, rollouts, rejects, metrics, pec, ….")
+    ],
     fmt: Annotated[str, typer.Option("--format", help="table, csv or json")] = "table",
     memory_limit: Annotated[
         str, typer.Option("--memory-limit", help="DuckDB memory limit (e.g. 512MB, 4GB); beyond it, it spills.")
@@ -444,6 +469,7 @@ def sql_command(
     timeout: Annotated[
         float, typer.Option("--timeout", help="Seconds the query may run before it is stopped.")
     ] = QueryLimits.timeout,
+    partial: Partial = False,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
@@ -451,7 +477,10 @@ def sql_command(
     if fmt not in ("table", "csv", "json"):
         raise PexecError(f"--format is table, csv or json, got {fmt!r}")
     limits = QueryLimits(memory_limit=memory_limit, timeout=timeout)
-    result = sql(run, query, _storage(endpoint_url, storage_option), limits)
+    result = sql(run, query, _storage(endpoint_url, storage_option), partial, limits)
+    covered = partial_of(result)
+    if covered:  # on stderr: the result itself stays what the query asked for
+        console.print(Text(literal(describe_partial(covered)), style="bold yellow"), soft_wrap=True)
     rows = result.to_pylist(maps_as_pydicts="strict")
     if fmt == "json":
         for row in rows:

@@ -18,7 +18,13 @@ from pipeline.envs import EnvError, EnvOptions, forget_unresolved, get_environme
 from pipeline.errors import PexecError
 from pipeline.score import ScoreSettings, ShardReport, score_shard
 from pipeline.storage.inputs import Shard, list_inputs, plan_shards
-from pipeline.storage.run import read_shard_markers, remove_manifest, remove_stale_parts, write_manifest
+from pipeline.storage.run import (
+    read_shard_markers,
+    remove_manifest,
+    remove_stale_parts,
+    write_manifest,
+    write_plan,
+)
 
 DEFAULT_SHARD_BYTES = 64 * 2**20
 
@@ -33,7 +39,8 @@ class ShardPlan:
 
 
 class JobFailed(PexecError, RuntimeError):
-    """A shard failed; the message names it and the reason. No manifest is written."""
+    """A shard failed, or the run cannot be written; the message names it and the reason. No manifest is
+    written."""
 
 
 def plan(store: str, shard_bytes: int = DEFAULT_SHARD_BYTES, storage_options: dict | None = None) -> ShardPlan:
@@ -83,6 +90,11 @@ def run_scoring(
     if on_plan:
         on_plan(replace(shard_plan, reusable=len(reused)))
     remove_manifest(run, storage_options)
+    # Before any shard: what the run covers, so that a reader of an unfinished run can state its coverage.
+    try:
+        write_plan(run, _plan_record(store, settings, shard_plan, started), storage_options)
+    except OSError as exc:  # the first write to the run: a missing bucket or no permission fails here
+        raise JobFailed(f"cannot write run {run}: {exc}") from exc
     for report in reused:
         if on_shard:
             on_shard(report)
@@ -175,6 +187,39 @@ def _on_ray(
 
 def _failed(shard: Shard, cause: BaseException) -> str:
     return f"shard {shard.key} ({shard.file.url} [{shard.start}:{shard.stop}]) failed: {cause}"
+
+
+def _plan_record(store: str, settings: ScoreSettings, shard_plan: ShardPlan, started: datetime) -> dict[str, Any]:
+    return {
+        "run_id": settings.run_id,
+        "store": store,
+        "code_version": settings.code_version,
+        "settings": settings.identity(),
+        "started_at": started.isoformat(),
+        # rows: None where planning cannot count records (JSON Lines), bytes: where a shard is a range of
+        # Parquet row groups. A committed marker counts for this plan when its fingerprint, range, code version
+        # and settings match (pipeline.coverage).
+        "bytes": shard_plan.total_bytes,
+        "shards": [
+            {
+                "shard": s.key,
+                "source": s.file.url,
+                "fingerprint": s.file.fingerprint,
+                "start": s.start,
+                "stop": s.stop,
+                "rows": s.rows,
+                "bytes": _span(s),
+            }
+            for s in shard_plan.shards
+        ],
+    }
+
+
+def _span(shard: Shard) -> int | None:
+    """The input bytes a shard covers: its byte range, or its whole file; None for a range of row groups."""
+    if shard.whole_file:
+        return shard.file.size
+    return shard.stop - shard.start if shard.file.fmt == "jsonl" and shard.stop is not None else None
 
 
 def _manifest(

@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 
 _JOB_KEYS = {"name", "description", "input", "output", "env", "spec", "spec_dirs", "policy", "address", "shard_mb",
              "num_cpus", "endpoint_url", "metrics", "synth", "report"}  # fmt: skip
-_METRICS_KEYS = {"by", "bootstrap", "seed", "method", "max_k"}
-_REPORT_KEYS = {"out", "by", "compare", "k"}
+_METRICS_KEYS = {"by", "bootstrap", "seed", "method", "max_k", "partial"}
+_REPORT_KEYS = {"out", "by", "compare", "k", "overwrite"}
 _SYNTH_KEYS = {"spec", "rollouts", "tasks", "seed"}
 
 
@@ -52,6 +52,7 @@ class JobReport:
     by: list[str] | None
     compare: Compare | None  # from two COL=VALUE items, as `pexec report --compare`
     ks: tuple[int, ...]
+    overwrite: bool = False  # replace what `out` holds (`pexec report --overwrite`); else a non-empty out fails
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class Job:
     by: list[str] | None = None
     bootstrap: BootstrapSettings = field(default_factory=BootstrapSettings)
     max_k: int | None = None
+    partial: bool = False  # metrics and report of an incomplete output run, stating their coverage (--partial)
     synth: dict[str, Any] | None = None  # generate the input first when it does not exist (demo jobs)
     report: JobReport | None = None  # write a report after the metrics
 
@@ -125,6 +127,7 @@ def load_job(path: str | Path, on_date: str | None = None) -> Job:
         by=metrics.get("by"),
         bootstrap=bootstrap,
         max_k=metrics.get("max_k"),
+        partial=_flag(metrics, "partial", f"{path} [metrics]"),
         synth=synth,
         report=report,
     )
@@ -150,7 +153,14 @@ def _load_report(
         except ValueError as exc:
             raise JobError(f"{where}: compare: {exc}") from exc
     out = _fill(raw.get("out", f"{output.rstrip('/')}/report"), day, path)
-    return JobReport(out=out, by=raw.get("by", by), compare=compare, ks=tuple(ks))
+    return JobReport(out, raw.get("by", by), compare, tuple(ks), _flag(raw, "overwrite", where))
+
+
+def _flag(table: dict[str, Any], key: str, where: str) -> bool:
+    value = table.get(key, False)
+    if not isinstance(value, bool):
+        raise JobError(f"{where}: {key} is true or false, got {value!r}")
+    return value
 
 
 def run_job(
@@ -162,6 +172,13 @@ def run_job(
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Score the job's input (reusing unchanged shards), then compute and write its metrics (and its report,
     when the job has a [report] table)."""
+    if job.report is not None:  # before any work: a report folder it may not write fails the job now
+        from pipeline.report import ReportError, check_output
+
+        try:
+            check_output(job.output, job.report.out, job.report.overwrite, job.storage_options)
+        except ReportError as exc:
+            raise JobError(f"job {job.name}: {exc} (in a job file: overwrite = true in [report])") from exc
     if job.synth is not None and not exists(job.input, job.storage_options):
         records = synthesize(job.synth.get("spec", "shop"), job.synth.get("rollouts", 1000),
                              job.synth.get("tasks", 100), job.synth.get("seed", 0))  # fmt: skip
@@ -179,13 +196,14 @@ def run_job(
         on_shard=on_shard,
         force=force,
     )
-    cohorts = compute_metrics(job.output, job.by, job.bootstrap, job.max_k, job.storage_options)
-    write_metrics(job.output, cohorts, job.storage_options)
+    cohorts = compute_metrics(job.output, job.by, job.bootstrap, job.max_k, job.storage_options, job.partial)
+    write_metrics(job.output, cohorts, job.storage_options, job.by)
     if job.report is not None:
         from pipeline.report import build_report
 
         r = job.report
-        build_report(job.output, r.out, r.by, r.compare, r.ks, job.bootstrap, job.storage_options)
+        build_report(job.output, r.out, r.by, r.compare, r.ks, job.bootstrap, job.storage_options,
+                     partial=job.partial, overwrite=r.overwrite)  # fmt: skip
     return manifest, cohorts
 
 

@@ -61,7 +61,7 @@ class StepResult:
     tool: str
     valid: bool
     prefix_executable: bool
-    check: Check | None
+    failed_check: Check | None  # S, D or P; None when valid
     cause: Cause | None
     detail: str | None
     decided_by: str | None  # which source decided P: "simulator", "precondition", "log", ...

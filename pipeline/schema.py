@@ -59,7 +59,7 @@ STEPS = RunTable(
         Column("tool", _STR, "the tool called"),
         Column("valid", _BOOL, "executable in the state left by the calls before it"),
         Column("prefix_executable", _BOOL, "this call and every earlier one are valid"),
-        Column("check", _STR, "failed check: S (schema), D (data dependency), P (precondition); null if valid"),
+        Column("failed_check", _STR, "failed check: S (schema), D (data dependency), P (precondition); null if valid"),
         Column("cause", _STR, "first-error cause label (diagnostic); null if valid"),
         Column("detail", _STR, "the environment's own message, or what failed"),
         Column("decided_by", _STR, "which source decided P: simulator, precondition, log"),
@@ -102,8 +102,10 @@ REJECTS = RunTable(
     ),
 )
 
+# The former name of `failed_check`: steps parts of older runs still carry it (sql/view_steps.sql reads both).
+RETIRED_COLUMNS = frozenset({"check"})
 # Columns the outputs use themselves: a label may not take one of these names.
-RESERVED_COLUMNS = frozenset(c.name for t in (STEPS, ROLLOUTS, REJECTS) for c in t.columns)
+RESERVED_COLUMNS = frozenset(c.name for t in (STEPS, ROLLOUTS, REJECTS) for c in t.columns) | RETIRED_COLUMNS
 
 COHORT_COUNTS = (
     Column("n", _I64, "rollouts in the cohort"),
@@ -117,6 +119,16 @@ BOOTSTRAP = (
     Column("bootstrap_level", _F64, "confidence level of the intervals"),
     Column("bootstrap_unit", _STR, "what is resampled: task"),
     Column("duckdb_version", _STR, "DuckDB that computed them"),
+)
+# A partial read (pipeline.coverage): what the numbers cover. Null counts when the run is complete.
+PARTIAL = (
+    Column("partial", _BOOL, "read from an incomplete run (`--partial`): the numbers cover only part of it"),
+    Column("partial_shards", _I64, "shards read; null when complete"),
+    Column("partial_shards_total", _I64, "shards planned; null when complete or no plan was recorded"),
+    Column("partial_rollouts", _I64, "rollouts read by the shards read (scored and rejected); null when complete"),
+    Column("partial_rollouts_total", _I64, "rollouts in the input; null when complete or unknown (JSON Lines)"),
+    Column("partial_input_bytes", _I64, "input bytes the shards read span; null when complete or unknown"),
+    Column("partial_input_bytes_total", _I64, "input bytes of the run; null when complete or unknown"),
 )
 _COHORT_LABELS = "`benchmark` and the cohort's label columns"
 
@@ -138,17 +150,17 @@ def metric_columns() -> tuple[Column, ...]:
 def metrics_table() -> RunTable:
     return RunTable(
         "metrics",
-        "metrics/metrics.parquet",
+        "metrics/<name>/metrics.parquet",
         "cohort",
         (),
-        (*COHORT_COUNTS, *metric_columns(), *BOOTSTRAP),
+        (*COHORT_COUNTS, *metric_columns(), *BOOTSTRAP, *PARTIAL),
         labels=_COHORT_LABELS,
     )
 
 
 PEC = RunTable(
     "pec",
-    "metrics/pec.parquet",
+    "metrics/<name>/pec.parquet",
     "cohort and depth k",
     (),
     (

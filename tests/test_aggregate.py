@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.aggregate import BootstrapSettings, QueryError, QueryRefused, compute_metrics, sql, write_metrics
+from pipeline.storage.run import commit_parts
 
 # --- helpers: build a scored run in tmp_path -------------------------------------------------------------
 
@@ -71,6 +72,7 @@ def write_rollouts(run: Path, rows: Sequence[dict[str, Any]], part: str = "part-
     table = pa.table({n: pa.array(v, _TYPES.get(n, pa.string())) for n, v in cols.items()})
     (run / "rollouts").mkdir(parents=True, exist_ok=True)
     pq.write_table(table, run / "rollouts" / f"{part}.parquet")
+    commit_parts(str(run))  # a complete run: readers refuse anything else
 
 
 def write_steps(run: Path, n: int) -> None:
@@ -337,18 +339,20 @@ def test_deterministic_and_seed_sensitive(cohort_run: tuple[Path, dict]) -> None
 def test_write_metrics_is_rerun_safe(cohort_run: tuple[Path, dict], tmp_path: Path) -> None:
     run, _ = cohort_run
     cohorts = compute_metrics(str(run), settings=BootstrapSettings(B=100))
-    write_metrics(str(run), cohorts)
-    first = (run / "metrics" / "metrics.parquet").read_bytes(), (run / "metrics" / "pec.parquet").read_bytes()
+    folder = run / "metrics" / "metrics"  # the default cohorts (every label) are kept as `metrics`
+    assert write_metrics(str(run), cohorts) == str(folder)
+    first = (folder / "metrics.parquet").read_bytes(), (folder / "pec.parquet").read_bytes()
     write_metrics(str(run), compute_metrics(str(run), settings=BootstrapSettings(B=100)))
-    assert ((run / "metrics" / "metrics.parquet").read_bytes(), (run / "metrics" / "pec.parquet").read_bytes()) == first
-    table = pq.read_table(run / "metrics" / "metrics.parquet").to_pylist()
+    assert ((folder / "metrics.parquet").read_bytes(), (folder / "pec.parquet").read_bytes()) == first
+    table = pq.read_table(folder / "metrics.parquet").to_pylist()
     assert len(table) == len(cohorts) == 4
     assert table[0]["benchmark"] == "b1" and table[0]["model"] == "x"
     assert table[0]["ter"] == cohorts[0]["ter"]["value"] and table[0]["rr_eligible"] == cohorts[0]["rr"]["eligible"]
     assert table[0]["bootstrap_method"] == "multinomial" and table[0]["duckdb_version"] == duckdb.__version__
-    pec = pq.read_table(run / "metrics" / "pec.parquet")
+    assert (table[0]["partial"], table[0]["partial_shards"]) == (False, None)  # a complete run
+    pec = pq.read_table(folder / "pec.parquet")
     assert pec.num_rows == sum(len(c["pec"]) for c in cohorts)
-    assert not list((run / "metrics").glob("*.tmp"))
+    assert not list(folder.glob("*.tmp"))
 
 
 # --- cohorts, NULLs, edge cases -------------------------------------------------------------------------

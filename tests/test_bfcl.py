@@ -73,7 +73,7 @@ def run(classes: dict[str, Any], *events: Any, missed: dict[str, list[str]] | No
 
 
 def flags(result: RolloutResult) -> list[tuple[bool, str | None, str | None]]:
-    return [(s.valid, s.check, s.cause) for s in result.steps]
+    return [(s.valid, s.failed_check, s.cause) for s in result.steps]
 
 
 FILES = {
@@ -119,7 +119,7 @@ def ground_truth_failures(tag: str, environment: str) -> tuple[int, int, dict[st
         calls += result.T
         if not result.executable:
             first = next(s for s in result.steps if not s.valid)
-            failures[rollout.task_id] = (first.step, first.check)
+            failures[rollout.task_id] = (first.step, first.failed_check)
     return total, calls, failures
 
 
@@ -179,7 +179,7 @@ def test_both_releases_live_side_by_side_in_one_process():
             Call("comment", {"tweet_id": 0, "comment_content": "hi"}),
         ]
         [step] = replay(environment, rollout).steps
-        assert (step.valid, step.check) == (False, "P")
+        assert (step.valid, step.failed_check) == (False, "P")
         details.append(step.detail)
     assert details == [
         "Error during execution: exceptions must derive from BaseException",
@@ -270,7 +270,7 @@ def test_reading_a_file_the_rollout_removed_is_a_state_consistency_failure():
         ("cat", {"file_name": "notes.txt"}),
     )
     assert (result.fed, result.first_cause) == (3, "state_consistency")
-    assert result.steps[2].check == "P" and result.steps[2].detail
+    assert result.steps[2].failed_check == "P" and result.steps[2].detail
 
 
 def test_raised_exception_is_a_precondition_failure_with_its_message():
@@ -421,7 +421,7 @@ def test_prompt_mode_call_strings_are_ingested(real_records):
     assert calls[0]["arguments"] == {"folder": "document"} and calls[1]["arguments"] == {"dir_name": "temp"}
     assert calls[2]["tool"] == "cd" and calls[2]["arguments"].startswith("<unparsed")
     result = replay(env(), parse_rollout(record))
-    assert [s.check for s in result.steps] == [None, None, "S"]
+    assert [s.failed_check for s in result.steps] == [None, None, "S"]
 
 
 def calls_of(record: dict[str, Any]) -> list[tuple[int, str, Any]]:

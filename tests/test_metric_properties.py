@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from pipeline import catalogue
 from pipeline.aggregate import BootstrapSettings, compute_metrics
+from pipeline.storage.run import commit_parts
 
 B = 200  # small: each example runs the whole DuckDB pipeline
 
@@ -49,6 +50,7 @@ def run_metrics(rows: list[dict[str, Any]], method: str, seed: int) -> list[dict
         table = pa.table({k: pa.array([r[k] for r in rows], _TYPES.get(k, pa.string())) for k in rows[0]})
         (Path(tmp) / "rollouts").mkdir()
         pq.write_table(table, Path(tmp) / "rollouts" / "part-0.parquet")
+        commit_parts(tmp)
         return compute_metrics(tmp, settings=BootstrapSettings(B=B, seed=seed, method=method))  # type: ignore[arg-type]
 
 

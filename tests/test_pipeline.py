@@ -231,7 +231,7 @@ def test_a_job_with_a_report_table_writes_metrics_and_report(tmp_path, local_ray
     result = CliRunner().invoke(app, ["run", str(job), "--date", "2026-11-29"])
     assert result.exit_code == 0, result.output
     run = tmp_path / "runs" / "date=2026-11-29"
-    assert (run / "metrics" / "metrics.parquet").is_file()
+    assert (run / "metrics" / "metrics_by_model_and_method" / "metrics.parquet").is_file()
     md = (run / "report" / "report.md").read_text()
     assert "| PEC@2 |" in md and "## Paired comparison — method: react − plan\\_execute" in md
     paired = pq.read_table(run / "report" / "tables" / "paired.parquet").to_pylist()

@@ -214,7 +214,8 @@ def test_job_submitted_to_a_ray_head_through_the_jobs_api(tmp_path):
         assert "SUCCEEDED" in status.stdout
         manifest = read_manifest(str(out / "run" / "date=2026-11-29"))
         assert manifest["counts"]["scored"] == 300
-        assert pq.read_table(out / "run" / "date=2026-11-29" / "metrics" / "metrics.parquet").num_rows == 2
+        by_model = out / "run" / "date=2026-11-29" / "metrics" / "metrics_by_model" / "metrics.parquet"
+        assert pq.read_table(by_model).num_rows == 2
     finally:
         subprocess.run(["bash", script, "stop"], env=env, capture_output=True, timeout=60)
         shutil.rmtree(ray_tmp, ignore_errors=True)

@@ -137,7 +137,7 @@ def test_rule_passes(rule: tuple) -> None:
 def test_rule_fails(key: str) -> None:
     settings, failing, message = FAILING[key]
     step = run(failing if isinstance(failing, list) else [failing], settings).steps[-1]
-    assert (step.valid, step.check) == (False, "P")
+    assert (step.valid, step.failed_check) == (False, "P")
     assert message in step.detail
 
 
@@ -197,7 +197,7 @@ def test_injected_failures_have_known_fed_and_cause() -> None:
     for cause, (bad, check) in cases.items():
         settings = "base_location_service_off" if cause == "precondition" else "base"
         result = run([*ok, bad, call("get_low_battery_mode_status")], settings)
-        assert (result.fed, result.first_cause, result.steps[2].check) == (3, cause, check), cause
+        assert (result.fed, result.first_cause, result.steps[2].failed_check) == (3, cause, check), cause
         assert result.steps[3].valid
 
 

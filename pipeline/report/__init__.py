@@ -21,15 +21,16 @@ import pyarrow.parquet as pq
 
 from pipeline import catalogue
 from pipeline.aggregate import DEFAULT_BOOTSTRAP, BootstrapSettings, metrics_tables
+from pipeline.coverage import describe_partial
 from pipeline.errors import StorageError
 from pipeline.report import html, layout, markdown
 from pipeline.report.figures import Chart, cause_chart, cause_rows, fed_chart, fed_rows, pec_chart, pec_rows
 from pipeline.report.paired import Compare, ReportError, paired_comparison, parse_compare
 from pipeline.report.ranking import Ranking, rank_conditions
 from pipeline.report.tables import RunTables, key_of, run_tables
-from pipeline.storage.fs import open_for_write
+from pipeline.storage.fs import filesystem, is_empty, open_for_write, remove_all
 
-__all__ = ["Compare", "ReportError", "ReportResult", "build_report", "parse_compare"]
+__all__ = ["Compare", "ReportError", "ReportResult", "build_report", "check_output", "parse_compare"]
 
 DEFAULT_KS = (1, 3, 5)
 
@@ -52,11 +53,18 @@ def build_report(
     ks: Sequence[int] = DEFAULT_KS,
     settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
     storage_options: dict[str, Any] | None = None,
+    *,
+    partial: bool = False,
+    overwrite: bool = False,
 ) -> ReportResult:
+    """Write the report of `run` into `out`. An incomplete run is refused unless `partial` (then the report
+    says so at the top); a non-empty `out` is refused unless `overwrite`, which removes what it holds first."""
     if not ks or any(k < 1 for k in ks):
         raise ReportError(f"--k takes depths >= 1, got {list(ks)}")
     ks = sorted(set(ks))
-    t = run_tables(run, by, ks, settings, storage_options)
+    root = str(out).rstrip("/")
+    check_output(run, root, overwrite, storage_options)
+    t = run_tables(run, by, ks, settings, storage_options, partial)
     conditions = t.keys[1:]
 
     def label(row: dict[str, Any]) -> str:
@@ -66,7 +74,7 @@ def build_report(
     pair_cols: list[str] = []
     paired: list[dict[str, Any]] = []
     if compare is not None:
-        pair_cols, paired = paired_comparison(run, compare, t.keys, ks, settings, storage_options)
+        pair_cols, paired = paired_comparison(run, compare, t.keys, ks, settings, storage_options, partial)
     charts = [
         pec_chart(pec_rows(t.cohorts, label)),
         fed_chart(fed_rows(t.fed, label)),
@@ -82,9 +90,10 @@ def build_report(
         display.append(layout.paired_table(compare, pair_cols, paired))
         key_counts.append(len(pair_cols))
     title = f"Prefix executability report — {run}"
-    preamble = [layout.settings_line(t.cohorts)]
-
-    root = str(out).rstrip("/")
+    covered = t.cohorts[0]["partial"] if t.cohorts else None
+    preamble = [*([f"⚠ {describe_partial(covered)}"] if covered else []), layout.settings_line(t.cohorts)]
+    if overwrite:
+        remove_all(root, storage_options)
 
     def write(name: str, data: bytes) -> str:
         try:
@@ -119,6 +128,20 @@ def build_report(
         rows = [dict(zip(c.columns, r, strict=True)) for r in c.rows]
         written.append(write(f"figures/{c.name}.csv", _csv(pa.Table.from_pylist(rows))))
     return ReportResult(root, sorted(written), t, rankings, paired, charts)
+
+
+def check_output(run: str, out: str, overwrite: bool, storage_options: dict[str, Any] | None) -> None:
+    """Refuse a report folder that holds files unless `overwrite`, and never remove the run itself."""
+    run_fs, run_path = filesystem(run, storage_options)
+    out_fs, out_path = filesystem(out, storage_options)
+    if (
+        overwrite
+        and type(run_fs) is type(out_fs)
+        and (run_path.rstrip("/") + "/").startswith(out_path.rstrip("/") + "/")
+    ):
+        raise ReportError(f"--overwrite would remove {out}, which holds the run {run}: choose another --out")
+    if not overwrite and not is_empty(out, storage_options):
+        raise ReportError(f"report folder {out} is not empty: pass --overwrite to replace what it holds")
 
 
 def _rankings(t: RunTables, label: Any) -> list[Ranking]:

@@ -53,9 +53,10 @@ def paired_comparison(
     ks: Sequence[int],
     settings: BootstrapSettings,
     storage_options: dict[str, Any] | None = None,
+    partial: bool = False,
 ) -> tuple[list[str], list[dict[str, Any]]]:
     """(pair key columns, one row per pair and metric). `keys` are the report's cohort columns."""
-    with db.open_rollouts(run, storage_options) as con:
+    with db.open_rollouts(run, storage_options, partial) as con:
         db.cohort_columns(con, [compare.column])  # raises when the column is not a label of the run
         pair_cols = [k for k in keys if k != compare.column]
         q_lo, q_hi = settings.quantiles

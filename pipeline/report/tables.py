@@ -51,11 +51,12 @@ def run_tables(
     ks: Sequence[int],
     settings: BootstrapSettings,
     storage_options: dict[str, Any] | None = None,
+    partial: bool = False,
 ) -> RunTables:
-    with db.open_rollouts(run, storage_options) as con:
+    with db.open_rollouts(run, storage_options, partial) as con:
         keys = ["benchmark", *db.cohort_columns(con, by)]
         parts = descriptive(con, keys)
     # PEC is computed up to the largest requested k, and at least as far as the curves go (max T, <= 20).
     max_k = max([*ks, min(parts["max_t"], 20)])
-    cohorts = compute_metrics(run, keys[1:], settings, max_k, storage_options)
+    cohorts = compute_metrics(run, keys[1:], settings, max_k, storage_options, partial)
     return RunTables(keys=keys, cohorts=cohorts, **parts)

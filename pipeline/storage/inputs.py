@@ -12,7 +12,7 @@ import gzip
 import hashlib
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import IO, Any, Literal
 
@@ -78,6 +78,8 @@ class Shard:
     file: InputFile
     start: int  # plain JSONL: byte offset; Parquet: first row group; whole-file shards: 0
     stop: int | None  # exclusive byte offset / row group; None = to the end of the file
+    # Records in the shard when planning knows them (Parquet footers; JSON Lines: None). Not part of its identity.
+    rows: int | None = field(default=None, compare=False)
 
     @property
     def key(self) -> str:
@@ -197,16 +199,17 @@ def _parquet_shards(file: InputFile, target_bytes: int, storage_options: dict[st
                 raise
             return [Shard(file, 0, None)]  # unreadable footer: read_shard reports it as one reject
     groups: list[Shard] = []
-    begin, size = 0, 0
+    begin, size, rows = 0, 0, 0
     for i in range(meta.num_row_groups):
         row_group = meta.row_group(i)
         size += sum(row_group.column(c).total_compressed_size for c in range(row_group.num_columns))
+        rows += row_group.num_rows
         if size >= target_bytes and i + 1 < meta.num_row_groups:
-            groups.append(Shard(file, begin, i + 1))
-            begin, size = i + 1, 0
+            groups.append(Shard(file, begin, i + 1, rows))
+            begin, size, rows = i + 1, 0, 0
     if not groups:
-        return [Shard(file, 0, None)]
-    groups.append(Shard(file, begin, meta.num_row_groups))
+        return [Shard(file, 0, None, meta.num_rows)]
+    groups.append(Shard(file, begin, meta.num_row_groups, rows))
     return groups
 
 
