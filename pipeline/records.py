@@ -93,12 +93,13 @@ def _labels(raw: Any) -> dict[str, str]:
         raise InvalidRecord("'labels' must be an object")
     labels = {}
     for key, value in raw.items():
-        if not isinstance(key, str) or not key:
-            raise InvalidRecord(f"label names must be non-empty strings, got {key!r}")
-        if key.lower() in _RESERVED or key.lower().startswith("cost_"):
-            raise InvalidRecord(f"label {key!r} clashes with an output column name")
+        name = str(key)
+        if not name:
+            raise InvalidRecord("a label name is empty")
+        if name.lower() in _RESERVED or name.lower().startswith("cost_"):
+            raise InvalidRecord(f"label {name!r} clashes with an output column name")
         if value is not None:
-            labels[str(key)] = value if isinstance(value, str) else orjson.dumps(value).decode()
+            labels[name] = value if isinstance(value, str) else orjson.dumps(value).decode()
     return labels
 
 
