@@ -305,6 +305,8 @@ _FUNCTIONS: dict[str, tuple[Callable[..., Any], int, int | None, tuple[str, ...]
 # RE2 runs in time linear in the text (no backtracking: '(a+)+$' cannot explode); errors are raised, not logged.
 _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.log_errors = False
+# Functions that do not walk their arguments (a length, one lookup, a prefix): no scan to charge.
+_CONSTANT_TIME = frozenset({"len", "get", "has", "startswith", "endswith", "bool", "int", "float", "abs", "round"})
 _LAZY_CONSUMERS = frozenset({"any", "all", "sum", "min", "max", "sorted"})
 _CALL_ERRORS = (TypeError, ValueError, ArithmeticError)
 
@@ -694,12 +696,15 @@ class _Compiler:
         def fail(e: Exception) -> EvalError:
             return EvalError(f"{name}(): {e} in {ast.unparse(node)}")
 
+        scans = name not in _CONSTANT_TIME
+
         if len(args) == 1 and not kwargs:  # the common case, without building argument lists
             arg = args[0]
 
             def call1(ctx: Mapping[str, Any]) -> Any:
                 v = arg(ctx)
-                _scanned(v)
+                if scans:
+                    _scanned(v)
                 try:
                     return _charged(fn(v))
                 except _CALL_ERRORS as e:
@@ -710,8 +715,9 @@ class _Compiler:
         def call(ctx: Mapping[str, Any]) -> Any:
             values = [a(ctx) for a in args]
             named = {k: v(ctx) for k, v in kwargs}
-            for v in values:
-                _scanned(v)
+            if scans:
+                for v in values:
+                    _scanned(v)
             try:
                 return _charged(fn(*values, **named))
             except _CALL_ERRORS as e:
@@ -722,9 +728,10 @@ class _Compiler:
 
 def _scanned(value: Any) -> bool:
     """Charge a scan of `value` done in C (membership, a function over a list), which one node does not
-    cover: a step per element of a long list or object, per 64 characters of a long string. Always true."""
+    cover: a step per element of a long list, per 64 characters of a long string. Always true. Objects are
+    not charged: lookups in them take constant time, and what lists their contents is charged as built."""
     kind = type(value)
-    if kind is list or kind is dict or kind is tuple:
+    if kind is list or kind is tuple:
         n = len(value)
     elif kind is str:
         n = len(value) >> 6

@@ -158,6 +158,7 @@ def _with(field: str, value_text: str, n: int) -> str:
     return json.dumps(record)[:-1] + f', "{field}": {value_text}}}'
 
 
+@pytest.mark.fuzz
 def test_measured_failures_are_rejects_with_their_reason(tmp_path: Path) -> None:
     good = [json.dumps(r) for r in BASE[:3]]
     named = [_with(field, text, i) for i, (field, text, _) in enumerate(NAMED.values())]
@@ -199,6 +200,7 @@ def test_adversarial_records_through_ray(tmp_path: Path) -> None:
     assert rollouts == 4
 
 
+@pytest.mark.fuzz
 @pytest.mark.parametrize(
     ("cost", "reason"),
     [
@@ -304,6 +306,7 @@ def test_parquet_columns_of_unexpected_types(tmp_path: Path) -> None:
     assert any("'success' must be true, false or null" in r for r in reasons.values())
 
 
+@pytest.mark.fuzz
 def test_a_result_that_cannot_be_written_is_a_reject(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A fault no real input is known to cause (so it is injected): converting one result to Arrow fails.
     # That result becomes a reject with the reason; the others of the shard are written.
