@@ -15,8 +15,7 @@ import ast
 import operator
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,17 +122,21 @@ def _meter() -> _Meter:
     return meter
 
 
-@contextmanager
-def metered(budget: Budget = BUDGET) -> Iterator[None]:
-    """Every expression evaluated inside the block shares one budget (e.g. all rules of one tool call)."""
-    if _active.meter is not None:
-        yield
-        return
-    _active.meter = _Meter(budget)
-    try:
-        yield
-    finally:
-        _active.meter = None
+class metered:  # lower case: used like a function, `with metered():`
+    """Every expression evaluated inside the block shares one budget (e.g. all rules of one tool call).
+
+    A class rather than a generator: it runs around every simulated call."""
+
+    __slots__ = ("outermost",)
+
+    def __enter__(self) -> None:
+        self.outermost = _active.meter is None
+        if self.outermost:
+            _active.meter = _PENDING
+
+    def __exit__(self, *exc: object) -> None:
+        if self.outermost:
+            _active.meter = None
 
 
 class Expr:
@@ -183,7 +186,7 @@ def _lookup_error(obj: Any, key: Any, node: ast.AST) -> EvalError:
     return EvalError(f"cannot look up {key!r} in {where}: it is {_type_name(obj)}")
 
 
-def _iterable(value: Any, node: ast.AST) -> Iterable[Any]:
+def _iterable(value: Any, node: ast.AST) -> Collection[Any]:
     if isinstance(value, list | tuple | str | Mapping):
         return value
     raise EvalError(f"cannot iterate over {ast.unparse(node)}: it is {_type_name(value)}")
@@ -605,9 +608,11 @@ class _Compiler:
         def run(stage: int, scope: dict[str, Any]) -> Iterator[None]:
             iter_fn, iter_node, names, unpack, conds, cost = stages[stage]
             last = stage == len(stages) - 1
-            step = _meter().step
-            for item in _iterable(iter_fn(scope), iter_node):
-                step(cost)
+            items = _iterable(iter_fn(scope), iter_node)
+            # Charged up front, every item as if evaluated: one call per loop rather than per item, and an
+            # over-budget loop stops before it runs (an any() that would stop early is charged in full).
+            _meter().step(cost * len(items))
+            for item in items:
                 if unpack:
                     if not isinstance(item, list | tuple) or len(item) != len(names):
                         raise EvalError(f"cannot unpack {_type_name(item)} into {', '.join(names)}")
