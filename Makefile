@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO := out/demo
 
-.PHONY: install demo test lint browser bench lock clean
+.PHONY: install demo test lint browser bench fuzz lock clean
 
 # The official simulators are pinned in specs/simulators.txt (installed without their declared model-client
 # dependencies) and specs/simulator-wheels.txt (releases read from their wheel).
@@ -38,6 +38,12 @@ browser:
 
 test: lint browser
 	$(BIN)/pytest
+
+# The adversarial suites (pytest marker `fuzz`) with many more generated inputs than `make test` uses, within
+# a bounded time; the tallies they print are the README's "Hardening" table.
+FUZZ_EXAMPLES ?= 400
+fuzz: install
+	PEXEC_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) timeout 1800 $(BIN)/pytest -m fuzz -s tests/
 
 bench: install
 	$(BIN)/pexec bench replay

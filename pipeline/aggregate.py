@@ -18,7 +18,10 @@ same run, seed, B and method give the same bounds on any DuckDB version and any 
 from __future__ import annotations
 
 import re
+import shutil
 import sys
+import tempfile
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -342,19 +345,49 @@ def write_metrics(
     return root.file(folder)
 
 
-def sql(run: str, query: str, storage_options: dict[str, Any] | None = None, partial: bool = False) -> pa.Table:
+@dataclass(frozen=True)
+class QueryLimits:
+    """What one `sql()` call may use. DuckDB spills to `temp_directory` beyond the memory limit, and has no
+    statement timeout of its own: a timer interrupts the connection."""
+
+    memory_limit: str = "2GB"
+    timeout: float = 120.0  # seconds, for all statements of the query together
+
+    def __post_init__(self) -> None:
+        if not _MEMORY.fullmatch(self.memory_limit):
+            raise PexecError(f"memory limit takes a size such as 512MB or 4GB, got {self.memory_limit!r}")
+        if not self.timeout > 0:
+            raise PexecError(f"timeout takes seconds > 0, got {self.timeout}")
+
+
+_MEMORY = re.compile(r"\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", re.IGNORECASE)
+
+
+def sql(
+    run: str,
+    query: str,
+    storage_options: dict[str, Any] | None = None,
+    partial: bool = False,
+    limits: QueryLimits | None = None,
+) -> pa.Table:
     """Run a read-only query over the views of a run: steps, rollouts, rejects, and one per metrics result
     (`metrics`/`pec`, `metrics_by_model`/`pec_by_model`, …).
 
     Every statement must be a read (SELECT, WITH ... SELECT, EXPLAIN [ANALYZE] SELECT); the result of the
     last one is returned. Files outside the run cannot be read. An incomplete run is refused unless
     `partial`; then the result's schema metadata carries the coverage under PARTIAL_KEY (see partial_of).
+    The query runs within `limits` (memory, time); its spill files go to a private temporary folder, never
+    the current directory.
     """
+    limits = limits or QueryLimits()
     statements = _read_statements(query)
     coverage = read_coverage(run, storage_options, partial)
     root = coverage.root
     con = _connect(root)
+    spill = tempfile.mkdtemp(prefix="pexec-sql-")
     try:
+        set_variables(con, memory_limit=limits.memory_limit, temp_directory=spill)
+        run_sql(con, "limits")
         for table in ("rollouts", "steps", "rejects"):
             files = coverage.parts(table)
             if files:
@@ -363,17 +396,33 @@ def sql(run: str, query: str, storage_options: dict[str, Any] | None = None, par
         _metrics_views(con, root)
         set_variables(con, allowed_directories=[root.url + "/"])
         run_sql(con, "lockdown")
-        result = pa.table({})
-        for text in statements:
-            try:
-                relation = con.sql(text)
-                result = relation.to_arrow_table() if relation is not None else pa.table({})
-            except duckdb.Error as exc:  # the user's query is wrong, not pexec
-                raise QueryError(str(exc)) from exc
+        result = _run_limited(con, statements, limits)
         covered = coverage.partial()
         return result if covered is None else result.replace_schema_metadata({PARTIAL_KEY: orjson.dumps(covered)})
     finally:
         con.close()
+        shutil.rmtree(spill, ignore_errors=True)
+
+
+def _run_limited(con: duckdb.DuckDBPyConnection, statements: list[str], limits: QueryLimits) -> pa.Table:
+    timer = threading.Timer(limits.timeout, con.interrupt)
+    timer.start()
+    result = pa.table({})
+    try:
+        for text in statements:
+            relation = con.sql(text)
+            result = relation.to_arrow_table() if relation is not None else pa.table({})
+    except duckdb.InterruptException as exc:
+        raise QueryError(f"query stopped after {limits.timeout:g} s (the --timeout)") from exc
+    except duckdb.OutOfMemoryException as exc:
+        raise QueryError(
+            f"query needs more than {limits.memory_limit} of memory (the --memory-limit) and its spill space"
+        ) from exc
+    except duckdb.Error as exc:  # the user's query is wrong, not pexec
+        raise QueryError(str(exc)) from exc
+    finally:
+        timer.cancel()
+    return result
 
 
 def partial_of(result: pa.Table) -> dict[str, Any] | None:

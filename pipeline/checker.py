@@ -16,6 +16,7 @@ import orjson
 from pipeline.dependencies import History, grounded_values, resolve_references
 from pipeline.envs.base import Environment, Outcome, ToolInfo
 from pipeline.model import NOT_LOGGED, Call, Message, Rollout, RolloutResult, StepResult
+from pipeline.records import MAX_DEPTH, too_deep
 
 # The `detail` of every step whose arguments the log did not capture (S and D not checked).
 UNCAPTURED = "arguments not captured: S and D unknown"
@@ -166,6 +167,8 @@ def _check(env: Environment, state: Any, call: Call, depth: int, history: Histor
             args = orjson.loads(args) if args.strip() else {}
         except orjson.JSONDecodeError as exc:
             return Verdict(False, "S", "schema", f"arguments do not parse as JSON: {exc}")
+        if too_deep(args):  # as a record's own values are (pipeline/records.py)
+            return Verdict(False, "S", "schema", f"arguments nest deeper than {MAX_DEPTH} levels")
     if not isinstance(args, dict):
         return Verdict(False, "S", "schema", f"arguments must be an object, got {type(args).__name__}")
 

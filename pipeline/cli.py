@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import csv
+import re
 import signal
 import sys
+import warnings
 from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
@@ -11,6 +14,7 @@ from typing import Annotated, Any
 
 import click
 import orjson
+import pyarrow as pa
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -22,6 +26,7 @@ from pipeline import catalogue, intervals
 from pipeline.aggregate import (
     BootstrapSettings,
     Population,
+    QueryLimits,
     cohort_fields,
     compute_metrics,
     harness_note,
@@ -39,8 +44,25 @@ from pipeline.storage.lease import DEFAULT_STALE_AFTER
 from pipeline.storage.stores import WriteMode, write_store
 from pipeline.synth import synthesize
 
-console = Console(stderr=True)
-out = Console(width=None if sys.stdout.isatty() else 200)  # logs and pipes get full rows
+# Data is never markup: labels, values, paths and messages are printed as they are (no [style] tags, no
+# :emoji: codes), with control characters shown as escapes by `literal`. Our own styles are Text objects.
+console = Console(stderr=True, markup=False, emoji=False, highlight=False)
+out = Console(width=None if sys.stdout.isatty() else 200, markup=False, emoji=False, highlight=False)
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")  # C0, C1, bidi overrides
+
+
+def literal(value: Any) -> str:
+    """A value from data, a path or an exception as it should appear on a terminal: every control character
+    (escape sequences, carriage returns, bells, newlines, bidi overrides) as its Python escape."""
+    return _CONTROL.sub(lambda m: m[0].encode("unicode_escape").decode(), str(value))
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, *_: Any) -> None:
+    # Library warnings quote data too (matplotlib names a label's glyphs it cannot draw).
+    console.print(literal(f"{filename}:{lineno}: {category.__name__}: {message}"), soft_wrap=True)
+
+
+warnings.showwarning = _show_warning
 
 
 class _Commands(TyperGroup):
@@ -53,7 +75,7 @@ class _Commands(TyperGroup):
         except PexecError as exc:
             # Some messages carry several lines (DuckDB's); soft_wrap keeps long ones on one line too.
             message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-            console.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
+            console.print(Text.assemble(("error:", "bold red"), " ", literal(message)), soft_wrap=True)
             raise typer.Exit(code=2) from exc
 
 
@@ -197,7 +219,7 @@ def synth(
     records = synthesize(spec, rollouts, tasks, seed)
     storage = _storage(endpoint_url, storage_option)
     n = write_store(records, out_store, fmt, per_file, None if compression == "none" else compression, storage, mode)
-    console.print(f"wrote {n} rollouts over {min(tasks, rollouts)} tasks to {out_store}")
+    console.print(f"wrote {n} rollouts over {min(tasks, rollouts)} tasks to {literal(out_store)}")
 
 
 @app.command()
@@ -229,7 +251,8 @@ def ingest(
 
     records = counted(run_ingest(fmt, sources, options))
     n = write_store(records, out_store, store_fmt, storage_options=storage, mode=_write_mode(overwrite, append))
-    console.print(f"wrote {n} rollouts to {out_store}: {n - harness_errors} ok, {harness_errors} harness error(s)")
+    ok = n - harness_errors
+    console.print(f"wrote {n} rollouts to {literal(out_store)}: {ok} ok, {harness_errors} harness error(s)")
 
 
 def _pairs(items: list[str] | None, flag: str) -> dict[str, str]:
@@ -347,11 +370,12 @@ def _summary(manifest: dict[str, Any], run: str) -> None:
     c = manifest["counts"]
     console.print(
         f"read {c['read']:,} · scored {c['scored']:,} · rejected {c['rejected']:,} · steps {c['steps']:,} "
-        f"· {c['shards_reused']} of {c['shards']} shard(s) reused · {manifest['seconds']:.1f}s -> {run}"
+        f"· {c['shards_reused']} of {c['shards']} shard(s) reused · {manifest['seconds']:.1f}s -> {literal(run)}"
     )
     if c["rejected"]:
         query = "SELECT reason, source, location FROM rejects"
-        console.print(f"[yellow]{c['rejected']} record(s) rejected; to see them: pexec sql {run} '{query}'")
+        hint = f"{c['rejected']} record(s) rejected; to see them: pexec sql {literal(run)} '{query}'"
+        console.print(Text(hint, "yellow"))
 
 
 @app.command("run")
@@ -367,7 +391,7 @@ def run_command(
     _unwind_on_sigterm()
     progress = ScoreProgress()
     job = load_job(job_file, on_date)
-    console.print(f"job {job.name} ({job.date}): {job.input} -> {job.output}")
+    console.print(literal(f"job {job.name} ({job.date}): {job.input} -> {job.output}"))
     with progress.bar:
         manifest, cohorts = run_job(job, address, force, progress.on_plan, progress.on_shard)
     _summary(manifest, job.output)
@@ -375,7 +399,7 @@ def run_command(
     for note in metrics_notes(cohorts):
         out.print(note)
     if job.report is not None:
-        console.print(f"report written to {job.report.out.rstrip('/')}/report.html and report.md")
+        console.print(f"report written to {literal(job.report.out.rstrip('/'))}/report.html and report.md")
 
 
 @app.command()
@@ -389,8 +413,8 @@ def submit(
 
     job = load_job(job_file, on_date)
     submission = submit_job(job_file, job, address)
-    console.print(f"submitted {job.name} ({job.date}) to {address}")
-    out.print(submission)
+    console.print(literal(f"submitted {job.name} ({job.date}) to {address}"))
+    out.print(literal(submission))
 
 
 @app.command()
@@ -401,7 +425,7 @@ def status(
     """The state of a submitted job (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED)."""
     from pipeline.jobs import job_status
 
-    out.print(job_status(address, submission))
+    out.print(literal(job_status(address, submission)))
 
 
 @app.command()
@@ -446,13 +470,13 @@ def metrics(
             sys.stdout.write(orjson.dumps(cohort).decode() + "\n")
         return
     if cohorts and cohorts[0]["partial"]:
-        out.print(Text(describe_partial(cohorts[0]["partial"]), style="bold yellow"), soft_wrap=True)
+        out.print(Text(literal(describe_partial(cohorts[0]["partial"])), style="bold yellow"), soft_wrap=True)
     print_table(metrics_table(cohorts))
     if cohorts:
         b = cohorts[0]["bootstrap"]
         out.print(
             f"95% intervals: {b['method']} task-level bootstrap, B={b['B']}, seed={b['seed']}, "
-            f"DuckDB {b['duckdb_version']}; written to {folder}/"
+            f"DuckDB {b['duckdb_version']}; written to {literal(folder)}/"
         )
         for note in metrics_notes(cohorts):
             out.print(note)
@@ -468,8 +492,8 @@ def metrics_table(cohorts: list[dict]) -> Table:
     headers += [f"{m.label}@{k}" for m in curves for k in (1, 3)]
     rows = []
     for c in cohorts:
-        condition = " · ".join(str(c.get(k)) for k in labels) or "all"
-        cells = [str(c["benchmark"]), condition, str(c["n"]), str(c["n_tasks"])]
+        condition = " · ".join(literal(c.get(k)) for k in labels) or "all"
+        cells = [literal(c["benchmark"]), condition, str(c["n"]), str(c["n_tasks"])]
         cells += [str(c["n_unknown_success"]), str(c["n_harness_error"])]
         cells += [_ci(c[m.name]) + (f"\n({c[m.name]['eligible']})" if m.eligible else "") for m in ratios]
         for m in curves:
@@ -487,7 +511,16 @@ def metrics_table(cohorts: list[dict]) -> Table:
 def print_table(table: Table) -> None:
     """Print a table at its natural width: a narrow terminal wraps the lines, but no cell is folded or cut to
     "0.7…", which would read as another number."""
-    Console(file=out.file, width=100_000, color_system=out.color_system, force_terminal=out.is_terminal).print(table)
+    wide = Console(
+        file=out.file,
+        width=100_000,
+        color_system=out.color_system,
+        force_terminal=out.is_terminal,
+        markup=False,
+        emoji=False,
+        highlight=False,
+    )
+    wide.print(table)
 
 
 def metrics_notes(cohorts: list[dict]) -> list[str]:
@@ -554,10 +587,12 @@ def report(
         population=population,
     )
     for path in result.files:
-        out.print(path)
+        out.print(literal(path))
     if result.tables.cohorts and result.tables.cohorts[0]["partial"]:
-        console.print(Text(describe_partial(result.tables.cohorts[0]["partial"]), style="bold yellow"), soft_wrap=True)
-    console.print(f"report written to {result.out}/report.html and {result.out}/report.md ({len(result.files)} files)")
+        notice = literal(describe_partial(result.tables.cohorts[0]["partial"]))
+        console.print(Text(notice, style="bold yellow"), soft_wrap=True)
+    where = literal(result.out)
+    console.print(f"report written to {where}/report.html and {where}/report.md ({len(result.files)} files)")
 
 
 def _depths(k: str) -> list[int]:
@@ -574,30 +609,72 @@ def sql_command(
         str, typer.Argument(help="A read-only query over the views steps, rollouts, rejects, metrics, pec, ….")
     ],
     fmt: Annotated[str, typer.Option("--format", help="table, csv or json")] = "table",
+    memory_limit: Annotated[
+        str, typer.Option("--memory-limit", help="DuckDB memory limit (e.g. 512MB, 4GB); beyond it, it spills.")
+    ] = QueryLimits.memory_limit,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="Seconds the query may run before it is stopped.")
+    ] = QueryLimits.timeout,
     partial: Partial = False,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
     """Run a read-only SQL query (DuckDB) over the run's tables."""
-    result = sql(run, query, _storage(endpoint_url, storage_option), partial)
+    if fmt not in ("table", "csv", "json"):
+        raise PexecError(f"--format is table, csv or json, got {fmt!r}")
+    limits = QueryLimits(memory_limit=memory_limit, timeout=timeout)
+    result = sql(run, query, _storage(endpoint_url, storage_option), partial, limits)
     covered = partial_of(result)
     if covered:  # on stderr: the result itself stays what the query asked for
-        console.print(Text(describe_partial(covered), style="bold yellow"), soft_wrap=True)
-    rows = result.to_pylist()
+        console.print(Text(literal(describe_partial(covered)), style="bold yellow"), soft_wrap=True)
+    rows = result.to_pylist(maps_as_pydicts="strict")
     if fmt == "json":
         for row in rows:
-            sys.stdout.write(orjson.dumps(row, default=str).decode() + "\n")
+            sys.stdout.write(_json(row) + "\n")
     elif fmt == "csv":
-        import pyarrow.csv as pacsv
-
-        pacsv.write_csv(result, sys.stdout.buffer)
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(result.column_names)
+        for row in rows:
+            writer.writerow(_csv_cell(v) for v in row.values())
     else:
         table = Table()
         for name in result.column_names:
-            table.add_column(name)
+            table.add_column(literal(name))
         for row in rows:
-            table.add_row(*("" if v is None else str(v) for v in row.values()))
+            table.add_row(*("" if v is None else literal(_csv_cell(v)) for v in row.values()))
         out.print(table)
+
+
+def _json(value: Any) -> str:
+    # Every DuckDB type: nested values as JSON, decimals exact (as text), blobs and intervals as text.
+    return orjson.dumps(value, default=_json_default, option=orjson.OPT_NON_STR_KEYS).decode()
+
+
+def _json_default(value: Any) -> str:
+    if isinstance(value, bytes):
+        return _blob(value)
+    if isinstance(value, pa.MonthDayNano):  # an INTERVAL, as an ISO 8601 duration
+        months, days, ns = value
+        seconds = f"T{ns / 1e9:g}S" if ns else ""
+        return "P" + (f"{months}M" if months else "") + (f"{days}D" if days or not (months or ns) else "") + seconds
+    return str(value)  # Decimal, and anything else with a text form
+
+
+def _blob(value: bytes) -> str:
+    """Bytes as DuckDB prints a BLOB: printable ASCII as is, the rest as \\xNN."""
+    return "".join(chr(b) if 32 <= b < 127 and b != 92 else f"\\x{b:02X}" for b in value)
+
+
+def _csv_cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, bytes | pa.MonthDayNano):
+        return _json_default(value)
+    if isinstance(value, list | dict):
+        return _json(value)
+    return str(value)
 
 
 @app.command()
@@ -641,13 +718,13 @@ def envs(
     table = Table("environment", "from", *(["version"] if check else []))
     failed = 0
     for name, source in list_environments(options).items():
-        row = [name, source]
+        row: list[str | Text] = [literal(name), literal(source)]
         if check:
             try:
-                row.append(get_environment(name, options).version)
+                row.append(literal(get_environment(name, options).version))
             except PexecError as exc:  # a missing simulator package, an invalid spec: reported in its row
                 failed += 1
-                row.append(f"[red]cannot be built: {exc}[/]")
+                row.append(Text(f"cannot be built: {literal(exc)}", "red"))
         table.add_row(*row)
     out.print(table)
     if failed:
