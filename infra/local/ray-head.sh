@@ -42,14 +42,15 @@ case "${1:-start}" in
   stop)
     [ -f "$sessions" ] || exit 0
     leaders=$(sort -u "$sessions")
-    for sid in $leaders; do pkill -TERM -s "$sid" || true; done
-    for _ in $(seq 50); do
-      alive=0
-      for sid in $leaders; do pgrep -s "$sid" >/dev/null && alive=1; done
-      [ "$alive" = 0 ] && break
-      sleep 0.1
+    for signal in TERM KILL; do  # politely, then for sure; each time wait up to 5 s for them to be gone
+      for sid in $leaders; do pkill "-$signal" -s "$sid" || true; done
+      for _ in $(seq 50); do
+        alive=0
+        for sid in $leaders; do pgrep -s "$sid" -r R,S,D,T,t >/dev/null && alive=1; done
+        [ "$alive" = 0 ] && break
+        sleep 0.1
+      done
     done
-    for sid in $leaders; do pkill -KILL -s "$sid" || true; done
     rm -f "$sessions" ;;
   *)
     echo "usage: $0 start [GCS_PORT] [DASHBOARD_PORT] | worker [GCS_PORT] | stop" >&2; exit 2 ;;
