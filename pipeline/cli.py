@@ -37,10 +37,20 @@ class _Commands(TyperGroup):
         try:
             return super().invoke(ctx)
         except PexecError as exc:
-            # Some messages carry several lines (DuckDB's); soft_wrap keeps long ones on one line too.
-            message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-            console.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
-            raise typer.Exit(code=2) from exc
+            _fail(str(exc), exc)
+        except OSError as exc:  # storage: a missing bucket or file, a refused write, an unreachable endpoint
+            _fail(f"{type(exc).__name__}: {exc}", exc)
+        except Exception as exc:
+            if type(exc).__module__.startswith("botocore"):  # credentials, endpoint (not an OSError)
+                _fail(f"{type(exc).__name__}: {exc} (see the AWS environment or --endpoint-url)", exc)
+            raise
+
+
+def _fail(message: str, exc: Exception) -> None:
+    # Some messages carry several lines (DuckDB's); soft_wrap keeps long ones on one line too.
+    message = " ".join(line.strip() for line in message.splitlines() if line.strip())
+    console.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
+    raise typer.Exit(code=2) from exc
 
 
 app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True, help=__doc__)
@@ -270,12 +280,27 @@ def run_command(
     on_date: OnDate = None,
     address: RayAddress = None,
     force: Force = False,
+    check: Annotated[
+        bool,
+        typer.Option("--check", help="Only check the job (input, output, credentials, environments, columns)."),
+    ] = False,
 ) -> None:
-    """Run a job: score its input (only what changed since the last run), then write its metrics (and report)."""
+    """Run a job: score its input (only what changed since the last run), then write its metrics (and report).
+    The job is checked first (as --check does), so a typo fails before any scoring."""
     from pipeline.jobs import load_job, run_job
+    from pipeline.preflight import check_job
 
     progress = ScoreProgress()
     job = load_job(job_file, on_date)
+    found = check_job(job)
+    if check:
+        source = f"{found.files} file(s), {found.megabytes:,.1f} MiB" if found.files else "synthesized on first run"
+        console.print(
+            f"job {job.name} ({job.date}) can run: input {job.input} ({source}); environments "
+            f"{', '.join(found.environments)}; labels {', '.join(found.labels) or 'none'}; output {job.output}",
+            soft_wrap=True,
+        )
+        return
     console.print(f"job {job.name} ({job.date}): {job.input} -> {job.output}")
     with progress.bar:
         manifest, cohorts = run_job(job, address, force, progress.on_plan, progress.on_shard)
