@@ -5,6 +5,7 @@ The public API; the implementation lives in the modules named below.
 
 from pipeline.aggregate import BootstrapSettings, QueryRefused, compute_metrics, sql, write_metrics
 from pipeline.checker import replay
+from pipeline.coverage import RunIncomplete
 from pipeline.distributed import plan, run_scoring
 from pipeline.envs import Environment, EnvOptions, Outcome, SpecError, ToolInfo, get_environment, register
 from pipeline.envs.spec.loader import Spec, load_spec
@@ -25,6 +26,7 @@ __all__ = [
     "Reject",
     "Rollout",
     "RolloutResult",
+    "RunIncomplete",
     "Spec",
     "SpecError",
     "StepResult",

@@ -4,10 +4,12 @@ docs/design.md §2 ("Aggregates", "Intervals") and §7. All SQL lives in `pipeli
 few DuckDB variables (`getvariable(...)` in the SQL), runs the files in order and shapes the results.
 
 Pipeline (one pass for all cohorts); the metrics and their parts come from pipeline.catalogue:
+  view_population.sql        the rollouts the metrics count (`Population`: harness errors, benchmark pools)
   rollout_parts (view)       per rollout, the catalogue's integer parts p_<name>
   metrics_prepare.sql        rollouts -> cohort numbers -> per-(cohort, task) sums `s_*` (+ PEC histogram)
   bootstrap_<method>.sql     per-(cohort, replicate) sums of the resampled tasks' `s_*`
-  metrics_intervals.sql      ratios of sums (point estimate = full data), percentile intervals
+  metrics_intervals.sql      ratios of sums (point estimate = full data), percentile intervals, and what the
+                             small-sample interval needs (pipeline.intervals picks the interval per metric)
 
 Draws come from our own 32-bit hash (sql/hash.sql), never from random() or DuckDB's hash(), so the
 same run, seed, B and method give the same bounds on any DuckDB version and any thread count.
@@ -24,15 +26,21 @@ from importlib import resources
 from typing import Any, Literal
 
 import duckdb
+import orjson
 import pyarrow as pa
 
-from pipeline import catalogue, schema
+from pipeline import catalogue, intervals, schema
+from pipeline.coverage import Coverage, read_coverage
 from pipeline.errors import PexecError, StorageError
 from pipeline.storage.run import RunPrefix
 
 # The rollouts columns the metrics read.
-_NEEDED = ("task_id", "benchmark", "T", "fed", "executable", "auc_term", "success")
+_NEEDED = ("task_id", "benchmark", "T", "fed", "executable", "auc_term", "success", "n_output_mismatch",
+           "n_output_compared", "diverged_before_fed")  # fmt: skip
 _UINT32 = 2**32
+DEFAULT_METRICS = "metrics"  # the name of the metrics over every label (no --by)
+_METRICS_NAME = re.compile(r"^metrics(_by_\w+)?$")
+PARTIAL_KEY = b"pexec.partial"  # schema metadata of a `sql` result read from an incomplete run
 
 
 class MetricsError(PexecError, ValueError):
@@ -63,6 +71,52 @@ class BootstrapSettings:
 
 
 DEFAULT_BOOTSTRAP = BootstrapSettings()
+HarnessErrors = Literal["exclude", "fail"]
+
+
+@dataclass(frozen=True)
+class Population:
+    """Which rollouts every aggregate counts, and as what (docs/design.md §4; sql/view_population.sql).
+
+    harness_errors: "exclude" leaves harness-error rollouts out of every metric; "fail" counts them as
+    non-executable failures (executable and success false). Either way they are counted per cohort.
+    pools: (pool name, its benchmarks): those benchmarks form one cohort under the pool's name; their tasks stay
+    distinct per benchmark in the bootstrap.
+    strict_replay: leave out the rollouts whose replay diverged from the log before their first error (their FED
+    is not trustworthy); they are counted per cohort either way.
+    """
+
+    harness_errors: HarnessErrors = "exclude"
+    pools: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    strict_replay: bool = False
+
+    def __post_init__(self) -> None:
+        if self.harness_errors not in ("exclude", "fail"):
+            raise MetricsError(f"harness errors are 'exclude' or 'fail', got {self.harness_errors!r}")
+        seen: dict[str, str] = {}
+        for name, benchmarks in self.pools:
+            if not name or not benchmarks:
+                raise MetricsError(f"a pool needs a name and its benchmarks, got {name!r}={','.join(benchmarks)!r}")
+            for b in benchmarks:
+                if b in seen:
+                    raise MetricsError(f"benchmark {b!r} is in two pools: {seen[b]!r} and {name!r}")
+                seen[b] = name
+
+    @property
+    def pooled(self) -> dict[str, str]:
+        """benchmark -> the pool it is counted in."""
+        return {b: name for name, benchmarks in self.pools for b in benchmarks}
+
+
+DEFAULT_POPULATION = Population()
+
+
+def harness_note(cohorts: Sequence[dict[str, Any]]) -> str:
+    """How harness-error rollouts (the harness never really ran them) entered the cohorts' numbers."""
+    n = sum(c["n_harness_error"] for c in cohorts)
+    if cohorts and cohorts[0]["harness_errors"] == "fail":
+        return f"Harness errors: {n}, counted in N as non-executable failures (executable and success false)."
+    return f"Harness errors: {n}, left out of N and of every metric (--harness-errors fail counts them as failures)."
 
 
 class QueryRefused(PexecError, ValueError):
@@ -73,18 +127,23 @@ class QueryError(PexecError, duckdb.Error):
     """DuckDB's own error for a user query (syntax, unknown column or table, a file outside the run)."""
 
 
-class RunNotFound(PexecError, FileNotFoundError):
-    """No scored run (or no rollouts in it) where one was named."""
-
-
 def label_columns(columns: Sequence[str]) -> list[str]:
-    """Label columns of a rollouts table, in table order: any column that is neither fixed nor a cost."""
-    return [c for c in columns if c not in schema.RESERVED_COLUMNS and not c.startswith("cost_")]
+    """Condition label columns of a rollouts table, in table order: any column that is neither fixed, nor a
+    cost, nor an attribute."""
+    return [
+        c for c in columns if c not in schema.RESERVED_COLUMNS and not c.startswith(("cost_", schema.ATTRIBUTE_PREFIX))
+    ]
+
+
+def attribute_columns(columns: Sequence[str]) -> list[str]:
+    """Attribute columns (`attr_<name>`) of a rollouts table, in table order."""
+    return [c for c in columns if c.startswith(schema.ATTRIBUTE_PREFIX)]
 
 
 def cohort_fields() -> tuple[str, ...]:
     """The keys of a cohort dict besides its label values (a label may not take one of these names)."""
-    return ("n", "n_tasks", "n_no_calls", *(m.name for m in catalogue.METRICS), "bootstrap")
+    counts = (c.name for c in (*schema.COHORT_COUNTS, *schema.POPULATION))
+    return (*counts, *(m.name for m in catalogue.METRICS), "bootstrap", "partial")
 
 
 def compute_metrics(
@@ -93,14 +152,38 @@ def compute_metrics(
     settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
     max_k: int | None = None,
     storage_options: dict[str, Any] | None = None,
+    partial: bool = False,
+    population: Population = DEFAULT_POPULATION,
 ) -> list[dict[str, Any]]:
-    """Metrics per cohort (benchmark + `by` labels; all labels when `by` is None), JSON-ready.
+    """Metrics per cohort (benchmark + `by` columns: condition labels, or attributes when named; every condition
+    label when `by` is None), JSON-ready, over the rollouts `population` counts.
 
     Cohorts come out sorted by their key (benchmark, then the labels in table order; NULL labels last).
+    An incomplete run is refused unless `partial`; then every cohort's `partial` states the coverage
+    (None for a complete run), pipeline.coverage.
     """
+    return metrics_and_replicates(run, by, settings, max_k, storage_options, partial, population)[0]
+
+
+Replicates = list[dict[str, list[float | None]]]  # per cohort (as listed): metric -> value per replicate b
+
+
+def metrics_and_replicates(
+    run: str,
+    by: Sequence[str] | None = None,
+    settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
+    max_k: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+    partial: bool = False,
+    population: Population = DEFAULT_POPULATION,
+    replicated: Sequence[str] = (),
+) -> tuple[list[dict[str, Any]], Replicates]:
+    """compute_metrics, and the bootstrap replicates' values of the `replicated` ratio metrics (the draws the
+    intervals come from; None where a replicate's ratio is undefined)."""
     if max_k is not None and max_k < 0:
         raise MetricsError(f"max_k must be >= 0, got {max_k}")
-    with open_rollouts(run, storage_options) as con:
+    coverage = read_coverage(run, storage_options, partial)
+    with _open_rollouts(coverage, population) as con:
         by_cols = cohort_columns(con, by)
         q_lo, q_hi = settings.quantiles
         set_variables(
@@ -113,49 +196,101 @@ def compute_metrics(
             q_hi=q_hi,
             metric_defs=metric_defs(),
             parts=[f"s_{p.name}" for p in catalogue.PARTS],
+            replicated=list(replicated),
         )
         for name in ("metrics_prepare", f"bootstrap_{settings.method}", "metrics_intervals"):
             run_sql(con, name)
         info = fetch(con, "cohort_info")
-        intervals = fetch(con, "metric_intervals")
-        pec = fetch(con, "pec_intervals")
-    return _assemble(info, intervals, pec, ["benchmark", *by_cols], settings)
+        ratios = _join(fetch(con, "metric_intervals"), fetch(con, "metric_clusters"), ("cohort", "metric"))
+        pec = _join(fetch(con, "pec_intervals"), fetch(con, "pec_clusters"), ("cohort", "k"))
+        reps = fetch(con, "replicated_values")
+        run_sql(con, "harness_counts")
+        harness = fetch(con, "harness_counts")
+    cohorts, ids = _assemble(info, ratios, pec, harness, ["benchmark", *by_cols], settings, population)
+    by_id: dict[int, dict[str, list[float | None]]] = {}
+    for r in reps:
+        by_id.setdefault(r["cohort"], {})[r["metric"]] = r["replicate_values"]
+    # A cohort with no rollout in the population (only harness errors) has no replicates: all undefined.
+    undefined = [None] * settings.B
+    per_cohort: Replicates = [{m: by_id.get(cid, {}).get(m, undefined) for m in replicated} for cid in ids]
+    for c in cohorts:
+        c["partial"] = coverage.partial()
+    return cohorts, per_cohort
+
+
+def _join(rows: list[dict[str, Any]], extra: list[dict[str, Any]], key: tuple[str, str]) -> list[dict[str, Any]]:
+    by_key = {tuple(r[k] for k in key): r for r in extra}
+    return [{**r, **by_key.get(tuple(r[k] for k in key), {})} for r in rows]
 
 
 @contextmanager
-def open_rollouts(run: str, storage_options: dict[str, Any] | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A fresh in-memory connection with the view `rollouts` over RUN/rollouts and the bootstrap hash macros:
-    the starting point of every aggregate over a run (metrics here, the report's tables)."""
-    root = RunPrefix(run, storage_options)
-    if not root.has("rollouts"):
-        raise RunNotFound(f"no rollouts Parquet files under {root.url}/rollouts/")
+def open_rollouts(
+    run: str,
+    storage_options: dict[str, Any] | None = None,
+    partial: bool = False,
+    population: Population = DEFAULT_POPULATION,
+) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A fresh in-memory connection with the view `rollouts` = the rollouts `population` counts (over the run's
+    rollouts parts: `run_rollouts`, every row as scored; `all_rollouts`, the same with the pools applied), the view
+    `rollout_parts` (those rollouts with the catalogue's parts) and the bootstrap hash macros: the starting point
+    of every aggregate over a run (metrics here, the report's tables). Harness errors are left out or made
+    failures, and under strict replay the rollouts whose replay diverged before their first error are left out,
+    here, in one place, for every metric. An incomplete run is refused unless `partial` (pipeline.coverage)."""
+    with _open_rollouts(read_coverage(run, storage_options, partial), population) as con:
+        yield con
+
+
+@contextmanager
+def _open_rollouts(coverage: Coverage, population: Population) -> Iterator[duckdb.DuckDBPyConnection]:
+    root = coverage.root
     con = _connect(root)
     try:
-        set_variables(con, rollouts_glob=root.glob("rollouts"))
+        set_variables(con, rollouts_files=coverage.parts("rollouts"))
         run_sql(con, "view_rollouts")
         columns = rollout_columns(con)
         missing = [c for c in _NEEDED if c not in columns]
         if missing:
-            raise MetricsError(f"rollouts under {root.url} lack column(s) {', '.join(missing)}")
-        _create_rollout_parts(con)
+            raise MetricsError(
+                f"rollouts under {root.url} lack column(s) {', '.join(missing)}: scored by an older pexec; "
+                "rescore it with the same `pexec score STORE --out RUN`"
+            )
+        pooled = population.pooled
+        set_variables(
+            con,
+            harness_errors=population.harness_errors,
+            pool_from=list(pooled),
+            pool_to=list(pooled.values()),
+        )
+        run_sql(con, "view_population")
+        _check_pools(con, population, root.url)
+        _create_rollout_parts(con, population.strict_replay)
         run_sql(con, "hash")
         yield con
     finally:
         con.close()
 
 
-def _create_rollout_parts(con: duckdb.DuckDBPyConnection) -> None:
+def _check_pools(con: duckdb.DuckDBPyConnection, population: Population, url: str) -> None:
+    # A pool naming a benchmark the run does not have would silently be a smaller pool than asked for.
+    present = {r[0] for r in con.sql("SELECT DISTINCT benchmark FROM run_rollouts").fetchall()}
+    absent = [b for b in population.pooled if b not in present]
+    if absent:
+        have = ", ".join(sorted(map(str, present)))
+        raise MetricsError(f"--pool names benchmark(s) {', '.join(absent)} that {url} does not have (it has: {have})")
+
+
+def _create_rollout_parts(con: duckdb.DuckDBPyConnection, strict_replay: bool) -> None:
     # The one statement built in Python: its columns are the catalogue's part expressions.
     parts = ", ".join(f"{p.sql} AS p_{p.name}" for p in catalogue.PARTS)
-    con.execute(f"CREATE OR REPLACE TEMP VIEW rollout_parts AS SELECT *, {parts} FROM rollouts")
+    where = " WHERE NOT diverged_before_fed" if strict_replay else ""
+    con.execute(f"CREATE OR REPLACE TEMP VIEW rollout_parts AS SELECT *, {parts} FROM rollouts{where}")
 
 
-def metric_defs() -> list[dict[str, Any]]:
-    """The catalogue's ratio metrics as the SQL reads them (variable `metric_defs`)."""
-    return [
-        {"metric": m.name, "num": m.num, "den": m.den, "scale": m.scale, "ord": i}
-        for i, m in enumerate(catalogue.ratios())
-    ]
+def metric_defs(paired: bool = False) -> list[dict[str, Any]]:
+    """The catalogue's ratio metrics as the SQL reads them (variable `metric_defs`); `paired`: only those of the
+    paired comparison."""
+    shown = [m for m in catalogue.ratios() if m.paired or not paired]
+    return [{"metric": m.name, "num": m.num, "den": m.den, "scale": m.scale, "ord": i} for i, m in enumerate(shown)]
 
 
 def rollout_columns(con: duckdb.DuckDBPyConnection) -> list[str]:
@@ -167,44 +302,64 @@ def cost_columns(con: duckdb.DuckDBPyConnection) -> list[str]:
 
 
 def cohort_columns(con: duckdb.DuckDBPyConnection, by: Sequence[str] | None) -> list[str]:
-    """The `by` labels checked against the run's label columns (all of them when None)."""
-    return resolve_by(by, label_columns(rollout_columns(con)))
+    """The `by` columns checked against the run's label and attribute columns (every label when None); an
+    attribute is named as `termination_reason` or `attr_termination_reason` and comes back as its column."""
+    columns = rollout_columns(con)
+    return resolve_by(by, label_columns(columns), attribute_columns(columns))
 
 
-def write_metrics(run: str, cohorts: list[dict[str, Any]], storage_options: dict[str, Any] | None = None) -> None:
-    """Write RUN/metrics/metrics.parquet (one row per cohort) and pec.parquet (one per cohort and k).
+def metrics_name(by: Sequence[str] | None) -> str:
+    """The name a metrics result is kept (and queried) under: `metrics` over every label (no `by`),
+    else `metrics_by_<col>[_and_<col>…]` (`metrics_by_benchmark` for the benchmark alone); characters other
+    than letters, digits and `_` in a column name become `_`."""
+    if by is None:
+        return DEFAULT_METRICS
+    cols = [re.sub(r"\W", "_", c, flags=re.ASCII) for c in dict.fromkeys(by) if c != "benchmark"]
+    return "metrics_by_" + ("_and_".join(cols) or "benchmark")
 
-    Fixed file names, replaced whole: a rerun overwrites, never appends.
+
+def write_metrics(
+    run: str,
+    cohorts: list[dict[str, Any]],
+    storage_options: dict[str, Any] | None = None,
+    by: Sequence[str] | None = None,
+) -> str:
+    """Write RUN/metrics/<name>/metrics.parquet (one row per cohort) and pec.parquet (one per cohort and k),
+    `<name>` = metrics_name(by), the `by` the cohorts were computed with; returns that folder.
+
+    Fixed file names, replaced whole: the same `by` again overwrites, never appends; another `by` is kept
+    beside it.
     """
     metrics_table, pec_table = metrics_tables(cohorts)
     root = RunPrefix(run, storage_options)
+    folder = f"metrics/{metrics_name(by)}"
     try:
-        root.write_parquet("metrics/metrics.parquet", metrics_table)
-        root.write_parquet("metrics/pec.parquet", pec_table)
+        root.write_parquet(f"{folder}/metrics.parquet", metrics_table)
+        root.write_parquet(f"{folder}/pec.parquet", pec_table)
     except OSError as exc:
-        raise StorageError(f"cannot write {root.url}/metrics/: {exc}") from exc
+        raise StorageError(f"cannot write {root.url}/{folder}/: {exc}") from exc
+    return root.file(folder)
 
 
-def sql(run: str, query: str, storage_options: dict[str, Any] | None = None) -> pa.Table:
-    """Run a read-only query over the views steps, rollouts, metrics (+ pec) of a run.
+def sql(run: str, query: str, storage_options: dict[str, Any] | None = None, partial: bool = False) -> pa.Table:
+    """Run a read-only query over the views of a run: steps, rollouts, rejects, and one per metrics result
+    (`metrics`/`pec`, `metrics_by_model`/`pec_by_model`, …).
 
     Every statement must be a read (SELECT, WITH ... SELECT, EXPLAIN [ANALYZE] SELECT); the result of the
-    last one is returned. Files outside the run cannot be read.
+    last one is returned. Files outside the run cannot be read. An incomplete run is refused unless
+    `partial`; then the result's schema metadata carries the coverage under PARTIAL_KEY (see partial_of).
     """
     statements = _read_statements(query)
-    root = RunPrefix(run, storage_options)
-    if not root.fs.exists(root.path):
-        raise RunNotFound(f"no run at {run}")
+    coverage = read_coverage(run, storage_options, partial)
+    root = coverage.root
     con = _connect(root)
     try:
-        for table in ("rollouts", "steps"):
-            if root.has(table):
-                set_variables(con, **{f"{table}_glob": root.glob(table)})
+        for table in ("rollouts", "steps", "rejects"):
+            files = coverage.parts(table)
+            if files:
+                set_variables(con, **{f"{table}_files": files})
                 run_sql(con, f"view_{table}")
-        for name in ("metrics", "pec"):
-            if root.exists(f"metrics/{name}.parquet"):
-                set_variables(con, **{f"{name}_file": root.file(f"metrics/{name}.parquet")})
-                run_sql(con, f"view_{name}")
+        _metrics_views(con, root)
         set_variables(con, allowed_directories=[root.url + "/"])
         run_sql(con, "lockdown")
         result = pa.table({})
@@ -214,9 +369,35 @@ def sql(run: str, query: str, storage_options: dict[str, Any] | None = None) -> 
                 result = relation.to_arrow_table() if relation is not None else pa.table({})
             except duckdb.Error as exc:  # the user's query is wrong, not pexec
                 raise QueryError(str(exc)) from exc
-        return result
+        covered = coverage.partial()
+        return result if covered is None else result.replace_schema_metadata({PARTIAL_KEY: orjson.dumps(covered)})
     finally:
         con.close()
+
+
+def partial_of(result: pa.Table) -> dict[str, Any] | None:
+    """The coverage of a `sql` result read from an incomplete run (None: the run is complete)."""
+    raw = (result.schema.metadata or {}).get(PARTIAL_KEY)
+    return None if raw is None else orjson.loads(raw)
+
+
+def _metrics_views(con: duckdb.DuckDBPyConnection, root: RunPrefix) -> None:
+    """A view per metrics result under RUN/metrics/<name>/: `<name>` over metrics.parquet and its PEC table
+    (`pec`, `pec_by_…`) over pec.parquet."""
+    files = {}
+    for path in sorted(root.fs.glob(f"{root.path}/metrics/*/metrics.parquet")):
+        name = path.rsplit("/", 2)[-2]
+        if _METRICS_NAME.match(name):  # else not written by write_metrics
+            files[name] = f"metrics/{name}/metrics.parquet"
+            files["pec" + name.removeprefix("metrics")] = f"metrics/{name}/pec.parquet"
+    for i, (view, rel) in enumerate(files.items()):
+        if root.exists(rel):
+            # The one statement built here: a view's name is data (validated above); its file, a variable of
+            # its own (a view reads its variable when queried).
+            set_variables(con, **{f"metrics_file_{i}": root.file(rel)})
+            con.execute(
+                f"CREATE OR REPLACE TEMP VIEW \"{view}\" AS SELECT * FROM read_parquet(getvariable('metrics_file_{i}'))"
+            )
 
 
 def metrics_tables(cohorts: list[dict[str, Any]]) -> tuple[pa.Table, pa.Table]:
@@ -228,18 +409,36 @@ def metrics_tables(cohorts: list[dict[str, Any]]) -> tuple[pa.Table, pa.Table]:
     rows, pec_rows = [], []
     for c in cohorts:
         row: dict[str, Any] = _label_values(c, keys)
-        row |= {"n": c["n"], "n_tasks": c["n_tasks"], "n_no_calls": c["n_no_calls"]}
+        row |= {col.name: c[col.name] for col in (*schema.COHORT_COUNTS, *schema.POPULATION)}
         for m in catalogue.ratios():
             row |= {m.name: c[m.name]["value"], f"{m.name}_lo": c[m.name]["lo"], f"{m.name}_hi": c[m.name]["hi"]}
+            row[f"{m.name}_method"] = c[m.name].get("method")
             if m.eligible:
                 row[f"{m.name}_eligible"] = c[m.name]["eligible"]
         row |= {f"bootstrap_{k}": v for k, v in c["bootstrap"].items() if k != "duckdb_version"}
         row["duckdb_version"] = c["bootstrap"]["duckdb_version"]
+        covered = c.get("partial") or {}
+        row["partial"] = bool(covered)
+        row |= {c.name: covered.get(c.name.removeprefix("partial_")) for c in schema.PARTIAL[1:]}
         rows.append(row)
-        pec_rows += [{**_label_values(c, keys), **p} for p in c["pec"]]
+        pec_rows += [{**_label_values(c, keys), "method": None, **p} for p in c["pec"]]
     metrics_schema = schema.arrow_schema(schema.metrics_table(), keys)
     pec_schema = schema.arrow_schema(schema.PEC, keys)
     return pa.Table.from_pylist(rows, metrics_schema), pa.Table.from_pylist(pec_rows, pec_schema)
+
+
+def replay_note(cohorts: list[dict[str, Any]]) -> str:
+    """How many rollouts' replay diverged from the log before their first error, and what was done with them."""
+    diverged = sum(c["n_diverged_before_fed"] for c in cohorts)
+    if cohorts and cohorts[0]["strict_replay"]:
+        return (
+            f"--strict-replay: {diverged} rollout(s) whose replay diverged from the log before their first error "
+            "are left out of every number."
+        )
+    return (
+        f"{diverged} rollout(s) diverged from the log before their first error (their FED is not trustworthy); "
+        "they are counted (--strict-replay leaves them out)."
+    )
 
 
 def _label_values(cohort: dict[str, Any], keys: list[str]) -> dict[str, str | None]:
@@ -277,39 +476,55 @@ def fetch(con: duckdb.DuckDBPyConnection, table: str) -> list[dict[str, Any]]:
     return con.sql(f"SELECT * FROM {table}").to_arrow_table().to_pylist()
 
 
-def resolve_by(by: Sequence[str] | None, labels: list[str]) -> list[str]:
+def resolve_by(by: Sequence[str] | None, labels: list[str], attributes: Sequence[str] = ()) -> list[str]:
+    """Cohort columns for `by` (every condition label when None). `attributes` are column names (`attr_<name>`),
+    found by either name."""
     if by is None:
         return list(labels)
     out: list[str] = []
     for name in by:
-        if name == "benchmark" or name in out:
+        column = name if name in labels or name in attributes else schema.ATTRIBUTE_PREFIX + name
+        if name == "benchmark" or column in out:
             continue  # benchmark is always part of the cohort
-        if name not in labels:
+        if column not in labels and column not in attributes:
             available = ", ".join(labels) if labels else "none (the rollouts have no label columns)"
-            raise MetricsError(f"unknown cohort column {name!r}; available label columns: {available}")
+            attrs = ", ".join(a.removeprefix(schema.ATTRIBUTE_PREFIX) for a in attributes) or "none"
+            raise MetricsError(
+                f"unknown cohort column {name!r}; available label columns: {available}; attributes: {attrs}"
+            )
         if name in cohort_fields():
             raise MetricsError(f"label column {name!r} clashes with a metric name and cannot define a cohort")
-        out.append(name)
+        out.append(column)
     return out
 
 
-def _interval(row: dict[str, Any] | None) -> dict[str, float | None]:
-    if row is None:
+def _interval(row: dict[str, Any] | None, level: float) -> dict[str, Any]:
+    """value, lo, hi and the interval's method (pipeline.intervals); no method where there is no value, nor for
+    PEC(0) = 1, which holds by definition."""
+    if row is None or row["value"] is None:
         return {"value": None, "lo": None, "hi": None}
-    return {"value": row["value"], "lo": row["lo"], "hi": row["hi"]}
+    if row.get("k") == 0:
+        return {"value": row["value"], "lo": row["lo"], "hi": row["hi"]}
+    moments = (int(row[k]) for k in ("num_total", "yy", "xy", "xx"))
+    cluster = intervals.Cluster(row["value"], row["den_total"], row["den_tasks"], *moments, scale=row["scale"])
+    lo, hi, method = intervals.interval(cluster, row["lo"], row["hi"], level)
+    return {"value": row["value"], "lo": lo, "hi": hi, "method": method}
 
 
 def _assemble(
     info: list[dict[str, Any]],
-    intervals: list[dict[str, Any]],
+    ratios: list[dict[str, Any]],
     pec: list[dict[str, Any]],
+    harness: list[dict[str, Any]],
     keys: list[str],
     settings: BootstrapSettings,
-) -> list[dict[str, Any]]:
-    by_metric = {(r["cohort"], r["metric"]): r for r in intervals}
+    population: Population,
+) -> tuple[list[dict[str, Any]], list[int | None]]:
+    """The cohort dicts, in key order, and each one's cohort number in the SQL tables (None: no rollout)."""
+    by_metric = {(r["cohort"], r["metric"]): r for r in ratios}
     pec_by_cohort: dict[int, list[dict[str, Any]]] = {}
     for r in pec:
-        pec_by_cohort.setdefault(r["cohort"], []).append({"k": r["k"], **_interval(r)})
+        pec_by_cohort.setdefault(r["cohort"], []).append({"k": r["k"], **_interval(r, settings.level)})
     bootstrap = {
         "B": settings.B,
         "seed": settings.seed,
@@ -318,22 +533,35 @@ def _assemble(
         "unit": "task",
         "duckdb_version": duckdb.__version__,
     }
-    cohorts = []
+
+    def key(k: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(k[name] for name in keys)
+
+    n_harness = {key(h["key"]): h["n_harness_error"] for h in harness}
+    # A cohort made only of excluded harness errors has no rollout in the population: it is still listed.
+    counted = {key(c["key"]) for c in info}
+    empty = {"cohort": None, "n": 0, "n_tasks": 0, "n_no_calls": 0, "n_unknown_success": 0, "n_diverged_before_fed": 0}
+    info = [*info, *({**empty, "key": h["key"]} for h in harness if key(h["key"]) not in counted)]
+    info.sort(key=lambda c: tuple((v is None, v) for v in c["key"].values()))  # as SQL orders the key structs
+    cohorts, ids = [], []
     for c in info:
         cid = c["cohort"]
+        ids.append(cid)
         out: dict[str, Any] = {k: c["key"][k] for k in keys}
-        out |= {"n": c["n"], "n_tasks": c["n_tasks"], "n_no_calls": c["n_no_calls"]}
+        out |= {col.name: c[col.name] for col in schema.COHORT_COUNTS if col.name != "n_harness_error"}
+        out["n_harness_error"] = n_harness.get(key(c["key"]), 0)  # counted over every scored rollout
+        out |= {"harness_errors": population.harness_errors, "strict_replay": population.strict_replay}
         for m in catalogue.METRICS:
             if m.kind == "curve":
                 out[m.name] = sorted(pec_by_cohort.get(cid, []), key=lambda p: p["k"])
                 continue
             row = by_metric.get((cid, m.name))
-            out[m.name] = _interval(row)
+            out[m.name] = _interval(row, settings.level)
             if m.eligible:
                 out[m.name]["eligible"] = row["den_total"] if row is not None else 0
         out["bootstrap"] = dict(bootstrap)
         cohorts.append(out)
-    return cohorts
+    return cohorts, ids
 
 
 _EXPLAIN = re.compile(r"^\s*EXPLAIN\s+(?:ANALYZE\s+)?(?:\([^)]*\)\s*)?(?P<rest>.*)$", re.IGNORECASE | re.DOTALL)

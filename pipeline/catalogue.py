@@ -7,8 +7,10 @@ independent of the order in which threads add rows up.
 
 Everything that shows a metric reads this catalogue: the SQL of the cohort and the paired bootstrap
 (pipeline.aggregate, pipeline.report.paired), `metrics --json` and metrics.parquet, the terminal table, the
-report's tables, its ranking and its paired comparison. To add a metric, add a `Metric` here (and a `Part`
-if it needs a new per-rollout quantity).
+report's tables, its ranking and its paired comparison, and the README's table of metrics (`markdown()`).
+To add a metric, add a `Metric` here (and a `Part` if it needs a new per-rollout quantity), with its exact
+population; its interval is the task bootstrap, or Wilson on the effective sample size where that degenerates
+(pipeline.intervals).
 
 PEC(k) is the one curve: a metric per depth k, computed from the depth histogram in
 sql/metrics_prepare.sql rather than from a single pair of parts; its entry fixes its place among the others.
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
+
+from pipeline import intervals
 
 # auc_term in [0, 1] is summed in units of 2^-40 (error <= 4.6e-13 per term). Binary units keep the last
 # division exact, so TER <= AUC-PEC <= 1 holds exactly: an executable rollout is exactly 2^40 units.
@@ -48,6 +52,12 @@ class Metric:
     in_tables: bool = True  # a column of the terminal and report metric tables (JSON and Parquet always)
     kind: Literal["ratio", "curve"] = "ratio"
     doc: str = ""
+    # The exact population the value is computed over (README and docs/design.md §2.3 print it).
+    population: str = "every rollout of the cohort"
+    # How its small-sample interval is justified (pipeline.intervals): a share of counted units, or the mean
+    # of a quantity in [0, 1] (the Wilson interval is then conservative).
+    quantity: Literal["share", "mean01"] = "share"
+    paired: bool = True  # a row of the report's paired comparison of two conditions
 
 
 PARTS: tuple[Part, ...] = (
@@ -60,13 +70,38 @@ PARTS: tuple[Part, ...] = (
     # success = TER * P(success | executable) + (1 - TER) * RR holds exactly.
     Part("elig", "(NOT executable AND success IS NOT NULL)::INTEGER", "invalid prefix, with a verdict"),
     Part("rec", "(NOT executable AND success IS TRUE)::INTEGER", "invalid prefix, then successful (recovered)"),
+    Part("exec_known", "(executable AND success IS NOT NULL)::INTEGER", "fully executable, with a verdict"),
+    Part("succ_exec", "(executable AND success IS TRUE)::INTEGER", "fully executable and successful"),
+    Part("cmp", "n_output_compared", "calls with both a logged and a replayed output"),
+    Part("match", "n_output_compared - n_output_mismatch", "calls whose replayed output equals the logged one"),
 )
 
 METRICS: tuple[Metric, ...] = (
-    Metric("success", "success", "succ", "known", doc="the benchmark's own verdict, over rollouts that have one"),
+    Metric(
+        "success",
+        "success",
+        "succ",
+        "known",
+        doc="the benchmark's own verdict",
+        population="rollouts with a verdict (success not null); `n_unknown_success` counts the others",
+    ),
     Metric("ter", "TER", "exec", "n", ranked=True, doc="share of fully executable rollouts"),
-    Metric("auc_pec", "AUC-PEC", "auc", "n", scale=AUC_UNIT, ranked=True, doc="mean of (FED - 1) / T"),
-    Metric("pec", "PEC", kind="curve", doc="PEC(k): share of rollouts with T >= k and FED > k"),
+    Metric(
+        "auc_pec",
+        "AUC-PEC",
+        "auc",
+        "n",
+        scale=AUC_UNIT,
+        ranked=True,
+        doc="mean of (FED - 1) / T (1 when T = 0)",
+        quantity="mean01",
+    ),
+    Metric(
+        "pec",
+        "PEC",
+        kind="curve",
+        doc="PEC(k): share of rollouts with T >= k and FED > k (PEC(0) = 1 by definition)",
+    ),
     Metric(
         "rr",
         "RR",
@@ -74,6 +109,18 @@ METRICS: tuple[Metric, ...] = (
         "elig",
         eligible="rollouts with an invalid prefix and a verdict",
         doc="recovery rate: successful among rollouts with an invalid prefix",
+        population="rollouts with an invalid prefix and a verdict (`rr_eligible`)",
+    ),
+    Metric(
+        "success_given_executable",
+        "P(success | executable)",
+        "succ_exec",
+        "exec_known",
+        eligible="fully executable rollouts with a verdict",
+        in_tables=False,
+        doc="successful among fully executable rollouts; success = TER_v * this + (1 - TER_v) * RR exactly, "
+        "TER_v = its eligible count / (its eligible count + rr_eligible)",
+        population="fully executable rollouts with a verdict (`success_given_executable_eligible`)",
     ),
     Metric(
         "successes_after_invalid_prefix",
@@ -82,6 +129,17 @@ METRICS: tuple[Metric, ...] = (
         "succ",
         in_tables=False,
         doc="share of the successes that came after an invalid prefix",
+        population="successful rollouts",
+    ),
+    Metric(
+        "output_match",
+        "output match",
+        "match",
+        "cmp",
+        eligible="calls with a logged and a replayed output",
+        doc="replay faithfulness: calls whose replayed output equals the logged one",
+        population="calls with both a logged and a replayed output (`output_match_eligible`)",
+        paired=False,  # a property of the replay, not a condition to compare
     ),
 )
 
@@ -97,3 +155,22 @@ def metric(name: str) -> Metric:
 
 def pec() -> Metric:
     return metric("pec")
+
+
+def markdown() -> str:
+    """The README's table of metrics: each one's key, definition, exact population and interval method
+    (tests/test_docs.py checks that the README has it)."""
+    small = (
+        f"task bootstrap; Wilson on the effective sample size (†) below {intervals.MIN_TASKS} tasks or "
+        f"{intervals.MIN_DENOMINATOR} units in the denominator, or at 0/1"
+    )
+    notes = {
+        "share": "",
+        "mean01": " (conservative for this mean of a [0, 1] quantity: r (1 − r) bounds its variance)",
+    }
+    lines = ["| metric | key | what | over | interval |", "|---|---|---|---|---|"]
+    for m in METRICS:
+        interval = small + notes[m.quantity] + ("; PEC(0) = 1 exactly, no interval method" if m.kind == "curve" else "")
+        cells = [m.label, f"`{m.name}`", m.doc, m.population, interval]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"

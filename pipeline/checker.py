@@ -69,7 +69,7 @@ def replay(env: Environment, rollout: Rollout) -> RolloutResult:
                 tool=event.tool,
                 valid=verdict.valid,
                 prefix_executable=prefix_ok,
-                check=verdict.check,
+                failed_check=verdict.check,
                 cause=verdict.cause,
                 detail=verdict.detail,
                 decided_by=verdict.outcome.decided_by if verdict.outcome else None,

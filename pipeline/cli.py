@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import sys
+from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
 from typing import Annotated, Any
@@ -16,17 +18,29 @@ from rich.table import Table
 from rich.text import Text
 from typer.core import TyperGroup
 
-from pipeline import catalogue
-from pipeline.aggregate import BootstrapSettings, compute_metrics, sql, write_metrics
+from pipeline import catalogue, intervals
+from pipeline.aggregate import (
+    BootstrapSettings,
+    Population,
+    cohort_fields,
+    compute_metrics,
+    harness_note,
+    partial_of,
+    replay_note,
+    sql,
+    write_metrics,
+)
+from pipeline.coverage import describe_partial
 from pipeline.distributed import DEFAULT_SHARD_BYTES, ShardPlan, run_scoring
 from pipeline.envs import EnvOptions
 from pipeline.errors import PexecError
 from pipeline.score import ShardReport
-from pipeline.storage.stores import write_store
+from pipeline.storage.lease import DEFAULT_STALE_AFTER
+from pipeline.storage.stores import WriteMode, write_store
 from pipeline.synth import synthesize
 
 console = Console(stderr=True)
-out = Console(width=None if sys.stdout.isatty() else 150)  # logs and pipes get full rows
+out = Console(width=None if sys.stdout.isatty() else 200)  # logs and pipes get full rows
 
 
 class _Commands(TyperGroup):
@@ -85,7 +99,28 @@ StorageOption = Annotated[
 ]
 OutStore = Annotated[str, typer.Option("--out", help="Store to write (folder or fsspec URL).")]
 StoreFormat = Annotated[str, typer.Option("--format", help="jsonl or parquet")]
-By = Annotated[str | None, typer.Option("--by", help="Label columns that define a condition, e.g. model,method.")]
+Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace the files already in the output store.")]
+Append = Annotated[
+    bool, typer.Option("--append", help="Add new files beside those already in the output store (same format).")
+]
+By = Annotated[
+    str | None,
+    typer.Option(
+        "--by", help="Columns that define a cohort, e.g. model,method (default: every label); attributes too."
+    ),
+]
+HarnessErrors = Annotated[
+    str,
+    typer.Option(
+        "--harness-errors",
+        help="exclude: harness-error rollouts are left out of every metric (always counted); "
+        "fail: they count as non-executable failures.",
+    ),
+]
+Pool = Annotated[
+    list[str] | None,
+    typer.Option("--pool", help="NAME=B1,B2: count benchmarks B1, B2 as one benchmark NAME (repeatable)."),
+]
 Bootstrap = Annotated[int, typer.Option("--bootstrap", min=1, help="Bootstrap replicates B.")]
 Seed = Annotated[int, typer.Option("--seed", help="Seed of the random draws: the same seed, the same output.")]
 Method = Annotated[str, typer.Option("--method", help="multinomial (task resampling) or poisson")]
@@ -102,6 +137,21 @@ DashboardAddress = Annotated[
 ]
 Force = Annotated[bool, typer.Option("--force", help="Rescore every shard, even unchanged ones.")]
 OnDate = Annotated[str | None, typer.Option("--date", help="YYYY-MM-DD for {date} (default: today, UTC).")]
+Partial = Annotated[
+    bool,
+    typer.Option(
+        "--partial",
+        help="Read an incomplete run (killed scoring, missing parts): only its committed shards; "
+        "every output states the coverage.",
+    ),
+]
+StrictReplay = Annotated[
+    bool,
+    typer.Option(
+        "--strict-replay",
+        help="Leave out the rollouts whose replay diverged from the log before their first error (FED untrusted).",
+    ),
+]
 
 
 def _storage(endpoint_url: str | None, pairs: list[str] | None) -> dict[str, Any] | None:
@@ -116,9 +166,23 @@ def _storage(endpoint_url: str | None, pairs: list[str] | None) -> dict[str, Any
     return options or None
 
 
+def _write_mode(overwrite: bool, append: bool) -> WriteMode:
+    if overwrite and append:
+        raise PexecError("--overwrite and --append exclude each other")
+    return "overwrite" if overwrite else "append" if append else "new"
+
+
 def _columns(by: str | None) -> list[str] | None:
     """`--by model,method` -> ["model", "method"]; None (every label) when not given."""
     return [c.strip() for c in by.split(",") if c.strip()] if by else None
+
+
+def _population(harness_errors: str, pools: list[str] | None, strict_replay: bool) -> Population:
+    if harness_errors not in ("exclude", "fail"):
+        raise PexecError(f"--harness-errors is exclude or fail, got {harness_errors!r}")
+    named = _pairs(pools, "--pool")
+    pooled = tuple((name, tuple(b.strip() for b in value.split(",") if b.strip())) for name, value in named.items())
+    return Population(harness_errors, pooled, strict_replay)  # type: ignore[arg-type]
 
 
 def _bootstrap(replicates: int, seed: int, method: str) -> BootstrapSettings:
@@ -137,15 +201,18 @@ def synth(
     fmt: StoreFormat = "jsonl",
     compression: Annotated[str, typer.Option("--compression", help="none, gzip or zstd (JSON Lines)")] = "none",
     per_file: Annotated[int, typer.Option("--per-file", min=1, help="Rollouts per file.")] = 50_000,
+    overwrite: Overwrite = False,
+    append: Append = False,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
     """Generate a synthetic store with known per-step truth (injected failures, recoveries)."""
     if fmt not in ("jsonl", "parquet") or compression not in ("none", "gzip", "zstd"):
         raise PexecError("--format is jsonl or parquet; --compression is none, gzip or zstd")
+    mode = _write_mode(overwrite, append)
     records = synthesize(spec, rollouts, tasks, seed)
     storage = _storage(endpoint_url, storage_option)
-    n = write_store(records, out_store, fmt, per_file, None if compression == "none" else compression, storage)
+    n = write_store(records, out_store, fmt, per_file, None if compression == "none" else compression, storage, mode)
     console.print(f"wrote {n} rollouts over {min(tasks, rollouts)} tasks to {out_store}")
 
 
@@ -157,6 +224,8 @@ def ingest(
     label: Annotated[list[str] | None, typer.Option("--label", help="k=v added to every rollout's labels.")] = None,
     option: Annotated[list[str] | None, typer.Option("--option", help="k=v setting of the format's adapter.")] = None,
     store_fmt: StoreFormat = "jsonl",
+    overwrite: Overwrite = False,
+    append: Append = False,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
@@ -165,11 +234,18 @@ def ingest(
     from pipeline.ingest import ingest as run_ingest
 
     storage = _storage(endpoint_url, storage_option)  # for the sources and the output store
-    options = IngestOptions(
-        labels=_pairs(label, "--label"), extra=_pairs(option, "--option"), storage_options=storage
-    )
-    n = write_store(run_ingest(fmt, sources, options), out_store, store_fmt, storage_options=storage)
-    console.print(f"wrote {n} rollouts to {out_store}")
+    options = IngestOptions(labels=_pairs(label, "--label"), extra=_pairs(option, "--option"), storage_options=storage)
+    harness_errors = 0
+
+    def counted(records: Iterator[dict]) -> Iterator[dict]:
+        nonlocal harness_errors
+        for record in records:
+            harness_errors += record.get("status") == "harness_error"
+            yield record
+
+    records = counted(run_ingest(fmt, sources, options))
+    n = write_store(records, out_store, store_fmt, storage_options=storage, mode=_write_mode(overwrite, append))
+    console.print(f"wrote {n} rollouts to {out_store}: {n - harness_errors} ok, {harness_errors} harness error(s)")
 
 
 def _pairs(items: list[str] | None, flag: str) -> dict[str, str]:
@@ -200,6 +276,14 @@ def score(
     num_cpus: Annotated[int | None, typer.Option("--num-cpus", help="CPUs for local Ray.")] = None,
     inline: Annotated[bool, typer.Option("--inline", help="Score in this process, without Ray.")] = False,
     force: Force = False,
+    lease_stale_after: Annotated[
+        float,
+        typer.Option(
+            "--lease-stale-after",
+            min=1,
+            help="Seconds without a heartbeat after which another writer's lease on the run is taken over.",
+        ),
+    ] = DEFAULT_STALE_AFTER,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
@@ -209,6 +293,7 @@ def score(
     if shard_mb * 2**20 < 1:
         raise PexecError(f"--shard-mb takes a size > 0, got {shard_mb}")
     options = EnvOptions(spec_dirs=tuple(spec_dir or ()), spec=spec, policy=policy)
+    _unwind_on_sigterm()
     progress = ScoreProgress()
     with progress.bar:
         manifest = run_scoring(
@@ -224,8 +309,18 @@ def score(
             on_plan=progress.on_plan,
             on_shard=progress.on_shard,
             force=force,
+            lease_stale_after=lease_stale_after,
         )
     _summary(manifest, run)
+
+
+def _unwind_on_sigterm() -> None:
+    """A scheduler's SIGTERM (a cron or pod timeout) unwinds like Ctrl-C, so the run's lease is released."""
+
+    def leave(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, leave)
 
 
 class ScoreProgress:
@@ -271,7 +366,8 @@ def _summary(manifest: dict[str, Any], run: str) -> None:
         f"· {c['shards_reused']} of {c['shards']} shard(s) reused · {manifest['seconds']:.1f}s -> {run}"
     )
     if c["rejected"]:
-        console.print(f"[yellow]{c['rejected']} record(s) rejected: see {run.rstrip('/')}/rejects/")
+        query = "SELECT reason, source, location FROM rejects"
+        console.print(f"[yellow]{c['rejected']} record(s) rejected; to see them: pexec sql {run} '{query}'")
 
 
 @app.command("run")
@@ -290,6 +386,7 @@ def run_command(
     from pipeline.jobs import load_job, run_job
     from pipeline.preflight import check_job
 
+    _unwind_on_sigterm()
     progress = ScoreProgress()
     job = load_job(job_file, on_date)
     found = check_job(job)
@@ -305,7 +402,9 @@ def run_command(
     with progress.bar:
         manifest, cohorts = run_job(job, address, force, progress.on_plan, progress.on_shard)
     _summary(manifest, job.output)
-    out.print(metrics_table(cohorts, job.by))
+    print_table(metrics_table(cohorts))
+    for note in metrics_notes(cohorts):
+        out.print(note)
     if job.report is not None:
         console.print(f"report written to {job.report.out.rstrip('/')}/report.html and report.md")
 
@@ -411,53 +510,84 @@ def metrics(
         int | None, typer.Option("--max-k", help="Largest k for PEC(k) (default: max T, at most 20).")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per cohort.")] = False,
+    harness_errors: HarnessErrors = "exclude",
+    pool: Pool = None,
+    partial: Partial = False,
+    strict_replay: StrictReplay = False,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
-    """Success, TER, AUC-PEC, RR and PEC(k) per cohort with 95% task-level bootstrap intervals."""
+    """Success, TER, AUC-PEC, RR, output match and PEC(k) per cohort with 95% intervals (task bootstrap, or
+    Wilson on the effective sample size for small samples)."""
     settings = _bootstrap(bootstrap, seed, method)
+    population = _population(harness_errors, pool, strict_replay)
     columns = _columns(by)
     storage = _storage(endpoint_url, storage_option)
-    cohorts = compute_metrics(run, columns, settings, max_k, storage)
-    write_metrics(run, cohorts, storage)
+    cohorts = compute_metrics(run, columns, settings, max_k, storage, partial, population)
+    folder = write_metrics(run, cohorts, storage, columns)
     if as_json:
         for cohort in cohorts:
             sys.stdout.write(orjson.dumps(cohort).decode() + "\n")
         return
-    out.print(metrics_table(cohorts, columns))
+    if cohorts and cohorts[0]["partial"]:
+        out.print(Text(describe_partial(cohorts[0]["partial"]), style="bold yellow"), soft_wrap=True)
+    print_table(metrics_table(cohorts))
     if cohorts:
         b = cohorts[0]["bootstrap"]
         out.print(
             f"95% intervals: {b['method']} task-level bootstrap, B={b['B']}, seed={b['seed']}, "
-            f"DuckDB {b['duckdb_version']}; written to {run.rstrip('/')}/metrics/"
+            f"DuckDB {b['duckdb_version']}; written to {folder}/"
         )
+        for note in metrics_notes(cohorts):
+            out.print(note)
 
 
-def metrics_table(cohorts: list[dict], by: list[str] | None) -> Table:
-    labels = by or sorted({k for c in cohorts for k in c if isinstance(c[k], str)} - {"benchmark"})
+def metrics_table(cohorts: list[dict]) -> Table:
+    # The cohort's key columns: everything of a cohort dict that is not a count, a metric or a setting.
+    labels = [k for k in (cohorts[0] if cohorts else {}) if k != "benchmark" and k not in cohort_fields()]
     # The catalogue's table metrics, with the curves last (PEC@1 and PEC@3) to fit a terminal.
     ratios = [m for m in catalogue.ratios() if m.in_tables]
     curves = [m for m in catalogue.METRICS if m.kind == "curve" and m.in_tables]
     headers = [f"{m.label} (n)" if m.eligible else m.label for m in ratios]
     headers += [f"{m.label}@{k}" for m in curves for k in (1, 3)]
-    table = Table(title="Prefix executability: value and 95% interval")
-    for name in ["benchmark", "condition", "N", "tasks", *headers]:
-        table.add_column(name, justify="left" if name in ("benchmark", "condition") else "right")
+    rows = []
     for c in cohorts:
         condition = " · ".join(str(c.get(k)) for k in labels) or "all"
         cells = [str(c["benchmark"]), condition, str(c["n"]), str(c["n_tasks"])]
+        cells += [str(c["n_unknown_success"]), str(c["n_harness_error"])]
         cells += [_ci(c[m.name]) + (f"\n({c[m.name]['eligible']})" if m.eligible else "") for m in ratios]
         for m in curves:
             curve = {p["k"]: p for p in c[m.name]}
             cells += [_ci(curve[k]) if k in curve else "–" for k in (1, 3)]
+        rows.append(cells)
+    table = Table(title="Prefix executability: value and 95% interval")
+    for i, name in enumerate(["benchmark", "condition", "N", "tasks", "no verdict", "harness errors", *headers]):
+        table.add_column(name, justify="left" if i < 2 else "right")
+    for cells in rows:
         table.add_row(*cells)
     return table
+
+
+def print_table(table: Table) -> None:
+    """Print a table at its natural width: a narrow terminal wraps the lines, but no cell is folded or cut to
+    "0.7…", which would read as another number."""
+    Console(file=out.file, width=100_000, color_system=out.color_system, force_terminal=out.is_terminal).print(table)
+
+
+def metrics_notes(cohorts: list[dict]) -> list[str]:
+    """What the table's populations and markers mean (the report says the same: pipeline.report.layout)."""
+    notes = ["success and RR: over the rollouts with a verdict (no verdict: left out); TER, AUC-PEC, PEC: all N."]
+    points = [p for c in cohorts for p in [*(c[m.name] for m in catalogue.ratios()), *c["pec"]]]
+    if any(p.get("method") == intervals.WILSON for p in points):
+        notes.append(intervals.NOTE)
+    return [*notes, harness_note(cohorts), replay_note(cohorts)]
 
 
 def _ci(m: dict) -> str:
     if m.get("value") is None:
         return "–"
-    return f"{m['value']:.3f}\n{m['lo']:.3f}–{m['hi']:.3f}"
+    mark = f" {intervals.MARK}" if m.get("method") == intervals.WILSON else ""
+    return f"{m['value']:.3f}{mark}\n{m['lo']:.3f}–{m['hi']:.3f}"
 
 
 @app.command()
@@ -470,9 +600,20 @@ def report(
         typer.Option("--compare", help="COL=A COL=B: paired differences A - B over the tasks both share."),
     ] = None,
     k: Annotated[str, typer.Option("--k", help="Depths k of the PEC@k columns, e.g. 1,3,5.")] = "1,3,5",
+    within: Annotated[
+        str | None,
+        typer.Option("--within", help="Rank the other conditions within each value of this column, e.g. model."),
+    ] = None,
     bootstrap: Bootstrap = 1000,
     seed: Seed = 0,
     method: Method = "multinomial",
+    harness_errors: HarnessErrors = "exclude",
+    pool: Pool = None,
+    partial: Partial = False,
+    strict_replay: StrictReplay = False,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Remove what DIR holds first (a non-empty DIR is refused without).")
+    ] = False,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
@@ -480,11 +621,26 @@ def report(
     from pipeline.report import build_report, parse_compare
 
     settings = _bootstrap(bootstrap, seed, method)
+    population = _population(harness_errors, pool, strict_replay)
     pair = parse_compare(compare) if compare else None
     storage = _storage(endpoint_url, storage_option)
-    result = build_report(run, out_dir, _columns(by), pair, _depths(k), settings, storage)
+    result = build_report(
+        run,
+        out_dir,
+        _columns(by),
+        pair,
+        _depths(k),
+        settings,
+        storage,
+        partial=partial,
+        overwrite=overwrite,
+        within=within,
+        population=population,
+    )
     for path in result.files:
         out.print(path)
+    if result.tables.cohorts and result.tables.cohorts[0]["partial"]:
+        console.print(Text(describe_partial(result.tables.cohorts[0]["partial"]), style="bold yellow"), soft_wrap=True)
     console.print(f"report written to {result.out}/report.html and {result.out}/report.md ({len(result.files)} files)")
 
 
@@ -498,13 +654,19 @@ def _depths(k: str) -> list[int]:
 @app.command("sql")
 def sql_command(
     run: Annotated[str, typer.Argument(help="A scored run folder.")],
-    query: Annotated[str, typer.Argument(help="A read-only query over the views steps, rollouts, metrics.")],
+    query: Annotated[
+        str, typer.Argument(help="A read-only query over the views steps, rollouts, rejects, metrics, pec, ….")
+    ],
     fmt: Annotated[str, typer.Option("--format", help="table, csv or json")] = "table",
+    partial: Partial = False,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
     """Run a read-only SQL query (DuckDB) over the run's tables."""
-    result = sql(run, query, _storage(endpoint_url, storage_option))
+    result = sql(run, query, _storage(endpoint_url, storage_option), partial)
+    covered = partial_of(result)
+    if covered:  # on stderr: the result itself stays what the query asked for
+        console.print(Text(describe_partial(covered), style="bold yellow"), soft_wrap=True)
     rows = result.to_pylist()
     if fmt == "json":
         for row in rows:

@@ -15,10 +15,20 @@ from typing import Any, Literal
 
 from pipeline.code_version import code_version
 from pipeline.envs import EnvError, EnvOptions, forget_unresolved, get_environment
-from pipeline.errors import PexecError
+from pipeline.errors import PexecError, StorageError
 from pipeline.score import ScoreSettings, ShardReport, score_shard
+from pipeline.storage.ids import Duplicates, digest, duplicate_ids
 from pipeline.storage.inputs import Shard, list_inputs, plan_shards
-from pipeline.storage.run import read_shard_markers, remove_manifest, remove_stale_parts, write_manifest
+from pipeline.storage.lease import DEFAULT_STALE_AFTER, Lease, LeaseLost
+from pipeline.storage.run import (
+    TABLES,
+    part_sizes,
+    read_shard_markers,
+    remove_manifest,
+    remove_stale_parts,
+    write_manifest,
+    write_plan,
+)
 
 DEFAULT_SHARD_BYTES = 64 * 2**20
 
@@ -33,7 +43,8 @@ class ShardPlan:
 
 
 class JobFailed(PexecError, RuntimeError):
-    """A shard failed; the message names it and the reason. No manifest is written."""
+    """A shard failed, or the run cannot be written; the message names it and the reason. No manifest is
+    written."""
 
 
 def plan(store: str, shard_bytes: int = DEFAULT_SHARD_BYTES, storage_options: dict | None = None) -> ShardPlan:
@@ -57,11 +68,14 @@ def run_scoring(
     on_plan: Callable[[ShardPlan], None] | None = None,
     on_shard: Callable[[ShardReport], None] | None = None,
     force: bool = False,
+    lease_stale_after: float = DEFAULT_STALE_AFTER,
 ) -> dict[str, Any]:
     """Score every rollout under `store` into `run`; returns the manifest (also written as `_manifest.json`).
 
     Rerunning into the same `run` rescores only the shards whose input, code, settings or environment
-    versions changed since they were committed (`force=True` rescores all).
+    versions changed since they were committed (`force=True` rescores all). One writer at a time: the run's
+    lease (pipeline.storage.lease) is held from before the first write to the manifest; a second writer fails
+    at once naming the holder, and a lease without a heartbeat for `lease_stale_after` seconds is taken over.
     """
     options = options or EnvOptions()
     started = datetime.now(UTC)
@@ -77,29 +91,50 @@ def run_scoring(
         code_version=code_version(),
     )
     shard_plan = plan(store, shard_bytes, storage_options)
-    markers = {} if force else read_shard_markers(run, storage_options)
-    reused = [r for r in (_reusable(s, markers.get(s.key), settings) for s in shard_plan.shards) if r]
-    todo = [s for s in shard_plan.shards if s.key not in {r.shard for r in reused}]
-    if on_plan:
-        on_plan(replace(shard_plan, reusable=len(reused)))
-    remove_manifest(run, storage_options)
-    for report in reused:
-        if on_shard:
-            on_shard(report)
-    if executor == "inline":
-        reports = [_inline(shard, settings, on_shard) for shard in todo]
-    else:
-        reports = _on_ray(todo, settings, address, num_cpus, on_shard) if todo else []
-    reports = sorted([*reused, *reports], key=lambda r: (r.source, r.start))
-    # Parts of an earlier plan of this run (another shard size, a removed input) would duplicate rows.
-    remove_stale_parts(run, {s.key for s in shard_plan.shards}, storage_options)
-    manifest = _manifest(store, settings, shard_plan, reports, started, executor)
-    write_manifest(run, manifest, storage_options)
+    duplicates = duplicate_ids(shard_plan.shards, storage_options)
+    lease = Lease(run, storage_options, lease_stale_after)
+    try:
+        lease.acquire()
+    except StorageError as exc:  # the first write to the run: a missing bucket or no permission fails here
+        raise JobFailed(f"cannot write run {run}: {exc}") from exc
+    with lease:
+        markers = {} if force else read_shard_markers(run, storage_options)
+        sizes = part_sizes(run, storage_options) if markers else {}
+        reused = [
+            r for r in (_reusable(s, markers.get(s.key), settings, sizes, duplicates) for s in shard_plan.shards) if r
+        ]
+        todo = [s for s in shard_plan.shards if s.key not in {r.shard for r in reused}]
+        if on_plan:
+            on_plan(replace(shard_plan, reusable=len(reused)))
+        remove_manifest(run, storage_options)
+        # Before any shard: what the run covers, so that a reader of an unfinished run can state its coverage.
+        write_plan(run, _plan_record(store, settings, shard_plan, started), storage_options)
+        for report in reused:
+            if on_shard:
+                on_shard(report)
+        if executor == "inline":
+            reports = [_inline(shard, settings, duplicates, on_shard, lease.check) for shard in todo]
+        else:
+            reports = _on_ray(todo, settings, duplicates, address, num_cpus, on_shard, lease.check) if todo else []
+        reports = sorted([*reused, *reports], key=lambda r: (r.source, r.start))
+        lease.confirm()  # a writer that lost its lease must not delete or commit anything
+        # Parts of an earlier plan of this run (another shard size, a removed input) would duplicate rows.
+        remove_stale_parts(run, {s.key for s in shard_plan.shards}, storage_options)
+        manifest = _manifest(store, settings, shard_plan, reports, started, executor)
+        lease.confirm()
+        write_manifest(run, manifest, storage_options)
     return manifest
 
 
-def _reusable(shard: Shard, marker: dict[str, Any] | None, settings: ScoreSettings) -> ShardReport | None:
-    """The committed report of `shard` if its output is still what scoring it now would write."""
+def _reusable(
+    shard: Shard,
+    marker: dict[str, Any] | None,
+    settings: ScoreSettings,
+    sizes: dict[str, dict[str, int]],
+    duplicates: Duplicates,
+) -> ShardReport | None:
+    """The committed report of `shard` if its output is still what scoring it now would write, and still on
+    disk as it was committed (every part present with the size recorded in the marker)."""
     if not marker or (marker["fingerprint"], marker["start"], marker["stop"]) != (
         shard.file.fingerprint,
         shard.start,
@@ -108,8 +143,13 @@ def _reusable(shard: Shard, marker: dict[str, Any] | None, settings: ScoreSettin
         return None
     if (marker["code_version"], marker["settings"]) != (settings.code_version, settings.identity()):
         return None
+    if marker.get("duplicates", "") != digest(duplicates.get(shard.key, {})):
+        return None  # copies of its ids appeared or went elsewhere in the store
     if any(_version_now(n, settings) != v for n, v in marker["environments"].items()):
         return None
+    parts = marker.get("parts") or {}
+    if any(sizes.get(table, {}).get(shard.key) != parts.get(table) for table in TABLES):
+        return None  # a part deleted, cut short or replaced since: scored again
     return ShardReport(**{**marker, "reused": True})
 
 
@@ -121,9 +161,16 @@ def _version_now(name: str, settings: ScoreSettings) -> str | None:
         return None
 
 
-def _inline(shard: Shard, settings: ScoreSettings, on_shard: Callable[[ShardReport], None] | None) -> ShardReport:
+def _inline(
+    shard: Shard,
+    settings: ScoreSettings,
+    duplicates: Duplicates,
+    on_shard: Callable[[ShardReport], None] | None,
+    still_held: Callable[[], None],
+) -> ShardReport:
+    still_held()
     try:
-        report = score_shard(shard, settings)
+        report = score_shard(shard, settings, duplicates.get(shard.key))
     except OSError as exc:  # a storage failure: reported as the Ray path reports a failed task
         raise JobFailed(_failed(shard, exc)) from exc
     if on_shard:
@@ -134,9 +181,11 @@ def _inline(shard: Shard, settings: ScoreSettings, on_shard: Callable[[ShardRepo
 def _on_ray(
     shards: list[Shard],
     settings: ScoreSettings,
+    duplicates: Duplicates,
     address: str | None,
     num_cpus: int | None,
     on_shard: Callable[[ShardReport], None] | None,
+    still_held: Callable[[], None],
 ) -> list[ShardReport]:
     import ray
 
@@ -156,8 +205,14 @@ def _on_ray(
     while queue or pending:
         while queue and len(pending) < limit:
             shard = queue.pop(0)
-            pending[task.remote(shard, settings)] = shard
+            pending[task.remote(shard, settings, duplicates.get(shard.key))] = shard
         done, _ = ray.wait(list(pending), num_returns=1)
+        try:
+            still_held()
+        except LeaseLost:  # another writer owns the run now: stop writing parts into it
+            for other in pending:
+                ray.cancel(other, force=True)
+            raise
         for ref in done:
             shard = pending.pop(ref)
             try:
@@ -175,6 +230,39 @@ def _on_ray(
 
 def _failed(shard: Shard, cause: BaseException) -> str:
     return f"shard {shard.key} ({shard.file.url} [{shard.start}:{shard.stop}]) failed: {cause}"
+
+
+def _plan_record(store: str, settings: ScoreSettings, shard_plan: ShardPlan, started: datetime) -> dict[str, Any]:
+    return {
+        "run_id": settings.run_id,
+        "store": store,
+        "code_version": settings.code_version,
+        "settings": settings.identity(),
+        "started_at": started.isoformat(),
+        # rows: None where planning cannot count records (JSON Lines), bytes: where a shard is a range of
+        # Parquet row groups. A committed marker counts for this plan when its fingerprint, range, code version
+        # and settings match (pipeline.coverage).
+        "bytes": shard_plan.total_bytes,
+        "shards": [
+            {
+                "shard": s.key,
+                "source": s.file.url,
+                "fingerprint": s.file.fingerprint,
+                "start": s.start,
+                "stop": s.stop,
+                "rows": s.rows,
+                "bytes": _span(s),
+            }
+            for s in shard_plan.shards
+        ],
+    }
+
+
+def _span(shard: Shard) -> int | None:
+    """The input bytes a shard covers: its byte range, or its whole file; None for a range of row groups."""
+    if shard.whole_file:
+        return shard.file.size
+    return shard.stop - shard.start if shard.file.fmt == "jsonl" and shard.stop is not None else None
 
 
 def _manifest(

@@ -18,7 +18,7 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.aggregate import BootstrapSettings, compute_metrics, write_metrics
+from pipeline.aggregate import BootstrapSettings, Population, compute_metrics, write_metrics
 from pipeline.distributed import DEFAULT_SHARD_BYTES, ShardPlan, run_scoring
 from pipeline.envs import EnvOptions
 from pipeline.errors import PexecError, check_fields
@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 
 _JOB_KEYS = {"name", "description", "input", "output", "env", "spec", "spec_dirs", "policy", "address", "shard_mb",
              "num_cpus", "endpoint_url", "metrics", "synth", "report", "submit"}  # fmt: skip
-_METRICS_KEYS = {"by", "bootstrap", "seed", "method", "max_k"}
-_REPORT_KEYS = {"out", "by", "compare", "k"}
+_METRICS_KEYS = {"by", "bootstrap", "seed", "method", "max_k", "partial", "strict_replay", "harness_errors"}
+_REPORT_KEYS = {"out", "by", "compare", "k", "overwrite", "within"}
 _SYNTH_KEYS = {"spec", "rollouts", "tasks", "seed"}
 _SUBMIT_KEYS = {"runtime", "python"}  # how `pexec submit` runs the job (pipeline/submit.py)
 
@@ -48,6 +48,8 @@ class JobReport:
     by: list[str] | None
     compare: Compare | None  # from two COL=VALUE items, as `pexec report --compare`
     ks: tuple[int, ...]
+    overwrite: bool = False  # replace what `out` holds (`pexec report --overwrite`); else a non-empty out fails
+    within: str | None = None  # as `pexec report --within`
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,9 @@ class Job:
     endpoint_url: str | None = None
     by: list[str] | None = None
     bootstrap: BootstrapSettings = field(default_factory=BootstrapSettings)
+    population: Population = field(default_factory=Population)  # how harness errors count (metrics and report)
     max_k: int | None = None
+    partial: bool = False  # metrics and report of an incomplete output run, stating their coverage (--partial)
     synth: dict[str, Any] | None = None  # generate the input first when it does not exist (demo jobs)
     report: JobReport | None = None  # write a report after the metrics
     runtime: str | None = None  # [submit]: local or image (None: by the address)
@@ -99,6 +103,10 @@ def load_job(path: str | Path, on_date: str | None = None) -> Job:
         bootstrap = BootstrapSettings(
             B=metrics.get("bootstrap", 1000), seed=metrics.get("seed", 0), method=metrics.get("method", "multinomial")
         )
+        population = Population(
+            harness_errors=metrics.get("harness_errors", "exclude"),
+            strict_replay=_flag(metrics, "strict_replay", f"{path} [metrics]"),
+        )
     except ValueError as exc:
         raise JobError(f"{path} [metrics]: {exc}") from exc
     output = _fill(raw["output"], day, path)
@@ -126,7 +134,9 @@ def load_job(path: str | Path, on_date: str | None = None) -> Job:
         endpoint_url=raw.get("endpoint_url") or None,
         by=metrics.get("by"),
         bootstrap=bootstrap,
+        population=population,
         max_k=metrics.get("max_k"),
+        partial=_flag(metrics, "partial", f"{path} [metrics]"),
         synth=synth,
         report=report,
         runtime=submit.get("runtime"),
@@ -153,8 +163,18 @@ def _load_report(
             compare = parse_compare(items if isinstance(items, list) else [items])
         except ValueError as exc:
             raise JobError(f"{where}: compare: {exc}") from exc
+    within = raw.get("within")
+    if within is not None and (not isinstance(within, str) or not within):
+        raise JobError(f"{where}: within is a label column name, got {within!r}")
     out = _fill(raw.get("out", f"{output.rstrip('/')}/report"), day, path)
-    return JobReport(out=out, by=raw.get("by", by), compare=compare, ks=tuple(ks))
+    return JobReport(out, raw.get("by", by), compare, tuple(ks), _flag(raw, "overwrite", where), within)
+
+
+def _flag(table: dict[str, Any], key: str, where: str) -> bool:
+    value = table.get(key, False)
+    if not isinstance(value, bool):
+        raise JobError(f"{where}: {key} is true or false, got {value!r}")
+    return value
 
 
 def run_job(
@@ -167,6 +187,13 @@ def run_job(
     """Score the job's input (reusing unchanged shards), then compute and write its metrics (and its report,
     when the job has a [report] table)."""
     job = absolute_paths(job)
+    if job.report is not None:  # before any work: a report folder it may not write fails the job now
+        from pipeline.report import ReportError, check_output
+
+        try:
+            check_output(job.output, job.report.out, job.report.overwrite, job.storage_options)
+        except ReportError as exc:
+            raise JobError(f"job {job.name}: {exc} (in a job file: overwrite = true in [report])") from exc
     if job.synth is not None and not exists(job.input, job.storage_options):
         records = synthesize(job.synth.get("spec", "shop"), job.synth.get("rollouts", 1000),
                              job.synth.get("tasks", 100), job.synth.get("seed", 0))  # fmt: skip
@@ -184,13 +211,17 @@ def run_job(
         on_shard=on_shard,
         force=force,
     )
-    cohorts = compute_metrics(job.output, job.by, job.bootstrap, job.max_k, job.storage_options)
-    write_metrics(job.output, cohorts, job.storage_options)
+    cohorts = compute_metrics(
+        job.output, job.by, job.bootstrap, job.max_k, job.storage_options, job.partial, job.population
+    )
+    write_metrics(job.output, cohorts, job.storage_options, job.by)
     if job.report is not None:
         from pipeline.report import build_report
 
         r = job.report
-        build_report(job.output, r.out, r.by, r.compare, r.ks, job.bootstrap, job.storage_options)
+        build_report(job.output, r.out, r.by, r.compare, r.ks, job.bootstrap, job.storage_options,
+                     partial=job.partial, overwrite=r.overwrite, within=r.within,
+                     population=job.population)  # fmt: skip
     return manifest, cohorts
 
 

@@ -14,6 +14,12 @@ NOT_LOGGED: Any = type("NotLogged", (), {"__repr__": lambda self: "NOT_LOGGED", 
 Check = Literal["S", "D", "P"]
 Cause = Literal["schema", "dependency", "information", "state_consistency", "precondition"]
 CAUSES: tuple[str, ...] = ("schema", "dependency", "information", "state_consistency", "precondition")
+# A rollout's status (docs/design.md §4): `harness_error` = the harness never really ran it (an inference crash, a
+# crashed scenario, an infrastructure termination); its reason is the attribute HARNESS_REASON.
+Status = Literal["ok", "harness_error"]
+STATUSES: tuple[str, ...] = ("ok", "harness_error")
+HARNESS_REASON = "harness_error"
+
 
 @dataclass(slots=True)
 class Message:
@@ -41,11 +47,15 @@ class Rollout:
     rollout_id: str
     task_id: str
     benchmark: str
+    # Condition labels: what a cohort is (model, method, agent version, date...).
     labels: dict[str, str] = field(default_factory=dict)
     env: dict[str, Any] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
     success: bool | None = None
     cost: dict[str, float] = field(default_factory=dict)
+    # Per-rollout attributes: what happened to this rollout (termination reason, trial, seed, user simulator...).
+    attributes: dict[str, str] = field(default_factory=dict)
+    status: Status = "ok"
     # Known per-step truth, present only in synthetic stores (see pipeline.synth).
     truth: dict[str, Any] | None = None
 
@@ -61,7 +71,7 @@ class StepResult:
     tool: str
     valid: bool
     prefix_executable: bool
-    check: Check | None
+    failed_check: Check | None  # S, D or P; None when valid
     cause: Cause | None
     detail: str | None
     decided_by: str | None  # which source decided P: "simulator", "precondition", "log", ...

@@ -8,24 +8,28 @@ from typing import Any
 import pyarrow as pa
 
 from pipeline.model import Reject, RolloutResult
-from pipeline.schema import REJECTS, ROLLOUTS, STEPS, arrow_schema
+from pipeline.schema import ATTRIBUTE_PREFIX, REJECTS, ROLLOUTS, STEPS, arrow_schema
 
 
 def steps_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
-    labels = _label_names(results)
-    schema = arrow_schema(STEPS, labels)
+    labels, attributes = _label_names(results), _attribute_names(results)
+    schema = arrow_schema(STEPS, labels, attributes=[ATTRIBUTE_PREFIX + a for a in attributes])
     cols: dict[str, list[Any]] = {name: [] for name in schema.names}
-    id_cols = [cols[c.name] for c in STEPS.ids]
-    label_cols = [cols[name] for name in labels]
-    field_cols = [(cols[c.name], c.name) for c in STEPS.fields]
+    rollout_cols = [cols[c] for c in schema.names[: len(STEPS.ids) + len(labels) + len(attributes)]] + [cols["status"]]
+    field_cols = [(cols[c.name], c.name) for c in STEPS.fields if c.name != "status"]
     for result in results:
         r = result.rollout
-        ids = (run_id, r.rollout_id, r.task_id, r.benchmark)
-        label_values = [r.labels.get(name) for name in labels]
+        values = (
+            run_id,
+            r.rollout_id,
+            r.task_id,
+            r.benchmark,
+            *(r.labels.get(name) for name in labels),
+            *(r.attributes.get(name) for name in attributes),
+            r.status,
+        )
         for s in result.steps:
-            for col, value in zip(id_cols, ids, strict=True):
-                col.append(value)
-            for col, value in zip(label_cols, label_values, strict=True):
+            for col, value in zip(rollout_cols, values, strict=True):
                 col.append(value)
             for col, name in field_cols:
                 col.append(getattr(s, name))
@@ -33,9 +37,11 @@ def steps_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
 
 
 def rollouts_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
-    labels = _label_names(results)
+    labels, attributes = _label_names(results), _attribute_names(results)
     cost_names = sorted({k for res in results for k in res.rollout.cost})
-    schema = arrow_schema(ROLLOUTS, labels, [f"cost_{k}" for k in cost_names])
+    schema = arrow_schema(
+        ROLLOUTS, labels, [f"cost_{k}" for k in cost_names], [ATTRIBUTE_PREFIX + a for a in attributes]
+    )
     cols: dict[str, list[Any]] = {name: [] for name in schema.names}
     for res in results:
         r = res.rollout
@@ -45,6 +51,8 @@ def rollouts_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
             "task_id": r.task_id,
             "benchmark": r.benchmark,
             **{name: r.labels.get(name) for name in labels},
+            **{ATTRIBUTE_PREFIX + name: r.attributes.get(name) for name in attributes},
+            "status": r.status,
             "T": res.T,
             "fed": res.fed,
             "executable": res.executable,
@@ -54,6 +62,8 @@ def rollouts_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
             "first_cause": res.first_cause,
             "n_invalid": sum(not s.valid for s in res.steps),
             "n_output_mismatch": sum(s.output_match is False for s in res.steps),
+            "n_output_compared": sum(s.output_match is not None for s in res.steps),
+            "diverged_before_fed": any(s.output_match is False for s in res.steps if s.step < res.fed),
             **{f"cost_{k}": r.cost.get(k) for k in cost_names},
         }
         for name, value in row.items():
@@ -69,6 +79,10 @@ def rejects_table(run_id: str, shard: str, rejects: Sequence[Reject]) -> pa.Tabl
 
 def _label_names(results: Sequence[RolloutResult]) -> list[str]:
     return sorted({k for res in results for k in res.rollout.labels})
+
+
+def _attribute_names(results: Sequence[RolloutResult]) -> list[str]:
+    return sorted({k for res in results for k in res.rollout.attributes})
 
 
 def _table(cols: dict[str, list[Any]], schema: pa.Schema) -> pa.Table:

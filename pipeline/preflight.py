@@ -10,6 +10,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from pipeline import schema
 from pipeline.aggregate import resolve_by
 from pipeline.envs import get_environment
 from pipeline.envs.spec.loader import find_spec
@@ -61,9 +62,10 @@ def check_job(job: Job) -> JobCheck:
     if job.options.spec and find_spec(job.options.spec, job.options.spec_dirs) is None:
         problems.append(f"spec {job.options.spec!r} is not installed (nor in spec_dirs)")
     labels = sorted({key for r in sample for key in r.labels})
+    attributes = sorted({schema.ATTRIBUTE_PREFIX + key for r in sample for key in r.attributes})
     if sample and job.by:
         try:
-            resolve_by(job.by, labels)
+            resolve_by(job.by, labels, attributes)
         except PexecError as exc:
             problems.append(_one_line(f"[metrics] by (labels of the first {len(sample)} rollouts)", exc))
     if problems:

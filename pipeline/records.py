@@ -10,8 +10,8 @@ from typing import Any
 import orjson
 
 from pipeline.errors import PexecError
-from pipeline.model import NOT_LOGGED, Call, Event, Message, Rollout
-from pipeline.schema import RESERVED_COLUMNS
+from pipeline.model import NOT_LOGGED, STATUSES, Call, Event, Message, Rollout
+from pipeline.schema import ATTRIBUTE_PREFIX, RESERVED_COLUMNS
 
 
 class InvalidRecord(PexecError, ValueError):
@@ -24,6 +24,13 @@ def parse_rollout(record: dict[str, Any]) -> Rollout:
         if not isinstance(value, str | int) or isinstance(value, bool) or value == "":
             raise InvalidRecord(f"missing or invalid {key!r}")
     labels = _labels(record.get("labels"))
+    attributes = _strings(record.get("attributes"), "attributes")
+    both = sorted(set(labels) & set(attributes))
+    if both:
+        raise InvalidRecord(f"{', '.join(map(repr, both))} is both a label and an attribute")
+    status = record.get("status") or "ok"
+    if status not in STATUSES:
+        raise InvalidRecord(f"'status' must be one of {', '.join(STATUSES)}, got {status!r}")
     env = _json_field(record.get("env"), "env") or {}
     if not isinstance(env, dict):
         raise InvalidRecord("'env' must be an object")
@@ -43,22 +50,39 @@ def parse_rollout(record: dict[str, Any]) -> Rollout:
         success=success,
         cost=_cost(record.get("cost")),
         truth=_json_field(record.get("truth"), "truth"),
+        attributes=attributes,
+        status=status,
     )
 
 
+def record_id(record: dict[str, Any]) -> str | None:
+    """The record's rollout id as `parse_rollout` reads it, or None when it has no valid one."""
+    value = record.get("rollout_id")
+    if not isinstance(value, str | int) or isinstance(value, bool) or value == "":
+        return None
+    return str(value)
+
+
 def _labels(raw: Any) -> dict[str, str]:
-    raw = _json_field(raw, "labels") or {}
-    if isinstance(raw, list):  # Parquet maps arrive as [(key, value), ...]
-        raw = dict(raw)
-    if not isinstance(raw, dict):
-        raise InvalidRecord("'labels' must be an object")
-    labels = {}
-    for key, value in raw.items():
-        if key in RESERVED_COLUMNS or key.startswith("cost_"):
+    labels = _strings(raw, "labels")
+    for key in labels:
+        if key in RESERVED_COLUMNS or key.startswith(("cost_", ATTRIBUTE_PREFIX)):
             raise InvalidRecord(f"label {key!r} clashes with an output column name")
-        if value is not None:
-            labels[str(key)] = value if isinstance(value, str) else orjson.dumps(value).decode()
     return labels
+
+
+def _strings(raw: Any, name: str) -> dict[str, str]:
+    """An object of labels or attributes as string values (others as JSON text; null values dropped)."""
+    raw = _json_field(raw, name) or {}
+    if isinstance(raw, list) and all(isinstance(kv, list | tuple) and len(kv) == 2 for kv in raw):
+        raw = dict(raw)  # Parquet maps arrive as [(key, value), ...]
+    if not isinstance(raw, dict):
+        raise InvalidRecord(f"'{name}' must be an object")
+    return {
+        str(key): value if isinstance(value, str) else orjson.dumps(value).decode()
+        for key, value in raw.items()
+        if value is not None
+    }
 
 
 def _cost(raw: Any) -> dict[str, float]:

@@ -16,7 +16,8 @@ from pipeline.checker import replay
 from pipeline.envs import EnvError, Environment, EnvOptions, get_environment
 from pipeline.model import Reject, RolloutResult
 from pipeline.output import rejects_table, rollouts_table, steps_table
-from pipeline.records import InvalidRecord, parse_rollout
+from pipeline.records import InvalidRecord, parse_rollout, record_id
+from pipeline.storage.ids import digest
 from pipeline.storage.inputs import RecordError, Shard, read_shard
 from pipeline.storage.run import write_part, write_shard_marker
 
@@ -40,6 +41,8 @@ class ShardReport:
     code_version: str = ""
     settings: str = ""  # ScoreSettings.identity() of the run that scored it
     reused: bool = False  # carried over from an earlier run of the same job (input and versions unchanged)
+    parts: dict[str, int] = field(default_factory=dict)  # table -> size in bytes of the part written
+    duplicates: str = ""  # digest of the duplicate ids it was told about (pipeline.storage.ids)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -59,7 +62,12 @@ class ScoreSettings:
         return orjson.dumps([self.run_id, self.env, asdict(self.options)], option=orjson.OPT_SORT_KEYS).decode()
 
 
-def score_shard(shard: Shard, settings: ScoreSettings) -> ShardReport:
+def score_shard(
+    shard: Shard, settings: ScoreSettings, duplicates: dict[str, tuple[str, int]] | None = None
+) -> ShardReport:
+    """Score one shard. `duplicates`: the shard's ids that other records carry too, each with where its first
+    copy is and how many copies come before this shard (pipeline.storage.ids); later copies are rejected."""
+    duplicates = duplicates or {}
     began = time.perf_counter()
     report = ShardReport(
         shard.key,
@@ -69,10 +77,11 @@ def score_shard(shard: Shard, settings: ScoreSettings) -> ShardReport:
         shard.file.fingerprint,
         code_version=settings.code_version,
         settings=settings.identity(),
+        duplicates=digest(duplicates),
     )
     results: list[RolloutResult] = []
     rejects: list[Reject] = []
-    seen: set[str] = set()
+    copies: dict[str, int] = {}  # duplicated id -> its copies in this shard so far
     for location, record in read_shard(shard, settings.storage_options):
         report.read += 1
         reason = None
@@ -80,10 +89,12 @@ def score_shard(shard: Shard, settings: ScoreSettings) -> ShardReport:
             rejects.append(Reject(shard.file.url, location, record.reason, record.raw))
             continue
         try:
+            if (rid := record_id(record)) in duplicates:
+                first, before = duplicates[rid]
+                copies[rid] = copies.get(rid, 0) + 1
+                if before + copies[rid] > 1:
+                    raise InvalidRecord(f"duplicate rollout_id {rid!r} (first at {first})")
             rollout = parse_rollout(record)
-            if rollout.rollout_id in seen:
-                raise InvalidRecord(f"duplicate rollout_id {rollout.rollout_id!r} in this shard")
-            seen.add(rollout.rollout_id)
             env = _environment(settings.env or rollout.benchmark, settings, report)
             results.append(replay(env, rollout))
         except (InvalidRecord, EnvError) as exc:  # a bad spec (SpecError) fails the job instead
@@ -95,11 +106,14 @@ def score_shard(shard: Shard, settings: ScoreSettings) -> ShardReport:
     report.steps = sum(r.T for r in results)
     if report.read != report.scored + report.rejected:
         raise RuntimeError(f"shard {shard.key}: counts do not reconcile: {report}")
-    write_part(settings.run, "steps", shard.key, steps_table(settings.run_id, results), settings.storage_options)
-    write_part(settings.run, "rollouts", shard.key, rollouts_table(settings.run_id, results), settings.storage_options)
-    write_part(
-        settings.run, "rejects", shard.key, rejects_table(settings.run_id, shard.key, rejects), settings.storage_options
-    )
+    tables = {
+        "steps": steps_table(settings.run_id, results),
+        "rollouts": rollouts_table(settings.run_id, results),
+        "rejects": rejects_table(settings.run_id, shard.key, rejects),
+    }
+    report.parts = {
+        name: write_part(settings.run, name, shard.key, t, settings.storage_options) for name, t in tables.items()
+    }
     report.seconds = time.perf_counter() - began
     report.peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     write_shard_marker(settings.run, shard.key, report.to_dict(), settings.storage_options)  # the shard's commit

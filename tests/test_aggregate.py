@@ -14,8 +14,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from typer.testing import CliRunner
 
 from pipeline.aggregate import BootstrapSettings, QueryError, QueryRefused, compute_metrics, sql, write_metrics
+from pipeline.cli import app
+from pipeline.storage.run import commit_parts
 
 # --- helpers: build a scored run in tmp_path -------------------------------------------------------------
 
@@ -44,6 +47,8 @@ def rollout(
         "first_cause": None if executable else "precondition",
         "n_invalid": 0 if executable else 1,
         "n_output_mismatch": 0,
+        "n_output_compared": T,
+        "diverged_before_fed": False,
         "cost_tokens": 100.0,
     }
 
@@ -57,6 +62,8 @@ _TYPES = {
     "recovered": pa.bool_(),
     "n_invalid": pa.int32(),
     "n_output_mismatch": pa.int32(),
+    "n_output_compared": pa.int32(),
+    "diverged_before_fed": pa.bool_(),
     "cost_tokens": pa.float64(),
 }
 
@@ -71,6 +78,7 @@ def write_rollouts(run: Path, rows: Sequence[dict[str, Any]], part: str = "part-
     table = pa.table({n: pa.array(v, _TYPES.get(n, pa.string())) for n, v in cols.items()})
     (run / "rollouts").mkdir(parents=True, exist_ok=True)
     pq.write_table(table, run / "rollouts" / f"{part}.parquet")
+    commit_parts(str(run))  # a complete run: readers refuse anything else
 
 
 def write_steps(run: Path, n: int) -> None:
@@ -217,20 +225,51 @@ def percentile(values: np.ndarray, q: float) -> float | None:
 
 
 def numpy_intervals(rows: list[dict[str, Any]], K: int, s: BootstrapSettings) -> dict[str, Any]:
+    """(value, lo, hi, method) per metric: the bootstrap, or Wilson on the effective sample size where the
+    bootstrap degenerates (docs/design.md §2.5), each computed independently of pipeline.intervals."""
     S = task_sums(rows, K)
     W = weights(s.seed, s.B, len(S["n"]), s.method)
     reps = ratios({k: W @ v for k, v in S.items()})
     full = ratios({k: v.sum(axis=0) for k, v in S.items()})
     q_lo, q_hi = (1 - s.level) / 2, 1 - (1 - s.level) / 2
+    parts = {"success": ("succ", "known"), "ter": ("exec", "n"), "auc_pec": ("auc", "n"), "rr": ("rec", "elig"),
+             "successes_after_invalid_prefix": ("rec", "succ")}  # fmt: skip
     out: dict[str, Any] = {}
-    for m in ("success", "ter", "auc_pec", "rr", "successes_after_invalid_prefix"):
+    for m, (num, den) in parts.items():
         value = None if np.isnan(full[m]) else float(full[m])
-        out[m] = (value, percentile(reps[m], q_lo), percentile(reps[m], q_hi))
-    out["pec"] = [
-        (float(full["pec"][k]), percentile(reps["pec"][:, k], q_lo), percentile(reps["pec"][:, k], q_hi))
-        for k in range(K + 1)
-    ]
+        boot = (percentile(reps[m], q_lo), percentile(reps[m], q_hi))
+        out[m] = (value, *small_sample_or(boot, value, S[num], S[den], s.level))
+    out["pec"] = [(1.0, 1.0, 1.0, None)]
+    for k in range(1, K + 1):
+        boot = (percentile(reps["pec"][:, k], q_lo), percentile(reps["pec"][:, k], q_hi))
+        value = float(full["pec"][k])
+        out["pec"].append((value, *small_sample_or(boot, value, S["pec"][:, k], S["n"], s.level)))
     return out
+
+
+Z95 = 1.959963984540054  # the 97.5% normal quantile
+
+
+def small_sample_or(
+    boot: tuple[float | None, float | None], r: float | None, y: np.ndarray, x: np.ndarray, level: float
+) -> tuple[float | None, float | None, str | None]:
+    """The rule of docs/design.md §2.5: the bootstrap unless r is 0 or 1, the replicates do not spread, or the
+    denominator has < 30 tasks or < 30 units; else the Wilson interval (as the roots of its quadratic) on
+    n_eff = X / max(1, cluster variance / binomial variance), or n_eff = tasks when r is 0 or 1."""
+    if r is None:
+        return None, None, None
+    m, X = int((x > 0).sum()), float(x.sum())
+    if 0 < r < 1 and boot[0] is not None and boot[0] < boot[1] and m >= 30 and X >= 30:
+        return boot[0], boot[1], "bootstrap"
+    if 0 < r < 1 and m >= 2:
+        cluster_var = m / (m - 1) * ((y - r * x) ** 2).sum() / X**2
+        n_eff = X / max(1.0, cluster_var / (r * (1 - r) / X))
+    else:
+        n_eff = m
+    assert level == 0.95
+    a = Z95**2 / n_eff
+    lo, hi = sorted(np.roots([1 + a, -(2 * r + a), r * r]).real)  # (r - p)^2 = z^2 p (1 - p) / n_eff
+    return max(lo, 0.0), min(hi, 1.0), "wilson-clustered"
 
 
 def close(a: float | None, b: float | None, tol: float = 1e-12) -> bool:
@@ -239,13 +278,14 @@ def close(a: float | None, b: float | None, tol: float = 1e-12) -> bool:
 
 @pytest.fixture(scope="module")
 def cohort_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[tuple[str, str], list]]:
-    """Four cohorts of different sizes; b2/x has exactly b1/x's task set (same draws)."""
+    """Four cohorts of different sizes; b2/x has exactly b1/x's task set (same draws). b1/x and b2/x have 40
+    tasks (their intervals are mostly the bootstrap's), b1/y and b2/z have 7 and 2 (small samples)."""
     rng = np.random.default_rng(7)
     run = tmp_path_factory.mktemp("cohorts")
     groups = {
-        ("b1", "x"): random_rows(rng, 23, 6, "b1", model="x"),
+        ("b1", "x"): random_rows(rng, 40, 6, "b1", model="x"),
         ("b1", "y"): random_rows(rng, 7, 3, "b1", model="y"),
-        ("b2", "x"): random_rows(rng, 23, 4, "b2", model="x"),
+        ("b2", "x"): random_rows(rng, 40, 4, "b2", model="x"),
         ("b2", "z"): random_rows(rng, 2, 5, "b2", model="z"),
     }
     rows = [r for g in groups.values() for r in g]
@@ -261,14 +301,19 @@ def test_bootstrap_matches_numpy(cohort_run: tuple[Path, dict], method: str, see
     settings = BootstrapSettings(B=400, seed=seed, method=method)  # type: ignore[arg-type]
     cohorts = compute_metrics(str(run), settings=settings, max_k=6)
     assert [(c["benchmark"], c["model"]) for c in cohorts] == sorted(groups)
+    methods: set[str | None] = set()
     for c in cohorts:
         expected = numpy_intervals(groups[(c["benchmark"], c["model"])], 6, settings)
         for m in ("success", "ter", "auc_pec", "rr", "successes_after_invalid_prefix"):
             got = (c[m]["value"], c[m]["lo"], c[m]["hi"])
-            assert all(close(a, b) for a, b in zip(got, expected[m], strict=True)), (c["benchmark"], m, got)
+            tol = 1e-12 if expected[m][3] == "bootstrap" else 1e-9  # Wilson: closed form vs polynomial roots
+            assert all(close(a, b, tol) for a, b in zip(got, expected[m][:3], strict=True)), (c["benchmark"], m, got)
+            assert c[m].get("method") == expected[m][3]
+            methods.add(expected[m][3])
         assert [p["k"] for p in c["pec"]] == list(range(7))
         for p, exp in zip(c["pec"], expected["pec"], strict=True):
-            assert all(close(a, b) for a, b in zip((p["value"], p["lo"], p["hi"]), exp, strict=True))
+            assert all(close(a, b, 1e-9) for a, b in zip((p["value"], p["lo"], p["hi"]), exp[:3], strict=True))
+            assert p.get("method") == exp[3]
         assert c["bootstrap"] == {
             "B": 400,
             "seed": seed,
@@ -277,6 +322,7 @@ def test_bootstrap_matches_numpy(cohort_run: tuple[Path, dict], method: str, see
             "unit": "task",
             "duckdb_version": duckdb.__version__,
         }
+    assert {"bootstrap", "wilson-clustered"} <= methods  # both rules are exercised
 
 
 def test_same_task_set_gets_same_draws() -> None:
@@ -337,18 +383,20 @@ def test_deterministic_and_seed_sensitive(cohort_run: tuple[Path, dict]) -> None
 def test_write_metrics_is_rerun_safe(cohort_run: tuple[Path, dict], tmp_path: Path) -> None:
     run, _ = cohort_run
     cohorts = compute_metrics(str(run), settings=BootstrapSettings(B=100))
-    write_metrics(str(run), cohorts)
-    first = (run / "metrics" / "metrics.parquet").read_bytes(), (run / "metrics" / "pec.parquet").read_bytes()
+    folder = run / "metrics" / "metrics"  # the default cohorts (every label) are kept as `metrics`
+    assert write_metrics(str(run), cohorts) == str(folder)
+    first = (folder / "metrics.parquet").read_bytes(), (folder / "pec.parquet").read_bytes()
     write_metrics(str(run), compute_metrics(str(run), settings=BootstrapSettings(B=100)))
-    assert ((run / "metrics" / "metrics.parquet").read_bytes(), (run / "metrics" / "pec.parquet").read_bytes()) == first
-    table = pq.read_table(run / "metrics" / "metrics.parquet").to_pylist()
+    assert ((folder / "metrics.parquet").read_bytes(), (folder / "pec.parquet").read_bytes()) == first
+    table = pq.read_table(folder / "metrics.parquet").to_pylist()
     assert len(table) == len(cohorts) == 4
     assert table[0]["benchmark"] == "b1" and table[0]["model"] == "x"
     assert table[0]["ter"] == cohorts[0]["ter"]["value"] and table[0]["rr_eligible"] == cohorts[0]["rr"]["eligible"]
     assert table[0]["bootstrap_method"] == "multinomial" and table[0]["duckdb_version"] == duckdb.__version__
-    pec = pq.read_table(run / "metrics" / "pec.parquet")
+    assert (table[0]["partial"], table[0]["partial_shards"]) == (False, None)  # a complete run
+    pec = pq.read_table(folder / "pec.parquet")
     assert pec.num_rows == sum(len(c["pec"]) for c in cohorts)
-    assert not list((run / "metrics").glob("*.tmp"))
+    assert not list(folder.glob("*.tmp"))
 
 
 # --- cohorts, NULLs, edge cases -------------------------------------------------------------------------
@@ -579,3 +627,40 @@ def test_sql_hash_and_poisson_table_match_numpy() -> None:
         [987654321],
     )
     assert got.fetchone()[0] == draws(987654321, 5, 7).ravel().tolist()
+
+
+# --- small samples: never a zero-width interval (docs/design.md §2.5) -----------------------------------
+
+
+@pytest.mark.parametrize(("recovered", "bound"), [(False, "hi"), (True, "lo")])
+def test_rr_at_0_or_1_on_12_independent_tasks(tmp_path: Path, recovered: bool, bound: str) -> None:
+    """12 tasks with one RR-eligible rollout each: 0/12 has an upper bound >= 0.24 (Wilson: z^2 / (12 + z^2) =
+    0.2425), 12/12 a lower bound <= 0.76, never the bootstrap's [0, 0] or [1, 1]."""
+    write_rollouts(tmp_path, [rollout(f"t{i:02d}", 3, 2, recovered) for i in range(12)])
+    [c] = compute_metrics(str(tmp_path), settings=BootstrapSettings(B=200))
+    rr = c["rr"]
+    assert (rr["eligible"], rr["method"]) == (12, "wilson-clustered")
+    z2 = 1.959963984540054**2
+    if bound == "hi":
+        assert rr["value"] == 0.0 and rr["lo"] == 0.0 and rr["hi"] >= 0.24
+        assert math.isclose(rr["hi"], z2 / (12 + z2), rel_tol=1e-12)
+    else:
+        assert rr["value"] == 1.0 and rr["hi"] == 1.0 and rr["lo"] <= 0.76
+        assert math.isclose(rr["lo"], 12 / (12 + z2), rel_tol=1e-12)
+    assert c["ter"]["value"] == 0.0 and c["ter"]["hi"] >= 0.24  # TER = 0/12 too
+    table = CliRunner().invoke(app, ["metrics", str(tmp_path), "--bootstrap", "50"])
+    assert table.exit_code == 0, table.output
+    text = " ".join(table.stdout.split())
+    assert f"{rr['value']:.3f} †" in text and f"{rr['lo']:.3f}–{rr['hi']:.3f}" in text  # value and interval cell
+    assert "† Wilson score interval" in text
+
+
+def test_rr_on_one_task_counts_one_unit(tmp_path: Path) -> None:
+    """Three RR-eligible rollouts of one task: RR = 1 rests on one task, so n_eff = 1 (bound z^2 / (1 + z^2))."""
+    write_rollouts(tmp_path, [rollout("t1", 2, 1, True) for _ in range(3)] + [rollout("t2", 2, 3, True)])
+    [c] = compute_metrics(str(tmp_path), settings=BootstrapSettings(B=100))
+    z2 = 1.959963984540054**2
+    assert c["rr"]["value"] == 1.0 and math.isclose(c["rr"]["lo"], 1 / (1 + z2), rel_tol=1e-12)
+    for m in ("success", "ter", "auc_pec", "rr", "successes_after_invalid_prefix"):
+        assert c[m]["lo"] < c[m]["hi"], m  # never zero-width
+    assert all(p["lo"] < p["hi"] for p in c["pec"][1:])

@@ -73,7 +73,7 @@ def run(classes: dict[str, Any], *events: Any, missed: dict[str, list[str]] | No
 
 
 def flags(result: RolloutResult) -> list[tuple[bool, str | None, str | None]]:
-    return [(s.valid, s.check, s.cause) for s in result.steps]
+    return [(s.valid, s.failed_check, s.cause) for s in result.steps]
 
 
 FILES = {
@@ -119,7 +119,7 @@ def ground_truth_failures(tag: str, environment: str) -> tuple[int, int, dict[st
         calls += result.T
         if not result.executable:
             first = next(s for s in result.steps if not s.valid)
-            failures[rollout.task_id] = (first.step, first.check)
+            failures[rollout.task_id] = (first.step, first.failed_check)
     return total, calls, failures
 
 
@@ -179,7 +179,7 @@ def test_both_releases_live_side_by_side_in_one_process():
             Call("comment", {"tweet_id": 0, "comment_content": "hi"}),
         ]
         [step] = replay(environment, rollout).steps
-        assert (step.valid, step.check) == (False, "P")
+        assert (step.valid, step.failed_check) == (False, "P")
         details.append(step.detail)
     assert details == [
         "Error during execution: exceptions must derive from BaseException",
@@ -270,7 +270,7 @@ def test_reading_a_file_the_rollout_removed_is_a_state_consistency_failure():
         ("cat", {"file_name": "notes.txt"}),
     )
     assert (result.fed, result.first_cause) == (3, "state_consistency")
-    assert result.steps[2].check == "P" and result.steps[2].detail
+    assert result.steps[2].failed_check == "P" and result.steps[2].detail
 
 
 def test_raised_exception_is_a_precondition_failure_with_its_message():
@@ -421,7 +421,7 @@ def test_prompt_mode_call_strings_are_ingested(real_records):
     assert calls[0]["arguments"] == {"folder": "document"} and calls[1]["arguments"] == {"dir_name": "temp"}
     assert calls[2]["tool"] == "cd" and calls[2]["arguments"].startswith("<unparsed")
     result = replay(env(), parse_rollout(record))
-    assert [s.check for s in result.steps] == [None, None, "S"]
+    assert [s.failed_check for s in result.steps] == [None, None, "S"]
 
 
 def calls_of(record: dict[str, Any]) -> list[tuple[int, str, Any]]:
@@ -460,13 +460,43 @@ def test_raw_prompt_mode_responses_are_decoded_as_bfcl_does():
     assert calls_of(build_record(task, fc, "bfcl_v3", "base", {}, None)) == [(0, "ls", "{}")]
 
 
-def test_inference_errors_become_rollouts_without_calls(real_records):
-    errors = [
-        r
-        for r in real_records
-        if r["labels"]["category"] == "miss_func" and not any(e["type"] == "call" for e in r["events"])
-    ]
-    assert len(errors) >= 8 and not any(r["success"] for r in errors)
+def test_inference_errors_are_harness_errors_without_calls(real_records):
+    crashes = [r for r in real_records if r["status"] == "harness_error"]
+    assert len(crashes) == 8 and {r["labels"]["category"] for r in crashes} == {"miss_func"}
+    assert all(r["attributes"]["harness_error"].startswith("Error during inference: ") for r in crashes)
+    assert not any(e["type"] == "call" for r in crashes for e in r["events"]) and not any(r["success"] for r in crashes)
+    # The other rollouts without calls are the model's own (task 30: it answered in text): real rollouts.
+    no_calls = [r for r in real_records if r["status"] == "ok" and not any(e["type"] == "call" for e in r["events"])]
+    assert {r["task_id"].rsplit("_", 1)[-1] for r in no_calls} == {"30"} and len(no_calls) == 3
+
+
+def test_inference_crashes_are_left_out_of_the_metrics_and_counted(tmp_path):
+    from pipeline.aggregate import BootstrapSettings, Population, compute_metrics
+    from pipeline.distributed import run_scoring
+    from pipeline.storage.stores import write_store
+
+    records = list(ingest("bfcl", [str(REAL / "BFCL_v4_multi_turn_miss_func_result.json")]))
+    settings = BootstrapSettings(B=200)
+
+    def metrics(name: str, rows: list[dict]) -> dict[str, Any]:
+        write_store(iter(rows), str(tmp_path / name))
+        run_scoring(str(tmp_path / name), str(tmp_path / f"run-{name}"), executor="inline")
+        (cohort,) = compute_metrics(str(tmp_path / f"run-{name}"), ["model"], settings)
+        return cohort
+
+    scored = metrics("all", records)
+    assert (scored["n"], scored["n_harness_error"], scored["harness_errors"]) == (192, 8, "exclude")
+    assert scored["ter"]["value"] == 112 / 192  # 0.583; counting the 8 crashes as executable gave 120/200 = 0.600
+    # Exactly what a run of the same store without the 8 records gives: values and intervals.
+    without = metrics("without", [r for r in records if r["status"] == "ok"])
+    assert without["n_harness_error"] == 0
+    assert {m: scored[m] for m in ("n", "n_tasks", "success", "ter", "auc_pec", "rr", "pec")} == {
+        m: without[m] for m in ("n", "n_tasks", "success", "ter", "auc_pec", "rr", "pec")
+    }
+    failed = compute_metrics(str(tmp_path / "run-all"), ["model"], settings, population=Population("fail"))[0]
+    assert (failed["n"], failed["n_harness_error"], failed["harness_errors"]) == (200, 8, "fail")
+    assert failed["ter"]["value"] == 112 / 200 and failed["success"]["value"] == 101 / 200  # BFCL's accuracy 0.505
+    assert failed["rr"]["eligible"] == without["rr"]["eligible"] + 8
 
 
 def test_the_dataset_can_come_from_a_named_wheel_or_folder(tmp_path):

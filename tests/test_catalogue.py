@@ -60,7 +60,7 @@ def test_a_new_metric_reaches_json_and_parquet(run: Path, extra_metric: catalogu
         m = c["invalid_call_share"]
         assert m["value"] == pytest.approx(expected[(c["model"], c["method"])], rel=1e-15)
         assert 0 < m["lo"] < m["value"] < m["hi"] < 1
-    table = pq.read_table(run / "metrics" / "metrics.parquet")
+    table = pq.read_table(run / "metrics" / "metrics_by_model_and_method" / "metrics.parquet")
     assert table.schema == schema.arrow_schema(schema.metrics_table(), ["benchmark", "model", "method"])
     assert {"invalid_call_share", "invalid_call_share_lo", "invalid_call_share_hi"} <= set(table.column_names)
 

@@ -26,7 +26,7 @@ def run(*events: Any, message: str = AVA, env: str = "shop") -> RolloutResult:
 
 
 def flags(result: RolloutResult) -> list[tuple[bool, str | None, str | None]]:
-    return [(s.valid, s.check, s.cause) for s in result.steps]
+    return [(s.valid, s.failed_check, s.cause) for s in result.steps]
 
 
 @pytest.fixture(scope="module")

@@ -56,8 +56,10 @@ def test_score_metrics_and_sql_through_the_console_script(run):
     assert "model-a" in table and "TER" in table and "B=100" in table
     csv = pexec("sql", str(run), "SELECT count(*) AS n FROM rollouts", "--format", "csv").stdout
     assert csv.split() == ["n", "800"] or csv.split() == ['"n"', "800"]
-    joined = pexec("sql", str(run), "SELECT count(*) AS n FROM metrics", "--format", "json").stdout
-    assert json.loads(joined) == {"n": 2}
+    # Each --by is kept under its own name: both results stay queryable.
+    query = "SELECT (FROM metrics_by_model SELECT count(*)) a, (FROM metrics_by_model_and_method SELECT count(*)) b"
+    joined = pexec("sql", str(run), query, "--format", "json").stdout
+    assert json.loads(joined) == {"a": 2, "b": 4}
 
 
 def test_writes_through_sql_are_refused(run):
@@ -146,7 +148,8 @@ def test_records_of_an_environment_that_appears_later_are_rescored_on_rerun(tmp_
         (["logs", "id", "--address", "auto"], "the Jobs API address is the Ray dashboard's http(s)://HOST:PORT"),
         (["stop", "id", "--address", "127.0.0.1:9"], "cannot reach the Jobs API at http://127.0.0.1:9: Connection"),
         (["jobs", "--address", "gcs://h:6379"], "the Jobs API address is the Ray dashboard's http(s)://HOST:PORT"),
-        (["metrics", "{tmp}/missing"], "no rollouts Parquet files under {tmp}/missing/rollouts/"),
+        (["metrics", "{tmp}/missing"], "no run at {tmp}/missing"),
+        (["metrics", "{tmp}"], "no scored run under {tmp}"),
         (["metrics", "{tmp}", "--method", "bayes"], "--method is multinomial or poisson"),
         (["report", "{tmp}", "--out", "{tmp}/r", "--k", "1,x"], "--k takes depths separated by commas"),
         (["report", "{tmp}", "--out", "{tmp}/r", "--compare", "a=1", "b=2"], "--compare must name the same column"),

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer.main
 
+from pipeline import catalogue
 from pipeline.cli import app
 from pipeline.envs.spec.loader import load_spec
 from pipeline.schema import markdown, tables
@@ -59,3 +60,11 @@ def test_the_output_tables_in_the_readme_are_the_schema():
     assert block.group(1) == markdown()
     for table in tables():
         assert f"**`{table.path}`**" in block.group(1)
+
+
+def test_the_metrics_table_in_the_readme_is_the_catalogue():
+    """Each metric's population and interval method, as the catalogue states them (regenerate the block with
+    `python -c "from pipeline.catalogue import markdown; print(markdown())"`)."""
+    block = re.search(r"<!-- metrics:start -->\n(.*?)<!-- metrics:end -->", README, re.S)
+    assert block is not None, "README lacks the metrics block"
+    assert block.group(1) == catalogue.markdown()

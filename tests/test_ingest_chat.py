@@ -27,7 +27,7 @@ def read(fmt: str, path: Path, labels: dict[str, str] | None = None, **extra: st
 
 def score(record: dict, spec: str | None = "support") -> list[tuple[bool, str | None, str | None, str | None]]:
     env = get_environment("observed", EnvOptions(spec=spec))
-    return [(s.valid, s.check, s.decided_by, s.detail) for s in replay(env, parse_rollout(record)).steps]
+    return [(s.valid, s.failed_check, s.decided_by, s.detail) for s in replay(env, parse_rollout(record)).steps]
 
 
 def tool_call(cid: str, name: str, arguments: str) -> dict:

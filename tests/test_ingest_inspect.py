@@ -75,7 +75,7 @@ def test_samples_calls_errors_and_labels(tmp_path):
     ]
     env = get_environment("observed", EnvOptions(spec="support"))
     steps = replay(env, parse_rollout(recs[0])).steps
-    assert [(s.valid, s.check, s.decided_by) for s in steps] == [
+    assert [(s.valid, s.failed_check, s.decided_by) for s in steps] == [
         (True, None, "log"),
         (False, "S", None),
         (False, "P", "log"),

@@ -30,7 +30,7 @@ def steps(*calls: Call, env: str = "observed", spec: str | None = "support") -> 
     rollout = Rollout("r", "t", "support", events=[Message("user", USER), *calls], success=True)
     options = EnvOptions(spec=spec) if env == "observed" else EnvOptions()
     result = replay(get_environment(env, options), rollout)
-    return [(s.valid, s.check, s.cause, s.decided_by, s.detail) for s in result.steps]
+    return [(s.valid, s.failed_check, s.cause, s.decided_by, s.detail) for s in result.steps]
 
 
 def test_uncaptured_arguments_are_never_valid_or_invalid_by_accident():
@@ -105,8 +105,8 @@ def test_sample_store_scored_per_date_by_the_nightly_job(tmp_path):
     assert {c for t, v in by_task.items() if t.endswith("invented_id") for c in v} == {(False, "information")}
     assert {c for t, v in by_task.items() if t.endswith("-clean") for c in v} == {(True, None)}
     assert by_task["address-backend_error"] == {(False, "precondition")}
-    assert {s["decided_by"] for s in steps if s["tool"] == "cancel_order" and not s["valid"] and s["check"] == "P"} == {
-        "precondition"}  # fmt: skip
+    rejected = [s for s in steps if s["tool"] == "cancel_order" and not s["valid"] and s["failed_check"] == "P"]
+    assert {s["decided_by"] for s in rejected} == {"precondition"}
     assert {r["model"] for r in rollouts.values()} == {"support-model-a", "support-model-b"}
 
 

@@ -69,7 +69,7 @@ def read(tmp_path: Path, *docs: dict, **extra: str) -> list[dict]:
 
 def steps(record: dict) -> list[tuple]:
     env = get_environment("observed", EnvOptions(spec="support"))
-    return [(s.tool, s.valid, s.check, s.decided_by, s.detail) for s in replay(env, parse_rollout(record)).steps]
+    return [(s.tool, s.valid, s.failed_check, s.decided_by, s.detail) for s in replay(env, parse_rollout(record)).steps]
 
 
 def test_spans_out_of_order_across_files_grouped_and_sorted(tmp_path):

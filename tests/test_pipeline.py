@@ -223,17 +223,22 @@ def test_a_job_with_a_report_table_writes_metrics_and_report(tmp_path, local_ray
         [metrics]
         by = ["model", "method"]
         bootstrap = 100
+        strict_replay = true
         [report]
         compare = ["method=react", "method=plan_execute"]
         k = [1, 2]
+        within = "model"
         """)
     )
     result = CliRunner().invoke(app, ["run", str(job), "--date", "2026-11-29"])
     assert result.exit_code == 0, result.output
     run = tmp_path / "runs" / "date=2026-11-29"
-    assert (run / "metrics" / "metrics.parquet").is_file()
+    assert (run / "metrics" / "metrics_by_model_and_method" / "metrics.parquet").is_file()
     md = (run / "report" / "report.md").read_text()
     assert "| PEC@2 |" in md and "## Paired comparison — method: react − plan\\_execute" in md
+    assert "## Ranking divergence — shop · model=model-a" in md and "--strict-replay: 0 rollout(s)" in md
+    metrics = pq.read_table(run / "metrics" / "metrics_by_model_and_method" / "metrics.parquet")
+    assert all(metrics.column("strict_replay").to_pylist())
     paired = pq.read_table(run / "report" / "tables" / "paired.parquet").to_pylist()
     assert {r["model"] for r in paired} == {"model-a", "model-b"}
 
@@ -245,6 +250,9 @@ def test_a_job_report_table_is_checked_when_the_job_loads(tmp_path):
         load_job(job)
     job.write_text('name = "x"\ninput = "a"\noutput = "b"\n[report]\nk = [0]\nlayout = "wide"\n')
     with pytest.raises(JobError, match=r"\[report\]"):
+        load_job(job)
+    job.write_text('name = "x"\ninput = "a"\noutput = "b"\n[metrics]\nstrict_replay = "yes"\n')
+    with pytest.raises(JobError, match=r"\[metrics\]: strict_replay is true or false"):
         load_job(job)
 
 

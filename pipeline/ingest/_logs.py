@@ -4,8 +4,9 @@ success (a field of the log or a join with an outcomes table), source files and 
 Options (`--option k=v`), the same for every format:
 - `id_field`, `task_field`, `success_field`: dotted paths into a conversation record (a key that itself
   contains dots, such as `gen_ai.conversation.id`, is matched whole first);
-- `label.NAME=PATH`: label NAME from field PATH (defaults: `model`, `agent_version`, `date`, each also
-  looked up under `metadata.`);
+- `label.NAME=PATH`: condition label NAME from field PATH (defaults: `model`, `agent_version`, `date`, each
+  also looked up under `metadata.`);
+- `attr.NAME=PATH`: per-rollout attribute NAME from field PATH (no defaults; e.g. a seed or an end reason);
 - `outcomes=PATH`: a CSV or JSON Lines table with `rollout_id` (or `id`) and `success` columns; it
   overrides the log's own success field, and a rollout absent from it has success null;
 - `benchmark=NAME`: the canonical `benchmark` (default `observed`, the environment that needs no simulator).
@@ -39,6 +40,7 @@ class LogSettings:
     success_field: str = "success"
     benchmark: str = "observed"
     label_fields: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_LABELS))
+    attribute_fields: dict[str, str] = field(default_factory=dict)
     extra_labels: dict[str, str] = field(default_factory=dict)
     outcomes: dict[str, bool | None] | None = None
     own: dict[str, str] = field(default_factory=dict)  # the format's own options
@@ -54,15 +56,17 @@ def settings(
     """Validated settings from `--option` values over the format's defaults (`labels`: label fields,
     `defaults`: id/task/success fields); unknown options are an error."""
     extra = options.extra
-    unknown = sorted(k for k in extra if k not in COMMON_OPTIONS | own and not k.startswith("label."))
+    unknown = sorted(k for k in extra if k not in COMMON_OPTIONS | own and not k.startswith(("label.", "attr.")))
     if unknown:
-        known = ", ".join(sorted(COMMON_OPTIONS | own | {"label.NAME"}))
+        known = ", ".join(sorted(COMMON_OPTIONS | own | {"label.NAME", "attr.NAME"}))
         raise IngestError(f"{fmt}: unknown option(s) {', '.join(unknown)} (known: {known})")
     given = {k.removeprefix("label."): v for k, v in extra.items() if k.startswith("label.")}
+    attributes = {k.removeprefix("attr."): v for k, v in extra.items() if k.startswith("attr.")}
     values = {**defaults, **{k: v for k, v in extra.items() if k in COMMON_OPTIONS - {"outcomes"}}}
     return LogSettings(
         fmt=fmt,
         label_fields=DEFAULT_LABELS | dict(labels or {}) | given,
+        attribute_fields=attributes,
         extra_labels=dict(options.labels),
         outcomes=read_outcomes(fmt, extra["outcomes"], options) if "outcomes" in extra else None,
         own={k: v for k, v in extra.items() if k in own},
@@ -96,9 +100,17 @@ def as_success(value: Any, where: str) -> bool | None:
     raise IngestError(f"{where}: cannot read {value!r} as success (true/false, a score, C/I, pass/fail)")
 
 
-def rollout(s: LogSettings, record: Mapping[str, Any], events: list[dict[str, Any]], where: str) -> dict[str, Any]:
+def rollout(
+    s: LogSettings,
+    record: Mapping[str, Any],
+    events: list[dict[str, Any]],
+    where: str,
+    attributes: Mapping[str, str] | None = None,
+    harness_error: str | None = None,
+) -> dict[str, Any]:
     """A canonical rollout record for one conversation; `where` names its file and place for errors
-    and is the id of last resort."""
+    and is the id of last resort. `attributes`: the format's own; `harness_error`: why the harness never
+    really ran it (status `harness_error`), None when it did."""
     rollout_id = get_path(record, s.id_field)
     rollout_id = str(rollout_id) if rollout_id not in (None, "") else where
     task_id = get_path(record, s.task_field)
@@ -108,7 +120,11 @@ def rollout(s: LogSettings, record: Mapping[str, Any], events: list[dict[str, An
         if value is None and path == DEFAULT_LABELS.get(name):
             value = get_path(record, f"metadata.{path}")
         if value is not None:
-            labels[name] = value if isinstance(value, str) else orjson.dumps(value).decode()
+            labels[name] = _string(value)
+    attrs = {name: _string(v) for name, path in s.attribute_fields.items() if (v := get_path(record, path)) is not None}
+    attrs |= dict(attributes or {})
+    if harness_error is not None:
+        attrs["harness_error"] = harness_error
     if s.outcomes is not None:
         success = s.outcomes.get(rollout_id)
     else:
@@ -118,9 +134,15 @@ def rollout(s: LogSettings, record: Mapping[str, Any], events: list[dict[str, An
         "task_id": str(task_id) if task_id not in (None, "") else rollout_id,
         "benchmark": s.benchmark,
         "labels": labels | s.extra_labels,
+        "attributes": attrs,
+        "status": "ok" if harness_error is None else "harness_error",
         "events": events,
         "success": success,
     }
+
+
+def _string(value: Any) -> str:
+    return value if isinstance(value, str) else orjson.dumps(value).decode()
 
 
 def call(

@@ -11,7 +11,9 @@ Calls are `{name: "<JSON arguments>"}` (function-calling models; the raw text is
 arguments do not parse is an S failure), decoded call strings, or a prompt-mode model's raw text per step,
 decoded as BFCL does (its logged `model_response_decoded`, else `[f(a=1), g()]` parsed with `ast`).
 The tool outputs the live run saw (`inference_log`) become each call's logged `output`.
-Labels: `model` (the result file's folder, above any `multi_turn/`), `category`, plus `--label`.
+Labels (conditions): `model` (the result file's folder, above any `multi_turn/`), `category`, plus `--label`.
+A result that is BFCL's record of an inference crash (`"result": "Error during inference: ..."`) is a rollout
+with no calls and status `harness_error` (attribute `harness_error` = BFCL's message): the model never ran.
 Options: `dataset=PATH` (a folder or a bfcl-eval wheel), `scores=DIR`, `model=NAME` (overrides the folder).
 """
 
@@ -105,6 +107,7 @@ def build_record(
     """One canonical rollout from a dataset task and a model result entry."""
     turns = entry.get("result")
     # A string result is BFCL's record of an inference error: the run made no calls (BFCL scores it failed).
+    crash = turns.strip() if isinstance(turns, str) else None
     turns = turns if isinstance(turns, list) else []
     logged = _step_logs(entry.get("inference_log"), turns)
     # Function-calling results hold a step's calls as a list; a string step is then the model's text answer.
@@ -150,6 +153,8 @@ def build_record(
         "events": events,
         "success": success,
         "cost": _cost(entry),
+        "status": "ok" if crash is None else "harness_error",
+        "attributes": {} if crash is None else {"harness_error": crash},
     }
 
 

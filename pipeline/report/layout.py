@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline import catalogue
+from pipeline import catalogue, intervals
+from pipeline.aggregate import harness_note, replay_note
 from pipeline.model import CAUSES
 from pipeline.report.paired import Compare
 from pipeline.report.ranking import Ranking
@@ -32,7 +33,12 @@ def num(x: float | None, digits: int = 3) -> str:
 def ci(m: dict[str, Any], digits: int = 3) -> str:
     if m.get("value") is None:
         return DASH
-    return f"{num(m['value'], digits)} [{num(m['lo'], digits)}, {num(m['hi'], digits)}]"
+    mark = f" {intervals.MARK}" if m.get("method") == intervals.WILSON else ""
+    return f"{num(m['value'], digits)} [{num(m['lo'], digits)}, {num(m['hi'], digits)}]{mark}"
+
+
+def share(x: float | None) -> str:
+    return DASH if x is None else f"{100 * x:.0f}%"
 
 
 def pct(numerator: int, denominator: int) -> str:
@@ -47,7 +53,7 @@ def metrics_table(t: RunTables, ks: Sequence[int]) -> Table:
     costs = sorted({r["cost"] for r in t.costs})
     cost_of = {(key_of(r, t.keys), r["cost"]): r["mean"] for r in t.costs}
     shown = [m for m in catalogue.METRICS if m.in_tables]
-    columns = [*t.keys, "N", "tasks"]
+    columns = [*t.keys, "N", "tasks", "no verdict", "harness errors"]
     for m in shown:
         if m.kind == "curve":
             columns += [f"{m.label}@{k}" for k in ks]
@@ -57,6 +63,7 @@ def metrics_table(t: RunTables, ks: Sequence[int]) -> Table:
     rows = []
     for c in t.cohorts:
         cells = [*(str(v) for v in key_of(c, t.keys)), str(c["n"]), str(c["n_tasks"])]
+        cells += [str(c["n_unknown_success"]), str(c["n_harness_error"])]
         for m in shown:
             if m.kind == "curve":
                 curve = {p["k"]: p for p in c[m.name]}
@@ -66,31 +73,68 @@ def metrics_table(t: RunTables, ks: Sequence[int]) -> Table:
         cells += [num(cost_of.get((key_of(c, t.keys), col)), 2) for col in costs]
         rows.append(cells)
     counts = "".join(f"; {m.label} n = {m.eligible}" for m in shown if m.eligible)
-    notes = [f"Values with 95% task-level bootstrap intervals{counts}."]
+    notes = [
+        f"Values with 95% intervals (task-level bootstrap; {intervals.MARK}: see below){counts}. Success and RR "
+        "are over the rollouts with a verdict (no verdict = success unknown, left out); TER, AUC-PEC and PEC over "
+        "all N.",
+        harness_note(t.cohorts),
+    ]
+    if any(_small(c) for c in t.cohorts):
+        notes.append(intervals.NOTE)
     if any(c["n_no_calls"] for c in t.cohorts):
         no_calls = ", ".join(f"{'/'.join(map(str, key_of(c, t.keys)))}: {c['n_no_calls']}" for c in t.cohorts)
         notes.append(f"Rollouts with no calls (vacuously executable): {no_calls}.")
+    notes.append(replay_note(t.cohorts))
     return Table("Metrics per benchmark × condition", columns, rows, notes)
 
 
+def _small(cohort: dict[str, Any]) -> bool:
+    points = [cohort[m.name] for m in catalogue.ratios()] + cohort["pec"]
+    return any(p.get("method") == intervals.WILSON for p in points)
+
+
 def recovery_table(t: RunTables) -> Table:
-    columns = [*t.keys, "N", "executable & successful", "invalid prefix & successful", "invalid prefix"]
-    columns += ["successes", "successes after an invalid prefix", "unknown verdict"]
+    columns = [*t.keys, "N", "no verdict", "with a verdict", "executable", "executable & successful"]
+    columns += ["invalid prefix (RR n)", "invalid prefix & successful", "successes"]
+    columns += ["successes after an invalid prefix", "success = TER_v · P(success | executable) + (1 − TER_v) · RR"]
     rows = [
         [
             *(str(v) for v in key_of(r, t.keys)),
             str(r["n"]),
+            str(r["n_unknown_success"]),
+            str(r["n_with_verdict"]),
+            str(r["n_executable_with_verdict"]),
             str(r["n_executable_success"]),
+            str(r["n_invalid_prefix_with_verdict"]),
             str(r["n_invalid_prefix_success"]),
-            str(r["n_invalid_prefix"]),
             str(r["n_success"]),
             pct(r["n_invalid_prefix_success"], r["n_success"]),
-            str(r["n_success_unknown"]),
+            identity(r),
         ]
         for r in t.recovery
     ]
-    note = "success = executable & successful + invalid prefix & successful (RR = the second over invalid prefix)."
+    note = (
+        "Over the rollouts with a verdict (N − no verdict): with a verdict = executable + invalid prefix, "
+        "successes = executable & successful + invalid prefix & successful; TER_v = executable / with a verdict "
+        "(the metrics table's TER is over all N), P(success | executable) = executable & successful / executable, "
+        "RR = invalid prefix & successful / invalid prefix, exactly the metrics table's RR and RR n."
+    )
     return Table("Recovery arithmetic", columns, rows, [note])
+
+
+def identity(r: dict[str, Any]) -> str:
+    """success = TER_v · P(success | executable) + (1 − TER_v) · RR in the row's own counts, as fractions: exact
+    because with a verdict = executable + invalid prefix and successes = the two successful counts (the parts)."""
+    known, ex, ex_s = r["n_with_verdict"], r["n_executable_with_verdict"], r["n_executable_success"]
+    inv, inv_s = r["n_invalid_prefix_with_verdict"], r["n_invalid_prefix_success"]
+    if known == 0:
+        return DASH
+    terms = []
+    if ex:
+        terms.append(f"{ex}/{known} · {ex_s}/{ex}")
+    if inv:
+        terms.append(f"{inv}/{known} · {inv_s}/{inv}")
+    return f"{r['n_success']}/{known} = " + " + ".join(terms)
 
 
 def causes_table(t: RunTables) -> Table:
@@ -119,9 +163,18 @@ def ranking_tables(rankings: list[Ranking]) -> list[Table]:
                 cells += [num(r.values[m][i]), _rank(r.ranks[m][i])]
             rows.append(cells)
         notes = [f"Kendall τ-b (success vs {_label(m)}): {num(tau)}" for m, tau in r.tau.items()]
-        flips = [f"{_label(f.metric)}: {f.higher_metric} above {f.higher_success}" for f in r.flips]
+        flips = [
+            f"{_label(f.metric)}: {f.higher_metric} above {f.higher_success} (holds in {share(f.share)} of replicates)"
+            for f in r.flips
+        ]
         notes.append("Order flips vs success: " + ("; ".join(flips) if flips else "none"))
-        out.append(Table(f"Ranking divergence — {r.benchmark}", columns, rows, notes))
+        if flips:
+            notes.append(
+                "A flip's share is over the bootstrap replicates of the intervals: near 100% a real reversal, "
+                "near 50% or below noise."
+            )
+        title = " · ".join(v if k == "benchmark" else f"{k}={v}" for k, v in r.group.items())
+        out.append(Table(f"Ranking divergence — {title}", columns, rows, notes))
     return out
 
 
@@ -148,7 +201,13 @@ def settings_line(cohorts: list[dict[str, Any]]) -> str:
     b = cohorts[0]["bootstrap"]
     return (
         f"95% intervals: {b['method']} task-level bootstrap, B={b['B']}, seed={b['seed']}, "
-        f"level={b['level']}, DuckDB {b['duckdb_version']}."
+        f"level={b['level']}, DuckDB {b['duckdb_version']}; {intervals.MARK} marks a Wilson interval on the effective "
+        "sample size instead (small sample or estimate at 0 or 1)."
+        + (
+            " --strict-replay: rollouts whose replay diverged before their first error are left out."
+            if cohorts[0]["strict_replay"]
+            else ""
+        )
     )
 
 

@@ -53,20 +53,23 @@ def paired_comparison(
     ks: Sequence[int],
     settings: BootstrapSettings,
     storage_options: dict[str, Any] | None = None,
+    partial: bool = False,
+    population: db.Population = db.DEFAULT_POPULATION,
 ) -> tuple[list[str], list[dict[str, Any]]]:
     """(pair key columns, one row per pair and metric). `keys` are the report's cohort columns."""
-    with db.open_rollouts(run, storage_options) as con:
-        db.cohort_columns(con, [compare.column])  # raises when the column is not a label of the run
-        pair_cols = [k for k in keys if k != compare.column]
+    with db.open_rollouts(run, storage_options, partial, population) as con:
+        # raises when it is not a label or attribute; an attribute comes back as its column (attr_<name>)
+        column = next(iter(db.cohort_columns(con, [compare.column])), compare.column)
+        pair_cols = [k for k in keys if k != column]
         q_lo, q_hi = settings.quantiles
         db.set_variables(
             con,
             pair_cols=pair_cols,
-            compare_col=compare.column,
+            compare_col=column,
             compare_a=compare.a,
             compare_b=compare.b,
             ks=[int(k) for k in ks],
-            metric_defs=db.metric_defs(),
+            metric_defs=db.metric_defs(paired=True),
             seed=settings.seed,
             B=settings.B,
             method=settings.method,

@@ -1,9 +1,10 @@
 """Ranking divergence: do success and the executability metrics order the conditions the same way?
 
-Per benchmark, conditions are ranked by success and by every metric the catalogue marks `ranked` (TER,
-AUC-PEC; rank 1 = highest; ties share the mean of their ranks), compared by Kendall's τ-b (which accounts for
-ties), and every pair whose order under success is the opposite of its order under a ranked metric is listed
-as a flip.
+Per benchmark (or per benchmark and value of `report --within COL`), conditions are ranked by success and by
+every metric the catalogue marks `ranked` (TER, AUC-PEC; rank 1 = highest; ties share the mean of their ranks),
+compared by Kendall's τ-b (which accounts for ties), and every pair whose order under success is the opposite
+of its order under a ranked metric is listed as a flip, with the share of the bootstrap replicates (the draws
+of the intervals) in which that flip holds too: near 1 a real reversal, near or below 0.5 noise.
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ class Flip:
     metric: str  # the executability metric that disagrees with success
     higher_success: str
     higher_metric: str
+    # Share of the replicates (with all four values defined) in which higher_success is above under success and
+    # higher_metric above under the metric; None without replicates.
+    share: float | None = None
 
 
 @dataclass(frozen=True)
 class Ranking:
-    benchmark: str
+    group: dict[str, str | None]  # benchmark (and the --within column) -> value
     conditions: list[str]
     values: dict[str, list[float | None]]  # metric -> value per condition
     ranks: dict[str, list[float]]  # metric -> rank per condition
@@ -66,8 +70,14 @@ def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float | None:
     return None if denominator == 0 else (concordant - discordant) / denominator
 
 
-def rank_conditions(benchmark: str, conditions: list[str], values: dict[str, list[float | None]]) -> Ranking:
-    """`values` has "success" first, then every metric to rank against it; one value per condition."""
+def rank_conditions(
+    group: dict[str, str | None],
+    conditions: list[str],
+    values: dict[str, list[float | None]],
+    replicates: dict[str, list[list[float | None]]] | None = None,
+) -> Ranking:
+    """`values` has "success" first, then every metric to rank against it; one value per condition.
+    `replicates[metric][condition]` are the bootstrap replicates' values, b = 0..B-1 (None: undefined)."""
     ranked_by = [m for m in values if m != "success"]
     all_ranks = {m: ranks(values[m]) for m in values}
     # τ on ranks (negated: rank 1 is best) equals τ on the values, with missing values ranked last.
@@ -78,8 +88,23 @@ def rank_conditions(benchmark: str, conditions: list[str], values: dict[str, lis
         for i, j in combinations(range(len(conditions)), 2):
             if _sign(r_s[i] - r_s[j]) * _sign(r_m[i] - r_m[j]) < 0:
                 hi_s, hi_m = (i, j) if r_s[i] < r_s[j] else (j, i)
-                flips.append(Flip(m, conditions[hi_s], conditions[hi_m]))
-    return Ranking(benchmark, conditions, values, all_ranks, tau, flips)
+                share = None if replicates is None else flip_share(replicates, m, hi_s, hi_m)
+                flips.append(Flip(m, conditions[hi_s], conditions[hi_m], share))
+    return Ranking(group, conditions, values, all_ranks, tau, flips)
+
+
+def flip_share(replicates: dict[str, list[list[float | None]]], metric: str, hi_s: int, hi_m: int) -> float | None:
+    """Share of the replicates in which condition hi_s is above hi_m under success and below it under `metric`
+    (strictly); replicates where any of the four values is undefined are left out. None when none is left."""
+    holds = used = 0
+    columns = (replicates["success"][hi_s], replicates["success"][hi_m], replicates[metric][hi_s],
+               replicates[metric][hi_m])  # fmt: skip
+    for s_hi, s_lo, m_lo, m_hi in zip(*columns, strict=True):
+        if None in (s_hi, s_lo, m_lo, m_hi):
+            continue
+        used += 1
+        holds += s_hi > s_lo and m_hi > m_lo
+    return holds / used if used else None
 
 
 def _sign(x: float) -> int:

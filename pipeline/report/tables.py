@@ -11,7 +11,8 @@ from typing import Any
 import duckdb
 
 from pipeline import aggregate as db
-from pipeline.aggregate import BootstrapSettings, compute_metrics
+from pipeline import catalogue
+from pipeline.aggregate import DEFAULT_POPULATION, BootstrapSettings, Population, Replicates, metrics_and_replicates
 
 Key = tuple[str | None, ...]
 
@@ -20,13 +21,14 @@ Key = tuple[str | None, ...]
 class RunTables:
     """Everything the report shows, per cohort. Rows are dicts whose first fields are the cohort keys."""
 
-    keys: list[str]  # benchmark + the condition labels
+    keys: list[str]  # benchmark + the condition labels (and attribute columns, when asked for)
     cohorts: list[dict[str, Any]]  # compute_metrics' cohort dicts (intervals, PEC curve, bootstrap settings)
     recovery: list[dict[str, Any]]
     causes: list[dict[str, Any]]
     fed: list[dict[str, Any]]
     costs: list[dict[str, Any]]  # empty when the logs carry no cost_* column
     max_t: int
+    replicates: Replicates  # per cohort: success and the ranked metrics per bootstrap replicate (the ranking's)
 
 
 def key_of(row: dict[str, Any], keys: Sequence[str]) -> Key:
@@ -51,11 +53,16 @@ def run_tables(
     ks: Sequence[int],
     settings: BootstrapSettings,
     storage_options: dict[str, Any] | None = None,
+    partial: bool = False,
+    population: Population = DEFAULT_POPULATION,
 ) -> RunTables:
-    with db.open_rollouts(run, storage_options) as con:
+    with db.open_rollouts(run, storage_options, partial, population) as con:
         keys = ["benchmark", *db.cohort_columns(con, by)]
         parts = descriptive(con, keys)
     # PEC is computed up to the largest requested k, and at least as far as the curves go (max T, <= 20).
     max_k = max([*ks, min(parts["max_t"], 20)])
-    cohorts = compute_metrics(run, keys[1:], settings, max_k, storage_options)
-    return RunTables(keys=keys, cohorts=cohorts, **parts)
+    ranked = ["success", *(m.name for m in catalogue.ratios() if m.ranked)]
+    cohorts, replicates = metrics_and_replicates(
+        run, keys[1:], settings, max_k, storage_options, partial, population, ranked
+    )
+    return RunTables(keys=keys, cohorts=cohorts, replicates=replicates, **parts)

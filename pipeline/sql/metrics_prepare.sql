@@ -3,7 +3,7 @@
 -- max_k (BIGINT or NULL), seed, B.
 
 -- K of PEC(k): max_k if given, else the run's largest T, at most 20.
-SET VARIABLE pexec_k = coalesce(getvariable('max_k'), least((SELECT max(T) FROM rollouts), 20), 0);
+SET VARIABLE pexec_k = coalesce(getvariable('max_k'), least((SELECT max(T) FROM rollout_parts), 20), 0);
 
 -- Every rollout with its cohort number. The key is a struct of the cohort columns so that the rest of
 -- this file does not depend on which labels define a cohort; a NULL label is a cohort value of its own.
@@ -14,15 +14,28 @@ FROM (
     FROM rollout_parts
 );
 
+-- Rollouts whose replay diverged from the log before their first error, over every rollout of the run: under
+-- --strict-replay they are not in rollout_parts, and this is the count of those left out.
+CREATE OR REPLACE TEMP TABLE cohort_diverged AS
+SELECT struct_pack(*COLUMNS(lambda c: list_contains(getvariable('cohort_cols'), c))) AS key,
+       count_if(diverged_before_fed)::BIGINT AS n_diverged_before_fed
+FROM rollouts
+GROUP BY ALL;
+
 CREATE OR REPLACE TEMP TABLE cohort_info AS
-SELECT cohort,
-       any_value(key) AS key,
-       count(*) AS n,
-       count(DISTINCT task_id) AS n_tasks,
-       count_if(T = 0)::BIGINT AS n_no_calls
-FROM cohort_rollouts
-GROUP BY cohort
-ORDER BY cohort;
+SELECT i.*, coalesce(d.n_diverged_before_fed, 0) AS n_diverged_before_fed
+FROM (
+    SELECT cohort,
+           any_value(key) AS key,
+           count(*) AS n,
+           count(DISTINCT task_id) AS n_tasks,
+           count_if(T = 0)::BIGINT AS n_no_calls,
+           count_if(success IS NULL)::BIGINT AS n_unknown_success
+    FROM cohort_rollouts
+    GROUP BY cohort
+) AS i
+LEFT JOIN cohort_diverged AS d ON d.key IS NOT DISTINCT FROM i.key
+ORDER BY i.cohort;
 
 -- Sums per task of the catalogue's parts (pipeline/catalogue.py): p_<name> -> s_<name>; every ratio metric is
 -- sum(s_<num>) / sum(s_<den>). BIGINT: a task would need over 8.3 million rollouts to overflow the sum of

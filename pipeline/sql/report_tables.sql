@@ -2,24 +2,30 @@
 -- Variables set by pipeline.report.tables: cohort_cols (VARCHAR[]: 'benchmark' and the `by` labels).
 -- Every table starts with the cohort's label columns (unnest of the key struct), so Python joins by value.
 
+-- rollout_parts: the rollouts the metrics count (all, or under --strict-replay those whose replay did not
+-- diverge before their first error), with the catalogue's parts p_<name>.
 CREATE OR REPLACE TEMP TABLE report_rollouts AS
 SELECT struct_pack(*COLUMNS(lambda c: list_contains(getvariable('cohort_cols'), c))) AS key,
-       task_id, T, fed, executable, success, first_cause
-FROM rollouts;
+       task_id, T, fed, executable, success, first_cause, COLUMNS('^p_')
+FROM rollout_parts;
 
--- The recovery arithmetic: success = (executable and successful) + (invalid prefix and successful).
--- Rollouts with an unknown verdict (success IS NULL) are counted apart and enter no numerator.
+-- The recovery arithmetic, from the same parts as the metrics (pipeline/catalogue.py), so its counts are the
+-- metrics' numerators and denominators: over the rollouts with a verdict (p_known),
+-- with a verdict = executable with a verdict (p_exec_known) + invalid prefix with a verdict (p_elig = RR n),
+-- successes (p_succ) = executable & successful (p_succ_exec) + invalid prefix & successful (p_rec).
+-- Rollouts without a verdict are counted apart (n_unknown_success) and enter none of these.
 CREATE OR REPLACE TEMP TABLE report_recovery AS
 SELECT unnest(key),
        count(*)::BIGINT AS n,
-       count_if(executable)::BIGINT AS n_executable,
-       count_if(executable AND success)::BIGINT AS n_executable_success,
+       count_if(success IS NULL)::BIGINT AS n_unknown_success,
+       sum(p_known)::BIGINT AS n_with_verdict,
+       sum(p_exec_known)::BIGINT AS n_executable_with_verdict,
+       sum(p_succ_exec)::BIGINT AS n_executable_success,
        count_if(NOT executable)::BIGINT AS n_invalid_prefix,
-       count_if(NOT executable AND success)::BIGINT AS n_invalid_prefix_success,
-       count_if(success)::BIGINT AS n_success,
-       count_if(success IS NULL)::BIGINT AS n_success_unknown,
-       count_if(NOT executable AND success)::DOUBLE / nullif(count_if(success), 0)::DOUBLE
-           AS share_successes_after_invalid_prefix
+       sum(p_elig)::BIGINT AS n_invalid_prefix_with_verdict,
+       sum(p_rec)::BIGINT AS n_invalid_prefix_success,
+       sum(p_succ)::BIGINT AS n_success,
+       sum(p_rec)::DOUBLE / nullif(sum(p_succ), 0)::DOUBLE AS share_successes_after_invalid_prefix
 FROM report_rollouts
 GROUP BY key
 ORDER BY key;

@@ -34,6 +34,22 @@ def exists(url: str, storage_options: dict[str, Any] | None = None) -> bool:
     return bool(fs.exists(path))
 
 
+def is_empty(url: str, storage_options: dict[str, Any] | None = None) -> bool:
+    """True when nothing is at `url`, or it is a folder without files (an output may be written there without
+    mixing with earlier contents)."""
+    fs, path = filesystem(url, storage_options)
+    if not fs.exists(path):
+        return True
+    return fs.isdir(path) and not fs.find(path)
+
+
+def remove_all(url: str, storage_options: dict[str, Any] | None = None) -> None:
+    """Remove whatever is at `url` (an output about to be overwritten); nothing there is fine."""
+    fs, path = filesystem(url, storage_options)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+
+
 def list_files(
     url: str,
     storage_options: dict[str, Any] | None = None,

@@ -8,11 +8,10 @@ Errors of the storage layer itself (network, permissions) are raised: they are w
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import IO, Any, Literal
 
@@ -22,14 +21,15 @@ import pyarrow.parquet as pq
 import zstandard
 
 from pipeline.errors import PexecError
+from pipeline.records import record_id
 from pipeline.storage.fs import filesystem, list_files
 
 Format = Literal["jsonl", "parquet"]
 Compression = Literal[None, "gzip", "zstd"]
 
 RAW_LIMIT = 2000  # characters of offending text kept in a RecordError
-_CHUNK = 1 << 20  # bytes per read of a plain or gzip stream
-_ZSTD_INPUT_CHUNK = 1 << 16  # zstd decompressobj has no output limit: small inputs bound each output chunk
+_CHUNK = 1 << 20  # bytes per read of a plain file
+_COMPRESSED_CHUNK = 1 << 16  # decompressobj has no output limit (zstd): small inputs bound each output chunk
 _PARQUET_BATCH_ROWS = 1024  # rollouts are large: bound the Python objects alive at once
 _BOM = b"\xef\xbb\xbf"
 
@@ -78,6 +78,8 @@ class Shard:
     file: InputFile
     start: int  # plain JSONL: byte offset; Parquet: first row group; whole-file shards: 0
     stop: int | None  # exclusive byte offset / row group; None = to the end of the file
+    # Records in the shard when planning knows them (Parquet footers; JSON Lines: None). Not part of its identity.
+    rows: int | None = field(default=None, compare=False)
 
     @property
     def key(self) -> str:
@@ -110,7 +112,7 @@ def list_inputs(url: str, storage_options: dict[str, Any] | None = None) -> tupl
     files: list[InputFile] = []
     ignored: list[str] = []
     for file_url, info in entries.items():
-        kind = _classify(file_url)
+        kind = classify(file_url)
         if kind is None:
             ignored.append(file_url)
             continue
@@ -159,10 +161,48 @@ def read_shard(shard: Shard, storage_options: dict[str, Any] | None = None) -> I
             yield from _read_range(f, shard.start, shard.stop)
 
 
+def read_ids(file: InputFile, storage_options: dict[str, Any] | None = None) -> Iterator[tuple[str, int, str]]:
+    """(location, position, rollout id) of every record of `file` that carries a valid id, in file order: what
+    the id pass reads to find duplicates across shards without scoring anything.
+
+    Locations are those of a whole-file read ("line N", "row N"), whatever the sharding; the position places
+    the record in a shard: the byte offset of its line (JSON Lines), its row group (Parquet).
+    """
+    fs, path = filesystem(file.url, storage_options)
+    with fs.open(path, "rb") as f:
+        _check_unchanged(f, file)
+        if file.fmt == "parquet":
+            yield from _parquet_ids(f)
+            return
+        lines, _ = _decoded_lines(f, file.compression)  # what cannot be trusted read_shard reports
+        for n, (offset, line) in enumerate(lines, 1):
+            record = _parse(line, at_file_start=n == 1)
+            if isinstance(record, dict) and (rid := record_id(record)) is not None:
+                yield f"line {n}", offset, rid
+
+
+def _parquet_ids(f: IO[bytes]) -> Iterator[tuple[str, int, str]]:
+    source = _Source(f)
+    try:
+        parquet = pq.ParquetFile(source)
+        if "rollout_id" not in parquet.schema_arrow.names:
+            return
+        row = 0
+        for group in range(parquet.metadata.num_row_groups):
+            for value in parquet.read_row_group(group, columns=["rollout_id"]).column(0).to_pylist():
+                if (rid := record_id({"rollout_id": value})) is not None:
+                    yield f"row {row}", group, rid
+                row += 1
+    except (pa.ArrowException, OSError):
+        if source.failed:
+            raise  # unreadable content: read_shard reports it
+
+
 # --- listing -------------------------------------------------------------------------------------------
 
 
-def _classify(name: str) -> tuple[Format, Compression] | None:
+def classify(name: str) -> tuple[Format, Compression] | None:
+    """The format and compression a file name says, or None when it is not a data file."""
     lower = name.lower()
     if lower.endswith(".parquet"):
         return "parquet", None
@@ -197,16 +237,17 @@ def _parquet_shards(file: InputFile, target_bytes: int, storage_options: dict[st
                 raise
             return [Shard(file, 0, None)]  # unreadable footer: read_shard reports it as one reject
     groups: list[Shard] = []
-    begin, size = 0, 0
+    begin, size, rows = 0, 0, 0
     for i in range(meta.num_row_groups):
         row_group = meta.row_group(i)
         size += sum(row_group.column(c).total_compressed_size for c in range(row_group.num_columns))
+        rows += row_group.num_rows
         if size >= target_bytes and i + 1 < meta.num_row_groups:
-            groups.append(Shard(file, begin, i + 1))
-            begin, size = i + 1, 0
+            groups.append(Shard(file, begin, i + 1, rows))
+            begin, size, rows = i + 1, 0, 0
     if not groups:
-        return [Shard(file, 0, None)]
-    groups.append(Shard(file, begin, meta.num_row_groups))
+        return [Shard(file, 0, None, meta.num_rows)]
+    groups.append(Shard(file, begin, meta.num_row_groups, rows))
     return groups
 
 
@@ -214,11 +255,18 @@ def _parquet_shards(file: InputFile, target_bytes: int, storage_options: dict[st
 
 
 class _Truncated(EOFError):
-    """A compressed stream ended inside a frame."""
+    """A compressed file ended inside a member (gzip) or frame (zstd)."""
 
 
-# What a corrupt compressed stream raises (storage errors are other OSErrors and propagate).
-_STREAM_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile, zstandard.ZstdError)
+class _Damaged(ValueError):
+    """A member (frame) of a compressed file does not decode or fails its checksum."""
+
+    def __init__(self, begin: int, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.begin = begin  # compressed offset where the damaged member starts
+
+
+_MEMBER = {"gzip": "member", "zstd": "frame"}
 
 
 class _Source:
@@ -258,9 +306,10 @@ def _check_unchanged(f: IO[bytes], file: InputFile) -> None:
 class _Lines:
     """Split byte chunks into lines (newline removed), each with the offset of its first byte."""
 
-    def __init__(self, chunks: Iterable[bytes], offset: int = 0) -> None:
+    def __init__(self, chunks: Iterable[bytes], offset: int = 0, keep_last: bool = True) -> None:
         self._chunks = chunks
         self._offset = offset
+        self._keep_last = keep_last  # False: an unterminated last line stays pending (the cut of a broken file)
         self._parts: list[bytes] = []  # the line being assembled; a list so long lines are joined once
 
     def __iter__(self) -> Iterator[tuple[int, bytes]]:
@@ -278,7 +327,7 @@ class _Lines:
             if i < len(chunk):
                 parts.append(chunk[i:])
             pos += len(chunk)
-        if parts:  # a last line without a trailing newline
+        if parts and self._keep_last:  # a last line without a trailing newline
             line = b"".join(parts)
             parts.clear()
             yield line_start, line
@@ -288,51 +337,117 @@ class _Lines:
         return b"".join(self._parts)
 
 
-def _chunks(f: IO[bytes], compression: Compression) -> Iterator[bytes]:
-    if compression == "zstd":
-        yield from _zstd_chunks(f)
-        return
-    if compression == "gzip":
-        # read1, not read: read(n) discards what it decompressed when the stream then turns out truncated.
-        stream = gzip.GzipFile(fileobj=f, mode="rb")
-        while chunk := stream.read1(_CHUNK):
+def _chunks(f: IO[bytes], compression: Compression, limit: int | None = None) -> Iterator[bytes]:
+    """The file's bytes, decompressed; with `limit`, only its first `limit` decompressed bytes."""
+    if compression is None:
+        while chunk := f.read(_CHUNK):
             yield chunk
         return
-    while chunk := f.read(_CHUNK):
-        yield chunk
+    left = limit
+    if left == 0:
+        return
+    for _, chunk in _members(f, compression):
+        if chunk is None:
+            continue
+        if left is not None:
+            chunk = chunk[:left]
+            left -= len(chunk)
+        if chunk:
+            yield chunk
+        if left == 0:
+            return
 
 
-def _zstd_chunks(f: IO[bytes]) -> Iterator[bytes]:
-    # Not stream_reader: it ends silently on a truncated frame, which would drop records without a trace.
-    dctx = zstandard.ZstdDecompressor()
-    dobj = dctx.decompressobj()
-    mid_frame = False
-    while data := f.read(_ZSTD_INPUT_CHUNK):
-        while data:
-            if out := dobj.decompress(data):
-                yield out
-            mid_frame = not dobj.eof
-            if mid_frame:
+def _members(f: IO[bytes], compression: Compression) -> Iterator[tuple[int, bytes | None]]:
+    """Decompress a gzip or zstd file member by member (frame by frame): (compressed offset where the member
+    began, decompressed chunk), and (offset, None) once a member has ended with its checksum verified.
+
+    Raises _Truncated when the file ends inside a member, and _Damaged when a member does not decode or fails
+    its checksum: gzip checks its CRC only at the member's end, so damaged data can first decode into plausible
+    text.
+    (Not gzip.GzipFile or zstandard's stream_reader: they hide where a member begins and one ends silently.)
+    """
+    new = (
+        (lambda: zlib.decompressobj(wbits=31)) if compression == "gzip" else zstandard.ZstdDecompressor().decompressobj
+    )
+    dobj, begin, consumed, data = new(), 0, 0, b""
+    in_member = False
+    while True:
+        if not data:
+            data = f.read(_COMPRESSED_CHUNK)
+            if not data:
                 break
-            data = dobj.unused_data  # the next frame of a multi-frame file
-            dobj = dctx.decompressobj()
-    if mid_frame:
-        raise _Truncated("stream ended inside a zstd frame")
+        if not in_member:
+            stripped = data.lstrip(b"\x00")  # zero padding between or after members is allowed
+            consumed += len(data) - len(stripped)
+            data, begin, in_member = stripped, consumed, bool(stripped)
+            if not data:
+                continue
+        try:
+            out = dobj.decompress(data)
+        except (zlib.error, zstandard.ZstdError) as e:
+            raise _Damaged(begin, e) from e
+        if out:
+            yield begin, out
+        if dobj.eof:
+            rest = dobj.unused_data
+            consumed += len(data) - len(rest)
+            yield begin, None
+            dobj, data, in_member = new(), rest, False
+        else:
+            consumed += len(data)
+            data = b""
+    if in_member:
+        size = f.seek(0, 2)
+        raise _Truncated(
+            f"the file ends ({size} bytes) inside the {_MEMBER[compression]} starting at compressed byte {begin}"
+        )
+
+
+def _verified(f: IO[bytes], compression: Compression) -> tuple[int | None, str, str]:
+    """Decompress the whole file once: how many decompressed bytes can be trusted (None: all), and what went
+    wrong: ("truncated" or "corrupt", detail). A file cut short keeps what it decoded; a damaged member loses
+    all of itself (where in it the damage lies is unknown) and everything after it."""
+    verified = decoded = 0
+    try:
+        for _, chunk in _members(f, compression):
+            if chunk is None:
+                verified = decoded
+            else:
+                decoded += len(chunk)
+    except _Truncated as e:
+        return decoded, "truncated", str(e)
+    except _Damaged as e:
+        lost = f"compressed bytes {e.begin}-{f.seek(0, 2)}"
+        member = _MEMBER[compression]  # type: ignore[index]
+        damaged = f"the {member} starting at compressed byte {e.begin} is damaged ({e})"
+        return verified, "corrupt", f"{damaged}: it and the rest of the file ({lost}) are lost"
+    return None, "", ""
+
+
+def _decoded_lines(f: IO[bytes], compression: Compression) -> tuple[_Lines, str | None]:
+    """The file's lines (only those that can be trusted), and what was wrong with the file (None: nothing) as
+    a reason with a `{where}` to fill in.
+
+    A compressed file is checked whole before its lines are read: a damaged gzip member can decode into
+    wrong but well-formed records before its checksum fails at the member's end."""
+    limit, kind, detail = _verified(f, compression) if compression else (None, "", "")
+    f.seek(0)
+    problem = f"{kind} {compression} stream {{where}}: {detail}" if kind else None
+    return _Lines(_chunks(f, compression, limit), keep_last=problem is None), problem
 
 
 def _read_numbered(f: IO[bytes], compression: Compression) -> Iterator[tuple[str, Record]]:
-    lines = _Lines(_chunks(f, compression))
+    lines, problem = _decoded_lines(f, compression)
     n = 0
-    try:
-        for _, line in lines:
-            n += 1
-            record = _parse(line, at_file_start=n == 1)
-            if record is not None:
-                yield f"line {n}", record
-    except _STREAM_ERRORS as e:
-        kind = "truncated" if isinstance(e, EOFError) else "corrupt"
+    for _, line in lines:
+        n += 1
+        record = _parse(line, at_file_start=n == 1)
+        if record is not None:
+            yield f"line {n}", record
+    if problem:
         where = f"after line {n}" if n else "at the start"
-        yield f"line {n + 1}", RecordError(f"{kind} {compression} stream {where}: {e}", _raw(lines.pending()))
+        yield f"line {n + 1}", RecordError(problem.format(where=where), _raw(lines.pending()))
 
 
 def _read_range(f: IO[bytes], start: int, stop: int | None) -> Iterator[tuple[str, Record]]:

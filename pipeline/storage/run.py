@@ -14,12 +14,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.errors import StorageError
-from pipeline.storage.fs import filesystem, is_local, open_for_write
+from pipeline.output import rejects_table, steps_table
+from pipeline.storage.fs import exists, filesystem, is_local, open_for_write
 
 if TYPE_CHECKING:
     import duckdb
 
 MANIFEST = "_manifest.json"
+PLAN = "_plan.json"  # the shards a (re)run will cover, written before the first of them is scored
 SHARD_MARKERS = "_shards"  # one JSON report per committed shard: what a rerun may reuse
 TABLES = ("steps", "rollouts", "rejects")
 
@@ -28,9 +30,26 @@ def part_path(run: str, table: str, shard_key: str) -> str:
     return f"{run.rstrip('/')}/{table}/part-{shard_key}.parquet"
 
 
-def write_part(run: str, table_name: str, shard_key: str, table: pa.Table, storage_options: dict | None = None) -> None:
+def write_part(run: str, table_name: str, shard_key: str, table: pa.Table, storage_options: dict | None = None) -> int:
+    """Write one part; returns its size in bytes (recorded in the shard's marker, checked before reuse)."""
     with open_for_write(part_path(run, table_name, shard_key), storage_options) as f:
         pq.write_table(table, f, compression="zstd")
+        return f.tell()
+
+
+def part_sizes(run: str, storage_options: dict | None = None) -> dict[str, dict[str, int]]:
+    """The size of every part file now in the run, by table and shard key."""
+    sizes: dict[str, dict[str, int]] = {}
+    for table in TABLES:
+        fs, folder = filesystem(f"{run.rstrip('/')}/{table}", storage_options)
+        fs.invalidate_cache(folder)  # another process may have changed it since this one last looked
+        found = fs.ls(folder, detail=True) if fs.exists(folder) else []
+        sizes[table] = {
+            name[5:-8]: int(info["size"])
+            for info in found
+            if (name := info["name"].rsplit("/", 1)[-1]).startswith("part-") and name.endswith(".parquet")
+        }
+    return sizes
 
 
 def remove_manifest(run: str, storage_options: dict | None = None) -> None:
@@ -82,11 +101,42 @@ def write_manifest(run: str, manifest: dict[str, Any], storage_options: dict | N
 
 
 def read_manifest(run: str, storage_options: dict | None = None) -> dict[str, Any] | None:
-    fs, path = filesystem(f"{run.rstrip('/')}/{MANIFEST}", storage_options)
+    return _read_json(run, MANIFEST, storage_options)
+
+
+def write_plan(run: str, plan: dict[str, Any], storage_options: dict | None = None) -> None:
+    with open_for_write(f"{run.rstrip('/')}/{PLAN}", storage_options) as f:
+        f.write(orjson.dumps(plan, option=orjson.OPT_INDENT_2))
+
+
+def read_plan(run: str, storage_options: dict | None = None) -> dict[str, Any] | None:
+    return _read_json(run, PLAN, storage_options)
+
+
+def _read_json(run: str, name: str, storage_options: dict | None) -> dict[str, Any] | None:
+    fs, path = filesystem(f"{run.rstrip('/')}/{name}", storage_options)
     if not fs.exists(path):
         return None
     with fs.open(path, "rb") as f:
         return orjson.loads(f.read())
+
+
+def commit_parts(run: str, storage_options: dict | None = None) -> None:
+    """Make a run of rollouts parts written without scoring (benchmarks, tests of the DuckDB stage) a complete
+    run: an empty steps and rejects part beside every rollouts part that has none, and a manifest listing
+    them as its shards."""
+    fs, folder = filesystem(f"{run.rstrip('/')}/rollouts", storage_options)
+    keys = sorted(p.rsplit("/part-", 1)[1][: -len(".parquet")] for p in fs.glob(f"{folder}/part-*.parquet"))
+    shards = []
+    for key in keys:
+        for table_name, empty in (("steps", steps_table("run", [])), ("rejects", rejects_table("run", key, []))):
+            if not exists(part_path(run, table_name, key), storage_options):
+                write_part(run, table_name, key, empty, storage_options)
+        with fs.open(f"{folder}/part-{key}.parquet", "rb") as f:
+            rows = pq.read_metadata(f).num_rows
+        shards.append({"shard": key, "read": rows, "scored": rows, "rejected": 0})
+    counts = {"read": sum(s["read"] for s in shards), "shards": len(shards)}
+    write_manifest(run, {"complete": True, "shards": shards, "counts": counts}, storage_options)
 
 
 class RunPrefix:
@@ -106,16 +156,8 @@ class RunPrefix:
     def file(self, rel: str) -> str:
         return f"{self.url}/{rel}"
 
-    def glob(self, table: str) -> str:
-        # `**` also matches zero folders: one run, or a folder of runs (e.g. nightly `date=YYYY-MM-DD/`
-        # partitions) read together.
-        return f"{self.url}/**/{table}/*.parquet"
-
     def exists(self, rel: str) -> bool:
         return bool(self.fs.exists(f"{self.path}/{rel}"))
-
-    def has(self, table: str) -> bool:
-        return any(f"/{table}/" in p for p in self.fs.glob(f"{self.path}/**/{table}/*.parquet"))
 
     def attach(self, con: duckdb.DuckDBPyConnection) -> None:
         """Let DuckDB read a remote run through its own fsspec filesystem (same credentials and endpoint as

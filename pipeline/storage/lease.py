@@ -1,0 +1,309 @@
+"""One writer per run (docs/design.md §4): a lease object `RUN/_lease.json` that a scoring driver holds while it
+writes the run.
+
+The lease names its holder (user, host, pid, start time) and carries a heartbeat that the holder renews in a
+background thread. A second writer fails at once naming the holder; a lease whose heartbeat is older than
+`stale_after` seconds (a crashed or killed driver), or whose holder ran on this host and is gone, is taken
+over, with a warning.
+
+Every change of the lease is a compare-and-swap, so two writers can never both believe they hold it:
+- object storage (S3 and S3-compatible servers): conditional requests — create with `If-None-Match: *`,
+  renew / take over / release with `If-Match: <ETag>` of the version read;
+- a local disk: the read-check-write runs under an exclusive `flock` of the run folder;
+- other fsspec filesystems (memory://, gs://…): read-check-write without a lock (best effort).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import getpass
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from fsspec.asyn import sync
+
+from pipeline.errors import PexecError, StorageError
+from pipeline.storage.fs import filesystem, is_local
+
+LEASE = "_lease.json"
+DEFAULT_STALE_AFTER = 600.0  # seconds without a heartbeat before a lease counts as abandoned
+
+log = logging.getLogger(__name__)
+
+
+class LeaseHeld(PexecError):
+    """Another writer holds the run's lease."""
+
+
+class LeaseLost(PexecError):
+    """The lease was taken over while this writer held it: it must stop writing."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    token: str  # unique per acquisition: tells this writer's lease from a takeover's
+    owner: str
+    host: str
+    pid: int
+    started_at: str
+    heartbeat: float  # Unix time of the last renewal
+
+    def describe(self, now: float) -> str:
+        return (
+            f"{self.owner}@{self.host} pid {self.pid} (started {self.started_at}, "
+            f"last heartbeat {now - self.heartbeat:.0f}s ago)"
+        )
+
+
+def _me() -> Holder:
+    try:
+        owner = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (containers)
+        owner = str(os.getuid())
+    now = time.time()
+    return Holder(uuid.uuid4().hex, owner, socket.gethostname(), os.getpid(), datetime.now(UTC).isoformat(), now)
+
+
+class Lease:
+    """`with Lease(run, storage_options): ...` holds the run's lease for the block, renewing it every
+    `stale_after / 10` seconds; released on exit, whatever ends the block (an error, Ctrl-C)."""
+
+    def __init__(self, run: str, storage_options: dict | None = None, stale_after: float = DEFAULT_STALE_AFTER) -> None:
+        if stale_after <= 0:
+            raise PexecError(f"the lease's staleness limit must be > 0 seconds, got {stale_after}")
+        self.url = f"{run.rstrip('/')}/{LEASE}"
+        self.stale_after = stale_after
+        self._object = _object_for(self.url, storage_options)
+        self._holder: Holder | None = None
+        self._version: Any = None
+        self._lost: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._renewing = threading.Lock()  # the heartbeat and confirm() must not race on the version
+
+    def __enter__(self) -> Lease:
+        if self._holder is None:  # not acquired beforehand
+            self.acquire()
+        self._thread = threading.Thread(target=self._heartbeat, name="pexec-lease", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.release()
+
+    def acquire(self) -> None:
+        try:
+            self._acquire()
+        except PexecError:
+            raise
+        except Exception as exc:  # the backend's own errors (missing bucket, permissions, network): one line
+            raise StorageError(f"cannot take the lease {self.url}: {type(exc).__name__}: {exc}") from exc
+
+    def _acquire(self) -> None:
+        me = _me()
+        with self._object.locked():
+            current, version = self._object.read()
+            if current is None:
+                new = self._object.create(_dump(me))
+            else:
+                age = me.heartbeat - current.heartbeat
+                if age <= self.stale_after and not _gone(current, me):
+                    raise LeaseHeld(
+                        f"run {self.url.rsplit('/', 1)[0]} is being written by {current.describe(me.heartbeat)}; "
+                        f"its lease is stale after {self.stale_after:.0f}s without a heartbeat ({self.url})"
+                    )
+                why = "its process is gone" if age <= self.stale_after else "stale"
+                log.warning(
+                    "taking over the lease of %s (%s): %s",
+                    self.url.rsplit("/", 1)[0],
+                    why,
+                    current.describe(me.heartbeat),
+                )
+                new = self._object.swap(_dump(me), version)
+        if new is None:  # another writer created or took it over between our read and our write
+            raise LeaseHeld(f"run {self.url.rsplit('/', 1)[0]}: another writer took the lease just now ({self.url})")
+        self._holder, self._version = me, new
+
+    def renew(self) -> None:
+        """Move the heartbeat on; LeaseLost when someone else holds the lease now."""
+        if self._holder is None:
+            raise LeaseLost(f"{self.url}: not held")
+        with self._renewing:
+            holder = replace(self._holder, heartbeat=time.time())
+            with self._object.locked():
+                new = self._object.swap(_dump(holder), self._version)
+            if new is None:
+                raise LeaseLost(f"the lease of {self.url.rsplit('/', 1)[0]} was taken over by another writer")
+            self._holder, self._version = holder, new
+
+    def check(self) -> None:
+        """Raise LeaseLost if the heartbeat found the lease taken over (cheap: called before each shard)."""
+        if self._lost:
+            raise LeaseLost(self._lost)
+
+    def confirm(self) -> None:
+        """Renew now, or raise LeaseLost: called right before each step that deletes or commits, so that it
+        happens only while this writer certainly holds the lease (whatever became of the heartbeat)."""
+        self.check()
+        self.renew()
+
+    def release(self) -> None:
+        if self._holder is None:
+            return
+        with self._object.locked():
+            self._object.delete(self._version)
+        self._holder = None
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self.stale_after / 10):
+            try:
+                self.renew()
+            except LeaseLost as exc:
+                self._lost = str(exc)
+                return
+            except Exception as exc:  # a network blip: the next beat tries again; confirm() is the guard
+                log.warning("could not renew the lease %s: %s: %s", self.url, type(exc).__name__, exc)
+
+
+def _gone(holder: Holder, me: Holder) -> bool:
+    """The holder ran on this host and its process no longer exists (killed, out of memory): no need to wait
+    for its heartbeat to go stale."""
+    if holder.host != me.host or holder.pid <= 0:
+        return False
+    try:
+        os.kill(holder.pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, someone else's
+        return False
+    return False
+
+
+def _dump(holder: Holder) -> bytes:
+    return orjson.dumps(asdict(holder))
+
+
+def _load(data: bytes) -> Holder | None:
+    try:
+        return Holder(**orjson.loads(data))
+    except (orjson.JSONDecodeError, TypeError):
+        return None  # unreadable: treated as abandoned long ago
+
+
+class _File:
+    """The lease as a file: compare-and-swap by token under `locked()` (an flock of the folder on a local
+    disk; nothing elsewhere, which makes it best effort there)."""
+
+    def __init__(self, url: str, storage_options: dict | None) -> None:
+        self.fs, self.path = filesystem(url, storage_options)
+        self.local = is_local(self.fs)
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        if not self.local:
+            yield
+            return
+        folder = os.path.dirname(self.path)
+        os.makedirs(folder, exist_ok=True)
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
+
+    def read(self) -> tuple[Holder | None, Any]:
+        try:
+            data = self.fs.cat_file(self.path)
+        except FileNotFoundError:
+            return None, None
+        holder = _load(data)
+        return (holder or Holder("", "?", "?", 0, "?", 0.0)), (holder.token if holder else "")
+
+    def create(self, data: bytes) -> Any:
+        if self.fs.exists(self.path):
+            return None
+        return self._write(data)
+
+    def swap(self, data: bytes, version: Any) -> Any:
+        current, now = self.read()
+        if current is None or now != version:
+            return None
+        return self._write(data)
+
+    def delete(self, version: Any) -> None:
+        current, now = self.read()
+        if current is not None and now == version:
+            self.fs.rm_file(self.path)
+
+    def _write(self, data: bytes) -> str:
+        if self.local:  # aside, then renamed over: a reader never sees half a lease
+            tmp = f"{self.path}.{uuid.uuid4().hex}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, self.path)
+        else:
+            self.fs.pipe_file(self.path, data)
+        return orjson.loads(data)["token"]
+
+
+class _S3Object:
+    """The lease as an S3 object: every change is a conditional request, atomic on the server."""
+
+    def __init__(self, url: str, storage_options: dict | None) -> None:
+        self.fs, path = filesystem(url, storage_options)
+        self.bucket, self.key = path.split("/", 1)
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        yield  # the server decides
+
+    def read(self) -> tuple[Holder | None, Any]:
+        try:
+            response = self.fs.call_s3("get_object", Bucket=self.bucket, Key=self.key)
+        except FileNotFoundError:
+            return None, None
+        data = sync(self.fs.loop, response["Body"].read)  # aiobotocore's body is async
+        return (_load(data) or Holder("", "?", "?", 0, "?", 0.0)), response["ETag"]
+
+    def create(self, data: bytes) -> Any:
+        return self._put(data, IfNoneMatch="*")
+
+    def swap(self, data: bytes, version: Any) -> Any:
+        return self._put(data, IfMatch=version)
+
+    def delete(self, version: Any) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._conditional("delete_object", Bucket=self.bucket, Key=self.key, IfMatch=version)
+
+    def _put(self, data: bytes, **condition: str) -> Any:
+        response = self._conditional("put_object", Bucket=self.bucket, Key=self.key, Body=data, **condition)
+        return None if response is None else response["ETag"]
+
+    def _conditional(self, method: str, **kwargs: Any) -> dict | None:
+        """The response, or None when the condition failed (someone else changed the object first)."""
+        try:
+            return self.fs.call_s3(method, **kwargs)
+        except OSError as exc:
+            cause = getattr(exc.__cause__, "response", None) or {}
+            if cause.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
+                return None
+            raise
+
+
+def _object_for(url: str, storage_options: dict | None) -> _File | _S3Object:
+    fs, _ = filesystem(url, storage_options)
+    return _S3Object(url, storage_options) if "s3" in fs.protocol else _File(url, storage_options)

@@ -1,0 +1,250 @@
+"""One writer per run: the lease on a run prefix (pipeline.storage.lease), on a local disk and on the moto S3
+server, and two real concurrent `pexec score` processes on the same run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import orjson
+import pyarrow.parquet as pq
+import pytest
+from conftest import wait_for
+
+from pipeline.distributed import run_scoring
+from pipeline.errors import StorageError
+from pipeline.storage.fs import exists, filesystem
+from pipeline.storage.lease import LEASE, Lease, LeaseHeld, LeaseLost, _dump, _me, _object_for
+from pipeline.storage.stores import write_store
+from pipeline.synth import synthesize
+
+ROOT = Path(__file__).resolve().parents[1]
+PEXEC = str(Path(sys.executable).with_name("pexec"))
+
+
+@pytest.fixture(params=["local", "s3"])
+def where(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict | None]:
+    """A fresh run prefix: a local folder, or a prefix in the moto S3 server's bucket."""
+    if request.param == "local":
+        return str(tmp_path / "run"), None
+    s3 = request.getfixturevalue("s3")
+    return f"s3://pexec-test/{tmp_path.name}/run", s3
+
+
+def test_a_second_writer_is_refused_naming_the_holder(where: tuple[str, dict | None]) -> None:
+    run, storage = where
+    with Lease(run, storage):
+        with pytest.raises(LeaseHeld, match=rf"run {run} is being written by \S+@\S+ pid {os.getpid()} \(started "):
+            Lease(run, storage).acquire()
+        assert exists(f"{run}/{LEASE}", storage)
+    assert not exists(f"{run}/{LEASE}", storage)  # released
+    with Lease(run, storage):  # and free for the next writer
+        pass
+
+
+def test_a_stale_lease_is_taken_over_and_its_old_holder_stops(where: tuple[str, dict | None], caplog) -> None:
+    run, storage = where
+    old = Lease(run, storage, stale_after=0.5)
+    old.acquire()
+    time.sleep(0.7)  # no heartbeat: stale
+    new = Lease(run, storage, stale_after=0.5)
+    new.acquire()
+    assert f"taking over the lease of {run} (stale): " in caplog.text
+    with pytest.raises(LeaseLost, match="taken over by another writer"):
+        old.renew()
+    old.release()  # must not remove the new holder's lease
+    assert exists(f"{run}/{LEASE}", storage)
+    new.renew()
+    new.release()
+    assert not exists(f"{run}/{LEASE}", storage)
+
+
+def test_the_heartbeat_keeps_a_long_run_alive(where: tuple[str, dict | None]) -> None:
+    run, storage = where
+    with Lease(run, storage, stale_after=0.5) as lease:
+        time.sleep(1.5)  # three times the limit: only the heartbeat keeps it fresh
+        with pytest.raises(LeaseHeld):
+            Lease(run, storage, stale_after=0.5).acquire()
+        lease.check()
+
+
+def test_every_change_of_the_lease_object_is_conditional(where: tuple[str, dict | None]) -> None:
+    """The compare-and-swap primitives themselves (S3: If-None-Match / If-Match on the server)."""
+    run, storage = where
+    obj = _object_for(f"{run}/{LEASE}", storage)
+    me = _me()
+    mine, renewed, theirs = (_dump(replace(me, token=t)) for t in ("mine", "mine-renewed", "theirs"))
+    with obj.locked():
+        v1 = obj.create(mine)
+        assert v1 is not None and obj.create(theirs) is None  # exists already
+        v2 = obj.swap(renewed, v1)
+        assert v2 is not None and obj.swap(theirs, v1) is None  # v1 is no longer the version there
+        obj.delete(v1)  # an outdated holder's release removes nothing
+        assert exists(f"{run}/{LEASE}", storage)
+        obj.delete(v2)
+    assert not exists(f"{run}/{LEASE}", storage)
+
+
+def test_simultaneous_acquisitions_on_a_local_disk_have_one_winner(tmp_path: Path) -> None:
+    run = str(tmp_path / "run")
+    won, refused = [], []
+    start = threading.Barrier(8)
+
+    def contend() -> None:
+        lease = Lease(run)
+        start.wait()
+        try:
+            lease.acquire()
+            won.append(lease)
+        except LeaseHeld:
+            refused.append(lease)
+
+    threads = [threading.Thread(target=contend) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert (len(won), len(refused)) == (1, 7)
+
+
+def test_the_lease_is_released_when_scoring_is_interrupted(tmp_path: Path) -> None:
+    store, run = tmp_path / "store", tmp_path / "run"
+    write_store(synthesize("shop", 50, 10, seed=1), str(store), per_file=10)
+
+    def interrupt(report: object) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_scoring(str(store), str(run), executor="inline", on_shard=interrupt)
+    assert not (run / LEASE).exists() and not (run / "_manifest.json").exists()
+
+
+# --- two real `pexec score` processes on one run ------------------------------------------------------
+
+
+def lease_appears(run: str, storage: dict | None) -> None:
+    """Wait for a writer's lease, polling often: the writer may be done soon after it appears."""
+    deadline = time.monotonic() + 60
+    while not exists(f"{run}/{LEASE}", storage):
+        assert time.monotonic() < deadline, f"no lease under {run} after 60s"
+        time.sleep(0.01)
+
+
+def holder_pid(run: str) -> int | None:
+    try:
+        return orjson.loads((Path(run) / LEASE).read_bytes())["pid"]
+    except FileNotFoundError:
+        return None
+
+
+def pexec_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+
+
+def score_args(store: str, run: str, shard_mb: str, storage: dict | None) -> list[str]:
+    args = [PEXEC, "score", store, "--out", run, "--inline", "--shard-mb", shard_mb]
+    return args + (["--endpoint-url", storage["endpoint_url"]] if storage else [])
+
+
+def run_rows(run: str, storage: dict | None) -> dict[str, list[dict]]:
+    out = {}
+    for name, key in (("steps", ("rollout_id", "step")), ("rollouts", ("rollout_id",)), ("rejects", ("source",))):
+        fs, path = filesystem(f"{run}/{name}", storage)
+        rows = pq.read_table(path, filesystem=fs).to_pylist()
+        out[name] = sorted(rows, key=lambda r: tuple(r[k] for k in key))
+    return out
+
+
+@pytest.mark.parametrize("second_shard_mb", ["0.05", "0.02"], ids=["same-shard-mb", "different-shard-mb"])
+def test_two_concurrent_score_runs_one_refuses_and_the_run_equals_a_clean_one(
+    where: tuple[str, dict | None], tmp_path: Path, second_shard_mb: str
+) -> None:
+    run, storage = where
+    base = run.rsplit("/", 1)[0]
+    store = f"{base}/store"
+    write_store(synthesize("shop", 1200, 100, seed=5), store, per_file=300, storage_options=storage)
+    clean = f"{base}/clean/run"  # same basename: the same run_id
+    subprocess.run(score_args(store, clean, "0.05", storage), env=pexec_env(), check=True, capture_output=True)
+
+    first = subprocess.Popen(
+        score_args(store, run, "0.05", storage), env=pexec_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        # Freeze the first writer while it holds the lease, so the second one certainly overlaps it.
+        lease_appears(run, storage)
+        os.kill(first.pid, signal.SIGSTOP)
+        assert exists(f"{run}/{LEASE}", storage)
+        second = subprocess.run(
+            score_args(store, run, second_shard_mb, storage), env=pexec_env(), capture_output=True, text=True
+        )
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    _, err = first.communicate(timeout=120)
+    assert first.returncode == 0, err
+    assert second.returncode == 2
+    lines = [line for line in second.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: run {run} is being written by "), second.stderr
+    assert f"pid {first.pid} " in lines[0]
+    assert not exists(f"{run}/{LEASE}", storage)
+    assert run_rows(run, storage) == run_rows(clean, storage)
+
+
+def test_a_killed_writer_on_this_host_does_not_block_the_rerun(tmp_path: Path) -> None:
+    store, run, clean = str(tmp_path / "store"), str(tmp_path / "run"), str(tmp_path / "clean" / "run")
+    write_store(synthesize("shop", 1200, 100, seed=5), store, per_file=300)
+    subprocess.run(score_args(store, clean, "0.05", None), env=pexec_env(), check=True, capture_output=True)
+    killed = subprocess.Popen(score_args(store, run, "0.05", None), env=pexec_env(), stderr=subprocess.DEVNULL)
+    lease_appears(run, None)
+    killed.kill()  # SIGKILL: no clean-up, the lease stays behind
+    killed.wait()
+    assert exists(f"{run}/{LEASE}")
+    rerun = subprocess.run(score_args(store, run, "0.05", None), env=pexec_env(), capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr
+    assert f"taking over the lease of {run} (its process is gone): " in rerun.stderr
+    assert run_rows(run, None) == run_rows(clean, None)
+
+
+def test_a_missing_bucket_is_one_clear_error(s3: dict) -> None:
+    with pytest.raises(StorageError, match=r"cannot take the lease s3://no-such-bucket/run/_lease\.json: "):
+        Lease("s3://no-such-bucket/run", s3).acquire()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signalled_score_releases_its_lease_and_commits_nothing(tmp_path: Path, sig: signal.Signals) -> None:
+    store, run = str(tmp_path / "store"), str(tmp_path / "run")
+    write_store(synthesize("shop", 6000, 100, seed=5), store, per_file=500)  # a few seconds of scoring
+    proc = subprocess.Popen(score_args(store, run, "0.05", None), env=pexec_env(), stderr=subprocess.PIPE)
+    lease_appears(run, None)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0, err
+    assert not exists(f"{run}/{LEASE}") and not exists(f"{run}/_manifest.json")
+
+
+def test_a_writer_whose_stale_lease_was_taken_over_stops_without_committing(tmp_path: Path) -> None:
+    store, run, clean = str(tmp_path / "store"), str(tmp_path / "run"), str(tmp_path / "clean" / "run")
+    write_store(synthesize("shop", 2000, 100, seed=5), store, per_file=250)
+    subprocess.run(score_args(store, clean, "0.2", None), env=pexec_env(), check=True, capture_output=True)
+    args = [*score_args(store, run, "0.2", None), "--lease-stale-after", "1"]
+    first = subprocess.Popen(args, env=pexec_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lease_appears(run, None)
+    os.kill(first.pid, signal.SIGSTOP)  # hung: no heartbeat
+    time.sleep(1.5)
+    second = subprocess.Popen(args, env=pexec_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: holder_pid(run) == second.pid, 60, "the second writer's takeover")
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    _, first_err = first.communicate(timeout=120)
+    _, second_err = second.communicate(timeout=120)
+    assert second.returncode == 0, second_err
+    assert f"taking over the lease of {run} (stale): " in second_err
+    assert first.returncode == 2, first_err
+    assert first_err.strip().splitlines()[-1] == f"error: the lease of {run} was taken over by another writer"
+    assert run_rows(run, None) == run_rows(clean, None)
