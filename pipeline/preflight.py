@@ -1,6 +1,6 @@
 """`pexec run --check JOB`: what a job needs, checked before any scoring — its input store can be listed
 (credentials, bucket, files), its output's bucket or folder exists and can be written, its environments and
-spec resolve, and its `by` columns are labels of the input. Every problem is reported, on one line."""
+spec resolve, and its `by` columns are labels or attributes of the input. Every problem is reported, on one line."""
 
 from __future__ import annotations
 
