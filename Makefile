@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO := out/demo
 
-.PHONY: install demo test lint browser bench fuzz lock clean
+.PHONY: install demo test lint browser bench fuzz lock clean image
 
 # The official simulators are pinned in specs/simulators.txt (installed without their declared model-client
 # dependencies) and specs/simulator-wheels.txt (releases read from their wheel).
@@ -50,6 +50,12 @@ bench: install
 	$(BIN)/pexec bench metrics
 	$(BIN)/pexec bench scale
 	$(BIN)/pexec bench guard
+
+# The worker image (infra/Dockerfile). Needs docker (or podman) and a reachable registry for the base image.
+IMAGE ?= pexec:$(shell git rev-parse --short HEAD 2>/dev/null || echo dev)
+image:
+	docker build -f infra/Dockerfile -t $(IMAGE) .
+	docker run --rm $(IMAGE) pexec --version
 
 # Re-pin after changing dependencies in pyproject.toml.
 lock: install

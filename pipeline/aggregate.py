@@ -26,7 +26,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
-from pathlib import Path
 from typing import Any, Literal
 
 import duckdb
@@ -508,13 +507,7 @@ def _connect(root: RunPrefix) -> duckdb.DuckDBPyConnection:
 
 
 def _sql_text(name: str) -> str:
-    try:
-        folder: Any = resources.files("pipeline") / "sql"
-    except (NotADirectoryError, TypeError):
-        # `pipeline` as a namespace package under an editable install (no __init__.py) confuses
-        # importlib.resources on 3.11; the files sit next to this module either way.
-        folder = Path(__file__).with_name("sql")
-    return (folder / f"{name}.sql").read_text(encoding="utf-8")
+    return (resources.files("pipeline") / "sql" / f"{name}.sql").read_text(encoding="utf-8")
 
 
 def run_sql(con: duckdb.DuckDBPyConnection, name: str) -> None:

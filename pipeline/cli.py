@@ -73,10 +73,20 @@ class _Commands(TyperGroup):
         try:
             return super().invoke(ctx)
         except PexecError as exc:
-            # Some messages carry several lines (DuckDB's); soft_wrap keeps long ones on one line too.
-            message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-            console.print(Text.assemble(("error:", "bold red"), " ", literal(message)), soft_wrap=True)
-            raise typer.Exit(code=2) from exc
+            _fail(str(exc), exc)
+        except OSError as exc:  # storage: a missing bucket or file, a refused write, an unreachable endpoint
+            _fail(f"{type(exc).__name__}: {exc}", exc)
+        except Exception as exc:
+            if type(exc).__module__.startswith("botocore"):  # credentials, endpoint (not an OSError)
+                _fail(f"{type(exc).__name__}: {exc} (see the AWS environment or --endpoint-url)", exc)
+            raise
+
+
+def _fail(message: str, exc: Exception) -> None:
+    # Some messages carry several lines (DuckDB's); soft_wrap keeps long ones on one line too.
+    message = " ".join(line.strip() for line in message.splitlines() if line.strip())
+    console.print(Text.assemble(("error:", "bold red"), " ", literal(message)), soft_wrap=True)
+    raise typer.Exit(code=2) from exc
 
 
 app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True, help=__doc__)
@@ -140,7 +150,13 @@ SpecDir = Annotated[list[str] | None, typer.Option("--spec-dir", help="Extra fol
 RayAddress = Annotated[
     str | None, typer.Option("--address", help="Ray cluster address (default: the job's for `run`, else local Ray).")
 ]
-DashboardAddress = Annotated[str, typer.Option("--address", help="Ray dashboard address, e.g. http://HEAD:8265.")]
+DashboardAddress = Annotated[
+    str | None,
+    typer.Option(
+        "--address",
+        help="Ray Jobs API (dashboard) URL, e.g. http://HEAD:8265 (default: $RAY_API_SERVER_ADDRESS, $RAY_ADDRESS).",
+    ),
+]
 Force = Annotated[bool, typer.Option("--force", help="Rescore every shard, even unchanged ones.")]
 OnDate = Annotated[str | None, typer.Option("--date", help="YYYY-MM-DD for {date} (default: today, UTC).")]
 Partial = Annotated[
@@ -384,13 +400,30 @@ def run_command(
     on_date: OnDate = None,
     address: RayAddress = None,
     force: Force = False,
+    check: Annotated[
+        bool,
+        typer.Option("--check", help="Only check the job (input, output, credentials, environments, columns)."),
+    ] = False,
 ) -> None:
-    """Run a job: score its input (only what changed since the last run), then write its metrics (and report)."""
+    """Run a job: score its input (only what changed since the last run), then write its metrics (and report).
+    The job is checked first (as --check does), so a typo fails before any scoring."""
     from pipeline.jobs import load_job, run_job
+    from pipeline.preflight import check_job
 
     _unwind_on_sigterm()
     progress = ScoreProgress()
     job = load_job(job_file, on_date)
+    found = check_job(job)
+    if check:
+        source = f"{found.files} file(s), {found.megabytes:,.1f} MiB" if found.files else "synthesized on first run"
+        console.print(
+            literal(
+                f"job {job.name} ({job.date}) can run: input {job.input} ({source}); environments "
+                f"{', '.join(found.environments)}; labels {', '.join(found.labels) or 'none'}; output {job.output}"
+            ),
+            soft_wrap=True,
+        )
+        return
     console.print(literal(f"job {job.name} ({job.date}): {job.input} -> {job.output}"))
     with progress.bar:
         manifest, cohorts = run_job(job, address, force, progress.on_plan, progress.on_shard)
@@ -405,38 +438,91 @@ def run_command(
 @app.command()
 def submit(
     job_file: Annotated[Path, typer.Argument(help="A job definition (jobs/*.toml).")],
-    address: DashboardAddress,
+    address: DashboardAddress = None,
     on_date: OnDate = None,
+    runtime: Annotated[
+        str | None,
+        typer.Option(
+            "--runtime",
+            help="local (this machine's interpreter and folder) or image (the cluster's installed pexec); "
+            "default: the job's [submit] runtime, else local for a loopback address.",
+        ),
+    ] = None,
+    python: Annotated[
+        str | None, typer.Option("--python", help="Interpreter with pexec on the cluster (default: see --runtime).")
+    ] = None,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Follow the driver log until the job ends; exit 0 only if it SUCCEEDED.")
+    ] = False,
 ) -> None:
     """Submit a job to a Ray cluster through the Jobs API; prints the submission id."""
-    from pipeline.jobs import load_job, submit_job
+    from pipeline.jobs import load_job
+    from pipeline.submit import follow_job, jobs_api_address, submit_job
 
+    url = jobs_api_address(address)
     job = load_job(job_file, on_date)
-    submission = submit_job(job_file, job, address)
-    console.print(literal(f"submitted {job.name} ({job.date}) to {address}"))
+    submission = submit_job(job_file, job, url, runtime, python)
+    console.print(literal(f"submitted {job.name} ({job.date}) to {url}"))
     out.print(literal(submission))
+    if wait:
+        _exit_with(follow_job(url, submission, sys.stdout.write))
+
+
+def _exit_with(state: str) -> None:
+    sys.stdout.flush()  # the log first, then the verdict
+    console.print(f"job {state}")
+    if state != "SUCCEEDED":
+        raise typer.Exit(code=1)
 
 
 @app.command()
 def status(
     submission: Annotated[str, typer.Argument(help="A submission id from `pexec submit`.")],
-    address: DashboardAddress,
+    address: DashboardAddress = None,
 ) -> None:
     """The state of a submitted job (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED)."""
-    from pipeline.jobs import job_status
+    from pipeline.submit import job_status, jobs_api_address
 
-    out.print(literal(job_status(address, submission)))
+    out.print(literal(job_status(jobs_api_address(address), submission)))
 
 
 @app.command()
 def logs(
     submission: Annotated[str, typer.Argument(help="A submission id from `pexec submit`.")],
-    address: DashboardAddress,
+    address: DashboardAddress = None,
+    follow: Annotated[bool, typer.Option("--follow", help="Keep printing the log until the job ends.")] = False,
 ) -> None:
     """The driver log of a submitted job."""
-    from pipeline.jobs import job_logs
+    from pipeline.submit import follow_job, job_logs, jobs_api_address
 
-    sys.stdout.write(job_logs(address, submission))
+    url = jobs_api_address(address)
+    if follow:
+        follow_job(url, submission, sys.stdout.write)
+    else:
+        sys.stdout.write(job_logs(url, submission))
+
+
+@app.command()
+def stop(
+    submission: Annotated[str, typer.Argument(help="A submission id from `pexec submit`.")],
+    address: DashboardAddress = None,
+) -> None:
+    """Stop a submitted job and wait for it to end; prints its final state."""
+    from pipeline.submit import jobs_api_address, stop_job
+
+    out.print(stop_job(jobs_api_address(address), submission))
+
+
+@app.command("jobs")
+def jobs_command(address: DashboardAddress = None) -> None:
+    """The jobs a Ray cluster knows: submission id, state, job, date, start and end (UTC)."""
+    from pipeline.submit import jobs_api_address, list_jobs
+
+    rows = list_jobs(jobs_api_address(address))
+    table = Table("id", "state", "job", "date", "start", "end")
+    for row in rows:
+        table.add_row(*row.values())
+    out.print(table)
 
 
 @app.command()
