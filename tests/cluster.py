@@ -35,6 +35,9 @@ class LocalCluster:
             "PYTHONPATH": str(ROOT),  # the image's installed package, for jobs run with runtime `image`
             "RAY_ADDRESS": "",
             "RAY_API_SERVER_ADDRESS": "",
+            # An in-process ray.init (earlier tests) leaves RAY_AUTH_MODE=token in os.environ: the loopback head
+            # runs without token auth, as infra/local/ray-head.sh starts it by default.
+            "RAY_AUTH_MODE": "disabled",
             "PEXEC_HEAD_CPUS": str(self.head_cpus),
             "PEXEC_RAY_CLIENT_PORT": str(self.client_port),
         }
