@@ -219,17 +219,24 @@ def ingest(
 
     storage = _storage(endpoint_url, storage_option)  # for the sources and the output store
     options = IngestOptions(labels=_pairs(label, "--label"), extra=_pairs(option, "--option"), storage_options=storage)
-    harness_errors = 0
+    harness_errors = orphans = orphaned = 0
 
     def counted(records: Iterator[dict]) -> Iterator[dict]:
-        nonlocal harness_errors
+        nonlocal harness_errors, orphans, orphaned
         for record in records:
             harness_errors += record.get("status") == "harness_error"
+            found = int((record.get("attributes") or {}).get("orphan_results", 0))
+            orphans, orphaned = orphans + found, orphaned + (found > 0)
             yield record
 
     records = counted(run_ingest(fmt, sources, options))
     n = write_store(records, out_store, store_fmt, storage_options=storage, mode=_write_mode(overwrite, append))
     console.print(f"wrote {n} rollouts to {out_store}: {n - harness_errors} ok, {harness_errors} harness error(s)")
+    if orphans:
+        console.print(
+            f"warning: {orphans} tool result(s) in {orphaned} rollout(s) answer no logged call; kept as 'tool' "
+            "messages (attribute orphan_results)"
+        )
 
 
 def _pairs(items: list[str] | None, flag: str) -> dict[str, str]:

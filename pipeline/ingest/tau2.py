@@ -16,18 +16,22 @@ tool messages: `error` is then not logged). A source is a results file or a fold
   messages, reward 0). Every other termination (user_stop, agent_stop, max_steps, timeout, too_many_errors,
   agent_error, user_error, context_window_exceeded) is an outcome tau2 scores, so the rollout is `ok`;
 - user messages become context events; the agent's tool calls become calls with the logged output and
-  `error` flag of the tool message that answers them.
+  `error` flag of the tool message that answers them (tool message `id` = the call's id, paired as
+  `pipeline.ingest._pairing` says); a tool message that answers no agent call is a `tool` message event
+  (attribute `orphan_results`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from pipeline.ingest import IngestError, IngestOptions, source_files
+from pipeline.ingest._pairing import Call, Entry, Result, assemble
 from pipeline.storage.fs import open_for_read
 
 OPTIONS = {"tasks"}
@@ -95,16 +99,17 @@ def _rollout(
     }
     reward = _get(sim, "reward_info", "reward")
     cost = {k: sim.get(k) for k in ("agent_cost", "user_cost", "duration")}
+    events, orphans = assemble(_log(sim.get("messages") or [], url, index))
     return {
         "rollout_id": str(sim.get("id") or f"{url}#{index}"),
         "task_id": task_id,
         "benchmark": f"tau_{domain}",
         "labels": labels,
         "env": {"domain": domain, "task_id": task_id, "initial_state": (task or {}).get("initial_state")},
-        "events": _events(sim.get("messages") or [], url, index),
+        "events": events,
         "success": None if not isinstance(reward, int | float) else reward >= 1 - SUCCESS_EPS,
         "cost": {k: float(v) for k, v in cost.items() if isinstance(v, int | float) and not isinstance(v, bool)},
-        "attributes": {k: str(v) for k, v in attributes.items() if v is not None},
+        "attributes": {k: str(v) for k, v in attributes.items() if v is not None} | orphans,
         "status": "ok" if attributes["harness_error"] is None else "harness_error",
     }
 
@@ -122,9 +127,8 @@ def harness_error(sim: dict[str, Any]) -> str | None:
     return f"{what}: {error}" if error else what
 
 
-def _events(messages: list[Any], url: str, index: int) -> list[dict[str, Any]]:
-    answers = {m.get("id"): m for m in messages if isinstance(m, dict) and m.get("role") == "tool" and m.get("id")}
-    events: list[dict[str, Any]] = []
+def _log(messages: list[Any], url: str, index: int) -> list[Entry]:
+    out: list[Entry] = []
     turn = 0
     for message in messages:
         if not isinstance(message, dict):
@@ -134,18 +138,20 @@ def _events(messages: list[Any], url: str, index: int) -> list[dict[str, Any]]:
         if role == "user":
             turn += 1
             if content:
-                events.append({"type": "message", "role": "user", "content": str(content), "turn": turn})
+                out.append({"type": "message", "role": "user", "content": str(content), "turn": turn})
         elif role == "assistant":
             if content:
-                events.append({"type": "message", "role": "assistant", "content": str(content), "turn": turn})
+                out.append({"type": "message", "role": "assistant", "content": str(content), "turn": turn})
             for call in message.get("tool_calls") or []:
                 if call.get("requestor", "assistant") != "assistant":
                     continue  # user-side tools (other domains) are not the agent's calls
-                events.append(_call(call, answers.get(call.get("id")), turn))
-    return events
+                out.append(Call(call.get("id"), partial(_call, call, turn)))
+        elif role == "tool" and message.get("requestor", "assistant") == "assistant":
+            out.append(Result(message.get("id"), message, content, turn))
+    return out
 
 
-def _call(call: dict[str, Any], answer: dict[str, Any] | None, turn: int) -> dict[str, Any]:
+def _call(call: dict[str, Any], turn: int, answer: dict[str, Any] | None) -> dict[str, Any]:
     event: dict[str, Any] = {
         "type": "call",
         "tool": str(call.get("name") or ""),
