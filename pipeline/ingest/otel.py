@@ -31,6 +31,7 @@ from typing import Any
 from pipeline.ingest import IngestError, IngestOptions, source_files
 from pipeline.ingest._logs import LOG_FILES, call, documents, loads, message, rollout, settings, text
 from pipeline.ingest._pairing import Call, Entry, Result, pair
+from pipeline.ingest._sniff import mismatch
 
 CONVERSATION = "gen_ai.conversation.id"
 _ERROR_STATUS = {2, "2", "STATUS_CODE_ERROR", "ERROR"}
@@ -50,7 +51,8 @@ def _spans(source: str, options: IngestOptions) -> Iterator[dict[str, Any]]:
     for url in source_files("otel", source, options, LOG_FILES):
         for where, doc in documents("otel", url, options):
             if not isinstance(doc, dict) or not isinstance(doc.get("resourceSpans"), list):
-                raise IngestError(f"otel: {where}: not an OTLP JSON export (no 'resourceSpans' list)")
+                hint = mismatch("otel", doc) or ""
+                raise IngestError(f"otel: {where}: not an OTLP JSON export (no 'resourceSpans' list){hint}")
             for r, rs in enumerate(doc["resourceSpans"]):
                 resource = _attributes((rs.get("resource") or {}).get("attributes"), f"{where} resourceSpans[{r}]")
                 for ss in rs.get("scopeSpans") or []:

@@ -32,6 +32,7 @@ import orjson
 
 from pipeline.ingest import IngestError, IngestOptions, source_files
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
+from pipeline.ingest._sniff import mismatch
 from pipeline.storage.fs import open_for_read
 
 OPTIONS = {"tasks"}
@@ -55,7 +56,7 @@ def _read_file(url: str, tasks: _TaskSource, options: IngestOptions) -> Iterator
     except (OSError, orjson.JSONDecodeError) as exc:
         raise IngestError(f"tau2: {url}: cannot read JSON: {exc}") from exc
     if not isinstance(data, dict) or not isinstance(data.get("simulations"), list):
-        raise IngestError(f"tau2: {url}: not a results file (no 'simulations' list)")
+        raise IngestError(f"tau2: {url}: not a results file (no 'simulations' list){mismatch('tau2', data) or ''}")
     info = data.get("info") or {}
     domain = _get(info, "environment_info", "domain_name")
     if not isinstance(domain, str) or not domain:
