@@ -16,6 +16,7 @@ import orjson
 from pipeline.dependencies import History, grounded_values, resolve_references
 from pipeline.envs.base import Environment, Outcome, ToolInfo
 from pipeline.model import NOT_LOGGED, Call, Message, Rollout, RolloutResult, StepResult
+from pipeline.values import same
 
 # The `detail` of every step whose arguments the log did not capture (S and D not checked).
 UNCAPTURED = "arguments not captured: S and D unknown"
@@ -276,22 +277,9 @@ def _output_match(env: Environment, call: Call, verdict: Verdict) -> bool | None
     if call.output is NOT_LOGGED or not env.simulated:
         return None
     if verdict.valid:
-        return _same(verdict.outcome.output if verdict.outcome else None, call.output)
+        return same(verdict.outcome.output if verdict.outcome else None, call.output)
     if verdict.outcome is not None and verdict.outcome.output is not None:  # the simulator's own error output
-        return _same(verdict.outcome.output, call.output)
+        return same(verdict.outcome.output, call.output)
     if call.error is not None:
         return bool(call.error)
-    return _same(verdict.detail, call.output)
-
-
-def _same(replayed: Any, logged: Any) -> bool:
-    return _normal(replayed) == _normal(logged)
-
-
-def _normal(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            return orjson.loads(value)
-        except orjson.JSONDecodeError:
-            return value.strip()
-    return value
+    return same(verdict.detail, call.output)

@@ -38,11 +38,11 @@ import orjson
 from pipeline.ingest import IngestError, IngestOptions, source_files
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
 from pipeline.storage.fs import exists, open_for_read
+from pipeline.values import decoded
 
 OPTIONS = {"threshold", "now", "tz"}
 RUN_NAME = re.compile(r"agent_(?P<agent>.+)_user_(?P<user>.+)_(?P<ts>\d\d_\d\d_\d{4}_\d\d_\d\d_\d\d)")
 ERROR_TEXT = re.compile(r"^(Traceback|[A-Za-z_.]*(Error|Exception)\b)")
-PY_LITERALS = {"None": None, "True": True, "False": False}
 SWITCH_TOKENS = (("wifi", "off"), ("location_service", "off"), ("cellular", "off"))
 # Upstream's code for one tool call (message_conversion.openai_tool_call_to_python_code).
 CALL_CODE = re.compile(r"^(?P<id>.+)_parameters = (?P<arguments>[^\n]+)\n(?P=id)_response = (?P<name>[^(]+)")
@@ -226,15 +226,9 @@ def is_error(text: str) -> bool:
 
 
 def _output(text: str) -> Any:
-    # Upstream logs the repr of the returned value: a quoted string for created ids, JSON-like otherwise.
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"" and text[0] not in text[1:-1]:
-        return text[1:-1]
-    if text in PY_LITERALS:
-        return PY_LITERALS[text]
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return text
+    # Upstream logs the repr of the returned value (a quoted string for created ids, dicts and lists in
+    # Python's quotes): read back as a value, never evaluated as code.
+    return decoded(text)
 
 
 def _first_timestamp(events: list[dict]) -> float | None:
