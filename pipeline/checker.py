@@ -70,6 +70,8 @@ class Session:
         self.env = env
         self.state = env.start(rollout)
         self.history = History()
+        for known in env.knowledge(self.state):
+            self.history.add_known(known)
         self.marks = [env.checkpoint(self.state)]  # marks[i] = state after the i-th accepted call; marks[0] = s_0
         self.accepted: list[tuple[Call, dict[str, Any] | None]] = []  # None: arguments not captured
         self.steps: list[StepResult] = []
