@@ -30,6 +30,7 @@ from pipeline.aggregate import (
     sql,
     write_metrics,
 )
+from pipeline.checker import CHECKS, parse_checks
 from pipeline.coverage import describe_partial
 from pipeline.distributed import DEFAULT_SHARD_BYTES, ShardPlan, run_scoring
 from pipeline.envs import EnvOptions
@@ -277,10 +278,18 @@ def score(
     ] = DEFAULT_STALE_AFTER,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
+    checks: Annotated[
+        str,
+        typer.Option("--checks", help="Checks that apply, a comma-separated subset of schema,dependency,precondition."),
+    ] = ",".join(CHECKS),
 ) -> None:
     """Replay every rollout and write per-step flags, per-rollout summaries, rejects and the manifest."""
     if policy not in ("code", "strict"):
         raise PexecError("--policy is code or strict")
+    try:
+        selected = parse_checks(checks)
+    except ValueError as exc:
+        raise PexecError(f"--checks: {exc}") from None
     if shard_mb * 2**20 < 1:
         raise PexecError(f"--shard-mb takes a size > 0, got {shard_mb}")
     options = EnvOptions(spec_dirs=tuple(spec_dir or ()), spec=spec, policy=policy)
@@ -301,6 +310,7 @@ def score(
             on_shard=progress.on_shard,
             force=force,
             lease_stale_after=lease_stale_after,
+            checks=selected,
         )
     _summary(manifest, run)
 
