@@ -132,9 +132,9 @@ def _is_tool_span(sp: dict[str, Any]) -> bool:
 
 
 def _events(group: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A `tool_call` part of a chat span's output is the request; the `execute_tool` span
-    with its id answers the earliest unanswered one (`pipeline.ingest._pairing`) and is the call, at its own
-    time; a request no span answers is a call with no result, at the chat span."""
+    """A `tool_call` part of a chat span's output is a request; the `execute_tool` span with its id answers the
+    earliest unanswered one (`pipeline.ingest._pairing`) and is the call, at its own time; a request no span
+    answers is a call with no result, at the chat span."""
     log: list[Entry] = []
     arguments: dict[int, Any] = {}  # position of a request -> its arguments
     turn = 0
@@ -166,7 +166,8 @@ def _events(group: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 out.append(entry.build(None))
         elif isinstance(entry, Result):
             sp, attrs = entry.value, entry.value["attrs"]
-            args = attrs.get("gen_ai.tool.call.arguments", arguments.get(requests.get(position, -1)))
+            request = requests.get(position)
+            args = attrs.get("gen_ai.tool.call.arguments", None if request is None else arguments[request])
             result = (attrs.get("gen_ai.tool.call.result"), sp["error"])
             out.append(call(attrs.get("gen_ai.tool.name"), args, entry.key, entry.turn, result, sp["where"]))
         else:
