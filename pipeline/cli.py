@@ -35,6 +35,7 @@ from pipeline.aggregate import (
     sql,
     write_metrics,
 )
+from pipeline.checker import CHECKS, parse_checks
 from pipeline.coverage import describe_partial
 from pipeline.distributed import DEFAULT_SHARD_BYTES, ShardPlan, run_scoring
 from pipeline.envs import EnvOptions
@@ -257,18 +258,25 @@ def ingest(
 
     storage = _storage(endpoint_url, storage_option)  # for the sources and the output store
     options = IngestOptions(labels=_pairs(label, "--label"), extra=_pairs(option, "--option"), storage_options=storage)
-    harness_errors = 0
+    harness_errors = orphans = orphaned = 0
 
     def counted(records: Iterator[dict]) -> Iterator[dict]:
-        nonlocal harness_errors
+        nonlocal harness_errors, orphans, orphaned
         for record in records:
             harness_errors += record.get("status") == "harness_error"
+            found = int((record.get("attributes") or {}).get("orphan_results", 0))
+            orphans, orphaned = orphans + found, orphaned + (found > 0)
             yield record
 
     records = counted(run_ingest(fmt, sources, options))
     n = write_store(records, out_store, store_fmt, storage_options=storage, mode=_write_mode(overwrite, append))
     ok = n - harness_errors
     console.print(f"wrote {n} rollouts to {literal(out_store)}: {ok} ok, {harness_errors} harness error(s)")
+    if orphans:
+        console.print(
+            f"warning: {orphans} tool result(s) in {orphaned} rollout(s) answer no logged call; kept as 'tool' "
+            "messages (attribute orphan_results)"
+        )
 
 
 def _pairs(items: list[str] | None, flag: str) -> dict[str, str]:
@@ -309,10 +317,18 @@ def score(
     ] = DEFAULT_STALE_AFTER,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
+    checks: Annotated[
+        str,
+        typer.Option("--checks", help="Checks that apply, a comma-separated subset of schema,dependency,precondition."),
+    ] = ",".join(CHECKS),
 ) -> None:
     """Replay every rollout and write per-step flags, per-rollout summaries, rejects and the manifest."""
     if policy not in ("code", "strict"):
         raise PexecError("--policy is code or strict")
+    try:
+        selected = parse_checks(checks)
+    except ValueError as exc:
+        raise PexecError(f"--checks: {exc}") from None
     if shard_mb * 2**20 < 1:
         raise PexecError(f"--shard-mb takes a size > 0, got {shard_mb}")
     options = EnvOptions(spec_dirs=tuple(spec_dir or ()), spec=spec, policy=policy)
@@ -333,6 +349,7 @@ def score(
             on_shard=progress.on_shard,
             force=force,
             lease_stale_after=lease_stale_after,
+            checks=selected,
         )
     _summary(manifest, run)
 

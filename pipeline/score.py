@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from pipeline.checker import replay
+from pipeline.checker import CHECKS, replay
 from pipeline.envs import EnvError, Environment, EnvOptions, SpecError, get_environment
 from pipeline.model import Reject, RolloutResult
 from pipeline.output import rejects_table, rollouts_table, steps_table
@@ -67,10 +67,12 @@ class ScoreSettings:
     options: EnvOptions = field(default_factory=EnvOptions)
     storage_options: dict[str, Any] | None = field(default=None, repr=False)  # may hold credentials
     code_version: str = ""
+    checks: tuple[str, ...] = CHECKS  # which of S's schema fit, D and P apply (`--checks`)
 
     def identity(self) -> str:
         """What, besides the input and versions, decides a shard's output (never the storage credentials)."""
-        return orjson.dumps([self.run_id, self.env, asdict(self.options)], option=orjson.OPT_SORT_KEYS).decode()
+        parts = [self.run_id, self.env, asdict(self.options), list(self.checks)]
+        return orjson.dumps(parts, option=orjson.OPT_SORT_KEYS).decode()
 
 
 def score_shard(
@@ -107,7 +109,7 @@ def score_shard(
                     raise InvalidRecord(f"duplicate rollout_id {rid!r} (first at {first})")
             rollout = parse_rollout(record)
             env = _environment(settings.env or rollout.benchmark, settings, report)
-            results.append(replay(env, rollout))
+            results.append(replay(env, rollout, settings.checks))
             locations.append(location)
         except (InvalidRecord, EnvError) as exc:
             rejects.append(_reject(shard, location, str(exc), _raw(record)))

@@ -46,6 +46,9 @@ class SpecEnvironment:
     def open_catalogue(self) -> bool:
         return False
 
+    def knowledge(self, state: Any) -> list[Any]:
+        return []  # the agent knows only the conversation and earlier outputs
+
     def start(self, rollout: Rollout) -> JournaledDoc:
         if self._state is None:
             self._state = JournaledDoc(copy.deepcopy(self.spec.initial_state))
