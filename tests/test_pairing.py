@@ -154,7 +154,7 @@ def test_toolsandbox(tmp_path: Path) -> None:
 
 
 def test_otel(tmp_path: Path) -> None:
-    from tests.test_ingest_otel import export, span, tool
+    from test_ingest_otel import export, span, tool
 
     spans, at = [], 0
     for m in _openai_messages():
