@@ -54,7 +54,7 @@ class MetricsError(PexecError, ValueError):
 class BootstrapSettings:
     B: int = 1000
     seed: int = 0
-    method: Literal["multinomial", "poisson"] = "multinomial"
+    method: Literal["multinomial", "poisson", "poisson-merged"] = "multinomial"
     level: float = 0.95
 
     def __post_init__(self) -> None:
@@ -62,8 +62,10 @@ class BootstrapSettings:
             raise MetricsError(f"bootstrap B must be >= 1, got {self.B}")
         if not 0 <= self.seed < _UINT32:
             raise MetricsError(f"bootstrap seed must be in [0, 2**32), got {self.seed}")
-        if self.method not in ("multinomial", "poisson"):
-            raise MetricsError(f"bootstrap method must be 'multinomial' or 'poisson', got {self.method!r}")
+        if self.method not in ("multinomial", "poisson", "poisson-merged"):
+            raise MetricsError(
+                f"bootstrap method must be 'multinomial', 'poisson' or 'poisson-merged', got {self.method!r}"
+            )
         if not 0 < self.level < 1:
             raise MetricsError(f"confidence level must be in (0, 1), got {self.level}")
 
@@ -252,8 +254,21 @@ def _task_sums(con: duckdb.DuckDBPyConnection) -> _TaskSums:
 def _bootstrap(con: duckdb.DuckDBPyConnection, sums: _TaskSums, settings: BootstrapSettings) -> None:
     """rep_sums: per-(cohort, replicate) sums of the resampled tasks' s_* columns (pipeline.bootstrap draws and
     weighs the tasks in numpy; sql/bootstrap_sums.sql puts the exact sums together)."""
-    batches = bootstrap.replicate_sums(sums.cohorts, sums.columns, settings.seed, settings.B, settings.method)
-    con.register("rep_limbs", pa.Table.from_batches(list(batches), bootstrap.LIMBS))
+    if settings.method == "poisson-merged":
+        # Weights keyed by the task itself (pipeline.bootstrap): what scoring shards can sum on their own; here
+        # one partial over every task of the run.
+        task_key = con.sql("SELECT pexec_task_key(task_id) FROM task_sums").fetchnumpy()
+        codes = np.repeat(np.arange(len(sums.cohorts)), [len(c) for c in sums.cohorts])
+        all_sums = np.concatenate(sums.cohorts) if sums.cohorts else np.zeros((0, len(sums.columns)), np.int64)
+        partial = bootstrap.poisson_partial(
+            range(len(sums.cohorts)), codes, next(iter(task_key.values())), all_sums, sums.columns,
+            settings.seed, settings.B,
+        )  # fmt: skip
+        limbs = bootstrap.partial_limbs(partial)
+    else:
+        batches = bootstrap.replicate_sums(sums.cohorts, sums.columns, settings.seed, settings.B, settings.method)
+        limbs = pa.Table.from_batches(list(batches), bootstrap.LIMBS)
+    con.register("rep_limbs", limbs)
     run_sql(con, "bootstrap_sums")
     con.unregister("rep_limbs")
 

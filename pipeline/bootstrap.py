@@ -147,7 +147,7 @@ def _limb_batch(cohort: int, b0: int, totals: np.ndarray, limb: Limbs, columns: 
             pa.array(np.repeat(np.arange(b0, b0 + n_rep, dtype=np.int64), n_limbs)),
             pa.DictionaryArray.from_arrays(source, pa.array(list(columns), pa.string())),
             pa.array(np.tile(np.asarray(limb.shift, dtype=np.int32), n_rep)),
-            pa.array(totals.ravel().astype(np.int64)),
+            pa.array(np.asarray(totals).ravel().astype(np.int64)),
         ],
         schema=LIMBS,
     )
@@ -183,3 +183,97 @@ def _dot(a: np.ndarray, b: np.ndarray) -> int:
     if float(np.abs(a).max(initial=0)) * float(np.abs(b).sum(dtype=np.float64)) < 2.0**62:
         return int(np.dot(a, b))
     return sum(map(operator.mul, a.tolist(), b.tolist()))
+
+
+# --- the mergeable Poisson bootstrap ("poisson-merged") -------------------------------------------------------
+# Task i's weight in replicate b is keyed by the task itself, not by its place among the cohort's tasks:
+#     h = lb32(lb32(key_b XOR lo) XOR hi),  (hi, lo) = the 64-bit task key (sql/hash.sql pexec_task_key: the
+# first 8 bytes of md5(task_id), little-endian), w = Poisson(1) inverse CDF of h.
+# So a replicate's sum is a sum over rollouts of w(b, task) * part: any subset of the rollouts (a scoring
+# shard) gives partial sums, and adding the partials of disjoint subsets gives the sums of their union exactly.
+
+
+@dataclass(frozen=True)
+class PoissonPartial:
+    """Partial sums of the mergeable Poisson bootstrap over a subset of rollouts: per cohort key, an object array
+    of exact integers, row 0 the plain sums (the point estimate's), row 1 + b replicate b; one column per
+    `columns`."""
+
+    seed: int
+    B: int
+    columns: tuple[str, ...]
+    sums: dict[object, np.ndarray]
+
+
+def poisson_partial(
+    cohort_keys: Sequence[object],
+    cohort: np.ndarray,
+    task_key: np.ndarray,
+    sums: np.ndarray,
+    columns: Sequence[str],
+    seed: int,
+    B: int,
+) -> PoissonPartial:
+    """The partial sums of rows (cohort number into `cohort_keys`, 64-bit task key, int64 sums of `columns`):
+    a row is one rollout's parts, or any number of one task's rollouts already summed; a task may appear in
+    any number of rows, of any subset."""
+    keys = replicate_keys(seed, B)
+    out: dict[object, np.ndarray] = {}
+    with threadpool_limits(limits=1, user_api="blas"):
+        for code, key in enumerate(cohort_keys):
+            rows = np.flatnonzero(cohort == code)
+            if len(rows):
+                out[key] = _poisson_rows(keys, task_key[rows], sums[rows])
+    return PoissonPartial(seed, B, tuple(columns), out)
+
+
+def _poisson_rows(keys: np.ndarray, task_key: np.ndarray, sums: np.ndarray) -> np.ndarray:
+    B, n_cols = len(keys), sums.shape[1]
+    total = np.zeros((B + 1, n_cols), dtype=object)
+    total[0] = [int(v) for v in _exact_column_sums(sums)]
+    per_rows = 1 << 16
+    for r0 in range(0, len(sums), per_rows):
+        block_sums = sums[r0 : r0 + per_rows]
+        lo = (task_key[r0 : r0 + per_rows] & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+        hi = (task_key[r0 : r0 + per_rows] >> np.uint64(32)).astype(np.uint32)
+        limb = split_limbs(block_sums, _EXACT_BITS - weight_bound("poisson", len(block_sums)).bit_length())
+        per_block = max(1, min(B, _CHUNK // len(block_sums)))
+        for b0 in range(0, B, per_block):
+            h = lb32(keys[b0 : b0 + per_block, None] ^ lo[None, :])
+            h ^= hi[None, :]
+            totals = poisson1(lb32(h)) @ limb.values
+            exact = totals.astype(np.int64).astype(object)
+            for j, (col, shift) in enumerate(zip(limb.source, limb.shift, strict=True)):
+                total[1 + b0 : 1 + b0 + len(h), col] += exact[:, j] * (1 << shift)
+    return total
+
+
+def _exact_column_sums(sums: np.ndarray) -> list[int]:
+    return [_sum(sums[:, j]) for j in range(sums.shape[1])]
+
+
+def partial_limbs(partial: PoissonPartial) -> pa.Table:
+    """The replicates of partial sums as limbs (LIMBS; sql/bootstrap_sums.sql): each exact total as
+    hi * 2^32 + lo, cohort keys being the cohort numbers of task_sums."""
+    batches = []
+    mask = (1 << 32) - 1
+    for cohort, total in partial.sums.items():
+        reps = total[1:]  # row 0: the plain sums
+        n_rep, n_cols = reps.shape
+        flat = reps.ravel().tolist()
+        values = np.array([[v >> 32, v & mask] for v in flat], dtype=np.int64).reshape(n_rep, 2 * n_cols)
+        limb = Limbs(np.empty((0, 2 * n_cols)), [j for j in range(n_cols) for _ in (0, 1)], [32, 0] * n_cols)
+        batches.append(_limb_batch(int(cohort), 0, values, limb, partial.columns))  # type: ignore[call-overload]
+    return pa.Table.from_batches(batches, LIMBS)
+
+
+def merge(parts: Sequence[PoissonPartial]) -> PoissonPartial:
+    """The partial sums of the union of the parts' rollouts (disjoint subsets of one run), exact."""
+    first = parts[0]
+    out: dict[object, np.ndarray] = {}
+    for p in parts:
+        if (p.seed, p.B, p.columns) != (first.seed, first.B, first.columns):
+            raise ValueError("partial sums of different bootstraps (seed, B or columns differ) cannot be merged")
+        for key, s in p.sums.items():
+            out[key] = out[key] + s if key in out else s.copy()
+    return PoissonPartial(first.seed, first.B, first.columns, out)

@@ -114,6 +114,14 @@ Pool = Annotated[
 Bootstrap = Annotated[int, typer.Option("--bootstrap", min=1, help="Bootstrap replicates B.")]
 Seed = Annotated[int, typer.Option("--seed", help="Seed of the random draws: the same seed, the same output.")]
 Method = Annotated[str, typer.Option("--method", help="multinomial (task resampling) or poisson")]
+MetricsMethod = Annotated[
+    str,
+    typer.Option(
+        "--method",
+        help="multinomial (task resampling), poisson, or poisson-merged (Poisson weights keyed by task id: "
+        "the mergeable bootstrap for large runs)",
+    ),
+]
 SpecDir = Annotated[list[str] | None, typer.Option("--spec-dir", help="Extra folder to search for specs.")]
 RayAddress = Annotated[
     str | None, typer.Option("--address", help="Ray cluster address (default: the job's for `run`, else local Ray).")
@@ -169,9 +177,11 @@ def _population(harness_errors: str, pools: list[str] | None, strict_replay: boo
     return Population(harness_errors, pooled, strict_replay)  # type: ignore[arg-type]
 
 
-def _bootstrap(replicates: int, seed: int, method: str) -> BootstrapSettings:
+def _bootstrap(replicates: int, seed: int, method: str, merged: bool = False) -> BootstrapSettings:
+    if merged and method == "poisson-merged":
+        return BootstrapSettings(B=replicates, seed=seed, method="poisson-merged")
     if method not in ("multinomial", "poisson"):
-        raise PexecError("--method is multinomial or poisson")
+        raise PexecError("--method is multinomial or poisson" + (" or poisson-merged" if merged else ""))
     return BootstrapSettings(B=replicates, seed=seed, method=method)  # type: ignore[arg-type]
 
 
@@ -421,7 +431,7 @@ def metrics(
     by: By = None,
     bootstrap: Bootstrap = 1000,
     seed: Seed = 0,
-    method: Method = "multinomial",
+    method: MetricsMethod = "multinomial",
     max_k: Annotated[
         int | None, typer.Option("--max-k", help="Largest k for PEC(k) (default: max T, at most 20).")
     ] = None,
@@ -435,7 +445,7 @@ def metrics(
 ) -> None:
     """Success, TER, AUC-PEC, RR, output match and PEC(k) per cohort with 95% intervals (task bootstrap, or
     Wilson on the effective sample size for small samples)."""
-    settings = _bootstrap(bootstrap, seed, method)
+    settings = _bootstrap(bootstrap, seed, method, merged=True)
     population = _population(harness_errors, pool, strict_replay)
     columns = _columns(by)
     storage = _storage(endpoint_url, storage_option)

@@ -61,6 +61,6 @@ PIVOT (
 -- A cohort's tasks in task_id order: task i of cohort c (i = 0 .. m-1) is slot i of the bootstrap draws
 -- (pipeline.bootstrap).
 CREATE OR REPLACE TEMP TABLE task_sums AS
-SELECT cohort, COLUMNS('^s_')
+SELECT cohort, task_id, COLUMNS('^s_')
 FROM task_base LEFT JOIN task_hist USING (cohort, task_id)
 ORDER BY cohort, task_id;
