@@ -131,7 +131,7 @@ def replicate_sums(
 
 def _multinomial_counts(h: np.ndarray, m: int) -> np.ndarray:
     """How often each task is drawn in each replicate: row b counts h(b, i) mod m over the m slots i."""
-    drawn = h % np.uint32(m)
+    drawn = (h % np.uint32(m)).astype(np.intp)  # bincount would convert each row to intp by itself, slower
     counts = np.empty(drawn.shape, dtype=np.float64)
     for row, out in zip(drawn, counts, strict=True):
         out[:] = np.bincount(row, minlength=m)  # one row at a time: its bins stay in cache

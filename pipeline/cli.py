@@ -713,14 +713,18 @@ def guard_mcp(
 
 @app.command()
 def bench(
-    what: Annotated[str, typer.Argument(help="replay, metrics, scale, view or guard")] = "replay",
+    what: Annotated[str, typer.Argument(help="replay, metrics, merged, scale, view or guard")] = "replay",
     rollouts: Annotated[
-        int | None, typer.Option("--rollouts", help="Store size (default: 220k replay, 1M metrics and view).")
+        int | None,
+        typer.Option(
+            "--rollouts",
+            help="Store size (default: 220k replay, 1M metrics and view, 100M merged: 10 rollouts per task).",
+        ),
     ] = None,
     workdir: Annotated[Path | None, typer.Option("--workdir", help="Where to put the generated data.")] = None,
 ) -> None:
-    """Benchmarks: replay through Ray vs a naive baseline, the DuckDB bootstrap stage, scale-out over S3, or
-    the viewer's page latency, or the guard's latency per check."""
+    """Benchmarks: replay through Ray vs a naive baseline, the metrics stage vs a plain-numpy reference, the
+    mergeable Poisson bootstrap, scale-out over S3, the viewer's page latency, or the guard's latency per check."""
     if what == "replay":
         from pipeline.perf.replay import bench_replay
 
@@ -729,6 +733,10 @@ def bench(
         from pipeline.perf.metrics import bench_metrics
 
         bench_metrics(n_rollouts=rollouts or 1_000_000, workdir=workdir)
+    elif what == "merged":
+        from pipeline.perf.merged import bench_merged
+
+        bench_merged(n_tasks=(rollouts or 100_000_000) // 10)
     elif what == "scale":
         from pipeline.perf.scale import bench_scale
 
@@ -742,7 +750,7 @@ def bench(
 
         bench_guard()
     else:
-        raise PexecError("bench takes replay, metrics, scale, view or guard")
+        raise PexecError("bench takes replay, metrics, merged, scale, view or guard")
 
 
 if __name__ == "__main__":
