@@ -42,6 +42,7 @@ test: lint browser
 bench: install
 	$(BIN)/pexec bench replay
 	$(BIN)/pexec bench metrics
+	$(BIN)/pexec bench merged
 	$(BIN)/pexec bench scale
 	$(BIN)/pexec bench guard
 
