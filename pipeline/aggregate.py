@@ -9,8 +9,9 @@ Pipeline (one pass for all cohorts); the metrics and their parts come from pipel
   metrics_prepare.sql        rollouts -> cohort numbers -> per-(cohort, task) sums `s_*` (+ PEC histogram)
   pipeline.bootstrap         per-(cohort, replicate) sums of the resampled tasks' `s_*` (numpy; the draws of
   bootstrap_sums.sql         sql/hash.sql), put together exactly in SQL
-  metrics_intervals.sql      ratios of sums (point estimate = full data), percentile intervals, and what the
-                             small-sample interval needs (pipeline.intervals picks the interval per metric)
+  metrics_intervals.sql      ratios of sums (point estimate = full data), percentile intervals
+  _metric_clusters, ...      what the small-sample interval needs, exact moments of the per-task sums (numpy);
+                             pipeline.intervals picks the interval per metric
 
 Draws come from our own 32-bit hash (sql/hash.sql, the same in numpy), never from random() or DuckDB's hash(),
 so the same run, seed, B and method give the same bounds on any DuckDB version and any thread count.
