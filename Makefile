@@ -48,6 +48,7 @@ fuzz: install
 bench: install
 	$(BIN)/pexec bench replay
 	$(BIN)/pexec bench metrics
+	$(BIN)/pexec bench merged
 	$(BIN)/pexec bench scale
 	$(BIN)/pexec bench guard
 

@@ -147,6 +147,14 @@ Pool = Annotated[
 Bootstrap = Annotated[int, typer.Option("--bootstrap", min=1, help="Bootstrap replicates B.")]
 Seed = Annotated[int, typer.Option("--seed", help="Seed of the random draws: the same seed, the same output.")]
 Method = Annotated[str, typer.Option("--method", help="multinomial (task resampling) or poisson")]
+MetricsMethod = Annotated[
+    str,
+    typer.Option(
+        "--method",
+        help="multinomial (task resampling), poisson, or poisson-merged (Poisson weights keyed by task id: "
+        "the mergeable bootstrap for large runs)",
+    ),
+]
 SpecDir = Annotated[list[str] | None, typer.Option("--spec-dir", help="Extra folder to search for specs.")]
 RayAddress = Annotated[
     str | None, typer.Option("--address", help="Ray cluster address (default: the job's for `run`, else local Ray).")
@@ -208,9 +216,11 @@ def _population(harness_errors: str, pools: list[str] | None, strict_replay: boo
     return Population(harness_errors, pooled, strict_replay)  # type: ignore[arg-type]
 
 
-def _bootstrap(replicates: int, seed: int, method: str) -> BootstrapSettings:
+def _bootstrap(replicates: int, seed: int, method: str, merged: bool = False) -> BootstrapSettings:
+    if merged and method == "poisson-merged":
+        return BootstrapSettings(B=replicates, seed=seed, method="poisson-merged")
     if method not in ("multinomial", "poisson"):
-        raise PexecError("--method is multinomial or poisson")
+        raise PexecError("--method is multinomial or poisson" + (" or poisson-merged" if merged else ""))
     return BootstrapSettings(B=replicates, seed=seed, method=method)  # type: ignore[arg-type]
 
 
@@ -548,7 +558,7 @@ def metrics(
     by: By = None,
     bootstrap: Bootstrap = 1000,
     seed: Seed = 0,
-    method: Method = "multinomial",
+    method: MetricsMethod = "multinomial",
     max_k: Annotated[
         int | None, typer.Option("--max-k", help="Largest k for PEC(k) (default: max T, at most 20).")
     ] = None,
@@ -562,7 +572,7 @@ def metrics(
 ) -> None:
     """Success, TER, AUC-PEC, RR, output match and PEC(k) per cohort with 95% intervals (task bootstrap, or
     Wilson on the effective sample size for small samples)."""
-    settings = _bootstrap(bootstrap, seed, method)
+    settings = _bootstrap(bootstrap, seed, method, merged=True)
     population = _population(harness_errors, pool, strict_replay)
     columns = _columns(by)
     storage = _storage(endpoint_url, storage_option)
@@ -883,14 +893,18 @@ def guard_mcp(
 
 @app.command()
 def bench(
-    what: Annotated[str, typer.Argument(help="replay, metrics, scale, view or guard")] = "replay",
+    what: Annotated[str, typer.Argument(help="replay, metrics, merged, scale, view or guard")] = "replay",
     rollouts: Annotated[
-        int | None, typer.Option("--rollouts", help="Store size (default: 220k replay, 1M metrics and view).")
+        int | None,
+        typer.Option(
+            "--rollouts",
+            help="Store size (default: 220k replay, 1M metrics and view, 100M merged: 10 rollouts per task).",
+        ),
     ] = None,
     workdir: Annotated[Path | None, typer.Option("--workdir", help="Where to put the generated data.")] = None,
 ) -> None:
-    """Benchmarks: replay through Ray vs a naive baseline, the DuckDB bootstrap stage, scale-out over S3, or
-    the viewer's page latency, or the guard's latency per check."""
+    """Benchmarks: replay through Ray vs a naive baseline, the metrics stage vs a plain-numpy reference, the
+    mergeable Poisson bootstrap, scale-out over S3, the viewer's page latency, or the guard's latency per check."""
     if what == "replay":
         from pipeline.perf.replay import bench_replay
 
@@ -899,6 +913,10 @@ def bench(
         from pipeline.perf.metrics import bench_metrics
 
         bench_metrics(n_rollouts=rollouts or 1_000_000, workdir=workdir)
+    elif what == "merged":
+        from pipeline.perf.merged import bench_merged
+
+        bench_merged(n_tasks=(rollouts or 100_000_000) // 10)
     elif what == "scale":
         from pipeline.perf.scale import bench_scale
 
@@ -912,7 +930,7 @@ def bench(
 
         bench_guard()
     else:
-        raise PexecError("bench takes replay, metrics, scale, view or guard")
+        raise PexecError("bench takes replay, metrics, merged, scale, view or guard")
 
 
 if __name__ == "__main__":
