@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO := out/demo
 
-.PHONY: install demo test lint browser bench lock clean
+.PHONY: install demo test lint browser bench fuzz lock clean image
 
 # The official simulators are pinned in specs/simulators.txt (installed without their declared model-client
 # dependencies) and specs/simulator-wheels.txt (releases read from their wheel).
@@ -39,11 +39,24 @@ browser:
 test: lint browser
 	$(BIN)/pytest
 
+# The adversarial suites (pytest marker `fuzz`) with many more generated inputs than `make test` uses, within
+# a bounded time; the tallies they print are the README's "Hardening" table.
+FUZZ_EXAMPLES ?= 400
+fuzz: install
+	PEXEC_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) timeout 1800 $(BIN)/pytest -m fuzz -s tests/
+
 bench: install
 	$(BIN)/pexec bench replay
 	$(BIN)/pexec bench metrics
+	$(BIN)/pexec bench merged
 	$(BIN)/pexec bench scale
 	$(BIN)/pexec bench guard
+
+# The worker image (infra/Dockerfile). Needs docker (or podman) and a reachable registry for the base image.
+IMAGE ?= pexec:$(shell git rev-parse --short HEAD 2>/dev/null || echo dev)
+image:
+	docker build -f infra/Dockerfile -t $(IMAGE) .
+	docker run --rm $(IMAGE) pexec --version
 
 # Re-pin after changing dependencies in pyproject.toml.
 lock: install

@@ -7,30 +7,35 @@ Pipeline (one pass for all cohorts); the metrics and their parts come from pipel
   view_population.sql        the rollouts the metrics count (`Population`: harness errors, benchmark pools)
   rollout_parts (view)       per rollout, the catalogue's integer parts p_<name>
   metrics_prepare.sql        rollouts -> cohort numbers -> per-(cohort, task) sums `s_*` (+ PEC histogram)
-  bootstrap_<method>.sql     per-(cohort, replicate) sums of the resampled tasks' `s_*`
-  metrics_intervals.sql      ratios of sums (point estimate = full data), percentile intervals, and what the
-                             small-sample interval needs (pipeline.intervals picks the interval per metric)
+  pipeline.bootstrap         per-(cohort, replicate) sums of the resampled tasks' `s_*` (numpy; the draws of
+  bootstrap_sums.sql         sql/hash.sql), put together exactly in SQL
+  metrics_intervals.sql      ratios of sums (point estimate = full data), percentile intervals
+  _metric_clusters, ...      what the small-sample interval needs, exact moments of the per-task sums (numpy);
+                             pipeline.intervals picks the interval per metric
 
-Draws come from our own 32-bit hash (sql/hash.sql), never from random() or DuckDB's hash(), so the
-same run, seed, B and method give the same bounds on any DuckDB version and any thread count.
+Draws come from our own 32-bit hash (sql/hash.sql, the same in numpy), never from random() or DuckDB's hash(),
+so the same run, seed, B and method give the same bounds on any DuckDB version and any thread count.
 """
 
 from __future__ import annotations
 
 import re
+import shutil
 import sys
+import tempfile
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
-from pathlib import Path
 from typing import Any, Literal
 
 import duckdb
+import numpy as np
 import orjson
 import pyarrow as pa
 
-from pipeline import catalogue, intervals, schema
+from pipeline import bootstrap, catalogue, intervals, schema
 from pipeline.coverage import Coverage, read_coverage
 from pipeline.errors import PexecError, StorageError
 from pipeline.storage.run import RunPrefix
@@ -52,7 +57,7 @@ class MetricsError(PexecError, ValueError):
 class BootstrapSettings:
     B: int = 1000
     seed: int = 0
-    method: Literal["multinomial", "poisson"] = "multinomial"
+    method: Literal["multinomial", "poisson", "poisson-merged"] = "multinomial"
     level: float = 0.95
 
     def __post_init__(self) -> None:
@@ -60,8 +65,10 @@ class BootstrapSettings:
             raise MetricsError(f"bootstrap B must be >= 1, got {self.B}")
         if not 0 <= self.seed < _UINT32:
             raise MetricsError(f"bootstrap seed must be in [0, 2**32), got {self.seed}")
-        if self.method not in ("multinomial", "poisson"):
-            raise MetricsError(f"bootstrap method must be 'multinomial' or 'poisson', got {self.method!r}")
+        if self.method not in ("multinomial", "poisson", "poisson-merged"):
+            raise MetricsError(
+                f"bootstrap method must be 'multinomial', 'poisson' or 'poisson-merged', got {self.method!r}"
+            )
         if not 0 < self.level < 1:
             raise MetricsError(f"confidence level must be in (0, 1), got {self.level}")
 
@@ -199,11 +206,14 @@ def metrics_and_replicates(
             parts=[f"s_{p.name}" for p in catalogue.PARTS],
             replicated=list(replicated),
         )
-        for name in ("metrics_prepare", f"bootstrap_{settings.method}", "metrics_intervals"):
-            run_sql(con, name)
+        run_sql(con, "metrics_prepare")
+        sums = _task_sums(con)
+        _bootstrap(con, sums, settings)
+        run_sql(con, "metrics_intervals")
         info = fetch(con, "cohort_info")
-        ratios = _join(fetch(con, "metric_intervals"), fetch(con, "metric_clusters"), ("cohort", "metric"))
-        pec = _join(fetch(con, "pec_intervals"), fetch(con, "pec_clusters"), ("cohort", "k"))
+        ratios = _join(fetch(con, "metric_intervals"), _metric_clusters(sums), ("cohort", "metric"))
+        k = con.execute("SELECT getvariable('pexec_k')").fetchall()[0][0]
+        pec = _join(fetch(con, "pec_intervals"), _pec_clusters(sums, k), ("cohort", "k"))
         reps = fetch(con, "replicated_values")
         run_sql(con, "harness_counts")
         harness = fetch(con, "harness_counts")
@@ -217,6 +227,82 @@ def metrics_and_replicates(
     for c in cohorts:
         c["partial"] = coverage.partial()
     return cohorts, per_cohort
+
+
+@dataclass(frozen=True)
+class _TaskSums:
+    """Table task_sums in numpy: per cohort (numbered 0 .. n-1), its tasks' s_* sums (tasks in task_id order)."""
+
+    columns: list[str]
+    cohorts: list[np.ndarray]  # int64, tasks x columns
+
+    def column(self, cohort: int, name: str) -> np.ndarray:
+        if name not in self.columns:  # a depth no rollout reached has no column (sql/metrics_prepare.sql)
+            return np.zeros(len(self.cohorts[cohort]), dtype=np.int64)
+        return self.cohorts[cohort][:, self.columns.index(name)]
+
+
+def _task_sums(con: duckdb.DuckDBPyConnection) -> _TaskSums:
+    # A depth no rollout of a task reached is NULL in task_sums (LEFT JOIN of the histogram): 0 rollouts.
+    arrays = con.sql("SELECT cohort, coalesce(COLUMNS('^s_'), 0)::BIGINT FROM task_sums").fetchnumpy()
+    cohort = arrays.pop("cohort")  # rows in (cohort, task_id) order
+    columns = list(arrays)
+    sums = np.empty((len(cohort), len(columns)), dtype=np.int64)
+    for j, c in enumerate(columns):
+        sums[:, j] = arrays[c]
+    n_cohorts = int(cohort[-1]) + 1 if len(cohort) else 0  # numbered 0 .. n-1 (dense_rank), each with a task
+    return _TaskSums(columns, np.split(sums, np.searchsorted(cohort, np.arange(1, n_cohorts)))[:n_cohorts])
+
+
+def _bootstrap(con: duckdb.DuckDBPyConnection, sums: _TaskSums, settings: BootstrapSettings) -> None:
+    """rep_sums: per-(cohort, replicate) sums of the resampled tasks' s_* columns (pipeline.bootstrap draws and
+    weighs the tasks in numpy; sql/bootstrap_sums.sql puts the exact sums together)."""
+    if settings.method == "poisson-merged":
+        # Weights keyed by the task itself (pipeline.bootstrap): what scoring shards can sum on their own; here
+        # one partial over every task of the run.
+        task_key = con.sql("SELECT pexec_task_key(task_id) FROM task_sums").fetchnumpy()
+        codes = np.repeat(np.arange(len(sums.cohorts)), [len(c) for c in sums.cohorts])
+        all_sums = np.concatenate(sums.cohorts) if sums.cohorts else np.zeros((0, len(sums.columns)), np.int64)
+        partial = bootstrap.poisson_partial(
+            range(len(sums.cohorts)), codes, next(iter(task_key.values())), all_sums, sums.columns,
+            settings.seed, settings.B,
+        )  # fmt: skip
+        limbs = bootstrap.partial_limbs(partial)
+    else:
+        batches = bootstrap.replicate_sums(sums.cohorts, sums.columns, settings.seed, settings.B, settings.method)
+        limbs = pa.Table.from_batches(list(batches), bootstrap.LIMBS)
+    con.register("rep_limbs", limbs)
+    run_sql(con, "bootstrap_sums")
+    con.unregister("rep_limbs")
+
+
+def _metric_clusters(sums: _TaskSums) -> list[dict[str, Any]]:
+    """What the small-sample interval needs per (cohort, ratio metric): y_i = the numerator part's sum of task i,
+    x_i the denominator's (pipeline.intervals.Cluster)."""
+    rows = []
+    for c in range(len(sums.cohorts)):
+        for m in catalogue.ratios():
+            mom = bootstrap.moments(sums.column(c, f"s_{m.num}"), sums.column(c, f"s_{m.den}"))
+            rows.append({"cohort": c, "metric": m.name, "scale": m.scale, **_moment_fields(mom)})
+    return rows
+
+
+def _pec_clusters(sums: _TaskSums, K: int) -> list[dict[str, Any]]:
+    """The same for PEC(k), k = 1 .. K: y_i(k) = rollouts of task i with depth >= k (the s_h<d> columns for
+    d >= k), x_i = its rollouts; with den_total, which the PEC intervals do not carry."""
+    rows = []
+    for c in range(len(sums.cohorts)):
+        x = sums.column(c, "s_n")
+        hist = np.column_stack([sums.column(c, f"s_h{d}") for d in range(1, K + 1)]) if K else np.zeros((len(x), 0))
+        at_least = np.cumsum(hist[:, ::-1], axis=1)[:, ::-1]  # column k-1: depth >= k
+        for k in range(1, K + 1):
+            mom = bootstrap.moments(np.ascontiguousarray(at_least[:, k - 1]).astype(np.int64), x)
+            rows.append({"cohort": c, "k": k, "scale": 1.0, "den_total": mom.den_total, **_moment_fields(mom)})
+    return rows
+
+
+def _moment_fields(mom: bootstrap.Moments) -> dict[str, int]:
+    return {"den_tasks": mom.den_tasks, "num_total": mom.num_total, "yy": mom.yy, "xy": mom.xy, "xx": mom.xx}
 
 
 def _join(rows: list[dict[str, Any]], extra: list[dict[str, Any]], key: tuple[str, str]) -> list[dict[str, Any]]:
@@ -342,19 +428,49 @@ def write_metrics(
     return root.file(folder)
 
 
-def sql(run: str, query: str, storage_options: dict[str, Any] | None = None, partial: bool = False) -> pa.Table:
+@dataclass(frozen=True)
+class QueryLimits:
+    """What one `sql()` call may use. DuckDB spills to `temp_directory` beyond the memory limit, and has no
+    statement timeout of its own: a timer interrupts the connection."""
+
+    memory_limit: str = "2GB"
+    timeout: float = 120.0  # seconds, for all statements of the query together
+
+    def __post_init__(self) -> None:
+        if not _MEMORY.fullmatch(self.memory_limit):
+            raise PexecError(f"memory limit takes a size such as 512MB or 4GB, got {self.memory_limit!r}")
+        if not self.timeout > 0:
+            raise PexecError(f"timeout takes seconds > 0, got {self.timeout}")
+
+
+_MEMORY = re.compile(r"\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", re.IGNORECASE)
+
+
+def sql(
+    run: str,
+    query: str,
+    storage_options: dict[str, Any] | None = None,
+    partial: bool = False,
+    limits: QueryLimits | None = None,
+) -> pa.Table:
     """Run a read-only query over the views of a run: steps, rollouts, rejects, and one per metrics result
     (`metrics`/`pec`, `metrics_by_model`/`pec_by_model`, …).
 
     Every statement must be a read (SELECT, WITH ... SELECT, EXPLAIN [ANALYZE] SELECT); the result of the
     last one is returned. Files outside the run cannot be read. An incomplete run is refused unless
     `partial`; then the result's schema metadata carries the coverage under PARTIAL_KEY (see partial_of).
+    The query runs within `limits` (memory, time); its spill files go to a private temporary folder, never
+    the current directory.
     """
+    limits = limits or QueryLimits()
     statements = _read_statements(query)
     coverage = read_coverage(run, storage_options, partial)
     root = coverage.root
     con = _connect(root)
+    spill = tempfile.mkdtemp(prefix="pexec-sql-")
     try:
+        set_variables(con, memory_limit=limits.memory_limit, temp_directory=spill)
+        run_sql(con, "limits")
         for table in ("rollouts", "steps", "rejects"):
             files = coverage.parts(table)
             if files:
@@ -363,17 +479,33 @@ def sql(run: str, query: str, storage_options: dict[str, Any] | None = None, par
         _metrics_views(con, root)
         set_variables(con, allowed_directories=[root.url + "/"])
         run_sql(con, "lockdown")
-        result = pa.table({})
-        for text in statements:
-            try:
-                relation = con.sql(text)
-                result = relation.to_arrow_table() if relation is not None else pa.table({})
-            except duckdb.Error as exc:  # the user's query is wrong, not pexec
-                raise QueryError(str(exc)) from exc
+        result = _run_limited(con, statements, limits)
         covered = coverage.partial()
         return result if covered is None else result.replace_schema_metadata({PARTIAL_KEY: orjson.dumps(covered)})
     finally:
         con.close()
+        shutil.rmtree(spill, ignore_errors=True)
+
+
+def _run_limited(con: duckdb.DuckDBPyConnection, statements: list[str], limits: QueryLimits) -> pa.Table:
+    timer = threading.Timer(limits.timeout, con.interrupt)
+    timer.start()
+    result = pa.table({})
+    try:
+        for text in statements:
+            relation = con.sql(text)
+            result = relation.to_arrow_table() if relation is not None else pa.table({})
+    except duckdb.InterruptException as exc:
+        raise QueryError(f"query stopped after {limits.timeout:g} s (the --timeout)") from exc
+    except duckdb.OutOfMemoryException as exc:
+        raise QueryError(
+            f"query needs more than {limits.memory_limit} of memory (the --memory-limit) and its spill space"
+        ) from exc
+    except duckdb.Error as exc:  # the user's query is wrong, not pexec
+        raise QueryError(str(exc)) from exc
+    finally:
+        timer.cancel()
+    return result
 
 
 def partial_of(result: pa.Table) -> dict[str, Any] | None:
@@ -459,13 +591,7 @@ def _connect(root: RunPrefix) -> duckdb.DuckDBPyConnection:
 
 
 def _sql_text(name: str) -> str:
-    try:
-        folder: Any = resources.files("pipeline") / "sql"
-    except (NotADirectoryError, TypeError):
-        # `pipeline` as a namespace package under an editable install (no __init__.py) confuses
-        # importlib.resources on 3.11; the files sit next to this module either way.
-        folder = Path(__file__).with_name("sql")
-    return (folder / f"{name}.sql").read_text(encoding="utf-8")
+    return (resources.files("pipeline") / "sql" / f"{name}.sql").read_text(encoding="utf-8")
 
 
 def run_sql(con: duckdb.DuckDBPyConnection, name: str) -> None:

@@ -16,9 +16,24 @@ import orjson
 from pipeline.dependencies import History, grounded_values, resolve_references
 from pipeline.envs.base import Environment, Outcome, ToolInfo
 from pipeline.model import NOT_LOGGED, Call, Message, Rollout, RolloutResult, StepResult
+from pipeline.records import MAX_DEPTH, too_deep
+from pipeline.values import same
 
 # The `detail` of every step whose arguments the log did not capture (S and D not checked).
 UNCAPTURED = "arguments not captured: S and D unknown"
+# The checks `--checks` selects from: S's schema fit, D (references and grounding), P (the environment's
+# acceptance). A call that cannot be replayed at all (unknown or unavailable tool, arguments that are not an
+# object) is an S failure whatever is selected.
+CHECKS = ("schema", "dependency", "precondition")
+
+
+def parse_checks(text: str) -> tuple[str, ...]:
+    """The checks named in `text` (comma-separated), in canonical order; ValueError for an unknown or no name."""
+    names = {n.strip() for n in text.split(",") if n.strip()}
+    unknown = sorted(names - set(CHECKS))
+    if unknown or not names:
+        raise ValueError(f"checks are a comma-separated subset of {','.join(CHECKS)}, got {text!r}")
+    return tuple(c for c in CHECKS if c in names)
 
 
 class ReplayError(Exception):
@@ -46,8 +61,8 @@ class Verdict:
         return self.outcome.decided_by if self.outcome else None
 
 
-def replay(env: Environment, rollout: Rollout) -> RolloutResult:
-    session = Session(env, rollout)
+def replay(env: Environment, rollout: Rollout, checks: tuple[str, ...] = CHECKS) -> RolloutResult:
+    session = Session(env, rollout, checks)
     for event in rollout.events:
         if isinstance(event, Message):
             session.message(event.role, event.content)
@@ -65,10 +80,13 @@ class Session:
     until `record` commits it (the same call) or anything else discards it.
     """
 
-    def __init__(self, env: Environment, rollout: Rollout) -> None:
+    def __init__(self, env: Environment, rollout: Rollout, checks: tuple[str, ...] = CHECKS) -> None:
         self.env = env
+        self.checks = frozenset(checks)
         self.state = env.start(rollout)
         self.history = History()
+        for known in env.knowledge(self.state):
+            self.history.add_known(known)
         self.marks = [env.checkpoint(self.state)]  # marks[i] = state after the i-th accepted call; marks[0] = s_0
         self.accepted: list[tuple[Call, dict[str, Any] | None]] = []  # None: arguments not captured
         self.steps: list[StepResult] = []
@@ -84,7 +102,7 @@ class Session:
         """The verdict on `call` as the next step, before it is recorded."""
         self._discard()
         env, state = self.env, self.state
-        verdict = _check(env, state, call, len(self.steps) + 1, self.history)
+        verdict = _check(env, state, call, len(self.steps) + 1, self.history, self.checks)
         if not verdict.valid and verdict.check == "P":
             # Without a simulator an earlier state is only less of what the agent saw, where rules cannot be
             # evaluated and would accept vacuously: the walk-back is for simulated environments.
@@ -119,11 +137,13 @@ class Session:
     def _commit(self, call: Call, verdict: Verdict) -> StepResult:
         self._pending = None
         depth = len(self.steps) + 1
-        if verdict.valid:
+        # Executed: valid, and the environment accepted it (with P not checked a rejected call is valid too).
+        executed = verdict.valid and (verdict.outcome is None or verdict.outcome.accepted)
+        if executed:
             self.accepted.append((call, verdict.args))
             self.marks.append(self.env.checkpoint(self.state))
-        output = verdict.outcome.output if verdict.outcome and verdict.valid else None
-        self.history.add_result(depth, call.call_id, verdict.valid, output)
+        output = verdict.outcome.output if verdict.outcome and executed else None
+        self.history.add_result(depth, call.call_id, executed, output)
         self.prefix_ok = self.prefix_ok and verdict.valid
         info = self.env.tool(call.tool)
         effect = info.effect if info is not None else None
@@ -155,7 +175,9 @@ def _same_call(a: Call, b: Call) -> bool:
     return a.tool == b.tool and a.turn == b.turn and a.arguments == b.arguments
 
 
-def _check(env: Environment, state: Any, call: Call, depth: int, history: History) -> Verdict:
+def _check(
+    env: Environment, state: Any, call: Call, depth: int, history: History, checks: frozenset[str] = frozenset(CHECKS)
+) -> Verdict:
     # S: the tool is known and available, the arguments parse and fit the schema.
     info = env.tool(call.tool)
     if info is None and not env.open_catalogue():
@@ -170,18 +192,20 @@ def _check(env: Environment, state: Any, call: Call, depth: int, history: Histor
             args = orjson.loads(args) if args.strip() else {}
         except orjson.JSONDecodeError as exc:
             return Verdict(False, "S", "schema", f"arguments do not parse as JSON: {exc}")
+        if too_deep(args):  # as a record's own values are (pipeline/records.py)
+            return Verdict(False, "S", "schema", f"arguments nest deeper than {MAX_DEPTH} levels")
     if not isinstance(args, dict):
         return Verdict(False, "S", "schema", f"arguments must be an object, got {type(args).__name__}")
 
     args, ref_failures, ref_holders = resolve_references(args, history, depth)
-    if info is not None:
+    if info is not None and "schema" in checks:
         failed = _schema_failure(info, args, ref_failures, ref_holders)
         if failed:
             return failed
     # D: explicit references resolve, grounded values occur in what the agent could know.
-    if ref_failures:
+    if ref_failures and "dependency" in checks:
         return Verdict(False, "D", "dependency", "; ".join(ref_failures.values()))
-    if info is not None:
+    if info is not None and "dependency" in checks:
         for path in sorted(info.grounded):  # a frozenset: its own order changes with the hash seed
             if path.split(".")[0].removesuffix("[]") in ref_holders:
                 continue  # a resolved reference is grounded by construction
@@ -192,6 +216,8 @@ def _check(env: Environment, state: Any, call: Call, depth: int, history: Histor
     # P: the environment accepts the call in the current state.
     outcome = env.execute(state, call.tool, args, call)
     if not outcome.accepted:
+        if "precondition" not in checks:  # the environment's rejection is not a check here: the state stays
+            return Verdict(True, detail=f"P not checked: {outcome.message}", outcome=outcome, args=args)
         return Verdict(False, "P", None, outcome.message, outcome, args)
     return Verdict(True, outcome=outcome, args=args)
 
@@ -280,22 +306,9 @@ def _output_match(env: Environment, call: Call, verdict: Verdict) -> bool | None
     if call.output is NOT_LOGGED or not env.simulated:
         return None
     if verdict.valid:
-        return _same(verdict.outcome.output if verdict.outcome else None, call.output)
+        return same(verdict.outcome.output if verdict.outcome else None, call.output)
     if verdict.outcome is not None and verdict.outcome.output is not None:  # the simulator's own error output
-        return _same(verdict.outcome.output, call.output)
+        return same(verdict.outcome.output, call.output)
     if call.error is not None:
         return bool(call.error)
-    return _same(verdict.detail, call.output)
-
-
-def _same(replayed: Any, logged: Any) -> bool:
-    return _normal(replayed) == _normal(logged)
-
-
-def _normal(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            return orjson.loads(value)
-        except orjson.JSONDecodeError:
-            return value.strip()
-    return value
+    return same(verdict.detail, call.output)

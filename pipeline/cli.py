@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import csv
+import re
 import signal
 import sys
+import warnings
 from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
@@ -11,6 +14,7 @@ from typing import Annotated, Any
 
 import click
 import orjson
+import pyarrow as pa
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -22,6 +26,7 @@ from pipeline import catalogue, intervals
 from pipeline.aggregate import (
     BootstrapSettings,
     Population,
+    QueryLimits,
     cohort_fields,
     compute_metrics,
     harness_note,
@@ -30,6 +35,7 @@ from pipeline.aggregate import (
     sql,
     write_metrics,
 )
+from pipeline.checker import CHECKS, parse_checks
 from pipeline.coverage import describe_partial
 from pipeline.distributed import DEFAULT_SHARD_BYTES, ShardPlan, run_scoring
 from pipeline.envs import EnvOptions
@@ -40,8 +46,25 @@ from pipeline.storage.stores import WriteMode, write_store
 from pipeline.synth import synthesize
 from pipeline.tools import TOOL_FIELDS, tool_cohort_columns, tool_profiles
 
-console = Console(stderr=True)
-out = Console(width=None if sys.stdout.isatty() else 200)  # logs and pipes get full rows
+# Data is never markup: labels, values, paths and messages are printed as they are (no [style] tags, no
+# :emoji: codes), with control characters shown as escapes by `literal`. Our own styles are Text objects.
+console = Console(stderr=True, markup=False, emoji=False, highlight=False)
+out = Console(width=None if sys.stdout.isatty() else 200, markup=False, emoji=False, highlight=False)
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")  # C0, C1, bidi overrides
+
+
+def literal(value: Any) -> str:
+    """A value from data, a path or an exception as it should appear on a terminal: every control character
+    (escape sequences, carriage returns, bells, newlines, bidi overrides) as its Python escape."""
+    return _CONTROL.sub(lambda m: m[0].encode("unicode_escape").decode(), str(value))
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, *_: Any) -> None:
+    # Library warnings quote data too (matplotlib names a label's glyphs it cannot draw).
+    console.print(literal(f"{filename}:{lineno}: {category.__name__}: {message}"), soft_wrap=True)
+
+
+warnings.showwarning = _show_warning
 
 
 class _Commands(TyperGroup):
@@ -52,10 +75,20 @@ class _Commands(TyperGroup):
         try:
             return super().invoke(ctx)
         except PexecError as exc:
-            # Some messages carry several lines (DuckDB's); soft_wrap keeps long ones on one line too.
-            message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-            console.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
-            raise typer.Exit(code=2) from exc
+            _fail(str(exc), exc)
+        except OSError as exc:  # storage: a missing bucket or file, a refused write, an unreachable endpoint
+            _fail(f"{type(exc).__name__}: {exc}", exc)
+        except Exception as exc:
+            if type(exc).__module__.startswith("botocore"):  # credentials, endpoint (not an OSError)
+                _fail(f"{type(exc).__name__}: {exc} (see the AWS environment or --endpoint-url)", exc)
+            raise
+
+
+def _fail(message: str, exc: Exception) -> None:
+    # Some messages carry several lines (DuckDB's); soft_wrap keeps long ones on one line too.
+    message = " ".join(line.strip() for line in message.splitlines() if line.strip())
+    console.print(Text.assemble(("error:", "bold red"), " ", literal(message)), soft_wrap=True)
+    raise typer.Exit(code=2) from exc
 
 
 app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True, help=__doc__)
@@ -115,11 +148,25 @@ Pool = Annotated[
 Bootstrap = Annotated[int, typer.Option("--bootstrap", min=1, help="Bootstrap replicates B.")]
 Seed = Annotated[int, typer.Option("--seed", help="Seed of the random draws: the same seed, the same output.")]
 Method = Annotated[str, typer.Option("--method", help="multinomial (task resampling) or poisson")]
+MetricsMethod = Annotated[
+    str,
+    typer.Option(
+        "--method",
+        help="multinomial (task resampling), poisson, or poisson-merged (Poisson weights keyed by task id: "
+        "the mergeable bootstrap for large runs)",
+    ),
+]
 SpecDir = Annotated[list[str] | None, typer.Option("--spec-dir", help="Extra folder to search for specs.")]
 RayAddress = Annotated[
     str | None, typer.Option("--address", help="Ray cluster address (default: the job's for `run`, else local Ray).")
 ]
-DashboardAddress = Annotated[str, typer.Option("--address", help="Ray dashboard address, e.g. http://HEAD:8265.")]
+DashboardAddress = Annotated[
+    str | None,
+    typer.Option(
+        "--address",
+        help="Ray Jobs API (dashboard) URL, e.g. http://HEAD:8265 (default: $RAY_API_SERVER_ADDRESS, $RAY_ADDRESS).",
+    ),
+]
 Force = Annotated[bool, typer.Option("--force", help="Rescore every shard, even unchanged ones.")]
 OnDate = Annotated[str | None, typer.Option("--date", help="YYYY-MM-DD for {date} (default: today, UTC).")]
 Partial = Annotated[
@@ -170,9 +217,11 @@ def _population(harness_errors: str, pools: list[str] | None, strict_replay: boo
     return Population(harness_errors, pooled, strict_replay)  # type: ignore[arg-type]
 
 
-def _bootstrap(replicates: int, seed: int, method: str) -> BootstrapSettings:
+def _bootstrap(replicates: int, seed: int, method: str, merged: bool = False) -> BootstrapSettings:
+    if merged and method == "poisson-merged":
+        return BootstrapSettings(B=replicates, seed=seed, method="poisson-merged")
     if method not in ("multinomial", "poisson"):
-        raise PexecError("--method is multinomial or poisson")
+        raise PexecError("--method is multinomial or poisson" + (" or poisson-merged" if merged else ""))
     return BootstrapSettings(B=replicates, seed=seed, method=method)  # type: ignore[arg-type]
 
 
@@ -198,7 +247,7 @@ def synth(
     records = synthesize(spec, rollouts, tasks, seed)
     storage = _storage(endpoint_url, storage_option)
     n = write_store(records, out_store, fmt, per_file, None if compression == "none" else compression, storage, mode)
-    console.print(f"wrote {n} rollouts over {min(tasks, rollouts)} tasks to {out_store}")
+    console.print(f"wrote {n} rollouts over {min(tasks, rollouts)} tasks to {literal(out_store)}")
 
 
 @app.command()
@@ -220,17 +269,25 @@ def ingest(
 
     storage = _storage(endpoint_url, storage_option)  # for the sources and the output store
     options = IngestOptions(labels=_pairs(label, "--label"), extra=_pairs(option, "--option"), storage_options=storage)
-    harness_errors = 0
+    harness_errors = orphans = orphaned = 0
 
     def counted(records: Iterator[dict]) -> Iterator[dict]:
-        nonlocal harness_errors
+        nonlocal harness_errors, orphans, orphaned
         for record in records:
             harness_errors += record.get("status") == "harness_error"
+            found = int((record.get("attributes") or {}).get("orphan_results", 0))
+            orphans, orphaned = orphans + found, orphaned + (found > 0)
             yield record
 
     records = counted(run_ingest(fmt, sources, options))
     n = write_store(records, out_store, store_fmt, storage_options=storage, mode=_write_mode(overwrite, append))
-    console.print(f"wrote {n} rollouts to {out_store}: {n - harness_errors} ok, {harness_errors} harness error(s)")
+    ok = n - harness_errors
+    console.print(f"wrote {n} rollouts to {literal(out_store)}: {ok} ok, {harness_errors} harness error(s)")
+    if orphans:
+        console.print(
+            f"warning: {orphans} tool result(s) in {orphaned} rollout(s) answer no logged call; kept as 'tool' "
+            "messages (attribute orphan_results)"
+        )
 
 
 def _pairs(items: list[str] | None, flag: str) -> dict[str, str]:
@@ -271,10 +328,18 @@ def score(
     ] = DEFAULT_STALE_AFTER,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
+    checks: Annotated[
+        str,
+        typer.Option("--checks", help="Checks that apply, a comma-separated subset of schema,dependency,precondition."),
+    ] = ",".join(CHECKS),
 ) -> None:
     """Replay every rollout and write per-step flags, per-rollout summaries, rejects and the manifest."""
     if policy not in ("code", "strict"):
         raise PexecError("--policy is code or strict")
+    try:
+        selected = parse_checks(checks)
+    except ValueError as exc:
+        raise PexecError(f"--checks: {exc}") from None
     if shard_mb * 2**20 < 1:
         raise PexecError(f"--shard-mb takes a size > 0, got {shard_mb}")
     options = EnvOptions(spec_dirs=tuple(spec_dir or ()), spec=spec, policy=policy)
@@ -295,6 +360,7 @@ def score(
             on_shard=progress.on_shard,
             force=force,
             lease_stale_after=lease_stale_after,
+            checks=selected,
         )
     _summary(manifest, run)
 
@@ -348,11 +414,12 @@ def _summary(manifest: dict[str, Any], run: str) -> None:
     c = manifest["counts"]
     console.print(
         f"read {c['read']:,} · scored {c['scored']:,} · rejected {c['rejected']:,} · steps {c['steps']:,} "
-        f"· {c['shards_reused']} of {c['shards']} shard(s) reused · {manifest['seconds']:.1f}s -> {run}"
+        f"· {c['shards_reused']} of {c['shards']} shard(s) reused · {manifest['seconds']:.1f}s -> {literal(run)}"
     )
     if c["rejected"]:
         query = "SELECT reason, source, location FROM rejects"
-        console.print(f"[yellow]{c['rejected']} record(s) rejected; to see them: pexec sql {run} '{query}'")
+        hint = f"{c['rejected']} record(s) rejected; to see them: pexec sql {literal(run)} '{query}'"
+        console.print(Text(hint, "yellow"))
 
 
 @app.command("run")
@@ -361,14 +428,31 @@ def run_command(
     on_date: OnDate = None,
     address: RayAddress = None,
     force: Force = False,
+    check: Annotated[
+        bool,
+        typer.Option("--check", help="Only check the job (input, output, credentials, environments, columns)."),
+    ] = False,
 ) -> None:
-    """Run a job: score its input (only what changed since the last run), then write its metrics (and report)."""
+    """Run a job: score its input (only what changed since the last run), then write its metrics (and report).
+    The job is checked first (as --check does), so a typo fails before any scoring."""
     from pipeline.jobs import load_job, run_job
+    from pipeline.preflight import check_job
 
     _unwind_on_sigterm()
     progress = ScoreProgress()
     job = load_job(job_file, on_date)
-    console.print(f"job {job.name} ({job.date}): {job.input} -> {job.output}")
+    found = check_job(job)
+    if check:
+        source = f"{found.files} file(s), {found.megabytes:,.1f} MiB" if found.files else "synthesized on first run"
+        console.print(
+            literal(
+                f"job {job.name} ({job.date}) can run: input {job.input} ({source}); environments "
+                f"{', '.join(found.environments)}; labels {', '.join(found.labels) or 'none'}; output {job.output}"
+            ),
+            soft_wrap=True,
+        )
+        return
+    console.print(literal(f"job {job.name} ({job.date}): {job.input} -> {job.output}"))
     with progress.bar:
         manifest, cohorts = run_job(job, address, force, progress.on_plan, progress.on_shard)
     _summary(manifest, job.output)
@@ -376,7 +460,7 @@ def run_command(
     for note in metrics_notes(cohorts):
         out.print(note)
     if job.report is not None:
-        console.print(f"report written to {job.report.out.rstrip('/')}/report.html and report.md")
+        console.print(f"report written to {literal(job.report.out.rstrip('/'))}/report.html and report.md")
     if job.diff is not None:
         _job_diff(job)
 
@@ -400,38 +484,91 @@ def _job_diff(job: Any) -> None:
 @app.command()
 def submit(
     job_file: Annotated[Path, typer.Argument(help="A job definition (jobs/*.toml).")],
-    address: DashboardAddress,
+    address: DashboardAddress = None,
     on_date: OnDate = None,
+    runtime: Annotated[
+        str | None,
+        typer.Option(
+            "--runtime",
+            help="local (this machine's interpreter and folder) or image (the cluster's installed pexec); "
+            "default: the job's [submit] runtime, else local for a loopback address.",
+        ),
+    ] = None,
+    python: Annotated[
+        str | None, typer.Option("--python", help="Interpreter with pexec on the cluster (default: see --runtime).")
+    ] = None,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Follow the driver log until the job ends; exit 0 only if it SUCCEEDED.")
+    ] = False,
 ) -> None:
     """Submit a job to a Ray cluster through the Jobs API; prints the submission id."""
-    from pipeline.jobs import load_job, submit_job
+    from pipeline.jobs import load_job
+    from pipeline.submit import follow_job, jobs_api_address, submit_job
 
+    url = jobs_api_address(address)
     job = load_job(job_file, on_date)
-    submission = submit_job(job_file, job, address)
-    console.print(f"submitted {job.name} ({job.date}) to {address}")
-    out.print(submission)
+    submission = submit_job(job_file, job, url, runtime, python)
+    console.print(literal(f"submitted {job.name} ({job.date}) to {url}"))
+    out.print(literal(submission))
+    if wait:
+        _exit_with(follow_job(url, submission, sys.stdout.write))
+
+
+def _exit_with(state: str) -> None:
+    sys.stdout.flush()  # the log first, then the verdict
+    console.print(f"job {state}")
+    if state != "SUCCEEDED":
+        raise typer.Exit(code=1)
 
 
 @app.command()
 def status(
     submission: Annotated[str, typer.Argument(help="A submission id from `pexec submit`.")],
-    address: DashboardAddress,
+    address: DashboardAddress = None,
 ) -> None:
     """The state of a submitted job (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED)."""
-    from pipeline.jobs import job_status
+    from pipeline.submit import job_status, jobs_api_address
 
-    out.print(job_status(address, submission))
+    out.print(literal(job_status(jobs_api_address(address), submission)))
 
 
 @app.command()
 def logs(
     submission: Annotated[str, typer.Argument(help="A submission id from `pexec submit`.")],
-    address: DashboardAddress,
+    address: DashboardAddress = None,
+    follow: Annotated[bool, typer.Option("--follow", help="Keep printing the log until the job ends.")] = False,
 ) -> None:
     """The driver log of a submitted job."""
-    from pipeline.jobs import job_logs
+    from pipeline.submit import follow_job, job_logs, jobs_api_address
 
-    sys.stdout.write(job_logs(address, submission))
+    url = jobs_api_address(address)
+    if follow:
+        follow_job(url, submission, sys.stdout.write)
+    else:
+        sys.stdout.write(job_logs(url, submission))
+
+
+@app.command()
+def stop(
+    submission: Annotated[str, typer.Argument(help="A submission id from `pexec submit`.")],
+    address: DashboardAddress = None,
+) -> None:
+    """Stop a submitted job and wait for it to end; prints its final state."""
+    from pipeline.submit import jobs_api_address, stop_job
+
+    out.print(stop_job(jobs_api_address(address), submission))
+
+
+@app.command("jobs")
+def jobs_command(address: DashboardAddress = None) -> None:
+    """The jobs a Ray cluster knows: submission id, state, job, date, start and end (UTC)."""
+    from pipeline.submit import jobs_api_address, list_jobs
+
+    rows = list_jobs(jobs_api_address(address))
+    table = Table("id", "state", "job", "date", "start", "end")
+    for row in rows:
+        table.add_row(*row.values())
+    out.print(table)
 
 
 @app.command()
@@ -440,7 +577,7 @@ def metrics(
     by: By = None,
     bootstrap: Bootstrap = 1000,
     seed: Seed = 0,
-    method: Method = "multinomial",
+    method: MetricsMethod = "multinomial",
     max_k: Annotated[
         int | None, typer.Option("--max-k", help="Largest k for PEC(k) (default: max T, at most 20).")
     ] = None,
@@ -454,7 +591,7 @@ def metrics(
 ) -> None:
     """Success, TER, AUC-PEC, RR, output match and PEC(k) per cohort with 95% intervals (task bootstrap, or
     Wilson on the effective sample size for small samples)."""
-    settings = _bootstrap(bootstrap, seed, method)
+    settings = _bootstrap(bootstrap, seed, method, merged=True)
     population = _population(harness_errors, pool, strict_replay)
     columns = _columns(by)
     storage = _storage(endpoint_url, storage_option)
@@ -469,13 +606,13 @@ def metrics(
             sys.stdout.write(orjson.dumps(cohort).decode() + "\n")
         return
     if cohorts and cohorts[0]["partial"]:
-        out.print(Text(describe_partial(cohorts[0]["partial"]), style="bold yellow"), soft_wrap=True)
+        out.print(Text(literal(describe_partial(cohorts[0]["partial"])), style="bold yellow"), soft_wrap=True)
     print_table(metrics_table(cohorts))
     if cohorts:
         b = cohorts[0]["bootstrap"]
         out.print(
             f"95% intervals: {b['method']} task-level bootstrap, B={b['B']}, seed={b['seed']}, "
-            f"DuckDB {b['duckdb_version']}; written to {folder}/"
+            f"DuckDB {b['duckdb_version']}; written to {literal(folder)}/"
         )
         for note in metrics_notes(cohorts):
             out.print(note)
@@ -524,8 +661,8 @@ def metrics_table(cohorts: list[dict]) -> Table:
     headers += [f"{m.label}@{k}" for m in curves for k in (1, 3)]
     rows = []
     for c in cohorts:
-        condition = " · ".join(str(c.get(k)) for k in labels) or "all"
-        cells = [str(c["benchmark"]), condition, str(c["n"]), str(c["n_tasks"])]
+        condition = " · ".join(literal(c.get(k)) for k in labels) or "all"
+        cells = [literal(c["benchmark"]), condition, str(c["n"]), str(c["n_tasks"])]
         cells += [str(c["n_unknown_success"]), str(c["n_harness_error"])]
         cells += [_ci(c[m.name]) + (f"\n({c[m.name]['eligible']})" if m.eligible else "") for m in ratios]
         for m in curves:
@@ -543,7 +680,16 @@ def metrics_table(cohorts: list[dict]) -> Table:
 def print_table(table: Table) -> None:
     """Print a table at its natural width: a narrow terminal wraps the lines, but no cell is folded or cut to
     "0.7…", which would read as another number."""
-    Console(file=out.file, width=100_000, color_system=out.color_system, force_terminal=out.is_terminal).print(table)
+    wide = Console(
+        file=out.file,
+        width=100_000,
+        color_system=out.color_system,
+        force_terminal=out.is_terminal,
+        markup=False,
+        emoji=False,
+        highlight=False,
+    )
+    wide.print(table)
 
 
 def metrics_notes(cohorts: list[dict]) -> list[str]:
@@ -618,10 +764,12 @@ def report(
         sensitivity=sensitivity,
     )
     for path in result.files:
-        out.print(path)
+        out.print(literal(path))
     if result.tables.cohorts and result.tables.cohorts[0]["partial"]:
-        console.print(Text(describe_partial(result.tables.cohorts[0]["partial"]), style="bold yellow"), soft_wrap=True)
-    console.print(f"report written to {result.out}/report.html and {result.out}/report.md ({len(result.files)} files)")
+        notice = literal(describe_partial(result.tables.cohorts[0]["partial"]))
+        console.print(Text(notice, style="bold yellow"), soft_wrap=True)
+    where = literal(result.out)
+    console.print(f"report written to {where}/report.html and {where}/report.md ({len(result.files)} files)")
 
 
 @app.command()
@@ -732,30 +880,72 @@ def sql_command(
         str, typer.Argument(help="A read-only query over the views steps, rollouts, rejects, metrics, pec, ….")
     ],
     fmt: Annotated[str, typer.Option("--format", help="table, csv or json")] = "table",
+    memory_limit: Annotated[
+        str, typer.Option("--memory-limit", help="DuckDB memory limit (e.g. 512MB, 4GB); beyond it, it spills.")
+    ] = QueryLimits.memory_limit,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="Seconds the query may run before it is stopped.")
+    ] = QueryLimits.timeout,
     partial: Partial = False,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
     """Run a read-only SQL query (DuckDB) over the run's tables."""
-    result = sql(run, query, _storage(endpoint_url, storage_option), partial)
+    if fmt not in ("table", "csv", "json"):
+        raise PexecError(f"--format is table, csv or json, got {fmt!r}")
+    limits = QueryLimits(memory_limit=memory_limit, timeout=timeout)
+    result = sql(run, query, _storage(endpoint_url, storage_option), partial, limits)
     covered = partial_of(result)
     if covered:  # on stderr: the result itself stays what the query asked for
-        console.print(Text(describe_partial(covered), style="bold yellow"), soft_wrap=True)
-    rows = result.to_pylist()
+        console.print(Text(literal(describe_partial(covered)), style="bold yellow"), soft_wrap=True)
+    rows = result.to_pylist(maps_as_pydicts="strict")
     if fmt == "json":
         for row in rows:
-            sys.stdout.write(orjson.dumps(row, default=str).decode() + "\n")
+            sys.stdout.write(_json(row) + "\n")
     elif fmt == "csv":
-        import pyarrow.csv as pacsv
-
-        pacsv.write_csv(result, sys.stdout.buffer)
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(result.column_names)
+        for row in rows:
+            writer.writerow(_csv_cell(v) for v in row.values())
     else:
         table = Table()
         for name in result.column_names:
-            table.add_column(name)
+            table.add_column(literal(name))
         for row in rows:
-            table.add_row(*("" if v is None else str(v) for v in row.values()))
+            table.add_row(*("" if v is None else literal(_csv_cell(v)) for v in row.values()))
         out.print(table)
+
+
+def _json(value: Any) -> str:
+    # Every DuckDB type: nested values as JSON, decimals exact (as text), blobs and intervals as text.
+    return orjson.dumps(value, default=_json_default, option=orjson.OPT_NON_STR_KEYS).decode()
+
+
+def _json_default(value: Any) -> str:
+    if isinstance(value, bytes):
+        return _blob(value)
+    if isinstance(value, pa.MonthDayNano):  # an INTERVAL, as an ISO 8601 duration
+        months, days, ns = value
+        seconds = f"T{ns / 1e9:g}S" if ns else ""
+        return "P" + (f"{months}M" if months else "") + (f"{days}D" if days or not (months or ns) else "") + seconds
+    return str(value)  # Decimal, and anything else with a text form
+
+
+def _blob(value: bytes) -> str:
+    """Bytes as DuckDB prints a BLOB: printable ASCII as is, the rest as \\xNN."""
+    return "".join(chr(b) if 32 <= b < 127 and b != 92 else f"\\x{b:02X}" for b in value)
+
+
+def _csv_cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, bytes | pa.MonthDayNano):
+        return _json_default(value)
+    if isinstance(value, list | dict):
+        return _json(value)
+    return str(value)
 
 
 @app.command()
@@ -799,13 +989,13 @@ def envs(
     table = Table("environment", "from", *(["version"] if check else []))
     failed = 0
     for name, source in list_environments(options).items():
-        row = [name, source]
+        row: list[str | Text] = [literal(name), literal(source)]
         if check:
             try:
-                row.append(get_environment(name, options).version)
+                row.append(literal(get_environment(name, options).version))
             except PexecError as exc:  # a missing simulator package, an invalid spec: reported in its row
                 failed += 1
-                row.append(f"[red]cannot be built: {exc}[/]")
+                row.append(Text(f"cannot be built: {literal(exc)}", "red"))
         table.add_row(*row)
     out.print(table)
     if failed:
@@ -861,14 +1051,18 @@ def guard_mcp(
 
 @app.command()
 def bench(
-    what: Annotated[str, typer.Argument(help="replay, metrics, scale, view or guard")] = "replay",
+    what: Annotated[str, typer.Argument(help="replay, metrics, merged, scale, view or guard")] = "replay",
     rollouts: Annotated[
-        int | None, typer.Option("--rollouts", help="Store size (default: 220k replay, 1M metrics and view).")
+        int | None,
+        typer.Option(
+            "--rollouts",
+            help="Store size (default: 220k replay, 1M metrics and view, 100M merged: 10 rollouts per task).",
+        ),
     ] = None,
     workdir: Annotated[Path | None, typer.Option("--workdir", help="Where to put the generated data.")] = None,
 ) -> None:
-    """Benchmarks: replay through Ray vs a naive baseline, the DuckDB bootstrap stage, scale-out over S3, or
-    the viewer's page latency, or the guard's latency per check."""
+    """Benchmarks: replay through Ray vs a naive baseline, the metrics stage vs a plain-numpy reference, the
+    mergeable Poisson bootstrap, scale-out over S3, the viewer's page latency, or the guard's latency per check."""
     if what == "replay":
         from pipeline.perf.replay import bench_replay
 
@@ -877,6 +1071,10 @@ def bench(
         from pipeline.perf.metrics import bench_metrics
 
         bench_metrics(n_rollouts=rollouts or 1_000_000, workdir=workdir)
+    elif what == "merged":
+        from pipeline.perf.merged import bench_merged
+
+        bench_merged(n_tasks=(rollouts or 100_000_000) // 10)
     elif what == "scale":
         from pipeline.perf.scale import bench_scale
 
@@ -890,7 +1088,7 @@ def bench(
 
         bench_guard()
     else:
-        raise PexecError("bench takes replay, metrics, scale, view or guard")
+        raise PexecError("bench takes replay, metrics, merged, scale, view or guard")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ is looked up in the outputs of earlier successful calls, most recent first. The 
 list indices. A reference resolves only into the output of an earlier *successful* call.
 
 Grounded parameters (declared by the spec) must carry a value that occurs in the information available
-before the step: the outputs of earlier successful calls, or the user/system messages so far.
+before the step: the outputs of earlier successful calls, the user/system messages so far, or what the
+environment declares the agent may know besides the conversation (`Environment.knowledge`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ class History:
     def add_message(self, text: str) -> None:
         if text:
             self._add_text(text)
+
+    def add_known(self, value: Any) -> None:
+        """A grounding source the environment declares (not an output: nothing refers to it by step or field)."""
+        if value is not None:
+            self._add_text(value if isinstance(value, str) else orjson.dumps(value).decode())
 
     def add_result(self, step: int, call_id: str | None, valid: bool, output: Any) -> None:
         if call_id:

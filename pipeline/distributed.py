@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from pipeline.checker import CHECKS
 from pipeline.code_version import code_version
 from pipeline.envs import EnvError, EnvOptions, forget_unresolved, get_environment
 from pipeline.errors import PexecError, StorageError
@@ -70,11 +71,13 @@ def run_scoring(
     on_shard: Callable[[ShardReport], None] | None = None,
     force: bool = False,
     lease_stale_after: float = DEFAULT_STALE_AFTER,
+    checks: tuple[str, ...] = CHECKS,
 ) -> dict[str, Any]:
     """Score every rollout under `store` into `run`; returns the manifest (also written as `_manifest.json`).
 
-    Rerunning into the same `run` rescores only the shards whose input, code, settings or environment
-    versions changed since they were committed (`force=True` rescores all). One writer at a time: the run's
+    `checks` selects which of S's schema fit, D and P apply (`pipeline.checker.CHECKS`, all by default).
+    Rerunning into the same `run` rescores only the shards whose input, code, settings (checks included) or
+    environment versions changed since they were committed (`force=True` rescores all). One writer at a time: the run's
     lease (pipeline.storage.lease) is held from before the first write to the manifest; a second writer fails
     at once naming the holder, and a lease without a heartbeat for `lease_stale_after` seconds is taken over.
     """
@@ -90,6 +93,7 @@ def run_scoring(
         options=options,
         storage_options=storage_options,
         code_version=code_version(),
+        checks=checks,
     )
     shard_plan = plan(store, shard_bytes, storage_options)
     duplicates = duplicate_ids(shard_plan.shards, storage_options)
@@ -292,7 +296,12 @@ def _manifest(
             "files": sorted({(s.file.url, s.file.fingerprint, s.file.size) for s in shard_plan.shards}),
             "ignored": shard_plan.ignored,
         },
-        "settings": {"env": settings.env, "options": asdict(settings.options), "executor": executor},
+        "settings": {
+            "env": settings.env,
+            "options": asdict(settings.options),
+            "checks": list(settings.checks),
+            "executor": executor,
+        },
         "environments": environments,
         "counts": totals,
         "reconciled": all(r.read == r.scored + r.rejected for r in reports),

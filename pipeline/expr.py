@@ -3,20 +3,39 @@
 Expressions use a subset of Python expression syntax over JSON values. Source is parsed with
 `ast.parse(mode="eval")`, checked against a whitelist of node types and compiled into nested closures
 (`f(ctx) -> value`); nothing is ever passed to eval/exec. Comprehensions only iterate finite data and there
-is no recursion, loop or `**`, so evaluation always terminates.
+is no recursion, loop or `**`, so evaluation always terminates — and it terminates soon: an expression is
+limited in size and loop nesting when it is compiled, and every evaluation runs under a `Budget` (steps,
+characters and elements built, integer size, wall-clock time as a backstop). Going over it raises
+`BudgetExceeded`, which rules report as a failed precondition. Regular expressions run on RE2 (linear time).
 """
 
 from __future__ import annotations
 
 import ast
 import operator
-import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import threading
+import time
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
+
+import re2
 
 from pipeline.errors import PexecError
 
-__all__ = ["EvalError", "Expr", "ExprError", "Target", "compile_expr", "compile_target", "render"]
+__all__ = [
+    "BUDGET",
+    "Budget",
+    "BudgetExceeded",
+    "EvalError",
+    "Expr",
+    "ExprError",
+    "Target",
+    "compile_expr",
+    "compile_target",
+    "metered",
+    "render",
+]
 
 Fn = Callable[[Mapping[str, Any]], Any]
 
@@ -37,6 +56,89 @@ class EvalError(Exception):
     """An expression failed at evaluation time (missing key, type error, division by zero, ...)."""
 
 
+class BudgetExceeded(EvalError):
+    """An evaluation went over its budget. Unlike other evaluation errors it says something about the
+    expression, not about missing data, so rules never skip it: it fails the call."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What one evaluation (or one `metered()` block, e.g. a whole tool call) may spend."""
+
+    steps: int = 1_000_000  # syntax nodes evaluated per comprehension item, plus scans done in C
+    size: int = 10_000_000  # characters and elements built (concatenations, slices, function results)
+    int_bits: int = 4096  # the largest integer a product may make
+    seconds: float = 10.0  # backstop only: the deterministic limits above stop any evaluation within ~1 s idle
+
+
+BUDGET = Budget()
+MAX_NODES = 2000  # syntax nodes of one expression
+MAX_LOOPS = 3  # comprehension clauses nested in one another
+_CLOCK_EVERY = 10_000  # steps between two looks at the clock
+
+
+class _Meter:
+    __slots__ = ("budget", "clock", "deadline", "size", "steps")
+
+    def __init__(self, budget: Budget) -> None:
+        self.budget, self.steps, self.size = budget, budget.steps, budget.size
+        self.deadline, self.clock = time.monotonic() + budget.seconds, _CLOCK_EVERY
+
+    def step(self, n: int) -> None:
+        self.steps -= n
+        if self.steps < 0:
+            raise BudgetExceeded(f"evaluation budget exceeded: more than {self.budget.steps:,} steps")
+        self.clock -= n
+        if self.clock <= 0:
+            self.clock = _CLOCK_EVERY
+            if time.monotonic() > self.deadline:
+                raise BudgetExceeded(f"evaluation budget exceeded: more than {self.budget.seconds:g} s")
+
+    def build(self, n: int) -> None:
+        self.size -= n
+        if self.size < 0:
+            raise BudgetExceeded(
+                f"evaluation budget exceeded: builds more than {self.budget.size:,} characters or elements"
+            )
+
+
+class _Active(threading.local):
+    # None outside any evaluation; _PENDING inside one that has not charged anything yet (most rules never
+    # do, and they should not pay for a meter)
+    meter: _Meter | object | None = None
+
+
+_active = _Active()
+_PENDING = object()
+
+
+def _meter() -> _Meter:
+    meter = _active.meter
+    if type(meter) is _Meter:
+        return meter
+    if meter is None:  # closures only run inside Expr.__call__
+        raise RuntimeError("expression closure evaluated outside Expr.__call__")
+    meter = _active.meter = _Meter(BUDGET)
+    return meter
+
+
+class metered:  # lower case: used like a function, `with metered():`
+    """Every expression evaluated inside the block shares one budget (e.g. all rules of one tool call).
+
+    A class rather than a generator: it runs around every simulated call."""
+
+    __slots__ = ("outermost",)
+
+    def __enter__(self) -> None:
+        self.outermost = _active.meter is None
+        if self.outermost:
+            _active.meter = _PENDING
+
+    def __exit__(self, *exc: object) -> None:
+        if self.outermost:
+            _active.meter = None
+
+
 class Expr:
     """A compiled expression; call it with a mapping of names to values."""
 
@@ -46,10 +148,20 @@ class Expr:
         self.source, self.names, self._fn, self._template = source, names, fn, template
 
     def __call__(self, ctx: Mapping[str, Any]) -> Any:
+        outermost = _active.meter is None
+        if outermost:
+            _active.meter = _PENDING
         try:
             return self._fn(ctx)
         except RecursionError:
             raise EvalError(f"expression too deeply nested: {self.source}") from None
+        except BudgetExceeded as exc:
+            if "evaluating: " in str(exc):  # an inner expression (a placeholder) already said which
+                raise
+            raise BudgetExceeded(f"{exc} evaluating: {self.source}") from None
+        finally:
+            if outermost:
+                _active.meter = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Closures do not pickle; recompile from source (its free names suffice) on the other side.
@@ -74,7 +186,7 @@ def _lookup_error(obj: Any, key: Any, node: ast.AST) -> EvalError:
     return EvalError(f"cannot look up {key!r} in {where}: it is {_type_name(obj)}")
 
 
-def _iterable(value: Any, node: ast.AST) -> Iterable[Any]:
+def _iterable(value: Any, node: ast.AST) -> Collection[Any]:
     if isinstance(value, list | tuple | str | Mapping):
         return value
     raise EvalError(f"cannot iterate over {ast.unparse(node)}: it is {_type_name(value)}")
@@ -118,17 +230,33 @@ def _unique(items: Any) -> list[Any]:
                 continue
             seen.add(item)
         except TypeError:  # unhashable (object or list): fall back to equality
+            _meter().step(len(out))  # quadratic: every comparison is a step
             if item in out:
                 continue
         out.append(item)
     return out
 
 
+def _add(a: Any, b: Any) -> Any:
+    if isinstance(a, str | list) and isinstance(b, str | list):
+        _meter().build(len(a) + len(b))
+    return a + b
+
+
 def _mul(a: Any, b: Any) -> Any:
     # Numbers only: sequence repetition ('x' * 10**9) could exhaust memory.
     if isinstance(a, int | float) and isinstance(b, int | float):
+        if type(a) is int and type(b) is int and a.bit_length() + b.bit_length() > BUDGET.int_bits:
+            raise BudgetExceeded(f"evaluation budget exceeded: a product of more than {BUDGET.int_bits} bits")
         return a * b
     raise TypeError(f"'*' needs numbers, got {_type_name(a)} and {_type_name(b)}")
+
+
+def _sum(items: Any, start: Any = 0) -> Any:
+    # Numbers only: summing lists would build a quadratic amount of copies.
+    if isinstance(start, bool) or not isinstance(start, int | float):
+        raise TypeError(f"the start must be a number, got {_type_name(start)}")
+    return sum(items, start)
 
 
 def _mod(a: Any, b: Any) -> Any:
@@ -156,7 +284,7 @@ _FUNCTIONS: dict[str, tuple[Callable[..., Any], int, int | None, tuple[str, ...]
     "abs": (abs, 1, 1, ()),
     "min": (min, 1, None, ()),
     "max": (max, 1, None, ()),
-    "sum": (sum, 1, 2, ()),
+    "sum": (_sum, 1, 2, ()),
     "round": (round, 1, 2, ()),
     "any": (any, 1, 1, ()),
     "all": (all, 1, 1, ()),
@@ -177,11 +305,16 @@ _FUNCTIONS: dict[str, tuple[Callable[..., Any], int, int | None, tuple[str, ...]
     "matches": (lambda s, pattern: pattern.fullmatch(_text(s)) is not None, 2, 2, ()),
 }
 # These consume a generator-expression argument lazily, so any()/all() short-circuit as in Python.
+# RE2 runs in time linear in the text (no backtracking: '(a+)+$' cannot explode); errors are raised, not logged.
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False
+# Functions that do not walk their arguments (a length, one lookup, a prefix): no scan to charge.
+_CONSTANT_TIME = frozenset({"len", "get", "has", "startswith", "endswith", "bool", "int", "float", "abs", "round"})
 _LAZY_CONSUMERS = frozenset({"any", "all", "sum", "min", "max", "sorted"})
 _CALL_ERRORS = (TypeError, ValueError, ArithmeticError)
 
 _BINOPS: dict[type[ast.operator], tuple[str, Callable[[Any, Any], Any]]] = {
-    ast.Add: ("+", operator.add),
+    ast.Add: ("+", _add),
     ast.Sub: ("-", operator.sub),
     ast.Mult: ("*", _mul),
     ast.Div: ("/", operator.truediv),
@@ -195,8 +328,8 @@ _CMPOPS: dict[type[ast.cmpop], Callable[[Any, Any], bool]] = {
     ast.LtE: operator.le,
     ast.Gt: operator.gt,
     ast.GtE: operator.ge,
-    ast.In: lambda a, b: a in b,
-    ast.NotIn: lambda a, b: a not in b,
+    ast.In: lambda a, b: _scanned(b) and a in b,
+    ast.NotIn: lambda a, b: not (_scanned(b) and a in b),
     ast.Is: operator.is_,
     ast.IsNot: operator.is_not,
 }
@@ -227,6 +360,7 @@ class _Compiler:
         self.source = source
         self.allowed = frozenset(names)
         self.free: set[str] = set()
+        self.loops = 0  # comprehension clauses around the node being compiled
 
     def error(self, node: ast.AST | None, problem: str) -> ExprError:
         offset, lineno = getattr(node, "col_offset", None), getattr(node, "lineno", 1)
@@ -287,9 +421,11 @@ class _Compiler:
                 if not isinstance(obj, list | tuple | str):
                     raise EvalError(f"cannot slice {ast.unparse(inner)}: it is {_type_name(obj)}")
                 try:
-                    return obj[lower(ctx) : upper(ctx) : step(ctx)]
+                    part = obj[lower(ctx) : upper(ctx) : step(ctx)]
                 except (TypeError, ValueError) as e:
                     raise EvalError(f"bad slice of {ast.unparse(inner)}: {e}") from None
+                _meter().build(len(part))
+                return part
 
             return slice_
         index = self.compile(key, local)
@@ -442,10 +578,15 @@ class _Compiler:
         return dict_
 
     def _comprehension(
-        self, node: ast.ListComp | ast.GeneratorExp | ast.DictComp, local: frozenset[str]
+        self, node: ast.ListComp | ast.GeneratorExp | ast.DictComp, local: frozenset[str], body: list[ast.expr]
     ) -> tuple[frozenset[str], Callable[[int, dict[str, Any]], Iterator[None]]]:
-        """Compile the `for`/`if` clauses into `loop(scope)`, which binds variables and yields per match."""
+        """Compile the `for`/`if` clauses into `loop(scope)`, which binds variables and yields per match.
+
+        The caller compiles the element (`body`) and then gives the clauses back (`self.loops`)."""
         stages = []
+        self.loops += len(node.generators)
+        if self.loops > MAX_LOOPS:
+            raise self.error(node, f"more than {MAX_LOOPS} comprehension clauses nested in one another")
         for gen in node.generators:
             if gen.is_async:
                 raise self.error(node, "async comprehensions not allowed")
@@ -459,12 +600,19 @@ class _Compiler:
                     raise self.error(gen.target, f"bad comprehension variable {name!r}")
             local = local | set(names)
             unpack = isinstance(gen.target, ast.Tuple | ast.List)
-            stages.append((iter_fn, gen.iter, names, unpack, [self.compile(c, local) for c in gen.ifs]))
+            # Each item costs its own step plus the nodes evaluated for it: the conditions, and the element
+            # (`body`) on the innermost clause.
+            cost = 1 + sum(_size(c) for c in gen.ifs) + (sum(map(_size, body)) if gen is node.generators[-1] else 0)
+            stages.append((iter_fn, gen.iter, names, unpack, [self.compile(c, local) for c in gen.ifs], cost))
 
         def run(stage: int, scope: dict[str, Any]) -> Iterator[None]:
-            iter_fn, iter_node, names, unpack, conds = stages[stage]
+            iter_fn, iter_node, names, unpack, conds, cost = stages[stage]
             last = stage == len(stages) - 1
-            for item in _iterable(iter_fn(scope), iter_node):
+            items = _iterable(iter_fn(scope), iter_node)
+            # Charged up front, every item as if evaluated: one call per loop rather than per item, and an
+            # over-budget loop stops before it runs (an any() that would stop early is charged in full).
+            _meter().step(cost * len(items))
+            for item in items:
                 if unpack:
                     if not isinstance(item, list | tuple) or len(item) != len(names):
                         raise EvalError(f"cannot unpack {_type_name(item)} into {', '.join(names)}")
@@ -483,8 +631,9 @@ class _Compiler:
         return local, run
 
     def _ListComp(self, node: ast.ListComp | ast.GeneratorExp, local: frozenset[str], lazy: bool = False) -> Fn:
-        inner, run = self._comprehension(node, local)
+        inner, run = self._comprehension(node, local, [node.elt])
         elt = self.compile(node.elt, inner)
+        self.loops -= len(node.generators)
         if lazy:
 
             def generate(ctx: Mapping[str, Any]) -> Iterator[Any]:
@@ -503,8 +652,9 @@ class _Compiler:
     _GeneratorExp = _ListComp
 
     def _DictComp(self, node: ast.DictComp, local: frozenset[str]) -> Fn:
-        inner, run = self._comprehension(node, local)
+        inner, run = self._comprehension(node, local, [node.key, node.value])
         key, value = self.compile(node.key, inner), self.compile(node.value, inner)
+        self.loops -= len(node.generators)
 
         def dictcomp(ctx: Mapping[str, Any]) -> dict[Any, Any]:
             scope = dict(ctx)
@@ -537,9 +687,10 @@ class _Compiler:
                 if not (isinstance(a, ast.Constant) and isinstance(a.value, str)):
                     raise self.error(a, "matches() needs a string literal pattern")
                 try:
-                    pattern = re.compile(a.value)
-                except re.error as e:
-                    raise self.error(a, f"bad regular expression: {e}") from None
+                    pattern = re2.compile(a.value, _RE2_OPTIONS)
+                except re2.error as e:
+                    problem = e.args[0].decode() if e.args and isinstance(e.args[0], bytes) else str(e)
+                    raise self.error(a, f"bad regular expression (RE2 syntax): {problem}") from None
                 args.append(lambda ctx, p=pattern: p)
             elif isinstance(a, ast.GeneratorExp) and name in _LAZY_CONSUMERS:
                 args.append(self._ListComp(a, local, lazy=True))
@@ -550,13 +701,17 @@ class _Compiler:
         def fail(e: Exception) -> EvalError:
             return EvalError(f"{name}(): {e} in {ast.unparse(node)}")
 
+        scans = name not in _CONSTANT_TIME
+
         if len(args) == 1 and not kwargs:  # the common case, without building argument lists
             arg = args[0]
 
             def call1(ctx: Mapping[str, Any]) -> Any:
                 v = arg(ctx)
+                if scans:
+                    _scanned(v)
                 try:
-                    return fn(v)
+                    return _charged(fn(v))
                 except _CALL_ERRORS as e:
                     raise fail(e) from None
 
@@ -565,12 +720,45 @@ class _Compiler:
         def call(ctx: Mapping[str, Any]) -> Any:
             values = [a(ctx) for a in args]
             named = {k: v(ctx) for k, v in kwargs}
+            if scans:
+                for v in values:
+                    _scanned(v)
             try:
-                return fn(*values, **named)
+                return _charged(fn(*values, **named))
             except _CALL_ERRORS as e:
                 raise fail(e) from None
 
         return call
+
+
+def _scanned(value: Any) -> bool:
+    """Charge a scan of `value` done in C (membership, a function over a list), which one node does not
+    cover: a step per element of a long list, per 64 characters of a long string. Always true. Objects are
+    not charged: lookups in them take constant time, and what lists their contents is charged as built."""
+    kind = type(value)
+    if kind is list or kind is tuple:
+        n = len(value)
+    elif kind is str:
+        n = len(value) >> 6
+    else:
+        return True
+    if n > 64:
+        _meter().step(n)
+    return True
+
+
+def _charged(result: Any) -> Any:
+    """A function's result, its size charged to the budget (sorted, concat, str, keys, ... build new values).
+
+    The call itself costs no step: outside comprehensions calls are bounded by the expression's size, inside
+    them every node is charged per item."""
+    if isinstance(result, str | list | dict):
+        _meter().build(len(result))
+    return result
+
+
+def _size(node: ast.AST) -> int:
+    return sum(1 for _ in ast.walk(node))
 
 
 def _op_text(op: ast.AST) -> str:
@@ -592,11 +780,14 @@ def _parse(source: Any) -> tuple[str, ast.expr]:
     if not text:
         raise ExprError(source, "empty expression")
     try:
-        return text, ast.parse(text, mode="eval").body
+        node = ast.parse(text, mode="eval").body
     except SyntaxError as e:
         raise ExprError(text, f"syntax error: {e.msg}", e.offset or None) from None
     except (ValueError, RecursionError, MemoryError) as e:
         raise ExprError(text, f"cannot parse: {e}") from None
+    if _size(node) > MAX_NODES:
+        raise ExprError(text, f"expression too large: more than {MAX_NODES} syntax nodes")
+    return text, node
 
 
 def _build(compiler: _Compiler, node: ast.expr) -> Fn:

@@ -38,7 +38,7 @@ NOTE = (
 
 @dataclass(frozen=True)
 class Cluster:
-    """What the small-sample interval needs of one (cohort, metric), from sql/metrics_intervals.sql: per task i
+    """What the small-sample interval needs of one (cohort, metric), from pipeline.bootstrap.moments: per task i
     the numerator part's sum y_i and the denominator part's x_i (value = sum y / sum x / scale)."""
 
     value: float  # the point estimate r

@@ -9,12 +9,11 @@ nightly job scores the new date partition into its own run folder, and all of th
 
 from __future__ import annotations
 
+import os
 import re
-import shlex
 import tomllib
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,19 +31,16 @@ if TYPE_CHECKING:
     from pipeline.report import Compare
 
 _JOB_KEYS = {"name", "description", "input", "output", "env", "spec", "spec_dirs", "policy", "address", "shard_mb",
-             "num_cpus", "endpoint_url", "metrics", "synth", "report", "diff"}  # fmt: skip
+             "num_cpus", "endpoint_url", "metrics", "synth", "report", "submit", "diff"}  # fmt: skip
 _METRICS_KEYS = {"by", "bootstrap", "seed", "method", "max_k", "partial", "strict_replay", "harness_errors"}
 _REPORT_KEYS = {"out", "by", "compare", "k", "overwrite", "within"}
 _SYNTH_KEYS = {"spec", "rollouts", "tasks", "seed"}
+_SUBMIT_KEYS = {"runtime", "python"}  # how `pexec submit` runs the job (pipeline/submit.py)
 _DIFF_KEYS = {"against", "by", "fail_on", "look_back_days"}
 
 
 class JobError(PexecError, ValueError):
     """A job file that cannot be run; the message names the file and the field."""
-
-
-class JobsApiError(PexecError):
-    """The Ray Jobs API at an address cannot be reached, or refused a request."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +81,8 @@ class Job:
     partial: bool = False  # metrics and report of an incomplete output run, stating their coverage (--partial)
     synth: dict[str, Any] | None = None  # generate the input first when it does not exist (demo jobs)
     report: JobReport | None = None  # write a report after the metrics
+    runtime: str | None = None  # [submit]: local or image (None: by the address)
+    python: str | None = None  # [submit]: the interpreter with pexec on the cluster
     diff: JobDiff | None = None  # compare the run with an earlier one after the metrics
 
     @property
@@ -128,6 +126,10 @@ def load_job(path: str | Path, on_date: str | None = None) -> Job:
     policy = raw.get("policy", "code")
     if policy not in ("code", "strict"):
         raise JobError(f"{path}: policy is 'code' or 'strict', got {policy!r}")
+    submit = raw.get("submit", {})
+    check_fields(submit, _SUBMIT_KEYS, f"{path} [submit]", JobError)
+    if submit.get("runtime", "local") not in ("local", "image"):
+        raise JobError(f"{path} [submit]: runtime is 'local' or 'image', got {submit['runtime']!r}")
     shard_mb = raw.get("shard_mb", DEFAULT_SHARD_BYTES / 2**20)
     if isinstance(shard_mb, bool) or not isinstance(shard_mb, int | float) or shard_mb * 2**20 < 1:
         raise JobError(f"{path}: shard_mb is a size in MiB > 0, got {shard_mb!r}")
@@ -149,6 +151,8 @@ def load_job(path: str | Path, on_date: str | None = None) -> Job:
         partial=_flag(metrics, "partial", f"{path} [metrics]"),
         synth=synth,
         report=report,
+        runtime=submit.get("runtime"),
+        python=submit.get("python"),
         diff=diff,
     )
 
@@ -234,6 +238,7 @@ def run_job(
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Score the job's input (reusing unchanged shards), then compute and write its metrics (and its report,
     when the job has a [report] table)."""
+    job = absolute_paths(job)
     if job.report is not None:  # before any work: a report folder it may not write fails the job now
         from pipeline.report import ReportError, check_output
 
@@ -272,45 +277,24 @@ def run_job(
     return manifest, cohorts
 
 
-def submit_job(job_file: Path, job: Job, address: str) -> str:
-    """Submit `pexec run` of this job to a Ray cluster; returns the submission id.
-
-    The job file's folder is uploaded as the working directory; the cluster's image provides pexec and
-    its dependencies, and storage credentials come from the cluster's own environment (never shipped).
-    """
-    with _jobs_api(f"submit to {address}"):
-        return _client(address).submit_job(
-            entrypoint=f"pexec run {shlex.quote(job_file.name)} --date {job.date}",
-            runtime_env={"working_dir": str(job_file.resolve().parent)},
-            submission_id=f"pexec-{job.name}-{job.date}-{datetime.now(UTC):%H%M%S}",
-            metadata={"job": job.name, "date": job.date},
-        )
+def absolute_paths(job: Job) -> Job:
+    """The job with its local relative paths made absolute against this process's working directory: Ray
+    workers (those of a submitted job above all) do not share the driver's working directory."""
+    report = job.report and replace(job.report, out=_absolute(job.report.out))
+    options = replace(job.options, spec_dirs=tuple(_absolute(d) for d in job.options.spec_dirs))
+    return replace(job, input=_absolute(job.input), output=_absolute(job.output), options=options, report=report)
 
 
-def job_status(address: str, submission: str) -> str:
-    """The state of a submitted job: PENDING, RUNNING, SUCCEEDED, FAILED or STOPPED."""
-    with _jobs_api(f"get the status of {submission} from {address}"):
-        return str(_client(address).get_job_status(submission))
+def relative_paths(job: Job) -> list[str]:
+    """`field 'path'` for each local relative path of the job."""
+    named = [("input", job.input), ("output", job.output), *(("spec_dirs", d) for d in job.options.spec_dirs)]
+    if job.report is not None:
+        named.append(("[report] out", job.report.out))
+    return [f"{name} {url!r}" for name, url in named if _absolute(url) != url]
 
 
-def job_logs(address: str, submission: str) -> str:
-    """The driver log of a submitted job."""
-    with _jobs_api(f"get the logs of {submission} from {address}"):
-        return _client(address).get_job_logs(submission)
-
-
-def _client(address: str) -> Any:
-    from ray.job_submission import JobSubmissionClient
-
-    return JobSubmissionClient(address)  # connects (and checks the server's version) here
-
-
-@contextmanager
-def _jobs_api(action: str) -> Iterator[None]:
-    try:
-        yield
-    except Exception as exc:  # the client's errors: connection, authentication, unknown id, upload
-        raise JobsApiError(f"cannot {action}: {type(exc).__name__}: {exc}") from exc
+def _absolute(url: str) -> str:
+    return url if "://" in url or os.path.isabs(url) else os.path.abspath(url)
 
 
 def _fill(template: str, day: str, path: Path) -> str:

@@ -1,10 +1,12 @@
 """Canonical rollout records (docs/design.md §4): validate a decoded JSON object and build a Rollout.
 
-A record that cannot be scored raises InvalidRecord with a reason that ends up in `rejects/`.
+A record that cannot be scored raises InvalidRecord with a reason that ends up in `rejects/`. Records are
+walked recursively further on (references, hashing, comparisons, Arrow), so nesting is limited here.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import orjson
@@ -13,12 +15,46 @@ from pipeline.errors import PexecError
 from pipeline.model import NOT_LOGGED, STATUSES, Call, Event, Message, Rollout
 from pipeline.schema import ATTRIBUTE_PREFIX, RESERVED_COLUMNS
 
+MAX_DEPTH = 64  # levels of objects and lists in a record (and in JSON text it carries); deeper is a reject
+_RESERVED = frozenset(c.lower() for c in RESERVED_COLUMNS)  # SQL names are case-insensitive
+
 
 class InvalidRecord(PexecError, ValueError):
     """The record is not a canonical rollout; the message is the reject reason."""
 
 
+class _TooDeep(Exception):
+    pass
+
+
+def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether `value` has more than `limit` levels of objects and lists (recursion stops at the limit)."""
+    try:
+        _descend(value, limit)
+    except _TooDeep:
+        return True
+    return False
+
+
+def _descend(value: Any, room: int) -> None:
+    kind = type(value)
+    if kind is not dict and kind is not list:
+        return
+    if room == 0:
+        raise _TooDeep
+    for item in value.values() if kind is dict else value:
+        kind = type(item)
+        if kind is dict or kind is list:  # leaves skip the call: this runs on every record
+            _descend(item, room - 1)
+
+
+def check_depth(value: Any, what: str) -> None:
+    if too_deep(value):
+        raise InvalidRecord(f"{what} nests deeper than {MAX_DEPTH} levels")
+
+
 def parse_rollout(record: dict[str, Any]) -> Rollout:
+    check_depth(record, "the record")
     for key in ("rollout_id", "task_id", "benchmark"):
         value = record.get(key)
         if not isinstance(value, str | int) or isinstance(value, bool) or value == "":
@@ -66,7 +102,8 @@ def record_id(record: dict[str, Any]) -> str | None:
 def _labels(raw: Any) -> dict[str, str]:
     labels = _strings(raw, "labels")
     for key in labels:
-        if key in RESERVED_COLUMNS or key.startswith(("cost_", ATTRIBUTE_PREFIX)):
+        # SQL names are case-insensitive: a label `t` would be read as the column `T`.
+        if key.lower() in _RESERVED or key.lower().startswith(("cost_", ATTRIBUTE_PREFIX)):
             raise InvalidRecord(f"label {key!r} clashes with an output column name")
     return labels
 
@@ -78,6 +115,8 @@ def _strings(raw: Any, name: str) -> dict[str, str]:
         raw = dict(raw)  # Parquet maps arrive as [(key, value), ...]
     if not isinstance(raw, dict):
         raise InvalidRecord(f"'{name}' must be an object")
+    if any(str(key) == "" for key in raw):
+        raise InvalidRecord(f"'{name}' has an empty name")
     return {
         str(key): value if isinstance(value, str) else orjson.dumps(value).decode()
         for key, value in raw.items()
@@ -95,7 +134,13 @@ def _cost(raw: Any) -> dict[str, float]:
             continue
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise InvalidRecord(f"cost {key!r} must be a number, got {value!r}")
-        cost[str(key)] = float(value)
+        try:
+            number = float(value)
+        except OverflowError:
+            raise InvalidRecord(f"cost {key!r} is an integer beyond any float") from None
+        if not math.isfinite(number):  # NaN or infinity would poison every mean it enters
+            raise InvalidRecord(f"cost {key!r} must be a finite number, got {value!r}")
+        cost[str(key)] = number
     return cost
 
 
@@ -152,7 +197,8 @@ def _json_field(value: Any, name: str) -> Any:
     # Parquet stores free-form objects as JSON text.
     if isinstance(value, str):
         try:
-            return orjson.loads(value)
+            value = orjson.loads(value)
         except orjson.JSONDecodeError as exc:
             raise InvalidRecord(f"{name!r} is a string that is not JSON: {exc}") from exc
+        check_depth(value, repr(name))
     return value

@@ -157,7 +157,7 @@ POPULATION = (
 BOOTSTRAP = (
     Column("bootstrap_B", _I64, "bootstrap replicates"),
     Column("bootstrap_seed", _I64, "seed of the draws"),
-    Column("bootstrap_method", _STR, "multinomial (task resampling) or poisson"),
+    Column("bootstrap_method", _STR, "multinomial (task resampling), poisson or poisson-merged"),
     Column("bootstrap_level", _F64, "confidence level of the intervals"),
     Column("bootstrap_unit", _STR, "what is resampled: task"),
     Column("duckdb_version", _STR, "DuckDB that computed them"),

@@ -1,25 +1,36 @@
 """Score one shard: read its records, replay each rollout, write the shard's parts.
 
 This is the unit of work a Ray task runs. Counts reconcile per shard: rows read = scored + rejected.
+No record can stop a run: whatever one record provokes while it is parsed, replayed or converted for
+writing is that record's reject, with the reason and its location. Only failures of the machine or the
+settings — storage (OSError), a bad spec (SpecError) — fail the shard, and a retry or a fix resumes it.
 """
 
 from __future__ import annotations
 
+import re
+import reprlib
 import resource
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import orjson
+import pyarrow as pa
 
-from pipeline.checker import replay
-from pipeline.envs import EnvError, Environment, EnvOptions, get_environment
+from pipeline.checker import CHECKS, replay
+from pipeline.envs import EnvError, Environment, EnvOptions, SpecError, get_environment
 from pipeline.model import Reject, RolloutResult
 from pipeline.output import rejects_table, rollouts_table, steps_table
 from pipeline.records import InvalidRecord, parse_rollout, record_id
 from pipeline.storage.ids import digest
-from pipeline.storage.inputs import RecordError, Shard, read_shard
+from pipeline.storage.inputs import RAW_LIMIT, RecordError, Shard, read_shard
 from pipeline.storage.run import write_part, write_shard_marker
+
+# Not a record's fault: the shard fails (and is retried or resumed) instead of rejecting the record.
+_FATAL = (OSError, SpecError)
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:+-]{0,99}")
+_REASON_LIMIT = 1000  # characters of a reject reason (messages may quote the record's values)
 
 
 @dataclass
@@ -56,10 +67,12 @@ class ScoreSettings:
     options: EnvOptions = field(default_factory=EnvOptions)
     storage_options: dict[str, Any] | None = field(default=None, repr=False)  # may hold credentials
     code_version: str = ""
+    checks: tuple[str, ...] = CHECKS  # which of S's schema fit, D and P apply (`--checks`)
 
     def identity(self) -> str:
         """What, besides the input and versions, decides a shard's output (never the storage credentials)."""
-        return orjson.dumps([self.run_id, self.env, asdict(self.options)], option=orjson.OPT_SORT_KEYS).decode()
+        parts = [self.run_id, self.env, asdict(self.options), list(self.checks)]
+        return orjson.dumps(parts, option=orjson.OPT_SORT_KEYS).decode()
 
 
 def score_shard(
@@ -80,13 +93,13 @@ def score_shard(
         duplicates=digest(duplicates),
     )
     results: list[RolloutResult] = []
+    locations: list[str] = []  # of each result, should it fail to convert for writing
     rejects: list[Reject] = []
     copies: dict[str, int] = {}  # duplicated id -> its copies in this shard so far
     for location, record in read_shard(shard, settings.storage_options):
         report.read += 1
-        reason = None
         if isinstance(record, RecordError):
-            rejects.append(Reject(shard.file.url, location, record.reason, record.raw))
+            rejects.append(_reject(shard, location, record.reason, record.raw))
             continue
         try:
             if (rid := record_id(record)) in duplicates:
@@ -96,21 +109,21 @@ def score_shard(
                     raise InvalidRecord(f"duplicate rollout_id {rid!r} (first at {first})")
             rollout = parse_rollout(record)
             env = _environment(settings.env or rollout.benchmark, settings, report)
-            results.append(replay(env, rollout))
-        except (InvalidRecord, EnvError) as exc:  # a bad spec (SpecError) fails the job instead
-            reason = str(exc)
-        if reason is not None:
-            rejects.append(Reject(shard.file.url, location, reason, _raw(record)))
+            results.append(replay(env, rollout, settings.checks))
+            locations.append(location)
+        except (InvalidRecord, EnvError) as exc:
+            rejects.append(_reject(shard, location, str(exc), _raw(record)))
+        except _FATAL:
+            raise
+        except Exception as exc:  # anything else this one record provoked is its reject
+            rejects.append(_reject(shard, location, _unexpected(exc), _raw(record)))
+    steps, rollouts = _tables(settings.run_id, results, locations, rejects, shard)
     report.scored = len(results)
     report.rejected = len(rejects)
     report.steps = sum(r.T for r in results)
     if report.read != report.scored + report.rejected:
         raise RuntimeError(f"shard {shard.key}: counts do not reconcile: {report}")
-    tables = {
-        "steps": steps_table(settings.run_id, results),
-        "rollouts": rollouts_table(settings.run_id, results),
-        "rejects": rejects_table(settings.run_id, shard.key, rejects),
-    }
+    tables = {"steps": steps, "rollouts": rollouts, "rejects": rejects_table(settings.run_id, shard.key, rejects)}
     report.parts = {
         name: write_part(settings.run, name, shard.key, t, settings.storage_options) for name, t in tables.items()
     }
@@ -121,7 +134,12 @@ def score_shard(
 
 
 def _environment(name: str, settings: ScoreSettings, report: ShardReport) -> Environment:
-    """The environment of `name`, recorded under that name (what a rerun resolves again to decide reuse)."""
+    """The environment of `name`, recorded under that name (what a rerun resolves again to decide reuse).
+
+    A name from a record's `benchmark` must be a plain name: spec lookup takes paths, and data must not
+    choose a folder to load (or a name the filesystem refuses)."""
+    if settings.env is None and not _PLAIN_NAME.fullmatch(name):
+        raise EnvError(f"benchmark {name[:100]!r} is not an environment name (letters, digits, _ . : + -)")
     try:
         env = get_environment(name, settings.options)
     except EnvError:
@@ -131,8 +149,57 @@ def _environment(name: str, settings: ScoreSettings, report: ShardReport) -> Env
     return env
 
 
+def _tables(
+    run_id: str, results: list[RolloutResult], locations: list[str], rejects: list[Reject], shard: Shard
+) -> tuple[pa.Table, pa.Table]:
+    """The shard's steps and rollouts tables. A result that cannot be converted (found by converting each
+    one alone, only when the whole fails) moves from `results` to `rejects`."""
+    try:
+        return steps_table(run_id, results), rollouts_table(run_id, results)
+    except _FATAL:
+        raise
+    except Exception:  # some result does not convert: find which, below
+        pass
+    kept, kept_locations = [], []
+    for result, location in zip(results, locations, strict=True):
+        try:
+            steps_table(run_id, [result])
+            rollouts_table(run_id, [result])
+        except _FATAL:
+            raise
+        except Exception as exc:
+            reason = f"its result cannot be written: {type(exc).__name__}: {exc}"
+            rejects.append(_reject(shard, location, reason, _SHORT.repr(result.rollout.rollout_id)))
+            continue
+        kept.append(result)
+        kept_locations.append(location)
+    results[:], locations[:] = kept, kept_locations
+    return steps_table(run_id, results), rollouts_table(run_id, results)
+
+
+def _reject(shard: Shard, location: str, reason: str, raw: str) -> Reject:
+    return Reject(shard.file.url, location, _printable(reason[:_REASON_LIMIT]), _printable(raw))
+
+
+def _printable(text: str) -> str:
+    # Lone surrogates (from Python-built records) cannot be written as UTF-8; keep them visible as escapes.
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _unexpected(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError) or "Recursion limit" in str(exc):
+        return f"nested too deeply to score ({type(exc).__name__})"
+    return f"could not be scored: {type(exc).__name__}: {exc}"
+
+
+_SHORT = reprlib.Repr()  # bounded in depth and width (reprlib's defaults)
+
+
 def _raw(record: dict[str, Any]) -> str:
     try:
-        return orjson.dumps(record, default=str).decode()[:2000]
-    except TypeError:
-        return repr(record)[:2000]
+        return orjson.dumps(record, default=str).decode()[:RAW_LIMIT]
+    except TypeError:  # not JSON (too deep, a type orjson does not know): a bounded repr instead
+        try:
+            return _SHORT.repr(record)[:RAW_LIMIT]
+        except ValueError:  # an integer too long to print
+            return ""

@@ -2,8 +2,8 @@
 
 A tool's invalid rate is sum(invalid calls) / sum(calls) over its calls in the population the metrics count
 (pipeline.aggregate.Population); its interval is the same task-level bootstrap as the rollout metrics
-(sql/tool_prepare.sql builds the per-(cohort, task) sums, then bootstrap_<method>.sql and metrics_intervals.sql
-run unchanged), so the calls of one task move together (docs/design.md §2 "Intervals").
+(sql/tool_prepare.sql builds the per-(cohort, task) sums, then pipeline.aggregate's bootstrap and
+metrics_intervals.sql run unchanged), so the calls of one task move together (docs/design.md §2 "Intervals").
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 import duckdb
 
 from pipeline import aggregate as db
+from pipeline import bootstrap
 from pipeline.aggregate import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, BootstrapSettings, Population
 from pipeline.coverage import read_coverage
 
@@ -101,21 +102,37 @@ def profiles_and_replicates(
             parts=["s_n", "s_inv", "s_first", "s_cmp", "s_match"],
             replicated=["invalid_rate"],
         )
-        for name in ("view_steps", "tool_prepare", f"bootstrap_{settings.method}", "metrics_intervals"):
-            db.run_sql(con, name)
-        rows, reps = _assemble(con, keys, settings)
+        db.run_sql(con, "view_steps")
+        db.run_sql(con, "tool_prepare")
+        sums = db._task_sums(con)  # the metrics' own bootstrap (pipeline.bootstrap), over these task sums
+        db._bootstrap(con, sums, settings)
+        db.run_sql(con, "metrics_intervals")
+        rows, reps = _assemble(con, keys, settings, _clusters(sums))
     for row in rows:
         row["partial"] = coverage.partial()
     return rows, reps
 
 
+def _clusters(sums: Any) -> dict[tuple[int, str], dict[str, Any]]:
+    """What the small-sample interval needs per (cohort, tool metric), as pipeline.aggregate's for its metrics."""
+    out = {}
+    for c in range(len(sums.cohorts)):
+        for m in TOOL_METRICS:
+            mom = bootstrap.moments(sums.column(c, f"s_{m.num}"), sums.column(c, f"s_{m.den}"))
+            fields = {"den_tasks": mom.den_tasks, "num_total": mom.num_total, "yy": mom.yy, "xy": mom.xy}
+            out[(c, m.name)] = {"scale": 1.0, **fields, "xx": mom.xx}
+    return out
+
+
 def _assemble(
-    con: duckdb.DuckDBPyConnection, keys: list[str], settings: BootstrapSettings
+    con: duckdb.DuckDBPyConnection,
+    keys: list[str],
+    settings: BootstrapSettings,
+    clusters: dict[tuple[int, str], dict[str, Any]],
 ) -> tuple[list[dict[str, Any]], list[list[float | None]]]:
     info = db.fetch(con, "tool_info")
     reps = {r["cohort"]: r["replicate_values"] for r in db.fetch(con, "replicated_values")}
     ratios = {(r["cohort"], r["metric"]): r for r in db.fetch(con, "metric_intervals")}
-    clusters = {(r["cohort"], r["metric"]): r for r in db.fetch(con, "metric_clusters")}
     group = [k for k in keys if k != "tool"]
     first_total: dict[tuple[Any, ...], int] = {}
     for c in info:

@@ -249,6 +249,34 @@ def test_invented_booking_id_is_an_information_failure():
     assert "booking_id='BK-777'" in invented.steps[1].detail
 
 
+@pytest.mark.parametrize(
+    ("classes", "tool", "known", "invented"),
+    [
+        # The scenario's configuration is a grounding source: its ids pass, an invented one is `information`.
+        ({"TicketAPI": {"ticket_queue": [{"id": 4321, "status": "Open", "description": "x", "title": "t",
+                                          "priority": 1, "created_by": "Ana"}], "ticket_counter": 4322}},
+         "get_ticket", {"ticket_id": 4321}, {"ticket_id": 98765}),
+        ({"TradingBot": {}}, "get_order_details", {"order_id": 12446}, {"order_id": 55555}),
+        ({"MessageAPI": {}}, "send_message", {"receiver_id": "USR002", "message": "hi"},
+         {"receiver_id": "USR999", "message": "hi"}),
+    ],
+)  # fmt: skip
+def test_ids_of_the_initial_configuration_are_grounded_invented_ones_are_information(classes, tool, known, invented):
+    user = Message("user", "Please help me with my account.")
+    assert run(classes, user, (tool, known)).steps[0].failed_check != "D"
+    wrong = run(classes, user, (tool, invented))
+    assert (wrong.fed, wrong.first_cause) == (1, "information")
+    assert "occurs in no earlier output or message" in wrong.steps[0].detail
+
+
+def test_an_invented_card_id_is_an_information_failure():
+    classes = {"TravelAPI": {}}
+    flight = {"access_token": {"$ref": "step1.access_token"}, "card_id": "card_0000", "travel_date": "2024-12-01",
+              "travel_from": "SFO", "travel_to": "LAX", "travel_class": "economy"}  # fmt: skip
+    result = run(classes, TRAVEL_USER, SIGN_IN, ("book_flight", flight))
+    assert (result.fed, result.first_cause) == (2, "information") and "card_id='card_0000'" in result.steps[1].detail
+
+
 def test_invented_access_token_is_caught_before_the_simulator_sees_it():
     result = run({"TravelAPI": {}}, TRAVEL_USER, SIGN_IN, ("get_booking_history", {"access_token": "123456"}))
     assert (result.fed, result.first_cause) == (2, "information")
@@ -506,7 +534,8 @@ def test_the_dataset_can_come_from_a_named_wheel_or_folder(tmp_path):
     results.parent.mkdir()
     results.write_text("\n".join(json.dumps({"id": a["id"], "result": []}) for a in answers))
     wheel = official.find_wheel(official.V3_RELEASE)
-    records = list(ingest("bfcl", [str(results)], IngestOptions(extra={"dataset": str(wheel)})))
+    extra = {"dataset": str(wheel), "allow_no_calls": "true"}  # the results hold no call
+    records = list(ingest("bfcl", [str(results)], IngestOptions(extra=extra)))
     assert [r["task_id"] for r in records] == [a["id"] for a in answers]
     with pytest.raises(IngestError, match=r"BFCL_v3_multi_turn_miss_param\.json not found in"):
         list(ingest("bfcl", [str(results)], IngestOptions(extra={"dataset": str(tmp_path)})))

@@ -959,3 +959,135 @@ def test_microbenchmark_prints_time_per_evaluation() -> None:
                 e(ctx)
             best = min(best, (time.perf_counter() - start) / n)
         print(f"\n[expr benchmark] {label}: {best * 1e6:.2f} µs/evaluation")
+
+
+# ---- budgets (issue 15.4): every measured runaway ends with a reason, never a hang or a crash ----
+
+
+def chain(op: str, n: int) -> list[Expr]:
+    """`x1 = x0 op x0`, `x2 = x1 op x1`, ...: the spec `let` chains that doubled a string or squared a number."""
+    exprs, names = [], {"x0"}
+    for i in range(1, n + 1):
+        exprs.append(compile_expr(f"x{i - 1} {op} x{i - 1}", names))
+        names.add(f"x{i}")
+    return exprs
+
+
+@pytest.mark.fuzz
+@pytest.mark.parametrize(("op", "seed", "message"), [("+", "ab", "characters or elements"), ("*", 3, "bits")])
+def test_doubling_and_squaring_lets_stop_at_the_budget(op: str, seed: Any, message: str) -> None:
+    ctx: dict[str, Any] = {"x0": seed}
+    exceeded = pytest.raises(expr_module.BudgetExceeded, match=f"evaluation budget exceeded: .*{message}")
+    with exceeded as info, expr_module.metered():  # one tool call: its lets share a budget
+        for i, e in enumerate(chain(op, 40), 1):
+            ctx[f"x{i}"] = e(ctx)
+    assert "evaluating: x" in str(info.value)  # names the expression
+
+
+def test_each_let_alone_has_its_own_budget_too() -> None:
+    ctx: dict[str, Any] = {"x0": "ab"}
+    with pytest.raises(expr_module.BudgetExceeded, match="characters or elements"):
+        for i, e in enumerate(chain("+", 40), 1):
+            ctx[f"x{i}"] = e(ctx)
+    assert len(ctx) < 26  # stopped near 2**23 characters, not at 2**41
+
+
+@pytest.mark.fuzz
+def test_nested_comprehension_is_stopped_by_steps() -> None:
+    e = compile_expr("len([1 for a in args.s for b in args.s for c in args.s if a + b + c != ''])", NAMES)
+    assert e({"args": {"s": "x" * 10}}) == 1000
+    with pytest.raises(expr_module.BudgetExceeded, match=r"more than 1,000,000 steps evaluating: len\(\["):
+        e({"args": {"s": "x" * 1000}})
+
+
+def test_comprehension_nesting_and_expression_size_are_limited_at_compile_time() -> None:
+    four = "[1 for a in args.s for b in args.s for c in args.s for d in args.s]"
+    with pytest.raises(ExprError, match="more than 3 comprehension clauses nested"):
+        compile_expr(four, NAMES)
+    nested = "[[[[1 for d in args.s] for c in args.s] for b in args.s] for a in args.s]"
+    with pytest.raises(ExprError, match="more than 3 comprehension clauses nested"):
+        compile_expr(nested, NAMES)
+    compile_expr("[[1 for c in args.s] for a in args.s for b in args.s]", NAMES)  # three: allowed
+    compile_expr("[x for x in args.s] + [y for y in args.s] + [z for z in args.s]", NAMES)  # side by side
+    with pytest.raises(ExprError, match="expression too large: more than 2000 syntax nodes"):
+        compile_expr(" + ".join(["args.amount"] * 1000), NAMES)
+
+
+@pytest.mark.fuzz
+@pytest.mark.parametrize(
+    "source",
+    [
+        "len(str(args.big) + str(args.big))",  # 2 x 6M characters
+        "len(concat(args.many, args.many))",
+        "len(sorted(args.many + args.many))",
+        "len([args.text[1:] for x in args.many])",
+        "len([args.text + 'x' for x in args.many])",
+        "len(unique([[x] for x in args.many]))",
+    ],
+)
+def test_building_large_values_is_stopped_by_size_or_steps(source: str) -> None:
+    ctx = {"args": {"big": list(range(1_000_000)), "many": list(range(6_000_000)), "text": "y" * 100}}
+    with pytest.raises(expr_module.BudgetExceeded, match="evaluation budget exceeded"):
+        compile_expr(source, NAMES)(ctx)
+
+
+def test_sum_takes_numbers_only() -> None:
+    with pytest.raises(EvalError, match="the start must be a number"):
+        ev("sum([[1], [2]], [])")
+
+
+@pytest.mark.fuzz
+def test_catastrophic_regular_expression_runs_in_linear_time() -> None:
+    # The pattern and argument that took 14 s with Python's backtracking `re` (doubling with each character).
+    e = compile_expr("matches(args.email, '(a+)+$')", NAMES)
+    assert e({"args": {"email": "a" * 28 + "!"}}) is False
+    assert e({"args": {"email": "a" * 100_000}}) is True
+
+
+@pytest.mark.parametrize(
+    ("pattern", "message"),
+    [(r"(a)\\1", "invalid escape sequence"), ("(?=a)a", "invalid perl operator")],
+)
+def test_backtracking_only_syntax_is_refused_at_compile_time(pattern: str, message: str) -> None:
+    with pytest.raises(ExprError, match=rf"bad regular expression \(RE2 syntax\): {re.escape(message)}"):
+        compile_expr(f"matches(oid, '{pattern}')", NAMES)
+
+
+def test_budget_exceeded_is_an_eval_error_that_rules_never_skip() -> None:
+    from pipeline.envs.rules import Precondition, check_rules
+
+    rule = Precondition(
+        compile_expr("len([1 for a in args.s for b in args.s for c in args.s]) > 0", NAMES),
+        render("too much", NAMES),
+    )
+    ctx = {"args": {"s": "x" * 1000}}
+    for unknown_violates in (True, False):  # an observed rule is skipped when data is missing, never here
+        check = check_rules([rule], ctx, unknown_violates)
+        assert check.violated is rule
+        assert check.message.startswith("rule not evaluated: evaluation budget exceeded: more than 1,000,000 steps")
+
+
+@pytest.mark.fuzz
+@pytest.mark.parametrize(
+    "source",
+    [
+        "len([a for a in args.s if a in state.big])",  # membership scans the list in C: charged per element
+        "len([a for a in args.s if count(state.big, a) > 0])",
+        "len([a for a in args.s if max(state.big) > 0])",
+    ],
+)
+def test_scans_done_in_c_are_charged(source: str) -> None:
+    ctx = {"args": {"s": list(range(1000))}, "state": {"big": list(range(100_000))}}
+    with pytest.raises(expr_module.BudgetExceeded, match="more than 1,000,000 steps"):
+        compile_expr(source, NAMES)(ctx)
+    ctx["args"]["s"] = list(range(5))  # 5 scans of 100,000: within the budget
+    assert compile_expr(source, NAMES)(ctx) == 5
+
+
+def test_lookups_in_objects_are_not_charged_as_scans() -> None:
+    # Membership in an object, has() and get() take constant time: a rule over every user against a large
+    # order table stays far within the budget (as τ-bench's policies over their databases do).
+    orders = {f"O{i}": {"user": f"U{i % 500}"} for i in range(100_000)}
+    ctx = {"args": {"ids": [f"O{i}" for i in range(0, 100_000, 50)]}, "state": {"orders": orders}}
+    source = "len([i for i in args.ids if i in state.orders and has(state.orders, i) and get(state.orders, i)])"
+    assert compile_expr(source, NAMES)(ctx) == 2000

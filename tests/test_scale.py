@@ -1,22 +1,19 @@
-"""Scale-out with real parts: an S3-compatible server (moto, server mode) on loopback, a Ray head started
-with `ray start --head` and a job submitted through the Jobs API, a Ray worker killed with SIGKILL, a driver
-killed midway, storage faults. The servers are started by the same scripts developers use (infra/local)."""
+"""Scale-out with real parts: an S3-compatible server (moto, server mode) on loopback, a Ray worker killed
+with SIGKILL, a driver killed midway, storage faults. The S3 server is started by the script developers use
+(infra/local). Jobs on a Ray head: test_cluster.py; on several nodes: test_multinode.py."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 import ray
 import s3fs
-from conftest import ROOT, free_port, wait_for
+from conftest import free_port, wait_for
 from typer.testing import CliRunner
 
 from pipeline.aggregate import BootstrapSettings, compute_metrics, sql
@@ -162,60 +159,3 @@ def test_a_driver_killed_midway_then_rerun_gives_the_same_output(local_store, re
     assert manifest["counts"]["shards_reused"] >= min(committed, 3)
     for table in ("steps", "rollouts"):
         assert rows(str(run), table) == rows(reference_run, table)
-
-
-def test_job_submitted_to_a_ray_head_through_the_jobs_api(tmp_path):
-    from ray.job_submission import JobStatus, JobSubmissionClient
-
-    gcs, dashboard = free_port(), free_port()
-    ray_tmp = tempfile.mkdtemp(prefix="pxr", dir="/tmp")  # short: Ray's socket paths have a length limit
-    env = {
-        **os.environ,
-        "PATH": f"{BIN}:{os.environ['PATH']}",
-        "PEXEC_RAY_TMP": ray_tmp,
-        "RAY_ADDRESS": "",
-        "RAY_AUTH_MODE": "disabled",
-    }
-    script = str(ROOT / "infra/local/ray-head.sh")
-    started = subprocess.run(
-        ["bash", script, "start", str(gcs), str(dashboard)], env=env, capture_output=True, text=True, timeout=120
-    )
-    try:
-        assert started.returncode == 0, started.stderr
-        jobs = tmp_path / "jobs"
-        jobs.mkdir()
-        out = tmp_path / "out"
-        (jobs / "tiny.toml").write_text(
-            f'name = "tiny"\ninput = "{out}/store"\noutput = "{out}/run/date={{date}}"\nshard_mb = 1\n'
-            '[synth]\nrollouts = 300\ntasks = 30\n[metrics]\nby = ["model"]\nbootstrap = 100\n'
-        )
-        address = f"http://127.0.0.1:{dashboard}"
-        submitted = subprocess.run(
-            [str(BIN / "pexec"), "submit", str(jobs / "tiny.toml"), "--address", address, "--date", "2026-11-29"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert submitted.returncode == 0, submitted.stderr
-        submission = submitted.stdout.strip()
-        client = JobSubmissionClient(address)
-        terminal = {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}
-        wait_for(lambda: client.get_job_status(submission) in terminal, 240, "the submitted job")
-        logs = client.get_job_logs(submission)
-        assert client.get_job_status(submission) == JobStatus.SUCCEEDED, logs
-        status = subprocess.run(
-            [str(BIN / "pexec"), "status", submission, "--address", address],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert "SUCCEEDED" in status.stdout
-        manifest = read_manifest(str(out / "run" / "date=2026-11-29"))
-        assert manifest["counts"]["scored"] == 300
-        by_model = out / "run" / "date=2026-11-29" / "metrics" / "metrics_by_model" / "metrics.parquet"
-        assert pq.read_table(by_model).num_rows == 2
-    finally:
-        subprocess.run(["bash", script, "stop"], env=env, capture_output=True, timeout=60)
-        shutil.rmtree(ray_tmp, ignore_errors=True)

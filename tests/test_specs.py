@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -154,3 +155,17 @@ def test_third_party_environment_through_an_entry_point(tmp_path, monkeypatch):
     env = get_environment("toy", EnvOptions(policy="code"))
     assert env.name == "toy"
     sys.modules.pop("toy_env", None)
+
+
+def test_runaway_let_is_a_precondition_failure_with_its_reason(spec_copy):
+    # The measured case: a `let` chain that doubles a string 40 times (2.7 GB, then MemoryError, before budgets).
+    lets = ", ".join(["s0 = \"'ab'\"", *(f"s{i} = 's{i - 1} + s{i - 1}'" for i in range(1, 41))])
+    edit(spec_copy, "let = { tid = \"'T' + str(1 + len(state.tickets))\" }", f"let = {{ tid = \"'T'\", {lets} }}")
+    env = SpecEnvironment.from_folder(spec_copy)
+    state = env.start(Rollout("r", "t", "shop2"))
+    before = json.dumps(state.doc, sort_keys=True)
+    outcome = env.execute(state, "open_ticket", {"summary": "help"}, Call("open_ticket", {}))
+    assert not outcome.accepted
+    assert outcome.message.startswith("open_ticket failed: evaluation budget exceeded: builds more than 10,000,000")
+    assert re.search(r"evaluating: s(\d+) \+ s\1$", outcome.message)  # names the let that went over
+    assert json.dumps(state.doc, sort_keys=True) == before

@@ -286,3 +286,41 @@ def test_infrastructure_terminations_are_harness_errors(tmp_path):
     assert records[1]["attributes"]["harness_error"] == "skipped by tau2 (agent_error)"
     assert "harness_error" not in records[2]["attributes"]
     assert sum(r["status"] == "harness_error" for r in records) == 2
+
+
+def test_message_costs_have_known_totals():
+    from pipeline.ingest.tau2 import message_costs
+
+    messages = [
+        {"role": "assistant", "content": "Hi", "timestamp": "2025-01-01T10:00:00", "usage": None},  # the greeting
+        {"role": "user", "timestamp": "2025-01-01T10:00:02", "usage": {"prompt_tokens": 100, "completion_tokens": 10}},
+        {"role": "assistant", "timestamp": "2025-01-01T10:00:05",
+         "usage": {"prompt_tokens": 1000, "completion_tokens": 50}},
+        {"role": "tool", "timestamp": "2025-01-01T10:00:05.500"},
+        {"role": "assistant", "generation_time_seconds": 4.0, "timestamp": "2025-01-01T10:00:20",
+         "usage": {"prompt_tokens": 1200, "completion_tokens": 30}},
+        {"role": "user", "timestamp": "2025-01-01T10:00:21", "usage": {"prompt_tokens": 150, "completion_tokens": 5}},
+    ]  # fmt: skip
+    assert message_costs(messages) == {
+        "user_prompt_tokens": 250.0,
+        "user_completion_tokens": 15.0,
+        "agent_prompt_tokens": 2200.0,
+        "agent_completion_tokens": 80.0,
+        "user_turn_latency_s": 1.5,  # (2 + 1) / 2: the time since the message before
+        "agent_turn_latency_s": 3.5,  # (3 + 4) / 2: the logged generation time wins over the timestamps
+    }
+    assert message_costs([{"role": "assistant", "content": "Hi"}]) == {}  # nothing logged, nothing invented
+
+
+def test_real_token_counts_and_latency_reach_the_report_cost_table(real_run):
+    from pipeline.aggregate import BootstrapSettings
+    from pipeline.report.tables import run_tables
+
+    tables = run_tables(str(real_run), ["model"], [1], BootstrapSettings(B=20))
+    costs = {(r["model"], r["cost"]) for r in tables.costs}
+    for name in ("agent_prompt_tokens", "agent_completion_tokens", "user_prompt_tokens", "agent_turn_latency_s"):
+        assert ("gpt-4.1", f"cost_{name}") in costs
+    # gpt-oss-120b's langchain agent logs no usage: its agent token columns stay empty, its user's are there
+    assert ("openai/gpt-oss-120b", "cost_user_prompt_tokens") in costs
+    oss = [r for r in tables.costs if r["model"] == "openai/gpt-oss-120b" and r["cost"] == "cost_agent_prompt_tokens"]
+    assert all(r["mean"] is None for r in oss)

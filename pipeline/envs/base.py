@@ -76,6 +76,10 @@ class Environment(Protocol):
     def start(self, rollout: Rollout) -> Any:
         """The initial state s_0 for this rollout."""
 
+    def knowledge(self, state: Any) -> list[Any]:
+        """What the agent may know besides the conversation, given s_0 (docs/design.md §4, grounding sources):
+        values a grounded argument may come from, e.g. BFCL's scenario configuration. Empty for most."""
+
     def available(self, state: Any, tool: str, turn: int) -> bool:
         """Whether a known tool may be called at this point (e.g. withheld until a later turn)."""
 

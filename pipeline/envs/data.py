@@ -4,9 +4,12 @@ simulators, and the fingerprint of data files that goes into an environment's ve
 from __future__ import annotations
 
 import hashlib
+from importlib import resources
 from pathlib import Path
 
-BUILTIN_SPECS = Path(__file__).resolve().parents[2] / "specs"
+# Package data, so a wheel installed anywhere has it: the repository keeps specs/ at its top and
+# pipeline/specs links to it; the wheel carries the files themselves (pyproject.toml, package-data).
+BUILTIN_SPECS = Path(str(resources.files("pipeline") / "specs")).resolve()
 
 
 def files_fingerprint(*paths: Path) -> str:

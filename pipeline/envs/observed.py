@@ -51,6 +51,9 @@ class ObservedEnvironment:
     def open_catalogue(self) -> bool:
         return self._tools is None
 
+    def knowledge(self, state: Any) -> list[Any]:
+        return []  # the agent knows only the conversation and earlier outputs
+
     def start(self, rollout: Rollout) -> Seen:
         return {}
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from pipeline.envs.base import SpecError
 from pipeline.errors import check_fields
-from pipeline.expr import EvalError, Expr, ExprError, Target, compile_expr, compile_target, render
+from pipeline.expr import BudgetExceeded, EvalError, Expr, ExprError, Target, compile_expr, compile_target, render
 
 _PRE_KEYS = {"require", "error", "clause"}
 _EFFECT_OPS = ("set", "append", "delete")
@@ -50,12 +50,15 @@ def check_rules(rules: Sequence[Precondition], ctx: dict[str, Any], unknown_viol
 
     A rule that cannot be evaluated (a missing key, a type error) violates when `unknown_violates` — a
     simulator's own preconditions — and is skipped otherwise: an overlay or an observation-based rule
-    without the evidence it needs says nothing.
+    without the evidence it needs says nothing. A rule that goes over its evaluation budget always
+    violates: accepting the call would pass what was never checked.
     """
     evaluated = False
     for rule in rules:
         try:
             holds = rule.require(ctx)
+        except BudgetExceeded as exc:
+            return RuleCheck(rule, f"rule not evaluated: {exc}", True)
         except EvalError as exc:
             if unknown_violates:
                 return RuleCheck(rule, f"{_render(rule, ctx)} ({exc})", True)

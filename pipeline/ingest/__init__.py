@@ -12,7 +12,7 @@ import importlib
 import pkgutil
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pipeline.errors import PexecError
@@ -37,17 +37,44 @@ def formats() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
 
 
+ALLOW_NO_CALLS = "allow_no_calls"
+
+
 def ingest(fmt: str, sources: Sequence[str], options: IngestOptions | None = None) -> Iterator[dict]:
-    """Canonical records from `sources` in format `fmt`; each is checked to be a scorable rollout."""
+    """Canonical records from `sources` in format `fmt`; each is checked to be a scorable rollout.
+
+    Rollouts with no tool call at all are held back until one with a call comes: sources that yield rollouts
+    but not one call are most likely another format's logs, an error (nothing is written) unless
+    `--option allow_no_calls=true` says the logs truly have none."""
     if not re.fullmatch(r"[a-z][a-z0-9_]*", fmt) or fmt not in formats():
         raise IngestError(f"unknown format {fmt!r} (available: {', '.join(formats()) or 'none'})")
+    options = options or IngestOptions()
+    allowed = options.extra.get(ALLOW_NO_CALLS, "false").lower()
+    if allowed not in ("true", "false"):
+        raise IngestError(f"{fmt}: --option {ALLOW_NO_CALLS} takes true or false, got {allowed!r}")
+    extra = {k: v for k, v in options.extra.items() if k != ALLOW_NO_CALLS}
     module = importlib.import_module(f"{__name__}.{fmt}")
-    for record in module.read(sources, options or IngestOptions()):
+    held: list[dict] = []
+    calls_seen = allowed == "true"
+    for record in module.read(sources, replace(options, extra=extra)):
         try:
             parse_rollout(record)
         except InvalidRecord as exc:  # an adapter bug, not bad input: say which record
             raise IngestError(f"{fmt}: produced an invalid record {record.get('rollout_id')!r}: {exc}") from exc
+        if not calls_seen:
+            held.append(record)
+            calls_seen = any(e.get("type") == "call" for e in record["events"])
+            if not calls_seen:
+                continue
+            yield from held
+            held.clear()
+            continue
         yield record
+    if held:
+        raise IngestError(
+            f"{fmt}: {len(held)} rollout(s) and not one tool call: are these {fmt} logs? "
+            f"(logs that truly have no calls: --option {ALLOW_NO_CALLS}=true)"
+        )
 
 
 def source_files(

@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from pipeline.ingest import IngestError, IngestOptions, source_files
+from pipeline.ingest._sniff import mismatch
 from pipeline.storage.fs import open_for_read
 
 COMMON_OPTIONS = frozenset({"id_field", "task_field", "success_field", "outcomes", "benchmark"})
@@ -213,8 +214,11 @@ def conversations(fmt: str, sources: Sequence[str], options: IngestOptions) -> I
         for url in source_files(fmt, source, options, LOG_FILES):
             for where, doc in documents(fmt, url, options):
                 record = {"messages": doc} if isinstance(doc, list) else doc
+                hint = mismatch(fmt, record)
                 if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
-                    raise IngestError(f"{fmt}: {where}: expected an object with a 'messages' list")
+                    raise IngestError(f"{fmt}: {where}: expected an object with a 'messages' list{hint or ''}")
+                if hint:
+                    raise IngestError(f"{fmt}: {where}: not in the {fmt} format{hint}")
                 yield where, record
 
 

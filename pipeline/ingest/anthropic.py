@@ -7,39 +7,36 @@ with a `messages` list and an optional `system` prompt (its other fields give id
   new turn (a user message holding only `tool_result` blocks does not);
 - `tool_use` blocks -> calls in logged order: `name`, `input` (an object, or raw JSON text when the logger
   kept the streamed text), `id` -> `call_id`;
-- `tool_result` blocks (matched by `tool_use_id`) -> the call's `output` (text of `content`) and
-  `error` = `is_error` (false when absent). A call with no result block has no output and no error.
+- `tool_result` blocks (paired by `tool_use_id` as `pipeline.ingest._pairing` says) -> the call's `output`
+  (text of `content`) and `error` = `is_error` (false when absent). A call with no result block has no output
+  and no error; a result that answers no call is a `tool` message (`orphan_results`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import Any
 
 from pipeline.ingest import IngestError, IngestOptions
 from pipeline.ingest._logs import call, conversations, message, rollout, settings, text
+from pipeline.ingest._pairing import Call, Entry, Result, assemble
 
 
 def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
     s = settings("anthropic", options)
     for where, record in conversations("anthropic", sources, options):
-        yield rollout(s, record, events(record, where), where)
+        events, attributes = assemble(log(record, where))
+        yield rollout(s, record, events, where, attributes)
 
 
-def events(record: dict[str, Any], where: str) -> list[dict[str, Any]]:
-    messages = record["messages"]
-    blocks = [(i, m.get("role"), _blocks(m, f"{where} messages[{i}]")) for i, m in enumerate(messages)]
-    results = {
-        b.get("tool_use_id"): (text(b.get("content")), bool(b.get("is_error", False)))
-        for _, _, bs in blocks
-        for b in bs
-        if b.get("type") == "tool_result"
-    }
-    out: list[dict[str, Any]] = []
+def log(record: dict[str, Any], where: str) -> list[Entry]:
+    out: list[Entry] = []
     if text(record.get("system")):
         out.append(message("system", text(record["system"]), 0))
     turn = 0
-    for i, role, bs in blocks:
+    for i, m in enumerate(record["messages"]):
+        role, bs = m.get("role") if isinstance(m, dict) else None, _blocks(m, f"{where} messages[{i}]")
         said = "\n".join(b["text"] for b in bs if b.get("type") == "text" and isinstance(b.get("text"), str))
         if role == "user" and said:
             turn += 1
@@ -48,7 +45,10 @@ def events(record: dict[str, Any], where: str) -> list[dict[str, Any]]:
         for j, b in enumerate(bs):
             if b.get("type") == "tool_use" and role == "assistant":
                 at = f"{where} messages[{i}].content[{j}]"
-                out.append(call(b.get("name"), b.get("input"), b.get("id"), turn, results.get(b.get("id")), at))
+                out.append(Call(b.get("id"), partial(call, b.get("name"), b.get("input"), b.get("id"), turn, where=at)))
+            elif b.get("type") == "tool_result":
+                content = text(b.get("content"))
+                out.append(Result(b.get("tool_use_id"), (content, bool(b.get("is_error", False))), content, turn))
     return out
 
 

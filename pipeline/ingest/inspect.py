@@ -10,8 +10,9 @@ recursively. Layout used: `header.json` (or, for a log still being written, `_jo
 - `system`/`user` messages -> message events (a user message starts a new turn), assistant text too;
 - assistant `tool_calls[]` -> calls in logged order (`function`, `arguments`, `id`); a call Inspect could
   not parse (`parse_error`) carries the parse error text as its raw arguments, so it is an S failure;
-- `role: tool` messages (matched by `tool_call_id`) -> `output` (the content text, or the error message)
-  and `error` = whether `error` is set. A call with no tool message has no output and no error.
+- `role: tool` messages (paired by `tool_call_id` as `pipeline.ingest._pairing` says) -> `output` (the
+  content text, or the error message) and `error` = whether `error` is set. A call with no tool message has
+  no output and no error; a result that answers no call is a `tool` message (`orphan_results`).
 - attributes: `epoch`, and `limit` (the limit that ended the sample: message, token, time...) when set;
 - a sample with an `error` (Inspect: an error halted the sample, it was not scored) has status
   `harness_error`, attribute `harness_error` = the error's message.
@@ -22,12 +23,14 @@ from __future__ import annotations
 import re
 import zipfile
 from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import Any
 
 import orjson
 
 from pipeline.ingest import IngestError, IngestOptions, source_files
 from pipeline.ingest._logs import LogSettings, call, loads, message, rollout, settings, text
+from pipeline.ingest._pairing import Call, Entry, Result, assemble
 from pipeline.storage.fs import open_for_read
 
 OPTIONS = frozenset({"scorer"})
@@ -91,16 +94,12 @@ def _rollout(sample: dict[str, Any], info: dict[str, Any], s: LogSettings, where
     if isinstance(error, dict):
         error = error.get("message") or orjson.dumps(error).decode()
     crash = str(error) if error else None
-    return rollout(s, record, _events(messages, where), where, attributes, crash)
+    events, orphans = assemble(_log(messages, where))
+    return rollout(s, record, events, where, attributes | orphans, crash)
 
 
-def _events(messages: list[Any], where: str) -> list[dict[str, Any]]:
-    results = {
-        m.get("tool_call_id"): _result(m)
-        for m in messages
-        if isinstance(m, dict) and m.get("role") == "tool" and m.get("tool_call_id")
-    }
-    out: list[dict[str, Any]] = []
+def _log(messages: list[Any], where: str) -> list[Entry]:
+    out: list[Entry] = []
     turn = 0
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
@@ -109,6 +108,9 @@ def _events(messages: list[Any], where: str) -> list[dict[str, Any]]:
         turn += role == "user"
         if role in ("system", "user", "assistant") and said:
             out.append(message(role, said, turn))
+        if role == "tool":
+            result = _result(m)
+            out.append(Result(m.get("tool_call_id"), result, result[0], turn))
         if role != "assistant":
             continue
         for j, tc in enumerate(m.get("tool_calls") or []):
@@ -118,7 +120,7 @@ def _events(messages: list[Any], where: str) -> list[dict[str, Any]]:
             if tc.get("parse_error"):
                 args = str(tc["parse_error"])  # Inspect keeps no raw text: its error stands in for it
             at = f"{where} messages[{i}].tool_calls[{j}]"
-            out.append(call(tc.get("function"), args, tc.get("id"), turn, results.get(tc.get("id")), at))
+            out.append(Call(tc.get("id"), partial(call, tc.get("function"), args, tc.get("id"), turn, where=at)))
     return out
 
 

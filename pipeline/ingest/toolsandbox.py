@@ -15,6 +15,10 @@ conversation format the way upstream converts them (`<id>_parameters = {...}` co
 (`..._wifi_off`, `..._low_battery_mode_on`, ...); `now` is the first logged get_current_timestamp output,
 else the earliest creation_timestamp in the log's database updates, else the run folder's start time
 (upstream names it `agent_<model>_user_<model>_MM_DD_YYYY_HH_MM_SS`), else `--option now`.
+Tool messages answer calls by `tool_call_id`, paired as `pipeline.ingest._pairing` says (a result that answers
+no call is a `tool` message, attribute `orphan_results`); a tool message whose first or last line names an
+exception (`Traceback ...`, `ValueError: ...`: upstream ends it with the exception line) is `error: true`, its text
+the output; any other is the output, read back from upstream's repr (JSON, else a Python literal, else text).
 Labels (conditions): `model` (from the folder name), plus `--label`. Attributes: `user_model` (the user
 simulator, from the folder name), `categories` (the scenario's, comma-joined). The scenario is the task id.
 """
@@ -26,17 +30,19 @@ import datetime as dt
 import json
 import re
 from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import Any
 
 import orjson
 
 from pipeline.ingest import IngestError, IngestOptions, source_files
+from pipeline.ingest._pairing import Call, Entry, Result, assemble
 from pipeline.storage.fs import exists, open_for_read
+from pipeline.values import decoded
 
 OPTIONS = {"threshold", "now", "tz"}
 RUN_NAME = re.compile(r"agent_(?P<agent>.+)_user_(?P<user>.+)_(?P<ts>\d\d_\d\d_\d{4}_\d\d_\d\d_\d\d)")
 ERROR_TEXT = re.compile(r"^(Traceback|[A-Za-z_.]*(Error|Exception)\b)")
-PY_LITERALS = {"None": None, "True": True, "False": False}
 SWITCH_TOKENS = (("wifi", "off"), ("location_service", "off"), ("cellular", "off"))
 # Upstream's code for one tool call (message_conversion.openai_tool_call_to_python_code).
 CALL_CODE = re.compile(r"^(?P<id>.+)_parameters = (?P<arguments>[^\n]+)\n(?P=id)_response = (?P<name>[^(]+)")
@@ -92,7 +98,7 @@ def _read_run(run: str, threshold: float, now: float | None, tz: str, options: I
         name = result["name"]
         crash = _crash(result)
         where, turns = _turns(f"{run}/trajectories/{name}", crash is not None, options)
-        events = _events(turns, where)
+        events, orphans = _events(turns, where)
         clock = _first_timestamp(events) or _earliest_update(turns) or started or now
         if clock is None:
             raise IngestError(f"toolsandbox: {run}: scenario {name}: no time in the log; give --option now=POSIX")
@@ -101,7 +107,7 @@ def _read_run(run: str, threshold: float, now: float | None, tz: str, options: I
             "user_model": named["user"] if named else None,
             "categories": ",".join(map(str, result.get("categories") or [])),
             "harness_error": crash,
-        }
+        } | orphans
         yield {
             "rollout_id": f"{folder}/{name}",
             "task_id": name,
@@ -182,43 +188,47 @@ def settings_variant(scenario: str) -> str:
     return "_".join(["base", *flipped])
 
 
-def _events(turns: list[Any], where: str) -> list[dict]:
-    answers = {
-        t.get("tool_call_id"): t.get("content") for t in turns if isinstance(t, dict) and t.get("role") == "tool"
-    }
-    events: list[dict] = []
+def _events(turns: list[Any], where: str) -> tuple[list[dict], dict[str, str]]:
+    """(events, attributes): the scenario's calls paired with their tool messages by `tool_call_id`."""
+    log: list[Entry] = []
     for k, turn in enumerate(turns):
         if not isinstance(turn, dict) or not isinstance(turn.get("role"), str):
             raise IngestError(f"toolsandbox: {where}: message #{k} has no role")
         role = turn["role"]
         if role in ("system", "user") or (role == "assistant" and turn.get("content")):
-            events.append({"type": "message", "role": role, "content": str(turn.get("content") or "")})
+            log.append({"type": "message", "role": role, "content": str(turn.get("content") or "")})
+        if role == "tool":
+            log.append(Result(turn.get("tool_call_id"), str(turn.get("content")), turn.get("content")))
         for call in turn.get("tool_calls") or []:
-            fn = call.get("function") or {}
-            event = {
-                "type": "call",
-                "tool": fn.get("name"),
-                "arguments": fn.get("arguments") or "{}",
-                "call_id": call.get("id"),
-            }
-            if call.get("id") in answers:
-                text = str(answers[call["id"]])
-                event["error"] = bool(ERROR_TEXT.match(text))
-                event["output"] = text if event["error"] else _output(text)
-            events.append(event)
-    return events
+            log.append(Call(call.get("id"), partial(_call, call)))
+    return assemble(log)
+
+
+def _call(call: dict[str, Any], answer: str | None) -> dict[str, Any]:
+    fn = call.get("function") or {}
+    event = {
+        "type": "call",
+        "tool": fn.get("name"),
+        "arguments": fn.get("arguments") or "{}",
+        "call_id": call.get("id"),
+    }
+    if answer is not None:
+        event["error"] = is_error(answer)
+        event["output"] = answer if event["error"] else _output(answer)
+    return event
+
+
+def is_error(text: str) -> bool:
+    """Whether a tool message reports an exception: upstream writes the traceback, whose last line names the
+    exception (`ValueError: ...`); a bare exception line may also stand first."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return bool(lines) and any(ERROR_TEXT.match(line) for line in (lines[0], lines[-1]))
 
 
 def _output(text: str) -> Any:
-    # Upstream logs the repr of the returned value: a quoted string for created ids, JSON-like otherwise.
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"" and text[0] not in text[1:-1]:
-        return text[1:-1]
-    if text in PY_LITERALS:
-        return PY_LITERALS[text]
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return text
+    # Upstream logs the repr of the returned value (a quoted string for created ids, dicts and lists in
+    # Python's quotes): read back as a value, never evaluated as code.
+    return decoded(text)
 
 
 def _first_timestamp(events: list[dict]) -> float | None:

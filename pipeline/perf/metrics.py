@@ -1,16 +1,20 @@
-"""Benchmark of the DuckDB bootstrap stage (docs/design.md §7): compute_metrics on a synthetic rollouts table.
+"""Benchmark of the metrics stage (docs/design.md §7): compute_metrics on a synthetic rollouts table, against a
+plain-numpy reference that reproduces its multinomial bounds, measured interleaved in the same run.
 
-    python -m pipeline.perf.metrics [--rollouts N] [--tasks M] [-B B] [--workdir DIR]
+    python -m pipeline.perf.metrics [--rollouts N] [--tasks M] [-B B] [--cohorts 1,16] [--repeats R] [--workdir DIR]
 
-Each method runs in a fresh process, so the peak RSS reported is that method's own.
+Each measurement runs in a fresh process, so the peak RSS reported is its own.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing
+import os
 import resource
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -77,14 +81,82 @@ def write_synthetic_rollouts(
     commit_parts(str(run))
 
 
-def _time_one(run: str, method: str, B: int, max_k: int) -> tuple[float, int, int]:
+def reference_bounds(run: str, B: int, seed: int = 0, level: float = 0.95) -> dict[str, dict[str, tuple[float, float]]]:
+    """The plain-numpy reference the project is timed against: read the rollouts with pyarrow, sum per (model,
+    task), draw the same multinomial weights (sql/hash.sql in uint64 numpy, one replicate at a time), take the
+    replicates' TER, AUC-PEC, success and RR and their percentile bounds. model -> metric -> (lo, hi)."""
+    cols = ["task_id", "model", "T", "executable", "auc_term", "success"]
+    table = pq.read_table(Path(run) / "rollouts", columns=cols)
+    model = table["model"].to_numpy(zero_copy_only=False).astype(str)
+    task = table["task_id"].to_numpy(zero_copy_only=False).astype(str)
+    known = table["success"].is_valid().to_numpy(zero_copy_only=False)
+    success = table["success"].fill_null(False).to_numpy(zero_copy_only=False)
+    executable = table["executable"].to_numpy(zero_copy_only=False)
+    parts = {
+        "n": np.ones(len(task), np.int64),
+        "exec": executable.astype(np.int64),
+        "auc": np.round(table["auc_term"].to_numpy() * 2.0**40).astype(np.int64),
+        "known": known.astype(np.int64),
+        "succ": (success & known).astype(np.int64),
+        "elig": (~executable & known).astype(np.int64),
+        "rec": (~executable & success & known).astype(np.int64),
+    }
+    ratios = {"ter": ("exec", "n", 1.0), "auc_pec": ("auc", "n", 2.0**40), "success": ("succ", "known", 1.0),
+              "rr": ("rec", "elig", 1.0)}  # fmt: skip
+    mask = np.uint64(0xFFFFFFFF)
+
+    def lb32(x: np.ndarray) -> np.ndarray:
+        x = x ^ (x >> np.uint64(16))
+        x = (x * np.uint64(0x7FEB352D)) & mask
+        x = x ^ (x >> np.uint64(15))
+        x = (x * np.uint64(0x846CA68B)) & mask
+        return x ^ (x >> np.uint64(16))
+
+    keys = lb32(lb32(np.uint64(seed)) ^ np.arange(B, dtype=np.uint64))
+    out = {}
+    for name in np.unique(model):
+        rows = model == name
+        tasks, inverse = np.unique(task[rows], return_inverse=True)  # task_id order, as the project numbers them
+        m = len(tasks)
+        S = np.zeros((m, len(parts)), np.int64)
+        for j, values in enumerate(parts.values()):
+            np.add.at(S[:, j], inverse, values[rows])
+        mixed = lb32(np.arange(m, dtype=np.uint64))
+        reps = np.empty((B, len(parts)), np.int64)
+        for b in range(B):
+            counts = np.bincount((lb32(keys[b] ^ mixed) % np.uint64(m)).astype(np.int64), minlength=m)
+            reps[b] = counts @ S
+        index = {p: j for j, p in enumerate(parts)}
+        alpha = (1 - level) / 2
+        out[str(name)] = {}
+        for metric, (num, den, scale) in ratios.items():
+            with np.errstate(divide="ignore", invalid="ignore"):
+                values = reps[:, index[num]] / reps[:, index[den]] / scale
+            values = values[np.isfinite(values)]
+            lo, hi = np.quantile(values, [alpha, 1 - alpha], method="linear")
+            out[str(name)][metric] = (float(lo), float(hi))
+    return out
+
+
+def _time_project(run: str, method: str, B: int, max_k: int) -> tuple[float, int, dict[str, dict[str, Any]]]:
     from pipeline.aggregate import BootstrapSettings, compute_metrics
 
     start = time.perf_counter()
     cohorts = compute_metrics(run, None, BootstrapSettings(B=B, method=method), max_k=max_k)
     seconds = time.perf_counter() - start
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    return seconds, peak_kib, len(cohorts)
+    return seconds, peak_kib, {c["model"]: c for c in cohorts}
+
+
+def _time_reference(run: str, B: int) -> tuple[float, int, dict[str, dict[str, tuple[float, float]]]]:
+    start = time.perf_counter()
+    bounds = reference_bounds(run, B)
+    return time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, bounds
+
+
+def spread(values: list[float]) -> str:
+    """min–median–max of repeated measurements."""
+    return f"{min(values):.2f}–{statistics.median(values):.2f}–{max(values):.2f}"
 
 
 def bench_metrics(
@@ -93,34 +165,58 @@ def bench_metrics(
     B: int = 1000,
     workdir: str | Path | None = None,
     max_k: int = 10,
-    n_models: int = 1,
+    cohorts: tuple[int, ...] = (1, 16),
+    repeats: int = 3,
 ) -> dict[str, Any]:
-    """Time compute_metrics (both bootstrap methods) on synthetic data; returns and prints the numbers."""
+    """Time compute_metrics (both methods) against the plain-numpy reference, interleaved in the same run
+    (a fresh process per measurement, so each peak RSS is its own), for each number of model cohorts over the
+    same tasks; checks that the reference reproduces the project's multinomial bounds. Prints and returns the
+    figures: project / reference / ratio, min–median–max over `repeats`."""
     base = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="pexec-bench-metrics-"))
-    run = base / "run"
-    if run.exists():
-        shutil.rmtree(run)
-    start = time.perf_counter()
-    write_synthetic_rollouts(run, n_rollouts, n_tasks, n_models=n_models)
-    result: dict[str, Any] = {
-        "n_rollouts": n_rollouts,
-        "n_tasks": n_tasks,
-        "B": B,
-        "K": max_k,
-        "models": n_models,
-        "generate_s": round(time.perf_counter() - start, 2),
-    }
-    ctx = multiprocessing.get_context("spawn")  # a fresh process per method: peak RSS is its own
-    for method in ("multinomial", "poisson"):
-        with ctx.Pool(1) as pool:
-            seconds, peak_kib, n_cohorts = pool.apply(_time_one, (str(run), method, B, max_k))
-        result[method] = {"seconds": round(seconds, 2), "peak_rss_mib": round(peak_kib / 1024), "cohorts": n_cohorts}
+    result: dict[str, Any] = {"n_rollouts": n_rollouts, "n_tasks": n_tasks, "B": B, "K": max_k, "load": os.getloadavg()}
+    ctx = multiprocessing.get_context("spawn")
+    print(f"{n_rollouts:,} rollouts, {n_tasks:,} tasks, B = {B}, K = {max_k}; load average {os.getloadavg()[0]:.1f}")
+    for n_models in cohorts:
+        run = base / f"run-{n_models}"
+        if run.exists():
+            shutil.rmtree(run)
+        write_synthetic_rollouts(run, n_rollouts, n_tasks, n_models=n_models)
+        times: dict[str, list[float]] = {"multinomial": [], "poisson": [], "reference": []}
+        peak: dict[str, int] = {}
+        same = True
+        for _ in range(repeats):
+            for method in ("multinomial", "poisson"):
+                with ctx.Pool(1) as pool:
+                    seconds, peak_kib, project = pool.apply(_time_project, (str(run), method, B, max_k))
+                times[method].append(seconds)
+                peak[method] = max(peak.get(method, 0), peak_kib)
+                if method == "multinomial":
+                    mine = project
+            with ctx.Pool(1) as pool:
+                seconds, peak_kib, bounds = pool.apply(_time_reference, (str(run), B))
+            times["reference"].append(seconds)
+            peak["reference"] = max(peak.get("reference", 0), peak_kib)
+            # Same to 1e-12: numpy and DuckDB interpolate between the same two order statistics with formulas
+            # that can differ in the last bit.
+            same &= all(
+                math.isclose(mine[name][metric][end], bound, rel_tol=1e-12, abs_tol=1e-15)
+                for name, per_metric in bounds.items()
+                for metric, lo_hi in per_metric.items()
+                for end, bound in zip(("lo", "hi"), lo_hi, strict=True)
+            )
+        ratio = [p / r for p, r in zip(times["multinomial"], times["reference"], strict=True)]
+        row = {k: {"seconds": v, "peak_rss_mib": round(peak[k] / 1024)} for k, v in times.items()}
+        result[f"{n_models}_cohorts"] = {**row, "ratio": ratio, "same_bounds": same}
         print(
-            f"{method:12s} {seconds:7.2f} s   peak RSS {peak_kib / 1024:7.0f} MiB   {n_cohorts} cohort(s)", flush=True
+            f"{n_models:3d} cohort(s): project multinomial {spread(times['multinomial'])} s / numpy reference "
+            f"{spread(times['reference'])} s / ratio {spread(ratio)}; project Poisson {spread(times['poisson'])} s; "
+            f"same bounds: {'yes' if same else 'NO'}; peak RSS project {peak['multinomial'] / 1024:.0f} MiB, "
+            f"reference {peak['reference'] / 1024:.0f} MiB",
+            flush=True,
         )
+    result["load_after"] = os.getloadavg()
     if workdir is None:
         shutil.rmtree(base, ignore_errors=True)
-    print(result, flush=True)
     return result
 
 
@@ -130,10 +226,12 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=100_000)
     parser.add_argument("-B", type=int, default=1000)
     parser.add_argument("--max-k", type=int, default=10)
-    parser.add_argument("--models", type=int, default=1, help="cohorts over the same tasks (model label)")
+    parser.add_argument("--cohorts", default="1,16", help="model cohorts over the same tasks, comma-separated")
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args()
-    bench_metrics(args.rollouts, args.tasks, args.B, args.workdir, args.max_k, args.models)
+    cohorts = tuple(int(c) for c in args.cohorts.split(","))
+    bench_metrics(args.rollouts, args.tasks, args.B, args.workdir, args.max_k, cohorts, args.repeats)
 
 
 if __name__ == "__main__":

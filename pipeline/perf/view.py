@@ -77,4 +77,3 @@ def bench_view(n_rollouts: int = 1_000_000, workdir: str | Path | None = None, r
         shutil.rmtree(base, ignore_errors=True)
     print(result, flush=True)
     return result
-

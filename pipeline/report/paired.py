@@ -57,6 +57,8 @@ def paired_comparison(
     population: db.Population = db.DEFAULT_POPULATION,
 ) -> tuple[list[str], list[dict[str, Any]]]:
     """(pair key columns, one row per pair and metric). `keys` are the report's cohort columns."""
+    if settings.method not in ("multinomial", "poisson"):  # sql/paired_bootstrap.sql draws these two only
+        raise ReportError(f"the paired comparison takes --method multinomial or poisson, not {settings.method}")
     with db.open_rollouts(run, storage_options, partial, population) as con:
         # raises when it is not a label or attribute; an attribute comes back as its column (attr_<name>)
         column = next(iter(db.cohort_columns(con, [compare.column])), compare.column)

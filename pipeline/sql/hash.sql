@@ -24,3 +24,7 @@ CREATE OR REPLACE TEMP MACRO pexec_poisson1(h) AS
     + (h >= 4213413784)::INTEGER + (h >= 4279248374)::INTEGER + (h >= 4292415292)::INTEGER
     + (h >= 4294609778)::INTEGER + (h >= 4294923277)::INTEGER + (h >= 4294962464)::INTEGER
     + (h >= 4294966818)::INTEGER + (h >= 4294967253)::INTEGER + (h >= 4294967293)::INTEGER;
+
+-- The 64-bit key of a task for the mergeable Poisson bootstrap (pipeline.bootstrap "poisson-merged"): the first
+-- 8 bytes of md5(task_id) read little-endian, the same in any process that sees the task, on any DuckDB version.
+CREATE OR REPLACE TEMP MACRO pexec_task_key(task_id) AS (md5_number(task_id) & 18446744073709551615::UHUGEINT)::UBIGINT;

@@ -2,6 +2,9 @@
 -- percentile intervals. Variables: q_lo, q_hi = (1 -/+ level) / 2, pexec_k, replicated (VARCHAR[]), and from the
 -- catalogue metric_defs (STRUCT[]: metric, num, den, scale, ord) and parts (the s_<name> columns of the parts).
 --
+-- What the small-sample interval needs (the moments of the per-task sums) pipeline.aggregate computes in numpy
+-- from task_sums.
+--
 -- Percentile rule: quantile_cont, i.e. linear interpolation between order statistics at position
 -- q * (n - 1) of the n replicate values, the same as numpy.quantile(method="linear"). Replicates whose
 -- denominator is 0 (e.g. no RR-eligible rollout among the drawn tasks) give NULL and are left out.
@@ -44,25 +47,6 @@ FROM rep_metrics
 GROUP BY cohort, metric
 ORDER BY cohort, metric;
 
--- What the small-sample interval needs (pipeline/intervals.py), per (cohort, metric), from the per-task sums y_i of
--- the numerator part and x_i of the denominator part: den_tasks = #{x_i > 0}, num_total = sum y_i and the exact
--- integer moments yy = sum y_i^2, xy = sum x_i y_i, xx = sum x_i^2 (integers: the same bits on any thread order).
-CREATE OR REPLACE TEMP TABLE metric_clusters AS
-WITH task_parts AS (
-    UNPIVOT (SELECT cohort, ti, COLUMNS(lambda c: list_contains(getvariable('parts'), c)) FROM task_sums)
-    ON COLUMNS(* EXCLUDE (cohort, ti)) INTO NAME part VALUE total
-)
-SELECT n.cohort, d.metric, d.scale,
-       count_if(den.total > 0)::BIGINT AS den_tasks,
-       sum(n.total)::HUGEINT AS num_total,
-       sum(n.total::HUGEINT * n.total) AS yy,
-       sum(n.total::HUGEINT * den.total) AS xy,
-       sum(den.total::HUGEINT * den.total) AS xx
-FROM metric_defs AS d
-JOIN task_parts AS n ON n.part = 's_' || d.num
-JOIN task_parts AS den ON den.cohort = n.cohort AND den.ti = n.ti AND den.part = 's_' || d.den
-GROUP BY n.cohort, d.metric, d.scale;
-
 CREATE OR REPLACE TEMP TABLE rep_pec AS
 WITH hist AS (
     SELECT cohort, b, CAST(substr(depth, 4) AS BIGINT) AS d, cnt
@@ -88,30 +72,3 @@ SELECT cohort, k,
 FROM rep_pec
 GROUP BY cohort, k
 ORDER BY cohort, k;
-
--- The same for PEC(k), k >= 1: per task, y_i(k) = sum of s_h<d> over d >= k and x_i = s_n.
-CREATE OR REPLACE TEMP TABLE pec_clusters AS
-WITH hist AS (
-    SELECT cohort, ti, CAST(substr(depth, 4) AS BIGINT) AS d, cnt
-    FROM (
-        UNPIVOT (SELECT cohort, ti, COLUMNS('^s_(n|h[0-9]+)$')::BIGINT FROM task_sums)
-        ON COLUMNS('^s_(n|h[0-9]+)$') INTO NAME depth VALUE cnt
-    )
-    WHERE depth <> 's_n'
-),
-per_task AS (
-    SELECT s.cohort, s.ti, k.k, s.s_n::HUGEINT AS x,
-           sum(coalesce(h.cnt, 0)) OVER (PARTITION BY s.cohort, s.ti ORDER BY k.k DESC)::HUGEINT AS y
-    FROM task_sums AS s
-    CROSS JOIN range(1, getvariable('pexec_k') + 1) AS k(k)
-    LEFT JOIN hist AS h ON h.cohort = s.cohort AND h.ti = s.ti AND h.d = k.k
-)
-SELECT cohort, k, 1.0::DOUBLE AS scale,
-       sum(x)::BIGINT AS den_total,
-       count_if(x > 0)::BIGINT AS den_tasks,
-       sum(y)::HUGEINT AS num_total,
-       sum(y * y)::HUGEINT AS yy,
-       sum(x * y)::HUGEINT AS xy,
-       sum(x * x)::HUGEINT AS xx
-FROM per_task
-GROUP BY cohort, k;

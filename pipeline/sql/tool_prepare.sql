@@ -1,8 +1,8 @@
 -- Step-level cohorts (benchmark × tool [× labels]) for the per-tool error profile: the same per-(cohort, task)
 -- sums as metrics_prepare.sql, with the run's calls as units instead of its rollouts, so that
--- bootstrap_<method>.sql and metrics_intervals.sql resample tasks (the calls of a task move together: the interval
+-- pipeline.aggregate's bootstrap and metrics_intervals.sql resample tasks (the calls of a task move together: the interval
 -- is clustered by task). Variables set by pipeline.tools: steps_files, cohort_cols (VARCHAR[]: 'benchmark',
--- 'tool' and the `by` labels), seed, B. Needs the views `steps` (view_steps.sql) and `rollout_parts`.
+-- 'tool' and the `by` labels). Needs the views `steps` (view_steps.sql) and `rollout_parts`.
 
 -- The calls of the rollouts the metrics count (the population: harness errors, pools, strict replay), with the
 -- rollout's benchmark and task as counted (a pool renames both) and its labels, and per call the integer parts:
@@ -45,23 +45,12 @@ LEFT JOIN (
 ) AS k USING (cohort)
 ORDER BY c.cohort;
 
--- As metrics_prepare.sql: sums per (cohort, task), tasks numbered within their cohort and globally.
+-- As metrics_prepare.sql: sums per (cohort, task), a cohort's tasks in task_id order (the bootstrap's slots).
 CREATE OR REPLACE TEMP TABLE task_sums AS
-SELECT cohort, ti, g, g - ti AS g_off, m, pexec_lb32(ti::UBIGINT) AS ti_mixed, COLUMNS('^s_')
-FROM (
-    SELECT *, row_number() OVER (ORDER BY cohort, ti) - 1 AS g
-    FROM (
-        SELECT *,
-               row_number() OVER (PARTITION BY cohort ORDER BY task_id) - 1 AS ti,
-               (count(*) OVER (PARTITION BY cohort))::UBIGINT AS m
-        FROM (SELECT cohort, task_id, sum(COLUMNS('^p_(.*)$'))::BIGINT AS 's_\1' FROM tool_rollouts GROUP BY ALL)
-    )
-)
-ORDER BY g;
+SELECT cohort, task_id, sum(COLUMNS('^p_(.*)$'))::BIGINT AS 's_\1'
+FROM tool_rollouts
+GROUP BY cohort, task_id
+ORDER BY cohort, task_id;
 
 -- No PEC curve over calls: metrics_intervals.sql then computes only its trivial k = 0.
 SET VARIABLE pexec_k = 0;
-
-CREATE OR REPLACE TEMP TABLE replicates AS
-SELECT b, pexec_rep_key(getvariable('seed'), b) AS key_b
-FROM range(getvariable('B')) AS t(b);

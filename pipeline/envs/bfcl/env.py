@@ -99,6 +99,12 @@ class BfclEnvironment:
         return self._class_of.get(tool)
 
     # -- state -----------------------------------------------------------------------------------------
+    def knowledge(self, state: BfclState) -> list[Any]:
+        # BFCL's ground truth uses ids of the scenario's initial configuration that the conversation never
+        # states ('USR002' for "Bob", order 12446 for "my most recent order"): BFCL treats them as known. The
+        # configuration is the loaded one (initial_config over each class's defaults), as text.
+        return [json.dumps(vars(i), default=str, ensure_ascii=False) for i in state.instances.values() if vars(i)]
+
     def start(self, rollout: Rollout) -> BfclState:
         env = rollout.env
         classes = env.get("involved_classes")

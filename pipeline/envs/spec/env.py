@@ -17,7 +17,7 @@ from pipeline.envs.base import Outcome, ToolInfo
 from pipeline.envs.document import JournaledDoc
 from pipeline.envs.rules import Effect, check_rules
 from pipeline.envs.spec.loader import Spec, load_spec
-from pipeline.expr import EvalError
+from pipeline.expr import EvalError, metered
 from pipeline.model import Call, Rollout
 
 
@@ -46,6 +46,9 @@ class SpecEnvironment:
     def open_catalogue(self) -> bool:
         return False
 
+    def knowledge(self, state: Any) -> list[Any]:
+        return []  # the agent knows only the conversation and earlier outputs
+
     def start(self, rollout: Rollout) -> JournaledDoc:
         if self._state is None:
             self._state = JournaledDoc(copy.deepcopy(self.spec.initial_state))
@@ -62,19 +65,20 @@ class SpecEnvironment:
     def execute(self, state: JournaledDoc, tool: str, args: dict[str, Any], call: Call) -> Outcome:
         rules = self.spec.tools[tool]
         ctx: dict[str, Any] = {"args": args, "state": state.doc}
-        check = check_rules(rules.preconditions, ctx, unknown_violates=True)
-        if check.violated:
-            return Outcome(False, message=check.message, decided_by="precondition")
-        mark = len(state.journal)
-        try:
-            for var, expr in rules.let:
-                ctx[var] = expr(ctx)
-            for effect in rules.effects:
-                _apply(state, effect, ctx)
-            output = _fresh(rules.returns(ctx)) if rules.returns else None
-        except EvalError as exc:
-            state.rollback(mark)
-            return Outcome(False, message=f"{tool} failed: {exc}", decided_by="simulator")
+        with metered():  # one evaluation budget for the whole call: rules, lets, effects, result
+            check = check_rules(rules.preconditions, ctx, unknown_violates=True)
+            if check.violated:
+                return Outcome(False, message=check.message, decided_by="precondition")
+            mark = len(state.journal)
+            try:
+                for var, expr in rules.let:
+                    ctx[var] = expr(ctx)
+                for effect in rules.effects:
+                    _apply(state, effect, ctx)
+                output = _fresh(rules.returns(ctx)) if rules.returns else None
+            except EvalError as exc:
+                state.rollback(mark)
+                return Outcome(False, message=f"{tool} failed: {exc}", decided_by="simulator")
         return Outcome(True, output=output, decided_by="precondition")
 
     def checkpoint(self, state: JournaledDoc) -> int:

@@ -98,6 +98,9 @@ class TauEnvironment:
     def open_catalogue(self) -> bool:
         return False
 
+    def knowledge(self, state: Any) -> list[Any]:
+        return []  # the agent knows only the conversation and earlier outputs
+
     def start(self, rollout: Rollout) -> TauState:
         domain = rollout.env.get("domain", self.domain)
         if domain != self.domain:

@@ -21,7 +21,7 @@ from pipeline.envs.base import SpecError, ToolInfo
 from pipeline.envs.data import BUILTIN_SPECS, files_fingerprint
 from pipeline.envs.rules import Precondition, check_rules, compile_lets, compile_preconditions
 from pipeline.envs.spec.loader import load_tools_json, tool_rules
-from pipeline.expr import EvalError, Expr
+from pipeline.expr import BudgetExceeded, EvalError, Expr, metered
 
 _GROUNDED_KEYS = {"grounded"}
 _POLICY_KEYS = {"let", "preconditions"}
@@ -116,12 +116,15 @@ def policy_failure(policy: ToolPolicy, args: dict[str, Any], state: Mapping[str,
     which rejects such calls itself: the overlay only adds the rules the code does not enforce.
     """
     ctx: dict[str, Any] = {"args": args, "state": state}
-    try:
-        for name, expr in policy.let:
-            ctx[name] = expr(ctx)
-    except EvalError:
-        return None
-    check = check_rules(policy.preconditions, ctx, unknown_violates=False)
+    with metered():  # one budget for the whole policy check of this call
+        try:
+            for name, expr in policy.let:
+                ctx[name] = expr(ctx)
+        except BudgetExceeded as exc:
+            return f"policy: rule not evaluated: {exc}"
+        except EvalError:
+            return None
+        check = check_rules(policy.preconditions, ctx, unknown_violates=False)
     if not check.violated:
         return None
     clause = f" [{check.violated.clause}]" if check.violated.clause else ""

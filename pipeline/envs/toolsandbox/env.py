@@ -141,6 +141,9 @@ class ToolSandboxEnvironment:
     def open_catalogue(self) -> bool:
         return False
 
+    def knowledge(self, state: Any) -> list[Any]:
+        return []  # the agent knows only the conversation and earlier outputs
+
     def start(self, rollout: Rollout) -> JournaledDoc:
         return JournaledDoc(initial_doc(self.seed, rollout.env, rollout.rollout_id))
 

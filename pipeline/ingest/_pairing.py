@@ -1,0 +1,69 @@
+"""How every adapter pairs logged tool results with tool calls (docs/design.md §4).
+
+Real agent frameworks reuse call ids within one conversation, so an id alone does not name a call. The rule,
+the same for every format: walking the log in order, a result answers the earliest call logged before it that
+has the same id and no result yet (a missing id is an id like any other: such results answer such calls in
+order). A result that answers no call is an orphan: kept as a `tool` message event where it was logged and
+counted in the rollout's attribute `orphan_results` (the CLI warns), never dropped or given to another call.
+A call that no result answers has no logged output and no error.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Call:
+    key: Hashable  # the call's id as logged (None when it has none)
+    build: Callable[[Any], dict[str, Any]]  # its call event, given its result's `value` (None: no result)
+
+
+@dataclass(frozen=True)
+class Result:
+    key: Hashable  # the id of the call it answers, as logged
+    value: Any  # what the call's `build` takes
+    content: Any  # what an orphan message keeps
+    turn: int = 0
+
+
+Entry = dict[str, Any] | Call | Result  # a ready event (a message), a call, a result
+
+
+def pair(log: Sequence[Entry]) -> dict[int, int]:
+    """Position of each answered call -> position of its result (positions index `log`)."""
+    answers: dict[int, int] = {}
+    waiting: dict[Hashable, deque[int]] = defaultdict(deque)
+    for position, entry in enumerate(log):
+        if isinstance(entry, Call):
+            waiting[entry.key].append(position)
+        elif isinstance(entry, Result) and waiting[entry.key]:
+            answers[waiting[entry.key].popleft()] = position
+    return answers
+
+
+def assemble(log: Sequence[Entry]) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """(events in log order, attributes): calls carry their results, orphan results become `tool` messages;
+    the attributes count the orphans (`orphan_results`, absent when there are none)."""
+    answers = pair(log)
+    answered = set(answers.values())
+    events: list[dict[str, Any]] = []
+    orphans = 0
+    for position, entry in enumerate(log):
+        if isinstance(entry, Call):
+            result = log[answers[position]] if position in answers else None
+            events.append(entry.build(result.value if isinstance(result, Result) else None))
+        elif isinstance(entry, Result):
+            if position not in answered:
+                orphans += 1
+                events.append({"type": "message", "role": "tool", "content": _text(entry.content), "turn": entry.turn})
+        else:
+            events.append(entry)
+    return events, ({"orphan_results": str(orphans)} if orphans else {})
+
+
+def _text(content: Any) -> str:
+    return content if isinstance(content, str) else "" if content is None else str(content)

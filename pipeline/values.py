@@ -1,0 +1,70 @@
+"""Whether a replayed tool output equals the logged one, as values (docs/design.md §4, `output_match`).
+
+Logs write outputs as text in several dialects: JSON, or the Python repr ToolSandbox writes (single-quoted
+dicts and lists, `None`/`True`/`False`, tuples). Text is read back as JSON, else as a Python literal with
+`ast.literal_eval` (literals only, never evaluated as code), else compared as stripped text. Numbers are equal
+within a relative or absolute tolerance of 1e-9 (the same float computed on another platform or library
+version differs in the last digits); containers compare element by element (a tuple read as a list).
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from typing import Any
+
+import orjson
+
+REL_TOL = 1e-9
+ABS_TOL = 1e-9
+_LITERAL_START = (*"[{('\"-0123456789", "None", "True", "False")
+
+
+def same(replayed: Any, logged: Any) -> bool:
+    """Whether two outputs (values or their text) are the same value."""
+    return _equal(decoded(replayed), decoded(logged))
+
+
+def decoded(value: Any) -> Any:
+    """A logged output as a value: text is read as JSON, else as a Python literal, else kept as stripped text."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return orjson.loads(value)
+    except orjson.JSONDecodeError:
+        pass
+    text = value.strip()
+    if text.startswith(_LITERAL_START):
+        try:
+            return _plain(ast.literal_eval(text))
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            pass
+    return text
+
+
+def _plain(value: Any) -> Any:
+    """A Python literal as a JSON value (a tuple as a list); ValueError for what JSON has no value for (sets,
+    bytes, complex numbers, non-text keys)."""
+    if value is None or isinstance(value, str | bool | int | float):
+        return value
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {k: _plain(v) for k, v in value.items()}
+    raise ValueError(f"no JSON value for {type(value).__name__}")
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if _number(a) and _number(b):
+        return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=ABS_TOL) or (math.isnan(a) and math.isnan(b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, bool) or isinstance(b, bool):  # True is not 1
+        return a is b
+    return a == b
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

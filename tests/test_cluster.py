@@ -1,0 +1,190 @@
+"""Jobs on a real Ray head on loopback (infra/local/ray-head.sh) through the Jobs API: submitted from a
+shell without pexec on its PATH, outputs where the submitter looks, nothing but the job file uploaded, every
+service on loopback, `stop` ending exactly what `start` launched."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cluster import BIN, listening, session_pids, start_cluster, stop_cluster
+from conftest import ROOT
+
+from pipeline.jobs import JobError, load_job
+from pipeline.storage.run import read_manifest
+from pipeline.submit import JobsApiError, default_runtime, jobs_api_address, plan_submission
+
+TINY = (
+    'name = "tiny"\ninput = "{input}"\noutput = "{output}/date={{date}}"\nshard_mb = 1\n'
+    '[synth]\nrollouts = {rollouts}\ntasks = 30\n[metrics]\nby = ["model"]\nbootstrap = 100\n'
+)
+
+
+def write_job(folder: Path, input: str, output: str, rollouts: int = 300, extra: str = "") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "tiny.toml"
+    path.write_text(TINY.format(input=input, output=output, rollouts=rollouts) + extra)
+    return path
+
+
+# --- without a cluster ---------------------------------------------------------------------------------
+
+
+def test_the_address_comes_from_the_option_then_the_environment_and_gets_a_scheme(monkeypatch):
+    monkeypatch.delenv("RAY_API_SERVER_ADDRESS", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(JobsApiError, match="no Jobs API address"):
+        jobs_api_address(None)
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:8265")
+    assert jobs_api_address(None) == "http://10.0.0.5:8265"
+    monkeypatch.setenv("RAY_API_SERVER_ADDRESS", "https://head.example:443/")
+    assert jobs_api_address(None) == "https://head.example:443"
+    assert jobs_api_address("127.0.0.1:8265") == "http://127.0.0.1:8265"
+    for bad in ("ray://head:10001", "auto", "gcs://x:6379"):
+        with pytest.raises(JobsApiError, match="dashboard's http"):
+            jobs_api_address(bad)
+    assert default_runtime("http://127.0.0.1:8265") == default_runtime("http://localhost:1") == "local"
+    assert default_runtime("http://pexec-head-svc:8265") == default_runtime("http://10.1.2.3:8265") == "image"
+
+
+def test_a_local_submission_runs_the_submitters_interpreter_in_its_folder(tmp_path):
+    path = write_job(tmp_path / "jobs", "out/store", "out/run")
+    job = load_job(path, "2026-11-29")
+    plan = plan_submission(path, job, "local", None, tmp_path)
+    assert plan.entrypoint == (
+        f"cd {tmp_path} && {sys.executable} -m pipeline.cli run {path.resolve()} --date 2026-11-29"
+    )
+    assert plan.upload is None
+    assert plan.runtime_env == {"env_vars": {"PYTHONPATH": str(ROOT)}}
+
+
+def test_an_image_submission_uploads_the_job_file_and_refuses_relative_paths(tmp_path):
+    relative = write_job(tmp_path / "a", "out/store", "s3://runs/x")
+    with pytest.raises(JobsApiError, match=r"relative path\(s\) input 'out/store' would land in the cluster's"):
+        plan_submission(relative, load_job(relative), "image", None, tmp_path)
+    absolute = write_job(tmp_path / "b", "s3://logs/{date}/", "/shared/runs")
+    plan = plan_submission(absolute, load_job(absolute, "2026-11-29"), "image", "/opt/venv/bin/python", tmp_path)
+    assert plan.entrypoint == "/opt/venv/bin/python -m pipeline.cli run tiny.toml --date 2026-11-29"
+    assert plan.upload == absolute and plan.runtime_env == {}
+
+
+def test_the_submit_table_is_checked(tmp_path):
+    path = write_job(tmp_path, "/a", "/b", extra='[submit]\nruntime = "docker"\n')
+    with pytest.raises(JobError, match=r"\[submit\]: runtime is 'local' or 'image', got 'docker'"):
+        load_job(path)
+    path = write_job(tmp_path, "/a", "/b", extra='[submit]\nruntime = "image"\npython = "/usr/bin/python3"\n')
+    job = load_job(path)
+    assert (job.runtime, job.python) == ("image", "/usr/bin/python3")
+
+
+# --- on a real local head ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def head():
+    cluster = start_cluster()
+    yield cluster
+    stop_cluster(cluster)
+
+
+def pexec(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """pexec as a user runs it from a plain shell: no virtualenv on PATH, no Ray variables."""
+    plain = {"HOME": os.environ.get("HOME", "/tmp"), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run(
+        [str(BIN / "pexec"), *args], cwd=cwd, env=plain, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_every_service_of_the_local_head_listens_on_loopback_only(head):
+    pids = head.pids()
+    assert len(pids) >= 5, "the head's processes were not found"
+    sockets = listening(pids)
+    assert len(sockets) >= 5, sockets  # GCS, raylet, dashboard, client server, agents
+    exposed = [s for s in sockets if not ipaddress.ip_address(s[2].rsplit(":", 1)[0]).is_loopback]
+    assert exposed == [], exposed
+    assert any(s[2] == f"127.0.0.1:{head.gcs_port}" for s in sockets)
+    assert any(s[2] == f"127.0.0.1:{head.client_port}" for s in sockets)
+
+
+def test_a_job_submitted_from_a_plain_shell_writes_where_the_submitter_looks(head, tmp_path):
+    job = write_job(tmp_path / "jobs", "out/store", "out/run")
+    # An address without a scheme, from the environment; relative paths; --wait returns the job's outcome.
+    done = pexec("submit", "jobs/tiny.toml", "--date", "2026-11-29", "--wait", cwd=tmp_path,
+                 env={"RAY_API_SERVER_ADDRESS": head.address.removeprefix("http://")})  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "job SUCCEEDED" in done.stderr and "model-a" in done.stdout  # the driver log, followed
+    submission = done.stdout.splitlines()[0].strip()
+    assert job.exists() and read_manifest(str(tmp_path / "out/run/date=2026-11-29"))["counts"]["scored"] == 300
+    status = pexec("status", submission, "--address", head.address, cwd=tmp_path)
+    assert status.stdout.strip() == "SUCCEEDED"
+    listed = pexec("jobs", "--address", head.address, cwd=tmp_path)
+    assert submission in listed.stdout and "SUCCEEDED" in listed.stdout
+    logs = pexec("logs", submission, "--address", head.address, cwd=tmp_path)
+    assert "job tiny (2026-11-29): out/store -> out/run/date=2026-11-29" in logs.stdout
+
+
+def test_wait_exits_with_the_jobs_failure_and_stop_stops_a_job(head, tmp_path):
+    failing = write_job(tmp_path / "a", str(tmp_path / "missing"), str(tmp_path / "run"))
+    failing.write_text(failing.read_text().split("[synth]")[0])  # no [synth]: the input stays missing
+    done = pexec("submit", str(failing), "--address", head.address, "--wait", cwd=tmp_path)
+    assert done.returncode == 1 and "job FAILED" in done.stderr and "no such store" in done.stdout
+    long = write_job(tmp_path / "b", str(tmp_path / "big"), str(tmp_path / "big-run"), rollouts=40_000)
+    submitted = pexec("submit", str(long), "--address", head.address, cwd=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr
+    stopped = pexec("stop", submitted.stdout.strip(), "--address", head.address, cwd=tmp_path)
+    assert stopped.stdout.strip() == "STOPPED", stopped.stdout + stopped.stderr
+
+
+def test_a_bad_address_fails_at_once_on_one_line(tmp_path):
+    for args, message in [
+        (["status", "x", "--address", "ray://head:10001"], "the Jobs API address is the Ray dashboard's"),
+        (["jobs"], "no Jobs API address"),
+        (["logs", "x", "--address", "127.0.0.1:9"], "cannot get the logs of x from http://127.0.0.1:9: Connection"),
+    ]:
+        done = pexec(*args, cwd=tmp_path, timeout=30)
+        assert done.returncode == 2 and message in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
+
+
+def test_a_submitted_job_uploads_its_job_file_and_nothing_else(head, tmp_path):
+    folder = tmp_path / "jobs"
+    job = write_job(folder, str(tmp_path / "store"), str(tmp_path / "run"))
+    decoys = {
+        ".env": "AWS_SECRET_ACCESS_KEY=decoy-env",
+        "credentials": "[default]\naws_secret_access_key=decoy-ini",
+        ".aws/credentials": "decoy-aws",
+        "data/rollouts.jsonl": "decoy-data",
+        ".git/config": "decoy-git",
+    }
+    for name, text in decoys.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    done = pexec("submit", str(job), "--address", head.address, "--runtime", "image", "--python", sys.executable,
+                 "--wait", cwd=folder)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    shipped = [p for p in Path(head.tmp).rglob("*") if p.is_file() and "runtime_resources" in p.parts]
+    assert [p.name for p in shipped if p.name == "tiny.toml"], "the job file was not found on the cluster"
+    for path in shipped:
+        if path.suffix in (".toml", ".zip") or "working_dir_files" in path.parts:
+            text = path.read_bytes()
+            assert not any(d.encode() in text for d in decoys.values()), path
+    assert not [p for p in shipped if p.name in {".env", "credentials", "config", "rollouts.jsonl"}]
+
+
+def test_stop_ends_exactly_what_start_launched(head):
+    # A process that a name pattern (`pkill -f PEXEC_RAY_TMP`, `ray stop`) would have taken for Ray.
+    bystander = subprocess.Popen(["bash", "-c", f"exec -a 'ray::IDLE {head.tmp}' sleep 120"], start_new_session=True)
+    try:
+        sessions = head.sessions()
+        assert sessions and head.pids()
+        head.script("stop")
+        assert session_pids(set(sessions)) == []
+        assert bystander.poll() is None, "stop killed a process it did not start"
+    finally:
+        bystander.kill()
+        bystander.wait()

@@ -1,0 +1,114 @@
+"""`pexec sql` within limits (issue 15.6): time, memory, nothing readable outside the run, every type out.
+
+A real run (synthetic store scored inline), real DuckDB, the real console entry point.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from pipeline.aggregate import QueryError, QueryLimits, sql
+from pipeline.cli import app
+from pipeline.distributed import run_scoring
+from pipeline.errors import PexecError
+from pipeline.storage.stores import write_store
+from pipeline.synth import synthesize
+
+pytestmark = pytest.mark.fuzz  # an adversarial suite: `make fuzz` runs it too
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("sqlrun")
+    write_store(synthesize("shop", 60, 10, 5), str(root / "store"), "jsonl")
+    run_scoring(str(root / "store"), str(root / "run"), executor="inline")
+    return root / "run"
+
+
+def test_a_runaway_join_is_stopped_by_the_timeout(run: Path) -> None:
+    # The measured case: a cross join of the steps table with itself that ran past 60 s.
+    query = "SELECT sum(a.step * b.step * c.step * d.step) FROM steps a, steps b, steps c, steps d"
+    with pytest.raises(QueryError, match=r"^query stopped after 1 s \(the --timeout\)$"):
+        sql(str(run), query, limits=QueryLimits(timeout=1))
+
+
+def test_a_query_over_the_memory_limit_is_an_error(run: Path) -> None:
+    query = "SELECT max(length(l)) FROM (SELECT list(x) AS l FROM range(40000000) t(x) GROUP BY x % 2)"
+    with pytest.raises(QueryError, match=r"^query needs more than 30MB of memory \(the --memory-limit\)"):
+        sql(str(run), query, limits=QueryLimits(memory_limit="30MB", timeout=60))
+
+
+@pytest.mark.parametrize(("limits", "message"), [({"memory_limit": "lots"}, "512MB"), ({"timeout": 0}, "> 0")])
+def test_bad_limits_are_refused(limits: dict, message: str) -> None:
+    with pytest.raises(PexecError, match=message):
+        QueryLimits(**limits)
+
+
+def test_files_in_the_current_directory_tmp_are_not_readable(run: Path, tmp_path: Path, monkeypatch) -> None:
+    # DuckDB's default temp directory is ./.tmp, and it let queries read files there.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".tmp").mkdir()
+    (tmp_path / ".tmp" / "secret.csv").write_text("token\nhunter2\n")
+    for path in (".tmp/secret.csv", str(tmp_path / ".tmp" / "secret.csv")):
+        with pytest.raises(QueryError, match="Permission Error"):
+            sql(str(run), f"SELECT * FROM read_csv('{path}')")
+    assert sql(str(run), "SELECT count(*) AS n FROM rollouts").to_pylist() == [{"n": 60}]  # the run still is
+    assert not list(Path(tempfile.gettempdir()).glob("pexec-sql-*"))  # spill folders are removed
+
+
+TYPES = (
+    "SELECT [1, 2] AS l, {'a': 1, 'b': 'x'} AS s, MAP {'k': [true]} AS m, DATE '2026-11-30' AS d, "
+    "1.50::DECIMAL(10, 2) AS dec, '\\xAA\\x00z'::BLOB AS b, INTERVAL 1 DAY AS i, INTERVAL '1 month 90 minutes' AS i2, "
+    "TIMESTAMP '2026-11-30 12:00:00' AS ts, NULL AS n, true AS t, 'a,\"b\"' AS txt FROM rollouts LIMIT 1"
+)
+
+
+def cli(*args: str) -> str:
+    result = CliRunner().invoke(app, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def test_csv_and_json_write_every_column_type(run: Path) -> None:
+    rows = list(csv.reader(io.StringIO(cli("sql", str(run), TYPES, "--format", "csv"))))
+    assert rows == [
+        ["l", "s", "m", "d", "dec", "b", "i", "i2", "ts", "n", "t", "txt"],
+        [
+            "[1,2]",
+            '{"a":1,"b":"x"}',
+            '{"k":[true]}',
+            "2026-11-30",
+            "1.50",
+            "\\xAA\\x00z",
+            "P1D",
+            "P1MT5400S",
+            "2026-11-30 12:00:00",
+            "",
+            "true",
+            'a,"b"',
+        ],
+    ]
+    (line,) = cli("sql", str(run), TYPES, "--format", "json").splitlines()
+    assert json.loads(line) == {
+        "l": [1, 2],
+        "s": {"a": 1, "b": "x"},
+        "m": {"k": [True]},
+        "d": "2026-11-30",
+        "dec": "1.50",
+        "b": "\\xAA\\x00z",
+        "i": "P1D",
+        "i2": "P1MT5400S",
+        "ts": "2026-11-30T12:00:00",
+        "n": None,
+        "t": True,
+        "txt": 'a,"b"',
+    }
+    table = cli("sql", str(run), TYPES)
+    assert "[1,2]" in table and "\\xAA\\x00z" in table

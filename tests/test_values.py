@@ -1,0 +1,53 @@
+"""Outputs compare as values: numbers within 1e-9, Python-repr text (ToolSandbox) read as literals, never run."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.checker import replay
+from pipeline.envs import get_environment
+from pipeline.model import Call, Message, Rollout
+from pipeline.values import decoded, same
+
+
+@pytest.mark.parametrize(
+    ("replayed", "logged", "equal"),
+    [
+        (1234.567890123, 1234.5678901234, True),  # relative difference ~1e-13
+        (1234.5678, 1234.5679, False),
+        (1e-12, 0.0, True),  # absolute tolerance
+        (1e-6, 0.0, False),
+        ({"distance": 3.2000000000001, "unit": "km"}, "{'distance': 3.2, 'unit': 'km'}", True),
+        ([{"name": "Fredrik", "ok": True}], "[{'name': 'Fredrik', 'ok': True}]", True),
+        ([1, 2], "(1, 2)", True),  # a tuple's repr
+        ({"phone": "+1"}, "{'phone': None}", False),
+        (True, 1, False),  # a boolean is not a number
+        (1, "1.0000000000001", True),
+        ("abc", "'abc'", True),
+        ("abc", "  abc ", True),
+        (None, "None", True),
+        ({"a": 1}, {"a": 1, "b": 2}, False),
+        ([1, 2], [1, 2, 3], False),
+    ],
+)
+def test_same(replayed: object, logged: object, equal: bool) -> None:
+    assert same(replayed, logged) is equal
+
+
+def test_text_is_never_run() -> None:
+    code = "__import__('os').system('touch /tmp/pexec-owned')"
+    assert decoded(code) == code  # not a literal: kept as text
+    assert decoded("{1, 2}") == "{1, 2}"  # a set has no JSON value: kept as text
+    assert decoded("{'a': (1, 2)}") == {"a": [1, 2]}
+
+
+def test_a_repr_output_matches_in_replay() -> None:
+    # The shop simulator returns {"user_id": ...}; a log that wrote its Python repr matches it.
+    def run(output: str) -> bool | None:
+        events = [Message("user", "Hi, I'm Ava Lopez (ava.lopez@example.com, zip 78701)."),
+                  Call("authenticate", {"email": "ava.lopez@example.com", "zip": "78701"}, output=output)]  # fmt: skip
+        result = replay(get_environment("shop"), Rollout("r", "t", "shop", events=events))
+        return result.steps[0].output_match
+
+    assert run("{'user_id': 'U1001'}") is True
+    assert run("{'user_id': 'U1002'}") is False
