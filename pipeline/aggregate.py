@@ -207,8 +207,8 @@ def metrics_and_replicates(
             replicated=list(replicated),
         )
         run_sql(con, "metrics_prepare")
-        sums = _task_sums(con)
-        _bootstrap(con, sums, settings)
+        sums = task_sums(con)
+        run_bootstrap(con, sums, settings)
         run_sql(con, "metrics_intervals")
         info = fetch(con, "cohort_info")
         ratios = _join(fetch(con, "metric_intervals"), _metric_clusters(sums), ("cohort", "metric"))
@@ -230,7 +230,7 @@ def metrics_and_replicates(
 
 
 @dataclass(frozen=True)
-class _TaskSums:
+class TaskSums:
     """Table task_sums in numpy: per cohort (numbered 0 .. n-1), its tasks' s_* sums (tasks in task_id order)."""
 
     columns: list[str]
@@ -242,7 +242,7 @@ class _TaskSums:
         return self.cohorts[cohort][:, self.columns.index(name)]
 
 
-def _task_sums(con: duckdb.DuckDBPyConnection) -> _TaskSums:
+def task_sums(con: duckdb.DuckDBPyConnection) -> TaskSums:
     # A depth no rollout of a task reached is NULL in task_sums (LEFT JOIN of the histogram): 0 rollouts.
     arrays = con.sql("SELECT cohort, coalesce(COLUMNS('^s_'), 0)::BIGINT FROM task_sums").fetchnumpy()
     cohort = arrays.pop("cohort")  # rows in (cohort, task_id) order
@@ -251,10 +251,10 @@ def _task_sums(con: duckdb.DuckDBPyConnection) -> _TaskSums:
     for j, c in enumerate(columns):
         sums[:, j] = arrays[c]
     n_cohorts = int(cohort[-1]) + 1 if len(cohort) else 0  # numbered 0 .. n-1 (dense_rank), each with a task
-    return _TaskSums(columns, np.split(sums, np.searchsorted(cohort, np.arange(1, n_cohorts)))[:n_cohorts])
+    return TaskSums(columns, np.split(sums, np.searchsorted(cohort, np.arange(1, n_cohorts)))[:n_cohorts])
 
 
-def _bootstrap(con: duckdb.DuckDBPyConnection, sums: _TaskSums, settings: BootstrapSettings) -> None:
+def run_bootstrap(con: duckdb.DuckDBPyConnection, sums: TaskSums, settings: BootstrapSettings) -> None:
     """rep_sums: per-(cohort, replicate) sums of the resampled tasks' s_* columns (pipeline.bootstrap draws and
     weighs the tasks in numpy; sql/bootstrap_sums.sql puts the exact sums together)."""
     if settings.method == "poisson-merged":
@@ -276,7 +276,7 @@ def _bootstrap(con: duckdb.DuckDBPyConnection, sums: _TaskSums, settings: Bootst
     con.unregister("rep_limbs")
 
 
-def _metric_clusters(sums: _TaskSums) -> list[dict[str, Any]]:
+def _metric_clusters(sums: TaskSums) -> list[dict[str, Any]]:
     """What the small-sample interval needs per (cohort, ratio metric): y_i = the numerator part's sum of task i,
     x_i the denominator's (pipeline.intervals.Cluster)."""
     rows = []
@@ -287,7 +287,7 @@ def _metric_clusters(sums: _TaskSums) -> list[dict[str, Any]]:
     return rows
 
 
-def _pec_clusters(sums: _TaskSums, K: int) -> list[dict[str, Any]]:
+def _pec_clusters(sums: TaskSums, K: int) -> list[dict[str, Any]]:
     """The same for PEC(k), k = 1 .. K: y_i(k) = rollouts of task i with depth >= k (the s_h<d> columns for
     d >= k), x_i = its rollouts; with den_total, which the PEC intervals do not carry."""
     rows = []
@@ -631,7 +631,7 @@ def resolve_by(by: Sequence[str] | None, labels: list[str], attributes: Sequence
     return out
 
 
-def _interval(row: dict[str, Any] | None, level: float) -> dict[str, Any]:
+def interval(row: dict[str, Any] | None, level: float) -> dict[str, Any]:
     """value, lo, hi and the interval's method (pipeline.intervals); no method where there is no value, nor for
     PEC(0) = 1, which holds by definition."""
     if row is None or row["value"] is None:
@@ -657,7 +657,7 @@ def _assemble(
     by_metric = {(r["cohort"], r["metric"]): r for r in ratios}
     pec_by_cohort: dict[int, list[dict[str, Any]]] = {}
     for r in pec:
-        pec_by_cohort.setdefault(r["cohort"], []).append({"k": r["k"], **_interval(r, settings.level)})
+        pec_by_cohort.setdefault(r["cohort"], []).append({"k": r["k"], **interval(r, settings.level)})
     bootstrap = {
         "B": settings.B,
         "seed": settings.seed,
@@ -689,7 +689,7 @@ def _assemble(
                 out[m.name] = sorted(pec_by_cohort.get(cid, []), key=lambda p: p["k"])
                 continue
             row = by_metric.get((cid, m.name))
-            out[m.name] = _interval(row, settings.level)
+            out[m.name] = interval(row, settings.level)
             if m.eligible:
                 out[m.name]["eligible"] = row["den_total"] if row is not None else 0
         out["bootstrap"] = dict(bootstrap)

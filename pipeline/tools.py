@@ -104,8 +104,8 @@ def profiles_and_replicates(
         )
         db.run_sql(con, "view_steps")
         db.run_sql(con, "tool_prepare")
-        sums = db._task_sums(con)  # the metrics' own bootstrap (pipeline.bootstrap), over these task sums
-        db._bootstrap(con, sums, settings)
+        sums = db.task_sums(con)  # the metrics' own bootstrap (pipeline.bootstrap), over these task sums
+        db.run_bootstrap(con, sums, settings)
         db.run_sql(con, "metrics_intervals")
         rows, reps = _assemble(con, keys, settings, _clusters(sums))
     for row in rows:
@@ -147,7 +147,7 @@ def _assemble(
         for m in TOOL_METRICS:
             r = ratios.get((c["cohort"], m.name))
             full = {**r, **clusters.get((c["cohort"], m.name), {})} if r else None
-            row[m.name] = db._interval(full, settings.level)
+            row[m.name] = db.interval(full, settings.level)
             row[m.name]["eligible"] = full["den_total"] if full else 0
         row["bootstrap"] = {
             "B": settings.B,
