@@ -7,7 +7,10 @@ exception is a bug and keeps its traceback. Subclasses that replace a former exc
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import orjson
 
 
 class PexecError(Exception):
@@ -25,3 +28,14 @@ def check_fields(table: Any, allowed: set[str], where: str, error: type[PexecErr
     unknown = sorted(set(table) - allowed)
     if unknown:
         raise error(f"{where}: unknown field(s) {', '.join(unknown)} (allowed: {', '.join(sorted(allowed))})")
+
+
+def read_json_file(path: Path, kind: type, where: str, error: type[PexecError]) -> Any:
+    """The JSON value of a local data file, which must be a `kind` (list or dict); `error` says `where` it failed."""
+    try:
+        value = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise error(f"{where}: cannot read {path}: {exc}") from exc
+    if not isinstance(value, kind):
+        raise error(f"{where}: {path} must hold a JSON {'list' if kind is list else 'object'}")
+    return value

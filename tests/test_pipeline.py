@@ -45,6 +45,7 @@ def records(store: Path) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def local_ray():
+    ray.shutdown()  # a Ray left running by an earlier module's scoring (run_scoring keeps it) would refuse init
     ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
     yield
     ray.shutdown()

@@ -35,6 +35,7 @@ from typing import Any
 
 import orjson
 
+from pipeline.errors import read_json_file
 from pipeline.ingest import IngestError, IngestOptions, source_files
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
 from pipeline.ingest._sniff import mismatch
@@ -236,12 +237,7 @@ class _TaskSource:
         path = self._path(domain)
         if path is None:
             return {}
-        try:
-            items = orjson.loads(path.read_bytes())
-        except (OSError, orjson.JSONDecodeError) as exc:
-            raise IngestError(f"tau2: task definitions {path}: {exc}") from exc
-        if not isinstance(items, list):
-            raise IngestError(f"tau2: task definitions {path}: expected a JSON list of tasks")
+        items = read_json_file(path, list, "tau2: task definitions", IngestError)
         return {str(t.get("id")): t for t in items if isinstance(t, dict)}
 
     def _path(self, domain: str) -> Path | None:

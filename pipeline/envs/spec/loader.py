@@ -14,8 +14,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from pipeline import effects as effect_classes
 from pipeline.envs.base import EnvError, SpecError, ToolInfo
 from pipeline.envs.data import BUILTIN_SPECS, files_fingerprint
@@ -27,7 +25,7 @@ from pipeline.envs.rules import (
     compile_lets,
     compile_preconditions,
 )
-from pipeline.errors import check_fields
+from pipeline.errors import check_fields, read_json_file
 from pipeline.expr import Expr
 
 SPEC_FILE = "spec.toml"
@@ -89,12 +87,7 @@ def spec_folders(extra_dirs: Sequence[str] = ()) -> dict[str, Path]:
 
 def load_tools_json(path: Path) -> dict[str, dict[str, Any]]:
     """Tool name -> JSON Schema of its parameters, from an OpenAI `tools` list (or bare function objects)."""
-    try:
-        items = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError) as exc:
-        raise SpecError(f"{path}: cannot read tools: {exc}") from exc
-    if not isinstance(items, list):
-        raise SpecError(f"{path}: expected a JSON list of tools")
+    items = read_json_file(path, list, "tools", SpecError)
     tools: dict[str, dict[str, Any]] = {}
     for i, item in enumerate(items):
         fn = item.get("function", item) if isinstance(item, dict) else None
@@ -124,12 +117,7 @@ def load_spec(folder: str | Path) -> Spec:
     tools_path = folder / raw.get("tools", "tools.json")
     schemas = load_tools_json(tools_path)
     state_path = folder / raw.get("initial_state", "initial_state.json")
-    try:
-        initial_state = orjson.loads(state_path.read_bytes())
-    except (OSError, orjson.JSONDecodeError) as exc:
-        raise SpecError(f"{state_path}: cannot read the initial state: {exc}") from exc
-    if not isinstance(initial_state, dict):
-        raise SpecError(f"{state_path}: the initial state must be a JSON object")
+    initial_state = read_json_file(state_path, dict, "the initial state", SpecError)
 
     tables = raw.get("tool", {})
     for name in tables:
