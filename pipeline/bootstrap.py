@@ -16,7 +16,9 @@ type DuckDB's own sum had. The same bits for any BLAS, thread count or summation
 from __future__ import annotations
 
 import operator
+import os
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
@@ -34,6 +36,7 @@ POISSON1 = np.array(
 )  # fmt: skip
 _EXACT_BITS = 53  # float64 holds every integer below 2^53
 _CHUNK = 1 << 22  # draws per block: (replicates in a block) x (tasks) stays near this
+_MAX_THREADS = 8  # blocks computed at once (each holds a few blocks' worth of draws)
 
 
 LIMBS = pa.schema(
@@ -114,19 +117,28 @@ def replicate_sums(
     limbs = [split_limbs(s, bits) for s in cohorts]
     mixed = lb32(np.arange(max_m, dtype=np.uint32))
     per_block = max(1, min(B, _CHUNK // max(max_m, 1)))
-    # The products are small; several BLAS threads only contend on a shared machine.
-    with threadpool_limits(limits=1, user_api="blas"):
-        for b0 in range(0, B, per_block):
-            block = keys[b0 : b0 + per_block]
-            h = lb32(block[:, None] ^ mixed[None, :])
-            shared = poisson1(h) if method == "poisson" else None
-            for c, (sums, limb) in enumerate(zip(cohorts, limbs, strict=True)):
-                m = len(sums)
-                if m == 0:
-                    continue
+
+    def block(b0: int) -> list[pa.RecordBatch]:
+        h = lb32(keys[b0 : b0 + per_block, None] ^ mixed[None, :])
+        shared = poisson1(h) if method == "poisson" else None
+        batches = []
+        for c, (sums, limb) in enumerate(zip(cohorts, limbs, strict=True)):
+            m = len(sums)
+            if m:
                 w = shared[:, :m] if shared is not None else _multinomial_counts(h[:, :m], m)
                 totals = w @ limb.values  # replicates in the block x limbs, exact integers
-                yield _limb_batch(c, b0, totals, limb, columns)
+                batches.append(_limb_batch(c, b0, totals, limb, columns))
+        return batches
+
+    # numpy releases the GIL in the hashing, counting and products, so blocks of replicates run on threads;
+    # map keeps their order. The products are small: several BLAS threads per block would only contend.
+    with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(_threads()) as pool:
+        for batches in pool.map(block, range(0, B, per_block)):
+            yield from batches
+
+
+def _threads() -> int:
+    return max(1, min(len(os.sched_getaffinity(0)), _MAX_THREADS))
 
 
 def _multinomial_counts(h: np.ndarray, m: int) -> np.ndarray:
