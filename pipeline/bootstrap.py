@@ -15,7 +15,6 @@ type DuckDB's own sum had. The same bits for any BLAS, thread count or summation
 
 from __future__ import annotations
 
-import operator
 import os
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -184,17 +183,37 @@ def moments(y: np.ndarray, x: np.ndarray) -> Moments:
 
 
 # int64 where no partial sum can overflow (bounds in float64: its rounding is far inside the factor-2 margin),
-# else Python integers (the auc part's squares, in units of 2^-40, do not fit in 64 bits).
+# else exactly by limbs (the auc part's squares, in units of 2^-40, do not fit in 64 bits).
 def _sum(a: np.ndarray) -> int:
-    if float(np.abs(a).sum(dtype=np.float64)) < 2.0**62:
+    if float(_magnitudes(a).sum()) < 2.0**62:
         return int(a.sum())
     return sum(a.tolist())
 
 
+def _magnitudes(a: np.ndarray) -> np.ndarray:
+    return np.abs(a.astype(np.float64))  # in int64, abs(-2^63) wraps to -2^63
+
+
+_DOT_BITS = 21  # limbs of 21 bits: a product of two is below 2^42, 2^20 of them add up below 2^62
+_DOT_ROWS = 1 << 20
+
+
 def _dot(a: np.ndarray, b: np.ndarray) -> int:
-    if float(np.abs(a).max(initial=0)) * float(np.abs(b).sum(dtype=np.float64)) < 2.0**62:
+    if float(_magnitudes(a).max(initial=0)) * float(_magnitudes(b).sum()) < 2.0**62:
         return int(np.dot(a, b))
-    return sum(map(operator.mul, a.tolist(), b.tolist()))
+    total = 0
+    for r0 in range(0, len(a), _DOT_ROWS):
+        a_limbs, b_limbs = _limbs21(a[r0 : r0 + _DOT_ROWS]), _limbs21(b[r0 : r0 + _DOT_ROWS])
+        for i, a_limb in enumerate(a_limbs):
+            for j, b_limb in enumerate(b_limbs):
+                total += int(np.dot(a_limb, b_limb)) << (_DOT_BITS * (i + j))
+    return total
+
+
+def _limbs21(a: np.ndarray) -> list[np.ndarray]:
+    """int64 a as three limbs of 21 bits, a = sum limb_k * 2^(21 k): two unsigned, the top one signed."""
+    mask = np.int64((1 << _DOT_BITS) - 1)
+    return [a & mask, (a >> np.int64(_DOT_BITS)) & mask, a >> np.int64(2 * _DOT_BITS)]
 
 
 # --- the mergeable Poisson bootstrap ("poisson-merged") -------------------------------------------------------

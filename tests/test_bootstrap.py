@@ -125,3 +125,19 @@ def test_metrics_poisson_merged(tmp_path: Path) -> None:
         assert c["ter"]["method"] == "bootstrap"
         assert c["ter"]["lo"] == pytest.approx(float(np.quantile(ter, 0.025, method="linear")), rel=1e-12)
         assert c["ter"]["hi"] == pytest.approx(float(np.quantile(ter, 0.975, method="linear")), rel=1e-12)
+
+
+@given(
+    st.lists(st.tuples(st.integers(-(2**63), 2**63 - 1), st.integers(-(2**63), 2**63 - 1)), max_size=40),
+)
+def test_moments_exact_for_any_int64(pairs: list[tuple[int, int]]) -> None:
+    """The moments are exact integers for any int64 sums (the auc part's squares overflow 64 bits)."""
+    y = np.array([p[0] for p in pairs], dtype=np.int64)
+    x = np.array([p[1] for p in pairs], dtype=np.int64)
+    got = bootstrap.moments(y, x)
+    assert (got.yy, got.xy, got.xx) == (
+        sum(v * v for v, _ in pairs),
+        sum(v * w for v, w in pairs),
+        sum(w * w for _, w in pairs),
+    )
+    assert (got.num_total, got.den_total) == (sum(v for v, _ in pairs), sum(w for _, w in pairs))
