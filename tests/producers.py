@@ -1,0 +1,177 @@
+"""Real log producers for the adapter tests (tests/test_producers*.py): one scripted support conversation, the
+tools it calls, and a chat-completions stub server on loopback that plays the model's side of it.
+
+Every producer runs the same script, so every test asserts the same known answer: four tool calls in three
+model turns, call ids reused across turns (as some frameworks do: pairing must go by position), and a
+`cancel_order` that raises because order O5521 has shipped. Scored by `observed` with the `support` spec:
+valid, valid, invalid (P: the spec's cancellation rule over the `get_order` output the agent saw, and the
+logged error), valid.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+USER = "I'm ava@example.com. Please cancel order O5521, I changed my mind."
+FINAL = "Order O5521 has already shipped, so it cannot be cancelled; here is its tracking."
+MODEL = "stub-model"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+
+
+# The model's turns: each a list of parallel tool calls; after the last, the model answers FINAL.
+SCRIPT: list[list[ToolCall]] = [
+    [ToolCall("call_1", "find_customer", {"email": "ava@example.com"}),
+     ToolCall("call_2", "get_order", {"order_id": "O5521"})],
+    [ToolCall("call_1", "cancel_order", {"order_id": "O5521", "reason": "changed_mind"})],  # id reused
+    [ToolCall("call_2", "track_shipment", {"order_id": "O5521"})],  # id reused
+]  # fmt: skip
+CALLS = [c for turn in SCRIPT for c in turn]
+CANCEL_ERROR = "order O5521 has shipped: it cannot be cancelled"
+
+
+class ToolFailure(Exception):
+    """What `cancel_order` raises."""
+
+
+def find_customer(email: str) -> str:
+    return json.dumps({"customer_id": "C104", "email": email})
+
+
+def get_order(order_id: str) -> str:
+    return json.dumps({"order_id": order_id, "status": "shipped", "total": 42.5})
+
+
+def cancel_order(order_id: str, reason: str) -> str:
+    raise ToolFailure(CANCEL_ERROR)
+
+
+def track_shipment(order_id: str) -> str:
+    return json.dumps({"order_id": order_id, "carrier": "UPS", "status": "in transit"})
+
+
+TOOLS: dict[str, Callable[..., str]] = {
+    f.__name__: f for f in (find_customer, get_order, cancel_order, track_shipment)
+}
+DESCRIPTIONS = {
+    "find_customer": "Look a customer up by e-mail.",
+    "get_order": "One order: status, items, total.",
+    "cancel_order": "Cancel an order that has not shipped.",
+    "track_shipment": "Carrier tracking of a shipped order.",
+}
+
+# What `observed` with the `support` spec says of each call, in order: (tool, valid, failed check).
+EXPECTED_STEPS = [
+    ("find_customer", True, None),
+    ("get_order", True, None),
+    ("cancel_order", False, "P"),
+    ("track_shipment", True, None),
+]
+
+
+def pexec(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """The `pexec` console script of this environment, in a process that has not imported any producer."""
+    script = str(Path(sys.executable).with_name("pexec"))
+    proc = subprocess.run([script, *args], capture_output=True, text=True, timeout=120, cwd=cwd)
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def ingest_and_score(fmt: str, source: Path, tmp: Path, *options: str) -> dict[str, list[tuple[str, bool, str | None]]]:
+    """`pexec ingest FMT SOURCE` then `pexec score --env observed --spec support --inline`: rollout id ->
+    (tool, valid, failed check) per step, in depth order."""
+    import pyarrow.parquet as pq
+
+    pexec("ingest", fmt, str(source), "--out", "store", *[a for o in options for a in ("--option", o)], cwd=tmp)
+    pexec("score", "store", "--out", "run", "--env", "observed", "--spec", "support", "--inline", cwd=tmp)
+    out: dict[str, list[tuple[str, bool, str | None]]] = {}
+    for s in sorted(pq.read_table(tmp / "run" / "steps").to_pylist(), key=lambda s: (s["rollout_id"], s["step"])):
+        out.setdefault(s["rollout_id"], []).append((s["tool"], s["valid"], s["failed_check"]))
+    return out
+
+
+def tool_schemas() -> list[dict[str, Any]]:
+    """The chat-completions `tools` of the script's tools, from the support spec's own schemas."""
+    spec = json.loads((Path(__file__).parents[1] / "specs" / "support" / "tools.json").read_text())
+    return [t for t in spec if t["function"]["name"] in TOOLS]
+
+
+def turn_of(messages: list[dict[str, Any]]) -> int:
+    """Which turn of SCRIPT a request is at: the number of assistant messages it already carries."""
+    return sum(1 for m in messages if m.get("role") == "assistant")
+
+
+def completion(turn: int) -> dict[str, Any]:
+    """The chat-completions response for a turn of SCRIPT (FINAL after the last)."""
+    if turn < len(SCRIPT):
+        calls = [{"id": c.call_id, "type": "function",
+                  "function": {"name": c.tool, "arguments": json.dumps(c.arguments)}} for c in SCRIPT[turn]]  # fmt: skip
+        message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": calls}
+        finish = "tool_calls"
+    else:
+        message, finish = {"role": "assistant", "content": FINAL}, "stop"
+    return {
+        "id": f"chatcmpl-{turn}",
+        "object": "chat.completion",
+        "created": 1_795_953_600 + turn,
+        "model": MODEL,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+        "usage": {"prompt_tokens": 50 + 10 * turn, "completion_tokens": 12, "total_tokens": 62 + 10 * turn},
+    }
+
+
+@dataclass
+class Stub:
+    base_url: str  # e.g. http://127.0.0.1:PORT/v1
+    requests: list[dict[str, Any]]
+
+
+@contextmanager
+def stub_server() -> Iterator[Stub]:
+    """A chat-completions server on 127.0.0.1 (a free port) answering each request with the SCRIPT turn its
+    messages are at; it keeps the request bodies."""
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    seen: list[dict[str, Any]] = []
+
+    async def chat(request: Request) -> JSONResponse:
+        body = await request.json()
+        seen.append(body)
+        return JSONResponse(completion(turn_of(body["messages"])))
+
+    app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the stub server did not start")
+        time.sleep(0.01)
+    try:
+        yield Stub(f"http://127.0.0.1:{port}/v1", seen)
+    finally:
+        server.should_exit = True
+        thread.join(5)

@@ -1,0 +1,153 @@
+"""`inspect` on what Inspect AI itself writes: a real eval (mock model provider, real @tool tools, one of which
+raises) writes a real `.eval` log; `ingest` and `score` read it back. The script and its known answer are in
+tests/producers.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from producers import CALLS, CANCEL_ERROR, EXPECTED_STEPS, FINAL, SCRIPT, TOOLS, USER, ToolFailure, ingest_and_score
+
+from pipeline.ingest import ingest
+
+inspect_ai = pytest.importorskip("inspect_ai")  # in the dev extra: absent only outside `make install`
+
+from inspect_ai import Task, eval  # noqa: E402
+from inspect_ai.dataset import Sample  # noqa: E402
+from inspect_ai.model import ChatMessageAssistant, ModelOutput, ModelUsage, get_model  # noqa: E402
+from inspect_ai.scorer import includes  # noqa: E402
+from inspect_ai.solver import generate, use_tools  # noqa: E402
+from inspect_ai.tool import Tool, ToolCall, ToolError, tool  # noqa: E402
+
+CRASH = "Where is order O7777?"  # the second sample: its tool fails with an exception that is not a ToolError
+
+
+def _run(name: str, **kwargs: Any) -> str:
+    try:
+        return TOOLS[name](**kwargs)
+    except ToolFailure as exc:
+        raise ToolError(str(exc)) from exc  # how an Inspect tool reports an error to the model
+
+
+@tool
+def find_customer() -> Tool:
+    async def execute(email: str) -> str:
+        """Look a customer up by e-mail.
+
+        Args:
+            email: the customer's e-mail address
+        """
+        return _run("find_customer", email=email)
+
+    return execute
+
+
+@tool
+def get_order() -> Tool:
+    async def execute(order_id: str) -> str:
+        """One order: status, items, total.
+
+        Args:
+            order_id: order id, e.g. O5521
+        """
+        if order_id == "O7777":
+            raise RuntimeError("order service unreachable")  # not a ToolError: Inspect halts the sample
+        return _run("get_order", order_id=order_id)
+
+    return execute
+
+
+@tool
+def cancel_order() -> Tool:
+    async def execute(order_id: str, reason: str) -> str:
+        """Cancel an order that has not shipped.
+
+        Args:
+            order_id: order id, e.g. O5521
+            reason: why (changed_mind, duplicate, too_slow, other)
+        """
+        return _run("cancel_order", order_id=order_id, reason=reason)
+
+    return execute
+
+
+@tool
+def track_shipment() -> Tool:
+    async def execute(order_id: str) -> str:
+        """Carrier tracking of a shipped order.
+
+        Args:
+            order_id: order id, e.g. O5521
+        """
+        return _run("track_shipment", order_id=order_id)
+
+    return execute
+
+
+def model_turn(messages: list, tools: list, tool_choice: Any, config: Any) -> ModelOutput:
+    """The mock model: SCRIPT's turn for the main sample, one `get_order` call and then an answer for CRASH."""
+    turn = sum(1 for m in messages if m.role == "assistant")
+    script = SCRIPT if messages[0].text == USER else [[c] for c in CALLS[1:2]]
+    if turn >= len(script):
+        return counted(ModelOutput.from_content(model="mockllm/model", content=FINAL))
+    calls = [ToolCall(id=c.call_id, function=c.tool, arguments=dict(c.arguments)) for c in script[turn]]
+    if messages[0].text == CRASH:
+        calls = [ToolCall(id="call_9", function="get_order", arguments={"order_id": "O7777"})]
+    message = ChatMessageAssistant(content="", tool_calls=calls, model="mockllm/model")
+    return counted(ModelOutput.from_message(message, stop_reason="tool_calls"))
+
+
+def counted(output: ModelOutput) -> ModelOutput:
+    # With usage given, mockllm does not count tokens itself (tiktoken would download its encoding).
+    output.usage = ModelUsage(input_tokens=50, output_tokens=12, total_tokens=62)
+    return output
+
+
+@pytest.fixture(scope="module")
+def eval_log(tmp_path_factory) -> Path:
+    logs = tmp_path_factory.mktemp("inspect-logs")
+    task = Task(
+        dataset=[Sample(input=USER, target="shipped", id="cancel"), Sample(input=CRASH, target="transit", id="crash")],
+        solver=[use_tools(find_customer(), get_order(), cancel_order(), track_shipment()), generate()],
+        scorer=includes(),
+        name="support",
+    )
+    model = get_model("mockllm/model", custom_outputs=model_turn)
+    [log] = eval(task, model=model, log_dir=str(logs), log_format="eval", display="none", fail_on_error=False)
+    assert log.status == "success", log.error
+    [path] = logs.glob("*.eval")
+    return path
+
+
+def test_a_real_eval_log_ingests_with_exact_calls_errors_and_pairing(eval_log):
+    records = {r["task_id"]: r for r in ingest("inspect", [str(eval_log)])}
+    assert sorted(records) == ["cancel", "crash"]
+    rec = records["cancel"]
+    assert rec["status"] == "ok" and rec["success"] is True and rec["labels"]["model"] == "mockllm/model"
+    calls = [e for e in rec["events"] if e["type"] == "call"]
+    assert [(c["tool"], c["call_id"], c["arguments"]) for c in calls] == [
+        (c.tool, c.call_id, c.arguments) for c in CALLS
+    ]
+    # ids repeat across turns: each result answers the earliest unanswered call with its id
+    assert [json.loads(c["output"]).get("customer_id") for c in calls[:1]] == ["C104"]
+    assert json.loads(calls[1]["output"])["status"] == "shipped"
+    assert (calls[2]["output"], calls[2]["error"]) == (CANCEL_ERROR, True)
+    assert json.loads(calls[3]["output"])["carrier"] == "UPS"
+    assert [c["error"] for c in calls] == [False, False, True, False]
+    assert "orphan_results" not in rec["attributes"]
+    crash = records["crash"]
+    assert crash["status"] == "harness_error" and "order service unreachable" in crash["attributes"]["harness_error"]
+    [call] = [e for e in crash["events"] if e["type"] == "call"]
+    assert (call["tool"], call["arguments"], "output" in call) == ("get_order", {"order_id": "O7777"}, False)
+
+
+def test_a_real_eval_log_scores_through_the_cli(eval_log, tmp_path):
+    # a process without inspect_ai: its zipfile patch for zstd members is absent there
+    steps = ingest_and_score("inspect", eval_log, tmp_path)
+    [cancel] = [k for k in steps if k.endswith("/cancel/1")]
+    [crash] = [k for k in steps if k.endswith("/crash/1")]
+    assert steps[cancel] == EXPECTED_STEPS
+    assert steps[crash] == [("get_order", True, None)]  # O7777 is in the question; no result logged
