@@ -92,17 +92,22 @@ def pexec(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return proc
 
 
-def ingest_and_score(fmt: str, source: Path, tmp: Path, *options: str) -> dict[str, list[tuple[str, bool, str | None]]]:
-    """`pexec ingest FMT SOURCE` then `pexec score --env observed --spec support --inline`: rollout id ->
-    (tool, valid, failed check) per step, in depth order."""
+def ingest_and_score(fmt: str, source: Path, tmp: Path, *options: str) -> dict[str, list[dict[str, Any]]]:
+    """`pexec ingest FMT SOURCE` then `pexec score --env observed --spec support --inline`: rollout id -> its
+    steps (rows of the run's `steps` table) in depth order."""
     import pyarrow.parquet as pq
 
     pexec("ingest", fmt, str(source), "--out", "store", *[a for o in options for a in ("--option", o)], cwd=tmp)
     pexec("score", "store", "--out", "run", "--env", "observed", "--spec", "support", "--inline", cwd=tmp)
-    out: dict[str, list[tuple[str, bool, str | None]]] = {}
+    out: dict[str, list[dict[str, Any]]] = {}
     for s in sorted(pq.read_table(tmp / "run" / "steps").to_pylist(), key=lambda s: (s["rollout_id"], s["step"])):
-        out.setdefault(s["rollout_id"], []).append((s["tool"], s["valid"], s["failed_check"]))
+        out.setdefault(s["rollout_id"], []).append(s)
     return out
+
+
+def verdicts(steps: list[dict[str, Any]]) -> list[tuple[str, bool, str | None]]:
+    """(tool, valid, failed check) of each step, as EXPECTED_STEPS lists them."""
+    return [(s["tool"], s["valid"], s["failed_check"]) for s in steps]
 
 
 def tool_schemas() -> list[dict[str, Any]]:
@@ -119,8 +124,10 @@ def turn_of(messages: list[dict[str, Any]]) -> int:
 def completion(turn: int) -> dict[str, Any]:
     """The chat-completions response for a turn of SCRIPT (FINAL after the last)."""
     if turn < len(SCRIPT):
-        calls = [{"id": c.call_id, "type": "function",
-                  "function": {"name": c.tool, "arguments": json.dumps(c.arguments)}} for c in SCRIPT[turn]]  # fmt: skip
+        calls = [
+            {"id": c.call_id, "type": "function", "function": {"name": c.tool, "arguments": json.dumps(c.arguments)}}
+            for c in SCRIPT[turn]
+        ]
         message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": calls}
         finish = "tool_calls"
     else:
@@ -175,3 +182,66 @@ def stub_server() -> Iterator[Stub]:
     finally:
         server.should_exit = True
         thread.join(5)
+
+
+def agent_loop(create: Callable[[list[dict[str, Any]]], Any], run_tool: Callable[[Any, dict[str, Any]], str]) -> None:
+    """A plain chat-completions agent: ask the model (`create(messages)`), run each tool call it returns
+    (`run_tool(tool_call, arguments)`; a raised ToolFailure is answered with `Error: ...`), until it answers."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": USER}]
+    while True:
+        message = create(messages).choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        if not message.tool_calls:
+            return
+        for tc in message.tool_calls:
+            try:
+                content = run_tool(tc, json.loads(tc.function.arguments))
+            except ToolFailure as exc:
+                content = f"Error: {exc}"
+            messages.append({"role": "tool", "tool_call_id": tc.id, "content": content})
+
+
+def run_otel(base_url: str, out: str, tool_spans: str = "yes") -> None:
+    """The OpenTelemetry GenAI producer, run in a process of its own (the semantic-convention opt-in is read
+    once per process): the `openai` SDK under `opentelemetry-instrumentation-openai-v2` makes the chat spans,
+    `opentelemetry-util-genai`'s handler the `execute_tool` spans; the spans are written to `out` as OTLP JSON
+    by the SDK's own OTLP encoder and protobuf's JSON mapping. Content capture follows
+    OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT; `tool_spans=no`: the instrumented client alone, as
+    auto-instrumentation of an application that makes no tool spans of its own."""
+    from google.protobuf.json_format import MessageToDict
+    from openai import OpenAI
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.util.genai.handler import get_telemetry_handler
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "support-agent", "service.version": "1.5.0"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    OpenAIInstrumentor().instrument(tracer_provider=provider)
+    handler = get_telemetry_handler(tracer_provider=provider)
+    client = OpenAI(base_url=base_url, api_key="stub", max_retries=0)
+
+    def run_tool(tc: Any, arguments: dict[str, Any]) -> str:
+        if tool_spans == "no":
+            return TOOLS[tc.function.name](**arguments)
+        with handler.tool(tc.function.name, tool_call_id=tc.id, tool_type="function") as invocation:
+            if invocation.should_capture_content_on_span:
+                invocation.arguments = arguments
+            result = TOOLS[tc.function.name](**arguments)
+            if invocation.should_capture_content_on_span:
+                invocation.tool_result = result
+            return result
+
+    with provider.get_tracer("support-agent").start_as_current_span("invoke_agent support"):
+        agent_loop(lambda messages: client.chat.completions.create(model=MODEL, messages=messages,
+                                                                   tools=tool_schemas()), run_tool)  # fmt: skip
+    provider.shutdown()
+    Path(out).write_text(json.dumps(MessageToDict(encode_spans(exporter.get_finished_spans()))))
+
+
+if __name__ == "__main__":  # python producers.py otel BASE_URL OUT
+    {"otel": run_otel}[sys.argv[1]](*sys.argv[2:])

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from producers import CALLS, CANCEL_ERROR, EXPECTED_STEPS, FINAL, SCRIPT, TOOLS, USER, ToolFailure, ingest_and_score
+from producers import CALLS, CANCEL_ERROR, EXPECTED_STEPS, FINAL, SCRIPT, TOOLS, USER, ToolFailure, ingest_and_score, verdicts
 
 from pipeline.ingest import ingest
 
@@ -149,5 +149,5 @@ def test_a_real_eval_log_scores_through_the_cli(eval_log, tmp_path):
     steps = ingest_and_score("inspect", eval_log, tmp_path)
     [cancel] = [k for k in steps if k.endswith("/cancel/1")]
     [crash] = [k for k in steps if k.endswith("/crash/1")]
-    assert steps[cancel] == EXPECTED_STEPS
-    assert steps[crash] == [("get_order", True, None)]  # O7777 is in the question; no result logged
+    assert verdicts(steps[cancel]) == EXPECTED_STEPS
+    assert verdicts(steps[crash]) == [("get_order", True, None)]  # O7777 is in the question; no result logged
