@@ -65,9 +65,7 @@ def track_shipment(order_id: str) -> str:
     return json.dumps({"order_id": order_id, "carrier": "UPS", "status": "in transit"})
 
 
-TOOLS: dict[str, Callable[..., str]] = {
-    f.__name__: f for f in (find_customer, get_order, cancel_order, track_shipment)
-}
+TOOLS: dict[str, Callable[..., str]] = {f.__name__: f for f in (find_customer, get_order, cancel_order, track_shipment)}
 DESCRIPTIONS = {
     "find_customer": "Look a customer up by e-mail.",
     "get_order": "One order: status, items, total.",

@@ -9,7 +9,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from producers import CALLS, CANCEL_ERROR, EXPECTED_STEPS, FINAL, SCRIPT, TOOLS, USER, ToolFailure, ingest_and_score, verdicts
+from producers import (
+    CALLS,
+    CANCEL_ERROR,
+    EXPECTED_STEPS,
+    FINAL,
+    SCRIPT,
+    TOOLS,
+    USER,
+    ToolFailure,
+    ingest_and_score,
+    verdicts,
+)
 
 from pipeline.ingest import ingest
 

@@ -67,7 +67,7 @@ def test_captured_spans_give_every_call_its_arguments_output_and_error(stub, tmp
 
 def test_capture_off_leaves_arguments_unknown_and_the_logged_outcome_decides(stub, tmp_path):
     path = produce(stub, tmp_path / "spans.json", capture=False)
-    record, calls = calls_of(path)
+    _, calls = calls_of(path)
     assert [(c["tool"], c["call_id"], c["arguments"], "output" in c, c["error"]) for c in calls] == [
         (c.tool, c.call_id, None, False, c.tool == "cancel_order") for c in CALLS
     ]
@@ -81,7 +81,9 @@ def test_capture_off_leaves_arguments_unknown_and_the_logged_outcome_decides(stu
 def test_the_instrumented_client_alone_pairs_tool_responses_from_the_input_messages(stub, tmp_path):
     path = produce(stub, tmp_path / "spans.json", capture=True, tool_spans=False)
     record, calls = calls_of(path)
-    assert [(c["tool"], c["call_id"], c["arguments"]) for c in calls] == [(c.tool, c.call_id, c.arguments) for c in CALLS]
+    assert [(c["tool"], c["call_id"], c["arguments"]) for c in calls] == [
+        (c.tool, c.call_id, c.arguments) for c in CALLS
+    ]
     outputs = [c["output"] for c in calls]
     assert json.loads(outputs[0])["customer_id"] == "C104" and json.loads(outputs[3])["carrier"] == "UPS"
     assert outputs[2] == f"Error: {CANCEL_ERROR}"  # the agent's answer to the model; no error flag is logged
@@ -93,7 +95,7 @@ def test_the_instrumented_client_alone_pairs_tool_responses_from_the_input_messa
 
 def test_the_instrumented_client_alone_with_capture_off_logs_no_call_and_ingest_says_so(stub, tmp_path):
     path = produce(stub, tmp_path / "spans.json", capture=False, tool_spans=False)
-    with pytest.raises(IngestError, match="1 rollout.s. and not one tool call: are these otel logs"):
+    with pytest.raises(IngestError, match=r"1 rollout\(s\) and not one tool call: are these otel logs"):
         list(ingest("otel", [str(path)]))
     script = str(Path(sys.executable).with_name("pexec"))
     proc = subprocess.run([script, "ingest", "otel", str(path), "--out", "store"], capture_output=True, text=True,

@@ -1,9 +1,10 @@
 """`inspect`: Inspect AI `.eval` logs (zip archives of JSON) -> canonical rollouts, one per sample and epoch.
 
 Read with zipfile/json (no inspect_ai dependency); Inspect compresses the members with zstd (ZIP method 93),
-which zipfile reads only from Python 3.14, so those are decompressed here with zstandard. A source is a `.eval` file or a folder searched
-recursively. Layout used: `header.json` (or, for a log still being written, `_journal/start.json`) gives
-`eval` (task, model, eval_id, created); `samples/<id>_epoch_<n>.json` one sample each. Mapping:
+which zipfile reads only from Python 3.14, so those are decompressed here with zstandard. A source is a `.eval`
+file or a folder searched recursively. Layout used: `header.json` (or, for a log still being written,
+`_journal/start.json`) gives `eval` (task, model, eval_id, created); `samples/<id>_epoch_<n>.json` one sample
+each. Mapping:
 - the record for ids/labels/success is the sample plus `model`, `task`, `eval_id`, `run_id`, `created`,
   `date` (day of `created`), `rollout_id` = `<eval_id>/<sample id>/<epoch>` (the default id field) and
   `score` = the value of the first scorer in `scores`, or of `--option scorer=NAME` (the default success
