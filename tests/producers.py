@@ -119,13 +119,19 @@ def turn_of(messages: list[dict[str, Any]]) -> int:
     return sum(1 for m in messages if m.get("role") == "assistant")
 
 
-def completion(turn: int) -> dict[str, Any]:
-    """The chat-completions response for a turn of SCRIPT (FINAL after the last)."""
+def unique_id(call: ToolCall, turn: int) -> str:
+    """The call's id from a stub that never reuses one (the Agents SDK refuses a reused id)."""
+    return f"{call.call_id}_{turn}"
+
+
+def completion(turn: int, unique: bool = False) -> dict[str, Any]:
+    """The chat-completions response for a turn of SCRIPT (FINAL after the last); `unique`: ids as `unique_id`."""
     if turn < len(SCRIPT):
         calls = [
-            {"id": c.call_id, "type": "function", "function": {"name": c.tool, "arguments": json.dumps(c.arguments)}}
+            {"id": unique_id(c, turn) if unique else c.call_id, "type": "function",
+             "function": {"name": c.tool, "arguments": json.dumps(c.arguments)}}
             for c in SCRIPT[turn]
-        ]
+        ]  # fmt: skip
         message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": calls}
         finish = "tool_calls"
     else:
@@ -143,13 +149,14 @@ def completion(turn: int) -> dict[str, Any]:
 @dataclass
 class Stub:
     base_url: str  # e.g. http://127.0.0.1:PORT/v1
+    unique_url: str  # the same, never reusing a call id
     requests: list[dict[str, Any]]
 
 
 @contextmanager
 def stub_server() -> Iterator[Stub]:
     """A chat-completions server on 127.0.0.1 (a free port) answering each request with the SCRIPT turn its
-    messages are at; it keeps the request bodies."""
+    messages are at (under `/unique/` with ids that are never reused); it keeps the request bodies."""
     import uvicorn
     from starlette.applications import Starlette
     from starlette.requests import Request
@@ -161,9 +168,11 @@ def stub_server() -> Iterator[Stub]:
     async def chat(request: Request) -> JSONResponse:
         body = await request.json()
         seen.append(body)
-        return JSONResponse(completion(turn_of(body["messages"])))
+        unique = request.url.path.startswith("/unique/")
+        return JSONResponse(completion(turn_of(body["messages"]), unique))
 
-    app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+    path = "/v1/chat/completions"
+    app = Starlette(routes=[Route(p, chat, methods=["POST"]) for p in (path, f"/unique{path}")])
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -176,7 +185,7 @@ def stub_server() -> Iterator[Stub]:
             raise RuntimeError("the stub server did not start")
         time.sleep(0.01)
     try:
-        yield Stub(f"http://127.0.0.1:{port}/v1", seen)
+        yield Stub(f"http://127.0.0.1:{port}/v1", f"http://127.0.0.1:{port}/unique/v1", seen)
     finally:
         server.should_exit = True
         thread.join(5)
@@ -241,5 +250,24 @@ def run_otel(base_url: str, out: str, tool_spans: str = "yes") -> None:
     Path(out).write_text(json.dumps(MessageToDict(encode_spans(exporter.get_finished_spans()))))
 
 
-if __name__ == "__main__":  # python producers.py otel BASE_URL OUT
-    {"otel": run_otel}[sys.argv[1]](*sys.argv[2:])
+def run_agents(base_url: str, out: str) -> None:
+    """The OpenAI Agents SDK producer: an `Agent` on `OpenAIChatCompletionsModel` with `function_tool` tools (a
+    raising tool is answered with the SDK's default error text), its tracing off (it would upload); the
+    transcript, the run's items as the SDK's own converter turns them into chat-completions messages, is
+    written to `out` as one conversation."""
+    from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+    from agents.models.chatcmpl_converter import Converter
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    tools = [function_tool(f, name_override=name, description_override=DESCRIPTIONS[name]) for name, f in TOOLS.items()]
+    client = AsyncOpenAI(base_url=base_url, api_key="stub", max_retries=0)
+    agent = Agent(name="support", instructions="Help the customer.", tools=tools,
+                  model=OpenAIChatCompletionsModel(model=MODEL, openai_client=client))  # fmt: skip
+    result = Runner.run_sync(agent, USER)
+    messages = Converter.items_to_messages(result.to_input_list())
+    Path(out).write_text(json.dumps({"id": "agents-1", "model": MODEL, "messages": messages}))
+
+
+if __name__ == "__main__":  # python producers.py otel|agents BASE_URL OUT [...]
+    {"otel": run_otel, "agents": run_agents}[sys.argv[1]](*sys.argv[2:])
