@@ -78,8 +78,14 @@ def test_capture_off_leaves_arguments_unknown_and_the_logged_outcome_decides(stu
     ]  # fmt: skip
 
 
-def test_the_instrumented_client_alone_pairs_tool_responses_from_the_input_messages(stub, tmp_path):
-    path = produce(stub, tmp_path / "spans.json", capture=True, tool_spans=False)
+@pytest.fixture(scope="module")
+def client_alone(stub, tmp_path_factory) -> Path:
+    """Spans of the instrumented client alone (no tool spans), content captured."""
+    return produce(stub, tmp_path_factory.mktemp("otel") / "spans.json", capture=True, tool_spans=False)
+
+
+def test_the_instrumented_client_alone_pairs_tool_responses_from_the_input_messages(client_alone, tmp_path):
+    path = client_alone
     record, calls = calls_of(path)
     assert [(c["tool"], c["call_id"], c["arguments"]) for c in calls] == [
         (c.tool, c.call_id, c.arguments) for c in CALLS
@@ -102,3 +108,21 @@ def test_the_instrumented_client_alone_with_capture_off_logs_no_call_and_ingest_
                           cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 2 and "not one tool call" in proc.stderr and "Traceback" not in proc.stderr
     pexec("ingest", "otel", str(path), "--out", "store", "--option", "allow_no_calls=true", cwd=tmp_path)
+
+
+def test_a_lost_chat_span_leaves_its_response_an_orphan_not_another_calls_result(client_alone, tmp_path):
+    # Drop the chat span that requested cancel_order (an exporter can lose spans): its response, the second
+    # with id call_1, must not become find_customer's output nor vanish.
+    doc = json.loads(client_alone.read_text())
+    spans = doc["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    lost = [s for s in spans if "cancel_order" in json.dumps(s.get("attributes")) and s["name"].startswith("chat")]
+    spans.remove(min(lost, key=lambda s: int(s["startTimeUnixNano"])))
+    (tmp_path / "lossy.json").write_text(json.dumps(doc))
+    record, calls = calls_of(tmp_path / "lossy.json")
+    kept = [(c.tool, c.call_id) for c in CALLS if c.tool != "cancel_order"]
+    assert [(c["tool"], c["call_id"]) for c in calls] == kept
+    assert json.loads(calls[0]["output"])["customer_id"] == "C104"
+    assert record["attributes"]["orphan_results"] == "1"
+    assert [e["content"] for e in record["events"] if e["type"] == "message" and e["role"] == "tool"] == [
+        f"Error: {CANCEL_ERROR}"
+    ]
