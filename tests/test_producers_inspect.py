@@ -4,6 +4,8 @@ tests/producers.py."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,7 @@ import pytest
 from producers import (
     CALLS,
     CANCEL_ERROR,
+    DESCRIPTIONS,
     EXPECTED_STEPS,
     FINAL,
     SCRIPT,
@@ -36,66 +39,23 @@ from inspect_ai.tool import Tool, ToolCall, ToolError, tool  # noqa: E402
 CRASH = "Where is order O7777?"  # the second sample: its tool fails with an exception that is not a ToolError
 
 
-def _run(name: str, **kwargs: Any) -> str:
-    try:
-        return TOOLS[name](**kwargs)
-    except ToolFailure as exc:
-        raise ToolError(str(exc)) from exc  # how an Inspect tool reports an error to the model
+def support_tool(name: str) -> Tool:
+    """The script's tool `name` as an Inspect @tool: its failure is a ToolError (what Inspect shows the model);
+    `get_order("O7777")` raises an error that is not one, so Inspect halts that sample."""
+    fn = TOOLS[name]
 
+    @functools.wraps(fn)
+    async def execute(**arguments: Any) -> str:
+        if arguments.get("order_id") == "O7777":
+            raise RuntimeError("order service unreachable")
+        try:
+            return fn(**arguments)
+        except ToolFailure as exc:
+            raise ToolError(str(exc)) from exc
 
-@tool
-def find_customer() -> Tool:
-    async def execute(email: str) -> str:
-        """Look a customer up by e-mail.
-
-        Args:
-            email: the customer's e-mail address
-        """
-        return _run("find_customer", email=email)
-
-    return execute
-
-
-@tool
-def get_order() -> Tool:
-    async def execute(order_id: str) -> str:
-        """One order: status, items, total.
-
-        Args:
-            order_id: order id, e.g. O5521
-        """
-        if order_id == "O7777":
-            raise RuntimeError("order service unreachable")  # not a ToolError: Inspect halts the sample
-        return _run("get_order", order_id=order_id)
-
-    return execute
-
-
-@tool
-def cancel_order() -> Tool:
-    async def execute(order_id: str, reason: str) -> str:
-        """Cancel an order that has not shipped.
-
-        Args:
-            order_id: order id, e.g. O5521
-            reason: why (changed_mind, duplicate, too_slow, other)
-        """
-        return _run("cancel_order", order_id=order_id, reason=reason)
-
-    return execute
-
-
-@tool
-def track_shipment() -> Tool:
-    async def execute(order_id: str) -> str:
-        """Carrier tracking of a shipped order.
-
-        Args:
-            order_id: order id, e.g. O5521
-        """
-        return _run("track_shipment", order_id=order_id)
-
-    return execute
+    params = "".join(f"\n        {p}: {p.replace('_', ' ')}" for p in inspect.signature(fn).parameters)
+    execute.__doc__ = f"{DESCRIPTIONS[name]}\n\n    Args:{params}\n    "
+    return tool(name=name)(lambda: execute)()
 
 
 def model_turn(messages: list, tools: list, tool_choice: Any, config: Any) -> ModelOutput:
@@ -122,7 +82,7 @@ def eval_log(tmp_path_factory) -> Path:
     logs = tmp_path_factory.mktemp("inspect-logs")
     task = Task(
         dataset=[Sample(input=USER, target="shipped", id="cancel"), Sample(input=CRASH, target="transit", id="crash")],
-        solver=[use_tools(find_customer(), get_order(), cancel_order(), track_shipment()), generate()],
+        solver=[use_tools(*map(support_tool, TOOLS)), generate()],
         scorer=includes(),
         name="support",
     )
