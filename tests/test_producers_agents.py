@@ -15,8 +15,6 @@ from producers import CALLS, EXPECTED_STEPS, SCRIPT, Stub, ingest_and_score, stu
 
 from pipeline.ingest import IngestOptions, ingest
 
-pytest.importorskip("agents")  # in the dev extra: absent only outside `make install`
-
 PRODUCERS = Path(__file__).with_name("producers.py")
 ERROR_PREFIX = "An error occurred while running the tool"  # the SDK's default answer for a tool that raised
 

@@ -11,6 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from inspect_ai import Task, eval
+from inspect_ai.dataset import Sample
+from inspect_ai.model import ChatMessageAssistant, ModelOutput, ModelUsage, get_model
+from inspect_ai.scorer import includes
+from inspect_ai.solver import generate, use_tools
+from inspect_ai.tool import Tool, ToolCall, ToolError, tool
 from producers import (
     CALLS,
     CANCEL_ERROR,
@@ -26,15 +32,6 @@ from producers import (
 )
 
 from pipeline.ingest import ingest
-
-inspect_ai = pytest.importorskip("inspect_ai")  # in the dev extra: absent only outside `make install`
-
-from inspect_ai import Task, eval  # noqa: E402
-from inspect_ai.dataset import Sample  # noqa: E402
-from inspect_ai.model import ChatMessageAssistant, ModelOutput, ModelUsage, get_model  # noqa: E402
-from inspect_ai.scorer import includes  # noqa: E402
-from inspect_ai.solver import generate, use_tools  # noqa: E402
-from inspect_ai.tool import Tool, ToolCall, ToolError, tool  # noqa: E402
 
 CRASH = "Where is order O7777?"  # the second sample: its tool fails with an exception that is not a ToolError
 

@@ -18,8 +18,6 @@ from producers import CALLS, CANCEL_ERROR, EXPECTED_STEPS, MODEL, Stub, ingest_a
 from pipeline.checker import UNCAPTURED
 from pipeline.ingest import IngestError, ingest
 
-pytest.importorskip("opentelemetry.instrumentation.openai_v2")  # in the dev extra: absent only outside `make install`
-
 PRODUCERS = Path(__file__).with_name("producers.py")
 
 
