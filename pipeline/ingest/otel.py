@@ -201,9 +201,12 @@ def _events(group: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for position, entry in enumerate(log):
         if isinstance(entry, Call):
-            result = log[answers[position]] if position in answers else None
-            if result is None or isinstance(result.value, tuple):  # no result, or a response message
-                out.append(entry.build(None if result is None else result.value))
+            answer = log[answers[position]] if position in answers else None
+            if not isinstance(answer, Result):  # requested, never answered: a call with no result
+                out.append(entry.build(None))
+            elif isinstance(answer.value, tuple):  # answered by a response message: the call stays at its request
+                out.append(entry.build(answer.value))
+            # else an execute_tool span answers it and is the call
         elif isinstance(entry, Result) and isinstance(entry.value, tuple):
             if position not in requests:  # a response that answers no request: an orphan
                 out.append(message("tool", entry.content, entry.turn))
