@@ -1,8 +1,10 @@
 """`inspect`: Inspect AI `.eval` logs (zip archives of JSON) -> canonical rollouts, one per sample and epoch.
 
-Read with zipfile/json (no inspect_ai dependency). A source is a `.eval` file or a folder searched
-recursively. Layout used: `header.json` (or, for a log still being written, `_journal/start.json`) gives
-`eval` (task, model, eval_id, created); `samples/<id>_epoch_<n>.json` one sample each. Mapping:
+Read with zipfile/json (no inspect_ai dependency); Inspect compresses the members with zstd (ZIP method 93),
+which zipfile reads only from Python 3.14, so those are decompressed here with zstandard. A source is a `.eval`
+file or a folder searched recursively. Layout used: `header.json` (or, for a log still being written,
+`_journal/start.json`) gives `eval` (task, model, eval_id, created); `samples/<id>_epoch_<n>.json` one sample
+each. Mapping:
 - the record for ids/labels/success is the sample plus `model`, `task`, `eval_id`, `run_id`, `created`,
   `date` (day of `created`), `rollout_id` = `<eval_id>/<sample id>/<epoch>` (the default id field) and
   `score` = the value of the first scorer in `scores`, or of `--option scorer=NAME` (the default success
@@ -20,13 +22,17 @@ recursively. Layout used: `header.json` (or, for a log still being written, `_jo
 
 from __future__ import annotations
 
+import io
 import re
+import struct
 import zipfile
+import zlib
 from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import Any
 
 import orjson
+import zstandard
 
 from pipeline.ingest import IngestError, IngestOptions, source_files
 from pipeline.ingest._logs import LogSettings, call, loads, message, rollout, settings, text
@@ -35,6 +41,8 @@ from pipeline.storage.fs import open_for_read
 
 OPTIONS = frozenset({"scorer"})
 _SAMPLE = re.compile(r"^samples/(.+)_epoch_(\d+)\.json$")
+_ZSTD = 93  # the ZIP compression method number of zstd
+_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, ..., file name length, extra field length
 
 
 def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
@@ -51,12 +59,32 @@ def _read_log(url: str, s: LogSettings, options: IngestOptions) -> Iterator[dict
             head = "header.json" if "header.json" in names else "_journal/start.json"
             if head not in names:
                 raise IngestError(f"inspect: {url}: no header.json or _journal/start.json: not an Inspect .eval log")
-            info = loads("inspect", z.read(head), f"{url}!{head}", dict).get("eval") or {}
+            info = loads("inspect", _member(f, z, head), f"{url}!{head}", dict).get("eval") or {}
             samples = sorted((n for n in names if _SAMPLE.match(n)), key=_sample_order)
             for name in samples:
-                yield _rollout(loads("inspect", z.read(name), f"{url}!{name}", dict), info, s, f"{url}!{name}")
-    except (OSError, zipfile.BadZipFile) as exc:
+                sample = loads("inspect", _member(f, z, name), f"{url}!{name}", dict)
+                yield _rollout(sample, info, s, f"{url}!{name}")
+    except (OSError, zipfile.BadZipFile, zstandard.ZstdError) as exc:
         raise IngestError(f"inspect: {url}: cannot read the .eval archive: {exc}") from exc
+
+
+def _member(f: Any, z: zipfile.ZipFile, name: str) -> bytes:
+    """A member's bytes; a zstd member's compressed bytes are read from after its local header (where the
+    ZIP format puts them) and checked against the member's CRC."""
+    member = z.getinfo(name)
+    if member.compress_type != _ZSTD:
+        return z.read(name)
+    f.seek(member.header_offset)
+    signature, name_length, extra_length = _LOCAL_HEADER.unpack(f.read(_LOCAL_HEADER.size))
+    if signature != b"PK\x03\x04":
+        raise zipfile.BadZipFile(f"{name}: no local file header")
+    f.seek(member.header_offset + _LOCAL_HEADER.size + name_length + extra_length)
+    compressed = f.read(member.compress_size)
+    # Inspect writes several zstd frames per member: read across them
+    data = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(compressed), read_across_frames=True).read()
+    if zlib.crc32(data) != member.CRC or len(data) != member.file_size:
+        raise zipfile.BadZipFile(f"{name}: the decompressed member does not match its CRC or size")
+    return data
 
 
 def _sample_order(name: str) -> tuple[int, str]:

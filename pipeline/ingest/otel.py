@@ -16,17 +16,27 @@ all sources are collected first, so spans may arrive in any order and any file. 
   S and D unknown), output from `gen_ai.tool.call.result` when captured, `error` = span status ERROR or an
   `error.type` attribute;
 - chat spans: user/system text parts of `gen_ai.input.messages` -> message events (each distinct message
-  once, at the first span that carried it); `tool_call` parts of `gen_ai.output.messages` with no
-  `execute_tool` span -> calls with no result.
+  once, at the first span that carried it); `tool_call` parts of `gen_ai.output.messages` -> the calls'
+  requests. In a conversation with no `execute_tool` span (an instrumented model client alone, such as
+  `opentelemetry-instrumentation-openai-v2`), the `tool_call_response` parts of later input messages answer
+  them (output = `response`, error not logged); each distinct response once, a response being the n-th with
+  its id in a span's input messages. A request nothing answers is a call with no result.
+- trace and span ids are kept as hex: OTLP/JSON writes them so, protobuf's JSON mapping of the same export
+  (`MessageToDict`) as base64, which is turned into hex.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+import base64
+import binascii
+import re
+from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
+
+import orjson
 
 from pipeline.ingest import IngestError, IngestOptions, source_files
 from pipeline.ingest._logs import LOG_FILES, call, documents, loads, message, rollout, settings, text
@@ -35,6 +45,7 @@ from pipeline.ingest._sniff import mismatch
 
 CONVERSATION = "gen_ai.conversation.id"
 _ERROR_STATUS = {2, "2", "STATUS_CODE_ERROR", "ERROR"}
+_HEX_ID = re.compile(r"[0-9a-fA-F]{16}|[0-9a-fA-F]{32}")
 
 
 def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
@@ -44,7 +55,10 @@ def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
     for key, group in sorted(_conversations(spans).items()):
         group.sort(key=lambda sp: (sp["start"], sp["span_id"]))
         record = _record(group, key)
-        yield rollout(s, record, _events(group), f"otel: conversation {key}")
+        events = _events(group)
+        orphans = sum(e["type"] == "message" and e["role"] == "tool" for e in events)
+        attributes = {"orphan_results": str(orphans)} if orphans else {}
+        yield rollout(s, record, events, f"otel: conversation {key}", attributes)
 
 
 def _spans(source: str, options: IngestOptions) -> Iterator[dict[str, Any]]:
@@ -71,8 +85,8 @@ def _span(span: Any, resource: dict[str, Any], where: str) -> dict[str, Any]:
     attrs = _attributes(span.get("attributes"), at)
     status = (span.get("status") or {}).get("code")
     return {
-        "trace_id": span["traceId"],
-        "span_id": span["spanId"],
+        "trace_id": _hex_id(span["traceId"]),
+        "span_id": _hex_id(span["spanId"]),
         "name": str(span.get("name") or ""),
         "start": start,
         "attrs": attrs,
@@ -80,6 +94,18 @@ def _span(span: Any, resource: dict[str, Any], where: str) -> dict[str, Any]:
         "error": status in _ERROR_STATUS or attrs.get("error.type") is not None,
         "where": at,
     }
+
+
+def _hex_id(value: Any) -> str:
+    """A trace or span id in hex (OTLP/JSON's form) when given in hex or as base64 of 8 or 16 bytes."""
+    text = str(value)
+    if _HEX_ID.fullmatch(text):
+        return text.lower()
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return text
+    return raw.hex() if len(raw) in (8, 16) else text
 
 
 def _attributes(items: Any, where: str) -> dict[str, Any]:
@@ -133,24 +159,37 @@ def _is_tool_span(sp: dict[str, Any]) -> bool:
 
 def _events(group: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A `tool_call` part of a chat span's output is a request; the `execute_tool` span with its id answers the
-    earliest unanswered one (`pipeline.ingest._pairing`) and is the call, at its own time; a request no span
-    answers is a call with no result, at the chat span."""
+    earliest unanswered one (`pipeline.ingest._pairing`) and is the call, at its own time. Without tool spans, a
+    `tool_call_response` part of a later chat span's input answers it and the call stays at its request. A
+    request nothing answers is a call with no result, at the chat span."""
     log: list[Entry] = []
     arguments: dict[int, Any] = {}  # position of a request -> its arguments
     turn = 0
     seen_messages: set[tuple[str, str]] = set()
+    seen_responses: set[tuple[Any, int, str]] = set()
+    responses = not any(_is_tool_span(sp) for sp in group)  # else the tool spans are the results
     for sp in group:
         attrs = sp["attrs"]
         if _is_tool_span(sp):
             log.append(Result(attrs.get("gen_ai.tool.call.id"), sp, None, turn))
             continue
+        nth: Counter[Any] = Counter()  # responses per id so far in this span's input
         for m in _messages(attrs.get("gen_ai.input.messages"), sp["where"]):
-            said = text([p for p in m.get("parts") or [] if isinstance(p, dict) and p.get("type") == "text"])
+            parts = [p for p in m.get("parts") or [] if isinstance(p, dict)]
+            said = text([p for p in parts if p.get("type") == "text"])
             role = m.get("role")
             if role in ("user", "system") and said and (role, said) not in seen_messages:
                 seen_messages.add((role, said))
                 turn += role == "user"
                 log.append(message(role, said, turn))
+            for p in parts:
+                if p.get("type") != "tool_call_response":
+                    continue
+                key, response = p.get("id"), _response(p.get("response"))
+                nth[key] += 1
+                if responses and (key, nth[key], response) not in seen_responses:
+                    seen_responses.add((key, nth[key], response))
+                    log.append(Result(key, (response, None), response, turn))
         for m in _messages(attrs.get("gen_ai.output.messages"), sp["where"]):
             for p in m.get("parts") or []:
                 if isinstance(p, dict) and p.get("type") == "tool_call":
@@ -162,8 +201,15 @@ def _events(group: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for position, entry in enumerate(log):
         if isinstance(entry, Call):
-            if position not in answers:  # requested, never executed: a call with no result
+            answer = log[answers[position]] if position in answers else None
+            if not isinstance(answer, Result):  # requested, never answered: a call with no result
                 out.append(entry.build(None))
+            elif isinstance(answer.value, tuple):  # answered by a response message: the call stays at its request
+                out.append(entry.build(answer.value))
+            # else an execute_tool span answers it and is the call
+        elif isinstance(entry, Result) and isinstance(entry.value, tuple):
+            if position not in requests:  # a response that answers no request: an orphan
+                out.append(message("tool", entry.content, entry.turn))
         elif isinstance(entry, Result):
             sp, attrs = entry.value, entry.value["attrs"]
             request = requests.get(position)
@@ -173,6 +219,10 @@ def _events(group: list[dict[str, Any]]) -> list[dict[str, Any]]:
         else:
             out.append(entry)
     return out
+
+
+def _response(value: Any) -> str:
+    return value if isinstance(value, str) else "" if value is None else orjson.dumps(value).decode()
 
 
 def _messages(value: Any, where: str) -> list[dict[str, Any]]:

@@ -1,0 +1,273 @@
+"""Real log producers for the adapter tests (tests/test_producers*.py): one scripted support conversation, the
+tools it calls, and a chat-completions stub server on loopback that plays the model's side of it.
+
+Every producer runs the same script, so every test asserts the same known answer: four tool calls in three
+model turns, call ids reused across turns (as some frameworks do: pairing must go by position), and a
+`cancel_order` that raises because order O5521 has shipped. Scored by `observed` with the `support` spec:
+valid, valid, invalid (P: the spec's cancellation rule over the `get_order` output the agent saw, and the
+logged error), valid.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+USER = "I'm ava@example.com. Please cancel order O5521, I changed my mind."
+FINAL = "Order O5521 has already shipped, so it cannot be cancelled; here is its tracking."
+MODEL = "stub-model"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+
+
+# The model's turns: each a list of parallel tool calls; after the last, the model answers FINAL.
+SCRIPT: list[list[ToolCall]] = [
+    [ToolCall("call_1", "find_customer", {"email": "ava@example.com"}),
+     ToolCall("call_2", "get_order", {"order_id": "O5521"})],
+    [ToolCall("call_1", "cancel_order", {"order_id": "O5521", "reason": "changed_mind"})],  # id reused
+    [ToolCall("call_2", "track_shipment", {"order_id": "O5521"})],  # id reused
+]  # fmt: skip
+CALLS = [c for turn in SCRIPT for c in turn]
+CANCEL_ERROR = "order O5521 has shipped: it cannot be cancelled"
+
+
+class ToolFailure(Exception):
+    """What `cancel_order` raises."""
+
+
+def find_customer(email: str) -> str:
+    return json.dumps({"customer_id": "C104", "email": email})
+
+
+def get_order(order_id: str) -> str:
+    return json.dumps({"order_id": order_id, "status": "shipped", "total": 42.5})
+
+
+def cancel_order(order_id: str, reason: str) -> str:
+    raise ToolFailure(CANCEL_ERROR)
+
+
+def track_shipment(order_id: str) -> str:
+    return json.dumps({"order_id": order_id, "carrier": "UPS", "status": "in transit"})
+
+
+TOOLS: dict[str, Callable[..., str]] = {f.__name__: f for f in (find_customer, get_order, cancel_order, track_shipment)}
+DESCRIPTIONS = {
+    "find_customer": "Look a customer up by e-mail.",
+    "get_order": "One order: status, items, total.",
+    "cancel_order": "Cancel an order that has not shipped.",
+    "track_shipment": "Carrier tracking of a shipped order.",
+}
+
+# What `observed` with the `support` spec says of each call, in order: (tool, valid, failed check).
+EXPECTED_STEPS = [
+    ("find_customer", True, None),
+    ("get_order", True, None),
+    ("cancel_order", False, "P"),
+    ("track_shipment", True, None),
+]
+
+
+def pexec(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """The `pexec` console script of this environment, in a process that has not imported any producer."""
+    script = str(Path(sys.executable).with_name("pexec"))
+    proc = subprocess.run([script, *args], capture_output=True, text=True, timeout=120, cwd=cwd)
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def ingest_and_score(fmt: str, source: Path, tmp: Path, *options: str) -> dict[str, list[dict[str, Any]]]:
+    """`pexec ingest FMT SOURCE` then `pexec score --env observed --spec support --inline`: rollout id -> its
+    steps (rows of the run's `steps` table) in depth order."""
+    import pyarrow.parquet as pq
+
+    pexec("ingest", fmt, str(source), "--out", "store", *[a for o in options for a in ("--option", o)], cwd=tmp)
+    pexec("score", "store", "--out", "run", "--env", "observed", "--spec", "support", "--inline", cwd=tmp)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for s in sorted(pq.read_table(tmp / "run" / "steps").to_pylist(), key=lambda s: (s["rollout_id"], s["step"])):
+        out.setdefault(s["rollout_id"], []).append(s)
+    return out
+
+
+def verdicts(steps: list[dict[str, Any]]) -> list[tuple[str, bool, str | None]]:
+    """(tool, valid, failed check) of each step, as EXPECTED_STEPS lists them."""
+    return [(s["tool"], s["valid"], s["failed_check"]) for s in steps]
+
+
+def tool_schemas() -> list[dict[str, Any]]:
+    """The chat-completions `tools` of the script's tools, from the support spec's own schemas."""
+    spec = json.loads((Path(__file__).parents[1] / "specs" / "support" / "tools.json").read_text())
+    return [t for t in spec if t["function"]["name"] in TOOLS]
+
+
+def turn_of(messages: list[dict[str, Any]]) -> int:
+    """Which turn of SCRIPT a request is at: the number of assistant messages it already carries."""
+    return sum(1 for m in messages if m.get("role") == "assistant")
+
+
+def unique_id(call: ToolCall, turn: int) -> str:
+    """The call's id from a stub that never reuses one (the Agents SDK refuses a reused id)."""
+    return f"{call.call_id}_{turn}"
+
+
+def completion(turn: int, unique: bool = False) -> dict[str, Any]:
+    """The chat-completions response for a turn of SCRIPT (FINAL after the last); `unique`: ids as `unique_id`."""
+    if turn < len(SCRIPT):
+        calls = [
+            {"id": unique_id(c, turn) if unique else c.call_id, "type": "function",
+             "function": {"name": c.tool, "arguments": json.dumps(c.arguments)}}
+            for c in SCRIPT[turn]
+        ]  # fmt: skip
+        message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": calls}
+        finish = "tool_calls"
+    else:
+        message, finish = {"role": "assistant", "content": FINAL}, "stop"
+    return {
+        "id": f"chatcmpl-{turn}",
+        "object": "chat.completion",
+        "created": 1_795_953_600 + turn,
+        "model": MODEL,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+        "usage": {"prompt_tokens": 50 + 10 * turn, "completion_tokens": 12, "total_tokens": 62 + 10 * turn},
+    }
+
+
+@dataclass
+class Stub:
+    base_url: str  # e.g. http://127.0.0.1:PORT/v1
+    unique_url: str  # the same, never reusing a call id
+    requests: list[dict[str, Any]]
+
+
+@contextmanager
+def stub_server() -> Iterator[Stub]:
+    """A chat-completions server on 127.0.0.1 (a free port) answering each request with the SCRIPT turn its
+    messages are at (under `/unique/` with ids that are never reused); it keeps the request bodies."""
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    seen: list[dict[str, Any]] = []
+
+    async def chat(request: Request) -> JSONResponse:
+        body = await request.json()
+        seen.append(body)
+        unique = request.url.path.startswith("/unique/")
+        return JSONResponse(completion(turn_of(body["messages"]), unique))
+
+    path = "/v1/chat/completions"
+    app = Starlette(routes=[Route(p, chat, methods=["POST"]) for p in (path, f"/unique{path}")])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the stub server did not start")
+        time.sleep(0.01)
+    try:
+        yield Stub(f"http://127.0.0.1:{port}/v1", f"http://127.0.0.1:{port}/unique/v1", seen)
+    finally:
+        server.should_exit = True
+        thread.join(5)
+
+
+def agent_loop(create: Callable[[list[dict[str, Any]]], Any], run_tool: Callable[[Any, dict[str, Any]], str]) -> None:
+    """A plain chat-completions agent: ask the model (`create(messages)`), run each tool call it returns
+    (`run_tool(tool_call, arguments)`; a raised ToolFailure is answered with `Error: ...`), until it answers."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": USER}]
+    while True:
+        message = create(messages).choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        if not message.tool_calls:
+            return
+        for tc in message.tool_calls:
+            try:
+                content = run_tool(tc, json.loads(tc.function.arguments))
+            except ToolFailure as exc:
+                content = f"Error: {exc}"
+            messages.append({"role": "tool", "tool_call_id": tc.id, "content": content})
+
+
+def run_otel(base_url: str, out: str, tool_spans: str = "yes") -> None:
+    """The OpenTelemetry GenAI producer, run in a process of its own (the semantic-convention opt-in is read
+    once per process): the `openai` SDK under `opentelemetry-instrumentation-openai-v2` makes the chat spans,
+    `opentelemetry-util-genai`'s handler the `execute_tool` spans; the spans are written to `out` as OTLP JSON
+    by the SDK's own OTLP encoder and protobuf's JSON mapping. Content capture follows
+    OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT; `tool_spans=no`: the instrumented client alone, as
+    auto-instrumentation of an application that makes no tool spans of its own."""
+    from google.protobuf.json_format import MessageToDict
+    from openai import OpenAI
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.util.genai.handler import get_telemetry_handler
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "support-agent", "service.version": "1.5.0"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    OpenAIInstrumentor().instrument(tracer_provider=provider)
+    handler = get_telemetry_handler(tracer_provider=provider)
+    client = OpenAI(base_url=base_url, api_key="stub", max_retries=0)
+
+    def run_tool(tc: Any, arguments: dict[str, Any]) -> str:
+        if tool_spans == "no":
+            return TOOLS[tc.function.name](**arguments)
+        with handler.tool(tc.function.name, tool_call_id=tc.id, tool_type="function") as invocation:
+            if invocation.should_capture_content_on_span:
+                invocation.arguments = arguments
+            result = TOOLS[tc.function.name](**arguments)
+            if invocation.should_capture_content_on_span:
+                invocation.tool_result = result
+            return result
+
+    with provider.get_tracer("support-agent").start_as_current_span("invoke_agent support"):
+        agent_loop(lambda messages: client.chat.completions.create(model=MODEL, messages=messages,
+                                                                   tools=tool_schemas()), run_tool)  # fmt: skip
+    provider.shutdown()
+    Path(out).write_text(json.dumps(MessageToDict(encode_spans(exporter.get_finished_spans()))))
+
+
+def run_agents(base_url: str, out: str) -> None:
+    """The OpenAI Agents SDK producer: an `Agent` on `OpenAIChatCompletionsModel` with `function_tool` tools (a
+    raising tool is answered with the SDK's default error text), its tracing off (it would upload); the
+    transcript, the run's items as the SDK's own converter turns them into chat-completions messages, is
+    written to `out` as one conversation."""
+    from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+    from agents.models.chatcmpl_converter import Converter
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    tools = [function_tool(f, name_override=name, description_override=DESCRIPTIONS[name]) for name, f in TOOLS.items()]
+    client = AsyncOpenAI(base_url=base_url, api_key="stub", max_retries=0)
+    agent = Agent(name="support", instructions="Help the customer.", tools=tools,
+                  model=OpenAIChatCompletionsModel(model=MODEL, openai_client=client))  # fmt: skip
+    result = Runner.run_sync(agent, USER)
+    messages = Converter.items_to_messages(result.to_input_list())
+    Path(out).write_text(json.dumps({"id": "agents-1", "model": MODEL, "messages": messages}))
+
+
+if __name__ == "__main__":  # python producers.py otel|agents BASE_URL OUT [...]
+    {"otel": run_otel, "agents": run_agents}[sys.argv[1]](*sys.argv[2:])
