@@ -14,9 +14,10 @@ import pytest
 from cluster import BIN, listening, session_pids, start_cluster, stop_cluster
 from conftest import ROOT
 
+from pipeline.code_version import code_version
 from pipeline.jobs import JobError, load_job
 from pipeline.storage.run import read_manifest
-from pipeline.submit import JobsApiError, default_runtime, jobs_api_address, plan_submission
+from pipeline.submit import JobsApiError, copy_sources, default_runtime, jobs_api_address, plan_submission
 
 TINY = (
     'name = "tiny"\ninput = "{input}"\noutput = "{output}/date={{date}}"\nshard_mb = 1\n'
@@ -69,12 +70,16 @@ def test_an_image_submission_uploads_the_job_file_and_refuses_relative_paths(tmp
     absolute = write_job(tmp_path / "b", "s3://logs/{date}/", "/shared/runs")
     plan = plan_submission(absolute, load_job(absolute, "2026-11-29"), "image", "/opt/venv/bin/python", tmp_path)
     assert plan.entrypoint == "/opt/venv/bin/python -m pipeline.cli run tiny.toml --date 2026-11-29"
-    assert plan.upload == absolute and plan.runtime_env == {}
+    assert plan.upload == absolute and plan.runtime_env == {} and not plan.ship_package
+    shipped = plan_submission(absolute, load_job(absolute, "2026-11-29"), "package", None, tmp_path)
+    assert shipped.entrypoint == "python -m pipeline.cli run tiny.toml --date 2026-11-29" and shipped.ship_package
+    with pytest.raises(JobsApiError, match=r"relative path\(s\) input 'out/store'"):
+        plan_submission(relative, load_job(relative), "package", None, tmp_path)
 
 
 def test_the_submit_table_is_checked(tmp_path):
     path = write_job(tmp_path, "/a", "/b", extra='[submit]\nruntime = "docker"\n')
-    with pytest.raises(JobError, match=r"\[submit\]: runtime is 'local' or 'image', got 'docker'"):
+    with pytest.raises(JobError, match=r"\[submit\]: runtime is one of local, image, package, got 'docker'"):
         load_job(path)
     path = write_job(tmp_path, "/a", "/b", extra='[submit]\nruntime = "image"\npython = "/usr/bin/python3"\n')
     job = load_job(path)
@@ -151,7 +156,29 @@ def test_a_bad_address_fails_at_once_on_one_line(tmp_path):
         assert done.returncode == 2 and message in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
 
 
-def test_a_submitted_job_uploads_its_job_file_and_nothing_else(head, tmp_path):
+def test_a_package_job_runs_the_submitters_pexec_not_the_clusters(head, tmp_path):
+    # The submitter's checkout: another version, and a scoring source the cluster's pexec (this checkout, on
+    # the head's PYTHONPATH) does not have; so the run's code version says whose pexec scored it.
+    checkout = copy_sources(ROOT, tmp_path / "checkout")
+    pyproject = checkout / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('version = "0.1.0"', 'version = "0.1.0.post7"', 1))
+    with (checkout / "pipeline" / "score.py").open("a") as f:
+        f.write("# the submitter's edit\n")
+    theirs = subprocess.run(
+        [sys.executable, "-c", "from pipeline.code_version import code_version; print(code_version())"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(checkout)}, capture_output=True, text=True, check=True,
+    ).stdout.strip().split("+")[1]  # fmt: skip
+    assert theirs != code_version().split("+")[1]
+    job = write_job(tmp_path / "jobs", str(tmp_path / "store"), str(tmp_path / "run"))
+    done = pexec("submit", str(job), "--date", "2026-11-29", "--address", head.address, "--runtime", "package",
+                 "--python", sys.executable, "--wait", cwd=tmp_path, env={"PYTHONPATH": str(checkout)})  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    manifest = read_manifest(str(tmp_path / "run/date=2026-11-29"))
+    assert manifest["code_version"] == f"0.1.0.post7+{theirs}" and manifest["counts"]["scored"] == 300
+
+
+@pytest.mark.parametrize("runtime", ["image", "package"])
+def test_a_submitted_job_uploads_only_its_job_file_and_the_package(head, tmp_path, runtime):
     folder = tmp_path / "jobs"
     job = write_job(folder, str(tmp_path / "store"), str(tmp_path / "run"))
     decoys = {
@@ -164,15 +191,19 @@ def test_a_submitted_job_uploads_its_job_file_and_nothing_else(head, tmp_path):
     for name, text in decoys.items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_text(text)
-    done = pexec("submit", str(job), "--address", head.address, "--runtime", "image", "--python", sys.executable,
+    before = set(Path(head.tmp).rglob("*"))
+    done = pexec("submit", str(job), "--address", head.address, "--runtime", runtime, "--python", sys.executable,
                  "--wait", cwd=folder)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    shipped = [p for p in Path(head.tmp).rglob("*") if p.is_file() and "runtime_resources" in p.parts]
+    shipped = [p for p in set(Path(head.tmp).rglob("*")) - before if p.is_file() and "runtime_resources" in p.parts]
     assert [p.name for p in shipped if p.name == "tiny.toml"], "the job file was not found on the cluster"
+    # py_modules_files/_ray_pkg_<hash>/<the folder shipped>/...
+    packaged = {p.parts[p.parts.index("py_modules_files") + 2] for p in shipped
+                if "py_modules_files" in p.parts and len(p.parts) > p.parts.index("py_modules_files") + 3}  # fmt: skip
+    assert packaged == ({"pipeline", "pexec-0.1.0.dist-info"} if runtime == "package" else set()), shipped
     for path in shipped:
-        if path.suffix in (".toml", ".zip") or "working_dir_files" in path.parts:
-            text = path.read_bytes()
-            assert not any(d.encode() in text for d in decoys.values()), path
+        text = path.read_bytes()
+        assert not any(d.encode() in text for d in decoys.values()), path
     assert not [p for p in shipped if p.name in {".env", "credentials", "config", "rollouts.jsonl"}]
 
 
