@@ -49,6 +49,17 @@ class JobsApiError(PexecError):
     """The Ray Jobs API at an address cannot be reached, or refused a request; or a job cannot be submitted."""
 
 
+class AlreadyRunning(JobsApiError):
+    """The cluster already runs this job for this date (a retried CronJob pod, a second `pexec submit`)."""
+
+    def __init__(self, job: Job, address: str, submission: str, state: str) -> None:
+        self.submission = submission
+        super().__init__(
+            f"job {job.name} ({job.date}) is already {state} on {address} as {submission}: follow it with "
+            f"`pexec logs {submission} --follow` (or submit --wait), or stop it with `pexec stop {submission}`"
+        )
+
+
 @dataclass(frozen=True)
 class Submission:
     """What the Jobs API is asked to run: the entrypoint and its runtime environment."""
@@ -109,9 +120,13 @@ def plan_submission(job_file: Path, job: Job, runtime: str, python: str | None, 
 
 
 def submit_job(job_file: Path, job: Job, address: str, runtime: str | None = None, python: str | None = None) -> str:
-    """Submit `pexec run` of this job to a Ray cluster; returns the submission id."""
+    """Submit `pexec run` of this job to a Ray cluster; returns the submission id. Refused (AlreadyRunning)
+    while the cluster has a job of the same name and date pending or running: never two at once."""
     runtime = runtime or job.runtime or default_runtime(address)
     plan = plan_submission(job_file, job, runtime, python or job.python, Path.cwd())
+    for row in list_jobs(address):
+        if (row["job"], row["date"]) == (job.name, job.date) and row["state"] not in TERMINAL:
+            raise AlreadyRunning(job, address, row["id"], row["state"])
     with tempfile.TemporaryDirectory(prefix="pexec-submit-") as folder:
         runtime_env = dict(plan.runtime_env)
         if plan.upload is not None:  # a folder holding the job file and nothing else

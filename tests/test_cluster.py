@@ -6,18 +6,19 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from cluster import BIN, listening, session_pids, start_cluster, stop_cluster
-from conftest import ROOT
+from conftest import ROOT, wait_for
 
 from pipeline.code_version import code_version
 from pipeline.jobs import JobError, load_job
 from pipeline.storage.run import read_manifest
-from pipeline.submit import JobsApiError, copy_sources, default_runtime, jobs_api_address, plan_submission
+from pipeline.submit import JobsApiError, copy_sources, default_runtime, job_status, jobs_api_address, plan_submission
 
 TINY = (
     'name = "tiny"\ninput = "{input}"\noutput = "{output}/date={{date}}"\nshard_mb = 1\n'
@@ -144,6 +145,29 @@ def test_wait_exits_with_the_jobs_failure_and_stop_stops_a_job(head, tmp_path):
     assert submitted.returncode == 0, submitted.stderr
     stopped = pexec("stop", submitted.stdout.strip(), "--address", head.address, cwd=tmp_path)
     assert stopped.stdout.strip() == "STOPPED", stopped.stdout + stopped.stderr
+
+
+def test_a_running_job_is_never_submitted_twice_and_a_terminated_wait_stops_it(head, tmp_path):
+    # What a retried CronJob pod does: submit the same job and date again, then be killed at its deadline.
+    job = write_job(tmp_path / "a", str(tmp_path / "big"), str(tmp_path / "big-run"), rollouts=40_000)
+    args = ("submit", str(job), "--date", "2026-11-29", "--address", head.address)
+    first = pexec(*args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    submission = first.stdout.strip()
+    again = pexec(*args, cwd=tmp_path)
+    assert again.returncode == 2 and len(again.stderr.splitlines()) == 1, again.stderr
+    assert "job tiny (2026-11-29) is already " in again.stderr and f"as {submission}:" in again.stderr
+    env = {"HOME": os.environ.get("HOME", "/tmp"), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+    waiting = subprocess.Popen([str(BIN / "pexec"), *args, "--wait"], cwd=tmp_path, env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        assert waiting.stdout.readline().strip() == submission  # it follows the running job
+        waiting.send_signal(signal.SIGTERM)
+        err = waiting.communicate(timeout=60)[1]
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 128 + signal.SIGTERM and f"stopping {submission}" in err, err
+    wait_for(lambda: job_status(head.address, submission) == "STOPPED", 60, "the job to be stopped")
 
 
 def test_a_bad_address_fails_at_once_on_one_line(tmp_path):

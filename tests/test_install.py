@@ -1,17 +1,17 @@
 """A wheel built from the project, installed into a fresh virtualenv, runs the demo outside the checkout:
 specs, simulator pins and SQL ship as package data. The fresh environment reaches the already installed
-dependencies through a .pth line (nothing is downloaded); pexec itself comes from the wheel only."""
+dependencies through a .pth line (nothing is downloaded); pexec itself comes from the wheel only. The wheel
+is the one `pexec submit --runtime package` ships."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
 from pathlib import Path
 
-from conftest import ROOT
+from pipeline.submit import build_wheel
 
 
 def run(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -22,15 +22,7 @@ def run(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProce
 
 def test_the_wheel_runs_the_demo_outside_the_checkout(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    # A clean copy of what the build reads (pip builds in the tree, and a stale build/ would hide a gap).
-    source = tmp_path / "src"
-    for name in ("pipeline", "specs"):
-        shutil.copytree(ROOT / name, source / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(ROOT / name, source / name)
-    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"), str(source),
-        cwd=tmp_path, env=env)  # fmt: skip
-    wheel = next((tmp_path / "dist").glob("pexec-*.whl"))
+    wheel = build_wheel(tmp_path)  # from a clean copy of what the build reads: a stale build/ would hide a gap
     venv = tmp_path / "venv"
     run(sys.executable, "-m", "venv", "--without-pip", str(venv), cwd=tmp_path, env=env)
     python = venv / "bin" / "python"

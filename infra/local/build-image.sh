@@ -7,7 +7,8 @@
 # deb.debian.org and PyPI but no container registry.
 # Environment: BUILDAH_ISOLATION (default chroot: inside a container the OCI runtime's cgroup and rlimit
 # setup is refused); PEXEC_BUILD_CA, a CA bundle file that the build's RUN steps (and their pip) trust, for a
-# network that intercepts TLS: mounted read-only during the build, never copied into the image.
+# network that intercepts TLS: mounted read-only over the base's bundles during the build, so nothing of it
+# stays in the image.
 set -euo pipefail
 image="${1:?usage: $0 IMAGE [BASE]}"
 base="${2:-}"
@@ -20,10 +21,10 @@ if [ "$base" = debian ]; then
 fi
 [ -z "$base" ] || args+=(--build-arg "RAY_BASE=$base")
 if [ -n "${PEXEC_BUILD_CA:-}" ]; then
-  conf="$(mktemp)"
-  trap 'rm -f "$conf"' EXIT
-  printf '[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n' > "$conf"
-  args+=(--volume "$PEXEC_BUILD_CA:/etc/ssl/certs/ca-certificates.crt:ro" --volume "$conf:/etc/pip.conf:ro")
+  args+=(--volume "$PEXEC_BUILD_CA:/etc/ssl/certs/ca-certificates.crt:ro")
+  # The stand-in's pip (Debian's 23.0) trusts only its own bundle, not the system's.
+  pip_ca=/home/ray/venv/lib/python3.11/site-packages/pip/_vendor/certifi/cacert.pem
+  [ "$base" != localhost/pexec-debian-base:bookworm ] || args+=(--volume "$PEXEC_BUILD_CA:$pip_ca:ro")
 fi
 buildah bud "${args[@]}" "$root"
 container="$(buildah from "$image")"
