@@ -124,6 +124,8 @@ def submit_job(job_file: Path, job: Job, address: str, runtime: str | None = Non
     while the cluster has a job of the same name and date pending or running: never two at once."""
     runtime = runtime or job.runtime or default_runtime(address)
     plan = plan_submission(job_file, job, runtime, python or job.python, Path.cwd())
+    if plan.ship_package:
+        source_checkout()  # refused before the cluster is asked anything
     for row in list_jobs(address):
         if (row["job"], row["date"]) == (job.name, job.date) and row["state"] not in TERMINAL:
             raise AlreadyRunning(job, address, row["id"], row["state"])
@@ -147,12 +149,7 @@ def submit_job(job_file: Path, job: Job, address: str, runtime: str | None = Non
 def build_wheel(folder: Path) -> Path:
     """A wheel of the running pexec, built (pip wheel --no-deps) from a copy of its source checkout in
     `folder`: the build writes build/ and *.egg-info beside its sources, and must not in the checkout."""
-    root = Path(pipeline.__file__).resolve().parents[1]
-    if not (root / "pyproject.toml").is_file():
-        raise JobsApiError(
-            f"runtime package builds pexec from its source checkout, and this pexec ({root}) is an installed "
-            "copy: submit from a checkout, or use runtime image"
-        )
+    root = source_checkout()
     source = copy_sources(root, folder / "source")
     command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(folder / "dist"), str(source)]
     done = subprocess.run(command, capture_output=True, text=True)
@@ -160,6 +157,17 @@ def build_wheel(folder: Path) -> Path:
         last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise JobsApiError(f"cannot build the wheel of pexec from {root}: pip wheel failed: {last}")
     return next((folder / "dist").glob("pexec-*.whl"))
+
+
+def source_checkout() -> Path:
+    """The source checkout the running pexec comes from (its pyproject.toml beside the package)."""
+    root = Path(pipeline.__file__).resolve().parents[1]
+    if not (root / "pyproject.toml").is_file():
+        raise JobsApiError(
+            f"runtime package builds pexec from its source checkout, and this pexec ({root}) is an installed "
+            "copy: submit from a checkout, or use runtime image"
+        )
+    return root
 
 
 def copy_sources(root: Path, folder: Path) -> Path:

@@ -43,3 +43,10 @@ def test_the_wheel_runs_the_demo_outside_the_checkout(tmp_path):
     assert sum(__import__("json").loads(line)["n"] for line in metrics.stdout.splitlines()) == 300
     listed = run(pexec, "envs", cwd=work, env=env).stdout
     assert "shop" in listed and "support" in listed and "tau_airline" in listed
+    # An installed pexec cannot rebuild itself for `submit --runtime package`: refused on one line, at once.
+    job = work / "job.toml"
+    job.write_text(f'name = "j"\ninput = "{work / "store"}"\noutput = "{work / "out"}"\n')
+    done = subprocess.run([pexec, "submit", str(job), "--runtime", "package", "--address", "http://127.0.0.1:9"],
+                          cwd=work, env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert "runtime package builds pexec from its source checkout" in done.stderr
