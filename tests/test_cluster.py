@@ -182,15 +182,19 @@ def test_a_bad_address_fails_at_once_on_one_line(tmp_path):
 
 def test_a_package_job_runs_the_submitters_pexec_not_the_clusters(head, tmp_path):
     # The submitter's checkout: another version, and a scoring source the cluster's pexec (this checkout, on
-    # the head's PYTHONPATH) does not have; so the run's code version says whose pexec scored it.
+    # the head's PYTHONPATH) does not have, which leaves a mark from each process that imports it; so the
+    # run's code version says whose pexec the driver ran, and the marks whose pexec the Ray workers ran.
     checkout = copy_sources(ROOT, tmp_path / "checkout")
     pyproject = checkout / "pyproject.toml"
     pyproject.write_text(pyproject.read_text().replace('version = "0.1.0"', 'version = "0.1.0.post7"', 1))
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    mark = f"open(f'{marks}/{{_os.getpid()}}-{{_os.path.basename(_sys.argv[0])}}', 'w')"  # PID-PROGRAM
     with (checkout / "pipeline" / "score.py").open("a") as f:
-        f.write("# the submitter's edit\n")
+        f.write(f"import os as _os, sys as _sys\n{mark}\n")
     theirs = subprocess.run(
         [sys.executable, "-c", "from pipeline.code_version import code_version; print(code_version())"],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(checkout)}, capture_output=True, text=True, check=True,
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(checkout)}, capture_output=True, text=True,
     ).stdout.strip().split("+")[1]  # fmt: skip
     assert theirs != code_version().split("+")[1]
     job = write_job(tmp_path / "jobs", str(tmp_path / "store"), str(tmp_path / "run"))
@@ -199,6 +203,8 @@ def test_a_package_job_runs_the_submitters_pexec_not_the_clusters(head, tmp_path
     assert done.returncode == 0, done.stdout + done.stderr
     manifest = read_manifest(str(tmp_path / "run/date=2026-11-29"))
     assert manifest["code_version"] == f"0.1.0.post7+{theirs}" and manifest["counts"]["scored"] == 300
+    importers = {name.split("-", 1)[1] for name in os.listdir(marks)}
+    assert {"-m", "default_worker.py"} <= importers, importers  # the job's driver (python -m), and Ray workers
 
 
 @pytest.mark.parametrize("runtime", ["image", "package"])
