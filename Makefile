@@ -52,11 +52,13 @@ bench: install
 	$(BIN)/pexec bench scale
 	$(BIN)/pexec bench guard
 
-# The worker image (infra/Dockerfile). Needs docker (or podman) and a reachable registry for the base image.
+# The worker image from infra/Dockerfile, built with buildah (a Debian package; no daemon) and smoke-tested
+# with `pexec --version` inside (infra/local/build-image.sh). RAY_BASE=debian builds it on a base bootstrapped
+# from Debian packages (infra/local/debian-base.sh) where no container registry is reachable.
 IMAGE ?= pexec:$(shell git rev-parse --short HEAD 2>/dev/null || echo dev)
+RAY_BASE ?=
 image:
-	docker build -f infra/Dockerfile -t $(IMAGE) .
-	docker run --rm $(IMAGE) pexec --version
+	infra/local/build-image.sh $(IMAGE) $(RAY_BASE)
 
 # Re-pin after changing dependencies in pyproject.toml.
 lock: install

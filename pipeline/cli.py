@@ -490,28 +490,49 @@ def submit(
         str | None,
         typer.Option(
             "--runtime",
-            help="local (this machine's interpreter and folder) or image (the cluster's installed pexec); "
-            "default: the job's [submit] runtime, else local for a loopback address.",
+            help="local (this machine's interpreter and folder), image (the cluster's installed pexec) or package "
+            "(this pexec, shipped with the job); default: the job's [submit] runtime, else local for a loopback "
+            "address.",
         ),
     ] = None,
     python: Annotated[
         str | None, typer.Option("--python", help="Interpreter with pexec on the cluster (default: see --runtime).")
     ] = None,
     wait: Annotated[
-        bool, typer.Option("--wait", help="Follow the driver log until the job ends; exit 0 only if it SUCCEEDED.")
+        bool,
+        typer.Option(
+            "--wait",
+            help="Follow the driver log until the job ends; exit 0 only if it SUCCEEDED. A SIGTERM stops the job.",
+        ),
     ] = False,
 ) -> None:
     """Submit a job to a Ray cluster through the Jobs API; prints the submission id."""
     from pipeline.jobs import load_job
-    from pipeline.submit import follow_job, jobs_api_address, submit_job
+    from pipeline.submit import AlreadyRunning, follow_job, jobs_api_address, stop_job, submit_job
 
     url = jobs_api_address(address)
     job = load_job(job_file, on_date)
-    submission = submit_job(job_file, job, url, runtime, python)
-    console.print(literal(f"submitted {job.name} ({job.date}) to {url}"))
-    out.print(literal(submission))
     if wait:
-        _exit_with(follow_job(url, submission, sys.stdout.write))
+        _unwind_on_sigterm()
+    try:
+        submission = submit_job(job_file, job, url, runtime, python)
+        console.print(literal(f"submitted {job.name} ({job.date}) to {url}"))
+    except AlreadyRunning as running:
+        if not wait:
+            raise
+        submission = running.submission  # a retried CronJob pod waits for the run it started, never a second one
+        console.print(literal(f"{job.name} ({job.date}) is already running on {url}: following it"))
+    if not wait:
+        out.print(literal(submission))
+        return
+    try:
+        out.print(literal(submission))
+        state = follow_job(url, submission, sys.stdout.write)
+    except SystemExit:  # SIGTERM: the scheduler's deadline (activeDeadlineSeconds) ends the job with us
+        console.print(literal(f"terminated: stopping {submission}"))
+        stop_job(url, submission, timeout=20)
+        raise
+    _exit_with(state)
 
 
 def _exit_with(state: str) -> None:

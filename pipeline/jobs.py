@@ -36,6 +36,7 @@ _METRICS_KEYS = {"by", "bootstrap", "seed", "method", "max_k", "partial", "stric
 _REPORT_KEYS = {"out", "by", "compare", "k", "overwrite", "within"}
 _SYNTH_KEYS = {"spec", "rollouts", "tasks", "seed"}
 _SUBMIT_KEYS = {"runtime", "python"}  # how `pexec submit` runs the job (pipeline/submit.py)
+RUNTIMES = ("local", "image", "package")  # where a submitted job's pexec comes from (pipeline/submit.py)
 _DIFF_KEYS = {"against", "by", "fail_on", "look_back_days"}
 
 
@@ -81,7 +82,7 @@ class Job:
     partial: bool = False  # metrics and report of an incomplete output run, stating their coverage (--partial)
     synth: dict[str, Any] | None = None  # generate the input first when it does not exist (demo jobs)
     report: JobReport | None = None  # write a report after the metrics
-    runtime: str | None = None  # [submit]: local or image (None: by the address)
+    runtime: str | None = None  # [submit]: local, image or package (None: by the address)
     python: str | None = None  # [submit]: the interpreter with pexec on the cluster
     diff: JobDiff | None = None  # compare the run with an earlier one after the metrics
 
@@ -128,8 +129,8 @@ def load_job(path: str | Path, on_date: str | None = None) -> Job:
         raise JobError(f"{path}: policy is 'code' or 'strict', got {policy!r}")
     submit = raw.get("submit", {})
     check_fields(submit, _SUBMIT_KEYS, f"{path} [submit]", JobError)
-    if submit.get("runtime", "local") not in ("local", "image"):
-        raise JobError(f"{path} [submit]: runtime is 'local' or 'image', got {submit['runtime']!r}")
+    if submit.get("runtime", "local") not in RUNTIMES:
+        raise JobError(f"{path} [submit]: runtime is one of {', '.join(RUNTIMES)}, got {submit['runtime']!r}")
     shard_mb = raw.get("shard_mb", DEFAULT_SHARD_BYTES / 2**20)
     if isinstance(shard_mb, bool) or not isinstance(shard_mb, int | float) or shard_mb * 2**20 < 1:
         raise JobError(f"{path}: shard_mb is a size in MiB > 0, got {shard_mb!r}")

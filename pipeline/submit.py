@@ -8,6 +8,10 @@ A submitted job is `pexec run JOB.toml --date D` on the cluster. How it finds pe
 - `image`: the cluster's image has pexec installed (infra/Dockerfile); the entrypoint is `PYTHON -m
   pipeline.cli` (`[submit] python`, `--python`; default `python`). The job file alone is uploaded, so its
   input and output must be object-store URLs or absolute paths the cluster shares: a relative one is refused.
+- `package`: as `image`, but the cluster lacks pexec (or has another version of it): the submitter's pexec
+  is built into a wheel from its source checkout and travels with the job, unpacked, as Ray `py_modules`
+  (Ray would `pip install` a .whl with all its dependencies; the unpacked wheel is the package and its
+  metadata alone). The cluster's interpreter must have pexec's dependencies (the image without pexec).
 The default is `local` for a loopback address, else `image`. Credentials are never uploaded: the cluster's
 own environment provides them.
 """
@@ -18,9 +22,11 @@ import ipaddress
 import os
 import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,15 +37,27 @@ from urllib.parse import urlsplit
 
 import pipeline
 from pipeline.errors import PexecError
-from pipeline.jobs import Job, relative_paths
+from pipeline.jobs import RUNTIMES, Job, relative_paths
 
 ADDRESS_ENV = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")  # the order Ray's own job CLI reads them in
-RUNTIMES = ("local", "image")
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+# What the wheel's build reads from the source checkout (pyproject.toml: the package, its data, the readme).
+BUILD_INPUTS = ("pyproject.toml", "README.md", "pipeline", "specs")
 
 
 class JobsApiError(PexecError):
     """The Ray Jobs API at an address cannot be reached, or refused a request; or a job cannot be submitted."""
+
+
+class AlreadyRunning(JobsApiError):
+    """The cluster already runs this job for this date (a retried CronJob pod, a second `pexec submit`)."""
+
+    def __init__(self, job: Job, address: str, submission: str, state: str) -> None:
+        self.submission = submission
+        super().__init__(
+            f"job {job.name} ({job.date}) is already {state} on {address} as {submission}: follow it with "
+            f"`pexec logs {submission} --follow` (or submit --wait), or stop it with `pexec stop {submission}`"
+        )
 
 
 @dataclass(frozen=True)
@@ -48,7 +66,8 @@ class Submission:
 
     entrypoint: str
     runtime_env: dict[str, Any]
-    upload: Path | None  # the job file sent as the working directory (image runtime)
+    upload: Path | None  # the job file sent as the working directory (image and package runtimes)
+    ship_package: bool = False  # this pexec travels with the job (package runtime)
 
 
 def jobs_api_address(address: str | None) -> str:
@@ -79,7 +98,7 @@ def default_runtime(address: str) -> str:
 def plan_submission(job_file: Path, job: Job, runtime: str, python: str | None, cwd: Path) -> Submission:
     """The entrypoint and runtime environment of `pexec run` of this job on the cluster (pure)."""
     if runtime not in RUNTIMES:
-        raise JobsApiError(f"runtime is local or image, got {runtime!r}")
+        raise JobsApiError(f"runtime is one of {', '.join(RUNTIMES)}, got {runtime!r}")
     args = f"run {{job}} --date {job.date}"
     if runtime == "local":
         interpreter = python or sys.executable
@@ -97,18 +116,27 @@ def plan_submission(job_file: Path, job: Job, runtime: str, python: str | None, 
             "the job: use an object-store URL (s3://...) or an absolute path the cluster shares"
         )
     command = f"{shlex.quote(python or 'python')} -m pipeline.cli " + args.format(job=shlex.quote(job_file.name))
-    return Submission(entrypoint=command, runtime_env={}, upload=job_file)
+    return Submission(entrypoint=command, runtime_env={}, upload=job_file, ship_package=runtime == "package")
 
 
 def submit_job(job_file: Path, job: Job, address: str, runtime: str | None = None, python: str | None = None) -> str:
-    """Submit `pexec run` of this job to a Ray cluster; returns the submission id."""
+    """Submit `pexec run` of this job to a Ray cluster; returns the submission id. Refused (AlreadyRunning)
+    while the cluster has a job of the same name and date pending or running: never two at once."""
     runtime = runtime or job.runtime or default_runtime(address)
     plan = plan_submission(job_file, job, runtime, python or job.python, Path.cwd())
+    if plan.ship_package:
+        source_checkout()  # refused before the cluster is asked anything
+    for row in list_jobs(address):
+        if (row["job"], row["date"]) == (job.name, job.date) and row["state"] not in TERMINAL:
+            raise AlreadyRunning(job, address, row["id"], row["state"])
     with tempfile.TemporaryDirectory(prefix="pexec-submit-") as folder:
         runtime_env = dict(plan.runtime_env)
         if plan.upload is not None:  # a folder holding the job file and nothing else
-            shutil.copyfile(plan.upload, Path(folder) / plan.upload.name)
-            runtime_env["working_dir"] = folder
+            (Path(folder) / "job").mkdir()
+            shutil.copyfile(plan.upload, Path(folder) / "job" / plan.upload.name)
+            runtime_env["working_dir"] = str(Path(folder) / "job")
+        if plan.ship_package:
+            runtime_env["py_modules"] = [str(p) for p in unpacked(build_wheel(Path(folder)), Path(folder) / "package")]
         with _jobs_api(f"submit to {address}"):
             return _client(address).submit_job(
                 entrypoint=plan.entrypoint,
@@ -116,6 +144,49 @@ def submit_job(job_file: Path, job: Job, address: str, runtime: str | None = Non
                 submission_id=f"pexec-{job.name}-{job.date}-{datetime.now(UTC):%H%M%S}",
                 metadata={"job": job.name, "date": job.date, "runtime": runtime},
             )
+
+
+def build_wheel(folder: Path) -> Path:
+    """A wheel of the running pexec, built (pip wheel --no-deps) from a copy of its source checkout in
+    `folder`: the build writes build/ and *.egg-info beside its sources, and must not in the checkout."""
+    root = source_checkout()
+    source = copy_sources(root, folder / "source")
+    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(folder / "dist"), str(source)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise JobsApiError(f"cannot build the wheel of pexec from {root}: pip wheel failed: {last}")
+    return next((folder / "dist").glob("pexec-*.whl"))
+
+
+def source_checkout() -> Path:
+    """The source checkout the running pexec comes from (its pyproject.toml beside the package)."""
+    root = Path(pipeline.__file__).resolve().parents[1]
+    if not (root / "pyproject.toml").is_file():
+        raise JobsApiError(
+            f"runtime package builds pexec from its source checkout, and this pexec ({root}) is an installed "
+            "copy: submit from a checkout, or use runtime image"
+        )
+    return root
+
+
+def copy_sources(root: Path, folder: Path) -> Path:
+    """A copy of what the wheel's build reads from the checkout at `root` (no __pycache__)."""
+    folder.mkdir(parents=True)
+    for name in BUILD_INPUTS:
+        if (root / name).is_dir():
+            shutil.copytree(root / name, folder / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(root / name, folder / name)
+    return folder
+
+
+def unpacked(wheel: Path, folder: Path) -> list[Path]:
+    """The wheel's top-level folders (the package and its .dist-info metadata), unpacked into `folder`: what
+    Ray's `py_modules` puts on the job's PYTHONPATH, ahead of any pexec installed on the cluster."""
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(folder)
+    return sorted(folder.iterdir())
 
 
 def job_status(address: str, submission: str) -> str:

@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from cluster import BIN, listening, session_pids, start_cluster, stop_cluster
-from conftest import ROOT
+from conftest import ROOT, wait_for
 
+from pipeline.code_version import code_version
 from pipeline.jobs import JobError, load_job
 from pipeline.storage.run import read_manifest
-from pipeline.submit import JobsApiError, default_runtime, jobs_api_address, plan_submission
+from pipeline.submit import JobsApiError, copy_sources, default_runtime, job_status, jobs_api_address, plan_submission
 
 TINY = (
     'name = "tiny"\ninput = "{input}"\noutput = "{output}/date={{date}}"\nshard_mb = 1\n'
@@ -69,12 +71,16 @@ def test_an_image_submission_uploads_the_job_file_and_refuses_relative_paths(tmp
     absolute = write_job(tmp_path / "b", "s3://logs/{date}/", "/shared/runs")
     plan = plan_submission(absolute, load_job(absolute, "2026-11-29"), "image", "/opt/venv/bin/python", tmp_path)
     assert plan.entrypoint == "/opt/venv/bin/python -m pipeline.cli run tiny.toml --date 2026-11-29"
-    assert plan.upload == absolute and plan.runtime_env == {}
+    assert plan.upload == absolute and plan.runtime_env == {} and not plan.ship_package
+    shipped = plan_submission(absolute, load_job(absolute, "2026-11-29"), "package", None, tmp_path)
+    assert shipped.entrypoint == "python -m pipeline.cli run tiny.toml --date 2026-11-29" and shipped.ship_package
+    with pytest.raises(JobsApiError, match=r"relative path\(s\) input 'out/store'"):
+        plan_submission(relative, load_job(relative), "package", None, tmp_path)
 
 
 def test_the_submit_table_is_checked(tmp_path):
     path = write_job(tmp_path, "/a", "/b", extra='[submit]\nruntime = "docker"\n')
-    with pytest.raises(JobError, match=r"\[submit\]: runtime is 'local' or 'image', got 'docker'"):
+    with pytest.raises(JobError, match=r"\[submit\]: runtime is one of local, image, package, got 'docker'"):
         load_job(path)
     path = write_job(tmp_path, "/a", "/b", extra='[submit]\nruntime = "image"\npython = "/usr/bin/python3"\n')
     job = load_job(path)
@@ -141,6 +147,29 @@ def test_wait_exits_with_the_jobs_failure_and_stop_stops_a_job(head, tmp_path):
     assert stopped.stdout.strip() == "STOPPED", stopped.stdout + stopped.stderr
 
 
+def test_a_running_job_is_never_submitted_twice_and_a_terminated_wait_stops_it(head, tmp_path):
+    # What a retried CronJob pod does: submit the same job and date again, then be killed at its deadline.
+    job = write_job(tmp_path / "a", str(tmp_path / "big"), str(tmp_path / "big-run"), rollouts=40_000)
+    args = ("submit", str(job), "--date", "2026-11-29", "--address", head.address)
+    first = pexec(*args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    submission = first.stdout.strip()
+    again = pexec(*args, cwd=tmp_path)
+    assert again.returncode == 2 and len(again.stderr.splitlines()) == 1, again.stderr
+    assert "job tiny (2026-11-29) is already " in again.stderr and f"as {submission}:" in again.stderr
+    env = {"HOME": os.environ.get("HOME", "/tmp"), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+    waiting = subprocess.Popen([str(BIN / "pexec"), *args, "--wait"], cwd=tmp_path, env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        assert waiting.stdout.readline().strip() == submission  # it follows the running job
+        waiting.send_signal(signal.SIGTERM)
+        err = waiting.communicate(timeout=60)[1]
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 128 + signal.SIGTERM and f"stopping {submission}" in err, err
+    wait_for(lambda: job_status(head.address, submission) == "STOPPED", 60, "the job to be stopped")
+
+
 def test_a_bad_address_fails_at_once_on_one_line(tmp_path):
     for args, message in [
         (["status", "x", "--address", "ray://head:10001"], "the Jobs API address is the Ray dashboard's"),
@@ -151,7 +180,35 @@ def test_a_bad_address_fails_at_once_on_one_line(tmp_path):
         assert done.returncode == 2 and message in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
 
 
-def test_a_submitted_job_uploads_its_job_file_and_nothing_else(head, tmp_path):
+def test_a_package_job_runs_the_submitters_pexec_not_the_clusters(head, tmp_path):
+    # The submitter's checkout: another version, and a scoring source the cluster's pexec (this checkout, on
+    # the head's PYTHONPATH) does not have, which leaves a mark from each process that imports it; so the
+    # run's code version says whose pexec the driver ran, and the marks whose pexec the Ray workers ran.
+    checkout = copy_sources(ROOT, tmp_path / "checkout")
+    pyproject = checkout / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('version = "0.1.0"', 'version = "0.1.0.post7"', 1))
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    mark = f"open(f'{marks}/{{_os.getpid()}}-{{_os.path.basename(_sys.argv[0])}}', 'w')"  # PID-PROGRAM
+    with (checkout / "pipeline" / "score.py").open("a") as f:
+        f.write(f"import os as _os, sys as _sys\n{mark}\n")
+    theirs = subprocess.run(
+        [sys.executable, "-c", "from pipeline.code_version import code_version; print(code_version())"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(checkout)}, capture_output=True, text=True,
+    ).stdout.strip().split("+")[1]  # fmt: skip
+    assert theirs != code_version().split("+")[1]
+    job = write_job(tmp_path / "jobs", str(tmp_path / "store"), str(tmp_path / "run"))
+    done = pexec("submit", str(job), "--date", "2026-11-29", "--address", head.address, "--runtime", "package",
+                 "--python", sys.executable, "--wait", cwd=tmp_path, env={"PYTHONPATH": str(checkout)})  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    manifest = read_manifest(str(tmp_path / "run/date=2026-11-29"))
+    assert manifest["code_version"] == f"0.1.0.post7+{theirs}" and manifest["counts"]["scored"] == 300
+    importers = {name.split("-", 1)[1] for name in os.listdir(marks)}
+    assert {"-m", "default_worker.py"} <= importers, importers  # the job's driver (python -m), and Ray workers
+
+
+@pytest.mark.parametrize("runtime", ["image", "package"])
+def test_a_submitted_job_uploads_only_its_job_file_and_the_package(head, tmp_path, runtime):
     folder = tmp_path / "jobs"
     job = write_job(folder, str(tmp_path / "store"), str(tmp_path / "run"))
     decoys = {
@@ -164,15 +221,19 @@ def test_a_submitted_job_uploads_its_job_file_and_nothing_else(head, tmp_path):
     for name, text in decoys.items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_text(text)
-    done = pexec("submit", str(job), "--address", head.address, "--runtime", "image", "--python", sys.executable,
+    before = set(Path(head.tmp).rglob("*"))
+    done = pexec("submit", str(job), "--address", head.address, "--runtime", runtime, "--python", sys.executable,
                  "--wait", cwd=folder)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    shipped = [p for p in Path(head.tmp).rglob("*") if p.is_file() and "runtime_resources" in p.parts]
+    shipped = [p for p in set(Path(head.tmp).rglob("*")) - before if p.is_file() and "runtime_resources" in p.parts]
     assert [p.name for p in shipped if p.name == "tiny.toml"], "the job file was not found on the cluster"
+    # py_modules_files/_ray_pkg_<hash>/<the folder shipped>/...
+    packaged = {p.parts[p.parts.index("py_modules_files") + 2] for p in shipped
+                if "py_modules_files" in p.parts and len(p.parts) > p.parts.index("py_modules_files") + 3}  # fmt: skip
+    assert packaged == ({"pipeline", "pexec-0.1.0.dist-info"} if runtime == "package" else set()), shipped
     for path in shipped:
-        if path.suffix in (".toml", ".zip") or "working_dir_files" in path.parts:
-            text = path.read_bytes()
-            assert not any(d.encode() in text for d in decoys.values()), path
+        text = path.read_bytes()
+        assert not any(d.encode() in text for d in decoys.values()), path
     assert not [p for p in shipped if p.name in {".env", "credentials", "config", "rollouts.jsonl"}]
 
 

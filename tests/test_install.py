@@ -1,17 +1,17 @@
 """A wheel built from the project, installed into a fresh virtualenv, runs the demo outside the checkout:
 specs, simulator pins and SQL ship as package data. The fresh environment reaches the already installed
-dependencies through a .pth line (nothing is downloaded); pexec itself comes from the wheel only."""
+dependencies through a .pth line (nothing is downloaded); pexec itself comes from the wheel only. The wheel
+is the one `pexec submit --runtime package` ships."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
 from pathlib import Path
 
-from conftest import ROOT
+from pipeline.submit import build_wheel
 
 
 def run(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -22,15 +22,7 @@ def run(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProce
 
 def test_the_wheel_runs_the_demo_outside_the_checkout(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    # A clean copy of what the build reads (pip builds in the tree, and a stale build/ would hide a gap).
-    source = tmp_path / "src"
-    for name in ("pipeline", "specs"):
-        shutil.copytree(ROOT / name, source / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(ROOT / name, source / name)
-    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"), str(source),
-        cwd=tmp_path, env=env)  # fmt: skip
-    wheel = next((tmp_path / "dist").glob("pexec-*.whl"))
+    wheel = build_wheel(tmp_path)  # from a clean copy of what the build reads: a stale build/ would hide a gap
     venv = tmp_path / "venv"
     run(sys.executable, "-m", "venv", "--without-pip", str(venv), cwd=tmp_path, env=env)
     python = venv / "bin" / "python"
@@ -51,3 +43,10 @@ def test_the_wheel_runs_the_demo_outside_the_checkout(tmp_path):
     assert sum(__import__("json").loads(line)["n"] for line in metrics.stdout.splitlines()) == 300
     listed = run(pexec, "envs", cwd=work, env=env).stdout
     assert "shop" in listed and "support" in listed and "tau_airline" in listed
+    # An installed pexec cannot rebuild itself for `submit --runtime package`: refused on one line, at once.
+    job = work / "job.toml"
+    job.write_text(f'name = "j"\ninput = "{work / "store"}"\noutput = "{work / "out"}"\n')
+    done = subprocess.run([pexec, "submit", str(job), "--runtime", "package", "--address", "http://127.0.0.1:9"],
+                          cwd=work, env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert "runtime package builds pexec from its source checkout" in done.stderr
