@@ -11,7 +11,6 @@ from functools import cache
 from typing import Any
 from zoneinfo import ZoneInfo
 
-import geopy.distance
 import holidays
 import phonenumbers
 import pint
@@ -95,6 +94,8 @@ def holiday(name: str, year: int, tz: ZoneInfo) -> float | None:
 
 
 def geodesic_km(lat0: float, lon0: float, lat1: float, lon1: float) -> float:
+    import geopy.distance  # here, not at the top: geopy's package import loads its geocoders (~0.3 s)
+
     try:
         return geopy.distance.distance((lat0, lon0), (lat1, lon1)).kilometers
     except (ValueError, TypeError) as exc:
