@@ -16,10 +16,10 @@ its only commit as of 2026-11-30, with the library versions its pyproject.toml p
     /tmp/tsup/bin/pip install polars==0.20.31 rapidfuzz==3.9.3 pint==0.23 phonenumbers==8.13.39 \
         holidays==0.51 geopy==2.4.1 ccy==1.3.1 decorator==5.1.1 dill==0.3.8 StrEnum==0.4.15 \
         typing_extensions==4.12.2 requests==2.32.3 networkx==3.2.1 numpy==1.26.4 scipy==1.13.1 \
-        rouge-score==0.1.2 langchain==0.1.3 openai==1.17.0 pydantic==2.7.4 pyyaml==6.0.1 attrs tqdm \
+        rouge-score==0.1.2 langchain==0.1.3 openai==1.17.0 pydantic==2.7.4 pyyaml==6.0.1 attrs==26.1.0 tqdm==4.70.1 \
         time-machine==3.6.0
     /tmp/tsup/bin/python tests/toolsandbox_diff/record.py --upstream /tmp/ts-src \
-        --seed 14 --sequences 320 --out tests/toolsandbox_diff/cases.jsonl.gz
+        --seed 14 --sequences 360 --out tests/toolsandbox_diff/cases.jsonl.gz
 
 (the venv is only for this script: the upstream modules that build the base scenario import langchain,
 openai, scipy and rouge-score.) The output is gzip'd JSON lines: a provenance line, then one line per
@@ -529,7 +529,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--upstream", type=Path, required=True, help="a checkout of apple/ToolSandbox")
     parser.add_argument("--seed", type=int, default=14)
-    parser.add_argument("--sequences", type=int, default=320)
+    parser.add_argument("--sequences", type=int, default=360)
     parser.add_argument("--out", type=Path, required=True)
     a = parser.parse_args()
     cases = record(a.upstream, a.seed, a.sequences)
