@@ -20,6 +20,7 @@ from __future__ import annotations
 import tomllib
 import uuid
 from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -142,7 +143,9 @@ class ToolSandboxEnvironment:
     def __init__(self, folder: Path = SPEC) -> None:
         self.tools, self.rules, fingerprint = load_rules(folder)
         self.seed = orjson.loads((folder / "seed.json").read_bytes())
-        self.version = f"toolsandbox-native@{fingerprint}"
+        # The libraries decide outcomes too: a run scored with other versions is not reused (pipeline.distributed).
+        libraries = ",".join(f"{n}=={metadata.version(n)}" for n in u.LIBRARIES)
+        self.version = f"toolsandbox-native@{fingerprint}+{libraries}"
         self.integers = {name: frozenset(_integer_parameters(info)) for name, info in self.tools.items()}
         missing = sorted(set(self.tools) - set(TOOLS))
         if missing:

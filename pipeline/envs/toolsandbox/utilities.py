@@ -17,6 +17,9 @@ import pint
 
 from pipeline.envs.toolsandbox.text import partial_score
 
+# The distributions the tool bodies call (at upstream's pins, pint at the nearest that imports beside numpy 2).
+LIBRARIES = ("geopy", "holidays", "phonenumbers", "pint", "rapidfuzz")
+
 
 class ToolError(Exception):
     """The tool body raised: the call is rejected with this message."""
