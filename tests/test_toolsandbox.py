@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import duckdb
 import orjson
@@ -16,7 +17,7 @@ from pipeline.cli import app
 from pipeline.distributed import run_scoring
 from pipeline.envs import get_environment
 from pipeline.envs.toolsandbox.env import seed_id
-from pipeline.envs.toolsandbox.utilities import convert, geodesic_km, holiday, us_holidays
+from pipeline.envs.toolsandbox.utilities import ToolError, convert, geodesic_km, holiday
 from pipeline.ingest import IngestError, IngestOptions, ingest
 from pipeline.records import parse_rollout
 
@@ -176,7 +177,7 @@ def test_clock_comes_from_the_log_not_today() -> None:
     env = get_environment("toolsandbox")
     state = env.start(parse_rollout({"rollout_id": "c", "task_id": "c", "benchmark": "toolsandbox",
                                      "env": {"now": NOW}, "events": []}))  # fmt: skip
-    assert state.doc["reminder"][REMINDER]["reminder_timestamp"] == NOW - day
+    assert state.doc["reminder"][0]["reminder_timestamp"] == NOW - day
     stepped = run([call("get_current_timestamp", output=NOW + 30), call("get_current_timestamp")])
     assert stepped.steps[0].output_match is True
 
@@ -204,17 +205,73 @@ def test_injected_failures_have_known_fed_and_cause() -> None:
 
 
 def test_utilities_match_upstream_values() -> None:
-    # Textbook conversions, Vincenty's published test line (Flinders Peak -> Buninyong, 54,972.271 m) and
-    # the 2024 US federal calendar (11 holidays, Thanksgiving on Nov 28).
+    # Textbook conversions, Vincenty's published test line (Flinders Peak -> Buninyong, 54,972.271 m), the US
+    # calendar (Thanksgiving 2024 on Nov 28; a holiday on a Sunday is observed on the Monday, which upstream's
+    # ranking returns, one on a Saturday is observed on the Friday, and the later date, the day itself, wins).
+    utc = ZoneInfo("UTC")
     assert convert(100, "celsius", "fahrenheit") == pytest.approx(212.0)
     assert convert(1, "mile", "km") == pytest.approx(1.609344)
+    assert convert(5, "Miles", "Kilometers") == pytest.approx(8.04672)  # unknown as written: lower-cased
+    with pytest.raises(ToolError, match="UndefinedUnitError"):
+        convert(1, "survey acre", "m**2")  # as upstream: "survey" is no pint unit
     flinders, buninyong = (-37.95103341666667, 144.42486788888888), (-37.65282113888889, 143.92649552777778)
     assert geodesic_km(*flinders, *buninyong) == pytest.approx(54.972271, abs=1e-6)
-    assert len(us_holidays(2024)) == 11
-    assert holiday("thanksgiving", 2024, __import__("zoneinfo").ZoneInfo("UTC")) == 1732752000.0
+    assert holiday("thanksgiving", 2024, utc) == 1732752000.0
+    assert holiday("Christmas", 2022, utc) == 1672012800.0  # Sunday Dec 25 -> Monday Dec 26
+    assert holiday("Christmas Day", 2021, utc) == 1640390400.0  # Saturday Dec 25 (observed Friday the 24th)
+    assert holiday("Halloween", 2024, utc) is None
     result = run([call("datetime_info_to_timestamp", year=2024, month=2, day=30, hour=0, minute=0, second=0),
                   call("unit_conversion", amount=1, from_unit="parsec_banana", to_unit="m")])  # fmt: skip
     assert [s.valid for s in result.steps] == [False, False]
+
+
+def test_the_divergences_of_issue_14_behave_as_upstream() -> None:
+    # Numbers libphonenumber parses are accepted (an extension, a vanity number); a null for an argument upstream
+    # declares optional is accepted; a float where upstream's typechecked tool wants an int is a failed call, not
+    # a crash of the run.
+    result = run([call("add_contact", name="Office", phone_number="+1 415 555 0123 ext 12", relationship=None),
+                  call("add_contact", name="Flowers", phone_number="+1-800-FLOWERS"),
+                  call("search_contacts", name=None, output=[]),
+                  call("add_reminder", content="milk", reminder_timestamp=NOW + 60, latitude=None),
+                  call("datetime_info_to_timestamp", year=2024, month=5, day=13.0, hour=9, minute=0, second=0),
+                  call("search_holiday", holiday_name="Christmas", year=2024.0),
+                  call("get_wifi_status")])  # fmt: skip
+    assert [s.valid for s in result.steps] == [True, True, True, True, False, False, True]
+    assert result.steps[2].output_match is True
+    assert "TypeError: Parameter 'day' is of type 'float'" in result.steps[4].detail
+    assert result.steps[4].failed_check == "P" and result.steps[5].failed_check == "P"
+
+
+def test_a_modified_row_moves_to_the_end_of_its_table() -> None:
+    # Upstream's modify removes the row and appends the changed one: searches list it last afterwards.
+    john = seed_id("John Petrucci")
+    friends = lambda *ids: [{"person_id": i} for i in ids]  # noqa: E731
+    env = get_environment("toolsandbox")
+    state = env.start(parse_rollout({"rollout_id": "m", "task_id": "m", "benchmark": "toolsandbox",
+                                     "env": {"now": NOW}, "events": []}))  # fmt: skip
+    search = parse_rollout({"rollout_id": "m", "task_id": "m", "benchmark": "toolsandbox", "env": {"now": NOW},
+                            "events": [call("search_contacts", relationship="friend")]}).calls[0]  # fmt: skip
+    before = env.execute(state, "search_contacts", {"relationship": "friend"}, search).output
+    assert [{"person_id": r["person_id"]} for r in before] == friends(FRED, john)
+    assert env.execute(state, "modify_contact", {"person_id": FRED, "name": "Fredrik T"}, search).accepted
+    after = env.execute(state, "search_contacts", {"relationship": "friend"}, search).output
+    assert [{"person_id": r["person_id"]} for r in after] == friends(john, FRED)
+    assert [r["person_id"] for r in state.doc["contact"]][-1] == FRED
+
+
+def test_seed_timestamps_are_wall_clock_offsets_across_a_dst_change() -> None:
+    # Upstream writes the seed as naive local `now - timedelta(days=3)`: across the 2024-03-10 switch to summer
+    # time in New York, "three days ago at the same time" is 3 days minus one hour of real time.
+    now = 1710172800.0  # 2024-03-11 12:00 EDT
+    state = get_environment("toolsandbox").start(parse_rollout({
+        "rollout_id": "d", "task_id": "d", "benchmark": "toolsandbox", "events": [],
+        "env": {"now": now, "tz": "America/New_York"}}))  # fmt: skip
+    reminder = state.doc["reminder"][0]  # created 3 days before now, due 1 day before
+    assert reminder["creation_timestamp"] == now - 3 * 86400 + 3600
+    assert reminder["reminder_timestamp"] == now - 86400  # Mar 10 12:00 EDT: after the switch
+    utc = get_environment("toolsandbox").start(parse_rollout({
+        "rollout_id": "d", "task_id": "d", "benchmark": "toolsandbox", "events": [], "env": {"now": now}}))
+    assert utc.doc["reminder"][0]["creation_timestamp"] == now - 3 * 86400
 
 
 def test_ingest_run_folder() -> None:

@@ -9,8 +9,8 @@ from pipeline.envs.registry import EnvOptions, register
 
 @register("toolsandbox")
 def _toolsandbox(options: EnvOptions):
-    # Imported when the environment is built, for start-up cost only (the simulator and its zoneinfo,
-    # ~8 ms): importing pipeline.envs registers every family, and most runs score none of this one.
+    # Imported when the environment is built, for start-up cost only (the simulator and the libraries of
+    # its tool bodies, ~0.1 s): importing pipeline.envs registers every family, and most runs score none of this one.
     from pipeline.envs.toolsandbox.env import ToolSandboxEnvironment
 
     return ToolSandboxEnvironment()

@@ -1,9 +1,14 @@
 """The `toolsandbox` environment: ToolSandbox's five tables as a journaled JSON document.
 
-State document: `setting` (one row), `contact` (person_id -> row), `reminder` (reminder_id -> row),
-`messaging` (list: upstream's seed has two messages with the same id), `clock.now` (the scenario's "now",
-from the rollout's `env`) and the created-id maps `ids` (logged id -> replay id) and `shown` (replay id ->
-logged id). Rules live in specs/toolsandbox/rules.toml; tool bodies below only do what rules cannot say.
+State document: `setting` (one row), `contact`, `reminder` and `messaging` (lists of rows in upstream's table
+order: a modified row is deleted and appended, as upstream's remove + add does, and searches list rows in
+that order; upstream's seed has two messages with the same id), `clock.now` (the scenario's "now", from the
+rollout's `env`) and the created-id maps `ids` (logged id -> replay id) and `shown` (replay id -> logged id).
+Rules live in specs/toolsandbox/rules.toml; tool bodies below only do what rules cannot say.
+
+Before the rules, two checks upstream makes first: its `typechecked` decorator (a float where an integer is
+expected is a TypeError; JSON Schema counts 13.0 as an integer, so the schema check lets it through) and
+libphonenumber's parse of every phone-number argument.
 
 Id mapping: replay creates ids deterministically (uuid5 of the rollout id and a counter). When the call
 carries the id the live run logged, the pair is recorded: later arguments are mapped logged -> replay
@@ -15,6 +20,7 @@ from __future__ import annotations
 import tomllib
 import uuid
 from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -28,7 +34,7 @@ from pipeline.envs.document import JournaledDoc
 from pipeline.envs.rules import Precondition, check_rules, compile_field
 from pipeline.envs.spec.loader import load_tools_json, tool_rules
 from pipeline.envs.toolsandbox import utilities as u
-from pipeline.envs.toolsandbox.text import wratio
+from pipeline.envs.toolsandbox.text import fuzzy_filter
 from pipeline.expr import compile_expr, render
 from pipeline.model import NOT_LOGGED, Call, Rollout
 
@@ -36,6 +42,10 @@ SPEC = BUILTIN_SPECS / "toolsandbox"
 SWITCHES = {"low_battery_mode": "low_battery_mode", "location_service": "location_service",
             "cellular_service": "cellular", "wifi": "wifi"}  # fmt: skip
 SEARCH_EXACT, SEARCH_FUZZY, SEARCH_MIN, SEARCH_MAX = "exact", "fuzzy", "min", "max"
+# The phone-number parameters upstream validates with libphonenumber (validators.validate_phone_number).
+PHONES = {"add_contact": ("phone_number",), "modify_contact": ("phone_number",),
+          "search_contacts": ("phone_number",), "send_message_with_phone_number": ("phone_number",),
+          "search_messages": ("sender_phone_number", "recipient_phone_number")}  # fmt: skip
 
 
 def seed_id(payload: str) -> str:
@@ -89,17 +99,20 @@ def initial_doc(seed: dict[str, Any], env: dict[str, Any], rollout_id: str) -> d
     if not isinstance(now, int | float) or isinstance(now, bool):
         raise EnvError("toolsandbox: the rollout's env needs 'now' (a POSIX timestamp taken from the log)")
     variant = env.get("settings", "base")
+    try:
+        tz = ZoneInfo(env.get("tz", "UTC"))
+    except (ZoneInfoNotFoundError, ValueError, TypeError) as exc:
+        raise EnvError(f"toolsandbox: unknown time zone {env.get('tz')!r} in the rollout's env") from exc
     if variant not in seed["variants"]:
         raise EnvError(f"toolsandbox: unknown settings variant {variant!r} (known: {', '.join(seed['variants'])})")
     setting = dict(seed["settings"])
     for column in seed["variants"][variant]:
         setting[column] = not setting[column]
-    contacts = {
-        seed_id(c["id_payload"]): {"person_id": seed_id(c["id_payload"]), **_without(c, "id_payload")}
-        for c in seed["contacts"]
-    }
-    messages = [_seed_message(m, now) for m in seed["messages"]]
-    reminders = {seed_id(r["id_payload"]): _seed_reminder(r, now) for r in seed["reminders"]}
+    contacts = [{"person_id": seed_id(c["id_payload"]), **_without(c, "id_payload")} for c in seed["contacts"]]
+    # Upstream writes the seed as `datetime.now() - timedelta(...)` on naive local time: wall-clock offsets.
+    at = lambda offset: u.shift(now, {"seconds": offset}, tz)  # noqa: E731
+    messages = [_seed_message(m, at) for m in seed["messages"]]
+    reminders = [_seed_reminder(r, at) for r in seed["reminders"]]
     return {"setting": setting, "contact": contacts, "messaging": messages, "reminder": reminders,
             "clock": {"now": float(now), "tz": env.get("tz", "UTC"), "created": 0, "rollout": rollout_id},
             "ids": {}, "shown": {}}  # fmt: skip
@@ -109,17 +122,17 @@ def _without(row: dict[str, Any], *keys: str) -> dict[str, Any]:
     return {k: v for k, v in row.items() if k not in keys}
 
 
-def _seed_message(m: dict[str, Any], now: float) -> dict[str, Any]:
+def _seed_message(m: dict[str, Any], at: Callable[[float], float]) -> dict[str, Any]:
     person = lambda name: seed_id(name) if name else None  # noqa: E731
     return {"message_id": seed_id(m["id_payload"]), "sender_person_id": person(m["sender"]),
             "sender_phone_number": m["sender_phone_number"], "recipient_person_id": person(m["recipient"]),
             "recipient_phone_number": m["recipient_phone_number"], "content": m["content"],
-            "creation_timestamp": now + m["created_offset_s"]}  # fmt: skip
+            "creation_timestamp": at(m["created_offset_s"])}  # fmt: skip
 
 
-def _seed_reminder(r: dict[str, Any], now: float) -> dict[str, Any]:
+def _seed_reminder(r: dict[str, Any], at: Callable[[float], float]) -> dict[str, Any]:
     return {"reminder_id": seed_id(r["id_payload"]), "content": r["content"],
-            "creation_timestamp": now + r["created_offset_s"], "reminder_timestamp": now + r["reminder_offset_s"],
+            "creation_timestamp": at(r["created_offset_s"]), "reminder_timestamp": at(r["reminder_offset_s"]),
             "latitude": r["latitude"], "longitude": r["longitude"]}  # fmt: skip
 
 
@@ -130,7 +143,10 @@ class ToolSandboxEnvironment:
     def __init__(self, folder: Path = SPEC) -> None:
         self.tools, self.rules, fingerprint = load_rules(folder)
         self.seed = orjson.loads((folder / "seed.json").read_bytes())
-        self.version = f"toolsandbox-native@{fingerprint}"
+        # The libraries decide outcomes too: a run scored with other versions is not reused (pipeline.distributed).
+        libraries = ",".join(f"{n}=={metadata.version(n)}" for n in u.LIBRARIES)
+        self.version = f"toolsandbox-native@{fingerprint}+{libraries}"
+        self.integers = {name: frozenset(_integer_parameters(info)) for name, info in self.tools.items()}
         missing = sorted(set(self.tools) - set(TOOLS))
         if missing:
             raise EnvError(f"toolsandbox: no implementation for {', '.join(missing)}")
@@ -153,12 +169,18 @@ class ToolSandboxEnvironment:
     def execute(self, state: JournaledDoc, tool: str, args: dict[str, Any], call: Call) -> Outcome:
         ids = state.doc["ids"]
         args = {k: ids.get(v, v) if isinstance(v, str) else v for k, v in args.items()}
-        ctx = {"args": args, "state": state.doc}
-        check = check_rules(self.rules.get(tool, ()), ctx, unknown_violates=True)
-        if check.violated:
-            return Outcome(False, message=check.message, decided_by="precondition")
         mark = len(state.journal)
         try:
+            for name in self.integers.get(tool, ()):
+                if isinstance(args.get(name), float):
+                    raise u.ToolError(f"TypeError: Parameter {name!r} is of type 'float', but expected 'int'")
+            for name in PHONES.get(tool, ()):
+                if name in args:
+                    u.check_phone(args[name])
+            ctx = {"args": args, "state": state.doc}
+            check = check_rules(self.rules.get(tool, ()), ctx, unknown_violates=True)
+            if check.violated:
+                return Outcome(False, message=check.message, decided_by="precondition")
             output = TOOLS[tool](state, args, call)
         except u.ToolError as exc:
             state.rollback(mark)
@@ -170,6 +192,16 @@ class ToolSandboxEnvironment:
 
     def rollback(self, state: JournaledDoc, mark: int) -> None:
         state.rollback(mark)
+
+
+def _integer_parameters(info: ToolInfo) -> list[str]:
+    properties = info.parameters.get("properties", {})
+    return [k for k, p in properties.items() if "integer" in _types(p) and "number" not in _types(p)]
+
+
+def _types(schema: dict[str, Any]) -> list[str]:
+    kind = schema.get("type", [])
+    return [kind] if isinstance(kind, str) else kind
 
 
 def _shown(value: Any, shown: dict[str, str]) -> Any:
@@ -214,34 +246,49 @@ def _search(rows: list[dict[str, Any]], args: dict[str, Any], plan: dict[str, tu
         if param not in args:
             continue
         want = args[param]
+        if how == SEARCH_FUZZY:  # best first, at most five
+            rows = fuzzy_filter(rows, column, want, threshold)
+            continue
+        # Upstream filters a polars table: a comparison with a null (cell or value) keeps no row.
+        rows = [r for r in rows if r[column] is not None and want is not None]
         if how == SEARCH_EXACT:
             rows = [r for r in rows if r[column] == want]
         elif how == SEARCH_MIN:
-            rows = [r for r in rows if r[column] is not None and r[column] >= want]
-        elif how == SEARCH_MAX:
-            rows = [r for r in rows if r[column] is not None and r[column] <= want]
-        else:  # upstream orders fuzzy hits by score, best first
-            scored = [(wratio(want, r[column] or ""), i, r) for i, r in enumerate(rows)]
-            rows = [r for s, i, r in sorted(scored, key=lambda x: (-x[0], x[1])) if s >= threshold]
+            rows = [r for r in rows if r[column] >= want]
+        else:
+            rows = [r for r in rows if r[column] <= want]
     return [dict(r) for r in rows]
+
+
+def _replace(state: JournaledDoc, table: str, key: str, changes: dict[str, Any]) -> None:
+    """Upstream's modify: the row is removed and the changed row appended at the end of the table."""
+    rows = state.doc[table]
+    index = next(i for i, r in enumerate(rows) if r[key] == changes[key])  # the rules guarantee one
+    row = {**rows[index], **changes}
+    state.delete(rows, index)
+    state.set(rows, len(rows), row)
+
+
+def _remove(state: JournaledDoc, table: str, key: str, value: str) -> None:
+    rows = state.doc[table]
+    for index in reversed([i for i, r in enumerate(rows) if r[key] == value]):
+        state.delete(rows, index)
 
 
 def add_contact(state: JournaledDoc, args: dict[str, Any], call: Call) -> str:
     pid = _new_id(state, call)
     row = {"person_id": pid, "name": args["name"], "phone_number": args["phone_number"],
            "relationship": args.get("relationship"), "is_self": args.get("is_self", False)}  # fmt: skip
-    state.set(state.doc["contact"], pid, row)
+    state.set(state.doc["contact"], len(state.doc["contact"]), row)
     return pid
 
 
 def modify_contact(state: JournaledDoc, args: dict[str, Any], call: Call) -> None:
-    row = dict(state.doc["contact"][args["person_id"]])
-    row.update({k: v for k, v in args.items() if k != "person_id"})
-    state.set(state.doc["contact"], args["person_id"], row)
+    _replace(state, "contact", "person_id", args)
 
 
 def remove_contact(state: JournaledDoc, args: dict[str, Any], call: Call) -> None:
-    state.delete(state.doc["contact"], args["person_id"])
+    _remove(state, "contact", "person_id", args["person_id"])
 
 
 CONTACT_SEARCH = {
@@ -254,11 +301,11 @@ CONTACT_SEARCH = {
 
 
 def search_contacts(state: JournaledDoc, args: dict[str, Any], call: Call) -> list:
-    return _search(list(state.doc["contact"].values()), args, CONTACT_SEARCH)
+    return _search(state.doc["contact"], args, CONTACT_SEARCH)
 
 
 def send_message(state: JournaledDoc, args: dict[str, Any], call: Call) -> str:
-    contacts = list(state.doc["contact"].values())
+    contacts = state.doc["contact"]
     me = next(c for c in contacts if c["is_self"])  # the rules guarantee exactly one
     recipient = next((c["person_id"] for c in contacts if c["phone_number"] == args["phone_number"]), None)
     mid = _new_id(state, call)
@@ -287,14 +334,12 @@ def add_reminder(state: JournaledDoc, args: dict[str, Any], call: Call) -> str:
     row = {"reminder_id": rid, "content": args["content"], "creation_timestamp": state.doc["clock"]["now"],
            "reminder_timestamp": args["reminder_timestamp"], "latitude": args.get("latitude"),
            "longitude": args.get("longitude")}  # fmt: skip
-    state.set(state.doc["reminder"], rid, row)
+    state.set(state.doc["reminder"], len(state.doc["reminder"]), row)
     return rid
 
 
 def modify_reminder(state: JournaledDoc, args: dict[str, Any], call: Call) -> None:
-    row = dict(state.doc["reminder"][args["reminder_id"]])
-    row.update({k: v for k, v in args.items() if k != "reminder_id"}, creation_timestamp=state.doc["clock"]["now"])
-    state.set(state.doc["reminder"], args["reminder_id"], row)
+    _replace(state, "reminder", "reminder_id", {**args, "creation_timestamp": state.doc["clock"]["now"]})
 
 
 REMINDER_SEARCH = {
@@ -308,11 +353,11 @@ REMINDER_SEARCH = {
 
 
 def search_reminder(state: JournaledDoc, args: dict[str, Any], call: Call) -> list:
-    return _search(list(state.doc["reminder"].values()), args, REMINDER_SEARCH)
+    return _search(state.doc["reminder"], args, REMINDER_SEARCH)
 
 
 def remove_reminder(state: JournaledDoc, args: dict[str, Any], call: Call) -> None:
-    state.delete(state.doc["reminder"], args["reminder_id"])
+    _remove(state, "reminder", "reminder_id", args["reminder_id"])
 
 
 def _getter(column: str) -> Callable[[JournaledDoc, dict[str, Any], Call], bool]:

@@ -1,54 +1,23 @@
-"""Fuzzy string scores in the spirit of rapidfuzz's WRatio / partial_ratio (0–100), built on difflib.
-
-Upstream filters names, relationships and contents with rapidfuzz; this is a close, dependency-free
-approximation (it can differ from rapidfuzz by a few points near a threshold).
-"""
+"""Fuzzy text matching as upstream's tools do it, with the library upstream uses (rapidfuzz, pinned as upstream
+pins it): searches keep the rows whose column scores at least a threshold under WRatio, best first, at most
+five (rapidfuzz's `process.extract` default); holiday names are ranked by partial_ratio. Both lower-case and
+strip punctuation first (rapidfuzz's default_process)."""
 
 from __future__ import annotations
 
-import re
-from difflib import SequenceMatcher
+from typing import Any
 
-_NON_ALNUM = re.compile(r"[^0-9a-z]+")
+from rapidfuzz import fuzz, process, utils
 
-
-def normalize(text: str) -> str:
-    """Lower-case, non-alphanumerics as single spaces (rapidfuzz's default_process)."""
-    return _NON_ALNUM.sub(" ", text.lower()).strip()
+SEARCH_LIMIT = 5  # process.extract's default `limit`, which upstream's fuzzy filter leaves as is
 
 
-def ratio(a: str, b: str) -> float:
-    if not a and not b:
-        return 100.0
-    return 100.0 * SequenceMatcher(None, a, b, autojunk=False).ratio()
+def fuzzy_filter(rows: list[dict[str, Any]], column: str, query: str | None, threshold: float) -> list:
+    """The rows whose `column` matches `query`, best first (ties in row order); a null cell never matches."""
+    hits = process.extract(query, [r[column] for r in rows], processor=utils.default_process, scorer=fuzz.WRatio,
+                           score_cutoff=threshold, limit=SEARCH_LIMIT)  # fmt: skip
+    return [rows[index] for _, _, index in hits]
 
 
-def partial_ratio(a: str, b: str) -> float:
-    """Best ratio of the shorter string against any same-length window of the longer one."""
-    short, long = (a, b) if len(a) <= len(b) else (b, a)
-    if not short:
-        return 0.0
-    width = len(short)
-    return max(ratio(short, long[i : i + width]) for i in range(len(long) - width + 1))
-
-
-def _token_scores(a: str, b: str) -> float:
-    ta, tb = set(a.split()), set(b.split())
-    common = " ".join(sorted(ta & tb))
-    rest_a, rest_b = " ".join(sorted(ta - tb)), " ".join(sorted(tb - ta))
-    sort_score = ratio(" ".join(sorted(a.split())), " ".join(sorted(b.split())))
-    left, right = f"{common} {rest_a}".strip(), f"{common} {rest_b}".strip()
-    set_score = max(ratio(common, left), ratio(common, right), ratio(left, right)) if common else 0.0
-    return max(sort_score, set_score)
-
-
-def wratio(query: str, choice: str) -> float:
-    a, b = normalize(query), normalize(choice)
-    if not a or not b:
-        return 0.0
-    scale = max(len(a), len(b)) / min(len(a), len(b))
-    best = ratio(a, b)
-    if scale < 1.5:
-        return max(best, 0.95 * _token_scores(a, b))
-    partial = 0.9 if scale < 8 else 0.6
-    return max(best, partial * partial_ratio(a, b), 0.95 * partial * _token_scores(a, b))
+def partial_score(query: str, choice: str) -> float:
+    return fuzz.partial_ratio(query, choice, processor=utils.default_process)
