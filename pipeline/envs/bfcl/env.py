@@ -46,6 +46,7 @@ class BfclState:
     instances: dict[str, Any] = field(default_factory=dict)  # read through BfclEnvironment.instance
     journal: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)  # accepted (class, tool, args)
     stale: set[str] = field(default_factory=set)  # classes whose instance differs from scenario + journal
+    rejected: tuple[Any, ...] | None = None  # the last rejection: (tool, args, its class's journal, outcome)
 
 
 class BfclEnvironment:
@@ -138,11 +139,20 @@ class BfclEnvironment:
 
     def execute(self, state: BfclState, tool: str, args: dict[str, Any], call: Call) -> Outcome:
         cls = self._class_of[tool]
+        # An instance's state is its scenario plus its class's accepted calls, so a call rejected in that state
+        # is rejected again: the walk-back re-tests a call in every earlier state and most of them differ only
+        # in other classes. The same arguments object and the same journal entries (by identity) are required.
+        history = [entry for entry in state.journal if entry[0] == cls]
+        last = state.rejected
+        if last is not None and last[0] == tool and last[1] is args and _same_entries(last[2], history):
+            return last[3]
         outcome = _run(self.instance(state, cls), tool, args)
         if outcome.accepted:
             state.journal.append((cls, tool, args))
+            state.rejected = None
         else:
             state.stale.add(cls)
+            state.rejected = (tool, args, history, outcome)
         return outcome
 
     def checkpoint(self, state: BfclState) -> int:
@@ -191,6 +201,10 @@ def error_of(instance: Any, tool: str, args: dict[str, Any]) -> str | None:
         return error_message(getattr(instance, tool)(**_copy(args)))
     except Exception as exc:  # as in _run
         return f"Error during execution: {exc}"
+
+
+def _same_entries(a: list[Any], b: list[Any]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
 def error_message(result: Any) -> str | None:
