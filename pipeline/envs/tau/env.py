@@ -11,6 +11,7 @@ import ast
 import dataclasses
 import importlib
 import json
+import math
 import operator
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -82,6 +83,7 @@ class TauEnvironment:
         state_view = {field: view(getattr(db, field)) for field in type(db).model_fields}
         state_view["session"] = view(session)
         self._state = TauState(toolkit, journal, session, state_view)
+        self._functions = toolkit.tools  # a property that rebuilds this dict on every access
         upstream = {name: _type_name(toolkit.tool_type(name)) for name in toolkit.tools}
         self._read_only = frozenset(name for name, kind in upstream.items() if kind == "read")
         missing = sorted(set(toolkit.tools) - set(rules.tools))
@@ -145,7 +147,7 @@ class TauEnvironment:
             return calculate(**args)  # the official one uses eval
         if tool == "get_item_details" and self.domain == "retail":
             return get_item_details(state.toolkit.db, **args)
-        return state.toolkit.tools[tool](**args)
+        return self._functions[tool](**args)
 
     def _initialize(self, state: TauState, initial: dict[str, Any]) -> None:
         """Apply a task's `initial_state`: `initialization_data.agent_data` is merged into the DB (nested
@@ -195,7 +197,36 @@ def _output(result: Any) -> Any:
     models become their JSON objects, numbers and booleans become strings."""
     if isinstance(result, str):
         return result
-    return orjson.loads(json.dumps(_plain(result), default=str))
+    value = _plain(result)
+    if _decodes_to_itself(value):  # the common case: the round trip below would return an equal copy
+        return value
+    return orjson.loads(json.dumps(value, default=str))
+
+
+def _decodes_to_itself(value: Any) -> bool:
+    """Whether `orjson.loads(json.dumps(value))` equals `value` with the same types: text (valid UTF-8),
+    64-bit integers (orjson reads larger ones as floats), finite floats, booleans, None, lists and dicts with
+    text keys, of exactly these types."""
+    kind = type(value)
+    if kind is str:
+        if value.isascii():
+            return True
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return False
+        return True
+    if kind is int:
+        return -(2**63) <= value < 2**64
+    if kind is float:
+        return math.isfinite(value)
+    if kind is bool or value is None:
+        return True
+    if kind is list:
+        return all(_decodes_to_itself(v) for v in value)
+    if kind is dict:
+        return all(type(k) is str and _decodes_to_itself(k) and _decodes_to_itself(v) for k, v in value.items())
+    return False
 
 
 def _plain(value: Any) -> Any:
