@@ -11,7 +11,6 @@ import ast
 import dataclasses
 import importlib
 import json
-import math
 import operator
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -198,35 +197,19 @@ def _output(result: Any) -> Any:
     if isinstance(result, str):
         return result
     value = _plain(result)
-    if _decodes_to_itself(value):  # the common case: the round trip below would return an equal copy
-        return value
+    try:
+        # Decided in C for the common case: orjson refuses what the standard module would write otherwise
+        # (subclasses, dates, dataclasses, ints past 64 bits, invalid text) and writes NaN, infinities and
+        # enums differently, which the equality below catches (a tuple too: it decodes as a list).
+        fast = orjson.loads(orjson.dumps(value, option=_EXACT_TYPES))
+        if fast == value:
+            return fast
+    except (TypeError, ValueError):
+        pass
     return orjson.loads(json.dumps(value, default=str))
 
 
-def _decodes_to_itself(value: Any) -> bool:
-    """Whether `orjson.loads(json.dumps(value))` equals `value` with the same types: text (valid UTF-8),
-    64-bit integers (orjson reads larger ones as floats), finite floats, booleans, None, lists and dicts with
-    text keys, of exactly these types."""
-    kind = type(value)
-    if kind is str:
-        if value.isascii():
-            return True
-        try:
-            value.encode()
-        except UnicodeEncodeError:
-            return False
-        return True
-    if kind is int:
-        return -(2**63) <= value < 2**64
-    if kind is float:
-        return math.isfinite(value)
-    if kind is bool or value is None:
-        return True
-    if kind is list:
-        return all(_decodes_to_itself(v) for v in value)
-    if kind is dict:
-        return all(type(k) is str and _decodes_to_itself(k) and _decodes_to_itself(v) for k, v in value.items())
-    return False
+_EXACT_TYPES = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_SUBCLASS
 
 
 def _plain(value: Any) -> Any:
