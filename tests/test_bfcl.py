@@ -351,6 +351,37 @@ def test_checkpoint_and_rollback_return_to_an_earlier_state():
     }
 
 
+def test_rollback_rebuilds_only_the_classes_whose_calls_it_undid():
+    environment = env()
+    rollout = Rollout(
+        "r",
+        "t",
+        "bfcl_v4",
+        env={"initial_config": {**FILES, "TravelAPI": {}}, "involved_classes": ["GorillaFileSystem", "TravelAPI"]},
+    )
+    state = environment.start(rollout)
+    files, travel = environment.instance(state, "GorillaFileSystem"), environment.instance(state, "TravelAPI")
+    mark = environment.checkpoint(state)
+    assert environment.execute(state, SIGN_IN[0], SIGN_IN[1], Call(*SIGN_IN)).accepted
+    environment.rollback(state, mark)
+    assert environment.instance(state, "GorillaFileSystem") is files  # untouched: kept as it is
+    rebuilt = environment.instance(state, "TravelAPI")
+    assert rebuilt is not travel and not rebuilt.token_expires_in  # back to the scenario: nobody signed in
+
+
+def test_a_rejected_call_is_not_rerun_while_its_class_is_unchanged():
+    environment = env()
+    rollout = Rollout("r", "t", "bfcl_v4", env={"initial_config": FILES, "involved_classes": ["GorillaFileSystem"]})
+    state = environment.start(rollout)
+    args = {"file_name": "todo.txt"}
+    first = environment.execute(state, "cat", args, Call("cat", args))
+    assert not first.accepted
+    assert environment.execute(state, "cat", args, Call("cat", args)) is first
+    assert environment.execute(state, "touch", args, Call("touch", args)).accepted  # the class changed
+    again = environment.execute(state, "cat", args, Call("cat", args))
+    assert again is not first and again.accepted
+
+
 # -- pure parts -------------------------------------------------------------------------------------------
 
 

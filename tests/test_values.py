@@ -28,6 +28,12 @@ from pipeline.values import decoded, same
         (None, "None", True),
         ({"a": 1}, {"a": 1, "b": 2}, False),
         ([1, 2], [1, 2, 3], False),
+        # Equal in Python but not here, or the same JSON text for different values:
+        ([True, 0], [1, False], False),
+        ({"ok": True}, {"ok": 1.0}, False),
+        (float("nan"), None, False),
+        ([float("inf")], [None], False),
+        ({"a": 1, "b": [2.0]}, {"b": [2], "a": 1}, True),
     ],
 )
 def test_same(replayed: object, logged: object, equal: bool) -> None:
