@@ -142,9 +142,8 @@ class BfclEnvironment:
         # An instance's state is its scenario plus its class's accepted calls, so a call rejected in that state
         # is rejected again: the walk-back re-tests a call in every earlier state and most of them differ only
         # in other classes. The same arguments object and the same journal entries (by identity) are required.
-        history = [entry for entry in state.journal if entry[0] == cls]
         last = state.rejected
-        if last is not None and last[0] == tool and last[1] is args and _same_entries(last[2], history):
+        if last is not None and last[0] == tool and last[1] is args and _same_entries(last[2], _of(state, cls)):
             return last[3]
         outcome = _run(self.instance(state, cls), tool, args)
         if outcome.accepted:
@@ -152,7 +151,7 @@ class BfclEnvironment:
             state.rejected = None
         else:
             state.stale.add(cls)
-            state.rejected = (tool, args, history, outcome)
+            state.rejected = (tool, args, _of(state, cls), outcome)
         return outcome
 
     def checkpoint(self, state: BfclState) -> int:
@@ -201,6 +200,10 @@ def error_of(instance: Any, tool: str, args: dict[str, Any]) -> str | None:
         return error_message(getattr(instance, tool)(**_copy(args)))
     except Exception as exc:  # as in _run
         return f"Error during execution: {exc}"
+
+
+def _of(state: BfclState, cls: str) -> list[tuple[str, str, dict[str, Any]]]:
+    return [entry for entry in state.journal if entry[0] == cls]
 
 
 def _same_entries(a: list[Any], b: list[Any]) -> bool:
