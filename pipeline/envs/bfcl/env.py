@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from pipeline.effects import FILE, load_effects, with_effects
 from pipeline.envs.base import EnvError, Outcome, ToolInfo
 from pipeline.envs.bfcl import official
@@ -229,8 +231,13 @@ def _as_logged(result: Any) -> Any:
         return result
     if isinstance(result, dict):
         try:
-            return _plain_copy(result, None)
-        except (_NotPlain, RecursionError):
+            # Decided in C for the common case: orjson refuses what `json` would write otherwise or not at all
+            # (subclasses, dates, dataclasses, ints past 64 bits, invalid text, mpmath numbers) and writes NaN,
+            # infinities, enums and tuples differently, which the equality below catches.
+            fast = orjson.loads(orjson.dumps(result, option=_EXACT_TYPES))
+            if fast == result:
+                return fast
+        except (TypeError, ValueError):
             pass
         try:
             return json.loads(json.dumps(result))
@@ -239,21 +246,23 @@ def _as_logged(result: Any) -> Any:
     return str(result)
 
 
+_EXACT_TYPES = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_SUBCLASS
+
+
 class _NotPlain(Exception):
     pass
 
 
-def _plain_copy(value: Any, memo: dict[int, Any] | None) -> Any:
+def _plain_copy(value: Any, memo: dict[int, Any]) -> Any:
     """A copy of plain JSON data (dicts with text keys, lists, text, numbers, booleans, None); _NotPlain for
-    anything else. For such data it equals `copy.deepcopy` (shared parts stay shared through `memo`) and, with
-    `memo` None, `json.loads(json.dumps(...))` (a cycle raises RecursionError as json raises ValueError),
-    several times faster than either. Exact types only: a subclass may serialise differently."""
+    anything else. For such data it equals `copy.deepcopy` (shared parts stay shared through `memo`; a cycle
+    raises RecursionError), about twice as fast. Exact types only: a subclass may copy differently."""
     kind = type(value)
     if kind is str or kind is int or kind is float or kind is bool or value is None:
         return value
     if kind is not dict and kind is not list:
         raise _NotPlain
-    if memo is not None and id(value) in memo:
+    if id(value) in memo:
         return memo[id(value)]
     if kind is list:
         out: Any = [_plain_copy(v, memo) for v in value]
@@ -263,8 +272,7 @@ def _plain_copy(value: Any, memo: dict[int, Any] | None) -> Any:
             if type(key) is not str:
                 raise _NotPlain
             out[key] = _plain_copy(item, memo)
-    if memo is not None:
-        memo[id(value)] = out
+    memo[id(value)] = out
     return out
 
 
