@@ -130,11 +130,13 @@ def copy_record(value: Any, journal: Journal) -> Any:
         return [copy_record(v, journal) for v in value]
     if not isinstance(value, BaseModel) or value.__pydantic_extra__ or value.__pydantic_private__:
         return copy.deepcopy(value)
-    fresh = value.model_copy()  # shallow: every mutable field is replaced below
+    fresh = copy.copy(value)  # shallow: every mutable field is replaced below
     fields = fresh.__dict__
     for name, item in fields.items():
-        if isinstance(item, dict) and item and all(isinstance(v, BaseModel) for v in item.values()):
-            fields[name] = CowDict(item, journal)
-        elif type(item) not in _ATOMIC:
+        if type(item) in _ATOMIC:
+            continue
+        if isinstance(item, dict) and item and isinstance(next(iter(item.values())), BaseModel):
+            fields[name] = CowDict(item, journal)  # records by key (a dict of plain values is copied below)
+        else:
             fields[name] = copy_record(item, journal)
     return fresh
