@@ -15,6 +15,8 @@ from typing import Any
 
 import orjson
 
+# orjson refuses these instead of writing them as the standard library would (or would not: dates, dataclasses).
+_EXACT_TYPES = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_SUBCLASS
 REL_TOL = 1e-9
 ABS_TOL = 1e-9
 _LITERAL_START = (*"[{('\"-0123456789", "None", "True", "False")
@@ -22,7 +24,35 @@ _LITERAL_START = (*"[{('\"-0123456789", "None", "True", "False")
 
 def same(replayed: Any, logged: Any) -> bool:
     """Whether two outputs (values or their text) are the same value."""
-    return _equal(decoded(replayed), decoded(logged))
+    a, b = decoded(replayed), decoded(logged)
+    return _identical(a, b) or _equal(a, b)
+
+
+def _identical(a: Any, b: Any) -> bool:
+    """Equal as Python values and as JSON text, which implies `_equal` (the common case of a replay, decided in
+    C): Python alone takes True for 1, JSON text alone takes NaN for None (both `null`)."""
+    try:
+        return bool(a == b) and orjson.dumps(a) == orjson.dumps(b)
+    except (TypeError, ValueError):  # orjson.JSONEncodeError is a TypeError; a value without a JSON form
+        return False
+
+
+class NotExact(ValueError):
+    """orjson cannot stand in for the standard library's JSON round trip of this value."""
+
+
+def json_copy(value: Any) -> Any:
+    """`value` read back from its JSON text, decided in C (orjson) for the common case of plain JSON data.
+    NotExact when the standard library's round trip might give something else, so that the caller runs its
+    own: orjson refuses subclasses, dates, dataclasses, ints past 64 bits and invalid text, and writes NaN,
+    infinities, enums and tuples differently, which the comparison with `value` catches."""
+    try:
+        fast = orjson.loads(orjson.dumps(value, option=_EXACT_TYPES))
+        if fast == value:
+            return fast
+    except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
+        raise NotExact(str(exc)) from exc
+    raise NotExact("orjson writes this value differently")
 
 
 def decoded(value: Any) -> Any:

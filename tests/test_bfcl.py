@@ -318,8 +318,8 @@ def test_a_rejected_call_leaves_no_state_change_behind(tag):
     )
     state = environment.start(rollout)
     assert environment.execute(state, SIGN_IN[0], SIGN_IN[1], Call(*SIGN_IN)).accepted
-    before = copy.deepcopy(vars(state.instances["TravelAPI"]))
-    random_before = state.instances["TravelAPI"]._random.getstate()
+    before = copy.deepcopy(vars(environment.instance(state, "TravelAPI")))
+    random_before = environment.instance(state, "TravelAPI")._random.getstate()
     bad = {
         "access_token": "wrong",
         "card_number": "4111111111111111",
@@ -328,14 +328,14 @@ def test_a_rejected_call_leaves_no_state_change_behind(tag):
         "card_verification_number": 123,
     }
     # The fault is real in 2025.8.6.2: the simulator itself spends a token use on the rejected call.
-    raw = copy.deepcopy(state.instances["TravelAPI"])
+    raw = copy.deepcopy(environment.instance(state, "TravelAPI"))
     assert "error" in raw.register_credit_card(**bad)
     assert raw.token_expires_in == before["token_expires_in"] - (1 if tag == "v3" else 0)
     outcome = environment.execute(state, "register_credit_card", bad, Call("register_credit_card", bad))
     assert not outcome.accepted and outcome.message == "Invalid access token"
-    after = vars(state.instances["TravelAPI"])
+    after = vars(environment.instance(state, "TravelAPI"))
     assert {k: v for k, v in after.items() if k != "_random"} == {k: v for k, v in before.items() if k != "_random"}
-    assert state.instances["TravelAPI"]._random.getstate() == random_before
+    assert environment.instance(state, "TravelAPI")._random.getstate() == random_before
 
 
 def test_checkpoint_and_rollback_return_to_an_earlier_state():
@@ -349,6 +349,37 @@ def test_checkpoint_and_rollback_return_to_an_earlier_state():
     assert environment.execute(state, "cat", {"file_name": "notes.txt"}, Call("cat", {})).output == {
         "file_content": "budget analysis"
     }
+
+
+def test_rollback_rebuilds_only_the_classes_whose_calls_it_undid():
+    environment = env()
+    rollout = Rollout(
+        "r",
+        "t",
+        "bfcl_v4",
+        env={"initial_config": {**FILES, "TravelAPI": {}}, "involved_classes": ["GorillaFileSystem", "TravelAPI"]},
+    )
+    state = environment.start(rollout)
+    files, travel = environment.instance(state, "GorillaFileSystem"), environment.instance(state, "TravelAPI")
+    mark = environment.checkpoint(state)
+    assert environment.execute(state, SIGN_IN[0], SIGN_IN[1], Call(*SIGN_IN)).accepted
+    environment.rollback(state, mark)
+    assert environment.instance(state, "GorillaFileSystem") is files  # untouched: kept as it is
+    rebuilt = environment.instance(state, "TravelAPI")
+    assert rebuilt is not travel and not rebuilt.token_expires_in  # back to the scenario: nobody signed in
+
+
+def test_a_rejected_call_is_not_rerun_while_its_class_is_unchanged():
+    environment = env()
+    rollout = Rollout("r", "t", "bfcl_v4", env={"initial_config": FILES, "involved_classes": ["GorillaFileSystem"]})
+    state = environment.start(rollout)
+    args = {"file_name": "todo.txt"}
+    first = environment.execute(state, "cat", args, Call("cat", args))
+    assert not first.accepted
+    assert environment.execute(state, "cat", args, Call("cat", args)) is first
+    assert environment.execute(state, "touch", args, Call("touch", args)).accepted  # the class changed
+    again = environment.execute(state, "cat", args, Call("cat", args))
+    assert again is not first and again.accepted
 
 
 # -- pure parts -------------------------------------------------------------------------------------------

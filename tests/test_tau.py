@@ -161,6 +161,25 @@ def test_rejected_calls_and_resets_leave_the_base_db_untouched():
     assert state.journal.entries == []
 
 
+def test_a_written_record_copies_only_the_entries_it_touches():
+    env = get_environment("tau_airline")
+    state = env.start(_rollout("airline", []))
+    flights = state.toolkit.db.flights
+    number = next(iter(flights))
+    original = dict.__getitem__(flights, number)
+    day, other = list(original.dates)[:2]
+    status = original.dates[day].status
+    state.journal.begin(tracking=True)  # as while a write tool runs
+    written = flights[number]
+    written.dates[day].status = "cancelled"
+    state.journal.tracking = False
+    assert written is not original and written.dates[day] is not original.dates[day]
+    assert written.dates[other] is original.dates[other]  # the rest of the calendar is shared, not copied
+    assert original.dates[day].status == status
+    env.start(_rollout("airline", []))
+    assert dict.__getitem__(flights, number) is original and state.journal.entries == []
+
+
 def test_strict_policy_adds_written_rules_the_code_does_not_enforce():
     events = [_user("user harper_lopez_1489, reservation T1QOBS"), _call("cancel_reservation", reservation_id="T1QOBS")]
     code = replay(get_environment("tau_airline"), _rollout("airline", events))

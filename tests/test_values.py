@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import enum
+
 import pytest
 
 from pipeline.checker import replay
 from pipeline.envs import get_environment
 from pipeline.model import Call, Message, Rollout
-from pipeline.values import decoded, same
+from pipeline.values import NotExact, decoded, json_copy, same
 
 
 @pytest.mark.parametrize(
@@ -28,10 +30,31 @@ from pipeline.values import decoded, same
         (None, "None", True),
         ({"a": 1}, {"a": 1, "b": 2}, False),
         ([1, 2], [1, 2, 3], False),
+        # Equal in Python but not here, or the same JSON text for different values:
+        ([True, 0], [1, False], False),
+        ({"ok": True}, {"ok": 1.0}, False),
+        (float("nan"), None, False),
+        ([float("inf")], [None], False),
+        ({"a": 1, "b": [2.0]}, {"b": [2], "a": 1}, True),
     ],
 )
 def test_same(replayed: object, logged: object, equal: bool) -> None:
     assert same(replayed, logged) is equal
+
+
+class Colour(enum.Enum):
+    RED = "red"
+
+
+def test_json_copy_is_the_standard_round_trip_or_refuses() -> None:
+    value = {"a": [1, 2.5, None, True, "é"], "b": {"c": -(2**63)}}
+    copied = json_copy(value)
+    assert copied == value and copied is not value and copied["a"] is not value["a"]
+    assert type(copied["a"][1]) is float and copied["a"][3] is True
+    # The standard library writes these otherwise (or not at all), so the caller must run its own round trip.
+    for other in ({"x": float("nan")}, {"x": float("inf")}, {"x": Colour.RED}, {"x": (1, 2)}, {1: "a"}, {"x": 2**64}):
+        with pytest.raises(NotExact):
+            json_copy(other)
 
 
 def test_text_is_never_run() -> None:

