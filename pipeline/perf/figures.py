@@ -74,7 +74,7 @@ def number(x: float) -> str:
         return f"{x:.1f}"
     if abs(x) >= 1 or x == 0:
         return f"{x:.2f}"
-    return f"{x:.3g}"
+    return f"{x:#.3g}"
 
 
 def spread(values: Sequence[float], unit: str = "") -> str:

@@ -59,6 +59,7 @@ def write_synthetic_rollouts(
             "task_id": pa.array(task_ids),
             "benchmark": pa.array(["synthetic"] * n_rollouts),
             "model": pa.array(np.char.add("model-", rng.integers(0, n_models, n_rollouts).astype(str))),
+            "status": pa.array(["ok"] * n_rollouts),  # no harness errors
             "T": pa.array(T),
             "fed": pa.array(fed),
             "executable": pa.array(executable),
