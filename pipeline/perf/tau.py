@@ -53,9 +53,7 @@ def bench_tau(source: str = "../shared/data/real/tau2", repeats: int = 5, policy
         figure("environments built (the DB parsed once per worker)", "s", [build], "none: one implementation"),
         figure("peak RSS of this worker", "MiB", [peak], "none: peak memory"),
     ]
-    caption = (
-        f"{source}, policy {policy}, one core, {repeats} runs; load average {load:.1f} → {os.getloadavg()[0]:.1f}"
-    )
+    caption = f"{source}, policy {policy}, one core, {repeats} runs; load average {load:.1f} → {os.getloadavg()[0]:.1f}"
     return Bench("tau", caption, figures)
 
 
