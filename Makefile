@@ -51,6 +51,7 @@ bench: install
 	$(BIN)/pexec bench merged
 	$(BIN)/pexec bench scale
 	$(BIN)/pexec bench guard
+	$(BIN)/pexec bench driver
 
 # The worker image (infra/Dockerfile). Needs docker (or podman) and a reachable registry for the base image.
 IMAGE ?= pexec:$(shell git rev-parse --short HEAD 2>/dev/null || echo dev)

@@ -1060,7 +1060,7 @@ def bench(
         typer.Option(
             "--rollouts",
             help="Store size (default: 220k replay, 1M metrics, scale and view, 100M merged: 10 rollouts per task; "
-            "driver: 2,000 for its per-core rate).",
+            "driver: 4,000 for its per-core rate).",
         ),
     ] = None,
     workdir: Annotated[Path | None, typer.Option("--workdir", help="Where to put the generated data.")] = None,
@@ -1108,7 +1108,7 @@ def bench(
     elif what == "driver":
         from pipeline.perf.driver import bench_driver
 
-        result = bench_driver(rollouts=rollouts or 2000, **reps)
+        result = bench_driver(rollouts=rollouts or 4000, **reps)
     elif what == "bfcl":
         from pipeline.perf.bfcl import bench_bfcl
 
