@@ -8,6 +8,7 @@ bench, so that `pexec bench NAME --readme README.md` replaces its own block and 
 
 from __future__ import annotations
 
+import os
 import re
 import statistics
 from collections.abc import Sequence
@@ -56,6 +57,12 @@ class Bench:
     caption: str
     figures: list[Figure]
     details: dict[str, Any] = field(default_factory=dict)
+
+
+def load_average(before: float) -> str:
+    """The machine's 1-minute load average before the bench (`before`, os.getloadavg()[0]) and now: every
+    figure is wall-clock time on a machine that may be shared."""
+    return f"load average {before:.1f} → {os.getloadavg()[0]:.1f}"
 
 
 def figure(

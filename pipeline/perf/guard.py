@@ -37,7 +37,7 @@ from pipeline.checker import replay
 from pipeline.envs import get_environment
 from pipeline.guard import open_session
 from pipeline.model import Call, Message, Rollout
-from pipeline.perf.figures import Bench, Figure, figure, show
+from pipeline.perf.figures import Bench, Figure, figure, load_average, show
 
 DEPTHS = (1, 10, 50)
 
@@ -246,8 +246,8 @@ def bench_guard(
             ]  # fmt: skip
     caption = (
         f"one check of the next valid call at session depth {', '.join(map(str, DEPTHS))}: {sessions} library "
-        f"sessions per scenario, {repeats} runs; HTTP: {concurrent} sessions at once, {rounds} rounds, once; load "
-        f"average {load:.1f} → {os.getloadavg()[0]:.1f}"
+        f"sessions per scenario, {repeats} runs; HTTP: {concurrent} sessions at once, {rounds} rounds, once; "
+        f"{load_average(load)}"
     )
     return Bench("guard", caption, figures, details)
 

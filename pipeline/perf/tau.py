@@ -17,7 +17,7 @@ import time
 from pipeline.checker import replay
 from pipeline.envs import EnvOptions, get_environment
 from pipeline.ingest import IngestOptions, ingest
-from pipeline.perf.figures import Bench, figure, show
+from pipeline.perf.figures import Bench, figure, load_average, show
 from pipeline.records import parse_rollout
 
 
@@ -53,7 +53,7 @@ def bench_tau(source: str = "../shared/data/real/tau2", repeats: int = 5, policy
         figure("environments built (the DB parsed once per worker)", "s", [build], "none: one implementation"),
         figure("peak RSS of this worker", "MiB", [peak], "none: peak memory"),
     ]
-    caption = f"{source}, policy {policy}, one core, {repeats} runs; load average {load:.1f} → {os.getloadavg()[0]:.1f}"
+    caption = f"{source}, policy {policy}, one core, {repeats} runs; {load_average(load)}"
     return Bench("tau", caption, figures)
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import duckdb
 
 from pipeline.aggregate import BootstrapSettings, run_sql, set_variables
-from pipeline.perf.figures import Bench, figure
+from pipeline.perf.figures import Bench, figure, load_average
 from pipeline.perf.metrics import write_synthetic_rollouts
 
 
@@ -86,7 +86,7 @@ def bench_view(n_rollouts: int = 1_000_000, workdir: str | Path | None = None, r
             figures.append(figure(name, "ms", values, none))
     caption = (
         f"synthetic run of {n_rollouts:,} rollouts (4 model cohorts, their steps, 4 part files), local disk, the "
-        f"real app through Starlette's test client, {repeats} requests per page; load average {load:.1f} → "
-        f"{os.getloadavg()[0]:.1f}"
+        f"real app through Starlette's test client, {repeats} requests per page; "
+        f"{load_average(load)}"
     )
     return Bench("view", caption, figures, {"ms": times, "open_s": opened, "cohorts_first_s": first_visit})
