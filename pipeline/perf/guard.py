@@ -230,20 +230,20 @@ def bench_guard(
         checks = [library(scenario, sessions) for _ in range(repeats)]
         prefixes = [rereplay(scenario, sessions) for _ in range(repeats)]
         details[scenario.name] = {"library": checks, "re-replay": prefixes, "http": paced, "saturated": saturated}
+        http_paths = {
+            f"HTTP, {concurrent} sessions pausing 0–{2 * think_s * 1000:g} ms": paced,
+            "… of which in the guard (Server-Timing)": paced_served,
+            f"HTTP, {concurrent} sessions back to back (saturated)": saturated,
+        }
         for depth in DEPTHS:
             who = f"{scenario.name}, depth {depth}"
             for q in ("p50", "p99"):
                 figures.append(figure(f"{who}: library check, {q}", "µs",
                                       [percentiles(t[depth])[f"{q}_us"] for t in checks], "re-replaying the prefix",
                                       [percentiles(t[depth])[f"{q}_us"] for t in prefixes]))  # fmt: skip
-            figures += [
-                figure(f"{who}: HTTP, {concurrent} sessions pausing 0–{2 * think_s * 1000:g} ms, p99", "µs",
-                       [percentiles(paced[depth])["p99_us"]], "none: one implementation"),
-                figure(f"{who}: … of which in the guard (Server-Timing), p99", "µs",
-                       [percentiles(paced_served[depth])["p99_us"]], "none: one implementation"),
-                figure(f"{who}: HTTP, {concurrent} sessions back to back (saturated), p99", "µs",
-                       [percentiles(saturated[depth])["p99_us"]], "none: one implementation"),
-            ]  # fmt: skip
+            for label, times in http_paths.items():
+                figures.append(figure(f"{who}: {label}, p99", "µs", [percentiles(times[depth])["p99_us"]],
+                                      "none: one implementation"))  # fmt: skip
     caption = (
         f"one check of the next valid call at session depth {', '.join(map(str, DEPTHS))}: {sessions} library "
         f"sessions per scenario, {repeats} runs; HTTP: {concurrent} sessions at once, {rounds} rounds, once; "
