@@ -22,7 +22,7 @@ from pipeline.envs.bfcl import official
 from pipeline.ingest import IngestOptions, ingest
 from pipeline.ingest.bfcl import ground_truth_records
 from pipeline.model import Call, Rollout
-from pipeline.perf.figures import Bench, figure, load_average, show
+from pipeline.perf.figures import Bench, figure, load_average, n_runs, show
 from pipeline.records import parse_rollout
 
 
@@ -95,7 +95,7 @@ def bench_bfcl(real: str | None = None, repeats: int = 3) -> Bench:
         else:
             figures.append(figure(who, "µs/call", checker, "none: BFCL's own path runs on the installed release only"))
     caption = (
-        f"{official.release('v4').pin} (official path), one core, {repeats} runs interleaved; {load_average(load)}"
+        f"{official.release('v4').pin} (official path), one core, {n_runs(repeats)} interleaved; {load_average(load)}"
     )
     return Bench("bfcl", caption, figures)
 

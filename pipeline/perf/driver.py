@@ -26,7 +26,7 @@ from typing import Any
 
 from pipeline.distributed import DEFAULT_SHARD_BYTES, JobFailed, completed, run_scoring
 from pipeline.perf import CLUSTER_CORES
-from pipeline.perf.figures import Bench, figure, load_average, show
+from pipeline.perf.figures import Bench, figure, load_average, n_runs, show
 from pipeline.score import ShardReport
 from pipeline.storage.inputs import InputFile, Shard
 from pipeline.storage.stores import write_store
@@ -158,7 +158,7 @@ def bench_driver(
                values("batched", top, "driver_capacity"), f"the need of {cores:,} cores", need),
     ]  # fmt: skip
     caption = (
-        f"{steady:,} tiny tasks retired per run with the window full, {repeats} runs interleaved, local Ray with "
+        f"{steady:,} tiny tasks retired per run with the window full, {n_runs(repeats)} interleaved, local Ray with "
         f"{cpus} CPUs, {load_average(load)}"
     )
     details = {f"{name} {window}": rows for (name, window), rows in runs.items()}

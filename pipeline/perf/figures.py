@@ -59,6 +59,10 @@ class Bench:
     details: dict[str, Any] = field(default_factory=dict)
 
 
+def n_runs(n: int) -> str:
+    return f"{n} run{'' if n == 1 else 's'}"
+
+
 def load_average(before: float) -> str:
     """The machine's 1-minute load average before the bench (`before`, os.getloadavg()[0]) and now: every
     figure is wall-clock time on a machine that may be shared."""

@@ -37,7 +37,7 @@ from pipeline.checker import replay
 from pipeline.envs import get_environment
 from pipeline.guard import open_session
 from pipeline.model import Call, Message, Rollout
-from pipeline.perf.figures import Bench, Figure, figure, load_average, show
+from pipeline.perf.figures import Bench, Figure, figure, load_average, n_runs, show
 
 DEPTHS = (1, 10, 50)
 
@@ -246,7 +246,7 @@ def bench_guard(
                                       "none: one implementation"))  # fmt: skip
     caption = (
         f"one check of the next valid call at session depth {', '.join(map(str, DEPTHS))}: {sessions} library "
-        f"sessions per scenario, {repeats} runs; HTTP: {concurrent} sessions at once, {rounds} rounds, once; "
+        f"sessions per scenario, {n_runs(repeats)}; HTTP: {concurrent} sessions at once, {rounds} rounds, once; "
         f"{load_average(load)}"
     )
     return Bench("guard", caption, figures, details)

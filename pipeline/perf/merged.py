@@ -18,7 +18,7 @@ import numpy as np
 
 from pipeline import bootstrap
 from pipeline.perf import CLUSTER_CORES
-from pipeline.perf.figures import Bench, figure, load_average, show
+from pipeline.perf.figures import Bench, figure, load_average, n_runs, show
 
 # Columns as metrics_prepare.sql makes them: the catalogue's 11 parts and a PEC histogram with K = 10.
 COLUMNS = [f"s_{p}" for p in ("n", "exec", "auc", "known", "succ", "elig", "rec", "exec_known", "succ_exec", "cmp",
@@ -72,7 +72,7 @@ def bench_merged(n_tasks: int, per_task: int = 10, B: int = 1000, shards: int = 
     ]  # fmt: skip
     caption = (
         f"{n_tasks:,} tasks (≈ {n_tasks * per_task:,} rollouts; per-task sums generated, not scored), B = {B}, "
-        f"{shards} shards computed in turn on one core, then merged; {repeats} runs; {load_average(load)}"
+        f"{shards} shards computed in turn on one core, then merged; {n_runs(repeats)}; {load_average(load)}"
     )
     details = {"shard_s": shard_s, "merge_s": merge_s, "peak_rss_mib": peak, "projected_s": projected}
     return Bench("merged", caption, figures, details)

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.perf.figures import Bench, Figure, figure, load_average, show
+from pipeline.perf.figures import Bench, Figure, figure, load_average, n_runs, show
 from pipeline.storage.run import commit_parts
 
 
@@ -213,7 +213,7 @@ def bench_metrics(
         shutil.rmtree(base, ignore_errors=True)
     caption = (
         f"{n_rollouts:,} rollouts, {n_tasks:,} tasks, B = {B}, K = {max_k}; each measurement in a fresh process, "
-        f"project and reference interleaved, {repeats} runs; {load_average(load)}"
+        f"project and reference interleaved, {n_runs(repeats)}; {load_average(load)}"
     )
     return Bench("metrics", caption, figures, details)
 

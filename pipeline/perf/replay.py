@@ -24,7 +24,7 @@ from pipeline.envs import get_environment
 from pipeline.envs.document import JournaledDoc
 from pipeline.envs.spec.env import SpecEnvironment
 from pipeline.perf import cluster_projection, dev_dependency
-from pipeline.perf.figures import Bench, Figure, figure, load_average, show
+from pipeline.perf.figures import Bench, Figure, figure, load_average, n_runs, show
 from pipeline.records import parse_rollout
 from pipeline.storage.stores import write_store
 from pipeline.synth import synthesize
@@ -120,8 +120,8 @@ def bench_replay(
 def _caption(n_rollouts: int, sample: int, repeats: int, load: float) -> str:
     return (
         f"synthetic `shop` store of {n_rollouts:,} rollouts scored end to end through local Ray (8 MiB shards, Ray "
-        f"start-up included); naive loop and checker on a {sample:,}-rollout sample in this process; {repeats} runs; "
-        f"{load_average(load)}"
+        f"start-up included); naive loop and checker on a {sample:,}-rollout sample in this process; "
+        f"{n_runs(repeats)}; {load_average(load)}"
     )
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import s3fs
 
 from pipeline.perf import cluster_projection, require_dev
-from pipeline.perf.figures import Bench, figure, load_average, show
+from pipeline.perf.figures import Bench, figure, load_average, n_runs, show
 from pipeline.storage.stores import write_store
 from pipeline.synth import synthesize
 
@@ -87,8 +87,8 @@ def bench_scale(n_rollouts: int = 1_000_000, n_tasks: int = 100_000, port: int =
     ]  # fmt: skip
     caption = (
         f"{n_rollouts:,} synthetic `shop` rollouts in a local S3-compatible server (moto), scored end to end through "
-        f"local Ray by a separate driver process each time (Ray start-up included); {repeats} run"
-        f"{'s' if repeats > 1 else ''}; {load_average(load)}"
+        f"local Ray by a separate driver process each time (Ray start-up included); {n_runs(repeats)}; "
+        f"{load_average(load)}"
     )
     return Bench("scale", caption, figures, runs)
 

@@ -17,7 +17,7 @@ import time
 from pipeline.checker import replay
 from pipeline.envs import EnvOptions, get_environment
 from pipeline.ingest import IngestOptions, ingest
-from pipeline.perf.figures import Bench, figure, load_average, show
+from pipeline.perf.figures import Bench, figure, load_average, n_runs, show
 from pipeline.records import parse_rollout
 
 
@@ -44,7 +44,7 @@ def bench_tau(source: str = "../shared/data/real/tau2", repeats: int = 5, policy
             copy.deepcopy(db)
             copy_ms.append((time.perf_counter() - t) * 1000)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    per_rollout = f"replay, per rollout ({len(rollouts)} rollouts, {steps} steps)"
+    per_rollout = f"replay, per rollout ({len(rollouts)} rollouts, {steps:,} steps)"
     figures = [
         figure(f"replay, one core ({len(rollouts)} rollouts)", "steps/s", steps_per_s, "none: one implementation"),
         figure(per_rollout, "ms", ms_per_rollout, "one deep copy of the airline DB", copy_ms)
@@ -53,7 +53,7 @@ def bench_tau(source: str = "../shared/data/real/tau2", repeats: int = 5, policy
         figure("environments built (the DB parsed once per worker)", "s", [build], "none: one implementation"),
         figure("peak RSS of this worker", "MiB", [peak], "none: peak memory"),
     ]
-    caption = f"{source}, policy {policy}, one core, {repeats} runs; {load_average(load)}"
+    caption = f"{source}, policy {policy}, one core, {n_runs(repeats)}; {load_average(load)}"
     return Bench("tau", caption, figures)
 
 
