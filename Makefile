@@ -51,6 +51,7 @@ bench: install
 	$(BIN)/pexec bench merged
 	$(BIN)/pexec bench scale
 	$(BIN)/pexec bench guard
+	$(BIN)/pexec bench driver
 
 # The worker image from infra/Dockerfile, built with buildah (a Debian package; no daemon) and smoke-tested
 # with `pexec --version` inside (infra/local/build-image.sh). RAY_BASE=debian builds it on a base bootstrapped

@@ -1070,46 +1070,81 @@ def guard_mcp(
     run_proxy(upstream, EnvOptions(tuple(spec_dir or ()), spec), log)
 
 
+BENCHES = ("replay", "metrics", "merged", "scale", "view", "guard", "driver", "bfcl", "tau")
+
+
 @app.command()
 def bench(
-    what: Annotated[str, typer.Argument(help="replay, metrics, merged, scale, view or guard")] = "replay",
+    what: Annotated[str, typer.Argument(help=", ".join(BENCHES))] = "replay",
     rollouts: Annotated[
         int | None,
         typer.Option(
             "--rollouts",
-            help="Store size (default: 220k replay, 1M metrics and view, 100M merged: 10 rollouts per task).",
+            help="Store size (default: 220k replay, 1M metrics, scale and view, 100M merged: 10 rollouts per task; "
+            "driver: 4,000 for its per-core rate).",
         ),
     ] = None,
     workdir: Annotated[Path | None, typer.Option("--workdir", help="Where to put the generated data.")] = None,
+    repeats: Annotated[
+        int | None, typer.Option("--repeats", min=1, help="Runs of every measurement (default 3; scale 1, tau 5).")
+    ] = None,
+    markdown: Annotated[bool, typer.Option("--markdown", help="Print the README's Markdown block instead.")] = False,
+    readme: Annotated[
+        Path | None, typer.Option("--readme", help="Replace this bench's block in this Markdown file (README.md).")
+    ] = None,
 ) -> None:
-    """Benchmarks: replay through Ray vs a naive baseline, the metrics stage vs a plain-numpy reference, the
-    mergeable Poisson bootstrap, scale-out over S3, the viewer's page latency, or the guard's latency per check."""
+    """Benchmarks, each figure as project / baseline / ratio, min–median–max over the runs: replay through Ray vs a
+    naive baseline, the metrics stage vs a plain-numpy reference, the mergeable Poisson bootstrap, scale-out over
+    S3, the viewer's page latency, the guard's latency per check, the scoring driver at cluster scale, BFCL and τ
+    replay."""
+    from pipeline.perf import figures
+
+    if what not in BENCHES:
+        raise PexecError(f"bench takes {', '.join(BENCHES[:-1])} or {BENCHES[-1]}")
+    reps = {"repeats": repeats} if repeats else {}
     if what == "replay":
         from pipeline.perf.replay import bench_replay
 
-        bench_replay(n_rollouts=rollouts or 220_000, workdir=workdir)
+        result = bench_replay(n_rollouts=rollouts or 220_000, workdir=workdir, **reps)
     elif what == "metrics":
         from pipeline.perf.metrics import bench_metrics
 
-        bench_metrics(n_rollouts=rollouts or 1_000_000, workdir=workdir)
+        result = bench_metrics(n_rollouts=rollouts or 1_000_000, workdir=workdir, **reps)
     elif what == "merged":
         from pipeline.perf.merged import bench_merged
 
-        bench_merged(n_tasks=(rollouts or 100_000_000) // 10)
+        result = bench_merged(n_tasks=(rollouts or 100_000_000) // 10, **reps)
     elif what == "scale":
         from pipeline.perf.scale import bench_scale
 
-        bench_scale(n_rollouts=rollouts or 1_000_000)
+        result = bench_scale(n_rollouts=rollouts or 1_000_000, **reps)
     elif what == "view":
         from pipeline.perf.view import bench_view
 
-        bench_view(n_rollouts=rollouts or 1_000_000, workdir=workdir)
+        result = bench_view(n_rollouts=rollouts or 1_000_000, workdir=workdir, **reps)
     elif what == "guard":
         from pipeline.perf.guard import bench_guard
 
-        bench_guard()
+        result = bench_guard(**reps)
+    elif what == "driver":
+        from pipeline.perf.driver import bench_driver
+
+        result = bench_driver(rollouts=rollouts or 4000, **reps)
+    elif what == "bfcl":
+        from pipeline.perf.bfcl import bench_bfcl
+
+        result = bench_bfcl(**reps)
     else:
-        raise PexecError("bench takes replay, metrics, merged, scale, view or guard")
+        from pipeline.perf.tau import bench_tau
+
+        result = bench_tau(**reps)
+    if readme is not None:
+        figures.replace_block(readme, result)
+        console.print(f"{readme}: bench {what} block replaced")
+    elif markdown:
+        print(figures.block(result))
+    else:
+        figures.show(result)
 
 
 if __name__ == "__main__":

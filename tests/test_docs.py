@@ -75,3 +75,23 @@ def test_the_metrics_table_in_the_readme_is_the_catalogue():
     block = re.search(r"<!-- metrics:start -->\n(.*?)<!-- metrics:end -->", README, re.S)
     assert block is not None, "README lacks the metrics block"
     assert block.group(1) == catalogue.markdown()
+
+
+def test_the_benchmark_tables_in_the_readme_have_the_bench_format():
+    """One block per `pexec bench` subcommand, as `pexec bench NAME --readme README.md` writes it (its shape,
+    not its numbers): a caption, then figure | runs | project | baseline | ratio rows."""
+    from pipeline.cli import BENCHES
+    from pipeline.perf import figures
+
+    blocks = figures.blocks(README)
+    assert sorted(blocks) == sorted(BENCHES)
+    for name, block in blocks.items():
+        caption, blank, header, rule, *rows = block.splitlines()
+        assert caption.startswith("_") and caption.endswith("_") and blank == "", name
+        assert header == "| " + " | ".join(figures.HEADER) + " |" and rule == "|" + "---|" * 5, name
+        assert rows, f"bench {name}: no figures"
+        for row in rows:
+            cells = [c.strip() for c in re.split(r"(?<!\\)\|", row)[1:-1]]
+            assert len(cells) == 5 and cells[1].isdigit(), row
+            assert cells[3].startswith("none") or cells[3].endswith(")"), row  # a baseline names itself or says why not
+            assert cells[4] == "–" or cells[4].endswith("×"), row

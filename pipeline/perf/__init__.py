@@ -1,6 +1,7 @@
 """Performance measurements of pexec itself (`pexec bench`, `python -m pipeline.perf.<name>`): replay
-throughput, the DuckDB bootstrap stage, scale-out over S3, the viewer's pages, and replay over the BFCL and τ
-simulators.
+throughput, the DuckDB bootstrap stage, the mergeable bootstrap, scale-out over S3, the viewer's pages, the
+guard's latency, the scoring driver at cluster scale, and replay over the BFCL and τ simulators. Each returns
+a `figures.Bench` (project / baseline / ratio per figure), printed by `figures.show` or as a README block.
 
 Not to be confused with the benchmarks a rollout's `benchmark` names (BFCL, τ...): those are environments,
 in pipeline/envs/. Measurements that need a development dependency (jsonschema for the naive replay
@@ -11,9 +12,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from collections.abc import Sequence
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from pipeline.errors import PexecError
+
+if TYPE_CHECKING:
+    from pipeline.perf.figures import Figure
 
 INSTALL_DEV = "pip install -e '.[dev]' (`make install` does)"
 
@@ -30,3 +36,24 @@ def require_dev(name: str, needed_by: str) -> None:
     """Check that development dependency `name` is installed, without importing it (a subprocess uses it)."""
     if importlib.util.find_spec(name) is None:
         raise PexecError(f"{needed_by} needs {name}, a development dependency: {INSTALL_DEV}")
+
+
+CLUSTER_CORES = 128 * 16
+CLUSTER_ROLLOUTS = 100_000_000
+
+
+def cluster_projection(steps_per_s_per_core: Sequence[float], steps_per_rollout: Sequence[float], how: str) -> Figure:
+    """Seconds to score CLUSTER_ROLLOUTS rollouts on CLUSTER_CORES cores at a per-core rate measured end to end
+    (reading and writing included), one value per repetition: a projection, not a cluster measurement."""
+    from pipeline.perf.figures import figure
+
+    calls = CLUSTER_ROLLOUTS * max(steps_per_rollout)
+    seconds = [CLUSTER_ROLLOUTS * k / (CLUSTER_CORES * rate) for rate, k in zip(steps_per_s_per_core, steps_per_rollout,
+                                                                              strict=True)]  # fmt: skip
+    return figure(
+        f"projection: {CLUSTER_ROLLOUTS / 1e6:,.0f}M rollouts (≈ {calls / 1e9:.2g}B calls) on 128 × 16 cores",
+        "s",
+        seconds,
+        f"none: the per-core rate of {how} × {CLUSTER_CORES:,} cores (scaling assumed linear, driver and merge not "
+        "included)",
+    )

@@ -4,13 +4,14 @@ on the same calls in the same run, one core each.
 
 Calls: the ground truth of the 800 v4 multi-turn tasks, plus a real run's result files when given, and the
 800 v3 tasks against 2025.8.6.2 (checker only: BFCL's own path runs on the installed release).
-Run: `python -m pipeline.perf.bfcl [--real DIR] [--repeat N]`.
+Run: `pexec bench bfcl` or `python -m pipeline.perf.bfcl [--real DIR] [--repeat N]`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from functools import partial
 from typing import Any
@@ -21,6 +22,7 @@ from pipeline.envs.bfcl import official
 from pipeline.ingest import IngestOptions, ingest
 from pipeline.ingest.bfcl import ground_truth_records
 from pipeline.model import Call, Rollout
+from pipeline.perf.figures import Bench, figure, load_average, n_runs, show
 from pipeline.records import parse_rollout
 
 
@@ -74,27 +76,36 @@ def measure(rollouts: list[Rollout], repeat: int, official: bool = True) -> dict
     return {"rollouts": len(rollouts), "steps": steps, **{name: steps / seconds for name, seconds in best.items()}}
 
 
+def bench_bfcl(real: str | None = None, repeats: int = 3) -> Bench:
+    """µs per call of the checker and of BFCL's own path on each set of calls, `repeats` runs interleaved."""
+    load = os.getloadavg()[0]
+    # BFCL's own path runs on the installed release only: the v3 set (2025.8.6.2) has no official column.
+    sets = {"ground truth, 800 v4 tasks": (ground_truth_rollouts("v4"), True)}
+    if real:
+        sets["real run"] = ([parse_rollout(r) for r in ingest("bfcl", [real], IngestOptions())], True)
+    sets["ground truth, 800 v3 tasks (2025.8.6.2)"] = (ground_truth_rollouts("v3"), False)
+    figures = []
+    for name, (rollouts, with_official) in sets.items():
+        runs = [measure(rollouts, 1, with_official) for _ in range(repeats)]
+        who = f"{name} ({runs[0]['steps']:,} calls in {runs[0]['rollouts']:,} rollouts): checker, all checks"
+        checker = [1e6 / m["checker"] for m in runs]
+        if with_official:
+            official_us = [1e6 / m["official"] for m in runs]
+            figures.append(figure(who, "µs/call", checker, "BFCL's own execution path", official_us))
+        else:
+            figures.append(figure(who, "µs/call", checker, "none: BFCL's own path runs on the installed release only"))
+    caption = (
+        f"{official.release('v4').pin} (official path), one core, {n_runs(repeats)} interleaved; {load_average(load)}"
+    )
+    return Bench("bfcl", caption, figures)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--real", help="a folder of BFCL result files (e.g. ../shared/data/real/bfcl/gpt-oss-120b)")
-    parser.add_argument("--repeat", type=int, default=3, help="best of N runs")
+    parser.add_argument("--repeat", type=int, default=3, help="runs")
     args = parser.parse_args()
-    # BFCL's own path runs on the installed release only: the v3 set (2025.8.6.2) has no official column.
-    sets = {"ground truth, 800 v4 tasks": (ground_truth_rollouts("v4"), True)}
-    if args.real:
-        sets["real run"] = ([parse_rollout(r) for r in ingest("bfcl", [args.real], IngestOptions())], True)
-    sets["ground truth, 800 v3 tasks (2025.8.6.2)"] = (ground_truth_rollouts("v3"), False)
-    print(f"{official.release('v4').pin} (official path), one core, best of {args.repeat}")
-    print("| calls | rollouts | steps | pexec checker steps/s | µs/call | BFCL official steps/s | µs/call | speed-up |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name, (rollouts, with_official) in sets.items():
-        m = measure(rollouts, args.repeat, with_official)
-        row = f"| {name} | {m['rollouts']} | {m['steps']} | {m['checker']:,.0f} | {1e6 / m['checker']:.0f} "
-        if with_official:
-            row += f"| {m['official']:,.0f} | {1e6 / m['official']:.0f} | {m['checker'] / m['official']:.1f}× |"
-        else:
-            row += "| – | – | – |"
-        print(row)
+    show(bench_bfcl(args.real, args.repeat))
 
 
 if __name__ == "__main__":

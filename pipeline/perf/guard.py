@@ -5,7 +5,7 @@ check of the next call at session depth 1, 10 and 50, in the `shop` spec and in 
 - HTTP: `POST /sessions/{id}/check` on `pexec guard serve` over loopback, 50 sessions at once (one client
   connection each, aiohttp), the client's time per request;
 - baseline: deciding the same call by replaying the session's whole prefix with the batch checker (what a
-  guard without incremental state does), in the same run.
+  guard without incremental state does), in the same run (the library's baseline; HTTP has none).
 
 Each session records every checked call (the agent's loop: check, run the tool, record), so a check at
 depth d follows d - 1 recorded calls. An HTTP agent pauses before each check (uniform, mean `think_s`: its
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 import os
 import random
 import signal
@@ -38,6 +37,7 @@ from pipeline.checker import replay
 from pipeline.envs import get_environment
 from pipeline.guard import open_session
 from pipeline.model import Call, Message, Rollout
+from pipeline.perf.figures import Bench, Figure, figure, load_average, n_runs, show
 
 DEPTHS = (1, 10, 50)
 
@@ -216,35 +216,40 @@ def http(
         server.wait(timeout=30)
 
 
-def bench_guard(sessions: int = 400, concurrent: int = 50, rounds: int = 2, think_s: float = 0.5) -> dict[str, Any]:
-    """`think_s`: the mean pause of an HTTP agent before each check (0: back to back, the service saturated)."""
-    report: dict[str, Any] = {}
+def bench_guard(
+    sessions: int = 400, concurrent: int = 50, rounds: int = 2, think_s: float = 0.5, repeats: int = 3
+) -> Bench:
+    """`think_s`: the mean pause of an HTTP agent before each check (0: back to back, the service saturated).
+    The library and re-replay paths run `repeats` times (min–median–max of their percentiles), HTTP once."""
+    load = os.getloadavg()[0]
+    figures: list[Figure] = []
+    details: dict[str, Any] = {}
     for scenario in SCENARIOS:
         library(scenario, 5)  # warm-up
         (paced, paced_served), (saturated, _) = http(scenario, concurrent, rounds, (think_s, 0.0))
-        modes = {
-            "library": library(scenario, sessions),
-            "re-replay": rereplay(scenario, sessions),
-            f"http {concurrent}, think {think_s * 1000:g} ms": paced,
-            "  of which in the guard": paced_served,
-            f"http {concurrent}, think 0": saturated,
+        checks = [library(scenario, sessions) for _ in range(repeats)]
+        prefixes = [rereplay(scenario, sessions) for _ in range(repeats)]
+        details[scenario.name] = {"library": checks, "re-replay": prefixes, "http": paced, "saturated": saturated}
+        http_paths = {
+            f"HTTP, {concurrent} sessions pausing 0–{2 * think_s * 1000:g} ms": paced,
+            "… of which in the guard (Server-Timing)": paced_served,
+            f"HTTP, {concurrent} sessions back to back (saturated)": saturated,
         }
-        report[scenario.name] = {mode: {d: percentiles(t[d]) for d in DEPTHS} for mode, t in modes.items()}
-    report["load_average"] = os.getloadavg()  # the machine's, at the end: these are wall-clock figures
-    _print(report)
-    return report
-
-
-def _print(report: dict[str, Any]) -> None:
-    print(f"{'scenario':9} {'mode':24} " + " ".join(f"{'depth ' + str(d) + ' p50/p99 (µs)':>24}" for d in DEPTHS))
-    for name, modes in report.items():
-        if name == "load_average":
-            continue
-        for mode, by_depth in modes.items():
-            cells = [f"{by_depth[d]['p50_us']:>10,.0f} / {by_depth[d]['p99_us']:>9,.0f}" for d in DEPTHS]
-            print(f"{name:9} {mode:24} " + " ".join(f"{c:>24}" for c in cells))
-    print(f"load average (1, 5, 15 min): {', '.join(f'{x:.1f}' for x in report['load_average'])}")
-    print(json.dumps(report))
+        for depth in DEPTHS:
+            who = f"{scenario.name}, depth {depth}"
+            for q in ("p50", "p99"):
+                figures.append(figure(f"{who}: library check, {q}", "µs",
+                                      [percentiles(t[depth])[f"{q}_us"] for t in checks], "re-replaying the prefix",
+                                      [percentiles(t[depth])[f"{q}_us"] for t in prefixes]))  # fmt: skip
+            for label, times in http_paths.items():
+                figures.append(figure(f"{who}: {label}, p99", "µs", [percentiles(times[depth])["p99_us"]],
+                                      "none: one implementation"))  # fmt: skip
+    caption = (
+        f"one check of the next valid call at session depth {', '.join(map(str, DEPTHS))}: {sessions} library "
+        f"sessions per scenario, {n_runs(repeats)}; HTTP: {concurrent} sessions at once, {rounds} rounds, once; "
+        f"{load_average(load)}"
+    )
+    return Bench("guard", caption, figures, details)
 
 
 def main() -> None:
@@ -253,8 +258,9 @@ def main() -> None:
     parser.add_argument("--concurrent", type=int, default=50, help="HTTP sessions at once")
     parser.add_argument("--rounds", type=int, default=2, help="sessions per HTTP client")
     parser.add_argument("--think-ms", type=float, default=500.0, help="mean pause of an HTTP agent before a check")
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    bench_guard(args.sessions, args.concurrent, args.rounds, args.think_ms / 1000)
+    show(bench_guard(args.sessions, args.concurrent, args.rounds, args.think_ms / 1000, args.repeats))
 
 
 if __name__ == "__main__":

@@ -3,20 +3,22 @@ sums generated directly (not by scoring), cut into shards, each shard's partial 
 
     python -m pipeline.perf.merged [--tasks M] [--rollouts-per-task R] [-B B] [--shards S] [--cores C]
 
-Prints the seconds per shard and for the merge, the peak RSS, the throughput in (task, replicate) pairs per
-second on one core, and what that projects to for `--tasks` on C cores (shards in parallel, then one merge).
+Prints the throughput in (task, replicate) pairs per second on one core, the merge's seconds, the peak RSS, and
+what that projects to for `--target-tasks` on C cores (shards in parallel, then one merge).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import time
-from typing import Any
 
 import numpy as np
 
 from pipeline import bootstrap
+from pipeline.perf import CLUSTER_CORES
+from pipeline.perf.figures import Bench, figure, load_average, n_runs, show
 
 # Columns as metrics_prepare.sql makes them: the catalogue's 11 parts and a PEC histogram with K = 10.
 COLUMNS = [f"s_{p}" for p in ("n", "exec", "auc", "known", "succ", "elig", "rec", "exec_known", "succ_exec", "cmp",
@@ -37,45 +39,43 @@ def task_sums(n_tasks: int, per_task: int, seed: int = 0) -> tuple[np.ndarray, n
     return keys, sums
 
 
-def bench_merged(n_tasks: int, per_task: int = 10, B: int = 1000, shards: int = 8, cores: int = 128 * 16,
-                 target_tasks: int = 10_000_000) -> dict[str, Any]:  # fmt: skip
+def bench_merged(n_tasks: int, per_task: int = 10, B: int = 1000, shards: int = 8, cores: int = CLUSTER_CORES,
+                 target_tasks: int = 10_000_000, repeats: int = 3) -> Bench:  # fmt: skip
+    load = os.getloadavg()[0]
     keys, sums = task_sums(n_tasks, per_task)
     cohort = np.zeros(n_tasks, dtype=np.int64)
     bounds = np.linspace(0, n_tasks, shards + 1).astype(int)
-    partials, seconds = [], []
-    for s in range(shards):
-        lo, hi = bounds[s], bounds[s + 1]
+    shard_s, merge_s = [], []
+    for _ in range(repeats):
+        partials, seconds = [], 0.0
+        for s in range(shards):
+            lo, hi = bounds[s], bounds[s + 1]
+            start = time.perf_counter()
+            partials.append(bootstrap.poisson_partial(["all"], cohort[lo:hi], keys[lo:hi], sums[lo:hi], COLUMNS, 0, B))
+            seconds += time.perf_counter() - start
         start = time.perf_counter()
-        partials.append(bootstrap.poisson_partial(["all"], cohort[lo:hi], keys[lo:hi], sums[lo:hi], COLUMNS, 0, B))
-        seconds.append(time.perf_counter() - start)
-    start = time.perf_counter()
-    bootstrap.merge(partials)
-    merge_s = time.perf_counter() - start
-    pairs_per_s = n_tasks * B / sum(seconds)
+        bootstrap.merge(partials)
+        merge_s.append(time.perf_counter() - start)
+        shard_s.append(seconds)
+    pairs = [n_tasks * B / s for s in shard_s]
     # Projection: the target's (task, replicate) pairs spread over `cores` shards, then one merge of that many
     # partials (merge time per partial as measured).
-    projected = target_tasks * B / pairs_per_s / cores + merge_s / shards * cores
-    result = {
-        "tasks": n_tasks,
-        "rollouts": n_tasks * per_task,
-        "B": B,
-        "shards": shards,
-        "shard_s": [round(x, 2) for x in seconds],
-        "merge_s": round(merge_s, 3),
-        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-        "pairs_per_s_per_core": round(pairs_per_s),
-        "one_core_s_for_target": round(target_tasks * B / pairs_per_s),
-        "cluster_cores": cores,
-        "cluster_s_for_target": round(projected, 1),
-    }
-    print(
-        f"{n_tasks:,} tasks (~{n_tasks * per_task:,} rollouts), B = {B}, {shards} shards: "
-        f"{sum(seconds):.1f} s of shard work ({pairs_per_s / 1e6:.0f} M task-replicates/s on one core), "
-        f"merge {merge_s:.2f} s, peak RSS {result['peak_rss_mib']} MiB; {target_tasks:,} tasks: "
-        f"{result['one_core_s_for_target']} s on one core, ~{projected:.1f} s on {cores} cores (projected)",
-        flush=True,
+    projected = [target_tasks * B / p / cores + m / shards * cores for p, m in zip(pairs, merge_s, strict=True)]
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    none = "none: one implementation"
+    figures = [
+        figure("shard work, (task, replicate) pairs per second on one core", "pairs/s", pairs, none),
+        figure(f"merge of {shards} partials", "s", merge_s, none),
+        figure("peak RSS (the generated per-task sums included)", "MiB", [peak], "none: peak memory"),
+        figure(f"projection: {target_tasks:,} tasks on {cores:,} cores (one shard per core, then one merge)", "s",
+               projected, "none: from the per-core rate and the merge time per partial measured here"),
+    ]  # fmt: skip
+    caption = (
+        f"{n_tasks:,} tasks (≈ {n_tasks * per_task:,} rollouts; per-task sums generated, not scored), B = {B}, "
+        f"{shards} shards computed in turn on one core, then merged; {n_runs(repeats)}; {load_average(load)}"
     )
-    return result
+    details = {"shard_s": shard_s, "merge_s": merge_s, "peak_rss_mib": peak, "projected_s": projected}
+    return Bench("merged", caption, figures, details)
 
 
 def main() -> None:
@@ -84,10 +84,12 @@ def main() -> None:
     parser.add_argument("--rollouts-per-task", type=int, default=10)
     parser.add_argument("-B", type=int, default=1000)
     parser.add_argument("--shards", type=int, default=8)
-    parser.add_argument("--cores", type=int, default=128 * 16)
+    parser.add_argument("--cores", type=int, default=CLUSTER_CORES)
     parser.add_argument("--target-tasks", type=int, default=10_000_000)
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    bench_merged(args.tasks, args.rollouts_per_task, args.B, args.shards, args.cores, args.target_tasks)
+    show(bench_merged(args.tasks, args.rollouts_per_task, args.B, args.shards, args.cores, args.target_tasks,
+                      args.repeats))  # fmt: skip
 
 
 if __name__ == "__main__":

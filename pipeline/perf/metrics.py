@@ -14,7 +14,6 @@ import multiprocessing
 import os
 import resource
 import shutil
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.perf.figures import Bench, Figure, figure, load_average, n_runs, show
 from pipeline.storage.run import commit_parts
 
 
@@ -59,6 +59,7 @@ def write_synthetic_rollouts(
             "task_id": pa.array(task_ids),
             "benchmark": pa.array(["synthetic"] * n_rollouts),
             "model": pa.array(np.char.add("model-", rng.integers(0, n_models, n_rollouts).astype(str))),
+            "status": pa.array(["ok"] * n_rollouts),  # no harness errors
             "T": pa.array(T),
             "fed": pa.array(fed),
             "executable": pa.array(executable),
@@ -154,11 +155,6 @@ def _time_reference(run: str, B: int) -> tuple[float, int, dict[str, dict[str, t
     return time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, bounds
 
 
-def spread(values: list[float]) -> str:
-    """min–median–max of repeated measurements."""
-    return f"{min(values):.2f}–{statistics.median(values):.2f}–{max(values):.2f}"
-
-
 def bench_metrics(
     n_rollouts: int = 1_000_000,
     n_tasks: int = 100_000,
@@ -167,35 +163,35 @@ def bench_metrics(
     max_k: int = 10,
     cohorts: tuple[int, ...] = (1, 16),
     repeats: int = 3,
-) -> dict[str, Any]:
+) -> Bench:
     """Time compute_metrics (both methods) against the plain-numpy reference, interleaved in the same run
     (a fresh process per measurement, so each peak RSS is its own), for each number of model cohorts over the
-    same tasks; checks that the reference reproduces the project's multinomial bounds. Prints and returns the
-    figures: project / reference / ratio, min–median–max over `repeats`."""
+    same tasks; checks that the reference reproduces the project's multinomial bounds."""
     base = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="pexec-bench-metrics-"))
-    result: dict[str, Any] = {"n_rollouts": n_rollouts, "n_tasks": n_tasks, "B": B, "K": max_k, "load": os.getloadavg()}
+    load = os.getloadavg()[0]
     ctx = multiprocessing.get_context("spawn")
-    print(f"{n_rollouts:,} rollouts, {n_tasks:,} tasks, B = {B}, K = {max_k}; load average {os.getloadavg()[0]:.1f}")
+    figures: list[Figure] = []
+    details: dict[str, Any] = {}
     for n_models in cohorts:
         run = base / f"run-{n_models}"
         if run.exists():
             shutil.rmtree(run)
         write_synthetic_rollouts(run, n_rollouts, n_tasks, n_models=n_models)
         times: dict[str, list[float]] = {"multinomial": [], "poisson": [], "reference": []}
-        peak: dict[str, int] = {}
+        peak: dict[str, list[float]] = {"multinomial": [], "poisson": [], "reference": []}
         same = True
         for _ in range(repeats):
             for method in ("multinomial", "poisson"):
                 with ctx.Pool(1) as pool:
                     seconds, peak_kib, project = pool.apply(_time_project, (str(run), method, B, max_k))
                 times[method].append(seconds)
-                peak[method] = max(peak.get(method, 0), peak_kib)
+                peak[method].append(peak_kib / 1024)
                 if method == "multinomial":
                     mine = project
             with ctx.Pool(1) as pool:
                 seconds, peak_kib, bounds = pool.apply(_time_reference, (str(run), B))
             times["reference"].append(seconds)
-            peak["reference"] = max(peak.get("reference", 0), peak_kib)
+            peak["reference"].append(peak_kib / 1024)
             # Same to 1e-12: numpy and DuckDB interpolate between the same two order statistics with formulas
             # that can differ in the last bit.
             same &= all(
@@ -204,20 +200,22 @@ def bench_metrics(
                 for metric, lo_hi in per_metric.items()
                 for end, bound in zip(("lo", "hi"), lo_hi, strict=True)
             )
-        ratio = [p / r for p, r in zip(times["multinomial"], times["reference"], strict=True)]
-        row = {k: {"seconds": v, "peak_rss_mib": round(peak[k] / 1024)} for k, v in times.items()}
-        result[f"{n_models}_cohorts"] = {**row, "ratio": ratio, "same_bounds": same}
-        print(
-            f"{n_models:3d} cohort(s): project multinomial {spread(times['multinomial'])} s / numpy reference "
-            f"{spread(times['reference'])} s / ratio {spread(ratio)}; project Poisson {spread(times['poisson'])} s; "
-            f"same bounds: {'yes' if same else 'NO'}; peak RSS project {peak['multinomial'] / 1024:.0f} MiB, "
-            f"reference {peak['reference'] / 1024:.0f} MiB",
-            flush=True,
-        )
-    result["load_after"] = os.getloadavg()
+        details[f"{n_models}_cohorts"] = {"seconds": times, "peak_rss_mib": peak, "same_bounds": same}
+        each = n_tasks * -math.expm1(-n_rollouts / n_models / n_tasks)  # expected distinct tasks per cohort
+        who = f"{n_models} cohort{'s' if n_models > 1 else ''} (≈ {each:,.0f} tasks each)"
+        reference = f"numpy reference, bounds {'equal' if same else 'DIFFERENT'}"
+        figures += [
+            figure(f"{who}: compute_metrics, multinomial", "s", times["multinomial"], reference, times["reference"]),
+            figure(f"{who}: compute_metrics, Poisson", "s", times["poisson"], reference, times["reference"]),
+            figure(f"{who}: peak RSS, multinomial", "MiB", peak["multinomial"], "numpy reference", peak["reference"]),
+        ]
     if workdir is None:
         shutil.rmtree(base, ignore_errors=True)
-    return result
+    caption = (
+        f"{n_rollouts:,} rollouts, {n_tasks:,} tasks, B = {B}, K = {max_k}; each measurement in a fresh process, "
+        f"project and reference interleaved, {n_runs(repeats)}; {load_average(load)}"
+    )
+    return Bench("metrics", caption, figures, details)
 
 
 def main() -> None:
@@ -231,7 +229,7 @@ def main() -> None:
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args()
     cohorts = tuple(int(c) for c in args.cohorts.split(","))
-    bench_metrics(args.rollouts, args.tasks, args.B, args.workdir, args.max_k, cohorts, args.repeats)
+    show(bench_metrics(args.rollouts, args.tasks, args.B, args.workdir, args.max_k, cohorts, args.repeats))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ Run: `pexec bench replay [--rollouts N]` or `python -m pipeline.perf.replay`.
 from __future__ import annotations
 
 import copy
+import os
 import resource
 import shutil
 import tempfile
@@ -22,7 +23,8 @@ from pipeline.distributed import run_scoring
 from pipeline.envs import get_environment
 from pipeline.envs.document import JournaledDoc
 from pipeline.envs.spec.env import SpecEnvironment
-from pipeline.perf import dev_dependency
+from pipeline.perf import cluster_projection, dev_dependency
+from pipeline.perf.figures import Bench, Figure, figure, load_average, n_runs, show
 from pipeline.records import parse_rollout
 from pipeline.storage.stores import write_store
 from pipeline.synth import synthesize
@@ -68,66 +70,84 @@ def bench_replay(
     workdir: Path | None = None,
     baseline_sample: int = 2_000,
     cpus: tuple[int, ...] = (1, 2),
-) -> dict[str, Any]:
+    repeats: int = 3,
+) -> Bench:
     dev_dependency("jsonschema", NAIVE)  # before the store is written, not after
     root = Path(workdir or tempfile.mkdtemp(prefix="pexec-bench-"))
     store = root / "store"
     if store.exists():
         shutil.rmtree(store)
-    t0 = time.perf_counter()
+    load = os.getloadavg()[0]
     write_store(synthesize("shop", n_rollouts, n_tasks, seed=0), str(store), per_file=10_000)
-    print(f"synth: {n_rollouts:,} rollouts in {time.perf_counter() - t0:.1f}s -> {store}")
-
-    # Baseline and the optimised checker on the same sample, one core, in this process.
     records = [
         r for _, r in zip(range(baseline_sample), synthesize("shop", baseline_sample, n_tasks, seed=0), strict=False)
     ]
     env = get_environment("shop")
-    steps = sum(e["type"] == "call" for r in records for e in r["events"])
-    t0 = time.perf_counter()
-    for r in records:
-        naive_replay(env, r)  # type: ignore[arg-type]
-    naive = steps / (time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    for r in records:
-        replay(env, parse_rollout(r))
-    checker = steps / (time.perf_counter() - t0)
-    print(
-        f"one core, {baseline_sample:,} rollouts: naive {naive:,.0f} steps/s · checker {checker:,.0f} steps/s "
-        f"({checker / naive:.1f}x)"
-    )
-
-    results: dict[str, Any] = {"naive_steps_per_s": naive, "checker_steps_per_s": checker, "ray": {}}
+    sample_steps = sum(e["type"] == "call" for r in records for e in r["events"])
+    runs: list[dict[str, Any]] = []
     import ray
 
-    for n in cpus:
-        run = root / f"run-{n}cpu"
-        shutil.rmtree(run, ignore_errors=True)
+    for _ in range(repeats):
+        # Baseline and the optimised checker on the same sample, one core, in this process.
         t0 = time.perf_counter()
-        manifest = run_scoring(str(store), str(run), num_cpus=n, shard_bytes=8 * 2**20)
-        seconds = time.perf_counter() - t0
-        ray.shutdown()
-        c = manifest["counts"]
-        worker_peak = max(s["peak_rss_mib"] for s in manifest["shards"])
-        row = {
-            "seconds": seconds,
-            "rollouts_per_s_per_core": c["scored"] / seconds / n,
-            "steps_per_s_per_core": c["steps"] / seconds / n,
-            "worker_peak_rss_mib": worker_peak,
-            "rollouts": c["scored"],
-            "steps": c["steps"],
-        }
-        results["ray"][n] = row
-        print(
-            f"ray {n} cpu: {c['scored']:,} rollouts, {c['steps']:,} steps in {seconds:.1f}s (incl. Ray start) · "
-            f"{row['rollouts_per_s_per_core']:,.0f} rollouts/s/core · {row['steps_per_s_per_core']:,.0f} steps/s/core"
-            f" · {row['steps_per_s_per_core'] / naive:.1f}x naive · worker peak {worker_peak:,.0f} MiB"
-        )
+        for r in records:
+            naive_replay(env, r)  # type: ignore[arg-type]
+        run: dict[str, Any] = {"naive": sample_steps / (time.perf_counter() - t0)}
+        t0 = time.perf_counter()
+        for r in records:
+            replay(env, parse_rollout(r))
+        run["checker"] = sample_steps / (time.perf_counter() - t0)
+        for n in cpus:
+            out = root / f"run-{n}cpu"
+            shutil.rmtree(out, ignore_errors=True)
+            t0 = time.perf_counter()
+            manifest = run_scoring(str(store), str(out), num_cpus=n, shard_bytes=8 * 2**20)
+            seconds = time.perf_counter() - t0
+            ray.shutdown()
+            c = manifest["counts"]
+            run[n] = {
+                "seconds": seconds,
+                "steps_per_s_per_core": c["steps"] / seconds / n,
+                "steps_per_rollout": c["steps"] / c["scored"],
+                "worker_peak_rss_mib": max(s["peak_rss_mib"] for s in manifest["shards"]),
+            }
+        runs.append(run)
     driver = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    results["driver_peak_rss_mib"] = driver
-    print(f"driver peak RSS {driver:,.0f} MiB")
-    return results
+    return Bench("replay", _caption(n_rollouts, baseline_sample, repeats, load), _figures(runs, cpus, driver),
+                 {"runs": runs, "driver_peak_rss_mib": driver})  # fmt: skip
+
+
+def _caption(n_rollouts: int, sample: int, repeats: int, load: float) -> str:
+    return (
+        f"synthetic `shop` store of {n_rollouts:,} rollouts scored end to end through local Ray (8 MiB shards, Ray "
+        f"start-up included); naive loop and checker on a {sample:,}-rollout sample in this process; "
+        f"{n_runs(repeats)}; {load_average(load)}"
+    )
+
+
+def _figures(runs: list[dict[str, Any]], cpus: tuple[int, ...], driver_mib: float) -> list[Figure]:
+    naive = "naive loop, one core"
+    out = [figure("checker in-process, one core", "steps/s", [r["checker"] for r in runs], naive,
+                  [r["naive"] for r in runs])]  # fmt: skip
+    for n in cpus:
+        out.append(figure(f"Ray, {n} CPU, end to end, per core", "steps/s",
+                          [r[n]["steps_per_s_per_core"] for r in runs], naive, [r["naive"] for r in runs]))  # fmt: skip
+    if len(cpus) > 1:
+        lo, hi = min(cpus), max(cpus)
+        out.append(figure(f"Ray, {hi} CPUs, end to end, all cores", "steps/s",
+                          [r[hi]["steps_per_s_per_core"] * hi for r in runs], f"{lo} CPU",
+                          [r[lo]["steps_per_s_per_core"] * lo for r in runs]))  # fmt: skip
+    top = max(cpus)
+    out += [
+        figure("worker peak RSS", "MiB", [max(r[n]["worker_peak_rss_mib"] for n in cpus) for r in runs],
+               "none: peak memory"),
+        figure("driver peak RSS (this process, store generation included)", "MiB", [driver_mib], "none: peak memory"),
+        cluster_projection([r[top]["steps_per_s_per_core"] for r in runs],
+                           [r[top]["steps_per_rollout"] for r in runs],
+                           f"Ray with {top} CPUs on local disk"),
+    ]  # fmt: skip
+    return out
 
 
 if __name__ == "__main__":
-    bench_replay()
+    show(bench_replay())

@@ -22,10 +22,12 @@ from typing import Any
 
 import s3fs
 
-from pipeline.perf import require_dev
+from pipeline.perf import cluster_projection, require_dev
+from pipeline.perf.figures import Bench, figure, load_average, n_runs, show
 from pipeline.storage.stores import write_store
 from pipeline.synth import synthesize
 
+SETUPS = (("1 cpu", 1, 16), ("2 cpu", 2, 16), ("2 cpu, 4x more shards", 2, 4))  # label, worker CPUs, shard MiB
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 _DRIVER = (
@@ -38,7 +40,7 @@ _DRIVER = (
 )
 
 
-def bench_scale(n_rollouts: int = 1_000_000, n_tasks: int = 100_000, port: int = 5557) -> dict[str, Any]:
+def bench_scale(n_rollouts: int = 1_000_000, n_tasks: int = 100_000, port: int = 5557, repeats: int = 1) -> Bench:
     require_dev("moto", "the S3 server of `pexec bench scale` (infra/local/s3-server.sh)")
     os.environ.update(
         {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
@@ -50,31 +52,45 @@ def bench_scale(n_rollouts: int = 1_000_000, n_tasks: int = 100_000, port: int =
         start_new_session=True,
     )
     endpoint = f"http://127.0.0.1:{port}"
+    load = os.getloadavg()[0]
     try:
         _wait(port)
         s3fs.S3FileSystem(endpoint_url=endpoint).mkdir("bench")
         store = "s3://bench/store"
-        t0 = time.perf_counter()
         write_store(
             synthesize("shop", n_rollouts, n_tasks, seed=0),
             store,
             per_file=20_000,
             storage_options={"endpoint_url": endpoint},
         )
-        print(f"synth: {n_rollouts:,} rollouts to {store} in {time.perf_counter() - t0:.0f}s")
-        results: dict[str, Any] = {}
-        for label, cpus, shard_mb in (("1 cpu", 1, 16), ("2 cpu", 2, 16), ("2 cpu, 4x more shards", 2, 4)):
-            results[label] = row = _score(store, f"s3://bench/run-{cpus}-{shard_mb}", cpus, shard_mb, endpoint)
-            print(
-                f"{label}: {row['shards']} shards, {row['seconds']:.0f}s, {row['rollouts_per_s']:,.0f} rollouts/s, "
-                f"{row['steps_per_s']:,.0f} steps/s, driver peak {row['driver_peak_mib']:,.0f} MiB"
-            )
-        speedup = results["2 cpu"]["rollouts_per_s"] / results["1 cpu"]["rollouts_per_s"]
-        results["speedup_1_to_2"] = speedup
-        print(f"1 -> 2 CPUs: {speedup:.2f}x (scaling efficiency {speedup / 2:.0%})")
-        return results
+        runs: dict[str, list[dict[str, Any]]] = {label: [] for label, *_ in SETUPS}
+        for _ in range(repeats):
+            for label, cpus, shard_mb in SETUPS:
+                runs[label].append(_score(store, f"s3://bench/run-{cpus}-{shard_mb}", cpus, shard_mb, endpoint))
     finally:
         os.killpg(server.pid, signal.SIGKILL)
+    one, two, more = (runs[label] for label, *_ in SETUPS)
+
+    def of(rows: list[dict[str, Any]], key: str) -> list[float]:
+        return [r[key] for r in rows]
+
+    figures = [
+        figure("2 worker CPUs, all cores", "rollouts/s", of(two, "rollouts_per_s"), "1 worker CPU",
+               of(one, "rollouts_per_s")),
+        figure("2 worker CPUs, per core", "steps/s", [r["steps_per_s"] / 2 for r in two], "none: see the row above"),
+        figure(f"driver peak RSS, {more[0]['shards']} shards (4 MiB)", "MiB", of(more, "driver_peak_mib"),
+               f"{two[0]['shards']} shards (16 MiB)", of(two, "driver_peak_mib")),
+        figure(f"2 worker CPUs, 4 MiB shards ({more[0]['shards']})", "rollouts/s", of(more, "rollouts_per_s"),
+               f"16 MiB shards ({two[0]['shards']})", of(two, "rollouts_per_s")),
+        cluster_projection([r["steps_per_s"] / 2 for r in two], [r["steps_per_rollout"] for r in two],
+                           "scoring from and to S3 (moto, on the same 2 cores) with 2 worker CPUs"),
+    ]  # fmt: skip
+    caption = (
+        f"{n_rollouts:,} synthetic `shop` rollouts in a local S3-compatible server (moto), scored end to end through "
+        f"local Ray by a separate driver process each time (Ray start-up included); {n_runs(repeats)}; "
+        f"{load_average(load)}"
+    )
+    return Bench("scale", caption, figures, runs)
 
 
 def _score(store: str, run: str, cpus: int, shard_mb: int, endpoint: str) -> dict[str, Any]:
@@ -93,6 +109,7 @@ def _score(store: str, run: str, cpus: int, shard_mb: int, endpoint: str) -> dic
         "shards": c["shards"],
         "rollouts_per_s": c["scored"] / seconds,
         "steps_per_s": c["steps"] / seconds,
+        "steps_per_rollout": c["steps"] / c["scored"],
         "driver_peak_mib": report["peak_mib"],
     }
 
@@ -108,4 +125,4 @@ def _wait(port: int) -> None:
 
 
 if __name__ == "__main__":
-    bench_scale(int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000)
+    show(bench_scale(int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000))

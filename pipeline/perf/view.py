@@ -5,18 +5,18 @@ Run it as `pexec bench view [--rollouts N] [--workdir DIR]`.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
-import statistics
 import tempfile
 import time
 from html import unescape
 from pathlib import Path
-from typing import Any
 
 import duckdb
 
 from pipeline.aggregate import BootstrapSettings, run_sql, set_variables
+from pipeline.perf.figures import Bench, figure, load_average
 from pipeline.perf.metrics import write_synthetic_rollouts
 
 
@@ -32,8 +32,8 @@ def write_synthetic_run(run: Path, n_rollouts: int, n_tasks: int, parts: int = 4
     con.close()
 
 
-def bench_view(n_rollouts: int = 1_000_000, workdir: str | Path | None = None, repeats: int = 5) -> dict[str, Any]:
-    """Median latency of each page over `repeats` requests; returns and prints the numbers."""
+def bench_view(n_rollouts: int = 1_000_000, workdir: str | Path | None = None, repeats: int = 5) -> Bench:
+    """Latency of each page over `repeats` requests."""
     from starlette.testclient import TestClient
 
     from pipeline.view import RunView, create_app
@@ -42,16 +42,15 @@ def bench_view(n_rollouts: int = 1_000_000, workdir: str | Path | None = None, r
     run = base / "run"
     if run.exists():
         shutil.rmtree(run)
-    start = time.perf_counter()
+    load = os.getloadavg()[0]
     write_synthetic_run(run, n_rollouts, max(1, n_rollouts // 10))
-    result: dict[str, Any] = {"n_rollouts": n_rollouts, "generate_s": round(time.perf_counter() - start, 1)}
     start = time.perf_counter()
     view = RunView(str(run), None, BootstrapSettings(B=200))
-    result["open_s"] = round(time.perf_counter() - start, 2)
+    opened = time.perf_counter() - start
     client = TestClient(create_app(view))
     start = time.perf_counter()
     client.get("/")  # the first visit computes the metrics (no metrics.parquet here)
-    result["cohorts_first_s"] = round(time.perf_counter() - start, 2)
+    first_visit = time.perf_counter() - start
     first = client.get("/rollouts").text
     deep_id = f"r{n_rollouts // 2}"
     pages = {
@@ -63,17 +62,31 @@ def bench_view(n_rollouts: int = 1_000_000, workdir: str | Path | None = None, r
         "rollouts, page after the median id": f"/rollouts?after_run=bench&after_id={deep_id}&after_shard=0002",
         "one rollout (steps)": unescape(re.findall(r'class="rollout" href="([^"]*)"', first)[0]),
     }
+    times: dict[str, list[float]] = {}
     for name, url in pages.items():
-        times = []
+        times[name] = []
         for _ in range(repeats):
             t0 = time.perf_counter()
             response = client.get(url)
-            times.append(time.perf_counter() - t0)
+            times[name].append((time.perf_counter() - t0) * 1000)
             assert response.status_code == 200, (url, response.text[:300])
-        result[name] = round(statistics.median(times) * 1000)
-        print(f"{name:36s} {result[name]:6d} ms (median of {repeats})", flush=True)
     view.close()
     if workdir is None:
         shutil.rmtree(base, ignore_errors=True)
-    print(result, flush=True)
-    return result
+    none = "none: one implementation"
+    figures = [
+        figure("opening the run", "ms", [opened * 1000], none),
+        figure("cohorts, first visit without metrics.parquet (computes the metrics, B = 200)", "ms",
+               [first_visit * 1000], none),
+    ]  # fmt: skip
+    for name, values in times.items():
+        if name == "rollouts, page after the median id":  # keyset paging: no dearer than the first page
+            figures.append(figure(name, "ms", values, "the first page", times["rollouts, first page"]))
+        else:
+            figures.append(figure(name, "ms", values, none))
+    caption = (
+        f"synthetic run of {n_rollouts:,} rollouts (4 model cohorts, their steps, 4 part files), local disk, the "
+        f"real app through Starlette's test client, {repeats} requests per page; "
+        f"{load_average(load)}"
+    )
+    return Bench("view", caption, figures, {"ms": times, "open_s": opened, "cohorts_first_s": first_visit})

@@ -1,0 +1,181 @@
+"""The scoring driver's completion handling at cluster scale (`pexec bench driver`, `python -m pipeline.perf.driver`).
+
+Local Ray runs many tiny tasks (each returns one small shard report) with `window` of them in flight, and the
+driver retires them with `pipeline.distributed.completed`, beside the loop it replaced (one `ray.wait` over
+every pending task per finished shard) in the same run, interleaved. Measured over the steady phase only
+(exactly `window` tasks in flight): the driver process's CPU time per retired shard (all its threads: Ray's
+own per-task cost included), so the shards per second one driver core can retire; shards retired per second
+on the wall clock (bounded here by the local CPUs that run the tasks); and the driver's memory growth.
+
+The need it is set against: 2,048 cores each finishing default-size shards at the per-core rate measured
+here by scoring a small synthetic `shop` store in this process (reading and writing included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from pipeline.distributed import DEFAULT_SHARD_BYTES, JobFailed, completed, run_scoring
+from pipeline.perf import CLUSTER_CORES
+from pipeline.perf.figures import Bench, figure, load_average, n_runs, show
+from pipeline.score import ShardReport
+from pipeline.storage.inputs import InputFile, Shard
+from pipeline.storage.stores import write_store
+from pipeline.synth import synthesize
+
+
+def finish(shard: Shard) -> ShardReport:
+    """The bench's task: no scoring, a report of the size a real one has."""
+    return ShardReport(shard.key, shard.file.url, shard.start, shard.stop, shard.file.fingerprint, read=1, scored=1)
+
+
+def one_wait_per_shard(
+    shards: Iterable[Shard], submit: Callable[[Shard], Any], window: int, still_held: Callable[[], None]
+) -> Iterator[tuple[Shard, Any]]:
+    """The baseline: the driver loop before issue 20 — `ray.wait` over every pending task for each finished shard."""
+    import ray
+
+    queue = list(shards)
+    pending: dict[Any, Shard] = {}
+    while queue or pending:
+        while queue and len(pending) < window:
+            shard = queue.pop(0)
+            pending[submit(shard)] = shard
+        done, _ = ray.wait(list(pending), num_returns=1)
+        still_held()
+        for ref in done:
+            shard = pending.pop(ref)
+            try:
+                yield shard, ray.get(ref)
+            except Exception as exc:
+                raise JobFailed(str(exc)) from exc
+
+
+def _rss_mib() -> float:
+    return int(re.search(r"VmRSS:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) / 1024  # type: ignore[union-attr]
+
+
+def retire(loop: Callable[..., Iterator[tuple[Shard, Any]]], window: int, steady: int) -> dict[str, float]:
+    """Run `steady + window` tiny tasks through `loop`; measure the `steady` retirements made while exactly
+    `window` tasks were in flight."""
+    import ray
+
+    task = ray.remote(finish)
+    file = InputFile("bench://driver", "jsonl", None, 0, "0")
+    shards = (Shard(file, i, i + 1) for i in range(steady + window))
+    began = cpu = rss = 0.0
+    for n, _ in enumerate(loop(shards, task.remote, window, lambda: None), 1):
+        if n == 1:  # the window is full: the steady phase starts
+            began, cpu = time.perf_counter(), time.process_time()
+        elif n == steady // 2 + 1:  # memory from half-way on, once Ray's own buffers have grown
+            rss = _rss_mib()
+        elif n == steady + 1:
+            seconds, cpu_s = time.perf_counter() - began, time.process_time() - cpu
+            grown = _rss_mib() - rss
+    return {
+        "cpu_us_per_shard": cpu_s / steady * 1e6,
+        "driver_capacity": steady / cpu_s,
+        "retired_per_s": steady / seconds,
+        "rss_mib_per_10k": grown / (steady - steady // 2) * 10_000,
+    }
+
+
+def per_core_shard_rate(rollouts: int, root: Path) -> float:
+    """Default-size shards finished per second by one core, from scoring `rollouts` synthetic `shop` rollouts in
+    this process: the shards' own time (read, replay, write), not the job's (planning, the lease)."""
+    store = root / "store"
+    if not store.exists():
+        write_store(synthesize("shop", rollouts, max(1, rollouts // 10), seed=0), str(store), per_file=rollouts)
+    run = root / "run"
+    shutil.rmtree(run, ignore_errors=True)
+    manifest = run_scoring(str(store), str(run), executor="inline", force=True)
+    seconds = sum(s["seconds"] for s in manifest["shards"])
+    size = sum(f.stat().st_size for f in store.iterdir())
+    return size / seconds / DEFAULT_SHARD_BYTES
+
+
+def bench_driver(
+    windows: tuple[int, ...] = (256, 4096),
+    steady: int = 8192,
+    repeats: int = 3,
+    cpus: int = 2,
+    rollouts: int = 4000,
+    cores: int = CLUSTER_CORES,
+) -> Bench:
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    root = Path(tempfile.mkdtemp(prefix="pexec-bench-driver-"))
+    load = os.getloadavg()[0]
+    loops = {"batched": completed, "one wait per shard": one_wait_per_shard}
+    runs: dict[tuple[str, int], list[dict[str, float]]] = {}
+    need: list[float] = []
+    try:
+        ray.init(num_cpus=cpus, include_dashboard=False, logging_level="WARNING")
+        retire(completed, 64, 256)  # warm-up: the workers start
+        for _ in range(repeats):
+            for window, (name, loop) in itertools.product(windows, loops.items()):
+                runs.setdefault((name, window), []).append(retire(loop, window, steady))
+            need.append(cores * per_core_shard_rate(rollouts, root))
+    finally:
+        ray.shutdown()
+        shutil.rmtree(root, ignore_errors=True)
+
+    def values(name: str, window: int, key: str) -> list[float]:
+        return [r[key] for r in runs[(name, window)]]
+
+    baseline = "one `ray.wait` over all pending per shard"
+    figures = []
+    for window in windows:
+        figures += [
+            figure(f"driver CPU per retired shard, {window:,} in flight", "µs",
+                   values("batched", window, "cpu_us_per_shard"), baseline,
+                   values("one wait per shard", window, "cpu_us_per_shard")),
+            figure(f"shards retired per second of driver CPU, {window:,} in flight", "shards/s",
+                   values("batched", window, "driver_capacity"), baseline,
+                   values("one wait per shard", window, "driver_capacity")),
+            figure(f"shards retired per second (wall, {cpus} local CPUs run the tasks), {window:,} in flight",
+                   "shards/s", values("batched", window, "retired_per_s"), baseline,
+                   values("one wait per shard", window, "retired_per_s")),
+            figure(f"driver memory growth per 10,000 shards (second half), {window:,} in flight", "MiB",
+                   values("batched", window, "rss_mib_per_10k"), baseline,
+                   values("one wait per shard", window, "rss_mib_per_10k")),
+        ]  # fmt: skip
+    top = max(windows)
+    figures += [
+        figure(f"need: shards/s finished by {cores:,} cores, {DEFAULT_SHARD_BYTES >> 20} MiB shards", "shards/s",
+               need, f"none: {cores:,} × the per-core rate of scoring {rollouts:,} `shop` rollouts here"),
+        figure(f"driver capacity ({top:,} in flight) against that need", "shards/s",
+               values("batched", top, "driver_capacity"), f"the need of {cores:,} cores", need),
+    ]  # fmt: skip
+    caption = (
+        f"{steady:,} tiny tasks retired per run with the window full, {n_runs(repeats)} interleaved, local Ray with "
+        f"{cpus} CPUs, {load_average(load)}"
+    )
+    details = {f"{name} {window}": rows for (name, window), rows in runs.items()}
+    details["need"] = need
+    return Bench("driver", caption, figures, details)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--windows", default="256,4096", help="tasks in flight, comma-separated")
+    parser.add_argument("--steady", type=int, default=8192, help="shards retired per run with the window full")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--cpus", type=int, default=2)
+    args = parser.parse_args()
+    windows = tuple(int(w) for w in args.windows.split(","))
+    show(bench_driver(windows, args.steady, args.repeats, args.cpus))
+
+
+if __name__ == "__main__":
+    main()

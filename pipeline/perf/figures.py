@@ -1,0 +1,152 @@
+"""How every `pexec bench` prints its figures: project / baseline / ratio, each as min–median–max over the
+repetitions, in a terminal table or as the Markdown table the README's Benchmarks section is made of.
+
+A figure without a natural baseline (peak memory, a projection) says so in its baseline cell instead of
+inventing one. README blocks sit between `<!-- bench:start NAME -->` and `<!-- bench:end NAME -->`, one per
+bench, so that `pexec bench NAME --readme README.md` replaces its own block and nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from pipeline.errors import PexecError
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One measured quantity: the project's value per repetition, and the baseline's measured in the same
+    repetitions (None with `baseline` naming why there is none)."""
+
+    name: str  # what is measured, on what population
+    unit: str  # "steps/s per core", "s", "MiB"...
+    project: tuple[float, ...]
+    baseline: str  # what the baseline is ("naive loop, one core"), or why there is none ("none: peak memory")
+    baseline_values: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.project:
+            raise ValueError(f"figure {self.name!r} has no measurement")
+        if self.baseline_values is not None and len(self.baseline_values) != len(self.project):
+            raise ValueError(f"figure {self.name!r}: baseline and project measured a different number of times")
+
+    @property
+    def ratios(self) -> tuple[float, ...] | None:
+        """project / baseline per repetition (paired: both measured in the same repetition); None without a
+        baseline or when a value is not positive (a growth of about zero has no meaningful ratio)."""
+        if self.baseline_values is None or min(self.project + self.baseline_values) <= 0:
+            return None
+        return tuple(p / b for p, b in zip(self.project, self.baseline_values, strict=True))
+
+
+@dataclass(frozen=True)
+class Bench:
+    """What one `pexec bench NAME` measured: a caption (sizes, machine load, repetitions) and its figures;
+    `details` keeps the raw measurements for scripts."""
+
+    name: str
+    caption: str
+    figures: list[Figure]
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def n_runs(n: int) -> str:
+    return f"{n} run{'' if n == 1 else 's'}"
+
+
+def load_average(before: float) -> str:
+    """The machine's 1-minute load average before the bench (`before`, os.getloadavg()[0]) and now: every
+    figure is wall-clock time on a machine that may be shared."""
+    return f"load average {before:.1f} → {os.getloadavg()[0]:.1f}"
+
+
+def figure(
+    name: str, unit: str, project: Sequence[float], baseline: str, baseline_values: Sequence[float] | None = None
+) -> Figure:
+    return Figure(name, unit, tuple(project), baseline, None if baseline_values is None else tuple(baseline_values))
+
+
+def number(x: float) -> str:
+    """Three significant digits at most below 1,000, whole numbers with separators above."""
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    if abs(x) >= 100:
+        return f"{x:.0f}"
+    if abs(x) >= 10:
+        return f"{x:.1f}"
+    if abs(x) >= 1 or x == 0:
+        return f"{x:.2f}"
+    return f"{x:#.3g}"
+
+
+def spread(values: Sequence[float], unit: str = "") -> str:
+    """min–median–max of repeated measurements (one value when measured once)."""
+    suffix = f" {unit}" if unit else ""
+    if len(values) == 1:
+        return f"{number(values[0])}{suffix}"
+    return f"{number(min(values))}–{number(statistics.median(values))}–{number(max(values))}{suffix}"
+
+
+def rows(figures: Sequence[Figure]) -> list[list[str]]:
+    """figure | runs | project | baseline | project / baseline, as cells."""
+    out = []
+    for f in figures:
+        if f.baseline_values is None:
+            baseline, ratio = f.baseline, "–"
+        else:
+            baseline = f"{spread(f.baseline_values, f.unit)} ({f.baseline})"
+            ratio = "–" if f.ratios is None else f"{spread(f.ratios)}×"
+        out.append([f.name, str(len(f.project)), spread(f.project, f.unit), baseline, ratio])
+    return out
+
+
+HEADER = ["figure", "runs", "project (min–median–max)", "baseline (same runs)", "project / baseline"]
+
+
+def markdown(bench: Bench) -> str:
+    """The caption in italics, then the table."""
+    lines = [f"_{bench.caption}_", "", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows(bench.figures)]
+    return "\n".join(lines)
+
+
+def show(bench: Bench, console: Console | None = None) -> None:
+    table = Table(title=bench.caption, title_justify="left")
+    for i, column in enumerate(HEADER):
+        table.add_column(column, justify="left" if i in (0, 3) else "right", overflow="fold")
+    for row in rows(bench.figures):
+        table.add_row(*row)
+    console = console or Console(markup=False, emoji=False, highlight=False)
+    if not console.is_terminal:
+        console.width = 200  # a log or a pipe: no wrapping at 80 columns
+    console.print(table)
+
+
+def block(bench: Bench) -> str:
+    """The README block of `bench`, markers included."""
+    return f"<!-- bench:start {bench.name} -->\n{markdown(bench)}\n<!-- bench:end {bench.name} -->"
+
+
+def blocks(text: str) -> dict[str, str]:
+    """name -> what lies between a README's bench markers."""
+    found = re.finditer(r"<!-- bench:start (\w+) -->\n(.*?)\n<!-- bench:end \1 -->", text, re.S)
+    return {m.group(1): m.group(2) for m in found}
+
+
+def replace_block(path: Path, bench: Bench) -> None:
+    """Replace `bench`'s block in the Markdown file at `path`; refuses when the file has no such block."""
+    text = path.read_text()
+    start, end = f"<!-- bench:start {bench.name} -->", f"<!-- bench:end {bench.name} -->"
+    pattern = re.compile(rf"{re.escape(start)}\n.*?\n{re.escape(end)}", re.S)
+    if not pattern.search(text):
+        raise PexecError(f"{path} has no {start} … {end} block to replace")
+    path.write_text(pattern.sub(lambda _: block(bench), text, count=1))

@@ -1,0 +1,198 @@
+"""`pexec bench`: the shared figure format (project / baseline / ratio, min–median–max), the README blocks it
+writes, the driver's batched completion loop on real local Ray, and every bench run once at small sizes so
+that its printing cannot rot (the figures themselves are not asserted: timings)."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+import ray
+from typer.testing import CliRunner
+
+from pipeline.cli import BENCHES, app
+from pipeline.distributed import JobFailed, completed
+from pipeline.errors import PexecError
+from pipeline.perf import figures
+from pipeline.perf.driver import finish, one_wait_per_shard
+from pipeline.perf.figures import Bench, figure
+from pipeline.storage.inputs import InputFile, Shard
+from pipeline.storage.lease import LeaseLost
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data"
+
+
+def test_a_figure_is_project_baseline_and_their_paired_ratio_as_min_median_max():
+    f = figure("checker", "steps/s", [30_000, 32_000, 31_000], "naive loop", [400, 500, 310])
+    assert f.ratios == (75.0, 64.0, 100.0)  # paired per run, not min over min
+    [row] = figures.rows([f])
+    assert row == ["checker", "3", "30,000–31,000–32,000 steps/s", "310–400–500 steps/s (naive loop)", "64.0–75.0–100×"]
+
+
+def test_a_figure_without_a_baseline_says_why_and_has_no_ratio():
+    [row] = figures.rows([figure("peak RSS", "MiB", [512.0], "none: peak memory")])
+    assert row == ["peak RSS", "1", "512 MiB", "none: peak memory", "–"]
+    # a growth of about zero against a baseline: no ratio rather than a meaningless one
+    [row] = figures.rows([figure("growth", "MiB", [0.0, 0.2], "old loop", [0.1, 0.3])])
+    assert row[4] == "–"
+
+
+def test_a_figure_refuses_a_baseline_measured_a_different_number_of_times():
+    with pytest.raises(ValueError, match="different number of times"):
+        figure("x", "s", [1.0, 2.0], "y", [1.0])
+    with pytest.raises(ValueError, match="no measurement"):
+        figure("x", "s", [], "none: nothing")
+
+
+def test_the_readme_block_is_replaced_in_place_and_only_its_own(tmp_path):
+    bench = Bench("demo", "a caption", [figure("a | b", "s", [1.0, 2.0, 3.0], "old", [2.0, 2.0, 2.0])])
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "intro\n<!-- bench:start demo -->\nold table\n<!-- bench:end demo -->\n"
+        "<!-- bench:start other -->\nkept\n<!-- bench:end other -->\nend\n"
+    )
+    figures.replace_block(readme, bench)
+    text = readme.read_text()
+    assert figures.blocks(text) == {"demo": figures.markdown(bench), "other": "kept"}
+    assert text.startswith("intro\n") and text.endswith("end\n")
+    lines = figures.markdown(bench).splitlines()
+    assert lines[0] == "_a caption_" and lines[2] == "| " + " | ".join(figures.HEADER) + " |"
+    assert lines[4] == "| a \\| b | 3 | 1.00–2.00–3.00 s | 2.00–2.00–2.00 s (old) | 0.500–1.00–1.50× |"
+    with pytest.raises(PexecError, match="no <!-- bench:start missing -->"):
+        figures.replace_block(readme, Bench("missing", "c", bench.figures))
+
+
+# -- the driver's completion loop, on real local Ray ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if ray.is_initialized():  # left by an earlier module
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    yield
+    ray.shutdown()
+
+
+FILE = InputFile("bench://test", "jsonl", None, 0, "0")
+
+
+@pytest.mark.parametrize("loop", [completed, one_wait_per_shard])
+def test_the_loop_retires_every_shard_once_within_the_window(local_ray, loop):
+    task = ray.remote(finish)
+    in_flight, most = 0, 0
+
+    def submit(shard):
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        return task.remote(shard)
+
+    shards = [Shard(FILE, i, i + 1) for i in range(300)]
+    seen = []
+    for shard, report in loop(iter(shards), submit, 40, lambda: None):
+        in_flight -= 1
+        assert report.shard == shard.key and report.start == shard.start
+        seen.append(shard.start)
+    assert sorted(seen) == list(range(300)) and most == 40
+
+
+def test_a_failed_task_stops_the_loop_naming_its_shard(local_ray):
+    def fails_on_7(shard: Shard):  # defined here: pickled by value for the workers
+        if shard.start == 7:
+            raise ValueError("bad shard")
+        return finish(shard)
+
+    task = ray.remote(max_retries=0)(fails_on_7)
+    with pytest.raises(JobFailed, match=r"shard [0-9a-f]{16} \(bench://test \[7:8\]\) failed: .*bad shard"):
+        for _ in completed((Shard(FILE, i, i + 1) for i in range(50)), task.remote, 8, lambda: None):
+            pass
+
+
+def test_a_lost_lease_stops_the_loop_at_once(local_ray):
+    task = ray.remote(finish)
+    retired = 0
+
+    def still_held():
+        if retired >= 5:
+            raise LeaseLost("taken over")
+
+    with pytest.raises(LeaseLost):
+        for _ in completed((Shard(FILE, i, i + 1) for i in range(200)), task.remote, 4, still_held):
+            retired += 1
+    assert retired < 10  # checked after every wait, not once at the end
+
+
+# -- every bench, once, small ----------------------------------------------------------------------------
+
+
+def _check(bench: Bench, name: str) -> None:
+    assert bench.name == name and bench.figures
+    for f in bench.figures:
+        assert all(math.isfinite(v) for v in f.project), f
+        assert f.baseline_values is not None or f.baseline.startswith("none"), f  # a missing baseline says why
+    block = figures.block(bench)
+    assert figures.blocks(block) == {name: figures.markdown(bench)}
+    figures.show(bench)
+
+
+def _small(name: str, tmp_path: Path) -> Bench:
+    if name == "replay":
+        from pipeline.perf.replay import bench_replay
+
+        return bench_replay(300, 30, tmp_path, baseline_sample=20, cpus=(1,), repeats=1)
+    if name == "metrics":
+        from pipeline.perf.metrics import bench_metrics
+
+        return bench_metrics(2000, 200, B=20, workdir=tmp_path, cohorts=(2,), repeats=1)
+    if name == "merged":
+        from pipeline.perf.merged import bench_merged
+
+        return bench_merged(2000, B=20, shards=2, target_tasks=10_000, repeats=2)
+    if name == "scale":
+        from pipeline.perf.scale import bench_scale
+        from tests.conftest import free_port
+
+        return bench_scale(200, 20, port=free_port())
+    if name == "view":
+        from pipeline.perf.view import bench_view
+
+        return bench_view(2000, tmp_path, repeats=2)
+    if name == "guard":
+        from pipeline.perf.guard import bench_guard
+
+        return bench_guard(sessions=3, concurrent=2, rounds=1, think_s=0.001, repeats=2)
+    if name == "driver":
+        from pipeline.perf.driver import bench_driver
+
+        return bench_driver(windows=(4, 16), steady=32, repeats=1, rollouts=40)
+    if name == "bfcl":
+        from pipeline.perf.bfcl import bench_bfcl
+
+        return bench_bfcl(repeats=1)
+    from pipeline.perf.tau import bench_tau
+
+    return bench_tau(str(DATA / "real" / "tau2"), repeats=1)
+
+
+@pytest.mark.parametrize("name", BENCHES)
+def test_every_bench_runs_and_prints(name, tmp_path, monkeypatch):
+    if ray.is_initialized():  # the benches start their own Ray
+        ray.shutdown()
+    monkeypatch.chdir(ROOT)
+    _check(_small(name, tmp_path), name)
+
+
+def test_the_cli_prints_the_readme_block(tmp_path):
+    result = CliRunner().invoke(app, ["bench", "merged", "--rollouts", "20000", "--repeats", "2", "--markdown"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("<!-- bench:start merged -->\n_") and "| figure | runs |" in result.stdout
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- bench:start merged -->\nx\n<!-- bench:end merged -->\n")
+    result = CliRunner().invoke(app, ["bench", "merged", "--rollouts", "20000", "--readme", str(readme)])
+    assert result.exit_code == 0, result.output
+    assert "| figure | runs |" in figures.blocks(readme.read_text())["merged"]
