@@ -2,7 +2,7 @@
 
 Pure with respect to IO: an environment and a rollout in, a RolloutResult out. Independent of any benchmark.
 The batch scorer and the guard (pipeline.guard) share one incremental `Session`: `replay` is a loop over it,
-so a live session's verdicts equal the scorer's by construction (docs/design.md §5.6).
+so a live session's verdicts equal the scorer's by construction (docs/design.md §5.7).
 """
 
 from __future__ import annotations

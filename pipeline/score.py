@@ -8,10 +8,13 @@ settings — storage (OSError), a bad spec (SpecError) — fail the shard, and a
 
 from __future__ import annotations
 
+import gc
 import re
 import reprlib
 import resource
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -31,6 +34,8 @@ from pipeline.storage.run import write_part, write_shard_marker
 _FATAL = (OSError, SpecError)
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:+-]{0,99}")
 _REASON_LIMIT = 1000  # characters of a reject reason (messages may quote the record's values)
+# Allocations between two young-generation collections while a shard is scored (CPython's default: 700).
+_SHARD_GC_THRESHOLD = 50_000
 
 
 @dataclass
@@ -96,28 +101,29 @@ def score_shard(
     locations: list[str] = []  # of each result, should it fail to convert for writing
     rejects: list[Reject] = []
     copies: dict[str, int] = {}  # duplicated id -> its copies in this shard so far
-    for location, record in read_shard(shard, settings.storage_options):
-        report.read += 1
-        if isinstance(record, RecordError):
-            rejects.append(_reject(shard, location, record.reason, record.raw))
-            continue
-        try:
-            if (rid := record_id(record)) in duplicates:
-                first, before = duplicates[rid]
-                copies[rid] = copies.get(rid, 0) + 1
-                if before + copies[rid] > 1:
-                    raise InvalidRecord(f"duplicate rollout_id {rid!r} (first at {first})")
-            rollout = parse_rollout(record)
-            env = _environment(settings.env or rollout.benchmark, settings, report)
-            results.append(replay(env, rollout, settings.checks))
-            locations.append(location)
-        except (InvalidRecord, EnvError) as exc:
-            rejects.append(_reject(shard, location, str(exc), _raw(record)))
-        except _FATAL:
-            raise
-        except Exception as exc:  # anything else this one record provoked is its reject
-            rejects.append(_reject(shard, location, _unexpected(exc), _raw(record)))
-    steps, rollouts = _tables(settings.run_id, results, locations, rejects, shard)
+    with _fewer_collections():
+        for location, record in read_shard(shard, settings.storage_options):
+            report.read += 1
+            if isinstance(record, RecordError):
+                rejects.append(_reject(shard, location, record.reason, record.raw))
+                continue
+            try:
+                if (rid := record_id(record)) in duplicates:
+                    first, before = duplicates[rid]
+                    copies[rid] = copies.get(rid, 0) + 1
+                    if before + copies[rid] > 1:
+                        raise InvalidRecord(f"duplicate rollout_id {rid!r} (first at {first})")
+                rollout = parse_rollout(record)
+                env = _environment(settings.env or rollout.benchmark, settings, report)
+                results.append(replay(env, rollout, settings.checks))
+                locations.append(location)
+            except (InvalidRecord, EnvError) as exc:
+                rejects.append(_reject(shard, location, str(exc), _raw(record)))
+            except _FATAL:
+                raise
+            except Exception as exc:  # anything else this one record provoked is its reject
+                rejects.append(_reject(shard, location, _unexpected(exc), _raw(record)))
+        steps, rollouts = _tables(settings.run_id, results, locations, rejects, shard)
     report.scored = len(results)
     report.rejected = len(rejects)
     report.steps = sum(r.T for r in results)
@@ -131,6 +137,19 @@ def score_shard(
     report.peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     write_shard_marker(settings.run, shard.key, report.to_dict(), settings.storage_options)  # the shard's commit
     return report
+
+
+@contextmanager
+def _fewer_collections() -> Iterator[None]:
+    """Collect cyclic garbage less often while a shard is scored: its results stay alive until its parts are
+    written, and each collection of the older generations scans them again. The collector still runs, so
+    garbage cycles cannot pile up, and the previous thresholds are back afterwards."""
+    before = gc.get_threshold()
+    gc.set_threshold(max(before[0], _SHARD_GC_THRESHOLD), *before[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
 
 
 def _environment(name: str, settings: ScoreSettings, report: ShardReport) -> Environment:
