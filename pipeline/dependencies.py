@@ -47,6 +47,7 @@ class History:
     vocabulary: list[frozenset[str]] = field(default_factory=list)  # each text's words (maximal runs of [\w-])
     # a word asked about -> (the texts that hold it, how many texts have been tested for it)
     postings: dict[str, tuple[set[int], int]] = field(default_factory=dict)
+    known: set[str] = field(default_factory=set)  # values found so far (texts only grow: they stay found)
     fields: dict[str, int] = field(default_factory=dict)  # a top-level output key -> the latest step with it
 
     def add_message(self, text: str) -> None:
@@ -83,6 +84,14 @@ class History:
             return True  # containers are checked element by element by the caller
         if not text:
             return False
+        if text in self.known:
+            return True
+        if self._finds(text):
+            self.known.add(text)
+            return True
+        return False
+
+    def _finds(self, text: str) -> bool:
         candidates = self._candidates(text)
         quoted = orjson.dumps(text).decode()
         # Escapes (`\n`, `\u0001`) change the runs of word characters: then the quoted form has its own.
@@ -97,8 +106,8 @@ class History:
         characters is bounded there by its own other characters or the searches' boundaries, so it is a
         whole word of any text that holds it: only texts that have every one of them can match."""
         runs = _words(text)
-        if not runs:
-            return range(len(self.texts))
+        if len(runs) <= 1:  # most values: one id, one word
+            return self._holding(next(iter(runs))) if runs else range(len(self.texts))
         return set.intersection(*sorted(map(self._holding, runs), key=len))
 
     def _holding(self, run: str) -> set[int]:

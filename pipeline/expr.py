@@ -167,11 +167,10 @@ class Expr:
                 spent = (meter.steps, meter.size, meter.clock) if type(meter) is _Meter else None
                 try:
                     return self._fast(ctx)
-                except Exception:  # the closures decide what this is, from the same budget
-                    if spent is None:
-                        _active.meter = meter
-                    else:
-                        meter.steps, meter.size, meter.clock = spent  # type: ignore[union-attr]
+                except Exception:  # the closures decide what this is, from the same budget (and deadline)
+                    now = _active.meter
+                    if type(now) is _Meter:
+                        now.steps, now.size, now.clock = spent or (now.budget.steps, now.budget.size, _CLOCK_EVERY)
             return self._fn(ctx)
         except RecursionError:
             raise EvalError(f"expression too deeply nested: {self.source}") from None

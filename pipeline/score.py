@@ -24,8 +24,9 @@ import pyarrow as pa
 from pipeline.checker import CHECKS, replay
 from pipeline.envs import EnvError, Environment, EnvOptions, SpecError, get_environment
 from pipeline.model import Reject, RolloutResult
-from pipeline.output import rejects_table, rollouts_table, steps_table
+from pipeline.output import combined, rejects_table, rollouts_table, steps_table
 from pipeline.records import InvalidRecord, parse_rollout, record_id
+from pipeline.schema import ROLLOUTS, STEPS
 from pipeline.storage.ids import digest
 from pipeline.storage.inputs import RAW_LIMIT, RecordError, Shard, read_shard
 from pipeline.storage.run import write_part, write_shard_marker
@@ -36,6 +37,7 @@ _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:+-]{0,99}")
 _REASON_LIMIT = 1000  # characters of a reject reason (messages may quote the record's values)
 # Allocations between two young-generation collections while a shard is scored (CPython's default: 700).
 _SHARD_GC_THRESHOLD = 50_000
+_BATCH = 1000  # results converted to Arrow at a time
 
 
 @dataclass
@@ -97,10 +99,21 @@ def score_shard(
         settings=settings.identity(),
         duplicates=digest(duplicates),
     )
-    results: list[RolloutResult] = []
+    results: list[RolloutResult] = []  # the batch not yet converted to Arrow
     locations: list[str] = []  # of each result, should it fail to convert for writing
+    parts: list[tuple[pa.Table, pa.Table]] = []  # (steps, rollouts) of every converted batch
     rejects: list[Reject] = []
+    unwritable: list[Reject] = []  # results that fail to convert: after the records' own rejects
     copies: dict[str, int] = {}  # duplicated id -> its copies in this shard so far
+
+    def convert() -> None:
+        # Results hold their whole rollouts: converted every batch, a worker's memory does not grow with the shard.
+        parts.append(_tables(settings.run_id, results, locations, unwritable, shard))
+        report.scored += len(results)
+        report.steps += sum(r.T for r in results)
+        results.clear()
+        locations.clear()
+
     with _fewer_collections():
         for location, record in read_shard(shard, settings.storage_options):
             report.read += 1
@@ -123,10 +136,13 @@ def score_shard(
                 raise
             except Exception as exc:  # anything else this one record provoked is its reject
                 rejects.append(_reject(shard, location, _unexpected(exc), _raw(record)))
-        steps, rollouts = _tables(settings.run_id, results, locations, rejects, shard)
-    report.scored = len(results)
+            if len(results) >= _BATCH:
+                convert()
+        if results or not parts:
+            convert()
+    steps, rollouts = combined([p[0] for p in parts], STEPS), combined([p[1] for p in parts], ROLLOUTS)
+    rejects += unwritable
     report.rejected = len(rejects)
-    report.steps = sum(r.T for r in results)
     if report.read != report.scored + report.rejected:
         raise RuntimeError(f"shard {shard.key}: counts do not reconcile: {report}")
     tables = {"steps": steps, "rollouts": rollouts, "rejects": rejects_table(settings.run_id, shard.key, rejects)}
@@ -141,9 +157,9 @@ def score_shard(
 
 @contextmanager
 def _fewer_collections() -> Iterator[None]:
-    """Collect cyclic garbage less often while a shard is scored: its results stay alive until its parts are
-    written, and each collection of the older generations scans them again. The collector still runs, so
-    garbage cycles cannot pile up, and the previous thresholds are back afterwards."""
+    """Collect cyclic garbage less often while a shard is scored: most objects it allocates stay alive for a
+    while (a batch of results, the environment's state) and every collection scans them again. The collector
+    still runs, so garbage cycles cannot pile up, and the previous thresholds are back afterwards."""
     before = gc.get_threshold()
     gc.set_threshold(max(before[0], _SHARD_GC_THRESHOLD), *before[1:])
     try:
