@@ -2,11 +2,13 @@
 
 Expressions use a subset of Python expression syntax over JSON values. Source is parsed with
 `ast.parse(mode="eval")`, checked against a whitelist of node types and compiled into nested closures
-(`f(ctx) -> value`); nothing is ever passed to eval/exec. Comprehensions only iterate finite data and there
-is no recursion, loop or `**`, so evaluation always terminates — and it terminates soon: an expression is
-limited in size and loop nesting when it is compiled, and every evaluation runs under a `Budget` (steps,
-characters and elements built, integer size, wall-clock time as a backstop). Going over it raises
-`BudgetExceeded`, which rules report as a failed precondition. Regular expressions run on RE2 (linear time).
+(`f(ctx) -> value`); the checked tree is also translated into a syntax tree of our own, compiled into a
+function without builtins that runs first (`_Translator`, `Expr`). Nothing is ever passed to eval/exec.
+Comprehensions only iterate finite data and there is no recursion, loop or `**`, so evaluation always
+terminates — and it terminates soon: an expression is limited in size and loop nesting when it is compiled,
+and every evaluation runs under a `Budget` (steps, characters and elements built, integer size, wall-clock
+time as a backstop). Going over it raises `BudgetExceeded`, which rules report as a failed precondition.
+Regular expressions run on RE2 (linear time).
 """
 
 from __future__ import annotations
