@@ -45,35 +45,35 @@ def rollouts_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
     schema = arrow_schema(
         ROLLOUTS, labels, [f"cost_{k}" for k in cost_names], [ATTRIBUTE_PREFIX + a for a in attributes]
     )
-    cols: dict[str, list[Any]] = {name: [] for name in schema.names}
+    rows = []
     for res in results:
-        r = res.rollout
-        row = {
-            "run_id": run_id,
-            "rollout_id": r.rollout_id,
-            "task_id": r.task_id,
-            "benchmark": r.benchmark,
-            **{name: r.labels.get(name) for name in labels},
-            **{ATTRIBUTE_PREFIX + name: r.attributes.get(name) for name in attributes},
-            "status": r.status,
-            "T": res.T,
-            "fed": res.fed,
-            "executable": res.executable,
-            "auc_term": res.auc_term,
-            "success": r.success,
-            "recovered": res.recovered,
-            "first_cause": res.first_cause,
-            "n_invalid": sum(not s.valid for s in res.steps),
-            "n_output_mismatch": sum(s.output_match is False for s in res.steps),
-            "n_output_compared": sum(s.output_match is not None for s in res.steps),
-            "diverged_before_fed": any(s.output_match is False for s in res.steps if s.step < res.fed),
-            **effect_columns(res),
-            **check_levels(res),
-            **{f"cost_{k}": r.cost.get(k) for k in cost_names},
-        }
-        for name, value in row.items():
-            cols[name].append(value)
-    return _table(cols, schema)
+        r, fed = res.rollout, res.fed
+        rows.append(
+            {
+                "run_id": run_id,
+                "rollout_id": r.rollout_id,
+                "task_id": r.task_id,
+                "benchmark": r.benchmark,
+                **{name: r.labels.get(name) for name in labels},
+                **{ATTRIBUTE_PREFIX + name: r.attributes.get(name) for name in attributes},
+                "status": r.status,
+                "T": res.T,
+                "fed": fed,
+                "executable": res.executable,
+                "auc_term": res.auc_term,
+                "success": r.success,
+                "recovered": res.recovered,
+                "first_cause": res.first_cause,
+                "n_invalid": sum(not s.valid for s in res.steps),
+                "n_output_mismatch": sum(s.output_match is False for s in res.steps),
+                "n_output_compared": sum(s.output_match is not None for s in res.steps),
+                "diverged_before_fed": any(s.output_match is False and s.step < fed for s in res.steps),
+                **effect_columns(res),
+                **check_levels(res),
+                **{f"cost_{k}": r.cost.get(k) for k in cost_names},
+            }
+        )
+    return _table({name: [row[name] for row in rows] for name in schema.names}, schema)
 
 
 def effect_columns(res: RolloutResult) -> dict[str, Any]:
@@ -83,7 +83,8 @@ def effect_columns(res: RolloutResult) -> dict[str, Any]:
     writes = [s for s in res.steps if s.effect in WRITES]
     write_fed = next((i for i, s in enumerate(writes, start=1) if not s.valid), len(writes) + 1) if writes else None
     total = sum(s.effect_weight for s in res.steps)
-    before = sum(s.effect_weight for s in res.steps if s.step < res.fed)
+    fed = res.fed
+    before = sum(s.effect_weight for s in res.steps if s.step < fed)
     return {
         "n_writes": len(writes),
         "n_unclassified": sum(s.effect is None for s in res.steps),
