@@ -18,6 +18,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import compress, repeat
 from typing import Any
 
 import orjson
@@ -115,7 +116,8 @@ class History:
         held, tested = self.postings.get(run) or (set(), 0)
         vocabulary = self.vocabulary
         if tested < len(vocabulary):
-            held.update(i for i in range(tested, len(vocabulary)) if run in vocabulary[i])
+            new = vocabulary[tested:]
+            held.update(compress(range(tested, len(vocabulary)), map(frozenset.__contains__, new, repeat(run))))
             self.postings[run] = (held, len(vocabulary))
         return held
 
