@@ -19,14 +19,18 @@ EVENTS = st.lists(
 )
 
 
+def _add(history: History, step: int, kind: str, item: object) -> None:
+    if kind == "say":
+        history.add_message(item)  # type: ignore[arg-type]
+    elif kind == "output":
+        history.add_result(step, None, True, item)
+
+
 def _replayed(events: list[tuple[str, object]]) -> History:
     """A history of the texts only, asked nothing before."""
     history = History()
     for step, (kind, item) in enumerate(events, 1):
-        if kind == "say":
-            history.add_message(item)  # type: ignore[arg-type]
-        elif kind == "output":
-            history.add_result(step, None, True, item)
+        _add(history, step, kind, item)
     return history
 
 
@@ -34,12 +38,10 @@ def _replayed(events: list[tuple[str, object]]) -> History:
 def test_asking_as_the_history_grows_answers_as_a_fresh_history(events: list[tuple[str, object]]) -> None:
     history = History()
     for step, (kind, item) in enumerate(events, 1):
-        if kind == "say":
-            history.add_message(item)  # type: ignore[arg-type]
-        elif kind == "output":
-            history.add_result(step, None, True, item)
-        else:
+        if kind == "ask":
             assert history.knows(item) == _replayed(events[:step]).knows(item), (events[:step], item)
+        else:
+            _add(history, step, kind, item)
 
 
 def test_a_word_asked_about_early_is_found_in_texts_added_later() -> None:
