@@ -2,12 +2,13 @@
 
 Pure with respect to IO: an environment and a rollout in, a RolloutResult out. Independent of any benchmark.
 The batch scorer and the guard (pipeline.guard) share one incremental `Session`: `replay` is a loop over it,
-so a live session's verdicts equal the scorer's by construction (docs/design.md §5.6).
+so a live session's verdicts equal the scorer's by construction (docs/design.md §5.7).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import fastjsonschema
@@ -206,8 +207,8 @@ def _check(
     if ref_failures and "dependency" in checks:
         return Verdict(False, "D", "dependency", "; ".join(ref_failures.values()))
     if info is not None and "dependency" in checks:
-        for path in sorted(info.grounded):  # a frozenset: its own order changes with the hash seed
-            if path.split(".")[0].removesuffix("[]") in ref_holders:
+        for path, head in _grounded_order(info.grounded):
+            if head in ref_holders:
                 continue  # a resolved reference is grounded by construction
             for value in grounded_values(args, path):
                 if not history.knows(value):
@@ -220,6 +221,12 @@ def _check(
             return Verdict(True, detail=f"P not checked: {outcome.message}", outcome=outcome, args=args)
         return Verdict(False, "P", None, outcome.message, outcome, args)
     return Verdict(True, outcome=outcome, args=args)
+
+
+@lru_cache(maxsize=256)
+def _grounded_order(grounded: frozenset[str]) -> tuple[tuple[str, str], ...]:
+    """Grounded paths in a fixed order (a frozenset's own changes with the hash seed), each with its argument."""
+    return tuple((path, path.split(".")[0].removesuffix("[]")) for path in sorted(grounded))
 
 
 def _uncaptured(env: Environment, state: Any, call: Call) -> Verdict:

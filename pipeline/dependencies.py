@@ -17,6 +17,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import lru_cache
+from itertools import compress, repeat
 from typing import Any
 
 import orjson
@@ -24,6 +26,7 @@ import orjson
 _STEP = re.compile(r"step(\d+)$")
 # `$step2.id` (step references only: a bare `$` is too common in money amounts), `{{ path }}`, `<name>`.
 _WORD = re.compile(r"[\w-]+")  # a run of the characters that `History.knows` counts as part of a word
+_CACHED_TEXT = 4096  # characters of the longest text whose words are cached
 _PLACEHOLDER = re.compile(r"\$(step\d+(?:\.[\w-]+|\[-?\d+\])*)|\{\{\s*([\w.\[\]-]+)\s*\}\}|^<([A-Za-z_][\w.]*)>$")
 
 
@@ -33,15 +36,19 @@ class Unresolved(Exception):
 
 @dataclass
 class History:
-    """What the agent could know before the current step, indexed as it grows so that a look-up costs the
-    same at any depth (docs/design.md §5.6): every text's words point to the texts that hold them, and every
-    field name to the latest output that has it."""
+    """What the agent could know before the current step, indexed so that a look-up does not rescan earlier
+    texts (docs/design.md §5.7): every text keeps the set of its words, and a word asked about keeps the
+    texts that hold it, brought up to date when it is asked about again (each text is tested once per word);
+    every field name points to the latest output that has it."""
 
     outputs: dict[int, Any] = field(default_factory=dict)  # step -> output of a successful call
     failed: set[int] = field(default_factory=set)
     call_ids: dict[str, int] = field(default_factory=dict)
     texts: list[str] = field(default_factory=list)  # user/system messages, and outputs as JSON text
-    words: dict[str, set[int]] = field(default_factory=dict)  # a maximal run of word characters -> texts
+    vocabulary: list[frozenset[str]] = field(default_factory=list)  # each text's words (maximal runs of [\w-])
+    # a word asked about -> (the texts that hold it, how many texts have been tested for it)
+    postings: dict[str, tuple[set[int], int]] = field(default_factory=dict)
+    known: set[str] = field(default_factory=set)  # values found so far (texts only grow: they stay found)
     fields: dict[str, int] = field(default_factory=dict)  # a top-level output key -> the latest step with it
 
     def add_message(self, text: str) -> None:
@@ -67,10 +74,8 @@ class History:
             self._add_text(output if isinstance(output, str) else orjson.dumps(output).decode())
 
     def _add_text(self, text: str) -> None:
-        index = len(self.texts)
         self.texts.append(text)
-        for word in set(_WORD.findall(text)):
-            self.words.setdefault(word, set()).add(index)
+        self.vocabulary.append(_words(text))
 
     def knows(self, value: Any) -> bool:
         """Whether a grounded value occurs in the available information: as a whole JSON value or key of an
@@ -80,21 +85,41 @@ class History:
             return True  # containers are checked element by element by the caller
         if not text:
             return False
+        if text in self.known:
+            return True
+        if self._finds(text):
+            self.known.add(text)
+            return True
+        return False
+
+    def _finds(self, text: str) -> bool:
+        candidates = self._candidates(text)
         quoted = orjson.dumps(text).decode()
-        if any(quoted in self.texts[i] for i in self._candidates(quoted)):  # the fast, common case
+        # Escapes (`\n`, `\u0001`) change the runs of word characters: then the quoted form has its own.
+        quoted_in = candidates if len(quoted) == len(text) + 2 else self._candidates(quoted)
+        if any(quoted in self.texts[i] for i in quoted_in):  # the fast, common case
             return True
         word = re.compile(rf"(?<![\w.\-]){re.escape(text)}(?![\w\-]|\.\w)")
-        return any(word.search(self.texts[i]) for i in self._candidates(text))
+        return any(word.search(self.texts[i]) for i in candidates)
 
     def _candidates(self, text: str) -> Iterable[int]:
         """The texts that may hold `text` where both searches of `knows` look for it. Each of its runs of word
         characters is bounded there by its own other characters or the searches' boundaries, so it is a
         whole word of any text that holds it: only texts that have every one of them can match."""
-        runs = set(_WORD.findall(text))
-        if not runs:
-            return range(len(self.texts))
-        postings = sorted((self.words.get(run, set()) for run in runs), key=len)
-        return set.intersection(*postings)
+        runs = _words(text)
+        if len(runs) <= 1:  # most values: one id, one word
+            return self._holding(next(iter(runs))) if runs else range(len(self.texts))
+        return set.intersection(*sorted(map(self._holding, runs), key=len))
+
+    def _holding(self, run: str) -> set[int]:
+        """The texts that have `run` as a word, testing only the texts added since it was last asked about."""
+        held, tested = self.postings.get(run) or (set(), 0)
+        vocabulary = self.vocabulary
+        if tested < len(vocabulary):
+            new = vocabulary[tested:]
+            held.update(compress(range(tested, len(vocabulary)), map(frozenset.__contains__, new, repeat(run))))
+            self.postings[run] = (held, len(vocabulary))
+        return held
 
     def resolve(self, ref: str, step: int) -> Any:
         head, *path = _split(ref)
@@ -207,6 +232,18 @@ def grounded_values(args: dict[str, Any], path: str) -> Iterator[Any]:
             yield from v
         elif v is not None:
             yield v
+
+
+@lru_cache(maxsize=1024)
+def _cached_words(text: str) -> frozenset[str]:
+    return frozenset(_WORD.findall(text))
+
+
+def _words(text: str) -> frozenset[str]:
+    """The words of `text`. Outputs repeat across rollouts (a product list, a user record): short texts are
+    cached, so that a worker finds each one's words once; the cache's size is bounded (1,024 texts of at
+    most 4 KiB)."""
+    return _cached_words(text) if len(text) <= _CACHED_TEXT else frozenset(_WORD.findall(text))
 
 
 def _split(ref: str) -> list[str]:

@@ -2,11 +2,13 @@
 
 Expressions use a subset of Python expression syntax over JSON values. Source is parsed with
 `ast.parse(mode="eval")`, checked against a whitelist of node types and compiled into nested closures
-(`f(ctx) -> value`); nothing is ever passed to eval/exec. Comprehensions only iterate finite data and there
-is no recursion, loop or `**`, so evaluation always terminates — and it terminates soon: an expression is
-limited in size and loop nesting when it is compiled, and every evaluation runs under a `Budget` (steps,
-characters and elements built, integer size, wall-clock time as a backstop). Going over it raises
-`BudgetExceeded`, which rules report as a failed precondition. Regular expressions run on RE2 (linear time).
+(`f(ctx) -> value`); the checked tree is also translated into a syntax tree of our own, compiled into a
+function without builtins that runs first (`_Translator`, `Expr`). Nothing is ever passed to eval/exec.
+Comprehensions only iterate finite data and there is no recursion, loop or `**`, so evaluation always
+terminates — and it terminates soon: an expression is limited in size and loop nesting when it is compiled,
+and every evaluation runs under a `Budget` (steps, characters and elements built, integer size, wall-clock
+time as a backstop). Going over it raises `BudgetExceeded`, which rules report as a failed precondition.
+Regular expressions run on RE2 (linear time).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import ast
 import operator
 import threading
 import time
+import types
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -140,18 +143,36 @@ class metered:  # lower case: used like a function, `with metered():`
 
 
 class Expr:
-    """A compiled expression; call it with a mapping of names to values."""
+    """A compiled expression; call it with a mapping of names to values.
 
-    __slots__ = ("_fn", "_template", "names", "source")
+    Two forms of the same expression: nested closures (`_fn`), whose errors say what went wrong and where,
+    and, where the expression allows, a function compiled from its validated syntax tree (`_fast`, see
+    `_Translator`) that charges the same budget. The fast form runs first; if it raises anything, the
+    budget is put back as it was and the closures run instead, so every result and every error is theirs."""
 
-    def __init__(self, source: str, names: frozenset[str], fn: Fn, template: bool = False) -> None:
-        self.source, self.names, self._fn, self._template = source, names, fn, template
+    __slots__ = ("_fast", "_fn", "_template", "names", "source")
+
+    def __init__(
+        self, source: str, names: frozenset[str], fn: Fn, template: bool = False, fast: Fn | None = None
+    ) -> None:
+        self.source, self.names, self._fn, self._template, self._fast = source, names, fn, template, fast
 
     def __call__(self, ctx: Mapping[str, Any]) -> Any:
-        outermost = _active.meter is None
-        if outermost:
-            _active.meter = _PENDING
+        meter = _active.meter
+        if meter is None:
+            meter = _active.meter = _PENDING
+            outermost = True
+        else:
+            outermost = False
         try:
+            if self._fast is not None:
+                spent = (meter.steps, meter.size, meter.clock) if type(meter) is _Meter else None
+                try:
+                    return self._fast(ctx)
+                except Exception:  # the closures decide what this is, from the same budget (and deadline)
+                    now = _active.meter
+                    if type(now) is _Meter:
+                        now.steps, now.size, now.clock = spent or (now.budget.steps, now.budget.size, _CLOCK_EVERY)
             return self._fn(ctx)
         except RecursionError:
             raise EvalError(f"expression too deeply nested: {self.source}") from None
@@ -600,9 +621,7 @@ class _Compiler:
                     raise self.error(gen.target, f"bad comprehension variable {name!r}")
             local = local | set(names)
             unpack = isinstance(gen.target, ast.Tuple | ast.List)
-            # Each item costs its own step plus the nodes evaluated for it: the conditions, and the element
-            # (`body`) on the innermost clause.
-            cost = 1 + sum(_size(c) for c in gen.ifs) + (sum(map(_size, body)) if gen is node.generators[-1] else 0)
+            cost = _loop_cost(node, gen, body)
             stages.append((iter_fn, gen.iter, names, unpack, [self.compile(c, local) for c in gen.ifs], cost))
 
         def run(stage: int, scope: dict[str, Any]) -> Iterator[None]:
@@ -731,6 +750,203 @@ class _Compiler:
         return call
 
 
+class _Unsupported(Exception):
+    """A construct the translator leaves to the closures."""
+
+
+def _loop(items: Any, cost: int) -> Any:
+    if not isinstance(items, list | tuple | str | Mapping):
+        raise _Unsupported  # the closures say what it is
+    _meter().step(cost * len(items))
+    return items
+
+
+def _in(item: Any, container: Any) -> bool:
+    return _scanned(container) and item in container
+
+
+def _sign(negate: bool) -> Callable[[Any], Any]:
+    def sign(value: Any) -> Any:
+        if isinstance(value, int | float):
+            return -value if negate else +value
+        raise _Unsupported
+
+    return sign
+
+
+def _cut(obj: Any, lower: Any, upper: Any, step: Any) -> Any:
+    if not isinstance(obj, list | tuple | str):
+        raise _Unsupported
+    part = obj[lower:upper:step]
+    _meter().build(len(part))
+    return part
+
+
+def _wrapped(name: str) -> Callable[..., Any]:
+    """The whitelisted function `name` as the translated code calls it: scans and results charged as `_Call`'s
+    closures charge them."""
+    fn = _FUNCTIONS[name][0]
+    if name in _CONSTANT_TIME:
+        return lambda *values, **named: _charged(fn(*values, **named))
+
+    def call(*values: Any, **named: Any) -> Any:
+        for v in values:
+            _scanned(v)
+        return _charged(fn(*values, **named))
+
+    return call
+
+
+# What translated code can reach: these names, the functions it calls (`_f_<name>`) and its patterns (`_p<n>`),
+# nothing else (no builtins).
+_RUNTIME: dict[str, Any] = {
+    "__builtins__": {},
+    "_loop": _loop,
+    "_in": _in,
+    "_neg": _sign(True),
+    "_pos": _sign(False),
+    "_cut": _cut,
+    "_add": _add,
+    "_mul": _mul,
+    "_mod": _mod,
+}
+_PLAIN_BINOPS = (ast.Sub, ast.Div, ast.FloorDiv)
+_PLAIN_CMPOPS = (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Is, ast.IsNot)
+
+
+class _Translator:
+    """Translates an expression that `_Compiler` has accepted into a Python function, built from a syntax tree
+    of our own: names of the context become `ctx['name']`, comprehension variables `v_name`, every operation
+    that the closures meter or restrict calls one of `_RUNTIME`'s helpers, and the code runs with no builtins.
+    Only what it can translate with the closures' exact results is translated (`_Unsupported` otherwise);
+    failures are left to the closures (see `Expr`). Source text is never compiled."""
+
+    def __init__(self) -> None:
+        self.reach: dict[str, Any] = dict(_RUNTIME)  # the globals of the translated function
+
+    def function(self, node: ast.expr) -> Fn | None:
+        try:
+            body = self.expr(node, frozenset())
+            lam = ast.Lambda(
+                ast.arguments(posonlyargs=[], args=[ast.arg("ctx")], kwonlyargs=[], kw_defaults=[], defaults=[]),
+                body,
+            )
+            code = compile(ast.fix_missing_locations(ast.Expression(lam)), "<spec expression>", "eval")
+        except (_Unsupported, RecursionError, ValueError, SyntaxError):
+            return None
+        inner = next(c for c in code.co_consts if isinstance(c, types.CodeType))
+        return types.FunctionType(inner, self.reach)
+
+    def expr(self, node: ast.expr, local: frozenset[str]) -> ast.expr:
+        method = getattr(self, f"_{type(node).__name__}", None)
+        if method is None:
+            raise _Unsupported
+        return method(node, local)
+
+    @staticmethod
+    def _call(helper: str, *args: ast.expr, keywords: list[ast.keyword] | None = None) -> ast.expr:
+        return ast.Call(ast.Name(helper, ast.Load()), list(args), keywords or [])
+
+    def _Constant(self, node: ast.Constant, local: frozenset[str]) -> ast.expr:
+        return ast.Constant(node.value)
+
+    def _Name(self, node: ast.Name, local: frozenset[str]) -> ast.expr:
+        if node.id in local:
+            return ast.Name(f"v_{node.id}", ast.Load())
+        if node.id in _ALIASES:
+            return ast.Constant(_ALIASES[node.id])
+        return ast.Subscript(ast.Name("ctx", ast.Load()), ast.Constant(node.id), ast.Load())
+
+    def _Attribute(self, node: ast.Attribute, local: frozenset[str]) -> ast.expr:
+        return ast.Subscript(self.expr(node.value, local), ast.Constant(node.attr), ast.Load())
+
+    def _Subscript(self, node: ast.Subscript, local: frozenset[str]) -> ast.expr:
+        value = self.expr(node.value, local)
+        if isinstance(node.slice, ast.Slice):
+            bounds = [
+                self.expr(b, local) if b else ast.Constant(None)
+                for b in (node.slice.lower, node.slice.upper, node.slice.step)
+            ]
+            return self._call("_cut", value, *bounds)
+        return ast.Subscript(value, self.expr(node.slice, local), ast.Load())
+
+    def _BinOp(self, node: ast.BinOp, local: frozenset[str]) -> ast.expr:
+        left, right = self.expr(node.left, local), self.expr(node.right, local)
+        if isinstance(node.op, _PLAIN_BINOPS):
+            return ast.BinOp(left, type(node.op)(), right)
+        helper = {ast.Add: "_add", ast.Mult: "_mul", ast.Mod: "_mod"}[type(node.op)]
+        return self._call(helper, left, right)
+
+    def _UnaryOp(self, node: ast.UnaryOp, local: frozenset[str]) -> ast.expr:
+        operand = self.expr(node.operand, local)
+        if isinstance(node.op, ast.Not):
+            return ast.UnaryOp(ast.Not(), operand)
+        return self._call("_neg" if isinstance(node.op, ast.USub) else "_pos", operand)
+
+    def _BoolOp(self, node: ast.BoolOp, local: frozenset[str]) -> ast.expr:
+        return ast.BoolOp(type(node.op)(), [self.expr(v, local) for v in node.values])
+
+    def _Compare(self, node: ast.Compare, local: frozenset[str]) -> ast.expr:
+        if len(node.ops) != 1:
+            raise _Unsupported  # chains are rare: the closures evaluate them
+        op, left, right = node.ops[0], self.expr(node.left, local), self.expr(node.comparators[0], local)
+        if isinstance(op, _PLAIN_CMPOPS):
+            return ast.Compare(left, [type(op)()], [right])
+        test = self._call("_in", left, right)
+        return test if isinstance(op, ast.In) else ast.UnaryOp(ast.Not(), test)
+
+    def _IfExp(self, node: ast.IfExp, local: frozenset[str]) -> ast.expr:
+        return ast.IfExp(*(self.expr(n, local) for n in (node.test, node.body, node.orelse)))
+
+    def _List(self, node: ast.List | ast.Tuple, local: frozenset[str]) -> ast.expr:
+        return ast.List([self.expr(e, local) for e in node.elts], ast.Load())
+
+    _Tuple = _List
+
+    def _Dict(self, node: ast.Dict, local: frozenset[str]) -> ast.expr:
+        return ast.Dict([self.expr(k, local) for k in node.keys], [self.expr(v, local) for v in node.values])  # type: ignore[arg-type]
+
+    def _generators(
+        self, node: ast.ListComp | ast.GeneratorExp | ast.DictComp, local: frozenset[str], body: list[ast.expr]
+    ) -> tuple[list[ast.comprehension], frozenset[str]]:
+        out = []
+        for gen in node.generators:
+            if not isinstance(gen.target, ast.Name):
+                raise _Unsupported  # unpacking checks its items: the closures do it
+            items = self._call("_loop", self.expr(gen.iter, local), ast.Constant(_loop_cost(node, gen, body)))
+            local = local | {gen.target.id}
+            target = ast.Name(f"v_{gen.target.id}", ast.Store())
+            out.append(ast.comprehension(target, items, [self.expr(c, local) for c in gen.ifs], 0))
+        return out, local
+
+    def _ListComp(self, node: ast.ListComp | ast.GeneratorExp, local: frozenset[str], lazy: bool = False) -> ast.expr:
+        generators, inner = self._generators(node, local, [node.elt])
+        kind = ast.GeneratorExp if lazy else ast.ListComp
+        return kind(self.expr(node.elt, inner), generators)
+
+    _GeneratorExp = _ListComp
+
+    def _DictComp(self, node: ast.DictComp, local: frozenset[str]) -> ast.expr:
+        generators, inner = self._generators(node, local, [node.key, node.value])
+        return ast.DictComp(self.expr(node.key, inner), self.expr(node.value, inner), generators)
+
+    def _Call(self, node: ast.Call, local: frozenset[str]) -> ast.expr:
+        name = node.func.id  # type: ignore[attr-defined]  # _Compiler accepted only whitelisted plain names
+        args = []
+        for i, a in enumerate(node.args):
+            if name == "matches" and i == 1:
+                key = f"_p{len(self.reach)}"
+                self.reach[key] = re2.compile(a.value, _RE2_OPTIONS)  # type: ignore[attr-defined]
+                args.append(ast.Name(key, ast.Load()))
+            elif isinstance(a, ast.GeneratorExp) and name in _LAZY_CONSUMERS:
+                args.append(self._ListComp(a, local, lazy=True))
+            else:
+                args.append(self.expr(a, local))
+        keywords = [ast.keyword(k.arg, self.expr(k.value, local)) for k in node.keywords]
+        self.reach[f"_f_{name}"] = _wrapped(name)
+        return self._call(f"_f_{name}", *args, keywords=keywords)
+
+
 def _scanned(value: Any) -> bool:
     """Charge a scan of `value` done in C (membership, a function over a list), which one node does not
     cover: a step per element of a long list, per 64 characters of a long string. Always true. Objects are
@@ -759,6 +975,14 @@ def _charged(result: Any) -> Any:
 
 def _size(node: ast.AST) -> int:
     return sum(1 for _ in ast.walk(node))
+
+
+def _loop_cost(
+    node: ast.ListComp | ast.GeneratorExp | ast.DictComp, gen: ast.comprehension, body: list[ast.expr]
+) -> int:
+    """Steps charged per item of one comprehension clause: the item itself, its conditions, and the element
+    (`body`) on the innermost clause."""
+    return 1 + sum(_size(c) for c in gen.ifs) + (sum(map(_size, body)) if gen is node.generators[-1] else 0)
 
 
 def _op_text(op: ast.AST) -> str:
@@ -802,7 +1026,7 @@ def compile_expr(source: str, names: Iterable[str]) -> Expr:
     text, node = _parse(source)
     compiler = _Compiler(text, names)
     fn = _build(compiler, node)
-    return Expr(text, frozenset(compiler.free), fn)
+    return Expr(text, frozenset(compiler.free), fn, fast=_Translator().function(node))
 
 
 class Target:

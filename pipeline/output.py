@@ -3,24 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any
 
 import pyarrow as pa
 
 from pipeline.effects import WRITES
 from pipeline.model import Reject, RolloutResult
-from pipeline.schema import ATTRIBUTE_PREFIX, REJECTS, ROLLOUTS, STEPS, arrow_schema
+from pipeline.schema import ATTRIBUTE_PREFIX, REJECTS, ROLLOUTS, STEPS, RunTable, arrow_schema
 
 
 def steps_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
     labels, attributes = _label_names(results), _attribute_names(results)
     schema = arrow_schema(STEPS, labels, attributes=[ATTRIBUTE_PREFIX + a for a in attributes])
-    cols: dict[str, list[Any]] = {name: [] for name in schema.names}
-    rollout_cols = [cols[c] for c in schema.names[: len(STEPS.ids) + len(labels) + len(attributes)]] + [cols["status"]]
-    field_cols = [(cols[c.name], c.name) for c in STEPS.fields if c.name != "status"]
-    for result in results:
-        r = result.rollout
-        values = (
+    fields = [c.name for c in STEPS.fields if c.name != "status"]
+    # Built column by column (a transpose in C) rather than cell by cell: this runs on every step.
+    rollout_rows = [
+        (
             run_id,
             r.rollout_id,
             r.task_id,
@@ -29,11 +28,14 @@ def steps_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
             *(r.attributes.get(name) for name in attributes),
             r.status,
         )
-        for s in result.steps:
-            for col, value in zip(rollout_cols, values, strict=True):
-                col.append(value)
-            for col, name in field_cols:
-                col.append(getattr(s, name))
+        for r, n in ((res.rollout, len(res.steps)) for res in results)
+        for _ in range(n)
+    ]
+    step_rows = map(attrgetter(*fields), (s for res in results for s in res.steps))
+    rollout_names = [*schema.names[: len(STEPS.ids) + len(labels) + len(attributes)], "status"]
+    cols: dict[str, Sequence[Any]] = {name: () for name in schema.names}
+    cols |= zip(rollout_names, zip(*rollout_rows, strict=True), strict=False)
+    cols |= zip(fields, zip(*step_rows, strict=True), strict=False)
     return _table(cols, schema)
 
 
@@ -43,35 +45,35 @@ def rollouts_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
     schema = arrow_schema(
         ROLLOUTS, labels, [f"cost_{k}" for k in cost_names], [ATTRIBUTE_PREFIX + a for a in attributes]
     )
-    cols: dict[str, list[Any]] = {name: [] for name in schema.names}
+    rows = []
     for res in results:
-        r = res.rollout
-        row = {
-            "run_id": run_id,
-            "rollout_id": r.rollout_id,
-            "task_id": r.task_id,
-            "benchmark": r.benchmark,
-            **{name: r.labels.get(name) for name in labels},
-            **{ATTRIBUTE_PREFIX + name: r.attributes.get(name) for name in attributes},
-            "status": r.status,
-            "T": res.T,
-            "fed": res.fed,
-            "executable": res.executable,
-            "auc_term": res.auc_term,
-            "success": r.success,
-            "recovered": res.recovered,
-            "first_cause": res.first_cause,
-            "n_invalid": sum(not s.valid for s in res.steps),
-            "n_output_mismatch": sum(s.output_match is False for s in res.steps),
-            "n_output_compared": sum(s.output_match is not None for s in res.steps),
-            "diverged_before_fed": any(s.output_match is False for s in res.steps if s.step < res.fed),
-            **effect_columns(res),
-            **check_levels(res),
-            **{f"cost_{k}": r.cost.get(k) for k in cost_names},
-        }
-        for name, value in row.items():
-            cols[name].append(value)
-    return _table(cols, schema)
+        r, fed = res.rollout, res.fed
+        rows.append(
+            {
+                "run_id": run_id,
+                "rollout_id": r.rollout_id,
+                "task_id": r.task_id,
+                "benchmark": r.benchmark,
+                **{name: r.labels.get(name) for name in labels},
+                **{ATTRIBUTE_PREFIX + name: r.attributes.get(name) for name in attributes},
+                "status": r.status,
+                "T": res.T,
+                "fed": fed,
+                "executable": res.executable,
+                "auc_term": res.auc_term,
+                "success": r.success,
+                "recovered": res.recovered,
+                "first_cause": res.first_cause,
+                "n_invalid": sum(not s.valid for s in res.steps),
+                "n_output_mismatch": sum(s.output_match is False for s in res.steps),
+                "n_output_compared": sum(s.output_match is not None for s in res.steps),
+                "diverged_before_fed": any(s.output_match is False and s.step < fed for s in res.steps),
+                **effect_columns(res),
+                **check_levels(res),
+                **{f"cost_{k}": r.cost.get(k) for k in cost_names},
+            }
+        )
+    return _table({name: [row[name] for row in rows] for name in schema.names}, schema)
 
 
 def effect_columns(res: RolloutResult) -> dict[str, Any]:
@@ -81,7 +83,8 @@ def effect_columns(res: RolloutResult) -> dict[str, Any]:
     writes = [s for s in res.steps if s.effect in WRITES]
     write_fed = next((i for i, s in enumerate(writes, start=1) if not s.valid), len(writes) + 1) if writes else None
     total = sum(s.effect_weight for s in res.steps)
-    before = sum(s.effect_weight for s in res.steps if s.step < res.fed)
+    fed = res.fed
+    before = sum(s.effect_weight for s in res.steps if s.step < fed)
     return {
         "n_writes": len(writes),
         "n_unclassified": sum(s.effect is None for s in res.steps),
@@ -110,6 +113,20 @@ def rejects_table(run_id: str, shard: str, rejects: Sequence[Reject]) -> pa.Tabl
     return _table(cols, arrow_schema(REJECTS))
 
 
+def combined(parts: Sequence[pa.Table], table: RunTable) -> pa.Table:
+    """One table of `table`'s parts (built from successive batches of results): the label, attribute and cost
+    columns of all of them, in the order one call over all the results would give, absent ones null."""
+    if len(parts) == 1:
+        return parts[0]
+    merged = pa.concat_tables(parts, promote_options="default")
+    fixed = {c.name for c in table.columns}
+    extra = [n for n in merged.column_names if n not in fixed]
+    labels = sorted(n for n in extra if not n.startswith((ATTRIBUTE_PREFIX, "cost_")))
+    attributes = sorted(n for n in extra if n.startswith(ATTRIBUTE_PREFIX))
+    costs = sorted(n for n in extra if n.startswith("cost_"))
+    return merged.select(arrow_schema(table, labels, costs, attributes).names)
+
+
 def _label_names(results: Sequence[RolloutResult]) -> list[str]:
     return sorted({k for res in results for k in res.rollout.labels})
 
@@ -118,5 +135,5 @@ def _attribute_names(results: Sequence[RolloutResult]) -> list[str]:
     return sorted({k for res in results for k in res.rollout.attributes})
 
 
-def _table(cols: dict[str, list[Any]], schema: pa.Schema) -> pa.Table:
+def _table(cols: dict[str, Sequence[Any]], schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays([pa.array(cols[f.name], f.type) for f in schema], schema=schema)

@@ -8,10 +8,13 @@ settings — storage (OSError), a bad spec (SpecError) — fail the shard, and a
 
 from __future__ import annotations
 
+import gc
 import re
 import reprlib
 import resource
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -21,8 +24,9 @@ import pyarrow as pa
 from pipeline.checker import CHECKS, replay
 from pipeline.envs import EnvError, Environment, EnvOptions, SpecError, get_environment
 from pipeline.model import Reject, RolloutResult
-from pipeline.output import rejects_table, rollouts_table, steps_table
+from pipeline.output import combined, rejects_table, rollouts_table, steps_table
 from pipeline.records import InvalidRecord, parse_rollout, record_id
+from pipeline.schema import ROLLOUTS, STEPS
 from pipeline.storage.ids import digest
 from pipeline.storage.inputs import RAW_LIMIT, RecordError, Shard, read_shard
 from pipeline.storage.run import write_part, write_shard_marker
@@ -31,6 +35,9 @@ from pipeline.storage.run import write_part, write_shard_marker
 _FATAL = (OSError, SpecError)
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:+-]{0,99}")
 _REASON_LIMIT = 1000  # characters of a reject reason (messages may quote the record's values)
+# Allocations between two young-generation collections while a shard is scored (CPython's default: 700).
+_SHARD_GC_THRESHOLD = 50_000
+_BATCH = 1000  # results converted to Arrow at a time
 
 
 @dataclass
@@ -92,35 +99,50 @@ def score_shard(
         settings=settings.identity(),
         duplicates=digest(duplicates),
     )
-    results: list[RolloutResult] = []
+    results: list[RolloutResult] = []  # the batch not yet converted to Arrow
     locations: list[str] = []  # of each result, should it fail to convert for writing
+    parts: list[tuple[pa.Table, pa.Table]] = []  # (steps, rollouts) of every converted batch
     rejects: list[Reject] = []
+    unwritable: list[Reject] = []  # results that fail to convert: after the records' own rejects
     copies: dict[str, int] = {}  # duplicated id -> its copies in this shard so far
-    for location, record in read_shard(shard, settings.storage_options):
-        report.read += 1
-        if isinstance(record, RecordError):
-            rejects.append(_reject(shard, location, record.reason, record.raw))
-            continue
-        try:
-            if (rid := record_id(record)) in duplicates:
-                first, before = duplicates[rid]
-                copies[rid] = copies.get(rid, 0) + 1
-                if before + copies[rid] > 1:
-                    raise InvalidRecord(f"duplicate rollout_id {rid!r} (first at {first})")
-            rollout = parse_rollout(record)
-            env = _environment(settings.env or rollout.benchmark, settings, report)
-            results.append(replay(env, rollout, settings.checks))
-            locations.append(location)
-        except (InvalidRecord, EnvError) as exc:
-            rejects.append(_reject(shard, location, str(exc), _raw(record)))
-        except _FATAL:
-            raise
-        except Exception as exc:  # anything else this one record provoked is its reject
-            rejects.append(_reject(shard, location, _unexpected(exc), _raw(record)))
-    steps, rollouts = _tables(settings.run_id, results, locations, rejects, shard)
-    report.scored = len(results)
+
+    def convert() -> None:
+        # Results hold their whole rollouts: converted every batch, a worker's memory does not grow with the shard.
+        parts.append(_tables(settings.run_id, results, locations, unwritable, shard))
+        report.scored += len(results)
+        report.steps += sum(r.T for r in results)
+        results.clear()
+        locations.clear()
+
+    with _fewer_collections():
+        for location, record in read_shard(shard, settings.storage_options):
+            report.read += 1
+            if isinstance(record, RecordError):
+                rejects.append(_reject(shard, location, record.reason, record.raw))
+                continue
+            try:
+                if (rid := record_id(record)) in duplicates:
+                    first, before = duplicates[rid]
+                    copies[rid] = copies.get(rid, 0) + 1
+                    if before + copies[rid] > 1:
+                        raise InvalidRecord(f"duplicate rollout_id {rid!r} (first at {first})")
+                rollout = parse_rollout(record)
+                env = _environment(settings.env or rollout.benchmark, settings, report)
+                results.append(replay(env, rollout, settings.checks))
+                locations.append(location)
+            except (InvalidRecord, EnvError) as exc:
+                rejects.append(_reject(shard, location, str(exc), _raw(record)))
+            except _FATAL:
+                raise
+            except Exception as exc:  # anything else this one record provoked is its reject
+                rejects.append(_reject(shard, location, _unexpected(exc), _raw(record)))
+            if len(results) >= _BATCH:
+                convert()
+        if results or not parts:
+            convert()
+    steps, rollouts = combined([p[0] for p in parts], STEPS), combined([p[1] for p in parts], ROLLOUTS)
+    rejects += unwritable
     report.rejected = len(rejects)
-    report.steps = sum(r.T for r in results)
     if report.read != report.scored + report.rejected:
         raise RuntimeError(f"shard {shard.key}: counts do not reconcile: {report}")
     tables = {"steps": steps, "rollouts": rollouts, "rejects": rejects_table(settings.run_id, shard.key, rejects)}
@@ -131,6 +153,19 @@ def score_shard(
     report.peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     write_shard_marker(settings.run, shard.key, report.to_dict(), settings.storage_options)  # the shard's commit
     return report
+
+
+@contextmanager
+def _fewer_collections() -> Iterator[None]:
+    """Collect cyclic garbage less often while a shard is scored: most objects it allocates stay alive for a
+    while (a batch of results, the environment's state) and every collection scans them again. The collector
+    still runs, so garbage cycles cannot pile up, and the previous thresholds are back afterwards."""
+    before = gc.get_threshold()
+    gc.set_threshold(max(before[0], _SHARD_GC_THRESHOLD), *before[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
 
 
 def _environment(name: str, settings: ScoreSettings, report: ShardReport) -> Environment:

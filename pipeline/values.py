@@ -33,7 +33,7 @@ def _identical(a: Any, b: Any) -> bool:
     C): Python alone takes True for 1, JSON text alone takes NaN for None (both `null`)."""
     try:
         return bool(a == b) and orjson.dumps(a) == orjson.dumps(b)
-    except (TypeError, ValueError):  # orjson.JSONEncodeError is a TypeError; a value without a JSON form
+    except (TypeError, ValueError, RecursionError):  # orjson.JSONEncodeError is a TypeError; no JSON form
         return False
 
 
@@ -85,6 +85,14 @@ def _plain(value: Any) -> Any:
 
 
 def _equal(a: Any, b: Any) -> bool:
+    kind = type(a)
+    if kind is type(b):  # the common case, decided without the isinstance tests below
+        if kind is dict:
+            return a.keys() == b.keys() and all(map(_equal, a.values(), map(b.__getitem__, a)))
+        if kind is list:
+            return len(a) == len(b) and all(map(_equal, a, b))
+        if kind is str or kind is bool or a is None:
+            return a == b
     if _number(a) and _number(b):
         return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=ABS_TOL) or (math.isnan(a) and math.isnan(b))
     if isinstance(a, dict) and isinstance(b, dict):

@@ -154,8 +154,9 @@ def _small(name: str, tmp_path: Path) -> Bench:
 
         return bench_merged(2000, B=20, shards=2, target_tasks=10_000, repeats=2)
     if name == "scale":
-        from pipeline.perf.scale import bench_scale
         from conftest import free_port
+
+        from pipeline.perf.scale import bench_scale
 
         return bench_scale(200, 20, port=free_port())
     if name == "view":

@@ -1091,3 +1091,116 @@ def test_lookups_in_objects_are_not_charged_as_scans() -> None:
     ctx = {"args": {"ids": [f"O{i}" for i in range(0, 100_000, 50)]}, "state": {"orders": orders}}
     source = "len([i for i in args.ids if i in state.orders and has(state.orders, i) and get(state.orders, i)])"
     assert compile_expr(source, NAMES)(ctx) == 2000
+
+
+# ---- compiled code (issue 20): the same values, errors and budget as the closures ----
+
+
+def _outcome(expr: Expr, ctx: dict[str, Any]) -> tuple[Any, ...]:
+    """What one evaluation inside a tool call gives: its value or error, and the budget it left."""
+    with expr_module.metered():
+        try:
+            result: tuple[Any, ...] = ("value", expr(ctx))
+        except EvalError as exc:
+            result = (type(exc).__name__, str(exc))
+        meter = expr_module._active.meter
+        left = (meter.steps, meter.size) if isinstance(meter, expr_module._Meter) else None
+    return (*result, left)
+
+
+_ATOMS = st.sampled_from(
+    [
+        "args.xs", "args.s", "args.n", "args.d", "state.orders", "state.k", "null", "true", "1", "-2.5", "'a'",
+        "args.xs[0]", "args.missing", "state.orders['O1']", "x", "y",
+    ]
+)  # fmt: skip
+
+
+def _grow_source(inner: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+    pair = st.tuples(inner, inner)
+    return st.one_of(
+        st.tuples(inner, st.sampled_from(["+", "-", "*", "/", "//", "%"]), inner).map(" ".join).map("({})".format),
+        st.tuples(inner, st.sampled_from(["==", "!=", "<", ">=", "in", "not in", "is"]), inner).map(" ".join),
+        st.tuples(inner, st.sampled_from(["and", "or"]), inner).map(" ".join).map("({})".format),
+        inner.map("(not {})".format),
+        inner.map("(-{})".format),
+        inner.map("{}.status".format),
+        pair.map("{0[0]}[{0[1]}]".format),
+        inner.map("{}[1:]".format),
+        pair.map("[{0[0]}, {0[1]}]".format),
+        pair.map("{{'k': {0[0]}, 'j': {0[1]}}}".format),
+        st.tuples(inner, inner, inner).map("({0[0]} if {0[1]} else {0[2]})".format),
+        st.tuples(
+            st.sampled_from(["len", "str", "sorted", "unique", "sum", "max", "keys", "values", "lower", "any"]), inner
+        ).map("{0[0]}({0[1]})".format),
+        pair.map("get({0[0]}, {0[1]})".format),
+        pair.map("[{0[0]} for x in {0[1]}]".format),
+        st.tuples(inner, inner, inner).map("[{0[0]} for x in {0[1]} if {0[2]}]".format),
+        st.tuples(inner, inner, inner).map("[{0[0]} for x in {0[1]} for y in {0[2]}]".format),
+        pair.map("any({0[0]} for x in {0[1]})".format),
+        pair.map("sum({0[0]} for y in {0[1]})".format),
+        pair.map("{{x: {0[0]} for x in {0[1]}}}".format),
+        inner.map("matches({}, '[a-z]+')".format),
+    )
+
+
+@settings(max_examples=400, deadline=None)
+@given(source=st.recursive(_ATOMS, _grow_source, max_leaves=8))
+def test_compiled_code_gives_the_closures_values_errors_and_budget(source: str) -> None:
+    try:
+        expr = compile_expr(source, {"args", "state", "x", "y"})
+    except ExprError:
+        return
+    assert expr._fast is not None, source
+    closures = Expr(expr.source, expr.names, expr._fn)
+    ctx = {
+        "args": {"xs": [3, 1, 2], "s": "abc", "n": 7, "d": {"a": 1, "b": True}},
+        "state": {"orders": {"O1": {"status": "done", "total": 9.5}}, "k": list(range(100))},
+        "x": "O1",
+        "y": 2,
+    }
+    assert _outcome(expr, ctx) == _outcome(closures, ctx), source
+
+
+def test_every_shop_expression_is_compiled_to_code() -> None:
+    from pipeline.envs import get_environment
+
+    spec = get_environment("shop").spec  # type: ignore[attr-defined]
+    exprs = [
+        e
+        for rules in spec.tools.values()
+        for e in (
+            *(p.require for p in rules.preconditions),
+            *(e for _, e in rules.let),
+            *(e.value for e in rules.effects if e.value),
+            *(e.each[1] for e in rules.effects if e.each),
+            *([rules.returns] if rules.returns else []),
+        )
+    ]
+    assert len(exprs) > 50 and all(e._fast is not None for e in exprs)
+
+
+def test_compiled_code_reaches_no_builtins() -> None:
+    fast = compile_expr("len(args.xs) + 1", NAMES)._fast
+    assert fast is not None and fast.__globals__["__builtins__"] == {}
+    assert set(fast.__globals__) == {
+        "__builtins__",
+        "_loop",
+        "_in",
+        "_neg",
+        "_pos",
+        "_cut",
+        "_add",
+        "_mul",
+        "_mod",
+        "_f_len",
+    }
+
+
+def test_a_failing_compiled_evaluation_leaves_the_budget_as_the_closures_do() -> None:
+    # The compiled code charges the loop, then fails on a missing key; the closures run from the same budget.
+    expr = compile_expr("[args.items[i].nope for i in [0, 1, 2]]", NAMES)
+    closures = Expr(expr.source, expr.names, expr._fn)
+    outcome = _outcome(expr, make_ctx())
+    assert outcome[0] == "EvalError" and "no key 'nope'" in outcome[1]
+    assert outcome == _outcome(closures, make_ctx())

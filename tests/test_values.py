@@ -36,6 +36,10 @@ from pipeline.values import NotExact, decoded, json_copy, same
         (float("nan"), None, False),
         ([float("inf")], [None], False),
         ({"a": 1, "b": [2.0]}, {"b": [2], "a": 1}, True),
+        ({"n": [True, 0.0]}, {"n": [1, False]}, False),  # equal as Python compares them: not as values
+        ({"n": [1, 2.0]}, {"n": [1.0, 2]}, True),
+        ({"a": 1, "b": [None]}, {"b": [None], "a": 1.0}, True),
+        ({1: "x"}, {1: "x"}, True),  # no JSON text: compared as values
     ],
 )
 def test_same(replayed: object, logged: object, equal: bool) -> None:

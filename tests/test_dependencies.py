@@ -1,0 +1,53 @@
+"""The grounding history answers the same whatever was asked before: its postings are built as words are
+asked about and brought up to date as texts arrive, and values once found are remembered."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pipeline.dependencies import History
+
+WORDY = st.text(alphabet='ab1-. "\\\n', max_size=5)  # few words: later texts often hold earlier ones
+EVENTS = st.lists(
+    st.one_of(
+        st.tuples(st.just("say"), WORDY),
+        st.tuples(st.just("output"), st.dictionaries(WORDY, WORDY, max_size=2)),
+        st.tuples(st.just("ask"), st.one_of(WORDY, st.integers(-20, 20))),
+    ),
+    max_size=14,
+)
+
+
+def _add(history: History, step: int, kind: str, item: object) -> None:
+    if kind == "say":
+        history.add_message(item)  # type: ignore[arg-type]
+    elif kind == "output":
+        history.add_result(step, None, True, item)
+
+
+def _replayed(events: list[tuple[str, object]]) -> History:
+    """A history of the texts only, asked nothing before."""
+    history = History()
+    for step, (kind, item) in enumerate(events, 1):
+        _add(history, step, kind, item)
+    return history
+
+
+@given(EVENTS)
+def test_asking_as_the_history_grows_answers_as_a_fresh_history(events: list[tuple[str, object]]) -> None:
+    history = History()
+    for step, (kind, item) in enumerate(events, 1):
+        if kind == "ask":
+            assert history.knows(item) == _replayed(events[:step]).knows(item), (events[:step], item)
+        else:
+            _add(history, step, kind, item)
+
+
+def test_a_word_asked_about_early_is_found_in_texts_added_later() -> None:
+    history = History()
+    history.add_message("order O12 is late")
+    assert not history.knows("U7")
+    history.add_result(1, None, True, {"user_id": "U7"})
+    assert history.knows("U7") and history.knows("O12")
+    assert not history.knows("U")  # part of a word is not the word
