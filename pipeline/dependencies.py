@@ -45,7 +45,7 @@ class History:
     failed: set[int] = field(default_factory=set)
     call_ids: dict[str, int] = field(default_factory=dict)
     texts: list[str] = field(default_factory=list)  # user/system messages, and outputs as JSON text
-    vocabulary: list[frozenset[str]] = field(default_factory=list)  # each text's words (maximal runs of [\w-])
+    vocabulary: list[frozenset[str]] = field(default_factory=list)  # the words (maximal runs of [\w-]) of texts[:n]
     # a word asked about -> (the texts that hold it, how many texts have been tested for it)
     postings: dict[str, tuple[set[int], int]] = field(default_factory=dict)
     known: set[str] = field(default_factory=set)  # values found so far (texts only grow: they stay found)
@@ -74,8 +74,7 @@ class History:
             self._add_text(output if isinstance(output, str) else orjson.dumps(output).decode())
 
     def _add_text(self, text: str) -> None:
-        self.texts.append(text)
-        self.vocabulary.append(_words(text))
+        self.texts.append(text)  # its words are found when a value is first looked up after it (often never)
 
     def knows(self, value: Any) -> bool:
         """Whether a grounded value occurs in the available information: as a whole JSON value or key of an
@@ -115,6 +114,8 @@ class History:
         """The texts that have `run` as a word, testing only the texts added since it was last asked about."""
         held, tested = self.postings.get(run) or (set(), 0)
         vocabulary = self.vocabulary
+        if len(vocabulary) < len(self.texts):
+            vocabulary.extend(map(_words, self.texts[len(vocabulary) :]))
         if tested < len(vocabulary):
             new = vocabulary[tested:]
             held.update(compress(range(tested, len(vocabulary)), map(frozenset.__contains__, new, repeat(run))))
