@@ -18,6 +18,7 @@ import operator
 import threading
 import time
 import types
+import warnings
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -831,7 +832,9 @@ class _Translator:
                 ast.arguments(posonlyargs=[], args=[ast.arg("ctx")], kwonlyargs=[], kw_defaults=[], defaults=[]),
                 body,
             )
-            code = compile(ast.fix_missing_locations(ast.Expression(lam)), "<spec expression>", "eval")
+            with warnings.catch_warnings():  # e.g. "'bool' object is not subscriptable": the closures report it
+                warnings.simplefilter("ignore", SyntaxWarning)
+                code = compile(ast.fix_missing_locations(ast.Expression(lam)), "<spec expression>", "eval")
         except (_Unsupported, RecursionError, ValueError, SyntaxError):
             return None
         inner = next(c for c in code.co_consts if isinstance(c, types.CodeType))
