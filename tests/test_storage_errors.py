@@ -29,6 +29,8 @@ def commands(bucket: str, endpoint: str, job: Path) -> list[list[str]]:
         ["metrics", f"s3://{bucket}/run", *e],
         ["report", f"s3://{bucket}/run", "--out", f"s3://{bucket}/report", *e],
         ["sql", f"s3://{bucket}/run", "SELECT 1", *e],
+        ["diff", f"s3://{bucket}/run", f"s3://{bucket}/run", *e],
+        ["view", f"s3://{bucket}/run", *e],
         ["run", str(job), "--check"],
         ["run", str(job)],
     ]
