@@ -77,6 +77,12 @@ class BootstrapSettings:
         alpha = (1 - self.level) / 2
         return alpha, 1 - alpha
 
+    @property
+    def sql_variables(self) -> dict[str, Any]:
+        """The draws and percentiles as the .sql files read them (seed, B, q_lo, q_hi)."""
+        q_lo, q_hi = self.quantiles
+        return {"seed": self.seed, "B": self.B, "q_lo": q_lo, "q_hi": q_hi}
+
 
 DEFAULT_BOOTSTRAP = BootstrapSettings()
 HarnessErrors = Literal["exclude", "fail"]
@@ -193,15 +199,11 @@ def metrics_and_replicates(
     coverage = read_coverage(run, storage_options, partial)
     with _open_rollouts(coverage, population) as con:
         by_cols = cohort_columns(con, by)
-        q_lo, q_hi = settings.quantiles
         set_variables(
             con,
+            **settings.sql_variables,
             cohort_cols=["benchmark", *by_cols],
             max_k=max_k,
-            seed=settings.seed,
-            B=settings.B,
-            q_lo=q_lo,
-            q_hi=q_hi,
             metric_defs=metric_defs(),
             parts=[f"s_{p.name}" for p in catalogue.PARTS],
             replicated=list(replicated),

@@ -86,15 +86,11 @@ def profiles_and_replicates(
         keys = ["benchmark", "tool", *labels]
         if not steps:
             return [], []
-        q_lo, q_hi = settings.quantiles
         db.set_variables(
             con,
+            **settings.sql_variables,
             steps_files=steps,
             cohort_cols=keys,
-            seed=settings.seed,
-            B=settings.B,
-            q_lo=q_lo,
-            q_hi=q_hi,
             metric_defs=[
                 {"metric": m.name, "num": m.num, "den": m.den, "scale": 1.0, "ord": i}
                 for i, m in enumerate(TOOL_METRICS)

@@ -80,8 +80,10 @@ def _member(f: Any, z: zipfile.ZipFile, name: str) -> bytes:
         raise zipfile.BadZipFile(f"{name}: no local file header")
     f.seek(member.header_offset + _LOCAL_HEADER.size + name_length + extra_length)
     compressed = f.read(member.compress_size)
-    # Inspect writes several zstd frames per member: read across them
-    data = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(compressed), read_across_frames=True).read()
+    # Inspect writes several zstd frames per member: read across them, never past the declared size (a member
+    # that inflates further is refused below, not held in memory)
+    reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(compressed), read_across_frames=True)
+    data = reader.read(member.file_size + 1)
     if zlib.crc32(data) != member.CRC or len(data) != member.file_size:
         raise zipfile.BadZipFile(f"{name}: the decompressed member does not match its CRC or size")
     return data

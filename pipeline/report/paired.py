@@ -63,20 +63,16 @@ def paired_comparison(
         # raises when it is not a label or attribute; an attribute comes back as its column (attr_<name>)
         column = next(iter(db.cohort_columns(con, [compare.column])), compare.column)
         pair_cols = [k for k in keys if k != column]
-        q_lo, q_hi = settings.quantiles
         db.set_variables(
             con,
+            **settings.sql_variables,
             pair_cols=pair_cols,
             compare_col=column,
             compare_a=compare.a,
             compare_b=compare.b,
             ks=[int(k) for k in ks],
             metric_defs=db.metric_defs(paired=True),
-            seed=settings.seed,
-            B=settings.B,
             method=settings.method,
-            q_lo=q_lo,
-            q_hi=q_hi,
         )
         db.run_sql(con, "paired_prepare")
         sides = {r["side"] for r in db.fetch(con, "paired_sides")}
