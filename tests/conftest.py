@@ -7,9 +7,11 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import fsspec
@@ -33,6 +35,30 @@ def wait_for(condition, timeout: float, what: str) -> None:
             return
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@contextmanager
+def fresh_ray(**options) -> Iterator[None]:
+    """A local Ray of 2 CPUs for this block, stopped after it. `run_scoring` keeps the Ray it started (a caller
+    may score twice), so one left by an earlier test is stopped first: `ray.init` would refuse to run twice."""
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.shutdown()
+    ray.init(**{"num_cpus": 2, "include_dashboard": False, "logging_level": "WARNING", **options})
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_ray_across_modules() -> Iterator[None]:
+    """No module inherits a Ray from another: the order of test modules then changes nothing."""
+    yield
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -5,11 +5,11 @@ that its printing cannot rot (the figures themselves are not asserted: timings).
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import pytest
 import ray
+from conftest import fresh_ray
 from typer.testing import CliRunner
 
 from pipeline.cli import BENCHES, app
@@ -70,12 +70,8 @@ def test_the_readme_block_is_replaced_in_place_and_only_its_own(tmp_path):
 
 @pytest.fixture(scope="module")
 def local_ray():
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if ray.is_initialized():  # left by an earlier module
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    yield
-    ray.shutdown()
+    with fresh_ray():
+        yield
 
 
 FILE = InputFile("bench://test", "jsonl", None, 0, "0")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-import ray
+from conftest import fresh_ray
 from typer.testing import CliRunner
 
 from pipeline.cli import app
@@ -33,11 +33,8 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_real_run_scored_through_ray_matches_bfcl_accuracy_and_logged_outputs(store, tmp_path):
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    try:
+    with fresh_ray():
         manifest = run_scoring(str(store), str(tmp_path / "run"), shard_bytes=512 * 1024)
-    finally:
-        ray.shutdown()
     assert manifest["counts"] == {**manifest["counts"], "read": 600, "scored": 600, "rejected": 0, "steps": 4459}
     assert manifest["reconciled"] and len(manifest["shards"]) > 2
     assert manifest["environments"] == {"bfcl_v4": get_environment("bfcl_v4").version}
@@ -81,11 +78,8 @@ def test_v3_named_run_replays_against_the_v3_release_in_ray_workers(tmp_path):
     store, run = tmp_path / "store", tmp_path / "run"
     result = CliRunner().invoke(app, ["ingest", "bfcl", str(tmp_path / "result"), "--out", str(store)])
     assert result.exit_code == 0, result.output
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    try:
+    with fresh_ray():
         manifest = run_scoring(str(store), str(run))
-    finally:
-        ray.shutdown()
     assert manifest["environments"] == {"bfcl_v3": get_environment("bfcl_v3").version}
     assert manifest["environments"]["bfcl_v3"].startswith("bfcl-eval==2025.8.6.2+")
     assert manifest["counts"]["scored"] == 400 and manifest["counts"]["rejected"] == 0

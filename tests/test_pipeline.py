@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pyarrow.parquet as pq
 import pytest
-import ray
+from conftest import fresh_ray
 from typer.testing import CliRunner
 
 from pipeline.aggregate import BootstrapSettings
@@ -45,10 +45,8 @@ def records(store: Path) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.shutdown()  # a Ray left running by an earlier module's scoring (run_scoring keeps it) would refuse init
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    yield
-    ray.shutdown()
+    with fresh_ray():
+        yield
 
 
 def table(run: Path, name: str) -> list[dict]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import ray
 import s3fs
-from conftest import free_port, wait_for
+from conftest import free_port, fresh_ray, wait_for
 from typer.testing import CliRunner
 
 from pipeline.aggregate import BootstrapSettings, compute_metrics, sql
@@ -49,11 +49,8 @@ def reference_run(local_store: Path, tmp_path_factory: pytest.TempPathFactory) -
 def test_object_storage_end_to_end_through_ray(s3, local_store, reference_run, tmp_path):
     store, run = "s3://pexec-test/store", "s3://pexec-test/runs/a"
     write_store(synthesize("shop", 1500, 150, seed=5), store, per_file=300, storage_options=s3)
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    try:
+    with fresh_ray():
         manifest = run_scoring(store, run, storage_options=s3, shard_bytes=256 * 1024, run_id="r")
-    finally:
-        ray.shutdown()
     assert manifest["counts"]["scored"] == 1500 and manifest["reconciled"]
     assert read_manifest(run, s3)["counts"] == manifest["counts"]
     for table in ("steps", "rollouts"):
@@ -116,7 +113,6 @@ def test_an_unreachable_store_fails_clearly(s3, tmp_path):  # s3: only for its c
 
 def test_a_worker_killed_mid_job_changes_nothing(local_store, reference_run, tmp_path):
     run = str(tmp_path / "run")
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
     killed: list[int] = []
 
     def kill_a_worker(report) -> None:
@@ -129,10 +125,8 @@ def test_a_worker_killed_mid_job_changes_nothing(local_store, reference_run, tmp
             killed.append(int(pid))
             break
 
-    try:
+    with fresh_ray():
         manifest = run_scoring(str(local_store), run, shard_bytes=32 * 1024, run_id="r", on_shard=kill_a_worker)
-    finally:
-        ray.shutdown()
     assert killed, "no scoring worker was found to kill"
     assert manifest["counts"]["scored"] == 1500
     for table in ("steps", "rollouts"):
