@@ -156,6 +156,9 @@ def resolve_references(args: Any, history: History, step: int) -> tuple[Any, dic
         return args, failures, holders
     out = {}
     for key, value in args.items():
+        if type(value) in _PLAIN and not (type(value) is str and _may_refer(value)):
+            out[key] = value  # what `_substitute` returns for a value without a reference, without the call
+            continue
         new, errors, found = _substitute(value, history, step)
         out[key] = new
         if found:
@@ -193,8 +196,15 @@ def _substitute(value: Any, history: History, step: int) -> tuple[Any, list[str]
     return value, [], False
 
 
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
+def _may_refer(text: str) -> bool:
+    return "$step" in text or "{{" in text or text.startswith("<")
+
+
 def _substitute_text(text: str, history: History, step: int) -> tuple[Any, list[str], bool]:
-    if "$step" not in text and "{{" not in text and not text.startswith("<"):
+    if not _may_refer(text):
         return text, [], False  # the common case, without a regex
     matches = list(_PLACEHOLDER.finditer(text))
     if not matches:
@@ -220,6 +230,13 @@ def _substitute_text(text: str, history: History, step: int) -> tuple[Any, list[
 
 def grounded_values(args: dict[str, Any], path: str) -> Iterator[Any]:
     """The values at a grounded parameter path: `order_id`, `items[].item_id`, `payment.card_id`."""
+    if "." not in path and not path.endswith("[]"):  # a top-level argument, the common case: as below, shorter
+        value = args.get(path) if isinstance(args, dict) else None
+        if isinstance(value, list):
+            yield from value
+        elif value is not None:
+            yield value
+        return
     values: list[Any] = [args]
     for part in path.split("."):
         many = part.endswith("[]")
