@@ -212,8 +212,11 @@ def _on_ray(
     def submit(shard: Shard) -> Any:
         return task.remote(shard, settings, duplicates.get(shard.key))
 
+    # Largest first: the small shards (the end of each file) fill in at the end instead of one large shard
+    # running alone on one CPU while the others idle. Reports are sorted afterwards, so the order is not seen.
+    largest_first = sorted(shards, key=lambda s: -(_span(s) or 0))
     reports: list[ShardReport] = []
-    for _, report in completed(shards, submit, window, still_held):
+    for _, report in completed(largest_first, submit, window, still_held):
         reports.append(report)
         if on_shard:
             on_shard(report)
