@@ -27,6 +27,8 @@ _STEP = re.compile(r"step(\d+)$")
 # `$step2.id` (step references only: a bare `$` is too common in money amounts), `{{ path }}`, `<name>`.
 _WORD = re.compile(r"[\w-]+")  # a run of the characters that `History.knows` counts as part of a word
 _CACHED_TEXT = 4096  # characters of the longest text whose words are cached
+# Texts of at most this many characters in all are searched whole: cheaper than finding their words first.
+_SCANNED_CHARS = 16_384
 _PLACEHOLDER = re.compile(r"\$(step\d+(?:\.[\w-]+|\[-?\d+\])*)|\{\{\s*([\w.\[\]-]+)\s*\}\}|^<([A-Za-z_][\w.]*)>$")
 
 
@@ -50,6 +52,7 @@ class History:
     postings: dict[str, tuple[set[int], int]] = field(default_factory=dict)
     known: set[str] = field(default_factory=set)  # values found so far (texts only grow: they stay found)
     fields: dict[str, int] = field(default_factory=dict)  # a top-level output key -> the latest step with it
+    chars: int = 0  # characters of texts
 
     def add_message(self, text: str) -> None:
         if text:
@@ -75,6 +78,7 @@ class History:
 
     def _add_text(self, text: str) -> None:
         self.texts.append(text)  # its words are found when a value is first looked up after it (often never)
+        self.chars += len(text)
 
     def knows(self, value: Any) -> bool:
         """Whether a grounded value occurs in the available information: as a whole JSON value or key of an
@@ -92,14 +96,15 @@ class History:
         return False
 
     def _finds(self, text: str) -> bool:
-        candidates = self._candidates(text)
         quoted = orjson.dumps(text).decode()
+        if self.chars <= _SCANNED_CHARS:  # a short history: every text, as `_candidates` would narrow them
+            return any(quoted in t for t in self.texts) or any(_whole_word(text, t) for t in self.texts)
+        candidates = self._candidates(text)
         # Escapes (`\n`, `\u0001`) change the runs of word characters: then the quoted form has its own.
         quoted_in = candidates if len(quoted) == len(text) + 2 else self._candidates(quoted)
         if any(quoted in self.texts[i] for i in quoted_in):  # the fast, common case
             return True
-        word = re.compile(rf"(?<![\w.\-]){re.escape(text)}(?![\w\-]|\.\w)")
-        return any(word.search(self.texts[i]) for i in candidates)
+        return any(_whole_word(text, self.texts[i]) for i in candidates)
 
     def _candidates(self, text: str) -> Iterable[int]:
         """The texts that may hold `text` where both searches of `knows` look for it. Each of its runs of word
@@ -151,6 +156,9 @@ def resolve_references(args: Any, history: History, step: int) -> tuple[Any, dic
         return args, failures, holders
     out = {}
     for key, value in args.items():
+        if type(value) in _PLAIN and not (type(value) is str and _may_refer(value)):
+            out[key] = value  # what `_substitute` returns for a value without a reference, without the call
+            continue
         new, errors, found = _substitute(value, history, step)
         out[key] = new
         if found:
@@ -188,8 +196,15 @@ def _substitute(value: Any, history: History, step: int) -> tuple[Any, list[str]
     return value, [], False
 
 
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
+def _may_refer(text: str) -> bool:
+    return "$step" in text or "{{" in text or text.startswith("<")
+
+
 def _substitute_text(text: str, history: History, step: int) -> tuple[Any, list[str], bool]:
-    if "$step" not in text and "{{" not in text and not text.startswith("<"):
+    if not _may_refer(text):
         return text, [], False  # the common case, without a regex
     matches = list(_PLACEHOLDER.finditer(text))
     if not matches:
@@ -215,6 +230,13 @@ def _substitute_text(text: str, history: History, step: int) -> tuple[Any, list[
 
 def grounded_values(args: dict[str, Any], path: str) -> Iterator[Any]:
     """The values at a grounded parameter path: `order_id`, `items[].item_id`, `payment.card_id`."""
+    if "." not in path and not path.endswith("[]"):  # a top-level argument, the common case: as below, shorter
+        value = args.get(path) if isinstance(args, dict) else None
+        if isinstance(value, list):
+            yield from value
+        elif value is not None:
+            yield value
+        return
     values: list[Any] = [args]
     for part in path.split("."):
         many = part.endswith("[]")
@@ -233,6 +255,26 @@ def grounded_values(args: dict[str, Any], path: str) -> Iterator[Any]:
             yield from v
         elif v is not None:
             yield v
+
+
+def _whole_word(word: str, text: str) -> bool:
+    r"""Whether `word` occurs in `text` as the regular expression `(?<![\w.\-])WORD(?![\w\-]|\.\w)` finds it,
+    without compiling one per value (`\w`: `str.isalnum` or `_`, as `re` has it)."""
+    end, i = len(text), text.find(word)
+    while i >= 0:
+        j = i + len(word)
+        before = i == 0 or (not _continues(text[i - 1]) and text[i - 1] != ".")
+        after = j == end or (not _continues(text[j]) and not (text[j] == "." and _continues(text[j + 1 : j + 2], "_")))
+        if before and after:
+            return True
+        i = text.find(word, i + 1)
+    return False
+
+
+def _continues(char: str, joiners: str = "_-") -> bool:
+    """Whether `char` continues a word: a word character, or `-` (where a word may not be followed or preceded
+    by one)."""
+    return char.isalnum() or (char != "" and char in joiners)
 
 
 @lru_cache(maxsize=1024)

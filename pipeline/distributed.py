@@ -10,6 +10,7 @@ import itertools
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
@@ -98,7 +99,6 @@ def run_scoring(
         checks=checks,
     )
     shard_plan = plan(store, shard_bytes, storage_options)
-    duplicates = duplicate_ids(shard_plan.shards, storage_options)
     lease = Lease(run, storage_options, lease_stale_after)
     with ExitStack() as held:
         with lease.taking():
@@ -109,6 +109,13 @@ def run_scoring(
             held.enter_context(lease)
         markers = {} if force else read_shard_markers(run, storage_options)
         sizes = part_sizes(run, storage_options) if markers else {}
+        with ThreadPoolExecutor(1) as pool:
+            # The id pass reads the whole store on one core while Ray starts (mostly waiting for its processes):
+            # both at once when some shard has no committed output to reuse.
+            ids = pool.submit(duplicate_ids, shard_plan.shards, storage_options)
+            if executor == "ray" and any(s.key not in markers for s in shard_plan.shards):
+                _start_ray(address, num_cpus)
+            duplicates = ids.result()
         reused = [
             r for r in (_reusable(s, markers.get(s.key), settings, sizes, duplicates) for s in shard_plan.shards) if r
         ]
@@ -198,6 +205,27 @@ def _on_ray(
 ) -> list[ShardReport]:
     import ray
 
+    _start_ray(address, num_cpus)
+    task = ray.remote(max_retries=3, retry_exceptions=[OSError])(score_shard)
+    window = 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))  # every CPU busy and one task queued for it
+
+    def submit(shard: Shard) -> Any:
+        return task.remote(shard, settings, duplicates.get(shard.key))
+
+    # Largest first: the small shards (the end of each file) fill in at the end instead of one large shard
+    # running alone on one CPU while the others idle. Reports are sorted afterwards, so the order is not seen.
+    largest_first = sorted(shards, key=lambda s: -(_span(s) or 0))
+    reports: list[ShardReport] = []
+    for _, report in completed(largest_first, submit, window, still_held):
+        reports.append(report)
+        if on_shard:
+            on_shard(report)
+    return reports
+
+
+def _start_ray(address: str | None, num_cpus: int | None) -> None:
+    import ray
+
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if not ray.is_initialized():
         ray.init(
@@ -206,18 +234,6 @@ def _on_ray(
             include_dashboard=False,
             logging_level="WARNING",
         )
-    task = ray.remote(max_retries=3, retry_exceptions=[OSError])(score_shard)
-    window = 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))  # every CPU busy and one task queued for it
-
-    def submit(shard: Shard) -> Any:
-        return task.remote(shard, settings, duplicates.get(shard.key))
-
-    reports: list[ShardReport] = []
-    for _, report in completed(shards, submit, window, still_held):
-        reports.append(report)
-        if on_shard:
-            on_shard(report)
-    return reports
 
 
 def completed(

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from operator import attrgetter
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from pipeline.effects import WRITES
@@ -17,7 +18,8 @@ def steps_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
     labels, attributes = _label_names(results), _attribute_names(results)
     schema = arrow_schema(STEPS, labels, attributes=[ATTRIBUTE_PREFIX + a for a in attributes])
     fields = [c.name for c in STEPS.fields if c.name != "status"]
-    # Built column by column (a transpose in C) rather than cell by cell: this runs on every step.
+    # Built column by column (a transpose in C) rather than cell by cell: this runs on every step. The rollout's
+    # own columns are built once per rollout and repeated for its steps by Arrow.
     rollout_rows = [
         (
             run_id,
@@ -28,15 +30,20 @@ def steps_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
             *(r.attributes.get(name) for name in attributes),
             r.status,
         )
-        for r, n in ((res.rollout, len(res.steps)) for res in results)
-        for _ in range(n)
+        for r in (res.rollout for res in results)
     ]
     step_rows = map(attrgetter(*fields), (s for res in results for s in res.steps))
     rollout_names = [*schema.names[: len(STEPS.ids) + len(labels) + len(attributes)], "status"]
     cols: dict[str, Sequence[Any]] = {name: () for name in schema.names}
-    cols |= zip(rollout_names, zip(*rollout_rows, strict=True), strict=False)
     cols |= zip(fields, zip(*step_rows, strict=True), strict=False)
-    return _table(cols, schema)
+    per_step = np.repeat(np.arange(len(results)), [len(res.steps) for res in results])
+    arrays = {f.name: pa.array(cols[f.name], f.type) for f in schema if f.name not in rollout_names}
+    per_rollout = list(zip(*rollout_rows, strict=True)) or [()] * len(rollout_names)
+    arrays |= {
+        name: pa.array(values, schema.field(name).type).take(per_step)
+        for name, values in zip(rollout_names, per_rollout, strict=True)
+    }
+    return pa.Table.from_arrays([arrays[name] for name in schema.names], schema=schema)
 
 
 def rollouts_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
@@ -47,7 +54,11 @@ def rollouts_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
     )
     rows = []
     for res in results:
-        r, fed = res.rollout, res.fed
+        r, steps, T = res.rollout, res.steps, len(res.steps)
+        # One pass over the steps for what the RolloutResult properties would each find again.
+        first = next((s for s in steps if not s.valid), None)
+        fed = first.step if first else T + 1
+        compared = [s.output_match for s in steps if s.output_match is not None]
         rows.append(
             {
                 "run_id": run_id,
@@ -57,18 +68,18 @@ def rollouts_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
                 **{name: r.labels.get(name) for name in labels},
                 **{ATTRIBUTE_PREFIX + name: r.attributes.get(name) for name in attributes},
                 "status": r.status,
-                "T": res.T,
+                "T": T,
                 "fed": fed,
-                "executable": res.executable,
-                "auc_term": res.auc_term,
+                "executable": first is None,
+                "auc_term": 1.0 if T == 0 else (fed - 1) / T,
                 "success": r.success,
-                "recovered": res.recovered,
-                "first_cause": res.first_cause,
-                "n_invalid": sum(not s.valid for s in res.steps),
-                "n_output_mismatch": sum(s.output_match is False for s in res.steps),
-                "n_output_compared": sum(s.output_match is not None for s in res.steps),
-                "diverged_before_fed": any(s.output_match is False and s.step < fed for s in res.steps),
-                **effect_columns(res),
+                "recovered": None if r.success is None else first is not None and r.success,
+                "first_cause": first.cause if first else None,
+                "n_invalid": sum(not s.valid for s in steps),
+                "n_output_mismatch": sum(m is False for m in compared),
+                "n_output_compared": len(compared),
+                "diverged_before_fed": any(s.output_match is False and s.step < fed for s in steps),
+                **effect_columns(res, fed),
                 **check_levels(res),
                 **{f"cost_{k}": r.cost.get(k) for k in cost_names},
             }
@@ -76,14 +87,15 @@ def rollouts_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
     return _table({name: [row[name] for row in rows] for name in schema.names}, schema)
 
 
-def effect_columns(res: RolloutResult) -> dict[str, Any]:
+def effect_columns(res: RolloutResult, fed: int | None = None) -> dict[str, Any]:
     """The rollout's harm columns from its steps' effect classes (docs/design.md §2.2): writes (write or
     irreversible calls), unclassified calls, invalid irreversible calls, the first invalid write's depth among
-    the writes (write_fed, as fed among all calls) and its AUC term, and the weighted AUC term."""
+    the writes (write_fed, as fed among all calls) and its AUC term, and the weighted AUC term. `fed`: the
+    rollout's, when the caller has it."""
     writes = [s for s in res.steps if s.effect in WRITES]
     write_fed = next((i for i, s in enumerate(writes, start=1) if not s.valid), len(writes) + 1) if writes else None
     total = sum(s.effect_weight for s in res.steps)
-    fed = res.fed
+    fed = res.fed if fed is None else fed
     before = sum(s.effect_weight for s in res.steps if s.step < fed)
     return {
         "n_writes": len(writes),

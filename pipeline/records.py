@@ -7,6 +7,7 @@ walked recursively further on (references, hashing, comparisons, Arrow), so nest
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any
 
 import orjson
@@ -28,6 +29,8 @@ _CONTAINERS = (dict, list)
 
 def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
     """Whether `value` has more than `limit` levels of objects and lists (the walk stops at the limit)."""
+    if limit == MAX_DEPTH and _written_padded(value):
+        return False
     level = [value] if type(value) in _CONTAINERS else []
     for _ in range(limit):
         if not level:
@@ -40,6 +43,53 @@ def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
             if type(item) in _CONTAINERS
         ]
     return bool(level)
+
+
+# orjson writes at most 254 levels of lists and objects (each counts, empty or not; checked below) and refuses
+# more: inside this many lists, a value is written when it has at most MAX_DEPTH levels of its own.
+_PADDING = 190
+_padded = threading.local()  # per thread: a box inside _PADDING - 1 lists, reused (the guard serves threads)
+
+
+def _written_padded(value: Any) -> bool:
+    """Whether orjson writes `value` inside _PADDING lists: then it has at most MAX_DEPTH levels of objects and
+    lists, decided in C. False says nothing (deeper, or something orjson does not write): walk it then."""
+    if not _ORJSON_LIMIT_HOLDS:
+        return False
+    box = getattr(_padded, "box", None)
+    if box is None:
+        box = _padded.box = [None]
+        _padded.outer = _nested(box, _PADDING - 1)
+    box[0] = value
+    try:
+        orjson.dumps(_padded.outer)
+    except TypeError:  # orjson.JSONEncodeError: too deep, or a value it does not write
+        return False
+    finally:
+        box[0] = None
+    return True
+
+
+def _nested(value: Any, levels: int) -> Any:
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def _orjson_limit_holds() -> bool:
+    """orjson writes _PADDING + MAX_DEPTH levels and refuses one more (else `_written_padded` never answers)."""
+    try:
+        orjson.dumps(_nested([], _PADDING + MAX_DEPTH - 1))
+    except TypeError:
+        return False
+    try:
+        orjson.dumps(_nested([], _PADDING + MAX_DEPTH))
+    except TypeError:
+        return True
+    return False
+
+
+_ORJSON_LIMIT_HOLDS = _orjson_limit_holds()
 
 
 def check_depth(value: Any, what: str) -> None:

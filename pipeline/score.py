@@ -37,7 +37,7 @@ _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:+-]{0,99}")
 _REASON_LIMIT = 1000  # characters of a reject reason (messages may quote the record's values)
 # Allocations between two young-generation collections while a shard is scored (CPython's default: 700).
 _SHARD_GC_THRESHOLD = 50_000
-_BATCH = 1000  # results converted to Arrow at a time
+_BATCH = 250  # results converted to Arrow at a time (fewer Python objects alive: measured faster than 1000)
 
 
 @dataclass

@@ -1120,7 +1120,10 @@ def _grow_source(inner: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
     pair = st.tuples(inner, inner)
     return st.one_of(
         st.tuples(inner, st.sampled_from(["+", "-", "*", "/", "//", "%"]), inner).map(" ".join).map("({})".format),
-        st.tuples(inner, st.sampled_from(["==", "!=", "<", ">=", "in", "not in", "is"]), inner).map(" ".join),
+        # Parenthesised: a chain (`a == b == c`) is left to the closures (expr._Translator._Compare).
+        st.tuples(inner, st.sampled_from(["==", "!=", "<", ">=", "in", "not in", "is"]), inner)
+        .map(" ".join)
+        .map("({})".format),
         st.tuples(inner, st.sampled_from(["and", "or"]), inner).map(" ".join).map("({})".format),
         inner.map("(not {})".format),
         inner.map("(-{})".format),

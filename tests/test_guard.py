@@ -7,6 +7,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import duckdb
 import orjson
@@ -14,6 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pipeline import dependencies
 from pipeline.dependencies import History
 from pipeline.distributed import run_scoring
 from pipeline.envs import EnvOptions, get_environment
@@ -139,19 +141,21 @@ def _linear_knows(texts: list[str], value: Any) -> bool:
     return any(quoted in t for t in texts) or any(word.search(t) for t in texts)
 
 
-WORDY = st.text(alphabet="ab1-._ @\"\\\né", max_size=12)
+WORDY = st.text(alphabet='ab1-._ @"\\\né', max_size=12)
 
 
+@pytest.mark.parametrize("scanned", [dependencies._SCANNED_CHARS, 0])  # 0: always through the word index
 @given(
     st.lists(st.one_of(WORDY, st.dictionaries(WORDY, WORDY, max_size=2)), max_size=6),
     st.lists(st.one_of(WORDY, st.integers(-20, 20)), min_size=1, max_size=6),
 )
-def test_the_indexed_history_knows_exactly_what_a_full_scan_finds(said, values):
+def test_the_indexed_history_knows_exactly_what_a_full_scan_finds(scanned, said, values):
     history = History()
     for step, item in enumerate(said, 1):  # text as a message, objects as a call's output
         history.add_result(step, None, True, item) if isinstance(item, dict) else history.add_message(item)
-    for v in values:
-        assert history.knows(v) == _linear_knows(history.texts, v), (history.texts, v)
+    with patch.object(dependencies, "_SCANNED_CHARS", scanned):
+        for v in values:
+            assert history.knows(v) == _linear_knows(history.texts, v), (history.texts, v)
 
 
 # -- the guard's answers equal the scorer's ------------------------------------------------------------------
@@ -224,7 +228,11 @@ def test_a_guard_session_through_every_real_log_gives_the_scorers_flags_and_caus
         # With a simulator, the verdict before execution is already the step's: P is the simulator's own.
         for verdict, step in zip(verdicts, steps, strict=True):
             assert (verdict.step, verdict.valid, verdict.failed_check, verdict.cause, verdict.detail) == (
-                step[0], step[3], step[5], step[6], step[7]
+                step[0],
+                step[3],
+                step[5],
+                step[6],
+                step[7],
             ), rollout_id
     assert sum(len(s) for s in scored.values()) > 9000 and failures > 500
 
