@@ -134,9 +134,8 @@ class BfclEnvironment:
         )
         for cls in dict.fromkeys(classes):
             simulator, stateless = self._release.simulator_class(cls), cls in official.STATELESS
-            scenario = self._scenarios.get(simulator, config.get(cls, {}), state.long_context, stateless)
-            state.scenarios[cls] = scenario
-            state.instances[cls] = instance = scenario.instance()
+            scenario, instance = self._scenarios.start(simulator, config.get(cls, {}), state.long_context, stateless)
+            state.scenarios[cls], state.instances[cls] = scenario, instance
             text = scenario.knowledge(instance)
             if text is not None:
                 state.known.append(text)

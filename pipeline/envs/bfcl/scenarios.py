@@ -72,26 +72,40 @@ class Scenarios:
         self._kept = kept
         self._scenarios: OrderedDict[tuple[Any, ...], Scenario] = OrderedDict()
 
-    def get(self, cls: type, config: Any, long_context: bool, stateless: bool) -> Scenario:
+    def start(self, cls: type, config: Any, long_context: bool, stateless: bool) -> tuple[Scenario, Any]:
+        """The scenario of `config` and an instance in its initial state: a copy of the kept one, or the
+        instance just loaded (and kept) for it."""
         if stateless:
             key: tuple[Any, ...] = (cls,)
         elif long_context:
-            return Scenario(cls, config, long_context, stateless)
+            return _afresh(cls, config, long_context, stateless)
         else:
             try:
                 key = (cls, orjson.dumps(config, option=orjson.OPT_PASSTHROUGH_SUBCLASS))
             except orjson.JSONEncodeError:  # not plain JSON data (a subclass, non-text keys, a huge int)
-                return Scenario(cls, config, long_context, stateless)
+                return _afresh(cls, config, long_context, stateless)
         scenario = self._scenarios.get(key)
-        if scenario is None:
-            scenario = self._scenarios[key] = _kept(cls, config, long_context, stateless)
-            if len(self._scenarios) > self._kept:
-                self._scenarios.popitem(last=False)
-        elif not stateless and scenario.config != config:  # same text, other values: NaN (null), a tuple (array)
-            return Scenario(cls, config, long_context, stateless)
-        else:
+        if scenario is not None:
+            if not stateless and scenario.config != config:  # same text, other values: NaN (null), a tuple (array)
+                return _afresh(cls, config, long_context, stateless)
             self._scenarios.move_to_end(key)
-        return scenario
+            return scenario, scenario.instance()
+        stored = None if stateless else orjson.loads(key[1])  # a copy of its own, compared with later ones
+        if not stateless and stored != config:
+            return _afresh(cls, config, long_context, stateless)
+        instance = load(cls, config, long_context, stateless)
+        scenario = _kept(instance, stored, long_context, stateless)
+        if scenario is None:
+            return Scenario(cls, config, long_context, stateless), instance
+        self._scenarios[key] = scenario
+        if len(self._scenarios) > self._kept:
+            self._scenarios.popitem(last=False)
+        return scenario, instance
+
+
+def _afresh(cls: type, config: Any, long_context: bool, stateless: bool) -> tuple[Scenario, Any]:
+    scenario = Scenario(cls, config, long_context, stateless)
+    return scenario, scenario.instance()
 
 
 class _Shared(Exception):
@@ -102,10 +116,8 @@ def _refuse(generator: random.Random) -> Any:
     raise _Shared
 
 
-def _kept(cls: type, config: Any, long_context: bool, stateless: bool) -> Scenario:
-    """The scenario loaded and pickled; loaded afresh each time if its instance does not pickle."""
-    config = deep_copy(config)  # what the instance was loaded from stays as it was: it is compared with later ones
-    instance = load(cls, config, long_context, stateless)
+def _kept(instance: Any, config: Any, long_context: bool, stateless: bool) -> Scenario | None:
+    """The scenario of a just loaded instance, pickled; None if the instance does not pickle."""
     attributes = dict(vars(instance))
     generators = tuple((k, v.getstate()) for k, v in attributes.items() if type(v) is random.Random)
     for name, _ in generators:
@@ -113,8 +125,9 @@ def _kept(cls: type, config: Any, long_context: bool, stateless: bool) -> Scenar
     try:
         pickled = _pickled(attributes)
     except Exception:  # whatever does not pickle (or a generator held twice): loaded afresh, as BFCL does
-        return Scenario(cls, config, long_context, stateless)
-    return Scenario(cls, config, long_context, stateless, pickled, generators, knowledge_text(instance))
+        return None
+    text = knowledge_text(instance)
+    return Scenario(type(instance), config, long_context, stateless, pickled, generators, text)
 
 
 def _pickled(attributes: dict[str, Any]) -> bytes:
