@@ -1,6 +1,7 @@
 """BFCL replay throughput: the full checker (S/D/P, causes, fidelity) over the official simulators, beside
 BFCL's own execution path (`multi_turn_utils.execute_multi_turn_func_call`, eval on module-global instances)
-on the same calls in the same run, one core each.
+on the same calls in the same run, one core each. Every timed pass of the checker starts with new
+environments, so scenarios loaded by an earlier pass do not make a later one faster.
 
 Calls: the ground truth of the 800 v4 multi-turn tasks, plus a real run's result files when given, and the
 800 v3 tasks against 2025.8.6.2 (checker only: BFCL's own path runs on the installed release).
