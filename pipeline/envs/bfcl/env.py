@@ -187,7 +187,7 @@ def _run(instance: Any, tool: str, args: dict[str, Any]) -> Outcome:
     reports `Error during execution: ...`). A rejection keeps what the simulator returned, as BFCL logs it,
     so that replay fidelity compares error outputs too."""
     try:
-        result = getattr(instance, tool)(**deep_copy(args))
+        result = getattr(instance, tool)(**_given(args))
     except Exception as exc:  # the simulator refuses the call; anything it raises is its answer
         return Outcome(False, output=f"Error during execution: {exc}", message=f"Error during execution: {exc}")
     message = error_message(result)
@@ -197,9 +197,21 @@ def _run(instance: Any, tool: str, args: dict[str, Any]) -> Outcome:
 def error_of(instance: Any, tool: str, args: dict[str, Any]) -> str | None:
     """`_run`'s rejection message alone, without building the output (for rebuilding a state)."""
     try:
-        return error_message(getattr(instance, tool)(**deep_copy(args)))
+        return error_message(getattr(instance, tool)(**_given(args)))
     except Exception as exc:  # as in _run
         return f"Error during execution: {exc}"
+
+
+_IMMUTABLE = frozenset({str, int, float, bool, type(None)})
+
+
+def _given(args: dict[str, Any]) -> dict[str, Any]:
+    """The arguments a simulator is given: a copy, since it may keep or change them and the journal keeps
+    them for rebuilding a state; arguments that are all immutable need none (`**` makes a mapping of its own)."""
+    for value in args.values():
+        if type(value) not in _IMMUTABLE:
+            return deep_copy(args)
+    return args
 
 
 def _of(state: BfclState, cls: str) -> list[tuple[str, str, dict[str, Any]]]:
