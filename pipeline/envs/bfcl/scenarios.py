@@ -41,7 +41,7 @@ class Scenario:
     """One class's initial state for one configuration."""
 
     cls: type
-    config: Any  # the configuration, as loaded
+    config: Any  # the configuration loaded afresh (None when pickled: its key is its JSON text)
     long_context: bool
     stateless: bool  # no scenario to load: the instance is `cls()`
     pickled: bytes | None = None  # the loaded instance's attributes, generators apart; None: load afresh each time
@@ -85,16 +85,14 @@ class Scenarios:
             except orjson.JSONEncodeError:  # not plain JSON data (a subclass, non-text keys, a huge int)
                 return _afresh(cls, config, long_context, stateless)
         scenario = self._scenarios.get(key)
+        # Equal text, equal values: the same configuration (NaN is written null, a tuple as an array).
+        if not stateless and orjson.loads(key[1]) != config:
+            return _afresh(cls, config, long_context, stateless)
         if scenario is not None:
-            if not stateless and scenario.config != config:  # same text, other values: NaN (null), a tuple (array)
-                return _afresh(cls, config, long_context, stateless)
             self._scenarios.move_to_end(key)
             return scenario, scenario.instance()
-        stored = None if stateless else orjson.loads(key[1])  # a copy of its own, compared with later ones
-        if not stateless and stored != config:
-            return _afresh(cls, config, long_context, stateless)
         instance = load(cls, config, long_context, stateless)
-        scenario = _kept(instance, stored, long_context, stateless)
+        scenario = _kept(instance, long_context, stateless)
         if scenario is None:
             return Scenario(cls, config, long_context, stateless), instance
         self._scenarios[key] = scenario
@@ -116,7 +114,7 @@ def _refuse(generator: random.Random) -> Any:
     raise _Shared
 
 
-def _kept(instance: Any, config: Any, long_context: bool, stateless: bool) -> Scenario | None:
+def _kept(instance: Any, long_context: bool, stateless: bool) -> Scenario | None:
     """The scenario of a just loaded instance, pickled; None if the instance does not pickle."""
     attributes = dict(vars(instance))
     generators = tuple((k, v.getstate()) for k, v in attributes.items() if type(v) is random.Random)
@@ -127,7 +125,7 @@ def _kept(instance: Any, config: Any, long_context: bool, stateless: bool) -> Sc
     except Exception:  # whatever does not pickle (or a generator held twice): loaded afresh, as BFCL does
         return None
     text = knowledge_text(instance)
-    return Scenario(type(instance), config, long_context, stateless, pickled, generators, text)
+    return Scenario(type(instance), None, long_context, stateless, pickled, generators, text)
 
 
 def _pickled(attributes: dict[str, Any]) -> bytes:
