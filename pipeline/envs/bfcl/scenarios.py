@@ -14,8 +14,13 @@ changes the module's record (as in BFCL itself) and a later load sees the change
 them. Long-context scenarios are therefore loaded afresh every time, as is a configuration that is not plain
 JSON data (its JSON text could not stand for it exactly).
 
-Random generators seeded by the load are restored from their state (as deepcopy does: a generator, then
-`setstate`) rather than unpickled: their 625-word state is most of a pickle's size.
+A configuration is kept under its JSON text and matches a later one that reads back from that text as an
+equal value (JSON data: records are read from JSON or Arrow; a configuration holding one object in two places,
+which such data cannot, would share it in a fresh load and not in a copy). Random generators seeded by the
+load are restored from their state (as deepcopy does: a generator, then `setstate`) rather than unpickled:
+their 625-word state is most of a pickle's size. The kept knowledge text is the loaded instance's, so the
+address that `str` gives a generator in it is that instance's generator's, not the copy's (an address that
+differs between any two loads anyway).
 """
 
 from __future__ import annotations
