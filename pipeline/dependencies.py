@@ -18,7 +18,6 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import compress, repeat
 from typing import Any
 
 import orjson
@@ -39,15 +38,16 @@ class Unresolved(Exception):
 @dataclass
 class History:
     """What the agent could know before the current step, indexed so that a look-up does not rescan earlier
-    texts (docs/design.md §5.7): every text keeps the set of its words, and a word asked about keeps the
-    texts that hold it, brought up to date when it is asked about again (each text is tested once per word);
+    texts (docs/design.md §5.7): a text keeps the set of its words (once split), and a word asked about keeps
+    the texts that hold it, brought up to date when it is asked about again (each text is tested once per word);
     every field name points to the latest output that has it."""
 
     outputs: dict[int, Any] = field(default_factory=dict)  # step -> output of a successful call
     failed: set[int] = field(default_factory=set)
     call_ids: dict[str, int] = field(default_factory=dict)
     texts: list[str] = field(default_factory=list)  # user/system messages, and outputs as JSON text
-    vocabulary: list[frozenset[str]] = field(default_factory=list)  # the words (maximal runs of [\w-]) of texts[:n]
+    # the words (maximal runs of [\w-]) of texts[:n]; None: not split yet (`_holding` says when a text is split)
+    vocabulary: list[frozenset[str] | None] = field(default_factory=list)
     # a word asked about -> (the texts that hold it, how many texts have been tested for it)
     postings: dict[str, tuple[set[int], int]] = field(default_factory=dict)
     known: set[str] = field(default_factory=set)  # values found so far (texts only grow: they stay found)
@@ -116,15 +116,22 @@ class History:
         return set.intersection(*sorted(map(self._holding, runs), key=len))
 
     def _holding(self, run: str) -> set[int]:
-        """The texts that have `run` as a word, testing only the texts added since it was last asked about."""
+        """The texts that have `run` as a word, testing only the texts added since it was last asked about. A
+        word of a text is a part of it, so a text is split into words only once a run asked about is part of
+        it: a long output or configuration that holds none of the runs asked about is never split."""
         held, tested = self.postings.get(run) or (set(), 0)
-        vocabulary = self.vocabulary
-        if len(vocabulary) < len(self.texts):
-            vocabulary.extend(map(_words, self.texts[len(vocabulary) :]))
-        if tested < len(vocabulary):
-            new = vocabulary[tested:]
-            held.update(compress(range(tested, len(vocabulary)), map(frozenset.__contains__, new, repeat(run))))
-            self.postings[run] = (held, len(vocabulary))
+        texts, vocabulary = self.texts, self.vocabulary
+        if tested < len(texts):
+            vocabulary.extend([None] * (len(texts) - len(vocabulary)))
+            for i in range(tested, len(texts)):
+                words = vocabulary[i]
+                if words is None:
+                    if run not in texts[i]:
+                        continue
+                    words = vocabulary[i] = _words(texts[i])
+                if run in words:
+                    held.add(i)
+            self.postings[run] = (held, len(texts))
         return held
 
     def resolve(self, ref: str, step: int) -> Any:

@@ -1,6 +1,7 @@
 """BFCL replay throughput: the full checker (S/D/P, causes, fidelity) over the official simulators, beside
 BFCL's own execution path (`multi_turn_utils.execute_multi_turn_func_call`, eval on module-global instances)
-on the same calls in the same run, one core each.
+on the same calls in the same run, one core each. Every timed pass of the checker starts with new
+environments, so scenarios loaded by an earlier pass do not make a later one faster.
 
 Calls: the ground truth of the 800 v4 multi-turn tasks, plus a real run's result files when given, and the
 800 v3 tasks against 2025.8.6.2 (checker only: BFCL's own path runs on the installed release).
@@ -17,7 +18,7 @@ from functools import partial
 from typing import Any
 
 from pipeline.checker import replay
-from pipeline.envs import get_environment
+from pipeline.envs import Environment, new_environment
 from pipeline.envs.bfcl import official
 from pipeline.ingest import IngestOptions, ingest
 from pipeline.ingest.bfcl import ground_truth_records
@@ -58,17 +59,24 @@ def official_path(rollouts: list[Rollout], tag: str) -> int:
     return n
 
 
-def checker_path(rollouts: list[Rollout]) -> int:
-    return sum(replay(get_environment(rollout.benchmark), rollout).T for rollout in rollouts)
+def checker_path(rollouts: list[Rollout], environments: dict[str, Environment]) -> int:
+    return sum(replay(environments[rollout.benchmark], rollout).T for rollout in rollouts)
+
+
+def fresh_environments(rollouts: list[Rollout]) -> dict[str, Environment]:
+    """The rollouts' environments, new instances: a timed pass starts with no scenario loaded (the BFCL
+    environment keeps loaded scenarios for later rollouts), as a worker's first shard of a run does."""
+    return {name: new_environment(name) for name in {r.benchmark for r in rollouts}}
 
 
 def measure(rollouts: list[Rollout], repeat: int, official: bool = True) -> dict[str, Any]:
     """Best-of-`repeat` throughput of the checker and (when `official`) of BFCL's own path on `rollouts`."""
-    checker_path(rollouts[:50])  # build the environment and import the simulators outside the timing
+    checker_path(rollouts[:50], fresh_environments(rollouts))  # import the simulators outside the timing
     best: dict[str, float] = {}
     steps = sum(len(r.calls) for r in rollouts)
     for i in range(repeat):
-        paths = {"checker": checker_path, **({"official": partial(official_path, tag=str(i))} if official else {})}
+        checker = partial(checker_path, environments=fresh_environments(rollouts))  # built outside the timing
+        paths = {"checker": checker, **({"official": partial(official_path, tag=str(i))} if official else {})}
         for name, path in paths.items():
             began = time.perf_counter()
             path(rollouts)

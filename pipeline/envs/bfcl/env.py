@@ -5,7 +5,8 @@ rejected (P) when the method returns an error (`{"error": ...}`, or a one-elemen
 the message is kept.
 
 State: one instance per involved class, built as BFCL does (`cls()`, then `_load_scenario(copy of config,
-long_context=...)`), plus a journal of the accepted calls. A rejected call leaves no state change behind:
+long_context=...)`; a scenario loaded before is copied instead, see `scenarios`), plus a journal of the
+accepted calls. A rejected call leaves no state change behind:
 some rejections mutate the instance (a wrong travel token decrements `token_expires_in`, seeded random
 generators advance), so the touched instance is rebuilt from its scenario by re-running the journal's
 accepted calls of that class. Rejections are rarer than acceptances and per-class journals are short, so
@@ -18,7 +19,6 @@ rebuilds only the class of the call it re-tests.
 
 from __future__ import annotations
 
-import copy
 import inspect
 import json
 import tomllib
@@ -29,6 +29,7 @@ from typing import Any
 from pipeline.effects import FILE, load_effects, with_effects
 from pipeline.envs.base import EnvError, Outcome, ToolInfo
 from pipeline.envs.bfcl import official
+from pipeline.envs.bfcl.scenarios import Scenario, Scenarios, deep_copy
 from pipeline.envs.bfcl.schema import parameters_schema
 from pipeline.envs.data import BUILTIN_SPECS, files_fingerprint
 from pipeline.model import Call, Rollout
@@ -44,6 +45,8 @@ class BfclState:
     long_context: bool
     withheld: dict[str, int]  # tool -> the turn from which it is available (miss_func)
     classes: frozenset[str]
+    scenarios: dict[str, Scenario] = field(default_factory=dict)  # class -> its initial state
+    known: list[str] = field(default_factory=list)  # the initial state's texts (BfclEnvironment.knowledge)
     instances: dict[str, Any] = field(default_factory=dict)  # read through BfclEnvironment.instance
     journal: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)  # accepted (class, tool, args)
     stale: set[str] = field(default_factory=set)  # classes whose instance differs from scenario + journal
@@ -56,6 +59,7 @@ class BfclEnvironment:
     def __init__(self, name: str, grounded_file: Path = GROUNDED_FILE) -> None:
         self.name = name
         self._release = official.release(name.removeprefix("bfcl_"))
+        self._scenarios = Scenarios()
         effects_file = grounded_file.with_name(FILE)
         self.version = (
             f"{self._release.pin}+{files_fingerprint(grounded_file, *[effects_file] * effects_file.is_file())}"
@@ -109,8 +113,7 @@ class BfclEnvironment:
         # BFCL's ground truth uses ids of the scenario's initial configuration that the conversation never
         # states ('USR002' for "Bob", order 12446 for "my most recent order"): BFCL treats them as known. The
         # configuration is the loaded one (initial_config over each class's defaults), as text.
-        instances = [self.instance(state, cls) for cls in state.instances]
-        return [json.dumps(vars(i), default=str, ensure_ascii=False) for i in instances if vars(i)]
+        return state.known
 
     def start(self, rollout: Rollout) -> BfclState:
         env = rollout.env
@@ -129,8 +132,13 @@ class BfclEnvironment:
             withheld=_withheld(env.get("missed_function") or {}),
             classes=frozenset(classes),
         )
-        for cls in classes:
-            state.instances[cls] = self._load(cls, state)
+        for cls in dict.fromkeys(classes):
+            simulator, stateless = self._release.simulator_class(cls), cls in official.STATELESS
+            scenario, instance = self._scenarios.start(simulator, config.get(cls, {}), state.long_context, stateless)
+            state.scenarios[cls], state.instances[cls] = scenario, instance
+            text = scenario.knowledge(instance)
+            if text is not None:
+                state.known.append(text)
         return state
 
     def available(self, state: BfclState, tool: str, turn: int) -> bool:
@@ -165,7 +173,7 @@ class BfclEnvironment:
     def instance(self, state: BfclState, cls: str) -> Any:
         """The simulator instance of `cls` in the current state (rebuilt first if it is stale)."""
         if cls in state.stale:
-            instance = self._load(cls, state)
+            instance = state.scenarios[cls].instance()
             for journaled, tool, args in state.journal:
                 if journaled == cls and error_of(instance, tool, args) is not None:
                     raise EnvError(f"{self.name}: {tool} was accepted once and rejected when rebuilding the state")
@@ -173,22 +181,13 @@ class BfclEnvironment:
             state.stale.discard(cls)
         return state.instances[cls]
 
-    def _load(self, cls: str, state: BfclState) -> Any:
-        instance = self._release.simulator_class(cls)()
-        if cls not in official.STATELESS:
-            try:
-                instance._load_scenario(_copy(state.config.get(cls, {})), long_context=state.long_context)
-            except Exception as exc:  # a malformed scenario in the record, not a simulator fault
-                raise InvalidRecord(f"bfcl: {cls} cannot load the task's initial_config: {exc!r}") from exc
-        return instance
-
 
 def _run(instance: Any, tool: str, args: dict[str, Any]) -> Outcome:
     """Both BFCL error conventions reject: a returned `{"error": ...}` and a raised exception (BFCL's own path
     reports `Error during execution: ...`). A rejection keeps what the simulator returned, as BFCL logs it,
     so that replay fidelity compares error outputs too."""
     try:
-        result = getattr(instance, tool)(**_copy(args))
+        result = getattr(instance, tool)(**_given(args))
     except Exception as exc:  # the simulator refuses the call; anything it raises is its answer
         return Outcome(False, output=f"Error during execution: {exc}", message=f"Error during execution: {exc}")
     message = error_message(result)
@@ -198,9 +197,21 @@ def _run(instance: Any, tool: str, args: dict[str, Any]) -> Outcome:
 def error_of(instance: Any, tool: str, args: dict[str, Any]) -> str | None:
     """`_run`'s rejection message alone, without building the output (for rebuilding a state)."""
     try:
-        return error_message(getattr(instance, tool)(**_copy(args)))
+        return error_message(getattr(instance, tool)(**_given(args)))
     except Exception as exc:  # as in _run
         return f"Error during execution: {exc}"
+
+
+_IMMUTABLE = frozenset({str, int, float, bool, type(None)})
+
+
+def _given(args: dict[str, Any]) -> dict[str, Any]:
+    """The arguments a simulator is given: a copy, since it may keep or change them and the journal keeps
+    them for rebuilding a state; arguments that are all immutable need none (`**` makes a mapping of its own)."""
+    for value in args.values():
+        if type(value) not in _IMMUTABLE:
+            return deep_copy(args)
+    return args
 
 
 def _of(state: BfclState, cls: str) -> list[tuple[str, str, dict[str, Any]]]:
@@ -238,41 +249,6 @@ def _as_logged(result: Any) -> Any:
         except (TypeError, ValueError):
             return str(result)
     return str(result)
-
-
-class _NotPlain(Exception):
-    pass
-
-
-def _plain_copy(value: Any, memo: dict[int, Any]) -> Any:
-    """A copy of plain JSON data (dicts with text keys, lists, text, numbers, booleans, None); _NotPlain for
-    anything else. For such data it equals `copy.deepcopy` (shared parts stay shared through `memo`; a cycle
-    raises RecursionError), about twice as fast. Exact types only: a subclass may copy differently."""
-    kind = type(value)
-    if kind is str or kind is int or kind is float or kind is bool or value is None:
-        return value
-    if kind is not dict and kind is not list:
-        raise _NotPlain
-    if id(value) in memo:
-        return memo[id(value)]
-    if kind is list:
-        out: Any = [_plain_copy(v, memo) for v in value]
-    else:
-        out = {}
-        for key, item in value.items():
-            if type(key) is not str:
-                raise _NotPlain
-            out[key] = _plain_copy(item, memo)
-    memo[id(value)] = out
-    return out
-
-
-def _copy(value: Any) -> Any:
-    """`copy.deepcopy(value)`, fast for plain JSON data (arguments, scenario configurations)."""
-    try:
-        return _plain_copy(value, {})
-    except (_NotPlain, RecursionError):
-        return copy.deepcopy(value)
 
 
 def _withheld(missed: Any) -> dict[str, int]:
