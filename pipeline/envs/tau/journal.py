@@ -17,12 +17,14 @@ whole calendar. The tools reach those entries by key too.
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel
 
 _MISSING = object()
-_ATOMIC = (str, int, float, bool, type(None))
+_ATOMIC = frozenset({str, int, float, bool, type(None)})
+_set = object.__setattr__  # pydantic records refuse attributes that are not fields
 
 
 class Journal:
@@ -121,22 +123,48 @@ class CowDict(dict):  # type: ignore[type-arg]
 def copy_record(value: Any, journal: Journal) -> Any:
     """A copy of a record that shares nothing mutable with it: a pydantic record's fields are copied one by
     one (nested records and lists likewise), its dicts of records becoming `CowDict`s over the same entries
-    (copied when touched); anything else is deep-copied. Several times faster than `copy.deepcopy`, which
-    goes through pydantic's `__deepcopy__` for every nested record."""
+    (copied when touched); a dict of plain values is copied as a dict; anything else is deep-copied. Several
+    times faster than `copy.deepcopy`, which goes through pydantic's `__deepcopy__` for every nested record."""
     kind = type(value)
     if kind in _ATOMIC:
         return value
     if kind is list:
-        return [copy_record(v, journal) for v in value]
+        return [v if type(v) in _ATOMIC else copy_record(v, journal) for v in value]
+    if kind is dict and _plain(value):
+        return dict(value)  # what deepcopy makes of it: atoms are never copied
     if not isinstance(value, BaseModel) or value.__pydantic_extra__ or value.__pydantic_private__:
         return copy.deepcopy(value)
-    fresh = copy.copy(value)  # shallow: every mutable field is replaced below
-    fields = fresh.__dict__
-    for name, item in fields.items():
+    source = value.__dict__
+    if _atoms(source.values()):
+        return _model(value, source.copy())  # most nested records: names, passengers, payments
+    fields = {}
+    for name, item in source.items():
         if type(item) in _ATOMIC:
-            continue
-        if isinstance(item, dict) and item and isinstance(next(iter(item.values())), BaseModel):
+            fields[name] = item
+        elif isinstance(item, dict) and item and isinstance(next(iter(item.values())), BaseModel):
             fields[name] = CowDict(item, journal)  # records by key (a dict of plain values is copied below)
         else:
             fields[name] = copy_record(item, journal)
+    return _model(value, fields)
+
+
+def _model(value: BaseModel, fields: dict[str, Any]) -> BaseModel:
+    """What pydantic's own `__copy__` makes of `value` (one without extra or private attributes set), with
+    `fields` as its field values."""
+    kind = type(value)
+    fresh = kind.__new__(kind)
+    _set(fresh, "__dict__", fields)
+    _set(fresh, "__pydantic_fields_set__", set(value.__pydantic_fields_set__))
+    _set(fresh, "__pydantic_extra__", None if value.__pydantic_extra__ is None else {})
+    _set(fresh, "__pydantic_private__", None if value.__pydantic_private__ is None else {})
     return fresh
+
+
+def _plain(items: dict[Any, Any]) -> bool:
+    """Whether every key and value of `items` is an atom."""
+    return _atoms(items) and _atoms(items.values())
+
+
+def _atoms(values: Iterable[Any]) -> bool:
+    """Whether every one of `values` is an atom (a str, number, bool or None: never copied)."""
+    return all(map(_ATOMIC.__contains__, map(type, values)))
