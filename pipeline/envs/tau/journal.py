@@ -17,7 +17,6 @@ whole calendar. The tools reach those entries by key too.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel
@@ -65,22 +64,19 @@ class CowDict(dict):  # type: ignore[type-arg]
         self.journal = journal
         self.owned: dict[Any, int] = {}  # key -> generation whose call owns the current copy
 
-    def _own(self, key: Any) -> Any:
+    def __getitem__(self, key: Any) -> Any:
         value = dict.__getitem__(self, key)
         journal = self.journal
         if not journal.tracking or self.owned.get(key) == journal.generation:
             return value
         fresh = copy_record(value, journal)
-        journal.record(self, key, value)
+        journal.entries.append((self, key, value))
         dict.__setitem__(self, key, fresh)
         self.owned[key] = journal.generation
         return fresh
 
-    def __getitem__(self, key: Any) -> Any:
-        return self._own(key)
-
     def get(self, key: Any, default: Any = None) -> Any:
-        return self._own(key) if dict.__contains__(self, key) else default
+        return self[key] if dict.__contains__(self, key) else default
 
     def __setitem__(self, key: Any, value: Any) -> None:
         self.journal.record(self, key, dict.get(self, key, _MISSING))
@@ -96,7 +92,7 @@ class CowDict(dict):  # type: ignore[type-arg]
             if default:
                 return default[0]
             raise KeyError(key)
-        value = self._own(key)
+        value = self[key]
         self.__delitem__(key)
         return value
 
@@ -135,23 +131,18 @@ def copy_record(value: Any, journal: Journal) -> Any:
     if not isinstance(value, BaseModel) or value.__pydantic_extra__ or value.__pydantic_private__:
         return copy.deepcopy(value)
     source = value.__dict__
-    if _atoms(source.values()):
-        return _model(value, source.copy())  # most nested records: names, passengers, payments
-    fields = {}
-    for name, item in source.items():
-        if type(item) in _ATOMIC:
-            fields[name] = item
-        elif isinstance(item, dict) and item and isinstance(next(iter(item.values())), BaseModel):
-            fields[name] = CowDict(item, journal)  # records by key (a dict of plain values is copied below)
-        else:
-            fields[name] = copy_record(item, journal)
-    return _model(value, fields)
-
-
-def _model(value: BaseModel, fields: dict[str, Any]) -> BaseModel:
-    """What pydantic's own `__copy__` makes of `value` (one without extra or private attributes set), with
-    `fields` as its field values."""
-    kind = type(value)
+    if all(map(_ATOMIC.__contains__, map(type, source.values()))):
+        fields = source.copy()  # most nested records: names, passengers, payments
+    else:
+        fields = {}
+        for name, item in source.items():
+            if type(item) in _ATOMIC:
+                fields[name] = item
+            elif isinstance(item, dict) and item and isinstance(next(iter(item.values())), BaseModel):
+                fields[name] = CowDict(item, journal)  # records by key (a dict of plain values is copied below)
+            else:
+                fields[name] = copy_record(item, journal)
+    # what pydantic's own __copy__ makes (a new instance over a copy of the field dict), without its generic steps
     fresh = kind.__new__(kind)
     _set(fresh, "__dict__", fields)
     _set(fresh, "__pydantic_fields_set__", set(value.__pydantic_fields_set__))
@@ -161,10 +152,7 @@ def _model(value: BaseModel, fields: dict[str, Any]) -> BaseModel:
 
 
 def _plain(items: dict[Any, Any]) -> bool:
-    """Whether every key and value of `items` is an atom."""
-    return _atoms(items) and _atoms(items.values())
-
-
-def _atoms(values: Iterable[Any]) -> bool:
-    """Whether every one of `values` is an atom (a str, number, bool or None: never copied)."""
-    return all(map(_ATOMIC.__contains__, map(type, values)))
+    """Whether every key and value of `items` is an atom (a str, number, bool or None: never copied)."""
+    return all(map(_ATOMIC.__contains__, map(type, items))) and all(
+        map(_ATOMIC.__contains__, map(type, items.values()))
+    )
