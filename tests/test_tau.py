@@ -185,19 +185,15 @@ def test_a_written_record_copies_only_the_entries_it_touches():
 
 def _containers(value: Any) -> list[Any]:
     """Every list, dict and record inside `value`, itself included, with each record's field dict and set."""
-    found = [value] if isinstance(value, list | dict | BaseModel) else []
     if isinstance(value, BaseModel):
-        found += [value.__dict__, value.__pydantic_fields_set__]
-    items = (
-        value.__dict__.values()
-        if isinstance(value, BaseModel)
-        else value.values()
-        if isinstance(value, dict)
-        else value
-        if isinstance(value, list)
-        else []
-    )
-    for item in items:
+        found, inside = [value, value.__dict__, value.__pydantic_fields_set__], list(value.__dict__.values())
+    elif isinstance(value, dict):
+        found, inside = [value], list(value.values())
+    elif isinstance(value, list):
+        found, inside = [value], value
+    else:
+        return []
+    for item in inside:
         found += _containers(item)
     return found
 
