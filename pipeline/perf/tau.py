@@ -14,12 +14,10 @@ the other, alternating which goes first: each replays every rollout of the sourc
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import subprocess
 import sys
-import tarfile
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -82,15 +80,17 @@ def bench_tau(
 
 def _checkout(revision: str, into: Path) -> tuple[Path | None, str]:
     """The source tree of `revision` from this checkout's git history, or None and why it is not there."""
+    archive = into / "baseline.tar"
+    commands = [
+        ["git", "-C", str(ROOT), "archive", f"--output={archive}", revision],
+        ["tar", "-xf", str(archive), "-C", str(into)],
+    ]
     try:
-        archive = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", "--format=tar", revision], capture_output=True, check=True
-        ).stdout
+        for command in commands:
+            subprocess.run(command, capture_output=True, check=True)
     except (OSError, subprocess.CalledProcessError) as exc:
-        reason = getattr(exc, "stderr", b"") or str(exc).encode()
-        return None, f"none: {revision} is not in this checkout's git history ({reason.decode().strip()[:120]})"
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(into, filter="data")
+        reason = (getattr(exc, "stderr", b"") or str(exc).encode()).decode().strip()[:120]
+        return None, f"none: {revision} could not be taken from this checkout's git history ({reason})"
     return into, ""
 
 
