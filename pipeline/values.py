@@ -20,6 +20,8 @@ _EXACT_TYPES = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIM
 REL_TOL = 1e-9
 ABS_TOL = 1e-9
 _LITERAL_START = (*"[{('\"-0123456789", "None", "True", "False")
+_JSON_SPACE = " \t\n\r"  # the whitespace JSON (and orjson) allows before a value
+_JSON_START = frozenset('{["-0123456789tfn')  # the first character of every JSON value
 
 
 def same(replayed: Any, logged: Any) -> bool:
@@ -59,10 +61,11 @@ def decoded(value: Any) -> Any:
     """A logged output as a value: text is read as JSON, else as a Python literal, else kept as stripped text."""
     if not isinstance(value, str):
         return value
-    try:
-        return orjson.loads(value)
-    except orjson.JSONDecodeError:
-        pass
+    if value.lstrip(_JSON_SPACE)[:1] in _JSON_START:  # else orjson refuses it: plain text skips raising
+        try:
+            return orjson.loads(value)
+        except orjson.JSONDecodeError:
+            pass
     text = value.strip()
     if text.startswith(_LITERAL_START):
         try:

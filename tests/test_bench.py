@@ -173,7 +173,7 @@ def _small(name: str, tmp_path: Path) -> Bench:
         return bench_bfcl(repeats=1)
     from pipeline.perf.tau import bench_tau
 
-    return bench_tau(str(DATA / "real" / "tau2"), repeats=1)
+    return bench_tau(str(DATA / "real" / "tau2"), repeats=1, passes=1)  # against c0f23f9 when git has it
 
 
 @pytest.mark.parametrize("name", BENCHES)
@@ -182,6 +182,16 @@ def test_every_bench_runs_and_prints(name, tmp_path, monkeypatch):
         ray.shutdown()
     monkeypatch.chdir(ROOT)
     _check(_small(name, tmp_path), name)
+
+
+def test_the_tau_bench_without_its_baseline_revision_says_why():
+    from pipeline.perf.tau import bench_tau
+
+    bench = bench_tau(str(DATA / "real" / "tau2"), repeats=1, passes=1, baseline="0123456789abcdef")
+    speed = bench.figures[0]
+    assert speed.baseline_values is None
+    assert speed.baseline.startswith("none: 0123456789abcdef could not be taken from this checkout's git history")
+    assert bench.details["project"][0]["steps"] == 2661  # every step of the 290 real rollouts, replayed
 
 
 def test_the_cli_prints_the_readme_block(tmp_path):

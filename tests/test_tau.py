@@ -3,6 +3,7 @@ overlay, the tau2 ingest adapter and an end-to-end run through local Ray on a re
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from pathlib import Path
@@ -11,11 +12,13 @@ from typing import Any
 import duckdb
 import orjson
 import pytest
+from pydantic import BaseModel
 
 from pipeline.checker import replay
 from pipeline.distributed import run_scoring
 from pipeline.envs import EnvOptions, get_environment
 from pipeline.envs.tau.env import calculate
+from pipeline.envs.tau.journal import CowDict, Journal, copy_record
 from pipeline.envs.tau.schemas import official_tools, tools_path
 from pipeline.ingest import IngestError, IngestOptions, ingest
 from pipeline.model import RolloutResult
@@ -178,6 +181,44 @@ def test_a_written_record_copies_only_the_entries_it_touches():
     assert original.dates[day].status == status
     env.start(_rollout("airline", []))
     assert dict.__getitem__(flights, number) is original and state.journal.entries == []
+
+
+def _containers(value: Any) -> list[Any]:
+    """Every list, dict and record inside `value`, itself included, with each record's field dict and set."""
+    if isinstance(value, BaseModel):
+        found, inside = [value, value.__dict__, value.__pydantic_fields_set__], list(value.__dict__.values())
+    elif isinstance(value, dict):
+        found, inside = [value], list(value.values())
+    elif isinstance(value, list):
+        found, inside = [value], value
+    else:
+        return []
+    for item in inside:
+        found += _containers(item)
+    return found
+
+
+@pytest.mark.parametrize("domain", ["airline", "retail"])
+def test_a_copied_record_equals_pydantics_copy_and_shares_nothing_mutable(domain):
+    db = get_environment(f"tau_{domain}")._state.toolkit.db
+    journal = Journal()
+    for field in type(db).model_fields:
+        for record in list(dict.values(getattr(db, field)))[:50]:
+            copied = copy_record(record, journal)
+            assert type(copied) is type(record) and copied == record == copy.deepcopy(record)
+            assert copied.model_dump() == record.model_dump()
+            assert copied.__pydantic_fields_set__ == record.__pydantic_fields_set__
+            assert copied.__dict__ is not record.__dict__
+            assert copied.__pydantic_fields_set__ is not record.__pydantic_fields_set__
+            # a dict of records is shared until touched (a CowDict over the same entries); nothing else is
+            shared = {id(c) for c in _containers(record)} & {
+                id(c) for c in _containers(copied) if not isinstance(c, CowDict)
+            }
+            under_cow = {id(e) for c in _containers(copied) if isinstance(c, CowDict) for e in _containers(dict(c))}
+            assert shared <= under_cow, (field, record)
+            cows = [c for c in copied.__dict__.values() if isinstance(c, CowDict)]
+            assert all(isinstance(next(iter(c.values())), BaseModel) for c in cows)
+    assert journal.entries == []  # copying journals nothing: the CowDict that asked for the copy does
 
 
 def test_strict_policy_adds_written_rules_the_code_does_not_enforce():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 
+import orjson
 import pytest
 
 from pipeline.checker import replay
@@ -59,6 +60,22 @@ def test_json_copy_is_the_standard_round_trip_or_refuses() -> None:
     for other in ({"x": float("nan")}, {"x": float("inf")}, {"x": Colour.RED}, {"x": (1, 2)}, {1: "a"}, {"x": 2**64}):
         with pytest.raises(NotExact):
             json_copy(other)
+
+
+def test_every_text_orjson_reads_is_decoded_as_json() -> None:
+    # decoded() asks orjson only about text that can start a JSON value: whatever orjson reads must still be read.
+    read = 0
+    for prefix in ("", " ", "\n\t\r ", "\x0b", "\ufeff"):
+        for first in map(chr, [*range(0x300), 0x2028, 0xFEFF]):
+            for rest in ("", "1", "rue", "alse", "ull", "{}", '"x"', "]", ".5e3"):
+                text = prefix + first + rest
+                try:
+                    value = orjson.loads(text)
+                except orjson.JSONDecodeError:
+                    continue
+                read += 1
+                assert decoded(text) == value and type(decoded(text)) is type(value), text
+    assert read > 40  # numbers, strings, arrays, objects, true, false, null, after JSON whitespace
 
 
 def test_text_is_never_run() -> None:

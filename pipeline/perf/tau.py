@@ -1,60 +1,108 @@
-"""τ replay benchmark: steps/s per core and peak memory of one worker, over real tau2 results files.
+"""τ replay benchmark: steps/s per core, time per rollout beyond the tool calls and peak memory of one worker,
+over real tau2 results files, against the code of an earlier revision measured in the same run.
 
     pexec bench tau, or python -m pipeline.perf.tau [--source DIR] [--repeat N] [--policy code|strict]
+                                                    [--passes N] [--baseline REV|none]
 
-Replays every rollout of the source `--repeat` times in this process (one core) against the official
-tools with the copy-on-write journal, and times a DB deep copy per run for comparison.
+Every repetition runs the project and the baseline revision (default c0f23f9, the code when issue 20 asked
+for faster replay; extracted with `git archive` from this checkout's history) in fresh processes, one after
+the other, alternating which goes first: each replays every rollout of the source once to warm up, then
+`--passes` times timed, on one core, against the official tools with the copy-on-write journal
+(pipeline/perf/tau_worker.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
+import json
 import os
-import resource
-import time
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
-from pipeline.checker import replay
-from pipeline.envs import EnvOptions, get_environment
-from pipeline.ingest import IngestOptions, ingest
-from pipeline.perf.figures import Bench, figure, load_average, n_runs, show
-from pipeline.records import parse_rollout
+from pipeline.errors import PexecError
+from pipeline.perf.figures import Bench, Figure, figure, load_average, n_runs, show
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).resolve().with_name("tau_worker.py")
+BASELINE = "c0f23f9"  # the code when issue 20 (replay speed) was filed
 
 
-def bench_tau(source: str = "../shared/data/real/tau2", repeats: int = 5, policy: str = "code") -> Bench:
-    """Every rollout of `source` replayed `repeats` times in this process (one core); per run, the time per
-    rollout against one deep copy of the airline DB (what forking the state per rollout would cost)."""
+def bench_tau(
+    source: str = "../shared/data/real/tau2",
+    repeats: int = 5,
+    policy: str = "code",
+    passes: int = 3,
+    baseline: str | None = BASELINE,
+) -> Bench:
+    """The project against revision `baseline` (None: no baseline), `repeats` times interleaved."""
     load = os.getloadavg()[0]
-    rollouts = [parse_rollout(r) for r in ingest("tau2", [source], IngestOptions())]
-    began = time.perf_counter()
-    envs = {b: get_environment(b, EnvOptions(policy=policy)) for b in {r.benchmark for r in rollouts}}
-    build = time.perf_counter() - began
-    db = envs["tau_airline"]._state.toolkit.db if "tau_airline" in envs else None
-    steps_per_s, ms_per_rollout, copy_ms = [], [], []
-    for _ in range(repeats):
-        steps = 0
-        began = time.perf_counter()
-        for rollout in rollouts:
-            steps += replay(envs[rollout.benchmark], rollout).T
-        seconds = time.perf_counter() - began
-        steps_per_s.append(steps / seconds)
-        ms_per_rollout.append(seconds / len(rollouts) * 1000)
-        if db is not None:
-            t = time.perf_counter()
-            copy.deepcopy(db)
-            copy_ms.append((time.perf_counter() - t) * 1000)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    per_rollout = f"replay, per rollout ({len(rollouts)} rollouts, {steps:,} steps)"
+    options = json.dumps({"source": str(Path(source).resolve()), "policy": policy, "passes": passes})
+    with tempfile.TemporaryDirectory(prefix="pexec-bench-tau-") as tmp:
+        tree, missing = _checkout(baseline, Path(tmp)) if baseline else (None, "none: no baseline asked for")
+        project: list[dict[str, Any]] = []
+        base: list[dict[str, Any]] = []
+        for i in range(repeats):
+            order = [(ROOT, project), (tree, base)] if tree is not None else [(ROOT, project)]
+            for where, runs in order[:: 1 if i % 2 else -1]:
+                runs.append(_run(where, options))
+    about = f"revision {baseline}" if tree is not None else missing
+
+    def pair(name: str, unit: str, value: Callable[[dict[str, Any]], float]) -> Figure:
+        return figure(name, unit, [value(r) for r in project], about, [value(r) for r in base] if base else None)
+
+    first = project[0]
+    size = f"{first['rollouts']} rollouts, {first['steps']:,} steps"
     figures = [
-        figure(f"replay, one core ({len(rollouts)} rollouts)", "steps/s", steps_per_s, "none: one implementation"),
-        figure(per_rollout, "ms", ms_per_rollout, "one deep copy of the airline DB", copy_ms)
-        if copy_ms
-        else figure(per_rollout, "ms", ms_per_rollout, "none: no airline rollouts"),
-        figure("environments built (the DB parsed once per worker)", "s", [build], "none: one implementation"),
-        figure("peak RSS of this worker", "MiB", [peak], "none: peak memory"),
+        pair(f"replay, one core ({size})", "steps/s", lambda r: r["steps"] * r["passes"] / r["seconds"]),
+        pair("replay, per rollout", "ms", lambda r: r["seconds"] / (r["passes"] * r["rollouts"]) * 1000),
+        pair(
+            "per rollout beyond the tool calls (the official tools on the journaled DB)",
+            "ms",
+            lambda r: (r["timed_pass_seconds"] - r["tool_seconds"]) / r["rollouts"] * 1000,
+        ),
+        pair("environments built (the DB parsed once per worker)", "s", lambda r: r["build_seconds"]),
+        pair("peak RSS of a worker", "MiB", lambda r: r["peak_rss_mib"]),
     ]
-    caption = f"{source}, policy {policy}, one core, {n_runs(repeats)}; {load_average(load)}"
-    return Bench("tau", caption, figures)
+    if first["db_copy_seconds"] is not None:
+        copies = [r["db_copy_seconds"] * 1000 for r in project]
+        instead = "none: what forking the DB per rollout would cost instead of the journal"
+        figures.append(figure("one deep copy of the airline DB", "ms", copies, instead))
+    caption = (
+        f"{source}, policy {policy}, one core, {n_runs(repeats)} in fresh processes, each a warm-up and "
+        f"{passes} timed passes; {load_average(load)}"
+    )
+    return Bench("tau", caption, figures, {"project": project, "baseline": base, "baseline_revision": baseline})
+
+
+def _checkout(revision: str, into: Path) -> tuple[Path | None, str]:
+    """The source tree of `revision` from this checkout's git history, or None and why it is not there."""
+    archive = into / "baseline.tar"
+    commands = [
+        ["git", "-C", str(ROOT), "archive", f"--output={archive}", revision],
+        ["tar", "-xf", str(archive), "-C", str(into)],
+    ]
+    try:
+        for command in commands:
+            subprocess.run(command, capture_output=True, check=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        reason = (getattr(exc, "stderr", b"") or str(exc).encode()).decode().strip()[:120]
+        return None, f"none: {revision} could not be taken from this checkout's git history ({reason})"
+    return into, ""
+
+
+def _run(tree: Path, options: str) -> dict[str, Any]:
+    """One worker process over the `pipeline` package of `tree`."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    done = subprocess.run(
+        [sys.executable, str(WORKER), options], cwd=tree, env=env, capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise PexecError(f"τ bench worker over {tree} failed: {done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout.splitlines()[-1])
 
 
 def main() -> None:
@@ -62,8 +110,11 @@ def main() -> None:
     parser.add_argument("--source", default="../shared/data/real/tau2")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--policy", default="code", choices=["code", "strict"])
+    parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--baseline", default=BASELINE, help="a git revision, or none")
     opts = parser.parse_args()
-    show(bench_tau(opts.source, opts.repeat, opts.policy))
+    baseline = None if opts.baseline == "none" else opts.baseline
+    show(bench_tau(opts.source, opts.repeat, opts.policy, opts.passes, baseline))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ from typing import Any
 from pydantic import BaseModel
 
 _MISSING = object()
-_ATOMIC = (str, int, float, bool, type(None))
+_ATOMIC = frozenset({str, int, float, bool, type(None)})
+_set = object.__setattr__  # pydantic records refuse attributes that are not fields
 
 
 class Journal:
@@ -63,22 +64,19 @@ class CowDict(dict):  # type: ignore[type-arg]
         self.journal = journal
         self.owned: dict[Any, int] = {}  # key -> generation whose call owns the current copy
 
-    def _own(self, key: Any) -> Any:
+    def __getitem__(self, key: Any) -> Any:
         value = dict.__getitem__(self, key)
         journal = self.journal
         if not journal.tracking or self.owned.get(key) == journal.generation:
             return value
         fresh = copy_record(value, journal)
-        journal.record(self, key, value)
+        journal.entries.append((self, key, value))
         dict.__setitem__(self, key, fresh)
         self.owned[key] = journal.generation
         return fresh
 
-    def __getitem__(self, key: Any) -> Any:
-        return self._own(key)
-
     def get(self, key: Any, default: Any = None) -> Any:
-        return self._own(key) if dict.__contains__(self, key) else default
+        return self[key] if dict.__contains__(self, key) else default
 
     def __setitem__(self, key: Any, value: Any) -> None:
         self.journal.record(self, key, dict.get(self, key, _MISSING))
@@ -94,7 +92,7 @@ class CowDict(dict):  # type: ignore[type-arg]
             if default:
                 return default[0]
             raise KeyError(key)
-        value = self._own(key)
+        value = self[key]
         self.__delitem__(key)
         return value
 
@@ -121,22 +119,40 @@ class CowDict(dict):  # type: ignore[type-arg]
 def copy_record(value: Any, journal: Journal) -> Any:
     """A copy of a record that shares nothing mutable with it: a pydantic record's fields are copied one by
     one (nested records and lists likewise), its dicts of records becoming `CowDict`s over the same entries
-    (copied when touched); anything else is deep-copied. Several times faster than `copy.deepcopy`, which
-    goes through pydantic's `__deepcopy__` for every nested record."""
+    (copied when touched); a dict of plain values is copied as a dict; anything else is deep-copied. Several
+    times faster than `copy.deepcopy`, which goes through pydantic's `__deepcopy__` for every nested record."""
     kind = type(value)
     if kind in _ATOMIC:
         return value
     if kind is list:
-        return [copy_record(v, journal) for v in value]
+        return [v if type(v) in _ATOMIC else copy_record(v, journal) for v in value]
+    if kind is dict and _plain(value):
+        return dict(value)  # what deepcopy makes of it: atoms are never copied
     if not isinstance(value, BaseModel) or value.__pydantic_extra__ or value.__pydantic_private__:
         return copy.deepcopy(value)
-    fresh = copy.copy(value)  # shallow: every mutable field is replaced below
-    fields = fresh.__dict__
-    for name, item in fields.items():
-        if type(item) in _ATOMIC:
-            continue
-        if isinstance(item, dict) and item and isinstance(next(iter(item.values())), BaseModel):
-            fields[name] = CowDict(item, journal)  # records by key (a dict of plain values is copied below)
-        else:
-            fields[name] = copy_record(item, journal)
+    source = value.__dict__
+    if all(map(_ATOMIC.__contains__, map(type, source.values()))):
+        fields = source.copy()  # most nested records: names, passengers, payments
+    else:
+        fields = {}
+        for name, item in source.items():
+            if type(item) in _ATOMIC:
+                fields[name] = item
+            elif isinstance(item, dict) and item and isinstance(next(iter(item.values())), BaseModel):
+                fields[name] = CowDict(item, journal)  # records by key (a dict of plain values is copied below)
+            else:
+                fields[name] = copy_record(item, journal)
+    # what pydantic's own __copy__ makes (a new instance over a copy of the field dict), without its generic steps
+    fresh = kind.__new__(kind)
+    _set(fresh, "__dict__", fields)
+    _set(fresh, "__pydantic_fields_set__", set(value.__pydantic_fields_set__))
+    _set(fresh, "__pydantic_extra__", None if value.__pydantic_extra__ is None else {})
+    _set(fresh, "__pydantic_private__", None if value.__pydantic_private__ is None else {})
     return fresh
+
+
+def _plain(items: dict[Any, Any]) -> bool:
+    """Whether every key and value of `items` is an atom (a str, number, bool or None: never copied)."""
+    return all(map(_ATOMIC.__contains__, map(type, items))) and all(
+        map(_ATOMIC.__contains__, map(type, items.values()))
+    )
