@@ -22,6 +22,8 @@ from typing import Any
 
 import orjson
 
+from pipeline.values import ATOMS
+
 _STEP = re.compile(r"step(\d+)$")
 # `$step2.id` (step references only: a bare `$` is too common in money amounts), `{{ path }}`, `<name>`.
 _WORD = re.compile(r"[\w-]+")  # a run of the characters that `History.knows` counts as part of a word
@@ -163,7 +165,7 @@ def resolve_references(args: Any, history: History, step: int) -> tuple[Any, dic
         return args, failures, holders
     out = {}
     for key, value in args.items():
-        if type(value) in _PLAIN and not (type(value) is str and _may_refer(value)):
+        if type(value) in ATOMS and not (type(value) is str and _may_refer(value)):
             out[key] = value  # what `_substitute` returns for a value without a reference, without the call
             continue
         new, errors, found = _substitute(value, history, step)
@@ -201,9 +203,6 @@ def _substitute(value: Any, history: History, step: int) -> tuple[Any, list[str]
             found |= f
         return items, errors, found
     return value, [], False
-
-
-_PLAIN = frozenset({str, int, float, bool, type(None)})
 
 
 def _may_refer(text: str) -> bool:

@@ -83,7 +83,11 @@ class StepResult:
 @dataclass(slots=True)
 class RolloutResult:
     rollout: Rollout
-    steps: list[StepResult]
+    steps: list[StepResult]  # complete when the result is built: what follows is derived from it once
+    first_invalid: StepResult | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.first_invalid = next((s for s in self.steps if not s.valid), None)
 
     @property
     def T(self) -> int:
@@ -91,7 +95,7 @@ class RolloutResult:
 
     @property
     def fed(self) -> int:
-        return next((s.step for s in self.steps if not s.valid), self.T + 1)
+        return self.first_invalid.step if self.first_invalid else self.T + 1
 
     @property
     def executable(self) -> bool:
@@ -103,7 +107,7 @@ class RolloutResult:
 
     @property
     def first_cause(self) -> str | None:
-        return next((s.cause for s in self.steps if not s.valid), None)
+        return self.first_invalid.cause if self.first_invalid else None
 
     @property
     def recovered(self) -> bool | None:

@@ -54,10 +54,7 @@ def rollouts_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
     )
     rows = []
     for res in results:
-        r, steps, T = res.rollout, res.steps, len(res.steps)
-        # One pass over the steps for what the RolloutResult properties would each find again.
-        first = next((s for s in steps if not s.valid), None)
-        fed = first.step if first else T + 1
+        r, steps, fed = res.rollout, res.steps, res.fed
         compared = [s.output_match for s in steps if s.output_match is not None]
         rows.append(
             {
@@ -68,18 +65,18 @@ def rollouts_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
                 **{name: r.labels.get(name) for name in labels},
                 **{ATTRIBUTE_PREFIX + name: r.attributes.get(name) for name in attributes},
                 "status": r.status,
-                "T": T,
+                "T": res.T,
                 "fed": fed,
-                "executable": first is None,
-                "auc_term": 1.0 if T == 0 else (fed - 1) / T,
+                "executable": res.executable,
+                "auc_term": res.auc_term,
                 "success": r.success,
-                "recovered": None if r.success is None else first is not None and r.success,
-                "first_cause": first.cause if first else None,
+                "recovered": res.recovered,
+                "first_cause": res.first_cause,
                 "n_invalid": sum(not s.valid for s in steps),
                 "n_output_mismatch": sum(m is False for m in compared),
                 "n_output_compared": len(compared),
                 "diverged_before_fed": any(s.output_match is False and s.step < fed for s in steps),
-                **effect_columns(res, fed),
+                **effect_columns(res),
                 **check_levels(res),
                 **{f"cost_{k}": r.cost.get(k) for k in cost_names},
             }
@@ -87,15 +84,14 @@ def rollouts_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
     return _table({name: [row[name] for row in rows] for name in schema.names}, schema)
 
 
-def effect_columns(res: RolloutResult, fed: int | None = None) -> dict[str, Any]:
+def effect_columns(res: RolloutResult) -> dict[str, Any]:
     """The rollout's harm columns from its steps' effect classes (docs/design.md §2.2): writes (write or
     irreversible calls), unclassified calls, invalid irreversible calls, the first invalid write's depth among
-    the writes (write_fed, as fed among all calls) and its AUC term, and the weighted AUC term. `fed`: the
-    rollout's, when the caller has it."""
+    the writes (write_fed, as fed among all calls) and its AUC term, and the weighted AUC term."""
     writes = [s for s in res.steps if s.effect in WRITES]
     write_fed = next((i for i, s in enumerate(writes, start=1) if not s.valid), len(writes) + 1) if writes else None
     total = sum(s.effect_weight for s in res.steps)
-    fed = res.fed if fed is None else fed
+    fed = res.fed
     before = sum(s.effect_weight for s in res.steps if s.step < fed)
     return {
         "n_writes": len(writes),

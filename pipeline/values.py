@@ -19,6 +19,7 @@ import orjson
 _EXACT_TYPES = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_SUBCLASS
 REL_TOL = 1e-9
 ABS_TOL = 1e-9
+ATOMS = frozenset({str, int, float, bool, type(None)})  # the types of JSON's atoms: immutable, never copied
 _LITERAL_START = (*"[{('\"-0123456789", "None", "True", "False")
 _JSON_SPACE = " \t\n\r"  # the whitespace JSON (and orjson) allows before a value
 _JSON_START = frozenset('{["-0123456789tfn')  # the first character of every JSON value

@@ -34,7 +34,7 @@ from pipeline.envs.bfcl.schema import parameters_schema
 from pipeline.envs.data import BUILTIN_SPECS, files_fingerprint
 from pipeline.model import Call, Rollout
 from pipeline.records import InvalidRecord
-from pipeline.values import NotExact, json_copy
+from pipeline.values import ATOMS, NotExact, json_copy
 
 GROUNDED_FILE = BUILTIN_SPECS / "bfcl_v3" / "grounded.toml"
 
@@ -202,14 +202,11 @@ def error_of(instance: Any, tool: str, args: dict[str, Any]) -> str | None:
         return f"Error during execution: {exc}"
 
 
-_IMMUTABLE = frozenset({str, int, float, bool, type(None)})
-
-
 def _given(args: dict[str, Any]) -> dict[str, Any]:
     """The arguments a simulator is given: a copy, since it may keep or change them and the journal keeps
     them for rebuilding a state; arguments that are all immutable need none (`**` makes a mapping of its own)."""
     for value in args.values():
-        if type(value) not in _IMMUTABLE:
+        if type(value) not in ATOMS:
             return deep_copy(args)
     return args
 

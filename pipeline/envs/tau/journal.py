@@ -21,8 +21,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from pipeline.values import ATOMS
+
 _MISSING = object()
-_ATOMIC = frozenset({str, int, float, bool, type(None)})
 _set = object.__setattr__  # pydantic records refuse attributes that are not fields
 
 
@@ -122,21 +123,21 @@ def copy_record(value: Any, journal: Journal) -> Any:
     (copied when touched); a dict of plain values is copied as a dict; anything else is deep-copied. Several
     times faster than `copy.deepcopy`, which goes through pydantic's `__deepcopy__` for every nested record."""
     kind = type(value)
-    if kind in _ATOMIC:
+    if kind in ATOMS:
         return value
     if kind is list:
-        return [v if type(v) in _ATOMIC else copy_record(v, journal) for v in value]
+        return [v if type(v) in ATOMS else copy_record(v, journal) for v in value]
     if kind is dict and _plain(value):
         return dict(value)  # what deepcopy makes of it: atoms are never copied
     if not isinstance(value, BaseModel) or value.__pydantic_extra__ or value.__pydantic_private__:
         return copy.deepcopy(value)
     source = value.__dict__
-    if all(map(_ATOMIC.__contains__, map(type, source.values()))):
+    if all(map(ATOMS.__contains__, map(type, source.values()))):
         fields = source.copy()  # most nested records: names, passengers, payments
     else:
         fields = {}
         for name, item in source.items():
-            if type(item) in _ATOMIC:
+            if type(item) in ATOMS:
                 fields[name] = item
             elif isinstance(item, dict) and item and isinstance(next(iter(item.values())), BaseModel):
                 fields[name] = CowDict(item, journal)  # records by key (a dict of plain values is copied below)
@@ -153,6 +154,6 @@ def copy_record(value: Any, journal: Journal) -> Any:
 
 def _plain(items: dict[Any, Any]) -> bool:
     """Whether every key and value of `items` is an atom (a str, number, bool or None: never copied)."""
-    return all(map(_ATOMIC.__contains__, map(type, items))) and all(
-        map(_ATOMIC.__contains__, map(type, items.values()))
+    return all(map(ATOMS.__contains__, map(type, items))) and all(
+        map(ATOMS.__contains__, map(type, items.values()))
     )
