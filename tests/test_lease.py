@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 
@@ -248,3 +249,23 @@ def test_a_writer_whose_stale_lease_was_taken_over_stops_without_committing(tmp_
     assert first.returncode == 2, first_err
     assert first_err.strip().splitlines()[-1] == f"error: the lease of {run} was taken over by another writer"
     assert run_rows(run, None) == run_rows(clean, None)
+
+
+def test_a_signal_handed_to_another_thread_while_the_lease_is_taken_waits_for_its_release(tmp_path: Path) -> None:
+    # The kernel hands a process's signal to any thread that does not block it (a progress bar's thread, made
+    # before the lease): its handler then runs in the main thread, which must not be between the lease file's
+    # creation and the `with` that releases it.
+    run = str(tmp_path / "run")
+    go = threading.Event()
+    other = threading.Thread(target=lambda: go.wait() and signal.pthread_kill(other.ident, signal.SIGINT))
+    other.start()
+    lease = Lease(run)
+    with pytest.raises(KeyboardInterrupt), ExitStack() as held:
+        with lease.taking():
+            lease.acquire()
+            go.set()
+            other.join()
+            time.sleep(0.05)  # the main thread would run the handler here
+            held.enter_context(lease)
+        pytest.fail("the signal was lost")  # it arrives as the block ends
+    assert not exists(f"{run}/{LEASE}")

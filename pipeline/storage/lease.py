@@ -96,16 +96,22 @@ class Lease:
     def taking(self) -> Iterator[None]:
         """Signals (Ctrl-C, SIGTERM) wait while the lease is taken and its release is registered (enter the lease
         inside this block): one arriving between the lease file's creation and the `with` that releases it
-        would otherwise leave the lease behind. Only the main thread receives signals; elsewhere a no-op."""
+        would otherwise leave the lease behind. Python runs signal handlers in the main thread only; elsewhere
+        a no-op. The handlers are swapped rather than the signals blocked: the kernel hands a signal to any
+        thread that does not block it (a progress bar's, say), and the main thread then runs its handler."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-        deferred = {signal.SIGINT, signal.SIGTERM}
-        previous = signal.pthread_sigmask(signal.SIG_BLOCK, deferred)
+        received: list[int] = []
+        deferred = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not None]  # None: not ours
+        previous = {s: signal.signal(s, lambda signum, _: received.append(signum)) for s in deferred}
         try:
             yield
         finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # a pending signal is delivered here
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            for signum in received:
+                signal.raise_signal(signum)  # delivered now, to the handlers restored above
 
     def __enter__(self) -> Lease:
         if self._holder is None:  # not acquired beforehand
