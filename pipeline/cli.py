@@ -392,6 +392,7 @@ class ScoreProgress:
         )
         self.rollouts = self.rejects = 0
         self.task: Any = None
+        self.seen: dict[str, ShardReport] = {}  # a shard holding a later copy of a duplicated id reports twice
 
     def on_plan(self, p: ShardPlan) -> None:
         console.print(
@@ -402,11 +403,17 @@ class ScoreProgress:
         self.task = self.bar.add_task("score", total=len(p.shards), rollouts=0, rate=0.0, rejects=0)
 
     def on_shard(self, r: ShardReport) -> None:
-        self.rollouts += r.scored
-        self.rejects += r.rejected
+        before = self.seen.get(r.shard)
+        self.seen[r.shard] = r
+        self.rollouts += r.scored - (before.scored if before else 0)
+        self.rejects += r.rejected - (before.rejected if before else 0)
         elapsed = self.bar.tasks[self.task].elapsed or 1e-9
         self.bar.update(
-            self.task, advance=1, rollouts=self.rollouts, rejects=self.rejects, rate=self.rollouts / elapsed
+            self.task,
+            advance=0 if before else 1,
+            rollouts=self.rollouts,
+            rejects=self.rejects,
+            rate=self.rollouts / elapsed,
         )
 
 

@@ -16,12 +16,14 @@ from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+import pyarrow as pa
+
 from pipeline.checker import CHECKS
 from pipeline.code_version import code_version
 from pipeline.envs import EnvError, EnvOptions, forget_unresolved, get_environment
 from pipeline.errors import PexecError, StorageError
-from pipeline.score import ScoreSettings, ShardReport, score_shard
-from pipeline.storage.ids import Duplicates, digest, duplicate_ids
+from pipeline.score import ScoredShard, ScoreSettings, ShardReport, score_shard
+from pipeline.storage.ids import Duplicates, digest, duplicate_ids, shard_ids
 from pipeline.storage.inputs import Shard, list_inputs, plan_shards
 from pipeline.storage.lease import DEFAULT_STALE_AFTER, Lease, LeaseLost
 from pipeline.storage.run import (
@@ -109,48 +111,53 @@ def run_scoring(
             held.enter_context(lease)
         markers = {} if force else read_shard_markers(run, storage_options)
         sizes = part_sizes(run, storage_options) if markers else {}
-        with ThreadPoolExecutor(1) as pool:
-            # The id pass reads the whole store on one core while Ray starts (mostly waiting for its processes):
-            # both at once when some shard has no committed output to reuse.
-            ids = pool.submit(duplicate_ids, shard_plan.shards, storage_options)
-            if executor == "ray" and any(s.key not in markers for s in shard_plan.shards):
-                _start_ray(address, num_cpus)
-            duplicates = ids.result()
-        reused = [
-            r for r in (_reusable(s, markers.get(s.key), settings, sizes, duplicates) for s in shard_plan.shards) if r
-        ]
-        todo = [s for s in shard_plan.shards if s.key not in {r.shard for r in reused}]
+        # Reusable as far as input, versions and parts go; whether the duplicate ids each was told about still
+        # hold is known once the ids of every shard are (below).
+        reused = {s.key: r for s in shard_plan.shards if (r := _reusable(s, markers.get(s.key), settings, sizes))}
+        todo = [s for s in shard_plan.shards if s.key not in reused]
         if on_plan:
             on_plan(replace(shard_plan, reusable=len(reused)))
         remove_manifest(run, storage_options)
         # Before any shard: what the run covers, so that a reader of an unfinished run can state its coverage.
         write_plan(run, _plan_record(store, settings, shard_plan, started), storage_options)
-        for report in reused:
+        for report in reused.values():
             if on_shard:
                 on_shard(report)
-        if executor == "inline":
-            reports = [_inline(shard, settings, duplicates, on_shard, lease.check) for shard in todo]
-        else:
-            reports = _on_ray(todo, settings, duplicates, address, num_cpus, on_shard, lease.check) if todo else []
-        reports = sorted([*reused, *reports], key=lambda r: (r.source, r.start))
+
+        def score(shards: list[Shard], duplicates: Duplicates) -> list[ScoredShard]:
+            if executor == "inline":
+                return [_inline(shard, settings, duplicates, on_shard, lease.check) for shard in shards]
+            return _on_ray(shards, settings, duplicates, address, num_cpus, on_shard, lease.check) if shards else []
+
+        with ThreadPoolExecutor(1) as pool:
+            # Scoring returns the ids a shard holds; those of reused shards are read meanwhile.
+            reread = pool.submit(_ids, [s for s in shard_plan.shards if s.key in reused], storage_options)
+            scored = score(todo, {})
+            ids = reread.result() | {s.report.shard: s.ids for s in scored}
+        reports = reused | {s.report.shard: s.report for s in scored}
+        del scored
+        duplicates = duplicate_ids(shard_plan.shards, ids, storage_options)
+        del ids
+        # A shard told other than what the whole store shows (none were told anything before their ids were
+        # known) is scored again: only shards holding a later copy of an id, whatever the order they ran in.
+        again = [s for s in shard_plan.shards if reports[s.key].duplicates != digest(duplicates.get(s.key, {}))]
+        reports |= {s.report.shard: s.report for s in score(again, duplicates)}
+        ordered = sorted(reports.values(), key=lambda r: (r.source, r.start))
         lease.confirm()  # a writer that lost its lease must not delete or commit anything
         # Parts of an earlier plan of this run (another shard size, a removed input) would duplicate rows.
         remove_stale_parts(run, {s.key for s in shard_plan.shards}, storage_options)
-        manifest = _manifest(store, settings, shard_plan, reports, started, executor)
+        manifest = _manifest(store, settings, shard_plan, ordered, started, executor)
         lease.confirm()
         write_manifest(run, manifest, storage_options)
     return manifest
 
 
 def _reusable(
-    shard: Shard,
-    marker: dict[str, Any] | None,
-    settings: ScoreSettings,
-    sizes: dict[str, dict[str, int]],
-    duplicates: Duplicates,
+    shard: Shard, marker: dict[str, Any] | None, settings: ScoreSettings, sizes: dict[str, dict[str, int]]
 ) -> ShardReport | None:
     """The committed report of `shard` if its output is still what scoring it now would write, and still on
-    disk as it was committed (every part present with the size recorded in the marker)."""
+    disk as it was committed (every part present with the size recorded in the marker), as far as its input,
+    code, settings and environments go: the duplicate ids it was told about are checked once all ids are known."""
     if not marker or (marker["fingerprint"], marker["start"], marker["stop"]) != (
         shard.file.fingerprint,
         shard.start,
@@ -159,8 +166,6 @@ def _reusable(
         return None
     if (marker["code_version"], marker["settings"]) != (settings.code_version, settings.identity()):
         return None
-    if marker.get("duplicates", "") != digest(duplicates.get(shard.key, {})):
-        return None  # copies of its ids appeared or went elsewhere in the store
     if any(_version_now(n, settings) != v for n, v in marker["environments"].items()):
         return None
     parts = marker.get("parts") or {}
@@ -177,21 +182,25 @@ def _version_now(name: str, settings: ScoreSettings) -> str | None:
         return None
 
 
+def _ids(shards: list[Shard], storage_options: dict | None) -> dict[str, pa.Table]:
+    return {shard.key: shard_ids(shard, storage_options) for shard in shards}
+
+
 def _inline(
     shard: Shard,
     settings: ScoreSettings,
     duplicates: Duplicates,
     on_shard: Callable[[ShardReport], None] | None,
     still_held: Callable[[], None],
-) -> ShardReport:
+) -> ScoredShard:
     still_held()
     try:
-        report = score_shard(shard, settings, duplicates.get(shard.key))
+        scored = score_shard(shard, settings, duplicates.get(shard.key))
     except OSError as exc:  # a storage failure: reported as the Ray path reports a failed task
         raise JobFailed(_failed(shard, exc)) from exc
     if on_shard:
-        on_shard(report)
-    return report
+        on_shard(scored.report)
+    return scored
 
 
 def _on_ray(
@@ -202,7 +211,7 @@ def _on_ray(
     num_cpus: int | None,
     on_shard: Callable[[ShardReport], None] | None,
     still_held: Callable[[], None],
-) -> list[ShardReport]:
+) -> list[ScoredShard]:
     import ray
 
     _start_ray(address, num_cpus)
@@ -215,12 +224,12 @@ def _on_ray(
     # Largest first: the small shards (the end of each file) fill in at the end instead of one large shard
     # running alone on one CPU while the others idle. Reports are sorted afterwards, so the order is not seen.
     largest_first = sorted(shards, key=lambda s: -(_span(s) or 0))
-    reports: list[ShardReport] = []
-    for _, report in completed(largest_first, submit, window, still_held):
-        reports.append(report)
+    out: list[ScoredShard] = []
+    for _, scored in completed(largest_first, submit, window, still_held):
+        out.append(scored)
         if on_shard:
-            on_shard(report)
-    return reports
+            on_shard(scored.report)
+    return out
 
 
 def _start_ray(address: str | None, num_cpus: int | None) -> None:

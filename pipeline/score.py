@@ -27,7 +27,7 @@ from pipeline.model import Reject, RolloutResult
 from pipeline.output import combined, rejects_table, rollouts_table, steps_table
 from pipeline.records import InvalidRecord, parse_rollout, record_id
 from pipeline.schema import ROLLOUTS, STEPS
-from pipeline.storage.ids import digest
+from pipeline.storage.ids import digest, ids_table
 from pipeline.storage.inputs import RAW_LIMIT, RecordError, Shard, read_shard
 from pipeline.storage.run import write_part, write_shard_marker
 
@@ -82,12 +82,22 @@ class ScoreSettings:
         return orjson.dumps(parts, option=orjson.OPT_SORT_KEYS).decode()
 
 
+@dataclass(frozen=True)
+class ScoredShard:
+    """What scoring a shard returns to the driver: its report (also committed as its marker) and the ids its
+    records carry, which the driver checks for duplicates across the store (pipeline.storage.ids)."""
+
+    report: ShardReport
+    ids: pa.Table  # pipeline.storage.ids.ids_table
+
+
 def score_shard(
     shard: Shard, settings: ScoreSettings, duplicates: dict[str, tuple[str, int]] | None = None
-) -> ShardReport:
+) -> ScoredShard:
     """Score one shard. `duplicates`: the shard's ids that other records carry too, each with where its first
     copy is and how many copies come before this shard (pipeline.storage.ids); later copies are rejected."""
     duplicates = duplicates or {}
+    ids: list[tuple[str, str]] = []  # (location, rollout id) of the records carrying a valid id
     began = time.perf_counter()
     report = ShardReport(
         shard.key,
@@ -121,7 +131,9 @@ def score_shard(
                 rejects.append(_reject(shard, location, record.reason, record.raw))
                 continue
             try:
-                if (rid := record_id(record)) in duplicates:
+                if (rid := record_id(record)) is not None:
+                    ids.append((location, rid))
+                if rid in duplicates:
                     first, before = duplicates[rid]
                     copies[rid] = copies.get(rid, 0) + 1
                     if before + copies[rid] > 1:
@@ -152,7 +164,7 @@ def score_shard(
     report.seconds = time.perf_counter() - began
     report.peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     write_shard_marker(settings.run, shard.key, report.to_dict(), settings.storage_options)  # the shard's commit
-    return report
+    return ScoredShard(report, ids_table(ids))
 
 
 @contextmanager

@@ -19,6 +19,12 @@ import pytest
 import s3fs
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# A suite started in the background by a non-interactive shell (`make test &`) inherits Ctrl-C ignored, and so
+# would every `pexec` it starts: the tests of what Ctrl-C does need it delivered. A handled signal is back to
+# its default in a child at exec, so this reaches them too.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
 

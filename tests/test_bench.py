@@ -90,9 +90,9 @@ def test_the_loop_retires_every_shard_once_within_the_window(local_ray, loop):
 
     shards = [Shard(FILE, i, i + 1) for i in range(300)]
     seen = []
-    for shard, report in loop(iter(shards), submit, 40, lambda: None):
+    for shard, scored in loop(iter(shards), submit, 40, lambda: None):
         in_flight -= 1
-        assert report.shard == shard.key and report.start == shard.start
+        assert scored.report.shard == shard.key and scored.report.start == shard.start
         seen.append(shard.start)
     assert sorted(seen) == list(range(300)) and most == 40
 
@@ -166,7 +166,7 @@ def _small(name: str, tmp_path: Path) -> Bench:
     if name == "driver":
         from pipeline.perf.driver import bench_driver
 
-        return bench_driver(windows=(4, 16), steady=32, repeats=1, rollouts=40)
+        return bench_driver(windows=(4, 16), steady=32, repeats=1, rollouts=40, distinct_ids=1000)
     if name == "bfcl":
         from pipeline.perf.bfcl import bench_bfcl
 

@@ -5,14 +5,17 @@ were committed."""
 from __future__ import annotations
 
 import gzip
+import random
 from pathlib import Path
 
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import fresh_ray
 
 from pipeline.distributed import run_scoring
+from pipeline.storage.inputs import line_numbers, list_inputs
 from pipeline.storage.stores import write_store
 from pipeline.synth import synthesize
 
@@ -60,7 +63,9 @@ def runs(store: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, tup
     out = {}
     for size in SHARD_SIZES:
         run = tmp_path_factory.mktemp(f"size{size}") / "run"
-        out[size] = run, run_scoring(str(store), str(run), executor="inline", shard_bytes=size)
+        reports: list = []
+        manifest = run_scoring(str(store), str(run), executor="inline", shard_bytes=size, on_shard=reports.append)
+        out[size] = run, manifest | {"reported": [r.shard for r in reports]}
     return out
 
 
@@ -103,6 +108,40 @@ def test_the_tables_do_not_depend_on_the_shard_size(runs: dict[int, tuple[Path, 
         # Which shard read a reject, and its location in plain JSON Lines (line N in a whole file, byte N in a
         # byte range), follow the plan; `raw` (the record itself) and the reason do not.
         assert rows(run, "rejects", drop=("shard", "location")) == rows(first, "rejects", drop=("shard", "location"))
+
+
+def test_only_the_shards_holding_a_later_copy_are_scored_again(runs: dict[int, tuple[Path, dict]]) -> None:
+    # Ids are checked once every shard has returned its own: a shard is scored a second time only when the
+    # store shows it a copy to reject, and the rejects say which shards those are.
+    for run, manifest in runs.values():
+        reported = manifest["reported"]
+        twice = {key for key in reported if reported.count(key) == 2}
+        assert twice == {r["shard"] for r in rows(run, "rejects") if r["reason"].startswith("duplicate rollout_id")}
+        assert len(reported) == manifest["counts"]["shards"] + len(twice)
+
+
+def test_ray_finds_the_same_copies_as_inline_whatever_order_the_shards_finish(
+    store: Path, runs: dict[int, tuple[Path, dict]], tmp_path: Path
+) -> None:
+    inline, _ = runs[20_000]
+    with fresh_ray():
+        run_scoring(str(store), str(tmp_path / "run"), shard_bytes=20_000, run_id="run")
+    for table in ("steps", "rollouts", "rejects"):
+        assert rows(tmp_path / "run", table) == rows(inline, table)
+
+
+def test_a_byte_offset_is_named_by_its_line_as_a_whole_file_read_names_it(tmp_path: Path) -> None:
+    rng = random.Random(3)
+    lines = [b"x" * rng.choice((0, 1, 70, 3_000, 200_000)) for _ in range(400)]  # > 1 MiB: several chunks
+    path = tmp_path / "f.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    (file,) = list_inputs(str(path))[0]
+    starts = [0]
+    for line in lines[:-1]:
+        starts.append(starts[-1] + len(line) + 1)
+    asked = [*rng.sample(range(len(starts)), 60), 0, len(starts) - 1]
+    found = line_numbers(file, [starts[i] for i in asked])
+    assert found == {starts[i]: i + 1 for i in asked}
 
 
 def test_a_rerun_reuses_shards_until_a_copy_of_their_ids_appears_earlier(store: Path, tmp_path: Path) -> None:

@@ -14,28 +14,41 @@ here by scoring a small synthetic `shop` store in this process (reading and writ
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import os
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
+import pyarrow as pa
+
 from pipeline.distributed import DEFAULT_SHARD_BYTES, JobFailed, completed, run_scoring
 from pipeline.perf import CLUSTER_CORES
 from pipeline.perf.figures import Bench, figure, load_average, n_runs, show
-from pipeline.score import ShardReport
+from pipeline.score import ScoredShard, ShardReport
+from pipeline.storage.ids import duplicate_ids, ids_table
 from pipeline.storage.inputs import InputFile, Shard
 from pipeline.storage.stores import write_store
 from pipeline.synth import synthesize
 
 
-def finish(shard: Shard) -> ShardReport:
-    """The bench's task: no scoring, a report of the size a real one has."""
-    return ShardReport(shard.key, shard.file.url, shard.start, shard.stop, shard.file.fingerprint, read=1, scored=1)
+def finish(shard: Shard, ids: int = 0) -> ScoredShard:
+    """The bench's task: no scoring, a report of the size a real one has, with the ids of `ids` records."""
+    report = ShardReport(shard.key, shard.file.url, shard.start, shard.stop, shard.file.fingerprint, read=1, scored=1)
+    return ScoredShard(report, _ids(ids))
+
+
+@functools.cache
+def _ids(n: int) -> pa.Table:  # built once per worker: the task stays tiny, the driver still receives them
+    return ids_table((f"line {i + 1}", f"shop-{i:08d}-{i % 97:02d}") for i in range(n))
 
 
 def one_wait_per_shard(
@@ -64,16 +77,16 @@ def _rss_mib() -> float:
     return int(re.search(r"VmRSS:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) / 1024  # type: ignore[union-attr]
 
 
-def retire(loop: Callable[..., Iterator[tuple[Shard, Any]]], window: int, steady: int) -> dict[str, float]:
-    """Run `steady + window` tiny tasks through `loop`; measure the `steady` retirements made while exactly
-    `window` tasks were in flight."""
+def retire(loop: Callable[..., Iterator[tuple[Shard, Any]]], window: int, steady: int, ids: int) -> dict[str, float]:
+    """Run `steady + window` tiny tasks through `loop`, each returning the ids of `ids` records; measure the
+    `steady` retirements made while exactly `window` tasks were in flight."""
     import ray
 
     task = ray.remote(finish)
     file = InputFile("bench://driver", "jsonl", None, 0, "0")
     shards = (Shard(file, i, i + 1) for i in range(steady + window))
     began = cpu = rss = 0.0
-    for n, _ in enumerate(loop(shards, task.remote, window, lambda: None), 1):
+    for n, _ in enumerate(loop(shards, lambda shard: task.remote(shard, ids), window, lambda: None), 1):
         if n == 1:  # the window is full: the steady phase starts
             began, cpu = time.perf_counter(), time.process_time()
         elif n == steady // 2 + 1:  # memory from half-way on, once Ray's own buffers have grown
@@ -89,9 +102,36 @@ def retire(loop: Callable[..., Iterator[tuple[Shard, Any]]], window: int, steady
     }
 
 
-def per_core_shard_rate(rollouts: int, root: Path) -> float:
+def id_check(ids: int, per_shard: int) -> dict[str, float]:
+    """The driver's duplicate-id check at the end of a run (`pipeline.storage.ids.duplicate_ids`) over `ids`
+    distinct ids returned by shards of `per_shard` rollouts: time per id, and Arrow memory per id, held until the
+    check and at its peak (measured in a fresh process, whose Arrow high-water mark is then the check's)."""
+    out = subprocess.run([sys.executable, "-m", "pipeline.perf.driver", "--id-check", str(ids), str(per_shard)],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    return orjson.loads(out)
+
+
+def _id_check_here(ids: int, per_shard: int) -> dict[str, float]:
+    file = InputFile("bench://ids", "jsonl", None, 0, "0")
+    shards = [Shard(file, i, i + 1) for i in range(-(-ids // per_shard))]
+    tables = {s.key: ids_table((f"line {n + 1}", f"shop-{i:05d}-{n:08d}") for n in range(per_shard))
+              for i, s in enumerate(shards)}  # fmt: skip
+    n = len(shards) * per_shard
+    began = time.perf_counter()
+    if duplicate_ids(shards, tables):
+        raise AssertionError("the bench's ids are distinct")
+    seconds = time.perf_counter() - began
+    return {
+        "ns_per_id": seconds / n * 1e9,
+        "held_b_per_id": sum(t.nbytes for t in tables.values()) / n,
+        "peak_b_per_id": pa.default_memory_pool().max_memory() / n,
+    }
+
+
+def per_core_shard_rate(rollouts: int, root: Path) -> tuple[float, int]:
     """Default-size shards finished per second by one core, from scoring `rollouts` synthetic `shop` rollouts in
-    this process: the shards' own time (read, replay, write), not the job's (planning, the lease)."""
+    this process: the shards' own time (read, replay, write), not the job's (planning, the lease); and the
+    rollouts such a shard holds."""
     store = root / "store"
     if not store.exists():
         write_store(synthesize("shop", rollouts, max(1, rollouts // 10), seed=0), str(store), per_file=rollouts)
@@ -100,7 +140,7 @@ def per_core_shard_rate(rollouts: int, root: Path) -> float:
     manifest = run_scoring(str(store), str(run), executor="inline", force=True)
     seconds = sum(s["seconds"] for s in manifest["shards"])
     size = sum(f.stat().st_size for f in store.iterdir())
-    return size / seconds / DEFAULT_SHARD_BYTES
+    return size / seconds / DEFAULT_SHARD_BYTES, round(rollouts * DEFAULT_SHARD_BYTES / size)
 
 
 def bench_driver(
@@ -110,6 +150,7 @@ def bench_driver(
     cpus: int = 2,
     rollouts: int = 4000,
     cores: int = CLUSTER_CORES,
+    distinct_ids: int = 2_000_000,  # in the measurement of the duplicate-id check
 ) -> Bench:
     import ray
 
@@ -119,13 +160,16 @@ def bench_driver(
     loops = {"batched": completed, "one wait per shard": one_wait_per_shard}
     runs: dict[tuple[str, int], list[dict[str, float]]] = {}
     need: list[float] = []
+    checks: list[dict[str, float]] = []
     try:
+        _, ids = per_core_shard_rate(rollouts, root)
         ray.init(num_cpus=cpus, include_dashboard=False, logging_level="WARNING")
-        retire(completed, 64, 256)  # warm-up: the workers start
+        retire(completed, 64, 256, ids)  # warm-up: the workers start
         for _ in range(repeats):
             for window, (name, loop) in itertools.product(windows, loops.items()):
-                runs.setdefault((name, window), []).append(retire(loop, window, steady))
-            need.append(cores * per_core_shard_rate(rollouts, root))
+                runs.setdefault((name, window), []).append(retire(loop, window, steady, ids))
+            need.append(cores * per_core_shard_rate(rollouts, root)[0])
+            checks.append(id_check(distinct_ids, ids))
     finally:
         ray.shutdown()
         shutil.rmtree(root, ignore_errors=True)
@@ -157,12 +201,23 @@ def bench_driver(
         figure(f"driver capacity ({top:,} in flight) against that need", "shards/s",
                values("batched", top, "driver_capacity"), f"the need of {cores:,} cores", need),
     ]  # fmt: skip
+    per_id = f"{distinct_ids:,} distinct ids, in shards of {ids:,}"
+    figures += [
+        figure(f"duplicate-id check at the end of a run, {per_id}", "ns per id", [c["ns_per_id"] for c in checks],
+               "none: no pass over the store before scoring any more (pipeline.storage.ids)"),
+        figure("ids the driver holds until that check (Arrow)", "bytes per id",
+               [c["held_b_per_id"] for c in checks], "none: memory"),
+        figure("Arrow memory at the check's peak, those ids included", "bytes per id",
+               [c["peak_b_per_id"] for c in checks], "none: memory"),
+    ]  # fmt: skip
     caption = (
-        f"{steady:,} tiny tasks retired per run with the window full, {n_runs(repeats)} interleaved, local Ray with "
-        f"{cpus} CPUs, {load_average(load)}"
+        f"{steady:,} tiny tasks retired per run with the window full, each returning the ids of {ids:,} rollouts (a "
+        f"{DEFAULT_SHARD_BYTES >> 20} MiB shard of `shop`), {n_runs(repeats)} interleaved, local Ray with {cpus} CPUs, "
+        f"{load_average(load)}"
     )
     details = {f"{name} {window}": rows for (name, window), rows in runs.items()}
     details["need"] = need
+    details["id check"] = checks
     return Bench("driver", caption, figures, details)
 
 
@@ -172,7 +227,11 @@ def main() -> None:
     parser.add_argument("--steady", type=int, default=8192, help="shards retired per run with the window full")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cpus", type=int, default=2)
+    parser.add_argument("--id-check", nargs=2, type=int, metavar=("IDS", "PER_SHARD"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.id_check:
+        print(orjson.dumps(_id_check_here(*args.id_check)).decode())
+        return
     windows = tuple(int(w) for w in args.windows.split(","))
     show(bench_driver(windows, args.steady, args.repeats, args.cpus))
 

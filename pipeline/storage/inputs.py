@@ -21,7 +21,6 @@ import pyarrow.parquet as pq
 import zstandard
 
 from pipeline.errors import PexecError
-from pipeline.records import record_id
 from pipeline.storage.fs import filesystem, list_files
 
 Format = Literal["jsonl", "parquet"]
@@ -161,41 +160,26 @@ def read_shard(shard: Shard, storage_options: dict[str, Any] | None = None) -> I
             yield from _read_range(f, shard.start, shard.stop)
 
 
-def read_ids(file: InputFile, storage_options: dict[str, Any] | None = None) -> Iterator[tuple[str, int, str]]:
-    """(location, position, rollout id) of every record of `file` that carries a valid id, in file order: what
-    the id pass reads to find duplicates across shards without scoring anything.
-
-    Locations are those of a whole-file read ("line N", "row N"), whatever the sharding; the position places
-    the record in a shard: the byte offset of its line (JSON Lines), its row group (Parquet).
-    """
+def line_numbers(
+    file: InputFile, offsets: Iterable[int], storage_options: dict[str, Any] | None = None
+) -> dict[int, int]:
+    """The 1-based line number of each line starting at one of `offsets` in a plain JSON Lines file: how a
+    record found in a byte-range shard ("byte N") is named as a whole-file read names it ("line N")."""
+    wanted = sorted(set(offsets))
+    out: dict[int, int] = {}
     fs, path = filesystem(file.url, storage_options)
     with fs.open(path, "rb") as f:
         _check_unchanged(f, file)
-        if file.fmt == "parquet":
-            yield from _parquet_ids(f)
-            return
-        lines, _ = _decoded_lines(f, file.compression)  # what cannot be trusted read_shard reports
-        for n, (offset, line) in enumerate(lines, 1):
-            record = _parse(line, at_file_start=n == 1)
-            if isinstance(record, dict) and (rid := record_id(record)) is not None:
-                yield f"line {n}", offset, rid
-
-
-def _parquet_ids(f: IO[bytes]) -> Iterator[tuple[str, int, str]]:
-    source = _Source(f)
-    try:
-        parquet = pq.ParquetFile(source)
-        if "rollout_id" not in parquet.schema_arrow.names:
-            return
-        row = 0
-        for group in range(parquet.metadata.num_row_groups):
-            for value in parquet.read_row_group(group, columns=["rollout_id"]).column(0).to_pylist():
-                if (rid := record_id({"rollout_id": value})) is not None:
-                    yield f"row {row}", group, rid
-                row += 1
-    except (pa.ArrowException, OSError):
-        if source.failed:
-            raise  # unreadable content: read_shard reports it
+        newlines = pos = 0
+        chunks = _chunks(f, None)
+        chunk = b""
+        for offset in wanted:  # one pass: each chunk is counted up to the next offset, then past it
+            while pos + len(chunk) < offset and (more := next(chunks, None)) is not None:
+                newlines += chunk.count(b"\n")
+                pos += len(chunk)
+                chunk = more
+            out[offset] = newlines + chunk.count(b"\n", 0, offset - pos) + 1
+    return out
 
 
 # --- listing -------------------------------------------------------------------------------------------
