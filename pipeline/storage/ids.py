@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.records import record_id
-from pipeline.storage.inputs import RecordError, Shard, line_numbers, read_shard
+from pipeline.storage.inputs import InputFile, RecordError, Shard, line_numbers, read_shard
 
 # shard key -> {rollout id -> (where the first copy is, copies of the id in earlier shards)}
 Duplicates = dict[str, dict[str, tuple[str, int]]]
@@ -87,15 +87,12 @@ def _whole_file_names(
 ) -> dict[tuple[int, str], str]:
     """ "FILE LOCATION" of each (shard index, location), a byte range's "byte N" turned into the "line N" of
     a whole-file read (one pass over each file that needs it, only when some first copy lies in a range)."""
-    offsets: dict[int, list[int]] = {}  # shard index -> offsets to name as lines
+    offsets: dict[str, tuple[InputFile, list[int]]] = {}  # file URL -> the file, offsets to name as lines
     for index, location in firsts:
         if location.startswith(_BYTE):
-            offsets.setdefault(index, []).append(int(location.removeprefix(_BYTE)))
-    by_file: dict[str, tuple[Shard, list[int]]] = {}
-    for index, found in offsets.items():
-        shard = shards[index]
-        by_file.setdefault(shard.file.url, (shard, []))[1].extend(found)
-    lines = {url: line_numbers(shard.file, found, storage_options) for url, (shard, found) in by_file.items()}
+            file = shards[index].file
+            offsets.setdefault(file.url, (file, []))[1].append(int(location.removeprefix(_BYTE)))
+    lines = {url: line_numbers(file, found, storage_options) for url, (file, found) in offsets.items()}
     out = {}
     for index, location in firsts:
         url = shards[index].file.url
