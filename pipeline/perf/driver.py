@@ -47,8 +47,10 @@ def finish(shard: Shard, ids: int = 0) -> ScoredShard:
 
 
 @functools.cache
-def _ids(n: int) -> pa.Table:  # built once per worker: the task stays tiny, the driver still receives them
-    return ids_table((f"line {i + 1}", f"shop-{i:08d}-{i % 97:02d}") for i in range(n))
+def _ids(n: int, shard: int = 0) -> pa.Table:
+    """The ids a shard of `n` rollouts returns, distinct across `shard`s; built once per process, so a bench task
+    stays tiny while the driver still receives them."""
+    return ids_table((f"line {i + 1}", f"shop-{shard:05d}-{i:08d}") for i in range(n))
 
 
 def one_wait_per_shard(
@@ -114,8 +116,7 @@ def id_check(ids: int, per_shard: int) -> dict[str, float]:
 def _id_check_here(ids: int, per_shard: int) -> dict[str, float]:
     file = InputFile("bench://ids", "jsonl", None, 0, "0")
     shards = [Shard(file, i, i + 1) for i in range(-(-ids // per_shard))]
-    tables = {s.key: ids_table((f"line {n + 1}", f"shop-{i:05d}-{n:08d}") for n in range(per_shard))
-              for i, s in enumerate(shards)}  # fmt: skip
+    tables = {s.key: _ids(per_shard, i) for i, s in enumerate(shards)}
     n = len(shards) * per_shard
     began = time.perf_counter()
     if duplicate_ids(shards, tables):
@@ -128,19 +129,22 @@ def _id_check_here(ids: int, per_shard: int) -> dict[str, float]:
     }
 
 
-def per_core_shard_rate(rollouts: int, root: Path) -> tuple[float, int]:
-    """Default-size shards finished per second by one core, from scoring `rollouts` synthetic `shop` rollouts in
-    this process: the shards' own time (read, replay, write), not the job's (planning, the lease); and the
-    rollouts such a shard holds."""
+def _store(rollouts: int, root: Path) -> tuple[Path, int]:
+    """A synthetic `shop` store of `rollouts` (written once under `root`) and its size in bytes."""
     store = root / "store"
     if not store.exists():
         write_store(synthesize("shop", rollouts, max(1, rollouts // 10), seed=0), str(store), per_file=rollouts)
+    return store, sum(f.stat().st_size for f in store.iterdir())
+
+
+def per_core_shard_rate(rollouts: int, root: Path) -> float:
+    """Default-size shards finished per second by one core, from scoring `rollouts` synthetic `shop` rollouts in
+    this process: the shards' own time (read, replay, write), not the job's (planning, the lease)."""
+    store, size = _store(rollouts, root)
     run = root / "run"
     shutil.rmtree(run, ignore_errors=True)
     manifest = run_scoring(str(store), str(run), executor="inline", force=True)
-    seconds = sum(s["seconds"] for s in manifest["shards"])
-    size = sum(f.stat().st_size for f in store.iterdir())
-    return size / seconds / DEFAULT_SHARD_BYTES, round(rollouts * DEFAULT_SHARD_BYTES / size)
+    return size / sum(s["seconds"] for s in manifest["shards"]) / DEFAULT_SHARD_BYTES
 
 
 def bench_driver(
@@ -162,13 +166,13 @@ def bench_driver(
     need: list[float] = []
     checks: list[dict[str, float]] = []
     try:
-        _, ids = per_core_shard_rate(rollouts, root)
+        ids = round(rollouts * DEFAULT_SHARD_BYTES / _store(rollouts, root)[1])  # rollouts in a default-size shard
         ray.init(num_cpus=cpus, include_dashboard=False, logging_level="WARNING")
         retire(completed, 64, 256, ids)  # warm-up: the workers start
         for _ in range(repeats):
             for window, (name, loop) in itertools.product(windows, loops.items()):
                 runs.setdefault((name, window), []).append(retire(loop, window, steady, ids))
-            need.append(cores * per_core_shard_rate(rollouts, root)[0])
+            need.append(cores * per_core_shard_rate(rollouts, root))
             checks.append(id_check(distinct_ids, ids))
     finally:
         ray.shutdown()
