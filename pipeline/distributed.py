@@ -25,7 +25,7 @@ from pipeline.errors import PexecError, StorageError
 from pipeline.score import ScoredShard, ScoreSettings, ShardReport, score_shard
 from pipeline.storage.ids import Duplicates, digest, duplicate_ids, shard_ids
 from pipeline.storage.inputs import Shard, list_inputs, plan_shards
-from pipeline.storage.lease import DEFAULT_STALE_AFTER, Lease, LeaseLost
+from pipeline.storage.lease import DEFAULT_STALE_AFTER, Lease
 from pipeline.storage.run import (
     TABLES,
     part_sizes,
@@ -109,6 +109,7 @@ def run_scoring(
             except StorageError as exc:  # the first write to the run: a missing bucket or no permission fails here
                 raise JobFailed(f"cannot write run {run}: {exc}") from exc
             held.enter_context(lease)
+        settings = replace(settings, lease=lease.token)
         markers = {} if force else read_shard_markers(run, storage_options)
         sizes = part_sizes(run, storage_options) if markers else {}
         # Reusable as far as input, versions and parts go; whether the duplicate ids each was told about still
@@ -253,8 +254,10 @@ def completed(
     poll_s: float = POLL_S,
 ) -> Iterator[tuple[Shard, Any]]:
     """Each shard with its task's result as tasks finish, at most `window` tasks in flight (`submit` starts
-    one and returns its ObjectRef). A failed task cancels the others and raises JobFailed naming its shard; a
-    lost lease (`still_held` raises) cancels them and propagates.
+    one and returns its ObjectRef). A failed task raises JobFailed naming its shard; a lost lease (`still_held`
+    raises) propagates. Neither cancels the tasks in flight: in Ray 2.60 `ray.cancel` of a task that is just
+    finishing can abort the driver (a failed internal check, exit code 1, forced or not). Those tasks run to
+    their end and write nothing once their driver gave up or lost the run (`score_shard` checks the lease).
 
     Completion handling is O(1) per finished shard: one `ray.wait` costs O(in flight), so each waits for a
     sixteenth of the window at once (or `poll_s`, whichever comes first: the lease is checked and progress
@@ -272,20 +275,15 @@ def completed(
         if not pending:
             return
         done, _ = ray.wait(list(pending), num_returns=max(1, len(pending) // 16), timeout=poll_s)
-        try:
-            still_held()
-            for ref in done:
-                shard = pending.pop(ref)
-                try:
-                    result = ray.get(ref)
-                except Exception as exc:
-                    cause = getattr(exc, "cause", None) or exc
-                    raise JobFailed(_failed(shard, cause)) from exc
-                yield shard, result
-        except (JobFailed, LeaseLost):  # stop writing parts: another writer owns the run, or the run failed
-            for other in pending:
-                ray.cancel(other, force=True)
-            raise
+        still_held()
+        for ref in done:
+            shard = pending.pop(ref)
+            try:
+                result = ray.get(ref)
+            except Exception as exc:
+                cause = getattr(exc, "cause", None) or exc
+                raise JobFailed(_failed(shard, cause)) from exc
+            yield shard, result
 
 
 def _failed(shard: Shard, cause: BaseException) -> str:

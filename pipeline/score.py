@@ -29,6 +29,7 @@ from pipeline.records import InvalidRecord, parse_rollout, record_id
 from pipeline.schema import ROLLOUTS, STEPS
 from pipeline.storage.ids import digest, ids_table
 from pipeline.storage.inputs import RAW_LIMIT, RecordError, Shard, read_shard
+from pipeline.storage.lease import require_holder
 from pipeline.storage.run import write_part, write_shard_marker
 
 # Not a record's fault: the shard fails (and is retried or resumed) instead of rejecting the record.
@@ -75,6 +76,7 @@ class ScoreSettings:
     storage_options: dict[str, Any] | None = field(default=None, repr=False)  # may hold credentials
     code_version: str = ""
     checks: tuple[str, ...] = CHECKS  # which of S's schema fit, D and P apply (`--checks`)
+    lease: str | None = None  # the driver's lease token: a shard is written only while it holds the run
 
     def identity(self) -> str:
         """What, besides the input and versions, decides a shard's output (never the storage credentials)."""
@@ -158,6 +160,8 @@ def score_shard(
     if report.read != report.scored + report.rejected:
         raise RuntimeError(f"shard {shard.key}: counts do not reconcile: {report}")
     tables = {"steps": steps, "rollouts": rollouts, "rejects": rejects_table(settings.run_id, shard.key, rejects)}
+    if settings.lease is not None:
+        require_holder(settings.run, settings.lease, settings.storage_options)
     report.parts = {
         name: write_part(settings.run, name, shard.key, t, settings.storage_options) for name, t in tables.items()
     }

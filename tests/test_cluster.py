@@ -108,6 +108,9 @@ def pexec(
 
 
 def test_every_service_of_the_local_head_listens_on_loopback_only(head):
+    # The client server is a process of its own that may still be starting after `ray start` returns.
+    client = f"127.0.0.1:{head.client_port}"
+    wait_for(lambda: any(s[2] == client for s in listening(head.pids())), 60, "the Ray client server to listen")
     pids = head.pids()
     assert len(pids) >= 5, "the head's processes were not found"
     sockets = listening(pids)
@@ -115,7 +118,7 @@ def test_every_service_of_the_local_head_listens_on_loopback_only(head):
     exposed = [s for s in sockets if not ipaddress.ip_address(s[2].rsplit(":", 1)[0]).is_loopback]
     assert exposed == [], exposed
     assert any(s[2] == f"127.0.0.1:{head.gcs_port}" for s in sockets)
-    assert any(s[2] == f"127.0.0.1:{head.client_port}" for s in sockets)
+    assert any(s[2] == client for s in sockets)
 
 
 def test_a_job_submitted_from_a_plain_shell_writes_where_the_submitter_looks(head, tmp_path):

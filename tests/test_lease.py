@@ -16,12 +16,13 @@ from pathlib import Path
 import orjson
 import pyarrow.parquet as pq
 import pytest
-from conftest import wait_for
+from conftest import fresh_ray, wait_for
 
-from pipeline.distributed import run_scoring
+from pipeline.distributed import JobFailed, run_scoring
 from pipeline.errors import StorageError
 from pipeline.storage.fs import exists, filesystem
-from pipeline.storage.lease import LEASE, Lease, LeaseHeld, LeaseLost, _dump, _me, _object_for
+from pipeline.storage.lease import LEASE, Lease, LeaseHeld, LeaseLost, _dump, _me, _object_for, require_holder
+from pipeline.storage.run import part_sizes, read_shard_markers
 from pipeline.storage.stores import write_store
 from pipeline.synth import synthesize
 
@@ -124,6 +125,36 @@ def test_the_lease_is_released_when_scoring_is_interrupted(tmp_path: Path) -> No
     with pytest.raises(KeyboardInterrupt):
         run_scoring(str(store), str(run), executor="inline", on_shard=interrupt)
     assert not (run / LEASE).exists() and not (run / "_manifest.json").exists()
+
+
+def test_only_the_current_acquisition_is_the_holder(where: tuple[str, dict | None]) -> None:
+    run, storage = where
+    with Lease(run, storage) as lease:
+        token = lease.token
+        require_holder(run, token, storage)
+        with pytest.raises(LeaseLost, match=f"^the lease of {run} was taken over by another writer$"):
+            require_holder(run, "another acquisition", storage)
+    with pytest.raises(LeaseLost, match=f"^the lease of {run} was released: its writer stopped$"):
+        require_holder(run, token, storage)
+
+
+def test_tasks_of_a_writer_that_lost_the_lease_write_nothing(where: tuple[str, dict | None]) -> None:
+    """A stopping driver leaves its Ray tasks running (pipeline.distributed.completed): each checks, right
+    before writing, that its driver still holds the lease. Here another writer takes the lease after the plan
+    and before any task ends, long before the driver's own heartbeat would notice: not one shard is written."""
+    run, storage = where
+    store = f"{run.rsplit('/', 1)[0]}/store"
+    write_store(synthesize("shop", 200, 20, seed=3), store, per_file=50, storage_options=storage)
+    lease_object = _object_for(f"{run}/{LEASE}", storage)
+
+    def taken_over(plan: object) -> None:
+        with lease_object.locked():
+            _, version = lease_object.read()
+            assert lease_object.swap(_dump(_me()), version) is not None
+
+    with fresh_ray(), pytest.raises(JobFailed, match=f"failed: the lease of {run} was taken over by another writer$"):
+        run_scoring(store, run, shard_bytes=20_000, storage_options=storage, on_plan=taken_over)
+    assert read_shard_markers(run, storage) == {} and not any(part_sizes(run, storage).values())
 
 
 # --- two real `pexec score` processes on one run ------------------------------------------------------

@@ -171,6 +171,11 @@ class Lease:
                 raise LeaseLost(f"the lease of {self.url.rsplit('/', 1)[0]} was taken over by another writer")
             self._holder, self._version = holder, new
 
+    @property
+    def token(self) -> str | None:
+        """What tells this acquisition from any other (None when not held): tasks carry it (`require_holder`)."""
+        return self._holder.token if self._holder else None
+
     def check(self) -> None:
         """Raise LeaseLost if the heartbeat found the lease taken over (cheap: called before each shard)."""
         if self._lost:
@@ -198,6 +203,18 @@ class Lease:
                 return
             except Exception as exc:  # a network blip: the next beat tries again; confirm() is the guard
                 log.warning("could not renew the lease %s: %s: %s", self.url, type(exc).__name__, exc)
+
+
+def require_holder(run: str, token: str, storage_options: dict | None = None) -> None:
+    """Raise LeaseLost unless the acquisition `token` still holds `run`'s lease. A scoring task asks right
+    before it writes: a driver that stops (a failed shard, a lost lease, Ctrl-C) leaves its tasks in flight
+    running (pipeline.distributed.completed says why), and those then write nothing."""
+    run = run.rstrip("/")
+    holder, _ = _object_for(f"{run}/{LEASE}", storage_options).read()
+    if holder is None:
+        raise LeaseLost(f"the lease of {run} was released: its writer stopped")
+    if holder.token != token:
+        raise LeaseLost(f"the lease of {run} was taken over by another writer")
 
 
 def _gone(holder: Holder, me: Holder) -> bool:
