@@ -30,6 +30,7 @@ demo: install
 
 lint: install
 	$(BIN)/ruff check pipeline tests
+	$(BIN)/ruff format --check pipeline tests
 
 # The report and viewer tests open pages in a real headless browser: Debian's chromium, driven by Playwright
 # (pinned in the dev extra) through executable_path, so Playwright never downloads a browser of its own.

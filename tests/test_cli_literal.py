@@ -64,7 +64,7 @@ def test_metrics_table_prints_labels_literally(run: Path) -> None:
 
 def test_sql_table_prints_values_and_column_names_literally(run: Path) -> None:
     query = (
-        "SELECT DISTINCT model AS \"[/x]\", detail FROM steps "
+        'SELECT DISTINCT model AS "[/x]", detail FROM steps '
         "WHERE tool = 'get_order' AND detail LIKE '%occurs in no%' ORDER BY 1"
     )
     table = cli("sql", str(run), query)

@@ -21,7 +21,6 @@ from pipeline.storage.run import commit_parts
 B = 200  # small: each example runs the whole DuckDB pipeline
 
 
-
 @st.composite
 def rollouts(draw: st.DrawFn, allow_null_success: bool) -> list[dict[str, Any]]:
     n_tasks = draw(st.integers(1, 6))

@@ -269,8 +269,11 @@ def test_seed_timestamps_are_wall_clock_offsets_across_a_dst_change() -> None:
     reminder = state.doc["reminder"][0]  # created 3 days before now, due 1 day before
     assert reminder["creation_timestamp"] == now - 3 * 86400 + 3600
     assert reminder["reminder_timestamp"] == now - 86400  # Mar 10 12:00 EDT: after the switch
-    utc = get_environment("toolsandbox").start(parse_rollout({
-        "rollout_id": "d", "task_id": "d", "benchmark": "toolsandbox", "events": [], "env": {"now": now}}))
+    utc = get_environment("toolsandbox").start(
+        parse_rollout(
+            {"rollout_id": "d", "task_id": "d", "benchmark": "toolsandbox", "events": [], "env": {"now": now}}
+        )
+    )
     assert utc.doc["reminder"][0]["creation_timestamp"] == now - 3 * 86400
 
 

@@ -149,6 +149,7 @@ def create_app(guard: Guard, token: str | None = None) -> Starlette:
         Route("/sessions/{session}", endpoint(close), methods=["DELETE"]),
         Route("/check", endpoint(stateless), methods=["POST"]),
     ]
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield

@@ -154,6 +154,4 @@ def copy_record(value: Any, journal: Journal) -> Any:
 
 def _plain(items: dict[Any, Any]) -> bool:
     """Whether every key and value of `items` is an atom (a str, number, bool or None: never copied)."""
-    return all(map(ATOMS.__contains__, map(type, items))) and all(
-        map(ATOMS.__contains__, map(type, items.values()))
-    )
+    return all(map(ATOMS.__contains__, map(type, items))) and all(map(ATOMS.__contains__, map(type, items.values())))
