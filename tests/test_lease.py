@@ -4,6 +4,7 @@ server, and two real concurrent `pexec score` processes on the same run."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -132,9 +133,9 @@ def test_only_the_current_acquisition_is_the_holder(where: tuple[str, dict | Non
     with Lease(run, storage) as lease:
         token = lease.token
         require_holder(run, token, storage)
-        with pytest.raises(LeaseLost, match=f"^the lease of {run} was taken over by another writer$"):
+        with pytest.raises(LeaseLost, match=f"^the lease of {re.escape(run)} was taken over by another writer$"):
             require_holder(run, "another acquisition", storage)
-    with pytest.raises(LeaseLost, match=f"^the lease of {run} was released: its writer stopped$"):
+    with pytest.raises(LeaseLost, match=f"^the lease of {re.escape(run)} was released: its writer stopped$"):
         require_holder(run, token, storage)
 
 
@@ -152,7 +153,8 @@ def test_tasks_of_a_writer_that_lost_the_lease_write_nothing(where: tuple[str, d
             _, version = lease_object.read()
             assert lease_object.swap(_dump(_me()), version) is not None
 
-    with fresh_ray(), pytest.raises(JobFailed, match=f"failed: the lease of {run} was taken over by another writer$"):
+    taken = f"failed: the lease of {re.escape(run)} was taken over by another writer$"
+    with fresh_ray(), pytest.raises(JobFailed, match=taken):
         run_scoring(store, run, shard_bytes=20_000, storage_options=storage, on_plan=taken_over)
     assert read_shard_markers(run, storage) == {} and not any(part_sizes(run, storage).values())
 
