@@ -246,12 +246,12 @@ class TaskSums:
 
 def task_sums(con: duckdb.DuckDBPyConnection) -> TaskSums:
     # A depth no rollout of a task reached is NULL in task_sums (LEFT JOIN of the histogram): 0 rollouts.
-    arrays = con.sql("SELECT cohort, coalesce(COLUMNS('^s_'), 0)::BIGINT FROM task_sums").fetchnumpy()
-    cohort = arrays.pop("cohort")  # rows in (cohort, task_id) order
-    columns = list(arrays)
+    table = con.sql("SELECT cohort, coalesce(COLUMNS('^s_'), 0)::BIGINT FROM task_sums").to_arrow_table()
+    cohort = table.column(0).to_numpy()  # rows in (cohort, task_id) order
+    columns = table.column_names[1:]
     sums = np.empty((len(cohort), len(columns)), dtype=np.int64)
-    for j, c in enumerate(columns):
-        sums[:, j] = arrays[c]
+    for j in range(len(columns)):
+        sums[:, j] = table.column(j + 1).to_numpy()
     n_cohorts = int(cohort[-1]) + 1 if len(cohort) else 0  # numbered 0 .. n-1 (dense_rank), each with a task
     return TaskSums(columns, np.split(sums, np.searchsorted(cohort, np.arange(1, n_cohorts)))[:n_cohorts])
 

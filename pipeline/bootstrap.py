@@ -113,7 +113,6 @@ def replicate_sums(
     keys = replicate_keys(seed, B)
     max_m = max(len(s) for s in cohorts)
     bits = _EXACT_BITS - weight_bound(method, max_m).bit_length()
-    limbs = [split_limbs(s, bits) for s in cohorts]
     mixed = lb32(np.arange(max_m, dtype=np.uint32))
     per_block = max(1, min(B, _CHUNK // max(max_m, 1)))
 
@@ -132,6 +131,7 @@ def replicate_sums(
     # numpy releases the GIL in the hashing, counting and products, so blocks of replicates run on threads;
     # map keeps their order. The products are small: several BLAS threads per block would only contend.
     with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(_threads()) as pool:
+        limbs = list(pool.map(lambda sums: split_limbs(sums, bits), cohorts))
         for batches in pool.map(block, range(0, B, per_block)):
             yield from batches
 
