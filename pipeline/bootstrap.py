@@ -116,7 +116,7 @@ def replicate_sums(
     mixed = lb32(np.arange(max_m, dtype=np.uint32))
     per_block = max(1, min(B, _CHUNK // max(max_m, 1)))
 
-    def block(b0: int) -> list[pa.RecordBatch]:
+    def block(b0: int, limbs: list[Limbs]) -> list[pa.RecordBatch]:
         h = lb32(keys[b0 : b0 + per_block, None] ^ mixed[None, :])
         shared = poisson1(h) if method == "poisson" else None
         batches = []
@@ -131,8 +131,8 @@ def replicate_sums(
     # numpy releases the GIL in the hashing, counting and products, so blocks of replicates run on threads;
     # map keeps their order. The products are small: several BLAS threads per block would only contend.
     with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(_threads()) as pool:
-        limbs = list(pool.map(lambda sums: split_limbs(sums, bits), cohorts))
-        for batches in pool.map(block, range(0, B, per_block)):
+        limbs = list(pool.map(lambda sums: split_limbs(sums, bits), cohorts))  # on the threads too
+        for batches in pool.map(lambda b0: block(b0, limbs), range(0, B, per_block)):
             yield from batches
 
 
