@@ -1,50 +1,74 @@
 """pexec: prefix executability for tool-using agents.
 
-The public API; the implementation lives in the modules named below.
+The public API. Each name is imported from its stage on first use, so `import pipeline.core.model` (a Ray
+worker's first import) loads the data model and nothing else.
+
+Stages, in pipeline order (each a package under `pipeline/`, importing only the ones before it):
+  core       the data model, records, run schema, metric catalogue, intervals, errors
+  storage    every byte read or written: fsspec URLs, input stores, run folders, leases
+  expr       the safe expression language of specs
+  envs       environments: the protocol, the registry, the built-in families
+  replay     the S/D/P checker and cause labels
+  ingest     log formats -> canonical rollouts
+  synthetic  stores with known truth
+  scoring    shards replayed as Ray tasks, run tables written, the manifest last
+  metrics    the DuckDB stage: one run handle, cohorts with bootstrap intervals, SQL, per-tool profiles, drift
+  report, view, guard, jobs, perf, cli   what users run
 """
 
-from pipeline.aggregate import BootstrapSettings, QueryRefused, compute_metrics, sql, write_metrics
-from pipeline.checker import replay
-from pipeline.coverage import RunIncomplete
-from pipeline.distributed import plan, run_scoring
-from pipeline.envs import Environment, EnvOptions, Outcome, SpecError, ToolInfo, get_environment, register
-from pipeline.envs.spec.loader import Spec, load_spec
-from pipeline.guard import GuardSession, GuardVerdict, open_session
-from pipeline.model import Call, Message, Reject, Rollout, RolloutResult, StepResult
-from pipeline.records import InvalidRecord, parse_rollout
-from pipeline.storage.stores import write_store
-from pipeline.synth import synthesize
+from __future__ import annotations
 
-__all__ = [
-    "BootstrapSettings",
-    "Call",
-    "EnvOptions",
-    "Environment",
-    "GuardSession",
-    "GuardVerdict",
-    "InvalidRecord",
-    "Message",
-    "Outcome",
-    "QueryRefused",
-    "Reject",
-    "Rollout",
-    "RolloutResult",
-    "RunIncomplete",
-    "Spec",
-    "SpecError",
-    "StepResult",
-    "ToolInfo",
-    "compute_metrics",
-    "get_environment",
-    "load_spec",
-    "open_session",
-    "parse_rollout",
-    "plan",
-    "register",
-    "replay",
-    "run_scoring",
-    "sql",
-    "synthesize",
-    "write_metrics",
-    "write_store",
-]
+from importlib import import_module
+from typing import Any
+
+# public name -> the module that defines it
+_API = {
+    "BootstrapSettings": "pipeline.metrics.settings",
+    "Call": "pipeline.core.model",
+    "EnvOptions": "pipeline.envs",
+    "Environment": "pipeline.envs",
+    "GuardSession": "pipeline.guard",
+    "GuardVerdict": "pipeline.guard",
+    "InvalidRecord": "pipeline.core.records",
+    "Message": "pipeline.core.model",
+    "Outcome": "pipeline.envs",
+    "Population": "pipeline.metrics.settings",
+    "QueryLimits": "pipeline.metrics.query",
+    "QueryRefused": "pipeline.metrics.query",
+    "Reject": "pipeline.core.model",
+    "Rollout": "pipeline.core.model",
+    "RolloutResult": "pipeline.core.model",
+    "Run": "pipeline.metrics.run",
+    "RunIncomplete": "pipeline.metrics.completeness",
+    "RunNotFound": "pipeline.metrics.completeness",
+    "Spec": "pipeline.envs.spec.loader",
+    "SpecError": "pipeline.envs",
+    "StepResult": "pipeline.core.model",
+    "ToolInfo": "pipeline.envs",
+    "get_environment": "pipeline.envs",
+    "load_spec": "pipeline.envs.spec.loader",
+    "open_run": "pipeline.metrics.run",
+    "open_session": "pipeline.guard",
+    "parse_rollout": "pipeline.core.records",
+    "plan": "pipeline.scoring.driver",
+    "register": "pipeline.envs",
+    "replay": "pipeline.replay.checker",
+    "run_scoring": "pipeline.scoring.driver",
+    "synthesize": "pipeline.synthetic.rollouts",
+    "write_store": "pipeline.storage.stores",
+}
+
+__all__ = sorted(_API)
+
+
+def __getattr__(name: str) -> Any:
+    module = _API.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pipeline' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_API])

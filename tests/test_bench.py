@@ -12,12 +12,13 @@ import ray
 from conftest import fresh_ray
 from typer.testing import CliRunner
 
-from pipeline.cli import BENCHES, app
-from pipeline.distributed import JobFailed, completed
-from pipeline.errors import PexecError
+from pipeline.cli import app
+from pipeline.cli.main import BENCHES
+from pipeline.core.errors import PexecError
 from pipeline.perf import figures
 from pipeline.perf.driver import finish, one_wait_per_shard
 from pipeline.perf.figures import Bench, figure
+from pipeline.scoring.driver import ScoringFailed, completed
 from pipeline.storage.inputs import InputFile, Shard
 from pipeline.storage.lease import LeaseLost
 
@@ -80,7 +81,7 @@ FILE = InputFile("bench://test", "jsonl", None, 0, "0")
 @pytest.fixture
 def cancels(monkeypatch) -> list:
     """Calls of `ray.cancel`: a stopping loop must make none (in Ray 2.60 cancelling a task that is just
-    finishing can abort the driver; pipeline.distributed.completed)."""
+    finishing can abort the driver; pipeline.scoring.driver.completed)."""
     calls: list = []
     monkeypatch.setattr(ray, "cancel", lambda *args, **kwargs: calls.append(args))
     return calls
@@ -113,7 +114,7 @@ def test_a_failed_task_stops_the_loop_naming_its_shard(local_ray, cancels):
         return finish(shard)
 
     task = ray.remote(max_retries=0)(fails_on_7)
-    with pytest.raises(JobFailed, match=r"shard [0-9a-f]{16} \(bench://test \[7:8\]\) failed: .*bad shard"):
+    with pytest.raises(ScoringFailed, match=r"shard [0-9a-f]{16} \(bench://test \[7:8\]\) failed: .*bad shard"):
         for _ in completed((Shard(FILE, i, i + 1) for i in range(50)), task.remote, 8, lambda: None):
             pass
     assert cancels == []  # the tasks in flight run to their end

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.checker import replay
+from pipeline.core.model import Call, Message, Rollout, RolloutResult
+from pipeline.core.records import parse_rollout
 from pipeline.envs import EnvError, get_environment
 from pipeline.envs.bfcl import official
 from pipeline.envs.bfcl.calls import CallSyntaxError, parse_call
@@ -22,8 +23,8 @@ from pipeline.envs.bfcl.schema import parameters_schema
 from pipeline.envs.data import files_fingerprint
 from pipeline.ingest import IngestError, IngestOptions, ingest
 from pipeline.ingest.bfcl import build_record, ground_truth_records, is_error_output, read_scores
-from pipeline.model import Call, Message, Rollout, RolloutResult
-from pipeline.records import parse_rollout
+from pipeline.metrics.run import open_run
+from pipeline.replay.checker import replay
 
 GROUNDED = tomllib.loads((Path(__file__).resolve().parents[1] / "specs/bfcl_v3/grounded.toml").read_text())["grounded"]
 REAL_V3 = Path(__file__).parent / "data" / "bfcl"  # excerpts of BFCL's own v3 leaderboard runs (README there)
@@ -531,8 +532,8 @@ def test_inference_errors_are_harness_errors_without_calls(real_records):
 
 
 def test_inference_crashes_are_left_out_of_the_metrics_and_counted(tmp_path):
-    from pipeline.aggregate import BootstrapSettings, Population, compute_metrics
-    from pipeline.distributed import run_scoring
+    from pipeline.metrics.settings import BootstrapSettings, Population
+    from pipeline.scoring.driver import run_scoring
     from pipeline.storage.stores import write_store
 
     records = list(ingest("bfcl", [str(REAL / "BFCL_v4_multi_turn_miss_func_result.json")]))
@@ -541,7 +542,7 @@ def test_inference_crashes_are_left_out_of_the_metrics_and_counted(tmp_path):
     def metrics(name: str, rows: list[dict]) -> dict[str, Any]:
         write_store(iter(rows), str(tmp_path / name))
         run_scoring(str(tmp_path / name), str(tmp_path / f"run-{name}"), executor="inline")
-        (cohort,) = compute_metrics(str(tmp_path / f"run-{name}"), ["model"], settings)
+        (cohort,) = open_run(str(tmp_path / f"run-{name}")).metrics(["model"], settings)
         return cohort
 
     scored = metrics("all", records)
@@ -553,7 +554,7 @@ def test_inference_crashes_are_left_out_of_the_metrics_and_counted(tmp_path):
     assert {m: scored[m] for m in ("n", "n_tasks", "success", "ter", "auc_pec", "rr", "pec")} == {
         m: without[m] for m in ("n", "n_tasks", "success", "ter", "auc_pec", "rr", "pec")
     }
-    failed = compute_metrics(str(tmp_path / "run-all"), ["model"], settings, population=Population("fail"))[0]
+    failed = open_run(str(tmp_path / "run-all")).metrics(["model"], settings, population=Population("fail"))[0]
     assert (failed["n"], failed["n_harness_error"], failed["harness_errors"]) == (200, 8, "fail")
     assert failed["ter"]["value"] == 112 / 200 and failed["success"]["value"] == 101 / 200  # BFCL's accuracy 0.505
     assert failed["rr"]["eligible"] == without["rr"]["eligible"] + 8

@@ -13,10 +13,10 @@ from conftest import fresh_ray
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from pipeline.distributed import run_scoring
 from pipeline.envs import get_environment
 from pipeline.envs.bfcl import official
 from pipeline.ingest.bfcl import read_scores
+from pipeline.scoring.driver import run_scoring
 from pipeline.storage.run import read_manifest
 
 REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real" / "bfcl" / "gpt-oss-120b"

@@ -1,5 +1,5 @@
-"""pipeline.bootstrap: the replicates' sums in numpy are exact, and the mergeable Poisson bootstrap gives the same
-sums however the rollouts are sharded (docs/design.md §2.5, §7)."""
+"""pipeline.metrics.bootstrap: the replicates' sums in numpy are exact, and the mergeable Poisson bootstrap gives the
+same sums however the rollouts are sharded (docs/explanation/intervals.md; docs/explanation/measured-facts.md)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_aggregate import draws, lb32, poisson_thresholds, random_rows, weights, write_rollouts
 
-from pipeline import bootstrap
-from pipeline.aggregate import BootstrapSettings, compute_metrics
+from pipeline.metrics import bootstrap
+from pipeline.metrics.run import open_run
+from pipeline.metrics.settings import BootstrapSettings
 
 
 def task_key(task_id: str) -> int:
-    """The first 8 bytes of md5(task_id), little-endian (sql/hash.sql pexec_task_key), independently."""
+    """The first 8 bytes of md5(task_id), little-endian (metrics/sql/hash.sql pexec_task_key), independently."""
     return int.from_bytes(hashlib.md5(task_id.encode()).digest()[:8], "little")
 
 
@@ -112,7 +113,7 @@ def test_metrics_poisson_merged(tmp_path: Path) -> None:
     rows = random_rows(rng, 60, 4, "bench", model="m1") + random_rows(rng, 45, 3, "bench", model="m2")
     write_rollouts(tmp_path, rows)
     B, seed = 200, 17
-    cohorts = compute_metrics(str(tmp_path), ["model"], BootstrapSettings(B=B, seed=seed, method="poisson-merged"))
+    cohorts = open_run(str(tmp_path)).metrics(["model"], BootstrapSettings(B=B, seed=seed, method="poisson-merged"))
     for c in cohorts:
         assert c["bootstrap"]["method"] == "poisson-merged"
         mine = [r for r in rows if r["model"] == c["model"]]

@@ -1,9 +1,9 @@
-"""The metric catalogue (pipeline.catalogue): a metric declared in one place reaches every output.
+"""The metric catalogue (pipeline.core.metric_catalogue): a metric declared in one place reaches every output.
 
 A fixture adds one part and one metric, the share of calls that were invalid (sum of n_invalid over sum of T),
 and nothing else: the metric must appear with bounds in `metrics --json`, metrics.parquet, the report's tables
 and the paired comparison, with the value computed by hand from the rollouts table. The part files follow
-the run schema (pipeline.schema).
+the run schema (pipeline.core.run_schema).
 """
 
 from __future__ import annotations
@@ -15,13 +15,16 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from pipeline import catalogue, schema
-from pipeline.aggregate import BootstrapSettings
 from pipeline.cli import app
+from pipeline.core import metric_catalogue, run_schema
+from pipeline.metrics.run import open_run
+from pipeline.metrics.settings import BootstrapSettings
 from pipeline.report import Compare, build_report
 
-INVALID_SHARE = catalogue.Metric("invalid_call_share", "invalid calls", "invalid", "calls", doc="invalid / calls")
-PARTS = (catalogue.Part("invalid", "n_invalid", "invalid calls"), catalogue.Part("calls", "T", "calls"))
+INVALID_SHARE = metric_catalogue.Metric(
+    "invalid_call_share", "invalid calls", "invalid", "calls", doc="invalid / calls"
+)
+PARTS = (metric_catalogue.Part("invalid", "n_invalid", "invalid calls"), metric_catalogue.Part("calls", "T", "calls"))
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +38,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def extra_metric(monkeypatch: pytest.MonkeyPatch) -> catalogue.Metric:
-    monkeypatch.setattr(catalogue, "PARTS", (*catalogue.PARTS, *PARTS))
-    monkeypatch.setattr(catalogue, "METRICS", (*catalogue.METRICS, INVALID_SHARE))
+def extra_metric(monkeypatch: pytest.MonkeyPatch) -> metric_catalogue.Metric:
+    monkeypatch.setattr(metric_catalogue, "PARTS", (*metric_catalogue.PARTS, *PARTS))
+    monkeypatch.setattr(metric_catalogue, "METRICS", (*metric_catalogue.METRICS, INVALID_SHARE))
     return INVALID_SHARE
 
 
@@ -50,7 +53,7 @@ def by_hand(run: Path) -> dict[tuple[str, str], float]:
     return {k: invalid / calls for k, (invalid, calls) in sums.items()}
 
 
-def test_a_new_metric_reaches_json_and_parquet(run: Path, extra_metric: catalogue.Metric) -> None:
+def test_a_new_metric_reaches_json_and_parquet(run: Path, extra_metric: metric_catalogue.Metric) -> None:
     result = CliRunner().invoke(app, ["metrics", str(run), "--by", "model,method", "--json", "--bootstrap", "200"])
     assert result.exit_code == 0, result.output
     cohorts = [orjson.loads(line) for line in result.stdout.splitlines()]
@@ -61,15 +64,15 @@ def test_a_new_metric_reaches_json_and_parquet(run: Path, extra_metric: catalogu
         assert m["value"] == pytest.approx(expected[(c["model"], c["method"])], rel=1e-15)
         assert 0 < m["lo"] < m["value"] < m["hi"] < 1
     table = pq.read_table(run / "metrics" / "metrics_by_model_and_method" / "metrics.parquet")
-    assert table.schema == schema.arrow_schema(schema.metrics_table(), ["benchmark", "model", "method"])
+    assert table.schema == run_schema.arrow_schema(run_schema.metrics_table(), ["benchmark", "model", "method"])
     assert {"invalid_call_share", "invalid_call_share_lo", "invalid_call_share_hi"} <= set(table.column_names)
 
 
 def test_a_new_metric_reaches_the_report_and_the_paired_comparison(
-    run: Path, tmp_path: Path, extra_metric: catalogue.Metric
+    run: Path, tmp_path: Path, extra_metric: metric_catalogue.Metric
 ) -> None:
     compare = Compare("method", "react", "plan_execute")
-    report = build_report(str(run), tmp_path, ["model", "method"], compare, [1, 3], BootstrapSettings(B=200))
+    report = build_report(open_run(str(run)), tmp_path, ["model", "method"], compare, [1, 3], BootstrapSettings(B=200))
     md = (tmp_path / "report.md").read_text()
     header = next(line for line in md.splitlines() if line.startswith("| benchmark | model | method | N |"))
     assert "| invalid calls |" in header
@@ -88,10 +91,10 @@ def test_without_the_fixture_the_metric_is_absent(run: Path) -> None:
 
 
 def test_part_files_follow_the_run_schema(run: Path) -> None:
-    """What scoring writes is pipeline.schema's declaration: ids, labels, fields (+ costs) in that order."""
+    """What scoring writes is pipeline.core.run_schema's declaration: ids, labels, fields (+ costs) in that order."""
     labels = ["method", "model"]
     steps = pq.read_table(run / "steps").schema
-    assert steps.remove_metadata() == schema.arrow_schema(schema.STEPS, labels)
+    assert steps.remove_metadata() == run_schema.arrow_schema(run_schema.STEPS, labels)
     rollouts = pq.read_table(run / "rollouts").schema
     costs = [n for n in rollouts.names if n.startswith("cost_")]
-    assert costs and rollouts.remove_metadata() == schema.arrow_schema(schema.ROLLOUTS, labels, costs)
+    assert costs and rollouts.remove_metadata() == run_schema.arrow_schema(run_schema.ROLLOUTS, labels, costs)

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from pipeline.checker import replay
+from pipeline.core.model import Call, Message, Rollout, RolloutResult
 from pipeline.envs import get_environment
-from pipeline.model import Call, Message, Rollout, RolloutResult
+from pipeline.replay.checker import replay
 
 AVA = "Hi, I'm Ava Lopez (ava.lopez@example.com, zip 78701)."
 SIGN_IN = ("authenticate", {"email": "ava.lopez@example.com", "zip": "78701"})

@@ -8,13 +8,13 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.checker import CHECKS, parse_checks, replay
 from pipeline.cli import app
-from pipeline.distributed import run_scoring
+from pipeline.core.model import Call, Message, Rollout
 from pipeline.envs import get_environment
-from pipeline.model import Call, Message, Rollout
+from pipeline.replay.checker import CHECKS, parse_checks, replay
+from pipeline.scoring.driver import run_scoring
 from pipeline.storage.stores import write_store
-from pipeline.synth import synthesize
+from pipeline.synthetic.rollouts import synthesize
 
 AVA = Message("user", "Hi, I'm Ava Lopez (ava.lopez@example.com, zip 78701).")
 SIGN_IN = Call("authenticate", {"email": "ava.lopez@example.com", "zip": "78701"})

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import pipeline.cli
+import pipeline.cli.main
 from pipeline.cli import app
-from pipeline.errors import PexecError
+from pipeline.core.errors import PexecError
 
 ROOT = Path(__file__).resolve().parents[1]
 PEXEC = str(Path(sys.executable).with_name("pexec"))
@@ -177,7 +177,7 @@ def test_long_and_multi_line_messages_stay_one_line_and_verbatim(monkeypatch):
     def fail(*args: object) -> None:
         raise PexecError(message.replace("a message", "a\nmessage"))
 
-    monkeypatch.setattr(pipeline.cli, "sql", fail)
+    monkeypatch.setattr(pipeline.cli.main, "open_run", fail)
     result = CliRunner().invoke(app, ["sql", "run", "SELECT 1"])
     assert result.exit_code == 2
     assert result.stderr == f"error: {message.strip()}\n"  # rich markup is not interpreted
@@ -187,11 +187,11 @@ def test_any_other_exception_is_a_bug_and_keeps_its_traceback(monkeypatch):
     def bug(*args: object) -> None:
         raise KeyError("not a user error")
 
-    monkeypatch.setattr(pipeline.cli, "sql", bug)
+    monkeypatch.setattr(pipeline.cli.main, "open_run", bug)
     result = CliRunner().invoke(app, ["sql", "run", "SELECT 1"])
     assert isinstance(result.exception, KeyError) and result.exit_code == 1
     assert "error:" not in result.output
-    script = "import pipeline.cli as cli; cli.sql = lambda *a: {}['boom']; cli.app()"
+    script = "import pipeline.cli.main as cli; cli.open_run = lambda *a: {}['boom']; cli.app()"
     proc = subprocess.run([sys.executable, "-c", script, "sql", "run", "SELECT 1"], capture_output=True, text=True,
                           timeout=120, env=ENV)  # fmt: skip
     assert proc.returncode == 1 and "Traceback" in proc.stderr and "KeyError" in proc.stderr
@@ -206,10 +206,10 @@ def test_version():
 def test_the_progress_counts_a_shard_scored_again_once_with_its_final_counts():
     # A shard holding a later copy of a duplicated id reports twice: first as if no id repeated, then with
     # the copy rejected. The bar ends at the number of shards and the counts are those of the final reports.
-    from pipeline.distributed import ShardPlan
-    from pipeline.score import ShardReport
+    from pipeline.scoring.driver import ShardPlan
+    from pipeline.scoring.shard import ShardReport
 
-    progress = pipeline.cli.ScoreProgress()
+    progress = pipeline.cli.main.ScoreProgress()
     progress.on_plan(ShardPlan(files=1, shards=[object(), object()], ignored=[], total_bytes=0))  # type: ignore[list-item]
     first = ShardReport("a", "f", 0, 10, "x", read=5, scored=5)
     progress.on_shard(first)

@@ -1,4 +1,4 @@
-"""Data is never markup (issue 15.5): strings from the logs, paths and exceptions print as they are.
+"""Data is never markup: strings from the logs, paths and exceptions print as they are.
 
 A run whose labels, arguments, step details and path carry Rich markup (`[/x]`, `[bold]`), an `:emoji:` code,
 ANSI escapes and control characters goes through `pexec score`, `metrics`, `sql`, `report` and `envs`:
@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.cli import app, literal
-from pipeline.synth import synthesize
+from pipeline.cli import app
+from pipeline.cli.main import literal
+from pipeline.synthetic.rollouts import synthesize
 
 MARKUP = "[/x][bold]b:smile:"
 CONTROL = "\x1b[31mred\x1b[0m\r\x07\u202e"

@@ -15,10 +15,17 @@ import pytest
 from cluster import BIN, listening, session_pids, start_cluster, stop_cluster
 from conftest import ROOT, wait_for
 
-from pipeline.code_version import code_version
-from pipeline.jobs import JobError, load_job
+from pipeline.jobs.cluster import (
+    ClusterApiError,
+    copy_sources,
+    default_runtime,
+    job_status,
+    jobs_api_address,
+    plan_submission,
+)
+from pipeline.jobs.definition import JobFileError, load_job
+from pipeline.scoring.code_version import code_version
 from pipeline.storage.run import read_manifest
-from pipeline.submit import JobsApiError, copy_sources, default_runtime, job_status, jobs_api_address, plan_submission
 
 TINY = (
     'name = "tiny"\ninput = "{input}"\noutput = "{output}/date={{date}}"\nshard_mb = 1\n'
@@ -39,7 +46,7 @@ def write_job(folder: Path, input: str, output: str, rollouts: int = 300, extra:
 def test_the_address_comes_from_the_option_then_the_environment_and_gets_a_scheme(monkeypatch):
     monkeypatch.delenv("RAY_API_SERVER_ADDRESS", raising=False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    with pytest.raises(JobsApiError, match="no Jobs API address"):
+    with pytest.raises(ClusterApiError, match="no Jobs API address"):
         jobs_api_address(None)
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:8265")
     assert jobs_api_address(None) == "http://10.0.0.5:8265"
@@ -47,7 +54,7 @@ def test_the_address_comes_from_the_option_then_the_environment_and_gets_a_schem
     assert jobs_api_address(None) == "https://head.example:443"
     assert jobs_api_address("127.0.0.1:8265") == "http://127.0.0.1:8265"
     for bad in ("ray://head:10001", "auto", "gcs://x:6379"):
-        with pytest.raises(JobsApiError, match="dashboard's http"):
+        with pytest.raises(ClusterApiError, match="dashboard's http"):
             jobs_api_address(bad)
     assert default_runtime("http://127.0.0.1:8265") == default_runtime("http://localhost:1") == "local"
     assert default_runtime("http://pexec-head-svc:8265") == default_runtime("http://10.1.2.3:8265") == "image"
@@ -66,7 +73,7 @@ def test_a_local_submission_runs_the_submitters_interpreter_in_its_folder(tmp_pa
 
 def test_an_image_submission_uploads_the_job_file_and_refuses_relative_paths(tmp_path):
     relative = write_job(tmp_path / "a", "out/store", "s3://runs/x")
-    with pytest.raises(JobsApiError, match=r"relative path\(s\) input 'out/store' would land in the cluster's"):
+    with pytest.raises(ClusterApiError, match=r"relative path\(s\) input 'out/store' would land in the cluster's"):
         plan_submission(relative, load_job(relative), "image", None, tmp_path)
     absolute = write_job(tmp_path / "b", "s3://logs/{date}/", "/shared/runs")
     plan = plan_submission(absolute, load_job(absolute, "2026-11-29"), "image", "/opt/venv/bin/python", tmp_path)
@@ -74,13 +81,13 @@ def test_an_image_submission_uploads_the_job_file_and_refuses_relative_paths(tmp
     assert plan.upload == absolute and plan.runtime_env == {} and not plan.ship_package
     shipped = plan_submission(absolute, load_job(absolute, "2026-11-29"), "package", None, tmp_path)
     assert shipped.entrypoint == "python -m pipeline.cli run tiny.toml --date 2026-11-29" and shipped.ship_package
-    with pytest.raises(JobsApiError, match=r"relative path\(s\) input 'out/store'"):
+    with pytest.raises(ClusterApiError, match=r"relative path\(s\) input 'out/store'"):
         plan_submission(relative, load_job(relative), "package", None, tmp_path)
 
 
 def test_the_submit_table_is_checked(tmp_path):
     path = write_job(tmp_path, "/a", "/b", extra='[submit]\nruntime = "docker"\n')
-    with pytest.raises(JobError, match=r"\[submit\]: runtime is one of local, image, package, got 'docker'"):
+    with pytest.raises(JobFileError, match=r"\[submit\]: runtime is one of local, image, package, got 'docker'"):
         load_job(path)
     path = write_job(tmp_path, "/a", "/b", extra='[submit]\nruntime = "image"\npython = "/usr/bin/python3"\n')
     job = load_job(path)
@@ -193,10 +200,10 @@ def test_a_package_job_runs_the_submitters_pexec_not_the_clusters(head, tmp_path
     marks = tmp_path / "marks"
     marks.mkdir()
     mark = f"open(f'{marks}/{{_os.getpid()}}-{{_os.path.basename(_sys.argv[0])}}', 'w')"  # PID-PROGRAM
-    with (checkout / "pipeline" / "score.py").open("a") as f:
+    with (checkout / "pipeline" / "scoring" / "shard.py").open("a") as f:
         f.write(f"import os as _os, sys as _sys\n{mark}\n")
     theirs = subprocess.run(
-        [sys.executable, "-c", "from pipeline.code_version import code_version; print(code_version())"],
+        [sys.executable, "-c", "from pipeline.scoring.code_version import code_version; print(code_version())"],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(checkout)}, capture_output=True, text=True,
     ).stdout.strip().split("+")[1]  # fmt: skip
     assert theirs != code_version().split("+")[1]

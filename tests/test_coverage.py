@@ -1,4 +1,4 @@
-"""Numbers a user can trust (issue 13): readers refuse incomplete runs (pipeline.coverage) unless asked for a
+"""Numbers a user can trust: readers refuse incomplete runs (pipeline.metrics.completeness) unless asked for a
 partial read, whose every output states its coverage; every table is queryable; reports never mix folders.
 
 The incomplete run is a real one: `pexec score` in a subprocess, interrupted (SIGINT) once its first shard
@@ -19,15 +19,18 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.aggregate import BootstrapSettings, compute_metrics, metrics_name, open_rollouts, sql, write_metrics
+import pipeline.report as report_module
 from pipeline.cli import app
-from pipeline.coverage import RunIncomplete
-from pipeline.distributed import run_scoring
-from pipeline.jobs import JobError, load_job, run_job
+from pipeline.jobs.definition import JobFileError, load_job, run_job
+from pipeline.metrics.cohorts import metrics_name
+from pipeline.metrics.completeness import RunIncomplete
+from pipeline.metrics.run import open_run
+from pipeline.metrics.settings import BootstrapSettings
 from pipeline.report import ReportError, build_report
+from pipeline.scoring.driver import run_scoring
 from pipeline.storage.run import read_plan, read_shard_markers
 from pipeline.storage.stores import write_store
-from pipeline.synth import synthesize
+from pipeline.synthetic.rollouts import synthesize
 
 ROOT = Path(__file__).resolve().parents[1]
 PEXEC = str(Path(sys.executable).with_name("pexec"))
@@ -85,10 +88,10 @@ def test_every_reader_refuses_a_killed_run_in_one_line(killed: tuple[Path, Path]
         assert result.stderr.strip().splitlines() == [expected], args
         assert result.stdout == ""
     for call in (
-        lambda: compute_metrics(str(run), settings=FAST),
-        lambda: sql(str(run), "SELECT 1"),
-        lambda: build_report(str(run), tmp_path / "r", settings=FAST),
-        lambda: open_rollouts(str(run)).__enter__(),
+        lambda: open_run(str(run)).metrics(settings=FAST),
+        lambda: open_run(str(run)).sql("SELECT 1"),
+        lambda: build_report(open_run(str(run)), tmp_path / "r", settings=FAST),
+        lambda: open_run(str(run)).connect().__enter__(),
     ):
         with pytest.raises(RunIncomplete, match=r"no _manifest\.json"):
             call()
@@ -110,7 +113,7 @@ def test_partial_states_the_coverage_on_disk(killed: tuple[Path, Path], tmp_path
         "incomplete_runs": [str(run)],
     }
     assert scored == len(keys) * PER_FILE and rejected == 0
-    cohorts = compute_metrics(str(run), [], FAST, partial=True)
+    cohorts = open_run(str(run), partial=True).metrics([], FAST)
     assert [c["partial"] for c in cohorts] == [expected] and cohorts[0]["n"] == scored
 
     # --json: one `partial` object per cohort; the table: a warning line; metrics.parquet: its columns.
@@ -130,7 +133,7 @@ def test_partial_states_the_coverage_on_disk(killed: tuple[Path, Path], tmp_path
     assert warning in " ".join(result.stderr.split())
 
     # report: the warning heads report.md and report.html.
-    build_report(str(run), tmp_path / "rep", settings=FAST, partial=True)
+    build_report(open_run(str(run), partial=True), tmp_path / "rep", settings=FAST)
     for name in ("report.md", "report.html"):
         assert warning in (tmp_path / "rep" / name).read_text()
 
@@ -142,7 +145,7 @@ def test_a_partial_read_never_reads_a_part_without_its_commit(killed: tuple[Path
     keys = committed(run)
     # A shard cut short between its parts and its marker: a rollouts part and no marker.
     shutil.copy(run / "rollouts" / f"part-{keys[0]}.parquet", run / "rollouts" / "part-0000000000000000.parquet")
-    assert sql(str(run), "SELECT count(*) AS n FROM rollouts", partial=True).to_pylist() == [
+    assert open_run(str(run), partial=True).sql("SELECT count(*) AS n FROM rollouts").to_pylist() == [
         {"n": len(keys) * PER_FILE}
     ]
 
@@ -154,7 +157,7 @@ def test_rerunning_the_same_command_finishes_the_run(killed: tuple[Path, Path], 
     keys = committed(run)
     manifest = run_scoring(str(store), str(run), executor="inline")
     assert manifest["counts"]["shards_reused"] >= len(keys)
-    [c] = compute_metrics(str(run), [], FAST)
+    [c] = open_run(str(run)).metrics([], FAST)
     assert c["partial"] is None and c["n"] == N_FILES * PER_FILE
 
 
@@ -178,12 +181,12 @@ def test_a_missing_part_file_is_refused_even_with_a_manifest(parquet_run: tuple[
     lost = manifest["shards"][2]
     (run / "rollouts" / f"part-{lost['shard']}.parquet").unlink()
     with pytest.raises(RunIncomplete) as info:
-        compute_metrics(str(run), settings=FAST)
+        open_run(str(run)).metrics(settings=FAST)
     assert str(info.value).startswith(
         f"run {run} is incomplete: its manifest lists 6 shards but 1 part file(s) are missing "
         f"(rollouts/part-{lost['shard']}.parquet); rescore it with `pexec score {store} --out {run} --force`"
     )
-    [c] = compute_metrics(str(run), [], FAST, partial=True)
+    [c] = open_run(str(run), partial=True).metrics([], FAST)
     assert c["n"] == 600 - lost["scored"]
     assert {k: c["partial"][k] for k in ("shards", "shards_total", "rollouts", "rollouts_total")} == {
         "shards": 5,
@@ -204,7 +207,7 @@ def test_a_run_stopped_after_some_shards_knows_its_total_from_the_plan(
     assert [s["rows"] for s in plan["shards"]] == [100] * 6  # Parquet: counted from the footers
     for shard in plan["shards"][4:]:
         (run / "_shards" / f"{shard['shard']}.json").unlink()  # these two never committed
-    [c] = compute_metrics(str(run), [], FAST, partial=True)
+    [c] = open_run(str(run), partial=True).metrics([], FAST)
     assert c["n"] == 400
     assert {k: c["partial"][k] for k in ("shards", "shards_total", "rollouts", "rollouts_total")} == {
         "shards": 4,
@@ -214,6 +217,48 @@ def test_a_run_stopped_after_some_shards_knows_its_total_from_the_plan(
     }
 
 
+def test_a_partial_report_reads_one_snapshot_while_the_run_gains_a_shard(
+    parquet_run: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`report --partial` on a run still being written: a shard committed while the report is being built (here
+    right after its first tables) reaches none of its tables, which all count the same rollouts."""
+    _, original = parquet_run
+    run = tmp_path / "run"
+    shutil.copytree(original, run)
+    (run / "_manifest.json").unlink()
+    late = read_plan(str(run))["shards"][5]["shard"]
+    marker = run / "_shards" / f"{late}.json"
+    committed_later = marker.read_bytes()
+    marker.unlink()  # the sixth shard is not committed when the report starts
+    query = "SELECT count(*) AS n, sum(T) AS calls FROM rollouts"
+    [(n, calls)] = [tuple(r.values()) for r in open_run(str(run), partial=True).sql(query).to_pylist()]
+    assert n == 500
+
+    real = report_module.run_tables
+
+    def then_the_scorer_commits(*args: object, **kwargs: object) -> object:
+        tables = real(*args, **kwargs)
+        marker.write_bytes(committed_later)
+        return tables
+
+    monkeypatch.setattr(report_module, "run_tables", then_the_scorer_commits)
+    args = ["report", str(run), "--partial", "--out", str(tmp_path / "rep"), "--by", "model,method"]
+    args += ["--bootstrap", "20", "--sensitivity", "--compare", "method=react", "method=plan_execute"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert marker.exists() and len(open_run(str(run), partial=True).snapshot.runs[0].keys) == 6
+
+    def table(name: str) -> list[dict]:
+        return pq.read_table(tmp_path / "rep" / "tables" / f"{name}.parquet").to_pylist()
+
+    assert sum(r["n"] for r in table("metrics")) == n
+    assert sum(r["n"] for r in table("recovery")) == n
+    assert sum(r["n"] for r in table("sensitivity")) == n
+    assert sum(r["n_calls"] for r in table("tools")) == calls
+    assert {r["partial_rollouts_total"] for r in table("metrics")} == {600}  # the plan's total, read once
+    assert {r["partial_rollouts"] for r in table("metrics")} == {n}
+
+
 def test_every_run_under_a_folder_is_checked(parquet_run: tuple[Path, Path], tmp_path: Path) -> None:
     _, original = parquet_run
     nightly = tmp_path / "nightly"
@@ -221,12 +266,12 @@ def test_every_run_under_a_folder_is_checked(parquet_run: tuple[Path, Path], tmp
         shutil.copytree(original, nightly / day)
     (nightly / "date=2026-11-29" / "_manifest.json").unlink()
     with pytest.raises(RunIncomplete) as info:
-        sql(str(nightly), "SELECT 1")
+        open_run(str(nightly)).sql("SELECT 1")
     message = str(info.value)
     assert message.startswith(f"1 of 2 runs under {nightly} are incomplete: {nightly}/date=2026-11-29: no _manifest")
     assert "2026-11-28" not in message
-    assert sum(c["n"] for c in compute_metrics(str(nightly), [], FAST, partial=True)) == 1200  # markers all there
-    [c] = compute_metrics(str(nightly / "date=2026-11-28"), [], FAST)
+    assert sum(c["n"] for c in open_run(str(nightly), partial=True).metrics([], FAST)) == 1200  # markers all there
+    [c] = open_run(str(nightly / "date=2026-11-28")).metrics([], FAST)
     assert c["n"] == 600 and c["partial"] is None
 
 
@@ -240,7 +285,7 @@ def test_rejects_is_a_view(tmp_path: Path) -> None:
     with file.open("a") as f:
         f.write('{"not": "a rollout"}\n')
     run_scoring(str(store), str(tmp_path / "run"), executor="inline")
-    [reject] = sql(str(tmp_path / "run"), "SELECT source, location, reason FROM rejects").to_pylist()
+    [reject] = open_run(str(tmp_path / "run")).sql("SELECT source, location, reason FROM rejects").to_pylist()
     assert reject["source"] == str(file) and reject["location"] == "line 51" and reject["reason"]
 
 
@@ -248,7 +293,7 @@ def test_each_by_is_kept_under_its_own_name(parquet_run: tuple[Path, Path], tmp_
     run = tmp_path / "run"
     shutil.copytree(parquet_run[1], run)
     for by in (None, ["model"], ["model", "method"], []):
-        write_metrics(str(run), compute_metrics(str(run), by, FAST), by=by)
+        open_run(str(run)).write_metrics(open_run(str(run)).metrics(by, FAST), by)
     assert [metrics_name(b) for b in (None, ["model"], ["model", "method"], [])] == [
         "metrics",
         "metrics_by_model",
@@ -259,7 +304,7 @@ def test_each_by_is_kept_under_its_own_name(parquet_run: tuple[Path, Path], tmp_
         f"SELECT '{v}' AS v, count(*) AS n FROM {v}"
         for v in ("metrics", "pec", "metrics_by_model", "metrics_by_model_and_method", "metrics_by_benchmark")
     )
-    counts = {r["v"]: r["n"] for r in sql(str(run), query).to_pylist()}
+    counts = {r["v"]: r["n"] for r in open_run(str(run)).sql(query).to_pylist()}
     assert counts["metrics"] == counts["metrics_by_model_and_method"] == 4  # every label = model × method
     assert (counts["metrics_by_model"], counts["metrics_by_benchmark"]) == (2, 1)
     assert counts["pec"] > 4
@@ -269,14 +314,14 @@ def test_old_runs_check_column_reads_as_failed_check(parquet_run: tuple[Path, Pa
     run = tmp_path / "run"
     shutil.copytree(parquet_run[1], run)
     query = "SELECT failed_check, count(*) AS n FROM steps GROUP BY ALL ORDER BY ALL"
-    new = sql(str(run), query).to_pylist()
+    new = open_run(str(run)).sql(query).to_pylist()
     assert {r["failed_check"] for r in new} == {None, "S", "D", "P"}
     # Half the parts rewritten as an older pexec wrote them: the column named `check`.
     for part in sorted((run / "steps").glob("*.parquet"))[::2]:
         table = pq.read_table(part)
         pq.write_table(table.rename_columns(["check" if c == "failed_check" else c for c in table.column_names]), part)
-    assert sql(str(run), query).to_pylist() == new
-    assert "check" not in sql(str(run), "SELECT * FROM steps LIMIT 0").column_names
+    assert open_run(str(run)).sql(query).to_pylist() == new
+    assert "check" not in open_run(str(run)).sql("SELECT * FROM steps LIMIT 0").column_names
 
 
 # --- reports never mix folders ---------------------------------------------------------------------------
@@ -296,7 +341,7 @@ def test_report_into_a_non_empty_folder_needs_overwrite(parquet_run: tuple[Path,
     assert result.exit_code == 0, result.output
     assert not (out / "old-figure.png").exists() and (out / "report.md").exists()
     with pytest.raises(ReportError, match="holds the run"):
-        build_report(run, Path(run).parent, settings=FAST, overwrite=True)
+        build_report(open_run(run), Path(run).parent, settings=FAST, overwrite=True)
     assert (Path(run) / "_manifest.json").exists()
 
 
@@ -304,12 +349,12 @@ def test_a_job_checks_its_report_folder_and_settings_before_any_work(tmp_path: P
     job_file = tmp_path / "job.toml"
     body = f'name = "j"\ninput = "{tmp_path}/store"\noutput = "{tmp_path}/run"\n'
     job_file.write_text(body + '[metrics]\npartial = "yes"\n')
-    with pytest.raises(JobError, match="partial is true or false"):
+    with pytest.raises(JobFileError, match="partial is true or false"):
         load_job(job_file)
     (tmp_path / "rep").mkdir()
     (tmp_path / "rep" / "old.md").write_text("old")
     job_file.write_text(body + f'[synth]\nrollouts = 20\ntasks = 5\n[report]\nout = "{tmp_path}/rep"\n')
-    with pytest.raises(JobError, match=r"report folder .*/rep is not empty.*overwrite = true in \[report\]"):
+    with pytest.raises(JobFileError, match=r"report folder .*/rep is not empty.*overwrite = true in \[report\]"):
         run_job(load_job(job_file))
     assert not (tmp_path / "store").exists() and not (tmp_path / "run").exists()  # nothing was done
     assert load_job(job_file.with_name("job.toml")).report.overwrite is False

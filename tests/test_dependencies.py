@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline import dependencies
-from pipeline.dependencies import History
+from pipeline.replay import dependencies
+from pipeline.replay.dependencies import History
 
 WORDY = st.text(alphabet='ab1-. "\\\n', max_size=5)  # few words: later texts often hold earlier ones
 EVENTS = st.lists(

@@ -1,4 +1,4 @@
-"""pexec diff (issue 18): drift between runs with disjoint tasks, two-sample task bootstrap, --fail-on."""
+"""pexec diff: drift between runs with disjoint tasks, two-sample task bootstrap, --fail-on."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from test_ingest_observed import ROOT, ingest_day, write_samples
 from test_tools import write_run
 from typer.testing import CliRunner
 
-from pipeline.aggregate import BootstrapSettings, compute_metrics
 from pipeline.cli import app
-from pipeline.diff import SEED_B, DiffError, diff_runs, parse_threshold
-from pipeline.distributed import run_scoring
-from pipeline.jobs import JobError, load_job, previous_run
+from pipeline.jobs.definition import JobFileError, load_job, previous_run
+from pipeline.metrics.drift import SEED_B, DiffError, diff_runs, parse_threshold
+from pipeline.metrics.run import open_run
+from pipeline.metrics.settings import BootstrapSettings
+from pipeline.scoring.driver import run_scoring
 
 SETTINGS = BootstrapSettings(B=400, seed=4)
 
@@ -36,7 +37,7 @@ def nightly(run: Path, prefix: str, n_exec: int, second_tool: str, cause_tool: s
 def test_two_sample_bootstrap_known_answer(tmp_path: Path) -> None:
     ex_a = nightly(tmp_path / "a", "a", 20, "pay")
     ex_b = nightly(tmp_path / "b", "b", 10, "pay")
-    result = diff_runs(str(tmp_path / "a"), str(tmp_path / "b"), settings=SETTINGS)
+    result = diff_runs(open_run(str(tmp_path / "a")), open_run(str(tmp_path / "b")), settings=SETTINGS)
     ter = next(r for r in result.rows if r["metric"] == "ter")
     assert (ter["a"], ter["b"], ter["diff"]) == (0.5, 0.25, -0.25)
     # Independent resampling of each run's 40 tasks: A with seed 4, B with seed 4 XOR SEED_B.
@@ -52,7 +53,7 @@ def test_two_sample_bootstrap_known_answer(tmp_path: Path) -> None:
 def test_new_vanished_tools_and_causes(tmp_path: Path) -> None:
     nightly(tmp_path / "a", "a", 20, "pay")
     nightly(tmp_path / "b", "b", 20, "refund")
-    result = diff_runs(str(tmp_path / "a"), str(tmp_path / "b"), settings=SETTINGS)
+    result = diff_runs(open_run(str(tmp_path / "a")), open_run(str(tmp_path / "b")), settings=SETTINGS)
     assert [(r["tool"], r["calls"]) for r in result.new_tools] == [("refund", 40)]
     assert [(r["tool"], r["calls"]) for r in result.vanished_tools] == [("pay", 40)]
     assert [(r["tool"], r["cause"], r["n"]) for r in result.new_causes] == [("refund", "refund_bad", 20)]
@@ -110,9 +111,9 @@ def test_two_real_nights_of_support_logs(tmp_path: Path) -> None:
         run_scoring(str(tmp_path / "store" / f"date={d}"), str(tmp_path / f"date={d}"), env=job.env,
                     options=job.options, executor="inline")  # fmt: skip
     a, b = str(tmp_path / f"date={days[0]}"), str(tmp_path / f"date={days[1]}")
-    result = diff_runs(a, b, ["model"], SETTINGS)
-    metrics_a = {(c["model"], "ter"): c["ter"]["value"] for c in compute_metrics(a, ["model"], SETTINGS)}
-    metrics_b = {(c["model"], "ter"): c["ter"]["value"] for c in compute_metrics(b, ["model"], SETTINGS)}
+    result = diff_runs(open_run(a), open_run(b), ["model"], SETTINGS)
+    metrics_a = {(c["model"], "ter"): c["ter"]["value"] for c in open_run(a).metrics(["model"], SETTINGS)}
+    metrics_b = {(c["model"], "ter"): c["ter"]["value"] for c in open_run(b).metrics(["model"], SETTINGS)}
     for r in (r for r in result.rows if r["metric"] == "ter"):
         key = (r["model"], "ter")
         assert r["diff"] == pytest.approx(metrics_b[key] - metrics_a[key])
@@ -137,8 +138,8 @@ def test_job_diff_resolves_the_previous_night(tmp_path: Path) -> None:
     assert previous_run(load_job(spec, "2026-11-29")) == f"{tmp_path}/date=2026-11-27"
     assert previous_run(load_job(spec, "2026-11-26")) is None
     spec.write_text('name = "n"\ninput = "i"\noutput = "o/{date}"\n[diff]\nfail_on = ["ter<<0"]\n')
-    with pytest.raises(JobError, match="--fail-on takes"):
+    with pytest.raises(JobFileError, match="--fail-on takes"):
         load_job(spec, "2026-11-29")
     spec.write_text('name = "n"\ninput = "i"\noutput = "o"\n[diff]\n')
-    with pytest.raises(JobError, match="needs \\{date\\}"):
+    with pytest.raises(JobFileError, match="needs \\{date\\}"):
         load_job(spec, "2026-11-29")

@@ -9,10 +9,10 @@ from pathlib import Path
 import typer.main
 from typer.core import TyperGroup
 
-from pipeline import catalogue
 from pipeline.cli import app
+from pipeline.core import metric_catalogue
+from pipeline.core.run_schema import markdown, tables
 from pipeline.envs.spec.loader import load_spec
-from pipeline.schema import markdown, tables
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 # "name" or "group sub" (a sub-app's commands, e.g. "guard serve") -> the click command
@@ -60,8 +60,8 @@ def test_the_spec_example_in_the_readme_compiles(tmp_path):
 
 
 def test_the_output_tables_in_the_readme_are_the_schema():
-    """The README's run tables are pipeline.schema's, column for column (regenerate the block between the
-    markers with `python -c "from pipeline.schema import markdown; print(markdown())"`)."""
+    """The README's run tables are pipeline.core.run_schema's, column for column (regenerate the block between the
+    markers with `python -c "from pipeline.core.run_schema import markdown; print(markdown())"`)."""
     block = re.search(r"<!-- schema:start -->\n(.*?)<!-- schema:end -->", README, re.S)
     assert block is not None, "README lacks the schema block"
     assert block.group(1) == markdown()
@@ -71,16 +71,16 @@ def test_the_output_tables_in_the_readme_are_the_schema():
 
 def test_the_metrics_table_in_the_readme_is_the_catalogue():
     """Each metric's population and interval method, as the catalogue states them (regenerate the block with
-    `python -c "from pipeline.catalogue import markdown; print(markdown())"`)."""
+    `python -c "from pipeline.core.metric_catalogue import markdown; print(markdown())"`)."""
     block = re.search(r"<!-- metrics:start -->\n(.*?)<!-- metrics:end -->", README, re.S)
     assert block is not None, "README lacks the metrics block"
-    assert block.group(1) == catalogue.markdown()
+    assert block.group(1) == metric_catalogue.markdown()
 
 
 def test_the_benchmark_tables_in_the_readme_have_the_bench_format():
     """One block per `pexec bench` subcommand, as `pexec bench NAME --readme README.md` writes it (its shape,
     not its numbers): a caption, then figure | runs | project | baseline | ratio rows."""
-    from pipeline.cli import BENCHES
+    from pipeline.cli.main import BENCHES
     from pipeline.perf import figures
 
     blocks = figures.blocks(README)

@@ -1,4 +1,4 @@
-"""Harm-weighted invalid calls (issue 18): effect classes per tool, the rollouts' harm columns, the catalogue's
+"""Harm-weighted invalid calls: effect classes per tool, the rollouts' harm columns, the catalogue's
 write metrics with known answers."""
 
 from __future__ import annotations
@@ -10,15 +10,16 @@ import pyarrow.parquet as pq
 import pytest
 from test_aggregate import rollout, write_rollouts
 
-from pipeline.aggregate import BootstrapSettings, compute_metrics
-from pipeline.distributed import run_scoring
-from pipeline.effects import Effect, EffectsError, load_effects, parse_effects
+from pipeline.core.effects import Effect, EffectsError, load_effects, parse_effects
+from pipeline.core.model import Rollout, RolloutResult, StepResult
 from pipeline.envs import get_environment
 from pipeline.envs.tau.rules import tau_effects
-from pipeline.model import Rollout, RolloutResult, StepResult
-from pipeline.output import effect_columns
+from pipeline.metrics.run import open_run
+from pipeline.metrics.settings import BootstrapSettings
+from pipeline.scoring.driver import run_scoring
+from pipeline.scoring.run_tables import effect_columns
 from pipeline.storage.stores import write_store
-from pipeline.synth import synthesize
+from pipeline.synthetic.rollouts import synthesize
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
 SMALL = BootstrapSettings(B=100, seed=1)
@@ -60,7 +61,7 @@ def test_write_metrics_known_answers(tmp_path: Path) -> None:
         harm(rollout("b", 1, 2, True), 1, 1.0, 0, 1.0),
     ]
     write_rollouts(tmp_path, rows)
-    (c,) = compute_metrics(str(tmp_path), [], SMALL)
+    (c,) = open_run(str(tmp_path)).metrics([], SMALL)
     assert c["write_auc"]["value"] == pytest.approx(0.75) and c["write_auc"]["eligible"] == 2
     assert c["irreversible_invalid"]["value"] == pytest.approx(1 / 3)
     assert c["weighted_auc_pec"]["value"] == pytest.approx(0.75)
@@ -69,7 +70,7 @@ def test_write_metrics_known_answers(tmp_path: Path) -> None:
 
 def test_runs_without_effect_columns_have_undefined_harm_metrics(tmp_path: Path) -> None:
     write_rollouts(tmp_path, [rollout("a", 2, 3, True), rollout("b", 2, 1, False)])
-    (c,) = compute_metrics(str(tmp_path), [], SMALL)
+    (c,) = open_run(str(tmp_path)).metrics([], SMALL)
     for name in ("write_auc", "irreversible_invalid", "weighted_auc_pec", "unclassified"):
         assert c[name]["value"] is None, name  # never 0: "no data" is not "safe"
     assert c["ter"]["value"] == 0.5

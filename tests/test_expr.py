@@ -961,7 +961,7 @@ def test_microbenchmark_prints_time_per_evaluation() -> None:
         print(f"\n[expr benchmark] {label}: {best * 1e6:.2f} µs/evaluation")
 
 
-# ---- budgets (issue 15.4): every measured runaway ends with a reason, never a hang or a crash ----
+# ---- budgets: every measured runaway ends with a reason, never a hang or a crash ----
 
 
 def chain(op: str, n: int) -> list[Expr]:
@@ -1093,7 +1093,7 @@ def test_lookups_in_objects_are_not_charged_as_scans() -> None:
     assert compile_expr(source, NAMES)(ctx) == 2000
 
 
-# ---- compiled code (issue 20): the same values, errors and budget as the closures ----
+# ---- compiled code: the same values, errors and budget as the closures ----
 
 
 def _outcome(expr: Expr, ctx: dict[str, Any]) -> tuple[Any, ...]:

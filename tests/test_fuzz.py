@@ -1,4 +1,4 @@
-"""Adversarial input through the real scorer (issue 15.2): no record can stop a run or go missing.
+"""Adversarial input through the real scorer: no record can stop a run or go missing.
 
 Random and hostile records — deep nesting, huge strings, NaN, control characters and markup, wrong types in
 every field, broken JSON — are mixed with real synthetic rollouts and scored through `run_scoring`. Every
@@ -22,10 +22,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.distributed import run_scoring
+from pipeline.core.records import InvalidRecord, parse_rollout
 from pipeline.expr import BudgetExceeded, EvalError, ExprError, compile_expr
-from pipeline.records import InvalidRecord, parse_rollout
-from pipeline.synth import synthesize
+from pipeline.scoring.driver import run_scoring
+from pipeline.synthetic.rollouts import synthesize
 
 EXAMPLES = int(os.environ.get("PEXEC_FUZZ_EXAMPLES", "25"))
 BASE = list(synthesize("shop", 12, 6, 3))
@@ -48,7 +48,7 @@ hostile = st.one_of(
     st.integers(0, 300_000).map(lambda n: "x" * n),
     st.sampled_from([float("nan"), float("inf"), -float("inf"), 10**30, -(2**63), 2**64]),
 )
-# Every place a value can sit in a canonical record (docs/design.md §4): (part, key).
+# Every place a value can sit in a canonical record (docs/explanation/data-model.md, "Canonical rollout"): (part, key).
 FIELDS = [
     *(("record", k) for k in ("rollout_id", "task_id", "benchmark", "success", "labels", "cost", "env", "truth")),
     ("record", "events"),
@@ -214,7 +214,7 @@ def test_costs_are_finite(cost: dict[str, Any], reason: str) -> None:
         parse_rollout(dict(BASE[0], cost=cost))
 
 
-# ---- expressions (issue 15.4): any expression over any data ends with a value or a reason ----
+# ---- expressions: any expression over any data ends with a value or a reason ----
 
 leaves = st.sampled_from(["args.s", "args.n", "args.l", "state", "x", "'ab'", "2", "10**3", "[1, 2]", "{'k': 1}"])
 
@@ -310,16 +310,16 @@ def test_parquet_columns_of_unexpected_types(tmp_path: Path) -> None:
 def test_a_result_that_cannot_be_written_is_a_reject(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A fault no real input is known to cause (so it is injected): converting one result to Arrow fails.
     # That result becomes a reject with the reason; the others of the shard are written.
-    import pipeline.score
+    import pipeline.scoring.shard
 
-    real = pipeline.score.rollouts_table
+    real = pipeline.scoring.shard.rollouts_table
 
     def failing(run_id: str, results: list) -> Any:
         if any(r.rollout.rollout_id == BASE[1]["rollout_id"] for r in results):
             raise ValueError("injected conversion failure")
         return real(run_id, results)
 
-    monkeypatch.setattr(pipeline.score, "rollouts_table", failing)
+    monkeypatch.setattr(pipeline.scoring.shard, "rollouts_table", failing)
     lines = [json.dumps(r) for r in BASE[:5]]
     manifest, rollouts, rejects = score_lines(lines, tmp_path)
     assert_nothing_lost(lines, manifest, rollouts, rejects)

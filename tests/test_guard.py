@@ -15,18 +15,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline import dependencies
-from pipeline.dependencies import History
-from pipeline.distributed import run_scoring
+from pipeline.core.model import NOT_LOGGED, Call, Message, Rollout
+from pipeline.core.records import parse_rollout
 from pipeline.envs import EnvOptions, get_environment
 from pipeline.guard import GuardSession, open_session
 from pipeline.ingest import IngestOptions, ingest
-from pipeline.model import NOT_LOGGED, Call, Message, Rollout
 from pipeline.perf.guard import SCENARIOS, library, rereplay
-from pipeline.records import parse_rollout
-from pipeline.samples import write_samples
+from pipeline.replay import dependencies
+from pipeline.replay.dependencies import History
+from pipeline.scoring.driver import run_scoring
 from pipeline.storage.stores import write_store
-from pipeline.synth import synthesize
+from pipeline.synthetic.rollouts import synthesize
+from pipeline.synthetic.support_logs import write_samples
 
 AVA = "Hi, I'm Ava Lopez (ava.lopez@example.com, zip 78701)."
 SIGN_IN = Call("authenticate", {"email": "ava.lopez@example.com", "zip": "78701"})

@@ -14,8 +14,8 @@ import duckdb
 import orjson
 from mcp import Client, StdioServerParameters
 
-from pipeline.distributed import run_scoring
 from pipeline.envs import EnvOptions
+from pipeline.scoring.driver import run_scoring
 
 PEXEC = str(Path(sys.executable).parent / "pexec")
 UPSTREAM = [sys.executable, str(Path(__file__).parent / "mcp_upstream.py")]

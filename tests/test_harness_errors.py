@@ -1,5 +1,5 @@
-"""Conditions vs attributes and harness errors through the canonical format (docs/design.md §4): a small
-`observed` store with known numbers, scored for real, then metrics, report, CLI and job settings."""
+"""Conditions vs attributes and harness errors through the canonical format (docs/explanation/data-model.md, "Canonical
+rollout"): a small `observed` store with known numbers, scored for real, then metrics, report, CLI and job settings."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.aggregate import BootstrapSettings, MetricsError, Population, compute_metrics
 from pipeline.cli import app
-from pipeline.distributed import run_scoring
-from pipeline.jobs import JobError, load_job
-from pipeline.records import InvalidRecord, parse_rollout
+from pipeline.core.records import InvalidRecord, parse_rollout
+from pipeline.jobs.definition import JobFileError, load_job
+from pipeline.metrics.run import open_run
+from pipeline.metrics.settings import BootstrapSettings, MetricsError, Population
 from pipeline.report import Compare, build_report
+from pipeline.scoring.driver import run_scoring
 from pipeline.storage.stores import write_store
 
 SMALL = BootstrapSettings(B=50)
@@ -76,7 +77,7 @@ def test_status_and_attributes_are_columns_and_steps_are_still_written(run: Path
 
 
 def test_harness_errors_are_left_out_and_counted(run: Path) -> None:
-    cohorts = by_model(compute_metrics(str(run), settings=SMALL))
+    cohorts = by_model(open_run(str(run)).metrics(settings=SMALL))
     m = cohorts["m"]
     assert (m["n"], m["n_tasks"], m["n_harness_error"], m["harness_errors"]) == (4, 4, 2, "exclude")
     assert (m["ter"]["value"], m["success"]["value"], m["rr"]["value"], m["rr"]["eligible"]) == (0.5, 0.75, 0.5, 2)
@@ -86,7 +87,7 @@ def test_harness_errors_are_left_out_and_counted(run: Path) -> None:
 
 
 def test_harness_errors_fail_counts_them_as_non_executable_failures(run: Path) -> None:
-    cohorts = by_model(compute_metrics(str(run), settings=SMALL, population=Population("fail")))
+    cohorts = by_model(open_run(str(run)).metrics(settings=SMALL, population=Population("fail")))
     m = cohorts["m"]
     assert (m["n"], m["n_tasks"], m["n_harness_error"], m["harness_errors"]) == (6, 5, 2, "fail")
     assert (m["ter"]["value"], m["success"]["value"], m["auc_pec"]["value"]) == (2 / 6, 3 / 6, (1 + 1 + 0 + 0.5) / 6)
@@ -96,16 +97,16 @@ def test_harness_errors_fail_counts_them_as_non_executable_failures(run: Path) -
 
 
 def test_attributes_are_not_default_cohorts_but_work_in_by(run: Path) -> None:
-    assert {c["model"] for c in compute_metrics(str(run), settings=SMALL)} == {"m", "z"}
-    by_trial = compute_metrics(str(run), ["model", "trial"], SMALL)
+    assert {c["model"] for c in open_run(str(run)).metrics(settings=SMALL)} == {"m", "z"}
+    by_trial = open_run(str(run)).metrics(["model", "trial"], SMALL)
     assert {(c["model"], c["attr_trial"]): c["n"] for c in by_trial if c["n"]} == {("m", "0"): 2, ("m", "1"): 2}
-    assert compute_metrics(str(run), ["attr_trial"], SMALL)[0]["attr_trial"] == "0"
+    assert open_run(str(run)).metrics(["attr_trial"], SMALL)[0]["attr_trial"] == "0"
     with pytest.raises(MetricsError, match=r"attributes: harness_error, trial"):
-        compute_metrics(str(run), ["nope"], SMALL)
+        open_run(str(run)).metrics(["nope"], SMALL)
 
 
 def test_pools_and_their_errors(run: Path) -> None:
-    pooled = compute_metrics(str(run), settings=SMALL, population=Population(pools=(("all", ("observed",)),)))
+    pooled = open_run(str(run)).metrics(settings=SMALL, population=Population(pools=(("all", ("observed",)),)))
     assert {c["benchmark"] for c in pooled} == {"all"}
     with pytest.raises(MetricsError, match="in two pools"):
         Population(pools=(("a", ("x",)), ("b", ("x",))))
@@ -136,14 +137,14 @@ def test_cli_metrics_say_how_harness_errors_were_counted(run: Path) -> None:
 
 
 def test_report_counts_harness_errors_in_its_tables(run: Path, tmp_path: Path) -> None:
-    failed = build_report(str(run), tmp_path / "fail", settings=SMALL, population=Population("fail"))
+    failed = build_report(open_run(str(run)), tmp_path / "fail", settings=SMALL, population=Population("fail"))
     md = (Path(failed.out) / "report.md").read_text()
     assert "| harness errors |" in md and "Harness errors: 3, counted in N as non-executable failures" in md
     assert {(r["model"], r["cause"], r["n"]) for r in failed.tables.causes if r["cause"] == "harness_error"} == {
         ("m", "harness_error", 2),
         ("z", "harness_error", 1),
     }
-    excluded = build_report(str(run), tmp_path / "exclude", settings=SMALL)
+    excluded = build_report(open_run(str(run)), tmp_path / "exclude", settings=SMALL)
     assert "Harness errors: 3, left out of N" in (Path(excluded.out) / "report.md").read_text()
     assert {r["model"]: r["n"] for r in excluded.tables.recovery} == {"m": 4}
 
@@ -167,7 +168,7 @@ def test_jobs_take_harness_errors_from_their_metrics_table(tmp_path: Path) -> No
     job.write_text('name = "j"\ninput = "in"\noutput = "out"\n[metrics]\nharness_errors = "fail"\n')
     assert load_job(job).population == Population("fail")
     job.write_text('name = "j"\ninput = "in"\noutput = "out"\n[metrics]\nharness_errors = "drop"\n')
-    with pytest.raises(JobError, match="harness errors are 'exclude' or 'fail'"):
+    with pytest.raises(JobFileError, match="harness errors are 'exclude' or 'fail'"):
         load_job(job)
 
 
@@ -179,8 +180,9 @@ def test_report_pools_and_compares_an_attribute(tmp_path: Path) -> None:
     write_store(iter(RECORDS + more), str(tmp_path / "store"))
     run_scoring(str(tmp_path / "store"), str(tmp_path / "run"), executor="inline")
     pooled = Population(pools=(("all", ("observed",)),))
-    report = build_report(str(tmp_path / "run"), tmp_path / "report", ["model", "trial"],
-                          Compare("trial", "0", "1"), settings=SMALL, population=pooled)  # fmt: skip
+    run = open_run(str(tmp_path / "run"))
+    compare = Compare("trial", "0", "1")
+    report = build_report(run, tmp_path / "report", ["model", "trial"], compare, settings=SMALL, population=pooled)
     assert report.tables.keys == ["benchmark", "model", "attr_trial"]
     cohorts = {
         (c["benchmark"], c["model"], c["attr_trial"]): (c["n"], c["n_harness_error"]) for c in report.tables.cohorts

@@ -8,10 +8,10 @@ from typing import Any
 import orjson
 import pytest
 
-from pipeline.checker import UNCAPTURED, replay
+from pipeline.core.records import parse_rollout
 from pipeline.envs import EnvOptions, get_environment
 from pipeline.ingest import IngestError, IngestOptions, ingest
-from pipeline.records import parse_rollout
+from pipeline.replay.checker import UNCAPTURED, replay
 
 USER = "Hi, I'm Ava (ava@example.com). Cancel order O5521 please."
 

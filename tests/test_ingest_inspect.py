@@ -9,10 +9,10 @@ from typing import Any
 import orjson
 import pytest
 
-from pipeline.checker import replay
+from pipeline.core.records import parse_rollout
 from pipeline.envs import EnvOptions, get_environment
 from pipeline.ingest import IngestError, IngestOptions, ingest
-from pipeline.records import parse_rollout
+from pipeline.replay.checker import replay
 
 HEADER = {"version": 2, "status": "success",
           "eval": {"eval_id": "EV1", "run_id": "RUN1", "task": "support", "model": "openai/gpt-x",

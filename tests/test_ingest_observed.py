@@ -12,14 +12,14 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.checker import UNCAPTURED, replay
-from pipeline.distributed import run_scoring
+from pipeline.core.model import Call, Message, Rollout
 from pipeline.envs import EnvOptions, get_environment
 from pipeline.ingest import IngestOptions, ingest
-from pipeline.jobs import load_job
-from pipeline.model import Call, Message, Rollout
-from pipeline.samples import write_samples
+from pipeline.jobs.definition import load_job
+from pipeline.replay.checker import UNCAPTURED, replay
+from pipeline.scoring.driver import run_scoring
 from pipeline.storage.stores import write_store
+from pipeline.synthetic.support_logs import write_samples
 
 ROOT = Path(__file__).resolve().parents[1]
 USER = "I'm ava@example.com (customer C104), about order O5521"

@@ -8,10 +8,10 @@ from typing import Any
 import orjson
 import pytest
 
-from pipeline.checker import UNCAPTURED, replay
+from pipeline.core.records import parse_rollout
 from pipeline.envs import EnvOptions, get_environment
 from pipeline.ingest import IngestError, IngestOptions, ingest
-from pipeline.records import parse_rollout
+from pipeline.replay.checker import UNCAPTURED, replay
 
 T0 = 1_795_953_600_000_000_000  # 2026-11-29 12:00 UTC, in ns
 

@@ -19,13 +19,13 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import fresh_ray, wait_for
 
-from pipeline.distributed import JobFailed, run_scoring
-from pipeline.errors import StorageError
+from pipeline.core.errors import StorageError
+from pipeline.scoring.driver import ScoringFailed, run_scoring
 from pipeline.storage.fs import exists, filesystem
 from pipeline.storage.lease import LEASE, Lease, LeaseHeld, LeaseLost, _dump, _me, _object_for, require_holder
 from pipeline.storage.run import part_sizes, read_shard_markers
 from pipeline.storage.stores import write_store
-from pipeline.synth import synthesize
+from pipeline.synthetic.rollouts import synthesize
 
 ROOT = Path(__file__).resolve().parents[1]
 PEXEC = str(Path(sys.executable).with_name("pexec"))
@@ -140,7 +140,7 @@ def test_only_the_current_acquisition_is_the_holder(where: tuple[str, dict | Non
 
 
 def test_tasks_of_a_writer_that_lost_the_lease_write_nothing(where: tuple[str, dict | None]) -> None:
-    """A stopping driver leaves its Ray tasks running (pipeline.distributed.completed): each checks, right
+    """A stopping driver leaves its Ray tasks running (pipeline.scoring.driver.completed): each checks, right
     before writing, that its driver still holds the lease. Here another writer takes the lease after the plan
     and before any task ends, long before the driver's own heartbeat would notice: not one shard is written."""
     run, storage = where
@@ -154,7 +154,7 @@ def test_tasks_of_a_writer_that_lost_the_lease_write_nothing(where: tuple[str, d
             assert lease_object.swap(_dump(_me()), version) is not None
 
     taken = f"failed: the lease of {re.escape(run)} was taken over by another writer$"
-    with fresh_ray(), pytest.raises(JobFailed, match=taken):
+    with fresh_ray(), pytest.raises(ScoringFailed, match=taken):
         run_scoring(store, run, shard_bytes=20_000, storage_options=storage, on_plan=taken_over)
     assert read_shard_markers(run, storage) == {} and not any(part_sizes(run, storage).values())
 

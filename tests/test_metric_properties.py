@@ -1,4 +1,5 @@
-"""Properties of the aggregates (docs/design.md §2) over random small rollout tables (hypothesis)."""
+"""Properties of the aggregates (docs/explanation/definitions.md, "Aggregates") over random small rollout tables
+(hypothesis)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_aggregate import _TYPES
 
-from pipeline import catalogue
-from pipeline.aggregate import BootstrapSettings, compute_metrics
-from pipeline.storage.run import commit_parts
+from pipeline.core import metric_catalogue
+from pipeline.metrics.run import open_run
+from pipeline.metrics.settings import BootstrapSettings
+from pipeline.perf.fixtures import commit_parts
 
 B = 200  # small: each example runs the whole DuckDB pipeline
 
@@ -53,7 +55,7 @@ def run_metrics(rows: list[dict[str, Any]], method: str, seed: int) -> list[dict
         (Path(tmp) / "rollouts").mkdir()
         pq.write_table(table, Path(tmp) / "rollouts" / "part-0.parquet")
         commit_parts(tmp)
-        return compute_metrics(tmp, settings=BootstrapSettings(B=B, seed=seed, method=method))  # type: ignore[arg-type]
+        return open_run(tmp).metrics(settings=BootstrapSettings(B=B, seed=seed, method=method))  # type: ignore[arg-type]
 
 
 common = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -112,14 +114,14 @@ def test_intervals_bracket_the_estimate(rows: list[dict[str, Any]], method: str,
     2.5% of B = 200 replicates fall on either side of it.
     """
     for c in run_metrics(rows, method, seed):
-        for m in (r.name for r in catalogue.ratios()):
+        for m in (r.name for r in metric_catalogue.ratios()):
             value, lo, hi = c[m]["value"], c[m]["lo"], c[m]["hi"]
             if value is None:
                 assert lo is None and hi is None
                 continue
             assert lo is not None and hi is not None, (m, c)
             assert 0 <= lo <= value <= hi <= 1, (m, c[m])
-            assert lo < hi, (m, c[m])  # never zero-width (docs/design.md §2.5)
+            assert lo < hi, (m, c[m])  # never zero-width (docs/explanation/intervals.md, "Small samples")
         for p in c["pec"]:
             assert 0 <= p["lo"] <= p["value"] <= p["hi"] <= 1, p
             assert p["k"] == 0 or p["lo"] < p["hi"], p

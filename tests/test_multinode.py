@@ -15,12 +15,12 @@ from cluster import start_cluster, stop_cluster
 from conftest import wait_for
 from test_scale import rows
 
-from pipeline.distributed import run_scoring
-from pipeline.jobs import load_job
+from pipeline.jobs.cluster import job_logs, job_status, submit_job
+from pipeline.jobs.definition import load_job
+from pipeline.scoring.driver import run_scoring
 from pipeline.storage.run import read_manifest, read_shard_markers
 from pipeline.storage.stores import write_store
-from pipeline.submit import job_logs, job_status, submit_job
-from pipeline.synth import synthesize
+from pipeline.synthetic.rollouts import synthesize
 
 pytestmark = pytest.mark.cluster
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")

@@ -6,12 +6,12 @@ from typing import Any
 
 import pytest
 
-from pipeline.checker import replay
+from pipeline.core.records import parse_rollout
+from pipeline.core.run_schema import ROLLOUTS, STEPS
 from pipeline.envs import get_environment
-from pipeline.output import combined, rollouts_table, steps_table
-from pipeline.records import parse_rollout
-from pipeline.schema import ROLLOUTS, STEPS
-from pipeline.synth import synthesize
+from pipeline.replay.checker import replay
+from pipeline.scoring.run_tables import combined, rollouts_table, steps_table
+from pipeline.synthetic.rollouts import synthesize
 
 
 def _varied(i: int, record: dict[str, Any]) -> dict[str, Any]:

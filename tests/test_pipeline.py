@@ -13,15 +13,16 @@ import pytest
 from conftest import fresh_ray
 from typer.testing import CliRunner
 
-from pipeline.aggregate import BootstrapSettings
 from pipeline.cli import app
-from pipeline.code_version import PACKAGE_ROOT, scoring_sources
-from pipeline.distributed import run_scoring
 from pipeline.envs import EnvOptions
-from pipeline.jobs import JobError, load_job
+from pipeline.jobs.definition import JobFileError, load_job
+from pipeline.metrics.run import open_run
+from pipeline.metrics.settings import BootstrapSettings
+from pipeline.scoring.code_version import PACKAGE_ROOT, scoring_sources
+from pipeline.scoring.driver import run_scoring
 from pipeline.storage.run import read_manifest
 from pipeline.storage.stores import write_store
-from pipeline.synth import synthesize
+from pipeline.synthetic.rollouts import synthesize
 
 N_ROLLOUTS, N_TASKS = 1200, 150
 
@@ -126,17 +127,15 @@ def test_rerun_rescores_only_changed_inputs(records, tmp_path):
 
 
 def test_date_partitions_are_queryable_together(records, tmp_path):
-    from pipeline.aggregate import compute_metrics, sql
-
     recs = list(records.values())
     for day, part in (("2026-11-28", recs[:500]), ("2026-11-29", recs[500:])):
         write_store(iter(part), str(tmp_path / "logs" / f"date={day}"))
         run_scoring(str(tmp_path / "logs" / f"date={day}"), str(tmp_path / "runs" / f"date={day}"), executor="inline")
     nightly = str(tmp_path / "runs")
-    assert sql(nightly, "SELECT count(*) AS n FROM rollouts").to_pylist() == [{"n": N_ROLLOUTS}]
-    assert sql(nightly, "SELECT count(DISTINCT run_id) AS n FROM steps").to_pylist() == [{"n": 2}]
-    assert sum(c["n"] for c in compute_metrics(nightly, by=[], settings=BootstrapSettings(B=50))) == N_ROLLOUTS
-    one_day = compute_metrics(str(tmp_path / "runs" / "date=2026-11-29"), by=[], settings=BootstrapSettings(B=50))
+    assert open_run(nightly).sql("SELECT count(*) AS n FROM rollouts").to_pylist() == [{"n": N_ROLLOUTS}]
+    assert open_run(nightly).sql("SELECT count(DISTINCT run_id) AS n FROM steps").to_pylist() == [{"n": 2}]
+    assert sum(c["n"] for c in open_run(nightly).metrics([], BootstrapSettings(B=50))) == N_ROLLOUTS
+    one_day = open_run(str(tmp_path / "runs" / "date=2026-11-29")).metrics([], BootstrapSettings(B=50))
     assert one_day[0]["n"] == N_ROLLOUTS - 500
 
 
@@ -202,10 +201,11 @@ def test_bad_spec_fails_before_scoring(tmp_path, store):
 
 def test_code_version_covers_what_scoring_executes_and_nothing_else():
     sources = {p.relative_to(PACKAGE_ROOT).as_posix() for p in scoring_sources()}
-    # the scoring task, the checker, and modules reached only through imports (records via score.py,
-    # expr via the rule engine, the BFCL wheel importer via its environment)
-    assert {"score.py", "checker.py", "records.py", "expr.py", "envs/bfcl/wheel_import.py"} <= sources
-    assert not {"aggregate.py", "cli.py", "distributed.py", "report/html.py", "ingest/bfcl.py"} & sources
+    # the scoring task, the checker, and modules reached only through imports (records via the shard, the
+    # expression language via the rule engine, the BFCL wheel importer via its environment)
+    assert {"scoring/shard.py", "replay/checker.py", "core/records.py", "expr/__init__.py"} <= sources
+    assert "envs/bfcl/wheel_import.py" in sources
+    assert not {"metrics/cohorts.py", "cli/main.py", "scoring/driver.py", "report/html.py", "ingest/bfcl.py"} & sources
 
 
 def test_a_job_with_a_report_table_writes_metrics_and_report(tmp_path, local_ray):
@@ -245,13 +245,13 @@ def test_a_job_with_a_report_table_writes_metrics_and_report(tmp_path, local_ray
 def test_a_job_report_table_is_checked_when_the_job_loads(tmp_path):
     job = tmp_path / "job.toml"
     job.write_text('name = "x"\ninput = "a"\noutput = "b"\n[report]\ncompare = ["method=react"]\n')
-    with pytest.raises(JobError, match=r"\[report\]: compare: --compare takes exactly two"):
+    with pytest.raises(JobFileError, match=r"\[report\]: compare: --compare takes exactly two"):
         load_job(job)
     job.write_text('name = "x"\ninput = "a"\noutput = "b"\n[report]\nk = [0]\nlayout = "wide"\n')
-    with pytest.raises(JobError, match=r"\[report\]"):
+    with pytest.raises(JobFileError, match=r"\[report\]"):
         load_job(job)
     job.write_text('name = "x"\ninput = "a"\noutput = "b"\n[metrics]\nstrict_replay = "yes"\n')
-    with pytest.raises(JobError, match=r"\[metrics\]: strict_replay is true or false"):
+    with pytest.raises(JobFileError, match=r"\[metrics\]: strict_replay is true or false"):
         load_job(job)
 
 

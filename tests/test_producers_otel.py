@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from producers import CALLS, CANCEL_ERROR, EXPECTED_STEPS, MODEL, Stub, ingest_and_score, pexec, stub_server, verdicts
 
-from pipeline.checker import UNCAPTURED
 from pipeline.ingest import IngestError, ingest
+from pipeline.replay.checker import UNCAPTURED
 
 PRODUCERS = Path(__file__).with_name("producers.py")
 

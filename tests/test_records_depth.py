@@ -1,4 +1,4 @@
-"""The depth limit of records (pipeline.records.too_deep): decided by orjson's own limit where it can, the same
+"""The depth limit of records (pipeline.core.records.too_deep): decided by orjson's own limit where it can, the same
 answer as walking the value level by level."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline import records
-from pipeline.records import MAX_DEPTH, InvalidRecord, parse_rollout, too_deep
+from pipeline.core import records
+from pipeline.core.records import MAX_DEPTH, InvalidRecord, parse_rollout, too_deep
 
 INNER = st.one_of(
     st.none(),

@@ -1,4 +1,4 @@
-"""Replay faithfulness (issue 13): per rollout, how many calls had both a logged and a replayed output and
+"""Replay faithfulness: per rollout, how many calls had both a logged and a replayed output and
 whether the replay diverged from the log before the first error; per cohort, the output-match rate as a
 catalogue metric and the count of diverged rollouts; `--strict-replay` leaves those rollouts out and says so.
 
@@ -15,12 +15,13 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.aggregate import BootstrapSettings, Population, compute_metrics
 from pipeline.cli import app
-from pipeline.distributed import run_scoring
+from pipeline.metrics.run import open_run
+from pipeline.metrics.settings import BootstrapSettings, Population
 from pipeline.report import build_report
+from pipeline.scoring.driver import run_scoring
 from pipeline.storage.stores import write_store
-from pipeline.synth import synthesize
+from pipeline.synthetic.rollouts import synthesize
 
 SETTINGS = BootstrapSettings(B=100, seed=1)
 
@@ -64,7 +65,7 @@ def test_rollout_columns(run: Path) -> None:
 
 def test_output_match_rate_and_diverged_count(run: Path) -> None:
     expected = by_hand(run)
-    [c] = compute_metrics(str(run), [], SETTINGS)
+    [c] = open_run(str(run)).metrics([], SETTINGS)
     compared = sum(e["compared"] for e in expected.values())
     match = sum(e["match"] for e in expected.values())
     assert c["output_match"]["eligible"] == compared and c["output_match"]["value"] == match / compared
@@ -89,7 +90,9 @@ def test_strict_replay_leaves_them_out_and_says_so(run: Path, tmp_path: Path) ->
         assert c["ter"]["value"] == sum(r["executable"] for r in kept) / len(kept)
     table = CliRunner().invoke(app, ["metrics", str(run), "--bootstrap", "50", "--strict-replay"])
     assert f"--strict-replay: {len(diverged)} rollout(s) whose replay diverged" in " ".join(table.stdout.split())
-    report = build_report(str(run), tmp_path, [], settings=SETTINGS, population=Population(strict_replay=True))
+    report = build_report(
+        open_run(str(run)), tmp_path, [], settings=SETTINGS, population=Population(strict_replay=True)
+    )
     [r] = report.tables.recovery
     assert r["n"] == len(rows)
     md = (Path(report.out) / "report.md").read_text()

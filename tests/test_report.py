@@ -1,4 +1,4 @@
-"""pexec report (issue 6): the paper's numbers, golden tables on a fixed synthetic run, the paired bootstrap
+"""pexec report: the paper's numbers, golden tables on a fixed synthetic run, the paired bootstrap
 against an independent numpy implementation, ranking divergence, and the data behind each figure."""
 
 from __future__ import annotations
@@ -16,13 +16,14 @@ import pytest
 from test_aggregate import draws, paper_rows, ratios, rollout, task_sums, weights, write_rollouts
 from typer.testing import CliRunner
 
-from pipeline.aggregate import BootstrapSettings
 from pipeline.cli import app
-from pipeline.distributed import run_scoring
+from pipeline.metrics.run import open_run
+from pipeline.metrics.settings import BootstrapSettings
 from pipeline.report import Compare, ReportResult, build_report, parse_compare
 from pipeline.report.ranking import kendall_tau_b, rank_conditions, ranks
+from pipeline.scoring.driver import run_scoring
 from pipeline.storage.stores import write_store
-from pipeline.synth import synthesize
+from pipeline.synthetic.rollouts import synthesize
 
 GOLDEN = Path(__file__).with_name("golden")
 SMALL = BootstrapSettings(B=200, seed=3)
@@ -45,7 +46,7 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 def paper(tmp_path_factory: pytest.TempPathFactory) -> ReportResult:
     run = tmp_path_factory.mktemp("paper-run")
     write_rollouts(run, paper_rows())
-    return build_report(str(run), run.parent / "paper-report", settings=SMALL)
+    return build_report(open_run(str(run)), run.parent / "paper-report", settings=SMALL)
 
 
 def test_paper_numbers_in_the_report(paper: ReportResult) -> None:
@@ -85,7 +86,9 @@ def synth_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def synth_report(synth_run: Path) -> ReportResult:
     compare = Compare("method", "react", "plan_execute")
-    return build_report(str(synth_run), synth_run.parent / "report", ["model", "method"], compare, [1, 3, 5], SMALL)
+    return build_report(
+        open_run(str(synth_run)), synth_run.parent / "report", ["model", "method"], compare, [1, 3, 5], SMALL
+    )
 
 
 def test_golden_markdown(synth_report: ReportResult) -> None:
@@ -112,7 +115,12 @@ def test_report_files(synth_report: ReportResult) -> None:
 
 def test_rerun_is_identical(synth_run: Path, synth_report: ReportResult, tmp_path: Path) -> None:
     again = build_report(
-        str(synth_run), tmp_path, ["model", "method"], Compare("method", "react", "plan_execute"), [1, 3, 5], SMALL
+        open_run(str(synth_run)),
+        tmp_path,
+        ["model", "method"],
+        Compare("method", "react", "plan_execute"),
+        [1, 3, 5],
+        SMALL,
     )
     for p in map(Path, synth_report.files):
         rel = p.relative_to(synth_report.out)
@@ -174,7 +182,7 @@ def test_paired_uses_shared_tasks_only(tmp_path: Path) -> None:
     rows = [rollout("t1", 2, 3, True, method="a"), rollout("t2", 2, 1, False, method="a")]
     rows += [rollout("t1", 2, 1, True, method="b"), rollout("t3", 2, 3, True, method="b")]
     write_rollouts(tmp_path / "run", rows)
-    r = build_report(str(tmp_path / "run"), tmp_path / "out", None, Compare("method", "a", "b"), [1], SMALL)
+    r = build_report(open_run(str(tmp_path / "run")), tmp_path / "out", None, Compare("method", "a", "b"), [1], SMALL)
     ter = next(x for x in r.paired if x["metric"] == "ter")
     # Only t1 is shared: A executable (1.0), B not (0.0); the one-task bootstrap always redraws t1.
     assert (ter["shared_tasks"], ter["value_a"], ter["value_b"], ter["value"]) == (1, 1.0, 0.0, 1.0)
@@ -186,7 +194,7 @@ def test_paired_uses_shared_tasks_only(tmp_path: Path) -> None:
 def test_empty_pairing_is_said(tmp_path: Path) -> None:
     rows = [rollout("t1", 2, 3, True, method="a"), rollout("t2", 2, 1, False, method="b")]
     write_rollouts(tmp_path / "run", rows)
-    r = build_report(str(tmp_path / "run"), tmp_path / "out", None, Compare("method", "a", "b"), [1], SMALL)
+    r = build_report(open_run(str(tmp_path / "run")), tmp_path / "out", None, Compare("method", "a", "b"), [1], SMALL)
     assert r.paired == []
     assert "The pairing is empty" in (tmp_path / "out" / "report.md").read_text()
 
@@ -293,7 +301,7 @@ def test_labels_are_escaped(tmp_path: Path) -> None:
     evil = "<script>alert(1)</script>|*x*"
     rows = [rollout("t1", 2, 3, True, model=evil), rollout("t1", 2, 1, False, model="plain")]
     write_rollouts(tmp_path / "run", rows)
-    r = build_report(str(tmp_path / "run"), tmp_path / "out", settings=BootstrapSettings(B=5))
+    r = build_report(open_run(str(tmp_path / "run")), tmp_path / "out", settings=BootstrapSettings(B=5))
     html = (Path(r.out) / "report.html").read_text()
     assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;|*x*" in html
     md = (Path(r.out) / "report.md").read_text()
@@ -312,7 +320,7 @@ def test_unknown_verdicts_identity_and_counts_agree(tmp_path: Path) -> None:
     rows += [rollout(f"t{4 + i}", 2, 1, True) for i in range(2)]  # invalid prefix, successful (recovered)
     rows += [rollout("t6", 2, 2, False), rollout("t7", 2, 1, None)]  # invalid prefix: failed; no verdict
     write_rollouts(tmp_path / "run", rows)
-    report = build_report(str(tmp_path / "run"), tmp_path / "out", settings=SMALL)
+    report = build_report(open_run(str(tmp_path / "run")), tmp_path / "out", settings=SMALL)
     [c] = report.tables.cohorts
     [r] = report.tables.recovery
     assert c["n_unknown_success"] == r["n_unknown_success"] == 1
@@ -346,7 +354,7 @@ def test_unknown_verdicts_identity_and_counts_agree(tmp_path: Path) -> None:
 def test_ranking_within_model_and_flip_share_matches_numpy(synth_run: Path, tmp_path: Path) -> None:
     """`--within model`: per model the methods are ranked. model-b's methods flip (react: more successes, lower
     TER); the share of replicates in which that holds is recomputed with the same draws in numpy."""
-    report = build_report(str(synth_run), tmp_path, ["model", "method"], settings=SMALL, within="model")
+    report = build_report(open_run(str(synth_run)), tmp_path, ["model", "method"], settings=SMALL, within="model")
     assert [r.group for r in report.rankings] == [
         {"benchmark": "shop", "model": "model-a"},
         {"benchmark": "shop", "model": "model-b"},
@@ -379,7 +387,7 @@ def test_ranking_within_model_and_flip_share_matches_numpy(synth_run: Path, tmp_
 
 def test_within_must_be_a_cohort_column(synth_run: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="--within takes one of the cohort's label columns"):
-        build_report(str(synth_run), tmp_path, ["method"], settings=BootstrapSettings(B=5), within="model")
+        build_report(open_run(str(synth_run)), tmp_path, ["method"], settings=BootstrapSettings(B=5), within="model")
 
 
 def test_flip_share_counts_replicates() -> None:

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from test_aggregate import paper_rows, write_rollouts
 
-from pipeline.aggregate import BootstrapSettings
+from pipeline.metrics.run import open_run
+from pipeline.metrics.settings import BootstrapSettings
 from pipeline.report import build_report
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -40,7 +41,7 @@ def chromium() -> str:
 def test_html_renders_in_chromium(chromium: str, tmp_path: Path) -> None:
     run = tmp_path / "run"
     write_rollouts(run, paper_rows())
-    report = build_report(str(run), tmp_path / "out", settings=BootstrapSettings(B=50))
+    report = build_report(open_run(str(run)), tmp_path / "out", settings=BootstrapSettings(B=50))
     page = tmp_path / "probe.html"
     page.write_text((Path(report.out) / "report.html").read_text().replace("</body>", PROBE + "</body>"))
     cmd = [

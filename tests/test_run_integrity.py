@@ -14,10 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import fresh_ray
 
-from pipeline.distributed import run_scoring
+from pipeline.scoring.driver import run_scoring
 from pipeline.storage.inputs import line_numbers, list_inputs
 from pipeline.storage.stores import write_store
-from pipeline.synth import synthesize
+from pipeline.synthetic.rollouts import synthesize
 
 SHARD_SIZES = (64 * 2**20, 20_000, 3_000)  # one shard per file; a few per file; about one record per shard
 

@@ -16,19 +16,20 @@ import s3fs
 from conftest import free_port, fresh_ray, wait_for
 from typer.testing import CliRunner
 
-from pipeline.aggregate import BootstrapSettings, compute_metrics, sql
 from pipeline.cli import app
-from pipeline.distributed import JobFailed, run_scoring
+from pipeline.metrics.run import open_run
+from pipeline.metrics.settings import BootstrapSettings
 from pipeline.report import build_report
+from pipeline.scoring.driver import ScoringFailed, run_scoring
 from pipeline.storage.run import read_manifest, read_shard_markers
 from pipeline.storage.stores import write_store
-from pipeline.synth import synthesize
+from pipeline.synthetic.rollouts import synthesize
 
 BIN = Path(sys.executable).parent
 
 
 def rows(run: str, table: str, storage_options: dict | None = None) -> list[dict]:
-    result = sql(run, f"SELECT * EXCLUDE (run_id) FROM {table}", storage_options).to_pylist()
+    result = open_run(run, storage_options).sql(f"SELECT * EXCLUDE (run_id) FROM {table}").to_pylist()
     return sorted(result, key=lambda r: tuple(str(v) for v in r.values()))
 
 
@@ -55,7 +56,7 @@ def test_object_storage_end_to_end_through_ray(s3, local_store, reference_run, t
     assert read_manifest(run, s3)["counts"] == manifest["counts"]
     for table in ("steps", "rollouts"):
         assert rows(run, table, s3) == rows(reference_run, table)
-    cohorts = compute_metrics(run, ["model"], storage_options=s3)
+    cohorts = open_run(run, s3).metrics(["model"])
     assert [c["model"] for c in cohorts] == ["model-a", "model-b"] and sum(c["n"] for c in cohorts) == 1500
     # Nothing of the credentials is written anywhere in the run.
     fs = s3fs.S3FileSystem(**s3)
@@ -65,14 +66,14 @@ def test_object_storage_end_to_end_through_ray(s3, local_store, reference_run, t
     args = ["report", run, "--out", report, "--by", "model", "--bootstrap", "200", "--endpoint-url", s3["endpoint_url"]]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    local = build_report(reference_run, tmp_path / "report", ["model"], settings=BootstrapSettings(B=200))
+    local = build_report(open_run(reference_run), tmp_path / "report", ["model"], settings=BootstrapSettings(B=200))
     remote_md = fs.cat(f"{report[5:]}/report.md").decode()
     assert remote_md.split("\n", 1)[1] == (tmp_path / "report" / "report.md").read_text().split("\n", 1)[1]
     assert len(fs.find(report[5:])) == len(local.files)
 
 
 def test_unwritable_bucket_fails_clearly_and_commits_nothing(s3, local_store):
-    with pytest.raises(JobFailed, match=r"NoSuchBucket|does not exist|not found"):
+    with pytest.raises(ScoringFailed, match=r"NoSuchBucket|does not exist|not found"):
         run_scoring(str(local_store), "s3://no-such-bucket/run", storage_options=s3, executor="ray", num_cpus=1)
     ray.shutdown()
     assert not s3fs.S3FileSystem(**s3).exists("no-such-bucket/run/_manifest.json")

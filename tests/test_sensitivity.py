@@ -1,4 +1,4 @@
-"""report --sensitivity (issue 18): TER and AUC-PEC under schema-only, schema+dependency and all checks, from one
+"""report --sensitivity: TER and AUC-PEC under schema-only, schema+dependency and all checks, from one
 scoring pass, with known answers."""
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ import pyarrow.parquet as pq
 import pytest
 from test_aggregate import rollout, write_rollouts
 
-from pipeline.aggregate import BootstrapSettings
-from pipeline.model import Rollout, RolloutResult, StepResult
-from pipeline.output import check_levels
+from pipeline.core.model import Rollout, RolloutResult, StepResult
+from pipeline.metrics.run import open_run
+from pipeline.metrics.settings import BootstrapSettings
 from pipeline.report import build_report
+from pipeline.scoring.run_tables import check_levels
 
 SMALL = BootstrapSettings(B=100, seed=2)
 
@@ -35,7 +36,7 @@ def test_sensitivity_table_known_answers(tmp_path: Path) -> None:
         rollout("a", 2, 1, False) | {"fed_schema": 3, "fed_schema_dependency": 1},
     ]
     write_rollouts(tmp_path / "run", rows)
-    result = build_report(str(tmp_path / "run"), tmp_path / "out", settings=SMALL, sensitivity=True)
+    result = build_report(open_run(str(tmp_path / "run")), tmp_path / "out", settings=SMALL, sensitivity=True)
     (row,) = pq.read_table(tmp_path / "out" / "tables" / "sensitivity.parquet").to_pylist()
     assert (row["ter_s"], row["ter_sd"], row["ter"]) == (0.5, 0.0, 0.0)
     assert row["auc_pec_s"] == pytest.approx(5 / 6) and row["auc_pec_sd"] == pytest.approx(1 / 3)
@@ -47,6 +48,6 @@ def test_sensitivity_table_known_answers(tmp_path: Path) -> None:
 
 def test_without_check_levels_the_values_are_undefined(tmp_path: Path) -> None:
     write_rollouts(tmp_path / "run", [rollout("a", 2, 3, True)])
-    build_report(str(tmp_path / "run"), tmp_path / "out", settings=SMALL, sensitivity=True)
+    build_report(open_run(str(tmp_path / "run")), tmp_path / "out", settings=SMALL, sensitivity=True)
     (row,) = pq.read_table(tmp_path / "out" / "tables" / "sensitivity.parquet").to_pylist()
     assert row["ter_s"] is None and row["ter"] == 1.0

@@ -12,12 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeline.core.model import Call, Rollout
 from pipeline.envs import EnvError, EnvOptions, SpecError, get_environment
 from pipeline.envs.data import BUILTIN_SPECS
 from pipeline.envs.document import JournaledDoc
 from pipeline.envs.spec.env import SpecEnvironment
 from pipeline.envs.spec.loader import load_spec
-from pipeline.model import Call, Rollout
 
 SHOP = BUILTIN_SPECS / "shop"
 

@@ -1,4 +1,4 @@
-"""`pexec sql` within limits (issue 15.6): time, memory, nothing readable outside the run, every type out.
+"""`pexec sql` within limits: time, memory, nothing readable outside the run, every type out.
 
 A real run (synthetic store scored inline), real DuckDB, the real console entry point.
 """
@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.aggregate import QueryError, QueryLimits, sql
 from pipeline.cli import app
-from pipeline.distributed import run_scoring
-from pipeline.errors import PexecError
+from pipeline.core.errors import PexecError
+from pipeline.metrics.query import QueryError, QueryLimits
+from pipeline.metrics.run import open_run
+from pipeline.scoring.driver import run_scoring
 from pipeline.storage.stores import write_store
-from pipeline.synth import synthesize
+from pipeline.synthetic.rollouts import synthesize
 
 pytestmark = pytest.mark.fuzz  # an adversarial suite: `make fuzz` runs it too
 
@@ -36,13 +37,13 @@ def test_a_runaway_join_is_stopped_by_the_timeout(run: Path) -> None:
     # The measured case: a cross join of the steps table with itself that ran past 60 s.
     query = "SELECT sum(a.step * b.step * c.step * d.step) FROM steps a, steps b, steps c, steps d"
     with pytest.raises(QueryError, match=r"^query stopped after 1 s \(the --timeout\)$"):
-        sql(str(run), query, limits=QueryLimits(timeout=1))
+        open_run(str(run)).sql(query, QueryLimits(timeout=1))
 
 
 def test_a_query_over_the_memory_limit_is_an_error(run: Path) -> None:
     query = "SELECT max(length(l)) FROM (SELECT list(x) AS l FROM range(40000000) t(x) GROUP BY x % 2)"
     with pytest.raises(QueryError, match=r"^query needs more than 30MB of memory \(the --memory-limit\)"):
-        sql(str(run), query, limits=QueryLimits(memory_limit="30MB", timeout=60))
+        open_run(str(run)).sql(query, QueryLimits(memory_limit="30MB", timeout=60))
 
 
 @pytest.mark.parametrize(("limits", "message"), [({"memory_limit": "lots"}, "512MB"), ({"timeout": 0}, "> 0")])
@@ -58,8 +59,8 @@ def test_files_in_the_current_directory_tmp_are_not_readable(run: Path, tmp_path
     (tmp_path / ".tmp" / "secret.csv").write_text("token\nhunter2\n")
     for path in (".tmp/secret.csv", str(tmp_path / ".tmp" / "secret.csv")):
         with pytest.raises(QueryError, match="Permission Error"):
-            sql(str(run), f"SELECT * FROM read_csv('{path}')")
-    assert sql(str(run), "SELECT count(*) AS n FROM rollouts").to_pylist() == [{"n": 60}]  # the run still is
+            open_run(str(run)).sql(f"SELECT * FROM read_csv('{path}')")
+    assert open_run(str(run)).sql("SELECT count(*) AS n FROM rollouts").to_pylist() == [{"n": 60}]  # the run still is
     assert not list(Path(tempfile.gettempdir()).glob("pexec-sql-*"))  # spill folders are removed
 
 

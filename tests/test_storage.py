@@ -13,11 +13,11 @@ import s3fs
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from pipeline.samples import write_samples
 from pipeline.storage.fs import list_files
 from pipeline.storage.inputs import RecordError, list_inputs, plan_shards, read_shard
 from pipeline.storage.stores import write_store
-from pipeline.synth import synthesize
+from pipeline.synthetic.rollouts import synthesize
+from pipeline.synthetic.support_logs import write_samples
 
 DATA = Path(__file__).resolve().parent / "data"
 REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real"

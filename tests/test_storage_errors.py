@@ -13,7 +13,7 @@ import pytest
 from conftest import ROOT
 
 from pipeline.storage.stores import write_store
-from pipeline.synth import synthesize
+from pipeline.synthetic.rollouts import synthesize
 
 PEXEC = str(Path(sys.executable).parent / "pexec")
 NO_CREDENTIALS = {"AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_CONFIG_FILE": "/nonexistent",

@@ -14,7 +14,7 @@ from pipeline.cli import app
 from pipeline.storage.fs import filesystem, list_files
 from pipeline.storage.inputs import list_inputs, plan_shards, read_shard
 from pipeline.storage.stores import StoreExists, write_store
-from pipeline.synth import synthesize
+from pipeline.synthetic.rollouts import synthesize
 
 
 @pytest.fixture(params=["local", "s3"])

@@ -14,15 +14,16 @@ import orjson
 import pytest
 from pydantic import BaseModel
 
-from pipeline.checker import replay
-from pipeline.distributed import run_scoring
+from pipeline.core.model import RolloutResult
+from pipeline.core.records import parse_rollout
 from pipeline.envs import EnvOptions, get_environment
 from pipeline.envs.tau.env import calculate
 from pipeline.envs.tau.journal import CowDict, Journal, copy_record
 from pipeline.envs.tau.schemas import official_tools, tools_path
 from pipeline.ingest import IngestError, IngestOptions, ingest
-from pipeline.model import RolloutResult
-from pipeline.records import parse_rollout
+from pipeline.metrics.run import open_run
+from pipeline.replay.checker import replay
+from pipeline.scoring.driver import run_scoring
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 TAU3 = SHARED / "tau3"
@@ -291,10 +292,10 @@ def real_run(tmp_path_factory) -> Path:
 
 
 def test_default_cohorts_are_conditions_and_attributes_are_asked_for(real_run):
-    from pipeline.aggregate import BootstrapSettings, compute_metrics
+    from pipeline.metrics.settings import BootstrapSettings
 
     settings = BootstrapSettings(B=50)
-    cohorts = compute_metrics(str(real_run), settings=settings)
+    cohorts = open_run(str(real_run)).metrics(settings=settings)
     # One cohort per model: trial, termination reason, seed and user simulator are attributes, not conditions.
     assert sorted((c["benchmark"], c["model"], c["n"]) for c in cohorts) == [
         ("tau_airline", "azure/gpt-4o-2024-11-20", 50),
@@ -305,7 +306,7 @@ def test_default_cohorts_are_conditions_and_attributes_are_asked_for(real_run):
         ("tau_retail", "gpt-4.1", 40),
     ]
     assert set(cohorts[0]) >= {"model", "method", "domain"} and not any(k.startswith("attr_") for k in cohorts[0])
-    by_reason = compute_metrics(str(real_run), ["model", "termination_reason"], settings)
+    by_reason = open_run(str(real_run)).metrics(["model", "termination_reason"], settings)
     oss = {c["attr_termination_reason"]: c["n"] for c in by_reason if c["model"] == "openai/gpt-oss-120b"}
     assert oss == {"max_steps": 5, "too_many_errors": 1, "user_stop": 44}
     columns = duckdb.sql(f"SELECT * FROM read_parquet('{real_run}/rollouts/*.parquet') LIMIT 0").columns
@@ -313,14 +314,14 @@ def test_default_cohorts_are_conditions_and_attributes_are_asked_for(real_run):
 
 
 def test_a_pool_of_benchmarks_is_one_cohort_with_tasks_kept_apart(real_run):
-    from pipeline.aggregate import BootstrapSettings, MetricsError, Population, compute_metrics
+    from pipeline.metrics.settings import BootstrapSettings, MetricsError, Population
 
     settings = BootstrapSettings(B=50)
     apart = {
-        c["benchmark"]: c for c in compute_metrics(str(real_run), ["method"], settings) if c["method"] == "llm_agent"
+        c["benchmark"]: c for c in open_run(str(real_run)).metrics(["method"], settings) if c["method"] == "llm_agent"
     }
     tau3 = Population(pools=(("tau3", ("tau_airline", "tau_retail")),))
-    (pooled,) = [c for c in compute_metrics(str(real_run), ["method"], settings, population=tau3)
+    (pooled,) = [c for c in open_run(str(real_run)).metrics(["method"], settings, population=tau3)
                  if c["method"] == "llm_agent"]  # fmt: skip
     assert pooled["benchmark"] == "tau3" and pooled["n"] == 190
     assert pooled["n_tasks"] == 90  # 50 airline + 40 retail tasks: ids "0".."39" exist in both, kept apart
@@ -328,7 +329,7 @@ def test_a_pool_of_benchmarks_is_one_cohort_with_tasks_kept_apart(real_run):
     assert pooled["ter"]["value"] == pytest.approx(executable / 190, abs=1e-12)
     assert pooled["ter"]["lo"] < pooled["ter"]["value"] < pooled["ter"]["hi"]
     with pytest.raises(MetricsError, match="tau_telecom"):
-        compute_metrics(str(real_run), settings=settings, population=Population(pools=(("x", ("tau_telecom",)),)))
+        open_run(str(real_run)).metrics(settings=settings, population=Population(pools=(("x", ("tau_telecom",)),)))
 
 
 def test_infrastructure_terminations_are_harness_errors(tmp_path):
@@ -373,10 +374,11 @@ def test_message_costs_have_known_totals():
 
 
 def test_real_token_counts_and_latency_reach_the_report_cost_table(real_run):
-    from pipeline.aggregate import BootstrapSettings
+    from pipeline.metrics.run import open_run
+    from pipeline.metrics.settings import BootstrapSettings
     from pipeline.report.tables import run_tables
 
-    tables = run_tables(str(real_run), ["model"], [1], BootstrapSettings(B=20))
+    tables = run_tables(open_run(str(real_run)), ["model"], [1], BootstrapSettings(B=20))
     costs = {(r["model"], r["cost"]) for r in tables.costs}
     for name in ("agent_prompt_tokens", "agent_completion_tokens", "user_prompt_tokens", "agent_turn_latency_s"):
         assert ("gpt-4.1", f"cost_{name}") in costs

@@ -1,4 +1,4 @@
-"""Per-tool error profiles (issue 18): step-level cohorts with task-clustered intervals, known answers."""
+"""Per-tool error profiles: step-level cohorts with task-clustered intervals, known answers."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import pytest
 from test_aggregate import rollout, weights, write_rollouts
 from typer.testing import CliRunner
 
-from pipeline.aggregate import BootstrapSettings
 from pipeline.cli import app
+from pipeline.metrics.run import open_run
+from pipeline.metrics.settings import BootstrapSettings
 from pipeline.report import build_report
-from pipeline.tools import tool_profiles
 
 SMALL = BootstrapSettings(B=300, seed=5)
 
@@ -55,7 +55,7 @@ def known_run(run: Path) -> None:
 
 def test_known_profile(tmp_path: Path) -> None:
     known_run(tmp_path)
-    rows = {r["tool"]: r for r in tool_profiles(str(tmp_path), settings=SMALL)}
+    rows = {r["tool"]: r for r in open_run(str(tmp_path)).tool_profiles(settings=SMALL)}
     assert list(rows) == ["pay", "search"]
     pay, search = rows["pay"], rows["search"]
     assert (pay["n_calls"], pay["n_invalid"], pay["n_first_errors"]) == (3, 2, 1)
@@ -79,7 +79,7 @@ def test_interval_is_clustered_by_task(tmp_path: Path) -> None:
         calls.append([("t", not bad, None)] * 4)
     write_run(tmp_path, rollouts, calls)
     settings = BootstrapSettings(B=400, seed=9)
-    (row,) = tool_profiles(str(tmp_path), settings=settings)
+    (row,) = open_run(str(tmp_path)).tool_profiles(settings=settings)
     inv = np.array([4 if t < 20 else 0 for t in range(40)])
     values = weights(9, 400, 40, "multinomial") @ inv / 160
     assert row["invalid_rate"]["value"] == 0.5
@@ -103,7 +103,7 @@ def test_cli_metrics_by_tool(tmp_path: Path) -> None:
 
 def test_report_has_the_tool_table_and_figure(tmp_path: Path) -> None:
     known_run(tmp_path / "run")
-    result = build_report(str(tmp_path / "run"), tmp_path / "report", settings=SMALL)
+    result = build_report(open_run(str(tmp_path / "run")), tmp_path / "report", settings=SMALL)
     rows = {r["tool"]: r for r in pq.read_table(tmp_path / "report" / "tables" / "tools.parquet").to_pylist()}
     assert rows["pay"]["n_invalid"] == 2 and rows["pay"]["invalid_rate"] == pytest.approx(2 / 3)
     assert rows["pay"]["causes"] == "pay_bad=2"

@@ -12,14 +12,14 @@ import orjson
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.checker import replay
 from pipeline.cli import app
-from pipeline.distributed import run_scoring
+from pipeline.core.records import parse_rollout
 from pipeline.envs import get_environment
 from pipeline.envs.toolsandbox.env import seed_id
 from pipeline.envs.toolsandbox.utilities import ToolError, convert, geodesic_km, holiday
 from pipeline.ingest import IngestError, IngestOptions, ingest
-from pipeline.records import parse_rollout
+from pipeline.replay.checker import replay
+from pipeline.scoring.driver import run_scoring
 
 NOW = 1717591000.0  # 2024-06-05 12:36:40 UTC
 RUN = (

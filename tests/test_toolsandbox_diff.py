@@ -4,12 +4,12 @@ tests/toolsandbox_diff/cases.jsonl.gz holds random call sequences over the 29 lo
 code answered to each call (recorded by tests/toolsandbox_diff/record.py, which says how and against which
 commit). Each sequence is replayed through pexec's checker with the schema and precondition checks (grounding
 is pexec's own judgement, not upstream's, so it is off) and compared step by step: validity (upstream raised
-or not vs pexec's verdict) and, where both accepted the call, the output as values (pipeline.values.same:
+or not vs pexec's verdict) and, where both accepted the call, the output as values (pipeline.core.values.same:
 numbers within 1e-9).
 
 The agreement asserted (>= 99.5 %) is over the random calls, and every disagreement must be one of the two
 known kinds below, so a rare new one fails the test too. The recording also makes, now and then, the calls
-issue 14 named as divergences (survey acre, "degrees Fahrenheit", phone extensions, weekend holidays, 13.0 for
+known as divergences (survey acre, "degrees Fahrenheit", phone extensions, weekend holidays, 13.0 for
 an int, null for an optional argument): those are reported apart, with the same rule.
 """
 
@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 
-from pipeline.checker import Session
+from pipeline.core.records import parse_rollout
+from pipeline.core.values import same
 from pipeline.envs import get_environment
-from pipeline.records import parse_rollout
-from pipeline.values import same
+from pipeline.replay.checker import Session
 
 CASES = Path(__file__).parent / "toolsandbox_diff" / "cases.jsonl.gz"
 REQUIRED = 0.995

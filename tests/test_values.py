@@ -7,10 +7,10 @@ import enum
 import orjson
 import pytest
 
-from pipeline.checker import replay
+from pipeline.core.model import Call, Message, Rollout
+from pipeline.core.values import NotExact, decoded, json_copy, same
 from pipeline.envs import get_environment
-from pipeline.model import Call, Message, Rollout
-from pipeline.values import NotExact, decoded, json_copy, same
+from pipeline.replay.checker import replay
 
 
 @pytest.mark.parametrize(

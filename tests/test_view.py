@@ -18,12 +18,13 @@ import pytest
 from starlette.testclient import TestClient
 from typer.testing import CliRunner
 
-from pipeline.aggregate import BootstrapSettings, compute_metrics, write_metrics
 from pipeline.cli import app
-from pipeline.coverage import RunIncomplete
-from pipeline.distributed import run_scoring
+from pipeline.metrics.completeness import RunIncomplete
+from pipeline.metrics.run import open_run
+from pipeline.metrics.settings import BootstrapSettings
+from pipeline.scoring.driver import run_scoring
 from pipeline.storage.stores import write_store
-from pipeline.synth import synthesize
+from pipeline.synthetic.rollouts import synthesize
 from pipeline.view import RunView, create_app
 
 EVIL = '<script>alert("x")</script>'
@@ -48,7 +49,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module")
 def client(run: str) -> Iterator[TestClient]:
-    view = RunView(run, None, SETTINGS)
+    view = RunView(open_run(run, None), SETTINGS)
     try:
         yield TestClient(create_app(view))
     finally:
@@ -75,7 +76,7 @@ def test_front_page_counts_are_the_runs(client: TestClient, run: str) -> None:
     n_links = [html.unescape(h) for h in re.findall(r'class="n" href="([^"]*)"', page)]
     totals = [count(client.get(h).text) for h in n_links]
     assert sum(totals) == table.num_rows == 240
-    expected = compute_metrics(run, None, SETTINGS)
+    expected = open_run(run).metrics(None, SETTINGS)
     assert len(totals) == len(expected)
     assert sorted(totals) == sorted(c["n"] for c in expected)
     ter = expected[0]["ter"]
@@ -155,9 +156,9 @@ def test_text_from_logs_is_escaped(client: TestClient) -> None:
 
 def test_stored_metrics_are_used_only_while_current(run: str, tmp_path: Path) -> None:
     # Stored with other settings than the viewer's (B=7): the page shows the stored numbers and says so.
-    stored = compute_metrics(run, None, BootstrapSettings(B=7))
-    write_metrics(run, stored)
-    view = RunView(run, None, SETTINGS)
+    stored = open_run(run).metrics(None, BootstrapSettings(B=7))
+    open_run(run).write_metrics(stored)
+    view = RunView(open_run(run, None), SETTINGS)
     try:
         page = TestClient(create_app(view)).get("/").text
         assert "metrics/metrics/metrics.parquet (task bootstrap, multinomial, B=7" in page
@@ -167,7 +168,7 @@ def test_stored_metrics_are_used_only_while_current(run: str, tmp_path: Path) ->
         view.close()
     # A rescore after the metrics makes them stale: the viewer computes instead of showing old numbers.
     run_scoring(str(Path(run).parent / "store"), run, executor="inline", force=True)
-    view = RunView(run, None, SETTINGS)
+    view = RunView(open_run(run, None), SETTINGS)
     try:
         assert "computed now from the rollouts" in TestClient(create_app(view)).get("/").text
     finally:
@@ -191,7 +192,7 @@ def test_a_changed_input_is_not_shown_as_the_scored_one(tmp_path: Path) -> None:
     run = make_run(tmp_path)
     first = sorted((tmp_path / "store").rglob("*.jsonl*"))[0]
     first.write_bytes(first.read_bytes() + b"\n")
-    view = RunView(run, None, SETTINGS)
+    view = RunView(open_run(run, None), SETTINGS)
     try:
         client = TestClient(create_app(view))
         listed = client.get("/rollouts").text
@@ -204,7 +205,7 @@ def test_a_changed_input_is_not_shown_as_the_scored_one(tmp_path: Path) -> None:
 
 def test_a_run_on_object_storage(s3: dict, tmp_path: Path) -> None:
     run = make_run(tmp_path, s3, root="s3://pexec-test/view")
-    view = RunView(run, s3, SETTINGS)
+    view = RunView(open_run(run, s3), SETTINGS)
     try:
         client = TestClient(create_app(view))
         listed = client.get("/rollouts?fed=1").text
@@ -222,7 +223,7 @@ def test_status_filter(run: str, tmp_path: Path) -> None:
         table = pq.read_table(part)
         status = ["harness_error" if i % 7 == 0 else "ok" for i in range(table.num_rows)]
         pq.write_table(table.set_column(table.schema.get_field_index("status"), "status", pa.array(status)), part)
-    view = RunView(str(copy), None, SETTINGS)
+    view = RunView(open_run(str(copy), None), SETTINGS)
     try:
         client = TestClient(create_app(view))
         expected = sum(1 for s in pq.read_table(copy / "rollouts")["status"].to_pylist() if s == "harness_error")
@@ -246,8 +247,8 @@ def test_an_incomplete_run_only_with_partial_and_saying_so(run: str, tmp_path: P
     shutil.copytree(run, copy)
     (copy / "_manifest.json").unlink()  # scoring did not finish
     with pytest.raises(RunIncomplete, match="--partial"):
-        RunView(str(copy), None, SETTINGS)
-    view = RunView(str(copy), None, SETTINGS, partial=True)
+        RunView(open_run(str(copy), None), SETTINGS)
+    view = RunView(open_run(str(copy), None, True), SETTINGS)
     try:
         page = TestClient(create_app(view)).get("/rollouts").text
         assert 'id="partial"' in page and "of 3 shards" in page

@@ -21,7 +21,8 @@ from test_aggregate import paper_rows, write_rollouts
 from test_report_browser import chromium  # noqa: F401  (skipped without chromium, failed under CI)
 from test_view import make_run
 
-from pipeline.aggregate import BootstrapSettings
+from pipeline.metrics.run import open_run
+from pipeline.metrics.settings import BootstrapSettings
 from pipeline.report import build_report
 
 FLAGS = [
@@ -112,7 +113,7 @@ def test_drill_from_a_cause_count_to_the_failing_step(browser, viewer: str, run:
 def test_tables_fit_the_page(browser, viewer: str, tmp_path: Path, width: int) -> None:
     report_run = tmp_path / "run"
     write_rollouts(report_run, paper_rows())
-    report = build_report(str(report_run), tmp_path / "out", settings=BootstrapSettings(B=20))
+    report = build_report(open_run(str(report_run)), tmp_path / "out", settings=BootstrapSettings(B=20))
     page = browser.new_page(viewport={"width": width, "height": 900})
     page.goto(viewer + "/rollouts?fed=1")
     one_rollout = viewer + page.locator("a.rollout").first.get_attribute("href")

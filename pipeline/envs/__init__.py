@@ -1,6 +1,8 @@
 """Environments: the protocol (base.py), the registry that resolves a name to one (registry.py), the rule
 engine of the rule-based families (rules.py), and one module or folder per family: observed, spec/,
 bfcl/, tau/, toolsandbox/. README.md here says how to add a family.
+
+Imports: core, expr.
 """
 
 from __future__ import annotations

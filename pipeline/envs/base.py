@@ -1,20 +1,20 @@
 """The environment protocol every simulator implements, the tool catalogue it exposes, and the errors of
 building one.
 
-The checker (pipeline.checker) only talks to this protocol, so adding a benchmark never touches it.
+The checker (pipeline.replay.checker) only talks to this protocol, so adding a benchmark never touches it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 import fastjsonschema
 
-from pipeline.effects import Effect
-from pipeline.errors import PexecError
-from pipeline.model import Call, Rollout
+from pipeline.core.effects import Effect, EffectsError
+from pipeline.core.errors import PexecError
+from pipeline.core.model import Call, Rollout
 
 
 class EnvError(PexecError):
@@ -43,7 +43,7 @@ class ToolInfo:
     parameters: Mapping[str, Any]
     grounded: frozenset[str] = frozenset()
     validate: Callable[[Any], Any] = field(repr=False, default=lambda args: args)
-    effect: Effect | None = None  # read / write / irreversible and weight (pipeline.effects); None: undeclared
+    effect: Effect | None = None  # read / write / irreversible and weight (pipeline.core.effects); None: undeclared
 
     @classmethod
     def from_schema(cls, name: str, parameters: Mapping[str, Any], grounded: frozenset[str]) -> ToolInfo:
@@ -52,6 +52,15 @@ class ToolInfo:
         except fastjsonschema.JsonSchemaDefinitionException as exc:
             raise EnvError(f"tool {name!r}: parameters are not a valid JSON Schema: {exc}") from exc
         return cls(name=name, parameters=parameters, grounded=grounded, validate=validate)
+
+
+def with_effects(tools: Mapping[str, ToolInfo], effects: Mapping[str, Effect], where: str) -> dict[str, ToolInfo]:
+    """The tool catalogue with each tool's declared effect; an effect for a tool the catalogue lacks is an error
+    (a typo would leave the real tool unclassified)."""
+    unknown = sorted(set(effects) - set(tools))
+    if unknown:
+        raise EffectsError(f"{where}: effects for tool(s) {', '.join(unknown)}, which the environment does not have")
+    return {name: replace(info, effect=effects.get(name)) for name, info in tools.items()}
 
 
 @runtime_checkable
@@ -77,8 +86,8 @@ class Environment(Protocol):
         """The initial state s_0 for this rollout."""
 
     def knowledge(self, state: Any) -> list[Any]:
-        """What the agent may know besides the conversation, given s_0 (docs/design.md §4, grounding sources):
-        values a grounded argument may come from, e.g. BFCL's scenario configuration. Empty for most."""
+        """What the agent may know besides the conversation, given s_0 (docs/explanation/data-model.md, "Grounding
+        sources"): values a grounded argument may come from, e.g. BFCL's scenario configuration. Empty for most."""
 
     def available(self, state: Any, tool: str, turn: int) -> bool:
         """Whether a known tool may be called at this point (e.g. withheld until a later turn)."""

@@ -20,11 +20,11 @@ from typing import Any
 
 import orjson
 
+from pipeline.core.model import NOT_LOGGED, Call, Rollout
 from pipeline.envs.base import EnvError, Outcome, ToolInfo
 from pipeline.envs.registry import EnvOptions, register
 from pipeline.envs.rules import Precondition, check_rules
 from pipeline.envs.spec.loader import find_spec, load_spec
-from pipeline.model import NOT_LOGGED, Call, Rollout
 
 Seen = dict[str, Any]  # tool name -> last output of an accepted call
 

@@ -1,5 +1,5 @@
 """The rule engine of the rule-based environments (spec, observed, τ policy overlay, ToolSandbox):
-preconditions and effects compiled from spec files in the expression language of pipeline/expr.py, and the
+preconditions and effects compiled from spec files in the expression language of pipeline/expr/__init__.py, and the
 check that evaluates preconditions on one call.
 
 Compile errors are `SpecError`s naming the file and the place (`where`), raised before any scoring starts.
@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.core.errors import check_fields
 from pipeline.envs.base import SpecError
-from pipeline.errors import check_fields
 from pipeline.expr import BudgetExceeded, EvalError, Expr, ExprError, Target, compile_expr, compile_target, render
 
 _PRE_KEYS = {"require", "error", "clause"}

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from pipeline.errors import PexecError
+from pipeline.core.errors import PexecError
 from pipeline.guard.service import Guard, GuardRequestError, parse_call
 
 MAX_BODY = 8 * 1024 * 1024  # a stateless request carries the session's events

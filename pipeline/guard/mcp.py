@@ -28,14 +28,14 @@ import orjson
 from mcp import Client, MCPError, StdioServerParameters, stdio_server
 from mcp.server.lowlevel.server import Server
 
+from pipeline.core.errors import PexecError
+from pipeline.core.model import Call, Rollout
+from pipeline.core.records import event_record
 from pipeline.envs import EnvOptions
 from pipeline.envs.base import ToolInfo
 from pipeline.envs.observed import ObservedEnvironment
 from pipeline.envs.spec.loader import Spec, find_spec, load_spec
-from pipeline.errors import PexecError
 from pipeline.guard.session import GuardSession, GuardVerdict
-from pipeline.model import Call, Rollout
-from pipeline.records import event_record
 
 MESSAGES_META = "pexec/messages"
 

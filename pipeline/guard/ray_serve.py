@@ -1,5 +1,5 @@
 """The guard's HTTP service as a Ray Serve application (infra/k8s/rayservice-guard.yaml), for many replicas
-behind Serve's proxy (docs/design.md §5.7).
+behind Serve's proxy (docs/explanation/architecture.md, "The guard").
 
 Serve routes a request to any replica, so a multi-replica deployment answers the stateless `POST /check`
 (each replica keeps its own prefix cache; a miss replays the prefix) and keeps the session endpoints for

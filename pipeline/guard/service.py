@@ -4,7 +4,7 @@ maximum count, the stateless mode whose requests carry the session's events, and
 Stateless requests are answered from a cache of sessions keyed by a hash chain over the start and the
 events: a request that extends a cached prefix replays only its new events, so an agent's loop of
 check → record → check costs O(1) per request at any depth on the replica that saw the previous request
-(docs/design.md §5.7). Any replica answers any request; a miss replays the prefix.
+(docs/explanation/architecture.md, "The guard"). Any replica answers any request; a miss replays the prefix.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from typing import Any
 
 import orjson
 
+from pipeline.core.errors import PexecError
+from pipeline.core.model import Call, Message
+from pipeline.core.records import InvalidRecord, parse_event
 from pipeline.envs import EnvOptions, get_environment
-from pipeline.errors import PexecError
 from pipeline.guard.session import POOL, EnvironmentPool, GuardSession, open_session
-from pipeline.model import Call, Message
-from pipeline.records import InvalidRecord, parse_event
 
 
 class GuardRequestError(PexecError):

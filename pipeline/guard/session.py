@@ -1,7 +1,7 @@
 """The guard's library API: a live agent's session checks its next call before it runs, then records what
-happened (docs/design.md §5.7).
+happened (docs/explanation/architecture.md, "The guard").
 
-A session is the batch checker's own `Session` (pipeline.checker), so its steps equal what `pexec score`
+A session is the batch checker's own `Session` (pipeline.replay.checker), so its steps equal what `pexec score`
 writes for the same rollout. It holds an environment instance of its own, leased from a pool: the spec and
 τ environments keep one state per instance.
 """
@@ -12,9 +12,9 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pipeline.checker import Session, Verdict
+from pipeline.core.model import NOT_LOGGED, Call, Message, Rollout, RolloutResult, StepResult
 from pipeline.envs import Environment, EnvOptions, get_environment, new_environment
-from pipeline.model import NOT_LOGGED, Call, Message, Rollout, RolloutResult, StepResult
+from pipeline.replay.checker import Session, Verdict
 
 
 @dataclass(frozen=True, slots=True)

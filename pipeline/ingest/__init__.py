@@ -1,9 +1,12 @@
-"""Ingest adapters: benchmark and production log formats -> canonical rollout records (docs/design.md §4).
+"""Ingest adapters: benchmark and production log formats -> canonical rollout records
+(docs/explanation/data-model.md, "Canonical rollout").
 
 One module per format in this package (`pipeline/ingest/<format>.py`), each exposing
 `read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]` that yields canonical records.
 Nothing downstream knows the original format. Sources are local paths or fsspec URLs, listed with
 `source_files` and opened with `options.storage_options`.
+
+Imports: core, storage, envs.
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pipeline.errors import PexecError
-from pipeline.records import InvalidRecord, parse_rollout
+from pipeline.core.errors import PexecError
+from pipeline.core.records import InvalidRecord, parse_rollout
 from pipeline.storage.fs import list_files
 
 

@@ -1,4 +1,4 @@
-"""How every adapter pairs logged tool results with tool calls (docs/design.md §4).
+"""How every adapter pairs logged tool results with tool calls (docs/explanation/data-model.md, "Canonical rollout").
 
 Real agent frameworks reuse call ids within one conversation, so an id alone does not name a call. The rule,
 the same for every format: walking the log in order, a result answers the earliest call logged before it that

@@ -35,7 +35,7 @@ from typing import Any
 
 import orjson
 
-from pipeline.errors import read_json_file
+from pipeline.core.errors import read_json_file
 from pipeline.ingest import IngestError, IngestOptions, source_files
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
 from pipeline.ingest._sniff import mismatch

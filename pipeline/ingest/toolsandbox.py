@@ -35,10 +35,10 @@ from typing import Any
 
 import orjson
 
+from pipeline.core.values import decoded
 from pipeline.ingest import IngestError, IngestOptions, source_files
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
 from pipeline.storage.fs import exists, open_for_read
-from pipeline.values import decoded
 
 OPTIONS = {"threshold", "now", "tz"}
 RUN_NAME = re.compile(r"agent_(?P<agent>.+)_user_(?P<user>.+)_(?P<ts>\d\d_\d\d_\d{4}_\d\d_\d\d_\d\d)")

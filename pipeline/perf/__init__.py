@@ -6,6 +6,8 @@ a `figures.Bench` (project / baseline / ratio per figure), printed by `figures.s
 Not to be confused with the benchmarks a rollout's `benchmark` names (BFCL, τ...): those are environments,
 in pipeline/envs/. Measurements that need a development dependency (jsonschema for the naive replay
 baseline, moto for the S3 server) look for it when they run, so these modules import without them.
+
+Imports: every stage but jobs and cli.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from pipeline.errors import PexecError
+from pipeline.core.errors import PexecError
 
 if TYPE_CHECKING:
     from pipeline.perf.figures import Figure

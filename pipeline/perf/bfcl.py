@@ -17,14 +17,14 @@ import time
 from functools import partial
 from typing import Any
 
-from pipeline.checker import replay
+from pipeline.core.model import Call, Rollout
+from pipeline.core.records import parse_rollout
 from pipeline.envs import Environment, new_environment
 from pipeline.envs.bfcl import official
 from pipeline.ingest import IngestOptions, ingest
 from pipeline.ingest.bfcl import ground_truth_records
-from pipeline.model import Call, Rollout
 from pipeline.perf.figures import Bench, figure, load_average, n_runs, show
-from pipeline.records import parse_rollout
+from pipeline.replay.checker import replay
 
 
 def ground_truth_rollouts(tag: str) -> list[Rollout]:

@@ -1,7 +1,7 @@
 """The scoring driver's completion handling at cluster scale (`pexec bench driver`, `python -m pipeline.perf.driver`).
 
 Local Ray runs many tiny tasks (each returns one small shard report) with `window` of them in flight, and the
-driver retires them with `pipeline.distributed.completed`, beside the loop it replaced (one `ray.wait` over
+driver retires them with `pipeline.scoring.driver.completed`, beside the loop it replaced (one `ray.wait` over
 every pending task per finished shard) in the same run, interleaved. Measured over the steady phase only
 (exactly `window` tasks in flight): the driver process's CPU time per retired shard (all its threads: Ray's
 own per-task cost included), so the shards per second one driver core can retire; shards retired per second
@@ -30,14 +30,14 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from pipeline.distributed import DEFAULT_SHARD_BYTES, JobFailed, completed, run_scoring
 from pipeline.perf import CLUSTER_CORES
 from pipeline.perf.figures import Bench, figure, load_average, n_runs, show
-from pipeline.score import ScoredShard, ShardReport
+from pipeline.scoring.driver import DEFAULT_SHARD_BYTES, ScoringFailed, completed, run_scoring
+from pipeline.scoring.shard import ScoredShard, ShardReport
 from pipeline.storage.ids import duplicate_ids, ids_table
 from pipeline.storage.inputs import InputFile, Shard
 from pipeline.storage.stores import write_store
-from pipeline.synth import synthesize
+from pipeline.synthetic.rollouts import synthesize
 
 
 def finish(shard: Shard, ids: int = 0) -> ScoredShard:
@@ -56,7 +56,7 @@ def _ids(n: int, shard: int = 0) -> pa.Table:
 def one_wait_per_shard(
     shards: Iterable[Shard], submit: Callable[[Shard], Any], window: int, still_held: Callable[[], None]
 ) -> Iterator[tuple[Shard, Any]]:
-    """The baseline: the driver loop before issue 20 — `ray.wait` over every pending task for each finished shard."""
+    """The baseline: the driver loop as it first was — `ray.wait` over every pending task for each finished shard."""
     import ray
 
     queue = list(shards)
@@ -72,7 +72,7 @@ def one_wait_per_shard(
             try:
                 yield shard, ray.get(ref)
             except Exception as exc:
-                raise JobFailed(str(exc)) from exc
+                raise ScoringFailed(str(exc)) from exc
 
 
 def _rss_mib() -> float:

@@ -19,7 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.errors import PexecError
+from pipeline.core.errors import PexecError
 
 
 @dataclass(frozen=True)

@@ -33,11 +33,11 @@ from typing import Any
 import numpy as np
 import orjson
 
-from pipeline.checker import replay
+from pipeline.core.model import Call, Message, Rollout
 from pipeline.envs import get_environment
 from pipeline.guard import open_session
-from pipeline.model import Call, Message, Rollout
 from pipeline.perf.figures import Bench, Figure, figure, load_average, n_runs, show
+from pipeline.replay.checker import replay
 
 DEPTHS = (1, 10, 50)
 

@@ -1,5 +1,6 @@
-"""Benchmark of the mergeable Poisson bootstrap (docs/design.md §7, pipeline.bootstrap "poisson-merged"): per-task
-sums generated directly (not by scoring), cut into shards, each shard's partial sums timed, then the merge.
+"""Benchmark of the mergeable Poisson bootstrap (docs/explanation/measured-facts.md; pipeline.metrics.bootstrap
+"poisson-merged"): per-task sums generated directly (not by scoring), cut into shards, each shard's partial sums timed,
+then the merge.
 
     python -m pipeline.perf.merged [--tasks M] [--rollouts-per-task R] [-B B] [--shards S] [--cores C]
 
@@ -16,7 +17,7 @@ import time
 
 import numpy as np
 
-from pipeline import bootstrap
+from pipeline.metrics import bootstrap
 from pipeline.perf import CLUSTER_CORES
 from pipeline.perf.figures import Bench, figure, load_average, n_runs, show
 

@@ -1,5 +1,5 @@
-"""Benchmark of the metrics stage (docs/design.md §7): compute_metrics on a synthetic rollouts table, against a
-plain-numpy reference that reproduces its multinomial bounds, measured interleaved in the same run.
+"""Benchmark of the metrics stage (docs/explanation/measured-facts.md): compute_metrics on a synthetic rollouts table,
+against a plain-numpy reference that reproduces its multinomial bounds, measured interleaved in the same run.
 
     python -m pipeline.perf.metrics [--rollouts N] [--tasks M] [-B B] [--cohorts 1,16] [--repeats R] [--workdir DIR]
 
@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.perf.figures import Bench, Figure, figure, load_average, n_runs, show
-from pipeline.storage.run import commit_parts
+from pipeline.perf.fixtures import commit_parts
 
 
 def write_synthetic_rollouts(
@@ -84,7 +84,7 @@ def write_synthetic_rollouts(
 
 def reference_bounds(run: str, B: int, seed: int = 0, level: float = 0.95) -> dict[str, dict[str, tuple[float, float]]]:
     """The plain-numpy reference the project is timed against: read the rollouts with pyarrow, sum per (model,
-    task), draw the same multinomial weights (sql/hash.sql in uint64 numpy, one replicate at a time), take the
+    task), draw the same multinomial weights (metrics/sql/hash.sql in uint64 numpy, one replicate at a time), take the
     replicates' TER, AUC-PEC, success and RR and their percentile bounds. model -> metric -> (lo, hi)."""
     cols = ["task_id", "model", "T", "executable", "auc_term", "success"]
     table = pq.read_table(Path(run) / "rollouts", columns=cols)
@@ -140,10 +140,11 @@ def reference_bounds(run: str, B: int, seed: int = 0, level: float = 0.95) -> di
 
 
 def _time_project(run: str, method: str, B: int, max_k: int) -> tuple[float, int, dict[str, dict[str, Any]]]:
-    from pipeline.aggregate import BootstrapSettings, compute_metrics
+    from pipeline.metrics.run import open_run
+    from pipeline.metrics.settings import BootstrapSettings
 
     start = time.perf_counter()
-    cohorts = compute_metrics(run, None, BootstrapSettings(B=B, method=method), max_k=max_k)
+    cohorts = open_run(run).metrics(None, BootstrapSettings(B=B, method=method), max_k=max_k)
     seconds = time.perf_counter() - start
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     return seconds, peak_kib, {c["model"]: c for c in cohorts}

@@ -17,17 +17,17 @@ from typing import Any
 
 import orjson
 
-from pipeline.checker import replay
-from pipeline.dependencies import grounded_values
-from pipeline.distributed import run_scoring
+from pipeline.core.records import parse_rollout
 from pipeline.envs import get_environment
 from pipeline.envs.document import JournaledDoc
 from pipeline.envs.spec.env import SpecEnvironment
 from pipeline.perf import cluster_projection, dev_dependency
 from pipeline.perf.figures import Bench, Figure, figure, load_average, n_runs, show
-from pipeline.records import parse_rollout
+from pipeline.replay.checker import replay
+from pipeline.replay.dependencies import grounded_values
+from pipeline.scoring.driver import run_scoring
 from pipeline.storage.stores import write_store
-from pipeline.synth import synthesize
+from pipeline.synthetic.rollouts import synthesize
 
 NAIVE = "the naive baseline of `pexec bench replay`"
 

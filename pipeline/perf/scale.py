@@ -25,14 +25,14 @@ import s3fs
 from pipeline.perf import cluster_projection, require_dev
 from pipeline.perf.figures import Bench, figure, load_average, n_runs, show
 from pipeline.storage.stores import write_store
-from pipeline.synth import synthesize
+from pipeline.synthetic.rollouts import synthesize
 
 SETUPS = (("1 cpu", 1, 16), ("2 cpu", 2, 16), ("2 cpu, 4x more shards", 2, 4))  # label, worker CPUs, shard MiB
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 _DRIVER = (
     "import re, sys, json\n"
-    "from pipeline.distributed import run_scoring\n"
+    "from pipeline.scoring.driver import run_scoring\n"
     "m = run_scoring(sys.argv[1], sys.argv[2], num_cpus=int(sys.argv[3]), shard_bytes=int(sys.argv[4]),\n"
     "                storage_options={'endpoint_url': sys.argv[5]}, force=True)\n"
     "peak = int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)) / 1024\n"

@@ -4,8 +4,8 @@ over real tau2 results files, against the code of an earlier revision measured i
     pexec bench tau, or python -m pipeline.perf.tau [--source DIR] [--repeat N] [--policy code|strict]
                                                     [--passes N] [--baseline REV|none]
 
-Every repetition runs the project and the baseline revision (default c0f23f9, the code when issue 20 asked
-for faster replay; extracted with `git archive` from this checkout's history) in fresh processes, one after
+Every repetition runs the project and the baseline revision (default c0f23f9, the code before the work
+on faster replay; extracted with `git archive` from this checkout's history) in fresh processes, one after
 the other, alternating which goes first: each replays every rollout of the source once to warm up, then
 `--passes` times timed, on one core, against the official tools with the copy-on-write journal
 (pipeline/perf/tau_worker.py).
@@ -23,12 +23,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import PexecError
+from pipeline.core.errors import PexecError
 from pipeline.perf.figures import Bench, Figure, figure, load_average, n_runs, show
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().with_name("tau_worker.py")
-BASELINE = "c0f23f9"  # the code when issue 20 (replay speed) was filed
+BASELINE = "c0f23f9"  # the code before the replay-speed work
 
 
 def bench_tau(

@@ -22,11 +22,16 @@ from typing import Any
 def measure(source: str, policy: str, passes: int) -> dict[str, Any]:
     """Every rollout of `source` replayed once to warm up, then `passes` times timed, then once more with the
     tool calls timed (`TauEnvironment._call`: the official tools on the journaled DB, copy-on-write included)."""
-    from pipeline.checker import replay
     from pipeline.envs import EnvOptions, get_environment
     from pipeline.envs.tau.env import TauEnvironment
     from pipeline.ingest import IngestOptions, ingest
-    from pipeline.records import parse_rollout
+
+    try:
+        from pipeline.core.records import parse_rollout
+        from pipeline.replay.checker import replay
+    except ImportError:  # the baseline revision, from before the stages were packages
+        from pipeline.checker import replay  # type: ignore[no-redef]
+        from pipeline.records import parse_rollout  # type: ignore[no-redef]
 
     rollouts = [parse_rollout(r) for r in ingest("tau2", [source], IngestOptions())]
     began = time.perf_counter()

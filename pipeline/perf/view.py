@@ -1,6 +1,6 @@
-"""Benchmark of `pexec view`'s pages on a large run (docs/design.md §7): the synthetic rollouts table of
-pipeline.perf.metrics plus its steps, served by the real app, each page timed end to end (query + template).
-Run it as `pexec bench view [--rollouts N] [--workdir DIR]`.
+"""Benchmark of `pexec view`'s pages on a large run (docs/explanation/measured-facts.md): the synthetic rollouts table
+of pipeline.perf.metrics plus its steps, served by the real app, each page timed end to end (query + template). Run it
+as `pexec bench view [--rollouts N] [--workdir DIR]`.
 """
 
 from __future__ import annotations
@@ -15,20 +15,22 @@ from pathlib import Path
 
 import duckdb
 
-from pipeline.aggregate import BootstrapSettings, run_sql, set_variables
+from pipeline.metrics.duck import run_sql, set_variables
+from pipeline.metrics.run import open_run
+from pipeline.metrics.settings import BootstrapSettings
 from pipeline.perf.figures import Bench, figure, load_average
 from pipeline.perf.metrics import write_synthetic_rollouts
 
 
 def write_synthetic_run(run: Path, n_rollouts: int, n_tasks: int, parts: int = 4) -> None:
     """Rollouts (pipeline.perf.metrics, committed as a complete run) and, part for part, their steps
-    (sql/synthetic_steps.sql) in place of the empty steps parts the commit wrote."""
+    (perf/sql/synthetic_steps.sql) in place of the empty steps parts the commit wrote."""
     write_synthetic_rollouts(run, n_rollouts, n_tasks, parts=parts, n_models=4)
     (run / "steps").mkdir(exist_ok=True)
     con = duckdb.connect()
     for part in sorted((run / "rollouts").glob("part-*.parquet")):
         set_variables(con, rollouts_part=str(part), steps_part=str(run / "steps" / part.name))
-        run_sql(con, "synthetic_steps")
+        run_sql(con, "perf/synthetic_steps")
     con.close()
 
 
@@ -45,7 +47,7 @@ def bench_view(n_rollouts: int = 1_000_000, workdir: str | Path | None = None, r
     load = os.getloadavg()[0]
     write_synthetic_run(run, n_rollouts, max(1, n_rollouts // 10))
     start = time.perf_counter()
-    view = RunView(str(run), None, BootstrapSettings(B=200))
+    view = RunView(open_run(str(run)), BootstrapSettings(B=200))
     opened = time.perf_counter() - start
     client = TestClient(create_app(view))
     start = time.perf_counter()

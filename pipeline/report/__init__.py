@@ -1,10 +1,12 @@
-"""`pexec report`: a scored run turned into the analysis an evaluation team would publish (issue 6).
+"""`pexec report`: a scored run turned into the analysis an evaluation team would publish.
 
-build_report computes (DuckDB: sql/report_*.sql, sql/paired_*.sql, and pipeline.aggregate's metrics), ranks
+build_report computes (DuckDB: sql/report_*.sql, sql/paired_*.sql, and pipeline.metrics.cohorts's metrics), ranks
 (ranking.py), draws (figures.py) and writes, under OUT (a local folder or an fsspec URL, like the run):
   report.md, report.html                 the tables and figures (HTML self-contained)
   tables/<name>.csv, tables/<name>.parquet   the numbers behind every table
   figures/<name>.png, .pdf, .svg, .csv   each figure (300 dpi PNG, vector PDF/SVG) and the data it draws
+
+Imports: core, storage, metrics.
 """
 
 from __future__ import annotations
@@ -19,20 +21,13 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from pipeline import catalogue
-from pipeline.aggregate import (
-    DEFAULT_BOOTSTRAP,
-    DEFAULT_POPULATION,
-    BootstrapSettings,
-    Population,
-    fetch,
-    metrics_tables,
-    open_rollouts,
-    run_sql,
-    set_variables,
-)
-from pipeline.coverage import describe_partial
-from pipeline.errors import StorageError
+from pipeline.core import metric_catalogue
+from pipeline.core.errors import StorageError
+from pipeline.metrics.cohorts import metrics_tables
+from pipeline.metrics.completeness import describe_partial
+from pipeline.metrics.duck import fetch, run_sql, set_variables
+from pipeline.metrics.run import Run
+from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, BootstrapSettings, Population
 from pipeline.report import html, layout, markdown
 from pipeline.report.figures import (
     Chart,
@@ -50,9 +45,8 @@ from pipeline.report.paired import Compare, ReportError, paired_comparison, pars
 from pipeline.report.ranking import Ranking, rank_conditions
 from pipeline.report.tables import RunTables, key_of, run_tables
 from pipeline.storage.fs import filesystem, is_empty, open_for_write, remove_all
-from pipeline.tools import tool_profiles
 
-__all__ = ["Compare", "ReportError", "ReportResult", "build_report", "check_output", "parse_compare"]
+__all__ = ["Compare", "ReportError", "ReportResult", "build_report", "check_output", "check_request", "parse_compare"]
 
 DEFAULT_KS = (1, 3, 5)
 
@@ -65,35 +59,35 @@ class ReportResult:
     rankings: list[Ranking]
     paired: list[dict[str, Any]]  # one row per pair and metric; empty without --compare
     charts: list[Chart]
-    tools: list[dict[str, Any]]  # the per-tool error profile (pipeline.tools), per benchmark × tool × labels
+    tools: list[
+        dict[str, Any]
+    ]  # the per-tool error profile (pipeline.metrics.tool_profiles), per benchmark × tool × labels
 
 
 def build_report(
-    run: str,
+    run: Run,
     out: str | Path,
     by: Sequence[str] | None = None,
     compare: Compare | None = None,
     ks: Sequence[int] = DEFAULT_KS,
     settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
-    storage_options: dict[str, Any] | None = None,
     *,
-    partial: bool = False,
     overwrite: bool = False,
     within: str | None = None,
     population: Population = DEFAULT_POPULATION,
     sensitivity: bool = False,
 ) -> ReportResult:
-    """Write the report of `run` into `out`. An incomplete run is refused unless `partial` (then the report
-    says so at the top); a non-empty `out` is refused unless `overwrite`, which removes what it holds first.
+    """Write the report of `run` into `out` (a local folder or an fsspec URL, written with the run's storage
+    options). Every table reads the files of the run's one snapshot; a partial run's report says so at the top.
+    A non-empty `out` is refused unless `overwrite`, which removes what it holds first.
     `within`: rank the other conditions within each value of this cohort column (default: per benchmark).
-    `population`: which rollouts count (harness errors, pools, strict replay: pipeline.aggregate.Population).
+    `population`: which rollouts count (harness errors, pools, strict replay: pipeline.metrics.settings).
     `sensitivity`: add the table of TER and AUC-PEC under schema-only, schema+dependency and all checks."""
-    if not ks or any(k < 1 for k in ks):
-        raise ReportError(f"--k takes depths >= 1, got {list(ks)}")
-    ks = sorted(set(ks))
     root = str(out).rstrip("/")
-    check_output(run, root, overwrite, storage_options)
-    t = run_tables(run, by, ks, settings, storage_options, partial, population)
+    storage_options = run.storage_options
+    check_request(run.url, root, ks, overwrite, storage_options)
+    ks = sorted(set(ks))
+    t = run_tables(run, by, ks, settings, population)
     conditions = t.keys[1:]
     if within is not None and within not in conditions:
         available = ", ".join(conditions) or "none"
@@ -106,8 +100,8 @@ def build_report(
     pair_cols: list[str] = []
     paired: list[dict[str, Any]] = []
     if compare is not None:
-        pair_cols, paired = paired_comparison(run, compare, t.keys, ks, settings, storage_options, partial, population)
-    tools = tool_profiles(run, conditions, settings, storage_options, partial, population)
+        pair_cols, paired = paired_comparison(run, compare, t.keys, ks, settings, population)
+    tools = run.tool_profiles(conditions, settings, population)
     colours = cohort_colours(label(c) for c in t.cohorts)  # one colour per cohort in every figure
     charts = [
         pec_chart(pec_rows(t.cohorts, label), colours),
@@ -129,10 +123,10 @@ def build_report(
         key_counts.append(len(pair_cols))
     approx: list[dict[str, Any]] = []
     if sensitivity:
-        approx = sensitivity_counts(run, t.keys, storage_options, partial, population)
+        approx = sensitivity_counts(run, t.keys, population)
         display.append(layout.sensitivity_table(t, approx))
         key_counts.append(n_keys)
-    title = f"Prefix executability report — {run}"
+    title = f"Prefix executability report — {run.url}"
     covered = t.cohorts[0]["partial"] if t.cohorts else None
     preamble = [*([f"⚠ {describe_partial(covered)}"] if covered else []), layout.settings_line(t.cohorts)]
     if overwrite:
@@ -176,6 +170,15 @@ def build_report(
     return ReportResult(root, sorted(written), t, rankings, paired, charts, tools)
 
 
+def check_request(
+    run: str, out: str, ks: Sequence[int], overwrite: bool, storage_options: dict[str, Any] | None
+) -> None:
+    """What a report needs that the run itself does not say: depths k >= 1 and a report folder it may write."""
+    if not ks or any(k < 1 for k in ks):
+        raise ReportError(f"--k takes depths >= 1, got {list(ks)}")
+    check_output(run, out, overwrite, storage_options)
+
+
 def check_output(run: str, out: str, overwrite: bool, storage_options: dict[str, Any] | None) -> None:
     """Refuse a report folder that holds files unless `overwrite`, and never remove the run itself."""
     run_fs, run_path = filesystem(run, storage_options)
@@ -198,7 +201,7 @@ def _rankings(t: RunTables, within: str | None) -> list[Ranking]:
     groups: dict[tuple[str | None, ...], list[int]] = {}
     for i, c in enumerate(t.cohorts):
         groups.setdefault(key_of(c, group_cols), []).append(i)
-    ranked = ["success", *(m.name for m in catalogue.ratios() if m.ranked)]
+    ranked = ["success", *(m.name for m in metric_catalogue.ratios() if m.ranked)]
     out = []
     for key, members in groups.items():
         if len(members) < 2:
@@ -228,13 +231,11 @@ def _ranking_rows(rankings: list[Ranking]) -> list[dict[str, Any]]:
     return rows
 
 
-def sensitivity_counts(
-    run: str, keys: list[str], storage_options: dict[str, Any] | None, partial: bool, population: Population
-) -> list[dict[str, Any]]:
+def sensitivity_counts(run: Run, keys: list[str], population: Population) -> list[dict[str, Any]]:
     """Per cohort, the rollouts whose looser-level depths a rescoring could change (sql/report_sensitivity.sql)."""
-    with open_rollouts(run, storage_options, partial, population) as con:
+    with run.connect(population) as con:
         set_variables(con, cohort_cols=keys)
-        run_sql(con, "report_sensitivity")
+        run_sql(con, "report/report_sensitivity")
         return fetch(con, "report_sensitivity")
 
 

@@ -22,7 +22,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, PercentFormatter
 
-from pipeline.model import CAUSES
+from pipeline.core.model import CAUSES
 
 EXECUTABLE = "executable"  # the FED bin of fully executable rollouts (FED = T + 1)
 MAX_OVERLAID = 8  # cohorts drawn on one axes; more get one small panel each
@@ -89,7 +89,8 @@ def fed_rows(fed: list[dict[str, Any]], label: Callable[[dict[str, Any]], str]) 
 
 
 def cause_rows(causes: list[dict[str, Any]], label: Callable[[dict[str, Any]], str]) -> list[list[Any]]:
-    """[benchmark, condition, cause, n, share] in the fixed cause order (docs/design.md §3), unknown labels last."""
+    """[benchmark, condition, cause, n, share] in the fixed cause order (docs/explanation/causes.md), unknown labels
+    last."""
     rank = {c: i for i, c in enumerate(CAUSES)}
     ordered = sorted(causes, key=lambda r: (r["benchmark"], label(r), rank.get(r["cause"], len(rank)), r["cause"]))
     return [[r["benchmark"], label(r), r["cause"], r["n"], r["share"]] for r in ordered]
@@ -251,7 +252,7 @@ def _chart(name: str, title: str, columns: list[str], rows: list[list[Any]], fig
 
 
 def tool_rows(tools: list[dict[str, Any]], label: Callable[[dict[str, Any]], str]) -> list[list[Any]]:
-    """[benchmark, condition, tool, calls, invalid rate, lo, hi] per step-level cohort (pipeline.tools)."""
+    """[benchmark, condition, tool, calls, invalid rate, lo, hi] per step-level cohort (tool_profiles)."""
     return [
         [t["benchmark"], label(t), t["tool"], t["n_calls"], *(t["invalid_rate"].get(k) for k in ("value", "lo", "hi"))]
         for t in tools

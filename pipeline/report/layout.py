@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline import catalogue, intervals
-from pipeline.aggregate import harness_note, replay_note
-from pipeline.model import CAUSES
+from pipeline.core import intervals, metric_catalogue
+from pipeline.core.model import CAUSES
+from pipeline.metrics.settings import harness_note, replay_note
 from pipeline.report.paired import Compare
 from pipeline.report.ranking import Ranking
 from pipeline.report.tables import RunTables, key_of
@@ -52,7 +52,7 @@ def cost_name(column: str) -> str:
 def metrics_table(t: RunTables, ks: Sequence[int]) -> Table:
     costs = sorted({r["cost"] for r in t.costs})
     cost_of = {(key_of(r, t.keys), r["cost"]): r["mean"] for r in t.costs}
-    shown = [m for m in catalogue.METRICS if m.in_tables]
+    shown = [m for m in metric_catalogue.METRICS if m.in_tables]
     columns = [*t.keys, "N", "tasks", "no verdict", "harness errors"]
     for m in shown:
         if m.kind == "curve":
@@ -90,7 +90,7 @@ def metrics_table(t: RunTables, ks: Sequence[int]) -> Table:
 
 
 def _small(cohort: dict[str, Any]) -> bool:
-    points = [cohort[m.name] for m in catalogue.ratios()] + cohort["pec"]
+    points = [cohort[m.name] for m in metric_catalogue.ratios()] + cohort["pec"]
     return any(p.get("method") == intervals.WILSON for p in points)
 
 
@@ -221,7 +221,7 @@ def settings_line(cohorts: list[dict[str, Any]]) -> str:
 def _label(metric: str) -> str:
     """A metric's display name; `pec@3` -> PEC@3."""
     name, at, k = metric.partition("@")
-    return catalogue.metric(name).label + at + k
+    return metric_catalogue.metric(name).label + at + k
 
 
 def _rank(x: float) -> str:
@@ -229,7 +229,7 @@ def _rank(x: float) -> str:
 
 
 def tools_table(rows: list[dict[str, Any]], keys: Sequence[str]) -> Table:
-    """The per-tool error profile (pipeline.tools): one row per benchmark × tool [× labels]."""
+    """The per-tool error profile (pipeline.metrics.tool_profiles): one row per benchmark × tool [× labels]."""
     columns = [*keys, "calls", "tasks", "invalid rate", "invalid", "causes", "first errors", "first-error share",
                "output match", "output match n"]  # fmt: skip
     out = []

@@ -8,9 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline import aggregate as db
-from pipeline.aggregate import BootstrapSettings
-from pipeline.errors import PexecError
+from pipeline.core.errors import PexecError
+from pipeline.metrics.cohorts import cohort_columns, metric_defs
+from pipeline.metrics.duck import cost_columns, fetch, run_sql, set_variables
+from pipeline.metrics.run import Run
+from pipeline.metrics.settings import DEFAULT_POPULATION, BootstrapSettings, Population
 
 
 class ReportError(PexecError, ValueError):
@@ -47,23 +49,21 @@ def parse_compare(items: Sequence[str]) -> Compare:
 
 
 def paired_comparison(
-    run: str,
+    run: Run,
     compare: Compare,
     keys: Sequence[str],
     ks: Sequence[int],
     settings: BootstrapSettings,
-    storage_options: dict[str, Any] | None = None,
-    partial: bool = False,
-    population: db.Population = db.DEFAULT_POPULATION,
+    population: Population = DEFAULT_POPULATION,
 ) -> tuple[list[str], list[dict[str, Any]]]:
     """(pair key columns, one row per pair and metric). `keys` are the report's cohort columns."""
-    if settings.method not in ("multinomial", "poisson"):  # sql/paired_bootstrap.sql draws these two only
+    if settings.method not in ("multinomial", "poisson"):  # report/sql/paired_bootstrap.sql draws these two only
         raise ReportError(f"the paired comparison takes --method multinomial or poisson, not {settings.method}")
-    with db.open_rollouts(run, storage_options, partial, population) as con:
+    with run.connect(population) as con:
         # raises when it is not a label or attribute; an attribute comes back as its column (attr_<name>)
-        column = next(iter(db.cohort_columns(con, [compare.column])), compare.column)
+        column = next(iter(cohort_columns(con, [compare.column])), compare.column)
         pair_cols = [k for k in keys if k != column]
-        db.set_variables(
+        set_variables(
             con,
             **settings.sql_variables,
             pair_cols=pair_cols,
@@ -71,15 +71,15 @@ def paired_comparison(
             compare_a=compare.a,
             compare_b=compare.b,
             ks=[int(k) for k in ks],
-            metric_defs=db.metric_defs(paired=True),
+            metric_defs=metric_defs(paired=True),
             method=settings.method,
         )
-        db.run_sql(con, "paired_prepare")
-        sides = {r["side"] for r in db.fetch(con, "paired_sides")}
+        run_sql(con, "report/paired_prepare")
+        sides = {r["side"] for r in fetch(con, "paired_sides")}
         for side, value in (("A", compare.a), ("B", compare.b)):
             if side not in sides:
                 raise ReportError(f"no rollouts with {compare.column}={value!r}")
-        if db.cost_columns(con):
-            db.run_sql(con, "paired_costs")
-        db.run_sql(con, "paired_bootstrap")
-        return pair_cols, db.fetch(con, "paired_intervals")
+        if cost_columns(con):
+            run_sql(con, "report/paired_costs")
+        run_sql(con, "report/paired_bootstrap")
+        return pair_cols, fetch(con, "paired_intervals")

@@ -1,5 +1,5 @@
-"""The report's numbers per cohort: the metrics with intervals (pipeline.aggregate) joined with the
-descriptive tables of sql/report_tables.sql and sql/report_costs.sql (recovery arithmetic, first causes, FED
+"""The report's numbers per cohort: the metrics with intervals (pipeline.metrics.cohorts) joined with the descriptive
+tables of report/sql/report_tables.sql and report/sql/report_costs.sql (recovery arithmetic, first causes, FED
 histogram, mean costs)."""
 
 from __future__ import annotations
@@ -10,9 +10,11 @@ from typing import Any
 
 import duckdb
 
-from pipeline import aggregate as db
-from pipeline import catalogue
-from pipeline.aggregate import DEFAULT_POPULATION, BootstrapSettings, Population, Replicates, metrics_and_replicates
+from pipeline.core import metric_catalogue
+from pipeline.metrics.cohorts import Replicates, cohort_columns, metrics_and_replicates
+from pipeline.metrics.duck import cost_columns, fetch, run_sql, set_variables
+from pipeline.metrics.run import Run
+from pipeline.metrics.settings import DEFAULT_POPULATION, BootstrapSettings, Population
 
 Key = tuple[str | None, ...]
 
@@ -36,33 +38,29 @@ def key_of(row: dict[str, Any], keys: Sequence[str]) -> Key:
 
 
 def descriptive(con: duckdb.DuckDBPyConnection, keys: list[str]) -> dict[str, Any]:
-    db.set_variables(con, cohort_cols=keys)
-    db.run_sql(con, "report_tables")
-    out: dict[str, Any] = {t: db.fetch(con, f"report_{t}") for t in ("recovery", "causes", "fed")}
+    set_variables(con, cohort_cols=keys)
+    run_sql(con, "report/report_tables")
+    out: dict[str, Any] = {t: fetch(con, f"report_{t}") for t in ("recovery", "causes", "fed")}
     out["costs"] = []
-    if db.cost_columns(con):
-        db.run_sql(con, "report_costs")
-        out["costs"] = db.fetch(con, "report_costs")
-    out["max_t"] = db.fetch(con, "report_depth")[0]["max_t"]
+    if cost_columns(con):
+        run_sql(con, "report/report_costs")
+        out["costs"] = fetch(con, "report_costs")
+    out["max_t"] = fetch(con, "report_depth")[0]["max_t"]
     return out
 
 
 def run_tables(
-    run: str,
+    run: Run,
     by: Sequence[str] | None,
     ks: Sequence[int],
     settings: BootstrapSettings,
-    storage_options: dict[str, Any] | None = None,
-    partial: bool = False,
     population: Population = DEFAULT_POPULATION,
 ) -> RunTables:
-    with db.open_rollouts(run, storage_options, partial, population) as con:
-        keys = ["benchmark", *db.cohort_columns(con, by)]
+    with run.connect(population) as con:
+        keys = ["benchmark", *cohort_columns(con, by)]
         parts = descriptive(con, keys)
     # PEC is computed up to the largest requested k, and at least as far as the curves go (max T, <= 20).
     max_k = max([*ks, min(parts["max_t"], 20)])
-    ranked = ["success", *(m.name for m in catalogue.ratios() if m.ranked)]
-    cohorts, replicates = metrics_and_replicates(
-        run, keys[1:], settings, max_k, storage_options, partial, population, ranked
-    )
+    ranked = ["success", *(m.name for m in metric_catalogue.ratios() if m.ranked)]
+    cohorts, replicates = metrics_and_replicates(run.snapshot, keys[1:], settings, max_k, population, ranked)
     return RunTables(keys=keys, cohorts=cohorts, replicates=replicates, **parts)

@@ -6,4 +6,6 @@ stores.py  writing canonical stores (`synth`, `ingest`)
 run.py     a run prefix: Parquet parts, shard markers, the manifest, what DuckDB reads
 lease.py   one writer per run: the lease object on a run prefix
 ids.py     duplicate rollout ids: those carried by more than one record of a store
+
+Imports: core.
 """

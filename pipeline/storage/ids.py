@@ -1,5 +1,5 @@
-"""Rollout ids are unique per run (docs/design.md §4): find every id carried by more than one record of a store,
-within a file or across files, from the ids each shard's records carry.
+"""Rollout ids are unique per run (docs/explanation/data-model.md, "Stores and shards"): find every id carried by more
+than one record of a store, within a file or across files, from the ids each shard's records carry.
 
 The rule: the first copy in source order (files by URL, then their order within the file) is scored; every
 later copy is rejected with "duplicate rollout_id '…' (first at FILE LOCATION)", LOCATION as a whole-file read
@@ -7,7 +7,7 @@ names it. A record counts as a copy when it carries a valid id, even if it is re
 The outcome does not depend on how the store is cut into shards: each shard is told, for the duplicated ids
 it holds, where the first copy is and how many copies come before the shard.
 
-Scoring a shard returns its ids (pipeline.score), so finding duplicates costs no read of its own: a shard
+Scoring a shard returns its ids (pipeline.scoring.shard), so finding duplicates costs no read of its own: a shard
 scored before they were known is scored again when it was told other than what is found here.
 """
 
@@ -22,7 +22,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.records import record_id
+from pipeline.core.records import record_id
 from pipeline.storage.inputs import InputFile, RecordError, Shard, line_numbers, read_shard
 
 # shard key -> {rollout id -> (where the first copy is, copies of the id in earlier shards)}

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
-from pipeline.errors import PexecError
+from pipeline.core.errors import PexecError
 from pipeline.storage.fs import filesystem, list_files
 
 Format = Literal["jsonl", "parquet"]

@@ -1,5 +1,5 @@
-"""One writer per run (docs/design.md §4): a lease object `RUN/_lease.json` that a scoring driver holds while it
-writes the run.
+"""One writer per run (docs/explanation/data-model.md, "One writer per run"): a lease object `RUN/_lease.json` that a
+scoring driver holds while it writes the run.
 
 The lease names its holder (user, host, pid, start time) and carries a heartbeat that the holder renews in a
 background thread. A second writer fails at once naming the holder; a lease whose heartbeat is older than
@@ -33,7 +33,7 @@ from typing import Any
 import orjson
 from fsspec.asyn import sync
 
-from pipeline.errors import PexecError, StorageError
+from pipeline.core.errors import PexecError, StorageError
 from pipeline.storage.fs import filesystem, is_local
 
 LEASE = "_lease.json"
@@ -208,7 +208,7 @@ class Lease:
 def require_holder(run: str, token: str, storage_options: dict | None = None) -> None:
     """Raise LeaseLost unless the acquisition `token` still holds `run`'s lease. A scoring task asks right
     before it writes: a driver that stops (a failed shard, a lost lease, Ctrl-C) leaves its tasks in flight
-    running (pipeline.distributed.completed says why), and those then write nothing."""
+    running (pipeline.scoring.driver.completed says why), and those then write nothing."""
     run = run.rstrip("/")
     holder, _ = _object_for(f"{run}/{LEASE}", storage_options).read()
     if holder is None:

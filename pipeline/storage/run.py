@@ -1,4 +1,5 @@
-"""A run prefix (docs/design.md §4): its Parquet parts, shard markers and manifest, and what DuckDB reads of it.
+"""A run prefix (docs/explanation/data-model.md, "The run folder"): its Parquet parts, shard markers and manifest, and
+what DuckDB reads of it.
 
 Part files are named after the shard they come from, so a retried or repeated shard overwrites its own
 parts and never duplicates rows. `_manifest.json` is written last: a run without it is incomplete.
@@ -13,9 +14,8 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.errors import StorageError
-from pipeline.output import rejects_table, steps_table
-from pipeline.storage.fs import exists, filesystem, is_local, open_for_write
+from pipeline.core.errors import StorageError
+from pipeline.storage.fs import filesystem, is_local, open_for_write
 
 if TYPE_CHECKING:
     import duckdb
@@ -119,24 +119,6 @@ def _read_json(run: str, name: str, storage_options: dict | None) -> dict[str, A
         return None
     with fs.open(path, "rb") as f:
         return orjson.loads(f.read())
-
-
-def commit_parts(run: str, storage_options: dict | None = None) -> None:
-    """Make a run of rollouts parts written without scoring (benchmarks, tests of the DuckDB stage) a complete
-    run: an empty steps and rejects part beside every rollouts part that has none, and a manifest listing
-    them as its shards."""
-    fs, folder = filesystem(f"{run.rstrip('/')}/rollouts", storage_options)
-    keys = sorted(p.rsplit("/part-", 1)[1][: -len(".parquet")] for p in fs.glob(f"{folder}/part-*.parquet"))
-    shards = []
-    for key in keys:
-        for table_name, empty in (("steps", steps_table("run", [])), ("rejects", rejects_table("run", key, []))):
-            if not exists(part_path(run, table_name, key), storage_options):
-                write_part(run, table_name, key, empty, storage_options)
-        with fs.open(f"{folder}/part-{key}.parquet", "rb") as f:
-            rows = pq.read_metadata(f).num_rows
-        shards.append({"shard": key, "read": rows, "scored": rows, "rejected": 0})
-    counts = {"read": sum(s["read"] for s in shards), "shards": len(shards)}
-    write_manifest(run, {"complete": True, "shards": shards, "counts": counts}, storage_options)
 
 
 class RunPrefix:

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
-from pipeline.errors import StorageError
+from pipeline.core.errors import StorageError
 from pipeline.storage.fs import filesystem, list_files, open_for_write
 from pipeline.storage.inputs import classify
 

@@ -1,7 +1,10 @@
-"""`pexec view`: a local web viewer over a run (docs/design.md §5.6).
+"""`pexec view`: a local web viewer over a run (docs/explanation/architecture.md, "The viewer").
 
 queries.py  what the pages show, read from the run with DuckDB in place
 app.py      the Starlette app, its Jinja2 templates (templates/) and stylesheet (static/)
+sql/        the pages' queries
+
+Imports: core, storage, metrics.
 """
 
 from pipeline.view.app import check_address, create_app, serve

@@ -1,8 +1,8 @@
 """What the viewer shows, read from the run with DuckDB in place (no copy): cohorts with their metrics, the
 rollouts behind a number (filtered, one page at a time), one rollout's steps beside its logged events.
 
-The run is opened once with pipeline.aggregate's helpers (the `rollouts` view, its checks, the storage
-filesystem); sql/view_located.sql adds the shard each row was scored in, which names a rollout uniquely
+The run is opened once with pipeline.metrics.cohorts's helpers (the `rollouts` view, its checks, the storage
+filesystem); view/sql/located.sql adds the shard each row was scored in, which names a rollout uniquely
 (run_id, shard, rollout_id) and leads back to its input through the manifest's shard list.
 """
 
@@ -17,23 +17,15 @@ from typing import Any
 import orjson
 import pyarrow.parquet as pq
 
-from pipeline import catalogue, schema
-from pipeline.aggregate import (
-    DEFAULT_BOOTSTRAP,
-    DEFAULT_METRICS,
-    BootstrapSettings,
-    compute_metrics,
-    fetch,
-    label_columns,
-    open_rollouts,
-    rollout_columns,
-    run_sql,
-    set_variables,
-)
-from pipeline.coverage import describe_partial, read_coverage
-from pipeline.errors import PexecError
-from pipeline.model import NOT_LOGGED, Call, Event
-from pipeline.records import InvalidRecord, parse_rollout
+from pipeline.core import metric_catalogue, run_schema
+from pipeline.core.errors import PexecError
+from pipeline.core.model import NOT_LOGGED, Call, Event
+from pipeline.core.records import InvalidRecord, parse_rollout
+from pipeline.metrics.cohorts import DEFAULT_METRICS, label_columns
+from pipeline.metrics.completeness import describe_partial
+from pipeline.metrics.duck import fetch, rollout_columns, run_sql, set_variables
+from pipeline.metrics.run import Run
+from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, BootstrapSettings
 from pipeline.storage.inputs import Shard, StoreError, list_inputs, read_shard
 from pipeline.storage.run import MANIFEST, read_manifest, read_plan
 
@@ -110,7 +102,7 @@ class Cohort:
     key: dict[str, str | None]  # benchmark and the cohort's label values
     n: int
     n_tasks: int
-    metrics: list[tuple[catalogue.Metric, dict[str, Any]]]  # value, lo, hi (and eligible)
+    metrics: list[tuple[metric_catalogue.Metric, dict[str, Any]]]  # value, lo, hi (and eligible)
     causes: list[tuple[str, int]]  # first-error cause ("" = executable) -> rollouts
 
 
@@ -140,28 +132,19 @@ class RolloutView:
 class RunView:
     """One run opened for the viewer's lifetime; DuckDB's connection is used by one request at a time."""
 
-    def __init__(
-        self,
-        run: str,
-        storage_options: dict[str, Any] | None = None,
-        settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
-        partial: bool = False,
-    ) -> None:
+    def __init__(self, run: Run, settings: BootstrapSettings = DEFAULT_BOOTSTRAP) -> None:
         self.run = run
-        self.storage_options = storage_options
+        self.storage_options = run.storage_options
         self.settings = settings
-        self.partial = partial
-        # An incomplete run is refused unless `partial`; then only committed shards are read, and every page
-        # says what they cover.
-        coverage = read_coverage(run, storage_options, partial)
-        self.root = coverage.root
-        covered = coverage.partial()
+        self.root = run.snapshot.root
+        # Of a partial run only committed shards are read, and every page says what they cover.
+        covered = run.partial
         self.coverage_note = describe_partial(covered) if covered else ""
         self._stack = ExitStack()
-        self.con = self._stack.enter_context(open_rollouts(run, storage_options, partial))
-        # rollouts_files is set by open_rollouts; steps_files is the one-rollout page's (view_rollout_steps).
-        set_variables(self.con, located_steps_files=coverage.parts("steps"))
-        run_sql(self.con, "view_located")
+        self.con = self._stack.enter_context(run.connect())
+        # rollouts_files is set by run.connect; steps_files is the one-rollout page's (sql/rollout_steps.sql).
+        set_variables(self.con, located_steps_files=run.snapshot.parts("steps"))
+        run_sql(self.con, "view/located")
         self.columns = rollout_columns(self.con)
         self.labels = label_columns(self.columns)
         self._lock = threading.Lock()
@@ -183,8 +166,7 @@ class RunView:
         if stored is not None:
             keys, rows, source = stored
         else:
-            computed = compute_metrics(self.run, None, self.settings, storage_options=self.storage_options,
-                                       partial=self.partial)  # fmt: skip
+            computed = self.run.metrics(None, self.settings)
             keys = ["benchmark", *self.labels]
             rows = [_from_dict(c, keys) for c in computed]
             s = self.settings
@@ -197,7 +179,7 @@ class RunView:
         writes them) when they are current: written after the run's manifest, with the same rollouts per
         cohort as the run has now. Otherwise None (the metrics are computed instead)."""
         rel = f"metrics/{DEFAULT_METRICS}/metrics.parquet"
-        if not self.root.exists(rel) or not self.root.exists(MANIFEST):
+        if rel not in self.run.snapshot.files or MANIFEST not in self.run.snapshot.files:
             return None
         fs, base = self.root.fs, self.root.path
         try:
@@ -207,7 +189,7 @@ class RunView:
             return None
         with fs.open(f"{base}/{rel}", "rb") as f:
             table = pq.read_table(f)
-        fields = {c.name for c in schema.metrics_table().columns}
+        fields = {c.name for c in run_schema.metrics_table().columns}
         keys = [c for c in table.column_names if c not in fields]
         if any(k not in self.columns for k in keys):
             return None
@@ -235,7 +217,7 @@ class RunView:
 
     def _cause_rows(self, keys: list[str]) -> list[tuple[tuple[Any, ...], str, int]]:
         set_variables(self.con, cohort_cols=keys)
-        run_sql(self.con, "view_cohort_causes")
+        run_sql(self.con, "view/cohort_causes")
         return [(_key_tuple(r["key"], keys), r["cause"], r["n"]) for r in fetch(self.con, "cohort_causes")]
 
     # --- rollouts ----------------------------------------------------------------------------------
@@ -244,7 +226,7 @@ class RunView:
         columns = ["run_id", "rollout_id", "task_id", "benchmark", *self.labels, *_ROW_COLUMNS, STATUS]
         # Label and status columns differ from run to run: their conditions are composed here, from column
         # names checked against the run's own (Filters.parse) and quoted; values are always parameters. The
-        # tool condition is added only when set (sql/view_filtered.sql says why).
+        # tool condition is added only when set (view/sql/filtered.sql says why).
         where, params = ["TRUE"], []
         for column, value in filters.labels:
             where.append(f"{_ident(column)} IS NOT DISTINCT FROM ?")
@@ -268,7 +250,7 @@ class RunView:
                 f_success=filters.success,
                 f_mismatch=filters.mismatch,
             )
-            run_sql(self.con, "view_filtered")
+            run_sql(self.con, "view/filtered")
             total = self.con.sql(f"SELECT count(*) FROM filtered WHERE {cond}", params=params).fetchall()[0][0]
             rows = (
                 self.con.sql(
@@ -292,15 +274,15 @@ class RunView:
             raise ViewError(f"not a shard key: {shard!r}")
         with self._lock:
             set_variables(self.con, r_run=run_id, r_shard=shard, r_id=rollout_id)
-            run_sql(self.con, "view_rollout")
+            run_sql(self.con, "view/rollout")
             found = fetch(self.con, "one_rollout")
             if not found:
                 raise ViewError(f"no rollout {rollout_id!r} of run {run_id!r} in shard {shard}")
             summary = found[0]
             # The `steps` view (its column names settled) over the one steps part of the rollout's shard.
             set_variables(self.con, steps_files=[_steps_part(summary["_file"])])
-            run_sql(self.con, "view_steps")
-            run_sql(self.con, "view_rollout_steps")
+            run_sql(self.con, "metrics/view_steps")
+            run_sql(self.con, "view/rollout_steps")
             steps = fetch(self.con, "one_rollout_steps")
         view = RolloutView(summary, steps)
         self._attach_input(view, summary["_file"], shard, rollout_id)
@@ -361,13 +343,13 @@ def _key_tuple(key: dict[str, Any], keys: list[str]) -> tuple[Any, ...]:
 
 
 def _from_dict(c: dict[str, Any], keys: list[str]) -> Cohort:
-    metrics = [(m, c[m.name]) for m in catalogue.ratios() if m.in_tables]
+    metrics = [(m, c[m.name]) for m in metric_catalogue.ratios() if m.in_tables]
     return Cohort({k: c.get(k) for k in keys}, c["n"], c["n_tasks"], metrics, [])
 
 
 def _from_row(r: dict[str, Any], keys: list[str]) -> Cohort:
     metrics = []
-    for m in catalogue.ratios():
+    for m in metric_catalogue.ratios():
         if m.in_tables:
             value = {"value": r[m.name], "lo": r[f"{m.name}_lo"], "hi": r[f"{m.name}_hi"]}
             if m.eligible:

@@ -244,9 +244,9 @@ HOLIDAYS = ("Christmas", "christmas day", "Christmas Day", "Thanksgiving", "than
             "Christmas Day (observed)", "observed", "day", "Veteran")  # fmt: skip
 
 
-# The divergences issue 14 names, called by name now and then: survey acre, "degrees Fahrenheit", extensions
-# and vanity numbers, holidays on a weekend (observed on the Friday or Monday), a float where an int is expected,
-# an explicit null for an optional argument.
+# The divergences known from upstream's tools, called by name now and then: survey acre, "degrees Fahrenheit",
+# extensions and vanity numbers, holidays on a weekend (observed on the Friday or Monday), a float where an int is
+# expected, an explicit null for an optional argument.
 NAMED = (
     ("unit_conversion", {"amount": 1, "from_unit": "survey acre", "to_unit": "m**2"}),
     ("unit_conversion", {"amount": 2, "from_unit": "acre", "to_unit": "survey_acre"}),

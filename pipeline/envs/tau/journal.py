@@ -1,12 +1,12 @@
 """Copy-on-write over one base DB per worker, with an undo journal.
 
-The official tools mutate pydantic records in place (`user.payment_methods[...].amount -= …`). Deep-copying
-the whole DB per rollout costs 130–370 ms (docs/design.md §7), so each top-level collection of the DB (users,
-orders, flights, …) is replaced by a `CowDict`: while a call that may write is running, the first access
-to a record copies that record alone and journals the object it replaced. Undoing a journal entry puts the
-untouched object back, so a rollout reset, a rejected call and a state-consistency walk-back all cost as
-much as the records that were touched. Reads that iterate a collection see the current records without
-copying; the official tools only mutate records they fetched by key (checked against every tool).
+The official tools mutate pydantic records in place (`user.payment_methods[...].amount -= …`). Deep-copying the whole DB
+per rollout costs 130–370 ms (docs/explanation/measured-facts.md), so each top-level collection of the DB (users,
+orders, flights, …) is replaced by a `CowDict`: while a call that may write is running, the first access to a record
+copies that record alone and journals the object it replaced. Undoing a journal entry puts the untouched object back, so
+a rollout reset, a rejected call and a state-consistency walk-back all cost as much as the records that were touched.
+Reads that iterate a collection see the current records without copying; the official tools only mutate records they
+fetched by key (checked against every tool).
 
 A record's own collections of records (a flight's `dates`, a user's `payment_methods`, a product's
 `variants`) are copied the same way, one level down: copying a record copies its fields but wraps such a
@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from pipeline.values import ATOMS
+from pipeline.core.values import ATOMS
 
 _MISSING = object()
 _set = object.__setattr__  # pydantic records refuse attributes that are not fields

@@ -2,7 +2,7 @@
 parameters (grounded.toml) and the written-policy overlay (policy.toml), compiled once.
 
 policy.toml has one table per tool: `let` (named values, evaluated first) and `preconditions`
-(`require`, `error`, `clause`), in the expression language of pipeline/expr.py, over `args` and a lazy
+(`require`, `error`, `clause`), in the expression language of pipeline/expr/__init__.py, over `args` and a lazy
 read-only view of the state (`state.<collection>[key].<field>`, plus `state.session`).
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from pipeline.effects import FILE, Effect, load_effects
+from pipeline.core.effects import FILE, Effect, load_effects
 from pipeline.envs.base import SpecError, ToolInfo
 from pipeline.envs.data import BUILTIN_SPECS, files_fingerprint
 from pipeline.envs.rules import Precondition, check_rules, compile_lets, compile_preconditions

@@ -27,8 +27,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import orjson
 
-from pipeline.effects import FILE, load_effects, with_effects
-from pipeline.envs.base import EnvError, Outcome, SpecError, ToolInfo
+from pipeline.core.effects import FILE, load_effects
+from pipeline.core.model import NOT_LOGGED, Call, Rollout
+from pipeline.envs.base import EnvError, Outcome, SpecError, ToolInfo, with_effects
 from pipeline.envs.data import BUILTIN_SPECS, files_fingerprint
 from pipeline.envs.document import JournaledDoc
 from pipeline.envs.rules import Precondition, check_rules, compile_field
@@ -36,7 +37,6 @@ from pipeline.envs.spec.loader import load_tools_json, tool_rules
 from pipeline.envs.toolsandbox import utilities as u
 from pipeline.envs.toolsandbox.text import fuzzy_filter
 from pipeline.expr import compile_expr, render
-from pipeline.model import NOT_LOGGED, Call, Rollout
 
 SPEC = BUILTIN_SPECS / "toolsandbox"
 SWITCHES = {"low_battery_mode": "low_battery_mode", "location_service": "location_service",
@@ -143,7 +143,7 @@ class ToolSandboxEnvironment:
     def __init__(self, folder: Path = SPEC) -> None:
         self.tools, self.rules, fingerprint = load_rules(folder)
         self.seed = orjson.loads((folder / "seed.json").read_bytes())
-        # The libraries decide outcomes too: a run scored with other versions is not reused (pipeline.distributed).
+        # The libraries decide outcomes too: a run scored with other versions is not reused (pipeline.scoring.driver).
         libraries = ",".join(f"{n}=={metadata.version(n)}" for n in u.LIBRARIES)
         self.version = f"toolsandbox-native@{fingerprint}+{libraries}"
         self.integers = {name: frozenset(_integer_parameters(info)) for name, info in self.tools.items()}

@@ -1,0 +1,249 @@
+"""Canonical rollout records (docs/explanation/data-model.md, "Canonical rollout"): validate a decoded JSON object and
+build a Rollout.
+
+A record that cannot be scored raises InvalidRecord with a reason that ends up in `rejects/`. Records are
+walked recursively further on (references, hashing, comparisons, Arrow), so nesting is limited here.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any
+
+import orjson
+
+from pipeline.core.errors import PexecError
+from pipeline.core.model import NOT_LOGGED, STATUSES, Call, Event, Message, Rollout
+from pipeline.core.run_schema import ATTRIBUTE_PREFIX, RESERVED_COLUMNS
+
+MAX_DEPTH = 64  # levels of objects and lists in a record (and in JSON text it carries); deeper is a reject
+_RESERVED = frozenset(c.lower() for c in RESERVED_COLUMNS)  # SQL names are case-insensitive
+
+
+class InvalidRecord(PexecError, ValueError):
+    """The record is not a canonical rollout; the message is the reject reason."""
+
+
+_CONTAINERS = (dict, list)
+
+
+def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether `value` has more than `limit` levels of objects and lists (the walk stops at the limit)."""
+    if limit == MAX_DEPTH and _written_padded(value):
+        return False
+    level = [value] if type(value) in _CONTAINERS else []
+    for _ in range(limit):
+        if not level:
+            return False
+        # One level at a time, in a comprehension rather than a call per container: this runs on every record.
+        level = [
+            item
+            for container in level
+            for item in (container.values() if type(container) is dict else container)
+            if type(item) in _CONTAINERS
+        ]
+    return bool(level)
+
+
+# orjson writes at most 254 levels of lists and objects (each counts, empty or not; checked below) and refuses
+# more: inside this many lists, a value is written when it has at most MAX_DEPTH levels of its own.
+_PADDING = 190
+_padded = threading.local()  # per thread: a box inside _PADDING - 1 lists, reused (the guard serves threads)
+
+
+def _written_padded(value: Any) -> bool:
+    """Whether orjson writes `value` inside _PADDING lists: then it has at most MAX_DEPTH levels of objects and
+    lists, decided in C. False says nothing (deeper, or something orjson does not write): walk it then."""
+    if not _ORJSON_LIMIT_HOLDS:
+        return False
+    box = getattr(_padded, "box", None)
+    if box is None:
+        box = _padded.box = [None]
+        _padded.outer = _nested(box, _PADDING - 1)
+    box[0] = value
+    try:
+        orjson.dumps(_padded.outer)
+    except TypeError:  # orjson.JSONEncodeError: too deep, or a value it does not write
+        return False
+    finally:
+        box[0] = None
+    return True
+
+
+def _nested(value: Any, levels: int) -> Any:
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def _orjson_limit_holds() -> bool:
+    """orjson writes _PADDING + MAX_DEPTH levels and refuses one more (else `_written_padded` never answers)."""
+    try:
+        orjson.dumps(_nested([], _PADDING + MAX_DEPTH - 1))
+    except TypeError:
+        return False
+    try:
+        orjson.dumps(_nested([], _PADDING + MAX_DEPTH))
+    except TypeError:
+        return True
+    return False
+
+
+_ORJSON_LIMIT_HOLDS = _orjson_limit_holds()
+
+
+def check_depth(value: Any, what: str) -> None:
+    if too_deep(value):
+        raise InvalidRecord(f"{what} nests deeper than {MAX_DEPTH} levels")
+
+
+def parse_rollout(record: dict[str, Any]) -> Rollout:
+    check_depth(record, "the record")
+    for key in ("rollout_id", "task_id", "benchmark"):
+        value = record.get(key)
+        if not isinstance(value, str | int) or isinstance(value, bool) or value == "":
+            raise InvalidRecord(f"missing or invalid {key!r}")
+    labels = _labels(record.get("labels"))
+    attributes = _strings(record.get("attributes"), "attributes")
+    both = sorted(set(labels) & set(attributes))
+    if both:
+        raise InvalidRecord(f"{', '.join(map(repr, both))} is both a label and an attribute")
+    status = record.get("status") or "ok"
+    if status not in STATUSES:
+        raise InvalidRecord(f"'status' must be one of {', '.join(STATUSES)}, got {status!r}")
+    env = _json_field(record.get("env"), "env") or {}
+    if not isinstance(env, dict):
+        raise InvalidRecord("'env' must be an object")
+    events = record.get("events")
+    if not isinstance(events, list):
+        raise InvalidRecord("'events' must be a list")
+    success = record.get("success")
+    if success is not None and not isinstance(success, bool):
+        raise InvalidRecord(f"'success' must be true, false or null, got {success!r}")
+    return Rollout(
+        rollout_id=str(record["rollout_id"]),
+        task_id=str(record["task_id"]),
+        benchmark=str(record["benchmark"]),
+        labels=labels,
+        env=env,
+        events=[parse_event(e, f"events[{i}]") for i, e in enumerate(events)],
+        success=success,
+        cost=_cost(record.get("cost")),
+        truth=_json_field(record.get("truth"), "truth"),
+        attributes=attributes,
+        status=status,
+    )
+
+
+def record_id(record: dict[str, Any]) -> str | None:
+    """The record's rollout id as `parse_rollout` reads it, or None when it has no valid one."""
+    value = record.get("rollout_id")
+    if not isinstance(value, str | int) or isinstance(value, bool) or value == "":
+        return None
+    return str(value)
+
+
+def _labels(raw: Any) -> dict[str, str]:
+    labels = _strings(raw, "labels")
+    for key in labels:
+        # SQL names are case-insensitive: a label `t` would be read as the column `T`.
+        if key.lower() in _RESERVED or key.lower().startswith(("cost_", ATTRIBUTE_PREFIX)):
+            raise InvalidRecord(f"label {key!r} clashes with an output column name")
+    return labels
+
+
+def _strings(raw: Any, name: str) -> dict[str, str]:
+    """An object of labels or attributes as string values (others as JSON text; null values dropped)."""
+    raw = _json_field(raw, name) or {}
+    if isinstance(raw, list) and all(isinstance(kv, list | tuple) and len(kv) == 2 for kv in raw):
+        raw = dict(raw)  # Parquet maps arrive as [(key, value), ...]
+    if not isinstance(raw, dict):
+        raise InvalidRecord(f"'{name}' must be an object")
+    if any(str(key) == "" for key in raw):
+        raise InvalidRecord(f"'{name}' has an empty name")
+    return {
+        str(key): value if isinstance(value, str) else orjson.dumps(value).decode()
+        for key, value in raw.items()
+        if value is not None
+    }
+
+
+def _cost(raw: Any) -> dict[str, float]:
+    raw = _json_field(raw, "cost") or {}
+    if not isinstance(raw, dict):
+        raise InvalidRecord("'cost' must be an object")
+    cost = {}
+    for key, value in raw.items():
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise InvalidRecord(f"cost {key!r} must be a number, got {value!r}")
+        try:
+            number = float(value)
+        except OverflowError:
+            raise InvalidRecord(f"cost {key!r} is an integer beyond any float") from None
+        if not math.isfinite(number):  # NaN or infinity would poison every mean it enters
+            raise InvalidRecord(f"cost {key!r} must be a finite number, got {value!r}")
+        cost[str(key)] = number
+    return cost
+
+
+def parse_event(raw: Any, where: str) -> Event:
+    """One event of a canonical record; `where` names it in the error (`events[3]`)."""
+    if not isinstance(raw, dict):
+        raise InvalidRecord(f"{where} is not an object")
+    kind = raw.get("type")
+    turn = raw.get("turn") or 0
+    if not isinstance(turn, int):
+        raise InvalidRecord(f"{where}.turn must be an integer")
+    if kind == "message":
+        content = raw.get("content")
+        if content is None:
+            content = ""
+        elif not isinstance(content, str):
+            content = orjson.dumps(content).decode()
+        return Message(role=str(raw.get("role", "")), content=content, turn=turn)
+    if kind == "call":
+        tool = raw.get("tool")
+        if not isinstance(tool, str) or not tool:
+            raise InvalidRecord(f"{where}: a call needs a 'tool' name")
+        error = raw.get("error")
+        if error is not None and not isinstance(error, bool):
+            raise InvalidRecord(f"{where}.error must be true, false or null")
+        call_id = raw.get("call_id")
+        return Call(
+            tool=tool,
+            arguments=raw.get("arguments", {}),
+            # null and absent both mean "nothing logged" (Parquet cannot tell them apart).
+            output=raw["output"] if raw.get("output") is not None else NOT_LOGGED,
+            error=error,
+            turn=turn,
+            call_id=str(call_id) if call_id is not None else None,
+        )
+    raise InvalidRecord(f"{where}: unknown event type {kind!r} (expected 'message' or 'call')")
+
+
+def event_record(event: Event) -> dict[str, Any]:
+    """The canonical form of an event, as `parse_event` reads it."""
+    if isinstance(event, Message):
+        return {"type": "message", "role": event.role, "content": event.content, "turn": event.turn}
+    out: dict[str, Any] = {"type": "call", "tool": event.tool, "arguments": event.arguments, "turn": event.turn}
+    if event.call_id is not None:
+        out["call_id"] = event.call_id
+    if event.output is not NOT_LOGGED:
+        out["output"] = event.output
+    if event.error is not None:
+        out["error"] = event.error
+    return out
+
+
+def _json_field(value: Any, name: str) -> Any:
+    # Parquet stores free-form objects as JSON text.
+    if isinstance(value, str):
+        try:
+            value = orjson.loads(value)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidRecord(f"{name!r} is a string that is not JSON: {exc}") from exc
+        check_depth(value, repr(name))
+    return value

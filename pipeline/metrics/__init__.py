@@ -1,0 +1,17 @@
+"""The DuckDB stage: a scored run opened once, and everything computed from it — per-cohort metrics with
+task-level bootstrap intervals, read-only SQL, per-tool error profiles, drift between runs.
+
+run.py            `open_run(url)` -> Run: the handle every reader uses (one listing, one completeness snapshot)
+completeness.py   which runs lie under a path, whether each is complete, what a partial read covers
+settings.py       what is asked for: bootstrap settings, the population (harness errors, pools, strict replay)
+population.py     a connection whose `rollouts` view holds the population
+cohorts.py        per-cohort metrics with intervals; writing them under RUN/metrics/
+bootstrap.py      the replicates' sums in numpy, exactly as sql/hash.sql draws them
+query.py          read-only user SQL within limits
+tool_profiles.py  per-tool error profiles (step-level cohorts)
+drift.py          `pexec diff`: drift between two runs of different tasks
+duck.py           the DuckDB plumbing: connections, .sql files, variables
+sql/              every statement, as .sql files
+
+Imports: core, storage.
+"""

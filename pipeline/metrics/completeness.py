@@ -1,0 +1,274 @@
+"""Which runs lie under a path, whether each is complete, and what a partial read covers.
+
+The one place a reader decides what it may read (docs/explanation/data-model.md, "Complete runs only"). The path is
+listed once, and the snapshot taken then names every file any later table, view or query of the run reads, so a run that
+gains a shard while it is being read does not change what one reader sees. A run is complete when its `_manifest.json`
+is valid and every shard it lists has its three parts (steps, rollouts, rejects). Every reader (metrics, sql, report,
+jobs) refuses anything else in one line that says what is missing and how to finish it, unless asked for a partial read:
+then it reads only the parts of committed shards (a marker that matches the run's plan, all three parts present) and
+states the coverage: shards and records read of the total the plan knows.
+
+A path may hold several runs (nightly `date=…/` partitions read together): each is checked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from pipeline.core.errors import PexecError, StorageError
+from pipeline.storage.run import MANIFEST, PLAN, SHARD_MARKERS, TABLES, RunPrefix
+
+_MARKER_MATCH = ("fingerprint", "start", "stop")  # a marker's input identity, compared with the plan's shard
+_SHOWN = 3  # missing files named in a message, the rest counted
+
+
+class RunNotFound(PexecError, FileNotFoundError):
+    """No scored run (or no rollouts in it) where one was named."""
+
+
+class RunIncomplete(PexecError):
+    """A run that did not finish (or lost part files), read without asking for a partial read."""
+
+
+@dataclass(frozen=True)
+class RunState:
+    """One run under the path read: what can be read of it and what it should hold."""
+
+    rel: str  # the run's folder below the path read ("" for the path itself)
+    complete: bool
+    shards: int  # shards whose parts can be read
+    shards_total: int | None  # planned shards; None when no plan was recorded
+    rollouts: int  # rollouts those shards read (scored + rejected)
+    rollouts_total: int | None  # rollouts in the whole input; None when the plan cannot count them (JSON Lines)
+    input_bytes: int | None  # input bytes those shards span; None when unknown
+    input_bytes_total: int | None
+    missing: str  # what is missing, "" when complete
+    fix: str  # how to finish the run, "" when complete
+    keys: tuple[str, ...]  # the readable shards
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The runs under a path and the part files a reader reads (only those: never a stray or unfinished part),
+    as listed once."""
+
+    root: RunPrefix
+    runs: tuple[RunState, ...]
+    files: frozenset[str]  # every file under the path when it was listed, relative to it
+
+    @property
+    def complete(self) -> bool:
+        return all(r.complete for r in self.runs)
+
+    def parts(self, table: str) -> list[str]:
+        """URLs of `table`'s part files of the readable shards, as DuckDB reads them."""
+        return [
+            self.root.file(f"{r.rel}{'/' if r.rel else ''}{table}/part-{key}.parquet")
+            for r in self.runs
+            for key in r.keys
+        ]
+
+    def partial(self) -> dict[str, Any] | None:
+        """None for complete runs; else what a partial read covers (the `partial` object of every output)."""
+        if self.complete:
+            return None
+        return {
+            "shards": sum(r.shards for r in self.runs),
+            "shards_total": _total(r.shards_total for r in self.runs),
+            "rollouts": sum(r.rollouts for r in self.runs),
+            "rollouts_total": _total(r.rollouts_total for r in self.runs),
+            "input_bytes": _total(r.input_bytes for r in self.runs),
+            "input_bytes_total": _total(r.input_bytes_total for r in self.runs),
+            "incomplete_runs": [self.root.file(r.rel) if r.rel else self.root.url for r in self.runs if not r.complete],
+        }
+
+
+def describe_partial(partial: dict[str, Any]) -> str:
+    """The one-line warning every output of a partial read carries."""
+    shards = f"{partial['shards']:,} of {_of(partial['shards_total'])} shards"
+    rollouts = f"{partial['rollouts']:,} of {_of(partial['rollouts_total'])} rollouts"
+    if partial["input_bytes"] is not None and partial["input_bytes_total"]:
+        rollouts += (
+            f", {partial['input_bytes'] / 2**20:,.1f} of {partial['input_bytes_total'] / 2**20:,.1f} MiB of input"
+        )
+    runs = ", ".join(partial["incomplete_runs"])
+    return f"PARTIAL RUN: these numbers cover {shards} ({rollouts}); incomplete: {runs}"
+
+
+def take_snapshot(run: str, storage_options: dict[str, Any] | None = None, partial: bool = False) -> Snapshot:
+    """Check every run under `run`; raise RunIncomplete unless all are complete or `partial` is asked for."""
+    root = RunPrefix(run, storage_options)
+    try:
+        files = _listing(root)
+    except FileNotFoundError:
+        raise RunNotFound(f"no run at {run}") from None
+    except OSError as exc:
+        raise StorageError(f"cannot list run {run}: {exc}") from exc
+    folders = _run_folders(files)
+    if not folders:
+        raise RunNotFound(f"no scored run under {run} (no {MANIFEST}, {PLAN} or part files)")
+    try:
+        snapshot = Snapshot(root, tuple(_state(root, rel, files) for rel in folders), frozenset(files))
+    except OSError as exc:  # a file listed a moment ago is gone (a rerun started), or storage failed
+        raise StorageError(f"cannot read run {run}: {exc}") from exc
+    incomplete = [r for r in snapshot.runs if not r.complete]
+    if incomplete and not partial:
+        if len(snapshot.runs) == 1:
+            what = f"run {run} is incomplete: {incomplete[0].missing}; {incomplete[0].fix}"
+        else:
+            runs = "; ".join(f"{_name(root, r)}: {r.missing}; {r.fix}" for r in incomplete)
+            what = f"{len(incomplete)} of {len(snapshot.runs)} runs under {run} are incomplete: {runs}"
+        raise RunIncomplete(f"{what} (or pass --partial to read only the committed shards; every output says so)")
+    if not any(r.keys for r in snapshot.runs):
+        raise RunNotFound(f"nothing readable under {run}: no shard has been committed yet")
+    return snapshot
+
+
+# --- internals ---------------------------------------------------------------------------------------
+
+
+def _listing(root: RunPrefix) -> set[str]:
+    """Every file under the path, relative to it."""
+    if not root.fs.exists(root.path):
+        raise FileNotFoundError(root.path)
+    base = root.path + "/"
+    return {p.removeprefix(base) for p in root.fs.find(root.path)}
+
+
+def _run_folders(files: set[str]) -> list[str]:
+    """Folders (relative, "" for the path itself) holding a run: a manifest, a plan, markers or part files."""
+    folders = set()
+    for rel in files:
+        *parent, name = rel.split("/")
+        if name in (MANIFEST, PLAN):
+            folders.add("/".join(parent))
+        elif parent and (parent[-1] == SHARD_MARKERS or (parent[-1] in TABLES and name.startswith("part-"))):
+            folders.add("/".join(parent[:-1]))
+    return sorted(folders)
+
+
+def _state(root: RunPrefix, rel: str, files: set[str]) -> RunState:
+    prefix = f"{rel}/" if rel else ""
+    run = root.file(rel) if rel else root.url
+
+    def has_parts(key: str) -> bool:
+        return all(f"{prefix}{t}/part-{key}.parquet" in files for t in TABLES)
+
+    has_manifest = f"{prefix}{MANIFEST}" in files
+    manifest = _read(root, f"{prefix}{MANIFEST}") if has_manifest else None
+    if _valid_manifest(manifest):
+        reports = {s["shard"]: s for s in manifest["shards"]}
+        lost = [
+            f"{t}/part-{k}.parquet" for k in reports for t in TABLES if f"{prefix}{t}/part-{k}.parquet" not in files
+        ]
+        keys = tuple(k for k in reports if has_parts(k))
+        total = sum(int(s.get("read", 0)) for s in reports.values())
+        if not lost:
+            return RunState(rel, True, len(keys), len(keys), total, total, None, None, "", "", keys)
+        store = manifest.get("input", {}).get("store", "STORE")
+        return RunState(
+            rel,
+            False,
+            len(keys),
+            len(reports),
+            sum(int(reports[k].get("read", 0)) for k in keys),
+            total,
+            None,
+            None,
+            f"its manifest lists {len(reports)} shards but {len(lost)} part file(s) are missing ({_some(lost)})",
+            f"rescore it with `pexec score {store} --out {run} --force`",
+            keys,
+        )
+    plan = _read(root, f"{prefix}{PLAN}") if f"{prefix}{PLAN}" in files else None
+    markers = _markers(root, prefix, files)
+    what = f"{MANIFEST} is not a finished run's manifest" if has_manifest else f"no {MANIFEST} (scoring did not finish)"
+    if plan is None:
+        keys = tuple(k for k in sorted(markers) if has_parts(k))
+        return RunState(
+            rel,
+            False,
+            len(keys),
+            None,
+            sum(int(markers[k].get("read", 0)) for k in keys),
+            None,
+            None,
+            None,
+            f"{what}, and no {PLAN}: the total it should cover is unknown",
+            f"finish it with the `pexec score` command that wrote it (same STORE, `--out {run}`)",
+            keys,
+        )
+    planned = {s["shard"]: s for s in plan.get("shards", [])}
+    current = {k: m for k, m in markers.items() if k in planned and _matches(m, planned[k], plan)}
+    keys = tuple(k for k in planned if k in current and has_parts(k))
+    counts = (current[k].get("read") if k in current else planned[k].get("rows") for k in planned)
+    covered = sum(int(current[k].get("read", 0)) for k in keys)
+    return RunState(
+        rel,
+        False,
+        len(keys),
+        len(planned),
+        covered,
+        _total(counts),
+        _total(planned[k].get("bytes") for k in keys),
+        plan.get("bytes"),
+        f"{what}; {len(keys)} of {len(planned)} shards committed",
+        f"finish it with the same `pexec score {plan.get('store', 'STORE')} --out {run}` (committed shards are reused)",
+        keys,
+    )
+
+
+def _valid_manifest(manifest: Any) -> bool:
+    return (
+        isinstance(manifest, dict)
+        and manifest.get("complete") is True
+        and isinstance(manifest.get("shards"), list)
+        and all(isinstance(s, dict) and isinstance(s.get("shard"), str) for s in manifest["shards"])
+    )
+
+
+def _matches(marker: dict[str, Any], shard: dict[str, Any], plan: dict[str, Any]) -> bool:
+    """A marker committed for this plan's shard (not left by an earlier input, code version or setting)."""
+    return all(marker.get(k) == shard.get(k) for k in _MARKER_MATCH) and (
+        marker.get("code_version"),
+        marker.get("settings"),
+    ) == (plan.get("code_version"), plan.get("settings"))
+
+
+def _markers(root: RunPrefix, prefix: str, files: set[str]) -> dict[str, dict[str, Any]]:
+    folder = f"{prefix}{SHARD_MARKERS}/"
+    out = {}
+    for rel in sorted(files):
+        if rel.startswith(folder) and rel.endswith(".json") and "/" not in rel[len(folder) :]:
+            marker = _read(root, rel)
+            if isinstance(marker, dict):  # a marker cut short is no commit
+                out[rel[len(folder) : -5]] = marker
+    return out
+
+
+def _read(root: RunPrefix, rel: str) -> Any:
+    try:
+        with root.fs.open(f"{root.path}/{rel}", "rb") as f:
+            return orjson.loads(f.read())
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _some(items: list[str]) -> str:
+    more = len(items) - _SHOWN
+    return ", ".join(items[:_SHOWN]) + (f" and {more} more" if more > 0 else "")
+
+
+def _name(root: RunPrefix, r: RunState) -> str:
+    return root.file(r.rel) if r.rel else root.url
+
+
+def _total(values: Any) -> int | None:
+    values = list(values)
+    return None if any(v is None for v in values) else sum(values)
+
+
+def _of(total: int | None) -> str:
+    return "an unknown number of" if total is None else f"{total:,}"

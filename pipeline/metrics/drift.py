@@ -1,0 +1,235 @@
+"""`pexec diff RUN_A RUN_B`: drift between two runs whose task sets differ (nightly production logs never share
+task ids), docs/explanation/intervals.md.
+
+Per cohort (benchmark × `by` labels) and ratio metric of the catalogue: A, B and the difference B − A with a two-sample
+task-level bootstrap interval. Each run's tasks are resampled on their own (pipeline.metrics.cohorts's draws, seed S for
+A and S XOR SEED_B for B, so the two samples never share a draw sequence), replicate b's difference is B_b − A_b, and
+the interval is the percentile interval of those differences. Per tool: the change of the invalid rate
+(pipeline.metrics.tool_profiles, the same two-sample bootstrap over step-level cohorts); tools new in B, tools gone from
+B, and causes new in B.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from pipeline.core import metric_catalogue
+from pipeline.core.errors import PexecError
+from pipeline.metrics.cohorts import cohort_fields, metrics_and_replicates
+from pipeline.metrics.run import Run
+from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, BootstrapSettings, Population
+from pipeline.metrics.tool_profiles import TOOL_FIELDS, profiles_and_replicates
+
+SEED_B = 0x9E3779B9  # B's draws: seed XOR this (a fixed, recorded offset: A and B are independent samples)
+TOOL_METRIC = "invalid_rate"  # the per-tool metric a --fail-on can name
+
+
+class DiffError(PexecError, ValueError):
+    """A --fail-on expression or diff settings that do not fit (the message says which)."""
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """`metric op number` from --fail-on: a breach when the point difference B − A compares true."""
+
+    metric: str
+    op: str
+    value: float
+
+    def breached(self, diff: float | None) -> bool:
+        return diff is not None and _OPS[self.op](diff, self.value)
+
+    def __str__(self) -> str:
+        return f"{self.metric}{self.op}{self.value:g}"
+
+
+_OPS: dict[str, Callable[[float, float], bool]] = {
+    "<=": operator.le,
+    ">=": operator.ge,
+    "<": operator.lt,
+    ">": operator.gt,
+}
+_THRESHOLD = re.compile(r"^\s*([a-z_]+)\s*(<=|>=|<|>)\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*$")
+
+
+def parse_threshold(text: str) -> Threshold:
+    """`ter<-0.02`: a catalogue ratio metric (or `invalid_rate`, per tool), <, <=, > or >=, a number. Parsed by
+    one regular expression; nothing is evaluated."""
+    match = _THRESHOLD.match(text)
+    names = [m.name for m in metric_catalogue.ratios()] + [TOOL_METRIC]
+    if match is None:
+        raise DiffError(f"--fail-on takes METRIC<NUMBER (or <=, >, >=), e.g. 'ter<-0.02'; got {text!r}")
+    metric, op, number = match.groups()
+    if metric not in names:
+        raise DiffError(f"--fail-on: unknown metric {metric!r}; one of {', '.join(names)}")
+    return Threshold(metric, op, float(number))
+
+
+@dataclass(frozen=True)
+class DiffResult:
+    keys: list[str]  # the cohort columns (benchmark, then the labels)
+    rows: list[dict[str, Any]]  # per cohort in both runs and metric: keys, metric, a, b, diff, lo, hi, tasks
+    only_a: list[dict[str, Any]]  # cohort keys found only in A
+    only_b: list[dict[str, Any]]  # and only in B
+    tools: list[dict[str, Any]]  # per benchmark × tool in both: invalid rate a, b, diff, lo, hi
+    new_tools: list[dict[str, Any]]  # benchmark, tool: in B, not in A
+    vanished_tools: list[dict[str, Any]]  # in A, not in B
+    new_causes: list[dict[str, Any]]  # benchmark, tool, cause, n: a cause of invalid calls in B, not in A
+    shared_tasks: int  # (benchmark, task) pairs both runs have: the samples are not independent then
+    settings: BootstrapSettings
+    seed_b: int
+
+
+def diff_runs(
+    run_a: Run,
+    run_b: Run,
+    by: Sequence[str] | None = (),
+    settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
+    population: Population = DEFAULT_POPULATION,
+) -> DiffResult:
+    """B − A per cohort and metric, and per tool, with two-sample task-level bootstrap intervals."""
+    settings_b = replace(settings, seed=settings.seed ^ SEED_B)
+    names = [m.name for m in metric_catalogue.ratios()]
+    a, reps_a = metrics_and_replicates(run_a.snapshot, by, settings, None, population, names)
+    b, reps_b = metrics_and_replicates(run_b.snapshot, by, settings_b, None, population, names)
+    fields = set(cohort_fields())
+    keys = list(dict.fromkeys(k for c in [*a, *b] for k in c if k not in fields))
+    index_a = {_key(c, keys): i for i, c in enumerate(a)}
+    index_b = {_key(c, keys): i for i, c in enumerate(b)}
+    rows = []
+    for key, j in index_b.items():
+        if key not in index_a:
+            continue
+        i = index_a[key]
+        for name in names:
+            rows.append(
+                {
+                    **dict(zip(keys, key, strict=True)),
+                    "metric": name,
+                    **_contrast(a[i][name]["value"], b[j][name]["value"], reps_a[i][name], reps_b[j][name], settings),
+                    "tasks_a": a[i]["n_tasks"],
+                    "tasks_b": b[j]["n_tasks"],
+                }
+            )
+    labels = keys[1:]  # the tools' cohorts: benchmark × tool × the same labels
+    tools_a, tool_reps_a = profiles_and_replicates(run_a.snapshot, labels, settings, population)
+    tools_b, tool_reps_b = profiles_and_replicates(run_b.snapshot, labels, settings_b, population)
+    tool_rows, new_tools, vanished, new_causes = _tool_changes(tools_a, tools_b, tool_reps_a, tool_reps_b, settings)
+    return DiffResult(
+        keys=keys,
+        rows=rows,
+        only_a=[dict(zip(keys, k, strict=True)) for k in index_a if k not in index_b],
+        only_b=[dict(zip(keys, k, strict=True)) for k in index_b if k not in index_a],
+        tools=tool_rows,
+        new_tools=new_tools,
+        vanished_tools=vanished,
+        new_causes=new_causes,
+        shared_tasks=_shared_tasks(run_a, run_b),
+        settings=settings,
+        seed_b=settings_b.seed,
+    )
+
+
+def breaches(result: DiffResult, thresholds: Sequence[Threshold]) -> list[str]:
+    """One line per (threshold, cohort or tool) whose point difference B − A crosses it. A threshold that no
+    cohort (or tool) of both runs can evaluate is refused: an alert that cannot fire must not read as "no drift"."""
+    lines = []
+    for t in thresholds:
+        if t.metric == TOOL_METRIC:
+            rows, keys = result.tools, ["benchmark", "tool", *result.keys[1:]]
+        else:
+            rows, keys = [r for r in result.rows if r["metric"] == t.metric], result.keys
+        if all(r["diff"] is None for r in rows):
+            raise DiffError(
+                f"--fail-on {t} cannot be evaluated: no {'tool' if t.metric == TOOL_METRIC else 'cohort'} of both "
+                f"runs has {t.metric} defined in both"
+            )
+        for r in rows:
+            if t.breached(r["diff"]):
+                where = ", ".join(f"{k}={r[k]}" for k in keys)
+                lines.append(
+                    f"breach {t}: {t.metric} B − A = {r['diff']:+.4f} [{_num(r['lo'])}, {_num(r['hi'])}] ({where})"
+                )
+    return lines
+
+
+def _num(x: float | None) -> str:
+    return "–" if x is None else f"{x:+.4f}"
+
+
+def _key(cohort: dict[str, Any], keys: list[str]) -> tuple[Any, ...]:
+    return tuple(None if cohort.get(k) is None else str(cohort[k]) for k in keys)
+
+
+def _contrast(
+    value_a: float | None,
+    value_b: float | None,
+    reps_a: Sequence[float | None],
+    reps_b: Sequence[float | None],
+    settings: BootstrapSettings,
+) -> dict[str, Any]:
+    """a, b, diff = b − a, and the percentile interval of the replicate differences B_b − A_b (a replicate where
+    either ratio is undefined is left out; `replicates_used` says how many remain)."""
+    pairs = [(x, y) for x, y in zip(reps_a, reps_b, strict=True) if x is not None and y is not None]
+    diff = None if value_a is None or value_b is None else value_b - value_a
+    lo = hi = None
+    if diff is not None and pairs:
+        d = np.array([y - x for x, y in pairs])
+        # numpy's "linear" percentile: the rule metrics_intervals.sql uses (DuckDB's quantile_cont).
+        lo, hi = (float(v) for v in np.quantile(d, settings.quantiles))
+    return {"a": value_a, "b": value_b, "diff": diff, "lo": lo, "hi": hi, "replicates_used": len(pairs)}
+
+
+def _tool_changes(
+    tools_a: list[dict[str, Any]],
+    tools_b: list[dict[str, Any]],
+    reps_a: list[list[float | None]],
+    reps_b: list[list[float | None]],
+    settings: BootstrapSettings,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    keys = [k for k in (tools_a or tools_b or [{}])[0] if k not in TOOL_FIELDS]
+    index_a = {_key(t, keys): i for i, t in enumerate(tools_a)}
+    index_b = {_key(t, keys): j for j, t in enumerate(tools_b)}
+    rows, new, causes = [], [], []
+    for key, j in index_b.items():
+        where = dict(zip(keys, key, strict=True))
+        if key not in index_a:
+            new.append({**where, "calls": tools_b[j]["n_calls"]})
+            continue
+        i = index_a[key]
+        ta, tb = tools_a[i], tools_b[j]
+        rows.append(
+            {
+                **where,
+                **_contrast(ta[TOOL_METRIC]["value"], tb[TOOL_METRIC]["value"], reps_a[i], reps_b[j], settings),
+                "calls_a": ta["n_calls"],
+                "calls_b": tb["n_calls"],
+            }
+        )
+    seen_a: dict[tuple[Any, ...], set[str]] = {}
+    for t in tools_a:
+        seen_a.setdefault(_key(t, keys), set()).update(c["cause"] for c in t["causes"])
+    for t in tools_b:
+        for c in t["causes"]:
+            if c["cause"] not in seen_a.get(_key(t, keys), set()):
+                causes.append({**dict(zip(keys, _key(t, keys), strict=True)), **c})
+    vanished = [
+        {**dict(zip(keys, k, strict=True)), "calls": tools_a[i]["n_calls"]}
+        for k, i in index_a.items()
+        if k not in index_b
+    ]
+    return rows, new, vanished, causes
+
+
+def _shared_tasks(run_a: Run, run_b: Run) -> int:
+    """(benchmark, task_id) pairs both runs have."""
+    query = "SELECT DISTINCT benchmark, task_id FROM rollouts"
+    a = {tuple(r.values()) for r in run_a.sql(query).to_pylist()}
+    b = {tuple(r.values()) for r in run_b.sql(query).to_pylist()}
+    return len(a & b)

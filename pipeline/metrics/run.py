@@ -1,0 +1,103 @@
+"""A scored run opened once: `open_run(url)` lists it, decides what may be read, and every table, view, metric
+and query taken from the `Run` it returns reads exactly those files.
+
+This is the one handle every reader uses (metrics, report, viewer, diff, sql, jobs, notebooks). An incomplete
+run is refused unless `partial=True`; then only its committed shards are read and `Run.partial` states what they
+cover (every output of such a read says so).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from pipeline.metrics.cohorts import compute_metrics, write_metrics
+from pipeline.metrics.completeness import Snapshot, take_snapshot
+from pipeline.metrics.duck import connect, run_sql, set_variables
+from pipeline.metrics.population import open_population
+from pipeline.metrics.query import QueryLimits, sql
+from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, BootstrapSettings, Population
+from pipeline.metrics.tool_profiles import tool_profiles
+
+
+@dataclass(frozen=True)
+class Run:
+    """A run (or a folder of runs, such as nightly `date=…/` partitions) as it was when it was opened."""
+
+    url: str  # as given by the caller (shown in outputs)
+    storage_options: dict[str, Any] | None
+    snapshot: Snapshot  # the files read: taken once, never refreshed
+
+    @property
+    def partial(self) -> dict[str, Any] | None:
+        """None for a complete run; else what a partial read covers (shards, rollouts, incomplete runs)."""
+        return self.snapshot.partial()
+
+    def rollouts(self) -> pa.Table:
+        """One row per scored rollout (the run's `rollouts` table, every row as scored)."""
+        return self._table("rollouts")
+
+    def steps(self) -> pa.Table:
+        """One row per replayed call."""
+        return self._table("steps")
+
+    def rejects(self) -> pa.Table:
+        """One row per record that could not be scored, with its reason and source location."""
+        return self._table("rejects")
+
+    @contextmanager
+    def connect(self, population: Population = DEFAULT_POPULATION) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A DuckDB connection whose view `rollouts` holds the rollouts `population` counts
+        (pipeline.metrics.population)."""
+        with open_population(self.snapshot, population) as con:
+            yield con
+
+    def metrics(
+        self,
+        by: Sequence[str] | None = None,
+        settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
+        max_k: int | None = None,
+        population: Population = DEFAULT_POPULATION,
+    ) -> list[dict[str, Any]]:
+        """Metrics per cohort with intervals (pipeline.metrics.cohorts.compute_metrics)."""
+        return compute_metrics(self.snapshot, by, settings, max_k, population)
+
+    def write_metrics(self, cohorts: list[dict[str, Any]], by: Sequence[str] | None = None) -> str:
+        """Keep `cohorts` (computed with `by`) under RUN/metrics/ for `sql`; returns the folder written."""
+        return write_metrics(self.snapshot.root, cohorts, by)
+
+    def tool_profiles(
+        self,
+        by: Sequence[str] | None = (),
+        settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
+        population: Population = DEFAULT_POPULATION,
+    ) -> list[dict[str, Any]]:
+        """Per-tool error profiles (pipeline.metrics.tool_profiles)."""
+        return tool_profiles(self.snapshot, by, settings, population)
+
+    def sql(self, query: str, limits: QueryLimits | None = None) -> pa.Table:
+        """A read-only query over the views steps, rollouts, rejects and the kept metrics (pipeline.metrics.query)."""
+        return sql(self.snapshot, query, limits)
+
+    def _table(self, name: str) -> pa.Table:
+        files = self.snapshot.parts(name)
+        if not files:
+            return pa.table({})
+        con = connect(self.snapshot.root)
+        try:
+            set_variables(con, **{f"{name}_files": files})
+            run_sql(con, f"metrics/view_{name}")
+            return con.sql(f"SELECT * FROM {name}").to_arrow_table()
+        finally:
+            con.close()
+
+
+def open_run(url: str, storage_options: dict[str, Any] | None = None, partial: bool = False) -> Run:
+    """Open the run (or runs) under `url`, a local folder or an fsspec URL. Raises RunNotFound when there is none,
+    RunIncomplete when one is incomplete and `partial` is not asked for."""
+    return Run(url, storage_options, take_snapshot(url, storage_options, partial))

@@ -1,0 +1,155 @@
+"""Per-tool error profiles: step-level cohorts (benchmark × tool [× labels]) with task-clustered intervals.
+
+A tool's invalid rate is sum(invalid calls) / sum(calls) over its calls in the population the metrics count
+(pipeline.metrics.settings.Population); its interval is the same task-level bootstrap as the rollout metrics
+(sql/tool_prepare.sql builds the per-(cohort, task) sums, then pipeline.metrics.cohorts's bootstrap and
+metrics_intervals.sql run unchanged), so the calls of one task move together
+(docs/explanation/intervals.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+
+from pipeline.metrics import bootstrap
+from pipeline.metrics.cohorts import cohort_columns, interval, run_bootstrap, task_sums
+from pipeline.metrics.completeness import Snapshot
+from pipeline.metrics.duck import fetch, run_sql, set_variables
+from pipeline.metrics.population import open_population
+from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, BootstrapSettings, Population
+
+
+@dataclass(frozen=True)
+class ToolMetric:
+    name: str
+    label: str
+    num: str
+    den: str
+    doc: str
+
+
+# Ratio metrics over calls: sum(num part) / sum(den part) of metrics/sql/tool_prepare.sql's s_<name> columns.
+TOOL_METRICS = (
+    ToolMetric("invalid_rate", "invalid rate", "inv", "n", "invalid calls among the tool's calls"),
+    ToolMetric(
+        "output_match",
+        "output match",
+        "match",
+        "cmp",
+        "replayed output equals the logged one, among the tool's calls with both (simulated environments)",
+    ),
+)
+
+
+# The keys of a profile dict besides its cohort columns (benchmark, tool, labels).
+TOOL_FIELDS = ("n_calls", "n_tasks", "n_invalid", "n_first_errors", "causes", "first_error_share",
+               *(m.name for m in TOOL_METRICS), "bootstrap", "partial")  # fmt: skip
+
+
+def tool_cohort_columns(by: Sequence[str] | None) -> list[str] | None:
+    """`by` without `tool` (the step-level cohort always has it); None when `by` does not name `tool`."""
+    if by is None or "tool" not in by:
+        return None
+    return [c for c in by if c != "tool"]
+
+
+def tool_profiles(
+    snapshot: Snapshot,
+    by: Sequence[str] | None = (),
+    settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
+    population: Population = DEFAULT_POPULATION,
+) -> list[dict[str, Any]]:
+    """One dict per (benchmark, tool[, `by` labels]), sorted by that key: calls, tasks, invalid calls, their
+    causes, first errors (calls that were their rollout's first invalid call) and first-error share (of the
+    first errors of the benchmark [× labels], the share at this tool: a point value, no interval), and the
+    ratio metrics of TOOL_METRICS with task-clustered intervals."""
+    return profiles_and_replicates(snapshot, by, settings, population)[0]
+
+
+def profiles_and_replicates(
+    snapshot: Snapshot,
+    by: Sequence[str] | None = (),
+    settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
+    population: Population = DEFAULT_POPULATION,
+) -> tuple[list[dict[str, Any]], list[list[float | None]]]:
+    """tool_profiles, and per profile (as listed) its invalid rate in every bootstrap replicate (None where a
+    replicate's ratio is undefined): the draws its interval comes from."""
+    steps = snapshot.parts("steps")
+    with open_population(snapshot, population) as con:
+        labels = cohort_columns(con, by or [])
+        keys = ["benchmark", "tool", *labels]
+        if not steps:
+            return [], []
+        set_variables(
+            con,
+            **settings.sql_variables,
+            steps_files=steps,
+            cohort_cols=keys,
+            metric_defs=[
+                {"metric": m.name, "num": m.num, "den": m.den, "scale": 1.0, "ord": i}
+                for i, m in enumerate(TOOL_METRICS)
+            ],
+            parts=["s_n", "s_inv", "s_first", "s_cmp", "s_match"],
+            replicated=["invalid_rate"],
+        )
+        run_sql(con, "metrics/view_steps")
+        run_sql(con, "metrics/tool_prepare")
+        sums = task_sums(con)  # the metrics' own bootstrap (pipeline.metrics.bootstrap), over these task sums
+        run_bootstrap(con, sums, settings)
+        run_sql(con, "metrics/metrics_intervals")
+        rows, reps = _assemble(con, keys, settings, _clusters(sums))
+    for row in rows:
+        row["partial"] = snapshot.partial()
+    return rows, reps
+
+
+def _clusters(sums: Any) -> dict[tuple[int, str], dict[str, Any]]:
+    """What the small-sample interval needs per (cohort, tool metric), as pipeline.metrics.cohorts's for its metrics."""
+    out = {}
+    for c in range(len(sums.cohorts)):
+        for m in TOOL_METRICS:
+            mom = bootstrap.moments(sums.column(c, f"s_{m.num}"), sums.column(c, f"s_{m.den}"))
+            fields = {"den_tasks": mom.den_tasks, "num_total": mom.num_total, "yy": mom.yy, "xy": mom.xy}
+            out[(c, m.name)] = {"scale": 1.0, **fields, "xx": mom.xx}
+    return out
+
+
+def _assemble(
+    con: duckdb.DuckDBPyConnection,
+    keys: list[str],
+    settings: BootstrapSettings,
+    clusters: dict[tuple[int, str], dict[str, Any]],
+) -> tuple[list[dict[str, Any]], list[list[float | None]]]:
+    info = fetch(con, "tool_info")
+    reps = {r["cohort"]: r["replicate_values"] for r in fetch(con, "replicated_values")}
+    ratios = {(r["cohort"], r["metric"]): r for r in fetch(con, "metric_intervals")}
+    group = [k for k in keys if k != "tool"]
+    first_total: dict[tuple[Any, ...], int] = {}
+    for c in info:
+        g = tuple(c["key"][k] for k in group)
+        first_total[g] = first_total.get(g, 0) + c["n_first_errors"]
+    out: list[tuple[dict[str, Any], list[float | None]]] = []
+    for c in info:
+        row: dict[str, Any] = {k: c["key"][k] for k in keys}
+        row |= {k: c[k] for k in ("n_calls", "n_tasks", "n_invalid", "n_first_errors", "causes")}
+        total = first_total[tuple(c["key"][k] for k in group)]
+        row["first_error_share"] = c["n_first_errors"] / total if total else None
+        for m in TOOL_METRICS:
+            r = ratios.get((c["cohort"], m.name))
+            full = {**r, **clusters.get((c["cohort"], m.name), {})} if r else None
+            row[m.name] = interval(full, settings.level)
+            row[m.name]["eligible"] = full["den_total"] if full else 0
+        row["bootstrap"] = {
+            "B": settings.B,
+            "seed": settings.seed,
+            "method": settings.method,
+            "level": settings.level,
+            "unit": "task",
+        }
+        out.append((row, reps.get(c["cohort"], [None] * settings.B)))
+    out.sort(key=lambda p: tuple((p[0][k] is None, p[0][k]) for k in keys))
+    return [p[0] for p in out], [p[1] for p in out]

@@ -1,0 +1,256 @@
+"""Score one shard: read its records, replay each rollout, write the shard's parts.
+
+This is the unit of work a Ray task runs. Counts reconcile per shard: rows read = scored + rejected.
+No record can stop a run: whatever one record provokes while it is parsed, replayed or converted for
+writing is that record's reject, with the reason and its location. Only failures of the machine or the
+settings — storage (OSError), a bad spec (SpecError) — fail the shard, and a retry or a fix resumes it.
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+import reprlib
+import resource
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+from pipeline.core.model import Reject, RolloutResult
+from pipeline.core.records import InvalidRecord, parse_rollout, record_id
+from pipeline.core.run_schema import ROLLOUTS, STEPS
+from pipeline.envs import EnvError, Environment, EnvOptions, SpecError, get_environment
+from pipeline.replay.checker import CHECKS, replay
+from pipeline.scoring.run_tables import combined, rejects_table, rollouts_table, steps_table
+from pipeline.storage.ids import digest, ids_table
+from pipeline.storage.inputs import RAW_LIMIT, RecordError, Shard, read_shard
+from pipeline.storage.lease import require_holder
+from pipeline.storage.run import write_part, write_shard_marker
+
+# Not a record's fault: the shard fails (and is retried or resumed) instead of rejecting the record.
+_FATAL = (OSError, SpecError)
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:+-]{0,99}")
+_REASON_LIMIT = 1000  # characters of a reject reason (messages may quote the record's values)
+# Allocations between two young-generation collections while a shard is scored (CPython's default: 700).
+_SHARD_GC_THRESHOLD = 50_000
+_BATCH = 250  # results converted to Arrow at a time (fewer Python objects alive: measured faster than 1000)
+
+
+@dataclass
+class ShardReport:
+    shard: str
+    source: str
+    start: int
+    stop: int | None
+    fingerprint: str
+    read: int = 0
+    scored: int = 0
+    rejected: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+    peak_rss_mib: float = 0.0  # of the process that scored the shard
+    # name -> version; None: the name did not resolve (its records were rejected), so a rerun rescores the
+    # shard once it does (a simulator installed, a spec added)
+    environments: dict[str, str | None] = field(default_factory=dict)
+    code_version: str = ""
+    settings: str = ""  # ScoreSettings.identity() of the run that scored it
+    reused: bool = False  # carried over from an earlier run of the same job (input and versions unchanged)
+    parts: dict[str, int] = field(default_factory=dict)  # table -> size in bytes of the part written
+    duplicates: str = ""  # digest of the duplicate ids it was told about (pipeline.storage.ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ScoreSettings:
+    run: str
+    run_id: str
+    env: str | None = None  # None: each rollout's `benchmark` names its environment
+    options: EnvOptions = field(default_factory=EnvOptions)
+    storage_options: dict[str, Any] | None = field(default=None, repr=False)  # may hold credentials
+    code_version: str = ""
+    checks: tuple[str, ...] = CHECKS  # which of S's schema fit, D and P apply (`--checks`)
+    lease: str | None = None  # the driver's lease token: a shard is written only while it holds the run
+
+    def identity(self) -> str:
+        """What, besides the input and versions, decides a shard's output (never the storage credentials)."""
+        parts = [self.run_id, self.env, asdict(self.options), list(self.checks)]
+        return orjson.dumps(parts, option=orjson.OPT_SORT_KEYS).decode()
+
+
+@dataclass(frozen=True)
+class ScoredShard:
+    """What scoring a shard returns to the driver: its report (also committed as its marker) and the ids its
+    records carry, which the driver checks for duplicates across the store (pipeline.storage.ids)."""
+
+    report: ShardReport
+    ids: pa.Table  # pipeline.storage.ids.ids_table
+
+
+def score_shard(
+    shard: Shard, settings: ScoreSettings, duplicates: dict[str, tuple[str, int]] | None = None
+) -> ScoredShard:
+    """Score one shard. `duplicates`: the shard's ids that other records carry too, each with where its first
+    copy is and how many copies come before this shard (pipeline.storage.ids); later copies are rejected."""
+    duplicates = duplicates or {}
+    ids: list[tuple[str, str]] = []  # (location, rollout id) of the records carrying a valid id
+    began = time.perf_counter()
+    report = ShardReport(
+        shard.key,
+        shard.file.url,
+        shard.start,
+        shard.stop,
+        shard.file.fingerprint,
+        code_version=settings.code_version,
+        settings=settings.identity(),
+        duplicates=digest(duplicates),
+    )
+    results: list[RolloutResult] = []  # the batch not yet converted to Arrow
+    locations: list[str] = []  # of each result, should it fail to convert for writing
+    parts: list[tuple[pa.Table, pa.Table]] = []  # (steps, rollouts) of every converted batch
+    rejects: list[Reject] = []
+    unwritable: list[Reject] = []  # results that fail to convert: after the records' own rejects
+    copies: dict[str, int] = {}  # duplicated id -> its copies in this shard so far
+
+    def convert() -> None:
+        # Results hold their whole rollouts: converted every batch, a worker's memory does not grow with the shard.
+        parts.append(_tables(settings.run_id, results, locations, unwritable, shard))
+        report.scored += len(results)
+        report.steps += sum(r.T for r in results)
+        results.clear()
+        locations.clear()
+
+    with _fewer_collections():
+        for location, record in read_shard(shard, settings.storage_options):
+            report.read += 1
+            if isinstance(record, RecordError):
+                rejects.append(_reject(shard, location, record.reason, record.raw))
+                continue
+            try:
+                if (rid := record_id(record)) is not None:
+                    ids.append((location, rid))
+                if rid in duplicates:
+                    first, before = duplicates[rid]
+                    copies[rid] = copies.get(rid, 0) + 1
+                    if before + copies[rid] > 1:
+                        raise InvalidRecord(f"duplicate rollout_id {rid!r} (first at {first})")
+                rollout = parse_rollout(record)
+                env = _environment(settings.env or rollout.benchmark, settings, report)
+                results.append(replay(env, rollout, settings.checks))
+                locations.append(location)
+            except (InvalidRecord, EnvError) as exc:
+                rejects.append(_reject(shard, location, str(exc), _raw(record)))
+            except _FATAL:
+                raise
+            except Exception as exc:  # anything else this one record provoked is its reject
+                rejects.append(_reject(shard, location, _unexpected(exc), _raw(record)))
+            if len(results) >= _BATCH:
+                convert()
+        if results or not parts:
+            convert()
+    steps, rollouts = combined([p[0] for p in parts], STEPS), combined([p[1] for p in parts], ROLLOUTS)
+    rejects += unwritable
+    report.rejected = len(rejects)
+    if report.read != report.scored + report.rejected:
+        raise RuntimeError(f"shard {shard.key}: counts do not reconcile: {report}")
+    tables = {"steps": steps, "rollouts": rollouts, "rejects": rejects_table(settings.run_id, shard.key, rejects)}
+    if settings.lease is not None:
+        require_holder(settings.run, settings.lease, settings.storage_options)
+    report.parts = {
+        name: write_part(settings.run, name, shard.key, t, settings.storage_options) for name, t in tables.items()
+    }
+    report.seconds = time.perf_counter() - began
+    report.peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    write_shard_marker(settings.run, shard.key, report.to_dict(), settings.storage_options)  # the shard's commit
+    return ScoredShard(report, ids_table(ids))
+
+
+@contextmanager
+def _fewer_collections() -> Iterator[None]:
+    """Collect cyclic garbage less often while a shard is scored: most objects it allocates stay alive for a
+    while (a batch of results, the environment's state) and every collection scans them again. The collector
+    still runs, so garbage cycles cannot pile up, and the previous thresholds are back afterwards."""
+    before = gc.get_threshold()
+    gc.set_threshold(max(before[0], _SHARD_GC_THRESHOLD), *before[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+
+
+def _environment(name: str, settings: ScoreSettings, report: ShardReport) -> Environment:
+    """The environment of `name`, recorded under that name (what a rerun resolves again to decide reuse).
+
+    A name from a record's `benchmark` must be a plain name: spec lookup takes paths, and data must not
+    choose a folder to load (or a name the filesystem refuses)."""
+    if settings.env is None and not _PLAIN_NAME.fullmatch(name):
+        raise EnvError(f"benchmark {name[:100]!r} is not an environment name (letters, digits, _ . : + -)")
+    try:
+        env = get_environment(name, settings.options)
+    except EnvError:
+        report.environments.setdefault(name, None)
+        raise
+    report.environments[name] = env.version
+    return env
+
+
+def _tables(
+    run_id: str, results: list[RolloutResult], locations: list[str], rejects: list[Reject], shard: Shard
+) -> tuple[pa.Table, pa.Table]:
+    """The shard's steps and rollouts tables. A result that cannot be converted (found by converting each
+    one alone, only when the whole fails) moves from `results` to `rejects`."""
+    try:
+        return steps_table(run_id, results), rollouts_table(run_id, results)
+    except _FATAL:
+        raise
+    except Exception:  # some result does not convert: find which, below
+        pass
+    kept, kept_locations = [], []
+    for result, location in zip(results, locations, strict=True):
+        try:
+            steps_table(run_id, [result])
+            rollouts_table(run_id, [result])
+        except _FATAL:
+            raise
+        except Exception as exc:
+            reason = f"its result cannot be written: {type(exc).__name__}: {exc}"
+            rejects.append(_reject(shard, location, reason, _SHORT.repr(result.rollout.rollout_id)))
+            continue
+        kept.append(result)
+        kept_locations.append(location)
+    results[:], locations[:] = kept, kept_locations
+    return steps_table(run_id, results), rollouts_table(run_id, results)
+
+
+def _reject(shard: Shard, location: str, reason: str, raw: str) -> Reject:
+    return Reject(shard.file.url, location, _printable(reason[:_REASON_LIMIT]), _printable(raw))
+
+
+def _printable(text: str) -> str:
+    # Lone surrogates (from Python-built records) cannot be written as UTF-8; keep them visible as escapes.
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _unexpected(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError) or "Recursion limit" in str(exc):
+        return f"nested too deeply to score ({type(exc).__name__})"
+    return f"could not be scored: {type(exc).__name__}: {exc}"
+
+
+_SHORT = reprlib.Repr()  # bounded in depth and width (reprlib's defaults)
+
+
+def _raw(record: dict[str, Any]) -> str:
+    try:
+        return orjson.dumps(record, default=str).decode()[:RAW_LIMIT]
+    except TypeError:  # not JSON (too deep, a type orjson does not know): a bounded repr instead
+        try:
+            return _SHORT.repr(record)[:RAW_LIMIT]
+        except ValueError:  # an integer too long to print
+            return ""

@@ -1,0 +1,7 @@
+"""Stores with known truth, for tests, the demo and benchmarks.
+
+rollouts.py      `pexec synth`: rollouts of a spec with injected failures and recoveries
+support_logs.py  a production-style sample: OpenAI chat logs of a customer-support agent
+
+Imports: core, envs.
+"""
