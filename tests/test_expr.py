@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline import expr as expr_module
-from pipeline.expr import EvalError, Expr, ExprError, Target, compile_expr, compile_target, render
+from pipeline.expr import EvalError, Expr, ExprError, Target, budget, compile_expr, compile_target, render, runtime
 
 NAMES = frozenset({"args", "state", "oid"})
 
@@ -564,7 +564,7 @@ def test_compile_does_not_call_functions(monkeypatch: pytest.MonkeyPatch) -> Non
         calls.append(value)
         return 99
 
-    monkeypatch.setitem(expr_module._FUNCTIONS, "len", (spy, 1, 1, ()))
+    monkeypatch.setitem(runtime._FUNCTIONS, "len", (spy, 1, 1, ()))
     e = compile_expr("len(args.item_ids) + len([1])", NAMES)
     assert calls == []
     assert e(make_ctx()) == 198
@@ -1103,8 +1103,8 @@ def _outcome(expr: Expr, ctx: dict[str, Any]) -> tuple[Any, ...]:
             result: tuple[Any, ...] = ("value", expr(ctx))
         except EvalError as exc:
             result = (type(exc).__name__, str(exc))
-        meter = expr_module._active.meter
-        left = (meter.steps, meter.size) if isinstance(meter, expr_module._Meter) else None
+        meter = budget._active.meter
+        left = (meter.steps, meter.size) if isinstance(meter, budget._Meter) else None
     return (*result, left)
 
 
@@ -1120,7 +1120,7 @@ def _grow_source(inner: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
     pair = st.tuples(inner, inner)
     return st.one_of(
         st.tuples(inner, st.sampled_from(["+", "-", "*", "/", "//", "%"]), inner).map(" ".join).map("({})".format),
-        # Parenthesised: a chain (`a == b == c`) is left to the closures (expr._Translator._Compare).
+        # Parenthesised: a chain (`a == b == c`) is left to the closures (pipeline.expr.fast._Translator._Compare).
         st.tuples(inner, st.sampled_from(["==", "!=", "<", ">=", "in", "not in", "is"]), inner)
         .map(" ".join)
         .map("({})".format),
