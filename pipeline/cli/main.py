@@ -255,10 +255,18 @@ def ingest(
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
-    """Convert benchmark or production logs into canonical rollouts."""
-    from pipeline.ingest import IngestOptions
+    """Convert benchmark or production logs into canonical rollouts.
+
+    `--option help` lists the options of FORMAT instead: nothing is read or written."""
+    from pipeline.ingest import IngestOptions, accepted_options
     from pipeline.ingest import ingest as run_ingest
 
+    if "help" in (option or []):  # each key, its default and its one-line doc, from the format's declared schema
+        table = Table("option", "default", "meaning")
+        for o in accepted_options(fmt).listed():
+            table.add_row(literal(o.key), literal(o.default or ""), literal(o.doc))
+        out.print(table)
+        return
     storage = _storage(endpoint_url, storage_option)  # for the sources and the output store
     options = IngestOptions(labels=_pairs(label, "--label"), extra=_pairs(option, "--option"), storage_options=storage)
     harness_errors = orphans = orphaned = 0

@@ -1,46 +1,68 @@
 """Ingest adapters: benchmark and production log formats -> canonical rollout records
 (docs/explanation/data-model.md, "Canonical rollout").
 
-One module per format in this package (`pipeline/ingest/<format>.py`), each exposing
-`read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]` that yields canonical records.
-Nothing downstream knows the original format. Sources are local paths or fsspec URLs, listed with
-`source_files` and opened with `options.storage_options`.
+A format is a `LogFormat` (base.py): its `name`, the `--option` keys it accepts (`options`, an `OptionSchema`
+of `Option(key, doc, default)`, `fields=True` for `label.NAME` / `attr.NAME`), `looks_like(doc)` (whether a
+decoded document is clearly its own, so that another format's reader given it names this one) and
+`read(sources, options) -> Iterator[dict]` yielding canonical records. Nothing downstream knows the original
+format. Sources are local paths or fsspec URLs, listed with `source_files` and opened with
+`options.storage_options`; an input that cannot be read raises `IngestError` naming the file and the place.
+`ingest` checks the options against the schema (one place, one message), fills in their declared defaults,
+and checks every record the format yields.
+
+To add a format:
+- built in: a module `pipeline/ingest/<name>.py` whose `FORMAT = Format(name, read, options, looks_like)`, and
+  its name in `registry.BUILT_IN` (whose order is the order formats are asked whether a document is theirs);
+  a reader that finds a document not in its format adds `registry.mismatch(name, doc)` to its error;
+- outside pexec: a package whose `pyproject.toml` declares the object in the entry-point group `pexec.ingest`:
+  `[project.entry-points."pexec.ingest"] <name> = "module:object"`; `pexec ingest <name>` then reads it, and
+  its `looks_like` is asked too (after the built-in formats) when another format's reader meets a stray file.
 
 Imports: core, storage, envs.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import replace
 
-from pipeline.core.errors import PexecError
 from pipeline.core.records import InvalidRecord, parse_rollout
-from pipeline.storage.fs import list_files
+from pipeline.ingest.base import (
+    Format,
+    IngestError,
+    IngestOptions,
+    LogFormat,
+    Option,
+    OptionSchema,
+    source_files,
+)
+from pipeline.ingest.registry import formats, get_format
 
-
-class IngestError(PexecError, ValueError):
-    """The sources cannot be read in this format; the message names the file and the place."""
-
-
-@dataclass(frozen=True)
-class IngestOptions:
-    labels: dict[str, str] = field(default_factory=dict)  # added to every record's labels (`--label k=v`)
-    extra: dict[str, str] = field(default_factory=dict)  # format-specific settings (`--option k=v`)
-    # the sources' filesystem settings (`--endpoint-url`, `--storage-option k=v`)
-    storage_options: dict[str, Any] | None = None
-
-
-def formats() -> list[str]:
-    """The formats this installation can ingest."""
-    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
-
+__all__ = [
+    "ALLOW_NO_CALLS",
+    "Format",
+    "IngestError",
+    "IngestOptions",
+    "LogFormat",
+    "Option",
+    "OptionSchema",
+    "accepted_options",
+    "formats",
+    "ingest",
+    "source_files",
+]
 
 ALLOW_NO_CALLS = "allow_no_calls"
+# The options of every format, handled here.
+COMMON_OPTIONS = (
+    Option(ALLOW_NO_CALLS, "true: keep sources in which no rollout has a tool call (else refused)", "false"),
+)
+
+
+def accepted_options(fmt: str) -> OptionSchema:
+    """Every `--option` format `fmt` accepts: its own and the common ones (for `--option help` and the docs)."""
+    schema = get_format(fmt).options
+    return replace(schema, options=schema.options + COMMON_OPTIONS)
 
 
 def ingest(fmt: str, sources: Sequence[str], options: IngestOptions | None = None) -> Iterator[dict]:
@@ -49,17 +71,19 @@ def ingest(fmt: str, sources: Sequence[str], options: IngestOptions | None = Non
     Rollouts with no tool call at all are held back until one with a call comes: sources that yield rollouts
     but not one call are most likely another format's logs, an error (nothing is written) unless
     `--option allow_no_calls=true` says the logs truly have none."""
-    if not re.fullmatch(r"[a-z][a-z0-9_]*", fmt) or fmt not in formats():
-        raise IngestError(f"unknown format {fmt!r} (available: {', '.join(formats()) or 'none'})")
+    log_format = get_format(fmt)
     options = options or IngestOptions()
     allowed = options.extra.get(ALLOW_NO_CALLS, "false").lower()
     if allowed not in ("true", "false"):
         raise IngestError(f"{fmt}: --option {ALLOW_NO_CALLS} takes true or false, got {allowed!r}")
-    extra = {k: v for k, v in options.extra.items() if k != ALLOW_NO_CALLS}
-    module = importlib.import_module(f"{__name__}.{fmt}")
+    accepted = accepted_options(fmt)
+    unknown = accepted.unknown(options.extra)
+    if unknown:
+        raise IngestError(f"{fmt}: unknown option(s) {', '.join(unknown)} (known: {', '.join(accepted.known())})")
+    extra = log_format.options.defaults() | {k: v for k, v in options.extra.items() if k != ALLOW_NO_CALLS}
     held: list[dict] = []
     calls_seen = allowed == "true"
-    for record in module.read(sources, replace(options, extra=extra)):
+    for record in log_format.read(sources, replace(options, extra=extra)):
         try:
             parse_rollout(record)
         except InvalidRecord as exc:  # an adapter bug, not bad input: say which record
@@ -78,17 +102,3 @@ def ingest(fmt: str, sources: Sequence[str], options: IngestOptions | None = Non
             f"{fmt}: {len(held)} rollout(s) and not one tool call: are these {fmt} logs? "
             f"(logs that truly have no calls: --option {ALLOW_NO_CALLS}=true)"
         )
-
-
-def source_files(
-    fmt: str, source: str, options: IngestOptions, patterns: Sequence[str], max_depth: int | None = None
-) -> list[str]:
-    """The URLs of the files to read for `source`: the file itself, or the files of the folder matching
-    `patterns` (at most `max_depth` levels down; see `pipeline.storage.fs.list_files`), sorted."""
-    found = list_files(source, options.storage_options, patterns=patterns, max_depth=max_depth)
-    if found is None:
-        raise IngestError(f"{fmt}: {source}: no such file or folder")
-    if not found:
-        below = " or below" if max_depth is None else "" if max_depth == 1 else f" or {max_depth - 1} level(s) below"
-        raise IngestError(f"{fmt}: {source}: no {' or '.join(patterns)} file in this folder{below}")
-    return list(found)

@@ -1,7 +1,8 @@
 """What the production-log adapters (openai, anthropic, otel, inspect) share: options, ids, labels,
-success (a field of the log or a join with an outcomes table), source files and call events.
+success (a field of the log or a join with an outcomes table), source files, call events, and which chat
+dialect a conversation's tool messages speak.
 
-Options (`--option k=v`), the same for every format:
+Options (`--option k=v`), the same for every format (`log_options`, where each has its one-line doc):
 - `id_field`, `task_field`, `success_field`: dotted paths into a conversation record (a key that itself
   contains dots, such as `gen_ai.conversation.id`, is matched whole first);
 - `label.NAME=PATH`: condition label NAME from field PATH (defaults: `model`, `agent_version`, `date`, each
@@ -22,24 +23,39 @@ from typing import Any
 
 import orjson
 
-from pipeline.ingest import IngestError, IngestOptions, source_files
-from pipeline.ingest._sniff import mismatch
+from pipeline.ingest.base import FIELD_PREFIXES, IngestError, IngestOptions, Option, OptionSchema, source_files
+from pipeline.ingest.registry import mismatch
 from pipeline.storage.fs import open_for_read
 
-COMMON_OPTIONS = frozenset({"id_field", "task_field", "success_field", "outcomes", "benchmark"})
 DEFAULT_LABELS = {"model": "model", "agent_version": "agent_version", "date": "date"}
 LOG_FILES = ("*.json", "*.jsonl", "*.ndjson", "*.jsonl.gz")  # what a folder of logs is searched for
 _TRUE = {"true", "success", "succeeded", "pass", "passed", "correct", "c", "yes", "1"}
 _FALSE = {"false", "failure", "failed", "fail", "incorrect", "i", "partial", "p", "no", "0"}
 
 
+def log_options(*own: Option, id_field: str = "id", success_field: str = "success") -> OptionSchema:
+    """The options of a production-log format: the shared ones (with the format's default id and success
+    fields), its `own`, and `label.NAME` / `attr.NAME`."""
+    shared = (
+        Option("id_field", "dotted path of the rollout id (a key that contains dots is matched whole first)", id_field),
+        Option("task_field", "dotted path of the task id (missing: the rollout id)", "task_id"),
+        Option("success_field", "dotted path of success (true/false, a score >= 1, C/I, pass/fail...)", success_field),
+        Option("outcomes", "CSV or JSON Lines table of rollout_id (or id) and success; overrides the log's success"),
+        Option("benchmark", "the rollouts' benchmark: the environment that scores them", "observed"),
+    )
+    return OptionSchema(shared + own, fields=True)
+
+
+_SHARED = frozenset(o.key for o in log_options().options)
+
+
 @dataclass(frozen=True)
 class LogSettings:
     fmt: str
-    id_field: str = "id"
-    task_field: str = "task_id"
-    success_field: str = "success"
-    benchmark: str = "observed"
+    id_field: str
+    task_field: str
+    success_field: str
+    benchmark: str
     label_fields: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_LABELS))
     attribute_fields: dict[str, str] = field(default_factory=dict)
     extra_labels: dict[str, str] = field(default_factory=dict)
@@ -47,31 +63,23 @@ class LogSettings:
     own: dict[str, str] = field(default_factory=dict)  # the format's own options
 
 
-def settings(
-    fmt: str,
-    options: IngestOptions,
-    own: frozenset[str] = frozenset(),
-    labels: Mapping[str, str] | None = None,
-    **defaults: str,
-) -> LogSettings:
-    """Validated settings from `--option` values over the format's defaults (`labels`: label fields,
-    `defaults`: id/task/success fields); unknown options are an error."""
+def settings(fmt: str, options: IngestOptions, labels: Mapping[str, str] | None = None) -> LogSettings:
+    """Settings from `--option` values (checked and completed with the defaults of `log_options` by `ingest`);
+    `labels`: the format's label fields over `DEFAULT_LABELS`."""
     extra = options.extra
-    unknown = sorted(k for k in extra if k not in COMMON_OPTIONS | own and not k.startswith(("label.", "attr.")))
-    if unknown:
-        known = ", ".join(sorted(COMMON_OPTIONS | own | {"label.NAME", "attr.NAME"}))
-        raise IngestError(f"{fmt}: unknown option(s) {', '.join(unknown)} (known: {known})")
     given = {k.removeprefix("label."): v for k, v in extra.items() if k.startswith("label.")}
     attributes = {k.removeprefix("attr."): v for k, v in extra.items() if k.startswith("attr.")}
-    values = {**defaults, **{k: v for k, v in extra.items() if k in COMMON_OPTIONS - {"outcomes"}}}
     return LogSettings(
         fmt=fmt,
+        id_field=extra["id_field"],
+        task_field=extra["task_field"],
+        success_field=extra["success_field"],
+        benchmark=extra["benchmark"],
         label_fields=DEFAULT_LABELS | dict(labels or {}) | given,
         attribute_fields=attributes,
         extra_labels=dict(options.labels),
         outcomes=read_outcomes(fmt, extra["outcomes"], options) if "outcomes" in extra else None,
-        own={k: v for k, v in extra.items() if k in own},
-        **values,
+        own={k: v for k, v in extra.items() if k not in _SHARED and not k.startswith(FIELD_PREFIXES)},
     )
 
 
@@ -220,6 +228,28 @@ def conversations(fmt: str, sources: Sequence[str], options: IngestOptions) -> I
                 if hint:
                     raise IngestError(f"{fmt}: {where}: not in the {fmt} format{hint}")
                 yield where, record
+
+
+_ANTHROPIC_BLOCKS = {"tool_use", "tool_result"}
+
+
+def tool_dialect(doc: Any) -> str | None:
+    """`openai` or `anthropic`: the dialect of the first message of a conversation (a record with a `messages`
+    list, or the list) that carries tool traffic; None when none does. The `looks_like` of both formats."""
+    messages = doc.get("messages") if isinstance(doc, dict) else doc
+    if not isinstance(messages, list):
+        return None
+    for m in messages:
+        if not isinstance(m, dict):
+            continue
+        if m.get("tool_calls") or m.get("role") in ("tool", "function") or m.get("function_call"):
+            return "openai"
+        content = m.get("content")
+        if isinstance(content, list) and any(
+            isinstance(b, dict) and b.get("type") in _ANTHROPIC_BLOCKS for b in content
+        ):
+            return "anthropic"
+    return None
 
 
 def _is_messages(value: list[Any]) -> bool:

@@ -18,9 +18,9 @@ from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import Any
 
-from pipeline.ingest import IngestError, IngestOptions
-from pipeline.ingest._logs import call, conversations, message, rollout, settings, text
+from pipeline.ingest._logs import call, conversations, log_options, message, rollout, settings, text, tool_dialect
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
+from pipeline.ingest.base import Format, IngestError, IngestOptions
 
 
 def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
@@ -28,6 +28,13 @@ def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
     for where, record in conversations("anthropic", sources, options):
         events, attributes = assemble(log(record, where))
         yield rollout(s, record, events, where, attributes)
+
+
+def looks_like(doc: Any) -> bool:
+    return tool_dialect(doc) == "anthropic"
+
+
+FORMAT = Format("anthropic", read, log_options(), looks_like)
 
 
 def log(record: dict[str, Any], where: str) -> list[Entry]:

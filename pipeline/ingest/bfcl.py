@@ -32,23 +32,29 @@ from typing import Any
 from pipeline.envs import EnvError
 from pipeline.envs.bfcl.calls import CallSyntaxError, parse_call, parse_call_list
 from pipeline.envs.bfcl.env import error_message
-from pipeline.ingest import IngestError, IngestOptions, source_files
+from pipeline.ingest.base import Format, IngestError, IngestOptions, Option, OptionSchema, source_files
 from pipeline.storage.fs import exists, list_files, open_for_read
 
 _CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 FILE_NAME = re.compile(rf"BFCL_(v\d+)_multi_turn_({'|'.join(_CATEGORIES)})_result\.json$")
 _RESULT_FILES = tuple(f"BFCL_v*_multi_turn_{category}_result.json" for category in _CATEGORIES)
 _CONTAINER_FOLDERS = {"multi_turn", "result", "results"}
-OPTIONS = {"dataset", "scores", "model"}
 
 
 def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
-    unknown = set(options.extra) - OPTIONS
-    if unknown:
-        raise IngestError(f"bfcl: unknown options {sorted(unknown)} (known: {', '.join(sorted(OPTIONS))})")
     files = [url for source in sources for url in source_files("bfcl", source, options, _RESULT_FILES)]
     for url in files:
         yield from _read_file(url, options)
+
+
+OPTIONS = OptionSchema(
+    (
+        Option("dataset", "the dataset: a folder or a bfcl-eval wheel (default: the release that replays the naming)"),
+        Option("scores", "a folder of score files (default: beside the result file, or the mirrored score/ folder)"),
+        Option("model", "the `model` label (default: the result file's folder, above multi_turn/ and result/)"),
+    )
+)
+FORMAT = Format("bfcl", read, OPTIONS)
 
 
 def _read_file(url: str, options: IngestOptions) -> Iterator[dict]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from pipeline.ingest import IngestError, IngestOptions
+from pipeline.ingest.base import Format, IngestError, IngestOptions
 from pipeline.storage.inputs import RecordError, list_inputs, plan_shards, read_shard
 
 
@@ -20,3 +20,6 @@ def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
                 if options.labels:
                     record = {**record, "labels": {**(record.get("labels") or {}), **options.labels}}
                 yield record
+
+
+FORMAT = Format("canonical", read)

@@ -34,22 +34,32 @@ from typing import Any
 import orjson
 import zstandard
 
-from pipeline.ingest import IngestError, IngestOptions, source_files
-from pipeline.ingest._logs import LogSettings, call, loads, message, rollout, settings, text
+from pipeline.ingest._logs import LogSettings, call, loads, log_options, message, rollout, settings, text
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
+from pipeline.ingest.base import Format, IngestError, IngestOptions, Option, source_files
 from pipeline.storage.fs import open_for_read
 
-OPTIONS = frozenset({"scorer"})
 _SAMPLE = re.compile(r"^samples/(.+)_epoch_(\d+)\.json$")
 _ZSTD = 93  # the ZIP compression method number of zstd
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, ..., file name length, extra field length
 
 
 def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
-    s = settings("inspect", options, OPTIONS, id_field="rollout_id", success_field="score")
+    s = settings("inspect", options)
     for source in sources:
         for url in source_files("inspect", source, options, ("*.eval",)):
             yield from _read_log(url, s, options)
+
+
+FORMAT = Format(
+    "inspect",
+    read,
+    log_options(
+        Option("scorer", "the scorer whose value is the `score` field (default: the sample's first scorer)"),
+        id_field="rollout_id",
+        success_field="score",
+    ),
+)
 
 
 def _read_log(url: str, s: LogSettings, options: IngestOptions) -> Iterator[dict]:

@@ -20,20 +20,36 @@ from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import Any
 
-from pipeline.ingest import IngestError, IngestOptions
-from pipeline.ingest._logs import LogSettings, call, conversations, message, rollout, settings, text
+from pipeline.ingest._logs import (
+    LogSettings,
+    call,
+    conversations,
+    log_options,
+    message,
+    rollout,
+    settings,
+    text,
+    tool_dialect,
+)
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
+from pipeline.ingest.base import Format, IngestError, IngestOptions, Option
 
-OPTIONS = frozenset({"error_prefix"})
 _CONTEXT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
 def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
-    s = settings("openai", options, OPTIONS)
+    s = settings("openai", options)
     for where, record in conversations("openai", sources, options):
         events, attributes = assemble(log(record["messages"], s, where))
         yield rollout(s, record, events, where, attributes)
 
+
+def looks_like(doc: Any) -> bool:
+    return tool_dialect(doc) == "openai"
+
+
+ERROR_PREFIX = Option("error_prefix", "a tool message with no boolean `error` is an error if it starts with this text")
+FORMAT = Format("openai", read, log_options(ERROR_PREFIX), looks_like)
 
 _LEGACY = ("legacy function call",)  # the key of legacy calls and results: they pair in order
 

@@ -38,10 +38,10 @@ from typing import Any
 
 import orjson
 
-from pipeline.ingest import IngestError, IngestOptions, source_files
-from pipeline.ingest._logs import LOG_FILES, call, documents, loads, message, rollout, settings, text
+from pipeline.ingest._logs import LOG_FILES, call, documents, loads, log_options, message, rollout, settings, text
 from pipeline.ingest._pairing import Call, Entry, Result, pair
-from pipeline.ingest._sniff import mismatch
+from pipeline.ingest.base import Format, IngestError, IngestOptions, source_files
+from pipeline.ingest.registry import mismatch
 
 CONVERSATION = "gen_ai.conversation.id"
 _ERROR_STATUS = {2, "2", "STATUS_CODE_ERROR", "ERROR"}
@@ -50,7 +50,7 @@ _HEX_ID = re.compile(r"[0-9a-fA-F]{16}|[0-9a-fA-F]{32}")
 
 def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
     labels = {"model": "gen_ai.request.model", "agent_version": "service.version"}
-    s = settings("otel", options, labels=labels, id_field=CONVERSATION)
+    s = settings("otel", options, labels)
     spans = [span for source in sources for span in _spans(source, options)]
     for key, group in sorted(_conversations(spans).items()):
         group.sort(key=lambda sp: (sp["start"], sp["span_id"]))
@@ -59,6 +59,13 @@ def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
         orphans = sum(e["type"] == "message" and e["role"] == "tool" for e in events)
         attributes = {"orphan_results": str(orphans)} if orphans else {}
         yield rollout(s, record, events, f"otel: conversation {key}", attributes)
+
+
+def looks_like(doc: Any) -> bool:
+    return isinstance(doc, dict) and "resourceSpans" in doc
+
+
+FORMAT = Format("otel", read, log_options(id_field=CONVERSATION), looks_like)
 
 
 def _spans(source: str, options: IngestOptions) -> Iterator[dict[str, Any]]:

@@ -36,23 +36,27 @@ from typing import Any
 import orjson
 
 from pipeline.core.errors import read_json_file
-from pipeline.ingest import IngestError, IngestOptions, source_files
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
-from pipeline.ingest._sniff import mismatch
+from pipeline.ingest.base import Format, IngestError, IngestOptions, Option, OptionSchema, source_files
+from pipeline.ingest.registry import mismatch
 from pipeline.storage.fs import open_for_read
 
-OPTIONS = {"tasks"}
 SUCCESS_EPS = 1e-6
 
 
 def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
-    unknown = set(options.extra) - OPTIONS
-    if unknown:
-        raise IngestError(f"tau2: unknown option(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(OPTIONS))})")
     tasks = _TaskSource(options.extra.get("tasks"))
     for source in sources:
         for url in source_files("tau2", source, options, ("*.json",), max_depth=1):
             yield from _read_file(url, tasks, options)
+
+
+def looks_like(doc: Any) -> bool:
+    return isinstance(doc, dict) and "simulations" in doc
+
+
+TASKS = Option("tasks", "task definitions: a tasks.json or a folder of <domain>/tasks.json (default: the tau2 wheel's)")
+FORMAT = Format("tau2", read, OptionSchema((TASKS,)), looks_like)
 
 
 def _read_file(url: str, tasks: _TaskSource, options: IngestOptions) -> Iterator[dict]:

@@ -36,11 +36,10 @@ from typing import Any
 import orjson
 
 from pipeline.core.values import decoded
-from pipeline.ingest import IngestError, IngestOptions, source_files
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
+from pipeline.ingest.base import Format, IngestError, IngestOptions, Option, OptionSchema, source_files
 from pipeline.storage.fs import exists, open_for_read
 
-OPTIONS = {"threshold", "now", "tz"}
 RUN_NAME = re.compile(r"agent_(?P<agent>.+)_user_(?P<user>.+)_(?P<ts>\d\d_\d\d_\d{4}_\d\d_\d\d_\d\d)")
 ERROR_TEXT = re.compile(r"^(Traceback|[A-Za-z_.]*(Error|Exception)\b)")
 SWITCH_TOKENS = (("wifi", "off"), ("location_service", "off"), ("cellular", "off"))
@@ -49,16 +48,25 @@ CALL_CODE = re.compile(r"^(?P<id>.+)_parameters = (?P<arguments>[^\n]+)\n(?P=id)
 
 
 def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
-    unknown = set(options.extra) - OPTIONS
-    if unknown:
-        raise IngestError(
-            f"toolsandbox: unknown option(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(OPTIONS))})"
-        )
-    threshold = _number(options.extra.get("threshold", "1.0"), "threshold")
+    threshold = _number(options.extra["threshold"], "threshold")
     now = _number(options.extra["now"], "now") if "now" in options.extra else None
     for source in sources:
         for run in _runs(source, options):
-            yield from _read_run(run, threshold, now, options.extra.get("tz", "UTC"), options)
+            yield from _read_run(run, threshold, now, options.extra["tz"], options)
+
+
+def looks_like(doc: Any) -> bool:
+    return isinstance(doc, dict) and "per_scenario_results" in doc
+
+
+OPTIONS = OptionSchema(
+    (
+        Option("threshold", "success = milestone_similarity >= X (and the scenario did not crash)", "1.0"),
+        Option("now", "the scenario clock (POSIX seconds) when the log gives no time"),
+        Option("tz", "the clock's time zone", "UTC"),
+    )
+)
+FORMAT = Format("toolsandbox", read, OPTIONS, looks_like)
 
 
 def _number(text: str, name: str) -> float:
