@@ -178,6 +178,13 @@ def test_every_option_key_of_a_log_format_is_explained():
     assert option_problems(page) == []
 
 
+def test_the_job_example_loads(tmp_path):
+    page = (REFERENCE / "jobs.md").read_text(encoding="utf-8")
+    (tmp_path / "job.toml").write_text(re.search(r"^```toml\n(.*?)^```", page, re.S | re.M).group(1))
+    job = load_job(tmp_path / "job.toml", "2026-11-29")
+    assert job.output.endswith("date=2026-11-29") and job.report is not None and job.diff.fail_on == ("ter<-0.02",)
+
+
 # --- benchmarks --------------------------------------------------------------------------------------------------
 
 
