@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO := out/demo
 
-.PHONY: install demo test lint browser bench fuzz lock clean image
+.PHONY: install demo test lint docs reference browser bench fuzz lock clean image
 
 # The official simulators are pinned in specs/simulators.txt (installed without their declared model-client
 # dependencies) and specs/simulator-wheels.txt (releases read from their wheel).
@@ -32,27 +32,38 @@ lint: install
 	$(BIN)/ruff check pipeline tests
 	$(BIN)/ruff format --check pipeline tests
 
+# The documentation site (mkdocs.yml, docs/) into out/site: strict, so a broken link or anchor, a page missing from
+# the nav or any other warning fails the build. Nothing is fetched; a few seconds.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir out/site
+
+# Rewrite the reference pages' generated blocks from the code (tests/test_docs.py fails while one is stale).
+reference: install
+	$(BIN)/python -m pipeline.cli.reference
+
 # The report and viewer tests open pages in a real headless browser: Debian's chromium, driven by Playwright
 # (pinned in the dev extra) through executable_path, so Playwright never downloads a browser of its own.
 browser:
 	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
-test: lint browser
+test: lint docs browser
 	$(BIN)/pytest
 
 # The adversarial suites (pytest marker `fuzz`) with many more generated inputs than `make test` uses, within
-# a bounded time; the tallies they print are the README's "Hardening" table.
+# a bounded time; the tallies they print are the "Hardening" table of docs/reference/limits.md.
 FUZZ_EXAMPLES ?= 400
 fuzz: install
 	PEXEC_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) timeout 1800 $(BIN)/pytest -m fuzz -s tests/
 
+# Each bench replaces its own table in the benchmarks page (measure on a quiet machine: the captions say how quiet).
+BENCH_PAGE := docs/reference/benchmarks.md
 bench: install
-	$(BIN)/pexec bench replay
-	$(BIN)/pexec bench metrics
-	$(BIN)/pexec bench merged
-	$(BIN)/pexec bench scale
-	$(BIN)/pexec bench guard
-	$(BIN)/pexec bench driver
+	$(BIN)/pexec bench replay --readme $(BENCH_PAGE)
+	$(BIN)/pexec bench metrics --readme $(BENCH_PAGE)
+	$(BIN)/pexec bench merged --readme $(BENCH_PAGE)
+	$(BIN)/pexec bench scale --readme $(BENCH_PAGE)
+	$(BIN)/pexec bench guard --readme $(BENCH_PAGE)
+	$(BIN)/pexec bench driver --readme $(BENCH_PAGE)
 
 # The worker image from infra/Dockerfile, built with buildah (a Debian package; no daemon) and smoke-tested
 # with `pexec --version` inside (infra/local/build-image.sh). RAY_BASE=debian builds it on a base bootstrapped

@@ -1,10 +1,11 @@
-"""`pexec bench`: the shared figure format (project / baseline / ratio, min–median–max), the README blocks it
-writes, the driver's batched completion loop on real local Ray, and every bench run once at small sizes so
-that its printing cannot rot (the figures themselves are not asserted: timings)."""
+"""`pexec bench`: the shared figure format (project / baseline / ratio, min–median–max), the Markdown blocks it
+writes (docs/reference/benchmarks.md), the driver's batched completion loop on real local Ray, and every bench run
+once at small sizes so that its printing cannot rot (the figures themselves are not asserted: timings)."""
 
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -48,9 +49,11 @@ def test_a_figure_refuses_a_baseline_measured_a_different_number_of_times():
         figure("x", "s", [], "none: nothing")
 
 
-def test_the_readme_block_is_replaced_in_place_and_only_its_own(tmp_path):
-    bench = Bench("demo", "a caption", [figure("a | b", "s", [1.0, 2.0, 3.0], "old", [2.0, 2.0, 2.0])])
-    readme = tmp_path / "README.md"
+def test_the_markdown_block_is_replaced_in_place_and_only_its_own(tmp_path):
+    bench = Bench(
+        "demo", "a caption", [figure("a | b", "s", [1.0, 2.0, 3.0], "old", [2.0, 2.0, 2.0])], measured="2026-12-01"
+    )
+    readme = tmp_path / "benchmarks.md"
     readme.write_text(
         "intro\n<!-- bench:start demo -->\nold table\n<!-- bench:end demo -->\n"
         "<!-- bench:start other -->\nkept\n<!-- bench:end other -->\nend\n"
@@ -60,7 +63,7 @@ def test_the_readme_block_is_replaced_in_place_and_only_its_own(tmp_path):
     assert figures.blocks(text) == {"demo": figures.markdown(bench), "other": "kept"}
     assert text.startswith("intro\n") and text.endswith("end\n")
     lines = figures.markdown(bench).splitlines()
-    assert lines[0] == "_a caption_" and lines[2] == "| " + " | ".join(figures.HEADER) + " |"
+    assert lines[0] == "_a caption; measured 2026-12-01_" and lines[2] == "| " + " | ".join(figures.HEADER) + " |"
     assert lines[4] == "| a \\| b | 3 | 1.00–2.00–3.00 s | 2.00–2.00–2.00 s (old) | 0.500–1.00–1.50× |"
     with pytest.raises(PexecError, match="no <!-- bench:start missing -->"):
         figures.replace_block(readme, Bench("missing", "c", bench.figures))
@@ -205,11 +208,13 @@ def test_the_tau_bench_without_its_baseline_revision_says_why():
     assert bench.details["project"][0]["steps"] == 2661  # every step of the 290 real rollouts, replayed
 
 
-def test_the_cli_prints_the_readme_block(tmp_path):
+def test_the_cli_prints_the_markdown_block(tmp_path):
     result = CliRunner().invoke(app, ["bench", "merged", "--rollouts", "20000", "--repeats", "2", "--markdown"])
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("<!-- bench:start merged -->\n_") and "| figure | runs |" in result.stdout
-    readme = tmp_path / "README.md"
+    today = datetime.now(UTC).date().isoformat()  # the caption dates the figures
+    assert result.stdout.splitlines()[1].endswith(f"; measured {today}_"), result.stdout
+    readme = tmp_path / "benchmarks.md"
     readme.write_text("<!-- bench:start merged -->\nx\n<!-- bench:end merged -->\n")
     result = CliRunner().invoke(app, ["bench", "merged", "--rollouts", "20000", "--readme", str(readme)])
     assert result.exit_code == 0, result.output

@@ -51,7 +51,8 @@ def test_real_run_scored_through_ray_matches_bfcl_accuracy_and_logged_outputs(st
     steps = pq.read_table(tmp_path / "run" / "steps").to_pylist()
     matched = [s["output_match"] for s in steps]
     assert None not in matched and sum(matched) / len(matched) >= 0.99
-    # the known mismatch classes (README): BFCL's call-string rewriting, and a float's last digit
+    # the known mismatch classes (docs/reference/environments.md): BFCL's call-string rewriting, and a float's
+    # last digit
     assert {s["tool"] for s in steps if not s["output_match"]} <= {
         "create_ticket",
         "view_messages_sent",

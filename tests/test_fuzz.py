@@ -95,7 +95,8 @@ TALLY |= {"expressions": 0, "expr_refused": 0, "expr_over_budget": 0, "expr_slow
 
 @pytest.fixture(scope="module", autouse=True)
 def tally() -> Any:
-    """Prints what the module tried (shown with `pytest -s`, as `make fuzz` runs it; README "Hardening")."""
+    """Prints what the module tried (shown with `pytest -s`, as `make fuzz` runs it; docs/reference/limits.md,
+    "Hardening")."""
     yield
     print(f"\n[fuzz] {TALLY}")
 

@@ -244,7 +244,7 @@ def synth(
 
 @app.command()
 def ingest(
-    fmt: Annotated[str, typer.Argument(help="Source format (see README: bfcl, tau2, ...).")],
+    fmt: Annotated[str, typer.Argument(help="Source format (docs/reference/log-formats.md: bfcl, tau2, ...).")],
     sources: Annotated[list[str], typer.Argument(help="Files or folders to read.")],
     out_store: OutStore,
     label: Annotated[list[str] | None, typer.Option("--label", help="k=v added to every rollout's labels.")] = None,
@@ -1090,9 +1090,14 @@ def bench(
     repeats: Annotated[
         int | None, typer.Option("--repeats", min=1, help="Runs of every measurement (default 3; scale 1, tau 5).")
     ] = None,
-    markdown: Annotated[bool, typer.Option("--markdown", help="Print the README's Markdown block instead.")] = False,
+    markdown: Annotated[
+        bool, typer.Option("--markdown", help="Print the Markdown block (docs/reference/benchmarks.md) instead.")
+    ] = False,
     readme: Annotated[
-        Path | None, typer.Option("--readme", help="Replace this bench's block in this Markdown file (README.md).")
+        Path | None,
+        typer.Option(
+            "--readme", help="Replace this bench's block in this Markdown file (docs/reference/benchmarks.md)."
+        ),
     ] = None,
 ) -> None:
     """Benchmarks, each figure as project / baseline / ratio, min–median–max over the runs: replay through Ray vs a

@@ -7,7 +7,7 @@ the order in which threads add rows up.
 
 Everything that shows a metric reads this catalogue: the SQL of the cohort and the paired bootstrap
 (pipeline.metrics.cohorts, pipeline.report.paired), `metrics --json` and metrics.parquet, the terminal table, the
-report's tables, its ranking and its paired comparison, and the README's table of metrics (`markdown()`).
+report's tables, its ranking and its paired comparison, and docs/reference/metrics.md (`markdown()`).
 To add a metric, add a `Metric` here (and a `Part` if it needs a new per-rollout quantity), with its exact
 population; its interval is the task bootstrap, or Wilson on the effective sample size where that degenerates
 (pipeline.core.intervals).
@@ -250,8 +250,8 @@ def pec() -> Metric:
 
 
 def markdown() -> str:
-    """The README's table of metrics: each one's key, definition, exact population and interval method
-    (tests/test_docs.py checks that the README has it)."""
+    """The table of metrics of docs/reference/metrics.md: each one's key, definition, exact population and
+    interval method (tests/test_docs.py checks that the page has it)."""
     small = (
         f"task bootstrap; Wilson on the effective sample size (†) below {intervals.MIN_TASKS} tasks or "
         f"{intervals.MIN_DENOMINATOR} units in the denominator, or at 0/1"

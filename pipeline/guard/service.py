@@ -41,8 +41,8 @@ class Limits:
 
 
 def parse_call(raw: Any) -> Call:
-    """A call in the canonical form (README "Input"): `tool`, `arguments`, optional `turn`, `call_id`,
-    `output`, `error`."""
+    """A call in the canonical form (docs/reference/canonical-rollout.md, "Fields"): `tool`, `arguments`,
+    optional `turn`, `call_id`, `output`, `error`."""
     if not isinstance(raw, dict):
         raise GuardRequestError("'call' must be an object")
     event = _event({**raw, "type": "call"}, "call")

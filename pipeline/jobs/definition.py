@@ -31,14 +31,112 @@ from pipeline.synthetic.rollouts import synthesize
 if TYPE_CHECKING:
     from pipeline.report import Compare
 
-_JOB_KEYS = {"name", "description", "input", "output", "env", "spec", "spec_dirs", "policy", "address", "shard_mb",
-             "num_cpus", "endpoint_url", "metrics", "synth", "report", "submit", "diff"}  # fmt: skip
-_METRICS_KEYS = {"by", "bootstrap", "seed", "method", "max_k", "partial", "strict_replay", "harness_errors"}
-_REPORT_KEYS = {"out", "by", "compare", "k", "overwrite", "within"}
-_SYNTH_KEYS = {"spec", "rollouts", "tasks", "seed"}
-_SUBMIT_KEYS = {"runtime", "python"}  # how `pexec submit` runs the job (pipeline/jobs/cluster.py)
+
+@dataclass(frozen=True)
+class JobField:
+    """Keys of a job file, declared once: the loader accepts exactly these, and the reference page's table of
+    fields (docs/reference/jobs.md) is generated from them."""
+
+    table: str  # "" for a top-level key, else the [table] the keys sit in
+    keys: tuple[str, ...]
+    meaning: str
+    default: str
+
+
+FIELDS = (
+    JobField("", ("name", "description"), "names the job (and its submission ids)", 'required / ""'),
+    JobField("", ("input",), "store URL (folder, file, `s3://…`); `{date}` is replaced by the job's date", "required"),
+    JobField("", ("output",), "run URL; `{date}` allowed", "required"),
+    JobField("", ("env",), "environment for every rollout (else each rollout's `benchmark`)", "none"),
+    JobField("", ("spec", "spec_dirs"), "the spec `observed` uses; extra spec folders", "none"),
+    JobField("", ("policy",), "`code` or `strict`", "`code`"),
+    JobField("", ("address",), "Ray address (`--address` overrides it)", "local Ray"),
+    JobField("", ("shard_mb", "num_cpus"), "target shard size in MiB; CPUs of a local Ray", "64; all"),
+    JobField(
+        "",
+        ("endpoint_url",),
+        "S3-compatible endpoint; credentials come from the AWS environment, never from the job",
+        "none",
+    ),
+    JobField(
+        "metrics",
+        ("by", "bootstrap", "seed", "method", "max_k"),
+        "as `pexec metrics` (kept under `<output>/metrics/<name>/`)",
+        "all condition labels, 1000, 0, multinomial, max T ≤ 20",
+    ),
+    JobField(
+        "metrics",
+        ("harness_errors",),
+        '`"exclude"` or `"fail"`, as `--harness-errors` (metrics and report)',
+        "exclude",
+    ),
+    JobField(
+        "metrics",
+        ("partial",),
+        "read the output run even when it is incomplete, as `--partial` (metrics and report state their coverage)",
+        "false: an incomplete run fails the job",
+    ),
+    JobField(
+        "metrics",
+        ("strict_replay",),
+        "leave out the rollouts whose replay diverged before their first error, as `--strict-replay` (metrics and "
+        "report)",
+        "false",
+    ),
+    JobField(
+        "synth",
+        ("spec", "rollouts", "tasks", "seed"),
+        "generate the input first when it does not exist (demo)",
+        "none; `shop`, 1000, 100, 0",
+    ),
+    JobField(
+        "submit",
+        ("runtime", "python"),
+        "how `pexec submit` runs the job: `local` (this machine's interpreter and working directory), `image` (the "
+        "cluster image's pexec; only the job file is uploaded, relative paths are refused) or `package` (this "
+        "pexec, shipped with the job as a wheel's contents); the interpreter on the cluster",
+        "`local` for a loopback address, else `image`; this interpreter / `python`",
+    ),
+    JobField(
+        "report",
+        ("out", "by", "compare", "k", "within"),
+        'write a report after the metrics, as `pexec report` (`compare = ["method=A", "method=B"]`; '
+        '`within = "model"` is `--within model`; `out` may use `{date}`)',
+        "no report; `out` = `<output>/report`, `by` = the metrics' `by`, `k` = `[1, 3, 5]`, ranking per benchmark",
+    ),
+    JobField(
+        "report",
+        ("overwrite",),
+        "replace what `out` holds, as `--overwrite`; without it a non-empty `out` fails the job before scoring (a "
+        "job that reruns into the same `out` sets it)",
+        "false",
+    ),
+    JobField(
+        "diff",
+        ("against", "by", "fail_on", "look_back_days"),
+        'after the metrics, `pexec diff PREVIOUS OUTPUT` (B = tonight\'s run): `against = "previous"` is the output '
+        "at the latest earlier date within `look_back_days` whose run exists (none: the diff is skipped, said on "
+        'stderr), or a run folder/URL; `fail_on = ["ter<-0.02"]` as `--fail-on`, checked when the job is loaded: '
+        "a crossed threshold prints a `breach …` line and `pexec run` exits 1, after the run and its metrics are "
+        "written",
+        "no diff; `against` = previous, `by` = the metrics' `by`, `look_back_days` = 7",
+    ),
+)
+
+
+def field_keys(table: str) -> set[str]:
+    """The keys a job file may hold at top level (`table` ""; the tables themselves included) or in [table]."""
+    keys = {k for f in FIELDS if f.table == table for k in f.keys}
+    return keys | {f.table for f in FIELDS if f.table} if table == "" else keys
+
+
+_JOB_KEYS = field_keys("")
+_METRICS_KEYS = field_keys("metrics")
+_REPORT_KEYS = field_keys("report")
+_SYNTH_KEYS = field_keys("synth")
+_SUBMIT_KEYS = field_keys("submit")  # how `pexec submit` runs the job (pipeline/jobs/cluster.py)
 RUNTIMES = ("local", "image", "package")  # where a submitted job's pexec comes from (pipeline/jobs/cluster.py)
-_DIFF_KEYS = {"against", "by", "fail_on", "look_back_days"}
+_DIFF_KEYS = field_keys("diff")
 
 
 class JobFileError(PexecError, ValueError):

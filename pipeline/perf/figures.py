@@ -1,9 +1,10 @@
 """How every `pexec bench` prints its figures: project / baseline / ratio, each as min–median–max over the
-repetitions, in a terminal table or as the Markdown table the README's Benchmarks section is made of.
+repetitions, in a terminal table or as the Markdown tables docs/reference/benchmarks.md is made of.
 
 A figure without a natural baseline (peak memory, a projection) says so in its baseline cell instead of
-inventing one. README blocks sit between `<!-- bench:start NAME -->` and `<!-- bench:end NAME -->`, one per
-bench, so that `pexec bench NAME --readme README.md` replaces its own block and nothing else.
+inventing one. Markdown blocks sit between `<!-- bench:start NAME -->` and `<!-- bench:end NAME -->`, one per
+bench, so that `pexec bench NAME --readme docs/reference/benchmarks.md` replaces its own block and nothing else.
+A block's caption ends with the day its figures were measured: the only place a figure carries its date.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,7 @@ class Bench:
     caption: str
     figures: list[Figure]
     details: dict[str, Any] = field(default_factory=dict)
+    measured: str = field(default_factory=lambda: datetime.now(UTC).date().isoformat())  # the day, UTC
 
 
 def n_runs(n: int) -> str:
@@ -113,8 +116,13 @@ HEADER = ["figure", "runs", "project (min–median–max)", "baseline (same runs
 
 
 def markdown(bench: Bench) -> str:
-    """The caption in italics, then the table."""
-    lines = [f"_{bench.caption}_", "", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    """The caption in italics, ending with the day of the measurement, then the table."""
+    lines = [
+        f"_{bench.caption}; measured {bench.measured}_",
+        "",
+        "| " + " | ".join(HEADER) + " |",
+        "|" + "---|" * len(HEADER),
+    ]
     lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows(bench.figures)]
     return "\n".join(lines)
 
@@ -132,12 +140,12 @@ def show(bench: Bench, console: Console | None = None) -> None:
 
 
 def block(bench: Bench) -> str:
-    """The README block of `bench`, markers included."""
+    """The Markdown block of `bench`, markers included."""
     return f"<!-- bench:start {bench.name} -->\n{markdown(bench)}\n<!-- bench:end {bench.name} -->"
 
 
 def blocks(text: str) -> dict[str, str]:
-    """name -> what lies between a README's bench markers."""
+    """name -> what lies between a Markdown file's bench markers."""
     found = re.finditer(r"<!-- bench:start (\w+) -->\n(.*?)\n<!-- bench:end \1 -->", text, re.S)
     return {m.group(1): m.group(2) for m in found}
 

@@ -10,7 +10,7 @@ check of the next call at session depth 1, 10 and 50, in the `shop` spec and in 
 Each session records every checked call (the agent's loop: check, run the tool, record), so a check at
 depth d follows d - 1 recorded calls. An HTTP agent pauses before each check (uniform, mean `think_s`: its
 model deciding the call), and a second pass sends back to back (the service saturated). Not a timed test:
-figures go in the README.
+figures go in docs/reference/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -1,0 +1,368 @@
+"""The generated parts of the reference pages (docs/reference/*.md), written from the code that declares them:
+every command and option (from the Typer app object, nothing else of the command line), the run's tables, the
+metric catalogue, the job fields, each log format's `--option` keys, the built-in environments and the limits.
+
+Each part is a block between `<!-- generated:start NAME -->` and `<!-- generated:end NAME -->` in a committed
+page, with hand-written text around it. `python -m pipeline.cli.reference` rewrites every block in place;
+`--check` only lists the stale ones (exit 1), and tests/test_docs.py fails on any.
+
+Committed pages rather than pages generated at build time (an mkdocs hook): the benchmark blocks
+(docs/reference/benchmarks.md) are measurements no build can redo, so generated text is committed anyway and one
+mechanism serves every block; a page reads the same in a checkout, on GitHub and on the site; the doc tests read
+exactly what is published; and `make docs` stays a few seconds without importing pexec or Ray.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+import sys
+import tomllib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import typer.main
+from typer._click import Command, Context, Parameter
+from typer.core import TyperGroup as Group
+
+from pipeline.cli import app
+
+DOCS = Path("docs") / "reference"
+BLOCK = re.compile(r"<!-- generated:start (.+?) -->\n(.*?)<!-- generated:end \1 -->", re.S)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One command of the app, by its words after `pexec` ("" for `pexec` itself, "guard serve" for a
+    sub-app's command)."""
+
+    words: str
+    command: Command
+    context: Context
+
+
+def commands() -> Iterator[Entry]:
+    """Every command and group of the app, depth first, in the order the app registers them."""
+
+    def walk(command: Command, words: str, parent: Context | None) -> Iterator[Entry]:
+        context = Context(command, info_name=words.split()[-1] if words else "pexec", parent=parent)
+        yield Entry(words, command, context)
+        if isinstance(command, Group):
+            for name, sub in command.commands.items():
+                yield from walk(sub, f"{words} {name}".strip(), context)
+
+    yield from walk(typer.main.get_command(app), "", None)
+
+
+# What a value looks like, by the kind Typer shows for it ("<int range>", "<list[str]>", …).
+_KINDS = {
+    "str": "TEXT",
+    "int": "INTEGER",
+    "float": "NUMBER",
+    "path": "PATH",
+    "list[str]": "TEXT",
+    "str,str": "TEXT TEXT",
+}
+
+
+def _kind(param: Parameter, context: Context) -> str:
+    shown = param.display_type(context).strip("<>").removesuffix(" range")
+    return _KINDS.get(shown, shown.upper())
+
+
+def _value(param: Parameter, context: Context) -> str:
+    """The value an option or argument takes: its kind, its range, whether it repeats; `flag` for a switch."""
+    if getattr(param, "is_flag", False):
+        return "flag"
+    kind = _kind(param, context)
+    if param.min is not None and param.max is not None:
+        kind += f" {param.min}–{param.max}"
+    elif param.min is not None:
+        kind += f" ≥ {param.min}"
+    if param.multiple:
+        kind += ", repeatable"
+    elif param.nargs == -1:
+        kind += " …"
+    return kind
+
+
+def _default(param: Parameter) -> str:
+    if param.required:
+        return "required"
+    value = param.default
+    if value is None or value is False or value == []:
+        return "–"
+    if isinstance(value, float):
+        return f"`{value:g}`"
+    return f"`{value}`"
+
+
+def _name(param: Parameter) -> str:
+    """`--out` for an option, `STORE` for an argument (`SOURCES…` when it takes several)."""
+    if param.param_type_name == "argument":
+        name = param.name.upper()
+        return name + ("…" if param.nargs == -1 else "")
+    return ", ".join(param.opts + param.secondary_opts)
+
+
+def _cell(text: str) -> str:
+    """Text as one Markdown table cell: one line, `|` escaped, and outside code spans `<` before a letter (as in
+    METRIC<NUMBER) written as an entity so that no renderer takes it for a tag."""
+    pieces = " ".join(text.split()).replace("|", "\\|").split("`")
+    return "`".join(p if i % 2 else re.sub(r"<(?=[A-Za-z])", "&lt;", p) for i, p in enumerate(pieces))
+
+
+def _number(x: float) -> str:
+    """1e-09 as 1e-9; other numbers as `g` writes them."""
+    return re.sub(r"e([-+])0*(\d)", r"e\1\2", f"{x:g}").replace("e+", "e")
+
+
+def _synopsis(entry: Entry) -> str:
+    """`pexec score STORE --out TEXT [OPTIONS]`: the arguments, the required options, then the rest."""
+    words = ["pexec", *entry.words.split()]
+    params = [p for p in entry.command.params if not getattr(p, "hidden", False)]
+    for p in params:
+        if p.param_type_name == "argument":
+            name = p.name.upper() + ("…" if p.nargs == -1 else "")
+            words.append(name if p.required else f"[{name}]")
+    words += [f"{p.opts[0]} {_kind(p, entry.context)}" for p in params if p.param_type_name == "option" and p.required]
+    if any(p.param_type_name == "option" and not p.required for p in params):
+        words.append("[OPTIONS]")
+    if isinstance(entry.command, Group):
+        words.append("COMMAND")
+    return " ".join(words)
+
+
+def cli_entry(entry: Entry) -> str:
+    """A command's reference entry: heading, synopsis, what it does, and a table of its arguments and options
+    (`--help`, which every command has, is left out)."""
+    level = "#" * (2 + max(0, len(entry.words.split()) - 1))
+    title = " ".join(["pexec", *entry.words.split()])
+    lines = [f"{level} `{title}`", "", "```", _synopsis(entry), "```", ""]
+    lines += [" ".join((entry.command.help or "").split()), ""]
+    params = [p for p in entry.command.params if not getattr(p, "hidden", False)]
+    if params:
+        lines += ["| argument or option | value | default | meaning |", "|---|---|---|---|"]
+        for p in params:
+            meaning = p.help or ""
+            if p.envvar:
+                meaning += f" Also read from `${p.envvar}`."
+            cells = [f"`{_name(p)}`", _value(p, entry.context), _default(p), _cell(meaning) or "–"]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    if isinstance(entry.command, Group):
+        lines += ["Commands:", ""]
+        for name, sub in entry.command.commands.items():  # each a link to its entry's heading
+            lines.append(f"- [`{title} {name}`](#{'-'.join([*title.split(), name])}): {_cell(sub.help or '')}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def metric_parts() -> str:
+    """The catalogue's per-rollout parts and how each ratio metric is made of them."""
+    from pipeline.core import metric_catalogue as mc
+
+    parts = _table(
+        ["part", "per rollout", "SQL over `rollouts`"], [[f"`p_{p.name}`", p.doc, f"`{p.sql}`"] for p in mc.PARTS]
+    )
+
+    def ratio(m: mc.Metric) -> str:
+        scale = f" / 2^{int(mc.AUC_UNIT).bit_length() - 1}" if m.scale == mc.AUC_UNIT else ""
+        return f"Σ `p_{m.num}`{scale} / Σ `p_{m.den}`"
+
+    metrics = _table(
+        ["metric", "computed as", "ranked in the report", "paired comparison", "in the tables"],
+        [
+            [
+                f"`{m.name}`",
+                ratio(m),
+                "yes" if m.ranked else "no",
+                "yes" if m.paired else "no",
+                "yes" if m.in_tables else "no",
+            ]
+            for m in mc.ratios()
+        ],
+    )
+    return parts + "\n" + metrics
+
+
+def tool_metrics() -> str:
+    """The per-tool profile's fields and ratio metrics (`metrics --by tool`)."""
+    from pipeline.metrics.tool_profiles import TOOL_FIELDS, TOOL_METRICS
+
+    rows = [[f"`{m.name}`", m.label, f"Σ `{m.num}` / Σ `{m.den}` per task", m.doc] for m in TOOL_METRICS]
+    table = _table(["metric", "label", "computed as", "what"], rows)
+    return (
+        table + "\nFields of a profile besides its cohort columns: " + ", ".join(f"`{f}`" for f in TOOL_FIELDS) + ".\n"
+    )
+
+
+def job_fields() -> str:
+    from pipeline.jobs.definition import FIELDS
+
+    rows = [
+        [(f"`[{f.table}]` " if f.table else "") + ", ".join(f"`{k}`" for k in f.keys), f.meaning, f.default]
+        for f in FIELDS
+    ]
+    return _table(["field", "meaning", "default"], rows)
+
+
+def log_options() -> str:
+    """Each format's `--option` keys, as its adapter declares and checks them."""
+    from pipeline.ingest import ALLOW_NO_CALLS, _logs, formats
+
+    rows = []
+    for fmt in formats():
+        module = importlib.import_module(f"pipeline.ingest.{fmt}")
+        own = sorted(getattr(module, "OPTIONS", ()))
+        shared = [ALLOW_NO_CALLS]
+        if getattr(module, "settings", None) is _logs.settings:  # a production-log adapter: the shared options
+            shared += [*_logs.COMMON_OPTIONS, "label.NAME", "attr.NAME"]
+        rows.append([f"`{fmt}`", ", ".join(f"`{k}`" for k in own) or "–", ", ".join(f"`{k}`" for k in sorted(shared))])
+    return _table(["format", "its own keys", "shared keys"], rows)
+
+
+def environments() -> str:
+    """The environments every installation has: built-in families and the spec folders shipped in specs/ (not
+    those of entry points or of $PEXEC_SPEC_PATH, which differ between installations)."""
+    from pipeline.envs import list_environments
+    from pipeline.envs.data import BUILTIN_SPECS
+
+    rows = []
+    for name, source in list_environments().items():
+        if source == "built-in":
+            rows.append([f"`{name}`", "built-in"])
+        elif source.startswith("spec ") and Path(source.removeprefix("spec ")).resolve().parent == BUILTIN_SPECS:
+            rows.append([f"`{name}`", f"spec folder `specs/{name}/`"])
+    return _table(["environment", "from"], rows)
+
+
+def _size(n: int) -> str:
+    return f"{n // 2**20} MiB" if n % 2**20 == 0 else f"{n:,} bytes"
+
+
+# How limits.toml's `show` writes a value.
+_SHOW: dict[str, Callable[[Any], str]] = {
+    "count": lambda x: f"{x:,}",
+    "size": _size,
+    "number": _number,
+    "power2": lambda x: f"2^-{int(x).bit_length() - 1}",
+    "seconds": lambda x: f"{x:g} s",
+    "text": str,
+}
+
+
+def _declared(where: str) -> tuple[Any, str]:
+    """The value `module:NAME`, `module:Class.field` or `module:function(param)` names, and the file and name
+    it is declared as."""
+    module_name, _, name = where.partition(":")
+    module = importlib.import_module(module_name)
+    path = Path(module.__file__ or "").relative_to(Path(__file__).resolve().parents[2])
+    if param := re.fullmatch(r"(\w+)\((\w+)\)", name):
+        value = inspect.signature(getattr(module, param[1])).parameters[param[2]].default
+    else:
+        value = module
+        for part in name.split("."):  # a dataclass field's default is its class attribute
+            value = getattr(value, part)
+    return value, f"{path} `{name}`"
+
+
+def limits() -> str:
+    """Every limit pipeline/cli/limits.toml names, with its value as the code declares it."""
+    rows = []
+    for limit in tomllib.loads((Path(__file__).parent / "limits.toml").read_text(encoding="utf-8"))["limit"]:
+        value, declared = _declared(limit["value"])
+        shown = " ".join([_SHOW[limit.get("show", "count")](value), limit.get("unit", "")]).strip()
+        rows.append([limit["what"], shown, declared])
+    return _table(["limit", "value", "declared in"], rows)
+
+
+def _builders() -> dict[tuple[str, str], Callable[[], str]]:
+    """(page, block name) -> what writes the block."""
+    from pipeline.core import metric_catalogue, run_schema
+
+    builders: dict[tuple[str, str], Callable[[], str]] = {}
+    for entry in commands():
+        builders[("cli.md", f"cli {entry.words}".strip())] = lambda e=entry: cli_entry(e)
+    builders[("run-folder.md", "schema")] = run_schema.markdown
+    builders[("metrics.md", "metrics")] = metric_catalogue.markdown
+    builders[("metrics.md", "metric parts")] = metric_parts
+    builders[("metrics.md", "tool metrics")] = tool_metrics
+    builders[("jobs.md", "job fields")] = job_fields
+    builders[("log-formats.md", "options")] = log_options
+    builders[("environments.md", "environments")] = environments
+    builders[("limits.md", "limits")] = limits
+    return builders
+
+
+def expected() -> dict[str, dict[str, str]]:
+    """page -> block name -> the text the block should hold."""
+    out: dict[str, dict[str, str]] = {}
+    for (page, name), build in _builders().items():
+        out.setdefault(page, {})[name] = build()
+    return out
+
+
+def blocks(text: str) -> dict[str, str]:
+    """block name -> what a page holds between its markers."""
+    return {m.group(1): m.group(2) for m in BLOCK.finditer(text)}
+
+
+def problems(root: Path) -> list[str]:
+    """What is stale, missing or unknown among the generated blocks of the pages under `root`."""
+    found = []
+    for page, wanted in expected().items():
+        path = root / DOCS / page
+        have = blocks(path.read_text(encoding="utf-8")) if path.exists() else {}
+        found += [f"{DOCS / page}: no block {name!r}" for name in wanted if name not in have]
+        found += [
+            f"{DOCS / page}: block {name!r} is stale" for name in wanted if name in have and have[name] != wanted[name]
+        ]
+        found += [f"{DOCS / page}: block {name!r} is generated by nothing" for name in have if name not in wanted]
+    return found
+
+
+def write(root: Path) -> list[str]:
+    """Rewrite every block in place; the pages that changed."""
+    changed = []
+    for page, wanted in expected().items():
+        path = root / DOCS / page
+        text = path.read_text(encoding="utf-8")
+        new = BLOCK.sub(lambda m, w=wanted: _block(m.group(1), w[m.group(1)]) if m.group(1) in w else m.group(0), text)
+        if new != text:
+            path.write_text(new, encoding="utf-8")
+            changed.append(str(DOCS / page))
+    return changed
+
+
+def _block(name: str, body: str) -> str:
+    return f"<!-- generated:start {name} -->\n{body}<!-- generated:end {name} -->"
+
+
+def main(argv: list[str]) -> int:
+    root = Path(__file__).resolve().parents[2]
+    if argv == ["--check"]:
+        stale = problems(root)
+        print("\n".join(stale) or "every generated block is current")
+        return 1 if stale else 0
+    if argv:
+        print("usage: python -m pipeline.cli.reference [--check]", file=sys.stderr)
+        return 2
+    for page in write(root):
+        print(f"rewrote {page}")
+    left = problems(root)  # a block that is missing from its page cannot be rewritten: add its markers
+    print("\n".join(left), file=sys.stderr)
+    return 1 if left else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
