@@ -217,18 +217,15 @@ def job_fields() -> str:
 
 
 def log_options() -> str:
-    """Each format's `--option` keys, as its adapter declares and checks them."""
-    from pipeline.ingest import ALLOW_NO_CALLS, _logs, formats
+    """Each format's `--option` keys, their defaults and meanings, as the format declares them (its
+    `OptionSchema`, which `pexec ingest` checks options against)."""
+    from pipeline.ingest import accepted_options, formats
 
     rows = []
     for fmt in formats():
-        module = importlib.import_module(f"pipeline.ingest.{fmt}")
-        own = sorted(getattr(module, "OPTIONS", ()))
-        shared = [ALLOW_NO_CALLS]
-        if getattr(module, "settings", None) is _logs.settings:  # a production-log adapter: the shared options
-            shared += [*_logs.COMMON_OPTIONS, "label.NAME", "attr.NAME"]
-        rows.append([f"`{fmt}`", ", ".join(f"`{k}`" for k in own) or "–", ", ".join(f"`{k}`" for k in sorted(shared))])
-    return _table(["format", "its own keys", "shared keys"], rows)
+        for o in accepted_options(fmt).listed():
+            rows.append([f"`{fmt}`", f"`{o.key}`", f"`{o.default}`" if o.default else "–", _cell(o.doc)])
+    return _table(["format", "key", "default", "meaning"], rows)
 
 
 def environments() -> str:
