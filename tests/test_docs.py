@@ -31,7 +31,6 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
 REFERENCE = DOCS / "reference"
-EXCLUDED = {DOCS / "design.md"}  # mkdocs.yml's exclude_docs: the former design document, outside the site
 
 # "synth", "guard serve" (a sub-app's command), "" (pexec itself) -> the command
 COMMANDS = {entry.words: entry.command for entry in reference.commands()}
@@ -39,7 +38,7 @@ COMMANDS = {entry.words: entry.command for entry in reference.commands()}
 
 def pages() -> dict[Path, str]:
     """Every page of the site, and the README."""
-    found = sorted(p for p in DOCS.rglob("*.md") if p not in EXCLUDED)
+    found = sorted(DOCS.rglob("*.md"))
     return {p: p.read_text(encoding="utf-8") for p in [*found, README]}
 
 
@@ -219,8 +218,7 @@ def test_the_benchmark_page_has_one_block_per_bench_in_the_bench_format():
 
 def test_no_other_page_holds_a_benchmark_block():
     """The figures have one home, docs/reference/benchmarks.md (`make bench` writes there)."""
-    # The README is left out until it is the front page (its rewrite moves its blocks here).
-    holding = [p for p, t in pages().items() if p not in (REFERENCE / "benchmarks.md", README) and figures.blocks(t)]
+    holding = [p for p, t in pages().items() if p != REFERENCE / "benchmarks.md" and figures.blocks(t)]
     assert holding == []
 
 
