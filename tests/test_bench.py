@@ -4,7 +4,11 @@ once at small sizes so that its printing cannot rot (the figures themselves are 
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import math
+import sys
+import types
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -14,11 +18,11 @@ from conftest import fresh_ray
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from pipeline.cli.main import BENCHES
 from pipeline.core.errors import PexecError
 from pipeline.perf import figures
 from pipeline.perf.driver import finish, one_wait_per_shard
 from pipeline.perf.figures import Bench, figure
+from pipeline.perf.registry import BENCHES, Entry
 from pipeline.scoring.driver import ScoringFailed, completed
 from pipeline.storage.inputs import InputFile, Shard
 from pipeline.storage.lease import LeaseLost
@@ -219,3 +223,22 @@ def test_the_cli_prints_the_markdown_block(tmp_path):
     result = CliRunner().invoke(app, ["bench", "merged", "--rollouts", "20000", "--readme", str(readme)])
     assert result.exit_code == 0, result.output
     assert "| figure | runs |" in figures.blocks(readme.read_text())["merged"]
+
+
+def test_a_registered_bench_gets_rollouts_as_its_size_and_only_the_settings_given(monkeypatch):
+    calls: list[dict] = []
+    fake = types.ModuleType("fake_bench")
+    fake.measure = lambda **kwargs: calls.append(kwargs)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "fake_bench", fake)
+    Entry("fake_bench:measure", "n_tasks", 1000, per_unit=10, workdir=True).run(None, None, None)
+    Entry("fake_bench:measure", "n_tasks", 1000, per_unit=10, workdir=True).run(500, Path("w"), 2)
+    Entry("fake_bench:measure").run(500, Path("w"), None)  # a fixed-size bench ignores --rollouts and --workdir
+    assert calls == [{"n_tasks": 100, "workdir": None}, {"n_tasks": 50, "workdir": Path("w"), "repeats": 2}, {}]
+
+
+def test_every_registered_bench_takes_the_arguments_its_entry_passes():
+    for name, entry in BENCHES.items():
+        module, _, function = entry.function.partition(":")
+        takes = inspect.signature(getattr(importlib.import_module(module), function)).parameters
+        passed = ["repeats", *([entry.size] if entry.size else []), *(["workdir"] if entry.workdir else [])]
+        assert set(passed) <= set(takes), (name, passed, list(takes))

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import pipeline.cli.main
+import pipeline.cli.options
+import pipeline.cli.scoring
 from pipeline.cli import app
 from pipeline.core.errors import PexecError
 
@@ -177,7 +178,7 @@ def test_long_and_multi_line_messages_stay_one_line_and_verbatim(monkeypatch):
     def fail(*args: object) -> None:
         raise PexecError(message.replace("a message", "a\nmessage"))
 
-    monkeypatch.setattr(pipeline.cli.main, "open_run", fail)
+    monkeypatch.setattr(pipeline.cli.options, "open_run", fail)
     result = CliRunner().invoke(app, ["sql", "run", "SELECT 1"])
     assert result.exit_code == 2
     assert result.stderr == f"error: {message.strip()}\n"  # rich markup is not interpreted
@@ -187,11 +188,11 @@ def test_any_other_exception_is_a_bug_and_keeps_its_traceback(monkeypatch):
     def bug(*args: object) -> None:
         raise KeyError("not a user error")
 
-    monkeypatch.setattr(pipeline.cli.main, "open_run", bug)
+    monkeypatch.setattr(pipeline.cli.options, "open_run", bug)
     result = CliRunner().invoke(app, ["sql", "run", "SELECT 1"])
     assert isinstance(result.exception, KeyError) and result.exit_code == 1
     assert "error:" not in result.output
-    script = "import pipeline.cli.main as cli; cli.open_run = lambda *a: {}['boom']; cli.app()"
+    script = "import pipeline.cli.options as o; o.open_run = lambda *a: {}['boom']; from pipeline.cli import app; app()"
     proc = subprocess.run([sys.executable, "-c", script, "sql", "run", "SELECT 1"], capture_output=True, text=True,
                           timeout=120, env=ENV)  # fmt: skip
     assert proc.returncode == 1 and "Traceback" in proc.stderr and "KeyError" in proc.stderr
@@ -209,7 +210,7 @@ def test_the_progress_counts_a_shard_scored_again_once_with_its_final_counts():
     from pipeline.scoring.driver import ShardPlan
     from pipeline.scoring.shard import ShardReport
 
-    progress = pipeline.cli.main.ScoreProgress()
+    progress = pipeline.cli.scoring.ScoreProgress()
     progress.on_plan(ShardPlan(files=1, shards=[object(), object()], ignored=[], total_bytes=0))  # type: ignore[list-item]
     first = ShardReport("a", "f", 0, 10, "x", read=5, scored=5)
     progress.on_shard(first)
@@ -217,3 +218,26 @@ def test_the_progress_counts_a_shard_scored_again_once_with_its_final_counts():
     progress.on_shard(ShardReport("a", "f", 0, 10, "x", read=5, scored=4, rejected=1))
     assert progress.bar.tasks[progress.task].completed == 2
     assert (progress.rollouts, progress.rejects) == (7, 1)
+
+
+def test_every_reader_of_a_run_takes_the_shared_options_it_needs_and_no_other():
+    import typer.main
+
+    group = typer.main.get_command(app)
+    cohorts = {"by", "harness_errors", "pool", "strict_replay"}
+    intervals = {"bootstrap", "seed", "method"}
+    storage = {"endpoint_url", "storage_option"}
+    wanted = {
+        "metrics": cohorts | intervals | storage | {"partial"},
+        "report": cohorts | intervals | storage | {"partial"},
+        "diff": cohorts | intervals | storage,
+        "sql": storage | {"partial"},
+        "view": intervals | storage | {"partial"},
+    }
+    shared = cohorts | intervals | storage | {"partial"}
+    for name, options in wanted.items():
+        taken = {p.name for p in group.commands[name].params}  # type: ignore[attr-defined]
+        assert taken & shared == options, name
+    # metrics alone takes the mergeable bootstrap
+    assert "poisson-merged" in CliRunner().invoke(app, ["metrics", "--help"]).stdout
+    assert "poisson-merged" not in CliRunner().invoke(app, ["report", "--help"]).stdout

@@ -20,12 +20,12 @@ import pytest
 from markdown.extensions.toc import slugify
 
 from pipeline.cli import reference
-from pipeline.cli.main import BENCHES
 from pipeline.core import metric_catalogue
 from pipeline.core.run_schema import markdown, tables
 from pipeline.envs.spec.loader import SpecError, load_spec
 from pipeline.jobs.definition import FIELDS, load_job
 from pipeline.perf import figures
+from pipeline.perf.registry import BENCHES
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

@@ -205,7 +205,7 @@ def test_code_version_covers_what_scoring_executes_and_nothing_else():
     # expression language via the rule engine, the BFCL wheel importer via its environment)
     assert {"scoring/shard.py", "replay/checker.py", "core/records.py", "expr/__init__.py"} <= sources
     assert "envs/bfcl/wheel_import.py" in sources
-    assert not {"metrics/cohorts.py", "cli/main.py", "scoring/driver.py", "report/html.py", "ingest/bfcl.py"} & sources
+    assert not {"metrics/cohorts.py", "cli/app.py", "scoring/driver.py", "report/html.py", "ingest/bfcl.py"} & sources
 
 
 def test_a_job_with_a_report_table_writes_metrics_and_report(tmp_path, local_ray):

@@ -1,0 +1,80 @@
+"""`pexec`: a thin command line over the Python API (pipeline.*)."""
+
+from __future__ import annotations
+
+import warnings
+from importlib.metadata import version
+from typing import Annotated, Any
+
+import click
+import typer
+from rich.text import Text
+from typer.core import TyperGroup
+
+from pipeline.cli import analysis, bench, envs, guard, jobs, scoring, stores
+from pipeline.cli.render import console, literal, show_warning
+from pipeline.core.errors import PexecError
+
+warnings.showwarning = show_warning
+
+
+class _Commands(TyperGroup):
+    """The one place user-facing errors end: any command's PexecError is printed as `error: <message>` on
+    one line and exits 2. Any other exception is a bug and keeps its traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except PexecError as exc:
+            _fail(str(exc), exc)
+        except OSError as exc:  # storage: a missing bucket or file, a refused write, an unreachable endpoint
+            _fail(f"{type(exc).__name__}: {exc}", exc)
+        except Exception as exc:
+            if type(exc).__module__.startswith("botocore"):  # credentials, endpoint (not an OSError)
+                _fail(f"{type(exc).__name__}: {exc} (see the AWS environment or --endpoint-url)", exc)
+            raise
+
+
+def _fail(message: str, exc: Exception) -> None:
+    # Some messages carry several lines (DuckDB's); soft_wrap keeps long ones on one line too.
+    message = " ".join(line.strip() for line in message.splitlines() if line.strip())
+    console.print(Text.assemble(("error:", "bold red"), " ", literal(message)), soft_wrap=True)
+    raise typer.Exit(code=2) from exc
+
+
+app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True, help=__doc__)
+
+
+def _print_version(show: bool) -> None:
+    if show:
+        typer.echo(version("pexec"))
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    show_version: Annotated[
+        bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """The options of `pexec` itself, given before any command (the app's help text comes from __doc__)."""
+
+
+# The commands in the order `pexec --help` lists them, each in the module of its group.
+app.command()(stores.synth)
+app.command()(stores.ingest)
+app.command()(scoring.score)
+app.command()(jobs.run)
+app.command()(jobs.submit)
+app.command()(jobs.status)
+app.command()(jobs.logs)
+app.command()(jobs.stop)
+app.command()(jobs.jobs)
+app.command()(analysis.metrics)
+app.command()(analysis.report)
+app.command()(analysis.diff)
+app.command()(analysis.sql)
+app.command()(analysis.view)
+app.command()(envs.envs)
+app.add_typer(guard.guard_app, name="guard")
+app.command()(bench.bench)

@@ -1,0 +1,148 @@
+"""`pexec score` and what it shares with `pexec run`: the live progress of a scoring job, its closing summary,
+and a scheduler's SIGTERM unwinding like Ctrl-C."""
+
+from __future__ import annotations
+
+import signal
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.text import Text
+
+from pipeline.cli.options import EndpointUrl, Force, Policy, RayAddress, SpecDir, StorageOption, check_policy, storage
+from pipeline.cli.render import console, literal
+from pipeline.core.errors import PexecError
+from pipeline.envs import EnvOptions
+from pipeline.replay.checker import CHECKS, parse_checks
+from pipeline.scoring.driver import DEFAULT_SHARD_BYTES, ShardPlan, run_scoring
+from pipeline.scoring.shard import ShardReport
+from pipeline.storage.lease import DEFAULT_STALE_AFTER
+
+
+def score(
+    store: Annotated[str, typer.Argument(help="Input store: a file or folder, local path or fsspec URL.")],
+    run: Annotated[str, typer.Option("--out", help="Run folder to write (steps/, rollouts/, rejects/).")],
+    env: Annotated[
+        str | None, typer.Option("--env", help="Environment for every rollout (default: each rollout's benchmark).")
+    ] = None,
+    spec: Annotated[
+        str | None, typer.Option("--spec", help="Spec giving `observed` its schemas and grounding.")
+    ] = None,
+    spec_dir: SpecDir = None,
+    address: RayAddress = None,
+    policy: Policy = "code",
+    shard_mb: Annotated[float, typer.Option("--shard-mb", help="Target shard size in MiB.")] = DEFAULT_SHARD_BYTES
+    / 2**20,
+    num_cpus: Annotated[int | None, typer.Option("--num-cpus", help="CPUs for local Ray.")] = None,
+    inline: Annotated[bool, typer.Option("--inline", help="Score in this process, without Ray.")] = False,
+    force: Force = False,
+    lease_stale_after: Annotated[
+        float,
+        typer.Option(
+            "--lease-stale-after",
+            min=1,
+            help="Seconds without a heartbeat after which another writer's lease on the run is taken over.",
+        ),
+    ] = DEFAULT_STALE_AFTER,
+    endpoint_url: EndpointUrl = None,
+    storage_option: StorageOption = None,
+    checks: Annotated[
+        str,
+        typer.Option("--checks", help="Checks that apply, a comma-separated subset of schema,dependency,precondition."),
+    ] = ",".join(CHECKS),
+) -> None:
+    """Replay every rollout and write per-step flags, per-rollout summaries, rejects and the manifest."""
+    check_policy(policy)
+    try:
+        selected = parse_checks(checks)
+    except ValueError as exc:
+        raise PexecError(f"--checks: {exc}") from None
+    if shard_mb * 2**20 < 1:
+        raise PexecError(f"--shard-mb takes a size > 0, got {shard_mb}")
+    options = EnvOptions(spec_dirs=tuple(spec_dir or ()), spec=spec, policy=policy)
+    unwind_on_sigterm()
+    progress = ScoreProgress()
+    with progress.bar:
+        manifest = run_scoring(
+            store,
+            run,
+            env=env,
+            options=options,
+            address=address,
+            executor="inline" if inline else "ray",
+            shard_bytes=int(shard_mb * 2**20),
+            num_cpus=num_cpus,
+            storage_options=storage(endpoint_url, storage_option),
+            on_plan=progress.on_plan,
+            on_shard=progress.on_shard,
+            force=force,
+            lease_stale_after=lease_stale_after,
+            checks=selected,
+        )
+    summary(manifest, run)
+
+
+def unwind_on_sigterm() -> None:
+    """A scheduler's SIGTERM (a cron or pod timeout) unwinds like Ctrl-C, so the run's lease is released."""
+
+    def leave(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, leave)
+
+
+class ScoreProgress:
+    """The driver's live view of a scoring job: shards, rollouts, rollouts/s, rejects, ETA."""
+
+    def __init__(self) -> None:
+        self.bar = Progress(
+            TextColumn("[bold]scoring"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("shards"),
+            TextColumn(
+                "{task.fields[rollouts]:,} rollouts · {task.fields[rate]:,.0f}/s · {task.fields[rejects]} rejects"
+            ),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+        )
+        self.rollouts = self.rejects = 0
+        self.task: Any = None
+        self.seen: dict[str, ShardReport] = {}  # a shard holding a later copy of a duplicated id reports twice
+
+    def on_plan(self, p: ShardPlan) -> None:
+        console.print(
+            f"plan: {p.files} file(s), {p.total_bytes / 2**20:,.1f} MiB -> {len(p.shards)} shard(s)"
+            + (f", {p.reusable} unchanged since they were scored (reused)" if p.reusable else "")
+            + (f"; ignored {len(p.ignored)} non-data file(s)" if p.ignored else "")
+        )
+        self.task = self.bar.add_task("score", total=len(p.shards), rollouts=0, rate=0.0, rejects=0)
+
+    def on_shard(self, r: ShardReport) -> None:
+        before = self.seen.get(r.shard)
+        self.seen[r.shard] = r
+        self.rollouts += r.scored - (before.scored if before else 0)
+        self.rejects += r.rejected - (before.rejected if before else 0)
+        elapsed = self.bar.tasks[self.task].elapsed or 1e-9
+        self.bar.update(
+            self.task,
+            advance=0 if before else 1,
+            rollouts=self.rollouts,
+            rejects=self.rejects,
+            rate=self.rollouts / elapsed,
+        )
+
+
+def summary(manifest: dict[str, Any], run: str) -> None:
+    """What a scoring job did, on one line, and how to see its rejects when there are any."""
+    c = manifest["counts"]
+    console.print(
+        f"read {c['read']:,} · scored {c['scored']:,} · rejected {c['rejected']:,} · steps {c['steps']:,} "
+        f"· {c['shards_reused']} of {c['shards']} shard(s) reused · {manifest['seconds']:.1f}s -> {literal(run)}"
+    )
+    if c["rejected"]:
+        query = "SELECT reason, source, location FROM rejects"
+        hint = f"{c['rejected']} record(s) rejected; to see them: pexec sql {literal(run)} '{query}'"
+        console.print(Text(hint, "yellow"))

@@ -1,0 +1,100 @@
+"""The commands that write a store of canonical rollouts: synth (synthetic, with known truth) and ingest
+(converted from benchmark or production logs)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from pipeline.cli.options import (
+    Append,
+    EndpointUrl,
+    OutStore,
+    Overwrite,
+    Seed,
+    StorageOption,
+    StoreFormat,
+    pairs,
+    storage,
+    write_mode,
+)
+from pipeline.cli.render import console, literal, out
+from pipeline.core.errors import PexecError
+from pipeline.storage.stores import write_store
+from pipeline.synthetic.rollouts import synthesize
+
+
+def synth(
+    spec: Annotated[str, typer.Argument(help="Spec to build tasks for (shipped: shop).")],
+    out_store: OutStore,
+    rollouts: Annotated[int, typer.Option("--rollouts", min=1, help="Rollouts to write.")] = 1000,
+    tasks: Annotated[
+        int, typer.Option("--tasks", min=1, help="Tasks the rollouts are spread over (at most --rollouts).")
+    ] = 100,
+    seed: Seed = 0,
+    fmt: StoreFormat = "jsonl",
+    compression: Annotated[str, typer.Option("--compression", help="none, gzip or zstd (JSON Lines)")] = "none",
+    per_file: Annotated[int, typer.Option("--per-file", min=1, help="Rollouts per file.")] = 50_000,
+    overwrite: Overwrite = False,
+    append: Append = False,
+    endpoint_url: EndpointUrl = None,
+    storage_option: StorageOption = None,
+) -> None:
+    """Generate a synthetic store with known per-step truth (injected failures, recoveries)."""
+    if fmt not in ("jsonl", "parquet") or compression not in ("none", "gzip", "zstd"):
+        raise PexecError("--format is jsonl or parquet; --compression is none, gzip or zstd")
+    mode = write_mode(overwrite, append)
+    records = synthesize(spec, rollouts, tasks, seed)
+    options = storage(endpoint_url, storage_option)
+    n = write_store(records, out_store, fmt, per_file, None if compression == "none" else compression, options, mode)
+    console.print(f"wrote {n} rollouts over {min(tasks, rollouts)} tasks to {literal(out_store)}")
+
+
+def ingest(
+    fmt: Annotated[str, typer.Argument(help="Source format (docs/reference/log-formats.md: bfcl, tau2, ...).")],
+    sources: Annotated[list[str], typer.Argument(help="Files or folders to read.")],
+    out_store: OutStore,
+    label: Annotated[list[str] | None, typer.Option("--label", help="k=v added to every rollout's labels.")] = None,
+    option: Annotated[list[str] | None, typer.Option("--option", help="k=v setting of the format's adapter.")] = None,
+    store_fmt: StoreFormat = "jsonl",
+    overwrite: Overwrite = False,
+    append: Append = False,
+    endpoint_url: EndpointUrl = None,
+    storage_option: StorageOption = None,
+) -> None:
+    """Convert benchmark or production logs into canonical rollouts.
+
+    `--option help` lists the options of FORMAT instead: nothing is read or written."""
+    from pipeline.ingest import IngestOptions, accepted_options
+    from pipeline.ingest import ingest as run_ingest
+
+    if "help" in (option or []):  # each key, its default and its one-line doc, from the format's declared schema
+        table = Table("option", "default", "meaning")
+        for o in accepted_options(fmt).listed():
+            table.add_row(literal(o.key), literal(o.default or ""), literal(o.doc))
+        out.print(table)
+        return
+    options = storage(endpoint_url, storage_option)  # for the sources and the output store
+    settings = IngestOptions(labels=pairs(label, "--label"), extra=pairs(option, "--option"), storage_options=options)
+    harness_errors = orphans = orphaned = 0
+
+    def counted(records: Iterator[dict]) -> Iterator[dict]:
+        nonlocal harness_errors, orphans, orphaned
+        for record in records:
+            harness_errors += record.get("status") == "harness_error"
+            found = int((record.get("attributes") or {}).get("orphan_results", 0))
+            orphans, orphaned = orphans + found, orphaned + (found > 0)
+            yield record
+
+    records = counted(run_ingest(fmt, sources, settings))
+    n = write_store(records, out_store, store_fmt, storage_options=options, mode=write_mode(overwrite, append))
+    ok = n - harness_errors
+    console.print(f"wrote {n} rollouts to {literal(out_store)}: {ok} ok, {harness_errors} harness error(s)")
+    if orphans:
+        console.print(
+            f"warning: {orphans} tool result(s) in {orphaned} rollout(s) answer no logged call; kept as 'tool' "
+            "messages (attribute orphan_results)"
+        )
