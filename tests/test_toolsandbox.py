@@ -375,7 +375,9 @@ def test_a_crashed_scenario_is_a_harness_error_with_its_recovered_calls(crashed_
     assert all(records[t]["status"] == "ok" and records[t] == finished[t] for t in records if t != CRASHED)
     # The command line ingests the mixed folder whole and counts what it wrote.
     store = crashed_run.parent / "store"
-    shown = CliRunner().invoke(app, ["ingest", "toolsandbox", str(crashed_run), "--out", str(store)])
+    # On a terminal as wide as the line: where it would wrap, and lose a space, depends on the temporary path.
+    wide = CliRunner(env={"COLUMNS": "1000"})
+    shown = wide.invoke(app, ["ingest", "toolsandbox", str(crashed_run), "--out", str(store)])
     assert shown.exit_code == 0 and f"wrote 3 rollouts to {store}: 2 ok, 1 harness error(s)" in "".join(
         shown.output.splitlines()
     )
