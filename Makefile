@@ -46,8 +46,11 @@ reference: install
 browser:
 	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
+# The suite on 2 worker processes (pytest-xdist), a test file at a time on one of them: each module's fixtures (a
+# scored run, a Ray head, an S3 server) are made once; the longest modules go first (tests/conftest.py). The 15
+# slowest tests are listed at the end.
 test: lint docs browser
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 
 # The adversarial suites (pytest marker `fuzz`) with many more generated inputs than `make test` uses, within
 # a bounded time; the tallies they print are the "Hardening" table of docs/reference/limits.md.

@@ -28,6 +28,31 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
+# The modules that take longest (about 20 s to 75 s each on the 2-core machine, longest first). On pytest-xdist's
+# workers (`make test`: a module at a time, in collection order) they are collected first, so that no worker is
+# left with one of them while the other has finished everything else. Left out of date, it only costs time.
+LONGEST_MODULES = (
+    "test_cluster.py",
+    "test_lease.py",
+    "test_bench.py",
+    "test_scale.py",
+    "test_multinode.py",
+    "test_storage_errors.py",
+    "test_cli.py",
+    "test_report.py",
+    "test_metric_properties.py",
+    "test_coverage.py",
+    "test_pipeline.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return  # a run in one process keeps the order of the files
+    rank = {name: i for i, name in enumerate(LONGEST_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -43,28 +68,95 @@ def wait_for(condition, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-@contextmanager
-def fresh_ray(**options) -> Iterator[None]:
-    """A local Ray of 2 CPUs for this block, stopped after it. `run_scoring` keeps the Ray it started (a caller
-    may score twice), so one left by an earlier test is stopped first: `ray.init` would refuse to run twice."""
+# The one set of options for a local Ray in tests: 2 CPUs, as on this project's machines.
+RAY_OPTIONS = {"num_cpus": 2, "include_dashboard": False, "logging_level": "WARNING"}
+# The node id of the Ray that `shared_ray` started, while it runs: tells it apart from a Ray started by a test
+# itself (fresh_ray, or run_scoring with options of its own), which is never reused.
+_shared_node: list[str] = []
+
+
+def _running_node() -> str | None:
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    return ray.get_runtime_context().get_node_id()
+
+
+def _stop_ray() -> None:
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+    _shared_node.clear()
+
+
+def _start_ray(worker_env: dict[str, str] | None = None, **options) -> str:
+    """Starts a local Ray; its workers see this process's environment plus `worker_env` (this process's own is
+    left as it was)."""
     import ray
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.shutdown()
-    ray.init(**{"num_cpus": 2, "include_dashboard": False, "logging_level": "WARNING", **options})
+    before = {name: os.environ.get(name) for name in worker_env or {}}
+    os.environ.update(worker_env or {})  # Ray's processes, and the workers they start, copy it at ray.init
+    try:
+        ray.init(**{**RAY_OPTIONS, **options})
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    return ray.get_runtime_context().get_node_id()
+
+
+@contextmanager
+def fresh_ray(**options) -> Iterator[None]:
+    """A local Ray of its own for this block (RAY_OPTIONS, overridden by `options`), stopped after it: for a test
+    that kills its workers or needs other options. `run_scoring` keeps the Ray it started (a caller may score
+    twice), so one left by an earlier test is stopped first: `ray.init` would refuse to run twice."""
+    _stop_ray()
+    _start_ray(**options)
     try:
         yield
     finally:
-        ray.shutdown()
+        _stop_ray()
+
+
+@pytest.fixture
+def shared_ray() -> None:
+    """The local Ray (RAY_OPTIONS) that every test asking for it shares, started at the first such test and kept
+    until the session ends, or until a test stops it (fresh_ray, own_ray, a bench): then the next one starts it
+    again. Each start costs seconds of the suite, and `run_scoring` reuses a running Ray. Its workers outlive
+    the test: a test that kills them, or that changes what a worker process holds, takes fresh_ray."""
+    node = _running_node()
+    if node is not None and node in _shared_node:
+        return
+    _stop_ray()  # a Ray of another test's options: never reused
+    # A module's `s3` fixture may come after the shared Ray started: its workers have the credentials already.
+    _shared_node.append(_start_ray(worker_env=CREDENTIALS))
+
+
+@pytest.fixture
+def own_ray() -> Iterator[None]:
+    """No Ray running when the test starts, and none after it: `run_scoring` starts one with the test's own
+    options (num_cpus), not the shared one's."""
+    _stop_ray()
+    yield
+    _stop_ray()
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _no_ray_across_modules() -> Iterator[None]:
-    """No module inherits a Ray from another: the order of test modules then changes nothing."""
+    """No module inherits a Ray from another, except the shared one (its options are fixed): the order of test
+    modules then changes nothing."""
     yield
-    ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
-        ray.shutdown()
+    if _running_node() not in _shared_node:
+        _stop_ray()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _ray_stopped_at_the_end() -> Iterator[None]:
+    yield
+    _stop_ray()
 
 
 @pytest.fixture(scope="module")

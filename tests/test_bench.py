@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import ray
-from conftest import fresh_ray
 from typer.testing import CliRunner
 
 from pipeline.cli import app
@@ -76,10 +75,9 @@ def test_the_markdown_block_is_replaced_in_place_and_only_its_own(tmp_path):
 # -- the driver's completion loop, on real local Ray ----------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    with fresh_ray():
-        yield
+@pytest.fixture
+def local_ray(shared_ray):
+    """The loop's tasks only need some local Ray: the shared one."""
 
 
 FILE = InputFile("bench://test", "jsonl", None, 0, "0")

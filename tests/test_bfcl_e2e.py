@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import fresh_ray
 from typer.testing import CliRunner
 
 from pipeline.cli import app
@@ -32,9 +31,8 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def test_real_run_scored_through_ray_matches_bfcl_accuracy_and_logged_outputs(store, tmp_path):
-    with fresh_ray():
-        manifest = run_scoring(str(store), str(tmp_path / "run"), shard_bytes=512 * 1024)
+def test_real_run_scored_through_ray_matches_bfcl_accuracy_and_logged_outputs(store, tmp_path, shared_ray):
+    manifest = run_scoring(str(store), str(tmp_path / "run"), shard_bytes=512 * 1024)
     assert manifest["counts"] == {**manifest["counts"], "read": 600, "scored": 600, "rejected": 0, "steps": 4459}
     assert manifest["reconciled"] and len(manifest["shards"]) > 2
     assert manifest["environments"] == {"bfcl_v4": get_environment("bfcl_v4").version}
@@ -60,7 +58,7 @@ def test_real_run_scored_through_ray_matches_bfcl_accuracy_and_logged_outputs(st
     }
 
 
-def test_v3_named_run_replays_against_the_v3_release_in_ray_workers(tmp_path):
+def test_v3_named_run_replays_against_the_v3_release_in_ray_workers(tmp_path, shared_ray):
     # A "model" that answers with the v3 ground truth (prompt-mode call strings), in BFCL's folder layout;
     # BFCL's score file marks task 173 failed. Workers load 2025.8.6.2 from its wheel, beside 2025.11.10.
     results = tmp_path / "result" / "gt-model" / "multi_turn"
@@ -79,8 +77,7 @@ def test_v3_named_run_replays_against_the_v3_release_in_ray_workers(tmp_path):
     store, run = tmp_path / "store", tmp_path / "run"
     result = CliRunner().invoke(app, ["ingest", "bfcl", str(tmp_path / "result"), "--out", str(store)])
     assert result.exit_code == 0, result.output
-    with fresh_ray():
-        manifest = run_scoring(str(store), str(run))
+    manifest = run_scoring(str(store), str(run))
     assert manifest["environments"] == {"bfcl_v3": get_environment("bfcl_v3").version}
     assert manifest["environments"]["bfcl_v3"].startswith("bfcl-eval==2025.8.6.2+")
     assert manifest["counts"]["scored"] == 400 and manifest["counts"]["rejected"] == 0

@@ -178,19 +178,8 @@ def test_measured_failures_are_rejects_with_their_reason(tmp_path: Path) -> None
     assert detail == "arguments nest deeper than 64 levels"
 
 
-@pytest.fixture
-def local_ray() -> Any:
-    """Ray as run_scoring starts it, shut down afterwards (later modules start their own)."""
-    import ray
-
-    started_here = not ray.is_initialized()
-    yield
-    if started_here:
-        ray.shutdown()
-
-
 @pytest.mark.fuzz
-@pytest.mark.usefixtures("local_ray")
+@pytest.mark.usefixtures("own_ray")  # Ray as run_scoring starts it (1 CPU), shut down afterwards
 def test_adversarial_records_through_ray(tmp_path: Path) -> None:
     rng = random.Random(7)
     lines = [json.dumps(r) for r in BASE[:4]]

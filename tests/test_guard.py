@@ -201,7 +201,7 @@ def scored_steps(run: Path) -> dict[str, list[tuple]]:
     return scored
 
 
-def test_a_guard_session_through_every_real_log_gives_the_scorers_flags_and_causes(tmp_path):
+def test_a_guard_session_through_every_real_log_gives_the_scorers_flags_and_causes(tmp_path, own_ray):
     if not SHARED.is_dir():
         pytest.fail(f"shared data not found at {SHARED} (expected ../shared/data next to the project)")
     store = tmp_path / "store"

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 import orjson
 import pyarrow.parquet as pq
 import pytest
-from conftest import fresh_ray, wait_for
+from conftest import wait_for
 
 from pipeline.core.errors import StorageError
 from pipeline.scoring.driver import ScoringFailed, run_scoring
@@ -139,7 +140,7 @@ def test_only_the_current_acquisition_is_the_holder(where: tuple[str, dict | Non
         require_holder(run, token, storage)
 
 
-def test_tasks_of_a_writer_that_lost_the_lease_write_nothing(where: tuple[str, dict | None]) -> None:
+def test_tasks_of_a_writer_that_lost_the_lease_write_nothing(where: tuple[str, dict | None], shared_ray) -> None:
     """A stopping driver leaves its Ray tasks running (pipeline.scoring.driver.completed): each checks, right
     before writing, that its driver still holds the lease. Here another writer takes the lease after the plan
     and before any task ends, long before the driver's own heartbeat would notice: not one shard is written."""
@@ -154,7 +155,7 @@ def test_tasks_of_a_writer_that_lost_the_lease_write_nothing(where: tuple[str, d
             assert lease_object.swap(_dump(_me()), version) is not None
 
     taken = f"failed: the lease of {re.escape(run)} was taken over by another writer$"
-    with fresh_ray(), pytest.raises(ScoringFailed, match=taken):
+    with pytest.raises(ScoringFailed, match=taken):
         run_scoring(store, run, shard_bytes=20_000, storage_options=storage, on_plan=taken_over)
     assert read_shard_markers(run, storage) == {} and not any(part_sizes(run, storage).values())
 
@@ -195,17 +196,32 @@ def run_rows(run: str, storage: dict | None) -> dict[str, list[dict]]:
     return out
 
 
+@pytest.fixture(scope="module")
+def store_and_clean(tmp_path_factory: pytest.TempPathFactory) -> Callable[[dict | None], tuple[str, str]]:
+    """The store of 1200 rollouts that the writer tests score, and its clean run (scored alone, by the console
+    script, with 0.05 MiB shards): made at first use once per place, a local folder or the S3 bucket, and only
+    read by the tests after that."""
+    made: dict[str, tuple[str, str]] = {}
+
+    def get(storage: dict | None) -> tuple[str, str]:
+        place = "s3" if storage else "local"
+        if place not in made:
+            base = "s3://pexec-test/shared" if storage else str(tmp_path_factory.mktemp("shared"))
+            store, clean = f"{base}/store", f"{base}/clean/run"  # a run named `run`: the same run_id as the tests'
+            write_store(synthesize("shop", 1200, 100, seed=5), store, per_file=300, storage_options=storage)
+            subprocess.run(score_args(store, clean, "0.05", storage), env=pexec_env(), check=True, capture_output=True)
+            made[place] = store, clean
+        return made[place]
+
+    return get
+
+
 @pytest.mark.parametrize("second_shard_mb", ["0.05", "0.02"], ids=["same-shard-mb", "different-shard-mb"])
 def test_two_concurrent_score_runs_one_refuses_and_the_run_equals_a_clean_one(
-    where: tuple[str, dict | None], tmp_path: Path, second_shard_mb: str
+    where: tuple[str, dict | None], store_and_clean: Callable, second_shard_mb: str
 ) -> None:
     run, storage = where
-    base = run.rsplit("/", 1)[0]
-    store = f"{base}/store"
-    write_store(synthesize("shop", 1200, 100, seed=5), store, per_file=300, storage_options=storage)
-    clean = f"{base}/clean/run"  # same basename: the same run_id
-    subprocess.run(score_args(store, clean, "0.05", storage), env=pexec_env(), check=True, capture_output=True)
-
+    store, clean = store_and_clean(storage)
     first = subprocess.Popen(
         score_args(store, run, "0.05", storage), env=pexec_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
@@ -229,10 +245,8 @@ def test_two_concurrent_score_runs_one_refuses_and_the_run_equals_a_clean_one(
     assert run_rows(run, storage) == run_rows(clean, storage)
 
 
-def test_a_killed_writer_on_this_host_does_not_block_the_rerun(tmp_path: Path) -> None:
-    store, run, clean = str(tmp_path / "store"), str(tmp_path / "run"), str(tmp_path / "clean" / "run")
-    write_store(synthesize("shop", 1200, 100, seed=5), store, per_file=300)
-    subprocess.run(score_args(store, clean, "0.05", None), env=pexec_env(), check=True, capture_output=True)
+def test_a_killed_writer_on_this_host_does_not_block_the_rerun(tmp_path: Path, store_and_clean: Callable) -> None:
+    (store, clean), run = store_and_clean(None), str(tmp_path / "run")
     killed = subprocess.Popen(score_args(store, run, "0.05", None), env=pexec_env(), stderr=subprocess.DEVNULL)
     lease_appears(run, None)
     killed.kill()  # SIGKILL: no clean-up, the lease stays behind

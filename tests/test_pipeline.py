@@ -10,7 +10,6 @@ from pathlib import Path
 import orjson
 import pyarrow.parquet as pq
 import pytest
-from conftest import fresh_ray
 from typer.testing import CliRunner
 
 from pipeline.cli import app
@@ -44,10 +43,9 @@ def records(store: Path) -> dict[str, dict]:
     return out
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    with fresh_ray():
-        yield
+@pytest.fixture
+def local_ray(shared_ray):
+    """Scoring through Ray: the session's shared local Ray."""
 
 
 def table(run: Path, name: str) -> list[dict]:

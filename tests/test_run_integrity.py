@@ -12,7 +12,6 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import fresh_ray
 
 from pipeline.scoring.driver import run_scoring
 from pipeline.storage.inputs import line_numbers, list_inputs
@@ -121,11 +120,10 @@ def test_only_the_shards_holding_a_later_copy_are_scored_again(runs: dict[int, t
 
 
 def test_ray_finds_the_same_copies_as_inline_whatever_order_the_shards_finish(
-    store: Path, runs: dict[int, tuple[Path, dict]], tmp_path: Path
+    store: Path, runs: dict[int, tuple[Path, dict]], tmp_path: Path, shared_ray: None
 ) -> None:
     inline, _ = runs[20_000]
-    with fresh_ray():
-        run_scoring(str(store), str(tmp_path / "run"), shard_bytes=20_000, run_id="run")
+    run_scoring(str(store), str(tmp_path / "run"), shard_bytes=20_000, run_id="run")
     for table in ("steps", "rollouts", "rejects"):
         assert rows(tmp_path / "run", table) == rows(inline, table)
 

@@ -47,11 +47,10 @@ def reference_run(local_store: Path, tmp_path_factory: pytest.TempPathFactory) -
     return run
 
 
-def test_object_storage_end_to_end_through_ray(s3, local_store, reference_run, tmp_path):
+def test_object_storage_end_to_end_through_ray(s3, local_store, reference_run, tmp_path, shared_ray):
     store, run = "s3://pexec-test/store", "s3://pexec-test/runs/a"
     write_store(synthesize("shop", 1500, 150, seed=5), store, per_file=300, storage_options=s3)
-    with fresh_ray():
-        manifest = run_scoring(store, run, storage_options=s3, shard_bytes=256 * 1024, run_id="r")
+    manifest = run_scoring(store, run, storage_options=s3, shard_bytes=256 * 1024, run_id="r")
     assert manifest["counts"]["scored"] == 1500 and manifest["reconciled"]
     assert read_manifest(run, s3)["counts"] == manifest["counts"]
     for table in ("steps", "rollouts"):
@@ -72,7 +71,7 @@ def test_object_storage_end_to_end_through_ray(s3, local_store, reference_run, t
     assert len(fs.find(report[5:])) == len(local.files)
 
 
-def test_unwritable_bucket_fails_clearly_and_commits_nothing(s3, local_store):
+def test_unwritable_bucket_fails_clearly_and_commits_nothing(s3, local_store, own_ray):
     with pytest.raises(ScoringFailed, match=r"NoSuchBucket|does not exist|not found"):
         run_scoring(str(local_store), "s3://no-such-bucket/run", storage_options=s3, executor="ray", num_cpus=1)
     ray.shutdown()
@@ -112,6 +111,19 @@ def test_an_unreachable_store_fails_clearly(s3, tmp_path):  # s3: only for its c
     assert proc.returncode == 2 and "cannot list store" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def of_this_process(pid: int) -> bool:
+    """Whether `pid` descends from this process: a worker of the Ray it started, not of another Ray on the
+    machine (a parallel test process's, another checkout's)."""
+    while pid > 1:
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])  # the parent's pid
+        except (OSError, IndexError, ValueError):
+            return False
+        if pid == os.getpid():
+            return True
+    return False
+
+
 def test_a_worker_killed_mid_job_changes_nothing(local_store, reference_run, tmp_path):
     run = str(tmp_path / "run")
     killed: list[int] = []
@@ -121,9 +133,9 @@ def test_a_worker_killed_mid_job_changes_nothing(local_store, reference_run, tmp
         if killed:
             return
         pids = subprocess.run(["pgrep", "-f", "ray::score_shard"], capture_output=True, text=True).stdout.split()
-        for pid in pids:
-            os.kill(int(pid), signal.SIGKILL)
-            killed.append(int(pid))
+        for pid in filter(of_this_process, map(int, pids)):
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
             break
 
     with fresh_ray():

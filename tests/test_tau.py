@@ -248,7 +248,7 @@ def test_stored_schemas_are_the_official_ones_tightened():
         assert orjson.loads(tools_path(domain).read_bytes()) == official_tools(domain)
 
 
-def test_ingest_every_real_variant_and_score_through_ray(tmp_path):
+def test_ingest_every_real_variant_and_score_through_ray(tmp_path, own_ray):
     _need_shared()
     records = list(ingest("tau2", [str(REAL)], IngestOptions(labels={"run": "t"}, extra={"tasks": str(TAU3)})))
     assert len(records) == 290
