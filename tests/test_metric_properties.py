@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import tempfile
 from fractions import Fraction
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_aggregate import _TYPES
@@ -58,7 +60,11 @@ def run_metrics(rows: list[dict[str, Any]], method: str, seed: int) -> list[dict
         return open_run(tmp).metrics(settings=BootstrapSettings(B=B, seed=seed, method=method))  # type: ignore[arg-type]
 
 
-common = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Each example runs the whole DuckDB stage (~0.15 s): `make test` tries 15 per property, `make fuzz` (marker
+# `fuzz`, PEXEC_FUZZ_EXAMPLES) as many as it is given.
+EXAMPLES = int(os.environ.get("PEXEC_FUZZ_EXAMPLES", "15"))
+common = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+pytestmark = pytest.mark.fuzz
 methods = st.sampled_from(["multinomial", "poisson"])
 seeds = st.integers(0, 2**32 - 1)
 
