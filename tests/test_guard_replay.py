@@ -20,14 +20,11 @@ from pipeline.guard.replay import replay_traffic
 from pipeline.guard.session import open_session
 from pipeline.ingest import ingest
 
-NEW_RULE = """
-[tool.create_ticket]
-grounded = ["customer_id"]
-observed = [
-  { require = "args.priority != 'high' or seen.get_customer.tier == 'gold'",
-    error = "high-priority tickets are for gold customers", clause = "tickets" },
-]
-"""
+RULE = (
+    "{ require = \"args.priority != 'high' or seen.get_customer.tier == 'gold'\", "
+    'error = "high-priority tickets are for gold customers", clause = "tickets" }'
+)
+NEW_RULE = f'\n[tool.create_ticket]\ngrounded = ["customer_id"]\nobserved = [\n  {RULE},\n]\n'
 
 
 @pytest.fixture
