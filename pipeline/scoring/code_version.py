@@ -30,7 +30,7 @@ _FAMILY_MODULES = ("observed.py",)  # single-module families directly under envs
 @cache
 def code_version() -> str:
     """The core version: `<package version>+<hash of the core sources>`."""
-    return f"{version('pexec')}+{_digest(core_sources(), PACKAGE_ROOT)}"
+    return f"{version('pexec')}+{_digest(core_sources(PACKAGE_ROOT), PACKAGE_ROOT)}"
 
 
 @cache
@@ -63,27 +63,31 @@ def families(root: Path) -> dict[str, list[Path]]:
     return found
 
 
-def core_sources(root: Path = PACKAGE_ROOT) -> set[Path]:
+def core_sources(root: Path | None = None) -> set[Path]:
     """The package's source files (under `root`) every shard can execute, whatever its environments."""
+    root = root or PACKAGE_ROOT
     own = {f for files in families(root).values() for f in files}
     start = [root / "scoring" / "shard.py", *(p for p in (root / "envs").glob("*.py") if p not in own)]
     return _closure(start, root, stop=own)
 
 
-def family_sources(family: str, root: Path = PACKAGE_ROOT) -> set[Path]:
+def family_sources(family: str, root: Path | None = None) -> set[Path]:
     """One family's files and the modules they import, not followed into the core (which imports every family to
     register it) but followed into another family that this one imports itself."""
+    root = root or PACKAGE_ROOT
     files = families(root).get(family, [])
     return _closure(files, root, stop=core_sources(root)) if files else set()
 
 
-def scoring_sources(root: Path = PACKAGE_ROOT) -> set[Path]:
+def scoring_sources(root: Path | None = None) -> set[Path]:
     """Every source file scoring can execute: the core and every family."""
+    root = root or PACKAGE_ROOT
     return core_sources(root).union(*(family_sources(f, root) for f in families(root)))
 
 
-def versions(root: Path = PACKAGE_ROOT) -> dict[str, str]:
-    """The hashes of the package at `root`: `core` and one per family (for tests and `pexec envs`)."""
+def versions(root: Path | None = None) -> dict[str, str]:
+    """The hashes of the package at `root` (default: this one): `core` and one per family."""
+    root = root or PACKAGE_ROOT
     return {"core": _digest(core_sources(root), root)} | {f: _family_digest(f, root) for f in families(root)}
 
 
