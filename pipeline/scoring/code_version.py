@@ -22,6 +22,8 @@ from functools import cache
 from importlib.metadata import version
 from pathlib import Path
 
+from pipeline.envs.base import Environment
+
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # pipeline/
 _NAME = PACKAGE_ROOT.name
 _FAMILY_MODULES = ("observed.py",)  # single-module families directly under envs/ (the rest are folders)
@@ -39,12 +41,12 @@ def family_version(family: str) -> str:
     return _family_digest(family, PACKAGE_ROOT)
 
 
-def environment_version(env_version: str, module: str) -> str:
-    """What a shard records for an environment: its own version (data, pins) and its family's code version.
-    `module` is the module of the environment's class: a third-party environment's code is its own version's
-    business, and only its own version is recorded."""
-    family = family_of(module)
-    return f"{env_version}; code {family}@{family_version(family)}" if family else env_version
+def environment_version(env: Environment) -> str:
+    """What a shard records for an environment: its own version (data, pins) and its family's code version (the
+    family of its class's module). A third-party environment's code is its own version's business: only that is
+    recorded."""
+    family = family_of(type(env).__module__)
+    return f"{env.version}; code {family}@{family_version(family)}" if family else env.version
 
 
 def family_of(module: str) -> str | None:

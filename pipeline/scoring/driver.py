@@ -192,7 +192,7 @@ def _version_now(name: str, settings: ScoreSettings) -> str | None:
         env = get_environment(name, settings.options)
     except EnvError:
         return None
-    return environment_version(env.version, type(env).__module__)
+    return environment_version(env)
 
 
 def _reuse_record(reports: list[ShardReport], why: dict[str, str], settings: ScoreSettings) -> dict[str, Any]:

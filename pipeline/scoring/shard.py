@@ -198,7 +198,7 @@ def _environment(name: str, settings: ScoreSettings, report: ShardReport) -> Env
     except EnvError:
         report.environments.setdefault(name, None)
         raise
-    report.environments[name] = environment_version(env.version, type(env).__module__)
+    report.environments[name] = environment_version(env)
     return env
 
 
