@@ -145,3 +145,21 @@ def test_cli_page_json_and_thresholds(tmp_path: Path, specs: tuple[str, str]) ->
     assert bad.exit_code == 2 and "not a count of guard replay" in bad.output
     missing = runner.invoke(app, ["guard", "replay", str(logs), "--spec", str(tmp_path / "nope")])
     assert missing.exit_code == 2 and "no spec named" in missing.output
+
+
+def test_tool_names_beyond_the_limit_are_counted_together(
+    tmp_path: Path, specs: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pipeline.guard.replay as replay_module
+
+    old, new = specs
+    logs = traffic(tmp_path / "logs", old)
+    monkeypatch.setattr(replay_module, "MAX_TOOLS", 2)  # find_customer and get_customer come first
+    report = replay_traffic(rollouts(logs), new)
+    other = replay_module.OTHER_TOOLS
+    assert dict(report.refused) == {
+        ("find_customer", "D information"): 2,
+        (other, "P precondition"): 2,
+        (other, "D information"): 1,
+    }
+    assert report.other_tools == {"create_ticket", "get_order"} and report.totals()["refused"] == 5

@@ -30,6 +30,10 @@ from pipeline.guard.session import GuardSession, GuardVerdict, open_session
 
 REFUSAL_PREFIX = "pexec guard refused"  # pipeline.guard.mcp.refusal: the MCP guard's own refusals
 EXAMPLES = 5  # refused calls kept per (tool, rule) as examples
+# Distinct tool names counted apart (logs are untrusted: any number of names may appear); the calls of the tools
+# seen after that many are counted under OTHER_TOOLS, and `other_tools` says how many names were folded there.
+MAX_TOOLS = 1000
+OTHER_TOOLS = "(other tools)"
 ENVIRONMENT = "observed"
 
 
@@ -47,6 +51,20 @@ class ReplayReport:
     newly_refused: Counter[tuple[str, str]] = field(default_factory=Counter)  # NEW refuses, OLD accepted
     released: Counter[tuple[str, str]] = field(default_factory=Counter)  # OLD refused (its rule), NEW accepts
     examples: dict[tuple[str, str], list[dict[str, Any]]] = field(default_factory=dict)
+    tools: set[str] = field(default_factory=set)  # the names counted apart (at most MAX_TOOLS)
+    other_tools: set[str] = field(default_factory=set)  # names folded into OTHER_TOOLS (kept up to MAX_TOOLS)
+    more_other_tools: int = 0  # calls of folded names beyond those kept
+
+    def tool_key(self, tool: str) -> str:
+        """`tool`, or OTHER_TOOLS once MAX_TOOLS names are counted apart."""
+        if tool in self.tools or len(self.tools) < MAX_TOOLS:
+            self.tools.add(tool)
+            return tool
+        if len(self.other_tools) < MAX_TOOLS:
+            self.other_tools.add(tool)
+        else:
+            self.more_other_tools += 1
+        return OTHER_TOOLS
 
     def totals(self) -> dict[str, int]:
         """The counts a --fail-on can name."""
@@ -70,6 +88,7 @@ class ReplayReport:
             "calls": self.calls,
             "logged_errors": self.logged_errors,
             "guard_refused": self.guard_refused,
+            "other_tools": len(self.other_tools),
             **self.totals(),
             "by_rule": {
                 "refused": rows(self.refused),
@@ -129,8 +148,9 @@ def _count(rollout: Rollout, call: Call, verdicts: list[GuardVerdict], report: R
     report.logged_errors += failed
     new = verdicts[0]
     old = verdicts[1] if len(verdicts) > 1 else None
+    tool = report.tool_key(call.tool)
     if not new.valid:
-        key = (call.tool, rule_of(new))
+        key = (tool, rule_of(new))
         report.refused[key] += 1
         report.false_refusals[key] += rollout.success is True
         report.caught[key] += failed
@@ -140,7 +160,7 @@ def _count(rollout: Rollout, call: Call, verdicts: list[GuardVerdict], report: R
         if len(kept) < EXAMPLES:
             kept.append(
                 {
-                    "tool": call.tool,
+                    "tool": tool,
                     "rule": key[1],
                     "rollout_id": rollout.rollout_id,
                     "step": new.step,
@@ -150,7 +170,7 @@ def _count(rollout: Rollout, call: Call, verdicts: list[GuardVerdict], report: R
                 }
             )
     elif old is not None and not old.valid:
-        report.released[(call.tool, rule_of(old))] += 1
+        report.released[(tool, rule_of(old))] += 1
     for counter in (report.false_refusals, report.caught):  # no zero entries in the tables
         for k in [k for k, n in counter.items() if not n]:
             del counter[k]
@@ -177,6 +197,10 @@ def summary_lines(report: ReplayReport) -> list[str]:
         f"would refuse {t['refused']} call(s): {t['false_refusals']} in rollouts that succeeded anyway (probable "
         f"false refusals), {t['caught']} that failed in production (errors it would have caught)",
     ]
+    if report.other_tools:
+        lines.append(
+            f"more than {MAX_TOOLS} tool names: the calls of {len(report.other_tools)} are counted as {OTHER_TOOLS}"
+        )
     if report.against:
         lines.append(
             f"against {report.against}: {t['newly_refused']} newly refused, {t['released']} refused before and "
