@@ -162,8 +162,8 @@ def _changes(sums: np.ndarray, settings: BootstrapSettings) -> dict[str, dict[st
     for name, (num_b, num_a, den, scale) in _RATIOS.items():
         d = totals[col[den]] * scale
         a = None if num_a is None or not d else float(totals[col[num_a]] / d)
-        b = None if not d else float(totals[col[num_b]] / d)
-        value = None if b is None else (b if num_a is None else b - a)
+        b = None if not d or num_a is None else float(totals[col[num_b]] / d)  # a rate has no A and B
+        value = None if not d else float(totals[col[num_b]] / d) - (a or 0.0)
         lo = hi = None
         keep = reps[:, col[den]] > 0
         if value is not None and keep.any():
