@@ -126,6 +126,8 @@ def test_cli_pairs_by_itself_prints_json_and_fails_on(tmp_path: Path) -> None:
     assert data["kind"] == "paired" and data["flips"] == 21 and data["bootstrap"]["clusters"] == "task"
     failed = runner.invoke(app, ["diff", str(a), str(b), "--fail-on", "flips>0", "--bootstrap", "200"])
     assert failed.exit_code == 1 and "breach flips>0" in failed.output
+    pooled = runner.invoke(app, ["diff", str(a), str(b), "--strict-replay"])
+    assert pooled.exit_code == 2 and "do not apply to the paired diff" in pooled.output
     drift = runner.invoke(app, ["diff", str(a), str(b), "--unpaired", "--bootstrap", "200"])
     assert drift.exit_code == 0 and "Drift per cohort" in drift.output
 

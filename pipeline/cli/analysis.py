@@ -24,6 +24,7 @@ from pipeline.cli.render import (
 from pipeline.core.errors import PexecError
 from pipeline.metrics.query import QueryLimits, partial_of, read_statements
 from pipeline.metrics.run import Run
+from pipeline.metrics.settings import DEFAULT_POPULATION
 from pipeline.metrics.tool_profiles import TOOL_FIELDS, tool_cohort_columns
 
 
@@ -189,6 +190,11 @@ def _paired(a: Run, b: Run, reading: Reading, fail_on: list[str], as_json: bool,
         )
     if reading.by:
         raise PexecError("--by does not apply to the paired diff (every shared rollout is compared); use --unpaired")
+    if reading.population != DEFAULT_POPULATION:
+        raise PexecError(
+            "--harness-errors, --pool and --strict-replay do not apply to the paired diff (a rollout that is a "
+            "harness error in either run is left out and counted); use --unpaired"
+        )
     return paired(a, b, reading.settings, fail_on, as_json, shared)
 
 
