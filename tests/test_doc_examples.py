@@ -75,7 +75,7 @@ EXPECTED = {
         "wrote 40 rollouts to out/change/store: 40 ok, 0 harness error(s)",
         "would refuse 22 call(s): 21 in rollouts that succeeded anyway (probable false refusals), 11 that failed in",
         "against support: 11 newly refused, 0 refused before and let through now",
-        "| refund_order | D information | 2026-11-28-0016 | 7 | True | amount=80.0 occurs in no earlier output",
+        "| refund_order | D information (grounded amount) | 2026-11-28-0016 | 7 | True | amount=80.0 occurs in no",
         "breach newly_refused>0: newly_refused = 11",
         "│ valid → invalid      │    11 │       11 │     3 │",
         "breach to_invalid>0: steps valid in A, invalid in B = 11 step(s)",

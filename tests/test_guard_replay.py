@@ -106,19 +106,25 @@ def test_counts_as_constructed(tmp_path: Path, specs: tuple[str, str]) -> None:
     assert (report.rollouts, report.calls, report.logged_errors, report.guard_refused) == (6, 12, 2, 1)
     assert dict(report.refused) == {
         ("create_ticket", "P precondition"): 2,
-        ("find_customer", "D information"): 2,
-        ("get_order", "D information"): 1,
+        ("find_customer", "D information (grounded email)"): 2,
+        ("get_order", "D information (grounded order_id)"): 1,
     }
     assert dict(report.false_refusals) == {
         ("create_ticket", "P precondition"): 1,
-        ("find_customer", "D information"): 1,
+        ("find_customer", "D information (grounded email)"): 1,
     }
-    assert dict(report.caught) == {("create_ticket", "P precondition"): 1, ("find_customer", "D information"): 1}
+    assert dict(report.caught) == {
+        ("create_ticket", "P precondition"): 1,
+        ("find_customer", "D information (grounded email)"): 1,
+    }
     assert report.totals() == {"refused": 5, "false_refusals": 2, "caught": 2, "newly_refused": 4, "released": 0}
     # The other way round: what NEW refuses and OLD does not is what OLD would let through.
     back = replay_traffic(rollouts(logs), old, against=new)
     assert back.totals() == {"refused": 1, "false_refusals": 0, "caught": 0, "newly_refused": 0, "released": 4}
-    assert dict(back.released) == {("create_ticket", "P precondition"): 2, ("find_customer", "D information"): 2}
+    assert dict(back.released) == {
+        ("create_ticket", "P precondition"): 2,
+        ("find_customer", "D information (grounded email)"): 2,
+    }
 
 
 def test_cli_page_json_and_thresholds(tmp_path: Path, specs: tuple[str, str]) -> None:
@@ -158,8 +164,8 @@ def test_tool_names_beyond_the_limit_are_counted_together(
     report = replay_traffic(rollouts(logs), new)
     other = replay_module.OTHER_TOOLS
     assert dict(report.refused) == {
-        ("find_customer", "D information"): 2,
+        ("find_customer", "D information (grounded email)"): 2,
         (other, "P precondition"): 2,
-        (other, "D information"): 1,
+        (other, "D information (grounded order_id)"): 1,
     }
     assert report.other_tools == {"create_ticket", "get_order"} and report.totals()["refused"] == 5

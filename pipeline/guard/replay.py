@@ -9,11 +9,11 @@ guard that wrote the log had refused (its logged output begins with `REFUSAL_PRE
 is counted apart, never as a production error.
 
 Counted, per call: refused under NEW, by tool and rule (the failed check and its cause: P precondition for an
-`observed` rule, D information for a grounded parameter found nowhere, …); among them, those in rollouts that
-succeeded anyway (probable false refusals) and those production logged as errors (errors the guard would have
-caught); with OLD, the calls NEW refuses that OLD accepted, and those OLD refused that NEW lets through. A refused
-call is still replayed as logged: what the agent would have done after a refusal is not known, so a later call's
-verdict is the one it gets on the recorded path.
+`observed` rule, D information (grounded amount) for a grounded parameter's value found nowhere, …); among them,
+those in rollouts that succeeded anyway (probable false refusals) and those production logged as errors (errors the
+guard would have caught); with OLD, the calls NEW refuses that OLD accepted, and those OLD refused that NEW lets
+through. A refused call is still replayed as logged: what the agent would have done after a refusal is not known, so
+a later call's verdict is the one it gets on the recorded path.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ EXAMPLES = 5  # refused calls kept per (tool, rule) as examples
 MAX_TOOLS = 1000
 OTHER_TOOLS = "(other tools)"
 ENVIRONMENT = "observed"
+GROUNDING_DETAIL = " occurs in no earlier output or message"  # pipeline.replay.checker's grounding detail
 
 
 @dataclass
@@ -102,8 +103,14 @@ class ReplayReport:
 
 
 def rule_of(verdict: GuardVerdict) -> str:
-    """The rule a refusal names: its failed check and cause (e.g. `P precondition`, `D information`)."""
-    return f"{verdict.failed_check} {verdict.cause}"
+    """The rule a refusal names: its failed check and cause (`P precondition`, `S schema`, …), and for a grounded
+    value found nowhere the parameter (`D information (grounded amount)`, from the checker's detail
+    `<parameter>=<value> occurs in no earlier output or message`)."""
+    rule = f"{verdict.failed_check} {verdict.cause}"
+    detail = verdict.detail or ""
+    if verdict.cause == "information" and GROUNDING_DETAIL in detail and "=" in detail:
+        return f"{rule} (grounded {detail.split('=', 1)[0]})"
+    return rule
 
 
 def replay_traffic(
@@ -213,7 +220,8 @@ def markdown(report: ReplayReport) -> str:
     parts = [f"# Guard replay: {report.spec}", "", *(f"- {line}" for line in summary_lines(report)), ""]
     parts.append(
         "Each call is checked as the live guard checks it, before it runs; a refused call is still replayed as "
-        "logged (what the agent would have done after a refusal is not known). Rule = the failed check and its cause."
+        "logged (what the agent would have done after a refusal is not known). Rule = the failed check and its cause "
+        "(and the parameter of a grounded value found nowhere)."
     )
     for name, title in _SECTIONS:
         counter: Counter[tuple[str, str]] = getattr(report, name)
