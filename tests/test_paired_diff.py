@@ -142,3 +142,28 @@ def test_runs_of_other_rollouts_are_refused_when_paired_is_asked(tmp_path: Path)
         paired_diff(open_run(str(tmp_path / "a")), open_run(str(tmp_path / "c")), SETTINGS)
     auto = CliRunner().invoke(app, ["diff", str(tmp_path / "a"), str(tmp_path / "c"), "--bootstrap", "100"])
     assert auto.exit_code == 0 and "Drift per cohort" in auto.output  # not the same rollouts: drift
+
+
+def test_example_links_open_the_rollout_in_pexec_view(tmp_path: Path) -> None:
+    from starlette.testclient import TestClient
+
+    from pipeline.scoring.driver import run_scoring
+    from pipeline.storage.stores import write_store
+    from pipeline.synthetic.rollouts import synthesize
+    from pipeline.view import RunView
+    from pipeline.view.app import create_app
+
+    write_store(iter(synthesize("shop", 60, 10, 3)), str(tmp_path / "store"))
+    run_scoring(str(tmp_path / "store"), str(tmp_path / "a"), executor="inline")
+    run_scoring(str(tmp_path / "store"), str(tmp_path / "b"), executor="inline", checks=("schema", "precondition"))
+    run_a, run_b = open_run(str(tmp_path / "a")), open_run(str(tmp_path / "b"))
+    result = paired_diff(run_a, run_b, SETTINGS)
+    assert result.flips and result.examples
+    example = result.examples[0]
+    for run, link in ((run_a, example["link_a"]), (run_b, example["link_b"])):
+        view = RunView(run)
+        try:
+            page = TestClient(create_app(view)).get(link.removeprefix("http://127.0.0.1:8765"))
+        finally:
+            view.close()
+        assert page.status_code == 200 and example["rollout_id"] in page.text
