@@ -86,13 +86,9 @@ def shared_rollouts(run_a: Run, run_b: Run) -> tuple[int, int, int]:
     """(rollouts in A, in B, in both): whether the runs can be compared step by step. A rollout is in both when
     both runs have its rollout id for the same task."""
     with _connection(run_a, run_b) as con:
-        row = con.execute(
-            "SELECT (SELECT count(*) FROM a_rollouts), (SELECT count(*) FROM b_rollouts), "
-            "(SELECT count(*) FROM (SELECT DISTINCT rollout_id, task_id FROM a_rollouts "
-            "INTERSECT SELECT DISTINCT rollout_id, task_id FROM b_rollouts))"
-        ).fetchone()
-    assert row is not None
-    return int(row[0]), int(row[1]), int(row[2])
+        run_sql(con, "metrics/paired_shared")
+        row = fetch(con, "paired_shared")[0]
+    return int(row["rollouts_a"]), int(row["rollouts_b"]), int(row["shared"])
 
 
 def paired_diff(
@@ -116,7 +112,7 @@ def paired_diff(
                 f"{counts['shared']} shared, {counts['harness_errors']} of them harness errors): nothing to pair"
             )
         kinds = {r.pop("kind"): r for r in fetch(con, "paired_kinds")}
-        sums = con.sql(f"SELECT {', '.join(_COLUMNS)} FROM paired_task_sums").fetchnumpy()
+        sums = con.execute("SELECT * EXCLUDE (task_id) FROM paired_task_sums").fetchnumpy()
         result = PairedDiff(
             counts=counts,
             kinds=kinds,
