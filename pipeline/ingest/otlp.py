@@ -349,10 +349,9 @@ def _proto_message(data: bytes, where: str, name: str) -> Iterator[Item]:
         return
     try:
         traces = ExportTraceServiceRequest.FromString(data)
-    except DecodeError as exc:
-        yield Malformed(where, f"not an OTLP protobuf message: {exc}")
-        return
-    spans = [(rs, s) for rs in traces.resource_spans for ss in rs.scope_spans for s in ss.spans]
+        spans = [(rs, s) for rs in traces.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    except DecodeError:  # a logs message can be no valid traces message
+        spans = []
     if spans and all(len(s.trace_id) == 16 and len(s.span_id) == 8 for _, s in spans):
         resources: dict[int, dict[str, Any]] = {}
         for rs, s in spans:
@@ -365,7 +364,7 @@ def _proto_message(data: bytes, where: str, name: str) -> Iterator[Item]:
     try:
         logs = ExportLogsServiceRequest.FromString(data)
     except DecodeError as exc:
-        yield Malformed(where, f"not an OTLP protobuf message: {exc}")
+        yield Malformed(where, f"not an OTLP protobuf export (traces or logs): {exc}")
         return
     for rl in logs.resource_logs:
         resource = None
