@@ -1,8 +1,10 @@
-"""`otel`: OpenTelemetry GenAI spans (OTLP JSON) -> canonical rollouts.
+"""`otel`: OpenTelemetry GenAI spans and log records (OTLP) -> canonical rollouts.
 
-A source is a file or folder (searched recursively) of OTLP JSON exports (`.json`, or `.jsonl` with one
-export per line), each `{"resourceSpans": [{"resource", "scopeSpans": [{"spans": [...]}]}]}`. All spans of
-all sources are collected first, so spans may arrive in any order and any file. Mapping:
+A source is a file, a folder (searched recursively) or a glob of OTLP files as OpenTelemetry writes them: OTLP
+JSON or protobuf, one export per line, per length-prefixed message or per file, plain, gzip or zstd
+(`pipeline.ingest.otlp` reads them). All spans of all sources are collected first, so spans may arrive in any
+order and any file; the content GenAI log records carry (`gen_ai.*` events) joins the span they belong to, as
+its `gen_ai.input.messages` / `gen_ai.output.messages` when the span has none (`otlp.with_events`). Mapping:
 - rollouts: spans are grouped by `gen_ai.conversation.id` (a trace in which any span carries one joins that
   conversation), else by trace id; the record for ids/labels is the resource and span attributes (first
   value wins, in time order) plus `trace_id` and `date` (UTC day of the first span); default id field

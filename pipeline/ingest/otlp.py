@@ -1,6 +1,6 @@
 """OTLP files as OpenTelemetry writes them -> the spans and GenAI log records the `otel` adapter reads.
 
-What is read (docs/reference/log-formats.md, "OTLP files"), recognised by content, not by name:
+What is read (docs/reference/log-formats.md, "OTLP files as the Collector writes them"), recognised by content:
 - OTLP JSON: one `ExportTraceServiceRequest` / `ExportLogsServiceRequest` object per line (the Collector `file`
   exporter, the SDK's OTLP JSON file exporter, the S3 exporter's batching marshaler), or one object (or a list of
   them) per file (the S3 exporter's `otlp_json` objects, a pretty-printed export);
