@@ -221,3 +221,25 @@ def test_framing_errors_are_rejects_and_reading_goes_on(produced, tmp_path, monk
     (tmp_path / "junk.bin").write_bytes(b"\x93NUMPY")
     [junk] = otlp.records(str(tmp_path / "junk.bin"))
     assert isinstance(junk, otlp.Malformed) and junk.reason.startswith("not OTLP")
+
+
+def test_a_zstd_bomb_line_is_rejected_in_bounded_memory(tmp_path):
+    """A 1 GiB line in a 33 KB zstd file: one reject naming it, and the process stays far below the line's size."""
+    script = """
+import json, resource, sys, zstandard
+from pipeline.ingest import otlp
+with open(sys.argv[1], "wb") as f, zstandard.ZstdCompressor().stream_writer(f) as w:
+    w.write(b'{"resourceSpans": [')
+    for _ in range(1024):
+        w.write(b" " * 2**20)
+    w.write(b']}\\n{"resourceSpans": []}\\n')
+items = list(otlp.records(sys.argv[1]))
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"rejects": [[i.where.rsplit(" ", 1)[-1], i.reason] for i in items], "rss_kib": rss}))
+"""
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "bomb.jsonl.zst")], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = orjson.loads(proc.stdout)
+    assert out["rejects"] == [["1", f"a line over {otlp.MAX_MESSAGE_BYTES} bytes"]]
+    assert out["rss_kib"] < 400 * 1024  # the limit (64 MiB) plus the interpreter and its libraries, not the 1 GiB

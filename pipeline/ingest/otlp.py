@@ -109,22 +109,26 @@ class _Stream:
 
     def lines(self, limit: int) -> Iterator[bytes | None]:
         """Every line without its end; None for a line over `limit` bytes (its bytes are dropped as they come)."""
-        buffer, over = self._pending, False
-        self._pending = b""
+        parts: list[bytes] = []  # the start of the current line, from earlier chunks
+        size, over = 0, False
+        chunk, self._pending = self._pending, b""
         while True:
-            end = buffer.find(b"\n")
-            if end >= 0:
-                yield None if over or end > limit else buffer[:end]
-                buffer, over = buffer[end + 1 :], False
-                continue
-            if len(buffer) > limit:
-                buffer, over = b"", True
+            start = 0
+            while (end := chunk.find(b"\n", start)) >= 0:
+                if over or size + end - start > limit:
+                    yield None
+                else:
+                    yield b"".join([*parts, chunk[start:end]]) if parts else chunk[start:end]
+                parts, size, over, start = [], 0, False, end + 1
+            if start < len(chunk) and not over:
+                size += len(chunk) - start
+                over = size > limit
+                parts = [] if over else [*parts, chunk[start:]]
             chunk = self._f.read(_CHUNK)
             if not chunk:
-                if buffer or over:
-                    yield None if over else buffer
+                if size or over:
+                    yield None if over else b"".join(parts)
                 return
-            buffer += chunk
 
 
 def _content(url: str, stream: _Stream, name: str, depth: int = 0) -> Iterator[Item]:
@@ -355,7 +359,8 @@ def _proto_message(data: bytes, where: str, name: str) -> Iterator[Item]:
     if spans and all(len(s.trace_id) == 16 and len(s.span_id) == 8 for _, s in spans):
         resources: dict[int, dict[str, Any]] = {}
         for rs, s in spans:
-            resource = resources.setdefault(id(rs), proto_attributes(rs.resource.attributes))
+            if (resource := resources.get(id(rs))) is None:
+                resource = resources[id(rs)] = _proto_resource(rs.resource)
             attrs = proto_attributes(s.attributes)
             error = s.status.code == 2 or attrs.get("error.type") is not None
             at = f"{where} span {s.span_id.hex()}"
@@ -374,11 +379,24 @@ def _proto_message(data: bytes, where: str, name: str) -> Iterator[Item]:
                 event = lr.event_name or str(attrs.get("event.name") or "")
                 if not event.startswith("gen_ai."):
                     continue
-                resource = resource if resource is not None else proto_attributes(rl.resource.attributes)
+                resource = resource if resource is not None else _proto_resource(rl.resource)
                 time = lr.time_unix_nano or lr.observed_time_unix_nano
                 body = proto_value(lr.body) if lr.HasField("body") else None
                 at = f"{where} log record {n}"
                 yield _log(lr.trace_id.hex(), lr.span_id.hex(), time, event, attrs, body, resource, at)
+
+
+_RESOURCES: dict[bytes, dict[str, Any]] = {}  # a process sends the same resource with every export
+_RESOURCES_KEPT = 256
+
+
+def _proto_resource(resource: Any) -> dict[str, Any]:
+    key = resource.SerializeToString()
+    if (attrs := _RESOURCES.get(key)) is None:
+        if len(_RESOURCES) >= _RESOURCES_KEPT:
+            _RESOURCES.clear()
+        attrs = _RESOURCES[key] = proto_attributes(resource.attributes)
+    return dict(attrs)  # each span its own copy: readers may change it
 
 
 def proto_attributes(items: Iterable[Any]) -> dict[str, Any]:
@@ -388,6 +406,8 @@ def proto_attributes(items: Iterable[Any]) -> dict[str, Any]:
 def proto_value(v: Any) -> Any:
     """An OTLP protobuf AnyValue as plain JSON (bytes as base64 text, as in OTLP/JSON)."""
     kind = v.WhichOneof("value")
+    if kind == "string_value":
+        return v.string_value
     if kind is None:
         return None
     if kind == "array_value":
