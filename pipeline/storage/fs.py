@@ -70,7 +70,7 @@ def list_files(
     as if named directly (but for such metadata names), each folder as above (e.g. `s3://logs/otel/year=2026/month=11/day=2[89]/`).
     """
     fs, root = filesystem(url, storage_options)
-    if _GLOB.search(root):
+    if _GLOB.search(root) and not fs.exists(root):  # a path that exists as written is that path
         matched = fs.glob(root.rstrip("/"), detail=True)
         if not matched:
             return None
