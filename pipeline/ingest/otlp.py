@@ -135,21 +135,22 @@ def _content(url: str, stream: _Stream, name: str, depth: int = 0) -> Iterator[I
     head = stream.peek(8)
     if not head:
         return
+    framed = head[0] <= 0x08  # a big-endian length below 151 MiB (JSON starts with `{`, `[` or white space)
+    binary = name.removesuffix(".gz").removesuffix(".zst").endswith((".binpb", ".pb"))
     if head.startswith((_GZIP, _ZSTD)) and depth == 0:  # a compressed file: what it holds, read as it comes
         inner = gzip.GzipFile(fileobj=stream, mode="rb") if head.startswith(_GZIP) else _zstd_reader(stream)
         yield from _content(url, _Stream(inner), name, depth + 1)
-    elif head[:1] == b"\x00" and head[4:8] == _ZSTD:  # the file exporter's default zstd: a frame per message
-        yield from _framed(url, stream, name, compressed=True)
-    elif head[:1] == b"\x00":
-        yield from _framed(url, stream, name, compressed=False)
-    elif head.lstrip()[:1] in (b"{", b"[") or head.strip() == b"":
-        yield from _json_content(url, stream, name)
-    elif head[:1] == b"\x0a":  # field 1 of an export request: one protobuf message, the whole file
+    elif framed:  # the file exporter's default zstd compresses each message into a frame of its own
+        yield from _framed(url, stream, name, compressed=head[4:8] == _ZSTD)
+    elif head[:1] == b"\x0a" and (binary or head.lstrip()[:1] not in (b"{", b"[")):
+        # field 1 of an export request: one protobuf message, the whole file (a protobuf name settles `\n{`)
         data = stream.read(MAX_MESSAGE_BYTES + 1)
         if len(data) > MAX_MESSAGE_BYTES:
             yield Malformed(url, f"a protobuf message over {MAX_MESSAGE_BYTES} bytes")
         else:
             yield from _proto_message(data, url, name)
+    elif head.lstrip()[:1] in (b"{", b"[") or head.strip() == b"":
+        yield from _json_content(url, stream, name)
     else:
         yield Malformed(url, "not OTLP: neither JSON nor protobuf (plain, length-prefixed, gzip or zstd)")
 
