@@ -218,6 +218,12 @@ def test_framing_errors_are_rejects_and_reading_goes_on(produced, tmp_path, monk
     items = list(otlp.records(str(long)))
     assert isinstance(items[0], otlp.Malformed) and items[0].where == f"{long} line 1"
     assert items[0].reason.startswith("a line over") and items[1]["signal"] == "span"
+    whole = b"".join(lines)
+    for name, data in (("cut.jsonl.gz", gzip.compress(whole)), ("cut.jsonl.zst", zstandard.compress(whole))):
+        (tmp_path / name).write_bytes(data[: len(data) // 2])  # a compressed file cut short: one reject, at its end
+        *spans, cut = otlp.records(str(tmp_path / name))
+        assert isinstance(cut, otlp.Malformed) and cut.where == str(tmp_path / name), name
+        assert all(s["signal"] == "span" for s in spans)
     (tmp_path / "junk.bin").write_bytes(b"\x93NUMPY")
     [junk] = otlp.records(str(tmp_path / "junk.bin"))
     assert isinstance(junk, otlp.Malformed) and junk.reason.startswith("not OTLP")

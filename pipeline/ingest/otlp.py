@@ -27,6 +27,7 @@ import binascii
 import gzip
 import io
 import re
+import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ MAX_MESSAGE_BYTES = 64 * 2**20  # one export message (a JSON line or document, a
 FILES = tuple(f"*{ext}{z}" for ext in (".json", ".jsonl", ".ndjson", ".binpb", ".pb") for z in ("", ".gz", ".zst"))
 
 _CHUNK = 1 << 20
+_ZSTD_PIECE = 1 << 10  # compressed bytes decompressed at a time (see _Zstd)
 _GZIP = b"\x1f\x8b"
 _ZSTD = b"\x28\xb5\x2f\xfd"
 _ERROR_STATUS = {2, "2", "STATUS_CODE_ERROR", "ERROR"}
@@ -73,7 +75,7 @@ def records(url: str, storage_options: dict[str, Any] | None = None) -> Iterator
     try:
         with open_for_read(url, storage_options) as f:
             yield from _content(url, _Stream(f), url.rsplit("/", 1)[-1])
-    except OSError as exc:  # a corrupt gzip stream raises OSError too: the rest of the file is lost
+    except (OSError, EOFError, zlib.error) as exc:  # a gzip stream cut short or corrupt: the rest of the file is lost
         yield Malformed(url, f"cannot read: {exc}")
     except zstandard.ZstdError as exc:
         yield Malformed(url, f"not a valid zstd stream: {exc}")
@@ -138,7 +140,7 @@ def _content(url: str, stream: _Stream, name: str, depth: int = 0) -> Iterator[I
     framed = head[0] <= 0x08  # a big-endian length below 151 MiB (JSON starts with `{`, `[` or white space)
     binary = name.removesuffix(".gz").removesuffix(".zst").endswith((".binpb", ".pb"))
     if head.startswith((_GZIP, _ZSTD)) and depth == 0:  # a compressed file: what it holds, read as it comes
-        inner = gzip.GzipFile(fileobj=stream, mode="rb") if head.startswith(_GZIP) else _zstd_reader(stream)
+        inner = gzip.GzipFile(fileobj=stream, mode="rb") if head.startswith(_GZIP) else _Zstd(stream)
         yield from _content(url, _Stream(inner), name, depth + 1)
     elif framed:  # the file exporter's default zstd compresses each message into a frame of its own
         yield from _framed(url, stream, name, compressed=head[4:8] == _ZSTD)
@@ -155,8 +157,42 @@ def _content(url: str, stream: _Stream, name: str, depth: int = 0) -> Iterator[I
         yield Malformed(url, "not OTLP: neither JSON nor protobuf (plain, length-prefixed, gzip or zstd)")
 
 
-def _zstd_reader(stream: _Stream) -> IO[bytes]:
-    return zstandard.ZstdDecompressor().stream_reader(stream, read_across_frames=True)  # type: ignore[arg-type]
+class _Zstd:
+    """A zstd stream of any number of frames, decompressed as it is read; input goes in small pieces, so that one
+    piece can decompress to no more than about 32 MiB (a block of 4 bytes can stand for 128 KiB). A stream cut
+    inside a frame is an error (zstandard's own readers end it silently)."""
+
+    def __init__(self, source: _Stream) -> None:
+        self._source = source
+        self._frame: Any = None
+        self._out, self._at = b"", 0  # the last piece's output and how much of it was read
+
+    def read(self, n: int) -> bytes:
+        parts, have = [], 0
+        while have < n and (self._at < len(self._out) or self._fill()):
+            piece = self._out[self._at : self._at + n - have]
+            self._at += len(piece)
+            parts.append(piece)
+            have += len(piece)
+        return b"".join(parts)
+
+    def _fill(self) -> bool:
+        """Decompress input until some output comes; False at the end of the input."""
+        while True:
+            data = self._source.read(_ZSTD_PIECE)
+            if not data:
+                if self._frame is not None and not self._frame.eof:
+                    raise zstandard.ZstdError("the file ends inside a zstd frame")
+                return False
+            out = []
+            while data:
+                if self._frame is None or self._frame.eof:
+                    self._frame = zstandard.ZstdDecompressor().decompressobj()
+                out.append(self._frame.decompress(data))
+                data = self._frame.unused_data if self._frame.eof else b""
+            self._out, self._at = b"".join(out), 0
+            if self._out:
+                return True
 
 
 def _framed(url: str, stream: _Stream, name: str, compressed: bool) -> Iterator[Item]:
