@@ -1,0 +1,79 @@
+"""The pure parts of the trace-store round trips: which span a step's verdict goes on, when a trace is refused,
+what a rationale says, how the window and Phoenix's attributes are read. The servers: tests/test_traces_*.py."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from pipeline.ingest import IngestError
+from pipeline.ingest._traces import Trace, TraceSpan, events, parse_time, tool_spans
+from pipeline.ingest.phoenix import nested
+from pipeline.integrations.verdicts import MAX_DETAIL, StepVerdict, TraceVerdict, matched
+
+
+def span(span_id: str, name: str, start: int, kind: str = "tool", **more) -> TraceSpan:
+    return TraceSpan(span_id, name, kind, start, **more)
+
+
+STEPS = (
+    StepVerdict(1, "find", True, None, None, None),
+    StepVerdict(2, "cancel", False, "P", "precondition", "shipped"),
+)
+VERDICT = TraceVerdict("t1", "t1", "run", 2, 2, False, "precondition", STEPS)
+
+
+def test_step_k_goes_on_the_kth_tool_span_by_start_time_then_span_id():
+    trace = Trace("t1", 0, (span("b", "cancel", 20), span("m", "chat", 5, "model"), span("z", "find", 10)))
+    assert [s.span_id for s in tool_spans(trace)] == ["z", "b"]
+    pairs, why = matched(VERDICT, trace)
+    assert why is None and [(span_id, step.tool) for span_id, step in pairs] == [("z", "find"), ("b", "cancel")]
+    tie = Trace("t1", 0, (span("b", "cancel", 10), span("a", "find", 10)))  # same start: span id decides
+    assert [s.span_id for s in tool_spans(tie)] == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("spans", "reason"),
+    [
+        ((span("a", "find", 1),), "are not the run's calls"),  # a span gone
+        ((span("a", "cancel", 1), span("b", "find", 2)), "are not the run's calls"),  # another order
+        ((span("a", "find", 1), span("b", "cancel", 2), span("c", "find", 3)), "are not the run's calls"),
+    ],
+)
+def test_a_trace_that_no_longer_holds_the_runs_calls_is_never_annotated(spans, reason):
+    pairs, why = matched(VERDICT, Trace("t1", 0, spans))
+    assert pairs == [] and reason in why
+    assert matched(VERDICT, None) == ([], "the trace is not on the store")
+
+
+def test_a_rationale_names_the_check_the_cause_and_the_environments_words_within_its_limit():
+    assert STEPS[1].rationale == "step 2: check P failed (cause precondition): shipped"
+    long = StepVerdict(3, "x", False, "S", "schema", "y" * (MAX_DETAIL + 50))
+    assert long.rationale.endswith("y…") and len(long.rationale) < MAX_DETAIL + 60
+    assert VERDICT.values() == {"pexec.fed": 2, "pexec.T": 2, "pexec.executable": False}
+
+
+def test_a_failed_tool_span_without_output_logs_its_error_message():
+    said = ({"role": "user", "content": "hi"},)
+    failed = span("a", "cancel", 2, error=True, error_message="shipped", arguments={"id": 1})
+    trace = Trace("t1", 0, (span("m", "chat", 1, "model", messages=said), failed))
+    assert events(trace) == [
+        {"type": "message", "role": "user", "content": "hi", "turn": 1},
+        {"type": "call", "tool": "cancel", "arguments": {"id": 1}, "turn": 1, "output": "shipped", "error": True},
+    ]
+
+
+def test_the_window_is_utc_and_a_date_alone_is_midnight():
+    assert parse_time("2026-12-01", "since", "mlflow") == datetime(2026, 12, 1, tzinfo=UTC)
+    assert parse_time("2026-12-01T08:00+02:00", "since", "mlflow") == datetime(2026, 12, 1, 6, tzinfo=UTC)
+    assert parse_time(None, "since", "mlflow") is None
+    with pytest.raises(IngestError, match="--until takes an ISO 8601"):
+        parse_time("soon", "until", "phoenix")
+
+
+def test_phoenix_attributes_read_the_same_flat_or_nested():
+    flat = {"llm.input_messages.0.message.role": "user", "tool.name": "find", "input.value": '{"a": 1}'}
+    deep = {"llm": {"input_messages": {"0": {"message": {"role": "user"}}}}, "tool": {"name": "find"},
+            "input": {"value": '{"a": 1}'}}  # fmt: skip
+    assert nested(flat) == nested(deep) == deep

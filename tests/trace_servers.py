@@ -1,0 +1,94 @@
+"""Real trace stores on loopback for the MLflow and Phoenix round trips (tests/test_traces_*.py): each server runs
+from a virtual environment of its own, `.venv/servers/<name>`, which `make install` builds from
+`tests/servers/<name>.txt`. They cannot share the project's: MLflow's server caps pyarrow below the 26 the core
+pins, and Phoenix's server brings some 150 packages the product never imports. The product's side, the clients
+of the extras `pexec[mlflow]` and `pexec[phoenix]`, is installed in the project's environment as usual.
+
+A server gets a free port on 127.0.0.1 and a SQLite database under the test's folder; it is stopped (its process
+group) when the module's tests are done.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+START_TIMEOUT_S = 120  # a server's first start creates its database (migrations): seconds on an idle machine
+
+
+def server_python(name: str) -> Path:
+    """The interpreter of the server's own environment; a clear failure (not a skip: the test is required)."""
+    python = Path(sys.prefix) / "servers" / name / "bin" / "python"
+    if not python.exists():
+        raise AssertionError(f"{python} is missing: `make install` builds it from tests/servers/{name}.txt")
+    return python
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def _serving(args: list[str], health: str, log: Path, env: dict[str, str] | None = None) -> Iterator[None]:
+    with log.open("wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                                start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                raise AssertionError(f"the server exited ({proc.returncode}): {log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(health, timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"the server did not answer {health} in {START_TIMEOUT_S} s: {log.read_text()[-3000:]}"
+                )
+            time.sleep(0.25)
+        yield
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+@contextmanager
+def mlflow_server(folder: Path) -> Iterator[str]:
+    """An MLflow tracking server (SQLite backend, artifacts under `folder`); yields its URL."""
+    port = free_port()
+    args = [str(server_python("mlflow")), "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+            "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}",
+            "--default-artifact-root", str(folder / "artifacts"), "--workers", "1"]  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    with _serving(args, f"{url}/health", folder / "mlflow.log"):
+        yield url
+
+
+@contextmanager
+def phoenix_server(folder: Path) -> Iterator[str]:
+    """A Phoenix server (SQLite under `folder`, OTLP over HTTP on the same port, gRPC on another); yields its URL."""
+    port = free_port()
+    env = {"PHOENIX_WORKING_DIR": str(folder), "PHOENIX_HOST": "127.0.0.1", "PHOENIX_PORT": str(port),
+           "PHOENIX_GRPC_PORT": str(free_port()), "PHOENIX_TELEMETRY_ENABLED": "false"}  # fmt: skip
+    args = [str(server_python("phoenix")), "-m", "phoenix.server.main", "serve"]
+    url = f"http://127.0.0.1:{port}"
+    with _serving(args, f"{url}/healthz", folder / "phoenix.log", env):
+        yield url
