@@ -8,7 +8,7 @@ in the window is one rollout. Mapping:
   trace's tags and metadata, the model span's `model` (label `model`), and `date` (UTC day the trace started);
 - spans of type `TOOL` are the calls, in start order: tool = the span's name, arguments = its inputs (not
   captured: null), output = its outputs, `error` = status ERROR (then the output, when none was recorded, is the
-  status message or the exception event's message: the environment's own words);
+  exception event's message, else the status message: the environment's own words);
 - spans of type `CHAT_MODEL`/`LLM`: the user and system messages of their `messages` input are message events.
 """
 
@@ -126,7 +126,7 @@ def _span(sp: Any) -> TraceSpan:
         arguments=sp.inputs if kind == "tool" else None,
         output=sp.outputs if kind == "tool" else None,
         error=error,
-        error_message=(status.description or _exception(sp)) if error else None,
+        error_message=(_exception(sp) or status.description) if error else None,  # the exception's own words
         messages=messages,
     )
 

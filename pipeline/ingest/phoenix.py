@@ -98,10 +98,7 @@ def reduce(trace_id: str, spans: list[Mapping[str, Any]]) -> Trace:
     check_spans("phoenix", trace_id, len(spans))
     reduced = tuple(_span(sp) for sp in spans)
     root = min(spans, key=lambda sp: (sp.get("parent_id") is not None, sp["start_time"]))
-    fields = {
-        k: v for k, v in nested(root.get("attributes") or {}).items() if not isinstance(v, dict) or k == "metadata"
-    }
-    fields |= {f"session.{k}": v for k, v in (nested(root.get("attributes") or {}).get("session") or {}).items()}
+    fields = dict(root.get("attributes") or {})  # a dotted path (`session.id`) finds a flat key or nested ones
     model = next((m for sp in spans if sp.get("span_kind") == "LLM" and (m := _get(sp, "llm", "model_name"))), None)
     if model is not None:
         fields.setdefault("model", model)

@@ -52,7 +52,7 @@ def publish(
         ]
         trace_notes += _trace_annotations(verdict)
     _count(c, project, spans, report)
-    report.written += len(trace_notes)  # trace annotations: Phoenix's client reads none back; an upsert each
+    report.upserted += len(trace_notes)  # Phoenix's client reads no trace annotation back: each is an upsert
     for start in range(0, len(spans), 100):
         c.spans.log_span_annotations(span_annotations=spans[start : start + 100], sync=True)
     for start in range(0, len(trace_notes), 100):
@@ -83,7 +83,7 @@ def _count(c: Any, project: str, spans: list[dict[str, Any]], report: PublishRep
     found = c.spans.get_span_annotations(
         span_ids=ids, project_identifier=project, include_annotation_names=[EXECUTABLE], timeout=TIMEOUT_S
     )
-    for a in found if ids else []:
+    for a in found:
         if a.get("identifier") == SOURCE:
             before[a["span_id"]] = (a.get("result") or {}, a.get("metadata") or {})
     for a in spans:
