@@ -101,7 +101,7 @@ def annotations(server: str) -> tuple[dict[str, str], list[dict[str, Any]]]:
 
 def test_publish_puts_each_verdict_on_its_tool_span_once(server, run):
     first = pexec("publish", "phoenix", str(run), "--endpoint", server, "--project", PROJECT, cwd=run.parent)
-    assert "1 trace(s): 4 value(s) written, 0 updated, 0 unchanged" in first.stdout
+    assert "1 trace(s): 7 value(s) written, 0 updated, 0 unchanged, 0 removed" in first.stdout
     names, found = annotations(server)
     order = [c.tool for c in CALLS]
     per_span = sorted(((names[a["span_id"]], a["result"]) for a in found), key=lambda x: order.index(x[0]))
@@ -111,6 +111,23 @@ def test_publish_puts_each_verdict_on_its_tool_span_once(server, run):
     assert "check P failed" in per_span[2][1]["explanation"]
     assert {a["annotator_kind"] for a in found} == {"CODE"} and {a["identifier"] for a in found} == {"pexec"}
 
+    trace_id = json.loads(next((run.parent / "store").glob("*.jsonl")).read_text())["rollout_id"]
+    assert trace_values(server, trace_id) == {"pexec.fed": 3.0, "pexec.T": 4.0, "pexec.executable": 0.0}
+
     again = pexec("publish", "phoenix", str(run), "--endpoint", server, "--project", PROJECT, cwd=run.parent)
-    assert "0 value(s) written, 0 updated, 4 unchanged" in again.stdout
+    assert "0 value(s) written, 0 updated, 7 unchanged" in again.stdout
     assert len(annotations(server)[1]) == 4  # no duplicate
+    assert len(trace_values(server, trace_id)) == 3
+
+
+def trace_values(server: str, trace_id: str) -> dict[str, float]:
+    """The trace's pexec annotations, name -> score, from the server's annotation listing (Phoenix's client has
+    no reader of trace annotations)."""
+    import httpx
+
+    response = httpx.get(f"{server}/v1/projects/{PROJECT}/trace_annotations",
+                         params={"trace_ids": [trace_id], "identifier": "pexec"}, timeout=30)  # fmt: skip
+    response.raise_for_status()
+    found = response.json()["data"]
+    assert len({a["name"] for a in found}) == len(found)
+    return {a["name"]: a["result"]["score"] for a in found}

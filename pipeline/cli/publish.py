@@ -46,6 +46,6 @@ def phoenix(
 
 
 def _report(store: str, report: PublishReport) -> None:
-    console.print(literal(report.line(store)))
+    console.print(literal(report.line(store)), soft_wrap=True)
     for trace_id, why in sorted(report.skipped.items()):
         console.print(f"skipped trace {literal(trace_id)}: {literal(why)}")

@@ -10,7 +10,7 @@ started in the window is one rollout. Mapping:
   `model`) and `date` (UTC day the trace started);
 - spans of kind `TOOL` are the calls, in start order: tool = `tool.name` (else the span's name), arguments =
   `input.value` (JSON text kept as is; not captured: null), output = `output.value`, `error` = status ERROR
-  (then the output, when none was recorded, is the status message or the exception event's message);
+  (then the output, when none was recorded, is the exception event's message, else the status message);
 - spans of kind `LLM`: the user and system messages of `llm.input_messages` are message events.
 """
 
@@ -40,7 +40,14 @@ def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
         parse_time(s.own.get("since"), "since", "phoenix"),
         parse_time(s.own.get("until"), "until", "phoenix"),
     )
-    yield from records(s, list(traces(client(endpoint), project, since, until, max_traces(s))))
+    c = client(endpoint)
+    import httpx
+
+    try:
+        found = list(traces(c, project, since, until, max_traces(s)))
+    except httpx.HTTPError as exc:  # an unreachable server, an unknown project
+        raise IngestError(f"phoenix: {endpoint}: project {project!r}: {exc}") from exc
+    yield from records(s, found)
 
 
 FORMAT = Format(
@@ -56,13 +63,14 @@ FORMAT = Format(
 )
 
 
-def client(endpoint: str) -> Any:
-    """Phoenix's own client for the server at `endpoint` (an IngestError naming the extra when not installed)."""
+def client(endpoint: str, http: Any = None) -> Any:
+    """Phoenix's own client for the server at `endpoint` (an IngestError naming the extra when not installed);
+    `http`: the httpx client it is to use."""
     try:
         from phoenix.client import Client
     except ImportError as exc:
         raise IngestError(f"phoenix: the Phoenix client is not installed ({EXTRA})") from exc
-    return Client(base_url=endpoint)
+    return Client(base_url=endpoint, http_client=http)
 
 
 def traces(
@@ -121,7 +129,7 @@ def _span(sp: Mapping[str, Any]) -> TraceSpan:
         arguments=_get(sp, "input", "value") if kind == "tool" else None,
         output=_get(sp, "output", "value") if kind == "tool" else None,
         error=error,
-        error_message=(sp.get("status_message") or _exception(sp)) if error else None,
+        error_message=(_exception(sp) or sp.get("status_message")) if error else None,  # the exception's own words
         messages=messages,
     )
 

@@ -77,13 +77,11 @@ class PublishReport:
     updated: int = 0  # values that were there from an earlier publish, with another value or rationale
     unchanged: int = 0  # values already there as they are
     removed: int = 0  # values of an earlier publish that this run no longer has
-    upserted: int = 0  # values written in place without reading them back first (the store keeps one per name)
     skipped: dict[str, str] = field(default_factory=dict)  # trace id -> why it was not annotated
 
     def line(self, store: str) -> str:
         out = (f"{store}: {self.traces} trace(s): {self.written} value(s) written, {self.updated} updated, "
                f"{self.unchanged} unchanged, {self.removed} removed")  # fmt: skip
-        out += f"; {self.upserted} trace value(s) upserted" if self.upserted else ""
         return out + (f"; {len(self.skipped)} trace(s) skipped" if self.skipped else "")
 
 
