@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from pipeline.ingest import IngestError
+from pipeline.ingest import IngestError, IngestOptions, ingest
 from pipeline.ingest._traces import Trace, TraceSpan, events, parse_time, tool_spans
 from pipeline.ingest.phoenix import nested
 from pipeline.integrations.verdicts import MAX_DETAIL, StepVerdict, TraceVerdict, matched
@@ -77,3 +77,16 @@ def test_phoenix_attributes_read_the_same_flat_or_nested():
     deep = {"llm": {"input_messages": {"0": {"message": {"role": "user"}}}}, "tool": {"name": "find"},
             "input": {"value": '{"a": 1}'}}  # fmt: skip
     assert nested(flat) == nested(deep) == deep
+
+
+def test_file_formats_need_sources_and_trace_stores_take_none():
+    with pytest.raises(IngestError, match="openai: give the files or folders to read"):
+        list(ingest("openai", []))
+    with pytest.raises(IngestError, match="mlflow: reads from a tracking server"):
+        list(ingest("mlflow", ["traces.json"], IngestOptions(extra={"tracking_uri": "http://127.0.0.1:9"})))
+    with pytest.raises(IngestError, match="--tracking-uri URI --experiment NAME"):
+        list(ingest("mlflow", []))
+    with pytest.raises(IngestError, match="phoenix: give the Phoenix server"):
+        list(ingest("phoenix", []))
+    with pytest.raises(IngestError, match=r"unknown option\(s\) experiment"):
+        list(ingest("phoenix", [], IngestOptions(extra={"endpoint": "http://127.0.0.1:9", "experiment": "x"})))

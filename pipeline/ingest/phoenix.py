@@ -27,6 +27,7 @@ from pipeline.ingest.base import Format, IngestError, IngestOptions, Option
 EXTRA = "pip install 'pexec[phoenix]'"
 TIMEOUT_S = 30  # longest one request to the Phoenix server may take
 TRACES_PER_REQUEST = 50  # traces whose spans one request asks for
+MAX_BATCH_SPANS = 50_000  # spans of one request's traces; more is an IngestError (MAX_SPANS bounds each trace)
 
 
 def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
@@ -97,8 +98,6 @@ def traces(
             if group:
                 yield reduce(trace_id, group)
 
-
-MAX_BATCH_SPANS = 200_000  # spans of one request's traces (TRACES_PER_REQUEST of them)
 
 
 def reduce(trace_id: str, spans: list[Mapping[str, Any]]) -> Trace:
