@@ -99,7 +99,6 @@ def traces(
                 yield reduce(trace_id, group)
 
 
-
 def reduce(trace_id: str, spans: list[Mapping[str, Any]]) -> Trace:
     """A Phoenix trace (its spans as the client returns them) as the spans a rollout needs."""
     check_spans("phoenix", trace_id, len(spans))
