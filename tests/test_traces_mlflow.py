@@ -100,7 +100,7 @@ def assessments(server: str) -> tuple[Any, list[Any]]:
 
 def test_publish_puts_each_verdict_on_its_tool_span_once(server, run):
     first = pexec("publish", "mlflow", str(run), "--tracking-uri", server, cwd=run.parent)
-    assert "1 trace(s): 7 value(s) written, 0 updated, 0 unchanged, 0 removed" in first.stdout
+    assert "1 trace(s): 7 value(s) written, 0 updated, 0 unchanged, 0 removed" in first.stderr
     trace, found = assessments(server)
     spans = {s.span_id: s.name for s in trace.data.spans}
     per_span = sorted(((spans[a.span_id], a.value, a.rationale) for a in found if a.span_id),
@@ -114,7 +114,7 @@ def test_publish_puts_each_verdict_on_its_tool_span_once(server, run):
     assert per_trace == {"pexec.fed": 3, "pexec.T": 4, "pexec.executable": False}
 
     again = pexec("publish", "mlflow", str(run), "--tracking-uri", server, cwd=run.parent)
-    assert "0 value(s) written, 0 updated, 7 unchanged, 0 removed" in again.stdout
+    assert "0 value(s) written, 0 updated, 7 unchanged, 0 removed" in again.stderr
     assert len(assessments(server)[1]) == 7  # no duplicate
 
 

@@ -101,7 +101,7 @@ def annotations(server: str) -> tuple[dict[str, str], list[dict[str, Any]]]:
 
 def test_publish_puts_each_verdict_on_its_tool_span_once(server, run):
     first = pexec("publish", "phoenix", str(run), "--endpoint", server, "--project", PROJECT, cwd=run.parent)
-    assert "1 trace(s): 7 value(s) written, 0 updated, 0 unchanged, 0 removed" in first.stdout
+    assert "1 trace(s): 7 value(s) written, 0 updated, 0 unchanged, 0 removed" in first.stderr
     names, found = annotations(server)
     order = [c.tool for c in CALLS]
     per_span = sorted(((names[a["span_id"]], a["result"]) for a in found), key=lambda x: order.index(x[0]))
@@ -115,7 +115,7 @@ def test_publish_puts_each_verdict_on_its_tool_span_once(server, run):
     assert trace_values(server, trace_id) == {"pexec.fed": 3.0, "pexec.T": 4.0, "pexec.executable": 0.0}
 
     again = pexec("publish", "phoenix", str(run), "--endpoint", server, "--project", PROJECT, cwd=run.parent)
-    assert "0 value(s) written, 0 updated, 7 unchanged" in again.stdout
+    assert "0 value(s) written, 0 updated, 7 unchanged" in again.stderr
     assert len(annotations(server)[1]) == 4  # no duplicate
     assert len(trace_values(server, trace_id)) == 3
 
