@@ -10,7 +10,8 @@ import pytest
 from pipeline.ingest import IngestError, IngestOptions, ingest
 from pipeline.ingest._traces import Trace, TraceSpan, events, parse_time, tool_spans
 from pipeline.ingest.phoenix import nested
-from pipeline.integrations.verdicts import MAX_DETAIL, StepVerdict, TraceVerdict, matched
+from pipeline.integrations import mlflow, phoenix
+from pipeline.integrations.verdicts import MAX_DETAIL, PublishError, StepVerdict, TraceVerdict, matched
 
 
 def span(span_id: str, name: str, start: int, kind: str = "tool", **more) -> TraceSpan:
@@ -90,3 +91,15 @@ def test_file_formats_need_sources_and_trace_stores_take_none():
         list(ingest("phoenix", []))
     with pytest.raises(IngestError, match=r"unknown option\(s\) experiment"):
         list(ingest("phoenix", [], IngestOptions(extra={"endpoint": "http://127.0.0.1:9", "experiment": "x"})))
+
+
+def test_publish_refuses_a_run_not_read_from_a_trace_store(tmp_path):
+    from pipeline.scoring.driver import run_scoring
+    from pipeline.storage.stores import write_store
+    from pipeline.synthetic.rollouts import synthesize
+
+    write_store(synthesize("shop", 4, 2, 0), str(tmp_path / "store"), "jsonl")
+    run_scoring(str(tmp_path / "store"), str(tmp_path / "run"), executor="inline")
+    for publish in (mlflow.publish, phoenix.publish):  # refused before any server is asked
+        with pytest.raises(PublishError, match="not read from a trace store"):
+            publish(str(tmp_path / "run"), "http://127.0.0.1:9")

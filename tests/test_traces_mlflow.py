@@ -116,12 +116,3 @@ def test_publish_puts_each_verdict_on_its_tool_span_once(server, run):
     again = pexec("publish", "mlflow", str(run), "--tracking-uri", server, cwd=run.parent)
     assert "0 value(s) written, 0 updated, 7 unchanged, 0 removed" in again.stderr
     assert len(assessments(server)[1]) == 7  # no duplicate
-
-
-def test_publish_refuses_a_run_not_read_from_a_trace_store(server, tmp_path):
-    pexec("synth", "shop", "--rollouts", "4", "--tasks", "2", "--out", "store", cwd=tmp_path)
-    pexec("score", "store", "--out", "run", "--inline", cwd=tmp_path)
-    script = str(Path(sys.executable).with_name("pexec"))
-    proc = subprocess.run([script, "publish", "mlflow", "run", "--tracking-uri", server], cwd=tmp_path,
-                          capture_output=True, text=True)  # fmt: skip
-    assert proc.returncode == 2 and "not read from a trace store" in proc.stderr

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import free_port, wait_for
+
 # A server's start creates its database (migrations) and imports a lot: 10-20 s on an idle machine; under the
 # shared machine's worst load MLflow's took 108 s.
 START_TIMEOUT_S = 300
@@ -35,33 +34,23 @@ def server_python(name: str) -> Path:
     return python
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def _serving(args: list[str], health: str, log: Path, env: dict[str, str] | None = None) -> Iterator[None]:
     with log.open("wb") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
                                 start_new_session=True)  # fmt: skip
+
+    def healthy() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"the server exited ({proc.returncode}): {log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(health, timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"the server exited ({proc.returncode}): {log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(health, timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"the server did not answer {health} in {START_TIMEOUT_S} s: {log.read_text()[-3000:]}"
-                )
-            time.sleep(0.25)
+        wait_for(healthy, START_TIMEOUT_S, f"{health} (log: {log})")
         yield
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
