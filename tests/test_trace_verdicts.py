@@ -103,3 +103,15 @@ def test_publish_refuses_a_run_not_read_from_a_trace_store(tmp_path):
     for publish in (mlflow.publish, phoenix.publish):  # refused before any server is asked
         with pytest.raises(PublishError, match="not read from a trace store"):
             publish(str(tmp_path / "run"), "http://127.0.0.1:9")
+
+
+@pytest.mark.parametrize(
+    "fmt, extra",
+    [
+        ("mlflow", {"tracking_uri": "http://127.0.0.1:9", "experiment": "x"}),
+        ("phoenix", {"endpoint": "http://127.0.0.1:9"}),
+    ],
+)
+def test_a_server_that_does_not_answer_is_a_one_line_error_not_a_hang(fmt, extra):
+    with pytest.raises(IngestError, match=rf"^{fmt}: http://127.0.0.1:9: "):
+        list(ingest(fmt, [], IngestOptions(extra=extra)))  # bounded: one retry, 30 s per request at most

@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 from producers import CALLS, CANCEL_ERROR, EXPECTED_STEPS, MODEL, USER, Stub, pexec, stub_server, verdicts
-from trace_servers import phoenix_server
+from trace_servers import phoenix_server, score_support
 
 from pipeline.ingest import IngestError, IngestOptions, ingest
+from pipeline.integrations.phoenix import publish
 
 pytestmark = pytest.mark.trace_server
 PRODUCERS = Path(__file__).with_name("producers.py")
@@ -51,7 +52,7 @@ def server(stub: Stub, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str
 def run(server: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("run")
     pexec("ingest", "phoenix", "--endpoint", server, "--project", PROJECT, "--out", "store", cwd=folder)
-    pexec("score", "store", "--out", "run", "--env", "observed", "--spec", "support", "--inline", cwd=folder)
+    score_support(folder / "store", folder / "run")
     return folder / "run"
 
 
@@ -114,8 +115,8 @@ def test_publish_puts_each_verdict_on_its_tool_span_once(server, run):
     trace_id = json.loads(next((run.parent / "store").glob("*.jsonl")).read_text())["rollout_id"]
     assert trace_values(server, trace_id) == {"pexec.fed": 3.0, "pexec.T": 4.0, "pexec.executable": 0.0}
 
-    again = pexec("publish", "phoenix", str(run), "--endpoint", server, "--project", PROJECT, cwd=run.parent)
-    assert "0 value(s) written, 0 updated, 7 unchanged" in again.stderr
+    again = publish(str(run), server, project=PROJECT)  # in this process: the command line was shown above
+    assert (again.written, again.updated, again.unchanged, again.skipped) == (0, 0, 7, {})
     assert len(annotations(server)[1]) == 4  # no duplicate
     assert len(trace_values(server, trace_id)) == 3
 

@@ -86,3 +86,11 @@ def phoenix_server(folder: Path) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     with _serving(args, f"{url}/healthz", folder / "phoenix.log", env):
         yield url
+
+
+def score_support(store: Path, run: Path) -> None:
+    """`pexec score STORE --out RUN --env observed --spec support --inline`, in this process."""
+    from pipeline.envs import EnvOptions
+    from pipeline.scoring.driver import run_scoring
+
+    run_scoring(str(store), str(run), env="observed", options=EnvOptions(spec="support"), executor="inline")

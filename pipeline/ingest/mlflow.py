@@ -28,7 +28,7 @@ PAGE = 100  # traces per search request
 # MLflow's HTTP client retries a failed request for minutes by default: pexec's requests wait at most this long
 # each and are retried this often (the variables MLFLOW_HTTP_REQUEST_TIMEOUT / _MAX_RETRIES, when set, win).
 HTTP_TIMEOUT_S = 30
-HTTP_RETRIES = 2
+HTTP_RETRIES = 1
 
 
 def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
