@@ -1,8 +1,10 @@
 """Real trace stores on loopback for the MLflow and Phoenix round trips (tests/test_traces_*.py): each server runs
 from a virtual environment of its own, `.venv/servers/<name>`, which `make install` builds from
-`tests/servers/<name>.txt`. They cannot share the project's: MLflow's server caps pyarrow below the 26 the core
-pins, and Phoenix's server brings some 150 packages the product never imports. The product's side, the clients
-of the extras `pexec[mlflow]` and `pexec[phoenix]`, is installed in the project's environment as usual.
+`tests/servers/<name>.txt`. MLflow's server cannot share the project's environment: it caps pyarrow below the
+26 the core pins. Phoenix's could (it resolves to the project's versions of every package both need), but it
+brings 43 packages more (pydantic-ai, anthropic, fastmcp…) that only its server process uses; one way for both.
+The product's side, the clients of the extras `pexec[mlflow]` and `pexec[phoenix]`, is installed in the project's
+environment as usual.
 
 A server gets a free port on 127.0.0.1 and a SQLite database under the test's folder; it is stopped (its process
 group) when the module's tests are done.
