@@ -43,6 +43,8 @@ LONGEST_MODULES = (
     "test_metric_properties.py",
     "test_coverage.py",
     "test_pipeline.py",
+    "test_traces_mlflow.py",
+    "test_traces_phoenix.py",
 )
 
 
