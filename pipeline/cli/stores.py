@@ -59,7 +59,7 @@ def ingest(
     sources: Annotated[
         list[str] | None,
         typer.Argument(
-            help="Files, folders or quoted globs (s3://b/otel/day=2*/) to read (none for a trace store: mlflow, phoenix).",
+            help="Files, folders or quoted globs (s3://b/otel/day=2*/) to read (none for mlflow, phoenix).",
         ),
     ] = None,
     label: Annotated[list[str] | None, typer.Option("--label", help="k=v added to every rollout's labels.")] = None,
