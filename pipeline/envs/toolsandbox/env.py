@@ -118,6 +118,23 @@ def initial_doc(seed: dict[str, Any], env: dict[str, Any], rollout_id: str) -> d
             "ids": {}, "shown": {}}  # fmt: skip
 
 
+def seed_clock(reminders: list[Any], tz: str = "UTC", folder: Path = SPEC) -> float | None:
+    """The "now" upstream wrote its seed at, from logged reminder rows (execution_context.json's `reminder`
+    database): the first seed reminder found with its creation timestamp, moved back by its offset on the wall
+    clock. This is the clock the seed was built with, which a scenario's first get_current_timestamp postdates."""
+    seed = orjson.loads((folder / "seed.json").read_bytes())
+    offsets = {seed_id(r["id_payload"]): r["created_offset_s"] for r in seed["reminders"]}
+    try:
+        zone = ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError, TypeError):
+        return None
+    for row in reminders:
+        created = row.get("creation_timestamp") if isinstance(row, dict) else None
+        if row.get("reminder_id") in offsets and isinstance(created, int | float) and not isinstance(created, bool):
+            return u.shift(float(created), {"seconds": -offsets[row["reminder_id"]]}, zone)
+    return None
+
+
 def _without(row: dict[str, Any], *keys: str) -> dict[str, Any]:
     return {k: v for k, v in row.items() if k not in keys}
 
