@@ -3,15 +3,15 @@ loopback stub model that plays scripted turns (scripts.py, stub_model.py).
 
 Upstream: https://github.com/apple/ToolSandbox at commit 165848b9a78cead7ca7fe7c89c688b58e6501219 (the pinned
 commit of tests/toolsandbox_diff/record.py), installed unchanged with pip from PyPI into its own virtual
-environment (Python 3.11, the dependencies its pyproject.toml pins, plus httpx==0.27.2: openai 1.17.0 predates
-httpx 0.28, which dropped an argument it passes). Its command line (`tool_sandbox`, i.e. tool_sandbox.cli:main) runs
-the scenarios with `--agent GPT_4_o_2024_05_13 --user GPT_4_o_2024_05_13`. Those roles talk to
-https://api.openai.com/v1 (written into upstream's code); the process gets HTTPS_PROXY pointing at the stub and
-SSL_CERT_FILE naming a CA made for this recording, so every request reaches the stub and nothing leaves the machine.
-Scenarios whose first user messages coincide run in separate invocations, so there are several
-run folders. The process runs with TZ=UTC in the upstream checkout (upstream records its git SHA).
+environment (Python 3.11, the dependencies its pyproject.toml pins, plus httpx==0.27.2: openai 1.17.0 passes
+`proxies=` to httpx.Client, which httpx 0.28 removed). Its command line (`tool_sandbox`, i.e.
+tool_sandbox.cli:main) runs the scenarios with `--agent GPT_4_o_2024_05_13 --user GPT_4_o_2024_05_13`. Those
+roles talk to https://api.openai.com/v1 (written into upstream's code); the process gets HTTPS_PROXY pointing at
+the stub and SSL_CERT_FILE naming a CA made for this recording, so every request reaches the stub and nothing
+leaves the machine. Scenarios whose first user messages coincide run in separate invocations, so there are
+several run folders. The process runs with TZ=UTC in the upstream checkout (upstream records its git SHA).
 
-How to re-record (about three minutes; the install step takes longer the first time):
+How to re-record (about four minutes; installing the venv the first time takes five to ten more):
 
     git clone https://github.com/apple/ToolSandbox /tmp/ts-src   # or from any mirror of it
     git -C /tmp/ts-src checkout 165848b9a78cead7ca7fe7c89c688b58e6501219
