@@ -144,8 +144,23 @@ def main() -> None:
         server.server_close()
         log.extend(routes.log)
     runs = sorted(p for p in output.iterdir() if p.is_dir())  # named by start time: the sample's first
+    check(runs)
     write_outputs(runs, args.out, args.data, keys, log, venv)
     shutil.rmtree(work)
+
+
+def check(runs: list[Path]) -> None:
+    """Refuse a recording in which a scenario crashed other than its script says (a misrouted request, an
+    unreachable stub) or is missing: it would be recorded as upstream's behaviour."""
+    crashes = {
+        entry["name"]: entry["exception_type"]
+        for run in runs
+        for entry in json.loads((run / "result_summary.json").read_text())["per_scenario_results"]
+    }
+    expected = {s.scenario: s.crash for s in SCRIPTS}
+    if crashes != expected:
+        wrong = sorted(set(crashes.items()) ^ set(expected.items()))
+        raise SystemExit(f"the recording is not what the scripts say (scenario, exception): {wrong}")
 
 
 def write_outputs(runs: list[Path], out: Path, data: Path, keys: dict[str, dict], log: list[dict],
@@ -178,6 +193,7 @@ def write_outputs(runs: list[Path], out: Path, data: Path, keys: dict[str, dict]
         "scripts": {
             s.scenario: {
                 "note": s.note,
+                "crash": s.crash,
                 "categories": keys[s.scenario]["categories"],
                 "agent_turns": [type(t).__name__ for t in s.agent],
                 "user_turns": [type(t).__name__ for t in s.user],

@@ -253,7 +253,12 @@ SCRIPTS: tuple[Script, ...] = (
         "find_days_till_holiday_insufficient_information",
         (Say("I cannot tell today's date with the tools I have, so I cannot count the days till Christmas."),),
     ),
-    Script("get_wifi", (Drop(),), note="the connection drops on the agent's first request: a crash before any call"),
+    Script(
+        "get_wifi",
+        (Drop(),),
+        note="the connection drops on the agent's first request: a crash before any call",
+        crash="APIConnectionError",
+    ),
     Script(
         "find_current_city_low_battery_mode",
         (
@@ -262,10 +267,12 @@ SCRIPTS: tuple[Script, ...] = (
             Drop(),
         ),
         note="the connection drops mid-run, after two calls",
+        crash="APIConnectionError",
     ),
     Script(
         "get_cellular",
         (Calls((call("get_wifi_status"),)),),
         note="the agent names a tool the scenario does not allow: upstream raises KeyError",
+        crash="KeyError",
     ),
 )

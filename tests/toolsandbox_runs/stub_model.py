@@ -59,6 +59,7 @@ class Script:
     agent: tuple[Turn, ...]
     user: tuple[Turn, ...] = ()
     note: str = ""
+    crash: str | None = None  # the exception upstream's runner is to catch, when the script provokes one
 
 
 def call(tool: str, **arguments: Any) -> tuple[str, dict[str, Any]]:
