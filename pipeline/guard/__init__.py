@@ -7,7 +7,7 @@ http.py       the HTTP service (`pexec guard serve`)
 mcp.py        the MCP proxy (`pexec guard mcp`)
 ray_serve.py  the HTTP service as a Ray Serve application
 
-Imports: core, envs, replay.
+Imports: core, envs, replay, web.
 """
 
 from pipeline.guard.session import EnvironmentPool, GuardSession, GuardVerdict, open_session
