@@ -203,8 +203,8 @@ class GuardProxy:
             self.log.close(attributes)
 
     async def list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-        if self.upstream_state.dead:
-            raise McpProxyError(self._dead())
+        if self.upstream_state.dead:  # its tools are no longer offered: the host is told why
+            raise MCPError(-32000, self._dead())
         return types.ListToolsResult(tools=self.tools)
 
     def _dead(self) -> str:
@@ -316,10 +316,9 @@ async def serve_proxy(
         spec = load_spec(folder)
     transport = UpstreamTransport(upstream, upstream_environment([], []) if env is None else env)
     async with AsyncExitStack() as stack:
-        try:
-            with anyio.fail_after(timeout):
-                client = await stack.enter_async_context(Client(transport))
-                tools = await _list_all(client)
+        try:  # the handshake and every request read within the timeout
+            client = await stack.enter_async_context(Client(transport, read_timeout_seconds=timeout))
+            tools = await _list_all(client)
         except (OSError, MCPError, ExceptionGroup, TimeoutError) as exc:  # did not start, or does not speak MCP
             raise McpProxyError(f"upstream MCP server {shlex.join(upstream)!r}: {_reason(exc)}") from exc
         proxy = GuardProxy(client, transport.state, tools, spec, log, timeout)
