@@ -163,7 +163,7 @@ def _fmt(x: float | None, sign: str = "") -> str:
     return "–" if x is None else f"{x:{sign}.3f}"
 
 
-TABLE_ROWS = 10_000  # rows `sql --format table` lays out (the whole table is measured before it prints)
+TABLE_ROWS = 1_000  # rows `sql --format table` lays out (the whole table is measured before it prints)
 
 
 def print_query_result(result: QueryResult, fmt: str) -> None:

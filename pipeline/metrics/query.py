@@ -157,13 +157,25 @@ def stream_sql(snapshot: Snapshot, query: str, limits: QueryLimits | None = None
         set_variables(con, allowed_directories=[root.url + "/"])
         run_sql(con, "metrics/lockdown")
         for text in statements[:-1]:  # run for their errors; only the last one's result is shown
-            _limited(lambda text=text: con.execute(text).fetch_record_batch(BATCH_ROWS).read_all(), limits)
-        reader = _limited(lambda: con.execute(statements[-1]).fetch_record_batch(BATCH_ROWS), limits)
+            _limited(lambda text=text: _drain(_reader(con, text)), limits)
+        reader = _limited(lambda: _reader(con, statements[-1]), limits)
         yield QueryResult(reader, limits, deadline, snapshot.partial())
     finally:
         timer.cancel()
         con.close()
         shutil.rmtree(spill, ignore_errors=True)
+
+
+def _reader(con: duckdb.DuckDBPyConnection, text: str) -> pa.RecordBatchReader:
+    relation = con.sql(text)
+    if relation is None:  # a statement without a result
+        return pa.RecordBatchReader.from_batches(pa.schema([]), [])
+    return relation.to_arrow_reader(BATCH_ROWS)
+
+
+def _drain(reader: pa.RecordBatchReader) -> None:
+    for _batch in reader:
+        pass
 
 
 def partial_of(result: pa.Table) -> dict[str, Any] | None:
