@@ -60,15 +60,23 @@ def read_all(s: socket.socket) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def guard() -> Iterator[Guard]:
+def guard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guard]:
+    token_file = tmp_path_factory.mktemp("guard") / "token"
+    token_file.write_text(TOKEN + "\n")
     proc, port = start_server(
-        *("--env", "shop", "--token", TOKEN, "--header-timeout", "1", "--max-concurrency", "20"),
+        *("--env", "shop", "--token-file", str(token_file), "--header-timeout", "1", "--max-concurrency", "20"),
         *("--session-mb", "1", "--cache-mb", "4", "--ttl", "3"),
     )
     try:
         yield Guard(proc, port)
     finally:
         stop(proc)
+
+
+def test_a_token_file_keeps_the_token_out_of_the_process_list(guard):
+    # Measured before: --token was visible in `ps`.
+    assert TOKEN not in " ".join(psutil.Process(guard.proc.pid).cmdline())
+    assert guard.client("GET", "/health")[0] == 200
 
 
 def test_a_chunked_body_is_refused_at_the_limit_and_its_connection_closed(guard):
