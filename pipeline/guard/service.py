@@ -224,14 +224,14 @@ class Guard:
             raise GuardRequestError(f"more than {self.limits.max_session_events} events in one request", 413)
         parsed = [_event(e, f"events[{i}]") for i, e in enumerate(events)]
         call = parse_call(body.get("call"))
-        for i, event in enumerate([*parsed, call]):
-            try:
-                check_event(event)  # before anything walks or hashes it
-            except InvalidRecord as exc:
-                raise GuardRequestError(f"{f'events[{i}]' if i < len(parsed) else 'call'}: {exc}") from exc
+        _admissible(call, "call")  # the events are checked as they are replayed (a cached prefix was, once)
         keys = [_hash(b"", start)]
-        for raw in events:
-            keys.append(_hash(keys[-1], raw))
+        for i, raw in enumerate(events):
+            try:
+                keys.append(_hash(keys[-1], raw))
+            except GuardRequestError:
+                _admissible(parsed[i], f"events[{i}]")  # the scorer's reason, when that is why it is not JSON
+                raise
         with self._lock:
             self._expire()
             hit = next((i for i in range(len(keys) - 1, -1, -1) if keys[i] in self._prefixes), None)
@@ -241,11 +241,14 @@ class Guard:
         if session is None:
             hit, session = 0, self._open(start)
         try:
-            for event in parsed[hit:]:
-                if isinstance(event, Message):
-                    session.message(event.role, event.content, event.turn)
-                else:
-                    session.record(event, output=event.output, error=event.error)
+            for i, event in enumerate(parsed[hit:], hit):
+                try:
+                    if isinstance(event, Message):
+                        session.message(event.role, event.content, event.turn)
+                    else:
+                        session.record(event, output=event.output, error=event.error)
+                except InvalidRecord as exc:
+                    raise GuardRequestError(f"events[{i}]: {exc}") from exc
             verdict = session.check(call)
         except SessionFull as exc:
             session.close()
@@ -266,6 +269,14 @@ class Guard:
                 ):
                     self._evict()
         return {**verdict.to_json(), "replayed": len(parsed) - hit}
+
+
+def _admissible(event: Call | Message, where: str) -> None:
+    """GuardRequestError with the batch scorer's reason when `event` would make its rollout unreadable."""
+    try:
+        check_event(event)
+    except InvalidRecord as exc:
+        raise GuardRequestError(f"{where}: {exc}") from exc
 
 
 def _hash(previous: bytes, value: Any) -> bytes:

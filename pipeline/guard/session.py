@@ -62,9 +62,6 @@ class SessionFull(PexecError):
     """The session's budget is spent: close it (its verdicts so far stand) and open a new one."""
 
 
-# A call or message is one event of a rollout record: the record and its `events` list are two levels above
-# it, so an event may have two levels fewer than a record (pipeline/core/records.py).
-EVENT_DEPTH = MAX_DEPTH - 2
 RECORD_TOO_DEEP = f"the record nests deeper than {MAX_DEPTH} levels"  # the scorer's own reject reason
 
 
@@ -72,7 +69,8 @@ def check_event(event: Call | Message) -> bytes:
     """The event's canonical JSON, or InvalidRecord with the reason `pexec score` would reject its rollout for
     (the guard refuses a call the nightly rescore could not read)."""
     record = event_record(event)
-    if too_deep(record, EVENT_DEPTH):
+    # An event sits two levels below its rollout record (the record, its `events` list): checked in that place.
+    if too_deep({"events": [record]}):
         raise InvalidRecord(RECORD_TOO_DEEP)
     try:
         return orjson.dumps(record)
@@ -82,7 +80,7 @@ def check_event(event: Call | Message) -> bytes:
 
 def check_start(env: dict[str, Any]) -> None:
     """A session's start as the record's `env` (one level below the record)."""
-    if too_deep(env, MAX_DEPTH - 1):
+    if too_deep({"env": env}):
         raise InvalidRecord(RECORD_TOO_DEEP)
 
 
