@@ -99,10 +99,18 @@ def mcp(
             "--upstream-timeout", min=0.1, max=3600, help="Seconds a forwarded call waits for the upstream's answer."
         ),
     ] = 60.0,
+    session_mb: Annotated[
+        int,
+        typer.Option(
+            "--session-mb", min=1, max=65_536, help="MiB of events the session holds; past it calls are refused."
+        ),
+    ] = 256,
 ) -> None:
     """Run as a stdio MCP server in front of an upstream one, refusing calls that fail S, D or P."""
-    from pipeline.guard.mcp import run_proxy
+    from pipeline.guard.mcp import MCP_BUDGET, run_proxy
+    from pipeline.guard.session import SessionBudget
     from pipeline.guard.upstream import upstream_environment
 
     env = upstream_environment(env_allow or [], env_deny or [])
-    run_proxy(upstream, EnvOptions(tuple(spec_dir or ()), spec), log, env, upstream_timeout)
+    budget = SessionBudget(MCP_BUDGET.max_events, session_mb * 1024 * 1024)
+    run_proxy(upstream, EnvOptions(tuple(spec_dir or ()), spec), log, env, upstream_timeout, budget)

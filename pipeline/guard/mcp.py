@@ -13,9 +13,8 @@ which `pexec score --env observed` reads by the same rule, so the rescore of a l
 for step; each call in the log also keeps its live verdict under `guard` (valid, check, cause, and the
 schema used: `spec` or `upstream`).
 
-The log (`--log FOLDER`) is appended to, one line per event, in `FOLDER/.journal/<id>.jsonl` (a dot folder,
-not part of the store); when the session ends the canonical rollout `FOLDER/<id>.jsonl` is written once from
-it, and a journal left by a killed proxy is turned into its rollout when the next proxy starts on the folder.
+The log (`--log FOLDER`) is an append-only journal, turned into the canonical rollout once at the end
+(pipeline.guard.journal).
 
 The host may pass the conversation along in a call's `_meta` under `pexec/messages`: a list of
 `{"role", "content"}` added before the call is checked (what D grounds values in).
@@ -23,33 +22,32 @@ The host may pass the conversation along in a call's `_meta` under `pexec/messag
 
 from __future__ import annotations
 
-import os
 import secrets
 import shlex
 import time
 from contextlib import AsyncExitStack
-from pathlib import Path
 from typing import Any
 
 import anyio
 import mcp.types as types
-import orjson
 from mcp import Client, MCPError, stdio_server
 from mcp.server.lowlevel.server import Server
 
 from pipeline.core.errors import PexecError
 from pipeline.core.model import Call, Message, Rollout
-from pipeline.core.records import InvalidRecord, event_record
+from pipeline.core.records import InvalidRecord
 from pipeline.envs import EnvOptions
 from pipeline.envs.observed import ObservedEnvironment
 from pipeline.envs.spec.loader import Spec, find_spec, load_spec
-from pipeline.guard.session import GuardSession, GuardVerdict, SessionFull
+from pipeline.guard.journal import RolloutLog
+from pipeline.guard.session import GuardSession, GuardVerdict, SessionBudget, SessionFull
 from pipeline.guard.upstream import MAX_LINE, REFUSED_TOOL, HostRequests, UpstreamTransport, upstream_environment
 
 MESSAGES_META = "pexec/messages"
 UPSTREAM_TIMEOUT = 60.0  # seconds a forwarded call may wait for the upstream's answer
 MAX_RESULT = MAX_LINE  # bytes of one upstream result (its JSON-RPC message)
-JOURNAL = ".journal"
+# The proxy's one session lasts as long as the host's connection: a larger budget than an HTTP session's.
+MCP_BUDGET = SessionBudget(max_events=100_000, max_bytes=256 * 1024 * 1024)
 
 
 class McpProxyError(PexecError):
@@ -91,89 +89,6 @@ def _tool_error(text: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
 
 
-def _rollout_record(rollout: Rollout, events: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "rollout_id": rollout.rollout_id,
-        "task_id": rollout.task_id,
-        "benchmark": "observed",
-        "labels": rollout.labels,
-        "attributes": rollout.attributes,
-        "env": rollout.env,
-        "events": events,
-    }
-
-
-class RolloutLog:
-    """The session's log: every event appended to its journal as it happens (one line each, flushed), the
-    canonical rollout written once at the end (`close`)."""
-
-    def __init__(self, folder: str, rollout: Rollout) -> None:
-        self.folder = Path(folder)
-        recover_journals(self.folder)
-        (self.folder / JOURNAL).mkdir(parents=True, exist_ok=True)
-        self.path = self.folder / f"{rollout.rollout_id}.jsonl"
-        self.journal_path = self.folder / JOURNAL / f"{rollout.rollout_id}.jsonl"
-        self._journal = self.journal_path.open("ab")
-        self._rollout = rollout
-        self._append({"start": _rollout_record(rollout, [])})
-
-    def _append(self, line: dict[str, Any]) -> None:
-        self._journal.write(orjson.dumps(line) + b"\n")
-        self._journal.flush()
-
-    def event(self, event: Call | Message, verdict: dict[str, Any] | None = None) -> None:
-        record = event_record(event)
-        if verdict is not None:
-            record["guard"] = verdict
-        self._append({"event": record})
-
-    def note(self, **fields: Any) -> None:
-        """A journal-only line (a refused unreadable request, the upstream's death): kept for the audit, and
-        summed into the rollout's attributes."""
-        self._append({"note": fields})
-
-    def close(self, attributes: dict[str, str]) -> None:
-        if self._journal.closed:
-            return
-        self._append({"end": attributes})
-        self._journal.close()
-        _write_rollout(self.journal_path, self.path)
-
-
-def _write_rollout(journal: Path, target: Path) -> None:
-    """The canonical rollout of a journal, written atomically (a dot file until complete), then the journal
-    removed."""
-    record: dict[str, Any] | None = None
-    events: list[dict[str, Any]] = []
-    attributes: dict[str, str] = {}
-    for raw in journal.read_bytes().splitlines():
-        try:
-            line = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            continue  # a line cut short by a kill: the events before it stand
-        if "start" in line:
-            record = line["start"]
-        elif "event" in line:
-            events.append(line["event"])
-        elif "end" in line:
-            attributes.update(line["end"])
-    if record is None:
-        journal.unlink(missing_ok=True)
-        return
-    record["events"] = events
-    record["attributes"] = {**record.get("attributes", {}), **attributes}
-    tmp = target.parent / f".{target.name}.tmp"
-    tmp.write_bytes(orjson.dumps(record) + b"\n")
-    os.replace(tmp, target)
-    journal.unlink(missing_ok=True)
-
-
-def recover_journals(folder: Path) -> None:
-    """Turn the journals a killed proxy left into their rollouts."""
-    for journal in sorted((folder / JOURNAL).glob("*.jsonl")):
-        _write_rollout(journal, folder / journal.name)
-
-
 class GuardProxy:
     """The proxy's state: the upstream client, the guard session, the log."""
 
@@ -185,12 +100,14 @@ class GuardProxy:
         spec: Spec | None,
         log: str | None,
         timeout: float = UPSTREAM_TIMEOUT,
+        budget: SessionBudget | None = None,
     ) -> None:
         self.upstream, self.upstream_state, self.tools, self.timeout = upstream, state, tools, timeout
         self.spec_tools = set(spec.tools) if spec else set()
         rollout_id = f"mcp-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(4)}"
         env = {"tools": upstream_schemas(tools, spec)}
-        self.session = GuardSession(observed_environment(spec), Rollout(rollout_id, rollout_id, "observed", env=env))
+        start = Rollout(rollout_id, rollout_id, "observed", env=env)
+        self.session = GuardSession(observed_environment(spec), start, budget=budget or MCP_BUDGET)
         self.log = RolloutLog(log, self.session.rollout) if log else None
         self.refused_requests = 0
         self._calls = 0
@@ -307,6 +224,7 @@ async def serve_proxy(
     log: str | None,
     env: dict[str, str] | None = None,
     timeout: float = UPSTREAM_TIMEOUT,
+    budget: SessionBudget | None = None,
 ) -> None:
     spec = None
     if options.spec is not None:
@@ -321,7 +239,7 @@ async def serve_proxy(
             tools = await _list_all(client)
         except (OSError, MCPError, ExceptionGroup, TimeoutError) as exc:  # did not start, or does not speak MCP
             raise McpProxyError(f"upstream MCP server {shlex.join(upstream)!r}: {_reason(exc)}") from exc
-        proxy = GuardProxy(client, transport.state, tools, spec, log, timeout)
+        proxy = GuardProxy(client, transport.state, tools, spec, log, timeout, budget)
         stack.callback(proxy.close)
         server: Server[Any] = Server(
             "pexec-guard", version="1", on_list_tools=proxy.list_tools, on_call_tool=proxy.call_tool
@@ -344,8 +262,9 @@ def run_proxy(
     log: str | None,
     env: dict[str, str] | None = None,
     timeout: float = UPSTREAM_TIMEOUT,
+    budget: SessionBudget | None = None,
 ) -> None:
     """Serve on stdin/stdout until the client goes away."""
     if not upstream:
         raise McpProxyError("give the upstream MCP server's command after `--`")
-    anyio.run(serve_proxy, upstream, options, log, env, timeout)
+    anyio.run(serve_proxy, upstream, options, log, env, timeout, budget)
