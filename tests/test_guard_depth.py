@@ -164,3 +164,9 @@ def test_deep_requests_over_http_are_400_with_the_scorers_reason(tmp_path):
             assert (verdict["valid"], verdict["failed_check"], verdict["detail"]) == step[1:]
     finally:
         stop(proc)
+
+
+def test_a_start_the_scorer_would_reject_is_refused_with_its_reason(guard):
+    for labels, reason in (({"T": "x"}, "label 'T' clashes with an output column name"), ({"": "x"}, "empty name")):
+        with pytest.raises(GuardRequestError, match=reason):
+            guard.check_stateless({"start": {"labels": labels}, "events": [], "call": {"tool": "echo"}})

@@ -21,7 +21,7 @@ import orjson
 
 from pipeline.core.errors import PexecError
 from pipeline.core.model import Call, Message
-from pipeline.core.records import InvalidRecord, parse_event
+from pipeline.core.records import InvalidRecord, parse_event, parse_rollout
 from pipeline.envs import EnvOptions, get_environment
 from pipeline.guard.session import (
     POOL,
@@ -87,6 +87,10 @@ def parse_start(body: Any) -> dict[str, Any]:
     if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
         raise GuardRequestError("'labels' must be an object of strings")
     start["labels"] = labels
+    try:  # the rest of what the batch scorer requires of a record's start (label names, say)
+        parse_rollout({**start, "benchmark": "guard", "events": []})
+    except InvalidRecord as exc:
+        raise GuardRequestError(str(exc)) from exc
     return start
 
 
