@@ -241,5 +241,6 @@ def test_a_large_check_does_not_stall_health(roomy):
         waits.append(time.perf_counter() - asked)
     worker.join(60)
     took = time.perf_counter() - began
-    assert took > 0.5 and len(waits) >= 3, f"the check took {took:.1f} s: too short to show a stall"
-    assert max(waits) < max(0.25, took / 4), (took, waits)  # a stalled loop would answer only after the check
+    # A stalled loop answers /health only after the check: one wait as long as most of the check, and few answers.
+    assert took > 0.5 and len(waits) >= 5, (took, waits)
+    assert max(waits) < took / 2, (took, waits)
