@@ -117,7 +117,7 @@ class GuardSession:
         check_start(start.env)
         self.env = env
         self.rollout = replace(start, events=[])
-        self.budget = budget or SessionBudget()
+        self.budget = budget  # None: no budget (the library's default; the services set theirs)
         self.bytes = 0  # of the events kept: their canonical JSON and EVENT_OVERHEAD each
         self._session = Session(env, start)
         self._on_close = on_close
@@ -126,6 +126,9 @@ class GuardSession:
         """Count `event` against the budget before it is kept (SessionFull when it would not fit)."""
         size = len(check_event(event)) + EVENT_OVERHEAD
         budget = self.budget
+        if budget is None:
+            self.bytes += size
+            return
         if len(self.rollout.events) >= budget.max_events:
             raise SessionFull(f"the session holds its limit of {budget.max_events} events: close it, open a new one")
         if self.bytes + size > budget.max_bytes:
@@ -186,7 +189,8 @@ def open_session(
     budget: SessionBudget | None = None,
 ) -> GuardSession:
     """A guard session in environment `name` (any registered one, as `pexec score --env`), starting from
-    `env` (a rollout's `env` field) and the rollout-level fields an environment may read."""
+    `env` (a rollout's `env` field) and the rollout-level fields an environment may read. `budget`: what the
+    session may hold (None: no limit but the batch scorer's record limits, which every session applies)."""
     options = options or EnvOptions()
     start = Rollout(rollout_id, task_id, name, labels=dict(labels or {}), env=dict(env or {}))
     instance = pool.lease(name, options)
