@@ -13,6 +13,13 @@ replay.py     `pexec guard replay`: what the guard under a new spec would have r
 Imports: core, envs, replay, web.
 """
 
-from pipeline.guard.session import EnvironmentPool, GuardSession, GuardVerdict, open_session
+from pipeline.guard.session import (
+    EnvironmentPool,
+    GuardSession,
+    GuardVerdict,
+    SessionBudget,
+    SessionFull,
+    open_session,
+)
 
-__all__ = ["EnvironmentPool", "GuardSession", "GuardVerdict", "open_session"]
+__all__ = ["EnvironmentPool", "GuardSession", "GuardVerdict", "SessionBudget", "SessionFull", "open_session"]
