@@ -18,7 +18,7 @@ class MetricsError(PexecError, ValueError):
     """Metrics asked for with settings or cohort columns that do not fit (the message says which)."""
 
 
-MAX_B = 100_000  # bootstrap replicates: the draws' memory and time grow with B × tasks
+MAX_B = 10_000  # bootstrap replicates; measured on 200 rollouts: B = 10,000 peaks at 406 MB, 100,000 at 2.4 GB
 
 
 @dataclass(frozen=True)
