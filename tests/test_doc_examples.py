@@ -100,6 +100,8 @@ EXPECTED = {
         "model,method,mean_calls,ter",
         "error: query stopped after 1 s (the --timeout)",
         "stopped, as asked",
+        "pexec sql: the result was cut at 3 rows (the --max-rows)",
+        "cut, as asked",
         "partial read: None",
     ],
 }

@@ -30,14 +30,17 @@ from pipeline.synthetic.rollouts import synthesize
 def synth(
     spec: Annotated[str, typer.Argument(help="Spec to build tasks for (shipped: shop).")],
     out_store: OutStore,
-    rollouts: Annotated[int, typer.Option("--rollouts", min=1, help="Rollouts to write.")] = 1000,
+    rollouts: Annotated[int, typer.Option("--rollouts", min=1, max=100_000_000, help="Rollouts to write.")] = 1000,
     tasks: Annotated[
-        int, typer.Option("--tasks", min=1, help="Tasks the rollouts are spread over (at most --rollouts).")
+        int,
+        typer.Option(
+            "--tasks", min=1, max=100_000_000, help="Tasks the rollouts are spread over (at most --rollouts)."
+        ),
     ] = 100,
     seed: Seed = 0,
     fmt: StoreFormat = "jsonl",
     compression: Annotated[str, typer.Option("--compression", help="none, gzip or zstd (JSON Lines)")] = "none",
-    per_file: Annotated[int, typer.Option("--per-file", min=1, help="Rollouts per file.")] = 50_000,
+    per_file: Annotated[int, typer.Option("--per-file", min=1, max=10_000_000, help="Rollouts per file.")] = 50_000,
     overwrite: Overwrite = False,
     append: Append = False,
     endpoint_url: EndpointUrl = None,
