@@ -49,13 +49,18 @@ __all__ = [
     "accepted_options",
     "formats",
     "ingest",
+    "prepared",
     "source_files",
 ]
 
 ALLOW_NO_CALLS = "allow_no_calls"
+_LIMITS = {"max_line_bytes": "line_bytes", "max_record_bytes": "record_bytes", "max_member_bytes": "member_bytes"}
 # The options of every format, handled here.
 COMMON_OPTIONS = (
     Option(ALLOW_NO_CALLS, "true: keep sources in which no rollout has a tool call (else refused)", "false"),
+    Option("max_line_bytes", "bytes of one line of a line-delimited log; a longer line is a reject", None),
+    Option("max_record_bytes", "bytes of a JSON document read whole (a `.json` log); a larger one is a reject", None),
+    Option("max_member_bytes", "decompressed bytes of an archive member (an Inspect sample); larger is a reject", None),
 )
 
 
@@ -65,12 +70,9 @@ def accepted_options(fmt: str) -> OptionSchema:
     return replace(schema, options=schema.options + COMMON_OPTIONS)
 
 
-def ingest(fmt: str, sources: Sequence[str], options: IngestOptions | None = None) -> Iterator[dict]:
-    """Canonical records from `sources` in format `fmt`; each is checked to be a scorable rollout.
-
-    Rollouts with no tool call at all are held back until one with a call comes: sources that yield rollouts
-    but not one call are most likely another format's logs, an error (nothing is written) unless
-    `--option allow_no_calls=true` says the logs truly have none."""
+def prepared(fmt: str, options: IngestOptions | None = None) -> tuple[LogFormat, IngestOptions, bool]:
+    """The format `fmt`, the options its reader gets (checked against its schema, its defaults filled in, the
+    common options taken out: the byte limits into `limits`), and whether sources with no call are allowed."""
     log_format = get_format(fmt)
     options = options or IngestOptions()
     allowed = options.extra.get(ALLOW_NO_CALLS, "false").lower()
@@ -80,10 +82,27 @@ def ingest(fmt: str, sources: Sequence[str], options: IngestOptions | None = Non
     unknown = accepted.unknown(options.extra)
     if unknown:
         raise IngestError(f"{fmt}: unknown option(s) {', '.join(unknown)} (known: {', '.join(accepted.known())})")
-    extra = log_format.options.defaults() | {k: v for k, v in options.extra.items() if k != ALLOW_NO_CALLS}
+    limits = {}
+    for key, name in _LIMITS.items():
+        if key in options.extra:
+            value = options.extra[key]
+            if not value.isdigit() or int(value) < 1:
+                raise IngestError(f"{fmt}: --option {key} takes a number of bytes >= 1, got {value!r}")
+            limits[name] = int(value)
+    common = {ALLOW_NO_CALLS, *_LIMITS}
+    extra = log_format.options.defaults() | {k: v for k, v in options.extra.items() if k not in common}
+    return log_format, replace(options, extra=extra, limits=replace(options.limits, **limits)), allowed == "true"
+
+
+def ingest(fmt: str, sources: Sequence[str], options: IngestOptions | None = None) -> Iterator[dict]:
+    """Canonical records from `sources` in format `fmt`; each is checked to be a scorable rollout.
+
+    Rollouts with no tool call at all are held back until one with a call comes: sources that yield rollouts
+    but not one call are most likely another format's logs, an error (nothing is written) unless
+    `--option allow_no_calls=true` says the logs truly have none."""
+    log_format, options, calls_seen = prepared(fmt, options)
     held: list[dict] = []
-    calls_seen = allowed == "true"
-    for record in log_format.read(sources, replace(options, extra=extra)):
+    for record in log_format.read(sources, options):
         try:
             parse_rollout(record)
         except InvalidRecord as exc:  # an adapter bug, not bad input: say which record

@@ -1,8 +1,10 @@
 """`otel`: OpenTelemetry GenAI spans (OTLP JSON) -> canonical rollouts.
 
 A source is a file or folder (searched recursively) of OTLP JSON exports (`.json`, or `.jsonl` with one
-export per line), each `{"resourceSpans": [{"resource", "scopeSpans": [{"spans": [...]}]}]}`. All spans of
-all sources are collected first, so spans may arrive in any order and any file. Mapping:
+export per line, maybe gzip/zstd), each `{"resourceSpans": [{"resource", "scopeSpans": [{"spans": [...]}]}]}`.
+Spans may arrive in any order and any file: `pexec ingest` collects all spans first; `pexec score --format
+otel` partitions them by a hash of their trace id, then of their conversation, in Ray tasks (`SHUFFLE`), so no
+task holds more than its partition. Mapping:
 - rollouts: spans are grouped by `gen_ai.conversation.id` (a trace in which any span carries one joins that
   conversation), else by trace id; the record for ids/labels is the resource and span attributes (first
   value wins, in time order) plus `trace_id` and `date` (UTC day of the first span); default id field
@@ -38,10 +40,24 @@ from typing import Any
 
 import orjson
 
-from pipeline.ingest._logs import LOG_FILES, call, documents, loads, log_options, message, rollout, settings, text
+from pipeline.ingest._logs import (
+    LogSettings,
+    call,
+    loads,
+    log_options,
+    message,
+    one_line,
+    plan_logs,
+    rollout,
+    settings,
+    shard_documents,
+    text,
+)
 from pipeline.ingest._pairing import Call, Entry, Result, pair
-from pipeline.ingest.base import Format, IngestError, IngestOptions, source_files
+from pipeline.ingest.base import Format, IngestError, IngestOptions
 from pipeline.ingest.registry import mismatch
+from pipeline.ingest.sharded import Item, Shuffle
+from pipeline.storage.inputs import RecordError, Shard
 
 CONVERSATION = "gen_ai.conversation.id"
 _ERROR_STATUS = {2, "2", "STATUS_CODE_ERROR", "ERROR"}
@@ -49,36 +65,81 @@ _HEX_ID = re.compile(r"[0-9a-fA-F]{16}|[0-9a-fA-F]{32}")
 
 
 def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
-    labels = {"model": "gen_ai.request.model", "agent_version": "service.version"}
-    s = settings("otel", options, labels)
-    spans = [span for source in sources for span in _spans(source, options)]
+    """Every conversation of the sources, read in this process (all spans held: `pexec ingest`); `pexec score
+    --format otel` assembles them by a distributed shuffle instead (`SHUFFLE`)."""
+    spans = []
+    for shard in _plan(sources, options, 2**62):
+        for location, item in _items(shard, options):
+            if isinstance(item, RecordError):
+                raise IngestError(one_line("otel", f"{shard.file.url} {location}".rstrip(), item.reason))
+            spans.append(item[2])
     for key, group in sorted(_conversations(spans).items()):
-        group.sort(key=lambda sp: (sp["start"], sp["span_id"]))
-        record = _record(group, key)
-        events = _events(group)
-        orphans = sum(e["type"] == "message" and e["role"] == "tool" for e in events)
-        attributes = {"orphan_results": str(orphans)} if orphans else {}
-        yield rollout(s, record, events, f"otel: conversation {key}", attributes)
+        yield assemble(key, group, options)
+
+
+def assemble(key: str, group: list[dict[str, Any]], options: IngestOptions) -> dict:
+    """The canonical rollout of one conversation: all its spans, in any order."""
+    s = _settings(options)
+    group.sort(key=lambda sp: (sp["start"], sp["span_id"]))
+    record = _record(group, key)
+    events = _events(group)
+    orphans = sum(e["type"] == "message" and e["role"] == "tool" for e in events)
+    attributes = {"orphan_results": str(orphans)} if orphans else {}
+    return rollout(s, record, events, f"otel: conversation {key}", attributes)
+
+
+def _settings(options: IngestOptions) -> LogSettings:
+    return settings("otel", options, {"model": "gen_ai.request.model", "agent_version": "service.version"})
+
+
+def conversation_key(trace_id: str, spans: list[dict[str, Any]]) -> str:
+    """The conversation a trace belongs to: the `gen_ai.conversation.id` of its earliest span that carries one
+    (in time, then span id order), else the trace itself."""
+    carrying = [sp for sp in spans if sp["attrs"].get(CONVERSATION) is not None]
+    if not carrying:
+        return trace_id
+    return str(min(carrying, key=lambda sp: (sp["start"], sp["span_id"]))["attrs"][CONVERSATION])
 
 
 def looks_like(doc: Any) -> bool:
     return isinstance(doc, dict) and "resourceSpans" in doc
 
 
-FORMAT = Format("otel", read, log_options(id_field=CONVERSATION), looks_like)
+_plan = plan_logs("otel")
 
 
-def _spans(source: str, options: IngestOptions) -> Iterator[dict[str, Any]]:
-    for url in source_files("otel", source, options, LOG_FILES):
-        for where, doc in documents("otel", url, options):
-            if not isinstance(doc, dict) or not isinstance(doc.get("resourceSpans"), list):
-                hint = mismatch("otel", doc) or ""
-                raise IngestError(f"otel: {where}: not an OTLP JSON export (no 'resourceSpans' list){hint}")
-            for r, rs in enumerate(doc["resourceSpans"]):
-                resource = _attributes((rs.get("resource") or {}).get("attributes"), f"{where} resourceSpans[{r}]")
-                for ss in rs.get("scopeSpans") or []:
-                    for span in ss.get("spans") or []:
-                        yield _span(span, resource, f"{where} resourceSpans[{r}]")
+def _items(shard: Shard, options: IngestOptions) -> Iterator[tuple[str, Item | RecordError]]:
+    """Every span of a shard as a shuffle item keyed by its trace id; an export (a line, a file) that is not
+    OTLP JSON is one RecordError, none of its spans kept."""
+    for doc in shard_documents("otel", shard, options):
+        if isinstance(doc, tuple):
+            yield doc
+            continue
+        try:
+            spans = list(_export_spans(doc.value, doc.place(need_line=False)))
+        except IngestError as exc:
+            yield doc.location, RecordError(str(exc), "")
+            continue
+        for span in spans:
+            yield doc.location, (span["trace_id"], (span["start"], span["span_id"]), span)
+
+
+def _export_spans(doc: Any, where: str) -> Iterator[dict[str, Any]]:
+    """The spans of one OTLP JSON export."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("resourceSpans"), list):
+        hint = mismatch("otel", doc) or ""
+        raise IngestError(f"otel: {where}: not an OTLP JSON export (no 'resourceSpans' list){hint}")
+    for r, rs in enumerate(doc["resourceSpans"]):
+        if not isinstance(rs, dict):
+            raise IngestError(f"otel: {where} resourceSpans[{r}]: expected an object")
+        resource = _attributes((rs.get("resource") or {}).get("attributes"), f"{where} resourceSpans[{r}]")
+        for ss in rs.get("scopeSpans") or []:
+            for span in (ss.get("spans") if isinstance(ss, dict) else None) or []:
+                yield _span(span, resource, f"{where} resourceSpans[{r}]")
+
+
+SHUFFLE = Shuffle(items=_items, assemble=assemble, rekey=conversation_key)
+FORMAT = Format("otel", read, log_options(id_field=CONVERSATION), looks_like, plan=_plan, shuffle=SHUFFLE)
 
 
 def _span(span: Any, resource: dict[str, Any], where: str) -> dict[str, Any]:
