@@ -165,7 +165,7 @@ def test_one_conversations_spans_in_three_files_score_as_in_one_file(tmp_path, s
 # -- Inspect: archive members --------------------------------------------------------------------------
 
 
-def test_an_inspect_log_cut_into_member_ranges_scores_as_ingest_then_score(tmp_path, eval_log):
+def test_an_inspect_log_cut_into_member_ranges_scores_as_ingest_then_score(tmp_path, eval_log):  # noqa: F811
     log = eval_log
     copies = tmp_path / "logs"
     copies.mkdir()
