@@ -9,6 +9,7 @@ Errors of the storage layer itself (network, permissions) are raised: they are w
 from __future__ import annotations
 
 import hashlib
+import itertools
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -372,7 +373,7 @@ class _Lines:
         self._parts.append(piece)
         self._held += len(piece)
         if self._held > self._max:
-            head = b"".join(self._parts)[: 4 * RAW_LIMIT + 4]
+            head = b"".join(itertools.islice(self._parts, 0, 4 * RAW_LIMIT + 4))[: 4 * RAW_LIMIT + 4]
             self._over = Overlong(self._held, head)
             self._parts.clear()
             self._held = 0
