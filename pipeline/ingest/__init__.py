@@ -10,6 +10,13 @@ format. Sources are local paths or fsspec URLs, listed with `source_files` and o
 `ingest` checks the options against the schema (one place, one message), fills in their declared defaults,
 and checks every record the format yields.
 
+`pexec score --format` reads a format where its logs lie (pipeline/ingest/sharded.py): a format that also has
+`plan(sources, options, target_bytes)` and `read_shard(shard, options)` (`ShardedFormat`) is cut into shards
+(files, byte ranges, archive members) read inside the scoring tasks, a part of a log that is not a rollout coming
+back as a RecordError (a reject); a format with a `shuffle` has its items partitioned by key first (OTel spans); any
+other is read one source per task by `read`. The byte limits (`ReadLimits`: `max_line_bytes`, `max_record_bytes`,
+`max_member_bytes`, options of every format) are checked while reading.
+
 To add a format:
 - built in: a module `pipeline/ingest/<name>.py` whose `FORMAT = Format(name, read, options, looks_like)`, and
   its name in `registry.BUILT_IN` (whose order is the order formats are asked whether a document is theirs);
@@ -28,6 +35,8 @@ from dataclasses import replace
 
 from pipeline.core.records import InvalidRecord, parse_rollout
 from pipeline.ingest.base import (
+    MAX_MEMBER_BYTES,
+    MAX_RECORD_BYTES,
     Format,
     IngestError,
     IngestOptions,
@@ -37,6 +46,7 @@ from pipeline.ingest.base import (
     source_files,
 )
 from pipeline.ingest.registry import formats, get_format
+from pipeline.storage.inputs import MAX_LINE_BYTES
 
 __all__ = [
     "ALLOW_NO_CALLS",
@@ -58,9 +68,19 @@ _LIMITS = {"max_line_bytes": "line_bytes", "max_record_bytes": "record_bytes", "
 # The options of every format, handled here.
 COMMON_OPTIONS = (
     Option(ALLOW_NO_CALLS, "true: keep sources in which no rollout has a tool call (else refused)", "false"),
-    Option("max_line_bytes", "bytes of one line of a line-delimited log; a longer line is a reject", None),
-    Option("max_record_bytes", "bytes of a JSON document read whole (a `.json` log); a larger one is a reject", None),
-    Option("max_member_bytes", "decompressed bytes of an archive member (an Inspect sample); larger is a reject", None),
+    Option(
+        "max_line_bytes", "bytes of one line of a line-delimited log; a longer line is a reject", str(MAX_LINE_BYTES)
+    ),
+    Option(
+        "max_record_bytes",
+        "bytes of a JSON document read whole (a `.json` log); larger is a reject",
+        str(MAX_RECORD_BYTES),
+    ),
+    Option(
+        "max_member_bytes",
+        "decompressed bytes of an archive member (an Inspect sample); larger: a reject",
+        str(MAX_MEMBER_BYTES),
+    ),
 )
 
 

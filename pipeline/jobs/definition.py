@@ -256,8 +256,8 @@ def load_job(path: str | Path, on_date: str | None = None) -> Job:
     if not isinstance(fmt, str) or not fmt:
         raise JobFileError(f"{path}: format is a log format name (pexec ingest's), got {fmt!r}")
     read_options, labels = _strings(raw, "options", path), _strings(raw, "labels", path)
-    if synth is not None and (fmt != "canonical" or read_options or labels):
-        raise JobFileError(f"{path}: [synth] writes a canonical store: it does not go with format, options, labels")
+    if synth is not None and fmt != "canonical":
+        raise JobFileError(f"{path}: [synth] writes a canonical store: it does not go with format = {fmt!r}")
     shard_mb = raw.get("shard_mb", DEFAULT_SHARD_BYTES / 2**20)
     if isinstance(shard_mb, bool) or not isinstance(shard_mb, int | float) or shard_mb * 2**20 < 1:
         raise JobFileError(f"{path}: shard_mb is a size in MiB > 0, got {shard_mb!r}")
