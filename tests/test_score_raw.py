@@ -120,13 +120,14 @@ def test_through_the_cli_with_labels(tmp_path, shared_ray):
 # -- OTel: one conversation's spans in three files ------------------------------------------------------
 
 
-def otel_export(tmp_path: Path) -> Path:
+@pytest.fixture(scope="module")
+def otel_export(tmp_path_factory) -> Path:
     """OTLP JSON written by the OpenTelemetry SDK's own encoder (tests/producers.py)."""
     from producers import stub_server
     from test_producers_otel import produce
 
     with stub_server() as stub:
-        return produce(stub, tmp_path / "one.jsonl", capture=True)
+        return produce(stub, tmp_path_factory.mktemp("otel") / "one.jsonl", capture=True)
 
 
 def spread(export: Path, folder: Path, files: int) -> int:
@@ -148,8 +149,8 @@ def spread(export: Path, folder: Path, files: int) -> int:
     return n
 
 
-def test_one_conversations_spans_in_three_files_score_as_in_one_file(tmp_path, shared_ray):
-    export = otel_export(tmp_path)
+def test_one_conversations_spans_in_three_files_score_as_in_one_file(tmp_path, shared_ray, otel_export):
+    export = otel_export
     assert spread(export, tmp_path / "three", 3) >= 6
     spec = {"env": "observed", "options": EnvOptions(spec="support")}
     ingested = ingest_then_score("otel", [str(export)], tmp_path, {}, **spec)
@@ -175,3 +176,53 @@ def test_an_inspect_log_cut_into_member_ranges_scores_as_ingest_then_score(tmp_p
     raw = score_raw("inspect", [str(copies)], tmp_path, {}, shard_bytes=1, **spec)
     assert json.loads((raw / "_manifest.json").read_text())["counts"]["shards"] == 2  # one per sample member
     assert_same(ingested, raw)
+
+
+SPANS_RSS_CEILING_MIB = 400  # a scoring process (`--inline`) over a night of spans, whatever the night's size
+
+
+def night_of_spans(export: Path, folder: Path, conversations: int, files: int) -> int:
+    """`conversations` copies of the export's conversation, each with its own trace, span and conversation ids,
+    their spans dealt over `files` files in reverse order (a conversation's spans in every file)."""
+    folder.mkdir()
+    spans = [
+        (rs, ss, span)
+        for line in export.read_text().splitlines()
+        for rs in json.loads(line)["resourceSpans"]
+        for ss in rs["scopeSpans"]
+        for span in ss["spans"]
+    ]
+    out: list[list[str]] = [[] for _ in range(files)]
+    n = 0
+    for c in range(conversations):
+        for rs, ss, span in spans:
+            attrs = [
+                {"key": a["key"], "value": {"stringValue": f"conv-{c}"}} if a["key"] == "gen_ai.conversation.id" else a
+                for a in span.get("attributes", [])
+            ]
+            copy = {**span, "traceId": f"{c:032x}", "spanId": f"{c:08x}{n % 2**32:08x}", "attributes": attrs}
+            copy.pop("parentSpanId", None)
+            out[n % files].append(json.dumps({"resourceSpans": [{**rs, "scopeSpans": [{**ss, "spans": [copy]}]}]}))
+            n += 1
+    for i, lines in enumerate(out):
+        (folder / f"spans-{i}.jsonl").write_text("\n".join(reversed(lines)) + "\n")
+    return n
+
+
+def test_a_night_of_spans_scores_in_partitions_with_memory_flat_in_the_nights_size(tmp_path, otel_export):
+    from test_read_bounds import pexec_rss
+
+    peaks = {}
+    for conversations in (150, 600):
+        spans = night_of_spans(otel_export, tmp_path / f"night-{conversations}", conversations, 4)
+        args = ["score", f"night-{conversations}", "--format", "otel", "--out", f"run-{conversations}", "--inline",
+                "--shard-mb", "0.25", "--env", "observed", "--spec", "support"]  # fmt: skip
+        proc, peaks[conversations] = pexec_rss(*args, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        manifest = json.loads((tmp_path / f"run-{conversations}" / "_manifest.json").read_text())
+        assert manifest["counts"]["scored"] == conversations and manifest["counts"]["rejected"] == 0, spans
+        # a partition per 256 KiB of input, and no partition much above its share: what one task holds
+        partitions = [s["read"] for s in manifest["shards"]]
+        assert len(partitions) >= 4 * conversations // 150 and max(partitions) <= 2 * conversations / len(partitions)
+    assert peaks[600] < SPANS_RSS_CEILING_MIB, peaks
+    assert peaks[600] < peaks[150] * 1.15, peaks  # four times the spans, about the same peak: bounded by partition
