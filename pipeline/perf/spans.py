@@ -61,7 +61,13 @@ def bench_spans(
         "spans",
         caption,
         [
-            figure("spans scored per second, raw spans → run", "spans/s", rates, "ingest otel, then score", base_rates),
+            figure(
+                "spans scored per second, raw spans → run",
+                "spans/s",
+                rates,
+                "ingest otel, then score (same spans)",
+                base_rates,
+            ),
             figure("peak RSS of the largest process", "MiB", peaks, "the ingest process (every span held)", base_peaks),
             figure("partitions the night was cut into", "partitions", partitions, "none: a count"),
         ],
