@@ -117,6 +117,23 @@ def test_through_the_cli_with_labels(tmp_path, shared_ray):
     assert bad.exit_code == 2 and "unknown option(s) nope" in bad.output
 
 
+def test_ingest_decodes_the_same_shards_on_ray_and_writes_the_same_store(tmp_path, shared_ray):
+    write_samples(tmp_path / "logs", ("2026-11-27", "2026-11-28"), 20, 2)
+    args = ["ingest", "openai", str(tmp_path / "logs"), "--option", "error_prefix=Error:"]
+    here = RUNNER.invoke(app, [*args, "--out", str(tmp_path / "here")])
+    on_ray = RUNNER.invoke(app, [*args, "--out", str(tmp_path / "ray"), "--ray"])
+    assert here.exit_code == 0 and on_ray.exit_code == 0, (here.output, on_ray.output)
+    assert "wrote 40 rollouts" in on_ray.output
+    lines = {
+        name: b"".join(p.read_bytes() for p in sorted((tmp_path / name).glob("*.jsonl"))) for name in ("here", "ray")
+    }
+    assert lines["here"] == lines["ray"] and lines["here"].count(b"\n") == 40
+    [path] = (tmp_path / "logs" / "date=2026-11-28").glob("*.jsonl")
+    path.write_bytes(path.read_bytes() + b"[1, 2]\n")  # all or nothing: one bad line and nothing is written
+    bad = RUNNER.invoke(app, [*args, "--out", str(tmp_path / "bad"), "--ray"])
+    assert bad.exit_code == 2 and "line 21" in bad.output and not (tmp_path / "bad").exists(), bad.output
+
+
 # -- OTel: one conversation's spans in three files ------------------------------------------------------
 
 

@@ -57,6 +57,7 @@ __all__ = [
     "Option",
     "OptionSchema",
     "accepted_options",
+    "checked",
     "formats",
     "ingest",
     "prepared",
@@ -120,13 +121,21 @@ def ingest(fmt: str, sources: Sequence[str], options: IngestOptions | None = Non
     Rollouts with no tool call at all are held back until one with a call comes: sources that yield rollouts
     but not one call are most likely another format's logs, an error (nothing is written) unless
     `--option allow_no_calls=true` says the logs truly have none."""
-    log_format, options, calls_seen = prepared(fmt, options)
+    log_format, options, allowed = prepared(fmt, options)
+    yield from checked(fmt, log_format.read(sources, options), allowed)
+
+
+def checked(fmt: str, records: Iterator[dict], allow_no_calls: bool, validate: bool = True) -> Iterator[dict]:
+    """`records`, each checked to be a scorable rollout (`validate`), held back until one has a tool call (see
+    `ingest`)."""
     held: list[dict] = []
-    for record in log_format.read(sources, options):
-        try:
-            parse_rollout(record)
-        except InvalidRecord as exc:  # an adapter bug, not bad input: say which record
-            raise IngestError(f"{fmt}: produced an invalid record {record.get('rollout_id')!r}: {exc}") from exc
+    calls_seen = allow_no_calls
+    for record in records:
+        if validate:
+            try:
+                parse_rollout(record)
+            except InvalidRecord as exc:  # an adapter bug, not bad input: say which record
+                raise IngestError(f"{fmt}: produced an invalid record {record.get('rollout_id')!r}: {exc}") from exc
         if not calls_seen:
             held.append(record)
             calls_seen = any(e.get("type") == "call" for e in record["events"])
