@@ -148,6 +148,20 @@ def test_an_eval_member_bomb_is_one_reject_and_the_other_samples_are_scored(tmp_
     assert reject["location"] == "samples/bomb_epoch_1.json" and "max_member_bytes" in reject["reason"]
 
 
+def test_a_damaged_eval_archive_is_one_reject_beside_a_sound_one(tmp_path, eval_log):  # noqa: F811
+    (tmp_path / "logs").mkdir()
+    data = eval_log.read_bytes()
+    (tmp_path / "logs" / "a.eval").write_bytes(data)
+    (tmp_path / "logs" / "b.eval").write_bytes(data[: len(data) // 2])  # cut short: no central directory
+    proc, _ = pexec_rss("score", "logs", "--format", "inspect", "--out", "run", "--inline", "--env", "observed",
+                        "--spec", "support", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    counts = json.loads((tmp_path / "run" / "_manifest.json").read_text())["counts"]
+    assert counts["scored"] == 2 and counts["rejected"] == 1
+    [reject] = pq.read_table(tmp_path / "run" / "rejects").to_pylist()
+    assert reject["source"].endswith("b.eval") and "cannot read the .eval archive" in reject["reason"]
+
+
 # -- malformed raw records --------------------------------------------------------------------------------
 
 BFCL = Path(__file__).resolve().parent / "data" / "bfcl" / "DeepSeek-V3-0324-FC"

@@ -52,7 +52,11 @@ def plan(sources: Sequence[str], options: IngestOptions, target_bytes: int) -> l
     for source in sources:
         for file in source_inputs("inspect", source, options, ("*.eval",)):
             file = replace(file, fmt="eval")
-            sizes = _sample_sizes(file.url, options)
+            try:
+                sizes = _sample_sizes(file.url, options)
+            except IngestError:  # a damaged archive: one shard, whose reading reports it (a reject when scoring)
+                shards.append(Shard(file, 0, None))
+                continue
             begin, held = 0, 0
             for i, size in enumerate(sizes):
                 held += size

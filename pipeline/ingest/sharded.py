@@ -84,10 +84,19 @@ def plan_raw(source: RawSource, target_bytes: int) -> list[Shard]:
 def read_raw(source: RawSource, shard: Shard) -> Iterator[Part]:
     """(location, canonical record or RecordError) for every rollout of one shard of a non-shuffled format."""
     fmt = source.format
-    if shard.file.fmt != "source":
-        yield from fmt.read_shard(shard, source.options)  # type: ignore[attr-defined]
-        return
     n = 0
+    if shard.file.fmt != "source":
+        parts = fmt.read_shard(shard, source.options)  # type: ignore[attr-defined]
+        while True:
+            try:
+                location, record = next(parts)
+            except StopIteration:
+                return
+            except IngestError as exc:  # the shard as a whole cannot be read (a damaged archive): one reject
+                yield f"after part {n}", RecordError(f"{exc} (the rest of this shard is not read)", "")
+                return
+            n += 1
+            yield location, record
     records = fmt.read([shard.file.url], source.options)
     while True:
         try:

@@ -457,6 +457,8 @@ def _manifest(
             "options": asdict(settings.options),
             "checks": list(settings.checks),
             "executor": executor,
+            # how the raw logs were read: format, --option settings, labels, byte limits (None: a store)
+            "read": None if settings.source is None else settings.source.identity(),
         },
         "environments": environments,
         "counts": totals,
