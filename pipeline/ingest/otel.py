@@ -109,19 +109,27 @@ _plan = plan_logs("otel")
 
 
 def _items(shard: Shard, options: IngestOptions) -> Iterator[tuple[str, Item | RecordError]]:
-    """Every span of a shard as a shuffle item keyed by its trace id; an export (a line, a file) that is not
-    OTLP JSON is one RecordError, none of its spans kept."""
+    """Every span of a shard as a shuffle item keyed by its trace id; an export (a line, a file) that cannot be
+    read is one RecordError, none of its spans kept."""
+    for location, spans in _exports(shard, options):
+        if isinstance(spans, RecordError):
+            yield location, spans
+            continue
+        for span in spans:
+            yield location, (span["trace_id"], (span["start"], span["span_id"]), span)
+
+
+def _exports(shard: Shard, options: IngestOptions) -> Iterator[tuple[str, list[dict[str, Any]] | RecordError]]:
+    """(location, the span dicts of one export, `_span`'s) for every OTLP export of a shard: the seam where an
+    encoding is decoded (OTLP JSON here: one export per line of `.jsonl`, or a `.json` file)."""
     for doc in shard_documents("otel", shard, options):
         if isinstance(doc, tuple):
             yield doc
             continue
         try:
-            spans = list(_export_spans(doc.value, doc.place(need_line=False)))
+            yield doc.location, list(_export_spans(doc.value, doc.place(need_line=False)))
         except IngestError as exc:
             yield doc.location, RecordError(str(exc), "")
-            continue
-        for span in spans:
-            yield doc.location, (span["trace_id"], (span["start"], span["span_id"]), span)
 
 
 def _export_spans(doc: Any, where: str) -> Iterator[dict[str, Any]]:
