@@ -182,3 +182,16 @@ def line_shards(files: Sequence[InputFile], target_bytes: int) -> list[Shard]:
         else:
             shards.append(Shard(file, 0, None))
     return shards
+
+
+def read_document(fmt: str, url: str, options: IngestOptions) -> bytes:
+    """A file read whole as one JSON document (a τ2 results file, a ToolSandbox run file), never past
+    `max_record_bytes`: a larger file is an IngestError naming the limit and the option that raises it."""
+    from pipeline.storage.fs import open_for_read
+
+    limit = options.limits.record_bytes
+    with open_for_read(url, options.storage_options, compression="infer") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise IngestError(f"{fmt}: {url}: over the limit of {limit:,} bytes (--option max_record_bytes=N raises it)")
+    return data
