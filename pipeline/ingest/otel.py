@@ -1,10 +1,12 @@
-"""`otel`: OpenTelemetry GenAI spans (OTLP JSON) -> canonical rollouts.
+"""`otel`: OpenTelemetry GenAI spans and log records (OTLP) -> canonical rollouts.
 
-A source is a file or folder (searched recursively) of OTLP JSON exports (`.json`, or `.jsonl` with one
-export per line, maybe gzip/zstd), each `{"resourceSpans": [{"resource", "scopeSpans": [{"spans": [...]}]}]}`.
-Spans may arrive in any order and any file: `pexec ingest` collects all spans first; `pexec score --format
-otel` partitions them by a hash of their trace id, then of their conversation, in Ray tasks (`SHUFFLE`), so no
-task holds more than its partition. Mapping:
+A source is a file, a folder (searched recursively) or a glob of OTLP files as OpenTelemetry writes them: OTLP
+JSON or protobuf, one export per line, per length-prefixed message or per file, plain, gzip or zstd
+(`pipeline.ingest.otlp` reads them). Spans may arrive in any order and any file: `pexec ingest` collects all
+spans first; `pexec score --format otel` partitions them (and the log records) by a hash of their trace id, then
+of their conversation, in Ray tasks (`SHUFFLE`), so no task holds more than its partition. The content GenAI log
+records carry (`gen_ai.*` events) joins the span they belong to, as its `gen_ai.input.messages` /
+`gen_ai.output.messages` when the span has none (`otlp.with_events`). Mapping:
 - rollouts: spans are grouped by `gen_ai.conversation.id` (a trace in which any span carries one joins that
   conversation), else by trace id; the record for ids/labels is the resource and span attributes (first
   value wins, in time order) plus `trace_id` and `date` (UTC day of the first span); default id field
@@ -29,9 +31,6 @@ task holds more than its partition. Mapping:
 
 from __future__ import annotations
 
-import base64
-import binascii
-import re
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
@@ -40,46 +39,26 @@ from typing import Any
 
 import orjson
 
-from pipeline.ingest._logs import (
-    LogSettings,
-    call,
-    loads,
-    log_options,
-    message,
-    one_line,
-    plan_logs,
-    rollout,
-    settings,
-    shard_documents,
-    text,
-)
+from pipeline.ingest import otlp
+from pipeline.ingest._logs import call, loads, log_options, message, rollout, settings, text
 from pipeline.ingest._pairing import Call, Entry, Result, pair
-from pipeline.ingest.base import Format, IngestError, IngestOptions
-from pipeline.ingest.registry import mismatch
+from pipeline.ingest.base import Format, IngestError, IngestOptions, source_files, source_inputs
 from pipeline.ingest.sharded import Item, Shuffle
 from pipeline.storage.inputs import RecordError, Shard
 
 CONVERSATION = "gen_ai.conversation.id"
-_ERROR_STATUS = {2, "2", "STATUS_CODE_ERROR", "ERROR"}
-_HEX_ID = re.compile(r"[0-9a-fA-F]{16}|[0-9a-fA-F]{32}")
 
 
 def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
-    """Every conversation of the sources, read in this process (all spans held: `pexec ingest`); `pexec score
-    --format otel` assembles them by a distributed shuffle instead (`SHUFFLE`)."""
-    spans = []
-    for shard in _plan(sources, options, 2**62):
-        for location, item in _items(shard, options):
-            if isinstance(item, RecordError):
-                raise IngestError(one_line("otel", f"{shard.file.url} {location}".rstrip(), item.reason))
-            spans.append(item[2])
+    """Every conversation of the sources, all spans held in this process (the `ingest` function)."""
+    spans = _spans(sources, options)
     for key, group in sorted(_conversations(spans).items()):
         yield assemble(key, group, options)
 
 
 def assemble(key: str, group: list[dict[str, Any]], options: IngestOptions) -> dict:
     """The canonical rollout of one conversation: all its spans, in any order."""
-    s = _settings(options)
+    s = settings("otel", options, {"model": "gen_ai.request.model", "agent_version": "service.version"})
     group.sort(key=lambda sp: (sp["start"], sp["span_id"]))
     record = _record(group, key)
     events = _events(group)
@@ -88,122 +67,51 @@ def assemble(key: str, group: list[dict[str, Any]], options: IngestOptions) -> d
     return rollout(s, record, events, f"otel: conversation {key}", attributes)
 
 
-def _settings(options: IngestOptions) -> LogSettings:
-    return settings("otel", options, {"model": "gen_ai.request.model", "agent_version": "service.version"})
-
-
-def conversation_key(trace_id: str, spans: list[dict[str, Any]]) -> str:
-    """The conversation a trace belongs to: the `gen_ai.conversation.id` of its earliest span that carries one
-    (in time, then span id order), else the trace itself."""
-    carrying = [sp for sp in spans if sp["attrs"].get(CONVERSATION) is not None]
-    if not carrying:
-        return trace_id
-    return str(min(carrying, key=lambda sp: (sp["start"], sp["span_id"]))["attrs"][CONVERSATION])
-
-
 def looks_like(doc: Any) -> bool:
-    return isinstance(doc, dict) and "resourceSpans" in doc
+    return isinstance(doc, dict) and ("resourceSpans" in doc or "resourceLogs" in doc)
 
 
-_plan = plan_logs("otel")
+def _plan(sources: Sequence[str], options: IngestOptions, target_bytes: int) -> list[Shard]:
+    """One shard per OTLP file (a protobuf or compressed stream cannot be cut)."""
+    return [Shard(f, 0, None) for source in sources for f in source_inputs("otel", source, options, otlp.FILES)]
 
 
 def _items(shard: Shard, options: IngestOptions) -> Iterator[tuple[str, Item | RecordError]]:
-    """Every span of a shard as a shuffle item keyed by its trace id; an export (a line, a file) that cannot be
-    read is one RecordError, none of its spans kept."""
-    for location, spans in _exports(shard, options):
-        if isinstance(spans, RecordError):
-            yield location, spans
-            continue
-        for span in spans:
-            yield location, (span["trace_id"], (span["start"], span["span_id"]), span)
+    """Every span and log record of a file as a shuffle item keyed by its trace id; what `otlp` cannot read is a
+    RecordError at its place."""
+    url = shard.file.url
+    for item in otlp.records(url, options.storage_options):
+        if isinstance(item, otlp.Malformed):
+            yield item.where.removeprefix(url).strip(), RecordError(f"otel: {item.where}: {item.reason}", "")
+        else:
+            time = item["start"] if item["signal"] == "span" else item["time"]
+            yield "", (item["trace_id"], (time, item["span_id"]), item)
 
 
-def _exports(shard: Shard, options: IngestOptions) -> Iterator[tuple[str, list[dict[str, Any]] | RecordError]]:
-    """(location, the span dicts of one export, `_span`'s) for every OTLP export of a shard: the seam where an
-    encoding is decoded (OTLP JSON here: one export per line of `.jsonl`, or a `.json` file)."""
-    for doc in shard_documents("otel", shard, options):
-        if isinstance(doc, tuple):
-            yield doc
-            continue
-        try:
-            yield doc.location, list(_export_spans(doc.value, doc.place(need_line=False)))
-        except IngestError as exc:
-            yield doc.location, RecordError(str(exc), "")
+def regroup(trace: str, items: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """One trace's spans with the content of its log records, each keyed by the trace's conversation: the
+    `gen_ai.conversation.id` of its earliest span that carries one (in time, then span id order), else the trace."""
+    spans = otlp.with_events([i for i in items if i["signal"] != "log"], [i for i in items if i["signal"] == "log"])
+    carrying = [sp for sp in spans if sp["attrs"].get(CONVERSATION) is not None]
+    key = str(min(carrying, key=lambda sp: (sp["start"], sp["span_id"]))["attrs"][CONVERSATION]) if carrying else trace
+    return [(key, sp) for sp in spans]
 
 
-def _export_spans(doc: Any, where: str) -> Iterator[dict[str, Any]]:
-    """The spans of one OTLP JSON export."""
-    if not isinstance(doc, dict) or not isinstance(doc.get("resourceSpans"), list):
-        hint = mismatch("otel", doc) or ""
-        raise IngestError(f"otel: {where}: not an OTLP JSON export (no 'resourceSpans' list){hint}")
-    for r, rs in enumerate(doc["resourceSpans"]):
-        if not isinstance(rs, dict):
-            raise IngestError(f"otel: {where} resourceSpans[{r}]: expected an object")
-        resource = _attributes((rs.get("resource") or {}).get("attributes"), f"{where} resourceSpans[{r}]")
-        for ss in rs.get("scopeSpans") or []:
-            for span in (ss.get("spans") if isinstance(ss, dict) else None) or []:
-                yield _span(span, resource, f"{where} resourceSpans[{r}]")
-
-
-SHUFFLE = Shuffle(items=_items, assemble=assemble, rekey=conversation_key)
+SHUFFLE = Shuffle(items=_items, assemble=assemble, regroup=regroup)
 FORMAT = Format("otel", read, log_options(id_field=CONVERSATION), looks_like, plan=_plan, shuffle=SHUFFLE)
 
 
-def _span(span: Any, resource: dict[str, Any], where: str) -> dict[str, Any]:
-    if not isinstance(span, dict) or not span.get("traceId") or not span.get("spanId"):
-        raise IngestError(f"otel: {where}: a span needs 'traceId' and 'spanId'")
-    at = f"{where} span {span['spanId']}"
-    try:
-        start = int(span.get("startTimeUnixNano") or 0)
-    except (TypeError, ValueError) as exc:
-        raise IngestError(f"otel: {at}: startTimeUnixNano is not an integer") from exc
-    attrs = _attributes(span.get("attributes"), at)
-    status = (span.get("status") or {}).get("code")
-    return {
-        "trace_id": _hex_id(span["traceId"]),
-        "span_id": _hex_id(span["spanId"]),
-        "name": str(span.get("name") or ""),
-        "start": start,
-        "attrs": attrs,
-        "resource": resource,
-        "error": status in _ERROR_STATUS or attrs.get("error.type") is not None,
-        "where": at,
-    }
-
-
-def _hex_id(value: Any) -> str:
-    """A trace or span id in hex (OTLP/JSON's form) when given in hex or as base64 of 8 or 16 bytes."""
-    text = str(value)
-    if _HEX_ID.fullmatch(text):
-        return text.lower()
-    try:
-        raw = base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        return text
-    return raw.hex() if len(raw) in (8, 16) else text
-
-
-def _attributes(items: Any, where: str) -> dict[str, Any]:
-    if items is None:
-        return {}
-    if not isinstance(items, list):
-        raise IngestError(f"otel: {where}: 'attributes' must be a list of {{key, value}}")
-    return {a["key"]: _value(a.get("value")) for a in items if isinstance(a, dict) and "key" in a}
-
-
-def _value(v: Any) -> Any:
-    """An OTLP AnyValue as plain JSON."""
-    if not isinstance(v, dict) or not v:
-        return None
-    kind, inner = next(iter(v.items()))
-    if kind == "intValue":
-        return int(inner)
-    if kind == "arrayValue":
-        return [_value(x) for x in (inner or {}).get("values", [])]
-    if kind == "kvlistValue":
-        return {kv["key"]: _value(kv.get("value")) for kv in (inner or {}).get("values", [])}
-    return inner  # stringValue, boolValue, doubleValue, bytesValue
+def _spans(sources: Sequence[str], options: IngestOptions) -> list[dict[str, Any]]:
+    """Every span of `sources`, with the content its GenAI log records carry (`pipeline.ingest.otlp` reads the files
+    as OpenTelemetry writes them and joins the records to their spans)."""
+    spans, events = [], []
+    for source in sources:
+        for url in source_files("otel", source, options, otlp.FILES):
+            for item in otlp.records(url, options.storage_options):
+                if isinstance(item, otlp.Malformed):
+                    raise IngestError(f"otel: {item.where}: {item.reason}")
+                (events if item["signal"] == "log" else spans).append(item)
+    return otlp.with_events(spans, events)
 
 
 def _conversations(spans: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

@@ -33,14 +33,15 @@ Item = tuple[str, tuple[int, str], dict[str, Any]]
 class Shuffle:
     """How a format's rollouts are assembled from items that may lie in any file.
 
-    `items(shard, options)`: (location, Item or RecordError) for every item of a shard. `rekey(key, group)`,
-    when given, is a second round: every item of one first-key group gets the key it returns (OTel: spans are
-    grouped by trace, and a trace joins the conversation one of its spans names). `assemble(key, group,
+    `items(shard, options)`: (location, Item or RecordError) for every item of a shard. `regroup(key, group)`,
+    when given, is a second round: one first-key group becomes the (key, item) pairs it returns, each item with
+    `start` and `span_id` to order it (OTel: spans and log records are grouped by trace, the records' content
+    joins their spans, and a trace joins the conversation one of its spans names). `assemble(key, group,
     options)`: the canonical rollout of one final group, ordered; an IngestError makes it a reject."""
 
     items: Callable[[Shard, IngestOptions], Iterator[tuple[str, Item | RecordError]]]
     assemble: Callable[[str, list[dict[str, Any]], IngestOptions], dict[str, Any]]
-    rekey: Callable[[str, list[dict[str, Any]]], str] | None = None
+    regroup: Callable[[str, list[dict[str, Any]]], list[tuple[str, dict[str, Any]]]] | None = None
 
 
 @dataclass(frozen=True)

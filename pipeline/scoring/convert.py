@@ -74,7 +74,7 @@ def converted(
             yield from records
         return
     partitions = max(1, -(-sum(s.file.size for s in shards) // shard_bytes))
-    rounds = 2 if shuffle.rekey is not None else 1
+    rounds = 2 if shuffle.regroup is not None else 1
     try:
         list(executor.map(_map, shards, source, scratch, partitions, rounds))
         if rounds == 2:

@@ -3,7 +3,7 @@ their key, in tasks, through Arrow files in the run's staging area (`<run>/_stag
 more than its input shard or its partition, never the night.
 
 Round 1 (one task per input shard): read the shard's items, write each to partition hash(key) mod P.
-Round 2, when the format regroups (`Shuffle.rekey`; OTel: a trace joins the conversation one of its spans
+Round 2, when the format regroups (`Shuffle.regroup`; OTel: a trace joins the conversation one of its spans
 names), one task per partition: group its items by key, give every item of a group the new key, write each to
 partition hash(new key) mod P. Scoring (one task per final partition, pipeline.scoring.shard): group by key,
 assemble each group into a rollout (`Shuffle.assemble`), score it.
@@ -95,9 +95,10 @@ def map_shard(source: RawSource, run: str, shard: Shard, partitions: int, rounds
 
 
 def regroup_partition(source: RawSource, run: str, shard: Shard, partitions: int) -> int:
-    """Round 2 over one partition: every key group given the format's new key and written to its partition."""
+    """Round 2 over one partition: every key group regrouped by the format (`Shuffle.regroup`), each item written
+    to the partition of its new key."""
     shuffle = source.shuffle
-    assert shuffle is not None and shuffle.rekey is not None
+    assert shuffle is not None and shuffle.regroup is not None
     out: dict[int, list[tuple[Any, ...]]] = {}
     for key, table in _groups(_read(run, 1, shard.start, source.options.storage_options)):
         cols = table.to_pydict()
@@ -105,9 +106,10 @@ def regroup_partition(source: RawSource, run: str, shard: Shard, partitions: int
             for row in zip(*cols.values(), strict=True):
                 out.setdefault(partition_of(row[0], partitions), []).append(row)
             continue
-        new_key = shuffle.rekey(key, [orjson.loads(p) for p in cols["payload"]])
-        for row in zip(*cols.values(), strict=True):
-            out.setdefault(partition_of(new_key, partitions), []).append((new_key, *row[1:]))
+        where = cols["location"][0]
+        for new_key, item in shuffle.regroup(key, [orjson.loads(p) for p in cols["payload"]]):
+            row = (new_key, item["start"], item["span_id"], orjson.dumps(item), where, None)
+            out.setdefault(partition_of(new_key, partitions), []).append(row)
     _write(run, 2, f"from-{shard.start:05d}", out, source.options.storage_options)
     return sum(len(r) for r in out.values())
 
