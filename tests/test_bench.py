@@ -183,6 +183,10 @@ def _small(name: str, tmp_path: Path) -> Bench:
         from pipeline.perf.driver import bench_driver
 
         return bench_driver(windows=(4, 16), steady=32, repeats=1, rollouts=40, distinct_ids=1000)
+    if name == "spans":
+        from pipeline.perf.spans import bench_spans
+
+        return bench_spans(2000, tmp_path, shard_mb=0.05, repeats=1)
     if name == "bfcl":
         from pipeline.perf.bfcl import bench_bfcl
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import Annotated
 
@@ -14,6 +15,7 @@ from pipeline.cli.options import (
     EndpointUrl,
     OutStore,
     Overwrite,
+    RayAddress,
     Seed,
     StorageOption,
     StoreFormat,
@@ -90,12 +92,21 @@ def ingest(
     append: Append = False,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
+    ray: Annotated[
+        bool, typer.Option("--ray", help="Decode the shards in Ray tasks (local Ray, or --address), not here.")
+    ] = False,
+    address: RayAddress = None,
 ) -> None:
     """Convert benchmark or production logs into canonical rollouts.
 
+    The logs are read shard by shard as `pexec score --format` reads them (files, byte ranges, archive members;
+    OTel spans partitioned by conversation first), here or in Ray tasks (`--ray`), and written in source order.
+    All or nothing: a part of a log that is not a rollout stops the ingest and nothing is written.
     `--option help` lists the options of FORMAT instead: nothing is read or written."""
-    from pipeline.ingest import IngestOptions, accepted_options
+    from pipeline.ingest import IngestOptions, accepted_options, checked, get_format
     from pipeline.ingest import ingest as run_ingest
+    from pipeline.ingest.sharded import raw_source
+    from pipeline.scoring.convert import Executor, converted
 
     if "help" in (option or []):  # each key, its default and its one-line doc, from the format's declared schema
         table = Table("option", "default", "meaning")
@@ -121,7 +132,13 @@ def ingest(
             orphans, orphaned = orphans + found, orphaned + (found > 0)
             yield record
 
-    records = counted(run_ingest(fmt, sources or [], settings))
+    if not getattr(get_format(fmt), "reads_files", True):  # a trace store: read here, through its own client
+        records = counted(run_ingest(fmt, [], settings))
+    else:
+        source = raw_source(fmt, sources, settings)
+        executor = Executor("ray" if ray or address else "inline", address)
+        scratch = f"{out_store.rstrip('/')}/.shuffle-{uuid.uuid4().hex[:8]}"  # a shuffle's partitions, hidden
+        records = counted(checked(fmt, converted(source, executor, scratch), source.allow_no_calls, validate=False))
     n = write_store(records, out_store, store_fmt, storage_options=options, mode=write_mode(overwrite, append))
     ok = n - harness_errors
     console.print(f"wrote {n} rollouts to {literal(out_store)}: {ok} ok, {harness_errors} harness error(s)")

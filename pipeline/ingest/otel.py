@@ -2,9 +2,11 @@
 
 A source is a file, a folder (searched recursively) or a glob of OTLP files as OpenTelemetry writes them: OTLP
 JSON or protobuf, one export per line, per length-prefixed message or per file, plain, gzip or zstd
-(`pipeline.ingest.otlp` reads them). All spans of all sources are collected first, so spans may arrive in any
-order and any file; the content GenAI log records carry (`gen_ai.*` events) joins the span they belong to, as
-its `gen_ai.input.messages` / `gen_ai.output.messages` when the span has none (`otlp.with_events`). Mapping:
+(`pipeline.ingest.otlp` reads them). Spans may arrive in any order and any file: `pexec ingest` collects all
+spans first; `pexec score --format otel` partitions them (and the log records) by a hash of their trace id, then
+of their conversation, in Ray tasks (`SHUFFLE`), so no task holds more than its partition. The content GenAI log
+records carry (`gen_ai.*` events) joins the span they belong to, as its `gen_ai.input.messages` /
+`gen_ai.output.messages` when the span has none (`otlp.with_events`). Mapping:
 - rollouts: spans are grouped by `gen_ai.conversation.id` (a trace in which any span carries one joins that
   conversation), else by trace id; the record for ids/labels is the resource and span attributes (first
   value wins, in time order) plus `trace_id` and `date` (UTC day of the first span); default id field
@@ -40,29 +42,63 @@ import orjson
 from pipeline.ingest import otlp
 from pipeline.ingest._logs import call, loads, log_options, message, rollout, settings, text
 from pipeline.ingest._pairing import Call, Entry, Result, pair
-from pipeline.ingest.base import Format, IngestError, IngestOptions, source_files
+from pipeline.ingest.base import Format, IngestError, IngestOptions, source_files, source_inputs
+from pipeline.ingest.sharded import Item, Shuffle
+from pipeline.storage.inputs import RecordError, Shard
 
 CONVERSATION = "gen_ai.conversation.id"
 
 
 def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
-    labels = {"model": "gen_ai.request.model", "agent_version": "service.version"}
-    s = settings("otel", options, labels)
+    """Every conversation of the sources, all spans held in this process (the `ingest` function)."""
     spans = _spans(sources, options)
     for key, group in sorted(_conversations(spans).items()):
-        group.sort(key=lambda sp: (sp["start"], sp["span_id"]))
-        record = _record(group, key)
-        events = _events(group)
-        orphans = sum(e["type"] == "message" and e["role"] == "tool" for e in events)
-        attributes = {"orphan_results": str(orphans)} if orphans else {}
-        yield rollout(s, record, events, f"otel: conversation {key}", attributes)
+        yield assemble(key, group, options)
+
+
+def assemble(key: str, group: list[dict[str, Any]], options: IngestOptions) -> dict:
+    """The canonical rollout of one conversation: all its spans, in any order."""
+    s = settings("otel", options, {"model": "gen_ai.request.model", "agent_version": "service.version"})
+    group.sort(key=lambda sp: (sp["start"], sp["span_id"]))
+    record = _record(group, key)
+    events = _events(group)
+    orphans = sum(e["type"] == "message" and e["role"] == "tool" for e in events)
+    attributes = {"orphan_results": str(orphans)} if orphans else {}
+    return rollout(s, record, events, f"otel: conversation {key}", attributes)
 
 
 def looks_like(doc: Any) -> bool:
     return isinstance(doc, dict) and ("resourceSpans" in doc or "resourceLogs" in doc)
 
 
-FORMAT = Format("otel", read, log_options(id_field=CONVERSATION), looks_like)
+def _plan(sources: Sequence[str], options: IngestOptions, target_bytes: int) -> list[Shard]:
+    """One shard per OTLP file (a protobuf or compressed stream cannot be cut)."""
+    return [Shard(f, 0, None) for source in sources for f in source_inputs("otel", source, options, otlp.FILES)]
+
+
+def _items(shard: Shard, options: IngestOptions) -> Iterator[tuple[str, Item | RecordError]]:
+    """Every span and log record of a file as a shuffle item keyed by its trace id; what `otlp` cannot read is a
+    RecordError at its place."""
+    url = shard.file.url
+    for item in otlp.records(url, options.storage_options):
+        if isinstance(item, otlp.Malformed):
+            yield item.where.removeprefix(url).strip(), RecordError(f"otel: {item.where}: {item.reason}", "")
+        else:
+            time = item["start"] if item["signal"] == "span" else item["time"]
+            yield "", (item["trace_id"], (time, item["span_id"]), item)
+
+
+def regroup(trace: str, items: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """One trace's spans with the content of its log records, each keyed by the trace's conversation: the
+    `gen_ai.conversation.id` of its earliest span that carries one (in time, then span id order), else the trace."""
+    spans = otlp.with_events([i for i in items if i["signal"] != "log"], [i for i in items if i["signal"] == "log"])
+    carrying = [sp for sp in spans if sp["attrs"].get(CONVERSATION) is not None]
+    key = str(min(carrying, key=lambda sp: (sp["start"], sp["span_id"]))["attrs"][CONVERSATION]) if carrying else trace
+    return [(key, sp) for sp in spans]
+
+
+SHUFFLE = Shuffle(items=_items, assemble=assemble, regroup=regroup)
+FORMAT = Format("otel", read, log_options(id_field=CONVERSATION), looks_like, plan=_plan, shuffle=SHUFFLE)
 
 
 def _spans(sources: Sequence[str], options: IngestOptions) -> list[dict[str, Any]]:

@@ -44,8 +44,8 @@ import orjson
 from pipeline.core.values import decoded
 from pipeline.envs.toolsandbox.env import seed_clock
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
-from pipeline.ingest.base import Format, IngestError, IngestOptions, Option, OptionSchema, source_files
-from pipeline.storage.fs import exists, open_for_read
+from pipeline.ingest.base import Format, IngestError, IngestOptions, Option, OptionSchema, read_document, source_files
+from pipeline.storage.fs import exists
 
 RUN_NAME = re.compile(r"agent_(?P<agent>.+)_user_(?P<user>.+)_(?P<ts>\d\d_\d\d_\d{4}_\d\d_\d\d_\d\d)")
 ERROR_TEXT = re.compile(r"^(Traceback|[A-Za-z_.]*(Error|Exception)\b)")
@@ -91,8 +91,7 @@ def _runs(source: str, options: IngestOptions) -> list[str]:
 
 def _load(url: str, options: IngestOptions) -> Any:
     try:
-        with open_for_read(url, options.storage_options) as f:
-            return orjson.loads(f.read())
+        return orjson.loads(read_document("toolsandbox", url, options))
     except (OSError, orjson.JSONDecodeError) as exc:
         raise IngestError(f"toolsandbox: {url}: cannot read JSON: {exc}") from exc
 

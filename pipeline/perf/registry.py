@@ -43,4 +43,5 @@ BENCHES: dict[str, Entry] = {
     "driver": Entry("pipeline.perf.driver:bench_driver", "rollouts", 4000, note="for its per-core rate"),
     "bfcl": Entry("pipeline.perf.bfcl:bench_bfcl"),
     "tau": Entry("pipeline.perf.tau:bench_tau"),
+    "spans": Entry("pipeline.perf.spans:bench_spans", "n_spans", 1_000_000, note="spans, not rollouts", workdir=True),
 }
