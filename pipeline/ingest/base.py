@@ -132,13 +132,13 @@ class Format:
     read: Callable[[Sequence[str], IngestOptions], Iterator[dict]]
     options: OptionSchema = OptionSchema()
     looks_like: Callable[[Any], bool] = never
-    # False for a format read from a server (a trace store), not from files: its `read` gets no sources.
-    reads_files: bool = True
     plan: Callable[[Sequence[str], IngestOptions, int], list[Shard]] | None = None
     read_shard: Callable[[Shard, IngestOptions], Iterator[Part]] | None = None
     # records of one rollout may lie in several files: the rollouts are assembled by a hash shuffle
     # (pipeline.ingest.shuffle) instead of `read_shard`
     shuffle: Any = None
+    # False for a format read from a server (a trace store), not from files: its `read` gets no sources.
+    reads_files: bool = True
 
 
 def source_files(
