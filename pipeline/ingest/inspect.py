@@ -62,6 +62,14 @@ FORMAT = Format(
 )
 
 
+def sample_record(sample: dict[str, Any], info: dict[str, Any], where: str = "sample") -> dict:
+    """The canonical record `pexec ingest inspect` (default options) makes of one sample: `sample` as a `.eval`
+    log stores it (`id`, `epoch`, `messages`, `scores`...; a live sample's messages dumped the same way),
+    `info` the log's `eval` header (task, model, eval_id...)."""
+    options = IngestOptions(extra=FORMAT.options.defaults())
+    return _rollout(sample, info, settings("inspect", options), where)
+
+
 def _read_log(url: str, s: LogSettings, options: IngestOptions) -> Iterator[dict]:
     try:
         with open_for_read(url, options.storage_options) as f, zipfile.ZipFile(f) as z:
