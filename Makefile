@@ -89,8 +89,13 @@ image:
 	infra/local/build-image.sh $(IMAGE) $(RAY_BASE)
 
 # Re-pin after changing dependencies in pyproject.toml.
+# Re-pin on Python 3.11: the pins are 3.11's, except rapidfuzz, whose pinned release has no 3.13 wheel (a marker
+# pair keeps 3.11 on upstream's pin).
 lock: install
-	$(BIN)/python -m pip freeze --exclude-editable --exclude pexec > requirements.lock
+	@test "$(PY_VERSION)" = 3.11 || { echo "make lock runs on Python 3.11"; exit 1; }
+	$(BIN)/python -m pip freeze --exclude-editable --exclude pexec \
+		| sed 's/^rapidfuzz==3.9.3$$/rapidfuzz==3.9.3; python_version < "3.13"\nrapidfuzz==3.9.7; python_version >= "3.13"/' \
+		> requirements.lock
 
 clean:
 	rm -rf .venv .venv-3.* out .pytest_cache .ruff_cache .hypothesis
