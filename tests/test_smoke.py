@@ -20,14 +20,14 @@ DATA = Path(__file__).parent / "data"
 CASES = {
     "bfcl_v4": (
         "bfcl", SHARED / "real" / "bfcl" / "gpt-oss-120b" / "BFCL_v4_multi_turn_base_result.json", [],
-        (0, 0, 0, 0), "",
+        (200, 1436, 137, 1), "c39efe3271f3705e",
     ),
-    "bfcl_v3": ("bfcl", DATA / "bfcl" / "DeepSeek-V3-0324-FC", [], (0, 0, 0, 0), ""),
+    "bfcl_v3": ("bfcl", DATA / "bfcl" / "DeepSeek-V3-0324-FC", [], (1, 30, 9, 0), "71b3141c45d7d1ae"),
     "tau2": (
         "tau2", SHARED / "real" / "tau2" / "retail_gpt-4.1.json", ["--option", f"tasks={SHARED / 'tau3'}"],
-        (0, 0, 0, 0), "",
+        (40, 299, 15, 3), "f52c0bfacddc38fd",
     ),
-    "toolsandbox": ("toolsandbox", next((DATA / "toolsandbox").iterdir()), [], (0, 0, 0, 0), ""),
+    "toolsandbox": ("toolsandbox", next((DATA / "toolsandbox").iterdir()), [], (3, 10, 3, 1), "a5b58a248ddaf39c"),
 }  # fmt: skip
 
 
