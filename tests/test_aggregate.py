@@ -13,6 +13,7 @@ from typing import Any
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
@@ -390,6 +391,25 @@ def test_deterministic_and_seed_sensitive(cohort_run: tuple[Path, dict]) -> None
     bounds = lambda cs: [(x[m]["lo"], x[m]["hi"]) for x in cs for m in ("success", "ter", "auc_pec")]  # noqa: E731
     assert bounds(a) != bounds(c)
     assert [x["success"]["value"] for x in a] == [x["success"]["value"] for x in c]  # point estimates: full data
+
+
+def test_the_metrics_table_is_the_cohorts_flattened(cohort_run: tuple[Path, dict]) -> None:
+    """`Run.metrics` (what a notebook takes) is `Run.cohorts` as one Arrow row per cohort: the same values and
+    bounds; `bootstrap` is B or the settings, `seed` overrides the seed."""
+    run = open_run(str(cohort_run[0]))
+    cohorts = run.cohorts(["model"], BootstrapSettings(B=60, seed=4))
+    table = run.metrics(by=["model"], bootstrap=60, seed=4)
+    assert isinstance(table, pa.Table) and table.num_rows == len(cohorts) > 1
+    for row, c in zip(table.to_pylist(), cohorts, strict=True):
+        assert (row["benchmark"], row["model"], row["n"]) == (c["benchmark"], c["model"], c["n"])
+        for m in ("ter", "auc_pec", "rr", "success"):
+            assert (row[m], row[f"{m}_lo"], row[f"{m}_hi"]) == (c[m]["value"], c[m]["lo"], c[m]["hi"])
+        assert (row["bootstrap_B"], row["bootstrap_seed"]) == (60, 4)
+    assert run.metrics(by=["model"], bootstrap=BootstrapSettings(B=60, seed=4)) == table
+    assert run.metrics(by=["model"], bootstrap=60, seed=5) != table  # another seed, other bounds
+    pec = run.pec(by=["model"], bootstrap=60, seed=4)
+    assert pec.num_rows == sum(len(c["pec"]) for c in cohorts)
+    assert pec.filter(pc.equal(pec["k"], 0))["value"].to_pylist() == [1.0] * len(cohorts)
 
 
 def test_write_metrics_is_rerun_safe(cohort_run: tuple[Path, dict], tmp_path: Path) -> None:
