@@ -175,6 +175,13 @@ def test_the_tool_map_is_one_page_wide_and_cuts_no_label(n_tools: int) -> None:
     plt.close(fig)
 
 
+def test_the_tool_map_is_saved_for_a_paper_too() -> None:
+    chart = CHARTS["tool_invalid_rates_11"]()
+    assert ">update_shipping_address_for_pending_order</text>" in chart.svg and "DejaVu Sans" in chart.svg
+    again = CHARTS["tool_invalid_rates_11"]()
+    assert (again.png, again.svg, again.pdf) == (chart.png, chart.svg, chart.pdf)
+
+
 def test_each_cell_states_the_rate_and_its_interval() -> None:
     fig = tool_figure(tool_rows(11))
     cells = {t.get_text() for t in fig.axes[0].texts}

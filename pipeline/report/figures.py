@@ -269,7 +269,8 @@ def tool_chart(rows: list[list[Any]]) -> Chart:
     the rate and its task-clustered interval written in each cell."""
     columns = ["benchmark", "condition", "tool", "calls", "invalid_rate", "lo", "hi"]
     title = "Invalid rate per tool (95% task-clustered interval)"
-    return _chart("tool_invalid_rates", title, columns, rows, tool_figure(rows))
+    with plt.rc_context(_STYLE):  # saved in the style too: text kept as text, stable SVG ids
+        return _chart("tool_invalid_rates", title, columns, rows, tool_figure(rows))
 
 
 def tool_figure(rows: list[list[Any]]) -> Figure:
