@@ -49,10 +49,15 @@ def auc_pec() -> Metric:
 
 
 @scorer(metrics=[ter(), auc_pec()])
-def executability(env: str = "observed", spec: str | None = None, checks: tuple[str, ...] = CHECKS) -> Scorer:
+def executability(
+    env: str = "observed", spec: str | None = None, policy: str = "code", checks: tuple[str, ...] = CHECKS
+) -> Scorer:
     """Replay the sample's tool calls against environment `env` (`observed`, a built-in simulator, or a spec
-    name) with `spec` giving `observed` its schemas and rules, as `pexec score --env ENV --spec SPEC` does."""
-    environment = get_environment(env, EnvOptions(spec=spec))
+    name) with `spec` giving `observed` its schemas and rules, as `pexec score --env ENV --spec SPEC --policy
+    POLICY --checks CHECKS` does."""
+    if policy not in ("code", "strict"):
+        raise ValueError(f"policy is code or strict, got {policy!r}")
+    environment = get_environment(env, EnvOptions(spec=spec, policy=policy))
 
     async def score(state: TaskState, target: Target) -> Score:
         sample = {
