@@ -71,6 +71,17 @@ EXPECTED = {
         "get_order: False D information order_id='O5001' occurs in no earlier output or message",
         "authenticate: True {'user_id': 'U1001'}",
     ],
+    "docs/how-to/change-a-spec-safely.md": [
+        "wrote 40 rollouts to out/change/store: 40 ok, 0 harness error(s)",
+        "would refuse 22 call(s): 21 in rollouts that succeeded anyway (probable false refusals), 11 that failed in",
+        "against support: 11 newly refused, 0 refused before and let through now",
+        "| refund_order | D information (grounded amount) | 2026-11-28-0016 | 7 | True | amount=80.0 occurs in no",
+        "breach newly_refused>0: newly_refused = 11",
+        "│ valid → invalid      │    11 │       11 │     3 │",
+        "breach to_invalid>0: steps valid in A, invalid in B = 11 step(s)",
+        "input, scoring core, settings and environments (observed) unchanged",
+        "environment observed changed (observed+support@1.1.0+",
+    ],
     "docs/how-to/add-a-log-format.md": [
         "s-104 True ['cancel_order']",
         "s-105 False ['track_shipment']",

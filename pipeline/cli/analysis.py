@@ -24,6 +24,7 @@ from pipeline.cli.render import (
 from pipeline.core.errors import PexecError
 from pipeline.metrics.query import QueryLimits, partial_of, read_statements
 from pipeline.metrics.run import Run
+from pipeline.metrics.settings import DEFAULT_POPULATION
 from pipeline.metrics.tool_profiles import TOOL_FIELDS, tool_cohort_columns
 
 
@@ -149,19 +150,52 @@ def diff(
         typer.Option("--fail-on", help="METRIC<NUMBER (or <=, >, >=) on B - A: exit 1 when crossed (repeatable)."),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per cohort × metric and per tool.")] = False,
+    paired: Annotated[
+        bool | None,
+        typer.Option(
+            "--paired/--unpaired",
+            help="Compare the same rollouts step by step, or the runs' cohorts as drift (default: paired when at "
+            "least half of the smaller run's rollout ids are in both).",
+        ),
+    ] = None,
 ) -> None:
-    """Drift between two runs with different tasks: B - A per cohort and metric, and per tool, with two-sample
-    task-level bootstrap intervals; --fail-on turns thresholds into exit code 1."""
+    """Two runs of the same rollouts: verdict flips step by step, paired by rollout. Runs with different tasks:
+    drift, B - A per cohort and metric, and per tool, with two-sample task-level bootstrap intervals. --fail-on
+    turns thresholds into exit code 1."""
     from pipeline.metrics.drift import breaches, diff_runs, parse_threshold
+    from pipeline.metrics.verdicts import shared_rollouts
 
+    a, b = reading.open(run_a), reading.open(run_b)
+    shared = shared_rollouts(a, b)
+    if paired or (paired is None and shared[2] and 2 * shared[2] >= min(shared[:2])):
+        alert(_paired(a, b, reading, fail_on or [], as_json, shared))
+        return
     thresholds = [parse_threshold(t) for t in fail_on or []]
-    result = diff_runs(reading.open(run_a), reading.open(run_b), reading.by, reading.settings, reading.population)
+    result = diff_runs(a, b, reading.by, reading.settings, reading.population)
     if as_json:
         json_lines([{"kind": "metric", **row} for row in result.rows])
         json_lines([{"kind": "tool", "metric": "invalid_rate", **row} for row in result.tools])
     else:
         print_diff(result)
     alert(breaches(result, thresholds))
+
+
+def _paired(a: Run, b: Run, reading: Reading, fail_on: list[str], as_json: bool, shared: tuple[int, ...]) -> list[str]:
+    from pipeline.cli.verdicts import paired
+
+    if not shared[2]:
+        raise PexecError(
+            f"--paired: the runs share no rollout id ({shared[0]} in A, {shared[1]} in B): nothing to compare step "
+            "by step; without --paired they are compared as drift"
+        )
+    if reading.by:
+        raise PexecError("--by does not apply to the paired diff (every shared rollout is compared); use --unpaired")
+    if reading.population != DEFAULT_POPULATION:
+        raise PexecError(
+            "--harness-errors, --pool and --strict-replay do not apply to the paired diff (a rollout that is a "
+            "harness error in either run is left out and counted); use --unpaired"
+        )
+    return paired(a, b, reading.settings, fail_on, as_json, shared)
 
 
 def alert(lines: list[str]) -> None:

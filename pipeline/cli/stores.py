@@ -55,7 +55,7 @@ def synth(
 
 def ingest(
     fmt: Annotated[str, typer.Argument(help="Source format (docs/reference/log-formats.md: bfcl, tau2, ...).")],
-    sources: Annotated[list[str], typer.Argument(help="Files or folders to read.")],
+    sources: Annotated[list[str], typer.Argument(help="Files, folders or quoted globs (s3://b/otel/day=2*/) to read.")],
     out_store: OutStore,
     label: Annotated[list[str] | None, typer.Option("--label", help="k=v added to every rollout's labels.")] = None,
     option: Annotated[list[str] | None, typer.Option("--option", help="k=v setting of the format's adapter.")] = None,

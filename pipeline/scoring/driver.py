@@ -21,7 +21,7 @@ import pyarrow as pa
 from pipeline.core.errors import PexecError, StorageError
 from pipeline.envs import EnvError, EnvOptions, forget_unresolved, get_environment
 from pipeline.replay.checker import CHECKS
-from pipeline.scoring.code_version import code_version
+from pipeline.scoring.code_version import code_version, environment_version
 from pipeline.scoring.shard import ScoredShard, ScoreSettings, ShardReport, score_shard
 from pipeline.storage.ids import Duplicates, digest, duplicate_ids, shard_ids
 from pipeline.storage.inputs import Shard, list_inputs, plan_shards
@@ -114,7 +114,12 @@ def run_scoring(
         sizes = part_sizes(run, storage_options) if markers else {}
         # Reusable as far as input, versions and parts go; whether the duplicate ids each was told about still
         # hold is known once the ids of every shard are (below).
-        reused = {s.key: r for s in shard_plan.shards if (r := _reusable(s, markers.get(s.key), settings, sizes))}
+        # Why each shard is scored again ("" when reusable): recorded in the manifest's `reuse`.
+        why = {
+            s.key: "forced" if force else _rescore_reason(s, markers.get(s.key), settings, sizes)
+            for s in shard_plan.shards
+        }
+        reused = {s.key: ShardReport(**{**markers[s.key], "reused": True}) for s in shard_plan.shards if not why[s.key]}
         todo = [s for s in shard_plan.shards if s.key not in reused]
         if on_plan:
             on_plan(replace(shard_plan, reusable=len(reused)))
@@ -143,44 +148,62 @@ def run_scoring(
         # known) is scored again: only shards holding a later copy of an id, whatever the order they ran in.
         again = [s for s in shard_plan.shards if reports[s.key].duplicates != digest(duplicates.get(s.key, {}))]
         reports |= {s.report.shard: s.report for s in score(again, duplicates)}
+        why |= {s.key: why[s.key] or "the duplicate ids it holds changed" for s in again}
         ordered = sorted(reports.values(), key=lambda r: (r.source, r.start))
         lease.confirm()  # a writer that lost its lease must not delete or commit anything
         # Parts of an earlier plan of this run (another shard size, a removed input) would duplicate rows.
         remove_stale_parts(run, {s.key for s in shard_plan.shards}, storage_options)
         manifest = _manifest(store, settings, shard_plan, ordered, started, executor)
+        manifest["reuse"] = _reuse_record(ordered, why, settings)
         lease.confirm()
         write_manifest(run, manifest, storage_options)
     return manifest
 
 
-def _reusable(
+def _rescore_reason(
     shard: Shard, marker: dict[str, Any] | None, settings: ScoreSettings, sizes: dict[str, dict[str, int]]
-) -> ShardReport | None:
-    """The committed report of `shard` if its output is still what scoring it now would write, and still on
-    disk as it was committed (every part present with the size recorded in the marker), as far as its input,
-    code, settings and environments go: the duplicate ids it was told about are checked once all ids are known."""
-    if not marker or (marker["fingerprint"], marker["start"], marker["stop"]) != (
-        shard.file.fingerprint,
-        shard.start,
-        shard.stop,
-    ):
-        return None
-    if (marker["code_version"], marker["settings"]) != (settings.code_version, settings.identity()):
-        return None
-    if any(_version_now(n, settings) != v for n, v in marker["environments"].items()):
-        return None
+) -> str:
+    """Why `shard` is scored again; "" when its committed output is still what scoring it now would write, and
+    still on disk as it was committed (every part present with the size recorded in the marker), as far as its
+    input, code, settings and environments go: the duplicate ids it was told about are checked once all ids are
+    known. The code is versioned per environment: the scoring core for every shard, each environment (its data
+    and its family's code) only for the shards that used it."""
+    if not marker:
+        return "not scored before"
+    if (marker["fingerprint"], marker["start"], marker["stop"]) != (shard.file.fingerprint, shard.start, shard.stop):
+        return "its input changed"
+    if marker["code_version"] != settings.code_version:
+        return f"scoring core changed ({marker['code_version']} -> {settings.code_version})"
+    if marker["settings"] != settings.identity():
+        return "settings changed"
+    for name, was in sorted(marker["environments"].items()):
+        if (now := _version_now(name, settings)) != was:
+            return f"environment {name} changed ({was} -> {now})"
     parts = marker.get("parts") or {}
     if any(sizes.get(table, {}).get(shard.key) != parts.get(table) for table in TABLES):
-        return None  # a part deleted, cut short or replaced since: scored again
-    return ShardReport(**{**marker, "reused": True})
+        return "a part was deleted, cut short or replaced since"
+    return ""
 
 
 def _version_now(name: str, settings: ScoreSettings) -> str | None:
-    """The environment's version, None when it does not resolve (as score_shard records it)."""
+    """The environment's version with its family's code version, None when it does not resolve (as score_shard
+    records it)."""
     try:
-        return get_environment(name, settings.options).version
+        env = get_environment(name, settings.options)
     except EnvError:
         return None
+    return environment_version(env)
+
+
+def _reuse_record(reports: list[ShardReport], why: dict[str, str], settings: ScoreSettings) -> dict[str, Any]:
+    """The manifest's `reuse`: per shard, whether its earlier output was reused and why (or why not)."""
+    shards = []
+    for r in reports:
+        kept = (
+            f"input, scoring core, settings and environments ({', '.join(sorted(r.environments)) or 'none'}) unchanged"
+        )
+        shards.append({"shard": r.shard, "reused": r.reused, "why": kept if r.reused else why.get(r.shard, "")})
+    return {"core": settings.code_version, "shards_reused": sum(r.reused for r in reports), "shards": shards}
 
 
 def _ids(shards: list[Shard], storage_options: dict | None) -> dict[str, pa.Table]:

@@ -26,6 +26,7 @@ from pipeline.core.records import InvalidRecord, parse_rollout, record_id
 from pipeline.core.run_schema import ROLLOUTS, STEPS
 from pipeline.envs import EnvError, Environment, EnvOptions, SpecError, get_environment
 from pipeline.replay.checker import CHECKS, replay
+from pipeline.scoring.code_version import environment_version
 from pipeline.scoring.run_tables import combined, rejects_table, rollouts_table, steps_table
 from pipeline.storage.ids import digest, ids_table
 from pipeline.storage.inputs import RAW_LIMIT, RecordError, Shard, read_shard
@@ -54,8 +55,9 @@ class ShardReport:
     steps: int = 0
     seconds: float = 0.0
     peak_rss_mib: float = 0.0  # of the process that scored the shard
-    # name -> version; None: the name did not resolve (its records were rejected), so a rerun rescores the
-    # shard once it does (a simulator installed, a spec added)
+    # name -> version (its own and its family's code: code_version.environment_version); None: the name did not
+    # resolve (its records were rejected), so a rerun rescores the shard once it does (a simulator installed, a
+    # spec added)
     environments: dict[str, str | None] = field(default_factory=dict)
     code_version: str = ""
     settings: str = ""  # ScoreSettings.identity() of the run that scored it
@@ -196,7 +198,7 @@ def _environment(name: str, settings: ScoreSettings, report: ShardReport) -> Env
     except EnvError:
         report.environments.setdefault(name, None)
         raise
-    report.environments[name] = env.version
+    report.environments[name] = environment_version(env)
     return env
 
 
