@@ -339,5 +339,55 @@ def run_agents(base_url: str, out: str) -> None:
     Path(out).write_text(json.dumps({"id": "agents-1", "model": MODEL, "messages": messages}))
 
 
-if __name__ == "__main__":  # python producers.py otel|otel-files|agents BASE_URL OUT [...]
-    {"otel": run_otel, "otel-files": run_otel_files, "agents": run_agents}[sys.argv[1]](*sys.argv[2:])
+def run_mlflow(base_url: str, tracking_uri: str, experiment: str) -> None:
+    """The MLflow producer: `mlflow.openai.autolog()` traces the `openai` SDK's chat calls, the tools are
+    `@mlflow.trace(span_type=TOOL)` functions (the raising one records its exception), all under one AGENT span:
+    one trace, logged to the tracking server at `tracking_uri`."""
+    import mlflow
+    from mlflow.entities import SpanType
+    from openai import OpenAI
+
+    mlflow.set_tracking_uri(tracking_uri)
+    mlflow.set_experiment(experiment)
+    mlflow.openai.autolog()
+    client = OpenAI(base_url=base_url, api_key="stub", max_retries=0)
+    tools = {name: mlflow.trace(f, name=name, span_type=SpanType.TOOL) for name, f in TOOLS.items()}
+
+    @mlflow.trace(name="support_agent", span_type=SpanType.AGENT)
+    def support() -> None:
+        agent_loop(lambda messages: client.chat.completions.create(model=MODEL, messages=messages,
+                                                                   tools=tool_schemas()),
+                   lambda tc, arguments: tools[tc.function.name](**arguments))  # fmt: skip
+
+    support()
+    mlflow.flush_trace_async_logging()
+
+
+def run_phoenix(base_url: str, endpoint: str, project: str) -> None:
+    """The Phoenix producer: OpenInference's OpenAI instrumentation traces the `openai` SDK's chat calls, the
+    tools are OpenInference TOOL spans (`tracer.tool`), all under one AGENT span; the spans go to the Phoenix
+    server's OTLP/HTTP endpoint in project `project`."""
+    from openai import OpenAI
+    from openinference.instrumentation import TracerProvider
+    from openinference.instrumentation.openai import OpenAIInstrumentor
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    provider = TracerProvider(resource=Resource.create({"openinference.project.name": project}))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{endpoint}/v1/traces")))
+    OpenAIInstrumentor().instrument(tracer_provider=provider)
+    tracer = provider.get_tracer("support-agent")
+    client = OpenAI(base_url=base_url, api_key="stub", max_retries=0)
+    tools = {name: tracer.tool(name=name)(f) for name, f in TOOLS.items()}
+    with tracer.start_as_current_span("support_agent", openinference_span_kind="agent"):
+        agent_loop(lambda messages: client.chat.completions.create(model=MODEL, messages=messages,
+                                                                   tools=tool_schemas()),
+                   lambda tc, arguments: tools[tc.function.name](**arguments))  # fmt: skip
+    provider.shutdown()
+
+
+if __name__ == "__main__":  # python producers.py otel|otel-files|agents|mlflow|phoenix BASE_URL ...
+    producers = {"otel": run_otel, "otel-files": run_otel_files, "agents": run_agents, "mlflow": run_mlflow,
+                 "phoenix": run_phoenix}  # fmt: skip
+    producers[sys.argv[1]](*sys.argv[2:])

@@ -56,7 +56,8 @@ EXPECTED = {
         "wrote 2 rollouts to out/audit/bfcl-excerpt/store: 2 ok, 0 harness error(s)",
         "│ DeepSeek-V3-0324-FC │ 30 │ 9   │ state_consistency │",
         "mv: no path allowed in destination",
-        "person_id='john-petrucci' occurs in no earlier output or message",
+        "wrote 4 rollouts to out/audit/ts/store: 3 ok, 1 harness error(s)",
+        "ConnectionError: Cellular service is not enabled",
     ],
     "docs/how-to/score-nightly-logs.md": [
         "wrote 40 rollouts to out/support/store/date=2026-11-28: 40 ok, 0 harness error(s)",
@@ -99,6 +100,8 @@ EXPECTED = {
         "model,method,mean_calls,ter",
         "error: query stopped after 1 s (the --timeout)",
         "stopped, as asked",
+        "pexec sql: the result was cut at 3 rows (the --max-rows)",
+        "cut, as asked",
         "partial read: None",
     ],
 }

@@ -15,7 +15,8 @@ from pipeline.core.model import Call, Rollout
 from pipeline.core.records import parse_rollout
 from pipeline.envs import EnvOptions
 from pipeline.envs.data import BUILTIN_SPECS
-from pipeline.guard.mcp import RolloutLog, refusal
+from pipeline.guard.journal import RolloutLog
+from pipeline.guard.mcp import refusal
 from pipeline.guard.replay import replay_traffic
 from pipeline.guard.session import open_session
 from pipeline.ingest import ingest
@@ -90,7 +91,10 @@ def traffic(folder: Path, old: str) -> Path:
     verdict = session.check(order)
     assert not verdict.valid
     session.record(order, output=refusal(verdict, "get_order"), error=True)
-    RolloutLog(str(folder), session.rollout).write(session.rollout)
+    log = RolloutLog(str(folder), session.rollout)
+    for event in session.rollout.events:
+        log.event(event)
+    log.close({})
     session.close()
     return folder
 

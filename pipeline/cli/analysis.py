@@ -3,12 +3,22 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from pipeline.cli.options import Reading, ScoredRun, reads_a_run
+from pipeline.cli.options import (
+    AllowHost,
+    HeaderTimeout,
+    MaxConcurrency,
+    Reading,
+    ScoredRun,
+    TokenFile,
+    reads_a_run,
+    server_limits,
+)
 from pipeline.cli.render import (
     console,
     json_lines,
@@ -22,7 +32,7 @@ from pipeline.cli.render import (
     print_table,
 )
 from pipeline.core.errors import PexecError
-from pipeline.metrics.query import QueryLimits, partial_of, read_statements
+from pipeline.metrics.query import MAX_ROWS_LIMIT, QueryLimits, read_statements, stream_sql
 from pipeline.metrics.run import Run
 from pipeline.metrics.settings import DEFAULT_POPULATION
 from pipeline.metrics.tool_profiles import TOOL_FIELDS, tool_cohort_columns
@@ -33,7 +43,7 @@ def metrics(
     run: ScoredRun,
     reading: Reading,
     max_k: Annotated[
-        int | None, typer.Option("--max-k", help="Largest k for PEC(k) (default: max T, at most 20).")
+        int | None, typer.Option("--max-k", min=0, max=1000, help="Largest k for PEC(k) (default: max T, at most 20).")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per cohort.")] = False,
 ) -> None:
@@ -218,19 +228,29 @@ def sql(
         str, typer.Option("--memory-limit", help="DuckDB memory limit (e.g. 512MB, 4GB); beyond it, it spills.")
     ] = QueryLimits.memory_limit,
     timeout: Annotated[
-        float, typer.Option("--timeout", help="Seconds the query may run before it is stopped.")
+        float,
+        typer.Option("--timeout", min=0.001, max=86_400, help="Seconds the query and writing its result may take."),
     ] = QueryLimits.timeout,
+    max_rows: Annotated[
+        int,
+        typer.Option(
+            "--max-rows", min=1, max=MAX_ROWS_LIMIT, help="Rows written at most; a longer result is cut (exit 1)."
+        ),
+    ] = QueryLimits.max_rows,
 ) -> None:
-    """Run a read-only SQL query (DuckDB) over the run's tables."""
+    """Run a read-only SQL query (DuckDB) over the run's tables; the result streams out within the limits."""
     if fmt not in ("table", "csv", "json"):
         raise PexecError(f"--format is table, csv or json, got {fmt!r}")
-    limits = QueryLimits(memory_limit=memory_limit, timeout=timeout)
+    limits = QueryLimits(memory_limit=memory_limit, timeout=timeout, max_rows=max_rows)
     read_statements(query)  # a query that is not a read, or not SQL, is refused before the run is listed
-    result = reading.open(run).sql(query, limits)
-    covered = partial_of(result)
-    if covered:  # on stderr: the result itself stays what the query asked for
-        partial_notice(covered, console)
-    print_query_result(result, fmt)
+    with stream_sql(reading.open(run).snapshot, query, limits) as result:
+        if result.partial:  # on stderr: the result itself stays what the query asked for
+            partial_notice(result.partial, console)
+        print_query_result(result, fmt)
+    if result.cut:  # the rows written are not the whole result: said, and not exit 0
+        sys.stdout.flush()
+        console.print(f"pexec sql: {result.cut}", soft_wrap=True, markup=False, highlight=False)
+        raise typer.Exit(1)
 
 
 @reads_a_run("intervals", "partial")
@@ -239,16 +259,33 @@ def view(
     reading: Reading,
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 8765,
     host: Annotated[
-        str, typer.Option("--host", help="Address to listen on (default: this machine only).")
+        str,
+        typer.Option("--host", help="Address to listen on (default: this machine only; beyond it, a token)."),
     ] = "127.0.0.1",
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token",
+            envvar="PEXEC_VIEW_TOKEN",
+            help="Token a browser opens the viewer with (`/?token=…` once, then a cookie); required beyond loopback.",
+        ),
+    ] = None,
+    token_file: TokenFile = None,
+    allow_host: AllowHost = None,
+    header_timeout: HeaderTimeout = 10.0,
+    max_concurrency: MaxConcurrency = 64,
 ) -> None:
     """Browse a run: cohorts and their metrics -> the rollouts behind a number -> one rollout's steps."""
-    from pipeline.view import RunView, check_address, serve
+    from pipeline.view import RunView, check_address, check_token, serve
+    from pipeline.web import read_token
 
+    token = read_token(token, token_file)
+    check_token(host, token)
     check_address(host, port)
     run_view = RunView(reading.open(run), reading.settings)
     console.print(f"pexec view: http://{host}:{port}/ (Ctrl-C to stop)")
     try:
-        serve(run_view, host=host, port=port)
+        limits = server_limits(header_timeout, max_concurrency)
+        serve(run_view, host, port, token, limits, tuple(allow_host or ()))
     finally:
         run_view.close()

@@ -32,9 +32,10 @@ def score(
     spec_dir: SpecDir = None,
     address: RayAddress = None,
     policy: Policy = "code",
-    shard_mb: Annotated[float, typer.Option("--shard-mb", help="Target shard size in MiB.")] = DEFAULT_SHARD_BYTES
-    / 2**20,
-    num_cpus: Annotated[int | None, typer.Option("--num-cpus", help="CPUs for local Ray.")] = None,
+    shard_mb: Annotated[
+        float, typer.Option("--shard-mb", max=4096, help="Target shard size in MiB.")
+    ] = DEFAULT_SHARD_BYTES / 2**20,
+    num_cpus: Annotated[int | None, typer.Option("--num-cpus", min=1, max=1024, help="CPUs for local Ray.")] = None,
     inline: Annotated[bool, typer.Option("--inline", help="Score in this process, without Ray.")] = False,
     force: Force = False,
     lease_stale_after: Annotated[
@@ -42,6 +43,7 @@ def score(
         typer.Option(
             "--lease-stale-after",
             min=1,
+            max=86_400,
             help="Seconds without a heartbeat after which another writer's lease on the run is taken over.",
         ),
     ] = DEFAULT_STALE_AFTER,

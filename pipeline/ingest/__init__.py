@@ -4,7 +4,8 @@
 A format is a `LogFormat` (base.py): its `name`, the `--option` keys it accepts (`options`, an `OptionSchema`
 of `Option(key, doc, default)`, `fields=True` for `label.NAME` / `attr.NAME`), `looks_like(doc)` (whether a
 decoded document is clearly its own, so that another format's reader given it names this one) and
-`read(sources, options) -> Iterator[dict]` yielding canonical records. Nothing downstream knows the original
+`read(sources, options) -> Iterator[dict]` yielding canonical records (a format read from a server, not from
+files, such as a trace store, says `reads_files = False` and gets no sources). Nothing downstream knows the original
 format. Sources are local paths or fsspec URLs, listed with `source_files` and opened with
 `options.storage_options`; an input that cannot be read raises `IngestError` naming the file and the place.
 `ingest` checks the options against the schema (one place, one message), fills in their declared defaults,
@@ -73,6 +74,8 @@ def ingest(fmt: str, sources: Sequence[str], options: IngestOptions | None = Non
     `--option allow_no_calls=true` says the logs truly have none."""
     log_format = get_format(fmt)
     options = options or IngestOptions()
+    if not sources and getattr(log_format, "reads_files", True):
+        raise IngestError(f"{fmt}: give the files or folders to read")
     allowed = options.extra.get(ALLOW_NO_CALLS, "false").lower()
     if allowed not in ("true", "false"):
         raise IngestError(f"{fmt}: --option {ALLOW_NO_CALLS} takes true or false, got {allowed!r}")

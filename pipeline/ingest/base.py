@@ -100,6 +100,8 @@ class Format:
     read: Callable[[Sequence[str], IngestOptions], Iterator[dict]]
     options: OptionSchema = OptionSchema()
     looks_like: Callable[[Any], bool] = never
+    # False for a format read from a server (a trace store), not from files: its `read` gets no sources.
+    reads_files: bool = True
 
 
 def source_files(
