@@ -27,7 +27,7 @@ CASES = {
         "tau2", SHARED / "real" / "tau2" / "retail_gpt-4.1.json", ["--option", f"tasks={SHARED / 'tau3'}"],
         (40, 299, 15, 3), "f52c0bfacddc38fd",
     ),
-    "toolsandbox": ("toolsandbox", next((DATA / "toolsandbox").iterdir()), [], (3, 10, 3, 1), "a5b58a248ddaf39c"),
+    "toolsandbox": ("toolsandbox", min((DATA / "toolsandbox").iterdir()), [], (4, 11, 2, 0), "b5ecb554f07a874b"),
 }  # fmt: skip
 
 
