@@ -1,20 +1,25 @@
-# `make demo` and `make test` work on a fresh machine with only Python 3.11: they create .venv and
-# install every dependency pinned by requirements.lock before doing their job.
-PY ?= $(shell command -v python3.11 || command -v python3)
-VENV := .venv
+# `make demo` and `make test` work on a fresh machine with only Python 3.11, 3.12 or 3.13: they create a virtual
+# environment and install every dependency pinned by requirements.lock before doing their job. PYTHON (or PY) picks
+# the interpreter (`make test PYTHON=python3.13`); each minor version gets its own environment (.venv for 3.11,
+# .venv-3.12, .venv-3.13), so one checkout holds them side by side. VENV=DIR names another.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+PY ?= $(PYTHON)
+PY_VERSION := $(shell $(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+VENV ?= $(if $(filter 3.11,$(PY_VERSION)),.venv,.venv-$(PY_VERSION))
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO := out/demo
 
-.PHONY: install demo test lint docs reference browser bench fuzz lock clean image
+.PHONY: install demo test smoke lint docs reference browser bench fuzz lock clean image
 
 # The official simulators are pinned in specs/simulators.txt (installed without their declared model-client
 # dependencies) and specs/simulator-wheels.txt (releases read from their wheel). The trace servers of the MLflow
-# and Phoenix round-trip tests run from environments of their own, .venv/servers/<name>, each pinned whole by
+# and Phoenix round-trip tests run from environments of their own, $(VENV)/servers/<name>, each pinned whole by
 # tests/servers/<name>.txt (tests/trace_servers.py says why).
 SERVERS := mlflow phoenix
 $(STAMP): pyproject.toml requirements.lock specs/simulators.txt specs/simulator-wheels.txt $(SERVERS:%=tests/servers/%.txt)
-	$(PY) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 is required"'
+	@$(PY) -c 'import sys; assert (3, 11) <= sys.version_info[:2] <= (3, 13), "Python 3.11, 3.12 or 3.13 is required"' \
+		|| { echo "$(PY) does not run Python 3.11-3.13 (make ... PYTHON=python3.13 picks another)"; exit 1; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip==26.3"
 	$(BIN)/python -m pip install --quiet -c requirements.lock -e ".[dev,sims]"
@@ -59,6 +64,13 @@ browser:
 test: lint docs browser
 	$(BIN)/pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 
+# What shows an interpreter works, in a few minutes (CI runs it on 3.13 beside the suite on 3.11): the demo through
+# Ray, one real log of each family scored against its simulator (tests/test_smoke.py: the numbers 3.11 gives), the
+# Inspect producer and scorer, and the notebook.
+SMOKE := tests/test_smoke.py tests/test_producers_inspect.py tests/test_integration_inspect.py tests/test_notebook.py
+smoke: demo
+	$(BIN)/pytest -q $(SMOKE)
+
 # The adversarial suites (pytest marker `fuzz`) with many more generated inputs than `make test` uses, within
 # a bounded time; the tallies they print are the "Hardening" table of docs/reference/limits.md.
 FUZZ_EXAMPLES ?= 400
@@ -84,8 +96,13 @@ image:
 	infra/local/build-image.sh $(IMAGE) $(RAY_BASE)
 
 # Re-pin after changing dependencies in pyproject.toml.
+# Re-pin on Python 3.11: the pins are 3.11's, except rapidfuzz, whose pinned release has no 3.13 wheel (a marker
+# pair keeps 3.11 on upstream's pin).
 lock: install
-	$(BIN)/python -m pip freeze --exclude-editable --exclude pexec > requirements.lock
+	@test "$(PY_VERSION)" = 3.11 || { echo "make lock runs on Python 3.11"; exit 1; }
+	$(BIN)/python -m pip freeze --exclude-editable --exclude pexec \
+		| sed 's/^rapidfuzz==3.9.3$$/rapidfuzz==3.9.3; python_version < "3.13"\nrapidfuzz==3.9.7; python_version >= "3.13"/' \
+		> requirements.lock
 
 clean:
-	rm -rf $(VENV) out .pytest_cache .ruff_cache .hypothesis
+	rm -rf .venv .venv-3.* out .pytest_cache .ruff_cache .hypothesis

@@ -13,7 +13,7 @@ Stages, in pipeline order (each a package under `pipeline/`, importing only the 
   synthetic  stores with known truth
   scoring    shards replayed as Ray tasks, run tables written, the manifest last
   metrics    the DuckDB stage: one run handle, cohorts with bootstrap intervals, SQL, per-tool profiles, drift
-  report, view, guard, jobs, perf, cli   what users run
+  report, view, guard, integrations, jobs, perf, cli   what users run (integrations: inside other tools)
 """
 
 from __future__ import annotations

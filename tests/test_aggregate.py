@@ -13,6 +13,7 @@ from typing import Any
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
@@ -138,7 +139,7 @@ def random_rows(rng: np.random.Generator, n_tasks: int, per_task: int, benchmark
 
 def test_paper_example_exact(tmp_path: Path) -> None:
     write_rollouts(tmp_path, paper_rows())
-    [c] = open_run(str(tmp_path)).metrics(settings=BootstrapSettings(B=200))
+    [c] = open_run(str(tmp_path)).cohorts(settings=BootstrapSettings(B=200))
     assert (c["benchmark"], c["n"], c["n_tasks"], c["n_no_calls"]) == ("bench", 200, 50, 0)
     assert c["ter"]["value"] == 0.05
     assert c["rr"]["value"] == 138 / 190
@@ -311,7 +312,7 @@ def cohort_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[tup
 def test_bootstrap_matches_numpy(cohort_run: tuple[Path, dict], method: str, seed: int) -> None:
     run, groups = cohort_run
     settings = BootstrapSettings(B=400, seed=seed, method=method)  # type: ignore[arg-type]
-    cohorts = open_run(str(run)).metrics(settings=settings, max_k=6)
+    cohorts = open_run(str(run)).cohorts(settings=settings, max_k=6)
     assert [(c["benchmark"], c["model"]) for c in cohorts] == sorted(groups)
     methods: set[str | None] = set()
     for c in cohorts:
@@ -362,7 +363,7 @@ def test_multinomial_close_to_rng_bootstrap(tmp_path: Path) -> None:
         p = rng.beta(0.3, 0.3)
         rows += [rollout(f"t{t:03d}", 4, 5, bool(rng.random() < p)) for _ in range(5)]
     write_rollouts(tmp_path, rows)
-    [c] = open_run(str(tmp_path)).metrics(settings=BootstrapSettings(B=2000, seed=3))
+    [c] = open_run(str(tmp_path)).cohorts(settings=BootstrapSettings(B=2000, seed=3))
 
     S = task_sums(rows, 0)
     idx = rng.integers(0, 200, size=(20000, 200))
@@ -383,22 +384,41 @@ def test_multinomial_close_to_rng_bootstrap(tmp_path: Path) -> None:
 
 def test_deterministic_and_seed_sensitive(cohort_run: tuple[Path, dict]) -> None:
     run, _ = cohort_run
-    a = open_run(str(run)).metrics(settings=BootstrapSettings(B=300, seed=5))
-    b = open_run(str(run)).metrics(settings=BootstrapSettings(B=300, seed=5))
+    a = open_run(str(run)).cohorts(settings=BootstrapSettings(B=300, seed=5))
+    b = open_run(str(run)).cohorts(settings=BootstrapSettings(B=300, seed=5))
     assert a == b
-    c = open_run(str(run)).metrics(settings=BootstrapSettings(B=300, seed=6))
+    c = open_run(str(run)).cohorts(settings=BootstrapSettings(B=300, seed=6))
     bounds = lambda cs: [(x[m]["lo"], x[m]["hi"]) for x in cs for m in ("success", "ter", "auc_pec")]  # noqa: E731
     assert bounds(a) != bounds(c)
     assert [x["success"]["value"] for x in a] == [x["success"]["value"] for x in c]  # point estimates: full data
 
 
+def test_the_metrics_table_is_the_cohorts_flattened(cohort_run: tuple[Path, dict]) -> None:
+    """`Run.metrics` (what a notebook takes) is `Run.cohorts` as one Arrow row per cohort: the same values and
+    bounds; `bootstrap` is B or the settings, `seed` overrides the seed."""
+    run = open_run(str(cohort_run[0]))
+    cohorts = run.cohorts(["model"], BootstrapSettings(B=60, seed=4))
+    table = run.metrics(by=["model"], bootstrap=60, seed=4)
+    assert isinstance(table, pa.Table) and table.num_rows == len(cohorts) > 1
+    for row, c in zip(table.to_pylist(), cohorts, strict=True):
+        assert (row["benchmark"], row["model"], row["n"]) == (c["benchmark"], c["model"], c["n"])
+        for m in ("ter", "auc_pec", "rr", "success"):
+            assert (row[m], row[f"{m}_lo"], row[f"{m}_hi"]) == (c[m]["value"], c[m]["lo"], c[m]["hi"])
+        assert (row["bootstrap_B"], row["bootstrap_seed"]) == (60, 4)
+    assert run.metrics(by=["model"], bootstrap=BootstrapSettings(B=60, seed=4)) == table
+    assert run.metrics(by=["model"], bootstrap=60, seed=5) != table  # another seed, other bounds
+    pec = run.pec(by=["model"], bootstrap=60, seed=4)
+    assert pec.num_rows == sum(len(c["pec"]) for c in cohorts)
+    assert pec.filter(pc.equal(pec["k"], 0))["value"].to_pylist() == [1.0] * len(cohorts)
+
+
 def test_write_metrics_is_rerun_safe(cohort_run: tuple[Path, dict], tmp_path: Path) -> None:
     run, _ = cohort_run
-    cohorts = open_run(str(run)).metrics(settings=BootstrapSettings(B=100))
+    cohorts = open_run(str(run)).cohorts(settings=BootstrapSettings(B=100))
     folder = run / "metrics" / "metrics"  # the default cohorts (every label) are kept as `metrics`
     assert open_run(str(run)).write_metrics(cohorts) == str(folder)
     first = (folder / "metrics.parquet").read_bytes(), (folder / "pec.parquet").read_bytes()
-    open_run(str(run)).write_metrics(open_run(str(run)).metrics(settings=BootstrapSettings(B=100)))
+    open_run(str(run)).write_metrics(open_run(str(run)).cohorts(settings=BootstrapSettings(B=100)))
     assert ((folder / "metrics.parquet").read_bytes(), (folder / "pec.parquet").read_bytes()) == first
     table = pq.read_table(folder / "metrics.parquet").to_pylist()
     assert len(table) == len(cohorts) == 4
@@ -425,40 +445,40 @@ def grouped_rows() -> list[dict[str, Any]]:
 
 def test_by_grouping(tmp_path: Path) -> None:
     write_rollouts(tmp_path, grouped_rows())
-    all_labels = open_run(str(tmp_path)).metrics(settings=BootstrapSettings(B=50))
+    all_labels = open_run(str(tmp_path)).cohorts(settings=BootstrapSettings(B=50))
     assert [(c["benchmark"], c["model"], c["method"], c["n"]) for c in all_labels] == [
         ("b1", "m1", "plan", 3),
         ("b1", "m1", "react", 3),
         ("b1", "m2", "react", 3),
         ("b2", "m1", "react", 3),
     ]
-    by_model = open_run(str(tmp_path)).metrics(["model"], BootstrapSettings(B=50))
+    by_model = open_run(str(tmp_path)).cohorts(["model"], BootstrapSettings(B=50))
     assert [(c["benchmark"], c["model"], c["n"]) for c in by_model] == [
         ("b1", "m1", 6),
         ("b1", "m2", 3),
         ("b2", "m1", 3),
     ]
     assert "method" not in by_model[0]
-    only_bench = open_run(str(tmp_path)).metrics([], BootstrapSettings(B=50))
+    only_bench = open_run(str(tmp_path)).cohorts([], BootstrapSettings(B=50))
     assert [(c["benchmark"], c["n"]) for c in only_bench] == [("b1", 9), ("b2", 3)]
-    ordered = open_run(str(tmp_path)).metrics(["method", "model"], BootstrapSettings(B=50))
+    ordered = open_run(str(tmp_path)).cohorts(["method", "model"], BootstrapSettings(B=50))
     assert list(ordered[0])[:3] == ["benchmark", "method", "model"]
 
 
 def test_unknown_by_column(tmp_path: Path) -> None:
     write_rollouts(tmp_path, grouped_rows())
     with pytest.raises(ValueError, match=r"unknown cohort column 'agent'.*available label columns: model, method"):
-        open_run(str(tmp_path)).metrics(["agent"])
+        open_run(str(tmp_path)).cohorts(["agent"])
     with pytest.raises(ValueError, match="T"):  # a fixed column is not a label
-        open_run(str(tmp_path)).metrics(["T"])
+        open_run(str(tmp_path)).cohorts(["T"])
 
 
 def test_labels_differ_between_parts(tmp_path: Path) -> None:
     write_rollouts(tmp_path, [rollout("t1", 1, 2, True, model="m1")], "part-0")
     write_rollouts(tmp_path, [rollout("t1", 1, 1, False, model="m1", method="react")], "part-1")
-    cohorts = open_run(str(tmp_path)).metrics(settings=BootstrapSettings(B=20))
+    cohorts = open_run(str(tmp_path)).cohorts(settings=BootstrapSettings(B=20))
     assert [(c["model"], c["method"], c["n"]) for c in cohorts] == [("m1", "react", 1), ("m1", None, 1)]
-    assert open_run(str(tmp_path)).metrics(["model"], BootstrapSettings(B=20))[0]["n"] == 2
+    assert open_run(str(tmp_path)).cohorts(["model"], BootstrapSettings(B=20))[0]["n"] == 2
 
 
 def test_null_success(tmp_path: Path) -> None:
@@ -470,7 +490,7 @@ def test_null_success(tmp_path: Path) -> None:
         rollout("t3", 3, 1, False),
     ]
     write_rollouts(tmp_path, rows)
-    [c] = open_run(str(tmp_path)).metrics(settings=BootstrapSettings(B=200))
+    [c] = open_run(str(tmp_path)).cohorts(settings=BootstrapSettings(B=200))
     assert c["success"]["value"] == 2 / 3  # over the 3 rollouts with a verdict
     assert c["ter"]["value"] == 2 / 5  # over all 5
     assert c["rr"]["eligible"] == 2 and c["rr"]["value"] == 1 / 2
@@ -479,7 +499,7 @@ def test_null_success(tmp_path: Path) -> None:
 
 def test_all_success_null(tmp_path: Path) -> None:
     write_rollouts(tmp_path, [rollout("t1", 2, 1, None), rollout("t2", 1, 2, None)])
-    [c] = open_run(str(tmp_path)).metrics(settings=BootstrapSettings(B=50))
+    [c] = open_run(str(tmp_path)).cohorts(settings=BootstrapSettings(B=50))
     assert c["success"] == {"value": None, "lo": None, "hi": None}
     assert c["rr"] == {"value": None, "lo": None, "hi": None, "eligible": 0}
     assert c["ter"]["value"] == 0.5
@@ -492,7 +512,7 @@ def test_rr_without_eligible_rollouts(tmp_path: Path) -> None:
         rollout("t3", 0, 1, False, model="good"),
     ]
     write_rollouts(tmp_path, rows)
-    bad, good = open_run(str(tmp_path)).metrics(settings=BootstrapSettings(B=100))
+    bad, good = open_run(str(tmp_path)).cohorts(settings=BootstrapSettings(B=100))
     assert good["model"] == "good"
     assert good["rr"] == {"value": None, "lo": None, "hi": None, "eligible": 0}
     assert good["successes_after_invalid_prefix"]["value"] == 0.0
@@ -503,35 +523,35 @@ def test_no_call_rollouts_and_pec_by_hand(tmp_path: Path) -> None:
     # (T, FED): depth min(T, FED - 1) = 0, 2, 1, 0, 4
     rows = [rollout(f"t{i}", T, fed, True) for i, (T, fed) in enumerate([(0, 1), (2, 3), (3, 2), (5, 1), (4, 5)])]
     write_rollouts(tmp_path, rows)
-    [c] = open_run(str(tmp_path)).metrics(settings=BootstrapSettings(B=100))
+    [c] = open_run(str(tmp_path)).cohorts(settings=BootstrapSettings(B=100))
     assert c["n_no_calls"] == 1
     assert c["ter"]["value"] == 3 / 5  # T = 0 counts as executable
     assert abs(c["auc_pec"]["value"] - (1 + 1 + 1 / 3 + 0 + 1) / 5) < 1e-12  # auc_term = 1 for T = 0
     assert [p["k"] for p in c["pec"]] == [0, 1, 2, 3, 4, 5]  # K = max T
     assert [p["value"] for p in c["pec"]] == [1.0, 3 / 5, 2 / 5, 1 / 5, 1 / 5, 0.0]
     assert c["pec"][0] == {"k": 0, "value": 1.0, "lo": 1.0, "hi": 1.0}
-    short = open_run(str(tmp_path)).metrics(settings=BootstrapSettings(B=10), max_k=2)[0]["pec"]
+    short = open_run(str(tmp_path)).cohorts(settings=BootstrapSettings(B=10), max_k=2)[0]["pec"]
     assert [p["value"] for p in short] == [1.0, 3 / 5, 2 / 5]
 
 
 def test_k_capped_at_20(tmp_path: Path) -> None:
     write_rollouts(tmp_path, [rollout("t1", 30, 31, True), rollout("t2", 0, 1, True)])
-    [c] = open_run(str(tmp_path)).metrics(settings=BootstrapSettings(B=10))
+    [c] = open_run(str(tmp_path)).cohorts(settings=BootstrapSettings(B=10))
     assert [p["k"] for p in c["pec"]] == list(range(21))
     assert c["pec"][20]["value"] == 0.5
-    assert len(open_run(str(tmp_path)).metrics(settings=BootstrapSettings(B=10), max_k=25)[0]["pec"]) == 26
+    assert len(open_run(str(tmp_path)).cohorts(settings=BootstrapSettings(B=10), max_k=25)[0]["pec"]) == 26
 
 
 def test_only_no_call_rollouts(tmp_path: Path) -> None:
     write_rollouts(tmp_path, [rollout("t1", 0, 1, True), rollout("t2", 0, 1, False)])
-    [c] = open_run(str(tmp_path)).metrics(settings=BootstrapSettings(B=10, method="poisson"))
+    [c] = open_run(str(tmp_path)).cohorts(settings=BootstrapSettings(B=10, method="poisson"))
     assert c["pec"] == [{"k": 0, "value": 1.0, "lo": 1.0, "hi": 1.0}]
     assert c["auc_pec"]["value"] == 1.0 and c["n_no_calls"] == 2
 
 
 def test_bad_inputs(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
-        open_run(str(tmp_path / "missing")).metrics()
+        open_run(str(tmp_path / "missing")).cohorts()
     with pytest.raises(ValueError):
         BootstrapSettings(method="bayes")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
@@ -562,7 +582,7 @@ def test_sql_views(sql_run: Path) -> None:
     assert open_run(str(sql_run)).sql("EXPLAIN SELECT * FROM rollouts").num_rows >= 1
     with pytest.raises(QueryError, match=r"Catalog Error: .*metrics does not exist"):
         open_run(str(sql_run)).sql("SELECT * FROM metrics")  # not written yet
-    open_run(str(sql_run)).write_metrics(open_run(str(sql_run)).metrics(settings=BootstrapSettings(B=50)))
+    open_run(str(sql_run)).write_metrics(open_run(str(sql_run)).cohorts(settings=BootstrapSettings(B=50)))
     assert open_run(str(sql_run)).sql("SELECT benchmark, ter, rr_eligible FROM metrics").to_pylist() == [
         {"benchmark": "bench", "ter": 0.05, "rr_eligible": 190}
     ]
@@ -603,8 +623,8 @@ def test_sql_cannot_read_outside_the_run(sql_run: Path) -> None:
 
 def test_interval_level(cohort_run: tuple[Path, dict]) -> None:
     run, _ = cohort_run
-    wide = open_run(str(run)).metrics(settings=BootstrapSettings(B=300, level=0.99))[0]
-    narrow = open_run(str(run)).metrics(settings=BootstrapSettings(B=300, level=0.5))[0]
+    wide = open_run(str(run)).cohorts(settings=BootstrapSettings(B=300, level=0.99))[0]
+    narrow = open_run(str(run)).cohorts(settings=BootstrapSettings(B=300, level=0.5))[0]
     assert wide["bootstrap"]["level"] == 0.99
     for m in ("success", "ter"):
         assert wide[m]["lo"] <= narrow[m]["lo"] <= narrow[m]["hi"] <= wide[m]["hi"]
@@ -650,7 +670,7 @@ def test_rr_at_0_or_1_on_12_independent_tasks(tmp_path: Path, recovered: bool, b
     """12 tasks with one RR-eligible rollout each: 0/12 has an upper bound >= 0.24 (Wilson: z^2 / (12 + z^2) =
     0.2425), 12/12 a lower bound <= 0.76, never the bootstrap's [0, 0] or [1, 1]."""
     write_rollouts(tmp_path, [rollout(f"t{i:02d}", 3, 2, recovered) for i in range(12)])
-    [c] = open_run(str(tmp_path)).metrics(settings=BootstrapSettings(B=200))
+    [c] = open_run(str(tmp_path)).cohorts(settings=BootstrapSettings(B=200))
     rr = c["rr"]
     assert (rr["eligible"], rr["method"]) == (12, "wilson-clustered")
     z2 = 1.959963984540054**2
@@ -671,7 +691,7 @@ def test_rr_at_0_or_1_on_12_independent_tasks(tmp_path: Path, recovered: bool, b
 def test_rr_on_one_task_counts_one_unit(tmp_path: Path) -> None:
     """Three RR-eligible rollouts of one task: RR = 1 rests on one task, so n_eff = 1 (bound z^2 / (1 + z^2))."""
     write_rollouts(tmp_path, [rollout("t1", 2, 1, True) for _ in range(3)] + [rollout("t2", 2, 3, True)])
-    [c] = open_run(str(tmp_path)).metrics(settings=BootstrapSettings(B=100))
+    [c] = open_run(str(tmp_path)).cohorts(settings=BootstrapSettings(B=100))
     z2 = 1.959963984540054**2
     assert c["rr"]["value"] == 1.0 and math.isclose(c["rr"]["lo"], 1 / (1 + z2), rel_tol=1e-12)
     for m in ("success", "ter", "auc_pec", "rr", "successes_after_invalid_prefix"):

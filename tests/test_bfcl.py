@@ -542,7 +542,7 @@ def test_inference_crashes_are_left_out_of_the_metrics_and_counted(tmp_path):
     def metrics(name: str, rows: list[dict]) -> dict[str, Any]:
         write_store(iter(rows), str(tmp_path / name))
         run_scoring(str(tmp_path / name), str(tmp_path / f"run-{name}"), executor="inline")
-        (cohort,) = open_run(str(tmp_path / f"run-{name}")).metrics(["model"], settings)
+        (cohort,) = open_run(str(tmp_path / f"run-{name}")).cohorts(["model"], settings)
         return cohort
 
     scored = metrics("all", records)
@@ -554,7 +554,7 @@ def test_inference_crashes_are_left_out_of_the_metrics_and_counted(tmp_path):
     assert {m: scored[m] for m in ("n", "n_tasks", "success", "ter", "auc_pec", "rr", "pec")} == {
         m: without[m] for m in ("n", "n_tasks", "success", "ter", "auc_pec", "rr", "pec")
     }
-    failed = open_run(str(tmp_path / "run-all")).metrics(["model"], settings, population=Population("fail"))[0]
+    failed = open_run(str(tmp_path / "run-all")).cohorts(["model"], settings, population=Population("fail"))[0]
     assert (failed["n"], failed["n_harness_error"], failed["harness_errors"]) == (200, 8, "fail")
     assert failed["ter"]["value"] == 112 / 200 and failed["success"]["value"] == 101 / 200  # BFCL's accuracy 0.505
     assert failed["rr"]["eligible"] == without["rr"]["eligible"] + 8

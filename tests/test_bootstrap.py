@@ -113,7 +113,7 @@ def test_metrics_poisson_merged(tmp_path: Path) -> None:
     rows = random_rows(rng, 60, 4, "bench", model="m1") + random_rows(rng, 45, 3, "bench", model="m2")
     write_rollouts(tmp_path, rows)
     B, seed = 200, 17
-    cohorts = open_run(str(tmp_path)).metrics(["model"], BootstrapSettings(B=B, seed=seed, method="poisson-merged"))
+    cohorts = open_run(str(tmp_path)).cohorts(["model"], BootstrapSettings(B=B, seed=seed, method="poisson-merged"))
     for c in cohorts:
         assert c["bootstrap"]["method"] == "poisson-merged"
         mine = [r for r in rows if r["model"] == c["model"]]

@@ -88,7 +88,7 @@ def test_every_reader_refuses_a_killed_run_in_one_line(killed: tuple[Path, Path]
         assert result.stderr.strip().splitlines() == [expected], args
         assert result.stdout == ""
     for call in (
-        lambda: open_run(str(run)).metrics(settings=FAST),
+        lambda: open_run(str(run)).cohorts(settings=FAST),
         lambda: open_run(str(run)).sql("SELECT 1"),
         lambda: build_report(open_run(str(run)), tmp_path / "r", settings=FAST),
         lambda: open_run(str(run)).connect().__enter__(),
@@ -113,7 +113,7 @@ def test_partial_states_the_coverage_on_disk(killed: tuple[Path, Path], tmp_path
         "incomplete_runs": [str(run)],
     }
     assert scored == len(keys) * PER_FILE and rejected == 0
-    cohorts = open_run(str(run), partial=True).metrics([], FAST)
+    cohorts = open_run(str(run), partial=True).cohorts([], FAST)
     assert [c["partial"] for c in cohorts] == [expected] and cohorts[0]["n"] == scored
 
     # --json: one `partial` object per cohort; the table: a warning line; metrics.parquet: its columns.
@@ -157,7 +157,7 @@ def test_rerunning_the_same_command_finishes_the_run(killed: tuple[Path, Path], 
     keys = committed(run)
     manifest = run_scoring(str(store), str(run), executor="inline")
     assert manifest["counts"]["shards_reused"] >= len(keys)
-    [c] = open_run(str(run)).metrics([], FAST)
+    [c] = open_run(str(run)).cohorts([], FAST)
     assert c["partial"] is None and c["n"] == N_FILES * PER_FILE
 
 
@@ -181,12 +181,12 @@ def test_a_missing_part_file_is_refused_even_with_a_manifest(parquet_run: tuple[
     lost = manifest["shards"][2]
     (run / "rollouts" / f"part-{lost['shard']}.parquet").unlink()
     with pytest.raises(RunIncomplete) as info:
-        open_run(str(run)).metrics(settings=FAST)
+        open_run(str(run)).cohorts(settings=FAST)
     assert str(info.value).startswith(
         f"run {run} is incomplete: its manifest lists 6 shards but 1 part file(s) are missing "
         f"(rollouts/part-{lost['shard']}.parquet); rescore it with `pexec score {store} --out {run} --force`"
     )
-    [c] = open_run(str(run), partial=True).metrics([], FAST)
+    [c] = open_run(str(run), partial=True).cohorts([], FAST)
     assert c["n"] == 600 - lost["scored"]
     assert {k: c["partial"][k] for k in ("shards", "shards_total", "rollouts", "rollouts_total")} == {
         "shards": 5,
@@ -207,7 +207,7 @@ def test_a_run_stopped_after_some_shards_knows_its_total_from_the_plan(
     assert [s["rows"] for s in plan["shards"]] == [100] * 6  # Parquet: counted from the footers
     for shard in plan["shards"][4:]:
         (run / "_shards" / f"{shard['shard']}.json").unlink()  # these two never committed
-    [c] = open_run(str(run), partial=True).metrics([], FAST)
+    [c] = open_run(str(run), partial=True).cohorts([], FAST)
     assert c["n"] == 400
     assert {k: c["partial"][k] for k in ("shards", "shards_total", "rollouts", "rollouts_total")} == {
         "shards": 4,
@@ -270,8 +270,8 @@ def test_every_run_under_a_folder_is_checked(parquet_run: tuple[Path, Path], tmp
     message = str(info.value)
     assert message.startswith(f"1 of 2 runs under {nightly} are incomplete: {nightly}/date=2026-11-29: no _manifest")
     assert "2026-11-28" not in message
-    assert sum(c["n"] for c in open_run(str(nightly), partial=True).metrics([], FAST)) == 1200  # markers all there
-    [c] = open_run(str(nightly / "date=2026-11-28")).metrics([], FAST)
+    assert sum(c["n"] for c in open_run(str(nightly), partial=True).cohorts([], FAST)) == 1200  # markers all there
+    [c] = open_run(str(nightly / "date=2026-11-28")).cohorts([], FAST)
     assert c["n"] == 600 and c["partial"] is None
 
 
@@ -293,7 +293,7 @@ def test_each_by_is_kept_under_its_own_name(parquet_run: tuple[Path, Path], tmp_
     run = tmp_path / "run"
     shutil.copytree(parquet_run[1], run)
     for by in (None, ["model"], ["model", "method"], []):
-        open_run(str(run)).write_metrics(open_run(str(run)).metrics(by, FAST), by)
+        open_run(str(run)).write_metrics(open_run(str(run)).cohorts(by, FAST), by)
     assert [metrics_name(b) for b in (None, ["model"], ["model", "method"], [])] == [
         "metrics",
         "metrics_by_model",

@@ -112,8 +112,8 @@ def test_two_real_nights_of_support_logs(tmp_path: Path) -> None:
                     options=job.options, executor="inline")  # fmt: skip
     a, b = str(tmp_path / f"date={days[0]}"), str(tmp_path / f"date={days[1]}")
     result = diff_runs(open_run(a), open_run(b), ["model"], SETTINGS)
-    metrics_a = {(c["model"], "ter"): c["ter"]["value"] for c in open_run(a).metrics(["model"], SETTINGS)}
-    metrics_b = {(c["model"], "ter"): c["ter"]["value"] for c in open_run(b).metrics(["model"], SETTINGS)}
+    metrics_a = {(c["model"], "ter"): c["ter"]["value"] for c in open_run(a).cohorts(["model"], SETTINGS)}
+    metrics_b = {(c["model"], "ter"): c["ter"]["value"] for c in open_run(b).cohorts(["model"], SETTINGS)}
     for r in (r for r in result.rows if r["metric"] == "ter"):
         key = (r["model"], "ter")
         assert r["diff"] == pytest.approx(metrics_b[key] - metrics_a[key])

@@ -61,7 +61,7 @@ def test_write_metrics_known_answers(tmp_path: Path) -> None:
         harm(rollout("b", 1, 2, True), 1, 1.0, 0, 1.0),
     ]
     write_rollouts(tmp_path, rows)
-    (c,) = open_run(str(tmp_path)).metrics([], SMALL)
+    (c,) = open_run(str(tmp_path)).cohorts([], SMALL)
     assert c["write_auc"]["value"] == pytest.approx(0.75) and c["write_auc"]["eligible"] == 2
     assert c["irreversible_invalid"]["value"] == pytest.approx(1 / 3)
     assert c["weighted_auc_pec"]["value"] == pytest.approx(0.75)
@@ -70,7 +70,7 @@ def test_write_metrics_known_answers(tmp_path: Path) -> None:
 
 def test_runs_without_effect_columns_have_undefined_harm_metrics(tmp_path: Path) -> None:
     write_rollouts(tmp_path, [rollout("a", 2, 3, True), rollout("b", 2, 1, False)])
-    (c,) = open_run(str(tmp_path)).metrics([], SMALL)
+    (c,) = open_run(str(tmp_path)).cohorts([], SMALL)
     for name in ("write_auc", "irreversible_invalid", "weighted_auc_pec", "unclassified"):
         assert c[name]["value"] is None, name  # never 0: "no data" is not "safe"
     assert c["ter"]["value"] == 0.5

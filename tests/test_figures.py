@@ -12,8 +12,10 @@ import os
 import re
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import pytest
 from matplotlib.testing.compare import compare_images
+from matplotlib.text import Text
 from PIL import Image
 
 from pipeline.report.figures import (
@@ -24,6 +26,8 @@ from pipeline.report.figures import (
     cohort_colours,
     fed_chart,
     pec_chart,
+    tool_chart,
+    tool_figure,
 )
 
 REFERENCES = Path(__file__).parent / "golden" / "figures"
@@ -56,11 +60,38 @@ def cause_rows() -> list[list]:
     return rows
 
 
+TOOLS = [
+    "get_order", "cancel_order", "find_customer", "track_shipment", "update_address", "apply_coupon", "list_products",
+    "get_product", "place_order", "refund_payment", "update_shipping_address_for_pending_order", "get_user_details",
+    "list_orders", "exchange_items", "return_items", "get_reservation", "book_reservation", "search_direct_flight",
+    "search_onestop_flight", "update_reservation_flights", "update_reservation_baggages", "cancel_reservation",
+    "send_certificate", "transfer_to_human_agents", "calculate", "think", "list_all_airports", "get_flight_status",
+    "modify_payment_method", "update_reservation_passengers",
+]  # fmt: skip
+TOOL_COHORTS = [*COHORTS, "model-d · plan-and-execute"]
+
+
+def tool_rows(n_tools: int) -> list[list]:
+    """[benchmark, condition, tool, calls, rate, lo, hi] for n_tools tools x 4 cohorts; one cohort never calls the
+    second tool, one rate is below 10% (one decimal), one is 0."""
+    rows = []
+    for i, tool in enumerate(TOOLS[:n_tools]):
+        for j, c in enumerate(TOOL_COHORTS):
+            if (i, j) == (1, 3):
+                continue
+            rate = ((7 * i + 13 * j) % 19) / 20 if (i, j) != (2, 0) else 0.0
+            rate = 0.042 if (i, j) == (0, 1) else rate
+            rows.append(["tau_retail", c, tool, 40 + i, rate, max(0.0, rate - 0.08), min(1.0, rate + 0.09)])
+    return rows
+
+
 CHARTS = {
     "pec_curves": lambda: pec_chart(pec_rows(COHORTS), cohort_colours(COHORTS)),
     "pec_small_multiples": lambda: pec_chart(pec_rows([f"cohort-{i:02d}" for i in range(10)], ("shop",))),
     "fed_histogram": lambda: fed_chart(fed_rows(), cohort_colours(COHORTS)),
     "first_causes": lambda: cause_chart(cause_rows()),
+    "tool_invalid_rates_11": lambda: tool_chart(tool_rows(11)),
+    "tool_invalid_rates_30": lambda: tool_chart(tool_rows(30)),
 }
 
 
@@ -125,3 +156,37 @@ def test_depth_axes_have_integer_ticks_only() -> None:
     ):
         ticks = re.findall(r'<g id="xtick_\d+">.*?>([^<>]+)</text>', CHARTS[name]().svg, re.S)
         assert ticks == expected, name
+
+
+@pytest.mark.parametrize("n_tools", [11, 30])
+def test_the_tool_map_is_one_page_wide_and_cuts_no_label(n_tools: int) -> None:
+    fig = tool_figure(tool_rows(n_tools))
+    fig.canvas.draw()
+    box = fig.bbox
+    texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    assert len([t for t in texts if t.get_text() in TOOLS]) == n_tools
+    for t in texts:
+        extent = t.get_window_extent()
+        x_in = box.x0 - 1 <= extent.x0 <= extent.x1 <= box.x1 + 1
+        inside = x_in and box.y0 - 1 <= extent.y0 <= extent.y1 <= box.y1 + 1
+        assert inside, f"{t.get_text()!r} is cut: {extent} outside {box}"
+    width, _ = fig.get_size_inches()
+    assert width * 300 <= 2100  # one page wide at 300 dpi
+    plt.close(fig)
+
+
+def test_the_tool_map_is_saved_for_a_paper_too() -> None:
+    chart = CHARTS["tool_invalid_rates_11"]()
+    assert ">update_shipping_address_for_pending_order</text>" in chart.svg and "DejaVu Sans" in chart.svg
+    again = CHARTS["tool_invalid_rates_11"]()
+    assert (again.png, again.svg, again.pdf) == (chart.png, chart.svg, chart.pdf)
+
+
+def test_each_cell_states_the_rate_and_its_interval() -> None:
+    fig = tool_figure(tool_rows(11))
+    cells = {t.get_text() for t in fig.axes[0].texts}
+    plt.close(fig)
+    assert "35%\n27%–44%" in cells  # get_order x model-c: 0.35 [0.27, 0.44]
+    assert "4.2%\n0%–13%" in cells  # below 10%: one decimal
+    assert "no calls" in cells  # cancel_order x model-d
+    assert len(cells & {"80%\n72%–89%", "85%\n77%–94%"}) == 2

@@ -77,7 +77,7 @@ def test_status_and_attributes_are_columns_and_steps_are_still_written(run: Path
 
 
 def test_harness_errors_are_left_out_and_counted(run: Path) -> None:
-    cohorts = by_model(open_run(str(run)).metrics(settings=SMALL))
+    cohorts = by_model(open_run(str(run)).cohorts(settings=SMALL))
     m = cohorts["m"]
     assert (m["n"], m["n_tasks"], m["n_harness_error"], m["harness_errors"]) == (4, 4, 2, "exclude")
     assert (m["ter"]["value"], m["success"]["value"], m["rr"]["value"], m["rr"]["eligible"]) == (0.5, 0.75, 0.5, 2)
@@ -87,7 +87,7 @@ def test_harness_errors_are_left_out_and_counted(run: Path) -> None:
 
 
 def test_harness_errors_fail_counts_them_as_non_executable_failures(run: Path) -> None:
-    cohorts = by_model(open_run(str(run)).metrics(settings=SMALL, population=Population("fail")))
+    cohorts = by_model(open_run(str(run)).cohorts(settings=SMALL, population=Population("fail")))
     m = cohorts["m"]
     assert (m["n"], m["n_tasks"], m["n_harness_error"], m["harness_errors"]) == (6, 5, 2, "fail")
     assert (m["ter"]["value"], m["success"]["value"], m["auc_pec"]["value"]) == (2 / 6, 3 / 6, (1 + 1 + 0 + 0.5) / 6)
@@ -97,16 +97,16 @@ def test_harness_errors_fail_counts_them_as_non_executable_failures(run: Path) -
 
 
 def test_attributes_are_not_default_cohorts_but_work_in_by(run: Path) -> None:
-    assert {c["model"] for c in open_run(str(run)).metrics(settings=SMALL)} == {"m", "z"}
-    by_trial = open_run(str(run)).metrics(["model", "trial"], SMALL)
+    assert {c["model"] for c in open_run(str(run)).cohorts(settings=SMALL)} == {"m", "z"}
+    by_trial = open_run(str(run)).cohorts(["model", "trial"], SMALL)
     assert {(c["model"], c["attr_trial"]): c["n"] for c in by_trial if c["n"]} == {("m", "0"): 2, ("m", "1"): 2}
-    assert open_run(str(run)).metrics(["attr_trial"], SMALL)[0]["attr_trial"] == "0"
+    assert open_run(str(run)).cohorts(["attr_trial"], SMALL)[0]["attr_trial"] == "0"
     with pytest.raises(MetricsError, match=r"attributes: harness_error, trial"):
-        open_run(str(run)).metrics(["nope"], SMALL)
+        open_run(str(run)).cohorts(["nope"], SMALL)
 
 
 def test_pools_and_their_errors(run: Path) -> None:
-    pooled = open_run(str(run)).metrics(settings=SMALL, population=Population(pools=(("all", ("observed",)),)))
+    pooled = open_run(str(run)).cohorts(settings=SMALL, population=Population(pools=(("all", ("observed",)),)))
     assert {c["benchmark"] for c in pooled} == {"all"}
     with pytest.raises(MetricsError, match="in two pools"):
         Population(pools=(("a", ("x",)), ("b", ("x",))))

@@ -57,7 +57,7 @@ def run_metrics(rows: list[dict[str, Any]], method: str, seed: int) -> list[dict
         (Path(tmp) / "rollouts").mkdir()
         pq.write_table(table, Path(tmp) / "rollouts" / "part-0.parquet")
         commit_parts(tmp)
-        return open_run(tmp).metrics(settings=BootstrapSettings(B=B, seed=seed, method=method))  # type: ignore[arg-type]
+        return open_run(tmp).cohorts(settings=BootstrapSettings(B=B, seed=seed, method=method))  # type: ignore[arg-type]
 
 
 # Each example runs the whole DuckDB stage (~0.15 s): `make test` tries 15 per property, `make fuzz` (marker

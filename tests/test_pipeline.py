@@ -132,8 +132,8 @@ def test_date_partitions_are_queryable_together(records, tmp_path):
     nightly = str(tmp_path / "runs")
     assert open_run(nightly).sql("SELECT count(*) AS n FROM rollouts").to_pylist() == [{"n": N_ROLLOUTS}]
     assert open_run(nightly).sql("SELECT count(DISTINCT run_id) AS n FROM steps").to_pylist() == [{"n": 2}]
-    assert sum(c["n"] for c in open_run(nightly).metrics([], BootstrapSettings(B=50))) == N_ROLLOUTS
-    one_day = open_run(str(tmp_path / "runs" / "date=2026-11-29")).metrics([], BootstrapSettings(B=50))
+    assert sum(c["n"] for c in open_run(nightly).cohorts([], BootstrapSettings(B=50))) == N_ROLLOUTS
+    one_day = open_run(str(tmp_path / "runs" / "date=2026-11-29")).cohorts([], BootstrapSettings(B=50))
     assert one_day[0]["n"] == N_ROLLOUTS - 500
 
 

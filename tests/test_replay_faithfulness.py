@@ -65,7 +65,7 @@ def test_rollout_columns(run: Path) -> None:
 
 def test_output_match_rate_and_diverged_count(run: Path) -> None:
     expected = by_hand(run)
-    [c] = open_run(str(run)).metrics([], SETTINGS)
+    [c] = open_run(str(run)).cohorts([], SETTINGS)
     compared = sum(e["compared"] for e in expected.values())
     match = sum(e["match"] for e in expected.values())
     assert c["output_match"]["eligible"] == compared and c["output_match"]["value"] == match / compared

@@ -55,7 +55,7 @@ def test_object_storage_end_to_end_through_ray(s3, local_store, reference_run, t
     assert read_manifest(run, s3)["counts"] == manifest["counts"]
     for table in ("steps", "rollouts"):
         assert rows(run, table, s3) == rows(reference_run, table)
-    cohorts = open_run(run, s3).metrics(["model"])
+    cohorts = open_run(run, s3).cohorts(["model"])
     assert [c["model"] for c in cohorts] == ["model-a", "model-b"] and sum(c["n"] for c in cohorts) == 1500
     # Nothing of the credentials is written anywhere in the run.
     fs = s3fs.S3FileSystem(**s3)

@@ -295,7 +295,7 @@ def test_default_cohorts_are_conditions_and_attributes_are_asked_for(real_run):
     from pipeline.metrics.settings import BootstrapSettings
 
     settings = BootstrapSettings(B=50)
-    cohorts = open_run(str(real_run)).metrics(settings=settings)
+    cohorts = open_run(str(real_run)).cohorts(settings=settings)
     # One cohort per model: trial, termination reason, seed and user simulator are attributes, not conditions.
     assert sorted((c["benchmark"], c["model"], c["n"]) for c in cohorts) == [
         ("tau_airline", "azure/gpt-4o-2024-11-20", 50),
@@ -306,7 +306,7 @@ def test_default_cohorts_are_conditions_and_attributes_are_asked_for(real_run):
         ("tau_retail", "gpt-4.1", 40),
     ]
     assert set(cohorts[0]) >= {"model", "method", "domain"} and not any(k.startswith("attr_") for k in cohorts[0])
-    by_reason = open_run(str(real_run)).metrics(["model", "termination_reason"], settings)
+    by_reason = open_run(str(real_run)).cohorts(["model", "termination_reason"], settings)
     oss = {c["attr_termination_reason"]: c["n"] for c in by_reason if c["model"] == "openai/gpt-oss-120b"}
     assert oss == {"max_steps": 5, "too_many_errors": 1, "user_stop": 44}
     columns = duckdb.sql(f"SELECT * FROM read_parquet('{real_run}/rollouts/*.parquet') LIMIT 0").columns
@@ -318,10 +318,10 @@ def test_a_pool_of_benchmarks_is_one_cohort_with_tasks_kept_apart(real_run):
 
     settings = BootstrapSettings(B=50)
     apart = {
-        c["benchmark"]: c for c in open_run(str(real_run)).metrics(["method"], settings) if c["method"] == "llm_agent"
+        c["benchmark"]: c for c in open_run(str(real_run)).cohorts(["method"], settings) if c["method"] == "llm_agent"
     }
     tau3 = Population(pools=(("tau3", ("tau_airline", "tau_retail")),))
-    (pooled,) = [c for c in open_run(str(real_run)).metrics(["method"], settings, population=tau3)
+    (pooled,) = [c for c in open_run(str(real_run)).cohorts(["method"], settings, population=tau3)
                  if c["method"] == "llm_agent"]  # fmt: skip
     assert pooled["benchmark"] == "tau3" and pooled["n"] == 190
     assert pooled["n_tasks"] == 90  # 50 airline + 40 retail tasks: ids "0".."39" exist in both, kept apart
@@ -329,7 +329,7 @@ def test_a_pool_of_benchmarks_is_one_cohort_with_tasks_kept_apart(real_run):
     assert pooled["ter"]["value"] == pytest.approx(executable / 190, abs=1e-12)
     assert pooled["ter"]["lo"] < pooled["ter"]["value"] < pooled["ter"]["hi"]
     with pytest.raises(MetricsError, match="tau_telecom"):
-        open_run(str(real_run)).metrics(settings=settings, population=Population(pools=(("x", ("tau_telecom",)),)))
+        open_run(str(real_run)).cohorts(settings=settings, population=Population(pools=(("x", ("tau_telecom",)),)))
 
 
 def test_infrastructure_terminations_are_harness_errors(tmp_path):

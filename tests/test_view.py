@@ -85,7 +85,7 @@ def test_front_page_counts_are_the_runs(client: TestClient, run: str) -> None:
     n_links = [html.unescape(h) for h in re.findall(r'class="n" href="([^"]*)"', page)]
     totals = [count(client.get(h).text) for h in n_links]
     assert sum(totals) == table.num_rows == 240
-    expected = open_run(run).metrics(None, SETTINGS)
+    expected = open_run(run).cohorts(None, SETTINGS)
     assert len(totals) == len(expected)
     assert sorted(totals) == sorted(c["n"] for c in expected)
     ter = expected[0]["ter"]
@@ -165,7 +165,7 @@ def test_text_from_logs_is_escaped(client: TestClient) -> None:
 
 def test_stored_metrics_are_used_only_while_current(run: str, tmp_path: Path) -> None:
     # Stored with other settings than the viewer's (B=7): the page shows the stored numbers and says so.
-    stored = open_run(run).metrics(None, BootstrapSettings(B=7))
+    stored = open_run(run).cohorts(None, BootstrapSettings(B=7))
     open_run(run).write_metrics(stored)
     view = RunView(open_run(run, None), SETTINGS)
     try:

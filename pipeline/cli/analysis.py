@@ -54,7 +54,7 @@ def metrics(
     if tool_by is not None:
         _tool_metrics(opened, tool_by, reading, as_json)
         return
-    cohorts = opened.metrics(reading.by, reading.settings, max_k, reading.population)
+    cohorts = opened.cohorts(reading.by, reading.settings, max_k, reading.population)
     folder = opened.write_metrics(cohorts, reading.by)
     if as_json:
         json_lines(cohorts)

@@ -75,6 +75,14 @@ def _sample_sizes(url: str, options: IngestOptions) -> list[int]:
         raise IngestError(f"inspect: {url}: cannot read the .eval archive: {exc}") from exc
 
 
+def sample_record(sample: dict[str, Any], info: dict[str, Any], where: str = "sample") -> dict:
+    """The canonical record `pexec ingest inspect` (default options) makes of one sample: `sample` as a `.eval`
+    log stores it (`id`, `epoch`, `messages`, `scores`...; a live sample's messages dumped the same way),
+    `info` the log's `eval` header (task, model, eval_id...)."""
+    options = IngestOptions(extra=FORMAT.options.defaults())
+    return _rollout(sample, info, settings("inspect", options), where)
+
+
 def _samples(names: list[str]) -> list[str]:
     return sorted((n for n in names if _SAMPLE.match(n)), key=_sample_order)
 

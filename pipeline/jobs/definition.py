@@ -404,7 +404,7 @@ def run_job(
         force=force,
     )
     run = open_run(job.output, job.storage_options, job.partial)  # the metrics and report read the same shards
-    cohorts = run.metrics(job.by, job.bootstrap, job.max_k, job.population)
+    cohorts = run.cohorts(job.by, job.bootstrap, job.max_k, job.population)
     run.write_metrics(cohorts, job.by)
     if job.report is not None:
         from pipeline.report import build_report

@@ -7,6 +7,7 @@ statement text from data.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from importlib import resources
 from typing import Any
@@ -21,8 +22,10 @@ def connect(root: RunPrefix) -> duckdb.DuckDBPyConnection:
     files pexec writes)."""
     con = duckdb.connect()
     root.attach(con)
-    # DuckDB's progress bar only where a person watches (it garbles logs and captured output).
-    con.execute(f"SET enable_progress_bar = {str(sys.stderr.isatty()).lower()}")
+    # DuckDB's progress bar only where a person watches (it garbles logs and captured output). In a Jupyter kernel
+    # without ipywidgets DuckDB refuses any change of the setting, and its default there is no bar.
+    with contextlib.suppress(duckdb.InvalidInputException):
+        con.execute(f"SET enable_progress_bar = {str(sys.stderr.isatty()).lower()}")
     return con
 
 

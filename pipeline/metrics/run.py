@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import duckdb
 import pyarrow as pa
 
-from pipeline.metrics.cohorts import compute_metrics, write_metrics
+from pipeline.metrics.cohorts import compute_metrics, metrics_tables, write_metrics
 from pipeline.metrics.completeness import Snapshot, take_snapshot
 from pipeline.metrics.duck import connect, run_sql, set_variables
 from pipeline.metrics.population import open_population
@@ -57,15 +57,42 @@ class Run:
         with open_population(self.snapshot, population) as con:
             yield con
 
-    def metrics(
+    def cohorts(
         self,
         by: Sequence[str] | None = None,
         settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
         max_k: int | None = None,
         population: Population = DEFAULT_POPULATION,
     ) -> list[dict[str, Any]]:
-        """Metrics per cohort with intervals (pipeline.metrics.cohorts.compute_metrics)."""
+        """Metrics per cohort with intervals, one JSON-ready dict per cohort with its PEC curve, as
+        `pexec metrics --json` prints them (pipeline.metrics.cohorts.compute_metrics)."""
         return compute_metrics(self.snapshot, by, settings, max_k, population)
+
+    def metrics(
+        self,
+        by: Sequence[str] | None = None,
+        bootstrap: int | BootstrapSettings = DEFAULT_BOOTSTRAP,
+        seed: int | None = None,
+        max_k: int | None = None,
+        population: Population = DEFAULT_POPULATION,
+    ) -> pa.Table:
+        """Metrics per cohort as one table: a row per cohort, its label columns, counts, and per metric the value,
+        `<metric>_lo`, `<metric>_hi` and `<metric>_method` (the layout of RUN/metrics/*/metrics.parquet).
+
+        `bootstrap` is the number of replicates B or the full BootstrapSettings; `seed` overrides its seed.
+        """
+        return metrics_tables(self.cohorts(by, _settings(bootstrap, seed), max_k, population))[0]
+
+    def pec(
+        self,
+        by: Sequence[str] | None = None,
+        bootstrap: int | BootstrapSettings = DEFAULT_BOOTSTRAP,
+        seed: int | None = None,
+        max_k: int | None = None,
+        population: Population = DEFAULT_POPULATION,
+    ) -> pa.Table:
+        """PEC(k) per cohort and depth k with its interval (the layout of RUN/metrics/*/pec.parquet)."""
+        return metrics_tables(self.cohorts(by, _settings(bootstrap, seed), max_k, population))[1]
 
     def write_metrics(self, cohorts: list[dict[str, Any]], by: Sequence[str] | None = None) -> str:
         """Keep `cohorts` (computed with `by`) under RUN/metrics/ for `sql`; returns the folder written."""
@@ -95,6 +122,11 @@ class Run:
             return con.sql(f"SELECT * FROM {name}").to_arrow_table()
         finally:
             con.close()
+
+
+def _settings(bootstrap: int | BootstrapSettings, seed: int | None) -> BootstrapSettings:
+    settings = bootstrap if isinstance(bootstrap, BootstrapSettings) else BootstrapSettings(B=bootstrap)
+    return settings if seed is None else replace(settings, seed=seed)
 
 
 def open_run(url: str, storage_options: dict[str, Any] | None = None, partial: bool = False) -> Run:

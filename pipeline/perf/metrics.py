@@ -144,7 +144,7 @@ def _time_project(run: str, method: str, B: int, max_k: int) -> tuple[float, int
     from pipeline.metrics.settings import BootstrapSettings
 
     start = time.perf_counter()
-    cohorts = open_run(run).metrics(None, BootstrapSettings(B=B, method=method), max_k=max_k)
+    cohorts = open_run(run).cohorts(None, BootstrapSettings(B=B, method=method), max_k=max_k)
     seconds = time.perf_counter() - start
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     return seconds, peak_kib, {c["model"]: c for c in cohorts}

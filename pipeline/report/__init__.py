@@ -107,7 +107,7 @@ def build_report(
         pec_chart(pec_rows(t.cohorts, label), colours),
         fed_chart(fed_rows(t.fed, label), colours),
         cause_chart(cause_rows(t.causes, label)),
-        *([tool_chart(tool_rows(tools, label), colours)] if tools else []),
+        *([tool_chart(tool_rows(tools, label))] if tools else []),
     ]
     n_keys = len(t.keys)
     display = [layout.metrics_table(t, ks), layout.recovery_table(t), layout.causes_table(t)]

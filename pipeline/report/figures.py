@@ -259,31 +259,82 @@ def tool_rows(tools: list[dict[str, Any]], label: Callable[[dict[str, Any]], str
     ]
 
 
-def tool_chart(rows: list[list[Any]], colours: dict[str, str] | None = None) -> Chart:
-    """Invalid rate per tool with its task-clustered interval, one panel per benchmark, tools top to bottom."""
-    colours = colours or cohort_colours(r[1] for r in rows)
+PAGE_WIDTH = 7.0  # inches: a page's text width (A4 or letter), at 300 dpi 2100 px
+INVALID_CMAP = "OrRd"  # ColorBrewer's sequential orange-red: a higher invalid rate reads darker in any colour vision
+_CELL = (0.95, 0.32)  # inches per heat-map cell at most (width, height)
+
+
+def tool_chart(rows: list[list[Any]]) -> Chart:
+    """Invalid rate per tool and cohort as a heat map (tools down, cohorts across, one panel per benchmark), with
+    the rate and its task-clustered interval written in each cell."""
+    columns = ["benchmark", "condition", "tool", "calls", "invalid_rate", "lo", "hi"]
+    title = "Invalid rate per tool (95% task-clustered interval)"
+    with plt.rc_context(_STYLE):  # saved in the style too: text kept as text, stable SVG ids
+        return _chart("tool_invalid_rates", title, columns, rows, tool_figure(rows))
+
+
+def tool_figure(rows: list[list[Any]]) -> Figure:
+    """The heat map of tool_chart, at most one page wide (PAGE_WIDTH): cells narrow and text shrinks as cohorts
+    are added, and the layout makes room for every label (tool names, cohort labels split at ' · ')."""
     panels = _by_panel(rows)
+    grids = {b: _tool_grid(series) for b, series in panels.items()} or {"": ([], [], {})}
+    n_cols = max(len(conditions) for _, conditions, _ in grids.values()) or 1
+    label_chars = max((len(t) for tools, _, _ in grids.values() for t in tools), default=4)
+    label_width = min(0.065 * label_chars + 0.3, 2.4)  # inches the tool names take at 9 pt
+    cell_width = min(_CELL[0], (PAGE_WIDTH - label_width - 0.9) / n_cols)
+    font = 8.0 if cell_width >= 0.7 else 6.5 if cell_width >= 0.5 else 5.0
+    header = max((len(c.split(" · ")) for _, conditions, _ in grids.values() for c in conditions), default=1)
+    heights = [max(len(tools), 1) * _CELL[1] + 0.16 * header + 0.45 for tools, _, _ in grids.values()]
+    width = min(PAGE_WIDTH, label_width + n_cols * cell_width + 0.9)
+    cmap = plt.get_cmap(INVALID_CMAP)
     with plt.rc_context(_STYLE):
-        # Room for every (tool, cohort) row of the tallest panel.
-        n_rows = max((len({p[2] for s in v.values() for p in s}) * len(v) for v in panels.values()), default=1)
-        fig, axes = _grid(len(panels))
-        fig.set_figheight(max(_PANEL[1], 0.28 * n_rows + 1.0))
-        for ax, (benchmark, series) in zip(axes, panels.items(), strict=False):
-            tools = sorted({p[2] for s in series.values() for p in s})
-            y = {t: i for i, t in enumerate(tools)}
-            height = 0.8 / max(len(series), 1)
-            for s, (condition, pts) in enumerate(series.items()):
-                offset = (s - (len(series) - 1) / 2) * height
-                for p in pts:
-                    if p[4] is None:
-                        continue
-                    err = [[p[4] - (p[4] if p[5] is None else p[5])], [(p[4] if p[6] is None else p[6]) - p[4]]]
-                    ax.errorbar(p[4], y[p[2]] + offset, xerr=err, fmt="o", markersize=3, capsize=2,
-                                color=colours[condition], label=condition)  # fmt: skip
-            ax.set_yticks(list(y.values()), list(y))
-            ax.invert_yaxis()
-            ax.set(title=benchmark, xlabel="invalid calls (share of the tool's calls)", xlim=(0, 1))
-            ax.xaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
-        _legend(fig, axes)
-        columns = ["benchmark", "condition", "tool", "calls", "invalid_rate", "lo", "hi"]
-        return _chart("tool_invalid_rates", "Invalid rate per tool (95% task-clustered interval)", columns, rows, fig)
+        fig = plt.figure(figsize=(width, sum(heights) + 0.3), layout="constrained")
+        axes = fig.subplots(len(grids), 1, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
+        image = None
+        for ax, (benchmark, (tools, conditions, cells)) in zip(axes, grids.items(), strict=True):
+            rates = [[_rate(cells.get((t, c))) for c in conditions] for t in tools]
+            image = ax.imshow(rates or [[float("nan")]], cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
+            image.cmap.set_bad("#f2f2f2")  # no calls of the tool in that cohort
+            for i, t in enumerate(tools):
+                for j, c in enumerate(conditions):
+                    text, rate = _cell_text(cells.get((t, c))), _rate(cells.get((t, c)))
+                    ink = "#555555" if rate != rate else _ink(matplotlib.colors.to_hex(cmap(rate)))
+                    ax.text(j, i, text, ha="center", va="center", fontsize=font, color=ink, linespacing=1.1)
+            ax.set_xticks(range(len(conditions)), [c.replace(" · ", "\n") for c in conditions], fontsize=font + 0.5)
+            ax.set_yticks(range(len(tools)), tools)
+            ax.tick_params(top=False, bottom=False, left=False, labeltop=True, labelbottom=False)
+            ax.spines[:].set_visible(False)
+            ax.set_xticks([x - 0.5 for x in range(1, len(conditions))], minor=True)
+            ax.set_yticks([y - 0.5 for y in range(1, len(tools))], minor=True)
+            ax.grid(which="minor", color="white", linewidth=1.5)
+            ax.tick_params(which="minor", length=0)
+            ax.set_title(benchmark, loc="left")
+        bar = fig.colorbar(image, ax=list(axes), location="bottom", shrink=0.6, aspect=30, pad=0.01)
+        bar.set_label("invalid calls (share of the tool's calls); cell: rate and its interval")
+        bar.ax.xaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+    return fig
+
+
+Cell = list[Any]  # a tool_rows row
+
+
+def _tool_grid(series: dict[str, list[Cell]]) -> tuple[list[str], list[str], dict[tuple[str, str], Cell]]:
+    """A panel's tools (sorted), cohorts (as given) and its cells by (tool, cohort)."""
+    cells = {(p[2], condition): p for condition, pts in series.items() for p in pts}
+    return sorted({t for t, _ in cells}), list(series), cells
+
+
+def _rate(cell: Cell | None) -> float:
+    return float("nan") if cell is None or cell[4] is None else float(cell[4])
+
+
+def _cell_text(cell: Cell | None) -> str:
+    """The rate, then its interval (whole percent, one decimal below 10%)."""
+    if cell is None or cell[4] is None:
+        return "no calls"
+    lo, hi = (cell[4] if cell[5] is None else cell[5]), (cell[4] if cell[6] is None else cell[6])
+    return f"{_percent(cell[4])}\n{_percent(lo)}–{_percent(hi)}"
+
+
+def _percent(x: float) -> str:
+    return f"{100 * x:.1f}%" if 0 < x < 0.1 else f"{100 * x:.0f}%"

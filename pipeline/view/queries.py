@@ -174,7 +174,7 @@ class RunView:
         if stored is not None:
             keys, rows, source = stored
         else:
-            computed = self.run.metrics(None, self.settings)
+            computed = self.run.cohorts(None, self.settings)
             keys = ["benchmark", *self.labels]
             rows = [_from_dict(c, keys) for c in computed]
             s = self.settings
