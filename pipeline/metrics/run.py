@@ -63,8 +63,15 @@ class Run:
         settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
         max_k: int | None = None,
         population: Population = DEFAULT_POPULATION,
+        address: str | None = None,
     ) -> list[dict[str, Any]]:
-        """Metrics per cohort with intervals (pipeline.metrics.cohorts.compute_metrics)."""
+        """Metrics per cohort with intervals (pipeline.metrics.cohorts.compute_metrics). `address`: computed in Ray
+        tasks on the Ray there ("local": one started here), no process reading every rollout; needs the
+        poisson-merged bootstrap, and gives exactly its single-node numbers (pipeline.metrics.partials)."""
+        if address is not None:
+            from pipeline.metrics.partials import metrics_on_ray
+
+            return metrics_on_ray(self.snapshot, address, by, settings, max_k, population)[0]
         return compute_metrics(self.snapshot, by, settings, max_k, population)
 
     def write_metrics(self, cohorts: list[dict[str, Any]], by: Sequence[str] | None = None) -> str:
