@@ -1,7 +1,7 @@
 """Per-cohort metrics computed in Ray tasks (`pexec metrics --method poisson-merged --address RAY`): no process
 reads every rollout, and the bounds are exactly those of the same metrics computed in one process.
 
-Two stages of tasks, then a merge (docs/explanation/intervals.md, "Where each step runs"):
+Two stages of tasks, then a merge (docs/explanation/intervals.md, where each step runs):
   1. one task per rollouts part file (a scoring shard's output): the population and metrics_prepare.sql over that
      part alone give its per-(cohort, task) sums (sql/part_sums.sql), cut by a hash of the task into
      `partitions` tables, and its counts per cohort (rollouts, no-call, unknown success, diverged, harness errors);
