@@ -13,7 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_aggregate import random_rows, rollout, write_rollouts
+from typer.testing import CliRunner
 
+from pipeline.cli import app
 from pipeline.metrics.cohorts import metrics_and_replicates
 from pipeline.metrics.partials import metrics_on_ray
 from pipeline.metrics.run import open_run
@@ -80,6 +82,13 @@ def test_a_part_without_a_label_column_harness_errors_pools_and_max_k(tmp_path: 
     assert any(c["n_harness_error"] for c in single[0])
 
 
+def test_a_run_of_harness_errors_only(tmp_path: Path, shared_ray: None) -> None:
+    write_rollouts(tmp_path, [{**rollout("t1", 2, 3, True, model="m1"), "status": "harness_error"}])
+    single, on_ray = both(tmp_path)
+    assert on_ray == single
+    assert [(c["n"], c["n_harness_error"]) for c in single[0]] == [(0, 1)]
+
+
 def test_only_the_merged_bootstrap_runs_on_ray_and_pools_are_checked(tmp_path: Path, shared_ray: None) -> None:
     write_rollouts(tmp_path, random_rows(np.random.default_rng(1), 4, 2, "bench"))
     snapshot = open_run(str(tmp_path)).snapshot
@@ -87,3 +96,17 @@ def test_only_the_merged_bootstrap_runs_on_ray_and_pools_are_checked(tmp_path: P
         metrics_on_ray(snapshot, "auto", settings=BootstrapSettings(method="multinomial"))
     with pytest.raises(MetricsError, match="nope"):
         metrics_on_ray(snapshot, "auto", settings=MERGED, population=Population(pools=(("p", ("nope",)),)))
+
+
+def test_the_cli_computes_on_ray_when_given_an_address(tmp_path: Path, shared_ray: None) -> None:
+    rng = np.random.default_rng(2)
+    write_rollouts(tmp_path, random_rows(rng, 10, 3, "bench", model="m1"), part="part-a")
+    write_rollouts(tmp_path, random_rows(rng, 10, 3, "bench", model="m2"), part="part-b")
+    merged = ["--method", "poisson-merged", "--bootstrap", "50", "--json"]
+    here = CliRunner().invoke(app, ["metrics", str(tmp_path), *merged])
+    on_ray = CliRunner().invoke(app, ["metrics", str(tmp_path), *merged, "--address", "auto"])
+    assert here.exit_code == on_ray.exit_code == 0, on_ray.output
+    assert on_ray.stdout == here.stdout and '"method":"poisson-merged"' in here.stdout.replace(" ", "")
+    refused = CliRunner().invoke(app, ["metrics", str(tmp_path), "--address", "auto"])
+    assert refused.exit_code != 0 and "need --method poisson-merged" in refused.output
+    assert "Traceback" not in refused.output

@@ -127,9 +127,10 @@ def part_sums(
 def partition_result(columns: list[str], K: int, settings: BootstrapSettings, *tables: pa.Table) -> PartitionResult:
     """Stage 2, one task partition: every part's rows of its tasks (`tables`) as whole-task sums, then their
     Poisson partial sums, tasks and moments per cohort key."""
-    rows = pa.concat_tables([t for t in tables if t.num_rows], promote_options="default") if tables else None
-    if rows is None or rows.num_rows == 0:
+    filled = [t for t in tables if t.num_rows]
+    if not filled:
         return PartitionResult({}, None, {}, {})
+    rows = pa.concat_tables(filled, promote_options="default")  # a depth no rollout of a part reached: no column
     con = duckdb.connect()
     try:
         run_sql(con, "metrics/hash")
@@ -223,13 +224,14 @@ def metrics_on_ray(
     while pending:
         done, pending = ray.wait(pending, num_returns=1)
         results.append(ray.get(done[0]))
-    return _merged(counts, results, by_cols, K, settings, population, replicated, snapshot)
+    return _merged(counts, results, by_cols, sum_columns, K, settings, population, replicated, snapshot)
 
 
 def _merged(
     counts: PartCounts,
     results: list[PartitionResult],
     by_cols: list[str],
+    sum_columns: list[str],
     K: int,
     settings: BootstrapSettings,
     population: Population,
@@ -280,7 +282,9 @@ def _merged(
         con.register("rep_limbs", limbs)
         run_sql(con, "metrics/bootstrap_sums")
         con.unregister("rep_limbs")
+        con.register("sum_columns", pa.schema([(c, pa.int64()) for c in ["cohort", *sum_columns]]).empty_table())
         run_sql(con, "metrics/merged_sums")
+        con.unregister("sum_columns")
         return cohorts.intervals_and_replicates(
             con, info, clusters, harness, by_cols, settings, population, replicated, snapshot
         )
