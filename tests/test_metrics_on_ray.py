@@ -110,3 +110,29 @@ def test_the_cli_computes_on_ray_when_given_an_address(tmp_path: Path, shared_ra
     refused = CliRunner().invoke(app, ["metrics", str(tmp_path), "--address", "auto"])
     assert refused.exit_code != 0 and "need --method poisson-merged" in refused.output
     assert "Traceback" not in refused.output
+
+
+def test_a_job_with_the_merged_bootstrap_computes_its_metrics_on_ray(
+    tmp_path: Path, shared_ray: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'name = "merged"\ninput = "{tmp_path}/store"\noutput = "{tmp_path}/run"\nshard_mb = 1\n'
+        '[synth]\nspec = "shop"\nrollouts = 300\ntasks = 40\nseed = 1\n'
+        '[metrics]\nby = ["model"]\nbootstrap = 50\nmethod = "poisson-merged"\n'
+    )
+    asked: list[str] = []
+    import pipeline.metrics.partials as partials
+
+    real = partials.metrics_on_ray
+    monkeypatch.setattr(partials, "metrics_on_ray", lambda snapshot, address, *a, **k: (asked.append(address),
+                        real(snapshot, address, *a, **k))[1])  # fmt: skip
+    result = CliRunner().invoke(app, ["run", str(job)])
+    assert result.exit_code == 0, result.output
+    assert asked == ["local"]
+    single = open_run(str(tmp_path / "run")).metrics(["model"], BootstrapSettings(B=50, method="poisson-merged"))
+    written = open_run(str(tmp_path / "run")).sql("SELECT model, ter, ter_lo, ter_hi FROM metrics_by_model")
+    assert sorted(written.to_pylist(), key=lambda r: r["model"]) == [
+        {"model": c["model"], "ter": c["ter"]["value"], "ter_lo": c["ter"]["lo"], "ter_hi": c["ter"]["hi"]}
+        for c in single
+    ]
