@@ -5,6 +5,7 @@ driver.py        plan shards, submit them (bounded in flight), reuse unchanged o
 shard.py         one shard: read its records, replay each rollout, write its parts
 run_tables.py    results -> the steps, rollouts and rejects tables as Arrow
 code_version.py  what decides whether an earlier run's shards can be reused
+id_check.py      the duplicate-id check on Ray, in hash partitions: the driver never holds the ids
 
 Imports: core, storage, envs, replay.
 """
