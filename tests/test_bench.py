@@ -186,7 +186,7 @@ def _small(name: str, tmp_path: Path) -> Bench:
     if name == "distributed":
         from pipeline.perf.distributed import bench_distributed
 
-        return bench_distributed(20_000, per_shard=1000, B=20, workdir=tmp_path)
+        return bench_distributed(20_000, per_shard=1000, B=20, workdir=tmp_path, in_process=True)
     if name == "bfcl":
         from pipeline.perf.bfcl import bench_bfcl
 

@@ -53,7 +53,8 @@ def _start_ray(address: str) -> None:
     import ray
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(address=address, logging_level="WARNING")
+    if not ray.is_initialized():  # a driver of its own; in process (tests) the bench's Ray already is
+        ray.init(address=address, logging_level="WARNING")
 
 
 def _id_check_here(ids: int, per_shard: int, gathered: bool, address: str) -> dict[str, float]:
@@ -98,7 +99,14 @@ def _metrics_here(run: str, address: str | None, B: int) -> dict[str, float]:
     return {"seconds": time.perf_counter() - began, "peak_mib": _peak_mib()}
 
 
-def _fresh(*args: str) -> dict[str, float]:
+def _fresh(*args: str, in_process: bool = False) -> dict[str, float]:
+    """Measure in a fresh driver process (`main` with `args`), or in this one (`in_process`: the code paths
+    only, for tests; its peak RSS is then this process's)."""
+    if in_process:
+        given = _parser().parse_args(list(args))
+        if given.ids:
+            return _id_check_here(*given.ids, given.gathered, given.address)
+        return _metrics_here(given.metrics, given.address, given.B)
     out = subprocess.run([sys.executable, "-m", "pipeline.perf.distributed", *args], capture_output=True, text=True,
                          check=True).stdout  # fmt: skip
     return orjson.loads(out.strip().splitlines()[-1])
@@ -112,6 +120,7 @@ def bench_distributed(
     cpus: int = 2,
     repeats: int = 1,
     workdir: Path | None = None,
+    in_process: bool = False,
 ) -> Bench:
     load = os.getloadavg()[0]
     big_ids = ids or rollouts
@@ -121,7 +130,7 @@ def bench_distributed(
     runs: dict[str, list[dict[str, float]]] = {}
 
     def add(name: str, *args: Any) -> None:
-        runs.setdefault(name, []).append(_fresh(*(str(a) for a in args)))
+        runs.setdefault(name, []).append(_fresh(*(str(a) for a in args), in_process=in_process))
 
     import ray
 
@@ -181,7 +190,7 @@ def bench_distributed(
     return Bench("distributed", caption, figures, dict(runs))
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=10_000_000)
     parser.add_argument("--cpus", type=int, default=2)
@@ -191,7 +200,11 @@ def main() -> None:
     parser.add_argument("--gathered", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--metrics", metavar="RUN", help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)  # the bench's Ray, for a measured driver
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = _parser().parse_args()
     if args.ids:
         print(orjson.dumps(_id_check_here(*args.ids, args.gathered, args.address)).decode())
     elif args.metrics:
