@@ -88,6 +88,15 @@ class PartitionResult:
     metric_moments: dict[tuple[Key, str], dict[str, Any]]
     pec_moments: dict[tuple[Key, int], dict[str, Any]]
 
+    def add(self, other: PartitionResult) -> None:
+        """Merge another partition's result (disjoint tasks): tasks and moments add, partial sums merge exactly."""
+        for k, n in other.tasks.items():
+            self.tasks[k] = self.tasks.get(k, 0) + n
+        _add_moments(self.metric_moments, other.metric_moments)
+        _add_moments(self.pec_moments, other.pec_moments)
+        if other.partial is not None:
+            self.partial = other.partial if self.partial is None else bootstrap.merge([self.partial, other.partial])
+
 
 def _key(value: dict[str, Any]) -> Key:
     return tuple(value.values())
@@ -220,16 +229,16 @@ def metrics_on_ray(
     stage2 = _remote(partition_result)
     pending = [stage2.remote(sum_columns, K, settings, *(o[1 + p] for o in outputs)) for p in range(n_parts)]
     del outputs
-    results = []
-    while pending:
+    merged = PartitionResult({}, None, {}, {})
+    while pending:  # merged as each partition finishes: this process holds one partition's result at a time
         done, pending = ray.wait(pending, num_returns=1)
-        results.append(ray.get(done[0]))
-    return _merged(counts, results, by_cols, sum_columns, K, settings, population, replicated, snapshot)
+        merged.add(ray.get(done[0]))
+    return _merged(counts, merged, by_cols, sum_columns, K, settings, population, replicated, snapshot)
 
 
 def _merged(
     counts: PartCounts,
-    results: list[PartitionResult],
+    result: PartitionResult,
     by_cols: list[str],
     sum_columns: list[str],
     K: int,
@@ -241,16 +250,7 @@ def _merged(
     """The partitions' results merged into the cohort dicts, through the SQL a single node runs."""
     keys = sorted(counts.info, key=lambda k: tuple((v is None, v) for v in k))
     code = {k: i for i, k in enumerate(keys)}
-    tasks: dict[Key, int] = {}
-    metric: dict[tuple[Key, str], dict[str, Any]] = {}
-    pec: dict[tuple[Key, int], dict[str, Any]] = {}
-    for r in results:
-        for k, n in r.tasks.items():
-            tasks[k] = tasks.get(k, 0) + n
-        _add_moments(metric, r.metric_moments)
-        _add_moments(pec, r.pec_moments)
-    partials = [r.partial for r in results if r.partial is not None]
-    merged = bootstrap.merge(partials) if partials else None
+    tasks, metric, pec, merged = result.tasks, result.metric_moments, result.pec_moments, result.partial
     info = [
         {"cohort": code[k], "key": counts.info[k]["key"], "n": counts.info[k]["n"], "n_tasks": tasks.get(k, 0),
          "n_no_calls": counts.info[k]["n_no_calls"], "n_unknown_success": counts.info[k]["n_unknown_success"],
