@@ -28,46 +28,58 @@ MAX_PARTITIONS = 64  # a partition holds 1/64 of the ids at most: ~1.6M ids of 1
 
 def partition_count(shards: int) -> int:
     """As many partitions as shards, up to MAX_PARTITIONS: a partition then holds about a shard's worth of ids
-    until the store has more shards than that; shards x partitions references stay few per shard."""
+    until the store has more shards than that (the holder actor keeps shards x partitions references)."""
     return max(1, min(shards, MAX_PARTITIONS))
 
 
 def scored_in_partitions(
     score: Callable[..., ScoredShard], index: int, partitions: int, holder: Any, *args: Any
-) -> tuple[ScoredShard, list[Any]]:
-    """Run `score(*args)` (a shard's scoring) in a Ray task: its report with its ids dropped, and the references of
-    its ids in `partitions` tables, put in Ray's object store on behalf of `holder` (_IdHolder)."""
+) -> ScoredShard:
+    """Run `score(*args)` (a shard's scoring) in a Ray task: its ids go to `holder` (_IdHolder) in `partitions`
+    tables, its report comes back with its ids dropped."""
     scored = score(*args)
-    return dataclasses.replace(scored, ids=ids_table(())), _put(partition_ids(scored.ids, index, partitions), holder)
+    _keep(holder, index, partition_ids(scored.ids, index, partitions))
+    return dataclasses.replace(scored, ids=ids_table(()))
 
 
-def read_in_partitions(
-    shard: Shard, index: int, partitions: int, holder: Any, storage_options: dict | None
-) -> list[Any]:
-    """The ids of a shard whose output is reused, read as scoring reads them, as `partitions` references."""
-    return _put(partition_ids(shard_ids(shard, storage_options), index, partitions), holder)
+def read_in_partitions(shard: Shard, index: int, partitions: int, holder: Any, storage_options: dict | None) -> None:
+    """The ids of a shard whose output is reused, read as scoring reads them, to `holder` in `partitions` tables."""
+    _keep(holder, index, partition_ids(shard_ids(shard, storage_options), index, partitions))
 
 
-def _put(tables: list[Any], holder: Any) -> list[Any]:
+def _keep(holder: Any, index: int, tables: list[Any]) -> None:
     # Not returned: Ray hands a task's small return values (under 100 KiB, as a partition of a shard's ids often
-    # is) to the caller's own memory, which would put every id in the driver. Put by the holder actor instead:
-    # objects it owns outlive the worker that made them.
+    # is) to the caller's own memory, which would put every id in the driver, and even their references cost the
+    # driver memory per (shard, partition). The holder actor puts them and keeps the references.
     import ray
 
-    return ray.get(holder.keep.remote(*tables))
+    ray.get(holder.keep.remote(index, *tables))
 
 
 class _IdHolder:
-    """An actor that puts the partitions' tables in Ray's object store and owns them until the check is done."""
+    """An actor that puts the partitions' tables in Ray's object store and owns them, by shard index, until the
+    check is done. A retried task's tables replace those of its first attempt."""
 
-    def keep(self, *tables: Any) -> list[Any]:
+    def __init__(self) -> None:
+        self.parts: dict[int, list[Any]] = {}
+
+    def keep(self, index: int, *tables: Any) -> None:
         import ray
 
-        return [ray.put(t) for t in tables]
+        self.parts[index] = [ray.put(t) for t in tables]
+
+    def shards(self) -> list[int]:
+        return sorted(self.parts)
+
+    def partition(self, p: int) -> list[Any]:
+        """The references of partition p of every shard, in source order."""
+        return [self.parts[i][p] for i in sorted(self.parts)]
 
 
-def _copies(*tables: Any) -> dict[str, Copies]:
-    return partition_copies(tables)
+def _copies(holder: Any, p: int) -> dict[str, Copies]:
+    import ray
+
+    return partition_copies(ray.get(ray.get(holder.partition.remote(p))))
 
 
 @functools.cache
@@ -86,7 +98,7 @@ class RayIdCheck:
         self.shards = list(shards)
         self.index = {s.key: i for i, s in enumerate(self.shards)}
         self.partitions = partitions or partition_count(len(self.shards))
-        self.refs: dict[str, Any] = {}  # shard key -> the reference of its partitions' references
+        self.reads: list[Any] = []  # the tasks reading reused shards' ids
         self._holder: Any = None
 
     def holder(self) -> Any:
@@ -96,38 +108,35 @@ class RayIdCheck:
 
     def submit(self, score: Callable[..., ScoredShard], shard: Shard, *args: Any, **options: Any) -> Any:
         """Start `score(shard, *args)` as a Ray task (with `options`, e.g. retries); returns the reference of its
-        ScoredShard (ids dropped) and keeps that of its ids' partitions."""
-        task = _remote(scored_in_partitions).options(num_returns=2, **options)
-        scored, parts = task.remote(score, self.index[shard.key], self.partitions, self.holder(), shard, *args)
-        self.refs[shard.key] = parts
-        return scored
+        ScoredShard (ids dropped), its ids kept by the holder."""
+        task = _remote(scored_in_partitions).options(**options)
+        return task.remote(score, self.index[shard.key], self.partitions, self.holder(), shard, *args)
 
     def read(self, shards: Sequence[Shard], storage_options: dict | None, **options: Any) -> None:
         """Start reading the ids of `shards` (reused ones: not scored again) as Ray tasks."""
         task = _remote(read_in_partitions).options(**options)
         for shard in shards:
-            self.refs[shard.key] = task.remote(
-                shard, self.index[shard.key], self.partitions, self.holder(), storage_options
+            self.reads.append(
+                task.remote(shard, self.index[shard.key], self.partitions, self.holder(), storage_options)
             )
 
     def duplicates(self, storage_options: dict | None = None) -> Duplicates:
         """Check every partition in a task of its own; what each shard is told (pipeline.storage.ids.told). Every
-        shard's ids must have been submitted or read. The partitions' objects are released."""
+        shard must have been scored (its task finished) or read. The partitions' objects are released."""
         import ray
 
-        missing = [s.key for s in self.shards if s.key not in self.refs]
+        ray.get(self.reads)
+        self.reads = []
+        kept = set(ray.get(self.holder().shards.remote()))
+        missing = [s.key for i, s in enumerate(self.shards) if i not in kept]
         if missing:
             raise ValueError(f"the ids of shard(s) {', '.join(missing[:3])} were never submitted")
-        parts = ray.get([self.refs[s.key] for s in self.shards])  # per shard, its partitions' references
-        self.refs.clear()
         check = _remote(_copies)
-        pending = [check.remote(*(shard_parts[p] for shard_parts in parts)) for p in range(self.partitions)]
-        del parts
+        pending = [check.remote(self._holder, p) for p in range(self.partitions)]
         copies: dict[str, Copies] = {}
         while pending:  # each partition's copies as it finishes; an id lies in one partition only
             done, pending = ray.wait(pending, num_returns=1)
             copies |= ray.get(done[0])
-        if self._holder is not None:
-            ray.kill(self._holder)  # its objects with it: every partition is checked
-            self._holder = None
+        ray.kill(self._holder)  # its objects with it: every partition is checked
+        self._holder = None
         return told(copies, self.shards, storage_options)
