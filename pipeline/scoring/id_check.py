@@ -1,14 +1,14 @@
 """The duplicate-id check on Ray, in hash partitions: the driver never holds the ids.
 
 Each scoring task (or, for a shard whose committed output is reused, a task that reads its ids) cuts the ids of
-its shard into `partitions` tables by a hash of the id (pipeline.storage.ids.partition_ids) and puts each in Ray's
-object store through a holder actor that owns them (returned, a small table would land in the driver's own
-memory); the driver keeps only their references. Then one task per partition
-receives that partition's table from every shard, in source order, and returns the repeated ids with where their
-copies are (pipeline.storage.ids.partition_copies); the driver turns those into what each shard is told
+its shard into `partitions` tables by a hash of the id (pipeline.storage.ids.partition_ids) and hands them to a
+holder actor, which puts them in Ray's object store and keeps their references by shard (returned, a small table
+would land in the driver's own memory, and every reference would cost the driver some). Then one task per
+partition takes that partition's table of every shard, in source order, and returns the repeated ids with where
+their copies are (pipeline.storage.ids.partition_copies); the driver turns those into what each shard is told
 (pipeline.storage.ids.told), exactly as the inline check does. The driver's memory grows with the shards (a
-report and `partitions` references each) and the duplicates found, not with the ids; a partition task's with
-its share of the ids.
+report each) and the duplicates found, not with the ids; a partition task's with its share of the ids; the
+holder's with the shards x partitions references.
 """
 
 from __future__ import annotations
