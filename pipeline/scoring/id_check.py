@@ -103,7 +103,17 @@ class RayIdCheck:
 
     def holder(self) -> Any:
         if self._holder is None:
-            self._holder = _remote(_IdHolder).options(num_cpus=0, max_concurrency=_HOLDER_THREADS).remote()
+            import ray
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            # On the driver's node: a worker node lost mid-run takes its tasks along (Ray runs them again), never
+            # the ids already kept.
+            here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+            self._holder = (
+                _remote(_IdHolder)
+                .options(num_cpus=0, max_concurrency=_HOLDER_THREADS, scheduling_strategy=here)
+                .remote()
+            )
         return self._holder
 
     def submit(self, score: Callable[..., ScoredShard], shard: Shard, *args: Any, **options: Any) -> Any:
