@@ -9,14 +9,21 @@ DEMO := out/demo
 .PHONY: install demo test lint docs reference browser bench fuzz lock clean image
 
 # The official simulators are pinned in specs/simulators.txt (installed without their declared model-client
-# dependencies) and specs/simulator-wheels.txt (releases read from their wheel).
-$(STAMP): pyproject.toml requirements.lock specs/simulators.txt specs/simulator-wheels.txt
+# dependencies) and specs/simulator-wheels.txt (releases read from their wheel). The trace servers of the MLflow
+# and Phoenix round-trip tests run from environments of their own, .venv/servers/<name>, each pinned whole by
+# tests/servers/<name>.txt (tests/trace_servers.py says why).
+SERVERS := mlflow phoenix
+$(STAMP): pyproject.toml requirements.lock specs/simulators.txt specs/simulator-wheels.txt $(SERVERS:%=tests/servers/%.txt)
 	$(PY) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 is required"'
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip==26.3"
 	$(BIN)/python -m pip install --quiet -c requirements.lock -e ".[dev,sims]"
 	$(BIN)/python -m pip install --quiet --no-deps -c requirements.lock -r specs/simulators.txt
 	$(BIN)/python -m pip download --quiet --no-deps -d $(VENV)/bfcl-data -r specs/simulator-wheels.txt
+	for s in $(SERVERS); do \
+	  test -x $(VENV)/servers/$$s/bin/python || $(PY) -m venv $(VENV)/servers/$$s; \
+	  $(VENV)/servers/$$s/bin/python -m pip install --quiet --no-deps -r tests/servers/$$s.txt || exit 1; \
+	done
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -39,10 +39,13 @@ LONGEST_MODULES = (
     "test_multinode.py",
     "test_storage_errors.py",
     "test_cli.py",
+    "test_guard_mcp_bounds.py",
     "test_report.py",
     "test_metric_properties.py",
     "test_coverage.py",
     "test_pipeline.py",
+    "test_traces_mlflow.py",
+    "test_traces_phoenix.py",
 )
 
 

@@ -11,6 +11,7 @@ logged error), valid.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -208,28 +209,15 @@ def agent_loop(create: Callable[[list[dict[str, Any]]], Any], run_tool: Callable
             messages.append({"role": "tool", "tool_call_id": tc.id, "content": content})
 
 
-def run_otel(base_url: str, out: str, tool_spans: str = "yes") -> None:
-    """The OpenTelemetry GenAI producer, run in a process of its own (the semantic-convention opt-in is read
-    once per process): the `openai` SDK under `opentelemetry-instrumentation-openai-v2` makes the chat spans,
-    `opentelemetry-util-genai`'s handler the `execute_tool` spans; the spans are written to `out` as OTLP JSON
-    by the SDK's own OTLP encoder and protobuf's JSON mapping. Content capture follows
-    OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT; `tool_spans=no`: the instrumented client alone, as
-    auto-instrumentation of an application that makes no tool spans of its own."""
-    from google.protobuf.json_format import MessageToDict
+def traced_conversation(base_url: str, provider: Any, tool_spans: str, logs: Any = None) -> None:
+    """The scripted conversation under the openai-v2 instrumentation (spans to `provider`, log records to `logs`),
+    its tools inside `opentelemetry-util-genai` `execute_tool` spans unless `tool_spans` is "no"."""
     from openai import OpenAI
-    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
     from opentelemetry.util.genai.handler import get_telemetry_handler
 
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider(resource=Resource.create({"service.name": "support-agent", "service.version": "1.5.0"}))
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    OpenAIInstrumentor().instrument(tracer_provider=provider)
-    handler = get_telemetry_handler(tracer_provider=provider)
+    OpenAIInstrumentor().instrument(tracer_provider=provider, logger_provider=logs)
+    handler = get_telemetry_handler(tracer_provider=provider, logger_provider=logs)
     client = OpenAI(base_url=base_url, api_key="stub", max_retries=0)
 
     def run_tool(tc: Any, arguments: dict[str, Any]) -> str:
@@ -247,7 +235,89 @@ def run_otel(base_url: str, out: str, tool_spans: str = "yes") -> None:
         agent_loop(lambda messages: client.chat.completions.create(model=MODEL, messages=messages,
                                                                    tools=tool_schemas()), run_tool)  # fmt: skip
     provider.shutdown()
+    if logs is not None:
+        logs.shutdown()
+
+
+def run_otel(base_url: str, out: str, tool_spans: str = "yes") -> None:
+    """The OpenTelemetry GenAI producer, run in a process of its own (the semantic-convention opt-in is read
+    once per process): the `openai` SDK under `opentelemetry-instrumentation-openai-v2` makes the chat spans,
+    `opentelemetry-util-genai`'s handler the `execute_tool` spans; the spans are written to `out` as OTLP JSON
+    by the SDK's own OTLP encoder and protobuf's JSON mapping. Content capture follows
+    OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT; `tool_spans=no`: the instrumented client alone, as
+    auto-instrumentation of an application that makes no tool spans of its own."""
+    from google.protobuf.json_format import MessageToDict
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "support-agent", "service.version": "1.5.0"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    traced_conversation(base_url, provider, tool_spans)
     Path(out).write_text(json.dumps(MessageToDict(encode_spans(exporter.get_finished_spans()))))
+
+
+def run_otel_files(base_url: str, out_dir: str, tool_spans: str = "yes") -> None:
+    """The same producer as `run_otel`, with its log records too (the GenAI events the instrumentation emits
+    without the semantic-convention opt-in, or the opt-in's `EVENT_ONLY` details events, as the environment
+    says), each export written by the SDK's own OTLP encoders as an exporter writes it: `traces.jsonl` and
+    `logs.jsonl` by the OTLP JSON file exporter (one export per line, as the Collector `file` exporter writes
+    JSON), `traces.pb` and `logs.pb` by the OTLP protobuf encoder, each message behind its length (4 bytes,
+    big-endian, as the `file` exporter writes `format: proto`), and `spans.json`: all spans in today's form
+    (`run_otel`'s file). One export per span and per log record (a simple processor)."""
+    from google.protobuf.json_format import MessageToDict
+    from opentelemetry.exporter.otlp.json.file import FileSpanExporter
+    from opentelemetry.exporter.otlp.json.file._log_exporter import FileLogExporter
+    from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.instrumentation import openai_v2
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult, SimpleLogRecordProcessor
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    out = Path(out_dir)
+
+    def framed(name: str, message: Any) -> None:
+        data = message.SerializeToString()
+        with (out / name).open("ab") as f:
+            f.write(len(data).to_bytes(4, "big") + data)
+
+    class ProtoSpans(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            framed("traces.pb", encode_spans(spans))
+            return SpanExportResult.SUCCESS
+
+    class ProtoLogs(LogRecordExporter):
+        def export(self, batch: Any) -> LogRecordExportResult:
+            framed("logs.pb", encode_logs(batch))
+            return LogRecordExportResult.SUCCESS
+
+        def shutdown(self) -> None:
+            pass
+
+        def force_flush(self, timeout_millis: int = 30_000) -> bool:
+            return True
+
+    resource = Resource.create({"service.name": "support-agent", "service.version": "1.5.0"})
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=resource)
+    for exporter in (memory, FileSpanExporter(out / "traces.jsonl"), ProtoSpans()):
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    logs = LoggerProvider(resource=resource)
+    for log_exporter in (FileLogExporter(out / "logs.jsonl"), ProtoLogs()):
+        logs.add_log_record_processor(SimpleLogRecordProcessor(log_exporter))
+    if "OTEL_SEMCONV_STABILITY_OPT_IN" not in os.environ:
+        # Without the opt-in the instrumentation keeps the v1.30 conventions (content as per-message log events),
+        # but util-genai 1.1b0 reports the latest ones as always on: select the instrumentation's own v1.30 path.
+        openai_v2.is_experimental_mode = lambda: False
+    traced_conversation(base_url, provider, tool_spans, logs)
+    (out / "spans.json").write_text(json.dumps(MessageToDict(encode_spans(memory.get_finished_spans()))))
 
 
 def run_agents(base_url: str, out: str) -> None:
@@ -269,5 +339,55 @@ def run_agents(base_url: str, out: str) -> None:
     Path(out).write_text(json.dumps({"id": "agents-1", "model": MODEL, "messages": messages}))
 
 
-if __name__ == "__main__":  # python producers.py otel|agents BASE_URL OUT [...]
-    {"otel": run_otel, "agents": run_agents}[sys.argv[1]](*sys.argv[2:])
+def run_mlflow(base_url: str, tracking_uri: str, experiment: str) -> None:
+    """The MLflow producer: `mlflow.openai.autolog()` traces the `openai` SDK's chat calls, the tools are
+    `@mlflow.trace(span_type=TOOL)` functions (the raising one records its exception), all under one AGENT span:
+    one trace, logged to the tracking server at `tracking_uri`."""
+    import mlflow
+    from mlflow.entities import SpanType
+    from openai import OpenAI
+
+    mlflow.set_tracking_uri(tracking_uri)
+    mlflow.set_experiment(experiment)
+    mlflow.openai.autolog()
+    client = OpenAI(base_url=base_url, api_key="stub", max_retries=0)
+    tools = {name: mlflow.trace(f, name=name, span_type=SpanType.TOOL) for name, f in TOOLS.items()}
+
+    @mlflow.trace(name="support_agent", span_type=SpanType.AGENT)
+    def support() -> None:
+        agent_loop(lambda messages: client.chat.completions.create(model=MODEL, messages=messages,
+                                                                   tools=tool_schemas()),
+                   lambda tc, arguments: tools[tc.function.name](**arguments))  # fmt: skip
+
+    support()
+    mlflow.flush_trace_async_logging()
+
+
+def run_phoenix(base_url: str, endpoint: str, project: str) -> None:
+    """The Phoenix producer: OpenInference's OpenAI instrumentation traces the `openai` SDK's chat calls, the
+    tools are OpenInference TOOL spans (`tracer.tool`), all under one AGENT span; the spans go to the Phoenix
+    server's OTLP/HTTP endpoint in project `project`."""
+    from openai import OpenAI
+    from openinference.instrumentation import TracerProvider
+    from openinference.instrumentation.openai import OpenAIInstrumentor
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    provider = TracerProvider(resource=Resource.create({"openinference.project.name": project}))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{endpoint}/v1/traces")))
+    OpenAIInstrumentor().instrument(tracer_provider=provider)
+    tracer = provider.get_tracer("support-agent")
+    client = OpenAI(base_url=base_url, api_key="stub", max_retries=0)
+    tools = {name: tracer.tool(name=name)(f) for name, f in TOOLS.items()}
+    with tracer.start_as_current_span("support_agent", openinference_span_kind="agent"):
+        agent_loop(lambda messages: client.chat.completions.create(model=MODEL, messages=messages,
+                                                                   tools=tool_schemas()),
+                   lambda tc, arguments: tools[tc.function.name](**arguments))  # fmt: skip
+    provider.shutdown()
+
+
+if __name__ == "__main__":  # python producers.py otel|otel-files|agents|mlflow|phoenix BASE_URL ...
+    producers = {"otel": run_otel, "otel-files": run_otel_files, "agents": run_agents, "mlflow": run_mlflow,
+                 "phoenix": run_phoenix}  # fmt: skip
+    producers[sys.argv[1]](*sys.argv[2:])

@@ -187,6 +187,10 @@ def _small(name: str, tmp_path: Path) -> Bench:
         from pipeline.perf.distributed import bench_distributed
 
         return bench_distributed(20_000, per_shard=1000, B=20, workdir=tmp_path, in_process=True)
+    if name == "spans":
+        from pipeline.perf.spans import bench_spans
+
+        return bench_spans(2000, tmp_path, shard_mb=0.05, repeats=1)
     if name == "bfcl":
         from pipeline.perf.bfcl import bench_bfcl
 

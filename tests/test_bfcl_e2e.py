@@ -15,6 +15,7 @@ from pipeline.cli import app
 from pipeline.envs import get_environment
 from pipeline.envs.bfcl import official
 from pipeline.ingest.bfcl import read_scores
+from pipeline.scoring.code_version import environment_version
 from pipeline.scoring.driver import run_scoring
 from pipeline.storage.run import read_manifest
 
@@ -35,7 +36,7 @@ def test_real_run_scored_through_ray_matches_bfcl_accuracy_and_logged_outputs(st
     manifest = run_scoring(str(store), str(tmp_path / "run"), shard_bytes=512 * 1024)
     assert manifest["counts"] == {**manifest["counts"], "read": 600, "scored": 600, "rejected": 0, "steps": 4459}
     assert manifest["reconciled"] and len(manifest["shards"]) > 2
-    assert manifest["environments"] == {"bfcl_v4": get_environment("bfcl_v4").version}
+    assert manifest["environments"] == {"bfcl_v4": environment_version(get_environment("bfcl_v4"))}
     assert manifest["environments"]["bfcl_v4"].startswith("bfcl-eval==2025.11.10+")
     assert read_manifest(str(tmp_path / "run"))["complete"]
     rollouts = pq.read_table(tmp_path / "run" / "rollouts").to_pylist()
@@ -78,7 +79,7 @@ def test_v3_named_run_replays_against_the_v3_release_in_ray_workers(tmp_path, sh
     result = CliRunner().invoke(app, ["ingest", "bfcl", str(tmp_path / "result"), "--out", str(store)])
     assert result.exit_code == 0, result.output
     manifest = run_scoring(str(store), str(run))
-    assert manifest["environments"] == {"bfcl_v3": get_environment("bfcl_v3").version}
+    assert manifest["environments"] == {"bfcl_v3": environment_version(get_environment("bfcl_v3"))}
     assert manifest["environments"]["bfcl_v3"].startswith("bfcl-eval==2025.8.6.2+")
     assert manifest["counts"]["scored"] == 400 and manifest["counts"]["rejected"] == 0
     rollouts = {r["task_id"]: r for r in pq.read_table(run / "rollouts").to_pylist()}

@@ -56,7 +56,8 @@ EXPECTED = {
         "wrote 2 rollouts to out/audit/bfcl-excerpt/store: 2 ok, 0 harness error(s)",
         "│ DeepSeek-V3-0324-FC │ 30 │ 9   │ state_consistency │",
         "mv: no path allowed in destination",
-        "person_id='john-petrucci' occurs in no earlier output or message",
+        "wrote 4 rollouts to out/audit/ts/store: 3 ok, 1 harness error(s)",
+        "ConnectionError: Cellular service is not enabled",
     ],
     "docs/how-to/score-nightly-logs.md": [
         "wrote 40 rollouts to out/support/store/date=2026-11-28: 40 ok, 0 harness error(s)",
@@ -70,6 +71,17 @@ EXPECTED = {
     "docs/how-to/guard-a-live-agent.md": [
         "get_order: False D information order_id='O5001' occurs in no earlier output or message",
         "authenticate: True {'user_id': 'U1001'}",
+    ],
+    "docs/how-to/change-a-spec-safely.md": [
+        "wrote 40 rollouts to out/change/store: 40 ok, 0 harness error(s)",
+        "would refuse 22 call(s): 21 in rollouts that succeeded anyway (probable false refusals), 11 that failed in",
+        "against support: 11 newly refused, 0 refused before and let through now",
+        "| refund_order | D information (grounded amount) | 2026-11-28-0016 | 7 | True | amount=80.0 occurs in no",
+        "breach newly_refused>0: newly_refused = 11",
+        "│ valid → invalid      │    11 │       11 │     3 │",
+        "breach to_invalid>0: steps valid in A, invalid in B = 11 step(s)",
+        "input, scoring core, settings and environments (observed) unchanged",
+        "environment observed changed (observed+support@1.1.0+",
     ],
     "docs/how-to/add-a-log-format.md": [
         "s-104 True ['cancel_order']",
@@ -88,6 +100,8 @@ EXPECTED = {
         "model,method,mean_calls,ter",
         "error: query stopped after 1 s (the --timeout)",
         "stopped, as asked",
+        "pexec sql: the result was cut at 3 rows (the --max-rows)",
+        "cut, as asked",
         "partial read: None",
     ],
 }

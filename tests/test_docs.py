@@ -140,7 +140,8 @@ def test_a_job_file_may_hold_every_documented_field(tmp_path):
     values = {
         "": {"name": "j", "description": "d", "input": "in", "output": "out/date={date}", "env": "shop",
              "spec": "shop", "spec_dirs": ["specs"], "policy": "strict", "address": "ray://h:10001", "shard_mb": 4,
-             "num_cpus": 1, "endpoint_url": "http://127.0.0.1:5555"},
+             "num_cpus": 1, "endpoint_url": "http://127.0.0.1:5555", "format": "canonical",
+             "options": {"max_line_bytes": "1000"}, "labels": {"team": "a"}},
         "metrics": {"by": ["model"], "bootstrap": 50, "seed": 1, "method": "poisson", "max_k": 3,
                     "harness_errors": "fail", "partial": True, "strict_replay": True},
         "synth": {"spec": "shop", "rollouts": 10, "tasks": 2, "seed": 0},
@@ -152,6 +153,8 @@ def test_a_job_file_may_hold_every_documented_field(tmp_path):
     assert {(f.table, k) for f in FIELDS for k in f.keys} == {(t, k) for t, kv in values.items() for k in kv}
 
     def toml(value: object) -> str:
+        if isinstance(value, dict):
+            return "{ " + ", ".join(f"{k} = {toml(v)}" for k, v in value.items()) + " }"
         return repr(value).replace("True", "true").replace("'", '"')
 
     lines = [f"{k} = {toml(v)}" for k, v in values[""].items()]
@@ -160,6 +163,7 @@ def test_a_job_file_may_hold_every_documented_field(tmp_path):
     (tmp_path / "job.toml").write_text("\n".join(lines) + "\n")
     job = load_job(tmp_path / "job.toml", "2026-11-29")
     assert job.output == "out/date=2026-11-29" and job.report.within == "model" and job.diff.fail_on == ("ter<-0.02",)
+    assert job.labels == {"team": "a"} and job.read_options == {"max_line_bytes": "1000"}
 
 
 def option_problems(page: str) -> list[str]:

@@ -214,7 +214,7 @@ def test_a_guard_session_through_every_real_log_gives_the_scorers_flags_and_caus
     shop = list(synthesize("shop", 300, 60, seed=3))
     write_store(shop, str(store / "shop"), per_file=1000)
     records.update({r["rollout_id"]: r for r in shop})
-    assert len(records) == 600 + 2 + 290 + 3 + 300  # rollout ids are unique across the sources
+    assert len(records) == 600 + 2 + 290 + 4 + 300  # rollout ids are unique across the sources
 
     run = tmp_path / "run"
     manifest = run_scoring(str(store), str(run), num_cpus=1)

@@ -32,6 +32,7 @@ class Client:
     def __call__(self, method: str, path: str, body: Any = None, raw: bytes | None = None) -> tuple[int, Any]:
         data = raw if raw is not None else (orjson.dumps(body) if body is not None else None)
         request = urllib.request.Request(self.base + path, data=data, method=method)
+        request.add_header("Content-Type", "application/json")
         if self.token:
             request.add_header("Authorization", f"Bearer {self.token}")
         try:

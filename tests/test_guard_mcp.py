@@ -37,7 +37,7 @@ async def conversation(log: Path) -> list[tuple[bool, str]]:
     seen = []
     async with proxy("--spec", "support", "--log", str(log)) as client:
         tools = (await client.list_tools()).tools
-        assert sorted(t.name for t in tools) == ["cancel_order", "find_customer", "get_order", "list_orders"]
+        assert {"cancel_order", "find_customer", "get_order", "list_orders"} <= {t.name for t in tools}
         assert tools[0].input_schema["type"] == "object"
         calls: list[tuple[str, dict[str, Any], Any]] = [
             ("list_orders", {"customer_id": "C100"}, None),  # D: C100 occurs nowhere yet

@@ -29,7 +29,7 @@ def test_the_builder_makes_the_deployment_and_refuses_bad_arguments():
 
 
 def post(port: int, path: str, body: dict, token: str | None) -> tuple[int, dict]:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
     request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", orjson.dumps(body), headers, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=60) as response:

@@ -90,7 +90,7 @@ def test_ray_reads_and_checks_the_ids_of_real_shards_as_one_process_does(tmp_pat
     assert any(where.endswith("line 4") for told_ in expected.values() for where, _ in told_.values())
     for partitions in (1, 3):
         check = RayIdCheck(shards, partitions)
-        check.read(shards, None)
+        check.read(shard_ids, shards, None)
         assert check.duplicates() == expected
 
 

@@ -118,7 +118,7 @@ def test_trace_without_conversation_id_is_one_rollout(tmp_path):
 
 
 def test_not_otlp_is_a_clear_error(tmp_path):
-    with pytest.raises(IngestError, match=r"part0\.json: not an OTLP JSON export"):
+    with pytest.raises(IngestError, match=r"part0\.json line 1: not an OTLP JSON export"):
         read(tmp_path, {"spans": []})
     with pytest.raises(IngestError, match="a span needs 'traceId' and 'spanId'"):
         read(tmp_path, export({"name": "x"}))

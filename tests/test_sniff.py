@@ -36,7 +36,11 @@ def write(tmp_path: Path, name: str, *docs: Any) -> str:
     [
         ("openai", ANTHROPIC, "not in the openai format (it looks like anthropic logs: pexec ingest anthropic)"),
         ("anthropic", OPENAI, "not in the anthropic format (it looks like openai logs: pexec ingest openai)"),
-        ("otel", OPENAI, "not an OTLP JSON export (no 'resourceSpans' list) (it looks like openai logs"),
+        (
+            "otel",
+            OPENAI,
+            "not an OTLP JSON export (no 'resourceSpans' or 'resourceLogs' list) (it looks like openai logs",
+        ),
         ("openai", {"resourceSpans": []}, "'messages' list (it looks like otel logs: pexec ingest otel)"),
     ],
 )

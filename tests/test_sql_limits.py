@@ -8,9 +8,13 @@ from __future__ import annotations
 import csv
 import io
 import json
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 from typer.testing import CliRunner
 
@@ -113,3 +117,88 @@ def test_csv_and_json_write_every_column_type(run: Path) -> None:
     }
     table = cli("sql", str(run), TYPES)
     assert "[1,2]" in table and "\\xAA\\x00z" in table
+
+
+PEXEC = str(Path(sys.executable).parent / "pexec")
+
+
+def pexec_sql(run: Path, query: str, *options: str, out: Path) -> tuple[int, str, float, float]:
+    """`pexec sql` in a process of its own: exit code, stderr, seconds, and its peak RSS in MiB."""
+    began = time.perf_counter()
+    with out.open("wb") as stdout:
+        proc = subprocess.Popen([PEXEC, "sql", str(run), query, *options], stdout=stdout, stderr=subprocess.PIPE)
+        peak = 0
+        while proc.poll() is None:
+            try:
+                peak = max(peak, psutil.Process(proc.pid).memory_info().rss)
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.05)
+        stderr = proc.stderr.read().decode()
+    return proc.wait(), stderr, time.perf_counter() - began, peak / 2**20
+
+
+def test_a_huge_result_streams_within_memory_and_is_cut_at_max_rows(run: Path, tmp_path: Path) -> None:
+    # Measured before: SELECT * FROM range(50000000) with --memory-limit 100MB used 12.4 GB for 198 s, exit 0.
+    out = tmp_path / "out.csv"
+    code, stderr, _took, peak = pexec_sql(
+        run,
+        "SELECT * FROM range(50000000)",
+        "--memory-limit",
+        "100MB",
+        "--format",
+        "csv",
+        "--max-rows",
+        "200000",
+        out=out,
+    )
+    assert code == 1 and "the result was cut at 200,000 rows (the --max-rows)" in stderr
+    with out.open() as f:
+        assert sum(1 for _ in f) == 1 + 200_000  # the header and the rows
+    assert peak < 400, f"peak RSS {peak:.0f} MiB"  # the process alone takes ~160 MiB
+    code, stderr, _took, _peak = pexec_sql(
+        run, "SELECT * FROM range(10)", "--max-rows", "10", "--format", "json", out=out
+    )
+    assert code == 0 and stderr == "" and len(out.read_text().splitlines()) == 10  # exactly the limit: not cut
+
+
+def test_the_timeout_covers_writing_the_result(run: Path, tmp_path: Path) -> None:
+    # Measured before: SELECT * FROM steps (37k rows, a table) took 83 s with --timeout 1.
+    code, stderr, took, _peak = pexec_sql(
+        run,
+        "SELECT * FROM range(100000000)",
+        "--timeout",
+        "2",
+        "--max-rows",
+        "100000000",
+        "--format",
+        "json",
+        out=tmp_path / "out.json",
+    )
+    assert code == 2 and "query stopped after 2 s (the --timeout)" in stderr and took < 30
+
+
+def test_a_table_is_cut_with_a_message(run: Path) -> None:
+    result = CliRunner().invoke(app, ["sql", str(run), "SELECT * FROM range(1500)"])
+    assert result.exit_code == 1
+    assert "a table shows at most 1,000 rows: --format csv or json streams up to --max-rows" in result.stderr
+    assert " 999 " in result.stdout and " 1000 " not in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["metrics", "RUN", "--bootstrap", "10001"],  # reached 22.7 GB in 120 s at 10^8
+        ["sql", "RUN", "SELECT 1", "--max-rows", "0"],
+        ["sql", "RUN", "SELECT 1", "--max-rows", "1000000001"],
+        ["metrics", "RUN", "--max-k", "1001"],
+        ["score", "STORE", "--out", "RUN", "--shard-mb", "5000"],
+        ["synth", "shop", "--out", "S", "--rollouts", "100000001"],
+        ["guard", "serve", "--env", "shop", "--max-sessions", "100001"],
+        ["view", "RUN", "--header-timeout", "301"],
+    ],
+)
+def test_size_options_have_upper_bounds_checked_at_parse_time(args: list[str]) -> None:
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "Invalid value for" in result.output, result.output
+    assert "less than or equal to" in result.output or "greater than or equal to" in result.output

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "pipeline"
 MAX_ROOMS = 20
 # The stages as a newcomer reads them, each room after every room it may import.
 PIPELINE_ORDER = ["core", "storage", "expr", "envs", "replay", "ingest", "synthetic", "scoring", "metrics",
-                  "report", "view", "guard", "jobs", "perf", "cli"]  # fmt: skip
+                  "report", "web", "view", "guard", "jobs", "integrations", "perf", "cli"]  # fmt: skip
 
 
 def rooms() -> dict[str, set[str]]:

@@ -3,12 +3,22 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from pipeline.cli.options import Reading, ScoredRun, reads_a_run
+from pipeline.cli.options import (
+    AllowHost,
+    HeaderTimeout,
+    MaxConcurrency,
+    Reading,
+    ScoredRun,
+    TokenFile,
+    reads_a_run,
+    server_limits,
+)
 from pipeline.cli.render import (
     console,
     json_lines,
@@ -22,8 +32,9 @@ from pipeline.cli.render import (
     print_table,
 )
 from pipeline.core.errors import PexecError
-from pipeline.metrics.query import QueryLimits, partial_of, read_statements
+from pipeline.metrics.query import MAX_ROWS_LIMIT, QueryLimits, read_statements, stream_sql
 from pipeline.metrics.run import Run
+from pipeline.metrics.settings import DEFAULT_POPULATION
 from pipeline.metrics.tool_profiles import TOOL_FIELDS, tool_cohort_columns
 
 
@@ -32,7 +43,7 @@ def metrics(
     run: ScoredRun,
     reading: Reading,
     max_k: Annotated[
-        int | None, typer.Option("--max-k", help="Largest k for PEC(k) (default: max T, at most 20).")
+        int | None, typer.Option("--max-k", min=0, max=1000, help="Largest k for PEC(k) (default: max T, at most 20).")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per cohort.")] = False,
     address: Annotated[
@@ -159,19 +170,52 @@ def diff(
         typer.Option("--fail-on", help="METRIC<NUMBER (or <=, >, >=) on B - A: exit 1 when crossed (repeatable)."),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per cohort × metric and per tool.")] = False,
+    paired: Annotated[
+        bool | None,
+        typer.Option(
+            "--paired/--unpaired",
+            help="Compare the same rollouts step by step, or the runs' cohorts as drift (default: paired when at "
+            "least half of the smaller run's rollout ids are in both).",
+        ),
+    ] = None,
 ) -> None:
-    """Drift between two runs with different tasks: B - A per cohort and metric, and per tool, with two-sample
-    task-level bootstrap intervals; --fail-on turns thresholds into exit code 1."""
+    """Two runs of the same rollouts: verdict flips step by step, paired by rollout. Runs with different tasks:
+    drift, B - A per cohort and metric, and per tool, with two-sample task-level bootstrap intervals. --fail-on
+    turns thresholds into exit code 1."""
     from pipeline.metrics.drift import breaches, diff_runs, parse_threshold
+    from pipeline.metrics.verdicts import shared_rollouts
 
+    a, b = reading.open(run_a), reading.open(run_b)
+    shared = shared_rollouts(a, b)
+    if paired or (paired is None and shared[2] and 2 * shared[2] >= min(shared[:2])):
+        alert(_paired(a, b, reading, fail_on or [], as_json, shared))
+        return
     thresholds = [parse_threshold(t) for t in fail_on or []]
-    result = diff_runs(reading.open(run_a), reading.open(run_b), reading.by, reading.settings, reading.population)
+    result = diff_runs(a, b, reading.by, reading.settings, reading.population)
     if as_json:
         json_lines([{"kind": "metric", **row} for row in result.rows])
         json_lines([{"kind": "tool", "metric": "invalid_rate", **row} for row in result.tools])
     else:
         print_diff(result)
     alert(breaches(result, thresholds))
+
+
+def _paired(a: Run, b: Run, reading: Reading, fail_on: list[str], as_json: bool, shared: tuple[int, ...]) -> list[str]:
+    from pipeline.cli.verdicts import paired
+
+    if not shared[2]:
+        raise PexecError(
+            f"--paired: the runs share no rollout id ({shared[0]} in A, {shared[1]} in B): nothing to compare step "
+            "by step; without --paired they are compared as drift"
+        )
+    if reading.by:
+        raise PexecError("--by does not apply to the paired diff (every shared rollout is compared); use --unpaired")
+    if reading.population != DEFAULT_POPULATION:
+        raise PexecError(
+            "--harness-errors, --pool and --strict-replay do not apply to the paired diff (a rollout that is a "
+            "harness error in either run is left out and counted); use --unpaired"
+        )
+    return paired(a, b, reading.settings, fail_on, as_json, shared)
 
 
 def alert(lines: list[str]) -> None:
@@ -194,19 +238,29 @@ def sql(
         str, typer.Option("--memory-limit", help="DuckDB memory limit (e.g. 512MB, 4GB); beyond it, it spills.")
     ] = QueryLimits.memory_limit,
     timeout: Annotated[
-        float, typer.Option("--timeout", help="Seconds the query may run before it is stopped.")
+        float,
+        typer.Option("--timeout", min=0.001, max=86_400, help="Seconds the query and writing its result may take."),
     ] = QueryLimits.timeout,
+    max_rows: Annotated[
+        int,
+        typer.Option(
+            "--max-rows", min=1, max=MAX_ROWS_LIMIT, help="Rows written at most; a longer result is cut (exit 1)."
+        ),
+    ] = QueryLimits.max_rows,
 ) -> None:
-    """Run a read-only SQL query (DuckDB) over the run's tables."""
+    """Run a read-only SQL query (DuckDB) over the run's tables; the result streams out within the limits."""
     if fmt not in ("table", "csv", "json"):
         raise PexecError(f"--format is table, csv or json, got {fmt!r}")
-    limits = QueryLimits(memory_limit=memory_limit, timeout=timeout)
+    limits = QueryLimits(memory_limit=memory_limit, timeout=timeout, max_rows=max_rows)
     read_statements(query)  # a query that is not a read, or not SQL, is refused before the run is listed
-    result = reading.open(run).sql(query, limits)
-    covered = partial_of(result)
-    if covered:  # on stderr: the result itself stays what the query asked for
-        partial_notice(covered, console)
-    print_query_result(result, fmt)
+    with stream_sql(reading.open(run).snapshot, query, limits) as result:
+        if result.partial:  # on stderr: the result itself stays what the query asked for
+            partial_notice(result.partial, console)
+        print_query_result(result, fmt)
+    if result.cut:  # the rows written are not the whole result: said, and not exit 0
+        sys.stdout.flush()
+        console.print(f"pexec sql: {result.cut}", soft_wrap=True, markup=False, highlight=False)
+        raise typer.Exit(1)
 
 
 @reads_a_run("intervals", "partial")
@@ -215,16 +269,33 @@ def view(
     reading: Reading,
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 8765,
     host: Annotated[
-        str, typer.Option("--host", help="Address to listen on (default: this machine only).")
+        str,
+        typer.Option("--host", help="Address to listen on (default: this machine only; beyond it, a token)."),
     ] = "127.0.0.1",
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token",
+            envvar="PEXEC_VIEW_TOKEN",
+            help="Token a browser opens the viewer with (`/?token=…` once, then a cookie); required beyond loopback.",
+        ),
+    ] = None,
+    token_file: TokenFile = None,
+    allow_host: AllowHost = None,
+    header_timeout: HeaderTimeout = 10.0,
+    max_concurrency: MaxConcurrency = 64,
 ) -> None:
     """Browse a run: cohorts and their metrics -> the rollouts behind a number -> one rollout's steps."""
-    from pipeline.view import RunView, check_address, serve
+    from pipeline.view import RunView, check_address, check_token, serve
+    from pipeline.web import read_token
 
+    token = read_token(token, token_file)
+    check_token(host, token)
     check_address(host, port)
     run_view = RunView(reading.open(run), reading.settings)
     console.print(f"pexec view: http://{host}:{port}/ (Ctrl-C to stop)")
     try:
-        serve(run_view, host=host, port=port)
+        limits = server_limits(header_timeout, max_concurrency)
+        serve(run_view, host, port, token, limits, tuple(allow_host or ()))
     finally:
         run_view.close()

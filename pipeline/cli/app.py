@@ -11,7 +11,7 @@ import typer
 from rich.text import Text
 from typer.core import TyperGroup
 
-from pipeline.cli import analysis, bench, envs, guard, jobs, scoring, stores
+from pipeline.cli import analysis, bench, envs, guard, guard_replay, jobs, publish, scoring, stores
 from pipeline.cli.render import console, literal, show_warning
 from pipeline.core.errors import PexecError
 
@@ -76,5 +76,7 @@ app.command()(analysis.diff)
 app.command()(analysis.sql)
 app.command()(analysis.view)
 app.command()(envs.envs)
+guard.guard_app.command("replay")(guard_replay.replay)
+app.add_typer(publish.publish_app, name="publish")
 app.add_typer(guard.guard_app, name="guard")
 app.command()(bench.bench)

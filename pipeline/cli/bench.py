@@ -33,11 +33,13 @@ WORKDIR_HELP = f"Where to put the generated data ({_listed([name for name, e in 
 
 def bench(
     what: Annotated[str, typer.Argument(help=", ".join(BENCHES))] = "replay",
-    rollouts: Annotated[int | None, typer.Option("--rollouts", help=ROLLOUTS_HELP)] = None,
+    rollouts: Annotated[int | None, typer.Option("--rollouts", min=1, max=100_000_000, help=ROLLOUTS_HELP)] = None,
     workdir: Annotated[Path | None, typer.Option("--workdir", help=WORKDIR_HELP)] = None,
     repeats: Annotated[
         int | None,
-        typer.Option("--repeats", min=1, help="Runs of every measurement (default 3; scale 1, view and tau 5)."),
+        typer.Option(
+            "--repeats", min=1, max=100, help="Runs of every measurement (default 3; scale 1, view and tau 5)."
+        ),
     ] = None,
     markdown: Annotated[
         bool, typer.Option("--markdown", help="Print the Markdown block (docs/reference/benchmarks.md) instead.")

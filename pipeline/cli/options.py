@@ -21,7 +21,7 @@ import typer
 
 from pipeline.core.errors import PexecError
 from pipeline.metrics.run import Run, open_run
-from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, BootstrapSettings, Population
+from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, MAX_B, BootstrapSettings, Population
 from pipeline.storage.stores import WriteMode
 
 # Help panels: the options every reader of a run shares stand apart from the command's own.
@@ -111,7 +111,8 @@ StrictReplay = Annotated[
     ),
 ]
 Bootstrap = Annotated[
-    int, typer.Option("--bootstrap", min=1, help="Bootstrap replicates B.", rich_help_panel=INTERVALS)
+    int,
+    typer.Option("--bootstrap", min=1, max=MAX_B, help="Bootstrap replicates B.", rich_help_panel=INTERVALS),
 ]
 Method = Annotated[
     str, typer.Option("--method", help="multinomial (task resampling) or poisson", rich_help_panel=INTERVALS)
@@ -125,6 +126,43 @@ MergedMethod = Annotated[
         rich_help_panel=INTERVALS,
     ),
 ]
+
+
+TokenFile = Annotated[
+    str | None,
+    typer.Option("--token-file", help="File whose first line is the bearer token (kept out of the process list)."),
+]
+AllowHost = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--allow-host",
+        help="Another name the service is reached by (a Host header it answers), e.g. guard.internal (repeatable).",
+    ),
+]
+
+
+HeaderTimeout = Annotated[
+    float,
+    typer.Option(
+        "--header-timeout",
+        min=0.1,
+        max=300,
+        help="Seconds a connection may take to send a request head; a silent one is closed then.",
+    ),
+]
+MaxConcurrency = Annotated[
+    int,
+    typer.Option(
+        "--max-concurrency", min=1, max=10_000, help="Open connections and requests in flight; one more gets 503."
+    ),
+]
+
+
+def server_limits(header_timeout: float, max_concurrency: int) -> Any:
+    """The hardened server's limits (pipeline.web.ServerLimits) with the two a user may set."""
+    from pipeline.web import ServerLimits
+
+    return ServerLimits(header_timeout=header_timeout, max_concurrency=max_concurrency)
 
 
 def in_panel(option: Any, panel: str) -> Any:

@@ -21,6 +21,7 @@ from rich.text import Text
 from pipeline.core import intervals, metric_catalogue
 from pipeline.metrics.cohorts import cohort_fields
 from pipeline.metrics.completeness import describe_partial
+from pipeline.metrics.query import QueryResult
 from pipeline.metrics.settings import harness_note, replay_note
 
 console = Console(stderr=True, markup=False, emoji=False, highlight=False)  # messages, progress, notices
@@ -162,24 +163,46 @@ def _fmt(x: float | None, sign: str = "") -> str:
     return "–" if x is None else f"{x:{sign}.3f}"
 
 
-def print_query_result(result: pa.Table, fmt: str) -> None:
-    """A query's rows on stdout as a table, CSV (with a header row) or JSON Lines (one object per row)."""
-    rows = result.to_pylist(maps_as_pydicts="strict")
-    if fmt == "json":
-        for row in rows:
-            sys.stdout.write(_json(row) + "\n")
-    elif fmt == "csv":
-        writer = csv.writer(sys.stdout, lineterminator="\n")
-        writer.writerow(result.column_names)
-        for row in rows:
-            writer.writerow(_csv_cell(v) for v in row.values())
-    else:
-        table = Table()
-        for name in result.column_names:
-            table.add_column(literal(name))
-        for row in rows:
+TABLE_ROWS = 1_000  # rows `sql --format table` lays out (the whole table is measured before it prints)
+
+
+def print_query_result(result: QueryResult, fmt: str) -> None:
+    """A query's rows on stdout as they stream: CSV (with a header row) or JSON Lines (one object per row),
+    written batch by batch; or a table, of at most TABLE_ROWS rows (laid out whole). Past the time limit the
+    writing stops with the query's own error."""
+    if fmt == "table":
+        _print_table(result)
+        return
+    writer = csv.writer(sys.stdout, lineterminator="\n")
+    if fmt == "csv":
+        writer.writerow(result.schema.names)
+    for batch in result.batches():
+        rows = batch.to_pylist(maps_as_pydicts="strict")
+        if fmt == "json":
+            sys.stdout.write("".join(_json(row) + "\n" for row in rows))
+        else:
+            writer.writerows([_csv_cell(v) for v in row.values()] for row in rows)
+        result.check_time()
+
+
+def _print_table(result: QueryResult) -> None:
+    table = Table()
+    for name in result.schema.names:
+        table.add_column(literal(name))
+    shown = 0
+    for batch in result.batches():
+        for row in batch.to_pylist(maps_as_pydicts="strict"):
+            if shown == TABLE_ROWS:
+                result.cut = f"a table shows at most {TABLE_ROWS:,} rows: --format csv or json streams up to --max-rows"
+                break
             table.add_row(*("" if v is None else literal(_csv_cell(v)) for v in row.values()))
-        out.print(table)
+            shown += 1
+        result.check_time()
+        if result.cut:
+            break
+    result.rows = shown
+    result.check_time()
+    out.print(table)
 
 
 def _json(value: Any) -> str:

@@ -10,10 +10,21 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.text import Text
 
-from pipeline.cli.options import EndpointUrl, Force, Policy, RayAddress, SpecDir, StorageOption, check_policy, storage
+from pipeline.cli.options import (
+    EndpointUrl,
+    Force,
+    Policy,
+    RayAddress,
+    SpecDir,
+    StorageOption,
+    check_policy,
+    pairs,
+    storage,
+)
 from pipeline.cli.render import console, literal
 from pipeline.core.errors import PexecError
 from pipeline.envs import EnvOptions
+from pipeline.ingest.sharded import RawSource
 from pipeline.replay.checker import CHECKS, parse_checks
 from pipeline.scoring.driver import DEFAULT_SHARD_BYTES, ShardPlan, run_scoring
 from pipeline.scoring.shard import ShardReport
@@ -21,7 +32,9 @@ from pipeline.storage.lease import DEFAULT_STALE_AFTER
 
 
 def score(
-    store: Annotated[str, typer.Argument(help="Input store: a file or folder, local path or fsspec URL.")],
+    store: Annotated[
+        list[str], typer.Argument(help="Input: a store, or with --format raw logs (files or folders); local or fsspec.")
+    ],
     run: Annotated[str, typer.Option("--out", help="Run folder to write (steps/, rollouts/, rejects/).")],
     env: Annotated[
         str | None, typer.Option("--env", help="Environment for every rollout (default: each rollout's benchmark).")
@@ -32,9 +45,10 @@ def score(
     spec_dir: SpecDir = None,
     address: RayAddress = None,
     policy: Policy = "code",
-    shard_mb: Annotated[float, typer.Option("--shard-mb", help="Target shard size in MiB.")] = DEFAULT_SHARD_BYTES
-    / 2**20,
-    num_cpus: Annotated[int | None, typer.Option("--num-cpus", help="CPUs for local Ray.")] = None,
+    shard_mb: Annotated[
+        float, typer.Option("--shard-mb", max=4096, help="Target shard size in MiB.")
+    ] = DEFAULT_SHARD_BYTES / 2**20,
+    num_cpus: Annotated[int | None, typer.Option("--num-cpus", min=1, max=1024, help="CPUs for local Ray.")] = None,
     inline: Annotated[bool, typer.Option("--inline", help="Score in this process, without Ray.")] = False,
     force: Force = False,
     lease_stale_after: Annotated[
@@ -42,6 +56,7 @@ def score(
         typer.Option(
             "--lease-stale-after",
             min=1,
+            max=86_400,
             help="Seconds without a heartbeat after which another writer's lease on the run is taken over.",
         ),
     ] = DEFAULT_STALE_AFTER,
@@ -51,8 +66,19 @@ def score(
         str,
         typer.Option("--checks", help="Checks that apply, a comma-separated subset of schema,dependency,precondition."),
     ] = ",".join(CHECKS),
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format", help="Log format of the input, read where it lies inside the tasks (`pexec ingest` formats)."
+        ),
+    ] = "canonical",
+    option: Annotated[list[str] | None, typer.Option("--option", help="k=v setting of the format's reader.")] = None,
+    label: Annotated[list[str] | None, typer.Option("--label", help="k=v added to every rollout's labels.")] = None,
 ) -> None:
-    """Replay every rollout and write per-step flags, per-rollout summaries, rejects and the manifest."""
+    """Replay every rollout and write per-step flags, per-rollout summaries, rejects and the manifest.
+
+    With `--format FMT` the input is raw logs in that format, decoded inside the scoring tasks (files, byte
+    ranges, archive members; a format whose rollouts span files is shuffled by key first)."""
     check_policy(policy)
     try:
         selected = parse_checks(checks)
@@ -61,11 +87,15 @@ def score(
     if shard_mb * 2**20 < 1:
         raise PexecError(f"--shard-mb takes a size > 0, got {shard_mb}")
     options = EnvOptions(spec_dirs=tuple(spec_dir or ()), spec=spec, policy=policy)
+    storage_options = storage(endpoint_url, storage_option)
+    source = raw_input(fmt, store, option, label, storage_options)
+    if source is None and len(store) > 1:
+        raise PexecError("a store is one file or folder; several sources need --format")
     unwind_on_sigterm()
     progress = ScoreProgress()
     with progress.bar:
         manifest = run_scoring(
-            store,
+            " ".join(store),
             run,
             env=env,
             options=options,
@@ -73,14 +103,30 @@ def score(
             executor="inline" if inline else "ray",
             shard_bytes=int(shard_mb * 2**20),
             num_cpus=num_cpus,
-            storage_options=storage(endpoint_url, storage_option),
+            storage_options=storage_options,
             on_plan=progress.on_plan,
             on_shard=progress.on_shard,
             force=force,
             lease_stale_after=lease_stale_after,
             checks=selected,
+            source=source,
         )
     summary(manifest, run)
+
+
+def raw_input(
+    fmt: str, sources: list[str], option: list[str] | None, label: list[str] | None, storage_options: dict | None
+) -> RawSource | None:
+    """The raw logs to read (None: a canonical store read as is); the format and its options are checked here."""
+    if fmt == "canonical" and not option and not label:
+        return None
+    from pipeline.ingest import IngestOptions
+    from pipeline.ingest.sharded import raw_source
+
+    settings = IngestOptions(
+        labels=pairs(label, "--label"), extra=pairs(option, "--option"), storage_options=storage_options
+    )
+    return raw_source(fmt, sources, settings)
 
 
 def unwind_on_sigterm() -> None:

@@ -12,10 +12,16 @@ usual, and P is decided by two sources, in this order:
 
 An accepted call reports `decided_by = precondition` when at least one rule was evaluated (and held),
 else `log`. Outputs are the logged ones, so downstream references and grounding see what the agent saw.
+
+Schemas: a tool the spec declares is checked against the spec's schema. A rollout may carry the schemas of
+further tools in `env.tools` (name -> JSON Schema; the guard's MCP proxy records its upstream's there): they
+decide S for the tools the spec does not declare — the one rule the live guard applies too. A rollout's
+tools close the catalogue: a tool in neither is unknown.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -41,20 +47,36 @@ class ObservedEnvironment:
     ) -> None:
         self._tools = tools
         self._rules = rules or {}
+        self._rollout_tools: dict[str, ToolInfo] = {}  # the current rollout's `env.tools` (see the docstring)
         self.version = f"observed+{spec_version}" if spec_version else "observed"
 
     def tool(self, name: str) -> ToolInfo | None:
-        if self._tools is None:
-            return None
-        return self._tools.get(name)
+        if self._tools is not None and name in self._tools:
+            return self._tools[name]
+        return self._rollout_tools.get(name)
 
     def open_catalogue(self) -> bool:
-        return self._tools is None
+        return self._tools is None and not self._rollout_tools
+
+    def schema_source(self, name: str) -> str | None:
+        """Which schema decides S for `name`: "spec", "rollout" (its `env.tools`), or None (none: unknown or
+        an open catalogue)."""
+        if self._tools is not None and name in self._tools:
+            return "spec"
+        return "rollout" if name in self._rollout_tools else None
 
     def knowledge(self, state: Any) -> list[Any]:
         return []  # the agent knows only the conversation and earlier outputs
 
     def start(self, rollout: Rollout) -> Seen:
+        declared = rollout.env.get("tools") if isinstance(rollout.env, dict) else None
+        if declared is not None and not isinstance(declared, dict):
+            raise EnvError("observed: env.tools must be an object of tool name -> JSON Schema")
+        self._rollout_tools = {
+            name: _tool_info(name, orjson.dumps(schema, option=orjson.OPT_SORT_KEYS))
+            for name, schema in (declared or {}).items()
+            if self._tools is None or name not in self._tools
+        }
         return {}
 
     def available(self, state: Seen, tool: str, turn: int) -> bool:
@@ -77,6 +99,15 @@ class ObservedEnvironment:
     def rollback(self, state: Seen, mark: Seen) -> None:
         state.clear()
         state.update(mark)
+
+
+@lru_cache(maxsize=1024)
+def _tool_info(name: str, schema: bytes) -> ToolInfo:
+    """A rollout-declared tool, compiled once per distinct schema (a store repeats the same few)."""
+    parameters = orjson.loads(schema)
+    if not isinstance(parameters, dict):
+        raise EnvError(f"observed: env.tools[{name!r}] is not a JSON Schema object")
+    return ToolInfo.from_schema(name, parameters, frozenset())
 
 
 def _decoded(output: Any) -> Any:

@@ -1,20 +1,22 @@
-"""The guard's HTTP service (`pexec guard serve`): a Starlette app over pipeline.guard.service.Guard.
+"""The guard's HTTP service (`pexec guard serve`): a Starlette app over pipeline.guard.service.Guard, behind
+the hardened server layer (pipeline.web: body limit while streaming, timeouts, concurrency, Host/Origin, token,
+`application/json` only).
 
 JSON in and out; every error is one line (`{"error": "..."}`) with a 4xx status for a bad request, never a
-traceback. Checks run on the event loop: they take microseconds, and one loop serialises each session's
-requests without locks.
+traceback. Requests are parsed and answered in one worker thread, in arrival order, so a large replay never
+stalls the event loop (`/health` answers meanwhile) and each session's requests stay serialised without locks.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hmac
-import ipaddress
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -22,31 +24,20 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from pipeline.core.errors import PexecError
+from pipeline.core.records import InvalidRecord
 from pipeline.guard.service import Guard, GuardRequestError, parse_call
+from pipeline.guard.session import SessionFull
+from pipeline.web import ServerLimits, WebGuard, allowed_hosts, run_server
+from pipeline.web import require_token as _require_token
+from pipeline.web.server import DEFAULT_LIMITS, WebServerError
 
-MAX_BODY = 8 * 1024 * 1024  # a stateless request carries the session's events
+MAX_BODY = DEFAULT_LIMITS.max_body  # a stateless request carries the session's events
 Handler = Callable[[Request], Awaitable[Response]]
-
-
-class GuardServerError(PexecError):
-    """The service cannot start as asked (e.g. beyond loopback without a token)."""
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+GuardServerError = WebServerError  # the service cannot start as asked (e.g. beyond loopback without a token)
 
 
 def require_token(host: str, token: str | None) -> None:
-    if not token and not is_loopback(host):
-        raise GuardServerError(
-            f"refusing to listen on {host} without a bearer token: pass --token (or set PEXEC_GUARD_TOKEN), "
-            "or listen on 127.0.0.1"
-        )
+    _require_token(host, token, "the guard")
 
 
 def _json(value: Any, status: int = 200) -> Response:
@@ -57,13 +48,7 @@ def _error(message: str, status: int) -> Response:
     return _json({"error": message.splitlines()[0] if message else "error"}, status)
 
 
-async def _body(request: Request) -> dict[str, Any]:
-    declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > MAX_BODY):
-        raise GuardRequestError(f"request body over {MAX_BODY} bytes", 413)
-    raw = await request.body()
-    if len(raw) > MAX_BODY:
-        raise GuardRequestError(f"request body over {MAX_BODY} bytes", 413)
+def _parse(raw: bytes) -> dict[str, Any]:
     try:
         body = orjson.loads(raw) if raw else {}
     except orjson.JSONDecodeError as exc:
@@ -73,25 +58,39 @@ async def _body(request: Request) -> dict[str, Any]:
     return body
 
 
-def create_app(guard: Guard, token: str | None = None) -> Starlette:
-    """The ASGI app: sessions (create, check, record, message, close), stateless checks, health."""
-    expected = f"Bearer {token}".encode() if token else None
+def create_app(
+    guard: Guard,
+    token: str | None = None,
+    hosts: frozenset[str] | None = None,
+    limits: ServerLimits = DEFAULT_LIMITS,
+) -> WebGuard:
+    """The ASGI app: sessions (create, check, record, message, close), stateless checks, health; behind
+    WebGuard (`hosts`: the Host values served, None for any; `token`: the bearer token)."""
+    worker = anyio.CapacityLimiter(1)  # one thread answers every request but /health, in arrival order
 
-    def endpoint(handler: Callable[[Request, dict[str, Any]], Any], status: int = 200) -> Handler:
+    def answer(handler: Callable[[Request, dict[str, Any]], Any], request: Request, raw: bytes) -> tuple[Any, float]:
+        body = _parse(raw) if request.method == "POST" else {}
+        began = time.perf_counter()
+        return handler(request, body), time.perf_counter() - began
+
+    def endpoint(handler: Callable[[Request, dict[str, Any]], Any], status: int = 200, inline: bool = False) -> Handler:
         async def run(request: Request) -> Response:
-            if expected is not None:
-                given = request.headers.get("authorization", "").encode()
-                if not hmac.compare_digest(given, expected):
-                    return _error("missing or wrong bearer token", 401)
             try:
-                body = await _body(request) if request.method == "POST" else {}
-                began = time.perf_counter()
-                response = _json(handler(request, body), status)
+                raw = await request.body()  # already counted and bounded by WebGuard
+                if inline:
+                    value, took = answer(handler, request, raw)
+                else:
+                    value, took = await anyio.to_thread.run_sync(answer, handler, request, raw, limiter=worker)
+                response = _json(value, status)
                 # The guard's own time, apart from the network and the server's queue (W3C Server-Timing).
-                response.headers["server-timing"] = f"guard;dur={(time.perf_counter() - began) * 1000:.3f}"
+                response.headers["server-timing"] = f"guard;dur={took * 1000:.3f}"
                 return response
             except GuardRequestError as exc:
                 return _error(str(exc), exc.status)
+            except InvalidRecord as exc:  # what `pexec score` would reject the rollout for, with its reason
+                return _error(str(exc), 400)
+            except SessionFull as exc:
+                return _error(str(exc), 413)
             except PexecError as exc:  # the environment refused the input (a malformed start, say)
                 return _error(str(exc), 422)
             except Exception as exc:  # a fault of the guard or its environment: one line, not a traceback
@@ -104,10 +103,10 @@ def create_app(guard: Guard, token: str | None = None) -> Starlette:
         return {
             "environment": guard.name,
             "version": guard.version,
-            "sessions": guard.live,
-            "cached": guard.cached,
+            **guard.counts(),  # idle sessions expired first: the counts are current
             "max_sessions": limits.max_sessions,
             "ttl_s": limits.ttl_s,
+            "max_cache_bytes": limits.max_cache_bytes,
         }
 
     def create(request: Request, body: dict[str, Any]) -> dict[str, Any]:
@@ -141,7 +140,7 @@ def create_app(guard: Guard, token: str | None = None) -> Starlette:
         return _error(f"no route {request.method} {request.url.path}", getattr(exc, "status_code", 404))
 
     routes = [
-        Route("/health", endpoint(health), methods=["GET"]),
+        Route("/health", endpoint(health, inline=True), methods=["GET"]),
         Route("/sessions", endpoint(create, 201), methods=["POST"]),
         Route("/sessions/{session}/check", endpoint(check), methods=["POST"]),
         Route("/sessions/{session}/record", endpoint(record), methods=["POST"]),
@@ -150,17 +149,32 @@ def create_app(guard: Guard, token: str | None = None) -> Starlette:
         Route("/check", endpoint(stateless), methods=["POST"]),
     ]
 
+    async def sweep() -> None:
+        # Idle sessions and cache entries are closed on a timer too, not only when a request comes.
+        while True:
+            await anyio.sleep(min(guard.limits.ttl_s / 4, 30.0))
+            await anyio.to_thread.run_sync(guard.expire, limiter=worker)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        yield
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(sweep)
+            yield
+            tasks.cancel_scope.cancel()
         guard.shutdown()  # the sessions' environment instances go back to the pool
 
-    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found}, lifespan=lifespan)
+    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found}, lifespan=lifespan)
+    return WebGuard(app, limits, hosts, token, json_only=True)
 
 
-def serve(guard: Guard, host: str, port: int, token: str | None) -> None:
-    """Run the service until interrupted (uvicorn)."""
-    import uvicorn
-
+def serve(
+    guard: Guard,
+    host: str,
+    port: int,
+    token: str | None,
+    limits: ServerLimits = DEFAULT_LIMITS,
+    extra_hosts: tuple[str, ...] = (),
+) -> None:
+    """Run the service until interrupted (uvicorn, hardened by pipeline.web)."""
     require_token(host, token)
-    uvicorn.run(create_app(guard, token), host=host, port=port, log_level="warning", access_log=False)
+    run_server(create_app(guard, token, allowed_hosts(host, port, extra_hosts), limits), host, port, limits)

@@ -1,12 +1,20 @@
 """The guard as an MCP proxy (`pexec guard mcp -- UPSTREAM…`): a stdio MCP server in front of an upstream
-one (the official `mcp` SDK on both sides).
+one (the official `mcp` SDK on both sides, over the bounded pipes of pipeline.guard.upstream).
 
 `tools/list` is forwarded. Each `tools/call` is checked first in the `observed` environment: S against the
-tool's `inputSchema` from the upstream listing, D against the upstream's earlier results and the messages
-the host passed along, P by a spec's `observed` rules (`--spec`, which also names the grounded
-parameters). A call that fails is refused with a tool error that says why (`isError`) and never reaches
-the upstream; a valid one is forwarded and its real result recorded. Every verdict is written to a
-canonical rollout log that `pexec score --env observed` rescores.
+tool's schema, D against the upstream's earlier results and the messages the host passed along, P by a spec's
+`observed` rules (`--spec`, which also names the grounded parameters). A call that fails is refused with a
+tool error that says why (`isError`) and never reaches the upstream; a valid one is forwarded (within
+`--upstream-timeout`) and its real result recorded.
+
+Which schema decides S: the spec's, for every tool the spec declares; the upstream's `inputSchema` for the
+others (and for every tool without a spec). The log's rollout carries those upstream schemas in `env.tools`,
+which `pexec score --env observed` reads by the same rule, so the rescore of a log gives the live verdicts step
+for step; each call in the log also keeps its live verdict under `guard` (valid, check, cause, and the
+schema used: `spec` or `upstream`).
+
+The log (`--log FOLDER`) is an append-only journal, turned into the canonical rollout once at the end
+(pipeline.guard.journal).
 
 The host may pass the conversation along in a call's `_meta` under `pexec/messages`: a list of
 `{"role", "content"}` added before the call is checked (what D grounds values in).
@@ -14,48 +22,55 @@ The host may pass the conversation along in a call's `_meta` under `pexec/messag
 
 from __future__ import annotations
 
-import os
 import secrets
 import shlex
 import time
 from contextlib import AsyncExitStack
-from pathlib import Path
 from typing import Any
 
 import anyio
 import mcp.types as types
-import orjson
-from mcp import Client, MCPError, StdioServerParameters, stdio_server
+from mcp import Client, MCPError, stdio_server
 from mcp.server.lowlevel.server import Server
 
 from pipeline.core.errors import PexecError
-from pipeline.core.model import Call, Rollout
-from pipeline.core.records import event_record
+from pipeline.core.model import Call, Message, Rollout
+from pipeline.core.records import InvalidRecord
 from pipeline.envs import EnvOptions
-from pipeline.envs.base import ToolInfo
 from pipeline.envs.observed import ObservedEnvironment
 from pipeline.envs.spec.loader import Spec, find_spec, load_spec
-from pipeline.guard.session import GuardSession, GuardVerdict
+from pipeline.guard.journal import RolloutLog
+from pipeline.guard.session import GuardSession, GuardVerdict, SessionBudget, SessionFull
+from pipeline.guard.upstream import MAX_LINE, REFUSED_TOOL, HostRequests, UpstreamTransport, upstream_environment
 
 MESSAGES_META = "pexec/messages"
+UPSTREAM_TIMEOUT = 60.0  # seconds a forwarded call may wait for the upstream's answer
+MAX_RESULT = MAX_LINE  # bytes of one upstream result (its JSON-RPC message)
+# The proxy's one session lasts as long as the host's connection: a larger budget than an HTTP session's.
+MCP_BUDGET = SessionBudget(max_events=100_000, max_bytes=256 * 1024 * 1024)
 
 
 class McpProxyError(PexecError):
     """The proxy cannot start (an upstream that does not answer, a spec that is not found)."""
 
 
-def observed_environment(tools: list[types.Tool], spec: Spec | None) -> ObservedEnvironment:
-    """`observed` with the upstream's schemas, and a spec's grounded parameters and `observed` rules."""
-    rules = spec.tools if spec else {}
-    catalogue = {}
-    for tool in tools:
-        grounded = rules[tool.name].info.grounded if tool.name in rules else frozenset()
-        try:
-            catalogue[tool.name] = ToolInfo.from_schema(tool.name, tool.input_schema, grounded)
-        except PexecError as exc:
-            raise McpProxyError(f"upstream tool {tool.name!r}: {exc}") from exc
-    version = f"{spec.name}@{spec.version}+{spec.fingerprint}" if spec else "mcp"
-    return ObservedEnvironment(catalogue, version, {n: r.observed for n, r in rules.items() if r.observed})
+def observed_environment(spec: Spec | None) -> ObservedEnvironment:
+    """`observed` with a spec's schemas, grounded parameters and `observed` rules (the upstream's schemas come
+    with the session's rollout, `env.tools`)."""
+    if spec is None:
+        return ObservedEnvironment(None, "mcp")
+    version = f"{spec.name}@{spec.version}+{spec.fingerprint}"
+    return ObservedEnvironment(
+        {n: r.info for n, r in spec.tools.items()},
+        version,
+        {n: r.observed for n, r in spec.tools.items() if r.observed},
+    )
+
+
+def upstream_schemas(tools: list[types.Tool], spec: Spec | None) -> dict[str, Any]:
+    """The upstream schemas that decide S: those of the tools the spec does not declare."""
+    declared = spec.tools if spec else {}
+    return {t.name: t.input_schema for t in tools if t.name not in declared}
 
 
 def refusal(verdict: GuardVerdict, tool: str) -> str:
@@ -70,63 +85,115 @@ def result_output(result: types.CallToolResult) -> Any:
     return texts[0] if len(texts) == 1 else "\n".join(texts)
 
 
-class RolloutLog:
-    """The session's canonical rollout, rewritten whole (atomically) after every verdict: one JSONL file
-    per proxy session in the log folder, a store `pexec score --env observed` reads."""
-
-    def __init__(self, folder: str, rollout: Rollout) -> None:
-        self.folder = Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self.path = self.folder / f"{rollout.rollout_id}.jsonl"
-
-    def write(self, rollout: Rollout) -> None:
-        record = {
-            "rollout_id": rollout.rollout_id,
-            "task_id": rollout.task_id,
-            "benchmark": "observed",
-            "labels": rollout.labels,
-            "env": rollout.env,
-            "events": [event_record(e) for e in rollout.events],
-        }
-        tmp = self.folder / f".{self.path.name}.tmp"  # dot files are not part of the store
-        tmp.write_bytes(orjson.dumps(record) + b"\n")
-        os.replace(tmp, self.path)
+def _tool_error(text: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
 
 
 class GuardProxy:
     """The proxy's state: the upstream client, the guard session, the log."""
 
-    def __init__(self, upstream: Client, tools: list[types.Tool], spec: Spec | None, log: str | None) -> None:
-        self.upstream = upstream
-        self.tools = tools
+    def __init__(
+        self,
+        upstream: Client,
+        state: Any,
+        tools: list[types.Tool],
+        spec: Spec | None,
+        log: str | None,
+        timeout: float = UPSTREAM_TIMEOUT,
+        budget: SessionBudget | None = None,
+    ) -> None:
+        self.upstream, self.upstream_state, self.tools, self.timeout = upstream, state, tools, timeout
+        self.spec_tools = set(spec.tools) if spec else set()
         rollout_id = f"mcp-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(4)}"
-        self.session = GuardSession(observed_environment(tools, spec), Rollout(rollout_id, rollout_id, "observed"))
+        env = {"tools": upstream_schemas(tools, spec)}
+        start = Rollout(rollout_id, rollout_id, "observed", env=env)
+        self.session = GuardSession(observed_environment(spec), start, budget=budget or MCP_BUDGET)
         self.log = RolloutLog(log, self.session.rollout) if log else None
+        self.refused_requests = 0
         self._calls = 0
 
+    def close(self) -> None:
+        if self.log is not None:
+            attributes = {"guard_refused_requests": str(self.refused_requests)}
+            if self.upstream_state.dead:
+                attributes["upstream_exit"] = str(self.upstream_state.exit_code)
+            self.log.close(attributes)
+
     async def list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        if self.upstream_state.dead:  # its tools are no longer offered: the host is told why
+            raise MCPError(-32000, self._dead())
         return types.ListToolsResult(tools=self.tools)
 
+    def _dead(self) -> str:
+        return f"the upstream MCP server exited (code {self.upstream_state.exit_code}): no tool can run"
+
+    def _schema(self, tool: str) -> str | None:
+        if tool in self.spec_tools:
+            return "spec"
+        return "upstream" if tool in self.session.rollout.env["tools"] else None
+
     async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        if params.name == REFUSED_TOOL:  # a request the transport could not read (pipeline.guard.upstream)
+            arguments = params.arguments or {}
+            self.refused_requests += 1
+            if self.log is not None:
+                self.log.note(refused=arguments.get("tool"), reason=arguments.get("reason"))
+            return _tool_error(f"pexec guard refused {arguments.get('tool')}: {arguments.get('reason')}")
         try:
             messages = _messages(params.meta)
         except McpProxyError as exc:
-            return types.CallToolResult(content=[types.TextContent(text=str(exc))], is_error=True)
-        for message in messages:
-            self.session.message(message["role"], message["content"])
+            return _tool_error(str(exc))
         self._calls += 1
         call = Call(params.name, params.arguments or {}, call_id=f"c{self._calls}")
-        verdict = self.session.check(call)
+        try:
+            for message in messages:
+                self.session.message(message["role"], message["content"])
+                if self.log is not None:
+                    self.log.event(Message(message["role"], message["content"]))
+            verdict = self.session.check(call)
+        except (InvalidRecord, SessionFull) as exc:  # what `pexec score` would reject: never forwarded, never kept
+            self.refused_requests += 1
+            if self.log is not None:
+                self.log.note(refused=params.name, reason=str(exc))
+            return _tool_error(f"pexec guard refused {params.name}: {exc}")
         if not verdict.valid:
             text = refusal(verdict, params.name)
-            self.session.record(call, output=text, error=True)
-            result = types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
+            result, output, error = _tool_error(text), text, True
         else:
-            result = await self.upstream.call_tool(params.name, params.arguments or {})
-            self.session.record(call, output=result_output(result), error=bool(result.is_error))
+            result = await self._forward(params)
+            output, error = result_output(result), bool(result.is_error)
+        try:
+            step = self.session.record(call, output=output, error=error)
+        except (InvalidRecord, SessionFull) as exc:  # the upstream's result cannot be kept: the agent is told
+            self.refused_requests += 1
+            if self.log is not None:
+                self.log.note(refused=params.name, reason=f"its result: {exc}")
+            return _tool_error(f"pexec guard: the result of {params.name} cannot be logged: {exc}")
         if self.log is not None:
-            self.log.write(self.session.rollout)
+            live = {
+                "valid": step.valid,
+                "check": step.failed_check,
+                "cause": step.cause,
+                "schema": self._schema(call.tool),
+            }
+            self.log.event(self.session.rollout.events[-1], live)
         return result
+
+    async def _forward(self, params: types.CallToolRequestParams) -> types.CallToolResult:
+        """The upstream's answer, or a tool error that says why there is none (dead, silent, refused)."""
+        if self.upstream_state.dead:
+            return _tool_error(self._dead())
+        try:
+            with anyio.fail_after(self.timeout):
+                return await self.upstream.call_tool(params.name, params.arguments or {})
+        except TimeoutError:
+            return _tool_error(
+                f"the upstream did not answer {params.name} within {self.timeout:g} s (--upstream-timeout)"
+            )
+        except MCPError as exc:
+            return _tool_error(f"the upstream refused {params.name}: {exc}")
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, OSError) as exc:
+            return _tool_error(self._dead() if self.upstream_state.dead else f"the upstream went away: {exc!r}")
 
 
 def _messages(meta: Any) -> list[dict[str, str]]:
@@ -151,36 +218,53 @@ async def _list_all(client: Client) -> list[types.Tool]:
             return tools
 
 
-async def serve_proxy(upstream: list[str], options: EnvOptions, log: str | None) -> None:
+async def serve_proxy(
+    upstream: list[str],
+    options: EnvOptions,
+    log: str | None,
+    env: dict[str, str] | None = None,
+    timeout: float = UPSTREAM_TIMEOUT,
+    budget: SessionBudget | None = None,
+) -> None:
     spec = None
     if options.spec is not None:
         folder = find_spec(options.spec, options.spec_dirs)
         if folder is None:
             raise McpProxyError(f"no spec named {options.spec!r}")
         spec = load_spec(folder)
+    transport = UpstreamTransport(upstream, upstream_environment([], []) if env is None else env)
     async with AsyncExitStack() as stack:
-        try:
-            params = StdioServerParameters(command=upstream[0], args=upstream[1:])
-            client = await stack.enter_async_context(Client(params))
+        try:  # the handshake and every request read within the timeout
+            client = await stack.enter_async_context(Client(transport, read_timeout_seconds=timeout))
             tools = await _list_all(client)
-        except (OSError, MCPError, ExceptionGroup) as exc:  # the upstream did not start or does not speak MCP
+        except (OSError, MCPError, ExceptionGroup, TimeoutError) as exc:  # did not start, or does not speak MCP
             raise McpProxyError(f"upstream MCP server {shlex.join(upstream)!r}: {_reason(exc)}") from exc
-        proxy = GuardProxy(client, tools, spec, log)
+        proxy = GuardProxy(client, transport.state, tools, spec, log, timeout, budget)
+        stack.callback(proxy.close)
         server: Server[Any] = Server(
             "pexec-guard", version="1", on_list_tools=proxy.list_tools, on_call_tool=proxy.call_tool
         )
-        read, write = await stack.enter_async_context(stdio_server())
+        read, write = await stack.enter_async_context(stdio_server(stdin=HostRequests()))  # type: ignore[arg-type]
         await server.run(read, write, server.create_initialization_options())
 
 
 def _reason(exc: BaseException) -> str:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
+    if isinstance(exc, TimeoutError):
+        return "no answer in time"
     return f"{type(exc).__name__}: {exc}"
 
 
-def run_proxy(upstream: list[str], options: EnvOptions, log: str | None) -> None:
+def run_proxy(
+    upstream: list[str],
+    options: EnvOptions,
+    log: str | None,
+    env: dict[str, str] | None = None,
+    timeout: float = UPSTREAM_TIMEOUT,
+    budget: SessionBudget | None = None,
+) -> None:
     """Serve on stdin/stdout until the client goes away."""
     if not upstream:
         raise McpProxyError("give the upstream MCP server's command after `--`")
-    anyio.run(serve_proxy, upstream, options, log)
+    anyio.run(serve_proxy, upstream, options, log, env, timeout, budget)

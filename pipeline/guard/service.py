@@ -21,9 +21,18 @@ import orjson
 
 from pipeline.core.errors import PexecError
 from pipeline.core.model import Call, Message
-from pipeline.core.records import InvalidRecord, parse_event
+from pipeline.core.records import InvalidRecord, parse_event, parse_rollout
 from pipeline.envs import EnvOptions, get_environment
-from pipeline.guard.session import POOL, EnvironmentPool, GuardSession, open_session
+from pipeline.guard.session import (
+    POOL,
+    EnvironmentPool,
+    GuardSession,
+    SessionBudget,
+    SessionFull,
+    check_event,
+    check_start,
+    open_session,
+)
 
 
 class GuardRequestError(PexecError):
@@ -37,7 +46,14 @@ class GuardRequestError(PexecError):
 @dataclass(frozen=True)
 class Limits:
     max_sessions: int = 1000  # live sessions, and sessions kept by the stateless cache
-    ttl_s: float = 600.0  # a session unused this long is closed
+    ttl_s: float = 600.0  # a session (live or cached) unused this long is closed
+    max_session_events: int = SessionBudget.max_events  # events of one session (and of one stateless request)
+    max_session_bytes: int = SessionBudget.max_bytes  # their bytes as canonical JSON
+    max_cache_bytes: int = 128 * 1024 * 1024  # the stateless cache's sessions' bytes together
+
+    @property
+    def budget(self) -> SessionBudget:
+        return SessionBudget(self.max_session_events, self.max_session_bytes)
 
 
 def parse_call(raw: Any) -> Call:
@@ -57,6 +73,10 @@ def parse_start(body: Any) -> dict[str, Any]:
     env = body.get("env", {})
     if not isinstance(env, dict):
         raise GuardRequestError("'env' must be an object")
+    try:
+        check_start(env)
+    except InvalidRecord as exc:
+        raise GuardRequestError(f"'env': {exc}") from exc
     start = {"env": env}
     for key in ("rollout_id", "task_id"):
         value = body.get(key, "guard")
@@ -67,6 +87,10 @@ def parse_start(body: Any) -> dict[str, Any]:
     if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
         raise GuardRequestError("'labels' must be an object of strings")
     start["labels"] = labels
+    try:  # the rest of what the batch scorer requires of a record's start (label names, say)
+        parse_rollout({**start, "benchmark": "guard", "events": []})
+    except InvalidRecord as exc:
+        raise GuardRequestError(str(exc)) from exc
     return start
 
 
@@ -92,7 +116,9 @@ class Guard:
         self.limits = limits or Limits()
         self._pool = pool
         self._live: OrderedDict[str, tuple[GuardSession, float]] = OrderedDict()  # least recently used first
-        self._prefixes: OrderedDict[bytes, GuardSession] = OrderedDict()
+        # The stateless cache, least recently used first: the session after a prefix, and when it was last used.
+        self._prefixes: OrderedDict[bytes, tuple[GuardSession, float]] = OrderedDict()
+        self._cache_bytes = 0
         self._lock = threading.Lock()
         self.version = get_environment(name, self.options).version  # an unknown name fails here, once
 
@@ -102,7 +128,7 @@ class Guard:
         with self._lock:
             self._expire()
             if len(self._live) + len(self._prefixes) >= self.limits.max_sessions and self._prefixes:
-                self._prefixes.popitem(last=False)[1].close()  # the cache gives way to live sessions
+                self._evict()  # the cache gives way to live sessions
             if len(self._live) >= self.limits.max_sessions:
                 raise GuardRequestError(
                     f"session limit reached ({self.limits.max_sessions} live sessions): close one, or wait "
@@ -142,11 +168,29 @@ class Guard:
         """Sessions kept by the stateless cache."""
         return len(self._prefixes)
 
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes of events the stateless cache's sessions hold."""
+        return self._cache_bytes
+
+    def counts(self) -> dict[str, int]:
+        """Live and cached sessions now, the idle ones expired first (what `/health` reports)."""
+        with self._lock:
+            self._expire()
+            return {"sessions": len(self._live), "cached": len(self._prefixes), "cached_bytes": self._cache_bytes}
+
+    def expire(self) -> None:
+        """Close the sessions, live and cached, unused for longer than the TTL (the service calls this on a
+        timer too, so an idle service frees them)."""
+        with self._lock:
+            self._expire()
+
     def shutdown(self) -> None:
         with self._lock:
-            sessions = [s for s, _ in self._live.values()] + list(self._prefixes.values())
+            sessions = [s for s, _ in self._live.values()] + [s for s, _ in self._prefixes.values()]
             self._live.clear()
             self._prefixes.clear()
+            self._cache_bytes = 0
         for session in sessions:
             session.close()
 
@@ -158,10 +202,18 @@ class Guard:
                 break
             del self._live[session_id]
             session.close()
+        while self._prefixes and next(iter(self._prefixes.values()))[1] <= horizon:
+            self._evict()
+
+    def _evict(self) -> None:
+        """Drop the least recently used cached session (the lock held)."""
+        session = self._prefixes.popitem(last=False)[1][0]
+        self._cache_bytes -= session.bytes
+        session.close()
 
     def _open(self, start: dict[str, Any]) -> GuardSession:
         try:
-            return open_session(self.name, **start, options=self.options, pool=self._pool)
+            return open_session(self.name, **start, options=self.options, pool=self._pool, budget=self.limits.budget)
         except PexecError as exc:
             raise GuardRequestError(f"cannot start a session: {exc}") from exc
 
@@ -172,31 +224,63 @@ class Guard:
         events = body.get("events", [])
         if not isinstance(events, list):
             raise GuardRequestError("'events' must be a list")
+        if len(events) > self.limits.max_session_events:
+            raise GuardRequestError(f"more than {self.limits.max_session_events} events in one request", 413)
         parsed = [_event(e, f"events[{i}]") for i, e in enumerate(events)]
         call = parse_call(body.get("call"))
+        _admissible(call, "call")  # the events are checked as they are replayed (a cached prefix was, once)
         keys = [_hash(b"", start)]
-        for raw in events:
-            keys.append(_hash(keys[-1], raw))
+        for i, raw in enumerate(events):
+            try:
+                keys.append(_hash(keys[-1], raw))
+            except GuardRequestError:
+                _admissible(parsed[i], f"events[{i}]")  # the scorer's reason, when that is why it is not JSON
+                raise
         with self._lock:
+            self._expire()
             hit = next((i for i in range(len(keys) - 1, -1, -1) if keys[i] in self._prefixes), None)
-            session = self._prefixes.pop(keys[hit]) if hit is not None else None
+            session = self._prefixes.pop(keys[hit])[0] if hit is not None else None
+            if session is not None:
+                self._cache_bytes -= session.bytes
         if session is None:
             hit, session = 0, self._open(start)
         try:
-            for event in parsed[hit:]:
-                if isinstance(event, Message):
-                    session.message(event.role, event.content, event.turn)
-                else:
-                    session.record(event, output=event.output, error=event.error)
+            for i, event in enumerate(parsed[hit:], hit):
+                try:
+                    if isinstance(event, Message):
+                        session.message(event.role, event.content, event.turn)
+                    else:
+                        session.record(event, output=event.output, error=event.error)
+                except InvalidRecord as exc:
+                    raise GuardRequestError(f"events[{i}]: {exc}") from exc
             verdict = session.check(call)
+        except SessionFull as exc:
+            session.close()
+            raise GuardRequestError(str(exc), 413) from exc
         except Exception:
             session.close()
             raise
+        limits = self.limits
         with self._lock:
-            self._prefixes[keys[-1]] = session
-            while len(self._prefixes) + len(self._live) > self.limits.max_sessions and self._prefixes:
-                self._prefixes.popitem(last=False)[1].close()
+            if session.bytes > limits.max_cache_bytes:
+                session.close()  # larger than the whole cache: answered, not kept
+            else:
+                self._prefixes[keys[-1]] = (session, time.monotonic())
+                self._cache_bytes += session.bytes
+                while self._prefixes and (
+                    len(self._prefixes) + len(self._live) > limits.max_sessions
+                    or self._cache_bytes > limits.max_cache_bytes
+                ):
+                    self._evict()
         return {**verdict.to_json(), "replayed": len(parsed) - hit}
+
+
+def _admissible(event: Call | Message, where: str) -> None:
+    """GuardRequestError with the batch scorer's reason when `event` would make its rollout unreadable."""
+    try:
+        check_event(event)
+    except InvalidRecord as exc:
+        raise GuardRequestError(f"{where}: {exc}") from exc
 
 
 def _hash(previous: bytes, value: Any) -> bytes:

@@ -4,11 +4,19 @@
 A format is a `LogFormat` (base.py): its `name`, the `--option` keys it accepts (`options`, an `OptionSchema`
 of `Option(key, doc, default)`, `fields=True` for `label.NAME` / `attr.NAME`), `looks_like(doc)` (whether a
 decoded document is clearly its own, so that another format's reader given it names this one) and
-`read(sources, options) -> Iterator[dict]` yielding canonical records. Nothing downstream knows the original
+`read(sources, options) -> Iterator[dict]` yielding canonical records (a format read from a server, not from
+files, such as a trace store, says `reads_files = False` and gets no sources). Nothing downstream knows the original
 format. Sources are local paths or fsspec URLs, listed with `source_files` and opened with
 `options.storage_options`; an input that cannot be read raises `IngestError` naming the file and the place.
 `ingest` checks the options against the schema (one place, one message), fills in their declared defaults,
 and checks every record the format yields.
+
+`pexec score --format` reads a format where its logs lie (pipeline/ingest/sharded.py): a format that also has
+`plan(sources, options, target_bytes)` and `read_shard(shard, options)` (`ShardedFormat`) is cut into shards
+(files, byte ranges, archive members) read inside the scoring tasks, a part of a log that is not a rollout coming
+back as a RecordError (a reject); a format with a `shuffle` has its items partitioned by key first (OTel spans); any
+other is read one source per task by `read`. The byte limits (`ReadLimits`: `max_line_bytes`, `max_record_bytes`,
+`max_member_bytes`, options of every format) are checked while reading.
 
 To add a format:
 - built in: a module `pipeline/ingest/<name>.py` whose `FORMAT = Format(name, read, options, looks_like)`, and
@@ -28,6 +36,8 @@ from dataclasses import replace
 
 from pipeline.core.records import InvalidRecord, parse_rollout
 from pipeline.ingest.base import (
+    MAX_MEMBER_BYTES,
+    MAX_RECORD_BYTES,
     Format,
     IngestError,
     IngestOptions,
@@ -37,6 +47,7 @@ from pipeline.ingest.base import (
     source_files,
 )
 from pipeline.ingest.registry import formats, get_format
+from pipeline.storage.inputs import MAX_LINE_BYTES
 
 __all__ = [
     "ALLOW_NO_CALLS",
@@ -47,15 +58,31 @@ __all__ = [
     "Option",
     "OptionSchema",
     "accepted_options",
+    "checked",
     "formats",
     "ingest",
+    "prepared",
     "source_files",
 ]
 
 ALLOW_NO_CALLS = "allow_no_calls"
+_LIMITS = {"max_line_bytes": "line_bytes", "max_record_bytes": "record_bytes", "max_member_bytes": "member_bytes"}
 # The options of every format, handled here.
 COMMON_OPTIONS = (
     Option(ALLOW_NO_CALLS, "true: keep sources in which no rollout has a tool call (else refused)", "false"),
+    Option(
+        "max_line_bytes", "bytes of one line of a line-delimited log; a longer line is a reject", str(MAX_LINE_BYTES)
+    ),
+    Option(
+        "max_record_bytes",
+        "bytes of a JSON document read whole (a `.json` log); larger is a reject",
+        str(MAX_RECORD_BYTES),
+    ),
+    Option(
+        "max_member_bytes",
+        "decompressed bytes of an archive member (an Inspect sample); larger: a reject",
+        str(MAX_MEMBER_BYTES),
+    ),
 )
 
 
@@ -65,12 +92,9 @@ def accepted_options(fmt: str) -> OptionSchema:
     return replace(schema, options=schema.options + COMMON_OPTIONS)
 
 
-def ingest(fmt: str, sources: Sequence[str], options: IngestOptions | None = None) -> Iterator[dict]:
-    """Canonical records from `sources` in format `fmt`; each is checked to be a scorable rollout.
-
-    Rollouts with no tool call at all are held back until one with a call comes: sources that yield rollouts
-    but not one call are most likely another format's logs, an error (nothing is written) unless
-    `--option allow_no_calls=true` says the logs truly have none."""
+def prepared(fmt: str, options: IngestOptions | None = None) -> tuple[LogFormat, IngestOptions, bool]:
+    """The format `fmt`, the options its reader gets (checked against its schema, its defaults filled in, the
+    common options taken out: the byte limits into `limits`), and whether sources with no call are allowed."""
     log_format = get_format(fmt)
     options = options or IngestOptions()
     allowed = options.extra.get(ALLOW_NO_CALLS, "false").lower()
@@ -80,14 +104,46 @@ def ingest(fmt: str, sources: Sequence[str], options: IngestOptions | None = Non
     unknown = accepted.unknown(options.extra)
     if unknown:
         raise IngestError(f"{fmt}: unknown option(s) {', '.join(unknown)} (known: {', '.join(accepted.known())})")
-    extra = log_format.options.defaults() | {k: v for k, v in options.extra.items() if k != ALLOW_NO_CALLS}
+    limits = {}
+    for key, name in _LIMITS.items():
+        if key in options.extra:
+            value = options.extra[key]
+            if not value.isdigit() or int(value) < 1:
+                raise IngestError(f"{fmt}: --option {key} takes a number of bytes >= 1, got {value!r}")
+            limits[name] = int(value)
+    common = {ALLOW_NO_CALLS, *_LIMITS}
+    extra = log_format.options.defaults() | {k: v for k, v in options.extra.items() if k not in common}
+    return log_format, replace(options, extra=extra, limits=replace(options.limits, **limits)), allowed == "true"
+
+
+def ingest(fmt: str, sources: Sequence[str], options: IngestOptions | None = None) -> Iterator[dict]:
+    """Canonical records from `sources` in format `fmt`; each is checked to be a scorable rollout.
+
+    Rollouts with no tool call at all are held back until one with a call comes: sources that yield rollouts
+    but not one call are most likely another format's logs, an error (nothing is written) unless
+    `--option allow_no_calls=true` says the logs truly have none."""
+    log_format, options, allowed = prepared(fmt, options)
+    needs_sources(fmt, log_format, sources)
+    yield from checked(fmt, log_format.read(sources, options), allowed)
+
+
+def needs_sources(fmt: str, log_format: LogFormat, sources: Sequence[str]) -> None:
+    """A format that reads files needs some; one read from a server (a trace store) takes none."""
+    if not sources and getattr(log_format, "reads_files", True):
+        raise IngestError(f"{fmt}: give the files or folders to read")
+
+
+def checked(fmt: str, records: Iterator[dict], allow_no_calls: bool, validate: bool = True) -> Iterator[dict]:
+    """`records`, each checked to be a scorable rollout (`validate`), held back until one has a tool call (see
+    `ingest`)."""
     held: list[dict] = []
-    calls_seen = allowed == "true"
-    for record in log_format.read(sources, replace(options, extra=extra)):
-        try:
-            parse_rollout(record)
-        except InvalidRecord as exc:  # an adapter bug, not bad input: say which record
-            raise IngestError(f"{fmt}: produced an invalid record {record.get('rollout_id')!r}: {exc}") from exc
+    calls_seen = allow_no_calls
+    for record in records:
+        if validate:
+            try:
+                parse_rollout(record)
+            except InvalidRecord as exc:  # an adapter bug, not bad input: say which record
+                raise IngestError(f"{fmt}: produced an invalid record {record.get('rollout_id')!r}: {exc}") from exc
         if not calls_seen:
             held.append(record)
             calls_seen = any(e.get("type") == "call" for e in record["events"])

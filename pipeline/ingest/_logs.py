@@ -17,18 +17,29 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from pipeline.ingest.base import FIELD_PREFIXES, IngestError, IngestOptions, Option, OptionSchema, source_files
+from pipeline.ingest.base import (
+    FIELD_PREFIXES,
+    IngestError,
+    IngestOptions,
+    Option,
+    OptionSchema,
+    Part,
+    line_shards,
+    source_inputs,
+)
 from pipeline.ingest.registry import mismatch
 from pipeline.storage.fs import open_for_read
+from pipeline.storage.inputs import RAW_LIMIT, RecordError, Shard, line_numbers, raw_text, read_whole, shard_lines
 
 DEFAULT_LABELS = {"model": "model", "agent_version": "agent_version", "date": "date"}
-LOG_FILES = ("*.json", "*.jsonl", "*.ndjson", "*.jsonl.gz")  # what a folder of logs is searched for
+# what a folder of logs is searched for
+LOG_FILES = ("*.json", "*.jsonl", "*.ndjson", "*.jsonl.gz", "*.jsonl.zst", "*.ndjson.gz", "*.ndjson.zst")
 _TRUE = {"true", "success", "succeeded", "pass", "passed", "correct", "c", "yes", "1"}
 _FALSE = {"false", "failure", "failed", "fail", "incorrect", "i", "partial", "p", "no", "0"}
 
@@ -194,40 +205,162 @@ def text(content: Any) -> str:
     return str(content)
 
 
-def documents(fmt: str, url: str, options: IngestOptions) -> Iterator[tuple[str, Any]]:
-    """(place, value) for every JSON document of a file: one per line of JSON Lines, the items of a
-    top-level JSON list, else the whole JSON file. Places read `file line N` / `file [i]` / `file`."""
-    try:
-        with open_for_read(url, options.storage_options, compression="infer") as f:
-            data = f.read()
-    except OSError as exc:
-        raise IngestError(f"{fmt}: {url}: cannot read: {exc}") from exc
-    if url.removesuffix(".gz").removesuffix(".zst").endswith((".jsonl", ".ndjson")):
-        for number, line in enumerate(data.splitlines(), 1):
-            if line.strip():
-                yield f"{url} line {number}", loads(fmt, line, f"{url} line {number}")
+def plan_logs(
+    fmt: str, patterns: Sequence[str] = LOG_FILES
+) -> Callable[[Sequence[str], IngestOptions, int], list[Shard]]:
+    """The `plan` of a format whose files hold JSON documents: their files (matching `patterns`) cut by
+    `line_shards`."""
+
+    def plan(sources: Sequence[str], options: IngestOptions, target_bytes: int) -> list[Shard]:
+        return line_shards(
+            [f for source in sources for f in source_inputs(fmt, source, options, patterns)], target_bytes
+        )
+
+    return plan
+
+
+@dataclass
+class Document:
+    """One JSON document of a shard: where it is (`place` names it as a whole-file read does, for messages and
+    ids) and its value, or why it is not one."""
+
+    location: str  # within the file: `line N`, `byte N` (a byte-range shard), `[i]` (an item of a JSON list), ``
+    value: Any
+    shard: Shard
+    index: int  # line index within a line-delimited shard
+    storage_options: dict[str, Any] | None = field(default=None, repr=False)
+    _first_line: list[int] = field(default_factory=list, repr=False)  # shared by a shard's documents
+
+    def place(self, need_line: bool = True) -> str:
+        """`FILE line N` / `FILE [i]` / `FILE`. In a byte-range shard, the line number is counted (once per
+        shard, from the file's start) only when `need_line` says it is needed: a document with no id of its own
+        is named by it; otherwise its place is `FILE byte N`."""
+        url = self.shard.file.url
+        if not self.location.startswith("byte "):
+            return f"{url} {self.location}".rstrip()
+        if not need_line:
+            return f"{url} {self.location}"
+        if not self._first_line:  # the line number of the shard's first line, counted once
+            offset = int(self.location.removeprefix("byte "))
+            self._first_line.append(line_numbers(self.shard.file, [offset], self.storage_options)[offset] - self.index)
+        return f"{url} line {self._first_line[0] + self.index}"
+
+
+def shard_documents(fmt: str, shard: Shard, options: IngestOptions) -> Iterator[Document | tuple[str, RecordError]]:
+    """Every JSON document of a shard, read as it streams: one per line of a line-delimited file (a line over
+    the limit, or not JSON, is a RecordError), the items of a top-level JSON list, else the whole JSON file
+    (read whole up to `max_record_bytes`)."""
+    first: list[int] = []
+    if shard.file.fmt == "jsonl":
+        for index, (location, line) in enumerate(
+            shard_lines(shard, options.storage_options, options.limits.line_bytes)
+        ):
+            if isinstance(line, RecordError):
+                yield location, line
+            elif line.strip():
+                try:
+                    yield Document(location, orjson.loads(line), shard, index, options.storage_options, first)
+                except orjson.JSONDecodeError as exc:
+                    yield location, RecordError(f"{fmt}: not JSON: {exc}", raw_text(line))
         return
-    value = loads(fmt, data, url)
+    data = read_whole(shard.file, options.storage_options, options.limits.record_bytes)
+    if isinstance(data, RecordError):
+        yield "", data
+        return
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        yield "", RecordError(f"{fmt}: not JSON: {exc}", raw_text(data))
+        return
     if isinstance(value, list) and all(isinstance(v, dict | list) for v in value) and not _is_messages(value):
         for i, item in enumerate(value):
-            yield f"{url} [{i}]", item
+            yield Document(f"[{i}]", item, shard, i, options.storage_options, first)
     else:
-        yield url, value
+        yield Document("", value, shard, 0, options.storage_options, first)
+
+
+def documents(fmt: str, url: str, options: IngestOptions) -> Iterator[tuple[str, Any]]:
+    """(place, value) for every JSON document of a file (`shard_documents` of the whole file); a part that is
+    not one is an IngestError naming its place."""
+    for file in source_inputs(fmt, url, options, ("*",)):
+        for doc in shard_documents(fmt, Shard(file, 0, None), options):
+            if isinstance(doc, tuple):
+                location, error = doc
+                raise IngestError(one_line(fmt, f"{file.url} {location}".rstrip(), error.reason))
+            yield doc.place(), doc.value
+
+
+def one_line(fmt: str, where: str, reason: str) -> str:
+    """An error of a reader as one line naming the format and the place (a conversion's errors name it already)."""
+    return reason if reason.startswith(f"{fmt}: {where}") or reason.startswith(f"{fmt}: /") or "://" in reason[:80] \
+        else f"{fmt}: {where}: {reason.removeprefix(f'{fmt}: ')}"  # fmt: skip
+
+
+def chat_record(fmt: str, where: str, doc: Any) -> dict[str, Any]:
+    """A conversation record of chat-style logs: an object with a `messages` list, or a bare message list
+    (then wrapped as `{"messages": [...]}`)."""
+    record = {"messages": doc} if isinstance(doc, list) else doc
+    hint = mismatch(fmt, record)
+    if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
+        raise IngestError(f"{fmt}: {where}: expected an object with a 'messages' list{hint or ''}")
+    if hint:
+        raise IngestError(f"{fmt}: {where}: not in the {fmt} format{hint}")
+    return record
+
+
+Convert = Callable[[LogSettings, str, dict[str, Any]], dict[str, Any]]
+
+
+def read_chat_shard(fmt: str, convert: Convert) -> Callable[[Shard, IngestOptions], Iterator[Part]]:
+    """The `read_shard` of a chat-style format: each conversation of the shard converted by
+    `convert(settings, place, record)`; a document it cannot convert is a RecordError with the reason."""
+
+    def read_shard(shard: Shard, options: IngestOptions) -> Iterator[Part]:
+        s = settings(fmt, options)
+        for doc in shard_documents(fmt, shard, options):
+            if isinstance(doc, tuple):
+                yield doc
+                continue
+            value = doc.value
+            has_id = isinstance(value, dict) and get_path(value, s.id_field) not in (None, "")
+            where = doc.place(need_line=not has_id)
+            try:
+                yield doc.location, convert(s, where, chat_record(fmt, where, value))
+            except IngestError as exc:
+                yield doc.location, RecordError(str(exc), _raw_value(value))
+
+    return read_shard
+
+
+def read_all(
+    fmt: str, plan: Callable[..., list[Shard]], read_shard: Callable[..., Iterator[Part]]
+) -> Callable[[Sequence[str], IngestOptions], Iterator[dict]]:
+    """The all-or-nothing `read` of a sharded format (`pexec ingest`): every shard's records, whole files in
+    order; the first part that is not a record is an IngestError naming it."""
+
+    def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
+        for shard in plan(sources, options, 2**62):
+            for location, record in read_shard(shard, options):
+                if isinstance(record, RecordError):
+                    raise IngestError(one_line(fmt, f"{shard.file.url} {location}".rstrip(), record.reason))
+                yield record
+
+    return read
+
+
+def _raw_value(value: Any) -> str:
+    try:
+        return orjson.dumps(value).decode()[:RAW_LIMIT]
+    except TypeError:
+        return ""
 
 
 def conversations(fmt: str, sources: Sequence[str], options: IngestOptions) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(place, record) for every conversation of chat-style logs: an object with a `messages` list, or a
-    bare message list (then wrapped as `{"messages": [...]}`)."""
+    """(place, record) for every conversation of chat-style logs (`chat_record`)."""
     for source in sources:
-        for url in source_files(fmt, source, options, LOG_FILES):
-            for where, doc in documents(fmt, url, options):
-                record = {"messages": doc} if isinstance(doc, list) else doc
-                hint = mismatch(fmt, record)
-                if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
-                    raise IngestError(f"{fmt}: {where}: expected an object with a 'messages' list{hint or ''}")
-                if hint:
-                    raise IngestError(f"{fmt}: {where}: not in the {fmt} format{hint}")
-                yield where, record
+        for file in source_inputs(fmt, source, options, LOG_FILES):
+            for where, doc in documents(fmt, file.url, options):
+                yield where, chat_record(fmt, where, doc)
 
 
 _ANTHROPIC_BLOCKS = {"tool_use", "tool_result"}

@@ -14,27 +14,38 @@ with a `messages` list and an optional `system` prompt (its other fields give id
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import Any
 
-from pipeline.ingest._logs import call, conversations, log_options, message, rollout, settings, text, tool_dialect
+from pipeline.ingest._logs import (
+    LogSettings,
+    call,
+    log_options,
+    message,
+    plan_logs,
+    read_all,
+    read_chat_shard,
+    rollout,
+    text,
+    tool_dialect,
+)
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
-from pipeline.ingest.base import Format, IngestError, IngestOptions
+from pipeline.ingest.base import Format, IngestError
 
 
-def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
-    s = settings("anthropic", options)
-    for where, record in conversations("anthropic", sources, options):
-        events, attributes = assemble(log(record, where))
-        yield rollout(s, record, events, where, attributes)
+def convert(s: LogSettings, where: str, record: dict[str, Any]) -> dict:
+    """The canonical rollout of one conversation record."""
+    events, attributes = assemble(log(record, where))
+    return rollout(s, record, events, where, attributes)
 
 
 def looks_like(doc: Any) -> bool:
     return tool_dialect(doc) == "anthropic"
 
 
-FORMAT = Format("anthropic", read, log_options(), looks_like)
+plan = plan_logs("anthropic")
+read_shard = read_chat_shard("anthropic", convert)
+FORMAT = Format("anthropic", read_all("anthropic", plan, read_shard), log_options(), looks_like, plan, read_shard)
 
 
 def log(record: dict[str, Any], where: str) -> list[Entry]:

@@ -12,10 +12,25 @@ from typing import Any, Protocol, runtime_checkable
 
 from pipeline.core.errors import PexecError
 from pipeline.storage.fs import list_files
+from pipeline.storage.inputs import MAX_LINE_BYTES, InputFile, RecordError, Shard, fingerprint
 
 
 class IngestError(PexecError, ValueError):
     """The sources cannot be read in this format; the message names the file and the place."""
+
+
+MAX_RECORD_BYTES = 64 * 2**20  # a JSON document read whole (a `.json` log file, a record of a partition)
+MAX_MEMBER_BYTES = 256 * 2**20  # an archive member (an Inspect sample) decompressed
+
+
+@dataclass(frozen=True)
+class ReadLimits:
+    """Byte limits checked while a source is read (`--option max_line_bytes=N`, ...): over one, the record is a
+    counted reject with its location, and the bytes past the limit are counted, never held."""
+
+    line_bytes: int = MAX_LINE_BYTES
+    record_bytes: int = MAX_RECORD_BYTES
+    member_bytes: int = MAX_MEMBER_BYTES
 
 
 @dataclass(frozen=True)
@@ -23,7 +38,12 @@ class IngestOptions:
     labels: dict[str, str] = field(default_factory=dict)  # added to every record's labels (`--label k=v`)
     extra: dict[str, str] = field(default_factory=dict)  # format-specific settings (`--option k=v`)
     # the sources' filesystem settings (`--endpoint-url`, `--storage-option k=v`)
-    storage_options: dict[str, Any] | None = None
+    storage_options: dict[str, Any] | None = field(default=None, repr=False)  # may hold credentials
+    limits: ReadLimits = field(default_factory=ReadLimits)
+
+
+# (location within the shard's file, a canonical record or why the part of the log there is not one)
+Part = tuple[str, "dict[str, Any] | RecordError"]
 
 
 @dataclass(frozen=True)
@@ -87,6 +107,18 @@ class LogFormat(Protocol):
         """Canonical records from `sources` (local paths or fsspec URLs opened with `options.storage_options`)."""
 
 
+@runtime_checkable
+class ShardedFormat(Protocol):
+    """A format read in parallel where its logs lie (`pexec score --format`): `plan` cuts the sources into
+    shards (files, byte ranges of line-delimited files, archive members), and `read_shard`, run inside a Ray
+    task, yields every rollout of one shard, or a RecordError for a part that is not one (a reject: it never
+    stops the run). A format without these is read one source per task, by `read`."""
+
+    def plan(self, sources: Sequence[str], options: IngestOptions, target_bytes: int) -> list[Shard]: ...
+
+    def read_shard(self, shard: Shard, options: IngestOptions) -> Iterator[Part]: ...
+
+
 def never(doc: Any) -> bool:
     """`looks_like` of a format that claims no document (it is not read from JSON documents)."""
     return False
@@ -100,6 +132,13 @@ class Format:
     read: Callable[[Sequence[str], IngestOptions], Iterator[dict]]
     options: OptionSchema = OptionSchema()
     looks_like: Callable[[Any], bool] = never
+    plan: Callable[[Sequence[str], IngestOptions, int], list[Shard]] | None = None
+    read_shard: Callable[[Shard, IngestOptions], Iterator[Part]] | None = None
+    # records of one rollout may lie in several files: the rollouts are assembled by a hash shuffle
+    # (pipeline.ingest.shuffle) instead of `read_shard`
+    shuffle: Any = None
+    # False for a format read from a server (a trace store), not from files: its `read` gets no sources.
+    reads_files: bool = True
 
 
 def source_files(
@@ -114,3 +153,47 @@ def source_files(
         below = " or below" if max_depth is None else "" if max_depth == 1 else f" or {max_depth - 1} level(s) below"
         raise IngestError(f"{fmt}: {source}: no {' or '.join(patterns)} file in this folder{below}")
     return list(found)
+
+
+def source_inputs(
+    fmt: str, source: str, options: IngestOptions, patterns: Sequence[str], max_depth: int | None = None
+) -> list[InputFile]:
+    """`source_files` with each file's size and content fingerprint (what decides whether its shards are reused);
+    `fmt` of each is `jsonl` for a line-delimited file (`.jsonl`, `.ndjson`, maybe compressed), else `json`."""
+    found = list_files(source, options.storage_options, patterns=patterns, max_depth=max_depth)
+    if not found:
+        source_files(fmt, source, options, patterns, max_depth)  # raises the error that says what is missing
+        return []
+    out = []
+    for url, info in found.items():
+        size = int(info.get("size") or 0)
+        lower = url.lower()
+        compression = "gzip" if lower.endswith(".gz") else "zstd" if lower.endswith(".zst") else None
+        lines = lower.removesuffix(".gz").removesuffix(".zst").endswith((".jsonl", ".ndjson"))
+        out.append(InputFile(url, "jsonl" if lines else "json", compression, size, fingerprint(size, info)))
+    return out
+
+
+def line_shards(files: Sequence[InputFile], target_bytes: int) -> list[Shard]:
+    """Shards of `files`: byte ranges of about `target_bytes` of a plain line-delimited file, else whole files
+    (a compressed stream cannot seek; a JSON document is read whole)."""
+    shards: list[Shard] = []
+    for file in files:
+        if file.fmt == "jsonl" and file.compression is None and file.size > target_bytes:
+            shards += [Shard(file, a, min(a + target_bytes, file.size)) for a in range(0, file.size, target_bytes)]
+        else:
+            shards.append(Shard(file, 0, None))
+    return shards
+
+
+def read_document(fmt: str, url: str, options: IngestOptions) -> bytes:
+    """A file read whole as one JSON document (a τ2 results file, a ToolSandbox run file), never past
+    `max_record_bytes`: a larger file is an IngestError naming the limit and the option that raises it."""
+    from pipeline.storage.fs import open_for_read
+
+    limit = options.limits.record_bytes
+    with open_for_read(url, options.storage_options, compression="infer") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise IngestError(f"{fmt}: {url}: over the limit of {limit:,} bytes (--option max_record_bytes=N raises it)")
+    return data

@@ -20,11 +20,10 @@ Options: `dataset=PATH` (a folder or a bfcl-eval wheel), `scores=DIR`, `model=NA
 from __future__ import annotations
 
 import ast
-import io
 import json
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -32,8 +31,10 @@ from typing import Any
 from pipeline.envs import EnvError
 from pipeline.envs.bfcl.calls import CallSyntaxError, parse_call, parse_call_list
 from pipeline.envs.bfcl.env import error_message
-from pipeline.ingest.base import Format, IngestError, IngestOptions, Option, OptionSchema, source_files
+from pipeline.ingest._logs import read_all
+from pipeline.ingest.base import Format, IngestError, IngestOptions, Option, OptionSchema, Part, source_inputs
 from pipeline.storage.fs import exists, list_files, open_for_read
+from pipeline.storage.inputs import RecordError, Shard, raw_text, shard_lines
 
 _CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 FILE_NAME = re.compile(rf"BFCL_(v\d+)_multi_turn_({'|'.join(_CATEGORIES)})_result\.json$")
@@ -41,10 +42,10 @@ _RESULT_FILES = tuple(f"BFCL_v*_multi_turn_{category}_result.json" for category 
 _CONTAINER_FOLDERS = {"multi_turn", "result", "results"}
 
 
-def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
-    files = [url for source in sources for url in source_files("bfcl", source, options, _RESULT_FILES)]
-    for url in files:
-        yield from _read_file(url, options)
+def plan(sources: Sequence[str], options: IngestOptions, target_bytes: int) -> list[Shard]:
+    """One shard per result file (JSON Lines under a `.json` name), read whole."""
+    files = [f for source in sources for f in source_inputs("bfcl", source, options, _RESULT_FILES)]
+    return [Shard(replace(f, fmt="jsonl"), 0, None) for f in files]
 
 
 OPTIONS = OptionSchema(
@@ -54,10 +55,11 @@ OPTIONS = OptionSchema(
         Option("model", "the `model` label (default: the result file's folder, above multi_turn/ and result/)"),
     )
 )
-FORMAT = Format("bfcl", read, OPTIONS)
 
 
-def _read_file(url: str, options: IngestOptions) -> Iterator[dict]:
+def read_shard(shard: Shard, options: IngestOptions) -> Iterator[Part]:
+    """The rollouts of one result file; a line that is not a result entry of a known task is a RecordError."""
+    url = shard.file.url
     named = FILE_NAME.search(url.rsplit("/", 1)[-1])
     if named is None:  # a file named directly (folders are searched for these names only)
         raise IngestError(f"bfcl: {url} is not named BFCL_v<N>_multi_turn_<category>_result.json")
@@ -72,20 +74,39 @@ def _read_file(url: str, options: IngestOptions) -> Iterator[dict]:
     failed, _ = read_scores(_score_file(url, options), options.storage_options)
     model = options.extra.get("model") or model_from_path(url)
     labels = {"model": model, "category": category, **options.labels}
-    with open_for_read(url, options.storage_options) as f:
-        for number, line in enumerate(io.TextIOWrapper(f, encoding="utf-8"), 1):
-            if not line.strip():
-                continue
-            where = f"{url} line {number}"
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise IngestError(f"bfcl: {where}: not JSON: {exc}") from exc
-            task = dataset.get(entry.get("id")) if isinstance(entry, dict) else None
-            if task is None:
-                raise IngestError(f"bfcl: {where}: id {entry.get('id')!r} is not a {tag} {category} task")
-            success = None if failed is None else entry["id"] not in failed
-            yield build_record(task, entry, benchmark, category, labels, success, where)
+    for location, line in shard_lines(shard, options.storage_options, options.limits.line_bytes):
+        if isinstance(line, RecordError) or not line.strip():
+            if isinstance(line, RecordError):
+                yield location, line
+            continue
+        where = f"{url} {location}"
+        try:
+            entry = json.loads(line)  # the stdlib decoder, as BFCL's own reader: it keeps its number types
+        except UnicodeDecodeError as exc:
+            yield location, RecordError(f"bfcl: {where}: invalid UTF-8: {exc}", raw_text(line))
+            continue
+        except json.JSONDecodeError as exc:
+            yield location, RecordError(f"bfcl: {where}: not JSON: {exc}", raw_text(line))
+            continue
+        rid = entry.get("id") if isinstance(entry, dict) else None
+        if not isinstance(entry, dict):
+            reason = f"bfcl: {where}: a result entry is an object with 'id' and 'result', got {type(entry).__name__}"
+            yield location, RecordError(reason, raw_text(line))
+            continue
+        task = dataset.get(rid) if isinstance(rid, str) else None
+        if task is None:
+            reason = f"bfcl: {where}: id {rid!r:.200} is not a {tag} {category} task"
+            yield location, RecordError(reason, raw_text(line))
+            continue
+        success = None if failed is None else rid not in failed
+        try:
+            yield location, build_record(task, entry, benchmark, category, labels, success, where)
+        except (IngestError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            reason = str(exc) if isinstance(exc, IngestError) else f"bfcl: {where}: {type(exc).__name__}: {exc}"
+            yield location, RecordError(reason, raw_text(line))
+
+
+FORMAT = Format("bfcl", read_all("bfcl", plan, read_shard), OPTIONS, plan=plan, read_shard=read_shard)
 
 
 def ground_truth_records(tag: str, benchmark: str) -> Iterator[dict[str, Any]]:

@@ -22,81 +22,154 @@ each. Mapping:
 
 from __future__ import annotations
 
-import io
 import re
 import struct
 import zipfile
 import zlib
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
 import orjson
 import zstandard
 
-from pipeline.ingest._logs import LogSettings, call, loads, log_options, message, rollout, settings, text
+from pipeline.ingest._logs import LogSettings, call, loads, log_options, message, read_all, rollout, settings, text
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
-from pipeline.ingest.base import Format, IngestError, IngestOptions, Option, source_files
+from pipeline.ingest.base import Format, IngestError, IngestOptions, Option, Part, source_inputs
 from pipeline.storage.fs import open_for_read
+from pipeline.storage.inputs import RecordError, Shard, raw_text
 
 _SAMPLE = re.compile(r"^samples/(.+)_epoch_(\d+)\.json$")
 _ZSTD = 93  # the ZIP compression method number of zstd
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, ..., file name length, extra field length
 
 
-def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
-    s = settings("inspect", options)
+def plan(sources: Sequence[str], options: IngestOptions, target_bytes: int) -> list[Shard]:
+    """Each `.eval` log cut into ranges of its sample members (in sample order) of about `target_bytes`
+    compressed; only the archive's directory is read here."""
+    shards: list[Shard] = []
     for source in sources:
-        for url in source_files("inspect", source, options, ("*.eval",)):
-            yield from _read_log(url, s, options)
+        for file in source_inputs("inspect", source, options, ("*.eval",)):
+            file = replace(file, fmt="eval")
+            try:
+                sizes = _sample_sizes(file.url, options)
+            except IngestError:  # a damaged archive: one shard, whose reading reports it (a reject when scoring)
+                shards.append(Shard(file, 0, None))
+                continue
+            begin, held = 0, 0
+            for i, size in enumerate(sizes):
+                held += size
+                if held >= target_bytes and i + 1 < len(sizes):
+                    shards.append(Shard(file, begin, i + 1, i + 1 - begin))
+                    begin, held = i + 1, 0
+            shards.append(Shard(file, begin, len(sizes) if shards and shards[-1].file == file else None))
+    return shards
 
 
-FORMAT = Format(
-    "inspect",
-    read,
-    log_options(
-        Option("scorer", "the scorer whose value is the `score` field (default: the sample's first scorer)"),
-        id_field="rollout_id",
-        success_field="score",
-    ),
-)
+def _sample_sizes(url: str, options: IngestOptions) -> list[int]:
+    try:
+        with open_for_read(url, options.storage_options) as f, zipfile.ZipFile(f) as z:
+            return [z.getinfo(n).compress_size for n in _samples(z.namelist())]
+    except (zipfile.BadZipFile, ValueError, EOFError) as exc:
+        raise IngestError(f"inspect: {url}: cannot read the .eval archive: {exc}") from exc
 
 
-def _read_log(url: str, s: LogSettings, options: IngestOptions) -> Iterator[dict]:
+def _samples(names: list[str]) -> list[str]:
+    return sorted((n for n in names if _SAMPLE.match(n)), key=_sample_order)
+
+
+def read_shard(shard: Shard, options: IngestOptions) -> Iterator[Part]:
+    """The rollouts of a range of sample members; a member over `max_member_bytes` decompressed, damaged, or not a
+    sample is a RecordError. An archive whose header cannot be read is an IngestError."""
+    s = settings("inspect", options)
+    url = shard.file.url
+    limit = options.limits.member_bytes
     try:
         with open_for_read(url, options.storage_options) as f, zipfile.ZipFile(f) as z:
             names = z.namelist()
             head = "header.json" if "header.json" in names else "_journal/start.json"
             if head not in names:
                 raise IngestError(f"inspect: {url}: no header.json or _journal/start.json: not an Inspect .eval log")
-            info = loads("inspect", _member(f, z, head), f"{url}!{head}", dict).get("eval") or {}
-            samples = sorted((n for n in names if _SAMPLE.match(n)), key=_sample_order)
-            for name in samples:
-                sample = loads("inspect", _member(f, z, name), f"{url}!{name}", dict)
-                yield _rollout(sample, info, s, f"{url}!{name}")
-    except (OSError, zipfile.BadZipFile, zstandard.ZstdError) as exc:
+            data = _member(f, z, head, limit)
+            if isinstance(data, RecordError):
+                raise IngestError(f"inspect: {url}!{head}: {data.reason}")
+            info = loads("inspect", data, f"{url}!{head}", dict).get("eval") or {}
+            samples = _samples(names)
+            for name in samples[shard.start : len(samples) if shard.stop is None else shard.stop]:
+                where = f"{url}!{name}"
+                data = _member(f, z, name, limit)
+                if isinstance(data, RecordError):
+                    yield name, data
+                    continue
+                try:
+                    sample = loads("inspect", data, where, dict)
+                    yield name, _rollout(sample, info, s, where)
+                except IngestError as exc:
+                    yield name, RecordError(str(exc), raw_text(data))
+    except (OSError, zipfile.BadZipFile, zstandard.ZstdError, EOFError) as exc:
         raise IngestError(f"inspect: {url}: cannot read the .eval archive: {exc}") from exc
 
 
-def _member(f: Any, z: zipfile.ZipFile, name: str) -> bytes:
-    """A member's bytes; a zstd member's compressed bytes are read from after its local header (where the
-    ZIP format puts them) and checked against the member's CRC."""
+FORMAT = Format(
+    "inspect",
+    read_all("inspect", plan, read_shard),
+    log_options(
+        Option("scorer", "the scorer whose value is the `score` field (default: the sample's first scorer)"),
+        id_field="rollout_id",
+        success_field="score",
+    ),
+    plan=plan,
+    read_shard=read_shard,
+)
+
+_PIECE = 1 << 20  # decompressed bytes read at a time
+
+
+def _member(f: Any, z: zipfile.ZipFile, name: str, limit: int) -> bytes | RecordError:
+    """A member's bytes, decompressed as a stream and never past `limit` (a RecordError then, as for a member
+    that does not match its CRC); a zstd member's compressed bytes are read from after its local header (where
+    the ZIP format puts them)."""
     member = z.getinfo(name)
     if member.compress_type != _ZSTD:
-        return z.read(name)
-    f.seek(member.header_offset)
-    signature, name_length, extra_length = _LOCAL_HEADER.unpack(f.read(_LOCAL_HEADER.size))
-    if signature != b"PK\x03\x04":
-        raise zipfile.BadZipFile(f"{name}: no local file header")
-    f.seek(member.header_offset + _LOCAL_HEADER.size + name_length + extra_length)
-    compressed = f.read(member.compress_size)
-    # Inspect writes several zstd frames per member: read across them, never past the declared size (a member
-    # that inflates further is refused below, not held in memory)
-    reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(compressed), read_across_frames=True)
-    data = reader.read(member.file_size + 1)
-    if zlib.crc32(data) != member.CRC or len(data) != member.file_size:
-        raise zipfile.BadZipFile(f"{name}: the decompressed member does not match its CRC or size")
-    return data
+        stream: Any = z.open(name)
+    else:
+        f.seek(member.header_offset)
+        signature, name_length, extra_length = _LOCAL_HEADER.unpack(f.read(_LOCAL_HEADER.size))
+        if signature != b"PK\x03\x04":
+            return RecordError(f"inspect: {name}: no local file header", "")
+        f.seek(member.header_offset + _LOCAL_HEADER.size + name_length + extra_length)
+        # Inspect writes several zstd frames per member: read across them
+        stream = zstandard.ZstdDecompressor().stream_reader(_Slice(f, member.compress_size), read_across_frames=True)
+    parts, held, crc = [], 0, 0
+    try:
+        with stream:
+            while piece := stream.read(_PIECE):
+                held += len(piece)
+                if held > limit or held > member.file_size:
+                    what = f"over the limit of {limit:,} bytes (max_member_bytes)" if held > limit else (
+                        f"larger than its declared {member.file_size:,} bytes")  # fmt: skip
+                    return RecordError(f"inspect: member {name} decompresses {what}", "")
+                crc = zlib.crc32(piece, crc)
+                parts.append(piece)
+    except (zipfile.BadZipFile, zstandard.ZstdError, zlib.error, EOFError) as exc:
+        return RecordError(f"inspect: member {name} cannot be decompressed: {exc}", "")
+    if crc != member.CRC or held != member.file_size:
+        return RecordError(f"inspect: member {name}: the decompressed member does not match its CRC or size", "")
+    return b"".join(parts)
+
+
+class _Slice:
+    """The next `size` bytes of a file, as a readable stream (a zstd member's compressed bytes)."""
+
+    def __init__(self, f: Any, size: int) -> None:
+        self._f, self._left = f, size
+
+    def read(self, n: int = -1) -> bytes:
+        n = self._left if n < 0 else min(n, self._left)
+        data = self._f.read(n) if n else b""
+        self._left -= len(data)
+        return data
 
 
 def _sample_order(name: str) -> tuple[int, str]:

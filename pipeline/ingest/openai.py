@@ -16,32 +16,31 @@ message list. Mapping:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import Any
 
 from pipeline.ingest._logs import (
     LogSettings,
     call,
-    conversations,
     log_options,
     message,
+    plan_logs,
+    read_all,
+    read_chat_shard,
     rollout,
-    settings,
     text,
     tool_dialect,
 )
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
-from pipeline.ingest.base import Format, IngestError, IngestOptions, Option
+from pipeline.ingest.base import Format, IngestError, Option
 
 _CONTEXT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
-def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
-    s = settings("openai", options)
-    for where, record in conversations("openai", sources, options):
-        events, attributes = assemble(log(record["messages"], s, where))
-        yield rollout(s, record, events, where, attributes)
+def convert(s: LogSettings, where: str, record: dict[str, Any]) -> dict:
+    """The canonical rollout of one conversation record."""
+    events, attributes = assemble(log(record["messages"], s, where))
+    return rollout(s, record, events, where, attributes)
 
 
 def looks_like(doc: Any) -> bool:
@@ -49,7 +48,9 @@ def looks_like(doc: Any) -> bool:
 
 
 ERROR_PREFIX = Option("error_prefix", "a tool message with no boolean `error` is an error if it starts with this text")
-FORMAT = Format("openai", read, log_options(ERROR_PREFIX), looks_like)
+plan = plan_logs("openai")
+read_shard = read_chat_shard("openai", convert)
+FORMAT = Format("openai", read_all("openai", plan, read_shard), log_options(ERROR_PREFIX), looks_like, plan, read_shard)
 
 _LEGACY = ("legacy function call",)  # the key of legacy calls and results: they pair in order
 

@@ -20,8 +20,9 @@ ENTRY_POINT_GROUP = "pexec.ingest"
 # The built-in formats, each the `FORMAT` of its module `pipeline/ingest/<name>.py`, in the order they are asked
 # whether a document is theirs (`likely_format`): the first that claims it names it. The formats known by a
 # top-level key come before the chat formats, which a document with that key and a `messages` list also
-# satisfies; bfcl, inspect and canonical claim nothing (they are not read from JSON documents of their own).
-BUILT_IN = ("otel", "tau2", "toolsandbox", "openai", "anthropic", "bfcl", "inspect", "canonical")
+# satisfies; bfcl, inspect and canonical claim nothing (they are not read from JSON documents of their own), nor
+# do the trace stores mlflow and phoenix (read from a server).
+BUILT_IN = ("otel", "tau2", "toolsandbox", "openai", "anthropic", "bfcl", "inspect", "canonical", "mlflow", "phoenix")
 
 _LOADED: dict[str, LogFormat | IngestError] = {}  # a name that cannot be loaded is not tried again per document
 

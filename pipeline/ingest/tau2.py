@@ -37,9 +37,8 @@ import orjson
 
 from pipeline.core.errors import read_json_file
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
-from pipeline.ingest.base import Format, IngestError, IngestOptions, Option, OptionSchema, source_files
+from pipeline.ingest.base import Format, IngestError, IngestOptions, Option, OptionSchema, read_document, source_files
 from pipeline.ingest.registry import mismatch
-from pipeline.storage.fs import open_for_read
 
 SUCCESS_EPS = 1e-6
 
@@ -61,8 +60,7 @@ FORMAT = Format("tau2", read, OptionSchema((TASKS,)), looks_like)
 
 def _read_file(url: str, tasks: _TaskSource, options: IngestOptions) -> Iterator[dict]:
     try:
-        with open_for_read(url, options.storage_options) as f:
-            data = orjson.loads(f.read())
+        data = orjson.loads(read_document("tau2", url, options))
     except (OSError, orjson.JSONDecodeError) as exc:
         raise IngestError(f"tau2: {url}: cannot read JSON: {exc}") from exc
     if not isinstance(data, dict) or not isinstance(data.get("simulations"), list):

@@ -1,19 +1,24 @@
 """`toolsandbox`: ToolSandbox run folders -> canonical rollouts, one per scenario.
 
-A source is a run folder holding `result_summary.json` and `trajectories/<scenario>/conversation.json`
-(or a folder of such run folders). Options (`--option k=v`):
+A source is a run folder holding `result_summary.json` and `trajectories/<scenario>/` (conversation.json,
+execution_context.json), or a folder of such run folders. Options (`--option k=v`):
 - `threshold` (default 1.0): success = milestone_similarity >= threshold (and the scenario did not crash);
 - `now`: the scenario clock (POSIX) when the log does not give it; `tz` (default UTC): the clock's zone.
 
-A crashed scenario (upstream's summary entry has a `traceback` and `exception_type`; upstream writes
-conversation.json only after evaluating, so the folder holds only execution_context.json) is a rollout with
-status `harness_error` (attribute `harness_error` = `<exception_type>: <last traceback line>`), success false,
-and whatever calls its execution_context.json recovers: the sandbox database's messages, converted to the
-conversation format the way upstream converts them (`<id>_parameters = {...}` code -> a tool call).
+Upstream writes execution_context.json for every scenario it begins to play and conversation.json only after
+evaluating it. A crashed scenario (its summary entry has a `traceback` and `exception_type`) therefore has only
+execution_context.json: it is a rollout with status `harness_error` (attribute `harness_error` =
+`<exception_type>: <last traceback line>`), success false, and whatever calls that file recovers: the sandbox
+database's messages, converted to the conversation format the way upstream converts them (`<id>_parameters =
+{...}` code -> a tool call). Upstream's namespaces and roles are `strenum` members written as their names
+(`_dbs.SANDBOX`, `AGENT`, `EXECUTION_ENVIRONMENT`); every upstream version does so, and lower-case spellings are
+read as the same names.
 
-`env` = {"scenario", "settings", "now", "tz"}: the settings variant is read from the scenario name
-(`..._wifi_off`, `..._low_battery_mode_on`, ...); `now` is the first logged get_current_timestamp output,
-else the earliest creation_timestamp in the log's database updates, else the run folder's start time
+`env` = {"scenario", "settings", "now", "tz"}: the settings variant the scenario started in, read from
+execution_context.json (the settings snapshot in force at the scenario's first user message), else from the
+scenario name (`..._wifi_off`, `..._low_battery_mode_on`, ...); `now` is the clock upstream's seed was written at
+(a seed reminder's logged creation timestamp less its offset), else the first logged get_current_timestamp
+output, else the earliest creation_timestamp in the log's database updates, else the run folder's start time
 (upstream names it `agent_<model>_user_<model>_MM_DD_YYYY_HH_MM_SS`), else `--option now`.
 Tool messages answer calls by `tool_call_id`, paired as `pipeline.ingest._pairing` says (a result that answers
 no call is a `tool` message, attribute `orphan_results`); a tool message whose first or last line names an
@@ -30,19 +35,22 @@ import datetime as dt
 import json
 import re
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import orjson
 
 from pipeline.core.values import decoded
+from pipeline.envs.toolsandbox.env import seed_clock
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
-from pipeline.ingest.base import Format, IngestError, IngestOptions, Option, OptionSchema, source_files
-from pipeline.storage.fs import exists, open_for_read
+from pipeline.ingest.base import Format, IngestError, IngestOptions, Option, OptionSchema, read_document, source_files
+from pipeline.storage.fs import exists
 
 RUN_NAME = re.compile(r"agent_(?P<agent>.+)_user_(?P<user>.+)_(?P<ts>\d\d_\d\d_\d{4}_\d\d_\d\d_\d\d)")
 ERROR_TEXT = re.compile(r"^(Traceback|[A-Za-z_.]*(Error|Exception)\b)")
 SWITCH_TOKENS = (("wifi", "off"), ("location_service", "off"), ("cellular", "off"))
+SWITCHES = ("low_battery_mode", "wifi", "location_service", "cellular")  # upstream's variant names, in its order
 # Upstream's code for one tool call (message_conversion.openai_tool_call_to_python_code).
 CALL_CODE = re.compile(r"^(?P<id>.+)_parameters = (?P<arguments>[^\n]+)\n(?P=id)_response = (?P<name>[^(]+)")
 
@@ -83,8 +91,7 @@ def _runs(source: str, options: IngestOptions) -> list[str]:
 
 def _load(url: str, options: IngestOptions) -> Any:
     try:
-        with open_for_read(url, options.storage_options) as f:
-            return orjson.loads(f.read())
+        return orjson.loads(read_document("toolsandbox", url, options))
     except (OSError, orjson.JSONDecodeError) as exc:
         raise IngestError(f"toolsandbox: {url}: cannot read JSON: {exc}") from exc
 
@@ -105,9 +112,9 @@ def _read_run(run: str, threshold: float, now: float | None, tz: str, options: I
             raise IngestError(f"toolsandbox: {run}/result_summary.json: per_scenario_results[{i}] has no name")
         name = result["name"]
         crash = _crash(result)
-        where, turns = _turns(f"{run}/trajectories/{name}", crash is not None, options)
-        events, orphans = _events(turns, where)
-        clock = _first_timestamp(events) or _earliest_update(turns) or started or now
+        scenario = _scenario(f"{run}/trajectories/{name}", crash is not None, tz, options)
+        events, orphans = _events(scenario.turns, scenario.where)
+        clock = scenario.seeded_at or _first_timestamp(events) or _earliest_update(scenario.turns) or started or now
         if clock is None:
             raise IngestError(f"toolsandbox: {run}: scenario {name}: no time in the log; give --option now=POSIX")
         similarity = result.get("milestone_similarity")
@@ -123,7 +130,7 @@ def _read_run(run: str, threshold: float, now: float | None, tz: str, options: I
             "labels": {**labels, **options.labels},
             "attributes": {k: v for k, v in attributes.items() if v is not None},
             "status": "ok" if crash is None else "harness_error",
-            "env": {"scenario": name, "settings": settings_variant(name), "now": clock, "tz": tz},
+            "env": {"scenario": name, "settings": scenario.settings or settings_variant(name), "now": clock, "tz": tz},
             "events": events,
             "success": None if similarity is None else (crash is None and float(similarity) >= threshold),
         }
@@ -137,32 +144,44 @@ def _crash(result: dict[str, Any]) -> str | None:
     return f"{result['exception_type']}: {lines[-1].strip() if lines else 'no traceback'}"
 
 
-def _turns(folder: str, crashed: bool, options: IngestOptions) -> tuple[str, list[Any]]:
-    """(file read, the scenario's messages in conversation.json form). A crashed scenario has no conversation.json:
-    its messages come from execution_context.json when upstream wrote one, else there are none."""
-    conversation = f"{folder}/conversation.json"
+@dataclass(frozen=True)
+class Scenario:
+    """What a scenario's trajectory folder says: the file its messages came from, the messages in conversation.json
+    form, and (from execution_context.json, when upstream wrote one) the settings variant it started in and the
+    clock upstream's seed was written at."""
+
+    where: str
+    turns: list[Any]
+    settings: str | None = None
+    seeded_at: float | None = None
+
+
+def _scenario(folder: str, crashed: bool, tz: str, options: IngestOptions) -> Scenario:
+    """Upstream writes execution_context.json for every scenario it began to play and conversation.json only after
+    evaluating: a crashed scenario's messages come from the former, or there are none."""
+    conversation, context_url = f"{folder}/conversation.json", f"{folder}/execution_context.json"
+    context = _load(context_url, options) if exists(context_url, options.storage_options) else None
+    settings = start_settings(context, context_url) if context is not None else None
+    seeded_at = seed_clock(_table(context, "reminder", context_url), tz) if context is not None else None
     if crashed and not exists(conversation, options.storage_options):
-        context = f"{folder}/execution_context.json"
-        if not exists(context, options.storage_options):
-            return context, []
-        return context, sandbox_messages(_load(context, options), context)
+        turns = sandbox_messages(context, context_url) if context is not None else []
+        return Scenario(context_url, turns, settings, seeded_at)
     turns = _load(conversation, options)
     if not isinstance(turns, list):
         raise IngestError(f"toolsandbox: {conversation}: expected a list of messages")
-    return conversation, turns
+    return Scenario(conversation, turns, settings, seeded_at)
 
 
 def sandbox_messages(context: Any, where: str) -> list[dict[str, Any]]:
     """The agent's messages of an execution_context.json (the `sandbox` database), in conversation.json form, as
     upstream's to_openai_messages converts them; messages only the user simulator sees are left out."""
-    rows = context.get("_dbs", {}).get("sandbox") if isinstance(context, dict) else None
-    if not isinstance(rows, list):
-        raise IngestError(f"toolsandbox: {where}: no _dbs.sandbox list")
+    rows = _table(context, "sandbox", where)
     out: list[dict[str, Any]] = []
     for k, row in enumerate(rows):
-        if not isinstance(row, dict) or row.get("visible_to") == ["user"]:
+        if not isinstance(row, dict) or _roles(row.get("visible_to")) == ["user"]:
             continue
-        sender, recipient, content = row.get("sender"), row.get("recipient"), row.get("content") or ""
+        sender, recipient = _role(row.get("sender")), _role(row.get("recipient"))
+        content = row.get("content") or ""
         if (sender, recipient) in (("system", "agent"), ("user", "agent")):
             out.append({"role": sender, "content": content})
         elif (sender, recipient) == ("agent", "user"):
@@ -174,6 +193,45 @@ def sandbox_messages(context: Any, where: str) -> list[dict[str, Any]]:
                 out.append({"role": "assistant", "content": "", "tool_calls": []})
             out[-1]["tool_calls"].append(_code_call(content, row.get("openai_function_name"), f"{where} sandbox[{k}]"))
     return out
+
+
+def _table(context: Any, name: str, where: str) -> list[Any]:
+    """A database of execution_context.json's `_dbs`. Upstream's namespaces are strenum members, written as their
+    names (`SANDBOX`); the lower-case spelling is read too."""
+    dbs = context.get("_dbs") if isinstance(context, dict) else None
+    rows = next((v for k, v in dbs.items() if str(k).lower() == name), None) if isinstance(dbs, dict) else None
+    if not isinstance(rows, list):
+        raise IngestError(f"toolsandbox: {where}: no _dbs.{name.upper()} list")
+    return rows
+
+
+def _role(value: Any) -> str | None:
+    """A sender or recipient (`AGENT`, `EXECUTION_ENVIRONMENT`, ...: strenum names) in lower case."""
+    return value.lower() if isinstance(value, str) else None
+
+
+def _roles(value: Any) -> list[str | None] | None:
+    return [_role(v) for v in value] if isinstance(value, list) else None
+
+
+def start_settings(context: Any, where: str) -> str | None:
+    """The settings variant a scenario started in, from execution_context.json: the `setting` database's snapshot
+    in force at the scenario's first user message (snapshots are keyed by sandbox message index; an all-null row
+    marks where one begins). None when the file does not say."""
+    opening = next((row.get("sandbox_message_index") for row in _table(context, "sandbox", where)
+                    if isinstance(row, dict) and _roles([row.get("sender"), row.get("recipient")]) == ["user", "agent"]
+                    and _roles(row.get("visible_to")) != ["user"]), None)  # fmt: skip
+    if not isinstance(opening, int):
+        return None
+    states = [row for row in _table(context, "setting", where) if isinstance(row, dict)
+              and isinstance(row.get("sandbox_message_index"), int) and row["sandbox_message_index"] <= opening
+              and all(isinstance(row.get(c), bool) for c in SWITCHES)]  # fmt: skip
+    if not states:
+        return None
+    state = max(states, key=lambda row: row["sandbox_message_index"])
+    if state["low_battery_mode"]:
+        return "base_low_battery_mode_on_wifi_off_location_service_off_cellular_off"
+    return "_".join(["base", *(f"{c}_off" for c in SWITCHES[1:] if not state[c])])
 
 
 def _code_call(code: str, name: Any, where: str) -> dict[str, Any]:

@@ -5,5 +5,5 @@ definition.py  the job file: load, check fields, run (score, metrics, report, di
 preflight.py   `pexec run --check`: everything a job needs, checked before any scoring
 cluster.py     the Ray Jobs API: submit, status, logs, stop, list
 
-Imports: core, storage, envs, synthetic, scoring, metrics, report.
+Imports: core, storage, envs, ingest, synthetic, scoring, metrics, report.
 """

@@ -29,6 +29,7 @@ from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
 
 if TYPE_CHECKING:
+    from pipeline.ingest.sharded import RawSource
     from pipeline.report import Compare
 
 
@@ -45,7 +46,20 @@ class JobField:
 
 FIELDS = (
     JobField("", ("name", "description"), "names the job (and its submission ids)", 'required / ""'),
-    JobField("", ("input",), "store URL (folder, file, `s3://…`); `{date}` is replaced by the job's date", "required"),
+    JobField(
+        "",
+        ("input",),
+        "store URL (folder, file, `s3://…`), or with `format` the raw logs' folder or file; `{date}` is replaced by "
+        "the job's date",
+        "required",
+    ),
+    JobField(
+        "",
+        ("format", "options", "labels"),
+        "the input's log format, read where it lies inside the scoring tasks (as `pexec score --format`); its "
+        '`--option` settings (`options = {error_prefix = "Error:"}`); labels added to every rollout',
+        "`canonical` (a store); none; none",
+    ),
     JobField("", ("output",), "run URL; `{date}` allowed", "required"),
     JobField("", ("env",), "environment for every rollout (else each rollout's `benchmark`)", "none"),
     JobField("", ("spec", "spec_dirs"), "the spec `observed` uses; extra spec folders", "none"),
@@ -184,6 +198,14 @@ class Job:
     runtime: str | None = None  # [submit]: local, image or package (None: by the address)
     python: str | None = None  # [submit]: the interpreter with pexec on the cluster
     diff: JobDiff | None = None  # compare the run with an earlier one after the metrics
+    fmt: str = "canonical"  # the input's log format (`pexec score --format`)
+    read_options: dict[str, str] = field(default_factory=dict)  # the format's `--option`s
+    labels: dict[str, str] = field(default_factory=dict)  # added to every rollout's labels
+
+    @property
+    def raw(self) -> bool:
+        """Whether the input is read by a format's adapter (raw logs, or a store given labels or options)."""
+        return self.fmt != "canonical" or bool(self.read_options) or bool(self.labels)
 
     @property
     def storage_options(self) -> dict[str, Any] | None:
@@ -230,6 +252,12 @@ def load_job(path: str | Path, on_date: str | None = None) -> Job:
     check_fields(submit, _SUBMIT_KEYS, f"{path} [submit]", JobFileError)
     if submit.get("runtime", "local") not in RUNTIMES:
         raise JobFileError(f"{path} [submit]: runtime is one of {', '.join(RUNTIMES)}, got {submit['runtime']!r}")
+    fmt = raw.get("format", "canonical")
+    if not isinstance(fmt, str) or not fmt:
+        raise JobFileError(f"{path}: format is a log format name (pexec ingest's), got {fmt!r}")
+    read_options, labels = _strings(raw, "options", path), _strings(raw, "labels", path)
+    if synth is not None and fmt != "canonical":
+        raise JobFileError(f"{path}: [synth] writes a canonical store: it does not go with format = {fmt!r}")
     shard_mb = raw.get("shard_mb", DEFAULT_SHARD_BYTES / 2**20)
     if isinstance(shard_mb, bool) or not isinstance(shard_mb, int | float) or shard_mb * 2**20 < 1:
         raise JobFileError(f"{path}: shard_mb is a size in MiB > 0, got {shard_mb!r}")
@@ -254,7 +282,18 @@ def load_job(path: str | Path, on_date: str | None = None) -> Job:
         runtime=submit.get("runtime"),
         python=submit.get("python"),
         diff=diff,
+        fmt=fmt,
+        read_options=read_options,
+        labels=labels,
     )
+
+
+def _strings(raw: dict[str, Any], key: str, path: Path) -> dict[str, str]:
+    """A table of strings (`options`, `labels`); numbers and booleans are written as the CLI would take them."""
+    table = raw.get(key, {})
+    if not isinstance(table, dict) or not all(isinstance(v, str | int | float | bool) for v in table.values()):
+        raise JobFileError(f'{path}: {key} is a table of names to values, such as {{ error_prefix = "Error:" }}')
+    return {str(k): (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in table.items()}
 
 
 def _load_report(
@@ -353,6 +392,7 @@ def run_job(
     manifest = run_scoring(
         job.input,
         job.output,
+        source=raw_input(job),
         env=job.env,
         options=job.options,
         address=address or job.address,
@@ -375,6 +415,20 @@ def run_job(
         build_report(run, r.out, r.by, r.compare, r.ks, job.bootstrap, overwrite=r.overwrite, within=r.within,
                      population=job.population)  # fmt: skip
     return manifest, cohorts
+
+
+def raw_input(job: Job) -> RawSource | None:
+    """The job's raw logs (None: a canonical store read as is); an unknown format or option fails here."""
+    if not job.raw:
+        return None
+    from pipeline.ingest import IngestError, IngestOptions
+    from pipeline.ingest.sharded import raw_source
+
+    options = IngestOptions(labels=job.labels, extra=job.read_options, storage_options=job.storage_options)
+    try:
+        return raw_source(job.fmt, [job.input], options)
+    except IngestError as exc:
+        raise JobFileError(f"job {job.name}: {exc}") from exc
 
 
 def absolute_paths(job: Job) -> Job:

@@ -15,7 +15,8 @@ from pipeline.core.errors import PexecError
 from pipeline.core.records import parse_rollout
 from pipeline.envs import get_environment
 from pipeline.envs.spec.loader import find_spec
-from pipeline.jobs.definition import Job, absolute_paths
+from pipeline.ingest.sharded import plan_raw, read_raw
+from pipeline.jobs.definition import Job, absolute_paths, raw_input
 from pipeline.metrics.cohorts import resolve_by
 from pipeline.storage.fs import exists, filesystem, is_local
 from pipeline.storage.inputs import Shard, list_inputs, read_shard
@@ -42,7 +43,14 @@ def check_job(job: Job) -> JobCheck:
     files: list[Any] = []
     sample: list[Any] = []
     try:
-        if job.synth is None or exists(job.input, options):
+        source = raw_input(job)
+        if source is not None and source.fmt != "canonical":
+            shards = plan_raw(source, job.shard_bytes)
+            files = list({s.file.url: s.file for s in shards}.values())
+            # a shuffled format's first shard holds no whole rollout: no sample (the run checks its labels)
+            records = () if source.shuffle else islice(read_raw(source, shards[0]), SAMPLE)
+            sample = [parse_rollout(r) for _, r in records if isinstance(r, dict)]
+        elif job.synth is None or exists(job.input, options):
             files, _ = list_inputs(job.input, options)
             records = islice(read_shard(Shard(files[0], 0, None), options), SAMPLE)
             sample = [parse_rollout(r) for _, r in records if isinstance(r, dict)]

@@ -1,5 +1,6 @@
 """The DuckDB stage: a scored run opened once, and everything computed from it — per-cohort metrics with
-task-level bootstrap intervals, read-only SQL, per-tool error profiles, drift between runs.
+task-level bootstrap intervals, read-only SQL, per-tool error profiles, drift between runs, verdict
+flips between runs of the same rollouts.
 
 run.py            `open_run(url)` -> Run: the handle every reader uses (one listing, one completeness snapshot)
 completeness.py   which runs lie under a path, whether each is complete, what a partial read covers
@@ -11,6 +12,7 @@ partials.py       the poisson-merged metrics in Ray tasks: part sums, task parti
 query.py          read-only user SQL within limits
 tool_profiles.py  per-tool error profiles (step-level cohorts)
 drift.py          `pexec diff`: drift between two runs of different tasks
+verdicts.py       `pexec diff`: the step-level verdict diff of two runs of the same rollouts
 duck.py           the DuckDB plumbing: connections, .sql files, variables
 sql/              every statement, as .sql files
 

@@ -61,14 +61,20 @@ _THRESHOLD = re.compile(r"^\s*([a-z_]+)\s*(<=|>=|<|>)\s*([+-]?(?:\d+\.?\d*|\.\d+
 def parse_threshold(text: str) -> Threshold:
     """`ter<-0.02`: a catalogue ratio metric (or `invalid_rate`, per tool), <, <=, > or >=, a number. Parsed by
     one regular expression; nothing is evaluated."""
-    match = _THRESHOLD.match(text)
+    metric, op, number = split_threshold(text)
     names = [m.name for m in metric_catalogue.ratios()] + [TOOL_METRIC]
+    if metric not in names:
+        raise DiffError(f"--fail-on: unknown metric {metric!r}; one of {', '.join(names)}")
+    return Threshold(metric, op, number)
+
+
+def split_threshold(text: str) -> tuple[str, str, float]:
+    """(metric, operator, number) of `METRIC<NUMBER`; the metric name is checked by the caller."""
+    match = _THRESHOLD.match(text)
     if match is None:
         raise DiffError(f"--fail-on takes METRIC<NUMBER (or <=, >, >=), e.g. 'ter<-0.02'; got {text!r}")
     metric, op, number = match.groups()
-    if metric not in names:
-        raise DiffError(f"--fail-on: unknown metric {metric!r}; one of {', '.join(names)}")
-    return Threshold(metric, op, float(number))
+    return metric, op, float(number)
 
 
 @dataclass(frozen=True)

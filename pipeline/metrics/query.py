@@ -7,6 +7,9 @@ import re
 import shutil
 import tempfile
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +24,8 @@ from pipeline.metrics.duck import connect, run_sql, set_variables
 PARTIAL_KEY = b"pexec.partial"  # schema metadata of a `sql` result read from an incomplete run
 _METRICS_NAME = re.compile(r"^metrics(_by_\w+)?$")
 _MEMORY = re.compile(r"\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", re.IGNORECASE)
+BATCH_ROWS = 10_000  # rows fetched from DuckDB at a time while a result streams
+MAX_ROWS_LIMIT = 1_000_000_000  # the largest --max-rows
 _EXPLAIN = re.compile(r"^\s*EXPLAIN\s+(?:ANALYZE\s+)?(?:\([^)]*\)\s*)?(?P<rest>.*)$", re.IGNORECASE | re.DOTALL)
 
 
@@ -38,29 +43,108 @@ class QueryLimits:
     statement timeout of its own: a timer interrupts the connection."""
 
     memory_limit: str = "2GB"
-    timeout: float = 120.0  # seconds, for all statements of the query together
+    timeout: float = 120.0  # seconds, for all statements of the query together and reading their result
+    max_rows: int = 1_000_000  # rows of the result; more is cut (streamed) or an error (a table in memory)
 
     def __post_init__(self) -> None:
         if not _MEMORY.fullmatch(self.memory_limit):
             raise PexecError(f"memory limit takes a size such as 512MB or 4GB, got {self.memory_limit!r}")
         if not self.timeout > 0:
             raise PexecError(f"timeout takes seconds > 0, got {self.timeout}")
+        if not 1 <= self.max_rows <= MAX_ROWS_LIMIT:
+            raise PexecError(f"max rows takes 1 to {MAX_ROWS_LIMIT:,}, got {self.max_rows}")
+
+
+class QueryResult:
+    """A query's result as it streams: its schema, its batches (each fetched within the time limit, at most
+    `max_rows` rows in all), the run's coverage when partial, and after the batches why rows were cut, if
+    they were."""
+
+    def __init__(
+        self,
+        reader: pa.RecordBatchReader,
+        limits: QueryLimits,
+        deadline: float,
+        partial: dict[str, Any] | None,
+    ) -> None:
+        self.schema = reader.schema
+        self.partial = partial
+        self.limits = limits
+        self.rows = 0
+        self.cut: str | None = None  # why fewer rows were given than the query has (None: all were)
+        self._reader = reader
+        self._deadline = deadline
+
+    def check_time(self) -> None:
+        """QueryError once the --timeout has passed (a consumer writing rows checks too)."""
+        if time.monotonic() > self._deadline:
+            raise QueryError(f"query stopped after {self.limits.timeout:g} s (the --timeout)")
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        left = self.limits.max_rows
+        while True:
+            self.check_time()
+            try:
+                batch = _limited(lambda: self._reader.read_next_batch(), self.limits)
+            except StopIteration:
+                return
+            more = batch.num_rows > left
+            if more:
+                batch = batch.slice(0, left)
+            elif batch.num_rows == left:  # a row past the limit tells a cut result from one exactly that long
+                more = self._has_more()
+            if more:
+                self.cut = f"the result was cut at {self.limits.max_rows:,} rows (the --max-rows)"
+            self.rows += batch.num_rows
+            left -= batch.num_rows
+            if batch.num_rows:
+                yield batch
+            if left == 0:
+                return
+
+    def _has_more(self) -> bool:
+        try:
+            while True:
+                batch = _limited(lambda: self._reader.read_next_batch(), self.limits)
+                if batch.num_rows:
+                    return True
+        except StopIteration:
+            return False
 
 
 def sql(snapshot: Snapshot, query: str, limits: QueryLimits | None = None) -> pa.Table:
     """Run a read-only query over the views of a run: steps, rollouts, rejects, and one per metrics result
-    (`metrics`/`pec`, `metrics_by_model`/`pec_by_model`, …).
+    (`metrics`/`pec`, `metrics_by_model`/`pec_by_model`, …), and return its result as one table.
 
     Every statement must be a read (SELECT, WITH ... SELECT, EXPLAIN [ANALYZE] SELECT); the result of the
     last one is returned. Files outside the run cannot be read. Of an incomplete run (a partial snapshot), the
     result's schema metadata carries the coverage under PARTIAL_KEY (see partial_of). The query runs within
-    `limits` (memory, time); its spill files go to a private temporary folder, never the current directory.
+    `limits` (memory, time, rows: a result longer than `max_rows` is a QueryError here; `stream_sql` cuts it);
+    its spill files go to a private temporary folder, never the current directory.
     """
     limits = limits or QueryLimits()
+    with stream_sql(snapshot, query, limits) as result:
+        batches = list(result.batches())
+        if result.cut:
+            raise QueryError(f"the result has more than {limits.max_rows:,} rows (the --max-rows)")
+        table = pa.Table.from_batches(batches, result.schema)
+    covered = result.partial
+    return table if covered is None else table.replace_schema_metadata({PARTIAL_KEY: orjson.dumps(covered)})
+
+
+@contextmanager
+def stream_sql(snapshot: Snapshot, query: str, limits: QueryLimits | None = None) -> Iterator[QueryResult]:
+    """`sql`'s query with its result streamed (QueryResult.batches) under the same memory and time limits, at
+    most `max_rows` rows (`cut` says whether more were left)."""
+    limits = limits or QueryLimits()
     statements = read_statements(query)
+    deadline = time.monotonic() + limits.timeout
     root = snapshot.root
     con = connect(root)
     spill = tempfile.mkdtemp(prefix="pexec-sql-")
+    # DuckDB has no statement timeout of its own: a timer interrupts the connection, reading included.
+    timer = threading.Timer(limits.timeout, con.interrupt)
+    timer.start()
     try:
         set_variables(con, memory_limit=limits.memory_limit, temp_directory=spill)
         run_sql(con, "metrics/limits")
@@ -72,12 +156,26 @@ def sql(snapshot: Snapshot, query: str, limits: QueryLimits | None = None) -> pa
         _metrics_views(con, snapshot)
         set_variables(con, allowed_directories=[root.url + "/"])
         run_sql(con, "metrics/lockdown")
-        result = _run_limited(con, statements, limits)
-        covered = snapshot.partial()
-        return result if covered is None else result.replace_schema_metadata({PARTIAL_KEY: orjson.dumps(covered)})
+        for text in statements[:-1]:  # run for their errors; only the last one's result is shown
+            _limited(lambda text=text: _drain(_reader(con, text)), limits)
+        reader = _limited(lambda: _reader(con, statements[-1]), limits)
+        yield QueryResult(reader, limits, deadline, snapshot.partial())
     finally:
+        timer.cancel()
         con.close()
         shutil.rmtree(spill, ignore_errors=True)
+
+
+def _reader(con: duckdb.DuckDBPyConnection, text: str) -> pa.RecordBatchReader:
+    relation = con.sql(text)
+    if relation is None:  # a statement without a result
+        return pa.RecordBatchReader.from_batches(pa.schema([]), [])
+    return relation.to_arrow_reader(BATCH_ROWS)
+
+
+def _drain(reader: pa.RecordBatchReader) -> None:
+    for _batch in reader:
+        pass
 
 
 def partial_of(result: pa.Table) -> dict[str, Any] | None:
@@ -86,14 +184,10 @@ def partial_of(result: pa.Table) -> dict[str, Any] | None:
     return None if raw is None else orjson.loads(raw)
 
 
-def _run_limited(con: duckdb.DuckDBPyConnection, statements: list[str], limits: QueryLimits) -> pa.Table:
-    timer = threading.Timer(limits.timeout, con.interrupt)
-    timer.start()
-    result = pa.table({})
+def _limited(step: Any, limits: QueryLimits) -> Any:
+    """`step()` with DuckDB's interrupt and memory errors as the one-line errors naming the option."""
     try:
-        for text in statements:
-            relation = con.sql(text)
-            result = relation.to_arrow_table() if relation is not None else pa.table({})
+        return step()
     except duckdb.InterruptException as exc:
         raise QueryError(f"query stopped after {limits.timeout:g} s (the --timeout)") from exc
     except duckdb.OutOfMemoryException as exc:
@@ -102,9 +196,15 @@ def _run_limited(con: duckdb.DuckDBPyConnection, statements: list[str], limits: 
         ) from exc
     except duckdb.Error as exc:  # the user's query is wrong, not pexec
         raise QueryError(str(exc)) from exc
-    finally:
-        timer.cancel()
-    return result
+    except pa.ArrowInvalid as exc:  # DuckDB's errors while a stream is read arrive through Arrow
+        message = str(exc)
+        if "INTERRUPT" in message.upper():
+            raise QueryError(f"query stopped after {limits.timeout:g} s (the --timeout)") from exc
+        if "Out of Memory" in message:
+            raise QueryError(
+                f"query needs more than {limits.memory_limit} of memory (the --memory-limit) and its spill space"
+            ) from exc
+        raise QueryError(message) from exc
 
 
 def _metrics_views(con: duckdb.DuckDBPyConnection, snapshot: Snapshot) -> None:

@@ -50,4 +50,5 @@ BENCHES: dict[str, Entry] = {
     ),
     "bfcl": Entry("pipeline.perf.bfcl:bench_bfcl"),
     "tau": Entry("pipeline.perf.tau:bench_tau"),
+    "spans": Entry("pipeline.perf.spans:bench_spans", "n_spans", 1_000_000, note="spans, not rollouts", workdir=True),
 }

@@ -1,11 +1,13 @@
-"""Scoring: a store's shards replayed as Ray tasks (or inline), each writing its parts of the run's tables, the
-manifest written last.
+"""Scoring: a store's shards, or raw logs' shards decoded by their format inside the task, replayed as Ray tasks
+(or inline), each writing its parts of the run's tables, the manifest written last.
 
 driver.py        plan shards, submit them (bounded in flight), reuse unchanged ones, commit with the manifest
-shard.py         one shard: read its records, replay each rollout, write its parts
+shard.py         one shard: read its records (a store's, or a raw format's), replay each rollout, write its parts
+shuffle.py       rollouts that span files: items hash-partitioned by key through the run's staging area
+convert.py       `pexec ingest`: the same shards decoded here or in Ray tasks, records in source order to a store
 run_tables.py    results -> the steps, rollouts and rejects tables as Arrow
 code_version.py  what decides whether an earlier run's shards can be reused
 id_check.py      the duplicate-id check on Ray, in hash partitions: the driver never holds the ids
 
-Imports: core, storage, envs, replay.
+Imports: core, storage, envs, replay, ingest.
 """

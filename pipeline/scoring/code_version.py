@@ -1,11 +1,17 @@
-"""The code version of scoring: what decides whether an earlier run's scored shards can be reused.
+"""The code versions of scoring: what decides whether an earlier run's scored shards can be reused.
 
-It is the package version plus a hash of the source that scoring executes: `scoring/shard.py`, all of `envs/`
-(scoring resolves environments by name, so any family may run, with the rule engine and the spec family),
-and every package module these import, followed through their `import` statements (lazy ones inside
-functions included). Editing the report, the DuckDB stage, ingest or the CLI therefore keeps scored
-shards reusable; editing the checker or an environment rescores them.
-Environments' data files (specs, pins) are covered by each environment's own version.
+The code version is per environment: the scoring core plus that environment family's own code, so a change
+rescores only what it affects.
+- The **core** version (`code_version()`) is the package version plus a hash of the source every shard executes
+  whatever its environments: `scoring/shard.py`, the modules of `envs/` that are not a family (the protocol, the
+  registry, the rule engine, the data paths), and every package module these import, followed through their
+  `import` statements (lazy ones inside functions included) but never into a family. A shard scored under
+  another core version is rescored.
+- A **family** version (`family_version(name)`) hashes one environment family's own files (a folder of `envs/`,
+  or `envs/observed.py`) and the package modules they import that the core does not already cover. It is recorded
+  beside each environment's own version (`environment_version`: spec and data fingerprints, simulator pins), so
+  editing the τ family rescores the τ shards and reuses every BFCL and spec shard.
+Editing the report, the DuckDB stage, ingest or the CLI keeps every scored shard reusable.
 """
 
 from __future__ import annotations
@@ -16,32 +22,103 @@ from functools import cache
 from importlib.metadata import version
 from pathlib import Path
 
+from pipeline.envs.base import Environment
+
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # pipeline/
 _NAME = PACKAGE_ROOT.name
+_FAMILY_MODULES = ("observed.py",)  # single-module families directly under envs/ (the rest are folders)
 
 
 @cache
 def code_version() -> str:
+    """The core version: `<package version>+<hash of the core sources>`."""
+    return f"{version('pexec')}+{_digest(core_sources(PACKAGE_ROOT), PACKAGE_ROOT)}"
+
+
+@cache
+def family_version(family: str) -> str:
+    """The hash of one family's own code (`""` for a name that is no family of this package)."""
+    return _family_digest(family, PACKAGE_ROOT)
+
+
+def environment_version(env: Environment) -> str:
+    """What a shard records for an environment: its own version (data, pins) and its family's code version (the
+    family of its class's module). A third-party environment's code is its own version's business: only that is
+    recorded."""
+    family = family_of(type(env).__module__)
+    return f"{env.version}; code {family}@{family_version(family)}" if family else env.version
+
+
+def family_of(module: str) -> str | None:
+    """The family of a module path (`pipeline.envs.tau.env` -> `tau`), None outside the package's families."""
+    parts = module.split(".")
+    if parts[:2] != [_NAME, "envs"] or len(parts) < 3:
+        return None
+    return parts[2] if parts[2] in families(PACKAGE_ROOT) or f"{parts[2]}.py" in _FAMILY_MODULES else None
+
+
+def families(root: Path) -> dict[str, list[Path]]:
+    """Family name -> its own files, under the package at `root`."""
+    envs = root / "envs"
+    found = {p.name: sorted(p.rglob("*.py")) for p in sorted(envs.iterdir()) if (p / "__init__.py").is_file()}
+    found |= {Path(m).stem: [envs / m] for m in _FAMILY_MODULES if (envs / m).is_file()}
+    return found
+
+
+def core_sources(root: Path | None = None) -> set[Path]:
+    """The package's source files (under `root`) every shard can execute, whatever its environments."""
+    root = root or PACKAGE_ROOT
+    own = {f for files in families(root).values() for f in files}
+    start = [root / "scoring" / "shard.py", *(p for p in (root / "envs").glob("*.py") if p not in own)]
+    return _closure(start, root, stop=own)
+
+
+def family_sources(family: str, root: Path | None = None) -> set[Path]:
+    """One family's files and the modules they import, not followed into the core (which imports every family to
+    register it) but followed into another family that this one imports itself."""
+    root = root or PACKAGE_ROOT
+    files = families(root).get(family, [])
+    return _closure(files, root, stop=core_sources(root)) if files else set()
+
+
+def scoring_sources(root: Path | None = None) -> set[Path]:
+    """Every source file scoring can execute: the core and every family."""
+    root = root or PACKAGE_ROOT
+    return core_sources(root).union(*(family_sources(f, root) for f in families(root)))
+
+
+def versions(root: Path | None = None) -> dict[str, str]:
+    """The hashes of the package at `root` (default: this one): `core` and one per family."""
+    root = root or PACKAGE_ROOT
+    return {"core": _digest(core_sources(root), root)} | {f: _family_digest(f, root) for f in families(root)}
+
+
+def _family_digest(family: str, root: Path) -> str:
+    files = family_sources(family, root)
+    return _digest(files, root) if files else ""
+
+
+def _digest(files: set[Path], root: Path) -> str:
     digest = hashlib.sha256()
-    for path in sorted(scoring_sources()):
-        digest.update(path.relative_to(PACKAGE_ROOT).as_posix().encode())
+    for path in sorted(files):
+        digest.update(path.relative_to(root).as_posix().encode())
         digest.update(path.read_bytes())
-    return f"{version('pexec')}+{digest.hexdigest()[:12]}"
+    return digest.hexdigest()[:12]
 
 
-def scoring_sources() -> set[Path]:
-    """The package's source files that scoring can execute."""
-    pending = [PACKAGE_ROOT / "scoring" / "shard.py", *(PACKAGE_ROOT / "envs").rglob("*.py")]
+def _closure(start: list[Path], root: Path, stop: set[Path]) -> set[Path]:
+    """`start` and the package files they import, transitively, never entering a file of `stop`."""
+    pending = list(start)
     seen: set[Path] = set()
     while pending:
         path = pending.pop()
-        if path not in seen:
+        if path not in seen and path not in stop:
             seen.add(path)
-            pending += _imported_files(path)
+            pending += _imported_files(path, root)
     return seen
 
 
-def _imported_files(path: Path) -> list[Path]:
+def _imported_files(path: Path, root: Path) -> list[Path]:
     names: list[str] = []
     for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
         if isinstance(node, ast.Import):
@@ -53,6 +130,6 @@ def _imported_files(path: Path) -> list[Path]:
     for name in names:
         parts = name.split(".")
         if parts[0] == _NAME and len(parts) > 1:
-            base = PACKAGE_ROOT.joinpath(*parts[1:])
+            base = root.joinpath(*parts[1:])
             files += [f for f in (base.with_suffix(".py"), base / "__init__.py") if f.is_file()]
     return files

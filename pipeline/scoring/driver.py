@@ -19,13 +19,18 @@ from typing import Any, Literal
 import pyarrow as pa
 
 from pipeline.core.errors import PexecError, StorageError
+from pipeline.core.records import record_id
 from pipeline.envs import EnvError, EnvOptions, forget_unresolved, get_environment
+from pipeline.ingest import IngestError
+from pipeline.ingest.sharded import RawSource, plan_raw
 from pipeline.replay.checker import CHECKS
-from pipeline.scoring.code_version import code_version
+from pipeline.scoring.code_version import code_version, environment_version
 from pipeline.scoring.id_check import RayIdCheck
-from pipeline.scoring.shard import ScoredShard, ScoreSettings, ShardReport, score_shard
-from pipeline.storage.ids import Duplicates, digest, duplicate_ids, shard_ids
-from pipeline.storage.inputs import Shard, list_inputs, plan_shards
+from pipeline.scoring.shard import ScoredShard, ScoreSettings, ShardReport, read_records, score_shard
+from pipeline.scoring.shuffle import map_shard, partition_shards, regroup_partition, staging
+from pipeline.storage.fs import remove_all
+from pipeline.storage.ids import Duplicates, digest, duplicate_ids, ids_table, shard_ids
+from pipeline.storage.inputs import RecordError, Shard, list_inputs, plan_shards
 from pipeline.storage.lease import DEFAULT_STALE_AFTER, Lease
 from pipeline.storage.run import (
     TABLES,
@@ -49,6 +54,8 @@ class ShardPlan:
     ignored: list[str]
     total_bytes: int
     reusable: int = 0  # shards whose committed output from an earlier run is still valid
+    # a shuffled format's input shards (read by round 1); `shards` are then the partitions scored
+    inputs: list[Shard] | None = None
 
 
 class ScoringFailed(PexecError, RuntimeError):
@@ -56,7 +63,20 @@ class ScoringFailed(PexecError, RuntimeError):
     written."""
 
 
-def plan(store: str, shard_bytes: int = DEFAULT_SHARD_BYTES, storage_options: dict | None = None) -> ShardPlan:
+def plan(
+    store: str,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    storage_options: dict | None = None,
+    source: RawSource | None = None,
+) -> ShardPlan:
+    """The shards of a canonical store, or of raw logs (`source`, its format's own plan)."""
+    if source is not None and source.fmt != "canonical":
+        try:
+            shards = plan_raw(source, shard_bytes)
+        except IngestError as exc:
+            raise ScoringFailed(str(exc)) from exc
+        files = {s.file.url: s.file.size for s in shards}
+        return ShardPlan(len(files), shards, [], sum(files.values()))
     files, ignored = list_inputs(store, storage_options)
     shards = plan_shards(files, shard_bytes, storage_options)
     return ShardPlan(len(files), shards, ignored, sum(f.size for f in files))
@@ -79,8 +99,12 @@ def run_scoring(
     force: bool = False,
     lease_stale_after: float = DEFAULT_STALE_AFTER,
     checks: tuple[str, ...] = CHECKS,
+    source: RawSource | None = None,
 ) -> dict[str, Any]:
     """Score every rollout under `store` into `run`; returns the manifest (also written as `_manifest.json`).
+
+    `source`: raw logs read where they lie by their format's adapter inside the tasks (`store` then only names
+    them in the manifest); a format whose rollouts span files is first shuffled by key (pipeline.scoring.shuffle).
 
     `checks` selects which of S's schema fit, D and P apply (`pipeline.replay.checker.CHECKS`, all by default).
     Rerunning into the same `run` rescores only the shards whose input, code, settings (checks included) or
@@ -101,8 +125,10 @@ def run_scoring(
         storage_options=storage_options,
         code_version=code_version(),
         checks=checks,
+        source=source,
     )
-    shard_plan = plan(store, shard_bytes, storage_options)
+    shard_plan = plan(store, shard_bytes, storage_options, source)
+    shuffled = source is not None and source.shuffle is not None
     lease = Lease(run, storage_options, lease_stale_after)
     with ExitStack() as held:
         with lease.taking():
@@ -112,11 +138,20 @@ def run_scoring(
                 raise ScoringFailed(f"cannot write run {run}: {exc}") from exc
             held.enter_context(lease)
         settings = replace(settings, lease=lease.token)
+        if shuffled:
+            assert source is not None
+            tasks = _Tasks(executor, address, num_cpus, lease.check)
+            shard_plan = _shuffle(source, settings.run, shard_plan, shard_bytes, tasks)
         markers = {} if force else read_shard_markers(run, storage_options)
         sizes = part_sizes(run, storage_options) if markers else {}
         # Reusable as far as input, versions and parts go; whether the duplicate ids each was told about still
         # hold is known once the ids of every shard are (below).
-        reused = {s.key: r for s in shard_plan.shards if (r := _reusable(s, markers.get(s.key), settings, sizes))}
+        # Why each shard is scored again ("" when reusable): recorded in the manifest's `reuse`.
+        why = {
+            s.key: "forced" if force else _rescore_reason(s, markers.get(s.key), settings, sizes)
+            for s in shard_plan.shards
+        }
+        reused = {s.key: ShardReport(**{**markers[s.key], "reused": True}) for s in shard_plan.shards if not why[s.key]}
         todo = [s for s in shard_plan.shards if s.key not in reused]
         if on_plan:
             on_plan(replace(shard_plan, reusable=len(reused)))
@@ -137,7 +172,7 @@ def run_scoring(
         if executor == "inline":
             with ThreadPoolExecutor(1) as pool:
                 # Scoring returns the ids a shard holds; those of reused shards are read meanwhile.
-                reread = pool.submit(_ids, [s for s in shard_plan.shards if s.key in reused], storage_options)
+                reread = pool.submit(_ids, [s for s in shard_plan.shards if s.key in reused], settings)
                 scored = score(todo, {})
                 ids = reread.result() | {s.report.shard: s.ids for s in scored}
             duplicates = duplicate_ids(shard_plan.shards, ids, storage_options)
@@ -145,7 +180,7 @@ def run_scoring(
         else:  # on Ray the ids stay in the object store, checked in hash partitions (pipeline.scoring.id_check)
             _start_ray(address, num_cpus)
             check = RayIdCheck(shard_plan.shards)
-            check.read([s for s in shard_plan.shards if s.key in reused], storage_options, **_RETRIES)
+            check.read(_shard_ids, [s for s in shard_plan.shards if s.key in reused], settings, **_RETRIES)
             scored = score(todo, {}, check)
             duplicates = check.duplicates(storage_options)
         reports = reused | {s.report.shard: s.report for s in scored}
@@ -154,48 +189,142 @@ def run_scoring(
         # known) is scored again: only shards holding a later copy of an id, whatever the order they ran in.
         again = [s for s in shard_plan.shards if reports[s.key].duplicates != digest(duplicates.get(s.key, {}))]
         reports |= {s.report.shard: s.report for s in score(again, duplicates)}
+        why |= {s.key: why[s.key] or "the duplicate ids it holds changed" for s in again}
         ordered = sorted(reports.values(), key=lambda r: (r.source, r.start))
+        if source is not None and not source.allow_no_calls:
+            _check_calls(source, ordered)
         lease.confirm()  # a writer that lost its lease must not delete or commit anything
         # Parts of an earlier plan of this run (another shard size, a removed input) would duplicate rows.
         remove_stale_parts(run, {s.key for s in shard_plan.shards}, storage_options)
         manifest = _manifest(store, settings, shard_plan, ordered, started, executor)
+        manifest["reuse"] = _reuse_record(ordered, why, settings)
         lease.confirm()
         write_manifest(run, manifest, storage_options)
+        if shuffled:
+            remove_all(staging(settings.run), storage_options)
     return manifest
 
 
-def _reusable(
+def _check_calls(source: RawSource, reports: list[ShardReport]) -> None:
+    """Rollouts and not one tool call: most likely another format's logs (as `pexec ingest` refuses them)."""
+    if sum(r.steps for r in reports) == 0 and sum(r.scored for r in reports) > 0:
+        raise ScoringFailed(
+            f"{source.fmt}: {sum(r.scored for r in reports)} rollout(s) and not one tool call: are these "
+            f"{source.fmt} logs? (logs that truly have no calls: --option allow_no_calls=true)"
+        )
+
+
+@dataclass(frozen=True)
+class _Tasks:
+    """Where the rounds of a shuffle run: Ray tasks (bounded in flight), or inline."""
+
+    executor: str
+    address: str | None
+    num_cpus: int | None
+    still_held: Callable[[], None]
+
+    def run(self, fn: Callable[..., Any], shards: list[Shard], *args: Any) -> list[Any]:
+        if self.executor == "inline":
+            out = []
+            for shard in shards:
+                self.still_held()
+                try:
+                    out.append(fn(shard, *args))
+                except OSError as exc:
+                    raise ScoringFailed(_failed(shard, exc)) from exc
+            return out
+        import ray
+
+        _start_ray(self.address, self.num_cpus)
+        task = ray.remote(max_retries=3, retry_exceptions=[OSError])(fn)
+        window = 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))
+        return [r for _, r in completed(shards, lambda s: task.remote(s, *args), window, self.still_held)]
+
+
+def _shuffle(source: RawSource, run: str, shard_plan: ShardPlan, shard_bytes: int, tasks: _Tasks) -> ShardPlan:
+    """Round 1 (and 2 when the format regroups) of the shuffle: the plan's shards become its partitions, about
+    one per `shard_bytes` of input, each scored as a shard."""
+    inputs = shard_plan.shards
+    partitions = max(1, -(-shard_plan.total_bytes // shard_bytes))
+    rounds = 2 if source.shuffle is not None and source.shuffle.regroup is not None else 1
+    remove_all(staging(run), source.options.storage_options)  # what an interrupted run left
+    tasks.run(_map_shard, inputs, source, run, partitions, rounds)
+    if rounds == 2:
+        tasks.run(_regroup, partition_shards(source, run, inputs, partitions, 1), source, run, partitions)
+    return replace(shard_plan, shards=partition_shards(source, run, inputs, partitions, 2), inputs=inputs)
+
+
+def _map_shard(shard: Shard, source: RawSource, run: str, partitions: int, rounds: int) -> int:
+    return map_shard(source, run, shard, partitions, rounds)
+
+
+def _regroup(shard: Shard, source: RawSource, run: str, partitions: int) -> int:
+    return regroup_partition(source, run, shard, partitions)
+
+
+def _rescore_reason(
     shard: Shard, marker: dict[str, Any] | None, settings: ScoreSettings, sizes: dict[str, dict[str, int]]
-) -> ShardReport | None:
-    """The committed report of `shard` if its output is still what scoring it now would write, and still on
-    disk as it was committed (every part present with the size recorded in the marker), as far as its input,
-    code, settings and environments go: the duplicate ids it was told about are checked once all ids are known."""
-    if not marker or (marker["fingerprint"], marker["start"], marker["stop"]) != (
-        shard.file.fingerprint,
-        shard.start,
-        shard.stop,
-    ):
-        return None
-    if (marker["code_version"], marker["settings"]) != (settings.code_version, settings.identity()):
-        return None
-    if any(_version_now(n, settings) != v for n, v in marker["environments"].items()):
-        return None
+) -> str:
+    """Why `shard` is scored again; "" when its committed output is still what scoring it now would write, and
+    still on disk as it was committed (every part present with the size recorded in the marker), as far as its
+    input, code, settings and environments go: the duplicate ids it was told about are checked once all ids are
+    known. The code is versioned per environment: the scoring core for every shard, each environment (its data
+    and its family's code) only for the shards that used it."""
+    if shard.file.fmt == "partition":
+        return "a partition of the shuffle: scored afresh every run"
+    if not marker:
+        return "not scored before"
+    if (marker["fingerprint"], marker["start"], marker["stop"]) != (shard.file.fingerprint, shard.start, shard.stop):
+        return "its input changed"
+    if marker["code_version"] != settings.code_version:
+        return f"scoring core changed ({marker['code_version']} -> {settings.code_version})"
+    if marker["settings"] != settings.identity():
+        return "settings changed"
+    for name, was in sorted(marker["environments"].items()):
+        if (now := _version_now(name, settings)) != was:
+            return f"environment {name} changed ({was} -> {now})"
     parts = marker.get("parts") or {}
     if any(sizes.get(table, {}).get(shard.key) != parts.get(table) for table in TABLES):
-        return None  # a part deleted, cut short or replaced since: scored again
-    return ShardReport(**{**marker, "reused": True})
+        return "a part was deleted, cut short or replaced since"
+    return ""
 
 
 def _version_now(name: str, settings: ScoreSettings) -> str | None:
-    """The environment's version, None when it does not resolve (as score_shard records it)."""
+    """The environment's version with its family's code version, None when it does not resolve (as score_shard
+    records it)."""
     try:
-        return get_environment(name, settings.options).version
+        env = get_environment(name, settings.options)
     except EnvError:
         return None
+    return environment_version(env)
 
 
-def _ids(shards: list[Shard], storage_options: dict | None) -> dict[str, pa.Table]:
-    return {shard.key: shard_ids(shard, storage_options) for shard in shards}
+def _reuse_record(reports: list[ShardReport], why: dict[str, str], settings: ScoreSettings) -> dict[str, Any]:
+    """The manifest's `reuse`: per shard, whether its earlier output was reused and why (or why not)."""
+    shards = []
+    for r in reports:
+        kept = (
+            f"input, scoring core, settings and environments ({', '.join(sorted(r.environments)) or 'none'}) unchanged"
+        )
+        shards.append({"shard": r.shard, "reused": r.reused, "why": kept if r.reused else why.get(r.shard, "")})
+    return {"core": settings.code_version, "shards_reused": sum(r.reused for r in reports), "shards": shards}
+
+
+def _shard_ids(shard: Shard, settings: ScoreSettings) -> pa.Table:
+    return _ids([shard], settings)[shard.key]
+
+
+def _ids(shards: list[Shard], settings: ScoreSettings) -> dict[str, pa.Table]:
+    if settings.source is None:
+        return {shard.key: shard_ids(shard, settings.storage_options) for shard in shards}
+    return {
+        shard.key: ids_table(
+            (location, rid)
+            for location, record in read_records(shard, settings)
+            if not isinstance(record, RecordError) and (rid := record_id(record)) is not None
+        )
+        for shard in shards
+    }
 
 
 def _inline(
@@ -358,7 +487,10 @@ def _manifest(
         "code_version": settings.code_version,
         "input": {
             "store": store,
-            "files": sorted({(s.file.url, s.file.fingerprint, s.file.size) for s in shard_plan.shards}),
+            "format": None if settings.source is None else settings.source.fmt,
+            "files": sorted(
+                {(s.file.url, s.file.fingerprint, s.file.size) for s in shard_plan.inputs or shard_plan.shards}
+            ),
             "ignored": shard_plan.ignored,
         },
         "settings": {
@@ -366,6 +498,8 @@ def _manifest(
             "options": asdict(settings.options),
             "checks": list(settings.checks),
             "executor": executor,
+            # how the raw logs were read: format, --option settings, labels, byte limits (None: a store)
+            "read": None if settings.source is None else settings.source.identity(),
         },
         "environments": environments,
         "counts": totals,

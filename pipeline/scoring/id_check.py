@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pipeline.scoring.shard import ScoredShard
-from pipeline.storage.ids import Copies, Duplicates, ids_table, partition_copies, partition_ids, shard_ids, told
+from pipeline.storage.ids import Copies, Duplicates, ids_table, partition_copies, partition_ids, told
 from pipeline.storage.inputs import Shard
 
 _HOLDER_THREADS = 8  # shards whose tables the holder puts at once
@@ -42,9 +42,12 @@ def scored_in_partitions(
     return dataclasses.replace(scored, ids=ids_table(()))
 
 
-def read_in_partitions(shard: Shard, index: int, partitions: int, holder: Any, storage_options: dict | None) -> None:
-    """The ids of a shard whose output is reused, read as scoring reads them, to `holder` in `partitions` tables."""
-    _keep(holder, index, partition_ids(shard_ids(shard, storage_options), index, partitions))
+def read_in_partitions(
+    read: Callable[..., Any], shard: Shard, index: int, partitions: int, holder: Any, *args: Any
+) -> None:
+    """The ids of a shard whose output is reused, `read(shard, *args)` (as scoring reads them), to `holder` in
+    `partitions` tables."""
+    _keep(holder, index, partition_ids(read(shard, *args), index, partitions))
 
 
 def _keep(holder: Any, index: int, tables: list[Any]) -> None:
@@ -122,13 +125,12 @@ class RayIdCheck:
         task = _remote(scored_in_partitions).options(**options)
         return task.remote(score, self.index[shard.key], self.partitions, self.holder(), shard, *args)
 
-    def read(self, shards: Sequence[Shard], storage_options: dict | None, **options: Any) -> None:
-        """Start reading the ids of `shards` (reused ones: not scored again) as Ray tasks."""
+    def read(self, read: Callable[..., Any], shards: Sequence[Shard], *args: Any, **options: Any) -> None:
+        """Start reading the ids of `shards` (reused ones: not scored again) as Ray tasks, `read(shard, *args)`."""
         task = _remote(read_in_partitions).options(**options)
+        holder = self.holder()
         for shard in shards:
-            self.reads.append(
-                task.remote(shard, self.index[shard.key], self.partitions, self.holder(), storage_options)
-            )
+            self.reads.append(task.remote(read, shard, self.index[shard.key], self.partitions, holder, *args))
 
     def duplicates(self, storage_options: dict | None = None) -> Duplicates:
         """Check every partition in a task of its own; what each shard is told (pipeline.storage.ids.told). Every

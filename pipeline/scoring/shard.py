@@ -25,10 +25,13 @@ from pipeline.core.model import Reject, RolloutResult
 from pipeline.core.records import InvalidRecord, parse_rollout, record_id
 from pipeline.core.run_schema import ROLLOUTS, STEPS
 from pipeline.envs import EnvError, Environment, EnvOptions, SpecError, get_environment
+from pipeline.ingest.sharded import RawSource, read_raw
 from pipeline.replay.checker import CHECKS, replay
+from pipeline.scoring.code_version import environment_version
 from pipeline.scoring.run_tables import combined, rejects_table, rollouts_table, steps_table
+from pipeline.scoring.shuffle import read_partition
 from pipeline.storage.ids import digest, ids_table
-from pipeline.storage.inputs import RAW_LIMIT, RecordError, Shard, read_shard
+from pipeline.storage.inputs import MAX_LINE_BYTES, RAW_LIMIT, Record, RecordError, Shard, read_shard
 from pipeline.storage.lease import require_holder
 from pipeline.storage.run import write_part, write_shard_marker
 
@@ -54,8 +57,9 @@ class ShardReport:
     steps: int = 0
     seconds: float = 0.0
     peak_rss_mib: float = 0.0  # of the process that scored the shard
-    # name -> version; None: the name did not resolve (its records were rejected), so a rerun rescores the
-    # shard once it does (a simulator installed, a spec added)
+    # name -> version (its own and its family's code: code_version.environment_version); None: the name did not
+    # resolve (its records were rejected), so a rerun rescores the shard once it does (a simulator installed, a
+    # spec added)
     environments: dict[str, str | None] = field(default_factory=dict)
     code_version: str = ""
     settings: str = ""  # ScoreSettings.identity() of the run that scored it
@@ -77,11 +81,37 @@ class ScoreSettings:
     code_version: str = ""
     checks: tuple[str, ...] = CHECKS  # which of S's schema fit, D and P apply (`--checks`)
     lease: str | None = None  # the driver's lease token: a shard is written only while it holds the run
+    source: RawSource | None = field(default=None, repr=False)  # raw logs read by their format; None: a store
 
     def identity(self) -> str:
         """What, besides the input and versions, decides a shard's output (never the storage credentials)."""
         parts = [self.run_id, self.env, asdict(self.options), list(self.checks)]
+        if self.source is not None:
+            parts.append(self.source.identity())
         return orjson.dumps(parts, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def read_records(shard: Shard, settings: ScoreSettings) -> Iterator[tuple[str, Record]]:
+    """(location, record or RecordError) for every rollout of a shard: a canonical store's records, a raw
+    shard decoded by its format's adapter (here, inside the task), or a partition of a shuffle."""
+    source = settings.source
+    if source is None or source.fmt == "canonical":
+        limit = source.options.limits.line_bytes if source is not None else MAX_LINE_BYTES
+        records = read_shard(shard, settings.storage_options, limit)
+        if source is None or not source.options.labels:
+            return records
+        labels = source.options.labels
+        return ((at, r if isinstance(r, RecordError) else _labelled(r, labels)) for at, r in records)
+    if shard.file.fmt == "partition":
+        return read_partition(source, settings.run, shard)
+    return read_raw(source, shard)
+
+
+def _labelled(record: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
+    found = record.get("labels")
+    if found is not None and not isinstance(found, dict):
+        return record  # not a rollout: parse_rollout rejects it for what it is
+    return {**record, "labels": {**(found or {}), **labels}}
 
 
 @dataclass(frozen=True)
@@ -127,7 +157,7 @@ def score_shard(
         locations.clear()
 
     with _fewer_collections():
-        for location, record in read_shard(shard, settings.storage_options):
+        for location, record in read_records(shard, settings):
             report.read += 1
             if isinstance(record, RecordError):
                 rejects.append(_reject(shard, location, record.reason, record.raw))
@@ -196,7 +226,7 @@ def _environment(name: str, settings: ScoreSettings, report: ShardReport) -> Env
     except EnvError:
         report.environments.setdefault(name, None)
         raise
-    report.environments[name] = env.version
+    report.environments[name] = environment_version(env)
     return env
 
 

@@ -7,12 +7,15 @@ alike, so an S3-compatible store other than AWS works everywhere once `--endpoin
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from fnmatch import fnmatchcase
 from typing import IO, Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
+
+_GLOB = re.compile(r"[*?\[]")
 
 
 def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -63,13 +66,31 @@ def list_files(
     A file named directly is listed whatever its name. Under a folder: the files at most `max_depth` levels
     down (1: the folder's own files; None: all) whose name matches one of the glob `patterns` (None: any),
     except names starting with "." or "_" at any depth below `url`: they are metadata such as
-    `_manifest.json` or `.git/`.
+    `_manifest.json` or `.git/`. A `url` with glob characters (`*`, `?`, `[`) names what it matches: each file
+    as if named directly (but for such metadata names), each folder as above (e.g. `s3://logs/otel/year=2026/month=11/day=2[89]/`).
     """
     fs, root = filesystem(url, storage_options)
+    if _GLOB.search(root) and not fs.exists(root):  # a path that exists as written is that path
+        matched = fs.glob(root.rstrip("/"), detail=True)
+        if not matched:
+            return None
+        found = {}
+        for path, info in matched.items():
+            if info.get("type") == "directory":
+                found |= _below(fs, path, patterns, max_depth)
+            elif path.rsplit("/", 1)[-1][:1] not in (".", "_"):
+                found[url_of(fs, path)] = info
+        return dict(sorted(found.items()))
     if not fs.exists(root):
         return None
     if fs.isfile(root):
         return {url_of(fs, root): fs.info(root)}
+    return dict(sorted(_below(fs, root, patterns, max_depth).items()))
+
+
+def _below(
+    fs: fsspec.AbstractFileSystem, root: str, patterns: Sequence[str] | None, max_depth: int | None
+) -> dict[str, dict[str, Any]]:
     base = root.rstrip("/") + "/"
     found = {}
     for path, info in fs.find(root, maxdepth=max_depth, detail=True).items():
@@ -78,7 +99,7 @@ def list_files(
             continue
         if patterns is None or any(fnmatchcase(parts[-1], p) for p in patterns):
             found[url_of(fs, path)] = info
-    return dict(sorted(found.items()))
+    return found
 
 
 def open_for_read(url: str, storage_options: dict[str, Any] | None = None, compression: str | None = None) -> IO[bytes]:

@@ -9,6 +9,7 @@ Errors of the storage layer itself (network, permissions) are raised: they are w
 from __future__ import annotations
 
 import hashlib
+import itertools
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -23,12 +24,20 @@ import zstandard
 from pipeline.core.errors import PexecError
 from pipeline.storage.fs import filesystem, list_files
 
-Format = Literal["jsonl", "parquet"]
+# jsonl, parquet: a canonical store's files; the raw logs of `score --format` add json (a JSON document read
+# whole), eval (an archive: shards are ranges of its members), source (a whole source read by its format) and
+# partition (a partition of a shuffle, in the run's staging area)
+Format = Literal["jsonl", "parquet", "json", "eval", "source", "partition"]
 Compression = Literal[None, "gzip", "zstd"]
 
 RAW_LIMIT = 2000  # characters of offending text kept in a RecordError
+MAX_LINE_BYTES = 64 * 2**20  # a line of JSON Lines (one record) longer than this is a reject, never held whole
 _CHUNK = 1 << 20  # bytes per read of a plain file
-_COMPRESSED_CHUNK = 1 << 16  # decompressobj has no output limit (zstd): small inputs bound each output chunk
+_COMPRESSED_CHUNK = 1 << 16  # compressed bytes per read of a gzip file
+# zstd's decompressobj has no output limit and a frame of run-length blocks inflates ~32,000-fold: small inputs
+# bound each output chunk (1 KiB -> at most ~32 MiB)
+_ZSTD_PIECE = 1 << 10
+_OUTPUT_CHUNK = 1 << 20  # gzip: decompressed bytes per call (zlib's max_length)
 _PARQUET_BATCH_ROWS = 1024  # rollouts are large: bound the Python objects alive at once
 _BOM = b"\xef\xbb\xbf"
 
@@ -116,7 +125,7 @@ def list_inputs(url: str, storage_options: dict[str, Any] | None = None) -> tupl
             ignored.append(file_url)
             continue
         size = int(info["size"])
-        files.append(InputFile(file_url, kind[0], kind[1], size, _fingerprint(size, info)))
+        files.append(InputFile(file_url, kind[0], kind[1], size, fingerprint(size, info)))
     if not files:
         hint = f" ({len(ignored)} other files ignored, e.g. {ignored[0]})" if ignored else ""
         raise StoreError(f"no data files under {url}{hint}")
@@ -142,22 +151,65 @@ def plan_shards(
     return shards
 
 
-def read_shard(shard: Shard, storage_options: dict[str, Any] | None = None) -> Iterator[tuple[str, Record]]:
+def read_shard(
+    shard: Shard, storage_options: dict[str, Any] | None = None, max_line: int = MAX_LINE_BYTES
+) -> Iterator[tuple[str, Record]]:
     """Yield (location, record or RecordError) for every record of the shard, in file order.
 
     Locations: "line N" (1-based) in whole-file JSONL shards, "byte N" (offset of the line's first byte) in
     byte-range shards, "row N" (0-based within the file) in Parquet. Blank lines are not records. A corrupt
-    compressed stream or Parquet file ends the shard with one RecordError at the point of failure.
+    compressed stream or Parquet file ends the shard with one RecordError at the point of failure; a line over
+    `max_line` bytes is a RecordError, never held whole.
     """
+    if shard.file.fmt == "parquet":
+        fs, path = filesystem(shard.file.url, storage_options)
+        with fs.open(path, "rb") as f:
+            _check_unchanged(f, shard.file)
+            yield from _read_parquet(f, shard)
+        return
+    for location, line in shard_lines(shard, storage_options, max_line):
+        record = line if isinstance(line, RecordError) else _parse(line)
+        if record is not None:
+            yield location, record
+
+
+def shard_lines(
+    shard: Shard, storage_options: dict[str, Any] | None = None, max_line: int = MAX_LINE_BYTES
+) -> Iterator[tuple[str, bytes | RecordError]]:
+    """(location, line) for every line of a line-delimited shard, blank ones included, decompressed as it is
+    read (`read_shard` names the locations): a line over `max_line` bytes, and the unreadable rest of a damaged
+    compressed file, come as a RecordError instead."""
     fs, path = filesystem(shard.file.url, storage_options)
     with fs.open(path, "rb") as f:
         _check_unchanged(f, shard.file)
-        if shard.file.fmt == "parquet":
-            yield from _read_parquet(f, shard)
-        elif shard.whole_file:
-            yield from _read_numbered(f, shard.file.compression)
+        if shard.whole_file:
+            yield from _numbered_lines(f, shard.file.compression, max_line)
         else:
-            yield from _read_range(f, shard.start, shard.stop)
+            yield from _range_lines(f, shard.start, shard.stop, max_line)
+
+
+def read_whole(file: InputFile, storage_options: dict[str, Any] | None, limit: int) -> bytes | RecordError:
+    """The whole (decompressed) content of a file read as one document: a RecordError when it is over `limit`
+    bytes (what is past the limit is never read) or its compressed stream is damaged."""
+    fs, path = filesystem(file.url, storage_options)
+    with fs.open(path, "rb") as f:
+        _check_unchanged(f, file)
+        parts, held = [], 0
+        try:
+            for chunk in _chunks(f, file.compression):
+                parts.append(chunk)
+                held += len(chunk)
+                if held > limit:
+                    head = b"".join(parts)[: 4 * RAW_LIMIT + 4]
+                    return RecordError(f"document over the limit of {limit:,} bytes (max_record_bytes)", _raw(head))
+        except (_Truncated, _Damaged) as e:
+            return RecordError(f"unreadable {file.compression} stream: {e}", "")
+    return b"".join(parts)
+
+
+def parse_line(line: bytes) -> Record | None:
+    """A JSON Lines record (a JSON object), a RecordError saying why it is not one, or None for a blank line."""
+    return _parse(line)
 
 
 def line_numbers(
@@ -196,7 +248,7 @@ def classify(name: str) -> tuple[Format, Compression] | None:
     return None
 
 
-def _fingerprint(size: int, info: dict[str, Any]) -> str:
+def fingerprint(size: int, info: dict[str, Any]) -> str:
     for key in _VERSION_KEYS:
         value = info.get(key)
         if value is None or value == "":
@@ -287,38 +339,73 @@ def _check_unchanged(f: IO[bytes], file: InputFile) -> None:
         raise StoreError(f"{file.url} changed since it was listed: size {file.size}, now {size}")
 
 
-class _Lines:
-    """Split byte chunks into lines (newline removed), each with the offset of its first byte."""
+@dataclass(frozen=True)
+class Overlong:
+    """A line longer than the limit: only its length and first bytes are kept."""
 
-    def __init__(self, chunks: Iterable[bytes], offset: int = 0, keep_last: bool = True) -> None:
+    size: int
+    head: bytes
+
+    def reject(self, limit: int) -> RecordError:
+        return RecordError(f"line of {self.size:,} bytes is over the limit of {limit:,} bytes (max_line_bytes)",
+                           _raw(self.head))  # fmt: skip
+
+
+class _Lines:
+    """Split byte chunks into lines (newline removed), each with the offset of its first byte. A line longer
+    than `max_line` comes as an `Overlong`: its bytes past the limit are counted, not kept."""
+
+    def __init__(
+        self, chunks: Iterable[bytes], offset: int = 0, keep_last: bool = True, max_line: int = MAX_LINE_BYTES
+    ) -> None:
         self._chunks = chunks
         self._offset = offset
         self._keep_last = keep_last  # False: an unterminated last line stays pending (the cut of a broken file)
+        self._max = max_line
         self._parts: list[bytes] = []  # the line being assembled; a list so long lines are joined once
+        self._held = 0  # bytes in _parts
+        self._over: Overlong | None = None  # the line being skipped, once over the limit
 
-    def __iter__(self) -> Iterator[tuple[int, bytes]]:
-        parts = self._parts
+    def _add(self, piece: bytes) -> None:
+        if self._over is not None:
+            self._over = Overlong(self._over.size + len(piece), self._over.head)
+            return
+        self._parts.append(piece)
+        self._held += len(piece)
+        if self._held > self._max:
+            head = b"".join(itertools.islice(self._parts, 0, 4 * RAW_LIMIT + 4))[: 4 * RAW_LIMIT + 4]
+            self._over = Overlong(self._held, head)
+            self._parts.clear()
+            self._held = 0
+
+    def _take(self) -> bytes | Overlong:
+        if self._over is not None:
+            line: bytes | Overlong = self._over
+            self._over = None
+        else:
+            line = b"".join(self._parts)
+        self._parts.clear()
+        self._held = 0
+        return line
+
+    def __iter__(self) -> Iterator[tuple[int, bytes | Overlong]]:
         pos = line_start = self._offset
         for chunk in self._chunks:
             i = 0
             while (j := chunk.find(b"\n", i)) >= 0:
-                parts.append(chunk[i:j])
-                line = b"".join(parts)
-                parts.clear()
-                yield line_start, line
+                self._add(chunk[i:j])
+                yield line_start, self._take()
                 line_start = pos + j + 1
                 i = j + 1
             if i < len(chunk):
-                parts.append(chunk[i:])
+                self._add(chunk[i:])
             pos += len(chunk)
-        if parts and self._keep_last:  # a last line without a trailing newline
-            line = b"".join(parts)
-            parts.clear()
-            yield line_start, line
+        if (self._parts or self._over is not None) and self._keep_last:  # a last line without a trailing newline
+            yield line_start, self._take()
 
     def pending(self) -> bytes:
-        """The incomplete line held when the chunk source failed."""
-        return b"".join(self._parts)
+        """The incomplete line held when the chunk source failed (its first bytes when it is over the limit)."""
+        return self._over.head if self._over is not None else b"".join(self._parts)
 
 
 def _chunks(f: IO[bytes], compression: Compression, limit: int | None = None) -> Iterator[bytes]:
@@ -356,9 +443,10 @@ def _members(f: IO[bytes], compression: Compression) -> Iterator[tuple[int, byte
     )
     dobj, begin, consumed, data = new(), 0, 0, b""
     in_member = False
+    piece = _ZSTD_PIECE if compression == "zstd" else _COMPRESSED_CHUNK
     while True:
         if not data:
-            data = f.read(_COMPRESSED_CHUNK)
+            data = f.read(piece)
             if not data:
                 break
         if not in_member:
@@ -368,7 +456,15 @@ def _members(f: IO[bytes], compression: Compression) -> Iterator[tuple[int, byte
             if not data:
                 continue
         try:
-            out = dobj.decompress(data)
+            if compression == "gzip":
+                # max_length bounds the output of one call; the input not yet used waits in unconsumed_tail
+                out = dobj.decompress(data, _OUTPUT_CHUNK)
+                while dobj.unconsumed_tail and not dobj.eof:
+                    if out:
+                        yield begin, out
+                    out = dobj.decompress(dobj.unconsumed_tail, _OUTPUT_CHUNK)
+            else:
+                out = dobj.decompress(data)
         except (zlib.error, zstandard.ZstdError) as e:
             raise _Damaged(begin, e) from e
         if out:
@@ -409,7 +505,7 @@ def _verified(f: IO[bytes], compression: Compression) -> tuple[int | None, str, 
     return None, "", ""
 
 
-def _decoded_lines(f: IO[bytes], compression: Compression) -> tuple[_Lines, str | None]:
+def _decoded_lines(f: IO[bytes], compression: Compression, max_line: int) -> tuple[_Lines, str | None]:
     """The file's lines (only those that can be trusted), and what was wrong with the file (None: nothing) as
     a reason with a `{where}` to fill in.
 
@@ -418,42 +514,46 @@ def _decoded_lines(f: IO[bytes], compression: Compression) -> tuple[_Lines, str 
     limit, kind, detail = _verified(f, compression) if compression else (None, "", "")
     f.seek(0)
     problem = f"{kind} {compression} stream {{where}}: {detail}" if kind else None
-    return _Lines(_chunks(f, compression, limit), keep_last=problem is None), problem
+    return _Lines(_chunks(f, compression, limit), keep_last=problem is None, max_line=max_line), problem
 
 
-def _read_numbered(f: IO[bytes], compression: Compression) -> Iterator[tuple[str, Record]]:
-    lines, problem = _decoded_lines(f, compression)
+def _numbered_lines(f: IO[bytes], compression: Compression, max_line: int) -> Iterator[tuple[str, bytes | RecordError]]:
+    lines, problem = _decoded_lines(f, compression, max_line)
     n = 0
     for _, line in lines:
         n += 1
-        record = _parse(line, at_file_start=n == 1)
-        if record is not None:
-            yield f"line {n}", record
+        yield f"line {n}", _line(line, n == 1, max_line)
     if problem:
         where = f"after line {n}" if n else "at the start"
         yield f"line {n + 1}", RecordError(problem.format(where=where), _raw(lines.pending()))
 
 
-def _read_range(f: IO[bytes], start: int, stop: int | None) -> Iterator[tuple[str, Record]]:
+def _range_lines(
+    f: IO[bytes], start: int, stop: int | None, max_line: int
+) -> Iterator[tuple[str, bytes | RecordError]]:
     # A shard owns the lines whose first byte lies in [start, stop). Reading from start-1, the first line
     # seen is the one holding byte start-1, which began before start: skip it, and what follows starts at
     # or after start (a line starting exactly at start is kept because byte start-1 is then its newline).
     pos = max(start - 1, 0)
     f.seek(pos)
-    lines = iter(_Lines(_chunks(f, None), offset=pos))
+    lines = iter(_Lines(_chunks(f, None), offset=pos, max_line=max_line))
     if start > 0:
         next(lines, None)
     for offset, line in lines:
         if stop is not None and offset >= stop:
             break
-        record = _parse(line, at_file_start=offset == 0)
-        if record is not None:
-            yield f"byte {offset}", record
+        yield f"byte {offset}", _line(line, offset == 0, max_line)
 
 
-def _parse(line: bytes, at_file_start: bool) -> Record | None:
+def _line(line: bytes | Overlong, at_file_start: bool, max_line: int) -> bytes | RecordError:
+    if isinstance(line, Overlong):
+        return line.reject(max_line)
     if at_file_start and line.startswith(_BOM):  # editors on Windows write one; orjson refuses it
-        line = line[len(_BOM) :]
+        return line[len(_BOM) :]
+    return line
+
+
+def _parse(line: bytes) -> Record | None:
     if not line.strip():
         return None
     try:
@@ -508,3 +608,8 @@ def _row_record(row: pa.RecordBatch) -> Record:
         return row.to_pylist(maps_as_pydicts="strict")[0]
     except KeyError as e:
         return RecordError(f"Parquet row not convertible: {e.args[0]}", repr(row.to_pylist()[0])[:RAW_LIMIT])
+
+
+def raw_text(data: bytes) -> str:
+    """At most RAW_LIMIT characters of `data` as text: what a reject keeps of the bytes it was made of."""
+    return _raw(data)

@@ -4,10 +4,10 @@ queries.py  what the pages show, read from the run with DuckDB in place
 app.py      the Starlette app, its Jinja2 templates (templates/) and stylesheet (static/)
 sql/        the pages' queries
 
-Imports: core, storage, metrics.
+Imports: core, storage, metrics, web.
 """
 
-from pipeline.view.app import check_address, create_app, serve
+from pipeline.view.app import check_address, check_token, create_app, serve
 from pipeline.view.queries import Filters, RunView, ViewError
 
-__all__ = ["Filters", "RunView", "ViewError", "check_address", "create_app", "serve"]
+__all__ = ["Filters", "RunView", "ViewError", "check_address", "check_token", "create_app", "serve"]

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-import uvicorn
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -18,6 +17,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from pipeline.view.queries import PAGE, Filters, RunView, ViewError
+from pipeline.web import ServerLimits, WebGuard, allowed_hosts, require_token, run_server
+from pipeline.web.server import DEFAULT_LIMITS
 
 _HERE = Path(__file__).parent
 _ENV = Environment(loader=FileSystemLoader(_HERE / "templates"), autoescape=select_autoescape(default=True))
@@ -111,7 +112,22 @@ def check_address(host: str, port: int) -> None:
         raise ViewError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
 
 
-def serve(view: RunView, host: str = "127.0.0.1", port: int = 8765) -> None:
-    """Serve until interrupted (Ctrl-C)."""
+def check_token(host: str, token: str | None) -> None:
+    """Refuse an address beyond loopback without a token: every trajectory and user message would be public."""
+    require_token(host, token, "the viewer")
+
+
+def serve(
+    view: RunView,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    token: str | None = None,
+    limits: ServerLimits = DEFAULT_LIMITS,
+    extra_hosts: tuple[str, ...] = (),
+) -> None:
+    """Serve until interrupted (Ctrl-C), behind the hardened server layer: Host and Origin checked, the token
+    (a bearer header, or the cookie a `?token=` link sets) when one is given."""
+    check_token(host, token)
     check_address(host, port)
-    uvicorn.run(create_app(view), host=host, port=port, log_level="warning")
+    app = WebGuard(create_app(view), limits, allowed_hosts(host, port, extra_hosts), token, browser=True)
+    run_server(app, host, port, limits)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections import OrderedDict
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -30,6 +31,8 @@ from pipeline.storage.inputs import Shard, StoreError, list_inputs, read_shard
 from pipeline.storage.run import MANIFEST, read_manifest, read_plan
 
 PAGE = 50
+INPUT_CACHE_BYTES = 256 * 1024 * 1024  # input shards kept decoded for the rollout pages (records as JSON)
+_DEPTH_DIGITS = 9  # a `fed` filter longer than this is no depth a run holds
 STATUS = "status"  # ok or harness_error
 _SHARD = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 # Columns a rollouts page lists (the run's labels and the status are added per run).
@@ -83,7 +86,7 @@ class Filters:
             elif key in ("cause", "tool", "status"):
                 values[key] = value
             elif key == "fed":
-                if not value.isdigit():
+                if not (value.isascii() and value.isdigit() and len(value) <= _DEPTH_DIGITS):
                     raise ViewError(f"fed must be a depth (0 = executable), got {value!r}")
                 values["fed"] = int(value)
             elif key == "success":
@@ -149,6 +152,11 @@ class RunView:
         self.labels = label_columns(self.columns)
         self._lock = threading.Lock()
         self._cohorts: Cohorts | None = None
+        # Input shards read for rollout pages, least recently used first: a compressed file is decompressed
+        # whole to reach one record, so the next page of the same shard reads it from here.
+        self._inputs: OrderedDict[tuple[Any, ...], dict[str, bytes]] = OrderedDict()
+        self._inputs_bytes = 0
+        self.inputs_read = 0  # shards read from storage (the cache's misses)
 
     def close(self) -> None:
         self._stack.close()
@@ -305,14 +313,48 @@ class RunView:
             file = files[0]
             if file.fingerprint != entry["fingerprint"]:
                 raise StoreError(f"{entry['source']} changed since the run scored it")
-            for _location, record in read_shard(Shard(file, entry["start"], entry["stop"]), self.storage_options):
-                if isinstance(record, dict) and record.get("rollout_id") == rollout_id:
-                    view.events = _events(parse_rollout(record).events, view.steps)
-                    return
+            records = self._input_records(Shard(file, entry["start"], entry["stop"]), rollout_id)
+            if rollout_id in records:
+                view.events = _events(parse_rollout(orjson.loads(records[rollout_id])).events, view.steps)
+                return
         except (StoreError, InvalidRecord, OSError) as exc:
             view.input_note = f"the input cannot be shown: {exc}"
             return
         view.input_note = f"rollout {rollout_id!r} was not found in its input shard ({entry['source']})"
+
+    def _input_records(self, shard: Shard, wanted: str) -> dict[str, bytes]:
+        """The shard's records by rollout id (as JSON), from the cache or read once (then kept while they fit
+        INPUT_CACHE_BYTES with the others; a shard larger than that is read each time, for `wanted` only)."""
+        key = (shard.file.url, shard.file.fingerprint, shard.start, shard.stop)
+        with self._lock:
+            if key in self._inputs:
+                self._inputs.move_to_end(key)
+                return self._inputs[key]
+        self.inputs_read += 1
+        records: dict[str, bytes] = {}
+        size, whole = 0, True
+        for _location, record in read_shard(shard, self.storage_options):
+            if not isinstance(record, dict) or not isinstance(record.get("rollout_id"), str | int):
+                continue
+            rollout_id = str(record["rollout_id"])
+            if whole or rollout_id == wanted:
+                try:
+                    data = orjson.dumps(record)
+                except TypeError:
+                    continue  # not JSON the page could show; its rollout says so
+                records.setdefault(rollout_id, data)
+                size += len(data)
+                if whole and size > INPUT_CACHE_BYTES:
+                    whole = False
+                    records = {k: v for k, v in records.items() if k == wanted}
+        if whole:
+            with self._lock:
+                self._inputs[key] = records
+                self._inputs_bytes += size
+                while self._inputs_bytes > INPUT_CACHE_BYTES and len(self._inputs) > 1:
+                    dropped = self._inputs.popitem(last=False)[1]
+                    self._inputs_bytes -= sum(map(len, dropped.values()))
+        return records
 
 
 def _events(events: list[Event], steps: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import tomllib
 import uuid
 from collections.abc import Callable
+from functools import cache
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,29 @@ def initial_doc(seed: dict[str, Any], env: dict[str, Any], rollout_id: str) -> d
     return {"setting": setting, "contact": contacts, "messaging": messages, "reminder": reminders,
             "clock": {"now": float(now), "tz": env.get("tz", "UTC"), "created": 0, "rollout": rollout_id},
             "ids": {}, "shown": {}}  # fmt: skip
+
+
+def seed_clock(reminders: list[Any], tz: str = "UTC", folder: Path = SPEC) -> float | None:
+    """The "now" upstream wrote its seed at, from logged reminder rows (execution_context.json's `reminder`
+    database): the first seed reminder found with its creation timestamp, moved back by its offset on the wall
+    clock. This is the clock the seed was built with, which a scenario's first get_current_timestamp postdates."""
+    offsets = _reminder_offsets(folder)
+    try:
+        zone = ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError, TypeError):
+        return None
+    for row in reminders:
+        created = row.get("creation_timestamp") if isinstance(row, dict) else None
+        if row.get("reminder_id") in offsets and isinstance(created, int | float) and not isinstance(created, bool):
+            return u.shift(float(created), {"seconds": -offsets[row["reminder_id"]]}, zone)
+    return None
+
+
+@cache
+def _reminder_offsets(folder: Path) -> dict[str, float]:
+    """Seed reminder id -> its creation time's offset from "now" (seconds), as seed.json gives them."""
+    seed = orjson.loads((folder / "seed.json").read_bytes())
+    return {seed_id(r["id_payload"]): r["created_offset_s"] for r in seed["reminders"]}
 
 
 def _without(row: dict[str, Any], *keys: str) -> dict[str, Any]:

@@ -1,0 +1,112 @@
+"""`pexec ingest`: raw logs converted to canonical rollouts by the same shard path scoring reads them with — the
+format's shards (files, byte ranges, archive members; a shuffle's partitions for formats whose rollouts span
+files) decoded one per task, in this process or as Ray tasks, the records handed back in source order to the
+store writer. All or nothing: the first part of a log that is not a rollout fails the conversion, and the
+store writer publishes nothing.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.core.records import InvalidRecord, parse_rollout
+from pipeline.ingest import IngestError
+from pipeline.ingest.sharded import RawSource, plan_raw, read_raw
+from pipeline.scoring.shuffle import map_shard, partition_shards, read_partition, regroup_partition
+from pipeline.storage.fs import remove_all
+from pipeline.storage.inputs import RecordError, Shard
+
+DEFAULT_SHARD_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class Executor:
+    """Where the shards are decoded: "inline" (this process, one after another) or "ray"."""
+
+    kind: str = "inline"
+    address: str | None = None
+    num_cpus: int | None = None
+
+    def map(self, fn: Any, shards: list[Shard], *args: Any) -> Iterator[Any]:
+        """fn(shard, *args) for every shard, results in shard order; at most 2 × CPUs tasks in flight."""
+        if self.kind == "inline":
+            for shard in shards:
+                yield fn(shard, *args)
+            return
+        import ray
+
+        from pipeline.scoring.driver import _start_ray
+
+        _start_ray(self.address, self.num_cpus)
+        task = ray.remote(max_retries=3, retry_exceptions=[OSError])(fn)
+        window = 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))
+        pending: deque[Any] = deque()
+        for shard in shards:
+            pending.append(task.remote(shard, *args))
+            if len(pending) >= window:
+                yield _get(pending.popleft())
+        while pending:
+            yield _get(pending.popleft())
+
+
+def _get(ref: Any) -> Any:
+    import ray
+
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:  # the task's own error, as one line
+        cause = exc.cause if isinstance(exc.cause, Exception) else exc
+        raise IngestError(str(cause)) from None
+
+
+def converted(
+    source: RawSource, executor: Executor, scratch: str, shard_bytes: int = DEFAULT_SHARD_BYTES
+) -> Iterator[dict]:
+    """Every canonical record of the raw source, in source order (a shuffled format: in partition order, its
+    partitions staged under `scratch`, a hidden folder of the output store, removed at the end)."""
+    shards = plan_raw(source, shard_bytes)
+    shuffle = source.shuffle
+    if shuffle is None:
+        for records in executor.map(_records, shards, source, ""):
+            yield from records
+        return
+    partitions = max(1, -(-sum(s.file.size for s in shards) // shard_bytes))
+    rounds = 2 if shuffle.regroup is not None else 1
+    try:
+        list(executor.map(_map, shards, source, scratch, partitions, rounds))
+        if rounds == 2:
+            list(executor.map(_regroup, partition_shards(source, scratch, shards, partitions, 1), source, scratch,
+                              partitions))  # fmt: skip
+        for records in executor.map(_records, partition_shards(source, scratch, shards, partitions, 2), source,
+                                    scratch):  # fmt: skip
+            yield from records
+    finally:
+        remove_all(scratch, source.options.storage_options)
+
+
+def _records(shard: Shard, source: RawSource, scratch: str) -> list[dict]:
+    """The records of one shard, each checked to be a scorable rollout; the first that is not fails it."""
+    parts = read_partition(source, scratch, shard) if shard.file.fmt == "partition" else read_raw(source, shard)
+    out = []
+    for location, record in parts:
+        if isinstance(record, RecordError):
+            where = f"{shard.file.url} {location}".rstrip()
+            reason = record.reason
+            raise IngestError(reason if reason.startswith(f"{source.fmt}: ") else f"{source.fmt}: {where}: {reason}")
+        try:
+            parse_rollout(record)
+        except InvalidRecord as exc:  # an adapter bug, not bad input: say which record
+            raise IngestError(f"{source.fmt}: produced an invalid record {record.get('rollout_id')!r}: {exc}") from exc
+        out.append(record)
+    return out
+
+
+def _map(shard: Shard, source: RawSource, scratch: str, partitions: int, rounds: int) -> int:
+    return map_shard(source, scratch, shard, partitions, rounds)
+
+
+def _regroup(shard: Shard, source: RawSource, scratch: str, partitions: int) -> int:
+    return regroup_partition(source, scratch, shard, partitions)

@@ -1,0 +1,170 @@
+"""The hash shuffle of a format whose rollouts span files (OTel spans): items are partitioned by a hash of
+their key, in tasks, through Arrow files in the run's staging area (`<run>/_staging/`), so that no task holds
+more than its input shard or its partition, never the night.
+
+Round 1 (one task per input shard): read the shard's items, write each to partition hash(key) mod P.
+Round 2, when the format regroups (`Shuffle.regroup`; OTel: a trace joins the conversation one of its spans
+names), one task per partition: group its items by key, give every item of a group the new key, write each to
+partition hash(new key) mod P. Scoring (one task per final partition, pipeline.scoring.shard): group by key,
+assemble each group into a rollout (`Shuffle.assemble`), score it.
+
+A part of a log that is not an item travels as an error row to a partition of its own place, and is that
+partition's reject: rows read = scored + rejected still holds per partition. The staging area is removed once
+the run is committed; partitions are scored afresh on every run (a late file changes every partition).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.ingest import IngestError
+from pipeline.ingest.sharded import RawSource, shuffle_items
+from pipeline.storage.fs import list_files, open_for_read, open_for_write
+from pipeline.storage.inputs import InputFile, RecordError, Shard
+
+STAGING = "_staging"
+_SCHEMA = pa.schema(
+    [
+        ("key", pa.string()),
+        ("start", pa.int64()),
+        ("item_id", pa.string()),
+        ("payload", pa.binary()),  # the item as JSON; the offending bytes of an error row
+        ("location", pa.string()),  # "FILE LOCATION" of the item
+        ("error", pa.string()),  # the reason of an error row, else null
+    ]
+)
+
+
+def partition_of(key: str, partitions: int) -> int:
+    """A stable hash (the same in every process, unlike `hash`) of `key`, mod `partitions`."""
+    return zlib.crc32(key.encode("utf-8", "surrogatepass")) % partitions
+
+
+def staging(run: str) -> str:
+    return f"{run.rstrip('/')}/{STAGING}"
+
+
+def partition_shards(source: RawSource, run: str, inputs: list[Shard], partitions: int, round_: int) -> list[Shard]:
+    """The partitions of round `round_` as shards: what scoring (or the next round) runs over. Their fingerprint
+    covers every input shard, so any change to the night's files shows in every partition."""
+    digest = hashlib.sha1(f"{partitions}\n{round_}".encode())
+    for s in inputs:
+        digest.update(f"{s.file.url}\n{s.file.fingerprint}\n{s.start}\n{s.stop}\n".encode())
+    size = sum(s.file.size for s in inputs if s.whole_file) + sum(
+        (s.stop or s.file.size) - s.start for s in inputs if not s.whole_file
+    )
+    fingerprint = f"{size}-{digest.hexdigest()[:12]}"
+    return [
+        Shard(
+            InputFile(
+                f"{source.fmt} partition {p + 1} of {partitions}", "partition", None, size // partitions, fingerprint
+            ),
+            p,
+            p + 1,
+        )
+        for p in range(partitions)
+    ]
+
+
+def map_shard(source: RawSource, run: str, shard: Shard, partitions: int, rounds: int) -> int:
+    """Round 1 over one input shard: its items written to their partitions (of round 2 when the format regroups,
+    else of scoring). Returns how many rows it wrote."""
+    rows: dict[int, list[tuple[Any, ...]]] = {}
+    for location, item in shuffle_items(source, shard):
+        where = f"{shard.file.url} {location}".rstrip()
+        if isinstance(item, RecordError):
+            row = (where, 0, "", item.raw.encode(), where, item.reason)
+        else:
+            key, (start, item_id), payload = item
+            try:
+                data = orjson.dumps(payload)
+            except TypeError as exc:  # an integer past 64 bits: the item cannot be staged
+                row = (where, 0, "", b"", where, f"{source.fmt}: {where}: cannot be staged: {exc}")
+            else:
+                row = (key, start, item_id, data, where, None)
+        rows.setdefault(partition_of(row[0], partitions), []).append(row)
+    _write(run, 1 if rounds == 2 else 2, shard.key, rows, source.options.storage_options)
+    return sum(len(r) for r in rows.values())
+
+
+def regroup_partition(source: RawSource, run: str, shard: Shard, partitions: int) -> int:
+    """Round 2 over one partition: every key group regrouped by the format (`Shuffle.regroup`), each item written
+    to the partition of its new key."""
+    shuffle = source.shuffle
+    assert shuffle is not None and shuffle.regroup is not None
+    out: dict[int, list[tuple[Any, ...]]] = {}
+    for key, table in _groups(_read(run, 1, shard.start, source.options.storage_options)):
+        cols = table.to_pydict()
+        if key is None:  # error rows keep their place
+            for row in zip(*cols.values(), strict=True):
+                out.setdefault(partition_of(row[0], partitions), []).append(row)
+            continue
+        where = cols["location"][0]
+        for new_key, item in shuffle.regroup(key, [orjson.loads(p) for p in cols["payload"]]):
+            row = (new_key, item["start"], item["span_id"], orjson.dumps(item), where, None)
+            out.setdefault(partition_of(new_key, partitions), []).append(row)
+    _write(run, 2, f"from-{shard.start:05d}", out, source.options.storage_options)
+    return sum(len(r) for r in out.values())
+
+
+def read_partition(source: RawSource, run: str, shard: Shard) -> Iterator[tuple[str, dict[str, Any] | RecordError]]:
+    """The rollouts of one final partition, a group at a time, in key order; an error row is a RecordError at
+    its own place, and a group the format cannot assemble is one at `key KEY`."""
+    shuffle = source.shuffle
+    assert shuffle is not None
+    for key, table in _groups(_read(run, 2, shard.start, source.options.storage_options)):
+        cols = table.to_pydict()
+        if key is None:
+            for location, payload, error in zip(cols["location"], cols["payload"], cols["error"], strict=True):
+                yield location, RecordError(error, payload.decode("utf-8", "replace"))
+            continue
+        try:
+            yield f"key {key}", shuffle.assemble(key, [orjson.loads(p) for p in cols["payload"]], source.options)
+        except IngestError as exc:
+            yield f"key {key}", RecordError(str(exc), "")
+
+
+def _groups(table: pa.Table) -> Iterator[tuple[str | None, pa.Table]]:
+    """(key, its rows) in key order; the error rows first, as (None, rows)."""
+    errors = table.filter(pc.invert(pc.is_null(table["error"])))
+    if errors.num_rows:
+        yield None, errors
+    items = table.filter(pc.is_null(table["error"])).sort_by([("key", "ascending"), ("start", "ascending")])
+    keys = items["key"].to_pylist()
+    begin = 0
+    for i in range(1, len(keys) + 1):
+        if i == len(keys) or keys[i] != keys[begin]:
+            yield keys[begin], items.slice(begin, i - begin)
+            begin = i
+
+
+def _folder(run: str, round_: int, partition: int) -> str:
+    return f"{staging(run)}/round{round_}/p{partition:05d}"
+
+
+def _write(
+    run: str, round_: int, name: str, rows: dict[int, list[tuple[Any, ...]]], storage: dict[str, Any] | None
+) -> None:
+    for partition, part in rows.items():
+        columns = list(zip(*part, strict=True))
+        table = pa.Table.from_arrays([pa.array(c, f.type) for c, f in zip(columns, _SCHEMA, strict=True)],
+                                     schema=_SCHEMA)  # fmt: skip
+        url = f"{_folder(run, round_, partition)}/{name}.arrow"
+        with open_for_write(url, storage) as f, pa.ipc.new_stream(f, _SCHEMA) as writer:
+            writer.write_table(table)
+
+
+def _read(run: str, round_: int, partition: int, storage: dict[str, Any] | None) -> pa.Table:
+    found = list_files(_folder(run, round_, partition), storage, patterns=["*.arrow"]) or {}
+    tables = []
+    for url in found:
+        with open_for_read(url, storage) as f:
+            tables.append(pa.ipc.open_stream(f).read_all())
+    return pa.concat_tables(tables) if tables else _SCHEMA.empty_table()

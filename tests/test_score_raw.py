@@ -1,0 +1,245 @@
+"""`pexec score SOURCE --format FMT`: raw logs scored where they lie, their adapter run inside the scoring tasks
+over files, byte ranges and archive members, give exactly the steps and rollouts of `pexec ingest` then
+`pexec score`, on the shared real logs and on logs written by the formats' own producers; OTel spans spread
+over several files are assembled by the shuffle as if they were in one file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_producers_inspect import eval_log  # noqa: F401  (a fixture: a real .eval written by inspect_ai)
+from typer.testing import CliRunner
+
+from pipeline.cli.app import app
+from pipeline.envs import EnvOptions
+from pipeline.ingest import IngestOptions, ingest
+from pipeline.ingest.sharded import raw_source
+from pipeline.metrics.run import open_run
+from pipeline.scoring.driver import run_scoring
+from pipeline.storage.stores import write_store
+from pipeline.synthetic.support_logs import write_samples
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data" / "real"
+RUNNER = CliRunner()
+
+
+def rows(run: Path) -> tuple[list[tuple], list[tuple]]:
+    """The run's steps and rollouts, every column but run_id, as sorted tuples: equal runs score the same."""
+    handle = open_run(str(run))
+
+    def table(t: Any) -> list[tuple]:
+        names = sorted(n for n in t.column_names if n != "run_id")
+        return sorted((tuple((n, repr(r[n])) for n in names) for r in t.to_pylist()), key=repr)
+
+    return table(handle.steps()), table(handle.rollouts())
+
+
+def ingest_then_score(fmt: str, sources: list[str], tmp: Path, read: dict[str, str], **score: Any) -> Path:
+    store, run = tmp / "store", tmp / "ingested"
+    write_store(ingest(fmt, sources, IngestOptions(extra=dict(read))), str(store))
+    run_scoring(str(store), str(run), executor="inline", **score)
+    return run
+
+
+def score_raw(fmt: str, sources: list[str], tmp: Path, read: dict[str, str], name: str = "raw", **score: Any) -> Path:
+    run = tmp / name
+    source = raw_source(fmt, sources, IngestOptions(extra=dict(read)))
+    score.setdefault("executor", "inline")
+    run_scoring(" ".join(sources), str(run), source=source, **score)
+    return run
+
+
+def assert_same(a: Path, b: Path) -> None:
+    steps_a, rollouts_a = rows(a)
+    steps_b, rollouts_b = rows(b)
+    assert rollouts_a and rollouts_a == rollouts_b
+    assert steps_a == steps_b
+
+
+def test_openai_logs_cut_into_byte_ranges_score_on_ray_as_ingest_then_score(tmp_path, shared_ray):
+    write_samples(tmp_path / "logs", ("2026-11-27", "2026-11-28"), 40, 3)
+    options = {"error_prefix": "Error:"}
+    env = {"options": EnvOptions(spec="support")}
+    ingested = ingest_then_score("openai", [str(tmp_path / "logs")], tmp_path, options, **env)
+    # 4 KiB shards: every file is cut into byte ranges, decoded in Ray tasks
+    raw = score_raw("openai", [str(tmp_path / "logs")], tmp_path, options, shard_bytes=4096, executor="ray", **env)
+    manifest = json.loads((raw / "_manifest.json").read_text())
+    assert manifest["counts"]["shards"] > 4 and manifest["settings"]["executor"] == "ray"
+    assert_same(ingested, raw)
+
+
+def test_ids_missing_in_a_byte_range_are_named_by_their_line_as_a_whole_file_read_names_them(tmp_path):
+    write_samples(tmp_path / "logs", ("2026-11-27",), 12, 5)
+    [path] = (tmp_path / "logs").rglob("*.jsonl")
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps({k: v for k, v in d.items() if k != "id"}) + "\n" for d in lines))
+    options = {"error_prefix": "Error:"}
+    ingested = ingest_then_score("openai", [str(path)], tmp_path, options)
+    raw = score_raw("openai", [str(path)], tmp_path, options, shard_bytes=2048)
+    ids = sorted(r["rollout_id"] for r in open_run(str(raw)).rollouts().to_pylist())
+    assert ids == sorted(f"{path} line {n}" for n in range(1, 13))
+    assert_same(ingested, raw)
+
+
+def test_the_shared_real_tau2_and_bfcl_logs_score_as_ingest_then_score(tmp_path):
+    if not SHARED.is_dir():
+        pytest.fail(f"the shared real logs are missing: {SHARED} (../shared/data must be beside the project)")
+    tau = str(SHARED / "tau2" / "retail_gpt-4.1.json")  # read by its format's own reader, one source per task
+    assert_same(ingest_then_score("tau2", [tau], tmp_path / "t", {}), score_raw("tau2", [tau], tmp_path / "t", {}))
+    bfcl = str(SHARED / "bfcl" / "gpt-oss-120b" / "BFCL_v4_multi_turn_miss_param_result.json")
+    assert_same(ingest_then_score("bfcl", [bfcl], tmp_path / "b", {}), score_raw("bfcl", [bfcl], tmp_path / "b", {}))
+
+
+def test_toolsandbox_run_folders_score_as_ingest_then_score(tmp_path):
+    source = str(ROOT / "tests" / "data" / "toolsandbox")
+    assert_same(
+        ingest_then_score("toolsandbox", [source], tmp_path, {}), score_raw("toolsandbox", [source], tmp_path, {})
+    )
+
+
+def test_through_the_cli_with_labels(tmp_path, shared_ray):
+    write_samples(tmp_path / "logs", ("2026-11-27",), 10, 1)
+    args = ["--option", "error_prefix=Error:", "--label", "night=one", "--spec", "support"]
+    result = RUNNER.invoke(
+        app, ["score", str(tmp_path / "logs"), "--format", "openai", "--out", str(tmp_path / "r"), *args]
+    )
+    assert result.exit_code == 0, result.output
+    assert "scored 10" in result.output
+    assert {r["night"] for r in open_run(str(tmp_path / "r")).rollouts().to_pylist()} == {"one"}
+    bad = RUNNER.invoke(
+        app, ["score", str(tmp_path / "logs"), "--format", "openai", "--option", "nope=1", "--out", "x"]
+    )
+    assert bad.exit_code == 2 and "unknown option(s) nope" in bad.output
+
+
+def test_ingest_decodes_the_same_shards_on_ray_and_writes_the_same_store(tmp_path, shared_ray):
+    write_samples(tmp_path / "logs", ("2026-11-27", "2026-11-28"), 20, 2)
+    args = ["ingest", "openai", str(tmp_path / "logs"), "--option", "error_prefix=Error:"]
+    here = RUNNER.invoke(app, [*args, "--out", str(tmp_path / "here")])
+    on_ray = RUNNER.invoke(app, [*args, "--out", str(tmp_path / "ray"), "--ray"])
+    assert here.exit_code == 0 and on_ray.exit_code == 0, (here.output, on_ray.output)
+    assert "wrote 40 rollouts" in on_ray.output
+    lines = {
+        name: b"".join(p.read_bytes() for p in sorted((tmp_path / name).glob("*.jsonl"))) for name in ("here", "ray")
+    }
+    assert lines["here"] == lines["ray"] and lines["here"].count(b"\n") == 40
+    [path] = (tmp_path / "logs" / "date=2026-11-28").glob("*.jsonl")
+    path.write_bytes(path.read_bytes() + b"[1, 2]\n")  # all or nothing: one bad line and nothing is written
+    bad = RUNNER.invoke(app, [*args, "--out", str(tmp_path / "bad"), "--ray"])
+    assert bad.exit_code == 2 and "line 21" in bad.output and not (tmp_path / "bad").exists(), bad.output
+
+
+# -- OTel: one conversation's spans in three files ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def otel_export(tmp_path_factory) -> Path:
+    """OTLP JSON written by the OpenTelemetry SDK's own encoder (tests/producers.py)."""
+    from producers import stub_server
+    from test_producers_otel import produce
+
+    with stub_server() as stub:
+        return produce(stub, tmp_path_factory.mktemp("otel") / "one.jsonl", capture=True)
+
+
+def spread(export: Path, folder: Path, files: int) -> int:
+    """The export's spans, each in its own copy of its resource and scope, dealt round-robin over `files` files:
+    what a rotating exporter writes when a conversation lasts longer than a file."""
+    folder.mkdir()
+    out: list[list[str]] = [[] for _ in range(files)]
+    n = 0
+    for line in export.read_text().splitlines():
+        doc = json.loads(line)
+        for rs in doc["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                for span in ss["spans"]:
+                    one = {"resourceSpans": [{**rs, "scopeSpans": [{**ss, "spans": [span]}]}]}
+                    out[n % files].append(json.dumps(one))
+                    n += 1
+    for i, lines in enumerate(out):
+        (folder / f"spans-{i}.jsonl").write_text("\n".join(reversed(lines)) + "\n")
+    return n
+
+
+def test_one_conversations_spans_in_three_files_score_as_in_one_file(tmp_path, shared_ray, otel_export):
+    export = otel_export
+    assert spread(export, tmp_path / "three", 3) >= 6
+    spec = {"env": "observed", "options": EnvOptions(spec="support")}
+    ingested = ingest_then_score("otel", [str(export)], tmp_path, {}, **spec)
+    one = score_raw("otel", [str(export)], tmp_path, {}, "one", **spec)
+    three = score_raw("otel", [str(tmp_path / "three")], tmp_path, {}, "three", shard_bytes=512, executor="ray", **spec)
+    assert_same(ingested, one)
+    assert_same(one, three)
+    manifest = json.loads((three / "_manifest.json").read_text())
+    assert manifest["counts"]["shards"] > 1 and len(manifest["input"]["files"]) == 3
+    assert not (three / "_staging").exists()
+
+
+# -- Inspect: archive members --------------------------------------------------------------------------
+
+
+def test_an_inspect_log_cut_into_member_ranges_scores_as_ingest_then_score(tmp_path, eval_log):  # noqa: F811
+    log = eval_log
+    copies = tmp_path / "logs"
+    copies.mkdir()
+    shutil.copy(log, copies / "a.eval")
+    spec = {"env": "observed", "options": EnvOptions(spec="support")}
+    ingested = ingest_then_score("inspect", [str(copies)], tmp_path, {}, **spec)
+    raw = score_raw("inspect", [str(copies)], tmp_path, {}, shard_bytes=1, **spec)
+    assert json.loads((raw / "_manifest.json").read_text())["counts"]["shards"] == 2  # one per sample member
+    assert_same(ingested, raw)
+
+
+SPANS_RSS_CEILING_MIB = 400  # a scoring process (`--inline`) over a night of spans, whatever the night's size
+
+
+def night_of_spans(export: Path, folder: Path, conversations: int, files: int) -> int:
+    """`conversations` copies of the export's conversation, each with its own trace, span and conversation ids,
+    their spans dealt over `files` files in reverse order (a conversation's spans in every file)."""
+    folder.mkdir()
+    spans = [
+        (rs, ss, span)
+        for line in export.read_text().splitlines()
+        for rs in json.loads(line)["resourceSpans"]
+        for ss in rs["scopeSpans"]
+        for span in ss["spans"]
+    ]
+    out: list[list[str]] = [[] for _ in range(files)]
+    n = 0
+    for c in range(conversations):
+        for rs, ss, span in spans:
+            attrs = [
+                {"key": a["key"], "value": {"stringValue": f"conv-{c}"}} if a["key"] == "gen_ai.conversation.id" else a
+                for a in span.get("attributes", [])
+            ]
+            copy = {**span, "traceId": f"{c:032x}", "spanId": f"{c:08x}{n % 2**32:08x}", "attributes": attrs}
+            copy.pop("parentSpanId", None)
+            out[n % files].append(json.dumps({"resourceSpans": [{**rs, "scopeSpans": [{**ss, "spans": [copy]}]}]}))
+            n += 1
+    for i, lines in enumerate(out):
+        (folder / f"spans-{i}.jsonl").write_text("\n".join(reversed(lines)) + "\n")
+    return n
+
+
+def test_a_night_of_spans_scores_in_partitions_with_memory_flat_in_the_nights_size(tmp_path, otel_export):
+    from test_read_bounds import pexec_rss
+
+    peaks = {}
+    for conversations in (150, 600):
+        spans = night_of_spans(otel_export, tmp_path / f"night-{conversations}", conversations, 4)
+        args = ["score", f"night-{conversations}", "--format", "otel", "--out", f"run-{conversations}", "--inline",
+                "--shard-mb", "0.25", "--env", "observed", "--spec", "support"]  # fmt: skip
+        proc, peaks[conversations] = pexec_rss(*args, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        manifest = json.loads((tmp_path / f"run-{conversations}" / "_manifest.json").read_text())
+        assert manifest["counts"]["scored"] == conversations and manifest["counts"]["rejected"] == 0, spans
+        # a partition per 256 KiB of input, and no partition much above its share: what one task holds
+        partitions = [s["read"] for s in manifest["shards"]]
+        assert len(partitions) >= 4 * conversations // 150 and max(partitions) <= 2 * conversations / len(partitions)
+    assert peaks[600] < SPANS_RSS_CEILING_MIB, peaks
+    assert peaks[600] < peaks[150] * 1.15, peaks  # four times the spans, about the same peak: bounded by partition

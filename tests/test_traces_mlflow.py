@@ -1,0 +1,114 @@
+"""The MLflow round trip on a real tracking server (SQLite backend, started here on loopback): MLflow's own
+OpenAI autolog traces the scripted support agent (tests/producers.py) against the stub model, `pexec ingest mlflow`
+reads the trace through MLflow's client, `pexec score` replays it, and `pexec publish mlflow` writes the verdicts
+back as assessments, read back here through MLflow's client."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from producers import CALLS, CANCEL_ERROR, EXPECTED_STEPS, MODEL, USER, Stub, pexec, stub_server, verdicts
+from trace_servers import mlflow_server, score_support
+
+from pipeline.ingest import IngestError, IngestOptions, ingest
+from pipeline.integrations.mlflow import publish
+
+pytestmark = pytest.mark.trace_server
+PRODUCERS = Path(__file__).with_name("producers.py")
+EXPERIMENT = "support"
+
+
+@pytest.fixture(scope="module")
+def stub() -> Iterator[Stub]:
+    with stub_server() as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def server(stub: Stub, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The tracking server, holding one trace of the scripted conversation."""
+    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as url:
+        args = [sys.executable, str(PRODUCERS), "mlflow", stub.base_url, url, EXPERIMENT]
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        yield url
+
+
+@pytest.fixture(scope="module")
+def run(server: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`pexec ingest mlflow` then `pexec score` with the support spec."""
+    folder = tmp_path_factory.mktemp("run")
+    pexec("ingest", "mlflow", "--tracking-uri", server, "--experiment", EXPERIMENT, "--out", "store", cwd=folder)
+    score_support(folder / "store", folder / "run")
+    return folder / "run"
+
+
+def read(server: str, **options: str) -> list[dict[str, Any]]:
+    extra = {"tracking_uri": server, "experiment": EXPERIMENT, **options}
+    return list(ingest("mlflow", [], IngestOptions(extra=extra)))
+
+
+def test_tool_spans_are_the_calls_with_their_arguments_outputs_and_errors(server):
+    [record] = read(server)
+    calls = [e for e in record["events"] if e["type"] == "call"]
+    assert [(c["tool"], c["arguments"]) for c in calls] == [(c.tool, c.arguments) for c in CALLS]
+    assert json.loads(calls[0]["output"])["customer_id"] == "C104"
+    assert json.loads(calls[3]["output"])["carrier"] == "UPS"
+    assert [c["error"] for c in calls] == [False, False, True, False]
+    assert CANCEL_ERROR in calls[2]["output"]  # the exception the tool span recorded: the environment's words
+    assert [(e["role"], e["content"]) for e in record["events"] if e["type"] == "message"] == [("user", USER)]
+    assert record["rollout_id"] == record["attributes"]["trace_id"] and record["rollout_id"].startswith("tr-")
+    assert record["labels"]["model"] == MODEL
+
+
+def test_the_window_selects_traces_by_start_time(server):
+    assert len(read(server, since="2000-01-01", until="2100-01-01")) == 1
+    assert read(server, since="2100-01-01") == [] and read(server, until="2000-01-01") == []
+    with pytest.raises(IngestError, match="--since takes an ISO 8601"):
+        read(server, since="yesterday")
+
+
+def test_an_unknown_experiment_is_a_one_line_error(server):
+    with pytest.raises(IngestError, match="no experiment named 'nope'"):
+        list(ingest("mlflow", [], IngestOptions(extra={"tracking_uri": server, "experiment": "nope"})))
+
+
+def test_scoring_the_trace_gives_the_known_verdicts(run):
+    import pyarrow.parquet as pq
+
+    steps = sorted(pq.read_table(run / "steps").to_pylist(), key=lambda s: s["step"])
+    assert verdicts(steps) == EXPECTED_STEPS
+
+
+def assessments(server: str) -> tuple[Any, list[Any]]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=server)
+    [trace] = client.search_traces(locations=[client.get_experiment_by_name(EXPERIMENT).experiment_id])
+    return trace, [a for a in trace.info.assessments if a.name.startswith("pexec.")]
+
+
+def test_publish_puts_each_verdict_on_its_tool_span_once(server, run):
+    first = pexec("publish", "mlflow", str(run), "--tracking-uri", server, cwd=run.parent)
+    assert "1 trace(s): 7 value(s) written, 0 updated, 0 unchanged, 0 removed" in first.stderr
+    trace, found = assessments(server)
+    spans = {s.span_id: s.name for s in trace.data.spans}
+    per_span = sorted(((spans[a.span_id], a.value, a.rationale) for a in found if a.span_id),
+                      key=lambda x: [c.tool for c in CALLS].index(x[0]))  # fmt: skip
+    assert [(tool, value) for tool, value, _ in per_span] == [(t, valid) for t, valid, _ in EXPECTED_STEPS]
+    cancel = per_span[2][2]
+    assert "check P failed" in cancel and "cause " in cancel and "step 3" in cancel
+    [cancel_feedback] = [a for a in found if a.span_id and a.value is False]
+    assert cancel_feedback.metadata["check"] == "P" and cancel_feedback.source.source_id == "pexec"
+    per_trace = {a.name: a.value for a in found if not a.span_id}
+    assert per_trace == {"pexec.fed": 3, "pexec.T": 4, "pexec.executable": False}
+
+    again = publish(str(run), server)  # in this process: the command line was shown above
+    assert (again.written, again.updated, again.unchanged, again.removed, again.skipped) == (0, 0, 7, 0, {})
+    assert len(assessments(server)[1]) == 7  # no duplicate

@@ -1,0 +1,111 @@
+"""The hardened server layer the guard and the viewer share (pipeline.web), at the ASGI level: what reaches the
+app and what is answered before it; the served `Host` names; where a token comes from. The same layer over real
+sockets: tests/test_guard_bounds.py and tests/test_view.py."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from pipeline.web import ServerLimits, WebGuard, allowed_hosts, read_token, require_token
+from pipeline.web.server import WebServerError
+
+
+async def echo(scope: Any, receive: Any, send: Any) -> None:
+    message = await receive()
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": message["body"]})
+
+
+def call(app: WebGuard, chunks: list[bytes], headers: dict[str, str], delay: float = 0.0) -> tuple[int, bytes, dict]:
+    """One request through `app`: the body in `chunks` (each after `delay` seconds), the answer's status, body and
+    headers."""
+    sent: list[dict] = []
+    pending = list(chunks)
+
+    async def receive() -> dict:
+        if not pending:
+            await asyncio.sleep(3600)  # a client that stops sending
+        await asyncio.sleep(delay)
+        chunk = pending.pop(0)
+        return {"type": "http.request", "body": chunk, "more_body": bool(pending)}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/x",
+        "query_string": b"",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+    }
+    asyncio.run(app(scope, receive, send))
+    start = sent[0]
+    body = b"".join(m.get("body", b"") for m in sent[1:])
+    return start["status"], body, {k.decode(): v.decode() for k, v in start["headers"]}
+
+
+HOSTS = allowed_hosts("127.0.0.1", 8765)
+JSON = {"host": "127.0.0.1:8765", "content-type": "application/json"}
+
+
+def test_the_body_reaches_the_app_whole_when_within_the_limit() -> None:
+    app = WebGuard(echo, ServerLimits(max_body=10), HOSTS, json_only=True)
+    assert call(app, [b"12345", b"67890"], JSON)[:2] == (200, b"1234567890")
+
+
+def test_a_streamed_body_is_refused_at_the_limit_and_the_connection_closed() -> None:
+    app = WebGuard(echo, ServerLimits(max_body=10), HOSTS)
+    status, body, headers = call(app, [b"123456", b"789012", b"never read"], JSON)
+    assert status == 413 and orjson.loads(body) == {"error": "request body over 10 bytes"}
+    assert headers["connection"] == "close"
+
+
+def test_a_slow_body_is_refused_after_the_body_timeout() -> None:
+    app = WebGuard(echo, ServerLimits(body_timeout=0.3), HOSTS)
+    status, body, headers = call(app, [b"{", b"}"], {**JSON, "content-length": "2"}, delay=0.2)
+    assert status == 408 and "not received within 0.3 s" in orjson.loads(body)["error"]
+    assert headers["connection"] == "close"
+
+
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        ({"host": "127.0.0.1:8765"}, 415),  # no content type
+        ({**JSON, "origin": "null"}, 403),  # a sandboxed page or a file: URL
+        ({**JSON, "origin": "http://127.0.0.1:8765"}, 200),  # the service's own pages
+        ({**JSON, "host": "localhost:8765"}, 200),
+        ({**JSON, "host": "127.0.0.1:9999"}, 403),
+        ({**JSON, "content-type": "application/json; charset=utf-8"}, 200),
+    ],
+)
+def test_what_is_answered_before_the_app(headers: dict[str, str], status: int) -> None:
+    app = WebGuard(echo, ServerLimits(), HOSTS, json_only=True)
+    assert call(app, [b"{}"], headers)[0] == status
+
+
+def test_the_served_host_names() -> None:
+    assert allowed_hosts("127.0.0.1", 80) >= {"127.0.0.1", "localhost:80", "[::1]:80"}
+    assert allowed_hosts("::1", 8000) == {"[::1]:8000", "localhost:8000", "127.0.0.1:8000"}
+    assert allowed_hosts("10.0.0.5", 8000, ("guard.internal",)) == {"10.0.0.5:8000", "guard.internal:8000"}
+    assert allowed_hosts("0.0.0.0", 8000) is None  # names unknown: the token, required there, stands in
+
+
+def test_a_token_from_a_file_and_the_refusals(tmp_path: Path) -> None:
+    (tmp_path / "t").write_text("s3cret\n")
+    assert read_token(None, str(tmp_path / "t")) == "s3cret"
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(WebServerError, match="is empty"):
+        read_token(None, str(tmp_path / "empty"))
+    with pytest.raises(WebServerError, match="exclude each other"):
+        read_token("a", str(tmp_path / "t"))
+    with pytest.raises(WebServerError, match="cannot read the token file"):
+        read_token(None, str(tmp_path / "missing"))
+    with pytest.raises(WebServerError, match=r"refusing to listen on 0\.0\.0\.0 without a bearer token"):
+        require_token("0.0.0.0", None, "the viewer")
+    require_token("::1", None, "the viewer")  # loopback: no token needed
