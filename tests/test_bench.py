@@ -183,6 +183,10 @@ def _small(name: str, tmp_path: Path) -> Bench:
         from pipeline.perf.driver import bench_driver
 
         return bench_driver(windows=(4, 16), steady=32, repeats=1, rollouts=40, distinct_ids=1000)
+    if name == "distributed":
+        from pipeline.perf.distributed import bench_distributed
+
+        return bench_distributed(20_000, per_shard=1000, B=20, workdir=tmp_path, in_process=True)
     if name == "spans":
         from pipeline.perf.spans import bench_spans
 

@@ -161,7 +161,10 @@ def test_records_of_an_environment_that_appears_later_are_rescored_on_rerun(tmp_
         (["report", "{tmp}", "--out", "{tmp}/r", "--compare", "a=1", "b=2"], "--compare must name the same column"),
         (["sql", "{tmp}/missing", "SELECT 1"], "no run at {tmp}/missing"),
         (["sql", "{tmp}", "SELEC 1"], 'Parser Error: syntax error at or near "SELEC" LINE 1: SELEC 1'),
-        (["bench", "nope"], "bench takes replay, metrics, merged, scale, view, guard, driver, bfcl, tau or spans"),
+        (
+            ["bench", "nope"],
+            "bench takes replay, metrics, merged, scale, view, guard, driver, distributed, bfcl, tau or spans",
+        ),
         (["guard", "serve", "--env", "nope"], "unknown environment 'nope'"),
         (["guard", "serve", "--env", "shop", "--host", "0.0.0.0"], "refusing to listen on 0.0.0.0 without a bearer"),
         (["guard", "serve", "--env", "shop", "--policy", "lax"], "--policy is code or strict"),

@@ -46,15 +46,25 @@ def metrics(
         int | None, typer.Option("--max-k", min=0, max=1000, help="Largest k for PEC(k) (default: max T, at most 20).")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per cohort.")] = False,
+    address: Annotated[
+        str | None,
+        typer.Option(
+            "--address",
+            help="Compute in Ray tasks on this Ray (`local`: start one here; `auto`: the running cluster), part "
+            "by part, no process reading every rollout; needs --method poisson-merged, same numbers.",
+        ),
+    ] = None,
 ) -> None:
     """Success, TER, AUC-PEC, RR, output match and PEC(k) per cohort with 95% intervals (task bootstrap, or
     Wilson on the effective sample size for small samples)."""
     opened = reading.open(run)
     tool_by = tool_cohort_columns(reading.by)
     if tool_by is not None:
+        if address is not None:
+            raise PexecError("--address computes the rollout metrics; per-tool profiles (--by tool) run here")
         _tool_metrics(opened, tool_by, reading, as_json)
         return
-    cohorts = opened.cohorts(reading.by, reading.settings, max_k, reading.population)
+    cohorts = opened.cohorts(reading.by, reading.settings, max_k, reading.population, address)
     folder = opened.write_metrics(cohorts, reading.by)
     if as_json:
         json_lines(cohorts)

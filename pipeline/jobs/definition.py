@@ -404,7 +404,9 @@ def run_job(
         force=force,
     )
     run = open_run(job.output, job.storage_options, job.partial)  # the metrics and report read the same shards
-    cohorts = run.cohorts(job.by, job.bootstrap, job.max_k, job.population)
+    # The mergeable bootstrap runs in Ray tasks on the Ray that scored the run, no process reading every rollout.
+    on_ray = (address or job.address or "local") if job.bootstrap.method == "poisson-merged" else None
+    cohorts = run.cohorts(job.by, job.bootstrap, job.max_k, job.population, on_ray)
     run.write_metrics(cohorts, job.by)
     if job.report is not None:
         from pipeline.report import build_report

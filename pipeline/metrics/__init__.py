@@ -8,6 +8,7 @@ settings.py       what is asked for: bootstrap settings, the population (harness
 population.py     a connection whose `rollouts` view holds the population
 cohorts.py        per-cohort metrics with intervals; writing them under RUN/metrics/
 bootstrap.py      the replicates' sums in numpy, exactly as sql/hash.sql draws them
+partials.py       the poisson-merged metrics in Ray tasks: part sums, task partitions, an exact merge
 query.py          read-only user SQL within limits
 tool_profiles.py  per-tool error profiles (step-level cohorts)
 drift.py          `pexec diff`: drift between two runs of different tasks

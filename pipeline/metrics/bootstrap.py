@@ -288,18 +288,20 @@ def _exact_column_sums(sums: np.ndarray) -> list[int]:
     return [_sum(sums[:, j]) for j in range(sums.shape[1])]
 
 
-def partial_limbs(partial: PoissonPartial) -> pa.Table:
+def partial_limbs(partial: PoissonPartial, plain: bool = False) -> pa.Table:
     """The replicates of partial sums as limbs (LIMBS; metrics/sql/bootstrap_sums.sql): each exact total as
-    hi * 2^32 + lo, cohort keys being the cohort numbers of task_sums."""
+    hi * 2^32 + lo, cohort keys being the cohort numbers of task_sums. `plain`: the plain sums too, as b = -1
+    (the point estimates' sums, when no task_sums table holds them)."""
     batches = []
     mask = (1 << 32) - 1
     for cohort, total in partial.sums.items():
-        reps = total[1:]  # row 0: the plain sums
+        reps = total if plain else total[1:]  # row 0: the plain sums
         n_rep, n_cols = reps.shape
         flat = reps.ravel().tolist()
         values = np.array([[v >> 32, v & mask] for v in flat], dtype=np.int64).reshape(n_rep, 2 * n_cols)
         limb = Limbs(np.empty((0, 2 * n_cols)), [j for j in range(n_cols) for _ in (0, 1)], [32, 0] * n_cols)
-        batches.append(_limb_batch(int(cohort), 0, values, limb, partial.columns))  # type: ignore[call-overload]
+        first = -1 if plain else 0
+        batches.append(_limb_batch(int(cohort), first, values, limb, partial.columns))  # type: ignore[call-overload]
     return pa.Table.from_batches(batches, LIMBS)
 
 

@@ -110,14 +110,38 @@ def metrics_and_replicates(
         run_sql(con, "metrics/metrics_prepare")
         sums = task_sums(con)
         run_bootstrap(con, sums, settings)
-        run_sql(con, "metrics/metrics_intervals")
         info = fetch(con, "cohort_info")
-        ratios = _join(fetch(con, "metric_intervals"), _metric_clusters(sums), ("cohort", "metric"))
         k = con.execute("SELECT getvariable('pexec_k')").fetchall()[0][0]
-        pec = _join(fetch(con, "pec_intervals"), _pec_clusters(sums, k), ("cohort", "k"))
-        reps = fetch(con, "replicated_values")
         run_sql(con, "metrics/harness_counts")
         harness = fetch(con, "harness_counts")
+        clusters = _metric_clusters(sums), _pec_clusters(sums, k)
+        return intervals_and_replicates(
+            con, info, clusters, harness, by_cols, settings, population, replicated, snapshot
+        )
+
+
+Clusters = tuple[list[dict[str, Any]], list[dict[str, Any]]]  # _metric_clusters, _pec_clusters
+
+
+def intervals_and_replicates(
+    con: duckdb.DuckDBPyConnection,
+    info: list[dict[str, Any]],
+    clusters: Clusters,
+    harness: list[dict[str, Any]],
+    by_cols: list[str],
+    settings: BootstrapSettings,
+    population: Population,
+    replicated: Sequence[str],
+    snapshot: Snapshot,
+) -> tuple[list[dict[str, Any]], Replicates]:
+    """The cohort dicts and replicates from what every way of computing them ends with: on `con`, tables
+    task_sums (or none of its rows, when rep_sums holds the point estimates' sums as b = -1) and rep_sums
+    (pipeline/metrics/sql/bootstrap_sums.sql) and variables pexec_k and those of metrics_intervals.sql; `info` as
+    table cohort_info, what the small-sample intervals need, and the harness-error counts."""
+    run_sql(con, "metrics/metrics_intervals")
+    ratios = _join(fetch(con, "metric_intervals"), clusters[0], ("cohort", "metric"))
+    pec = _join(fetch(con, "pec_intervals"), clusters[1], ("cohort", "k"))
+    reps = fetch(con, "replicated_values")
     cohorts, ids = _assemble(info, ratios, pec, harness, ["benchmark", *by_cols], settings, population)
     by_id: dict[int, dict[str, list[float | None]]] = {}
     for r in reps:

@@ -13,11 +13,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import duckdb
+import pyarrow as pa
 
 from pipeline.core import metric_catalogue
 from pipeline.metrics.completeness import Snapshot
 from pipeline.metrics.duck import connect, rollout_columns, run_sql, set_variables
 from pipeline.metrics.settings import DEFAULT_POPULATION, MetricsError, Population
+from pipeline.storage.run import RunPrefix
 
 # The rollouts columns the metrics read.
 NEEDED = ("task_id", "benchmark", "T", "fed", "executable", "auc_term", "success", "n_output_mismatch",
@@ -26,15 +28,41 @@ NEEDED = ("task_id", "benchmark", "T", "fed", "executable", "auc_term", "success
 
 @contextmanager
 def open_population(
-    snapshot: Snapshot, population: Population = DEFAULT_POPULATION
+    snapshot: Snapshot, population: Population = DEFAULT_POPULATION, check: bool = True
 ) -> Iterator[duckdb.DuckDBPyConnection]:
-    root = snapshot.root
+    """`check`: that every pooled benchmark is in the run (a scan of the run's benchmark column; the distributed
+    metrics check it from their parts' benchmarks instead)."""
+    with _population(snapshot.root, snapshot.parts("rollouts"), population) as con:
+        if check:
+            _check_pools(con, population, snapshot.root.url)
+        yield con
+
+
+@contextmanager
+def open_part_population(
+    root: RunPrefix, file: str, columns: pa.Schema, population: Population = DEFAULT_POPULATION
+) -> Iterator[duckdb.DuckDBPyConnection]:
+    """The same over one rollouts part file of a run (a task of the distributed metrics), with the columns of the
+    whole run (`columns`: a part need not carry every label column, the run's view has them all, in its order).
+    Pools are not checked here: a part need not hold every pooled benchmark."""
+    with _population(root, [file], population, columns) as con:
+        yield con
+
+
+@contextmanager
+def _population(
+    root: RunPrefix, files: list[str], population: Population, columns: pa.Schema | None = None
+) -> Iterator[duckdb.DuckDBPyConnection]:
     con = connect(root)
     try:
-        set_variables(con, rollouts_files=snapshot.parts("rollouts"))
-        run_sql(con, "metrics/view_rollouts")
-        columns = rollout_columns(con)
-        missing = [c for c in NEEDED if c not in columns]
+        set_variables(con, rollouts_files=files)
+        if columns is None:
+            run_sql(con, "metrics/view_rollouts")
+        else:
+            con.register("run_columns", columns.empty_table())
+            run_sql(con, "metrics/view_rollouts_part")
+        present = rollout_columns(con)
+        missing = [c for c in NEEDED if c not in present]
         if missing:
             raise MetricsError(
                 f"rollouts under {root.url} lack column(s) {', '.join(missing)}: scored by an older pexec; "
@@ -48,7 +76,6 @@ def open_population(
             pool_to=list(pooled.values()),
         )
         run_sql(con, "metrics/view_population")
-        _check_pools(con, population, root.url)
         _create_rollout_parts(con, population.strict_replay)
         run_sql(con, "metrics/hash")
         yield con
@@ -57,8 +84,11 @@ def open_population(
 
 
 def _check_pools(con: duckdb.DuckDBPyConnection, population: Population, url: str) -> None:
-    # A pool naming a benchmark the run does not have would silently be a smaller pool than asked for.
-    present = {r[0] for r in con.sql("SELECT DISTINCT benchmark FROM run_rollouts").fetchall()}
+    check_pools({r[0] for r in con.sql("SELECT DISTINCT benchmark FROM run_rollouts").fetchall()}, population, url)
+
+
+def check_pools(present: set[str], population: Population, url: str) -> None:
+    """A pool naming a benchmark the run does not have would silently be a smaller pool than asked for."""
     absent = [b for b in population.pooled if b not in present]
     if absent:
         have = ", ".join(sorted(map(str, present)))

@@ -63,9 +63,16 @@ class Run:
         settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
         max_k: int | None = None,
         population: Population = DEFAULT_POPULATION,
+        address: str | None = None,
     ) -> list[dict[str, Any]]:
         """Metrics per cohort with intervals, one JSON-ready dict per cohort with its PEC curve, as
-        `pexec metrics --json` prints them (pipeline.metrics.cohorts.compute_metrics)."""
+        `pexec metrics --json` prints them (pipeline.metrics.cohorts.compute_metrics). `address`: computed in Ray
+        tasks on the Ray there ("local": one started here), no process reading every rollout; needs the
+        poisson-merged bootstrap, and gives exactly its single-node numbers (pipeline.metrics.partials)."""
+        if address is not None:
+            from pipeline.metrics.partials import metrics_on_ray
+
+            return metrics_on_ray(self.snapshot, address, by, settings, max_k, population)[0]
         return compute_metrics(self.snapshot, by, settings, max_k, population)
 
     def metrics(

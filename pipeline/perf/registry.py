@@ -41,6 +41,13 @@ BENCHES: dict[str, Entry] = {
     "view": Entry("pipeline.perf.view:bench_view", "n_rollouts", 1_000_000, workdir=True),
     "guard": Entry("pipeline.perf.guard:bench_guard"),
     "driver": Entry("pipeline.perf.driver:bench_driver", "rollouts", 4000, note="for its per-core rate"),
+    "distributed": Entry(
+        "pipeline.perf.distributed:bench_distributed",
+        "rollouts",
+        10_000_000,
+        workdir=True,
+        note="and as many ids; a tenth of each too",
+    ),
     "bfcl": Entry("pipeline.perf.bfcl:bench_bfcl"),
     "tau": Entry("pipeline.perf.tau:bench_tau"),
     "spans": Entry("pipeline.perf.spans:bench_spans", "n_spans", 1_000_000, note="spans, not rollouts", workdir=True),

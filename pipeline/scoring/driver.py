@@ -25,6 +25,7 @@ from pipeline.ingest import IngestError
 from pipeline.ingest.sharded import RawSource, plan_raw
 from pipeline.replay.checker import CHECKS
 from pipeline.scoring.code_version import code_version, environment_version
+from pipeline.scoring.id_check import RayIdCheck
 from pipeline.scoring.shard import ScoredShard, ScoreSettings, ShardReport, read_records, score_shard
 from pipeline.scoring.shuffle import map_shard, partition_shards, regroup_partition, staging
 from pipeline.storage.fs import remove_all
@@ -43,6 +44,7 @@ from pipeline.storage.run import (
 
 DEFAULT_SHARD_BYTES = 64 * 2**20
 POLL_S = 1.0  # the longest the driver waits before checking the lease and reporting progress
+_RETRIES: dict[str, Any] = {"max_retries": 3, "retry_exceptions": [OSError]}  # of a task that reads or writes
 
 
 @dataclass(frozen=True)
@@ -160,20 +162,29 @@ def run_scoring(
             if on_shard:
                 on_shard(report)
 
-        def score(shards: list[Shard], duplicates: Duplicates) -> list[ScoredShard]:
+        def score(shards: list[Shard], duplicates: Duplicates, ids: RayIdCheck | None = None) -> list[ScoredShard]:
             if executor == "inline":
                 return [_inline(shard, settings, duplicates, on_shard, lease.check) for shard in shards]
-            return _on_ray(shards, settings, duplicates, address, num_cpus, on_shard, lease.check) if shards else []
+            if not shards:
+                return []
+            return _on_ray(shards, settings, duplicates, address, num_cpus, on_shard, lease.check, ids)
 
-        with ThreadPoolExecutor(1) as pool:
-            # Scoring returns the ids a shard holds; those of reused shards are read meanwhile.
-            reread = pool.submit(_ids, [s for s in shard_plan.shards if s.key in reused], settings)
-            scored = score(todo, {})
-            ids = reread.result() | {s.report.shard: s.ids for s in scored}
+        if executor == "inline":
+            with ThreadPoolExecutor(1) as pool:
+                # Scoring returns the ids a shard holds; those of reused shards are read meanwhile.
+                reread = pool.submit(_ids, [s for s in shard_plan.shards if s.key in reused], settings)
+                scored = score(todo, {})
+                ids = reread.result() | {s.report.shard: s.ids for s in scored}
+            duplicates = duplicate_ids(shard_plan.shards, ids, storage_options)
+            del ids
+        else:  # on Ray the ids stay in the object store, checked in hash partitions (pipeline.scoring.id_check)
+            _start_ray(address, num_cpus)
+            check = RayIdCheck(shard_plan.shards)
+            check.read(_shard_ids, [s for s in shard_plan.shards if s.key in reused], settings, **_RETRIES)
+            scored = score(todo, {}, check)
+            duplicates = check.duplicates(storage_options)
         reports = reused | {s.report.shard: s.report for s in scored}
         del scored
-        duplicates = duplicate_ids(shard_plan.shards, ids, storage_options)
-        del ids
         # A shard told other than what the whole store shows (none were told anything before their ids were
         # known) is scored again: only shards holding a later copy of an id, whatever the order they ran in.
         again = [s for s in shard_plan.shards if reports[s.key].duplicates != digest(duplicates.get(s.key, {}))]
@@ -299,6 +310,10 @@ def _reuse_record(reports: list[ShardReport], why: dict[str, str], settings: Sco
     return {"core": settings.code_version, "shards_reused": sum(r.reused for r in reports), "shards": shards}
 
 
+def _shard_ids(shard: Shard, settings: ScoreSettings) -> pa.Table:
+    return _ids([shard], settings)[shard.key]
+
+
 def _ids(shards: list[Shard], settings: ScoreSettings) -> dict[str, pa.Table]:
     if settings.source is None:
         return {shard.key: shard_ids(shard, settings.storage_options) for shard in shards}
@@ -337,14 +352,17 @@ def _on_ray(
     num_cpus: int | None,
     on_shard: Callable[[ShardReport], None] | None,
     still_held: Callable[[], None],
+    ids: RayIdCheck | None = None,
 ) -> list[ScoredShard]:
     import ray
 
     _start_ray(address, num_cpus)
-    task = ray.remote(max_retries=3, retry_exceptions=[OSError])(score_shard)
+    task = ray.remote(**_RETRIES)(score_shard)
     window = 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))  # every CPU busy and one task queued for it
 
     def submit(shard: Shard) -> Any:
+        if ids is not None:  # the shard's ids kept in the object store for the partitioned check
+            return ids.submit(score_shard, shard, settings, duplicates.get(shard.key), **_RETRIES)
         return task.remote(shard, settings, duplicates.get(shard.key))
 
     # Largest first: the small shards (the end of each file) fill in at the end instead of one large shard

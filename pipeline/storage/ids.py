@@ -9,15 +9,23 @@ it holds, where the first copy is and how many copies come before the shard.
 
 Scoring a shard returns its ids (pipeline.scoring.shard), so finding duplicates costs no read of its own: a shard
 scored before they were known is scored again when it was told other than what is found here.
+
+Two ways to find them, with one outcome: `duplicate_ids` over every shard's ids in one process (the inline
+executor), or in hash partitions (what Ray runs, pipeline.scoring.id_check): `partition_ids` cuts each shard's ids
+by a hash of the id, `partition_copies` finds the repeated ids of one partition with where their copies are, and
+`told` turns those copies into what each shard is told. A partition's memory is bounded by its share of the ids,
+and only the duplicates leave it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import groupby
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -53,7 +61,8 @@ def duplicate_ids(
     shards: Sequence[Shard], ids: Mapping[str, pa.Table], storage_options: dict[str, Any] | None = None
 ) -> Duplicates:
     """What each shard needs to apply the rule, for the shards of a plan (in source order) and their ids
-    (`ids_table`s by shard key).
+    (`ids_table`s by shard key), all in this process (the inline executor; Ray checks them in hash partitions,
+    `partition_ids` and `partition_copies`, with the same outcome).
 
     A shard is only told about an id when the rule rejects one of its copies, so the shard holding the one
     first copy of an id is unaffected by later copies (and stays reusable)."""
@@ -62,24 +71,80 @@ def duplicate_ids(
     rids = pa.chunked_array([chunk for s in shards for chunk in ids[s.key]["rollout_id"].chunks], pa.string())
     counts = pa.table({"rollout_id": rids}).group_by("rollout_id").aggregate([("rollout_id", "count")])
     repeated = counts.filter(pc.greater(counts["rollout_id_count"], 1))["rollout_id"]
-    first: dict[str, tuple[int, str]] = {}  # id -> (index of its shard, location) of its first copy
-    seen_in: dict[str, list[int]] = {}  # duplicated id -> the shard index of each of its copies, in order
+    copies: dict[str, Copies] = {}
     for index, shard in enumerate(shards if len(repeated) else ()):
         table = ids[shard.key]
-        copies = table.filter(pc.is_in(table["rollout_id"], value_set=repeated)).to_pydict()
-        for location, rid in zip(copies["location"], copies["rollout_id"], strict=True):
-            first.setdefault(rid, (index, location))
-            seen_in.setdefault(rid, []).append(index)
-    where = _whole_file_names(list(first.values()), shards, storage_options)
+        found = table.filter(pc.is_in(table["rollout_id"], value_set=repeated)).to_pydict()
+        for location, rid in zip(found["location"], found["rollout_id"], strict=True):
+            _add_copy(copies, rid, index, location)
+    return told(copies, shards, storage_options)
+
+
+@dataclass(frozen=True)
+class Copies:
+    """Where the copies of one repeated id are: its first copy (shard index in source order, location in that
+    shard) and how many copies each shard holding one has, shards in source order."""
+
+    first: tuple[int, str]
+    per_shard: list[tuple[int, int]]  # (shard index, copies in it)
+
+
+def _add_copy(copies: dict[str, Copies], rid: str, index: int, location: str) -> None:
+    """Count one more copy of `rid`, copies coming in source order."""
+    found = copies.get(rid)
+    if found is None:
+        copies[rid] = Copies((index, location), [(index, 1)])
+    elif found.per_shard[-1][0] == index:
+        found.per_shard[-1] = (index, found.per_shard[-1][1] + 1)
+    else:
+        found.per_shard.append((index, 1))
+
+
+def told(
+    copies: Mapping[str, Copies], shards: Sequence[Shard], storage_options: dict[str, Any] | None = None
+) -> Duplicates:
+    """Duplicates from the copies of every repeated id: a shard is told about an id when a copy it holds is not
+    the first (earlier shards hold one, or it holds several)."""
+    where = _whole_file_names([c.first for c in copies.values()], shards, storage_options)
     out: Duplicates = {}
-    for rid, indexes in seen_in.items():
+    for rid, found in copies.items():
         before = 0
-        for i, group in groupby(indexes):  # shard indexes in source order
-            copies_here = len(list(group))
+        for index, copies_here in found.per_shard:
             if before or copies_here > 1:
-                out.setdefault(shards[i].key, {})[rid] = (where[first[rid]], before)
+                out.setdefault(shards[index].key, {})[rid] = (where[found.first], before)
             before += copies_here
     return out
+
+
+_PARTITION_SCHEMA = pa.schema([("shard", pa.int32()), ("location", pa.string()), ("rollout_id", pa.string())])
+
+
+def partition_ids(ids: pa.Table, index: int, partitions: int) -> list[pa.Table]:
+    """A shard's ids (`ids_table`, the shard at `index` in source order) cut into `partitions` tables by a hash
+    of the rollout id, each in shard order with the shard's index: every copy of an id, whatever shard holds
+    it, lands in the same partition, so each partition is checked on its own."""
+    rids = ids["rollout_id"].to_pylist()
+    part = pa.array([zlib.crc32(rid.encode()) % partitions for rid in rids], pa.int32())
+    shard = pa.array(np.full(len(rids), index, dtype=np.int32))
+    keyed = pa.table([shard, ids["location"], ids["rollout_id"]], schema=_PARTITION_SCHEMA)
+    order = pc.sort_indices(part)  # stable: shard order within each partition
+    keyed, sizes = keyed.take(order), np.bincount(part.to_numpy(), minlength=partitions)
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    return [keyed.slice(int(starts[p]), int(sizes[p])) for p in range(partitions)]
+
+
+def partition_copies(tables: Sequence[pa.Table]) -> dict[str, Copies]:
+    """The copies of every id repeated within one partition, from every shard's part of it in source order
+    (`partition_ids`); only repeated ids, so what comes back is as small as the duplicates."""
+    keyed = pa.concat_tables([t.cast(_PARTITION_SCHEMA) for t in tables]) if tables else _PARTITION_SCHEMA.empty_table()
+    counts = keyed.group_by("rollout_id").aggregate([("rollout_id", "count")])
+    repeated = counts.filter(pc.greater(counts["rollout_id_count"], 1))["rollout_id"]
+    found = keyed.filter(pc.is_in(keyed["rollout_id"], value_set=repeated))
+    found = found.take(pc.sort_indices(found["shard"])).to_pydict()  # a stable sort: shard order kept within
+    copies: dict[str, Copies] = {}
+    for index, location, rid in zip(found["shard"], found["location"], found["rollout_id"], strict=True):
+        _add_copy(copies, rid, index, location)
+    return copies
 
 
 def _whole_file_names(

@@ -1,0 +1,303 @@
+"""Per-cohort metrics computed in Ray tasks (`pexec metrics --method poisson-merged --address RAY`): no process
+reads every rollout, and the bounds are exactly those of the same metrics computed in one process.
+
+Two stages of tasks, then a merge (docs/explanation/intervals.md, where each step runs):
+  1. one task per rollouts part file (a scoring shard's output): the population and metrics_prepare.sql over that
+     part alone give its per-(cohort, task) sums (sql/part_sums.sql), cut by a hash of the task into
+     `partitions` tables, and its counts per cohort (rollouts, no-call, unknown success, diverged, harness errors);
+  2. one task per partition: every part's rows of its tasks added up into whole-task sums (sql/partition_sums.sql;
+     a task's rollouts may lie in several parts), then the task-keyed Poisson partial sums of those tasks
+     (pipeline.metrics.bootstrap.poisson_partial), the tasks counted per cohort, and the exact integer moments
+     of the per-task sums that the small-sample intervals need (sums over tasks, so they add up too);
+  3. here: the partitions' partial sums merged (pipeline.metrics.bootstrap.merge, exact integers), the counts and
+     moments added, and the same SQL as a single node (bootstrap_sums.sql, metrics_intervals.sql) turns them
+     into the cohort dicts.
+
+Why partitions by task and not the parts' partial sums alone: a task's Poisson weight is keyed by the task, so
+partial sums of any cut of the rollouts add up exactly; but the tasks counted per cohort and the moments (sums
+of squares of whole-task sums) need each task's rollouts together. Only the poisson-merged bootstrap can be
+distributed: the multinomial and Poisson draws number a cohort's tasks, which no part knows.
+
+Memory: a part task holds one part; a partition task its share of the (cohort, task) rows; this process holds
+per cohort the B + 1 rows of sums and one reference per (part, partition), never a rollout or a task.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from pipeline.core import metric_catalogue
+from pipeline.metrics import bootstrap, cohorts
+from pipeline.metrics.completeness import Snapshot
+from pipeline.metrics.duck import fetch, run_sql, set_variables
+from pipeline.metrics.population import check_pools, open_part_population, open_population
+from pipeline.metrics.settings import (
+    DEFAULT_BOOTSTRAP,
+    DEFAULT_POPULATION,
+    BootstrapSettings,
+    MetricsError,
+    Population,
+)
+from pipeline.storage.run import RunPrefix
+
+MAX_PARTITIONS = 64  # task partitions at most: each holds 1/64 of the (cohort, task) rows or less
+_DEFAULT_K = 20  # PEC's largest depth when max_k is not given (metrics_prepare.sql), before the run's max T is known
+_MOMENTS = ("den_total", "den_tasks", "num_total", "yy", "xy", "xx")
+
+Key = tuple[Any, ...]  # a cohort's key: its values of the cohort columns, in order
+
+
+@dataclass
+class PartCounts:
+    """What one part found that adds up across parts, per cohort key."""
+
+    info: dict[Key, dict[str, Any]] = field(default_factory=dict)  # key dict, n, n_no_calls, n_unknown_success
+    diverged: dict[Key, int] = field(default_factory=dict)  # n_diverged_before_fed, over every key of the part
+    harness: dict[Key, int] = field(default_factory=dict)  # n_harness_error, over every scored rollout
+    max_t: int | None = None
+    benchmarks: set[str] = field(default_factory=set)
+
+    def add(self, other: PartCounts) -> None:
+        for key, row in other.info.items():
+            mine = self.info.setdefault(key, {**row, "n": 0, "n_no_calls": 0, "n_unknown_success": 0})
+            for name in ("n", "n_no_calls", "n_unknown_success"):
+                mine[name] += row[name]
+        for key, n in other.diverged.items():
+            self.diverged[key] = self.diverged.get(key, 0) + n
+        for key, n in other.harness.items():
+            self.harness[key] = self.harness.get(key, 0) + n
+        if other.max_t is not None:
+            self.max_t = other.max_t if self.max_t is None else max(self.max_t, other.max_t)
+        self.benchmarks |= other.benchmarks
+
+
+@dataclass
+class PartitionResult:
+    """What one task partition returns: per cohort key, its tasks, its Poisson partial sums and moments."""
+
+    tasks: dict[Key, int]
+    partial: bootstrap.PoissonPartial | None
+    metric_moments: dict[tuple[Key, str], dict[str, Any]]
+    pec_moments: dict[tuple[Key, int], dict[str, Any]]
+
+    def add(self, other: PartitionResult) -> None:
+        """Merge another partition's result (disjoint tasks): tasks and moments add, partial sums merge exactly."""
+        for k, n in other.tasks.items():
+            self.tasks[k] = self.tasks.get(k, 0) + n
+        _add_moments(self.metric_moments, other.metric_moments)
+        _add_moments(self.pec_moments, other.pec_moments)
+        if other.partial is not None:
+            self.partial = other.partial if self.partial is None else bootstrap.merge([self.partial, other.partial])
+
+
+def _key(value: dict[str, Any]) -> Key:
+    return tuple(value.values())
+
+
+def part_sums(
+    root: RunPrefix,
+    file: str,
+    columns: pa.Schema,
+    population: Population,
+    cohort_cols: list[str],
+    max_k: int,
+    partitions: int,
+) -> tuple[Any, ...]:
+    """Stage 1, one part file: its counts (PartCounts), then its per-(cohort key, task) sums in `partitions`
+    tables."""
+    with open_part_population(root, file, columns, population) as con:
+        set_variables(con, cohort_cols=cohort_cols, max_k=max_k, partitions=partitions)
+        run_sql(con, "metrics/metrics_prepare")
+        run_sql(con, "metrics/part_sums")
+        run_sql(con, "metrics/harness_counts")
+        counts = PartCounts()
+        for row in fetch(con, "part_counts"):
+            counts.info[_key(row["key"])] = row
+        for row in fetch(con, "cohort_diverged"):
+            counts.diverged[_key(row["key"])] = row["n_diverged_before_fed"]
+        for row in fetch(con, "harness_counts"):
+            counts.harness[_key(row["key"])] = row["n_harness_error"]
+        facts = fetch(con, "part_facts")[0]
+        counts.max_t, counts.benchmarks = facts["max_t"], set(facts["benchmarks"] or ())
+        rows = con.sql("SELECT * FROM part_task_sums ORDER BY partition").to_arrow_table()
+    cut = np.searchsorted(rows["partition"].to_numpy(), np.arange(partitions + 1))
+    tables = [rows.slice(int(cut[p]), int(cut[p + 1] - cut[p])).drop_columns(["partition"]) for p in range(partitions)]
+    return (counts, *tables)
+
+
+def partition_result(columns: list[str], K: int, settings: BootstrapSettings, *tables: pa.Table) -> PartitionResult:
+    """Stage 2, one task partition: every part's rows of its tasks (`tables`) as whole-task sums, then their
+    Poisson partial sums, tasks and moments per cohort key."""
+    filled = [t for t in tables if t.num_rows]
+    if not filled:
+        return PartitionResult({}, None, {}, {})
+    rows = pa.concat_tables(filled, promote_options="default")  # a depth no rollout of a part reached: no column
+    con = duckdb.connect()
+    try:
+        run_sql(con, "metrics/hash")
+        con.register("partition_rows", rows)
+        run_sql(con, "metrics/partition_sums")
+        del rows
+        keys = [_key(r["key"]) for r in fetch(con, "partition_keys")]
+        table = con.sql("SELECT * EXCLUDE (key) FROM partition_sums").to_arrow_table()
+    finally:
+        con.close()
+    code = table["code"].to_numpy()
+    sums = np.zeros((len(code), len(columns)), dtype=np.int64)  # a depth no part reached: no column, 0 rollouts
+    for j, name in enumerate(columns):
+        if name in table.column_names:
+            sums[:, j] = table[name].to_numpy()
+    split = np.searchsorted(code, np.arange(1, len(keys)))
+    task_sums = cohorts.TaskSums(columns, np.split(sums, split))
+    partial = bootstrap.poisson_partial(
+        keys, code, table["task_key"].to_numpy(), sums, columns, settings.seed, settings.B
+    )
+    metric_moments = {(keys[r.pop("cohort")], r["metric"]): r for r in cohorts._metric_clusters(task_sums)}
+    pec_moments = {(keys[r.pop("cohort")], r["k"]): r for r in cohorts._pec_clusters(task_sums, K)}
+    return PartitionResult(
+        {k: len(s) for k, s in zip(keys, task_sums.cohorts, strict=True)}, partial, metric_moments, pec_moments
+    )
+
+
+@functools.cache
+def _remote(function: Any) -> Any:
+    import ray
+
+    return ray.remote(function)
+
+
+def start_ray(address: str) -> None:
+    """Connect to the Ray at `address` ("local": start one in this process, as `pexec score` does by default)."""
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if not ray.is_initialized():
+        ray.init(address=None if address == "local" else address, include_dashboard=False, logging_level="WARNING")
+
+
+def partition_count(parts: int) -> int:
+    return max(1, min(parts, MAX_PARTITIONS))
+
+
+def metrics_on_ray(
+    snapshot: Snapshot,
+    address: str,
+    by: Sequence[str] | None = None,
+    settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
+    max_k: int | None = None,
+    population: Population = DEFAULT_POPULATION,
+    replicated: Sequence[str] = (),
+    partitions: int | None = None,
+) -> tuple[list[dict[str, Any]], cohorts.Replicates]:
+    """pipeline.metrics.cohorts.metrics_and_replicates with the poisson-merged bootstrap, computed in Ray tasks
+    (the Ray at `address`); the same cohorts, bounds and replicates."""
+    import ray
+
+    if settings.method != "poisson-merged":
+        raise MetricsError(
+            f"metrics on Ray need --method poisson-merged (its draws are keyed by task, so parts of the run can "
+            f"be summed apart); {settings.method} numbers a cohort's tasks, which no part knows"
+        )
+    if max_k is not None and max_k < 0:
+        raise MetricsError(f"max_k must be >= 0, got {max_k}")
+    # Here only the parts' footers are read: the run's columns, hence the cohort columns.
+    with open_population(snapshot, population, check=False) as con:
+        by_cols = cohorts.cohort_columns(con, by)
+        columns = con.sql("SELECT * FROM run_rollouts LIMIT 0").to_arrow_table().schema
+    files = snapshot.parts("rollouts")
+    n_parts = partitions or partition_count(len(files))
+    start_ray(address)
+    cohort_cols = ["benchmark", *by_cols]
+    first_k = _DEFAULT_K if max_k is None else max_k
+    stage1 = _remote(part_sums).options(num_returns=n_parts + 1)
+    outputs = [stage1.remote(snapshot.root, f, columns, population, cohort_cols, first_k, n_parts) for f in files]
+    counts = PartCounts()
+    for got in ray.get([o[0] for o in outputs]):
+        counts.add(got)
+    check_pools(counts.benchmarks, population, snapshot.root.url)
+    K = max_k if max_k is not None else min(counts.max_t or 0, _DEFAULT_K)
+    sum_columns = [f"s_{p.name}" for p in metric_catalogue.PARTS]
+    sum_columns += [f"s_h{d}" for d in range(1, min(K, counts.max_t or 0) + 1)]
+    stage2 = _remote(partition_result)
+    pending = [stage2.remote(sum_columns, K, settings, *(o[1 + p] for o in outputs)) for p in range(n_parts)]
+    del outputs
+    merged = PartitionResult({}, None, {}, {})
+    while pending:  # merged as each partition finishes: this process holds one partition's result at a time
+        done, pending = ray.wait(pending, num_returns=1)
+        merged.add(ray.get(done[0]))
+    return _merged(counts, merged, by_cols, sum_columns, K, settings, population, replicated, snapshot)
+
+
+def _merged(
+    counts: PartCounts,
+    result: PartitionResult,
+    by_cols: list[str],
+    sum_columns: list[str],
+    K: int,
+    settings: BootstrapSettings,
+    population: Population,
+    replicated: Sequence[str],
+    snapshot: Snapshot,
+) -> tuple[list[dict[str, Any]], cohorts.Replicates]:
+    """The partitions' results merged into the cohort dicts, through the SQL a single node runs."""
+    keys = sorted(counts.info, key=lambda k: tuple((v is None, v) for v in k))
+    code = {k: i for i, k in enumerate(keys)}
+    tasks, metric, pec, merged = result.tasks, result.metric_moments, result.pec_moments, result.partial
+    info = [
+        {"cohort": code[k], "key": counts.info[k]["key"], "n": counts.info[k]["n"], "n_tasks": tasks.get(k, 0),
+         "n_no_calls": counts.info[k]["n_no_calls"], "n_unknown_success": counts.info[k]["n_unknown_success"],
+         "n_diverged_before_fed": counts.diverged.get(k, 0)}
+        for k in keys
+    ]  # fmt: skip
+    names = ["benchmark", *by_cols]
+    harness = [{"key": dict(zip(names, k, strict=True)), "n_harness_error": n} for k, n in counts.harness.items()]
+    clusters = (
+        [{"cohort": code[k], **row} for (k, _), row in metric.items()],
+        [{"cohort": code[k], **row} for (k, d), row in pec.items() if d <= K],
+    )
+    con = duckdb.connect()
+    try:
+        set_variables(
+            con,
+            **settings.sql_variables,
+            pexec_k=K,
+            metric_defs=cohorts.metric_defs(),
+            parts=[f"s_{p.name}" for p in metric_catalogue.PARTS],
+            replicated=list(replicated),
+        )
+        if merged is None:
+            limbs = bootstrap.LIMBS.empty_table()
+        else:
+            by_code = bootstrap.PoissonPartial(merged.seed, merged.B, merged.columns,
+                                               {code[k]: s for k, s in merged.sums.items()})  # fmt: skip
+            limbs = bootstrap.partial_limbs(by_code, plain=True)
+        con.register("rep_limbs", limbs)
+        run_sql(con, "metrics/bootstrap_sums")
+        con.unregister("rep_limbs")
+        con.register("sum_columns", pa.schema([(c, pa.int64()) for c in ["cohort", *sum_columns]]).empty_table())
+        run_sql(con, "metrics/merged_sums")
+        con.unregister("sum_columns")
+        return cohorts.intervals_and_replicates(
+            con, info, clusters, harness, by_cols, settings, population, replicated, snapshot
+        )
+    finally:
+        con.close()
+
+
+def _add_moments(into: dict[Any, dict[str, Any]], rows: dict[Any, dict[str, Any]]) -> None:
+    for key, row in rows.items():
+        mine = into.get(key)
+        if mine is None:
+            into[key] = dict(row)
+            continue
+        for name in _MOMENTS:
+            if name in row:
+                mine[name] += row[name]

@@ -1,0 +1,138 @@
+"""pipeline.metrics.partials: the poisson-merged metrics computed in Ray tasks, part by part then partition by
+partition, equal the single-node ones exactly (values, bounds, moments-based intervals, counts, replicates) for any
+cut of the run into parts, any number of partitions, and whichever part a task's rollouts land in."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_aggregate import random_rows, rollout, write_rollouts
+from typer.testing import CliRunner
+
+from pipeline.cli import app
+from pipeline.metrics.cohorts import metrics_and_replicates
+from pipeline.metrics.partials import metrics_on_ray
+from pipeline.metrics.run import open_run
+from pipeline.metrics.settings import BootstrapSettings, MetricsError, Population
+
+MERGED = BootstrapSettings(B=60, seed=11, method="poisson-merged")
+
+
+def write_cut(run: Path, rows: list[dict[str, Any]], part_of: list[int]) -> None:
+    """The rows written as parts: row i into part part_of[i] (a part may hold a task's rollouts partly)."""
+    shutil.rmtree(run, ignore_errors=True)
+    for p in sorted(set(part_of)):
+        write_rollouts(run, [r for r, q in zip(rows, part_of, strict=True) if q == p], part=f"part-{p:03d}")
+
+
+def both(run: Path, **kwargs: Any) -> tuple[Any, Any]:
+    snapshot = open_run(str(run)).snapshot
+    single = metrics_and_replicates(snapshot, settings=MERGED, replicated=["ter", "rr"], **kwargs)
+    on_ray = metrics_on_ray(snapshot, "auto", settings=MERGED, replicated=["ter", "rr"], **kwargs)
+    return single, on_ray
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[dict[str, Any]]:
+    rng = np.random.default_rng(7)
+    return (
+        random_rows(rng, 25, 4, "bench", model="m1")
+        + random_rows(rng, 18, 3, "bench", model="m2")
+        + random_rows(rng, 9, 5, "other", model="m1")
+    )
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_bounds_from_partials_equal_the_single_node_ones_for_any_cut(
+    rows: list[dict[str, Any]], tmp_path: Path, shared_ray: None, data: st.DataObject
+) -> None:
+    n_parts = data.draw(st.integers(1, 5))
+    part_of = data.draw(st.lists(st.integers(0, n_parts - 1), min_size=len(rows), max_size=len(rows)))
+    partitions = data.draw(st.integers(1, 4))
+    by = data.draw(st.sampled_from([None, ["model"], ["benchmark"]]))
+    write_cut(tmp_path / "run", rows, part_of)
+    snapshot = open_run(str(tmp_path / "run")).snapshot
+    single = metrics_and_replicates(snapshot, by, MERGED, replicated=["ter", "rr"])
+    on_ray = metrics_on_ray(snapshot, "auto", by, MERGED, replicated=["ter", "rr"], partitions=partitions)
+    assert on_ray == single
+
+
+def test_a_part_without_a_label_column_harness_errors_pools_and_max_k(tmp_path: Path, shared_ray: None) -> None:
+    run = tmp_path / "run"
+    rng = np.random.default_rng(3)
+    write_rollouts(run, random_rows(rng, 12, 3, "bench", model="m1", temp="0.1"), part="part-a")
+    write_rollouts(run, random_rows(rng, 12, 3, "bench"), part="part-b")  # no label columns at all
+    harness = [{**rollout("t001", 2, 3, True, "pooled", model="m1"), "status": "harness_error"}]
+    pooled = [{**r, "status": "ok"} for r in random_rows(rng, 5, 2, "pooled", model="m1")]
+    write_rollouts(run, harness + pooled, part="part-c")
+    for kwargs in (
+        {},
+        {"by": ["model"], "max_k": 3},
+        {"population": Population(harness_errors="fail", pools=(("all", ("bench", "pooled")),))},
+    ):
+        single, on_ray = both(run, **kwargs)
+        assert on_ray == single, kwargs
+    assert any(c["n_harness_error"] for c in single[0])
+
+
+def test_a_run_of_harness_errors_only(tmp_path: Path, shared_ray: None) -> None:
+    write_rollouts(tmp_path, [{**rollout("t1", 2, 3, True, model="m1"), "status": "harness_error"}])
+    single, on_ray = both(tmp_path)
+    assert on_ray == single
+    assert [(c["n"], c["n_harness_error"]) for c in single[0]] == [(0, 1)]
+
+
+def test_only_the_merged_bootstrap_runs_on_ray_and_pools_are_checked(tmp_path: Path, shared_ray: None) -> None:
+    write_rollouts(tmp_path, random_rows(np.random.default_rng(1), 4, 2, "bench"))
+    snapshot = open_run(str(tmp_path)).snapshot
+    with pytest.raises(MetricsError, match="poisson-merged"):
+        metrics_on_ray(snapshot, "auto", settings=BootstrapSettings(method="multinomial"))
+    with pytest.raises(MetricsError, match="nope"):
+        metrics_on_ray(snapshot, "auto", settings=MERGED, population=Population(pools=(("p", ("nope",)),)))
+
+
+def test_the_cli_computes_on_ray_when_given_an_address(tmp_path: Path, shared_ray: None) -> None:
+    rng = np.random.default_rng(2)
+    write_rollouts(tmp_path, random_rows(rng, 10, 3, "bench", model="m1"), part="part-a")
+    write_rollouts(tmp_path, random_rows(rng, 10, 3, "bench", model="m2"), part="part-b")
+    merged = ["--method", "poisson-merged", "--bootstrap", "50", "--json"]
+    here = CliRunner().invoke(app, ["metrics", str(tmp_path), *merged])
+    on_ray = CliRunner().invoke(app, ["metrics", str(tmp_path), *merged, "--address", "auto"])
+    assert here.exit_code == on_ray.exit_code == 0, on_ray.output
+    assert on_ray.stdout == here.stdout and '"method":"poisson-merged"' in here.stdout.replace(" ", "")
+    refused = CliRunner().invoke(app, ["metrics", str(tmp_path), "--address", "auto"])
+    assert refused.exit_code != 0 and "need --method poisson-merged" in refused.output
+    assert "Traceback" not in refused.output
+
+
+def test_a_job_with_the_merged_bootstrap_computes_its_metrics_on_ray(
+    tmp_path: Path, shared_ray: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'name = "merged"\ninput = "{tmp_path}/store"\noutput = "{tmp_path}/run"\nshard_mb = 1\n'
+        '[synth]\nspec = "shop"\nrollouts = 300\ntasks = 40\nseed = 1\n'
+        '[metrics]\nby = ["model"]\nbootstrap = 50\nmethod = "poisson-merged"\n'
+    )
+    asked: list[str] = []
+    import pipeline.metrics.partials as partials
+
+    real = partials.metrics_on_ray
+    monkeypatch.setattr(partials, "metrics_on_ray", lambda snapshot, address, *a, **k: (asked.append(address),
+                        real(snapshot, address, *a, **k))[1])  # fmt: skip
+    result = CliRunner().invoke(app, ["run", str(job)])
+    assert result.exit_code == 0, result.output
+    assert asked == ["local"]
+    single = open_run(str(tmp_path / "run")).cohorts(["model"], BootstrapSettings(B=50, method="poisson-merged"))
+    written = open_run(str(tmp_path / "run")).sql("SELECT model, ter, ter_lo, ter_hi FROM metrics_by_model")
+    assert sorted(written.to_pylist(), key=lambda r: r["model"]) == [
+        {"model": c["model"], "ter": c["ter"]["value"], "ter_lo": c["ter"]["lo"], "ter_hi": c["ter"]["hi"]}
+        for c in single
+    ]
