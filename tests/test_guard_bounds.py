@@ -242,5 +242,6 @@ def test_a_large_check_does_not_stall_health(roomy):
     worker.join(60)
     took = time.perf_counter() - began
     # A stalled loop answers /health only after the check: one wait as long as most of the check, and few answers.
-    assert took > 0.5 and len(waits) >= 5, (took, waits)
+    # (The check must take long enough to tell: 0.3 s on a quiet 2-core machine, over 2 s before.)
+    assert took > 0.15 and len(waits) >= 5, (took, waits)
     assert max(waits) < took / 2, (took, waits)

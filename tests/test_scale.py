@@ -129,10 +129,11 @@ def test_a_worker_killed_mid_job_changes_nothing(local_store, reference_run, tmp
     killed: list[int] = []
 
     def kill_a_worker(report) -> None:
-        # After the first shard commits, SIGKILL a worker that is running a scoring task right now.
+        # After the first shard commits, SIGKILL a worker that is running a scoring task right now (score_shard,
+        # or scored_in_partitions when the ids go to the partitioned check).
         if killed:
             return
-        pids = subprocess.run(["pgrep", "-f", "ray::score_shard"], capture_output=True, text=True).stdout.split()
+        pids = subprocess.run(["pgrep", "-f", "ray::score"], capture_output=True, text=True).stdout.split()
         for pid in filter(of_this_process, map(int, pids)):
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
