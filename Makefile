@@ -16,9 +16,10 @@ DEMO := out/demo
 # dependencies) and specs/simulator-wheels.txt (releases read from their wheel). The trace servers of the MLflow
 # and Phoenix round-trip tests run from environments of their own, $(VENV)/servers/<name>, each pinned whole by
 # tests/servers/<name>.txt (tests/trace_servers.py says why).
-# SERVERS= builds none (the 3.13 smoke set in CI needs none).
+# Each has a stamp of its own, so a checkout first set up without them still gets them; SERVERS= builds none (the
+# 3.13 smoke set in CI needs none).
 SERVERS ?= mlflow phoenix
-$(STAMP): pyproject.toml requirements.lock specs/simulators.txt specs/simulator-wheels.txt $(SERVERS:%=tests/servers/%.txt)
+$(STAMP): pyproject.toml requirements.lock specs/simulators.txt specs/simulator-wheels.txt
 	@$(PY) -c 'import sys; assert (3, 11) <= sys.version_info[:2] <= (3, 13), "Python 3.11, 3.12 or 3.13 is required"' \
 		|| { echo "$(PY) does not run Python 3.11-3.13 (make ... PYTHON=python3.13 picks another)"; exit 1; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -26,13 +27,14 @@ $(STAMP): pyproject.toml requirements.lock specs/simulators.txt specs/simulator-
 	$(BIN)/python -m pip install --quiet -c requirements.lock -e ".[dev,sims]"
 	$(BIN)/python -m pip install --quiet --no-deps -c requirements.lock -r specs/simulators.txt
 	$(BIN)/python -m pip download --quiet --no-deps -d $(VENV)/bfcl-data -r specs/simulator-wheels.txt
-	for s in $(SERVERS); do \
-	  test -x $(VENV)/servers/$$s/bin/python || $(PY) -m venv $(VENV)/servers/$$s; \
-	  $(VENV)/servers/$$s/bin/python -m pip install --quiet --no-deps -r tests/servers/$$s.txt || exit 1; \
-	done
 	touch $(STAMP)
 
-install: $(STAMP)
+$(VENV)/servers/%/.installed-stamp: tests/servers/%.txt
+	test -x $(VENV)/servers/$*/bin/python || $(PY) -m venv $(VENV)/servers/$*
+	$(VENV)/servers/$*/bin/python -m pip install --quiet --no-deps -r $<
+	touch $@
+
+install: $(STAMP) $(SERVERS:%=$(VENV)/servers/%/.installed-stamp)
 
 demo: install
 	rm -rf $(DEMO)
