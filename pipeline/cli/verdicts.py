@@ -8,6 +8,7 @@ from typing import Any
 from rich.table import Table
 
 from pipeline.cli.render import json_lines, out, print_table
+from pipeline.core.intervals import MIN_TASKS
 from pipeline.metrics.run import Run
 from pipeline.metrics.settings import BootstrapSettings
 from pipeline.metrics.verdicts import KINDS, PairedDiff, paired_breaches, paired_diff, parse_paired_threshold
@@ -62,7 +63,8 @@ def print_paired(result: PairedDiff, shared: tuple[int, int, int]) -> None:
     print_table(table)
     out.print(
         f"Flip rate = flipped steps / steps compared. 95% intervals: task-level bootstrap ({s.method}, B={s.B}, "
-        f"seed {s.seed}) over the {c['tasks']} shared task(s), the same draws for every row. "
+        f"seed {s.seed}) over the {c['tasks']} shared task(s), the same draws for every row; none below "
+        f"{MIN_TASKS} tasks. "
         f"{c['fed_changed']} rollout(s) changed FED; {c['became_not_executable']} became not executable, "
         f"{c['became_executable']} became executable.",
         soft_wrap=True,

@@ -21,6 +21,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from pipeline.core.intervals import MIN_TASKS
 from pipeline.core.metric_catalogue import AUC_UNIT
 from pipeline.metrics import bootstrap
 from pipeline.metrics.drift import DiffError, Threshold, split_threshold
@@ -162,7 +163,8 @@ def _changes(sums: np.ndarray, settings: BootstrapSettings) -> dict[str, dict[st
         value = None if not d else float(totals[col[num_b]] / d) - (a or 0.0)
         lo = hi = None
         keep = reps[:, col[den]] > 0
-        if value is not None and keep.any():
+        # Below the project's floor for a task bootstrap (pipeline.core.intervals) its percentiles say nothing.
+        if value is not None and keep.any() and len(sums) >= MIN_TASKS:
             r = reps[keep]
             diffs = r[:, col[num_b]] / (r[:, col[den]] * scale)
             if num_a is not None:
