@@ -124,6 +124,39 @@ def test_rerun_rescores_only_changed_inputs(records, tmp_path):
     assert other_settings["counts"]["shards_reused"] == 0
 
 
+def test_a_rerun_with_nothing_new_starts_no_ray_and_one_after_a_cut_rerun_checks_the_ids_again(
+    records, tmp_path, local_ray, monkeypatch
+):
+    """A committed run whose shards are all reusable, over exactly the same shards, keeps its id check: the rerun
+    reads no ids and starts no Ray (seconds on every rerun). A run whose manifest is gone (a rerun cut short) has
+    lost that proof: its ids are checked again, and the duplicate verdicts are the same."""
+    import pipeline.scoring.driver as driver
+
+    recs = list(records.values())
+    store, run = tmp_path / "store", tmp_path / "run"
+    write_store(iter([*recs, recs[0] | {"events": []}]), str(store), per_file=400)  # a later copy of an id
+    first = run_scoring(str(store), str(run))
+    rejects = table(run, "rejects")
+    assert [r["reason"] for r in rejects if "duplicate" in r["reason"]], rejects
+
+    def refused(*args, **kwargs):
+        raise AssertionError("Ray or the id check used for a run with nothing new")
+
+    with monkeypatch.context() as m:
+        m.setattr(driver, "_start_ray", refused)
+        m.setattr(driver, "RayIdCheck", refused)
+        again = run_scoring(str(store), str(run))
+    assert again["counts"] == first["counts"] | {"shards_reused": first["counts"]["shards"]}
+    assert table(run, "rejects") == rejects
+
+    checked = []
+    real = driver.RayIdCheck
+    monkeypatch.setattr(driver, "RayIdCheck", lambda *a: checked.append(1) or real(*a))
+    (run / "_manifest.json").unlink()
+    cut = run_scoring(str(store), str(run))
+    assert checked and cut["counts"] == again["counts"] and table(run, "rejects") == rejects
+
+
 def test_date_partitions_are_queryable_together(records, tmp_path):
     recs = list(records.values())
     for day, part in (("2026-11-28", recs[:500]), ("2026-11-29", recs[500:])):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
@@ -35,6 +35,7 @@ from pipeline.storage.lease import DEFAULT_STALE_AFTER, Lease
 from pipeline.storage.run import (
     TABLES,
     part_sizes,
+    read_manifest,
     read_shard_markers,
     remove_manifest,
     remove_stale_parts,
@@ -143,6 +144,7 @@ def run_scoring(
             tasks = _Tasks(executor, address, num_cpus, lease.check)
             shard_plan = _shuffle(source, settings.run, shard_plan, shard_bytes, tasks)
         markers = {} if force else read_shard_markers(run, storage_options)
+        committed = None if force else read_manifest(run, storage_options)
         sizes = part_sizes(run, storage_options) if markers else {}
         # Reusable as far as input, versions and parts go; whether the duplicate ids each was told about still
         # hold is known once the ids of every shard are (below).
@@ -169,7 +171,12 @@ def run_scoring(
                 return []
             return _on_ray(shards, settings, duplicates, address, num_cpus, on_shard, lease.check, ids)
 
-        if executor == "inline":
+        duplicates: Duplicates | None
+        if not todo and _same_shards(committed, reused):
+            # Nothing to score and the committed run covered exactly these shards, unchanged: its id check over
+            # them still holds, so neither the ids are read again nor Ray started for them.
+            scored, duplicates = [], None
+        elif executor == "inline":
             with ThreadPoolExecutor(1) as pool:
                 # Scoring returns the ids a shard holds; those of reused shards are read meanwhile.
                 reread = pool.submit(_ids, [s for s in shard_plan.shards if s.key in reused], settings)
@@ -187,8 +194,12 @@ def run_scoring(
         del scored
         # A shard told other than what the whole store shows (none were told anything before their ids were
         # known) is scored again: only shards holding a later copy of an id, whatever the order they ran in.
-        again = [s for s in shard_plan.shards if reports[s.key].duplicates != digest(duplicates.get(s.key, {}))]
-        reports |= {s.report.shard: s.report for s in score(again, duplicates)}
+        again = (
+            []
+            if duplicates is None
+            else [s for s in shard_plan.shards if reports[s.key].duplicates != digest(duplicates.get(s.key, {}))]
+        )
+        reports |= {s.report.shard: s.report for s in score(again, duplicates or {})}
         why |= {s.key: why[s.key] or "the duplicate ids it holds changed" for s in again}
         ordered = sorted(reports.values(), key=lambda r: (r.source, r.start))
         if source is not None and not source.allow_no_calls:
@@ -203,6 +214,12 @@ def run_scoring(
         if shuffled:
             remove_all(staging(settings.run), storage_options)
     return manifest
+
+
+def _same_shards(committed: dict[str, Any] | None, reused: Mapping[str, ShardReport]) -> bool:
+    """Whether a committed manifest lists exactly the shards `reused` holds (each reused: input, versions and
+    settings unchanged). A manifest exists only after its id check and the rescoring that followed it."""
+    return committed is not None and {r.get("shard") for r in committed.get("shards", [])} == set(reused)
 
 
 def _check_calls(source: RawSource, reports: list[ShardReport]) -> None:
