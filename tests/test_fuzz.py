@@ -106,7 +106,7 @@ def score_lines(lines: list[str], folder: Path, executor: str = "inline") -> tup
     store.mkdir(parents=True)
     for i in range(0, len(lines), 7):  # several files, so several shards
         (store / f"part-{i:03d}.jsonl").write_text("".join(line + "\n" for line in lines[i : i + 7]))
-    manifest = run_scoring(str(store), str(run), executor=executor, num_cpus=1 if executor == "ray" else None)
+    manifest = run_scoring(str(store), str(run), executor=executor)
     assert (run / "_manifest.json").exists()
     con = duckdb.connect()
     rollouts = con.sql(f"SELECT count(*) FROM read_parquet('{run}/rollouts/*.parquet')").fetchall()[0][0]
@@ -179,7 +179,7 @@ def test_measured_failures_are_rejects_with_their_reason(tmp_path: Path) -> None
 
 
 @pytest.mark.fuzz
-@pytest.mark.usefixtures("own_ray")  # Ray as run_scoring starts it (1 CPU), shut down afterwards
+@pytest.mark.usefixtures("shared_ray")
 def test_adversarial_records_through_ray(tmp_path: Path) -> None:
     rng = random.Random(7)
     lines = [json.dumps(r) for r in BASE[:4]]

@@ -201,7 +201,7 @@ def scored_steps(run: Path) -> dict[str, list[tuple]]:
     return scored
 
 
-def test_a_guard_session_through_every_real_log_gives_the_scorers_flags_and_causes(tmp_path, own_ray):
+def test_a_guard_session_through_every_real_log_gives_the_scorers_flags_and_causes(tmp_path, shared_ray):
     if not SHARED.is_dir():
         pytest.fail(f"shared data not found at {SHARED} (expected ../shared/data next to the project)")
     store = tmp_path / "store"
@@ -217,7 +217,7 @@ def test_a_guard_session_through_every_real_log_gives_the_scorers_flags_and_caus
     assert len(records) == 600 + 2 + 290 + 4 + 300  # rollout ids are unique across the sources
 
     run = tmp_path / "run"
-    manifest = run_scoring(str(store), str(run), num_cpus=1)
+    manifest = run_scoring(str(store), str(run))
     assert manifest["counts"]["rejected"] == 0
     scored = scored_steps(run)
     failures = 0

@@ -208,7 +208,7 @@ def store_and_clean(tmp_path_factory: pytest.TempPathFactory) -> Callable[[dict 
         if place not in made:
             base = "s3://pexec-test/shared" if storage else str(tmp_path_factory.mktemp("shared"))
             store, clean = f"{base}/store", f"{base}/clean/run"  # a run named `run`: the same run_id as the tests'
-            write_store(synthesize("shop", 1200, 100, seed=5), store, per_file=300, storage_options=storage)
+            write_store(synthesize("shop", 400, 50, seed=5), store, per_file=100, storage_options=storage)
             subprocess.run(score_args(store, clean, "0.05", storage), env=pexec_env(), check=True, capture_output=True)
             made[place] = store, clean
         return made[place]

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import ray
 import s3fs
 from conftest import free_port, fresh_ray, wait_for
 from typer.testing import CliRunner
@@ -71,10 +70,9 @@ def test_object_storage_end_to_end_through_ray(s3, local_store, reference_run, t
     assert len(fs.find(report[5:])) == len(local.files)
 
 
-def test_unwritable_bucket_fails_clearly_and_commits_nothing(s3, local_store, own_ray):
+def test_unwritable_bucket_fails_clearly_and_commits_nothing(s3, local_store, shared_ray):
     with pytest.raises(ScoringFailed, match=r"NoSuchBucket|does not exist|not found"):
-        run_scoring(str(local_store), "s3://no-such-bucket/run", storage_options=s3, executor="ray", num_cpus=1)
-    ray.shutdown()
+        run_scoring(str(local_store), "s3://no-such-bucket/run", storage_options=s3, executor="ray")
     assert not s3fs.S3FileSystem(**s3).exists("no-such-bucket/run/_manifest.json")
 
 

@@ -248,7 +248,7 @@ def test_stored_schemas_are_the_official_ones_tightened():
         assert orjson.loads(tools_path(domain).read_bytes()) == official_tools(domain)
 
 
-def test_ingest_every_real_variant_and_score_through_ray(tmp_path, own_ray):
+def test_ingest_every_real_variant_and_score_through_ray(tmp_path, shared_ray):
     _need_shared()
     records = list(ingest("tau2", [str(REAL)], IngestOptions(labels={"run": "t"}, extra={"tasks": str(TAU3)})))
     assert len(records) == 290
@@ -264,7 +264,7 @@ def test_ingest_every_real_variant_and_score_through_ray(tmp_path, own_ray):
     retail = [r for r in records if r["labels"]["model"] == "gpt-4.1"]
     (store / "part.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in retail))
     run = tmp_path / "run"
-    manifest = run_scoring(str(store), str(run), shard_bytes=512 * 1024, num_cpus=1)
+    manifest = run_scoring(str(store), str(run), shard_bytes=512 * 1024)
     assert manifest["counts"]["rejected"] == 0
     rewards = [s["reward_info"]["reward"] for s in json.loads(source.read_text())["simulations"]]
     success = duckdb.sql(f"SELECT avg(success::INT) FROM read_parquet('{run}/rollouts/*.parquet')").fetchall()[0][0]
