@@ -40,6 +40,10 @@ class LocalCluster:
             "RAY_AUTH_MODE": "disabled",
             "PEXEC_HEAD_CPUS": str(self.head_cpus),
             "PEXEC_RAY_CLIENT_PORT": str(self.client_port),
+            # A node that stops answering is declared dead after 3 missed checks of 0.5 s (Ray's default: 5 of
+            # 3 s): the node-failure tests wait for that, and nothing else on loopback misses a check.
+            "RAY_health_check_period_ms": "500",
+            "RAY_health_check_failure_threshold": "3",
         }
 
     def script(self, *args: str) -> subprocess.CompletedProcess:

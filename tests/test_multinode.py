@@ -1,7 +1,7 @@
 """A head and two worker nodes on loopback (separate raylets, one CPU each; the head only drives), a job
 submitted through the Jobs API: a worker node's raylet SIGKILLed mid-run, then the job's driver SIGKILLed
 mid-run and the same submission rerun. Each time the tables equal a clean run's, row for row.
-Small on purpose (1000 rollouts, ~12 shards): it runs in `make test` in about a minute and a half."""
+Small on purpose (1000 rollouts, 36 shards of 0.1 MiB): it runs in `make test` in about a minute."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def store_and_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path,
 
 def submit(cluster, store: Path, run: Path) -> str:
     path = run.parent / f"{run.name}.toml"
-    path.write_text(f'name = "{run.name}"\ninput = "{store}"\noutput = "{run}"\nshard_mb = 0.04\n'
+    path.write_text(f'name = "{run.name}"\ninput = "{store}"\noutput = "{run}"\nshard_mb = 0.1\n'
                     '[metrics]\nbootstrap = 50\n')  # fmt: skip
     return submit_job(path, load_job(path), cluster.address, "local")
 
