@@ -65,7 +65,10 @@ def bench_nightly(
     shard_mb: float = 16,
     B: int = 1000,
     repeats: int = 1,
+    in_process: bool = False,
 ) -> Bench:
+    """`in_process`: every step in this process and its one Ray (the code paths only, for tests: the CPU limits
+    and the peaks are then not each step's own)."""
     for name in ("moto", "inspect_ai", "opentelemetry.exporter.otlp.proto.common"):
         require_dev(name, "`pexec bench nightly`")
     from pipeline.synthetic.support_eval import write_eval
@@ -90,7 +93,8 @@ def bench_nightly(
 
     def add(key: str, *args: object) -> dict[str, Any]:
         _progress(f"{key}: {' '.join(str(a) for a in args[:2])} …")
-        result = _fresh(*args)
+        argv = [str(a) for a in args]
+        result = _run_step(argv) if in_process else _fresh(*argv)
         _progress(f"{key}: {result['seconds']:.1f} s, peak {result['peak_mib']:.0f} MiB")
         runs.setdefault(key, []).append(result)
         return result
@@ -176,16 +180,16 @@ def _bench(runs: dict[str, list[dict[str, Any]]], rollouts: int, spans: int, siz
         f"files each, shards of {shard_mb:g} MiB; metrics B = {B}; {eval_text} (Inspect's own writer); every "
         f"step a fresh process (Ray start-up included); {n_runs(repeats)}; {load_average(load)}"
     )
-    return Bench("nightly", caption, figures, {"runs": runs, "projected_s": projections})
+    return Bench("nightly", caption, figures, {"runs": runs, "projected_s": projections, "rollouts": rollouts})
 
 
 def _progress(text: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} bench nightly: {text}", file=sys.stderr, flush=True)
 
 
-def _fresh(*args: object) -> dict[str, Any]:
+def _fresh(*args: str) -> dict[str, Any]:
     """One measured step in a fresh process: its last stdout line, as JSON."""
-    out = subprocess.run([sys.executable, "-m", "pipeline.perf.nightly", *(str(a) for a in args)], check=True,
+    out = subprocess.run([sys.executable, "-m", "pipeline.perf.nightly", *args], check=True,
                          stdout=subprocess.PIPE, text=True).stdout  # fmt: skip
     return orjson.loads(out.strip().splitlines()[-1])
 
@@ -236,7 +240,9 @@ def _metrics(run: str, cpus: int, B: int, endpoint: str) -> dict[str, Any]:
     from pipeline.metrics.settings import BootstrapSettings
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=cpus, include_dashboard=False, logging_level="WARNING")
+    started = not ray.is_initialized()  # in process (tests), the Ray scoring started is used
+    if started:
+        ray.init(num_cpus=cpus, include_dashboard=False, logging_level="WARNING")
     try:
         address = ray.get_runtime_context().gcs_address
         began = time.perf_counter()
@@ -245,7 +251,8 @@ def _metrics(run: str, cpus: int, B: int, endpoint: str) -> dict[str, Any]:
         seconds = time.perf_counter() - began
         count = _scored(run, endpoint)
     finally:
-        ray.shutdown()
+        if started:
+            ray.shutdown()
     return {"seconds": seconds, "count": count, "cpus": cpus}
 
 
@@ -276,13 +283,18 @@ STEPS = {"score": _score, "ingest": _ingest, "metrics": _metrics, "eval-pexec": 
 _TYPES = {"cpus": int, "B": int, "shard_mb": float}
 
 
+def _run_step(argv: list[str]) -> dict[str, Any]:
+    """STEP ARG… -> the step's measurements and this process's peak RSS."""
+    step = STEPS[argv[0]]
+    names = step.__code__.co_varnames[: step.__code__.co_argcount]
+    result = step(*(_TYPES.get(n, str)(a) for n, a in zip(names, argv[1:], strict=True)))
+    return {**result, "peak_mib": peak_mib()}
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in STEPS:
-        step = STEPS[argv[0]]
-        names = step.__code__.co_varnames[: step.__code__.co_argcount]
-        result = step(*(_TYPES.get(n, str)(a) for n, a in zip(names, argv[1:], strict=True)))
-        print(orjson.dumps({**result, "peak_mib": peak_mib()}).decode())
+        print(orjson.dumps(_run_step(argv)).decode())
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=1_000_000)

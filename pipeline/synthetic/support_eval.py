@@ -5,8 +5,9 @@ A tiny real eval (Inspect's `mockllm` provider, one sample) gives the log's head
 conversation of `pipeline.synthetic.support_logs` becomes a sample (its messages, one model event per assistant
 turn carrying the conversation so far as Inspect records it, the tool results, an error for `Error:` results, a
 score `C`/`I` from the logger's success flag), handed to Inspect's `.eval` recorder (what `write_eval_log` uses)
-in batches it flushes to the archive, until the file reaches the size asked for. Needs inspect-ai (a development
-dependency).
+in batches it flushes to the archive, until the file reaches the size asked for. The first `_DISTINCT`
+conversations are built once and then repeated under new sample ids, so a log of hundreds of MB is written at the
+recorder's own speed. Needs inspect-ai (a development dependency).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import orjson
 from pipeline.synthetic.support_logs import conversation
 
 _BATCH = 500  # samples handed to the recorder between flushes (its buffer, bounded)
+_DISTINCT = 2000  # distinct conversations; later samples repeat them under ids of their own
 
 
 def write_eval(out: str | Path, megabytes: float, seed: int = 0, day: str = "2026-11-29") -> int:
@@ -41,7 +43,6 @@ def write_eval(out: str | Path, megabytes: float, seed: int = 0, day: str = "202
 
 
 async def _write(log: Any, out: Path, target: int, seed: int, day: str) -> int:
-    from inspect_ai.log._condense import condense_sample
     from inspect_ai.log._recorders.eval import EvalRecorder
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -50,10 +51,16 @@ async def _write(log: Any, out: Path, target: int, seed: int, day: str) -> int:
     await recorder.log_init(log.eval, str(out), clean=True)
     await recorder.log_start(log.eval, log.plan)
     rng = random.Random(f"{seed}/{day}")
+    pool: list[Any] = []
     n = 0
     while n == 0 or out.stat().st_size < target:
         for _ in range(_BATCH):
-            await recorder.log_sample(log.eval, condense_sample(_sample(conversation(rng, n, day))))
+            if len(pool) < _DISTINCT:
+                pool.append(_sample(conversation(rng, n, day)))
+                sample = pool[-1]
+            else:
+                sample = pool[n % _DISTINCT].model_copy(update={"id": f"{day}-{n:07d}"})
+            await recorder.log_sample(log.eval, sample)
             n += 1
         await recorder.flush(log.eval)
     await recorder.log_finish(log.eval, "success", log.stats, log.results, log.reductions)
