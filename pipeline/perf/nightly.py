@@ -39,6 +39,7 @@ FORMATS = {  # format: (its files' folder, the adapter options the support sampl
     "openai": ("openai", {"error_prefix": "Error:"}),
     "otel": ("otel", {}),
 }
+DEFAULT_ROLLOUTS = 1_000_000
 EVAL_MB_PER_MILLION = 300  # the .eval size when not given: 300 MB at the default million rollouts
 BUCKET = "nightly"
 
@@ -58,7 +59,7 @@ def projected_seconds(stages: Stages, rollouts: int = CLUSTER_ROLLOUTS, cores: i
 
 
 def bench_nightly(
-    rollouts: int = 1_000_000,
+    rollouts: int = DEFAULT_ROLLOUTS,
     eval_mb: float | None = None,
     workdir: Path | None = None,
     files: int = 8,
@@ -174,11 +175,13 @@ def _bench(runs: dict[str, list[dict[str, Any]]], rollouts: int, spans: int, siz
             f"{'shuffle, ' if fmt == 'otel' else ''}scoring, distributed id check; Ray start-up included) then the "
             "per-core rate of the distributed metrics; scaling assumed linear per core, S3 bandwidth and the "
             "driver's planning not included"))  # fmt: skip
+    size = "" if rollouts >= DEFAULT_ROLLOUTS else f" (below the default {DEFAULT_ROLLOUTS:,}: a small run)"
     caption = (
-        f"{rollouts:,} support conversations on a moto S3 server on loopback: {sizes['openai'] / 2**20:,.0f} MiB of "
-        f"gzip OpenAI JSON Lines and {spans:,} spans ({sizes['otel'] / 2**20:,.0f} MiB of OTLP protobuf), {files} "
-        f"files each, shards of {shard_mb:g} MiB; metrics B = {B}; {eval_text} (Inspect's own writer); every "
-        f"step a fresh process (Ray start-up included); {n_runs(repeats)}; {load_average(load)}"
+        f"{rollouts:,} support conversations{size} on a moto S3 server on loopback: "
+        f"{sizes['openai'] / 2**20:,.1f} MiB of gzip OpenAI JSON Lines and {spans:,} spans "
+        f"({sizes['otel'] / 2**20:,.0f} MiB of OTLP protobuf), {files} files each, shards of {shard_mb:g} MiB; "
+        f"metrics B = {B}; {eval_text} (Inspect's own writer); every step a fresh process (Ray start-up "
+        f"included); {n_runs(repeats)}; {load_average(load)}"
     )
     return Bench("nightly", caption, figures, {"runs": runs, "projected_s": projections, "rollouts": rollouts})
 
@@ -297,7 +300,7 @@ def main(argv: list[str] | None = None) -> None:
         print(orjson.dumps(_run_step(argv)).decode())
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rollouts", type=int, default=1_000_000)
+    parser.add_argument("--rollouts", type=int, default=DEFAULT_ROLLOUTS)
     parser.add_argument("--eval-mb", type=float, help="size of the .eval log (default: 300 MiB per million rollouts)")
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--repeats", type=int, default=1)
