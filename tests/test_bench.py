@@ -218,7 +218,7 @@ def test_every_bench_runs_and_prints(name, tmp_path, monkeypatch):
 def _check_nightly(bench: Bench) -> None:
     """Every path scored (or read) every rollout written, the paired ratios are there, and the projection is the
     arithmetic of the rates measured."""
-    from pipeline.perf.nightly import Stages, projected_seconds
+    from pipeline.perf.nightly import TASK_BOUND_MIB, Stages, projected_seconds
 
     runs, n = bench.details["runs"], bench.details["rollouts"]
     assert {k for k in runs if not k.startswith("eval")} == {
@@ -226,6 +226,7 @@ def _check_nightly(bench: Bench) -> None:
     } | {"metrics 1"}
     assert all(r["count"] == n for k, rs in runs.items() if not k.startswith("eval") for r in rs)
     assert runs["eval pexec"][0]["count"] == runs["eval inspect"][0]["count"] > 0
+    assert max(r["worker_mib"] for k in ("otel raw 1", "otel raw 2") for r in runs[k]) <= TASK_BOUND_MIB
     paired = [f for f in bench.figures if "end to end" in f.name or f.unit == "samples/s"]
     assert len(paired) == 3 and all(f.ratios for f in paired)
 

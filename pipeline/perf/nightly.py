@@ -40,6 +40,9 @@ FORMATS = {  # format: (its files' folder, the adapter options the support sampl
     "otel": ("otel", {}),
 }
 DEFAULT_ROLLOUTS = 1_000_000
+# The memory a scoring task stays under, whatever the night's size: a task holds one shard or one shuffle
+# partition (about `shard_mb` of input), never the night.
+TASK_BOUND_MIB = 1024
 EVAL_MB_PER_MILLION = 300  # the .eval size when not given: 300 MB at the default million rollouts
 BUCKET = "nightly"
 
@@ -160,8 +163,9 @@ def _bench(runs: dict[str, list[dict[str, Any]]], rollouts: int, spans: int, siz
                    f"ingest {fmt} (one process) to an S3 store, then score it on 2 CPUs", baseline),
             figure(f"{name}: driver peak RSS, raw on 2 CPUs", "MiB", v(f"{fmt} raw 2", "peak_mib"),
                    "the ingest process", v(f"{fmt} ingest", "peak_mib")),
-            figure(f"{name}: largest Ray worker peak RSS, raw on 2 CPUs", "MiB", v(f"{fmt} raw 2", "worker_mib"),
-                   "scoring the ingested store", v(f"{fmt} store 2", "worker_mib")),
+            figure(f"{name}: largest Ray worker peak RSS, raw on 2 CPUs (stated bound {TASK_BOUND_MIB:,} MiB)",
+                   "MiB", v(f"{fmt} raw 2", "worker_mib"), "scoring the ingested store", v(f"{fmt} store 2",
+                   "worker_mib")),
         ]  # fmt: skip
     figures.append(figure("reading the `.eval` log, samples → rollouts (target ≥ 3×)", "samples/s",
                           rate("eval pexec"), "inspect_ai's read_eval_log", rate("eval inspect")))  # fmt: skip
