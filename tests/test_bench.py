@@ -289,3 +289,16 @@ def test_every_registered_bench_takes_the_arguments_its_entry_passes():
         takes = inspect.signature(getattr(importlib.import_module(module), function)).parameters
         passed = ["repeats", *([entry.size] if entry.size else []), *(["workdir"] if entry.workdir else [])]
         assert set(passed) <= set(takes), (name, passed, list(takes))
+
+
+def test_the_nightly_benchs_protobuf_spans_read_as_its_json_spans(tmp_path):
+    """The same conversations written as OTLP JSON lines and by the SDK's protobuf encoder ingest to the same
+    rollouts, every conversation whole."""
+    from pipeline.ingest import ingest
+    from pipeline.synthetic.support_spans import write_spans
+
+    counts = {e: write_spans(tmp_path / e, 12, files=3, encoding=e) for e in ("json", "proto")}
+    assert counts["json"] == counts["proto"] > 12
+    assert sorted(p.suffix for p in (tmp_path / "proto").iterdir()) == [".pb"] * 3
+    read = {e: sorted(ingest("otel", [str(tmp_path / e)]), key=lambda r: r["rollout_id"]) for e in counts}
+    assert len(read["json"]) == 12 and read["proto"] == read["json"]
