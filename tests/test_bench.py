@@ -194,7 +194,7 @@ def _small(name: str, tmp_path: Path) -> Bench:
     if name == "nightly":
         from pipeline.perf.nightly import bench_nightly
 
-        return bench_nightly(40, eval_mb=0.01, workdir=tmp_path, files=2, shard_mb=0.01, B=20, in_process=True)
+        return bench_nightly(40, eval_mb=0.01, workdir=tmp_path, files=2, shard_mb=0.1, B=20, in_process=True)
     if name == "bfcl":
         from pipeline.perf.bfcl import bench_bfcl
 
