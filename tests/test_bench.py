@@ -191,6 +191,10 @@ def _small(name: str, tmp_path: Path) -> Bench:
         from pipeline.perf.spans import bench_spans
 
         return bench_spans(2000, tmp_path, shard_mb=0.05, repeats=1)
+    if name == "nightly":
+        from pipeline.perf.nightly import bench_nightly
+
+        return bench_nightly(40, eval_mb=0.01, workdir=tmp_path, files=2, shard_mb=0.1, B=20, in_process=True)
     if name == "bfcl":
         from pipeline.perf.bfcl import bench_bfcl
 
@@ -205,7 +209,44 @@ def test_every_bench_runs_and_prints(name, tmp_path, monkeypatch):
     if ray.is_initialized():  # the benches start their own Ray
         ray.shutdown()
     monkeypatch.chdir(ROOT)
-    _check(_small(name, tmp_path), name)
+    bench = _small(name, tmp_path)
+    _check(bench, name)
+    if name == "nightly":
+        _check_nightly(bench)
+
+
+def _check_nightly(bench: Bench) -> None:
+    """Every path scored (or read) every rollout written, the paired ratios are there, and the projection is the
+    arithmetic of the rates measured."""
+    from pipeline.perf.nightly import TASK_BOUND_MIB, Stages, projected_seconds
+
+    runs, n = bench.details["runs"], bench.details["rollouts"]
+    assert {k for k in runs if not k.startswith("eval")} == {
+        f"{fmt} {what}" for fmt in ("openai", "otel") for what in ("raw 1", "raw 2", "ingest", "store 2")
+    } | {"metrics 1"}
+    assert all(r["count"] == n for k, rs in runs.items() if not k.startswith("eval") for r in rs)
+    assert runs["eval pexec"][0]["count"] == runs["eval inspect"][0]["count"] > 0
+    assert max(r["worker_mib"] for k in ("otel raw 1", "otel raw 2") for r in runs[k]) <= TASK_BOUND_MIB
+    paired = [f for f in bench.figures if "end to end" in f.name or f.unit == "samples/s"]
+    assert len(paired) == 3 and all(f.ratios for f in paired)
+
+    def per_core(key: str) -> float:
+        r = runs[key][0]
+        return r["count"] / r["seconds"] / r["cpus"]
+
+    for fmt in ("openai", "otel"):
+        expected = projected_seconds(Stages(per_core(f"{fmt} raw 1"), per_core("metrics 1")))
+        assert bench.details["projected_s"][fmt] == [pytest.approx(expected)]
+    projections = [f for f in bench.figures if f.name.startswith("projection")]
+    assert [f.project for f in projections] == [tuple(bench.details["projected_s"][k]) for k in ("openai", "otel")]
+
+
+def test_the_nightly_projection_adds_the_stages_at_their_per_core_rates():
+    from pipeline.perf.nightly import Stages, projected_seconds
+
+    # 100M rollouts on 2,048 cores: 1,000/s per core end to end, 10,000/s per core for the metrics.
+    assert projected_seconds(Stages(1000, 10_000)) == pytest.approx(1e8 / 2048 / 1000 + 1e8 / 2048 / 10_000)
+    assert projected_seconds(Stages(500, 1e12), rollouts=1000, cores=2) == pytest.approx(1.0)
 
 
 def test_the_tau_bench_without_its_baseline_revision_says_why():
@@ -248,3 +289,16 @@ def test_every_registered_bench_takes_the_arguments_its_entry_passes():
         takes = inspect.signature(getattr(importlib.import_module(module), function)).parameters
         passed = ["repeats", *([entry.size] if entry.size else []), *(["workdir"] if entry.workdir else [])]
         assert set(passed) <= set(takes), (name, passed, list(takes))
+
+
+def test_the_nightly_benchs_protobuf_spans_read_as_its_json_spans(tmp_path):
+    """The same conversations written as OTLP JSON lines and by the SDK's protobuf encoder ingest to the same
+    rollouts, every conversation whole."""
+    from pipeline.ingest import ingest
+    from pipeline.synthetic.support_spans import write_spans
+
+    counts = {e: write_spans(tmp_path / e, 12, files=3, encoding=e) for e in ("json", "proto")}
+    assert counts["json"] == counts["proto"] > 12
+    assert sorted(p.suffix for p in (tmp_path / "proto").iterdir()) == [".pb"] * 3
+    read = {e: sorted(ingest("otel", [str(tmp_path / e)]), key=lambda r: r["rollout_id"]) for e in counts}
+    assert len(read["json"]) == 12 and read["proto"] == read["json"]

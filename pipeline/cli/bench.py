@@ -55,7 +55,8 @@ def bench(
 
     Replay through Ray vs a naive baseline, the metrics stage vs a plain-numpy reference, the mergeable Poisson
     bootstrap, scale-out over S3, the viewer's page latency, the guard's latency per check, the scoring driver at
-    cluster scale, BFCL and τ replay."""
+    cluster scale, BFCL and τ replay, OTel spans through the shuffle, and a night of raw production logs scored where
+    they lie."""
     from pipeline.perf import figures
 
     if what not in BENCHES:

@@ -27,6 +27,7 @@ import orjson
 
 from pipeline.perf.figures import Bench, figure, load_average, n_runs, show
 from pipeline.perf.metrics import write_synthetic_rollouts
+from pipeline.perf.processes import peak_mib
 from pipeline.scoring.shard import ScoredShard, ShardReport
 from pipeline.storage.ids import duplicate_ids, ids_table
 from pipeline.storage.inputs import InputFile, Shard
@@ -42,13 +43,6 @@ def synthetic_ids(shard: Shard, n: int) -> ScoredShard:
     first = f"r{s - 1:05d}-{n - 1:08d}" if s else f"r{s:05d}-{0:08d}"
     rows = [("line 1", first)] + [(f"line {i + 1}", f"r{s:05d}-{i:08d}") for i in range(1, n)]
     return ScoredShard(report, ids_table(rows))
-
-
-def _peak_mib() -> float:
-    """This process's peak RSS: VmHWM, which a new program starts afresh (ru_maxrss keeps the high-water mark of
-    the process that started it, here the bench that generated the runs)."""
-    status = Path("/proc/self/status").read_text()
-    return int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1]) / 1024
 
 
 def _start_ray(address: str) -> None:
@@ -80,7 +74,7 @@ def _id_check_here(ids: int, per_shard: int, gathered: bool, address: str) -> di
     seconds = time.perf_counter() - began
     if len(found) != len(shards) - 1:
         raise AssertionError(f"expected a duplicate in each of {len(shards) - 1} shards, found {len(found)}")
-    return {"seconds": seconds, "peak_mib": _peak_mib()}
+    return {"seconds": seconds, "peak_mib": peak_mib()}
 
 
 def _metrics_here(run: str, address: str | None, B: int) -> dict[str, float]:
@@ -98,7 +92,7 @@ def _metrics_here(run: str, address: str | None, B: int) -> dict[str, float]:
         metrics_on_ray(snapshot, address, settings=settings)
     else:
         compute_metrics(snapshot, settings=settings)
-    return {"seconds": time.perf_counter() - began, "peak_mib": _peak_mib()}
+    return {"seconds": time.perf_counter() - began, "peak_mib": peak_mib()}
 
 
 def _fresh(*args: str, in_process: bool = False) -> dict[str, float]:

@@ -50,5 +50,12 @@ BENCHES: dict[str, Entry] = {
     ),
     "bfcl": Entry("pipeline.perf.bfcl:bench_bfcl"),
     "tau": Entry("pipeline.perf.tau:bench_tau"),
+    "nightly": Entry(
+        "pipeline.perf.nightly:bench_nightly",
+        "rollouts",
+        1_000_000,
+        workdir=True,
+        note="as OpenAI logs and as OTel spans; a .eval of 300 MB per million",
+    ),
     "spans": Entry("pipeline.perf.spans:bench_spans", "n_spans", 1_000_000, note="spans, not rollouts", workdir=True),
 }

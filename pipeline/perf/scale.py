@@ -12,49 +12,33 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import s3fs
 
-from pipeline.perf import cluster_projection, require_dev
+from pipeline.perf import cluster_projection
 from pipeline.perf.figures import Bench, figure, load_average, n_runs, show
+from pipeline.perf.processes import moto_server
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
 
 SETUPS = (("1 cpu", 1, 16), ("2 cpu", 2, 16), ("2 cpu, 4x more shards", 2, 4))  # label, worker CPUs, shard MiB
-ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 _DRIVER = (
-    "import re, sys, json\n"
+    "import sys, json\n"
     "from pipeline.scoring.driver import run_scoring\n"
     "m = run_scoring(sys.argv[1], sys.argv[2], num_cpus=int(sys.argv[3]), shard_bytes=int(sys.argv[4]),\n"
     "                storage_options={'endpoint_url': sys.argv[5]}, force=True)\n"
-    "peak = int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)) / 1024\n"
-    "print(json.dumps({'counts': m['counts'], 'peak_mib': peak}))\n"
+    "from pipeline.perf.processes import peak_mib\n"
+    "print(json.dumps({'counts': m['counts'], 'peak_mib': peak_mib()}))\n"
 )
 
 
 def bench_scale(n_rollouts: int = 1_000_000, n_tasks: int = 100_000, port: int = 5557, repeats: int = 1) -> Bench:
-    require_dev("moto", "the S3 server of `pexec bench scale` (infra/local/s3-server.sh)")
-    os.environ.update(
-        {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
-    )
-    server = subprocess.Popen(
-        ["bash", str(ROOT / "infra/local/s3-server.sh"), str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    endpoint = f"http://127.0.0.1:{port}"
     load = os.getloadavg()[0]
-    try:
-        _wait(port)
+    with moto_server(port, "`pexec bench scale`") as endpoint:
         s3fs.S3FileSystem(endpoint_url=endpoint).mkdir("bench")
         store = "s3://bench/store"
         write_store(
@@ -67,8 +51,6 @@ def bench_scale(n_rollouts: int = 1_000_000, n_tasks: int = 100_000, port: int =
         for _ in range(repeats):
             for label, cpus, shard_mb in SETUPS:
                 runs[label].append(_score(store, f"s3://bench/run-{cpus}-{shard_mb}", cpus, shard_mb, endpoint))
-    finally:
-        os.killpg(server.pid, signal.SIGKILL)
     one, two, more = (runs[label] for label, *_ in SETUPS)
 
     def of(rows: list[dict[str, Any]], key: str) -> list[float]:
@@ -112,16 +94,6 @@ def _score(store: str, run: str, cpus: int, shard_mb: int, endpoint: str) -> dic
         "steps_per_rollout": c["steps"] / c["scored"],
         "driver_peak_mib": report["peak_mib"],
     }
-
-
-def _wait(port: int) -> None:
-    for _ in range(150):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"the S3 server on port {port} did not start")
 
 
 if __name__ == "__main__":

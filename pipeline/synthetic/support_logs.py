@@ -13,6 +13,7 @@ starts with `Error:` (ingest with `--option error_prefix=Error:`). Deterministic
 from __future__ import annotations
 
 import argparse
+import gzip
 import random
 from pathlib import Path
 from typing import Any
@@ -144,6 +145,25 @@ def write_samples(
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / "conversations.jsonl"
         path.write_bytes(b"".join(orjson.dumps(conversation(rng, i, day)) + b"\n" for i in range(per_date)))
+        written.append(path)
+    return written
+
+
+def write_night(
+    out: str | Path, conversations: int, files: int = 8, seed: int = 0, day: str = "2026-11-29"
+) -> list[Path]:
+    """One night's conversations as a logger ships them: `files` gzip JSON Lines files, consecutive conversations
+    in each (ids distinct across files); returns the files written."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(f"{seed}/{day}")
+    per_file = -(-conversations // files)
+    written = []
+    for f in range(files):
+        path = folder / f"conversations-{f:03d}.jsonl.gz"
+        with gzip.open(path, "wb", compresslevel=6) as out_file:
+            for index in range(f * per_file, min(conversations, (f + 1) * per_file)):
+                out_file.write(orjson.dumps(conversation(rng, index, day)) + b"\n")
         written.append(path)
     return written
 

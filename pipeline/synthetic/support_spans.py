@@ -1,18 +1,24 @@
-"""The customer-support sample as OpenTelemetry GenAI spans (OTLP JSON lines), for the shuffle's scale bench:
+"""The customer-support sample as OpenTelemetry GenAI spans (OTLP JSON lines or OTLP protobuf), for the shuffle's
+scale benches:
 each conversation of `pipeline.synthetic.support_logs` becomes one trace of `chat` spans (the user's latest
 message in, the assistant's tool calls out) and `execute_tool` spans (arguments, result, an error status for a
 backend error), carrying `gen_ai.conversation.id`. Spans are dealt round-robin over the files, so every
 conversation's spans lie in several files, as a rotating exporter leaves them.
 
-    python -m pipeline.synthetic.support_spans --out DIR --conversations N [--files F] [--seed S]
+Protobuf files (`encoding="proto"`) are written as the Collector `file` exporter writes `format: proto`: each
+export an `ExportTraceServiceRequest` made by the OpenTelemetry SDK's own OTLP encoder from SDK spans, behind its
+length (4 bytes, big-endian). That needs the SDK and its encoder (development dependencies).
+
+    python -m pipeline.synthetic.support_spans --out DIR --conversations N [--files F] [--seed S] [--proto]
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -73,19 +79,33 @@ def _calls(record: dict[str, Any]) -> list[dict[str, Any]]:
     return [c for m in record["messages"] if m.get("role") == "assistant" for c in m.get("tool_calls") or []]
 
 
-def write_spans(out: str | Path, conversations: int, files: int = 8, seed: int = 0, day: str = "2026-11-29") -> int:
-    """Write the spans of `conversations` conversations over `files` OTLP JSON Lines files; returns the spans."""
+def write_spans(
+    out: str | Path,
+    conversations: int,
+    files: int = 8,
+    seed: int = 0,
+    day: str = "2026-11-29",
+    encoding: Literal["json", "proto"] = "json",
+) -> int:
+    """Write the spans of `conversations` conversations over `files` OTLP files (JSON Lines, or length-prefixed
+    protobuf with `encoding="proto"`); returns the spans."""
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     rng = random.Random(f"{seed}/{day}")
     resource = {"attributes": [_attr("service.name", "support-agent")]}
-    handles = [open(folder / f"spans-{i:03d}.jsonl", "wb") for i in range(files)]  # noqa: SIM115
+    suffix = ".pb" if encoding == "proto" else ".jsonl"
+    handles = [open(folder / f"spans-{i:03d}{suffix}", "wb") for i in range(files)]  # noqa: SIM115
     pending: list[list[dict[str, Any]]] = [[] for _ in range(files)]
+    encode = _proto_encoder() if encoding == "proto" else None
     n = 0
 
     def flush(i: int) -> None:
-        export = {"resourceSpans": [{"resource": resource, "scopeSpans": [{"spans": pending[i]}]}]}
-        handles[i].write(orjson.dumps(export) + b"\n")
+        if encode is not None:
+            data = encode(pending[i])
+            handles[i].write(len(data).to_bytes(4, "big") + data)
+        else:
+            export = {"resourceSpans": [{"resource": resource, "scopeSpans": [{"spans": pending[i]}]}]}
+            handles[i].write(orjson.dumps(export) + b"\n")
         pending[i] = []
 
     try:
@@ -106,14 +126,36 @@ def write_spans(out: str | Path, conversations: int, files: int = 8, seed: int =
     return n
 
 
+def _proto_encoder() -> Callable[[list[dict[str, Any]]], bytes]:
+    """Spans as `spans_of` makes them -> one serialized export, by the SDK's OTLP protobuf encoder."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
+
+    resource = Resource({"service.name": "support-agent"})
+    sampled = TraceFlags(TraceFlags.SAMPLED)
+
+    def sdk_span(s: dict[str, Any]) -> ReadableSpan:
+        context = SpanContext(int(s["traceId"], 16), int(s["spanId"], 16), is_remote=False, trace_flags=sampled)
+        status = Status(StatusCode.ERROR if s.get("status", {}).get("code") == 2 else StatusCode.UNSET)
+        return ReadableSpan(s["name"], context, resource=resource, start_time=int(s["startTimeUnixNano"]),
+                            end_time=int(s["endTimeUnixNano"]), status=status,
+                            attributes={a["key"]: a["value"]["stringValue"] for a in s["attributes"]})  # fmt: skip
+
+    return lambda spans: encode_spans([sdk_span(s) for s in spans]).SerializeToString()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--conversations", type=int, default=1000)
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--proto", action="store_true", help="OTLP protobuf (the SDK's encoder), not JSON lines")
     args = parser.parse_args(argv)
-    print(f"wrote {write_spans(args.out, args.conversations, args.files, args.seed)} spans to {args.out}")
+    n = write_spans(args.out, args.conversations, args.files, args.seed, encoding="proto" if args.proto else "json")
+    print(f"wrote {n} spans to {args.out}")
 
 
 if __name__ == "__main__":

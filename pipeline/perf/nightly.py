@@ -1,0 +1,316 @@
+"""A night of production logs scored where they lie (`pexec bench nightly`, `python -m pipeline.perf.nightly`).
+
+In one run, on a moto S3 server on loopback:
+  - the support sample's conversations (`pipeline.synthetic.support_logs`) as gzip OpenAI JSON Lines files, and
+    the same conversations as OTLP protobuf spans (`pipeline.synthetic.support_spans`, the SDK's encoder), each
+    dealt over several files, scored raw → committed run by the distributed path (`pexec score s3://… --format
+    FMT`: the adapter inside the Ray tasks, the hash shuffle for spans) with Ray limited to 1 and then 2 CPUs;
+  - against today's ingest-then-score of the same files: `pexec ingest FMT` (one process) to a canonical store on
+    S3, then `pexec score` of the store on 2 CPUs;
+  - the metrics of the scored OpenAI run computed in Ray tasks (`pexec metrics` on a cluster), for the projection;
+  - an Inspect `.eval` log (`pipeline.synthetic.support_eval`, Inspect's own writer) read by pexec's `inspect`
+    adapter and by `inspect_ai.log.read_eval_log`.
+Every measured step is a fresh process (`python -m pipeline.perf.nightly STEP …`) reporting its seconds, its
+own peak RSS (VmHWM) and, for scoring, the largest Ray worker's peak from the shard reports. The projection to
+100M rollouts on 128 × 16 cores is computed from the per-core rates measured here (`projected_seconds`).
+Progress lines go to stderr; the data goes under --workdir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pipeline.perf import CLUSTER_CORES, CLUSTER_ROLLOUTS, require_dev
+from pipeline.perf.figures import Bench, figure, load_average, n_runs, show
+from pipeline.perf.processes import moto_server, peak_mib
+
+FORMATS = {  # format: (its files' folder, the adapter options the support sample needs)
+    "openai": ("openai", {"error_prefix": "Error:"}),
+    "otel": ("otel", {}),
+}
+DEFAULT_ROLLOUTS = 1_000_000
+# The memory a scoring task stays under, whatever the night's size: a task holds one shard or one shuffle
+# partition (about `shard_mb` of input), never the night.
+TASK_BOUND_MIB = 1024
+EVAL_MB_PER_MILLION = 300  # the .eval size when not given: 300 MB at the default million rollouts
+BUCKET = "nightly"
+
+
+@dataclass(frozen=True)
+class Stages:
+    """Per-core rates measured on this machine, the inputs of the cluster projection."""
+
+    end_to_end: float  # rollouts/s per core, raw logs → committed run (reading, shuffle, scoring, id check)
+    metrics: float  # rollouts/s per core of the distributed poisson-merged metrics
+
+
+def projected_seconds(stages: Stages, rollouts: int = CLUSTER_ROLLOUTS, cores: int = CLUSTER_CORES) -> float:
+    """Seconds for `rollouts` raw rollouts on `cores` cores, each stage's per-core rate scaled linearly with the
+    cores, the stages one after another (the metrics read the committed run)."""
+    return rollouts / (cores * stages.end_to_end) + rollouts / (cores * stages.metrics)
+
+
+def bench_nightly(
+    rollouts: int = DEFAULT_ROLLOUTS,
+    eval_mb: float | None = None,
+    workdir: Path | None = None,
+    files: int = 8,
+    shard_mb: float = 16,
+    B: int = 1000,
+    repeats: int = 1,
+    in_process: bool = False,
+) -> Bench:
+    """`in_process`: every step in this process and its one Ray (the code paths only, for tests: the CPU limits
+    and the peaks are then not each step's own)."""
+    for name in ("moto", "inspect_ai", "opentelemetry.exporter.otlp.proto.common"):
+        require_dev(name, "`pexec bench nightly`")
+    from pipeline.synthetic.support_eval import write_eval
+    from pipeline.synthetic.support_logs import write_night
+    from pipeline.synthetic.support_spans import write_spans
+
+    load = os.getloadavg()[0]
+    eval_mb = eval_mb if eval_mb is not None else max(1.0, EVAL_MB_PER_MILLION * rollouts / 1_000_000)
+    root = Path(workdir or tempfile.mkdtemp(prefix="pexec-bench-nightly-"))
+    data = root / "data"
+    shutil.rmtree(data, ignore_errors=True)
+    _progress(f"writing {rollouts:,} conversations as gzip OpenAI JSON Lines ({files} files)")
+    write_night(data / "openai", rollouts, files)
+    _progress(f"writing the same conversations as OTLP protobuf spans ({files} files)")
+    spans = write_spans(data / "otel", rollouts, files, encoding="proto")
+    _progress(f"writing an Inspect .eval log of {eval_mb:g} MiB")
+    eval_path = data / "support.eval"
+    eval_samples = write_eval(eval_path, eval_mb)
+    sizes = {fmt: sum(p.stat().st_size for p in (data / fmt).iterdir()) for fmt in FORMATS}
+    sizes["eval"] = eval_path.stat().st_size
+    runs: dict[str, list[dict[str, Any]]] = {}
+
+    def add(key: str, *args: object) -> dict[str, Any]:
+        _progress(f"{key}: {' '.join(str(a) for a in args[:2])} …")
+        argv = [str(a) for a in args]
+        result = _run_step(argv) if in_process else _fresh(*argv)
+        _progress(f"{key}: {result['seconds']:.1f} s, peak {result['peak_mib']:.0f} MiB")
+        runs.setdefault(key, []).append(result)
+        return result
+
+    try:
+        with moto_server(needed_by="`pexec bench nightly`") as endpoint:
+            import s3fs
+
+            s3 = s3fs.S3FileSystem(endpoint_url=endpoint)
+            s3.mkdir(BUCKET)
+            for fmt in FORMATS:
+                s3.put(str(data / fmt) + "/", f"{BUCKET}/raw/{fmt}/", recursive=True)
+            for _ in range(repeats):
+                for fmt, (folder, _options) in FORMATS.items():
+                    raw = f"s3://{BUCKET}/raw/{folder}/"
+                    for cpus in (1, 2):
+                        add(f"{fmt} raw {cpus}", "score", fmt, raw, f"s3://{BUCKET}/run-{fmt}-{cpus}", cpus, shard_mb,
+                            endpoint)  # fmt: skip
+                    store = f"s3://{BUCKET}/store-{fmt}"
+                    s3.rm(store, recursive=True) if s3.exists(store) else None
+                    add(f"{fmt} ingest", "ingest", fmt, raw, store, endpoint)
+                    add(f"{fmt} store 2", "score", "canonical", store, f"s3://{BUCKET}/run-{fmt}-store", 2, shard_mb,
+                        endpoint)  # fmt: skip
+                add("metrics 1", "metrics", f"s3://{BUCKET}/run-openai-2", 1, B, endpoint)
+        for _ in range(repeats):
+            add("eval pexec", "eval-pexec", eval_path)
+            add("eval inspect", "eval-inspect", eval_path)
+    finally:
+        if workdir is None:
+            shutil.rmtree(root, ignore_errors=True)
+    for key, results in runs.items():
+        expected = eval_samples if key.startswith("eval") else rollouts
+        for r in results:
+            if r["count"] != expected:
+                raise AssertionError(f"{key}: {r['count']:,} rollouts read or scored, {expected:,} written")
+    eval_text = f"an Inspect `.eval` log of {eval_samples:,} samples, {sizes['eval'] / 2**20:,.1f} MiB"
+    return _bench(runs, rollouts, spans, sizes, eval_text, files, shard_mb, B, repeats, load)
+
+
+def _bench(runs: dict[str, list[dict[str, Any]]], rollouts: int, spans: int, sizes: dict[str, int], eval_text: str,
+           files: int, shard_mb: float, B: int, repeats: int, load: float) -> Bench:  # fmt: skip
+    def v(key: str, field: str = "seconds") -> list[float]:
+        return [r[field] for r in runs[key]]
+
+    def rate(key: str, per_core: bool = False) -> list[float]:
+        return [r["count"] / r["seconds"] / (r["cpus"] if per_core else 1) for r in runs[key]]
+
+    figures = []
+    names = {"openai": "OpenAI gzip JSON Lines", "otel": "OTLP protobuf spans (shuffled)"}
+    projections = {}
+    for fmt, name in names.items():
+        one, two = rate(f"{fmt} raw 1"), rate(f"{fmt} raw 2")
+        baseline = [rollouts / (i + s) for i, s in zip(v(f"{fmt} ingest"), v(f"{fmt} store 2"), strict=True)]
+        stages = [Stages(r, m) for r, m in zip(rate(f"{fmt} raw 1", True), rate("metrics 1", True), strict=True)]
+        projections[fmt] = [projected_seconds(s) for s in stages]
+        figures += [
+            figure(f"{name}: raw → run, rollouts/s per core, 2 CPUs", "rollouts/s", rate(f"{fmt} raw 2", True),
+                   "1 CPU", rate(f"{fmt} raw 1", True)),
+            figure(f"{name}: speed-up 1 → 2 CPUs (target ≥ 1.7×)", "×", [b / a for a, b in zip(one, two, strict=True)],
+                   "none: 2-CPU over 1-CPU rollouts/s, same run"),
+            figure(f"{name}: raw → run end to end on 2 CPUs (target ≥ 1.5×)", "rollouts/s", two,
+                   f"ingest {fmt} (one process) to an S3 store, then score it on 2 CPUs", baseline),
+            figure(f"{name}: driver peak RSS, raw on 2 CPUs", "MiB", v(f"{fmt} raw 2", "peak_mib"),
+                   "the ingest process", v(f"{fmt} ingest", "peak_mib")),
+            figure(f"{name}: largest Ray worker peak RSS, raw on 2 CPUs (stated bound {TASK_BOUND_MIB:,} MiB)",
+                   "MiB", v(f"{fmt} raw 2", "worker_mib"), "scoring the ingested store", v(f"{fmt} store 2",
+                   "worker_mib")),
+        ]  # fmt: skip
+    figures.append(figure("reading the `.eval` log, samples → rollouts (target ≥ 3×)", "samples/s",
+                          rate("eval pexec"), "inspect_ai's read_eval_log", rate("eval inspect")))  # fmt: skip
+    figures.append(figure(".eval reading: peak RSS", "MiB", v("eval pexec", "peak_mib"), "read_eval_log",
+                          v("eval inspect", "peak_mib")))  # fmt: skip
+    for fmt, name in names.items():
+        figures.append(figure(
+            f"projection: {CLUSTER_ROLLOUTS / 1e6:,.0f}M raw rollouts ({name}) on 128 × 16 cores (target < 300 s)",
+            "s", projections[fmt],
+            f"none: computed, not measured: {CLUSTER_CORES:,} cores × the 1-CPU per-core rate raw → run (reading, "
+            f"{'shuffle, ' if fmt == 'otel' else ''}scoring, distributed id check; Ray start-up included) then the "
+            "per-core rate of the distributed metrics; scaling assumed linear per core, S3 bandwidth and the "
+            "driver's planning not included"))  # fmt: skip
+    size = "" if rollouts >= DEFAULT_ROLLOUTS else f" (below the default {DEFAULT_ROLLOUTS:,}: a small run)"
+    caption = (
+        f"{rollouts:,} support conversations{size} on a moto S3 server on loopback: "
+        f"{sizes['openai'] / 2**20:,.1f} MiB of gzip OpenAI JSON Lines and {spans:,} spans "
+        f"({sizes['otel'] / 2**20:,.0f} MiB of OTLP protobuf), {files} files each, shards of {shard_mb:g} MiB; "
+        f"metrics B = {B}; {eval_text} (Inspect's own writer); every step a fresh process (Ray start-up "
+        f"included); {n_runs(repeats)}; {load_average(load)}"
+    )
+    return Bench("nightly", caption, figures, {"runs": runs, "projected_s": projections, "rollouts": rollouts})
+
+
+def _progress(text: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} bench nightly: {text}", file=sys.stderr, flush=True)
+
+
+def _fresh(*args: str) -> dict[str, Any]:
+    """One measured step in a fresh process: its last stdout line, as JSON."""
+    out = subprocess.run([sys.executable, "-m", "pipeline.perf.nightly", *args], check=True,
+                         stdout=subprocess.PIPE, text=True).stdout  # fmt: skip
+    return orjson.loads(out.strip().splitlines()[-1])
+
+
+# --- the measured steps, each run in a process of its own ------------------------------------------------
+
+
+def _options(fmt: str, endpoint: str | None) -> Any:
+    from pipeline.ingest import IngestOptions
+
+    so = {"endpoint_url": endpoint} if endpoint else None
+    return IngestOptions(extra=dict(FORMATS[fmt][1]), storage_options=so)
+
+
+def _score(fmt: str, source: str, run: str, cpus: int, shard_mb: float, endpoint: str) -> dict[str, Any]:
+    from pipeline.envs import EnvOptions
+    from pipeline.ingest.sharded import raw_source
+    from pipeline.scoring.driver import run_scoring
+
+    raw = None if fmt == "canonical" else raw_source(fmt, [source], _options(fmt, endpoint))
+    began = time.perf_counter()
+    manifest = run_scoring(source, run, env="observed", options=EnvOptions(spec="support"), executor="ray",
+                           num_cpus=cpus, shard_bytes=int(shard_mb * 2**20), storage_options={"endpoint_url": endpoint},
+                           force=True, source=raw)  # fmt: skip
+    return {"seconds": time.perf_counter() - began, "count": manifest["counts"]["scored"], "cpus": cpus,
+            "worker_mib": max(s["peak_rss_mib"] for s in manifest["shards"])}  # fmt: skip
+
+
+def _ingest(fmt: str, source: str, store: str, endpoint: str) -> dict[str, Any]:
+    """`pexec ingest FMT SOURCE --out STORE` as the command runs it: the shards decoded here, one after another."""
+    from pipeline.ingest import checked
+    from pipeline.ingest.sharded import raw_source
+    from pipeline.scoring.convert import Executor, converted
+    from pipeline.storage.stores import write_store
+
+    began = time.perf_counter()
+    raw = raw_source(fmt, [source], _options(fmt, endpoint))
+    records = checked(fmt, converted(raw, Executor("inline"), f"{store}/.shuffle"), raw.allow_no_calls, validate=False)
+    n = write_store(records, store, "jsonl", storage_options={"endpoint_url": endpoint})
+    return {"seconds": time.perf_counter() - began, "count": n, "cpus": 1}
+
+
+def _metrics(run: str, cpus: int, B: int, endpoint: str) -> dict[str, Any]:
+    import ray
+
+    from pipeline.metrics.partials import metrics_on_ray
+    from pipeline.metrics.run import open_run
+    from pipeline.metrics.settings import BootstrapSettings
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    started = not ray.is_initialized()  # in process (tests), the Ray scoring started is used
+    if started:
+        ray.init(num_cpus=cpus, include_dashboard=False, logging_level="WARNING")
+    try:
+        address = ray.get_runtime_context().gcs_address
+        began = time.perf_counter()
+        snapshot = open_run(run, {"endpoint_url": endpoint}).snapshot
+        metrics_on_ray(snapshot, address, settings=BootstrapSettings(B=B, method="poisson-merged"))
+        seconds = time.perf_counter() - began
+        count = _scored(run, endpoint)
+    finally:
+        if started:
+            ray.shutdown()
+    return {"seconds": seconds, "count": count, "cpus": cpus}
+
+
+def _scored(run: str, endpoint: str) -> int:
+    from pipeline.storage.run import read_manifest
+
+    return int(read_manifest(run, {"endpoint_url": endpoint})["counts"]["scored"])
+
+
+def _eval_pexec(path: str) -> dict[str, Any]:
+    from pipeline.ingest import ingest
+
+    began = time.perf_counter()
+    n = sum(1 for _ in ingest("inspect", [path]))
+    return {"seconds": time.perf_counter() - began, "count": n, "cpus": 1}
+
+
+def _eval_inspect(path: str) -> dict[str, Any]:
+    from inspect_ai.log import read_eval_log
+
+    began = time.perf_counter()
+    n = len(read_eval_log(path).samples or [])
+    return {"seconds": time.perf_counter() - began, "count": n, "cpus": 1}
+
+
+STEPS = {"score": _score, "ingest": _ingest, "metrics": _metrics, "eval-pexec": _eval_pexec,
+         "eval-inspect": _eval_inspect}  # fmt: skip
+_TYPES = {"cpus": int, "B": int, "shard_mb": float}
+
+
+def _run_step(argv: list[str]) -> dict[str, Any]:
+    """STEP ARG… -> the step's measurements and this process's peak RSS."""
+    step = STEPS[argv[0]]
+    names = step.__code__.co_varnames[: step.__code__.co_argcount]
+    result = step(*(_TYPES.get(n, str)(a) for n, a in zip(names, argv[1:], strict=True)))
+    return {**result, "peak_mib": peak_mib()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in STEPS:
+        print(orjson.dumps(_run_step(argv)).decode())
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rollouts", type=int, default=DEFAULT_ROLLOUTS)
+    parser.add_argument("--eval-mb", type=float, help="size of the .eval log (default: 300 MiB per million rollouts)")
+    parser.add_argument("--workdir", type=Path)
+    parser.add_argument("--repeats", type=int, default=1)
+    args = parser.parse_args(argv)
+    show(bench_nightly(args.rollouts, args.eval_mb, args.workdir, repeats=args.repeats))
+
+
+if __name__ == "__main__":
+    main()
