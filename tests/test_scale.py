@@ -138,7 +138,7 @@ def test_a_worker_killed_mid_job_changes_nothing(local_store, reference_run, tmp
             break
 
     with fresh_ray():
-        manifest = run_scoring(str(local_store), run, shard_bytes=32 * 1024, run_id="r", on_shard=kill_a_worker)
+        manifest = run_scoring(str(local_store), run, shard_bytes=128 * 1024, run_id="r", on_shard=kill_a_worker)
     assert killed, "no scoring worker was found to kill"
     assert manifest["counts"]["scored"] == 1500
     for table in ("steps", "rollouts"):
@@ -147,7 +147,7 @@ def test_a_worker_killed_mid_job_changes_nothing(local_store, reference_run, tmp
 
 def test_a_driver_killed_midway_then_rerun_gives_the_same_output(local_store, reference_run, tmp_path):
     run = tmp_path / "run"
-    cmd = [str(BIN / "pexec"), "score", str(local_store), "--out", str(run), "--shard-mb", "0.03", "--num-cpus", "1"]
+    cmd = [str(BIN / "pexec"), "score", str(local_store), "--out", str(run), "--shard-mb", "0.1", "--num-cpus", "1"]
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
     driver = subprocess.Popen(
         [*cmd], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env
