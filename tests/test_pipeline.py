@@ -157,6 +157,18 @@ def test_a_rerun_with_nothing_new_starts_no_ray_and_one_after_a_cut_rerun_checks
     assert checked and cut["counts"] == again["counts"] and table(run, "rejects") == rejects
 
 
+def test_a_relative_out_is_where_the_driver_is_not_where_the_workers_started(records, tmp_path, local_ray, monkeypatch):
+    """Ray's workers keep the working directory they started in (the shared Ray's: where the suite began; a
+    cluster's: its own): a relative --out is made absolute in the driver before any task sees it."""
+    write_store(iter(list(records.values())[:50]), str(tmp_path / "store"))
+    monkeypatch.chdir(tmp_path)
+    name = f"relative-run-{tmp_path.name}"
+    manifest = run_scoring("store", name)
+    assert manifest["counts"]["scored"] == 50
+    assert len(list((tmp_path / name / "steps").glob("*.parquet"))) == 1
+    assert not (Path(__file__).resolve().parents[1] / name).exists()
+
+
 def test_date_partitions_are_queryable_together(records, tmp_path):
     recs = list(records.values())
     for day, part in (("2026-11-28", recs[:500]), ("2026-11-29", recs[500:])):

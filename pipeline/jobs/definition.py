@@ -9,7 +9,6 @@ nightly job scores the new date partition into its own run folder, and all of th
 
 from __future__ import annotations
 
-import os
 import re
 import tomllib
 from collections.abc import Callable
@@ -24,7 +23,7 @@ from pipeline.metrics.run import open_run
 from pipeline.metrics.settings import BootstrapSettings, Population
 from pipeline.scoring.driver import DEFAULT_SHARD_BYTES, ShardPlan, run_scoring
 from pipeline.scoring.shard import ShardReport
-from pipeline.storage.fs import exists
+from pipeline.storage.fs import absolute, exists
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
 
@@ -434,9 +433,9 @@ def raw_input(job: Job) -> RawSource | None:
 def absolute_paths(job: Job) -> Job:
     """The job with its local relative paths made absolute against this process's working directory: Ray
     workers (those of a submitted job above all) do not share the driver's working directory."""
-    report = job.report and replace(job.report, out=_absolute(job.report.out))
-    options = replace(job.options, spec_dirs=tuple(_absolute(d) for d in job.options.spec_dirs))
-    return replace(job, input=_absolute(job.input), output=_absolute(job.output), options=options, report=report)
+    report = job.report and replace(job.report, out=absolute(job.report.out))
+    options = replace(job.options, spec_dirs=tuple(absolute(d) for d in job.options.spec_dirs))
+    return replace(job, input=absolute(job.input), output=absolute(job.output), options=options, report=report)
 
 
 def relative_paths(job: Job) -> list[str]:
@@ -444,11 +443,7 @@ def relative_paths(job: Job) -> list[str]:
     named = [("input", job.input), ("output", job.output), *(("spec_dirs", d) for d in job.options.spec_dirs)]
     if job.report is not None:
         named.append(("[report] out", job.report.out))
-    return [f"{name} {url!r}" for name, url in named if _absolute(url) != url]
-
-
-def _absolute(url: str) -> str:
-    return url if "://" in url or os.path.isabs(url) else os.path.abspath(url)
+    return [f"{name} {url!r}" for name, url in named if absolute(url) != url]
 
 
 def _fill(template: str, day: str, path: Path) -> str:

@@ -28,7 +28,7 @@ from pipeline.scoring.code_version import code_version, environment_version
 from pipeline.scoring.id_check import RayIdCheck
 from pipeline.scoring.shard import ScoredShard, ScoreSettings, ShardReport, read_records, score_shard
 from pipeline.scoring.shuffle import map_shard, partition_shards, regroup_partition, staging
-from pipeline.storage.fs import remove_all
+from pipeline.storage.fs import absolute, remove_all
 from pipeline.storage.ids import Duplicates, digest, duplicate_ids, ids_table, shard_ids
 from pipeline.storage.inputs import RecordError, Shard, list_inputs, plan_shards
 from pipeline.storage.lease import DEFAULT_STALE_AFTER, Lease
@@ -119,7 +119,7 @@ def run_scoring(
     if env is not None:
         get_environment(env, options)  # a bad spec fails here, before any scoring
     settings = ScoreSettings(
-        run=run.rstrip("/"),
+        run=absolute(run).rstrip("/"),  # the tasks write it, from working directories of their own
         run_id=run_id or run.rstrip("/").rsplit("/", 1)[-1],
         env=env,
         options=options,

@@ -7,6 +7,7 @@ alike, so an S3-compatible store other than AWS works everywhere once `--endpoin
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from fnmatch import fnmatchcase
@@ -21,6 +22,12 @@ _GLOB = re.compile(r"[*?\[]")
 def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
     """The filesystem serving `url`, built with `storage_options`, and the path of `url` on it."""
     return fsspec.core.url_to_fs(url, **(storage_options or {}))
+
+
+def absolute(url: str) -> str:
+    """`url` with a local relative path made absolute against this process's working directory: a Ray worker (a
+    cluster's above all) does not share it. An fsspec URL or an absolute path is returned as it is."""
+    return url if "://" in url or os.path.isabs(url) else os.path.abspath(url)
 
 
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
