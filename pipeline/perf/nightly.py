@@ -118,7 +118,8 @@ def bench_nightly(
                         add(f"{fmt} raw {cpus}", "score", fmt, raw, f"s3://{BUCKET}/run-{fmt}-{cpus}", cpus, shard_mb,
                             endpoint)  # fmt: skip
                     store = f"s3://{BUCKET}/store-{fmt}"
-                    s3.rm(store, recursive=True) if s3.exists(store) else None
+                    if s3.exists(store):
+                        s3.rm(store, recursive=True)
                     add(f"{fmt} ingest", "ingest", fmt, raw, store, endpoint)
                     add(f"{fmt} store 2", "score", "canonical", store, f"s3://{BUCKET}/run-{fmt}-store", 2, shard_mb,
                         endpoint)  # fmt: skip

@@ -171,11 +171,11 @@ def run_scoring(
                 return []
             return _on_ray(shards, settings, duplicates, address, num_cpus, on_shard, lease.check, ids)
 
-        duplicates: Duplicates | None
-        if not todo and _same_shards(committed, reused):
-            # Nothing to score and the committed run covered exactly these shards, unchanged: its id check over
-            # them still holds, so neither the ids are read again nor Ray started for them.
-            scored, duplicates = [], None
+        # Nothing to score and the committed run covered exactly these shards, unchanged: its id check over them
+        # still holds (every shard was told what it shows), so neither the ids are read again nor Ray started.
+        unchanged = not todo and _same_shards(committed, reused)
+        if unchanged:
+            scored, duplicates = [], {}
         elif executor == "inline":
             with ThreadPoolExecutor(1) as pool:
                 # Scoring returns the ids a shard holds; those of reused shards are read meanwhile.
@@ -194,12 +194,12 @@ def run_scoring(
         del scored
         # A shard told other than what the whole store shows (none were told anything before their ids were
         # known) is scored again: only shards holding a later copy of an id, whatever the order they ran in.
-        again = (
-            []
-            if duplicates is None
-            else [s for s in shard_plan.shards if reports[s.key].duplicates != digest(duplicates.get(s.key, {}))]
-        )
-        reports |= {s.report.shard: s.report for s in score(again, duplicates or {})}
+        again = [
+            s
+            for s in ([] if unchanged else shard_plan.shards)
+            if reports[s.key].duplicates != digest(duplicates.get(s.key, {}))
+        ]
+        reports |= {s.report.shard: s.report for s in score(again, duplicates)}
         why |= {s.key: why[s.key] or "the duplicate ids it holds changed" for s in again}
         ordered = sorted(reports.values(), key=lambda r: (r.source, r.start))
         if source is not None and not source.allow_no_calls:
