@@ -54,7 +54,14 @@ def family_of(module: str) -> str | None:
     parts = module.split(".")
     if parts[:2] != [_NAME, "envs"] or len(parts) < 3:
         return None
-    return parts[2] if parts[2] in families(PACKAGE_ROOT) or f"{parts[2]}.py" in _FAMILY_MODULES else None
+    return parts[2] if parts[2] in _own_families() or f"{parts[2]}.py" in _FAMILY_MODULES else None
+
+
+@cache
+def _own_families() -> frozenset[str]:
+    """This package's family names, listed once per process: a shard asks for every rollout it scores, and its
+    files do not change under a running process (its code version is taken once too)."""
+    return frozenset(families(PACKAGE_ROOT))
 
 
 def families(root: Path) -> dict[str, list[Path]]:
