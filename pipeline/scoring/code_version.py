@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+from collections.abc import Iterator
 from functools import cache
 from importlib.metadata import version
 from pathlib import Path
@@ -126,17 +127,38 @@ def _closure(start: list[Path], root: Path, stop: set[Path]) -> set[Path]:
 
 
 def _imported_files(path: Path, root: Path) -> list[Path]:
-    names: list[str] = []
-    for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
-        if isinstance(node, ast.Import):
-            names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            # `from pipeline.envs import bfcl` may name a module or a member: try both
-            names += [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
     files = []
-    for name in names:
+    for name in _imported_names(path.read_bytes()):
         parts = name.split(".")
         if parts[0] == _NAME and len(parts) > 1:
             base = root.joinpath(*parts[1:])
             files += [f for f in (base.with_suffix(".py"), base / "__init__.py") if f.is_file()]
     return files
+
+
+@cache  # by content: a file is read by several closures (the core's, then each family's)
+def _imported_names(source: bytes) -> tuple[str, ...]:
+    names: list[str] = []
+    for node in _import_statements(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            # `from pipeline.envs import bfcl` may name a module or a member: try both
+            names += [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+    return tuple(names)
+
+
+def _import_statements(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement of a module, lazy ones inside functions included. Imports are statements, so only
+    statement bodies are followed, never into expressions: a few percent of the nodes `ast.walk` would visit
+    (this runs in every process that scores, the driver and each Ray worker)."""
+    pending: list[ast.AST] = [tree]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+            continue
+        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            inner = getattr(node, field, None)
+            if isinstance(inner, list):
+                pending += inner
