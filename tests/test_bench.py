@@ -170,7 +170,7 @@ def _small(name: str, tmp_path: Path) -> Bench:
 
         from pipeline.perf.scale import bench_scale
 
-        return bench_scale(200, 20, port=free_port())
+        return bench_scale(200, 20, port=free_port(), address=ray.get_runtime_context().gcs_address)
     if name == "view":
         from pipeline.perf.view import bench_view
 
@@ -205,9 +205,9 @@ def _small(name: str, tmp_path: Path) -> Bench:
 
 
 @pytest.mark.parametrize("name", BENCHES)
-def test_every_bench_runs_and_prints(name, tmp_path, monkeypatch):
-    if ray.is_initialized():  # the benches start their own Ray
-        ray.shutdown()
+def test_every_bench_runs_and_prints(name, tmp_path, monkeypatch, shared_ray):
+    """Each bench on a small size, on the shared Ray (a bench given a running Ray uses it: the code paths run,
+    the CPU limits and Ray's start-up are not measured)."""
     monkeypatch.chdir(ROOT)
     bench = _small(name, tmp_path)
     _check(bench, name)

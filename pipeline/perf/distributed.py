@@ -27,7 +27,7 @@ import orjson
 
 from pipeline.perf.figures import Bench, figure, load_average, n_runs, show
 from pipeline.perf.metrics import write_synthetic_rollouts
-from pipeline.perf.processes import peak_mib
+from pipeline.perf.processes import local_ray, peak_mib
 from pipeline.scoring.shard import ScoredShard, ShardReport
 from pipeline.storage.ids import duplicate_ids, ids_table
 from pipeline.storage.inputs import InputFile, Shard
@@ -128,26 +128,21 @@ def bench_distributed(
     def add(name: str, *args: Any) -> None:
         runs.setdefault(name, []).append(_fresh(*(str(a) for a in args), in_process=in_process))
 
-    import ray
-
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     try:
         for n in sizes:
             run = root / f"run-{n}"
             if not run.exists():
                 write_synthetic_rollouts(run, n, max(1, n // 10), parts=max(1, -(-n // PART_ROLLOUTS)))
         # One local Ray for the bench; each measured driver is a fresh process connecting to it.
-        ray.init(num_cpus=cpus, include_dashboard=False, logging_level="WARNING")
-        address = ray.get_runtime_context().gcs_address
-        for _ in range(repeats):
-            for n in id_sizes:
-                add(f"ids ray {n}", "--ids", n, per_shard, "--address", address)
-                add(f"ids gathered {n}", "--ids", n, per_shard, "--gathered", "--address", address)
-            for n in sizes:
-                add(f"metrics ray {n}", "--metrics", root / f"run-{n}", "--address", address, "-B", B)
-                add(f"metrics single {n}", "--metrics", root / f"run-{n}", "-B", B)
+        with local_ray(cpus) as address:
+            for _ in range(repeats):
+                for n in id_sizes:
+                    add(f"ids ray {n}", "--ids", n, per_shard, "--address", address)
+                    add(f"ids gathered {n}", "--ids", n, per_shard, "--gathered", "--address", address)
+                for n in sizes:
+                    add(f"metrics ray {n}", "--metrics", root / f"run-{n}", "--address", address, "-B", B)
+                    add(f"metrics single {n}", "--metrics", root / f"run-{n}", "-B", B)
     finally:
-        ray.shutdown()
         if workdir is None:
             shutil.rmtree(root, ignore_errors=True)
 

@@ -32,6 +32,7 @@ import pyarrow as pa
 
 from pipeline.perf import CLUSTER_CORES
 from pipeline.perf.figures import Bench, figure, load_average, n_runs, show
+from pipeline.perf.processes import local_ray
 from pipeline.scoring.driver import DEFAULT_SHARD_BYTES, ScoringFailed, completed, run_scoring
 from pipeline.scoring.shard import ScoredShard, ShardReport
 from pipeline.storage.ids import duplicate_ids, ids_table
@@ -156,9 +157,6 @@ def bench_driver(
     cores: int = CLUSTER_CORES,
     distinct_ids: int = 2_000_000,  # in the measurement of the duplicate-id check
 ) -> Bench:
-    import ray
-
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     root = Path(tempfile.mkdtemp(prefix="pexec-bench-driver-"))
     load = os.getloadavg()[0]
     loops = {"batched": completed, "one wait per shard": one_wait_per_shard}
@@ -167,15 +165,14 @@ def bench_driver(
     checks: list[dict[str, float]] = []
     try:
         ids = round(rollouts * DEFAULT_SHARD_BYTES / _store(rollouts, root)[1])  # rollouts in a default-size shard
-        ray.init(num_cpus=cpus, include_dashboard=False, logging_level="WARNING")
-        retire(completed, 64, 256, ids)  # warm-up: the workers start
-        for _ in range(repeats):
-            for window, (name, loop) in itertools.product(windows, loops.items()):
-                runs.setdefault((name, window), []).append(retire(loop, window, steady, ids))
-            need.append(cores * per_core_shard_rate(rollouts, root))
-            checks.append(id_check(distinct_ids, ids))
+        with local_ray(cpus):
+            retire(completed, 64, 256, ids)  # warm-up: the workers start
+            for _ in range(repeats):
+                for window, (name, loop) in itertools.product(windows, loops.items()):
+                    runs.setdefault((name, window), []).append(retire(loop, window, steady, ids))
+                need.append(cores * per_core_shard_rate(rollouts, root))
+                checks.append(id_check(distinct_ids, ids))
     finally:
-        ray.shutdown()
         shutil.rmtree(root, ignore_errors=True)
 
     def values(name: str, window: int, key: str) -> list[float]:

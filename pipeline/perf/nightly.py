@@ -33,7 +33,7 @@ import orjson
 
 from pipeline.perf import CLUSTER_CORES, CLUSTER_ROLLOUTS, require_dev
 from pipeline.perf.figures import Bench, figure, load_average, n_runs, show
-from pipeline.perf.processes import moto_server, peak_mib
+from pipeline.perf.processes import local_ray, moto_server, peak_mib
 
 FORMATS = {  # format: (its files' folder, the adapter options the support sample needs)
     "openai": ("openai", {"error_prefix": "Error:"}),
@@ -241,27 +241,16 @@ def _ingest(fmt: str, source: str, store: str, endpoint: str) -> dict[str, Any]:
 
 
 def _metrics(run: str, cpus: int, B: int, endpoint: str) -> dict[str, Any]:
-    import ray
-
     from pipeline.metrics.partials import metrics_on_ray
     from pipeline.metrics.run import open_run
     from pipeline.metrics.settings import BootstrapSettings
 
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    started = not ray.is_initialized()  # in process (tests), the Ray scoring started is used
-    if started:
-        ray.init(num_cpus=cpus, include_dashboard=False, logging_level="WARNING")
-    try:
-        address = ray.get_runtime_context().gcs_address
+    with local_ray(cpus) as address:  # in process (tests), the Ray scoring started is used
         began = time.perf_counter()
         snapshot = open_run(run, {"endpoint_url": endpoint}).snapshot
         metrics_on_ray(snapshot, address, settings=BootstrapSettings(B=B, method="poisson-merged"))
         seconds = time.perf_counter() - began
-        count = _scored(run, endpoint)
-    finally:
-        if started:
-            ray.shutdown()
-    return {"seconds": seconds, "count": count, "cpus": cpus}
+    return {"seconds": seconds, "count": _scored(run, endpoint), "cpus": cpus}
 
 
 def _scored(run: str, endpoint: str) -> int:

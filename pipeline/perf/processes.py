@@ -62,3 +62,21 @@ def wait_for_port(port: int, seconds: float = 30) -> None:
         except OSError:
             time.sleep(0.2)
     raise RuntimeError(f"the S3 server on port {port} did not start within {seconds:g} s")
+
+
+@contextmanager
+def local_ray(cpus: int) -> Iterator[str]:
+    """A local Ray of `cpus` CPUs for the block, stopped after it; yields its GCS address (for drivers in other
+    processes). A Ray this process already runs (a test's, shared by the smoke runs) is used as it is and left
+    running: its CPUs are then its own, not `cpus`, so such a run exercises the code paths and measures nothing."""
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=cpus, include_dashboard=False, logging_level="WARNING")
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        if started:
+            ray.shutdown()

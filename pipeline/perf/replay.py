@@ -23,6 +23,7 @@ from pipeline.envs.document import JournaledDoc
 from pipeline.envs.spec.env import SpecEnvironment
 from pipeline.perf import cluster_projection, dev_dependency
 from pipeline.perf.figures import Bench, Figure, figure, load_average, n_runs, show
+from pipeline.perf.processes import local_ray
 from pipeline.replay.checker import replay
 from pipeline.replay.dependencies import grounded_values
 from pipeline.scoring.driver import run_scoring
@@ -85,8 +86,6 @@ def bench_replay(
     env = get_environment("shop")
     sample_steps = sum(e["type"] == "call" for r in records for e in r["events"])
     runs: list[dict[str, Any]] = []
-    import ray
-
     for _ in range(repeats):
         # Baseline and the optimised checker on the same sample, one core, in this process.
         t0 = time.perf_counter()
@@ -100,10 +99,10 @@ def bench_replay(
         for n in cpus:
             out = root / f"run-{n}cpu"
             shutil.rmtree(out, ignore_errors=True)
-            t0 = time.perf_counter()
-            manifest = run_scoring(str(store), str(out), num_cpus=n, shard_bytes=8 * 2**20)
-            seconds = time.perf_counter() - t0
-            ray.shutdown()
+            t0 = time.perf_counter()  # Ray's start-up included, as a scoring command's
+            with local_ray(n):
+                manifest = run_scoring(str(store), str(out), shard_bytes=8 * 2**20)
+                seconds = time.perf_counter() - t0
             c = manifest["counts"]
             run[n] = {
                 "seconds": seconds,

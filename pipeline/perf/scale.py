@@ -30,13 +30,17 @@ _DRIVER = (
     "import sys, json\n"
     "from pipeline.scoring.driver import run_scoring\n"
     "m = run_scoring(sys.argv[1], sys.argv[2], num_cpus=int(sys.argv[3]), shard_bytes=int(sys.argv[4]),\n"
-    "                storage_options={'endpoint_url': sys.argv[5]}, force=True)\n"
+    "                storage_options={'endpoint_url': sys.argv[5]}, force=True, address=sys.argv[6] or None)\n"
     "from pipeline.perf.processes import peak_mib\n"
     "print(json.dumps({'counts': m['counts'], 'peak_mib': peak_mib()}))\n"
 )
 
 
-def bench_scale(n_rollouts: int = 1_000_000, n_tasks: int = 100_000, port: int = 5557, repeats: int = 1) -> Bench:
+def bench_scale(
+    n_rollouts: int = 1_000_000, n_tasks: int = 100_000, port: int = 5557, repeats: int = 1, address: str = ""
+) -> Bench:
+    """`address`: the drivers score on this running Ray instead of starting one each (tests: the code paths
+    only; the CPU limits and the start-up are then not measured)."""
     load = os.getloadavg()[0]
     with moto_server(port, "`pexec bench scale`") as endpoint:
         s3fs.S3FileSystem(endpoint_url=endpoint).mkdir("bench")
@@ -50,7 +54,8 @@ def bench_scale(n_rollouts: int = 1_000_000, n_tasks: int = 100_000, port: int =
         runs: dict[str, list[dict[str, Any]]] = {label: [] for label, *_ in SETUPS}
         for _ in range(repeats):
             for label, cpus, shard_mb in SETUPS:
-                runs[label].append(_score(store, f"s3://bench/run-{cpus}-{shard_mb}", cpus, shard_mb, endpoint))
+                run = f"s3://bench/run-{cpus}-{shard_mb}"
+                runs[label].append(_score(store, run, cpus, shard_mb, endpoint, address))
     one, two, more = (runs[label] for label, *_ in SETUPS)
 
     def of(rows: list[dict[str, Any]], key: str) -> list[float]:
@@ -75,10 +80,10 @@ def bench_scale(n_rollouts: int = 1_000_000, n_tasks: int = 100_000, port: int =
     return Bench("scale", caption, figures, runs)
 
 
-def _score(store: str, run: str, cpus: int, shard_mb: int, endpoint: str) -> dict[str, Any]:
+def _score(store: str, run: str, cpus: int, shard_mb: int, endpoint: str, address: str) -> dict[str, Any]:
     t0 = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-c", _DRIVER, store, run, str(cpus), str(shard_mb * 2**20), endpoint],
+        [sys.executable, "-c", _DRIVER, store, run, str(cpus), str(shard_mb * 2**20), endpoint, address],
         capture_output=True,
         text=True,
         check=True,
