@@ -243,3 +243,26 @@ def test_a_night_of_spans_scores_in_partitions_with_memory_flat_in_the_nights_si
         assert len(partitions) >= 4 * conversations // 150 and max(partitions) <= 2 * conversations / len(partitions)
     assert peaks[600] < SPANS_RSS_CEILING_MIB, peaks
     assert peaks[600] < peaks[150] * 1.15, peaks  # four times the spans, about the same peak: bounded by partition
+
+
+def test_a_file_that_cannot_be_cut_is_mapped_with_memory_flat_in_the_files_size(tmp_path):
+    """A length-prefixed protobuf file (the OpenTelemetry SDK's own encoder) is one shard whatever its size: the
+    task that reads it spills its rows to local disk past a shard size of them, so a file four times larger
+    takes about the same memory, and every conversation is scored once."""
+    from test_read_bounds import pexec_rss
+
+    from pipeline.synthetic.support_spans import write_spans
+
+    peaks, files = {}, {}
+    for conversations in (500, 2000):
+        folder = tmp_path / f"spans-{conversations}"
+        write_spans(folder, conversations, files=1, encoding="proto")
+        [files[conversations]] = folder.iterdir()
+        args = ["score", folder.name, "--format", "otel", "--out", f"run-{conversations}", "--inline",
+                "--shard-mb", "0.25", "--env", "observed", "--spec", "support"]  # fmt: skip
+        proc, peaks[conversations] = pexec_rss(*args, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        counts = json.loads((tmp_path / f"run-{conversations}" / "_manifest.json").read_text())["counts"]
+        assert counts["scored"] == conversations and counts["rejected"] == 0
+    assert files[2000].stat().st_size > 16 * 0.25 * 2**20  # one shard, sixteen shard sizes and more
+    assert peaks[2000] < peaks[500] * 1.1, peaks

@@ -76,7 +76,7 @@ def converted(
     partitions = max(1, -(-sum(s.file.size for s in shards) // shard_bytes))
     rounds = 2 if shuffle.regroup is not None else 1
     try:
-        list(executor.map(_map, shards, source, scratch, partitions, rounds))
+        list(executor.map(_map, shards, source, scratch, partitions, rounds, shard_bytes))
         if rounds == 2:
             list(executor.map(_regroup, partition_shards(source, scratch, shards, partitions, 1), source, scratch,
                               partitions))  # fmt: skip
@@ -104,8 +104,8 @@ def _records(shard: Shard, source: RawSource, scratch: str) -> list[dict]:
     return out
 
 
-def _map(shard: Shard, source: RawSource, scratch: str, partitions: int, rounds: int) -> int:
-    return map_shard(source, scratch, shard, partitions, rounds)
+def _map(shard: Shard, source: RawSource, scratch: str, partitions: int, rounds: int, shard_bytes: int) -> int:
+    return map_shard(source, scratch, shard, partitions, rounds, shard_bytes)
 
 
 def _regroup(shard: Shard, source: RawSource, scratch: str, partitions: int) -> int:

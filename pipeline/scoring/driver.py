@@ -265,14 +265,14 @@ def _shuffle(source: RawSource, run: str, shard_plan: ShardPlan, shard_bytes: in
     partitions = max(1, -(-shard_plan.total_bytes // shard_bytes))
     rounds = 2 if source.shuffle is not None and source.shuffle.regroup is not None else 1
     remove_all(staging(run), source.options.storage_options)  # what an interrupted run left
-    tasks.run(_map_shard, inputs, source, run, partitions, rounds)
+    tasks.run(_map_shard, inputs, source, run, partitions, rounds, shard_bytes)
     if rounds == 2:
         tasks.run(_regroup, partition_shards(source, run, inputs, partitions, 1), source, run, partitions)
     return replace(shard_plan, shards=partition_shards(source, run, inputs, partitions, 2), inputs=inputs)
 
 
-def _map_shard(shard: Shard, source: RawSource, run: str, partitions: int, rounds: int) -> int:
-    return map_shard(source, run, shard, partitions, rounds)
+def _map_shard(shard: Shard, source: RawSource, run: str, partitions: int, rounds: int, shard_bytes: int) -> int:
+    return map_shard(source, run, shard, partitions, rounds, shard_bytes)
 
 
 def _regroup(shard: Shard, source: RawSource, run: str, partitions: int) -> int:

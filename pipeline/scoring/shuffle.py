@@ -11,11 +11,20 @@ assemble each group into a rollout (`Shuffle.assemble`), score it.
 A part of a log that is not an item travels as an error row to a partition of its own place, and is that
 partition's reject: rows read = scored + rejected still holds per partition. The staging area is removed once
 the run is committed; partitions are scored afresh on every run (a late file changes every partition).
+
+A round-1 task reads a whole file when the file cannot be cut into byte ranges (protobuf, compressed), so its
+input is not bounded by the shard size. It holds at most a shard size of rows (as staged: the item's JSON, its key
+and place): past that they are spilled,
+sorted by partition, to a folder of the node's temporary directory, and each partition is then written from the
+spilled files one at a time. Memory stays flat in the file's size; the node's disk holds the file's rows for
+the task's duration.
 """
 
 from __future__ import annotations
 
 import hashlib
+import shutil
+import tempfile
 import zlib
 from collections.abc import Iterator
 from typing import Any
@@ -30,6 +39,7 @@ from pipeline.storage.fs import list_files, open_for_read, open_for_write
 from pipeline.storage.inputs import InputFile, RecordError, Shard
 
 STAGING = "_staging"
+_ROW_BYTES = 200  # a held row's own cost beyond its strings and payload (the tuple, the objects' headers)
 _SCHEMA = pa.schema(
     [
         ("key", pa.string()),
@@ -73,25 +83,78 @@ def partition_shards(source: RawSource, run: str, inputs: list[Shard], partition
     ]
 
 
-def map_shard(source: RawSource, run: str, shard: Shard, partitions: int, rounds: int) -> int:
+def map_shard(source: RawSource, run: str, shard: Shard, partitions: int, rounds: int, shard_bytes: int) -> int:
     """Round 1 over one input shard: its items written to their partitions (of round 2 when the format regroups,
-    else of scoring). Returns how many rows it wrote."""
+    else of scoring), holding at most `shard_bytes` of rows at once. Returns how many rows it wrote."""
     rows: dict[int, list[tuple[Any, ...]]] = {}
-    for location, item in shuffle_items(source, shard):
-        where = f"{shard.file.url} {location}".rstrip()
-        if isinstance(item, RecordError):
-            row = (where, 0, "", item.raw.encode(), where, item.reason)
-        else:
-            key, (start, item_id), payload = item
-            try:
-                data = orjson.dumps(payload)
-            except TypeError as exc:  # an integer past 64 bits: the item cannot be staged
-                row = (where, 0, "", b"", where, f"{source.fmt}: {where}: cannot be staged: {exc}")
+    held = written = 0
+    with _Spill() as spill:
+        for location, item in shuffle_items(source, shard):
+            where = f"{shard.file.url} {location}".rstrip()
+            if isinstance(item, RecordError):
+                row = (where, 0, "", item.raw.encode(), where, item.reason)
             else:
-                row = (key, start, item_id, data, where, None)
-        rows.setdefault(partition_of(row[0], partitions), []).append(row)
-    _write(run, 1 if rounds == 2 else 2, shard.key, rows, source.options.storage_options)
-    return sum(len(r) for r in rows.values())
+                key, (start, item_id), payload = item
+                try:
+                    data = orjson.dumps(payload)
+                except TypeError as exc:  # an integer past 64 bits: the item cannot be staged
+                    row = (where, 0, "", b"", where, f"{source.fmt}: {where}: cannot be staged: {exc}")
+                else:
+                    row = (key, start, item_id, data, where, None)
+            rows.setdefault(partition_of(row[0], partitions), []).append(row)
+            written += 1
+            held += len(row[0]) + len(row[3]) + 2 * len(where) + _ROW_BYTES
+            if held >= shard_bytes:
+                spill.add(rows)
+                rows, held = {}, 0
+        round_ = 1 if rounds == 2 else 2
+        storage = source.options.storage_options
+        if spill.files:
+            spill.add(rows)
+            for partition in spill.partitions():
+                _write_table(run, round_, shard.key, partition, spill.table(partition), storage)
+        else:
+            for partition, part in rows.items():
+                _write_table(run, round_, shard.key, partition, _table(part), storage)
+    return written
+
+
+class _Spill:
+    """Rows spilled to local disk: one Arrow file per spill, a record batch per partition in partition order."""
+
+    def __init__(self) -> None:
+        self.folder: str | None = None
+        self.files: list[tuple[str, dict[int, int]]] = []  # (path, partition -> its batch in the file)
+
+    def __enter__(self) -> _Spill:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    def add(self, rows: dict[int, list[tuple[Any, ...]]]) -> None:
+        if not rows:
+            return
+        self.folder = self.folder or tempfile.mkdtemp(prefix="pexec-shuffle-")
+        path = f"{self.folder}/{len(self.files):05d}.arrow"
+        with pa.OSFile(path, "wb") as f, pa.ipc.new_file(f, _SCHEMA) as writer:
+            for partition in sorted(rows):
+                writer.write_batch(_batch(rows[partition]))
+        self.files.append((path, {partition: i for i, partition in enumerate(sorted(rows))}))
+
+    def partitions(self) -> list[int]:
+        return sorted({p for _, index in self.files for p in index})
+
+    def table(self, partition: int) -> pa.Table:
+        """One partition's rows from every spill, read from the files (not mapped: the pages would count in the
+        task's resident memory)."""
+        batches = []
+        for path, index in self.files:
+            if partition in index:
+                with pa.OSFile(path) as f:
+                    batches.append(pa.ipc.open_file(f).get_batch(index[partition]))
+        return pa.Table.from_batches(batches, _SCHEMA)
 
 
 def regroup_partition(source: RawSource, run: str, shard: Shard, partitions: int) -> int:
@@ -110,7 +173,8 @@ def regroup_partition(source: RawSource, run: str, shard: Shard, partitions: int
         for new_key, item in shuffle.regroup(key, [orjson.loads(p) for p in cols["payload"]]):
             row = (new_key, item["start"], item["span_id"], orjson.dumps(item), where, None)
             out.setdefault(partition_of(new_key, partitions), []).append(row)
-    _write(run, 2, f"from-{shard.start:05d}", out, source.options.storage_options)
+    for partition, part in out.items():
+        _write_table(run, 2, f"from-{shard.start:05d}", partition, _table(part), source.options.storage_options)
     return sum(len(r) for r in out.values())
 
 
@@ -149,16 +213,22 @@ def _folder(run: str, round_: int, partition: int) -> str:
     return f"{staging(run)}/round{round_}/p{partition:05d}"
 
 
-def _write(
-    run: str, round_: int, name: str, rows: dict[int, list[tuple[Any, ...]]], storage: dict[str, Any] | None
+def _batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
+    columns = list(zip(*rows, strict=True))
+    return pa.RecordBatch.from_arrays([pa.array(c, f.type) for c, f in zip(columns, _SCHEMA, strict=True)],
+                                      schema=_SCHEMA)  # fmt: skip
+
+
+def _table(rows: list[tuple[Any, ...]]) -> pa.Table:
+    return pa.Table.from_batches([_batch(rows)], _SCHEMA)
+
+
+def _write_table(
+    run: str, round_: int, name: str, partition: int, table: pa.Table, storage: dict[str, Any] | None
 ) -> None:
-    for partition, part in rows.items():
-        columns = list(zip(*part, strict=True))
-        table = pa.Table.from_arrays([pa.array(c, f.type) for c, f in zip(columns, _SCHEMA, strict=True)],
-                                     schema=_SCHEMA)  # fmt: skip
-        url = f"{_folder(run, round_, partition)}/{name}.arrow"
-        with open_for_write(url, storage) as f, pa.ipc.new_stream(f, _SCHEMA) as writer:
-            writer.write_table(table)
+    url = f"{_folder(run, round_, partition)}/{name}.arrow"
+    with open_for_write(url, storage) as f, pa.ipc.new_stream(f, _SCHEMA) as writer:
+        writer.write_table(table)
 
 
 def _read(run: str, round_: int, partition: int, storage: dict[str, Any] | None) -> pa.Table:
