@@ -39,6 +39,7 @@ from pipeline.storage.fs import list_files, open_for_read, open_for_write
 from pipeline.storage.inputs import InputFile, RecordError, Shard
 
 STAGING = "_staging"
+SPILL_AFTER_SHARDS = 1  # staged rows a round-1 task holds, in shard sizes, before it spills them to local disk
 _ROW_BYTES = 200  # a held row's own cost beyond its strings and payload (the tuple, the objects' headers)
 _SCHEMA = pa.schema(
     [
@@ -85,7 +86,8 @@ def partition_shards(source: RawSource, run: str, inputs: list[Shard], partition
 
 def map_shard(source: RawSource, run: str, shard: Shard, partitions: int, rounds: int, shard_bytes: int) -> int:
     """Round 1 over one input shard: its items written to their partitions (of round 2 when the format regroups,
-    else of scoring), holding at most `shard_bytes` of rows at once. Returns how many rows it wrote."""
+    else of scoring), holding at most SPILL_AFTER_SHARDS × `shard_bytes` of rows at once. Returns how many rows it
+    wrote."""
     rows: dict[int, list[tuple[Any, ...]]] = {}
     held = written = 0
     with _Spill() as spill:
@@ -104,7 +106,7 @@ def map_shard(source: RawSource, run: str, shard: Shard, partitions: int, rounds
             rows.setdefault(partition_of(row[0], partitions), []).append(row)
             written += 1
             held += len(row[0]) + len(row[3]) + 2 * len(where) + _ROW_BYTES
-            if held >= shard_bytes:
+            if held >= SPILL_AFTER_SHARDS * shard_bytes:
                 spill.add(rows)
                 rows, held = {}, 0
         round_ = 1 if rounds == 2 else 2
