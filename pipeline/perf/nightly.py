@@ -45,6 +45,7 @@ DEFAULT_ROLLOUTS = 1_000_000
 TASK_BOUND_MIB = 1024
 EVAL_MB_PER_MILLION = 300  # the .eval size when not given: 300 MB at the default million rollouts
 BUCKET = "nightly"
+WRITTEN = "written.json"  # in the data folder: what was written there, by which code (see bench_nightly)
 
 
 @dataclass(frozen=True)
@@ -83,14 +84,24 @@ def bench_nightly(
     eval_mb = eval_mb if eval_mb is not None else max(1.0, EVAL_MB_PER_MILLION * rollouts / 1_000_000)
     root = Path(workdir or tempfile.mkdtemp(prefix="pexec-bench-nightly-"))
     data = root / "data"
-    shutil.rmtree(data, ignore_errors=True)
-    _progress(f"writing {rollouts:,} conversations as gzip OpenAI JSON Lines ({files} files)")
-    write_night(data / "openai", rollouts, files)
-    _progress(f"writing the same conversations as OTLP protobuf spans ({files} files)")
-    spans = write_spans(data / "otel", rollouts, files, encoding="proto")
-    _progress(f"writing an Inspect .eval log of {eval_mb:g} MiB")
     eval_path = data / "support.eval"
-    eval_samples = write_eval(eval_path, eval_mb)
+    # Writing a million conversations three ways takes half an hour: a --workdir keeps them for the next run of
+    # the same size written by the same code, and says so.
+    wanted = {"rollouts": rollouts, "files": files, "eval_mb": eval_mb, "writers": _writers_digest()}
+    written = _written(data)
+    if written is not None and {k: written.get(k) for k in wanted} == wanted:
+        _progress(f"reusing the data written at {written['at']} in {data}")
+        spans, eval_samples = written["spans"], written["eval_samples"]
+    else:
+        shutil.rmtree(data, ignore_errors=True)
+        _progress(f"writing {rollouts:,} conversations as gzip OpenAI JSON Lines ({files} files)")
+        write_night(data / "openai", rollouts, files)
+        _progress(f"writing the same conversations as OTLP protobuf spans ({files} files)")
+        spans = write_spans(data / "otel", rollouts, files, encoding="proto")
+        _progress(f"writing an Inspect .eval log of {eval_mb:g} MiB")
+        eval_samples = write_eval(eval_path, eval_mb)
+        at = time.strftime("%Y-%m-%d %H:%M")
+        (data / WRITTEN).write_bytes(orjson.dumps({**wanted, "spans": spans, "eval_samples": eval_samples, "at": at}))
     sizes = {fmt: sum(p.stat().st_size for p in (data / fmt).iterdir()) for fmt in FORMATS}
     sizes["eval"] = eval_path.stat().st_size
     runs: dict[str, list[dict[str, Any]]] = {}
@@ -251,6 +262,25 @@ def _metrics(run: str, cpus: int, B: int, endpoint: str) -> dict[str, Any]:
         metrics_on_ray(snapshot, address, settings=BootstrapSettings(B=B, method="poisson-merged"))
         seconds = time.perf_counter() - began
     return {"seconds": seconds, "count": _scored(run, endpoint), "cpus": cpus}
+
+
+def _writers_digest() -> str:
+    """A hash of the modules that write the bench's data: data written by other code is written again."""
+    import hashlib
+
+    from pipeline.synthetic import support_eval, support_logs, support_spans
+
+    digest = hashlib.sha256()
+    for module in (support_logs, support_spans, support_eval):
+        digest.update(Path(str(module.__file__)).read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def _written(data: Path) -> dict[str, Any] | None:
+    try:
+        return dict(orjson.loads((data / WRITTEN).read_bytes()))
+    except (OSError, orjson.JSONDecodeError):
+        return None
 
 
 def _scored(run: str, endpoint: str) -> int:
