@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from pipeline.cli.app import app
 from pipeline.envs import EnvOptions
 from pipeline.ingest import IngestOptions, ingest
-from pipeline.ingest.sharded import raw_source
+from pipeline.ingest.sharded import plan_raw, raw_source
 from pipeline.metrics.run import open_run
 from pipeline.scoring.driver import run_scoring
 from pipeline.storage.stores import write_store
@@ -266,3 +266,23 @@ def test_a_file_that_cannot_be_cut_is_mapped_with_memory_flat_in_the_files_size(
         assert counts["scored"] == conversations and counts["rejected"] == 0
     assert files[2000].stat().st_size > 16 * 0.25 * 2**20  # one shard, sixteen shard sizes and more
     assert peaks[2000] < peaks[500] * 1.1, peaks
+
+
+def test_the_staged_spans_take_less_room_than_the_file_they_came_from(tmp_path):
+    """Round 1 stages every span as JSON with its place; compressed, the staging area of a protobuf file (the SDK's
+    own encoder) is smaller than the file itself (plain, it was five times larger), and reads back whole."""
+    from pipeline.scoring.shuffle import map_shard, partition_shards, read_partition, regroup_partition
+    from pipeline.synthetic.support_spans import write_spans
+
+    written = write_spans(tmp_path / "spans", 300, files=1, encoding="proto")
+    [path] = (tmp_path / "spans").iterdir()
+    source = raw_source("otel", [str(tmp_path / "spans")], IngestOptions())
+    [shard] = plan_raw(source, 2**20)
+    run = str(tmp_path / "run")
+    assert map_shard(source, run, shard, 4, 2, 2**20) == written
+    staged = sum(f.stat().st_size for f in (tmp_path / "run").rglob("*.arrow"))
+    assert 0 < staged < path.stat().st_size, (staged, path.stat().st_size)
+    partitions = partition_shards(source, run, [shard], 4, 1)
+    assert sum(regroup_partition(source, run, p, 4) for p in partitions) == written
+    final = partition_shards(source, run, [shard], 4, 2)
+    assert sum(1 for p in final for _ in read_partition(source, run, p)) == 300  # every conversation, assembled

@@ -53,6 +53,12 @@ _SCHEMA = pa.schema(
 )
 
 
+# Staged rows are JSON and places that repeat from row to row: zstd makes them about 18 times smaller (432 MB of
+# rows from an 83 MB OTLP protobuf file -> 23 MB) for about a quarter more CPU than writing them plain, and the
+# staging area is read and written once per round over object storage.
+_COMPRESSED = pa.ipc.IpcWriteOptions(compression="zstd")
+
+
 def partition_of(key: str, partitions: int) -> int:
     """A stable hash (the same in every process, unlike `hash`) of `key`, mod `partitions`."""
     return zlib.crc32(key.encode("utf-8", "surrogatepass")) % partitions
@@ -140,7 +146,7 @@ class _Spill:
             return
         self.folder = self.folder or tempfile.mkdtemp(prefix="pexec-shuffle-")
         path = f"{self.folder}/{len(self.files):05d}.arrow"
-        with pa.OSFile(path, "wb") as f, pa.ipc.new_file(f, _SCHEMA) as writer:
+        with pa.OSFile(path, "wb") as f, pa.ipc.new_file(f, _SCHEMA, options=_COMPRESSED) as writer:
             for partition in sorted(rows):
                 writer.write_batch(_batch(rows[partition]))
         self.files.append((path, {partition: i for i, partition in enumerate(sorted(rows))}))
@@ -229,7 +235,7 @@ def _write_table(
     run: str, round_: int, name: str, partition: int, table: pa.Table, storage: dict[str, Any] | None
 ) -> None:
     url = f"{_folder(run, round_, partition)}/{name}.arrow"
-    with open_for_write(url, storage) as f, pa.ipc.new_stream(f, _SCHEMA) as writer:
+    with open_for_write(url, storage) as f, pa.ipc.new_stream(f, _SCHEMA, options=_COMPRESSED) as writer:
         writer.write_table(table)
 
 
