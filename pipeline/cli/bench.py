@@ -28,7 +28,10 @@ def _size(n: int) -> str:
 _SIZED = [f"{name} {_size(e.default)}" + (f" ({e.note})" if e.note else "") for name, e in BENCHES.items() if e.size]
 _FIXED = [name for name, e in BENCHES.items() if not e.size]
 ROLLOUTS_HELP = f"Store size in rollouts; default: {', '.join(_SIZED)}; {_listed(_FIXED)} have a fixed size."
-WORKDIR_HELP = f"Where to put the generated data ({_listed([name for name, e in BENCHES.items() if e.workdir])})."
+WORKDIR_HELP = (
+    f"Where to put the generated data ({_listed([name for name, e in BENCHES.items() if e.workdir])}); nightly "
+    "reuses the data it wrote there for a run of the same size."
+)
 
 
 def bench(
