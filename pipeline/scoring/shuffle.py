@@ -14,10 +14,9 @@ the run is committed; partitions are scored afresh on every run (a late file cha
 
 A round-1 task reads a whole file when the file cannot be cut into byte ranges (protobuf, compressed), so its
 input is not bounded by the shard size. It holds at most a shard size of rows (as staged: the item's JSON, its key
-and place): past that they are spilled,
-sorted by partition, to a folder of the node's temporary directory, and each partition is then written from the
-spilled files one at a time. Memory stays flat in the file's size; the node's disk holds the file's rows for
-the task's duration.
+and place): past that they are spilled, sorted by partition, to a folder of the node's temporary directory, and
+each partition is then written from the spilled files one at a time. Memory stays flat in the file's size; the
+node's disk holds the file's rows for the task's duration.
 """
 
 from __future__ import annotations
@@ -116,14 +115,8 @@ def map_shard(source: RawSource, run: str, shard: Shard, partitions: int, rounds
                 spill.add(rows)
                 rows, held = {}, 0
         round_ = 1 if rounds == 2 else 2
-        storage = source.options.storage_options
-        if spill.files:
-            spill.add(rows)
-            for partition in spill.partitions():
-                _write_table(run, round_, shard.key, partition, spill.table(partition), storage)
-        else:
-            for partition, part in rows.items():
-                _write_table(run, round_, shard.key, partition, _table(part), storage)
+        for partition, table in spill.drained(rows):
+            _write_table(run, round_, shard.key, partition, table, source.options.storage_options)
     return written
 
 
@@ -146,23 +139,28 @@ class _Spill:
             return
         self.folder = self.folder or tempfile.mkdtemp(prefix="pexec-shuffle-")
         path = f"{self.folder}/{len(self.files):05d}.arrow"
+        order = sorted(rows)
         with pa.OSFile(path, "wb") as f, pa.ipc.new_file(f, _SCHEMA, options=_COMPRESSED) as writer:
-            for partition in sorted(rows):
+            for partition in order:
                 writer.write_batch(_batch(rows[partition]))
-        self.files.append((path, {partition: i for i, partition in enumerate(sorted(rows))}))
+        self.files.append((path, {partition: i for i, partition in enumerate(order)}))
 
-    def partitions(self) -> list[int]:
-        return sorted({p for _, index in self.files for p in index})
-
-    def table(self, partition: int) -> pa.Table:
-        """One partition's rows from every spill, read from the files (not mapped: the pages would count in the
-        task's resident memory)."""
-        batches = []
-        for path, index in self.files:
-            if partition in index:
-                with pa.OSFile(path) as f:
-                    batches.append(pa.ipc.open_file(f).get_batch(index[partition]))
-        return pa.Table.from_batches(batches, _SCHEMA)
+    def drained(self, rows: dict[int, list[tuple[Any, ...]]]) -> Iterator[tuple[int, pa.Table]]:
+        """(partition, its rows) for every partition: from `rows` alone when nothing was spilled, else with `rows`
+        spilled too, each partition gathered from every spill file. The files are read, not mapped (mapped pages
+        would count in the task's resident memory), and opened one at a time: a large file cut into small shards
+        spills thousands of them, past a process's open-file limit."""
+        if not self.files:
+            yield from ((partition, _table(part)) for partition, part in rows.items())
+            return
+        self.add(rows)
+        for partition in sorted({p for _, index in self.files for p in index}):
+            batches = []
+            for path, index in self.files:
+                if partition in index:
+                    with pa.OSFile(path) as f:
+                        batches.append(pa.ipc.open_file(f).get_batch(index[partition]))
+            yield partition, pa.Table.from_batches(batches, _SCHEMA)
 
 
 def regroup_partition(source: RawSource, run: str, shard: Shard, partitions: int) -> int:
