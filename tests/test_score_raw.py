@@ -270,7 +270,8 @@ def test_a_file_that_cannot_be_cut_is_mapped_with_memory_flat_in_the_files_size(
 
 def test_the_staged_spans_take_less_room_than_the_file_they_came_from(tmp_path):
     """Round 1 stages every span as JSON with its place; compressed, the staging area of a protobuf file (the SDK's
-    own encoder) is smaller than the file itself (plain, it was five times larger), and reads back whole."""
+    own encoder) is smaller than the file itself (plain, it was five times larger), and reads back whole. Each task
+    of a round writes one file, whatever the number of partitions."""
     from pipeline.scoring.shuffle import map_shard, partition_shards, read_partition, regroup_partition
     from pipeline.synthetic.support_spans import write_spans
 
@@ -284,5 +285,8 @@ def test_the_staged_spans_take_less_room_than_the_file_they_came_from(tmp_path):
     assert 0 < staged < path.stat().st_size, (staged, path.stat().st_size)
     partitions = partition_shards(source, run, [shard], 4, 1)
     assert sum(regroup_partition(source, run, p, 4) for p in partitions) == written
+    # One object per task of a round, whatever the partitions: 1 map task, then 4 regrouping tasks.
+    area = tmp_path / "run" / "_staging"
+    assert [len(list((area / r).glob("*.arrow"))) for r in ("round1", "round2")] == [1, 4]
     final = partition_shards(source, run, [shard], 4, 2)
     assert sum(1 for p in final for _ in read_partition(source, run, p)) == 300  # every conversation, assembled

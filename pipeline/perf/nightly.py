@@ -19,12 +19,14 @@ Progress lines go to stderr; the data goes under --workdir.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,10 +78,6 @@ def bench_nightly(
     and the peaks are then not each step's own)."""
     for name in ("moto", "inspect_ai", "opentelemetry.exporter.otlp.proto.common"):
         require_dev(name, "`pexec bench nightly`")
-    from pipeline.synthetic.support_eval import write_eval
-    from pipeline.synthetic.support_logs import write_night
-    from pipeline.synthetic.support_spans import write_spans
-
     load = os.getloadavg()[0]
     eval_mb = eval_mb if eval_mb is not None else max(1.0, EVAL_MB_PER_MILLION * rollouts / 1_000_000)
     root = Path(workdir or tempfile.mkdtemp(prefix="pexec-bench-nightly-"))
@@ -94,12 +92,9 @@ def bench_nightly(
         spans, eval_samples = written["spans"], written["eval_samples"]
     else:
         shutil.rmtree(data, ignore_errors=True)
-        _progress(f"writing {rollouts:,} conversations as gzip OpenAI JSON Lines ({files} files)")
-        write_night(data / "openai", rollouts, files)
-        _progress(f"writing the same conversations as OTLP protobuf spans ({files} files)")
-        spans = write_spans(data / "otel", rollouts, files, encoding="proto")
-        _progress(f"writing an Inspect .eval log of {eval_mb:g} MiB")
-        eval_samples = write_eval(eval_path, eval_mb)
+        _progress(f"writing {rollouts:,} conversations as gzip OpenAI JSON Lines and as OTLP protobuf spans "
+                  f"({files} files each), and an Inspect .eval log of {eval_mb:g} MiB")  # fmt: skip
+        spans, eval_samples = _write_data(data, rollouts, files, eval_mb, side_by_side=not in_process)
         at = time.strftime("%Y-%m-%d %H:%M")
         (data / WRITTEN).write_bytes(orjson.dumps({**wanted, "spans": spans, "eval_samples": eval_samples, "at": at}))
     sizes = {fmt: sum(p.stat().st_size for p in (data / fmt).iterdir()) for fmt in FORMATS}
@@ -262,6 +257,25 @@ def _metrics(run: str, cpus: int, B: int, endpoint: str) -> dict[str, Any]:
         metrics_on_ray(snapshot, address, settings=BootstrapSettings(B=B, method="poisson-merged"))
         seconds = time.perf_counter() - began
     return {"seconds": seconds, "count": _scored(run, endpoint), "cpus": cpus}
+
+
+def _write_data(data: Path, rollouts: int, files: int, eval_mb: float, side_by_side: bool) -> tuple[int, int]:
+    """The bench's three inputs, written by processes side by side (a million conversations: half an hour one
+    after the other); returns the spans and the .eval samples written."""
+    from pipeline.synthetic.support_eval import write_eval
+    from pipeline.synthetic.support_logs import write_night
+    from pipeline.synthetic.support_spans import write_spans
+
+    jobs = [(write_night, (data / "openai", rollouts, files), {}),
+            (write_spans, (data / "otel", rollouts, files), {"encoding": "proto"}),
+            (write_eval, (data / "support.eval", eval_mb), {})]  # fmt: skip
+    if not side_by_side:
+        results = [fn(*args, **kwargs) for fn, args, kwargs in jobs]
+    else:
+        context = multiprocessing.get_context("spawn")  # no state of this process (Ray, threads) in the writers
+        with ProcessPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1), mp_context=context) as pool:
+            results = [f.result() for f in [pool.submit(fn, *args, **kwargs) for fn, args, kwargs in jobs]]
+    return results[1], results[2]
 
 
 def _writers_digest() -> str:

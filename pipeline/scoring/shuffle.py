@@ -8,6 +8,11 @@ names), one task per partition: group its items by key, give every item of a gro
 partition hash(new key) mod P. Scoring (one task per final partition, pipeline.scoring.shard): group by key,
 assemble each group into a rollout (`Shuffle.assemble`), score it.
 
+Each task of a round writes one Arrow file, `<run>/_staging/round<R>/<task>.arrow`, whose record batch p holds
+its rows of partition p (an empty batch, about 600 bytes, when it has none); a partition is read as batch p of
+every file of its round, found through the file's footer. So a round writes one object per task, not one per task
+and partition: at P = 1,600 partitions that is 1,600 objects instead of 2.5 million.
+
 A part of a log that is not an item travels as an error row to a partition of its own place, and is that
 partition's reject: rows read = scored + rejected still holds per partition. The staging area is removed once
 the run is committed; partitions are scored afresh on every run (a late file changes every partition).
@@ -25,7 +30,7 @@ import hashlib
 import shutil
 import tempfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import orjson
@@ -34,7 +39,7 @@ import pyarrow.compute as pc
 
 from pipeline.ingest import IngestError
 from pipeline.ingest.sharded import RawSource, shuffle_items
-from pipeline.storage.fs import list_files, open_for_read, open_for_write
+from pipeline.storage.fs import list_files, open_for_ranges, open_for_write
 from pipeline.storage.inputs import InputFile, RecordError, Shard
 
 STAGING = "_staging"
@@ -115,8 +120,7 @@ def map_shard(source: RawSource, run: str, shard: Shard, partitions: int, rounds
                 spill.add(rows)
                 rows, held = {}, 0
         round_ = 1 if rounds == 2 else 2
-        for partition, table in spill.drained(rows):
-            _write_table(run, round_, shard.key, partition, table, source.options.storage_options)
+        _write(run, round_, shard.key, spill.drained(rows), partitions, source.options.storage_options)
     return written
 
 
@@ -145,13 +149,13 @@ class _Spill:
                 writer.write_batch(_batch(rows[partition]))
         self.files.append((path, {partition: i for i, partition in enumerate(order)}))
 
-    def drained(self, rows: dict[int, list[tuple[Any, ...]]]) -> Iterator[tuple[int, pa.Table]]:
-        """(partition, its rows) for every partition: from `rows` alone when nothing was spilled, else with `rows`
-        spilled too, each partition gathered from every spill file. The files are read, not mapped (mapped pages
-        would count in the task's resident memory), and opened one at a time: a large file cut into small shards
-        spills thousands of them, past a process's open-file limit."""
+    def drained(self, rows: dict[int, list[tuple[Any, ...]]]) -> Iterator[tuple[int, pa.RecordBatch]]:
+        """(partition, its rows) for every partition that has rows, in partition order: from `rows` alone when
+        nothing was spilled, else with `rows` spilled too, each partition gathered from every spill file. The files
+        are read, not mapped (mapped pages would count in the task's resident memory), and opened one at a time: a
+        large file cut into small shards spills thousands of them, past a process's open-file limit."""
         if not self.files:
-            yield from ((partition, _table(part)) for partition, part in rows.items())
+            yield from ((partition, _batch(rows[partition])) for partition in sorted(rows))
             return
         self.add(rows)
         for partition in sorted({p for _, index in self.files for p in index}):
@@ -160,7 +164,7 @@ class _Spill:
                 if partition in index:
                     with pa.OSFile(path) as f:
                         batches.append(pa.ipc.open_file(f).get_batch(index[partition]))
-            yield partition, pa.Table.from_batches(batches, _SCHEMA)
+            yield partition, pa.concat_batches(batches)
 
 
 def regroup_partition(source: RawSource, run: str, shard: Shard, partitions: int) -> int:
@@ -179,8 +183,8 @@ def regroup_partition(source: RawSource, run: str, shard: Shard, partitions: int
         for new_key, item in shuffle.regroup(key, [orjson.loads(p) for p in cols["payload"]]):
             row = (new_key, item["start"], item["span_id"], orjson.dumps(item), where, None)
             out.setdefault(partition_of(new_key, partitions), []).append(row)
-    for partition, part in out.items():
-        _write_table(run, 2, f"from-{shard.start:05d}", partition, _table(part), source.options.storage_options)
+    batches = ((partition, _batch(out[partition])) for partition in sorted(out))
+    _write(run, 2, f"from-{shard.start:05d}", batches, partitions, source.options.storage_options)
     return sum(len(r) for r in out.values())
 
 
@@ -215,8 +219,8 @@ def _groups(table: pa.Table) -> Iterator[tuple[str | None, pa.Table]]:
             begin = i
 
 
-def _folder(run: str, round_: int, partition: int) -> str:
-    return f"{staging(run)}/round{round_}/p{partition:05d}"
+def _round(run: str, round_: int) -> str:
+    return f"{staging(run)}/round{round_}"
 
 
 def _batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
@@ -225,22 +229,38 @@ def _batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
                                       schema=_SCHEMA)  # fmt: skip
 
 
-def _table(rows: list[tuple[Any, ...]]) -> pa.Table:
-    return pa.Table.from_batches([_batch(rows)], _SCHEMA)
+_NO_ROWS = pa.RecordBatch.from_pylist([], schema=_SCHEMA)
 
 
-def _write_table(
-    run: str, round_: int, name: str, partition: int, table: pa.Table, storage: dict[str, Any] | None
+def _write(
+    run: str,
+    round_: int,
+    name: str,
+    batches: Iterable[tuple[int, pa.RecordBatch]],
+    partitions: int,
+    storage: dict[str, Any] | None,
 ) -> None:
-    url = f"{_folder(run, round_, partition)}/{name}.arrow"
-    with open_for_write(url, storage) as f, pa.ipc.new_stream(f, _SCHEMA, options=_COMPRESSED) as writer:
-        writer.write_table(table)
+    """One task's output of a round: record batch p of its file holds partition p (`batches`, in partition order,
+    gives the partitions that have rows)."""
+    with (
+        open_for_write(f"{_round(run, round_)}/{name}.arrow", storage) as f,
+        pa.ipc.new_file(f, _SCHEMA, options=_COMPRESSED) as writer,
+    ):
+        following = 0
+        for partition, batch in batches:
+            for _ in range(following, partition):
+                writer.write_batch(_NO_ROWS)
+            writer.write_batch(batch)
+            following = partition + 1
+        for _ in range(following, partitions):
+            writer.write_batch(_NO_ROWS)
 
 
 def _read(run: str, round_: int, partition: int, storage: dict[str, Any] | None) -> pa.Table:
-    found = list_files(_folder(run, round_, partition), storage, patterns=["*.arrow"]) or {}
-    tables = []
+    """Partition `partition` of a round: its batch of every task's file."""
+    found = list_files(_round(run, round_), storage, patterns=["*.arrow"], max_depth=1) or {}
+    batches = []
     for url in found:
-        with open_for_read(url, storage) as f:
-            tables.append(pa.ipc.open_stream(f).read_all())
-    return pa.concat_tables(tables) if tables else _SCHEMA.empty_table()
+        with open_for_ranges(url, storage) as f:
+            batches.append(pa.ipc.open_file(f).get_batch(partition))
+    return pa.Table.from_batches(batches, _SCHEMA)
