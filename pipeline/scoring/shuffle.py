@@ -31,6 +31,7 @@ import shutil
 import tempfile
 import zlib
 from collections.abc import Iterable, Iterator
+from functools import cache
 from typing import Any
 
 import orjson
@@ -229,7 +230,9 @@ def _batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
                                       schema=_SCHEMA)  # fmt: skip
 
 
-_NO_ROWS = pa.RecordBatch.from_pylist([], schema=_SCHEMA)
+@cache  # made on first use: building an Arrow array imports pandas, a third of a second of every command's start
+def _no_rows() -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in _SCHEMA], schema=_SCHEMA)
 
 
 def _write(
@@ -249,11 +252,11 @@ def _write(
         following = 0
         for partition, batch in batches:
             for _ in range(following, partition):
-                writer.write_batch(_NO_ROWS)
+                writer.write_batch(_no_rows())
             writer.write_batch(batch)
             following = partition + 1
         for _ in range(following, partitions):
-            writer.write_batch(_NO_ROWS)
+            writer.write_batch(_no_rows())
 
 
 def _read(run: str, round_: int, partition: int, storage: dict[str, Any] | None) -> pa.Table:
