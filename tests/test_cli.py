@@ -249,3 +249,12 @@ def test_every_reader_of_a_run_takes_the_shared_options_it_needs_and_no_other():
     # metrics alone takes the mergeable bootstrap
     assert "poisson-merged" in CliRunner().invoke(app, ["metrics", "--help"]).stdout
     assert "poisson-merged" not in CliRunner().invoke(app, ["report", "--help"]).stdout
+
+
+def test_the_command_line_starts_without_what_only_some_commands_need():
+    """Every `pexec` pays for what its start imports: the libraries only a few commands use (pandas, which
+    building an Arrow array pulls in; Ray; plotting; the optional integrations) are imported by those commands."""
+    later = ["pandas", "ray", "matplotlib", "inspect_ai", "opentelemetry", "mcp", "uvicorn", "s3fs", "hypothesis"]
+    code = f"import sys, pipeline.cli.app; print([m for m in {later!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, check=True).stdout
+    assert out.strip() == "[]", out
