@@ -281,12 +281,32 @@ def test_the_staged_spans_take_less_room_than_the_file_they_came_from(tmp_path):
     [shard] = plan_raw(source, 2**20)
     run = str(tmp_path / "run")
     assert map_shard(source, run, shard, 4, 2, 2**20) == written
-    staged = sum(f.stat().st_size for f in (tmp_path / "run").rglob("*.arrow"))
+    staged = sum(f.stat().st_size for f in (tmp_path / "run").rglob("*.shuffle"))
     assert 0 < staged < path.stat().st_size, (staged, path.stat().st_size)
     partitions = partition_shards(source, run, [shard], 4, 1)
     assert sum(regroup_partition(source, run, p, 4) for p in partitions) == written
     # One object per task of a round, whatever the partitions: 1 map task, then 4 regrouping tasks.
     area = tmp_path / "run" / "_staging"
-    assert [len(list((area / r).glob("*.arrow"))) for r in ("round1", "round2")] == [1, 4]
+    assert [len(list((area / r).glob("*.shuffle"))) for r in ("round1", "round2")] == [1, 4]
     final = partition_shards(source, run, [shard], 4, 2)
     assert sum(1 for p in final for _ in read_partition(source, run, p)) == 300  # every conversation, assembled
+
+
+@pytest.mark.parametrize(("place", "partitions"), [("local", 9000), ("s3", 5)])
+def test_each_partition_reads_back_from_every_tasks_object(place, partitions, tmp_path, request):
+    """A round's tasks write one object each; partition p reads back exactly the rows its tasks wrote to p (none for
+    an empty one), on local disk past the partitions the first read of an object's end covers, and on S3."""
+    from pipeline.scoring.shuffle import _batch, _read, _write
+
+    storage = request.getfixturevalue("s3") if place == "s3" else None
+    run = "s3://pexec-test/shuffled" if storage else str(tmp_path / "run")
+
+    def rows(task: str, partition: int):
+        return _batch([(f"{task}-{partition}", 0, "i", b"{}", "f 1", None)] * 2)
+
+    written = {"a": [0, 3, partitions - 1], "b": [3, 4]}  # partitions 1 and 2 have no rows
+    for task, parts in written.items():
+        _write(run, 2, task, ((p, rows(task, p)) for p in parts), partitions, storage)
+    for p in sorted({0, 1, 2, 3, 4, partitions - 1}):
+        keys = _read(run, 2, p, storage)["key"].to_pylist()
+        assert sorted(keys) == sorted(f"{t}-{p}" for t, parts in written.items() if p in parts for _ in range(2)), p

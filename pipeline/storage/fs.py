@@ -115,13 +115,6 @@ def open_for_read(url: str, storage_options: dict[str, Any] | None = None, compr
     return fs.open(path, "rb", compression=compression)
 
 
-def open_for_ranges(url: str, storage_options: dict[str, Any] | None = None) -> IO[bytes]:
-    """Open `url` for a few reads at scattered offsets (an Arrow file's footer, then one of its record batches):
-    each read fetches what it asks for, where s3fs would read ahead a 50 MiB block."""
-    fs, path = filesystem(url, storage_options)
-    return fs.open(path, "rb", cache_type="none")
-
-
 def open_for_write(url: str, storage_options: dict[str, Any] | None = None) -> IO[bytes]:
     """Open `url` for writing. Folders are made on local disks only: on an object store a missing bucket
     must be an error, never created behind the user's back."""
