@@ -34,13 +34,14 @@ from typing import Any
 import orjson
 
 from pipeline.perf import CLUSTER_CORES, CLUSTER_ROLLOUTS, require_dev
-from pipeline.perf.figures import Bench, figure, load_average, n_runs, show
+from pipeline.perf.figures import Bench, figure, load_average, n_runs, replace_block, show
 from pipeline.perf.processes import local_ray, moto_server, peak_mib
 
 FORMATS = {  # format: (its files' folder, the adapter options the support sample needs)
     "openai": ("openai", {"error_prefix": "Error:"}),
     "otel": ("otel", {}),
 }
+NAMES = {"openai": "OpenAI gzip JSON Lines", "otel": "OTLP protobuf spans (shuffled)"}
 DEFAULT_ROLLOUTS = 1_000_000
 # The memory a scoring task stays under, whatever the night's size: a task holds one shard or one shuffle
 # partition (about `shard_mb` of input), never the night.
@@ -73,9 +74,13 @@ def bench_nightly(
     B: int = 1000,
     repeats: int = 1,
     in_process: bool = False,
+    formats: tuple[str, ...] = tuple(FORMATS),
 ) -> Bench:
     """`in_process`: every step in this process and its one Ray (the code paths only, for tests: the CPU limits
-    and the peaks are then not each step's own)."""
+    and the peaks are then not each step's own). `formats`: the forms of the logs measured (all of FORMATS unless
+    asked; the caption says which); the data of both is written either way."""
+    if not formats or set(formats) - set(FORMATS):
+        raise ValueError(f"formats: one or more of {', '.join(FORMATS)}, not {', '.join(formats) or 'none'}")
     for name in ("moto", "inspect_ai", "opentelemetry.exporter.otlp.proto.common"):
         require_dev(name, "`pexec bench nightly`")
     load = os.getloadavg()[0]
@@ -115,11 +120,11 @@ def bench_nightly(
 
             s3 = s3fs.S3FileSystem(endpoint_url=endpoint)
             s3.mkdir(BUCKET)
-            for fmt in FORMATS:
+            for fmt in formats:
                 s3.put(str(data / fmt) + "/", f"{BUCKET}/raw/{fmt}/", recursive=True)
             for _ in range(repeats):
-                for fmt, (folder, _options) in FORMATS.items():
-                    raw = f"s3://{BUCKET}/raw/{folder}/"
+                for fmt in formats:
+                    raw = f"s3://{BUCKET}/raw/{FORMATS[fmt][0]}/"
                     for cpus in (1, 2):
                         add(f"{fmt} raw {cpus}", "score", fmt, raw, f"s3://{BUCKET}/run-{fmt}-{cpus}", cpus, shard_mb,
                             endpoint)  # fmt: skip
@@ -129,7 +134,7 @@ def bench_nightly(
                     add(f"{fmt} ingest", "ingest", fmt, raw, store, endpoint)
                     add(f"{fmt} store 2", "score", "canonical", store, f"s3://{BUCKET}/run-{fmt}-store", 2, shard_mb,
                         endpoint)  # fmt: skip
-                add("metrics 1", "metrics", f"s3://{BUCKET}/run-openai-2", 1, B, endpoint)
+                add("metrics 1", "metrics", f"s3://{BUCKET}/run-{formats[0]}-2", 1, B, endpoint)
         for _ in range(repeats):
             add("eval pexec", "eval-pexec", eval_path)
             add("eval inspect", "eval-inspect", eval_path)
@@ -142,11 +147,12 @@ def bench_nightly(
             if r["count"] != expected:
                 raise AssertionError(f"{key}: {r['count']:,} rollouts read or scored, {expected:,} written")
     eval_text = f"an Inspect `.eval` log of {eval_samples:,} samples, {sizes['eval'] / 2**20:,.1f} MiB"
-    return _bench(runs, rollouts, spans, sizes, eval_text, files, shard_mb, B, repeats, load)
+    return _bench(runs, formats, rollouts, spans, sizes, eval_text, files, shard_mb, B, repeats, load)
 
 
-def _bench(runs: dict[str, list[dict[str, Any]]], rollouts: int, spans: int, sizes: dict[str, int], eval_text: str,
-           files: int, shard_mb: float, B: int, repeats: int, load: float) -> Bench:  # fmt: skip
+def _bench(runs: dict[str, list[dict[str, Any]]], formats: tuple[str, ...], rollouts: int, spans: int,
+           sizes: dict[str, int], eval_text: str, files: int, shard_mb: float, B: int, repeats: int,
+           load: float) -> Bench:  # fmt: skip
     def v(key: str, field: str = "seconds") -> list[float]:
         return [r[field] for r in runs[key]]
 
@@ -154,7 +160,7 @@ def _bench(runs: dict[str, list[dict[str, Any]]], rollouts: int, spans: int, siz
         return [r["count"] / r["seconds"] / (r["cpus"] if per_core else 1) for r in runs[key]]
 
     figures = []
-    names = {"openai": "OpenAI gzip JSON Lines", "otel": "OTLP protobuf spans (shuffled)"}
+    names = {fmt: NAMES[fmt] for fmt in formats}
     projections = {}
     for fmt, name in names.items():
         one, two = rate(f"{fmt} raw 1"), rate(f"{fmt} raw 2")
@@ -187,10 +193,12 @@ def _bench(runs: dict[str, list[dict[str, Any]]], rollouts: int, spans: int, siz
             "per-core rate of the distributed metrics; scaling assumed linear per core, S3 bandwidth and the "
             "driver's planning not included"))  # fmt: skip
     size = "" if rollouts >= DEFAULT_ROLLOUTS else f" (below the default {DEFAULT_ROLLOUTS:,}: a small run)"
+    forms = {"openai": f"{sizes['openai'] / 2**20:,.1f} MiB of gzip OpenAI JSON Lines",
+             "otel": f"{spans:,} spans ({sizes['otel'] / 2**20:,.0f} MiB of OTLP protobuf)"}  # fmt: skip
+    only = "" if len(formats) == len(FORMATS) else f" (only this form measured in this run: `--formats {formats[0]}`)"
     caption = (
         f"{rollouts:,} support conversations{size} on a moto S3 server on loopback: "
-        f"{sizes['openai'] / 2**20:,.1f} MiB of gzip OpenAI JSON Lines and {spans:,} spans "
-        f"({sizes['otel'] / 2**20:,.0f} MiB of OTLP protobuf), {files} files each, shards of {shard_mb:g} MiB; "
+        f"{' and '.join(forms[f] for f in formats)}{only}, {files} files each, shards of {shard_mb:g} MiB; "
         f"metrics B = {B}; {eval_text} (Inspect's own writer); every step a fresh process (Ray start-up "
         f"included); {n_runs(repeats)}; {load_average(load)}"
     )
@@ -342,8 +350,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval-mb", type=float, help="size of the .eval log (default: 300 MiB per million rollouts)")
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--formats", default=",".join(FORMATS),
+                        help="the forms of the logs measured, comma-separated (default: openai,otel)")  # fmt: skip
+    parser.add_argument("--readme", type=Path, help="replace the nightly block in this Markdown file")
     args = parser.parse_args(argv)
-    show(bench_nightly(args.rollouts, args.eval_mb, args.workdir, repeats=args.repeats))
+    formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
+    result = bench_nightly(args.rollouts, args.eval_mb, args.workdir, repeats=args.repeats, formats=formats)
+    show(result)
+    if args.readme is not None:
+        replace_block(args.readme, result)
 
 
 if __name__ == "__main__":
