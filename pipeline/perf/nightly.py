@@ -355,6 +355,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--readme", type=Path, help="replace the nightly block in this Markdown file")
     args = parser.parse_args(argv)
     formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
+    if not formats or set(formats) - set(FORMATS):
+        parser.error(f"--formats takes one or more of {','.join(FORMATS)}")
     result = bench_nightly(args.rollouts, args.eval_mb, args.workdir, repeats=args.repeats, formats=formats)
     show(result)
     if args.readme is not None:

@@ -262,10 +262,8 @@ def _write(
 def _read(run: str, round_: int, partition: int, storage: dict[str, Any] | None) -> pa.Table:
     """Partition `partition` of a round: its stream from every task's object."""
     found = list_files(_round(run, round_), storage, patterns=["*.shuffle"], max_depth=1) or {}
-    objects = [(filesystem(url, storage)[1], int(info["size"])) for url, info in found.items()]
-    if not objects:
-        return _SCHEMA.empty_table()
-    fs = filesystem(next(iter(found)), storage)[0]
+    fs, folder = filesystem(_round(run, round_), storage)  # once: every object is a file of this folder
+    objects = [(f"{folder}/{url.rsplit('/', 1)[1]}", int(info["size"])) for url, info in found.items()]
     tables = []
     for path, size in objects:
         start, stop = _range_of(path, size, fs.cat_file(path, start=max(0, size - _TAIL), end=size), partition, fs)
@@ -279,6 +277,8 @@ def _range_of(path: str, size: int, tail: bytes, partition: int, fs: Any) -> tup
     if tail[-len(_MAGIC) :] != _MAGIC:
         raise OSError(f"{path}: not a shuffle object (its staging area was changed while the run was written)")
     (partitions,) = struct.unpack_from("<q", tail, len(tail) - len(_MAGIC) - 8)
+    if not 0 <= partition < partitions:
+        raise OSError(f"{path}: holds {partitions} partitions, not partition {partition}")
     trailer = 8 * (partitions + 2) + len(_MAGIC)
     if trailer > len(tail):  # more partitions than the first read covers
         tail = fs.cat_file(path, start=size - trailer, end=size)
