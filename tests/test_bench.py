@@ -191,10 +191,11 @@ def _small(name: str, tmp_path: Path) -> Bench:
         from pipeline.perf.spans import bench_spans
 
         return bench_spans(2000, tmp_path, shard_mb=0.05, repeats=1)
-    if name == "nightly":
-        from pipeline.perf.nightly import bench_nightly
+    if name.startswith("nightly"):
+        from pipeline.perf.nightly import bench_nightly, bench_nightly_otel
 
-        return bench_nightly(40, eval_mb=0.01, workdir=tmp_path, files=2, shard_mb=0.1, B=20, in_process=True)
+        measure = bench_nightly if name == "nightly" else bench_nightly_otel
+        return measure(40, eval_mb=0.01, workdir=tmp_path, files=2, shard_mb=0.1, B=20, in_process=True)
     if name == "bfcl":
         from pipeline.perf.bfcl import bench_bfcl
 
@@ -211,34 +212,33 @@ def test_every_bench_runs_and_prints(name, tmp_path, monkeypatch, shared_ray):
     monkeypatch.chdir(ROOT)
     bench = _small(name, tmp_path)
     _check(bench, name)
-    if name == "nightly":
-        _check_nightly(bench)
+    if name.startswith("nightly"):
+        _check_nightly(bench, "otel" if name == "nightly_otel" else "openai")
 
 
-def _check_nightly(bench: Bench) -> None:
+def _check_nightly(bench: Bench, fmt: str) -> None:
     """Every path scored (or read) every rollout written, the paired ratios are there, and the projection is the
     arithmetic of the rates measured."""
     from pipeline.perf.nightly import TASK_BOUND_MIB, Stages, projected_seconds
 
     runs, n = bench.details["runs"], bench.details["rollouts"]
-    assert {k for k in runs if not k.startswith("eval")} == {
-        f"{fmt} {what}" for fmt in ("openai", "otel") for what in ("raw 1", "raw 2", "ingest", "store 2")
-    } | {"metrics 1"}
+    evals = {"eval pexec", "eval inspect"} if fmt == "openai" else set()  # the .eval is read with the OpenAI form
+    assert set(runs) == {f"{fmt} {what}" for what in ("raw 1", "raw 2", "ingest", "store 2")} | {"metrics 1"} | evals
     assert all(r["count"] == n for k, rs in runs.items() if not k.startswith("eval") for r in rs)
-    assert runs["eval pexec"][0]["count"] == runs["eval inspect"][0]["count"] > 0
-    assert max(r["worker_mib"] for k in ("otel raw 1", "otel raw 2") for r in runs[k]) <= TASK_BOUND_MIB
+    if evals:
+        assert runs["eval pexec"][0]["count"] == runs["eval inspect"][0]["count"] > 0
+    assert max(r["worker_mib"] for k in (f"{fmt} raw 1", f"{fmt} raw 2") for r in runs[k]) <= TASK_BOUND_MIB
     paired = [f for f in bench.figures if "end to end" in f.name or f.unit == "samples/s"]
-    assert len(paired) == 3 and all(f.ratios for f in paired)
+    assert len(paired) == 1 + len(evals) // 2 and all(f.ratios for f in paired)
 
     def per_core(key: str) -> float:
         r = runs[key][0]
         return r["count"] / r["seconds"] / r["cpus"]
 
-    for fmt in ("openai", "otel"):
-        expected = projected_seconds(Stages(per_core(f"{fmt} raw 1"), per_core("metrics 1")))
-        assert bench.details["projected_s"][fmt] == [pytest.approx(expected)]
-    projections = [f for f in bench.figures if f.name.startswith("projection")]
-    assert [f.project for f in projections] == [tuple(bench.details["projected_s"][k]) for k in ("openai", "otel")]
+    expected = projected_seconds(Stages(per_core(f"{fmt} raw 1"), per_core("metrics 1")))
+    assert bench.details["projected_s"] == {fmt: [pytest.approx(expected)]}
+    [projection] = [f for f in bench.figures if f.name.startswith("projection")]
+    assert projection.project == tuple(bench.details["projected_s"][fmt])
 
 
 def test_the_nightly_projection_adds_the_stages_at_their_per_core_rates():

@@ -74,11 +74,13 @@ def bench_nightly(
     B: int = 1000,
     repeats: int = 1,
     in_process: bool = False,
-    formats: tuple[str, ...] = tuple(FORMATS),
+    formats: tuple[str, ...] = ("openai",),
+    eval_log: bool = True,
 ) -> Bench:
-    """`in_process`: every step in this process and its one Ray (the code paths only, for tests: the CPU limits
-    and the peaks are then not each step's own). `formats`: the forms of the logs measured (all of FORMATS unless
-    asked; the caption says which); the data of both is written either way."""
+    """The night as OpenAI logs and the `.eval` log (`nightly`); `bench_nightly_otel` measures the same night as
+    spans. `in_process`: every step in this process and its one Ray (the code paths only, for tests: the CPU limits
+    and the peaks are then not each step's own). `formats`: the forms of the logs measured, `eval_log`: whether the
+    `.eval` is read too; the data of every form is written either way."""
     if not formats or set(formats) - set(FORMATS):
         raise ValueError(f"formats: one or more of {', '.join(FORMATS)}, not {', '.join(formats) or 'none'}")
     for name in ("moto", "inspect_ai", "opentelemetry.exporter.otlp.proto.common"):
@@ -135,7 +137,7 @@ def bench_nightly(
                     add(f"{fmt} store 2", "score", "canonical", store, f"s3://{BUCKET}/run-{fmt}-store", 2, shard_mb,
                         endpoint)  # fmt: skip
                 add("metrics 1", "metrics", f"s3://{BUCKET}/run-{formats[0]}-2", 1, B, endpoint)
-        for _ in range(repeats):
+        for _ in range(repeats if eval_log else 0):
             add("eval pexec", "eval-pexec", eval_path)
             add("eval inspect", "eval-inspect", eval_path)
     finally:
@@ -146,8 +148,16 @@ def bench_nightly(
         for r in results:
             if r["count"] != expected:
                 raise AssertionError(f"{key}: {r['count']:,} rollouts read or scored, {expected:,} written")
-    eval_text = f"an Inspect `.eval` log of {eval_samples:,} samples, {sizes['eval'] / 2**20:,.1f} MiB"
-    return _bench(runs, formats, rollouts, spans, sizes, eval_text, files, shard_mb, B, repeats, load)
+    eval_text = f"an Inspect `.eval` log of {eval_samples:,} samples, {sizes['eval'] / 2**20:,.1f} MiB (Inspect's own writer)"
+    return _bench(runs, formats, rollouts, spans, sizes, eval_text if eval_log else "", files, shard_mb, B, repeats,
+                  load)  # fmt: skip
+
+
+def bench_nightly_otel(rollouts: int = DEFAULT_ROLLOUTS, workdir: Path | None = None, repeats: int = 1,
+                       **kwargs: Any) -> Bench:  # fmt: skip
+    """The same night as OTLP protobuf spans, whose conversations are assembled by the hash shuffle (over an hour at
+    the default size on 2 cores, hence a bench of its own)."""
+    return bench_nightly(rollouts, workdir=workdir, repeats=repeats, formats=("otel",), eval_log=False, **kwargs)
 
 
 def _bench(runs: dict[str, list[dict[str, Any]]], formats: tuple[str, ...], rollouts: int, spans: int,
@@ -180,10 +190,11 @@ def _bench(runs: dict[str, list[dict[str, Any]]], formats: tuple[str, ...], roll
                    "MiB", v(f"{fmt} raw 2", "worker_mib"), "scoring the ingested store", v(f"{fmt} store 2",
                    "worker_mib")),
         ]  # fmt: skip
-    figures.append(figure("reading the `.eval` log, samples → rollouts (target ≥ 3×)", "samples/s",
-                          rate("eval pexec"), "inspect_ai's read_eval_log", rate("eval inspect")))  # fmt: skip
-    figures.append(figure(".eval reading: peak RSS", "MiB", v("eval pexec", "peak_mib"), "read_eval_log",
-                          v("eval inspect", "peak_mib")))  # fmt: skip
+    if eval_text:
+        figures.append(figure("reading the `.eval` log, samples → rollouts (target ≥ 3×)", "samples/s",
+                              rate("eval pexec"), "inspect_ai's read_eval_log", rate("eval inspect")))  # fmt: skip
+        figures.append(figure(".eval reading: peak RSS", "MiB", v("eval pexec", "peak_mib"), "read_eval_log",
+                              v("eval inspect", "peak_mib")))  # fmt: skip
     for fmt, name in names.items():
         figures.append(figure(
             f"projection: {CLUSTER_ROLLOUTS / 1e6:,.0f}M raw rollouts ({name}) on 128 × 16 cores (target < 300 s)",
@@ -195,14 +206,14 @@ def _bench(runs: dict[str, list[dict[str, Any]]], formats: tuple[str, ...], roll
     size = "" if rollouts >= DEFAULT_ROLLOUTS else f" (below the default {DEFAULT_ROLLOUTS:,}: a small run)"
     forms = {"openai": f"{sizes['openai'] / 2**20:,.1f} MiB of gzip OpenAI JSON Lines",
              "otel": f"{spans:,} spans ({sizes['otel'] / 2**20:,.0f} MiB of OTLP protobuf)"}  # fmt: skip
-    only = "" if len(formats) == len(FORMATS) else f" (only this form measured in this run: `--formats {formats[0]}`)"
     caption = (
         f"{rollouts:,} support conversations{size} on a moto S3 server on loopback: "
-        f"{' and '.join(forms[f] for f in formats)}{only}, {files} files each, shards of {shard_mb:g} MiB; "
-        f"metrics B = {B}; {eval_text} (Inspect's own writer); every step a fresh process (Ray start-up "
-        f"included); {n_runs(repeats)}; {load_average(load)}"
+        f"{' and '.join(forms[f] for f in formats)}, {files} files{' each' if len(formats) > 1 else ''}, shards of "
+        f"{shard_mb:g} MiB; metrics B = {B}; {eval_text + '; ' if eval_text else ''}every step a fresh process (Ray "
+        f"start-up included); {n_runs(repeats)}; {load_average(load)}"
     )
-    return Bench("nightly", caption, figures, {"runs": runs, "projected_s": projections, "rollouts": rollouts})
+    name = "nightly" if formats == ("openai",) else "nightly_" + "_".join(formats)
+    return Bench(name, caption, figures, {"runs": runs, "projected_s": projections, "rollouts": rollouts})
 
 
 def _progress(text: str) -> None:
@@ -350,14 +361,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval-mb", type=float, help="size of the .eval log (default: 300 MiB per million rollouts)")
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--formats", default=",".join(FORMATS),
-                        help="the forms of the logs measured, comma-separated (default: openai,otel)")  # fmt: skip
-    parser.add_argument("--readme", type=Path, help="replace the nightly block in this Markdown file")
+    parser.add_argument("--otel", action="store_true",
+                        help="measure the night as OTLP protobuf spans (bench nightly_otel), not as OpenAI logs")  # fmt: skip
+    parser.add_argument("--readme", type=Path, help="replace the bench's block in this Markdown file")
     args = parser.parse_args(argv)
-    formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
-    if not formats or set(formats) - set(FORMATS):
-        parser.error(f"--formats takes one or more of {','.join(FORMATS)}")
-    result = bench_nightly(args.rollouts, args.eval_mb, args.workdir, repeats=args.repeats, formats=formats)
+    if args.otel:
+        result = bench_nightly_otel(args.rollouts, args.workdir, args.repeats, eval_mb=args.eval_mb)
+    else:
+        result = bench_nightly(args.rollouts, args.eval_mb, args.workdir, repeats=args.repeats)
     show(result)
     if args.readme is not None:
         replace_block(args.readme, result)

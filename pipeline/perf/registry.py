@@ -55,7 +55,10 @@ BENCHES: dict[str, Entry] = {
         "rollouts",
         1_000_000,
         workdir=True,
-        note="as OpenAI logs and as OTel spans; a .eval of 300 MB per million",
+        note="as OpenAI logs; a .eval of 300 MB per million",
+    ),
+    "nightly_otel": Entry(
+        "pipeline.perf.nightly:bench_nightly_otel", "rollouts", 1_000_000, workdir=True, note="as OTel protobuf spans"
     ),
     "spans": Entry("pipeline.perf.spans:bench_spans", "n_spans", 1_000_000, note="spans, not rollouts", workdir=True),
 }
