@@ -163,7 +163,8 @@ def test_records_of_an_environment_that_appears_later_are_rescored_on_rerun(tmp_
         (["sql", "{tmp}", "SELEC 1"], 'Parser Error: syntax error at or near "SELEC" LINE 1: SELEC 1'),
         (
             ["bench", "nope"],
-            "bench takes replay, metrics, merged, scale, view, guard, driver, distributed, bfcl, tau, nightly, nightly_otel or spans",
+            "bench takes replay, metrics, merged, scale, view, guard, driver, distributed, bfcl, tau, nightly, "
+            "nightly_otel or spans",
         ),
         (["guard", "serve", "--env", "nope"], "unknown environment 'nope'"),
         (["guard", "serve", "--env", "shop", "--host", "0.0.0.0"], "refusing to listen on 0.0.0.0 without a bearer"),

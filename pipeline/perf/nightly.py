@@ -148,7 +148,8 @@ def bench_nightly(
         for r in results:
             if r["count"] != expected:
                 raise AssertionError(f"{key}: {r['count']:,} rollouts read or scored, {expected:,} written")
-    eval_text = f"an Inspect `.eval` log of {eval_samples:,} samples, {sizes['eval'] / 2**20:,.1f} MiB (Inspect's own writer)"
+    eval_mib = sizes["eval"] / 2**20
+    eval_text = f"an Inspect `.eval` log of {eval_samples:,} samples, {eval_mib:,.1f} MiB (Inspect's own writer)"
     return _bench(runs, formats, rollouts, spans, sizes, eval_text if eval_log else "", files, shard_mb, B, repeats,
                   load)  # fmt: skip
 
@@ -361,8 +362,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval-mb", type=float, help="size of the .eval log (default: 300 MiB per million rollouts)")
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--otel", action="store_true",
-                        help="measure the night as OTLP protobuf spans (bench nightly_otel), not as OpenAI logs")  # fmt: skip
+    parser.add_argument("--otel", action="store_true", help="the night as OTLP protobuf spans (bench nightly_otel)")
     parser.add_argument("--readme", type=Path, help="replace the bench's block in this Markdown file")
     args = parser.parse_args(argv)
     if args.otel:
