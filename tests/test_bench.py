@@ -152,7 +152,8 @@ def _check(bench: Bench, name: str) -> None:
     figures.show(bench)
 
 
-def _small(name: str, tmp_path: Path) -> Bench:
+def _small(name: str, tmp_path: Path, shared: Path) -> Bench:
+    """`shared`: a folder kept for the module (both nightly benches read the data the first one wrote there)."""
     if name == "replay":
         from pipeline.perf.replay import bench_replay
 
@@ -195,7 +196,7 @@ def _small(name: str, tmp_path: Path) -> Bench:
         from pipeline.perf.nightly import bench_nightly, bench_nightly_otel
 
         measure = bench_nightly if name == "nightly" else bench_nightly_otel
-        return measure(40, eval_mb=0.01, workdir=tmp_path, files=2, shard_mb=0.1, B=20, in_process=True)
+        return measure(40, eval_mb=0.01, workdir=shared, files=2, shard_mb=0.1, B=20, in_process=True)
     if name == "bfcl":
         from pipeline.perf.bfcl import bench_bfcl
 
@@ -205,12 +206,17 @@ def _small(name: str, tmp_path: Path) -> Bench:
     return bench_tau(str(DATA / "real" / "tau2"), repeats=1, passes=1)  # against c0f23f9 when git has it
 
 
+@pytest.fixture(scope="module")
+def bench_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("bench-data")
+
+
 @pytest.mark.parametrize("name", BENCHES)
-def test_every_bench_runs_and_prints(name, tmp_path, monkeypatch, shared_ray):
+def test_every_bench_runs_and_prints(name, tmp_path, bench_data, monkeypatch, shared_ray):
     """Each bench on a small size, on the shared Ray (a bench given a running Ray uses it: the code paths run,
     the CPU limits and Ray's start-up are not measured)."""
     monkeypatch.chdir(ROOT)
-    bench = _small(name, tmp_path)
+    bench = _small(name, tmp_path, bench_data)
     _check(bench, name)
     if name.startswith("nightly"):
         _check_nightly(bench, "otel" if name == "nightly_otel" else "openai")
