@@ -199,7 +199,7 @@ def run_rows(run: str, storage: dict | None) -> dict[str, list[dict]]:
 @pytest.fixture(scope="module")
 def store_and_clean(tmp_path_factory: pytest.TempPathFactory) -> Callable[[dict | None], tuple[str, str]]:
     """The store of 1200 rollouts that the writer tests score, and its clean run (scored alone, by the console
-    script, with 0.05 MiB shards): made at first use once per place, a local folder or the S3 bucket, and only
+    script, with 0.2 MiB shards: 7 of them, each a few requests to S3): made at first use once per place, a local folder or the S3 bucket, and only
     read by the tests after that."""
     made: dict[str, tuple[str, str]] = {}
 
@@ -209,21 +209,21 @@ def store_and_clean(tmp_path_factory: pytest.TempPathFactory) -> Callable[[dict 
             base = "s3://pexec-test/shared" if storage else str(tmp_path_factory.mktemp("shared"))
             store, clean = f"{base}/store", f"{base}/clean/run"  # a run named `run`: the same run_id as the tests'
             write_store(synthesize("shop", 400, 50, seed=5), store, per_file=100, storage_options=storage)
-            subprocess.run(score_args(store, clean, "0.05", storage), env=pexec_env(), check=True, capture_output=True)
+            subprocess.run(score_args(store, clean, "0.2", storage), env=pexec_env(), check=True, capture_output=True)
             made[place] = store, clean
         return made[place]
 
     return get
 
 
-@pytest.mark.parametrize("second_shard_mb", ["0.05", "0.02"], ids=["same-shard-mb", "different-shard-mb"])
+@pytest.mark.parametrize("second_shard_mb", ["0.2", "0.1"], ids=["same-shard-mb", "different-shard-mb"])
 def test_two_concurrent_score_runs_one_refuses_and_the_run_equals_a_clean_one(
     where: tuple[str, dict | None], store_and_clean: Callable, second_shard_mb: str
 ) -> None:
     run, storage = where
     store, clean = store_and_clean(storage)
     first = subprocess.Popen(
-        score_args(store, run, "0.05", storage), env=pexec_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        score_args(store, run, "0.2", storage), env=pexec_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     try:
         # Freeze the first writer while it holds the lease, so the second one certainly overlaps it.
@@ -247,12 +247,12 @@ def test_two_concurrent_score_runs_one_refuses_and_the_run_equals_a_clean_one(
 
 def test_a_killed_writer_on_this_host_does_not_block_the_rerun(tmp_path: Path, store_and_clean: Callable) -> None:
     (store, clean), run = store_and_clean(None), str(tmp_path / "run")
-    killed = subprocess.Popen(score_args(store, run, "0.05", None), env=pexec_env(), stderr=subprocess.DEVNULL)
+    killed = subprocess.Popen(score_args(store, run, "0.2", None), env=pexec_env(), stderr=subprocess.DEVNULL)
     lease_appears(run, None)
     killed.kill()  # SIGKILL: no clean-up, the lease stays behind
     killed.wait()
     assert exists(f"{run}/{LEASE}")
-    rerun = subprocess.run(score_args(store, run, "0.05", None), env=pexec_env(), capture_output=True, text=True)
+    rerun = subprocess.run(score_args(store, run, "0.2", None), env=pexec_env(), capture_output=True, text=True)
     assert rerun.returncode == 0, rerun.stderr
     assert f"taking over the lease of {run} (its process is gone): " in rerun.stderr
     assert run_rows(run, None) == run_rows(clean, None)
