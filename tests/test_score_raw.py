@@ -310,3 +310,33 @@ def test_each_partition_reads_back_from_every_tasks_object(place, partitions, tm
     for p in sorted({0, 1, 2, 3, 4, partitions - 1}):
         keys = _read(run, 2, p, storage)["key"].to_pylist()
         assert sorted(keys) == sorted(f"{t}-{p}" for t, parts in written.items() if p in parts for _ in range(2)), p
+
+
+def test_a_worker_reads_each_objects_trailer_once_and_never_an_old_one(tmp_path, monkeypatch):
+    """Reading every partition of a round reads each object's trailer once, then one range per partition it has
+    rows for; an object rewritten at the same path (a rerun) is read through its new trailer."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    from pipeline.scoring import shuffle
+    from pipeline.scoring.shuffle import _batch, _read, _write
+
+    reads: list[tuple[str, int, int]] = []
+    cat_file = LocalFileSystem.cat_file
+    monkeypatch.setattr(LocalFileSystem, "cat_file", lambda fs, path, start=None, end=None, **kw: reads.append(
+        (path, start, end)) or cat_file(fs, path, start=start, end=end, **kw))  # fmt: skip
+    run = str(tmp_path / "run")
+
+    def write(task: str, parts: list[int], tag: str, partitions: int = 6) -> None:
+        batches = ((p, _batch([(f"{tag}{task}-{p}", 0, "i", b"{}", "f 1", None)])) for p in parts)
+        _write(run, 2, task, batches, partitions, None)
+
+    def keys(p: int) -> list[str]:
+        return sorted(_read(run, 2, p, None)["key"].to_pylist())
+
+    write("a", [0, 2, 5], "")
+    write("b", [2, 3], "")
+    shuffle._trailers.clear()
+    assert [keys(p) for p in range(6)] == [["a-0"], [], ["a-2", "b-2"], ["b-3"], [], ["a-5"]]
+    assert len(reads) == 2 + 5  # a trailer per object, then a range per (object, partition) with rows
+    write("a", [1, 2, 3, 4], "new-", partitions=5)  # rewritten: another size, another layout
+    assert keys(1) == ["new-a-1"] and keys(2) == ["b-2", "new-a-2"] and keys(4) == ["new-a-4"]

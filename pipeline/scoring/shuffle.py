@@ -12,7 +12,9 @@ Each task of a round writes one object, `<run>/_staging/round<R>/<task>.shuffle`
 of, in partition order, an Arrow IPC stream (zstd-compressed) of those rows, then a trailer saying where each
 partition's stream starts and ends. A partition is read from every object of its round with two ranged reads each:
 the object's trailer, then the partition's range. So a round writes one object per task, not one per task and
-partition (at P = 1,600 partitions: 1,600 objects instead of 2.5 million), with as many requests as before.
+partition (at P = 1,600 partitions: 1,600 objects instead of 2.5 million). A worker process keeps the trailers it
+has read (they are the same for every partition), so it reads each object's trailer once, then one range per
+partition it scores.
 
 A part of a log that is not an item travels as an error row to a partition of its own place, and is that
 partition's reject: rows read = scored + rejected still holds per partition. The staging area is removed once
@@ -32,6 +34,7 @@ import shutil
 import struct
 import tempfile
 import zlib
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -235,6 +238,10 @@ def _batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
 # offset p + 1); empty when it has no rows), then P, then the magic.
 _MAGIC = b"PXSHUF01"
 _TAIL = 64 * 1024  # bytes read from an object's end for its trailer: enough for 8,000 partitions, else read again
+# The trailers a worker process has read, by object path and listing identity (size and ETag or mtime: an object
+# rewritten by a rerun is read afresh), least recently used first, at most this many bytes of them.
+TRAILER_CACHE_BYTES = 16 * 2**20
+_trailers: OrderedDict[tuple[str, int, str], bytes] = OrderedDict()
 
 
 def _write(
@@ -263,24 +270,41 @@ def _read(run: str, round_: int, partition: int, storage: dict[str, Any] | None)
     """Partition `partition` of a round: its stream from every task's object."""
     found = list_files(_round(run, round_), storage, patterns=["*.shuffle"], max_depth=1) or {}
     fs, folder = filesystem(_round(run, round_), storage)  # once: every object is a file of this folder
-    objects = [(f"{folder}/{url.rsplit('/', 1)[1]}", int(info["size"])) for url, info in found.items()]
     tables = []
-    for path, size in objects:
-        start, stop = _range_of(path, size, fs.cat_file(path, start=max(0, size - _TAIL), end=size), partition, fs)
+    for url, info in found.items():
+        path, size = f"{folder}/{url.rsplit('/', 1)[1]}", int(info["size"])
+        tag = str(info.get("ETag") or info.get("mtime") or info.get("LastModified") or "")
+        start, stop = _range_of(path, _trailer(path, size, tag, fs), partition)
         if stop > start:
             tables.append(pa.ipc.open_stream(fs.cat_file(path, start=start, end=stop)).read_all())
     return pa.concat_tables(tables) if tables else _SCHEMA.empty_table()
 
 
-def _range_of(path: str, size: int, tail: bytes, partition: int, fs: Any) -> tuple[int, int]:
-    """Where partition `partition`'s stream is in the object at `path`, from the object's last bytes `tail`."""
+def _trailer(path: str, size: int, tag: str, fs: Any) -> bytes:
+    """The trailer of the object at `path` (`size` bytes, `tag` its ETag or mtime), from this process's cache or
+    read from the object's end."""
+    key = (path, size, tag)
+    if (cached := _trailers.get(key)) is not None:
+        _trailers.move_to_end(key)
+        return cached
+    tail = fs.cat_file(path, start=max(0, size - _TAIL), end=size)
     if tail[-len(_MAGIC) :] != _MAGIC:
         raise OSError(f"{path}: not a shuffle object (its staging area was changed while the run was written)")
     (partitions,) = struct.unpack_from("<q", tail, len(tail) - len(_MAGIC) - 8)
+    length = 8 * (partitions + 2) + len(_MAGIC)
+    if length > len(tail):  # more partitions than the first read covers
+        tail = fs.cat_file(path, start=size - length, end=size)
+    trailer = _trailers[key] = tail[-length:]
+    held = sum(len(t) for t in _trailers.values())
+    while held > TRAILER_CACHE_BYTES and len(_trailers) > 1:
+        held -= len(_trailers.popitem(last=False)[1])
+    return trailer
+
+
+def _range_of(path: str, trailer: bytes, partition: int) -> tuple[int, int]:
+    """Where partition `partition`'s stream is in the object at `path`, from the object's `trailer`."""
+    (partitions,) = struct.unpack_from("<q", trailer, len(trailer) - len(_MAGIC) - 8)
     if not 0 <= partition < partitions:
         raise OSError(f"{path}: holds {partitions} partitions, not partition {partition}")
-    trailer = 8 * (partitions + 2) + len(_MAGIC)
-    if trailer > len(tail):  # more partitions than the first read covers
-        tail = fs.cat_file(path, start=size - trailer, end=size)
-    start, stop = struct.unpack_from("<2q", tail, len(tail) - trailer + 8 * partition)
+    start, stop = struct.unpack_from("<2q", trailer, 8 * partition)
     return start, stop
