@@ -198,8 +198,8 @@ def run_rows(run: str, storage: dict | None) -> dict[str, list[dict]]:
 
 @pytest.fixture(scope="module")
 def store_and_clean(tmp_path_factory: pytest.TempPathFactory) -> Callable[[dict | None], tuple[str, str]]:
-    """The store of 1200 rollouts that the writer tests score, and its clean run (scored alone, by the console
-    script, with 0.2 MiB shards: 7 of them, each a few requests to S3): made at first use once per place, a local folder or the S3 bucket, and only
+    """The store of 400 rollouts that the writer tests score, and its clean run (scored alone, by the console
+    script, in 7 shards of 0.2 MiB): made at first use once per place, a local folder or the S3 bucket, and only
     read by the tests after that."""
     made: dict[str, tuple[str, str]] = {}
 
