@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -340,3 +341,17 @@ def test_a_worker_reads_each_objects_trailer_once_and_never_an_old_one(tmp_path,
     assert len(reads) == 2 + 5  # a trailer per object, then a range per (object, partition) with rows
     write("a", [1, 2, 3, 4], "new-", partitions=5)  # rewritten: another size, another layout
     assert keys(1) == ["new-a-1"] and keys(2) == ["b-2", "new-a-2"] and keys(4) == ["new-a-4"]
+
+
+@pytest.mark.parametrize(
+    "tail", [b"PXSHUF01", struct.pack("<q", 2**40) + b"PXSHUF01", struct.pack("<q", -3) + b"PXSHUF01"]
+)
+def test_a_damaged_staging_object_is_a_one_line_error(tail, tmp_path):
+    """An object of the round whose end is not a trailer this size can hold fails the partition's read in one line."""
+    from pipeline.scoring import shuffle
+
+    folder = tmp_path / "run" / "_staging" / "round2"
+    folder.mkdir(parents=True)
+    (folder / "x.shuffle").write_bytes(b"\0" * 100 + tail)
+    with pytest.raises(OSError, match=r"x\.shuffle: not a shuffle object"):
+        shuffle._read(str(tmp_path / "run"), 2, 0, None)

@@ -45,7 +45,7 @@ import pyarrow.compute as pc
 from pipeline.ingest import IngestError
 from pipeline.ingest.sharded import RawSource, shuffle_items
 from pipeline.storage.fs import filesystem, list_files, open_for_write
-from pipeline.storage.inputs import InputFile, RecordError, Shard
+from pipeline.storage.inputs import InputFile, RecordError, Shard, fingerprint
 
 STAGING = "_staging"
 SPILL_AFTER_SHARDS = 1  # staged rows a round-1 task holds, in shard sizes, before it spills them to local disk
@@ -238,10 +238,10 @@ def _batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
 # offset p + 1); empty when it has no rows), then P, then the magic.
 _MAGIC = b"PXSHUF01"
 _TAIL = 64 * 1024  # bytes read from an object's end for its trailer: enough for 8,000 partitions, else read again
-# The trailers a worker process has read, by object path and listing identity (size and ETag or mtime: an object
+# The trailers a worker process has read, by object path and fingerprint (size and ETag or mtime: an object
 # rewritten by a rerun is read afresh), least recently used first, at most this many bytes of them.
 TRAILER_CACHE_BYTES = 16 * 2**20
-_trailers: OrderedDict[tuple[str, int, str], bytes] = OrderedDict()
+_trailers: OrderedDict[tuple[str, str], bytes] = OrderedDict()
 
 
 def _write(
@@ -273,25 +273,27 @@ def _read(run: str, round_: int, partition: int, storage: dict[str, Any] | None)
     tables = []
     for url, info in found.items():
         path, size = f"{folder}/{url.rsplit('/', 1)[1]}", int(info["size"])
-        tag = str(info.get("ETag") or info.get("mtime") or info.get("LastModified") or "")
-        start, stop = _range_of(path, _trailer(path, size, tag, fs), partition)
+        start, stop = _range_of(path, _trailer(path, size, fingerprint(size, info), fs), partition)
         if stop > start:
             tables.append(pa.ipc.open_stream(fs.cat_file(path, start=start, end=stop)).read_all())
     return pa.concat_tables(tables) if tables else _SCHEMA.empty_table()
 
 
-def _trailer(path: str, size: int, tag: str, fs: Any) -> bytes:
-    """The trailer of the object at `path` (`size` bytes, `tag` its ETag or mtime), from this process's cache or
+def _trailer(path: str, size: int, version: str, fs: Any) -> bytes:
+    """The trailer of the object at `path` (`size` bytes, `version` its fingerprint), from this process's cache or
     read from the object's end."""
-    key = (path, size, tag)
+    key = (path, version)
     if (cached := _trailers.get(key)) is not None:
         _trailers.move_to_end(key)
         return cached
     tail = fs.cat_file(path, start=max(0, size - _TAIL), end=size)
-    if tail[-len(_MAGIC) :] != _MAGIC:
-        raise OSError(f"{path}: not a shuffle object (its staging area was changed while the run was written)")
+    damaged = OSError(f"{path}: not a shuffle object (its staging area was changed while the run was written)")
+    if len(tail) < 8 + len(_MAGIC) or tail[-len(_MAGIC) :] != _MAGIC:
+        raise damaged
     (partitions,) = struct.unpack_from("<q", tail, len(tail) - len(_MAGIC) - 8)
     length = 8 * (partitions + 2) + len(_MAGIC)
+    if partitions < 1 or length > size:
+        raise damaged
     if length > len(tail):  # more partitions than the first read covers
         tail = fs.cat_file(path, start=size - length, end=size)
     trailer = _trailers[key] = tail[-length:]
