@@ -250,3 +250,45 @@ print(json.dumps({"rejects": [[i.where.rsplit(" ", 1)[-1], i.reason] for i in it
     out = orjson.loads(proc.stdout)
     assert out["rejects"] == [["1", f"a line over {otlp.MAX_MESSAGE_BYTES} bytes"]]
     assert out["rss_kib"] < 400 * 1024  # the limit (64 MiB) plus the interpreter and its libraries, not the 1 GiB
+
+
+def test_the_second_round_rekeys_traces_without_log_records_as_regrouping_them_would(produced, tmp_path, monkeypatch):
+    """Round 2 of the shuffle rekeys a trace without log records from the conversation its spans name, without
+    decoding it (`Shuffle.rekey`), and regroups the others: the final partitions hold the same items under the same
+    keys as when every trace is regrouped, over every form the SDK writes and a night of the support sample."""
+    from dataclasses import replace
+
+    from pipeline.ingest.otel import SHUFFLE
+    from pipeline.ingest.sharded import RawSource, plan_raw, raw_source
+    from pipeline.scoring.shuffle import _read, map_shard, partition_shards, regroup_partition
+    from pipeline.synthetic.support_spans import write_spans
+
+    write_spans(tmp_path / "night", 60, files=2, encoding="proto")
+    sources = [str(produced[name]) for name in RUNS] + [str(tmp_path / "night")]
+    out, whole = {}, {}
+    for name in ("rekeyed", "regrouped"):
+        if name == "regrouped":
+            monkeypatch.setattr(RawSource, "shuffle", property(lambda self: replace(SHUFFLE, rekey=None)))
+        source, run = raw_source("otel", sources, IngestOptions()), str(tmp_path / name)
+        shards = plan_raw(source, 2**20)
+        for shard in shards:
+            map_shard(source, run, shard, 3, 2, 2**20)
+        whole[name] = sorted(
+            {w for p in range(3) for t in _read(run, 1, p, p + 1, None) for w in t["whole"].to_pylist()}
+        )
+        for shard in partition_shards(source, run, shards, 3, 1, per_task=2):
+            regroup_partition(source, run, shard, 3, 2**20)
+        out[name] = sorted(
+            (
+                p,
+                row["key"],
+                row["start"],
+                row["item_id"],
+                orjson.dumps(orjson.loads(row["payload"]), option=orjson.OPT_SORT_KEYS),
+            )
+            for p in range(3)
+            for t in _read(run, 2, p, p + 1, None)
+            for row in t.select(["key", "start", "item_id", "payload"]).to_pylist()
+        )
+    assert whole == {"rekeyed": [False, True], "regrouped": [True]}  # both ways taken, then none but the full one
+    assert len(out["rekeyed"]) > 600 and out["rekeyed"] == out["regrouped"]

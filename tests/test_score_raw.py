@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_producers_inspect import eval_log  # noqa: F401  (a fixture: a real .eval written by inspect_ai)
 from typer.testing import CliRunner
 
@@ -239,9 +241,12 @@ def test_a_night_of_spans_scores_in_partitions_with_memory_flat_in_the_nights_si
         assert proc.returncode == 0, proc.stderr[-2000:]
         manifest = json.loads((tmp_path / f"run-{conversations}" / "_manifest.json").read_text())
         assert manifest["counts"]["scored"] == conversations and manifest["counts"]["rejected"] == 0, spans
-        # a partition per 256 KiB of input, and no partition much above its share: what one task holds
-        partitions = [s["read"] for s in manifest["shards"]]
-        assert len(partitions) >= 4 * conversations // 150 and max(partitions) <= 2 * conversations / len(partitions)
+        # a partition per 256 KiB of input, and no task's run of partitions much above its share: a task holds
+        # one partition at a time
+        shards = manifest["shards"]
+        partitions = sum(s["stop"] - s["start"] for s in shards)
+        assert partitions >= 4 * conversations // 150, shards
+        assert max(s["read"] / (s["stop"] - s["start"]) for s in shards) <= 2 * conversations / partitions, shards
     assert peaks[600] < SPANS_RSS_CEILING_MIB, peaks
     assert peaks[600] < peaks[150] * 1.15, peaks  # four times the spans, about the same peak: bounded by partition
 
@@ -272,7 +277,8 @@ def test_a_file_that_cannot_be_cut_is_mapped_with_memory_flat_in_the_files_size(
 def test_the_staged_spans_take_less_room_than_the_file_they_came_from(tmp_path):
     """Round 1 stages every span as JSON with its place; compressed, the staging area of a protobuf file (the SDK's
     own encoder) is smaller than the file itself (plain, it was five times larger), and reads back whole. Each task
-    of a round writes one file, whatever the number of partitions."""
+    of a round writes one file, whatever the number of partitions, and a task may take any run of consecutive
+    partitions."""
     from pipeline.scoring.shuffle import map_shard, partition_shards, read_partition, regroup_partition
     from pipeline.synthetic.support_spans import write_spans
 
@@ -284,13 +290,16 @@ def test_the_staged_spans_take_less_room_than_the_file_they_came_from(tmp_path):
     assert map_shard(source, run, shard, 4, 2, 2**20) == written
     staged = sum(f.stat().st_size for f in (tmp_path / "run").rglob("*.shuffle"))
     assert 0 < staged < path.stat().st_size, (staged, path.stat().st_size)
-    partitions = partition_shards(source, run, [shard], 4, 1)
-    assert sum(regroup_partition(source, run, p, 4) for p in partitions) == written
-    # One object per task of a round, whatever the partitions: 1 map task, then 4 regrouping tasks.
+    partitions = partition_shards(source, run, [shard], 4, 1, per_task=2)
+    assert [(p.start, p.stop) for p in partitions] == [(0, 2), (2, 4)]
+    assert sum(regroup_partition(source, run, p, 4, 2**20) for p in partitions) == written
+    # One object per task of a round, whatever the partitions: 1 map task, then 2 regrouping tasks.
     area = tmp_path / "run" / "_staging"
-    assert [len(list((area / r).glob("*.shuffle"))) for r in ("round1", "round2")] == [1, 4]
-    final = partition_shards(source, run, [shard], 4, 2)
-    assert sum(1 for p in final for _ in read_partition(source, run, p)) == 300  # every conversation, assembled
+    assert [len(list((area / r).glob("*.shuffle"))) for r in ("round1", "round2")] == [1, 2]
+    for per_task in (1, 3):  # read in runs other than those written
+        final = partition_shards(source, run, [shard], 4, 2, per_task)
+        ids = [r["rollout_id"] for p in final for _, r in read_partition(source, run, p)]
+        assert len(ids) == len(set(ids)) == 300  # every conversation, assembled once
 
 
 @pytest.mark.parametrize(("place", "partitions"), [("local", 9000), ("s3", 5)])
@@ -303,19 +312,26 @@ def test_each_partition_reads_back_from_every_tasks_object(place, partitions, tm
     run = "s3://pexec-test/shuffled" if storage else str(tmp_path / "run")
 
     def rows(task: str, partition: int):
-        return _batch([(f"{task}-{partition}", 0, "i", b"{}", "f 1", None)] * 2)
+        return _batch([(f"{task}-{partition}", 0, "i", b"{}", "f 1", None, None, False)] * 2)
 
     written = {"a": [0, 3, partitions - 1], "b": [3, 4]}  # partitions 1 and 2 have no rows
     for task, parts in written.items():
         _write(run, 2, task, ((p, rows(task, p)) for p in parts), partitions, storage)
+
+    def expected(p: int) -> list[str]:
+        return sorted(f"{t}-{p}" for t, parts in written.items() if p in parts for _ in range(2))
+
     for p in sorted({0, 1, 2, 3, 4, partitions - 1}):
-        keys = _read(run, 2, p, storage)["key"].to_pylist()
-        assert sorted(keys) == sorted(f"{t}-{p}" for t, parts in written.items() if p in parts for _ in range(2)), p
+        [table] = _read(run, 2, p, p + 1, storage)
+        assert sorted(table["key"].to_pylist()) == expected(p), p
+    together = [sorted(t["key"].to_pylist()) for t in _read(run, 2, 0, 5, storage)]
+    assert together == [expected(p) for p in range(5)]
 
 
 def test_a_worker_reads_each_objects_trailer_once_and_never_an_old_one(tmp_path, monkeypatch):
     """Reading every partition of a round reads each object's trailer once, then one range per partition it has
-    rows for; an object rewritten at the same path (a rerun) is read through its new trailer."""
+    rows for, or one range per object for a run of partitions; an object rewritten at the same path (a rerun) is
+    read through its new trailer."""
     from fsspec.implementations.local import LocalFileSystem
 
     from pipeline.scoring import shuffle
@@ -328,17 +344,21 @@ def test_a_worker_reads_each_objects_trailer_once_and_never_an_old_one(tmp_path,
     run = str(tmp_path / "run")
 
     def write(task: str, parts: list[int], tag: str, partitions: int = 6) -> None:
-        batches = ((p, _batch([(f"{tag}{task}-{p}", 0, "i", b"{}", "f 1", None)])) for p in parts)
+        batches = ((p, _batch([(f"{tag}{task}-{p}", 0, "i", b"{}", "f 1", None, None, False)])) for p in parts)
         _write(run, 2, task, batches, partitions, None)
 
     def keys(p: int) -> list[str]:
-        return sorted(_read(run, 2, p, None)["key"].to_pylist())
+        [table] = _read(run, 2, p, p + 1, None)
+        return sorted(table["key"].to_pylist())
 
     write("a", [0, 2, 5], "")
     write("b", [2, 3], "")
     shuffle._trailers.clear()
     assert [keys(p) for p in range(6)] == [["a-0"], [], ["a-2", "b-2"], ["b-3"], [], ["a-5"]]
     assert len(reads) == 2 + 5  # a trailer per object, then a range per (object, partition) with rows
+    reads.clear()
+    assert [sorted(t["key"].to_pylist()) for t in _read(run, 2, 0, 6, None)] == [keys(p) for p in range(6)]
+    assert len(reads) == 2 + 5  # all six at once: one range per object (then each partition again, one at a time)
     write("a", [1, 2, 3, 4], "new-", partitions=5)  # rewritten: another size, another layout
     assert keys(1) == ["new-a-1"] and keys(2) == ["b-2", "new-a-2"] and keys(4) == ["new-a-4"]
 
@@ -354,4 +374,35 @@ def test_a_damaged_staging_object_is_a_one_line_error(tail, tmp_path):
     folder.mkdir(parents=True)
     (folder / "x.shuffle").write_bytes(b"\0" * 100 + tail)
     with pytest.raises(OSError, match=r"x\.shuffle: not a shuffle object"):
-        shuffle._read(str(tmp_path / "run"), 2, 0, None)
+        list(shuffle._read(str(tmp_path / "run"), 2, 0, 1, None))
+
+
+_SPAN = st.tuples(
+    st.sampled_from("abc"), st.integers(0, 3), st.sampled_from("xyz"), st.sampled_from([None, "c1", "c2"])
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(spans=st.lists(_SPAN, max_size=12, unique_by=lambda s: (s[0], s[2])))
+def test_a_trace_is_rekeyed_without_decoding_as_the_format_regroups_it(spans):
+    """The arrow-only rekeying of round 2 gives every span of a trace without log records the key OTel's own
+    regrouping gives it: its earliest (in time, then span id) span's conversation, else the trace."""
+    import orjson
+    import pyarrow as pa
+
+    from pipeline.ingest import otel
+    from pipeline.scoring.shuffle import _SCHEMA, _rekeyed
+
+    payloads = [{"signal": "span", "trace_id": t, "start": s, "span_id": i, "attrs": {} if c is None else
+                 {otel.CONVERSATION: c}} for t, s, i, c in spans]  # fmt: skip
+    rows = [(p["trace_id"], p["start"], p["span_id"], orjson.dumps(p), "f", None, *otel.rekey(p)) for p in payloads]
+    table = pa.Table.from_pylist([dict(zip(_SCHEMA.names, r, strict=True)) for r in rows], schema=_SCHEMA)
+    rekeyed, rest = _rekeyed(table)
+    assert rest.num_rows == 0
+    got = sorted((r["item_id"], r["start"], r["key"]) for r in rekeyed.to_pylist())
+    expected = sorted(
+        (sp["span_id"], sp["start"], key)
+        for trace in {p["trace_id"] for p in payloads}
+        for key, sp in otel.regroup(trace, [p for p in payloads if p["trace_id"] == trace])
+    )
+    assert got == expected

@@ -97,7 +97,16 @@ def regroup(trace: str, items: list[dict[str, Any]]) -> list[tuple[str, dict[str
     return [(key, sp) for sp in spans]
 
 
-SHUFFLE = Shuffle(items=_items, assemble=assemble, regroup=regroup)
+def rekey(item: dict[str, Any]) -> tuple[str | None, bool]:
+    """The conversation a span names, and whether regrouping must see the item: a log record's content joins its
+    span (and may name the conversation), so a trace with log records is regrouped in full."""
+    if item["signal"] == "log":
+        return None, True
+    conversation = item["attrs"].get(CONVERSATION)
+    return (None if conversation is None else str(conversation)), False
+
+
+SHUFFLE = Shuffle(items=_items, assemble=assemble, regroup=regroup, rekey=rekey)
 FORMAT = Format("otel", read, log_options(id_field=CONVERSATION), looks_like, plan=_plan, shuffle=SHUFFLE)
 
 

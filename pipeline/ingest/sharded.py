@@ -37,11 +37,18 @@ class Shuffle:
     when given, is a second round: one first-key group becomes the (key, item) pairs it returns, each item with
     `start` and `span_id` to order it (OTel: spans and log records are grouped by trace, the records' content
     joins their spans, and a trace joins the conversation one of its spans names). `assemble(key, group,
-    options)`: the canonical rollout of one final group, ordered; an IngestError makes it a reject."""
+    options)`: the canonical rollout of one final group, ordered; an IngestError makes it a reject.
+
+    `rekey(payload)`, with `regroup`: what the second round needs to know of an item without decoding it, taken
+    when it is first read: the key it names (None: none) and whether `regroup` must see it. A group none of whose
+    items must be seen is rekeyed as `regroup` would do it, without decoding: every item takes the key named by
+    the group's first item (in time, then id order) that names one, else keeps the group's key, and is otherwise
+    unchanged (OTel: a trace without log records joins its earliest span's conversation)."""
 
     items: Callable[[Shard, IngestOptions], Iterator[tuple[str, Item | RecordError]]]
     assemble: Callable[[str, list[dict[str, Any]], IngestOptions], dict[str, Any]]
     regroup: Callable[[str, list[dict[str, Any]]], list[tuple[str, dict[str, Any]]]] | None = None
+    rekey: Callable[[dict[str, Any]], tuple[str | None, bool]] | None = None
 
 
 @dataclass(frozen=True)

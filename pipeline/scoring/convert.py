@@ -79,7 +79,7 @@ def converted(
         list(executor.map(_map, shards, source, scratch, partitions, rounds, shard_bytes))
         if rounds == 2:
             list(executor.map(_regroup, partition_shards(source, scratch, shards, partitions, 1), source, scratch,
-                              partitions))  # fmt: skip
+                              partitions, shard_bytes))  # fmt: skip
         for records in executor.map(_records, partition_shards(source, scratch, shards, partitions, 2), source,
                                     scratch):  # fmt: skip
             yield from records
@@ -108,5 +108,5 @@ def _map(shard: Shard, source: RawSource, scratch: str, partitions: int, rounds:
     return map_shard(source, scratch, shard, partitions, rounds, shard_bytes)
 
 
-def _regroup(shard: Shard, source: RawSource, scratch: str, partitions: int) -> int:
-    return regroup_partition(source, scratch, shard, partitions)
+def _regroup(shard: Shard, source: RawSource, scratch: str, partitions: int, shard_bytes: int) -> int:
+    return regroup_partition(source, scratch, shard, partitions, shard_bytes)

@@ -27,7 +27,7 @@ from pipeline.replay.checker import CHECKS
 from pipeline.scoring.code_version import code_version, environment_version
 from pipeline.scoring.id_check import RayIdCheck
 from pipeline.scoring.shard import ScoredShard, ScoreSettings, ShardReport, read_records, score_shard
-from pipeline.scoring.shuffle import map_shard, partition_shards, regroup_partition, staging
+from pipeline.scoring.shuffle import map_shard, partition_shards, partitions_per_task, regroup_partition, staging
 from pipeline.storage.fs import absolute, remove_all
 from pipeline.storage.ids import Duplicates, digest, duplicate_ids, ids_table, shard_ids
 from pipeline.storage.inputs import RecordError, Shard, list_inputs, plan_shards
@@ -257,26 +257,38 @@ class _Tasks:
         window = 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))
         return [r for _, r in completed(shards, lambda s: task.remote(s, *args), window, self.still_held)]
 
+    def cpus(self) -> int:
+        """The CPUs the tasks run on (inline: one)."""
+        if self.executor == "inline":
+            return 1
+        import ray
+
+        _start_ray(self.address, self.num_cpus)
+        return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
 
 def _shuffle(source: RawSource, run: str, shard_plan: ShardPlan, shard_bytes: int, tasks: _Tasks) -> ShardPlan:
     """Round 1 (and 2 when the format regroups) of the shuffle: the plan's shards become its partitions, about
-    one per `shard_bytes` of input, each scored as a shard."""
+    one per `shard_bytes` of input, scored as shards of one or more consecutive partitions each."""
     inputs = shard_plan.shards
     partitions = max(1, -(-shard_plan.total_bytes // shard_bytes))
+    per_task = partitions_per_task(partitions, tasks.cpus())
     rounds = 2 if source.shuffle is not None and source.shuffle.regroup is not None else 1
     remove_all(staging(run), source.options.storage_options)  # what an interrupted run left
     tasks.run(_map_shard, inputs, source, run, partitions, rounds, shard_bytes)
     if rounds == 2:
-        tasks.run(_regroup, partition_shards(source, run, inputs, partitions, 1), source, run, partitions)
-    return replace(shard_plan, shards=partition_shards(source, run, inputs, partitions, 2), inputs=inputs)
+        regroup = partition_shards(source, run, inputs, partitions, 1, per_task)
+        tasks.run(_regroup, regroup, source, run, partitions, shard_bytes)
+    final = partition_shards(source, run, inputs, partitions, 2, per_task)
+    return replace(shard_plan, shards=final, inputs=inputs)
 
 
 def _map_shard(shard: Shard, source: RawSource, run: str, partitions: int, rounds: int, shard_bytes: int) -> int:
     return map_shard(source, run, shard, partitions, rounds, shard_bytes)
 
 
-def _regroup(shard: Shard, source: RawSource, run: str, partitions: int) -> int:
-    return regroup_partition(source, run, shard, partitions)
+def _regroup(shard: Shard, source: RawSource, run: str, partitions: int, shard_bytes: int) -> int:
+    return regroup_partition(source, run, shard, partitions, shard_bytes)
 
 
 def _rescore_reason(

@@ -2,19 +2,22 @@
 their key, in tasks, through Arrow files in the run's staging area (`<run>/_staging/`), so that no task holds
 more than its input shard or its partition, never the night.
 
+There are P partitions, one per shard size of input: what a task decodes and holds at once. A task of round 2 or
+of scoring takes a run of consecutive partitions (`partitions_per_task`) and works through them one at a time.
 Round 1 (one task per input shard): read the shard's items, write each to partition hash(key) mod P.
 Round 2, when the format regroups (`Shuffle.regroup`; OTel: a trace joins the conversation one of its spans
-names), one task per partition: group its items by key, give every item of a group the new key, write each to
-partition hash(new key) mod P. Scoring (one task per final partition, pipeline.scoring.shard): group by key,
-assemble each group into a rollout (`Shuffle.assemble`), score it.
+names), one task per run of partitions: group each partition's items by key, give every item of a group the new
+key, write each to partition hash(new key) mod P. Scoring (one task per run of final partitions,
+pipeline.scoring.shard): group by key, assemble each group into a rollout (`Shuffle.assemble`), score it.
 
 Each task of a round writes one object, `<run>/_staging/round<R>/<task>.shuffle`: for each partition it has rows
 of, in partition order, an Arrow IPC stream (zstd-compressed) of those rows, then a trailer saying where each
-partition's stream starts and ends. A partition is read from every object of its round with two ranged reads each:
-the object's trailer, then the partition's range. So a round writes one object per task, not one per task and
-partition (at P = 1,600 partitions: 1,600 objects instead of 2.5 million). A worker process keeps the trailers it
-has read (they are the same for every partition), so it reads each object's trailer once, then one range per
-partition it scores.
+partition's stream starts and ends. A task reads its partitions from every object of its round: the object's
+trailer (a worker process keeps the trailers it has read), then one ranged read of its partitions' streams, which
+are consecutive, held compressed while they are decoded one partition at a time. So a round writes one object per
+task, not one per task and partition, and the reads of a round are (tasks writing it) × (tasks reading it): on a
+small cluster a task takes up to PARTITIONS_PER_TASK partitions, which divides the reads by its square (a night
+of 4 GB of spans cut at 16 MiB: 251 partitions, 63,000 reads in one at a time, 256 in runs of 16).
 
 A part of a log that is not an item travels as an error row to a partition of its own place, and is that
 partition's reject: rows read = scored + rejected still holds per partition. The staging area is removed once
@@ -48,6 +51,10 @@ from pipeline.storage.fs import filesystem, list_files, open_for_write
 from pipeline.storage.inputs import InputFile, RecordError, Shard, fingerprint
 
 STAGING = "_staging"
+# A task of round 2 or of scoring takes at most this many consecutive partitions, and fewer when that would leave
+# fewer than TASKS_PER_CPU tasks per CPU to balance the load (a large cluster: one partition a task).
+PARTITIONS_PER_TASK = 16
+TASKS_PER_CPU = 4
 SPILL_AFTER_SHARDS = 1  # staged rows a round-1 task holds, in shard sizes, before it spills them to local disk
 _ROW_BYTES = 200  # a held row's own cost beyond its strings and payload (the tuple, the objects' headers)
 _SCHEMA = pa.schema(
@@ -58,6 +65,8 @@ _SCHEMA = pa.schema(
         ("payload", pa.binary()),  # the item as JSON; the offending bytes of an error row
         ("location", pa.string()),  # "FILE LOCATION" of the item
         ("error", pa.string()),  # the reason of an error row, else null
+        ("names", pa.string()),  # the key the item names for its group in round 2 (`Shuffle.rekey`), else null
+        ("whole", pa.bool_()),  # whether round 2 must decode the item's group (`Shuffle.rekey`)
     ]
 )
 
@@ -73,13 +82,21 @@ def partition_of(key: str, partitions: int) -> int:
     return zlib.crc32(key.encode("utf-8", "surrogatepass")) % partitions
 
 
+def partitions_per_task(partitions: int, cpus: int) -> int:
+    """How many consecutive partitions one task takes, given the CPUs the tasks run on."""
+    return max(1, min(PARTITIONS_PER_TASK, partitions // (TASKS_PER_CPU * max(1, cpus))))
+
+
 def staging(run: str) -> str:
     return f"{run.rstrip('/')}/{STAGING}"
 
 
-def partition_shards(source: RawSource, run: str, inputs: list[Shard], partitions: int, round_: int) -> list[Shard]:
-    """The partitions of round `round_` as shards: what scoring (or the next round) runs over. Their fingerprint
-    covers every input shard, so any change to the night's files shows in every partition."""
+def partition_shards(
+    source: RawSource, run: str, inputs: list[Shard], partitions: int, round_: int, per_task: int = 1
+) -> list[Shard]:
+    """The partitions of round `round_` as shards, `per_task` consecutive partitions each: what scoring (or the next
+    round) runs over, a task per shard. Their fingerprint covers every input shard, so any change to the night's
+    files shows in every partition."""
     digest = hashlib.sha1(f"{partitions}\n{round_}".encode())
     for s in inputs:
         digest.update(f"{s.file.url}\n{s.file.fingerprint}\n{s.start}\n{s.stop}\n".encode())
@@ -87,82 +104,112 @@ def partition_shards(source: RawSource, run: str, inputs: list[Shard], partition
         (s.stop or s.file.size) - s.start for s in inputs if not s.whole_file
     )
     fingerprint = f"{size}-{digest.hexdigest()[:12]}"
-    return [
-        Shard(
-            InputFile(
-                f"{source.fmt} partition {p + 1} of {partitions}", "partition", None, size // partitions, fingerprint
-            ),
-            p,
-            p + 1,
-        )
-        for p in range(partitions)
-    ]
+    shards = []
+    for start in range(0, partitions, per_task):
+        stop = min(partitions, start + per_task)
+        which = f"partition {stop} of" if stop == start + 1 else f"partitions {start + 1}-{stop} of"
+        name = f"{source.fmt} {which} {partitions}"
+        shards.append(Shard(InputFile(name, "partition", None, size * (stop - start) // partitions, fingerprint),
+                            start, stop))  # fmt: skip
+    return shards
 
 
 def map_shard(source: RawSource, run: str, shard: Shard, partitions: int, rounds: int, shard_bytes: int) -> int:
     """Round 1 over one input shard: its items written to their partitions (of round 2 when the format regroups,
     else of scoring), holding at most SPILL_AFTER_SHARDS × `shard_bytes` of rows at once. Returns how many rows it
     wrote."""
-    rows: dict[int, list[tuple[Any, ...]]] = {}
-    held = written = 0
-    with _Spill() as spill:
+    rekey = source.shuffle.rekey if source.shuffle is not None and rounds == 2 else None
+    with _Staged(partitions, SPILL_AFTER_SHARDS * shard_bytes) as staged:
         for location, item in shuffle_items(source, shard):
             where = f"{shard.file.url} {location}".rstrip()
             if isinstance(item, RecordError):
-                row = (where, 0, "", item.raw.encode(), where, item.reason)
+                staged.put((where, 0, "", item.raw.encode(), where, item.reason, None, False))
+                continue
+            key, (start, item_id), payload = item
+            names, whole = rekey(payload) if rekey is not None else (None, True)
+            try:
+                data = orjson.dumps(payload)
+            except TypeError as exc:  # an integer past 64 bits: the item cannot be staged
+                staged.put((where, 0, "", b"", where, f"{source.fmt}: {where}: cannot be staged: {exc}", None, False))
             else:
-                key, (start, item_id), payload = item
-                try:
-                    data = orjson.dumps(payload)
-                except TypeError as exc:  # an integer past 64 bits: the item cannot be staged
-                    row = (where, 0, "", b"", where, f"{source.fmt}: {where}: cannot be staged: {exc}")
-                else:
-                    row = (key, start, item_id, data, where, None)
-            rows.setdefault(partition_of(row[0], partitions), []).append(row)
-            written += 1
-            held += len(row[0]) + len(row[3]) + 2 * len(where) + _ROW_BYTES
-            if held >= SPILL_AFTER_SHARDS * shard_bytes:
-                spill.add(rows)
-                rows, held = {}, 0
+                staged.put((key, start, item_id, data, where, None, names, whole))
         round_ = 1 if rounds == 2 else 2
-        _write(run, round_, shard.key, spill.drained(rows), partitions, source.options.storage_options)
-    return written
+        _write(run, round_, shard.key, staged.drained(), partitions, source.options.storage_options)
+    return staged.count
 
 
-class _Spill:
-    """Rows spilled to local disk: one Arrow file per spill, a record batch per partition in partition order."""
+class _Staged:
+    """The rows a task writes to the partitions of the next round: held until `limit` bytes of them, then spilled
+    to local disk, one Arrow file per spill with a record batch per partition in partition order."""
 
-    def __init__(self) -> None:
+    def __init__(self, partitions: int, limit: int) -> None:
+        self.partitions, self.limit = partitions, limit
+        self.rows: dict[int, list[tuple[Any, ...]]] = {}
+        self.tables: dict[int, list[pa.Table]] = {}  # rows put as Arrow already
+        self.held = self.count = 0
         self.folder: str | None = None
         self.files: list[tuple[str, dict[int, int]]] = []  # (path, partition -> its batch in the file)
 
-    def __enter__(self) -> _Spill:
+    def __enter__(self) -> _Staged:
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
 
-    def add(self, rows: dict[int, list[tuple[Any, ...]]]) -> None:
-        if not rows:
-            return
-        self.folder = self.folder or tempfile.mkdtemp(prefix="pexec-shuffle-")
-        path = f"{self.folder}/{len(self.files):05d}.arrow"
-        order = sorted(rows)
-        with pa.OSFile(path, "wb") as f, pa.ipc.new_file(f, _SCHEMA, options=_COMPRESSED) as writer:
-            for partition in order:
-                writer.write_batch(_batch(rows[partition]))
-        self.files.append((path, {partition: i for i, partition in enumerate(order)}))
+    def put(self, row: tuple[Any, ...]) -> None:
+        """A row (a value per column of the staged schema) to the partition of its key."""
+        self.rows.setdefault(partition_of(row[0], self.partitions), []).append(row)
+        self.count += 1
+        self.held += len(row[0]) + len(row[3]) + 2 * len(row[4]) + _ROW_BYTES
+        if self.held >= self.limit:
+            self._spill()
 
-    def drained(self, rows: dict[int, list[tuple[Any, ...]]]) -> Iterator[tuple[int, pa.RecordBatch]]:
-        """(partition, its rows) for every partition that has rows, in partition order: from `rows` alone when
-        nothing was spilled, else with `rows` spilled too, each partition gathered from every spill file. The files
-        are read, not mapped (mapped pages would count in the task's resident memory), and opened one at a time: a
-        large file cut into small shards spills thousands of them, past a process's open-file limit."""
-        if not self.files:
-            yield from ((partition, _batch(rows[partition])) for partition in sorted(rows))
+    def put_table(self, table: pa.Table) -> None:
+        """Rows of the staged schema, each to the partition of its key (a hash per distinct key, not per row)."""
+        if not table.num_rows:
             return
-        self.add(rows)
+        keys = pc.unique(table["key"])
+        where = pc.take(pa.array([partition_of(k, self.partitions) for k in keys.to_pylist()], pa.int64()),
+                        pc.index_in(table["key"], keys))  # fmt: skip
+        order = pc.sort_indices(where)
+        table, where = table.take(order), where.take(order)
+        counts = pc.value_counts(where)  # in order of first appearance: ascending, as sorted
+        begin = 0
+        for partition, n in zip(counts.field(0).to_pylist(), counts.field(1).to_pylist(), strict=True):
+            self.tables.setdefault(partition, []).append(table.slice(begin, n))
+            begin += n
+        self.count += table.num_rows
+        self.held += table.nbytes
+        if self.held >= self.limit:
+            self._spill()
+
+    def _held(self, partition: int) -> pa.RecordBatch:
+        rows = [pa.Table.from_batches([_batch(self.rows[partition])])] if partition in self.rows else []
+        return pa.concat_tables(rows + self.tables.get(partition, [])).combine_chunks().to_batches()[0]
+
+    def _spill(self) -> None:
+        order = sorted(self.rows.keys() | self.tables.keys())
+        if order:
+            self.folder = self.folder or tempfile.mkdtemp(prefix="pexec-shuffle-")
+            path = f"{self.folder}/{len(self.files):05d}.arrow"
+            with pa.OSFile(path, "wb") as f, pa.ipc.new_file(f, _SCHEMA, options=_COMPRESSED) as writer:
+                for partition in order:
+                    writer.write_batch(self._held(partition))
+            self.files.append((path, {partition: i for i, partition in enumerate(order)}))
+        self.rows, self.tables, self.held = {}, {}, 0
+
+    def drained(self) -> Iterator[tuple[int, pa.RecordBatch]]:
+        """(partition, its rows) for every partition that has rows, in partition order: from the held rows alone
+        when nothing was spilled, else with them spilled too, each partition gathered from every spill file. The
+        files are read, not mapped (mapped pages would count in the task's resident memory), and opened one at a
+        time: a large file cut into small shards spills thousands of them, past a process's open-file limit."""
+        if not self.files:
+            yield from (
+                (partition, self._held(partition)) for partition in sorted(self.rows.keys() | self.tables.keys())
+            )
+            return
+        self._spill()
         for partition in sorted({p for _, index in self.files for p in index}):
             batches = []
             for path, index in self.files:
@@ -172,42 +219,61 @@ class _Spill:
             yield partition, pa.concat_batches(batches)
 
 
-def regroup_partition(source: RawSource, run: str, shard: Shard, partitions: int) -> int:
-    """Round 2 over one partition: every key group regrouped by the format (`Shuffle.regroup`), each item written
-    to the partition of its new key."""
+def regroup_partition(source: RawSource, run: str, shard: Shard, partitions: int, shard_bytes: int) -> int:
+    """Round 2 over one shard's partitions: every key group regrouped by the format (`Shuffle.regroup`), each item
+    written to the partition of its new key, holding at most SPILL_AFTER_SHARDS × `shard_bytes` of rows at once."""
     shuffle = source.shuffle
     assert shuffle is not None and shuffle.regroup is not None
-    out: dict[int, list[tuple[Any, ...]]] = {}
-    for key, table in _groups(_read(run, 1, shard.start, source.options.storage_options)):
-        cols = table.to_pydict()
-        if key is None:  # error rows keep their place
-            for row in zip(*cols.values(), strict=True):
-                out.setdefault(partition_of(row[0], partitions), []).append(row)
-            continue
-        where = cols["location"][0]
-        for new_key, item in shuffle.regroup(key, [orjson.loads(p) for p in cols["payload"]]):
-            row = (new_key, item["start"], item["span_id"], orjson.dumps(item), where, None)
-            out.setdefault(partition_of(new_key, partitions), []).append(row)
-    batches = ((partition, _batch(out[partition])) for partition in sorted(out))
-    _write(run, 2, f"from-{shard.start:05d}", batches, partitions, source.options.storage_options)
-    return sum(len(r) for r in out.values())
+    storage = source.options.storage_options
+    with _Staged(partitions, SPILL_AFTER_SHARDS * shard_bytes) as staged:
+        for table in _read(run, 1, shard.start, shard.stop, storage):
+            rekeyed, table = _rekeyed(table) if shuffle.rekey is not None else (None, table)
+            if rekeyed is not None:
+                staged.put_table(rekeyed)
+            for key, group in _groups(table):
+                cols = group.to_pydict()
+                if key is None:  # error rows keep their place
+                    for row in zip(*cols.values(), strict=True):
+                        staged.put(row)
+                    continue
+                where = cols["location"][0]
+                for new_key, item in shuffle.regroup(key, [orjson.loads(p) for p in cols["payload"]]):
+                    staged.put((new_key, item["start"], item["span_id"], orjson.dumps(item), where, None, None, False))
+        _write(run, 2, f"from-{shard.start:05d}", staged.drained(), partitions, storage)
+    return staged.count
+
+
+def _rekeyed(table: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """The item rows of `table`'s key groups that round 2 rekeys without decoding them (`Shuffle.rekey`: no item of
+    the group must be seen), each with its group's new key; and the other rows, as they were."""
+    items = table.filter(pc.is_null(table["error"])).sort_by([("key", "ascending"), ("start", "ascending"),
+                                                               ("item_id", "ascending")])  # fmt: skip
+    groups = items.group_by("key", use_threads=False).aggregate([("names", "first"), ("whole", "any")])
+    plain = groups.filter(pc.invert(pc.fill_null(groups["whole_any"], True)))
+    chosen = pc.is_in(items["key"], plain["key"])
+    rekeyed = items.filter(chosen)
+    named = pc.take(plain["names_first"], pc.index_in(rekeyed["key"], plain["key"]))
+    rekeyed = rekeyed.set_column(0, "key", pc.coalesce(named, rekeyed["key"]))
+    rest = pa.concat_tables([table.filter(pc.invert(pc.is_null(table["error"]))), items.filter(pc.invert(chosen))])
+    return rekeyed, rest
 
 
 def read_partition(source: RawSource, run: str, shard: Shard) -> Iterator[tuple[str, dict[str, Any] | RecordError]]:
-    """The rollouts of one final partition, a group at a time, in key order; an error row is a RecordError at
-    its own place, and a group the format cannot assemble is one at `key KEY`."""
+    """The rollouts of one shard's final partitions, a partition at a time and a group at a time in key order;
+    an error row is a RecordError at its own place, and a group the format cannot assemble is one at `key KEY`."""
     shuffle = source.shuffle
     assert shuffle is not None
-    for key, table in _groups(_read(run, 2, shard.start, source.options.storage_options)):
-        cols = table.to_pydict()
-        if key is None:
-            for location, payload, error in zip(cols["location"], cols["payload"], cols["error"], strict=True):
-                yield location, RecordError(error, payload.decode("utf-8", "replace"))
-            continue
-        try:
-            yield f"key {key}", shuffle.assemble(key, [orjson.loads(p) for p in cols["payload"]], source.options)
-        except IngestError as exc:
-            yield f"key {key}", RecordError(str(exc), "")
+    for partition in _read(run, 2, shard.start, shard.stop, source.options.storage_options):
+        for key, table in _groups(partition):
+            cols = table.to_pydict()
+            if key is None:
+                for location, payload, error in zip(cols["location"], cols["payload"], cols["error"], strict=True):
+                    yield location, RecordError(error, payload.decode("utf-8", "replace"))
+                continue
+            try:
+                yield f"key {key}", shuffle.assemble(key, [orjson.loads(p) for p in cols["payload"]], source.options)
+            except IngestError as exc:
+                yield f"key {key}", RecordError(str(exc), "")
 
 
 def _groups(table: pa.Table) -> Iterator[tuple[str | None, pa.Table]]:
@@ -266,17 +332,25 @@ def _write(
         f.write(struct.pack(f"<{partitions + 2}q", *offsets, partitions) + _MAGIC)
 
 
-def _read(run: str, round_: int, partition: int, storage: dict[str, Any] | None) -> pa.Table:
-    """Partition `partition` of a round: its stream from every task's object."""
+def _read(run: str, round_: int, start: int, stop: int, storage: dict[str, Any] | None) -> Iterator[pa.Table]:
+    """Partitions `start` to `stop` - 1 of a round, a table each, in order: from every task's object one ranged read
+    of those partitions' streams (consecutive in it), held compressed while they are decoded one at a time."""
     found = list_files(_round(run, round_), storage, patterns=["*.shuffle"], max_depth=1) or {}
     fs, folder = filesystem(_round(run, round_), storage)  # once: every object is a file of this folder
-    tables = []
+    streams = []  # (the bytes of an object's streams of these partitions, where each stream starts in them)
     for url, info in found.items():
         path, size = f"{folder}/{url.rsplit('/', 1)[1]}", int(info["size"])
-        start, stop = _range_of(path, _trailer(path, size, fingerprint(size, info), fs), partition)
-        if stop > start:
-            tables.append(pa.ipc.open_stream(fs.cat_file(path, start=start, end=stop)).read_all())
-    return pa.concat_tables(tables) if tables else _SCHEMA.empty_table()
+        offsets = _offsets(path, _trailer(path, size, fingerprint(size, info), fs), start, stop)
+        if offsets[-1] > offsets[0]:
+            data = pa.py_buffer(fs.cat_file(path, start=offsets[0], end=offsets[-1]))
+            streams.append((data, [o - offsets[0] for o in offsets]))
+    for i in range(stop - start):
+        tables = [
+            pa.ipc.open_stream(data.slice(at[i], at[i + 1] - at[i])).read_all()
+            for data, at in streams
+            if at[i + 1] > at[i]
+        ]
+        yield pa.concat_tables(tables) if tables else _SCHEMA.empty_table()
 
 
 def _trailer(path: str, size: int, version: str, fs: Any) -> bytes:
@@ -303,10 +377,10 @@ def _trailer(path: str, size: int, version: str, fs: Any) -> bytes:
     return trailer
 
 
-def _range_of(path: str, trailer: bytes, partition: int) -> tuple[int, int]:
-    """Where partition `partition`'s stream is in the object at `path`, from the object's `trailer`."""
+def _offsets(path: str, trailer: bytes, start: int, stop: int) -> tuple[int, ...]:
+    """Where the streams of partitions `start` to `stop` - 1 begin in the object at `path`, and where the last
+    ends (`stop` - `start` + 1 offsets), from the object's `trailer`."""
     (partitions,) = struct.unpack_from("<q", trailer, len(trailer) - len(_MAGIC) - 8)
-    if not 0 <= partition < partitions:
-        raise OSError(f"{path}: holds {partitions} partitions, not partition {partition}")
-    start, stop = struct.unpack_from("<2q", trailer, 8 * partition)
-    return start, stop
+    if not 0 <= start < stop <= partitions:
+        raise OSError(f"{path}: holds {partitions} partitions, not partitions {start} to {stop - 1}")
+    return struct.unpack_from(f"<{stop - start + 1}q", trailer, 8 * start)
