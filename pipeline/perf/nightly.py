@@ -43,8 +43,8 @@ FORMATS = {  # format: (its files' folder, the adapter options the support sampl
 }
 NAMES = {"openai": "OpenAI gzip JSON Lines", "otel": "OTLP protobuf spans (shuffled)"}
 DEFAULT_ROLLOUTS = 1_000_000
-# The memory a scoring task stays under, whatever the night's size: a task holds one shard or one shuffle
-# partition (about `shard_mb` of input), never the night.
+# The memory a scoring task stays under, whatever the night's size: a task holds one shard, or decodes the shuffle
+# partitions of its run one at a time (about `shard_mb` of input each), never the night.
 TASK_BOUND_MIB = 1024
 EVAL_MB_PER_MILLION = 300  # the .eval size when not given: 300 MB at the default million rollouts
 BUCKET = "nightly"

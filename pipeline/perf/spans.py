@@ -1,10 +1,10 @@
 """A night of OTel spans scored where it lies (`pexec bench spans`): the support sample's conversations as GenAI
 spans dealt over 16 files (`pipeline.synthetic.support_spans`), scored by `pexec score --format otel` on local
-Ray (the hash shuffle by trace, then by conversation, then one scoring task per partition), beside `pexec ingest
+Ray (the hash shuffle by trace, then by conversation, then scoring tasks over runs of partitions), beside `pexec ingest
 otel` then `pexec score` of the same spans in the same run (ingest holds every span of the night in one process).
 
 Figures: spans per second end to end (raw spans to a committed run); the peak RSS of the largest process of each
-path (the shuffle: the largest Ray worker that scored a partition, as its shard report records it; the baseline:
+path (the shuffle: the largest Ray worker that scored partitions, as its shard report records it; the baseline:
 the ingest process); and how many partitions the night was cut into.
 """
 
@@ -46,7 +46,7 @@ def bench_spans(
                                executor="ray", num_cpus=cpus, shard_bytes=int(shard_mb * 2**20), **env)  # fmt: skip
         rates.append(written / (time.perf_counter() - began))
         peaks.append(max(s["peak_rss_mib"] for s in manifest["shards"]))
-        partitions.append(len(manifest["shards"]))
+        partitions.append(sum(s["stop"] - s["start"] for s in manifest["shards"]))  # a shard: a run of them
         store, baseline_run = base / "store", base / "baseline-run"
         shutil.rmtree(store, ignore_errors=True)
         shutil.rmtree(baseline_run, ignore_errors=True)
