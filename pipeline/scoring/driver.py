@@ -252,10 +252,8 @@ class _Tasks:
             return out
         import ray
 
-        _start_ray(self.address, self.num_cpus)
         task = ray.remote(max_retries=3, retry_exceptions=[OSError])(fn)
-        window = 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))
-        return [r for _, r in completed(shards, lambda s: task.remote(s, *args), window, self.still_held)]
+        return [r for _, r in completed(shards, lambda s: task.remote(s, *args), 2 * self.cpus(), self.still_held)]
 
     def cpus(self) -> int:
         """The CPUs the tasks run on (inline: one)."""

@@ -227,10 +227,9 @@ def regroup_partition(source: RawSource, run: str, shard: Shard, partitions: int
     storage = source.options.storage_options
     with _Staged(partitions, SPILL_AFTER_SHARDS * shard_bytes) as staged:
         for table in _read(run, 1, shard.start, shard.stop, storage):
-            rekeyed, table = _rekeyed(table) if shuffle.rekey is not None else (None, table)
-            if rekeyed is not None:
-                staged.put_table(rekeyed)
-            for key, group in _groups(table):
+            rekeyed, rest = _rekeyed(table)  # without `Shuffle.rekey` every item is marked whole: none rekeyed
+            staged.put_table(rekeyed)
+            for key, group in _groups(rest):
                 cols = group.to_pydict()
                 if key is None:  # error rows keep their place
                     for row in zip(*cols.values(), strict=True):
