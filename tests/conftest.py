@@ -71,6 +71,16 @@ def wait_for(condition, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+# How many inputs a property test generates: its own size in `make test`, at least PEXEC_FUZZ_EXAMPLES in
+# `make fuzz`, which runs the tests marked `fuzz`; a property whose CI size is a sample of a larger space
+# carries that marker, so the large size runs there.
+FUZZ_EXAMPLES = int(os.environ.get("PEXEC_FUZZ_EXAMPLES", "0"))
+
+
+def examples(ci: int) -> int:
+    return max(ci, FUZZ_EXAMPLES)
+
+
 # The one set of options for a local Ray in tests: 2 CPUs, as on this project's machines.
 RAY_OPTIONS = {"num_cpus": 2, "include_dashboard": False, "logging_level": "WARNING"}
 # The node id of the Ray that `shared_ray` started, while it runs: tells it apart from a Ray started by a test

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -861,7 +862,8 @@ def _extend(children: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
     )
 
 
-@settings(max_examples=400, deadline=None)
+@pytest.mark.fuzz
+@settings(max_examples=examples(100), deadline=None)
 @given(
     source=st.recursive(_leaves, _extend, max_leaves=14),
     x=st.integers(-20, 20),
@@ -1147,7 +1149,8 @@ def _grow_source(inner: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
     )
 
 
-@settings(max_examples=400, deadline=None)
+@pytest.mark.fuzz
+@settings(max_examples=examples(100), deadline=None)
 @given(source=st.recursive(_ATOMS, _grow_source, max_leaves=8))
 def test_compiled_code_gives_the_closures_values_errors_and_budget(source: str) -> None:
     try:

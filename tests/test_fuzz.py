@@ -10,7 +10,6 @@ examples (PEXEC_FUZZ_EXAMPLES) for a bounded time.
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import time
@@ -19,6 +18,7 @@ from typing import Any
 
 import duckdb
 import pytest
+from conftest import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -27,7 +27,7 @@ from pipeline.expr import BudgetExceeded, EvalError, ExprError, compile_expr
 from pipeline.scoring.driver import run_scoring
 from pipeline.synthetic.rollouts import synthesize
 
-EXAMPLES = int(os.environ.get("PEXEC_FUZZ_EXAMPLES", "25"))
+EXAMPLES = examples(25)
 BASE = list(synthesize("shop", 12, 6, 3))
 DEEP = re.compile(r'"@@deep(\d+)@@"')  # placeholder for a value nested n levels, spliced in as text
 HOSTILE_TEXT = ["[/x]", "[bold]red[/bold]", "\x1b[31mred\x1b[0m", "a\rb\x07\x08c", "\u202eevil", "null", ""]

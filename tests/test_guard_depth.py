@@ -9,11 +9,10 @@ generated records through the real scorer.
 
 from __future__ import annotations
 
-import os
-
 import duckdb
 import orjson
 import pytest
+from conftest import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_guard_http import Client, start_server, stop
@@ -25,7 +24,7 @@ from pipeline.replay.checker import replay
 from pipeline.scoring.driver import run_scoring
 
 pytestmark = pytest.mark.fuzz  # an adversarial suite: `make fuzz` runs it longer
-EXAMPLES = int(os.environ.get("PEXEC_FUZZ_EXAMPLES", "25"))
+EXAMPLES = examples(25)
 TOO_DEEP = f"the record nests deeper than {MAX_DEPTH} levels"
 
 

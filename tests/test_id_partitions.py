@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -52,7 +53,8 @@ def cut_store(draw: st.DrawFn) -> tuple[list[Shard], dict[str, pa.Table]]:
     return shards, ids
 
 
-@settings(max_examples=200, deadline=None)
+@pytest.mark.fuzz
+@settings(max_examples=examples(50), deadline=None)
 @given(store=cut_store(), partitions=st.integers(1, 6))
 def test_partitions_tell_every_shard_what_the_whole_check_tells_it(
     store: tuple[list[Shard], dict[str, pa.Table]], partitions: int

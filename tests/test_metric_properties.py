@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import itertools
-import os
 import tempfile
 from fractions import Fraction
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_aggregate import _TYPES
@@ -60,9 +60,9 @@ def run_metrics(rows: list[dict[str, Any]], method: str, seed: int) -> list[dict
         return open_run(tmp).cohorts(settings=BootstrapSettings(B=B, seed=seed, method=method))  # type: ignore[arg-type]
 
 
-# Each example runs the whole DuckDB stage (~0.15 s): `make test` tries 15 per property, `make fuzz` (marker
-# `fuzz`, PEXEC_FUZZ_EXAMPLES) as many as it is given.
-EXAMPLES = int(os.environ.get("PEXEC_FUZZ_EXAMPLES", "15"))
+# Each example runs the whole DuckDB stage (~0.15 s): `make test` tries 8 per property, `make fuzz` as many as
+# it is given.
+EXAMPLES = examples(8)
 common = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 pytestmark = pytest.mark.fuzz
 methods = st.sampled_from(["multinomial", "poisson"])

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -114,7 +115,8 @@ json_values = st.recursive(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@pytest.mark.fuzz
+@settings(max_examples=examples(50), deadline=None)
 @given(
     doc=st.dictionaries(st.text(max_size=2), json_values, max_size=4),
     ops=st.lists(st.tuples(st.sampled_from(["set", "del", "append"]), st.text(max_size=2), json_values), max_size=12),
