@@ -22,20 +22,20 @@ SERVERS ?= mlflow phoenix
 # Packages are installed by uv (itself pinned, installed by pip first): the same pins as pip would take, in a
 # fraction of the time, with every module compiled to bytecode at install as pip does.
 UV_VERSION := 0.13.9
-UV = $(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python
+UV = $(BIN)/uv pip install --quiet --compile-bytecode --python  # then the interpreter to install for
 $(STAMP): pyproject.toml requirements.lock specs/simulators.txt specs/simulator-wheels.txt
 	@$(PY) -c 'import sys; assert (3, 11) <= sys.version_info[:2] <= (3, 13), "Python 3.11, 3.12 or 3.13 is required"' \
 		|| { echo "$(PY) does not run Python 3.11-3.13 (make ... PYTHON=python3.13 picks another)"; exit 1; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip==26.3" "uv==$(UV_VERSION)"
-	$(UV) -c requirements.lock -e ".[dev,sims]"
-	$(UV) --no-deps -c requirements.lock -r specs/simulators.txt
+	$(UV) $(BIN)/python -c requirements.lock -e ".[dev,sims]"
+	$(UV) $(BIN)/python --no-deps -c requirements.lock -r specs/simulators.txt
 	$(BIN)/python -m pip download --quiet --no-deps -d $(VENV)/bfcl-data -r specs/simulator-wheels.txt
 	touch $(STAMP)
 
 $(VENV)/servers/%/.installed-stamp: tests/servers/%.txt $(STAMP)
 	test -x $(VENV)/servers/$*/bin/python || $(PY) -m venv --without-pip $(VENV)/servers/$*
-	$(BIN)/uv pip install --quiet --compile-bytecode --python $(VENV)/servers/$*/bin/python --no-deps -r $<
+	$(UV) $(VENV)/servers/$*/bin/python --no-deps -r $<
 	touch $@
 
 install: $(STAMP) $(SERVERS:%=$(VENV)/servers/%/.installed-stamp)
