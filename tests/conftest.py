@@ -140,12 +140,20 @@ def shared_ray() -> None:
     until the session ends, or until a test stops it (fresh_ray, own_ray, a bench): then the next one starts it
     again. Each start costs seconds of the suite, and `run_scoring` reuses a running Ray. Its workers outlive
     the test: a test that kills them, or that changes what a worker process holds, takes fresh_ray."""
+    shared_ray_address()
+
+
+def shared_ray_address() -> str:
+    """The shared Ray (see `shared_ray`), started if it is not running; its address, for a `pexec` process the
+    test starts to join (RAY_ADDRESS) instead of starting a Ray of its own."""
+    import ray
+
     node = _running_node()
-    if node is not None and node in _shared_node:
-        return
-    _stop_ray()  # a Ray of another test's options: never reused
-    # A module's `s3` fixture may come after the shared Ray started: its workers have the credentials already.
-    _shared_node.append(_start_ray(worker_env=CREDENTIALS))
+    if node is None or node not in _shared_node:
+        _stop_ray()  # a Ray of another test's options: never reused
+        # A module's `s3` fixture may come after the shared Ray started: its workers have the credentials already.
+        _shared_node.append(_start_ray(worker_env=CREDENTIALS))
+    return ray.get_runtime_context().gcs_address
 
 
 @pytest.fixture

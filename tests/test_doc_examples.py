@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import shared_ray_address
 
 ROOT = Path(__file__).resolve().parents[1]
 TOUR = "## A five-minute tour"  # the README's section whose blocks run; the rest of the README is not a walk-through
@@ -168,9 +169,10 @@ def page_blocks(page: str) -> list[Block]:
     return bash_blocks(text, page)
 
 
-def run(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def run(code: str, cwd: Path, ray_address: str = "") -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
+        "RAY_ADDRESS": ray_address,  # a command that scores on Ray joins the suite's shared one: no Ray start each
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         "COLUMNS": "200",  # tables as the pages show them, not wrapped at 80
@@ -209,13 +211,13 @@ class PageRun:
     error: BaseException | None = None
 
 
-def run_page(page: str, where: Path, demo_run: Future[Path] | None) -> PageRun:
+def run_page(page: str, where: Path, demo_run: Future[Path] | None, ray_address: str) -> PageRun:
     result, started = PageRun([]), time.monotonic()
     try:
         cwd = workspace(where, demo_run.result() if demo_run is not None else None)
         for block in page_blocks(page):
             if block.not_run is None:
-                result.done.append((block, run(block.code, cwd)))
+                result.done.append((block, run(block.code, cwd, ray_address)))
                 if result.done[-1][1].returncode != 0:
                     break
     except Exception as exc:  # reported by the page's own test, not as an error of the others
@@ -225,7 +227,7 @@ def run_page(page: str, where: Path, demo_run: Future[Path] | None) -> PageRun:
 
 
 def cost(page: str) -> int:
-    """A page's expected share of the time: a command that starts Ray (scoring without --inline, a job) dominates."""
+    """A page's expected share of the time: a command that scores on Ray (without --inline, a job) dominates."""
     code = [b.code for b in page_blocks(page) if b.not_run is None]
     ray = sum(len(re.findall(r"^pexec (?:run |score (?!.*--inline))", c, re.M)) for c in code)
     return 10 * ray + len(code)
@@ -233,17 +235,21 @@ def cost(page: str) -> int:
 
 @pytest.fixture(scope="module")
 def page_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, PageRun]:
-    """Every selected page's blocks, pages side by side, the costliest first: most of a page's time is Ray
-    starting or a process importing, so a few pages at once keep the file within about a minute."""
+    """Every selected page's blocks, pages side by side, the costliest first: most of a page's time is a process
+    importing or a job's Ray workers starting, so a few pages at once keep the file within about a minute. The
+    commands that score on Ray join the suite's shared Ray rather than each starting one (seconds of CPU each)."""
     selected = {
         item.callspec.params["page"]
         for item in request.session.items
         if getattr(item, "originalname", None) == "test_page_examples_run"
     }
+    address = shared_ray_address()
     with ThreadPoolExecutor(max_workers=PAGES_AT_ONCE) as pool:
         demo = pool.submit(make_demo_run, tmp_path_factory.mktemp("demo")) if selected & NEEDS_DEMO_RUN else None
         futures = {
-            page: pool.submit(run_page, page, tmp_path_factory.mktemp("page"), demo if page in NEEDS_DEMO_RUN else None)
+            page: pool.submit(
+                run_page, page, tmp_path_factory.mktemp("page"), demo if page in NEEDS_DEMO_RUN else None, address
+            )
             for page in sorted(selected, key=cost, reverse=True)
         }
         return {page: future.result() for page, future in futures.items()}

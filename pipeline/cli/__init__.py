@@ -8,6 +8,10 @@ envs, guard, bench).
 Imports: every stage.
 """
 
-from pipeline.cli.app import app
+from pipeline.core.arrow import answer_pandas_probe
+
+answer_pandas_probe()  # before any command converts a value (see pipeline.core.arrow)
+
+from pipeline.cli.app import app  # noqa: E402
 
 __all__ = ["app"]

@@ -13,12 +13,12 @@ import sys
 from typing import Any
 
 import orjson
-import pyarrow as pa
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from pipeline.core import intervals, metric_catalogue
+from pipeline.core.arrow import pa
 from pipeline.metrics.cohorts import cohort_fields
 from pipeline.metrics.completeness import describe_partial
 from pipeline.metrics.query import QueryResult

@@ -14,9 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import pyarrow as pa
-
 from pipeline.core import metric_catalogue
+from pipeline.core.arrow import pa
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-import pyarrow as pa
 from threadpoolctl import threadpool_limits
+
+from pipeline.core.arrow import pa
 
 Method = Literal["multinomial", "poisson"]
 

@@ -23,9 +23,9 @@ from typing import Any
 
 import duckdb
 import numpy as np
-import pyarrow as pa
 
 from pipeline.core import intervals, metric_catalogue, run_schema
+from pipeline.core.arrow import pa
 from pipeline.core.errors import StorageError
 from pipeline.metrics import bootstrap
 from pipeline.metrics.completeness import Snapshot

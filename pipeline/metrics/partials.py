@@ -32,9 +32,9 @@ from typing import Any
 
 import duckdb
 import numpy as np
-import pyarrow as pa
 
 from pipeline.core import metric_catalogue
+from pipeline.core.arrow import pa
 from pipeline.metrics import bootstrap, cohorts
 from pipeline.metrics.completeness import Snapshot
 from pipeline.metrics.duck import fetch, run_sql, set_variables

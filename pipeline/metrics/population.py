@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import duckdb
-import pyarrow as pa
 
 from pipeline.core import metric_catalogue
+from pipeline.core.arrow import pa
 from pipeline.metrics.completeness import Snapshot
 from pipeline.metrics.duck import connect, rollout_columns, run_sql, set_variables
 from pipeline.metrics.settings import DEFAULT_POPULATION, MetricsError, Population

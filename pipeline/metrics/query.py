@@ -15,8 +15,8 @@ from typing import Any
 
 import duckdb
 import orjson
-import pyarrow as pa
 
+from pipeline.core.arrow import pa
 from pipeline.core.errors import PexecError
 from pipeline.metrics.completeness import Snapshot
 from pipeline.metrics.duck import connect, run_sql, set_variables

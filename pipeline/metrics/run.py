@@ -14,8 +14,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import duckdb
-import pyarrow as pa
 
+from pipeline.core.arrow import pa
 from pipeline.metrics.cohorts import compute_metrics, metrics_tables, write_metrics
 from pipeline.metrics.completeness import Snapshot, take_snapshot
 from pipeline.metrics.duck import connect, run_sql, set_variables

@@ -19,8 +19,8 @@ from urllib.parse import urlencode
 
 import duckdb
 import numpy as np
-import pyarrow as pa
 
+from pipeline.core.arrow import pa
 from pipeline.core.intervals import MIN_TASKS
 from pipeline.core.metric_catalogue import AUC_UNIT
 from pipeline.metrics import bootstrap

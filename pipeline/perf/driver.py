@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import pyarrow as pa
 
+from pipeline.core.arrow import pa
 from pipeline.perf import CLUSTER_CORES
 from pipeline.perf.figures import Bench, figure, load_average, n_runs, show
 from pipeline.perf.processes import local_ray

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.core.arrow import pa
 from pipeline.perf.figures import Bench, Figure, figure, load_average, n_runs, show
 from pipeline.perf.fixtures import commit_parts
 

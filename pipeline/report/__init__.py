@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from pipeline.core import metric_catalogue
+from pipeline.core.arrow import pa
 from pipeline.core.errors import StorageError
 from pipeline.metrics.cohorts import metrics_tables
 from pipeline.metrics.completeness import describe_partial

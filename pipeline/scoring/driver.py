@@ -16,8 +16,7 @@ from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-import pyarrow as pa
-
+from pipeline.core.arrow import pa
 from pipeline.core.errors import PexecError, StorageError
 from pipeline.core.records import record_id
 from pipeline.envs import EnvError, EnvOptions, forget_unresolved, get_environment

@@ -7,8 +7,8 @@ from operator import attrgetter
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
+from pipeline.core.arrow import pa
 from pipeline.core.effects import WRITES
 from pipeline.core.model import Reject, RolloutResult
 from pipeline.core.run_schema import ATTRIBUTE_PREFIX, REJECTS, ROLLOUTS, STEPS, RunTable, arrow_schema

@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import orjson
-import pyarrow as pa
 
+from pipeline.core.arrow import pa
 from pipeline.core.model import Reject, RolloutResult
 from pipeline.core.records import InvalidRecord, parse_rollout, record_id
 from pipeline.core.run_schema import ROLLOUTS, STEPS

@@ -42,9 +42,9 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import orjson
-import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.core.arrow import pa
 from pipeline.ingest import IngestError
 from pipeline.ingest.sharded import RawSource, shuffle_items
 from pipeline.storage.fs import filesystem, list_files, open_for_write

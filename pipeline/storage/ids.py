@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 import orjson
-import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.core.arrow import pa
 from pipeline.core.records import record_id
 from pipeline.storage.inputs import InputFile, RecordError, Shard, line_numbers, read_shard
 

@@ -17,10 +17,10 @@ from datetime import datetime
 from typing import IO, Any, Literal
 
 import orjson
-import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
+from pipeline.core.arrow import pa
 from pipeline.core.errors import PexecError
 from pipeline.storage.fs import filesystem, list_files
 

@@ -11,9 +11,9 @@ import os
 from typing import TYPE_CHECKING, Any
 
 import orjson
-import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.core.arrow import pa
 from pipeline.core.errors import StorageError
 from pipeline.storage.fs import filesystem, is_local, open_for_write
 

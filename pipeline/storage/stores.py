@@ -18,10 +18,10 @@ from datetime import UTC, datetime
 from typing import Literal
 
 import orjson
-import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
+from pipeline.core.arrow import pa
 from pipeline.core.errors import StorageError
 from pipeline.storage.fs import filesystem, list_files, open_for_write
 from pipeline.storage.inputs import classify
