@@ -248,7 +248,8 @@ def test_a_night_of_spans_scores_in_partitions_with_memory_flat_in_the_nights_si
         assert partitions >= 4 * conversations // 150, shards
         assert max(s["read"] / (s["stop"] - s["start"]) for s in shards) <= 2 * conversations / partitions, shards
     assert peaks[600] < SPANS_RSS_CEILING_MIB, peaks
-    assert peaks[600] < peaks[150] * 1.15, peaks  # four times the spans, about the same peak: bounded by partition
+    # four times the spans, about the same peak (bounded by partition): under 30 MiB more, a process's noise
+    assert peaks[600] - peaks[150] < 30, peaks
 
 
 def test_a_file_that_cannot_be_cut_is_mapped_with_memory_flat_in_the_files_size(tmp_path):
@@ -271,7 +272,7 @@ def test_a_file_that_cannot_be_cut_is_mapped_with_memory_flat_in_the_files_size(
         counts = json.loads((tmp_path / f"run-{conversations}" / "_manifest.json").read_text())["counts"]
         assert counts["scored"] == conversations and counts["rejected"] == 0
     assert files[2000].stat().st_size > 16 * 0.25 * 2**20  # one shard, sixteen shard sizes and more
-    assert peaks[2000] < peaks[500] * 1.1, peaks
+    assert peaks[2000] - peaks[500] < 20, peaks  # MiB: a file four times larger, about the same peak
 
 
 def test_the_staged_spans_take_less_room_than_the_file_they_came_from(tmp_path):

@@ -56,7 +56,7 @@ def _start_ray(address: str) -> None:
 def _id_check_here(ids: int, per_shard: int, gathered: bool, address: str) -> dict[str, float]:
     import ray
 
-    from pipeline.scoring.id_check import RayIdCheck
+    from pipeline.scoring.id_check import MAX_PARTITIONS, RayIdCheck
 
     _start_ray(address)
     file = InputFile("bench://ids", "jsonl", None, 0, "0")
@@ -68,7 +68,7 @@ def _id_check_here(ids: int, per_shard: int, gathered: bool, address: str) -> di
         found = duplicate_ids(shards, {s.key: g.ids for s, g in zip(shards, got, strict=True)})
         del got
     else:
-        check = RayIdCheck(shards)
+        check = RayIdCheck(shards, min(len(shards), MAX_PARTITIONS))  # synthetic files have no size: as cut
         ray.get([check.submit(synthetic_ids, s, per_shard) for s in shards])
         found = check.duplicates()
     seconds = time.perf_counter() - began

@@ -24,12 +24,20 @@ from pipeline.storage.inputs import Shard
 
 _HOLDER_THREADS = 8  # shards whose tables the holder puts at once
 MAX_PARTITIONS = 64  # a partition holds 1/64 of the ids at most: ~1.6M ids of 100M (~300 MB at the check's peak)
+PARTITION_BYTES = 64 * 2**20  # of input per partition: a default shard's worth (pipeline.scoring.driver)
 
 
-def partition_count(shards: int) -> int:
-    """As many partitions as shards, up to MAX_PARTITIONS: a partition then holds about a shard's worth of ids
-    until the store has more shards than that (the holder actor keeps shards x partitions references)."""
-    return max(1, min(shards, MAX_PARTITIONS))
+def partition_count(input_bytes: int) -> int:
+    """One partition per PARTITION_BYTES of input, up to MAX_PARTITIONS: a partition holds about a default
+    shard's ids, whatever size the store was cut into. Every shard puts one table per partition (the holder keeps
+    shards x partitions references), so small shards must not multiply the partitions too: 45 shards of 128 KiB
+    made 2,025 tables of a few ids each, most of the scoring's time on a small store."""
+    return max(1, min(-(-input_bytes // PARTITION_BYTES), MAX_PARTITIONS))
+
+
+def input_bytes(shards: Sequence[Shard]) -> int:
+    """The bytes of the files the shards cut (each file once)."""
+    return sum({s.file.url: s.file.size for s in shards}.values())
 
 
 def scored_in_partitions(
@@ -100,7 +108,7 @@ class RayIdCheck:
     def __init__(self, shards: Sequence[Shard], partitions: int | None = None) -> None:
         self.shards = list(shards)
         self.index = {s.key: i for i, s in enumerate(self.shards)}
-        self.partitions = partitions or partition_count(len(self.shards))
+        self.partitions = partitions or partition_count(input_bytes(self.shards))
         self.reads: list[Any] = []  # the tasks reading reused shards' ids
         self._holder: Any = None
 
