@@ -99,4 +99,4 @@ def test_ray_reads_and_checks_the_ids_of_real_shards_as_one_process_does(tmp_pat
 def test_every_shard_must_be_submitted_before_the_check(shared_ray: None) -> None:
     file = InputFile("mem://f.jsonl", "jsonl", None, 0, "0")
     with pytest.raises(ValueError, match="never submitted"):
-        RayIdCheck([Shard(file, 0, 1)]).duplicates()
+        RayIdCheck([Shard(file, 0, 1)], 1).duplicates()

@@ -24,7 +24,7 @@ from pipeline.ingest import IngestError
 from pipeline.ingest.sharded import RawSource, plan_raw
 from pipeline.replay.checker import CHECKS
 from pipeline.scoring.code_version import code_version, environment_version
-from pipeline.scoring.id_check import RayIdCheck
+from pipeline.scoring.id_check import RayIdCheck, partition_count
 from pipeline.scoring.shard import ScoredShard, ScoreSettings, ShardReport, read_records, score_shard
 from pipeline.scoring.shuffle import map_shard, partition_shards, partitions_per_task, regroup_partition, staging
 from pipeline.storage.fs import absolute, remove_all
@@ -185,7 +185,7 @@ def run_scoring(
             del ids
         else:  # on Ray the ids stay in the object store, checked in hash partitions (pipeline.scoring.id_check)
             _start_ray(address, num_cpus)
-            check = RayIdCheck(shard_plan.shards)
+            check = RayIdCheck(shard_plan.shards, partition_count(shard_plan.total_bytes))
             check.read(_shard_ids, [s for s in shard_plan.shards if s.key in reused], settings, **_RETRIES)
             scored = score(todo, {}, check)
             duplicates = check.duplicates(storage_options)

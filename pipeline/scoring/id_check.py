@@ -35,11 +35,6 @@ def partition_count(input_bytes: int) -> int:
     return max(1, min(-(-input_bytes // PARTITION_BYTES), MAX_PARTITIONS))
 
 
-def input_bytes(shards: Sequence[Shard]) -> int:
-    """The bytes of the files the shards cut (each file once)."""
-    return sum({s.file.url: s.file.size for s in shards}.values())
-
-
 def scored_in_partitions(
     score: Callable[..., ScoredShard], index: int, partitions: int, holder: Any, *args: Any
 ) -> ScoredShard:
@@ -105,10 +100,11 @@ class RayIdCheck:
     """The ids of a plan's shards (in source order) as partitioned Ray objects, gathered as shards are scored
     or read, then checked one partition per task."""
 
-    def __init__(self, shards: Sequence[Shard], partitions: int | None = None) -> None:
+    def __init__(self, shards: Sequence[Shard], partitions: int) -> None:
+        """`partitions`: partition_count of the plan's input bytes (a bench may cut its own)."""
         self.shards = list(shards)
         self.index = {s.key: i for i, s in enumerate(self.shards)}
-        self.partitions = partitions or partition_count(input_bytes(self.shards))
+        self.partitions = partitions
         self.reads: list[Any] = []  # the tasks reading reused shards' ids
         self._holder: Any = None
 
