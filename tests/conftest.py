@@ -11,7 +11,6 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import fsspec
@@ -36,7 +35,6 @@ LONGEST_MODULES = (
     "test_lease.py",
     "test_bench.py",
     "test_scale.py",
-    "test_multinode.py",
     "test_storage_errors.py",
     "test_cli.py",
     "test_guard_mcp_bounds.py",
@@ -84,7 +82,7 @@ def examples(ci: int) -> int:
 # The one set of options for a local Ray in tests: 2 CPUs, as on this project's machines.
 RAY_OPTIONS = {"num_cpus": 2, "include_dashboard": False, "logging_level": "WARNING"}
 # The node id of the Ray that `shared_ray` started, while it runs: tells it apart from a Ray started by a test
-# itself (fresh_ray, or run_scoring with options of its own), which is never reused.
+# itself (run_scoring with options of its own, a bench), which is never reused.
 _shared_node: list[str] = []
 
 
@@ -102,16 +100,16 @@ def _stop_ray() -> None:
     _shared_node.clear()
 
 
-def _start_ray(worker_env: dict[str, str] | None = None, **options) -> str:
-    """Starts a local Ray; its workers see this process's environment plus `worker_env` (this process's own is
-    left as it was)."""
+def _start_ray(worker_env: dict[str, str]) -> str:
+    """Starts a local Ray (RAY_OPTIONS); its workers see this process's environment plus `worker_env` (this
+    process's own is left as it was)."""
     import ray
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    before = {name: os.environ.get(name) for name in worker_env or {}}
-    os.environ.update(worker_env or {})  # Ray's processes, and the workers they start, copy it at ray.init
+    before = {name: os.environ.get(name) for name in worker_env}
+    os.environ.update(worker_env)  # Ray's processes, and the workers they start, copy it at ray.init
     try:
-        ray.init(**{**RAY_OPTIONS, **options})
+        ray.init(**RAY_OPTIONS)
     finally:
         for name, value in before.items():
             if value is None:
@@ -121,25 +119,13 @@ def _start_ray(worker_env: dict[str, str] | None = None, **options) -> str:
     return ray.get_runtime_context().get_node_id()
 
 
-@contextmanager
-def fresh_ray(**options) -> Iterator[None]:
-    """A local Ray of its own for this block (RAY_OPTIONS, overridden by `options`), stopped after it: for a test
-    that kills its workers or needs other options. `run_scoring` keeps the Ray it started (a caller may score
-    twice), so one left by an earlier test is stopped first: `ray.init` would refuse to run twice."""
-    _stop_ray()
-    _start_ray(**options)
-    try:
-        yield
-    finally:
-        _stop_ray()
-
-
 @pytest.fixture
 def shared_ray() -> None:
     """The local Ray (RAY_OPTIONS) that every test asking for it shares, started at the first such test and kept
-    until the session ends, or until a test stops it (fresh_ray, own_ray, a bench): then the next one starts it
-    again. Each start costs seconds of the suite, and `run_scoring` reuses a running Ray. Its workers outlive
-    the test: a test that kills them, or that changes what a worker process holds, takes fresh_ray."""
+    until the session ends, or until a test stops it (a bench, a test that scores with options of its own): then
+    the next one starts it again. Each start costs seconds of the suite, and `run_scoring` reuses a running Ray.
+    Its workers outlive the test: a task worker a test kills is replaced, and Serve's actors end at its
+    shutdown."""
     shared_ray_address()
 
 
@@ -154,15 +140,6 @@ def shared_ray_address() -> str:
         # A module's `s3` fixture may come after the shared Ray started: its workers have the credentials already.
         _shared_node.append(_start_ray(worker_env=CREDENTIALS))
     return ray.get_runtime_context().gcs_address
-
-
-@pytest.fixture
-def own_ray() -> Iterator[None]:
-    """No Ray running when the test starts, and none after it: `run_scoring` starts one with the test's own
-    options (num_cpus), not the shared one's."""
-    _stop_ray()
-    yield
-    _stop_ray()
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -171,7 +171,7 @@ def _small(name: str, tmp_path: Path, shared: Path) -> Bench:
 
         from pipeline.perf.scale import bench_scale
 
-        return bench_scale(200, 20, port=free_port(), address=ray.get_runtime_context().gcs_address)
+        return bench_scale(200, 20, port=free_port(), in_process=True)
     if name == "view":
         from pipeline.perf.view import bench_view
 

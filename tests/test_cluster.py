@@ -1,6 +1,8 @@
-"""Jobs on a real Ray head on loopback (infra/local/ray-head.sh) through the Jobs API: submitted from a
-shell without pexec on its PATH, outputs where the submitter looks, nothing but the job file uploaded, every
-service on loopback, `stop` ending exactly what `start` launched."""
+"""Jobs on a real Ray cluster on loopback (infra/local/ray-head.sh: a head that only drives and two worker nodes of
+one CPU each) through the Jobs API: submitted from a shell without pexec on its PATH, outputs where the submitter
+looks, nothing but the job file uploaded, every service on loopback; then a worker node's raylet SIGKILLed mid-job,
+and a job's driver SIGKILLed mid-job and the same submission rerun, each time with tables equal to a clean run's
+row for row; last, `stop` ending exactly what `start` launched. The module starts the cluster once."""
 
 from __future__ import annotations
 
@@ -9,23 +11,30 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from cluster import BIN, listening, session_pids, start_cluster, stop_cluster
 from conftest import ROOT, wait_for
+from test_scale import rows
 
 from pipeline.jobs.cluster import (
     ClusterApiError,
     copy_sources,
     default_runtime,
+    job_logs,
     job_status,
     jobs_api_address,
     plan_submission,
+    submit_job,
 )
 from pipeline.jobs.definition import JobFileError, load_job
 from pipeline.scoring.code_version import code_version
-from pipeline.storage.run import read_manifest
+from pipeline.scoring.driver import run_scoring
+from pipeline.storage.run import read_manifest, read_shard_markers
+from pipeline.storage.stores import write_store
+from pipeline.synthetic.rollouts import synthesize
 
 TINY = (
     'name = "tiny"\ninput = "{input}"\noutput = "{output}/date={{date}}"\nshard_mb = 1\n'
@@ -94,12 +103,14 @@ def test_the_submit_table_is_checked(tmp_path):
     assert (job.runtime, job.python) == ("image", "/usr/bin/python3")
 
 
-# --- on a real local head ------------------------------------------------------------------------------
+# --- on a real local cluster ---------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def head():
-    cluster = start_cluster()
+    """The head and its two worker nodes, for every test below; the node-failure tests come after the others, and
+    `stop` last."""
+    cluster = start_cluster(head_cpus=0, workers=2)
     yield cluster
     stop_cluster(cluster)
 
@@ -245,6 +256,81 @@ def test_a_submitted_job_uploads_only_its_job_file_and_the_package(head, tmp_pat
         text = path.read_bytes()
         assert not any(d.encode() in text for d in decoys.values()), path
     assert not [p for p in shipped if p.name in {".env", "credentials", "config", "rollouts.jsonl"}]
+
+
+# --- nodes and drivers killed mid-job (1000 rollouts, 0.1 MiB shards) ----------------------------------------
+
+
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+
+
+@pytest.fixture(scope="module")
+def store_and_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    root = tmp_path_factory.mktemp("multinode")
+    write_store(synthesize("shop", 1000, 100, seed=11), str(root / "store"), per_file=250)
+    reference = str(root / "reference")
+    run_scoring(str(root / "store"), reference, executor="inline", run_id="r")
+    return root / "store", reference
+
+
+def submit(cluster, store: Path, run: Path) -> str:
+    path = run.parent / f"{run.name}.toml"
+    path.write_text(f'name = "{run.name}"\ninput = "{store}"\noutput = "{run}"\nshard_mb = 0.1\n'
+                    '[metrics]\nbootstrap = 50\n')  # fmt: skip
+    return submit_job(path, load_job(path), cluster.address, "local")
+
+
+def finish(cluster, submission: str) -> str:
+    wait_for(lambda: job_status(cluster.address, submission) in TERMINAL, 300, f"job {submission}")
+    return job_status(cluster.address, submission)
+
+
+@pytest.mark.cluster
+def test_a_worker_node_killed_mid_job_changes_nothing(head, store_and_reference, tmp_path):
+    store, reference = store_and_reference
+    run = tmp_path / "run"
+    started = time.monotonic()
+    submission = submit(head, store, run)
+    wait_for(lambda: len(read_shard_markers(str(run))) >= 1, 180, "a first shard")
+    worker_session = head.sessions()[1]  # the first worker node (sessions: head, worker, worker)
+    raylets = [p for p in head.pids() if os.getsid(p) == worker_session and _name(p) == "raylet"]
+    assert len(raylets) == 1
+    os.kill(raylets[0], signal.SIGKILL)
+    state = finish(head, submission)
+    assert state == "SUCCEEDED", job_logs(head.address, submission)
+    print(f"worker node killed: job done in {time.monotonic() - started:.0f}s")
+    assert read_manifest(str(run))["counts"]["scored"] == 1000
+    for table in ("steps", "rollouts"):
+        assert rows(str(run), table) == rows(reference, table)
+
+
+@pytest.mark.cluster
+def test_a_driver_killed_mid_job_then_resubmitted_gives_the_same_tables(head, store_and_reference, tmp_path):
+    from ray.job_submission import JobSubmissionClient
+
+    store, reference = store_and_reference
+    run = tmp_path / "run"
+    submission = submit(head, store, run)
+    wait_for(lambda: len(read_shard_markers(str(run))) >= 2, 180, "two shards")
+    driver = JobSubmissionClient(head.address).get_job_info(submission).driver_info.pid
+    os.kill(int(driver), signal.SIGKILL)
+    assert finish(head, submission) == "FAILED"
+    committed = len(read_shard_markers(str(run)))
+    assert read_manifest(str(run)) is None, "a killed run must not look complete"
+    started = time.monotonic()
+    again = submit(head, store, run)
+    assert finish(head, again) == "SUCCEEDED", job_logs(head.address, again)
+    print(f"driver killed after {committed} shard(s): rerun done in {time.monotonic() - started:.0f}s")
+    assert read_manifest(str(run))["counts"]["shards_reused"] >= min(committed, 2)
+    for table in ("steps", "rollouts"):
+        assert rows(str(run), table) == rows(reference, table)
+
+
+def _name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def test_stop_ends_exactly_what_start_launched(head):

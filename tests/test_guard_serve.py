@@ -8,7 +8,7 @@ import urllib.request
 
 import orjson
 import pytest
-from conftest import free_port, fresh_ray
+from conftest import free_port
 from ray import serve
 
 from pipeline.guard.http import GuardServerError
@@ -38,22 +38,20 @@ def post(port: int, path: str, body: dict, token: str | None) -> tuple[int, dict
         return exc.code, orjson.loads(exc.read())
 
 
-def test_a_serve_deployment_answers_stateless_checks():
+def test_a_serve_deployment_answers_stateless_checks(shared_ray):
+    # On the suite's shared Ray: Serve's controller and proxy are actors of their own, all gone at shutdown.
     port = free_port()
-    with fresh_ray(logging_level="INFO"):
-        try:
-            serve.start(http_options={"host": "127.0.0.1", "port": port})
-            serve.run(
-                guard_application({"env": "shop", "token": "t", "num_replicas": 1}), name="guard", route_prefix="/"
-            )
-            events = [{"type": "message", "role": "user", "content": AVA}]
-            status, verdict = post(port, "/check", {"events": events, "call": SIGN_IN}, "t")
-            assert status == 200 and verdict["valid"] and verdict["output"] == {"user_id": "U1001"}
-            assert post(port, "/check", {"events": [], "call": SIGN_IN}, None) == (
-                401,
-                {"error": "missing or wrong bearer token"},
-            )
-            status, verdict = post(port, "/check", {"events": [], "call": SIGN_IN}, "t")
-            assert (verdict["valid"], verdict["failed_check"], verdict["cause"]) == (False, "D", "information")
-        finally:
-            serve.shutdown()
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(guard_application({"env": "shop", "token": "t", "num_replicas": 1}), name="guard", route_prefix="/")
+        events = [{"type": "message", "role": "user", "content": AVA}]
+        status, verdict = post(port, "/check", {"events": events, "call": SIGN_IN}, "t")
+        assert status == 200 and verdict["valid"] and verdict["output"] == {"user_id": "U1001"}
+        assert post(port, "/check", {"events": [], "call": SIGN_IN}, None) == (
+            401,
+            {"error": "missing or wrong bearer token"},
+        )
+        status, verdict = post(port, "/check", {"events": [], "call": SIGN_IN}, "t")
+        assert (verdict["valid"], verdict["failed_check"], verdict["cause"]) == (False, "D", "information")
+    finally:
+        serve.shutdown()

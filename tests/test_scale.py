@@ -1,6 +1,6 @@
 """Scale-out with real parts: an S3-compatible server (moto, server mode) on loopback, a Ray worker killed
 with SIGKILL, a driver killed midway, storage faults. The S3 server is started by the script developers use
-(infra/local). Jobs on a Ray head: test_cluster.py; on several nodes: test_multinode.py."""
+(infra/local). Jobs on a Ray cluster of several nodes, and nodes killed: test_cluster.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import s3fs
-from conftest import free_port, fresh_ray, wait_for
+from conftest import free_port, wait_for
 from typer.testing import CliRunner
 
 from pipeline.cli import app
@@ -122,7 +122,8 @@ def of_this_process(pid: int) -> bool:
     return False
 
 
-def test_a_worker_killed_mid_job_changes_nothing(local_store, reference_run, tmp_path):
+def test_a_worker_killed_mid_job_changes_nothing(local_store, reference_run, tmp_path, shared_ray):
+    # On the shared Ray: a killed task worker is replaced by a new one, so the Ray stays fit for the next test.
     run = str(tmp_path / "run")
     killed: list[int] = []
 
@@ -137,8 +138,7 @@ def test_a_worker_killed_mid_job_changes_nothing(local_store, reference_run, tmp
             killed.append(pid)
             break
 
-    with fresh_ray():
-        manifest = run_scoring(str(local_store), run, shard_bytes=128 * 1024, run_id="r", on_shard=kill_a_worker)
+    manifest = run_scoring(str(local_store), run, shard_bytes=128 * 1024, run_id="r", on_shard=kill_a_worker)
     assert killed, "no scoring worker was found to kill"
     assert manifest["counts"]["scored"] == 1500
     for table in ("steps", "rollouts"):

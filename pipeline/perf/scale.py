@@ -21,7 +21,8 @@ import s3fs
 
 from pipeline.perf import cluster_projection
 from pipeline.perf.figures import Bench, figure, load_average, n_runs, show
-from pipeline.perf.processes import moto_server
+from pipeline.perf.processes import moto_server, peak_mib
+from pipeline.scoring.driver import run_scoring
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
 
@@ -37,10 +38,16 @@ _DRIVER = (
 
 
 def bench_scale(
-    n_rollouts: int = 1_000_000, n_tasks: int = 100_000, port: int = 5557, repeats: int = 1, address: str = ""
+    n_rollouts: int = 1_000_000,
+    n_tasks: int = 100_000,
+    port: int = 5557,
+    repeats: int = 1,
+    address: str = "",
+    in_process: bool = False,
 ) -> Bench:
-    """`address`: the drivers score on this running Ray instead of starting one each (tests: the code paths
-    only; the CPU limits and the start-up are then not measured)."""
+    """`address`: the drivers score on this running Ray instead of starting one each; `in_process`: this process
+    is the driver, on the Ray it is connected to (both for tests: the code paths only; the CPU limits, the
+    start-up and the driver's own peak memory are then not measured)."""
     load = os.getloadavg()[0]
     with moto_server(port, "`pexec bench scale`") as endpoint:
         s3fs.S3FileSystem(endpoint_url=endpoint).mkdir("bench")
@@ -55,7 +62,7 @@ def bench_scale(
         for _ in range(repeats):
             for label, cpus, shard_mb in SETUPS:
                 run = f"s3://bench/run-{cpus}-{shard_mb}"
-                runs[label].append(_score(store, run, cpus, shard_mb, endpoint, address))
+                runs[label].append(_score(store, run, cpus, shard_mb, endpoint, address, in_process))
     one, two, more = (runs[label] for label, *_ in SETUPS)
 
     def of(rows: list[dict[str, Any]], key: str) -> list[float]:
@@ -80,16 +87,23 @@ def bench_scale(
     return Bench("scale", caption, figures, runs)
 
 
-def _score(store: str, run: str, cpus: int, shard_mb: int, endpoint: str, address: str) -> dict[str, Any]:
+def _score(
+    store: str, run: str, cpus: int, shard_mb: int, endpoint: str, address: str, in_process: bool = False
+) -> dict[str, Any]:
     t0 = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-c", _DRIVER, store, run, str(cpus), str(shard_mb * 2**20), endpoint, address],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    if in_process:
+        options = {"endpoint_url": endpoint}
+        manifest = run_scoring(store, run, shard_bytes=shard_mb * 2**20, storage_options=options, force=True)
+        report = {"counts": manifest["counts"], "peak_mib": peak_mib()}
+    else:
+        proc = subprocess.run(
+            [sys.executable, "-c", _DRIVER, store, run, str(cpus), str(shard_mb * 2**20), endpoint, address],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        report = json.loads(re.findall(r"^\{.*\}$", proc.stdout, re.M)[-1])
     seconds = time.perf_counter() - t0
-    report = json.loads(re.findall(r"^\{.*\}$", proc.stdout, re.M)[-1])
     c = report["counts"]
     return {
         "seconds": seconds,
