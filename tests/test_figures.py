@@ -7,9 +7,11 @@ Regenerate the references deliberately with PEXEC_REGEN_FIGURES=1 (then look at 
 
 from __future__ import annotations
 
+import html
 import io
 import os
 import re
+import warnings
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -190,3 +192,24 @@ def test_each_cell_states_the_rate_and_its_interval() -> None:
     assert "4.2%\n0%–13%" in cells  # below 10%: one decimal
     assert "no calls" in cells  # cancel_order x model-d
     assert len(cells & {"80%\n72%–89%", "85%\n77%–94%"}) == 2
+
+
+def test_labels_from_data_are_drawn_as_text() -> None:
+    """A label is data: `$...$` in it is not mathtext (a bad formula would stop the report), and a control
+    character is drawn as its escape, not as an empty box (matplotlib would warn about the missing glyph)."""
+    labels = ["m$\\frac$x · v$2$", "ok\x1b[31m · \u202eevil"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a missing-glyph warning fails the test
+        charts = [
+            pec_chart(pec_rows(labels, ("b$e$nch",))),
+            fed_chart([["b$e$nch", c, "1", 3, 0.3] for c in labels]),
+            cause_chart([["b$e$nch", c, "tool\ncrash", 3, 1.0] for c in labels]),
+            tool_chart([["b$e$nch", c, "get$x$\x07", 4, 0.5, 0.4, 0.6] for c in labels]),
+        ]
+    for chart in charts:
+        svg = html.unescape(chart.svg)
+        shows_benchmark = chart.name != "first_causes"  # the cause bars name it only when there are several
+        assert ("b$e$nch" in svg) == shows_benchmark and "m$\\frac$x" in svg, chart.name
+        assert "\x1b" not in svg and "\u202e" not in svg and "\\x1b[31m" in svg, chart.name
+    assert "tool\\ncrash" in html.unescape(charts[2].svg) and "get$x$\\x07" in html.unescape(charts[3].svg)
+    assert charts[0].rows[0][1] == labels[0]  # the CSV keeps the label as it is

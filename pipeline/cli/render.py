@@ -8,7 +8,6 @@ codes), with control characters shown as escapes by `literal`. Our own styles ar
 from __future__ import annotations
 
 import csv
-import re
 import sys
 from typing import Any
 
@@ -19,6 +18,7 @@ from rich.text import Text
 
 from pipeline.core import intervals, metric_catalogue
 from pipeline.core.arrow import pa
+from pipeline.core.text import literal
 from pipeline.metrics.cohorts import cohort_fields
 from pipeline.metrics.completeness import describe_partial
 from pipeline.metrics.query import QueryResult
@@ -26,13 +26,6 @@ from pipeline.metrics.settings import harness_note, replay_note
 
 console = Console(stderr=True, markup=False, emoji=False, highlight=False)  # messages, progress, notices
 out = Console(width=None if sys.stdout.isatty() else 200, markup=False, emoji=False, highlight=False)  # results
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")  # C0, C1, bidi overrides
-
-
-def literal(value: Any) -> str:
-    """A value from data, a path or an exception as it should appear on a terminal: every control character
-    (escape sequences, carriage returns, bells, newlines, bidi overrides) as its Python escape."""
-    return _CONTROL.sub(lambda m: m[0].encode("unicode_escape").decode(), str(value))
 
 
 def show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, *_: Any) -> None:

@@ -2,6 +2,7 @@
 tested); drawing is matplotlib (Agg), saved as PNG (300 dpi), PDF and SVG (text kept as text) with fixed
 metadata, so reruns give the same files and a paper can take them as they are.
 
+Labels come from data: drawn as text (never mathtext), with control characters as escapes (pipeline.core.text).
 Colours mean the same thing everywhere: a cause always has its own colour (CAUSE_COLOURS, keyed by name),
 and a cohort takes the colour of its place in the report's sorted cohort labels (cohort_colours), in every
 figure. One title per panel (the benchmark); the figure's title is its caption, outside the image.
@@ -23,6 +24,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, PercentFormatter
 
 from pipeline.core.model import CAUSES
+from pipeline.core.text import literal
 
 EXECUTABLE = "executable"  # the FED bin of fully executable rollouts (FED = T + 1)
 MAX_OVERLAID = 8  # cohorts drawn on one axes; more get one small panel each
@@ -50,6 +52,7 @@ _STYLE = {
     "svg.fonttype": "none",  # text stays text (searchable, editable)
     "svg.hashsalt": "pexec",  # stable element ids
     "pdf.fonttype": 42,  # TrueType, text kept
+    "text.parse_math": False,  # labels come from data: `$...$` in a model name is text, never mathtext
 }
 _PANEL = (3.6, 2.7)  # inches per panel
 
@@ -104,8 +107,8 @@ def pec_chart(rows: list[list[Any]], colours: dict[str, str] | None = None) -> C
             fig, axes = _grid(len(panels))
             for ax, (benchmark, series) in zip(axes, panels.items(), strict=True):
                 for condition, pts in series.items():
-                    _pec_line(ax, pts, colours[condition], condition)
-                _pec_axes(ax, benchmark)
+                    _pec_line(ax, pts, colours[condition], literal(condition))
+                _pec_axes(ax, literal(benchmark))
             _legend(fig, axes)
         else:  # small multiples: one panel per cohort, the others in grey behind it
             cells = [(b, c) for b, series in panels.items() for c in series]
@@ -115,7 +118,7 @@ def pec_chart(rows: list[list[Any]], colours: dict[str, str] | None = None) -> C
                     if other != condition:
                         ax.plot([p[2] for p in pts], [p[3] for p in pts], color="#cccccc", linewidth=0.8)
                 _pec_line(ax, panels[benchmark][condition], colours[condition], None)
-                _pec_axes(ax, f"{benchmark} · {condition}")
+                _pec_axes(ax, f"{literal(benchmark)} · {literal(condition)}")
         columns = ["benchmark", "condition", "k", "pec", "lo", "hi"]
         return _chart("pec_curves", "PEC(k) with 95% intervals", columns, rows, fig)
 
@@ -139,10 +142,10 @@ def fed_chart(rows: list[list[Any]], colours: dict[str, str] | None = None) -> C
                 offset = (s - (len(series) - 1) / 2) * width
                 depth = [(int(p[2]), p[4]) for p in pts if p[2] != EXECUTABLE]
                 ax.bar([d + offset for d, _ in depth], [v for _, v in depth], width, color=colours[condition],
-                       label=condition)  # fmt: skip
+                       label=literal(condition))  # fmt: skip
                 executable = next((p[4] for p in pts if p[2] == EXECUTABLE), 0.0)
                 ex.bar([offset], [executable], width, color=colours[condition])
-            ax.set(title=benchmark, xlabel="first-error depth (FED)", ylabel="share of rollouts")
+            ax.set(title=literal(benchmark), xlabel="first-error depth (FED)", ylabel="share of rollouts")
             ax.set_xlim(0.4, depth_max + 0.6)
             ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
             ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
@@ -170,7 +173,7 @@ def cause_chart(rows: list[list[Any]]) -> Chart:
         for cause in causes:
             segs = [by.get((b, c, cause)) for b, c in bars]
             heights = [s[4] if s else 0.0 for s in segs]
-            ax.bar(x, heights, 0.65, bottom=bottom, label=cause, color=cause_colour(cause))
+            ax.bar(x, heights, 0.65, bottom=bottom, label=literal(cause), color=cause_colour(cause))
             for i, s in enumerate(segs):
                 if s and s[4] >= 0.07:  # counts where they fit
                     ax.text(i, bottom[i] + s[4] / 2, str(s[3]), ha="center", va="center", fontsize=8,
@@ -191,7 +194,7 @@ def cause_chart(rows: list[list[Any]]) -> Chart:
 def _bar_label(benchmark: str, condition: str, n: int, with_benchmark: bool) -> str:
     """One label part per line (long cohort labels do not run into their neighbours), then n."""
     lines = ([benchmark] if with_benchmark else []) + condition.split(" · ")
-    return "\n".join([*lines, f"n={n}"])
+    return "\n".join([*map(literal, lines), f"n={n}"])
 
 
 def _pec_line(ax: Axes, pts: list[list[Any]], colour: str, label: str | None) -> None:
@@ -279,7 +282,7 @@ def tool_figure(rows: list[list[Any]]) -> Figure:
     panels = _by_panel(rows)
     grids = {b: _tool_grid(series) for b, series in panels.items()} or {"": ([], [], {})}
     n_cols = max(len(conditions) for _, conditions, _ in grids.values()) or 1
-    label_chars = max((len(t) for tools, _, _ in grids.values() for t in tools), default=4)
+    label_chars = max((len(literal(t)) for tools, _, _ in grids.values() for t in tools), default=4)
     label_width = min(0.065 * label_chars + 0.3, 2.4)  # inches the tool names take at 9 pt
     cell_width = min(_CELL[0], (PAGE_WIDTH - label_width - 0.9) / n_cols)
     font = 8.0 if cell_width >= 0.7 else 6.5 if cell_width >= 0.5 else 5.0
@@ -300,15 +303,16 @@ def tool_figure(rows: list[list[Any]]) -> Figure:
                     text, rate = _cell_text(cells.get((t, c))), _rate(cells.get((t, c)))
                     ink = "#555555" if rate != rate else _ink(matplotlib.colors.to_hex(cmap(rate)))
                     ax.text(j, i, text, ha="center", va="center", fontsize=font, color=ink, linespacing=1.1)
-            ax.set_xticks(range(len(conditions)), [c.replace(" · ", "\n") for c in conditions], fontsize=font + 0.5)
-            ax.set_yticks(range(len(tools)), tools)
+            ax.set_xticks(range(len(conditions)), [literal(c).replace(" · ", "\n") for c in conditions],
+                          fontsize=font + 0.5)  # fmt: skip
+            ax.set_yticks(range(len(tools)), [literal(t) for t in tools])
             ax.tick_params(top=False, bottom=False, left=False, labeltop=True, labelbottom=False)
             ax.spines[:].set_visible(False)
             ax.set_xticks([x - 0.5 for x in range(1, len(conditions))], minor=True)
             ax.set_yticks([y - 0.5 for y in range(1, len(tools))], minor=True)
             ax.grid(which="minor", color="white", linewidth=1.5)
             ax.tick_params(which="minor", length=0)
-            ax.set_title(benchmark, loc="left")
+            ax.set_title(literal(benchmark), loc="left")
         bar = fig.colorbar(image, ax=list(axes), location="bottom", shrink=0.6, aspect=30, pad=0.01)
         bar.set_label("invalid calls (share of the tool's calls); cell: rate and its interval")
         bar.ax.xaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
