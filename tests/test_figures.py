@@ -213,3 +213,21 @@ def test_labels_from_data_are_drawn_as_text() -> None:
         assert "\x1b" not in svg and "\u202e" not in svg and "\\x1b[31m" in svg, chart.name
     assert "tool\\ncrash" in html.unescape(charts[2].svg) and "get$x$\\x07" in html.unescape(charts[3].svg)
     assert charts[0].rows[0][1] == labels[0]  # the CSV keeps the label as it is
+
+
+def test_a_long_cohort_label_is_wrapped_and_the_panels_keep_their_room() -> None:
+    """A model's full path and a long method name: wrapped in the legend and under the bars, so the layout still
+    fits (matplotlib would warn that the axes collapsed and drop the layout)."""
+    long = "meta-llama/Llama-3.3-70B-Instruct-Turbo-with-a-long-suffix · plan_execute_with_reflection"
+    labels = [long, "short · react"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        charts = [
+            pec_chart(pec_rows(labels, ("shop",))),
+            fed_chart([["shop", c, "1", 3, 0.3] for c in labels]),
+            cause_chart([["shop", c, "schema", 3, 1.0] for c in labels]),
+        ]
+    for chart in charts:
+        short = ">short</text>" if chart.name == "first_causes" else ">short · react</text>"  # bars: a part a line
+        assert ">plan_execute_with_reflection</text>" in chart.svg and short in chart.svg, chart.name
+        assert long not in chart.svg, chart.name  # not drawn on one line

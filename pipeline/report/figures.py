@@ -11,6 +11,7 @@ figure. One title per panel (the benchmark); the figure's title is its caption, 
 from __future__ import annotations
 
 import io
+import textwrap
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +56,7 @@ _STYLE = {
     "text.parse_math": False,  # labels come from data: `$...$` in a model name is text, never mathtext
 }
 _PANEL = (3.6, 2.7)  # inches per panel
+_LABEL_WIDTH = 28  # characters per line of a cohort label in a legend or under a bar; longer parts are wrapped
 
 
 @dataclass(frozen=True)
@@ -194,7 +196,14 @@ def cause_chart(rows: list[list[Any]]) -> Chart:
 def _bar_label(benchmark: str, condition: str, n: int, with_benchmark: bool) -> str:
     """One label part per line (long cohort labels do not run into their neighbours), then n."""
     lines = ([benchmark] if with_benchmark else []) + condition.split(" · ")
-    return "\n".join([*map(literal, lines), f"n={n}"])
+    return "\n".join([*(_wrapped(line) for line in lines), f"n={n}"])
+
+
+def _wrapped(label: str) -> str:
+    """A label from data as drawn: literal, one line per ' · ' part, a long part wrapped (a model's full path
+    would otherwise take the width the panels need)."""
+    parts = literal(label).split(" · ")
+    return "\n".join(line for part in parts for line in textwrap.wrap(part, _LABEL_WIDTH) or [""])
 
 
 def _pec_line(ax: Axes, pts: list[list[Any]], colour: str, label: str | None) -> None:
@@ -217,7 +226,8 @@ def _legend(fig: Figure, axes: list[Axes]) -> None:
         for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
             handles.setdefault(lab, h)
     if handles:
-        fig.legend(list(handles.values()), list(handles), loc="outside right upper", title="cohort")
+        labels = [_wrapped(label) if len(label) > _LABEL_WIDTH else label for label in handles]
+        fig.legend(list(handles.values()), labels, loc="outside right upper", title="cohort")
 
 
 def _ink(colour: str) -> str:
