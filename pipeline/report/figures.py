@@ -195,8 +195,8 @@ def cause_chart(rows: list[list[Any]]) -> Chart:
 
 def _bar_label(benchmark: str, condition: str, n: int, with_benchmark: bool) -> str:
     """One label part per line (long cohort labels do not run into their neighbours), then n."""
-    lines = ([benchmark] if with_benchmark else []) + condition.split(" · ")
-    return "\n".join([*(_wrapped(line) for line in lines), f"n={n}"])
+    parts = ([benchmark] if with_benchmark else []) + [condition]
+    return "\n".join([*map(_wrapped, parts), f"n={n}"])
 
 
 def _wrapped(label: str) -> str:
