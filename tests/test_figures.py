@@ -231,3 +231,15 @@ def test_a_long_cohort_label_is_wrapped_and_the_panels_keep_their_room() -> None
         short = ">short</text>" if chart.name == "first_causes" else ">short · react</text>"  # bars: a part a line
         assert ">plan_execute_with_reflection</text>" in chart.svg and short in chart.svg, chart.name
         assert long not in chart.svg, chart.name  # not drawn on one line
+
+
+def test_a_label_starting_with_an_underscore_keeps_its_legend_entry() -> None:
+    """Matplotlib leaves '_'-prefixed labels out of a legend it collects itself: a cohort or cause named so would
+    be drawn in a colour that nothing names."""
+    labels = ["_internal · react", "model-a · react"]
+    pec = pec_chart(pec_rows(labels, ("shop",)))
+    fed = fed_chart([["shop", c, "1", 3, 0.3] for c in labels])
+    causes = cause_chart([["shop", "model-a · react", cause, 3, 0.5] for cause in ("_probe_failed", "schema")])
+    for chart in (pec, fed):
+        assert ">_internal · react</text>" in chart.svg and ">model-a · react</text>" in chart.svg, chart.name
+    assert ">_probe_failed</text>" in causes.svg and ">schema</text>" in causes.svg

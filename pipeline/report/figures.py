@@ -107,11 +107,12 @@ def pec_chart(rows: list[list[Any]], colours: dict[str, str] | None = None) -> C
     with plt.rc_context(_STYLE):
         if max((len(s) for s in panels.values()), default=0) <= MAX_OVERLAID:
             fig, axes = _grid(len(panels))
+            legend: dict[str, Any] = {}  # drawn label -> its first line
             for ax, (benchmark, series) in zip(axes, panels.items(), strict=True):
                 for condition, pts in series.items():
-                    _pec_line(ax, pts, colours[condition], literal(condition))
+                    legend.setdefault(literal(condition), _pec_line(ax, pts, colours[condition]))
                 _pec_axes(ax, literal(benchmark))
-            _legend(fig, axes)
+            _legend(fig, legend)
         else:  # small multiples: one panel per cohort, the others in grey behind it
             cells = [(b, c) for b, series in panels.items() for c in series]
             fig, axes = _grid(len(cells), ncols=4, legend=False)
@@ -119,7 +120,7 @@ def pec_chart(rows: list[list[Any]], colours: dict[str, str] | None = None) -> C
                 for other, pts in panels[benchmark].items():
                     if other != condition:
                         ax.plot([p[2] for p in pts], [p[3] for p in pts], color="#cccccc", linewidth=0.8)
-                _pec_line(ax, panels[benchmark][condition], colours[condition], None)
+                _pec_line(ax, panels[benchmark][condition], colours[condition])
                 _pec_axes(ax, f"{literal(benchmark)} · {literal(condition)}")
         columns = ["benchmark", "condition", "k", "pec", "lo", "hi"]
         return _chart("pec_curves", "PEC(k) with 95% intervals", columns, rows, fig)
@@ -135,7 +136,7 @@ def fed_chart(rows: list[list[Any]], colours: dict[str, str] | None = None) -> C
         depth_max = max((int(r[2]) for r in rows if r[2] != EXECUTABLE), default=1)
         fig = plt.figure(figsize=(_PANEL[0] * 1.25 * n, _PANEL[1]), layout="constrained")
         grid = fig.add_gridspec(1, 2 * n, width_ratios=[max(depth_max, 4), 1.3] * n)
-        axes = []
+        legend: dict[str, Any] = {}  # drawn label -> its first bars
         for i, (benchmark, series) in enumerate(panels.items()):
             ax = fig.add_subplot(grid[0, 2 * i])
             ex = fig.add_subplot(grid[0, 2 * i + 1], sharey=ax)
@@ -143,8 +144,8 @@ def fed_chart(rows: list[list[Any]], colours: dict[str, str] | None = None) -> C
             for s, (condition, pts) in enumerate(series.items()):
                 offset = (s - (len(series) - 1) / 2) * width
                 depth = [(int(p[2]), p[4]) for p in pts if p[2] != EXECUTABLE]
-                ax.bar([d + offset for d, _ in depth], [v for _, v in depth], width, color=colours[condition],
-                       label=literal(condition))  # fmt: skip
+                bars = ax.bar([d + offset for d, _ in depth], [v for _, v in depth], width, color=colours[condition])
+                legend.setdefault(literal(condition), bars)
                 executable = next((p[4] for p in pts if p[2] == EXECUTABLE), 0.0)
                 ex.bar([offset], [executable], width, color=colours[condition])
             ax.set(title=literal(benchmark), xlabel="first-error depth (FED)", ylabel="share of rollouts")
@@ -155,8 +156,7 @@ def fed_chart(rows: list[list[Any]], colours: dict[str, str] | None = None) -> C
             ex.set_xlim(-0.6, 0.6)
             ex.tick_params(axis="y", labelleft=False)
             ex.spines["left"].set_linestyle((0, (2, 2)))
-            axes.append(ax)
-        _legend(fig, axes)
+        _legend(fig, legend)
         columns = ["benchmark", "condition", "fed_bin", "n", "share"]
         return _chart("fed_histogram", "First-error depth (FED)", columns, rows, fig)
 
@@ -171,11 +171,12 @@ def cause_chart(rows: list[list[Any]]) -> Chart:
     with plt.rc_context(_STYLE):
         fig, ax = plt.subplots(figsize=(max(_PANEL[0], 1.0 * len(bars) + 2.2), _PANEL[1] + 0.4), layout="constrained")
         bottom = [0.0] * len(bars)
+        legend: dict[str, Any] = {}  # drawn cause -> its bars
         x = list(range(len(bars)))
         for cause in causes:
             segs = [by.get((b, c, cause)) for b, c in bars]
             heights = [s[4] if s else 0.0 for s in segs]
-            ax.bar(x, heights, 0.65, bottom=bottom, label=literal(cause), color=cause_colour(cause))
+            legend[literal(cause)] = ax.bar(x, heights, 0.65, bottom=bottom, color=cause_colour(cause))
             for i, s in enumerate(segs):
                 if s and s[4] >= 0.07:  # counts where they fit
                     ax.text(i, bottom[i] + s[4] / 2, str(s[3]), ha="center", va="center", fontsize=8,
@@ -188,7 +189,7 @@ def cause_chart(rows: list[list[Any]]) -> Chart:
         ax.set_xticks(x, [_bar_label(b, c, totals[(b, c)], several) for b, c in bars])
         ax.set(ylabel="share of rollouts with an invalid prefix", ylim=(0, 1.0))
         ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
-        fig.legend(*ax.get_legend_handles_labels(), loc="outside right upper", title="first-error cause")
+        fig.legend(list(legend.values()), list(legend), loc="outside right upper", title="first-error cause")
         columns = ["benchmark", "condition", "cause", "n", "share"]
         return _chart("first_causes", "First-error cause", columns, rows, fig)
 
@@ -206,12 +207,12 @@ def _wrapped(label: str) -> str:
     return "\n".join(line for part in parts for line in textwrap.wrap(part, _LABEL_WIDTH) or [""])
 
 
-def _pec_line(ax: Axes, pts: list[list[Any]], colour: str, label: str | None) -> None:
+def _pec_line(ax: Axes, pts: list[list[Any]], colour: str) -> Any:
     k = [p[2] for p in pts]
     lo = [p[3] if p[4] is None else p[4] for p in pts]
     hi = [p[3] if p[5] is None else p[5] for p in pts]
     ax.fill_between(k, lo, hi, color=colour, alpha=0.13, linewidth=0)
-    ax.plot(k, [p[3] for p in pts], color=colour, marker="o", markersize=2.5, linewidth=1.4, label=label)
+    return ax.plot(k, [p[3] for p in pts], color=colour, marker="o", markersize=2.5, linewidth=1.4)[0]
 
 
 def _pec_axes(ax: Axes, title: str) -> None:
@@ -219,12 +220,9 @@ def _pec_axes(ax: Axes, title: str) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
 
 
-def _legend(fig: Figure, axes: list[Axes]) -> None:
-    """One legend for the figure (a cohort has one colour in every panel), outside the plotting area."""
-    handles: dict[str, Any] = {}
-    for ax in axes:
-        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
-            handles.setdefault(lab, h)
+def _legend(fig: Figure, handles: dict[str, Any]) -> None:
+    """One legend for the figure (a cohort has one colour in every panel), outside the plotting area. The handles
+    are given, label by label: matplotlib's own collection would leave out a label that starts with '_'."""
     if handles:
         labels = [_wrapped(label) if len(label) > _LABEL_WIDTH else label for label in handles]
         fig.legend(list(handles.values()), labels, loc="outside right upper", title="cohort")
