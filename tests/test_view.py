@@ -3,6 +3,7 @@ filters and keyset paging, the rollout page's steps and logged events, escaping,
 
 from __future__ import annotations
 
+import contextlib
 import html
 import os
 import re
@@ -338,3 +339,61 @@ def test_the_served_viewer_checks_token_host_and_origin(run: str, tmp_path: Path
 class NoRedirect(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, *args, **kwargs):  # the 303 itself is what the test reads
         return None
+
+
+SECRET = "pl4nted-s3cret-Zq9"  # a storage credential that must reach no repr, page or log line
+
+
+def test_no_page_repr_or_log_carries_a_credential(s3: dict, tmp_path: Path) -> None:
+    # Measured before: every page's header was the run handle's repr, storage options (key, secret) included,
+    # and a Python dump of every file of the run.
+    options = {**s3, "key": "AKIAPLANTEDKEY", "secret": SECRET}
+    run = make_run(tmp_path, options, root="s3://pexec-test/secret-view")
+    opened = open_run(run, options)
+    shown = [repr(opened), str(opened), repr(opened.snapshot), repr(opened.snapshot.root)]
+    assert all(SECRET not in s and "AKIAPLANTEDKEY" not in s for s in shown)
+    assert repr(opened) == f"Run('{run}', complete: 3 shards, 240 rollouts)"
+    view = RunView(opened, SETTINGS)
+    try:
+        client = TestClient(create_app(view))
+        pages = [client.get(u) for u in ("/", "/rollouts", "/rollouts?fed=bogus", "/rollout?run=x", "/nowhere")]
+        pages.append(client.get(links(pages[1].text, "/rollout")[0]))
+    finally:
+        view.close()
+    assert [p.status_code for p in pages] == [200, 200, 400, 400, 404, 200]
+    for page in pages:
+        for leak in (SECRET, "AKIAPLANTEDKEY", "Run(", "Snapshot(", "object at 0x", "frozenset"):
+            assert leak not in page.text, (page.url, leak)
+    header = re.search(r"<header>(.*?)</header>", pages[0].text).group(1)
+    assert f'<span class="run">{run}</span>' in header and "complete: 3 shards, 240 rollouts" in header
+    # The served viewer's own output (banner, request log) as a user sees it.
+    port = free_port()
+    command = [PEXEC, "view", run, "--port", str(port), "--bootstrap", "20", "--endpoint-url", s3["endpoint_url"]]
+    command += ["--storage-option", "key=AKIAPLANTEDKEY", "--storage-option", f"secret={SECRET}"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: _serves(port), 60, "the viewer")
+        for path in ("/", "/rollouts", "/rollouts?fed=bogus"):
+            with contextlib.suppress(urllib.error.HTTPError):  # the refused one is read too
+                urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30).read()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        output = proc.communicate(timeout=30)[0].decode()
+    assert "127.0.0.1" in output and SECRET not in output and "AKIAPLANTEDKEY" not in output
+
+
+def _serves(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_a_url_is_shown_without_its_credentials() -> None:
+    from pipeline.core.text import public_url
+
+    assert public_url("s3://bucket/runs/a") == "s3://bucket/runs/a"
+    assert public_url("/tmp/run") == "/tmp/run"
+    assert public_url("s3://KEY:SECRET@bucket/run") == "s3://***@bucket/run"
+    assert public_url("https://u:tok@host:9000/run?X-Amz-Signature=abc") == "https://***@host:9000/run?***"

@@ -2,7 +2,7 @@
 
 Labels, values, paths and messages come from untrusted logs. Escape sequences, carriage returns, bells, newlines
 and bidi overrides would otherwise move a terminal's cursor, restyle it or reorder what it shows, and a figure
-would draw them as empty boxes.
+would draw them as empty boxes. A URL shown anywhere (a repr, a page header) drops the credentials a URL can carry.
 
 Imports: nothing of pipeline.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")  # C0, C1, bidi overrides
 
@@ -18,3 +19,19 @@ _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")  # C0, C
 def literal(value: Any) -> str:
     """`value` as text with each control character written as its Python escape (`\\x1b`, `\\n`, `\\u202e`)."""
     return _CONTROL.sub(lambda m: m[0].encode("unicode_escape").decode(), str(value))
+
+
+def public_url(url: str) -> str:
+    """`url` as it may be shown: user and password (`s3://KEY:SECRET@bucket`, `https://user:token@host`) and a
+    query string (a presigned URL's signature) are replaced by `***`; everything else is kept as given."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # not a URL (an unbalanced `[`): a plain path, shown as it is
+        return url
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    query = "***" if parts.query else ""
+    if (netloc, query) == (parts.netloc, parts.query):
+        return url
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))

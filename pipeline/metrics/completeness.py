@@ -59,9 +59,24 @@ class Snapshot:
     runs: tuple[RunState, ...]
     files: frozenset[str]  # every file under the path when it was listed, relative to it
 
+    def __repr__(self) -> str:  # not the file list, which grows with the run
+        return f"Snapshot({self.root!r}, {self.describe()})"
+
     @property
     def complete(self) -> bool:
         return all(r.complete for r in self.runs)
+
+    def describe(self) -> str:
+        """`complete: 7 shards, 4,000 rollouts` (runs counted when the path holds several), or for a partial
+        read `partial: 3 of 7 shards, 1,200 of 4,000 rollouts`."""
+        runs = f"{len(self.runs)} runs, " if len(self.runs) > 1 else ""
+        shards = sum(r.shards for r in self.runs)
+        rollouts = sum(r.rollouts for r in self.runs)
+        if self.complete:
+            return f"complete: {runs}{shards:,} shards, {rollouts:,} rollouts"
+        shards_total = _of(_total(r.shards_total for r in self.runs))
+        rollouts_total = _of(_total(r.rollouts_total for r in self.runs))
+        return f"partial: {runs}{shards:,} of {shards_total} shards, {rollouts:,} of {rollouts_total} rollouts"
 
     def parts(self, table: str) -> list[str]:
         """URLs of `table`'s part files of the readable shards, as DuckDB reads them."""

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import duckdb
 
 from pipeline.core.arrow import pa
+from pipeline.core.text import public_url
 from pipeline.metrics.cohorts import compute_metrics, metrics_tables, write_metrics
 from pipeline.metrics.completeness import Snapshot, take_snapshot
 from pipeline.metrics.duck import connect, run_sql, set_variables
@@ -29,9 +30,16 @@ from pipeline.metrics.tool_profiles import tool_profiles
 class Run:
     """A run (or a folder of runs, such as nightly `date=…/` partitions) as it was when it was opened."""
 
-    url: str  # as given by the caller (shown in outputs)
-    storage_options: dict[str, Any] | None
-    snapshot: Snapshot  # the files read: taken once, never refreshed
+    url: str  # as given by the caller (shown in outputs, without the credentials a URL can carry)
+    storage_options: dict[str, Any] | None = field(repr=False)  # may hold credentials: never shown
+    snapshot: Snapshot = field(repr=False)  # the files read: taken once, never refreshed
+
+    def __repr__(self) -> str:
+        return f"Run({public_url(self.url)!r}, {self.completeness()})"
+
+    def completeness(self) -> str:
+        """What was read, in words: `complete: 7 shards, 4,000 rollouts` or what a partial read covers."""
+        return self.snapshot.describe()
 
     @property
     def partial(self) -> dict[str, Any] | None:

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 
 from pipeline.core.arrow import pa
 from pipeline.core.errors import StorageError
+from pipeline.core.text import public_url
 from pipeline.storage.fs import filesystem, is_local, open_for_write
 
 if TYPE_CHECKING:
@@ -134,6 +135,9 @@ class RunPrefix:
         # What DuckDB is given: an absolute local path, or the URL itself (served by the filesystem that
         # `attach` registers).
         self.url = self.path if self.local else run.rstrip("/")
+
+    def __repr__(self) -> str:  # the URL only: the filesystem holds the storage options (credentials)
+        return f"RunPrefix({public_url(self.url)!r})"
 
     def file(self, rel: str) -> str:
         return f"{self.url}/{rel}"

@@ -16,6 +16,7 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from pipeline.core.text import public_url
 from pipeline.view.queries import PAGE, Filters, RunView, ViewError
 from pipeline.web import ServerLimits, WebGuard, allowed_hosts, require_token, run_server
 from pipeline.web.server import DEFAULT_LIMITS
@@ -45,7 +46,8 @@ _ENV.globals |= {"href": _href, "ci": _ci, "drill": DRILL}
 
 def create_app(view: RunView) -> Starlette:
     def render(name: str, status: int = 200, **context: Any) -> HTMLResponse:
-        html = _ENV.get_template(name).render(run=view.run, coverage_note=view.coverage_note, **context)
+        shown = {"run": public_url(view.run.url), "completeness": view.run.completeness()}
+        html = _ENV.get_template(name).render(**shown, coverage_note=view.coverage_note, **context)
         return HTMLResponse(html, status_code=status)
 
     def cohorts(request: Request) -> Response:
