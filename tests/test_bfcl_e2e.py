@@ -34,11 +34,12 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_real_run_scored_through_ray_matches_bfcl_accuracy_and_logged_outputs(store, tmp_path, shared_ray):
     manifest = run_scoring(str(store), str(tmp_path / "run"), shard_bytes=512 * 1024)
-    assert manifest["counts"] == {**manifest["counts"], "read": 600, "scored": 600, "rejected": 0, "steps": 4459}
-    assert manifest["reconciled"] and len(manifest["shards"]) > 2
-    assert manifest["environments"] == {"bfcl_v4": environment_version(get_environment("bfcl_v4"))}
-    assert manifest["environments"]["bfcl_v4"].startswith("bfcl-eval==2025.11.10+")
-    assert read_manifest(str(tmp_path / "run"))["complete"]
+    c = manifest.counts
+    assert (c.read, c.scored, c.rejected, c.steps) == (600, 600, 0, 4459)
+    assert manifest.reconciled and len(manifest.shards) > 2
+    assert manifest.environments == {"bfcl_v4": environment_version(get_environment("bfcl_v4"))}
+    assert manifest.environments["bfcl_v4"].startswith("bfcl-eval==2025.11.10+")
+    assert read_manifest(str(tmp_path / "run")).complete
     rollouts = pq.read_table(tmp_path / "run" / "rollouts").to_pylist()
     for category in ("base", "miss_func", "miss_param"):
         rows = [r for r in rollouts if r["category"] == category]
@@ -79,9 +80,9 @@ def test_v3_named_run_replays_against_the_v3_release_in_ray_workers(tmp_path, sh
     result = CliRunner().invoke(app, ["ingest", "bfcl", str(tmp_path / "result"), "--out", str(store)])
     assert result.exit_code == 0, result.output
     manifest = run_scoring(str(store), str(run))
-    assert manifest["environments"] == {"bfcl_v3": environment_version(get_environment("bfcl_v3"))}
-    assert manifest["environments"]["bfcl_v3"].startswith("bfcl-eval==2025.8.6.2+")
-    assert manifest["counts"]["scored"] == 400 and manifest["counts"]["rejected"] == 0
+    assert manifest.environments == {"bfcl_v3": environment_version(get_environment("bfcl_v3"))}
+    assert manifest.environments["bfcl_v3"].startswith("bfcl-eval==2025.8.6.2+")
+    assert manifest.counts.scored == 400 and manifest.counts.rejected == 0
     rollouts = {r["task_id"]: r for r in pq.read_table(run / "rollouts").to_pylist()}
     invalid = {key: (r["fed"], r["first_cause"]) for key, r in rollouts.items() if not r["executable"]}
     # the known v3 dataset defects (tests/test_bfcl.py), and nothing else

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from pipeline.cli import app
 from pipeline.core.model import Call, Message, Rollout
+from pipeline.core.run_folder import Manifest
 from pipeline.envs import get_environment
 from pipeline.replay.checker import CHECKS, parse_checks, replay
 from pipeline.scoring.driver import run_scoring
@@ -62,17 +63,17 @@ def test_the_manifest_records_the_checks_and_reuse_keys_on_them(tmp_path: Path) 
     write_store(synthesize("shop", 60, 12, seed=3), str(store))
     run = tmp_path / "run"
 
-    def score(*checks: str) -> dict:
+    def score(*checks: str) -> Manifest:
         return run_scoring(str(store), str(run), executor="inline", checks=checks or CHECKS)
 
     first = score("schema", "precondition")
-    assert first["settings"]["checks"] == ["schema", "precondition"]
-    assert first["counts"]["shards_reused"] == 0
+    assert first.settings.checks == ("schema", "precondition")
+    assert first.counts.shards_reused == 0
     d = f"SELECT count(*) FROM read_parquet('{run}/steps/*.parquet') WHERE failed_check = 'D'"
     assert duckdb.sql(d).fetchall()[0][0] == 0
-    assert score("schema", "precondition")["counts"]["shards_reused"] == first["counts"]["shards"]
+    assert score("schema", "precondition").counts.shards_reused == first.counts.shards
     everything = score()
-    assert everything["counts"]["shards_reused"] == 0 and everything["settings"]["checks"] == list(CHECKS)
+    assert everything.counts.shards_reused == 0 and everything.settings.checks == tuple(CHECKS)
     assert duckdb.sql(d).fetchall()[0][0] > 0  # the synthetic store has D failures once D applies
 
 

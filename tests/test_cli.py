@@ -216,15 +216,17 @@ def test_version():
 def test_the_progress_counts_a_shard_scored_again_once_with_its_final_counts():
     # A shard holding a later copy of a duplicated id reports twice: first as if no id repeated, then with
     # the copy rejected. The bar ends at the number of shards and the counts are those of the final reports.
+    from pipeline.core.run_folder import ShardMarker
     from pipeline.scoring.driver import ShardPlan
-    from pipeline.scoring.shard import ShardReport
+
+    def marker(shard: str, start: int, stop: int | None, **counts: int) -> ShardMarker:
+        return ShardMarker(shard=shard, source="f", start=start, stop=stop, fingerprint="x", **counts)
 
     progress = pipeline.cli.scoring.ScoreProgress()
     progress.on_plan(ShardPlan(files=1, shards=[object(), object()], ignored=[], total_bytes=0))  # type: ignore[list-item]
-    first = ShardReport("a", "f", 0, 10, "x", read=5, scored=5)
-    progress.on_shard(first)
-    progress.on_shard(ShardReport("b", "f", 10, None, "x", read=3, scored=3))
-    progress.on_shard(ShardReport("a", "f", 0, 10, "x", read=5, scored=4, rejected=1))
+    progress.on_shard(marker("a", 0, 10, read=5, scored=5))
+    progress.on_shard(marker("b", 10, None, read=3, scored=3))
+    progress.on_shard(marker("a", 0, 10, read=5, scored=4, rejected=1))
     assert progress.bar.tasks[progress.task].completed == 2
     assert (progress.rollouts, progress.rejects) == (7, 1)
 

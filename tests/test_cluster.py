@@ -147,7 +147,7 @@ def test_a_job_submitted_from_a_plain_shell_writes_where_the_submitter_looks(hea
     assert done.returncode == 0, done.stdout + done.stderr
     assert "job SUCCEEDED" in done.stderr and "model-a" in done.stdout  # the driver log, followed
     submission = done.stdout.splitlines()[0].strip()
-    assert job.exists() and read_manifest(str(tmp_path / "out/run/date=2026-11-29"))["counts"]["scored"] == 300
+    assert job.exists() and read_manifest(str(tmp_path / "out/run/date=2026-11-29")).counts.scored == 300
     status = pexec("status", submission, "--address", head.address, cwd=tmp_path)
     assert status.stdout.strip() == "SUCCEEDED"
     listed = pexec("jobs", "--address", head.address, cwd=tmp_path)
@@ -223,7 +223,7 @@ def test_a_package_job_runs_the_submitters_pexec_not_the_clusters(head, tmp_path
                  "--python", sys.executable, "--wait", cwd=tmp_path, env={"PYTHONPATH": str(checkout)})  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     manifest = read_manifest(str(tmp_path / "run/date=2026-11-29"))
-    assert manifest["code_version"] == f"0.1.0.post7+{theirs}" and manifest["counts"]["scored"] == 300
+    assert manifest.code_version == f"0.1.0.post7+{theirs}" and manifest.counts.scored == 300
     importers = {name.split("-", 1)[1] for name in os.listdir(marks)}
     assert {"-m", "default_worker.py"} <= importers, importers  # the job's driver (python -m), and Ray workers
 
@@ -299,7 +299,7 @@ def test_a_worker_node_killed_mid_job_changes_nothing(head, store_and_reference,
     state = finish(head, submission)
     assert state == "SUCCEEDED", job_logs(head.address, submission)
     print(f"worker node killed: job done in {time.monotonic() - started:.0f}s")
-    assert read_manifest(str(run))["counts"]["scored"] == 1000
+    assert read_manifest(str(run)).counts.scored == 1000
     for table in ("steps", "rollouts"):
         assert rows(str(run), table) == rows(reference, table)
 
@@ -321,7 +321,7 @@ def test_a_driver_killed_mid_job_then_resubmitted_gives_the_same_tables(head, st
     again = submit(head, store, run)
     assert finish(head, again) == "SUCCEEDED", job_logs(head.address, again)
     print(f"driver killed after {committed} shard(s): rerun done in {time.monotonic() - started:.0f}s")
-    assert read_manifest(str(run))["counts"]["shards_reused"] >= min(committed, 2)
+    assert read_manifest(str(run)).counts.shards_reused >= min(committed, 2)
     for table in ("steps", "rollouts"):
         assert rows(str(run), table) == rows(reference, table)
 

@@ -84,11 +84,11 @@ def test_a_rescore_reuses_the_shards_a_change_does_not_affect(
     write_store(iter(observed_records(20)), str(store / "observed"))
     use_tree(monkeypatch, tree)
     first = run_scoring(str(store), str(run), executor="inline")
-    assert first["counts"]["scored"] == 80 and first["counts"]["shards_reused"] == 0
-    shards = {s["shard"]: set(s["environments"]) for s in first["shards"]}
+    assert first.counts.scored == 80 and first.counts.shards_reused == 0
+    shards = {s.shard: set(s.environments) for s in first.shards}
     shop = next(k for k, e in shards.items() if e == {"shop"})
     observed = next(k for k, e in shards.items() if e == {"observed"})
-    assert "; code spec@" in first["environments"]["shop"]
+    assert "; code spec@" in first.environments["shop"]
 
     touch(tree / "envs" / "tau" / "env.py")  # the τ family: no shard here uses it
     use_tree(monkeypatch, tree)
@@ -107,5 +107,5 @@ def test_a_rescore_reuses_the_shards_a_change_does_not_affect(
     touch(tree / "replay" / "checker.py")  # the scoring core: every shard
     use_tree(monkeypatch, tree)
     last = run_scoring(str(store), str(run), executor="inline")
-    assert last["counts"]["shards_reused"] == 0
+    assert last.counts.shards_reused == 0
     assert all(not r and w.startswith("scoring core changed (") for r, w in reuse(run).values())

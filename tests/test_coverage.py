@@ -102,7 +102,7 @@ def test_partial_states_the_coverage_on_disk(killed: tuple[Path, Path], tmp_path
     store, run = killed
     keys = committed(run)
     scored, rejected = rows(run, "rollouts", keys), rows(run, "rejects", keys)
-    sources = {m["source"] for k, m in read_shard_markers(str(run)).items() if k in keys}
+    sources = {m.source for k, m in read_shard_markers(str(run)).items() if k in keys}
     expected = {
         "shards": len(keys),
         "shards_total": N_FILES,
@@ -156,7 +156,7 @@ def test_rerunning_the_same_command_finishes_the_run(killed: tuple[Path, Path], 
     shutil.copytree(original, run)
     keys = committed(run)
     manifest = run_scoring(str(store), str(run), executor="inline")
-    assert manifest["counts"]["shards_reused"] >= len(keys)
+    assert manifest.counts.shards_reused >= len(keys)
     [c] = open_run(str(run)).cohorts([], FAST)
     assert c["partial"] is None and c["n"] == N_FILES * PER_FILE
 
@@ -204,9 +204,9 @@ def test_a_run_stopped_after_some_shards_knows_its_total_from_the_plan(
     shutil.copytree(original, run)
     (run / "_manifest.json").unlink()
     plan = read_plan(str(run))
-    assert [s["rows"] for s in plan["shards"]] == [100] * 6  # Parquet: counted from the footers
-    for shard in plan["shards"][4:]:
-        (run / "_shards" / f"{shard['shard']}.json").unlink()  # these two never committed
+    assert [s.rows for s in plan.shards] == [100] * 6  # Parquet: counted from the footers
+    for shard in plan.shards[4:]:
+        (run / "_shards" / f"{shard.shard}.json").unlink()  # these two never committed
     [c] = open_run(str(run), partial=True).cohorts([], FAST)
     assert c["n"] == 400
     assert {k: c["partial"][k] for k in ("shards", "shards_total", "rollouts", "rollouts_total")} == {
@@ -226,7 +226,7 @@ def test_a_partial_report_reads_one_snapshot_while_the_run_gains_a_shard(
     run = tmp_path / "run"
     shutil.copytree(original, run)
     (run / "_manifest.json").unlink()
-    late = read_plan(str(run))["shards"][5]["shard"]
+    late = read_plan(str(run)).shards[5].shard
     marker = run / "_shards" / f"{late}.json"
     committed_later = marker.read_bytes()
     marker.unlink()  # the sixth shard is not committed when the report starts

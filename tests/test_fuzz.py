@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.core.records import InvalidRecord, parse_rollout
+from pipeline.core.run_folder import Manifest
 from pipeline.expr import BudgetExceeded, EvalError, ExprError, compile_expr
 from pipeline.scoring.driver import run_scoring
 from pipeline.synthetic.rollouts import synthesize
@@ -101,7 +102,7 @@ def tally() -> Any:
     print(f"\n[fuzz] {TALLY}")
 
 
-def score_lines(lines: list[str], folder: Path, executor: str = "inline") -> tuple[dict[str, Any], int, int]:
+def score_lines(lines: list[str], folder: Path, executor: str = "inline") -> tuple[Manifest, int, int]:
     store, run = folder / "store", folder / "run"
     store.mkdir(parents=True)
     for i in range(0, len(lines), 7):  # several files, so several shards
@@ -114,17 +115,17 @@ def score_lines(lines: list[str], folder: Path, executor: str = "inline") -> tup
     return manifest, rollouts, rejects
 
 
-def assert_nothing_lost(lines: list[str], manifest: dict[str, Any], rollouts: int, rejects: int) -> None:
-    counts = manifest["counts"]
+def assert_nothing_lost(lines: list[str], manifest: Manifest, rollouts: int, rejects: int) -> None:
+    counts = manifest.counts
     records_in = sum(1 for line in lines if line.strip())  # blank lines are not records
     TALLY["runs"] += 1
     TALLY["records"] += records_in
     TALLY["scored"] += rollouts
     TALLY["rejected"] += rejects
     TALLY["lost"] += records_in - rollouts - rejects
-    assert counts["read"] == records_in
-    assert counts["read"] == counts["scored"] + counts["rejected"]
-    assert (rollouts, rejects) == (counts["scored"], counts["rejected"])
+    assert counts.read == records_in
+    assert counts.read == counts.scored + counts.rejected
+    assert (rollouts, rejects) == (counts.scored, counts.rejected)
 
 
 @pytest.mark.fuzz
@@ -166,7 +167,7 @@ def test_measured_failures_are_rejects_with_their_reason(tmp_path: Path) -> None
     args = dict(BASE[3], rollout_id="deep-args")
     args["events"] = [*args["events"], {"type": "call", "tool": "get_order", "arguments": "[" * 900 + "]" * 900}]
     manifest, rollouts, rejects = score_lines([*good, *named, json.dumps(args)], tmp_path)
-    assert rejects == manifest["counts"]["rejected"] == len(NAMED) and rollouts == 4
+    assert rejects == manifest.counts.rejected == len(NAMED) and rollouts == 4
     query = f"SELECT reason FROM read_parquet('{tmp_path}/run/rejects/*.parquet')"
     reasons = [r for (r,) in duckdb.sql(query).fetchall()]
     for _, _, expected in NAMED.values():
@@ -287,8 +288,8 @@ def test_parquet_columns_of_unexpected_types(tmp_path: Path) -> None:
         row = dict(base, rollout_id=name) | change
         pq.write_table(pa.Table.from_pylist([row]), store / f"{name}.parquet")
     manifest = run_scoring(str(store), str(tmp_path / "run"), executor="inline")
-    assert manifest["counts"]["read"] == 1 + len(variants) and manifest["counts"]["scored"] >= 1
-    assert manifest["counts"]["read"] == manifest["counts"]["scored"] + manifest["counts"]["rejected"]
+    assert manifest.counts.read == 1 + len(variants) and manifest.counts.scored >= 1
+    assert manifest.counts.read == manifest.counts.scored + manifest.counts.rejected
     reasons = dict(
         duckdb.sql(f"SELECT source, reason FROM read_parquet('{tmp_path}/run/rejects/*.parquet')").fetchall()
     )

@@ -218,7 +218,7 @@ def test_a_guard_session_through_every_real_log_gives_the_scorers_flags_and_caus
 
     run = tmp_path / "run"
     manifest = run_scoring(str(store), str(run))
-    assert manifest["counts"]["rejected"] == 0
+    assert manifest.counts.rejected == 0
     scored = scored_steps(run)
     failures = 0
     for rollout_id, record in records.items():

@@ -78,7 +78,7 @@ def test_the_proxy_refuses_invalid_calls_and_logs_every_verdict(tmp_path):
 
     run = tmp_path / "run"
     manifest = run_scoring(str(log), str(run), env="observed", options=EnvOptions(spec="support"), executor="inline")
-    assert manifest["counts"]["rejected"] == 0
+    assert manifest.counts.rejected == 0
     rows = duckdb.sql(f"SELECT valid, failed_check, cause FROM read_parquet('{run}/steps/*.parquet') ORDER BY step")
     assert rows.fetchall() == [
         (False, "D", "information"),

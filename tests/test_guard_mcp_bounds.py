@@ -61,7 +61,7 @@ def journal(log: Path) -> list[dict]:
 
 def rescored(log: Path, run: Path, spec: str | None = "support") -> list[tuple]:
     manifest = run_scoring(str(log), str(run), env="observed", options=EnvOptions(spec=spec), executor="inline")
-    assert manifest["counts"]["rejected"] == 0
+    assert manifest.counts.rejected == 0
     query = f"SELECT valid, failed_check, cause FROM read_parquet('{run}/steps/*.parquet') ORDER BY step"
     return duckdb.sql(query).fetchall()
 

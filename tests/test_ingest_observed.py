@@ -96,7 +96,7 @@ def test_sample_store_scored_per_date_by_the_nightly_job(tmp_path):
     run = tmp_path / "run"
     manifest = run_scoring(str(tmp_path / "store" / "date=2026-11-29"), str(run), env=job.env, options=job.options,
                            executor="inline")  # fmt: skip
-    assert manifest["counts"]["scored"] == 60
+    assert manifest.counts.scored == 60
     steps = pq.read_table(run / "steps").to_pylist()
     rollouts = {r["rollout_id"]: r for r in pq.read_table(run / "rollouts").to_pylist()}
     by_task: dict[str, set[Any]] = {}

@@ -10,6 +10,7 @@ from pathlib import Path
 import orjson
 import pyarrow.parquet as pq
 import pytest
+from msgspec import structs
 from typer.testing import CliRunner
 
 from pipeline.cli import app
@@ -73,8 +74,8 @@ def assert_matches_truth(run: Path, records: dict[str, dict]) -> None:
 def test_synthetic_truth_is_recovered_exactly_through_ray(store, records, tmp_path, local_ray):
     run = tmp_path / "run"
     manifest = run_scoring(str(store), str(run), shard_bytes=256 * 1024)
-    assert manifest["counts"]["read"] == N_ROLLOUTS and manifest["counts"]["rejected"] == 0
-    assert manifest["reconciled"] and len(manifest["shards"]) > 3  # several Ray tasks, some per byte range
+    assert manifest.counts.read == N_ROLLOUTS and manifest.counts.rejected == 0
+    assert manifest.reconciled and len(manifest.shards) > 3  # several Ray tasks, some per byte range
     assert_matches_truth(run, records)
     # every cause occurs, and recoveries exist
     causes = {r["first_cause"] for r in table(run, "rollouts")}
@@ -109,19 +110,19 @@ def test_rerun_rescores_only_changed_inputs(records, tmp_path):
     store, run = tmp_path / "store", tmp_path / "run"
     write_store(iter(recs), str(store), per_file=300)  # 4 files
     first = run_scoring(str(store), str(run), executor="inline")
-    assert first["counts"]["shards_reused"] == 0
+    assert first.counts.shards_reused == 0
     again = run_scoring(str(store), str(run), executor="inline")
-    assert again["counts"]["shards_reused"] == again["counts"]["shards"] == 4
+    assert again.counts.shards_reused == again.counts.shards == 4
     changed = store / "part-00002.jsonl"
     changed.write_bytes(changed.read_bytes() + orjson.dumps(recs[0] | {"rollout_id": "new"}) + b"\n")
     third = run_scoring(str(store), str(run), executor="inline")
-    assert third["counts"]["shards_reused"] == 3 and third["counts"]["scored"] == N_ROLLOUTS + 1
-    assert [s["reused"] for s in third["shards"]] == [True, True, False, True]
+    assert third.counts.shards_reused == 3 and third.counts.scored == N_ROLLOUTS + 1
+    assert [s.reused for s in third.shards] == [True, True, False, True]
     assert len(table(run, "rollouts")) == N_ROLLOUTS + 1
     forced = run_scoring(str(store), str(run), executor="inline", force=True)
-    assert forced["counts"]["shards_reused"] == 0
+    assert forced.counts.shards_reused == 0
     other_settings = run_scoring(str(store), str(run), executor="inline", run_id="renamed")
-    assert other_settings["counts"]["shards_reused"] == 0
+    assert other_settings.counts.shards_reused == 0
 
 
 def test_a_rerun_with_nothing_new_starts_no_ray_and_one_after_a_cut_rerun_checks_the_ids_again(
@@ -146,7 +147,7 @@ def test_a_rerun_with_nothing_new_starts_no_ray_and_one_after_a_cut_rerun_checks
         m.setattr(driver, "_start_ray", refused)
         m.setattr(driver, "RayIdCheck", refused)
         again = run_scoring(str(store), str(run))
-    assert again["counts"] == first["counts"] | {"shards_reused": first["counts"]["shards"]}
+    assert again.counts == structs.replace(first.counts, shards_reused=first.counts.shards)
     assert table(run, "rejects") == rejects
 
     checked = []
@@ -154,7 +155,7 @@ def test_a_rerun_with_nothing_new_starts_no_ray_and_one_after_a_cut_rerun_checks
     monkeypatch.setattr(driver, "RayIdCheck", lambda *a: checked.append(1) or real(*a))
     (run / "_manifest.json").unlink()
     cut = run_scoring(str(store), str(run))
-    assert checked and cut["counts"] == again["counts"] and table(run, "rejects") == rejects
+    assert checked and cut.counts == again.counts and table(run, "rejects") == rejects
 
 
 def test_a_relative_out_is_where_the_driver_is_not_where_the_workers_started(records, tmp_path, local_ray, monkeypatch):
@@ -164,7 +165,7 @@ def test_a_relative_out_is_where_the_driver_is_not_where_the_workers_started(rec
     monkeypatch.chdir(tmp_path)
     name = f"relative-run-{tmp_path.name}"
     manifest = run_scoring("store", name)
-    assert manifest["counts"]["scored"] == 50
+    assert manifest.counts.scored == 50
     assert len(list((tmp_path / name / "steps").glob("*.parquet"))) == 1
     assert not (Path(__file__).resolve().parents[1] / name).exists()
 
@@ -213,11 +214,11 @@ def test_bad_records_are_rejected_with_reasons_and_counts_reconcile(records, tmp
     (store / "cut.jsonl.gz").write_bytes(packed[: len(packed) * 2 // 3])  # a transfer cut short
     run = tmp_path / "run"
     manifest = run_scoring(str(store), str(run), executor="inline")
-    counts = manifest["counts"]
-    from_gz = sum(s["read"] for s in manifest["shards"] if s["source"].endswith(".gz"))
+    counts = manifest.counts
+    from_gz = sum(s.read for s in manifest.shards if s.source.endswith(".gz"))
     assert 1 < from_gz < 41
-    assert (counts["read"], counts["scored"], counts["rejected"]) == (11 + from_gz, 5 + from_gz - 1, 7)
-    assert manifest["reconciled"] and manifest["input"]["ignored"] == [str(store / "notes.txt")]
+    assert (counts.read, counts.scored, counts.rejected) == (11 + from_gz, 5 + from_gz - 1, 7)
+    assert manifest.reconciled and manifest.input.ignored == (str(store / "notes.txt"),)
     rejects = {(Path(r["source"]).name, r["location"]): r["reason"] for r in table(run, "rejects")}
     assert rejects[("mixed.jsonl", "line 6")].startswith("invalid JSON")
     assert rejects[("mixed.jsonl", "line 7")] == "record is not a JSON object (got list)"
@@ -226,7 +227,7 @@ def test_bad_records_are_rejected_with_reasons_and_counts_reconcile(records, tmp
     assert "unknown environment 'nowhere'" in rejects[("mixed.jsonl", "line 10")]
     assert "duplicate rollout_id" in rejects[("mixed.jsonl", "line 11")]
     assert "gzip" in next(v for (src, _), v in rejects.items() if src == "cut.jsonl.gz")
-    assert read_manifest(str(run))["counts"] == counts
+    assert read_manifest(str(run)).counts == counts
 
 
 def test_bad_spec_fails_before_scoring(tmp_path, store):
@@ -305,7 +306,7 @@ def test_an_environment_that_appears_between_runs_in_one_process_is_used(records
     write_store(({**r, "benchmark": "late_shop"} for r in list(records.values())[:50]), str(store))
     options = EnvOptions(spec_dirs=(str(specs),))
     first = run_scoring(str(store), str(tmp_path / "run"), options=options, executor="inline")
-    assert first["counts"]["rejected"] == 50 and first["environments"] == {"late_shop": None}
+    assert first.counts.rejected == 50 and first.environments == {"late_shop": None}
     shutil.copytree(Path(__file__).resolve().parents[1] / "specs" / "shop", specs / "late_shop")
     second = run_scoring(str(store), str(tmp_path / "run"), options=options, executor="inline")
-    assert second["counts"]["scored"] == 50 and second["counts"]["shards_reused"] == 0
+    assert second.counts.scored == 50 and second.counts.shards_reused == 0

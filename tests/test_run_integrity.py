@@ -7,12 +7,15 @@ from __future__ import annotations
 import gzip
 import random
 from pathlib import Path
+from typing import NamedTuple
 
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from msgspec import structs
 
+from pipeline.core.run_folder import Manifest
 from pipeline.scoring.driver import run_scoring
 from pipeline.storage.inputs import line_numbers, list_inputs
 from pipeline.storage.stores import write_store
@@ -58,33 +61,33 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def runs(store: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[Path, dict]]:
+def runs(store: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, Scored]:
+    """Per shard size: the run, its manifest and the shards in the order they reported (a shard twice when it
+    was scored again)."""
     out = {}
     for size in SHARD_SIZES:
         run = tmp_path_factory.mktemp(f"size{size}") / "run"
         reports: list = []
         manifest = run_scoring(str(store), str(run), executor="inline", shard_bytes=size, on_shard=reports.append)
-        out[size] = run, manifest | {"reported": [r.shard for r in reports]}
+        out[size] = Scored(run, manifest, [r.shard for r in reports])
     return out
 
 
-def test_shard_sizes_really_differ(runs: dict[int, tuple[Path, dict]]) -> None:
-    shards = [manifest["counts"]["shards"] for _, manifest in runs.values()]
+class Scored(NamedTuple):
+    run: Path
+    manifest: Manifest
+    reported: list[str]
+
+
+def test_shard_sizes_really_differ(runs: dict[int, Scored]) -> None:
+    shards = [s.manifest.counts.shards for s in runs.values()]
     assert shards[0] == 3 and shards[0] < shards[1] < shards[2]
 
 
-def test_the_first_copy_by_source_order_is_scored_and_later_ones_rejected(
-    store: Path, runs: dict[int, tuple[Path, dict]]
-) -> None:
-    for run, manifest in runs.values():
-        assert manifest["counts"] | {"shards": 0, "shards_reused": 0} == {
-            "read": 41 + 12 + 32,
-            "scored": 80,
-            "rejected": 5,
-            "steps": manifest["counts"]["steps"],
-            "shards": 0,
-            "shards_reused": 0,
-        }
+def test_the_first_copy_by_source_order_is_scored_and_later_ones_rejected(store: Path, runs: dict[int, Scored]) -> None:
+    for run, manifest, _ in runs.values():
+        c = manifest.counts
+        assert (c.read, c.scored, c.rejected) == (41 + 12 + 32, 80, 5)
         scored = rows(run, "rollouts")
         assert len({r["rollout_id"] for r in scored}) == 80
         assert {r["copy"] for r in scored} == {"1"}  # every scored copy is the first one
@@ -99,9 +102,9 @@ def test_the_first_copy_by_source_order_is_scored_and_later_ones_rejected(
         ]
 
 
-def test_the_tables_do_not_depend_on_the_shard_size(runs: dict[int, tuple[Path, dict]]) -> None:
-    (first, _), *others = runs.values()
-    for run, _ in others:
+def test_the_tables_do_not_depend_on_the_shard_size(runs: dict[int, Scored]) -> None:
+    (first, _, _), *others = runs.values()
+    for run, _, _ in others:
         assert rows(run, "steps") == rows(first, "steps")
         assert rows(run, "rollouts") == rows(first, "rollouts")
         # Which shard read a reject, and its location in plain JSON Lines (line N in a whole file, byte N in a
@@ -109,20 +112,19 @@ def test_the_tables_do_not_depend_on_the_shard_size(runs: dict[int, tuple[Path, 
         assert rows(run, "rejects", drop=("shard", "location")) == rows(first, "rejects", drop=("shard", "location"))
 
 
-def test_only_the_shards_holding_a_later_copy_are_scored_again(runs: dict[int, tuple[Path, dict]]) -> None:
+def test_only_the_shards_holding_a_later_copy_are_scored_again(runs: dict[int, Scored]) -> None:
     # Ids are checked once every shard has returned its own: a shard is scored a second time only when the
     # store shows it a copy to reject, and the rejects say which shards those are.
-    for run, manifest in runs.values():
-        reported = manifest["reported"]
+    for run, manifest, reported in runs.values():
         twice = {key for key in reported if reported.count(key) == 2}
         assert twice == {r["shard"] for r in rows(run, "rejects") if r["reason"].startswith("duplicate rollout_id")}
-        assert len(reported) == manifest["counts"]["shards"] + len(twice)
+        assert len(reported) == manifest.counts.shards + len(twice)
 
 
 def test_ray_finds_the_same_copies_as_inline_whatever_order_the_shards_finish(
-    store: Path, runs: dict[int, tuple[Path, dict]], tmp_path: Path, shared_ray: None
+    store: Path, runs: dict[int, Scored], tmp_path: Path, shared_ray: None
 ) -> None:
-    inline, _ = runs[20_000]
+    inline = runs[20_000].run
     run_scoring(str(store), str(tmp_path / "run"), shard_bytes=20_000, run_id="run")
     for table in ("steps", "rollouts", "rejects"):
         assert rows(tmp_path / "run", table) == rows(inline, table)
@@ -150,20 +152,20 @@ def test_a_rerun_reuses_shards_until_a_copy_of_their_ids_appears_earlier(store: 
     run = tmp_path / "run"
     run_scoring(str(local), str(run), executor="inline")
     again = run_scoring(str(local), str(run), executor="inline")
-    assert again["counts"]["shards_reused"] == 2
+    assert again.counts.shards_reused == 2
     # A file sorting first now holds b1: b.jsonl.gz's copy of b1 becomes a later copy; a.jsonl is unaffected.
     b1 = next(r for r in rows(run, "rollouts") if r["rollout_id"] == "b1")
     source = orjson.loads(gzip.decompress((local / "b.jsonl.gz").read_bytes()).splitlines()[1])
     (local / "0.jsonl").write_bytes(orjson.dumps({**source, "labels": {"copy": "0"}}) + b"\n")
     third = run_scoring(str(local), str(run), executor="inline")
-    assert [(Path(s["source"]).name, s["reused"]) for s in third["shards"]] == [
+    assert [(Path(s.source).name, s.reused) for s in third.shards] == [
         ("0.jsonl", False),
         ("a.jsonl", True),
         ("b.jsonl.gz", False),
     ]
     now = {r["rollout_id"]: r for r in rows(run, "rollouts")}
     assert now["b1"]["copy"] == "0" and b1["copy"] == "1"
-    assert len(now) == 50 and third["counts"]["rejected"] == 4  # a5, a7, b3 and now b1
+    assert len(now) == 50 and third.counts.rejected == 4  # a5, a7, b3 and now b1
 
 
 @pytest.mark.parametrize("damage", ["deleted", "replaced"])
@@ -179,13 +181,13 @@ def test_a_shard_whose_part_changed_is_rescored_and_counts_match_the_tables(
     else:  # another shard's rows under this shard's name: a valid Parquet file of another size
         victim.write_bytes(parts[2].read_bytes())
     again = run_scoring(str(store), str(run), executor="inline", shard_bytes=20_000)
-    rescored = [s["shard"] for s in again["shards"] if not s["reused"]]
+    rescored = [s.shard for s in again.shards if not s.reused]
     assert rescored == [victim.name.removeprefix("part-").removesuffix(".parquet")]
-    counts = again["counts"]
-    assert counts == first["counts"] | {"shards_reused": counts["shards"] - 1}
-    assert (counts["scored"], counts["steps"], counts["rejected"]) == (
+    counts = again.counts
+    assert counts == structs.replace(first.counts, shards_reused=counts.shards - 1)
+    assert (counts.scored, counts.steps, counts.rejected) == (
         len(rows(run, "rollouts")),
         len(rows(run, "steps")),
         len(rows(run, "rejects")),
     )
-    assert len({r["rollout_id"] for r in rows(run, "rollouts")}) == counts["scored"]
+    assert len({r["rollout_id"] for r in rows(run, "rollouts")}) == counts.scored

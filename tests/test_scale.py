@@ -50,8 +50,8 @@ def test_object_storage_end_to_end_through_ray(s3, local_store, reference_run, t
     store, run = "s3://pexec-test/store", "s3://pexec-test/runs/a"
     write_store(synthesize("shop", 1500, 150, seed=5), store, per_file=300, storage_options=s3)
     manifest = run_scoring(store, run, storage_options=s3, shard_bytes=256 * 1024, run_id="r")
-    assert manifest["counts"]["scored"] == 1500 and manifest["reconciled"]
-    assert read_manifest(run, s3)["counts"] == manifest["counts"]
+    assert manifest.counts.scored == 1500 and manifest.reconciled
+    assert read_manifest(run, s3).counts == manifest.counts
     for table in ("steps", "rollouts"):
         assert rows(run, table, s3) == rows(reference_run, table)
     cohorts = open_run(run, s3).cohorts(["model"])
@@ -140,7 +140,7 @@ def test_a_worker_killed_mid_job_changes_nothing(local_store, reference_run, tmp
 
     manifest = run_scoring(str(local_store), run, shard_bytes=128 * 1024, run_id="r", on_shard=kill_a_worker)
     assert killed, "no scoring worker was found to kill"
-    assert manifest["counts"]["scored"] == 1500
+    assert manifest.counts.scored == 1500
     for table in ("steps", "rollouts"):
         assert rows(run, table) == rows(reference_run, table)
 
@@ -162,6 +162,6 @@ def test_a_driver_killed_midway_then_rerun_gives_the_same_output(local_store, re
     done = subprocess.run([*cmd, "--inline"], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     manifest = read_manifest(str(run))
-    assert manifest["counts"]["shards_reused"] >= min(committed, 3)
+    assert manifest.counts.shards_reused >= min(committed, 3)
     for table in ("steps", "rollouts"):
         assert rows(str(run), table) == rows(reference_run, table)

@@ -265,7 +265,7 @@ def test_ingest_every_real_variant_and_score_through_ray(tmp_path, shared_ray):
     (store / "part.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in retail))
     run = tmp_path / "run"
     manifest = run_scoring(str(store), str(run), shard_bytes=512 * 1024)
-    assert manifest["counts"]["rejected"] == 0
+    assert manifest.counts.rejected == 0
     rewards = [s["reward_info"]["reward"] for s in json.loads(source.read_text())["simulations"]]
     success = duckdb.sql(f"SELECT avg(success::INT) FROM read_parquet('{run}/rollouts/*.parquet')").fetchall()[0][0]
     assert success == pytest.approx(sum(rewards) / len(rewards))

@@ -32,6 +32,7 @@ from pipeline.cli.render import (
     print_table,
 )
 from pipeline.core.errors import PexecError
+from pipeline.metrics.completeness import Coverage
 from pipeline.metrics.query import MAX_ROWS_LIMIT, QueryLimits, read_statements, stream_sql
 from pipeline.metrics.run import Run
 from pipeline.metrics.settings import DEFAULT_POPULATION
@@ -70,7 +71,7 @@ def metrics(
         json_lines(cohorts)
         return
     if cohorts and cohorts[0]["partial"]:
-        partial_notice(cohorts[0]["partial"], out)
+        partial_notice(Coverage.from_json(cohorts[0]["partial"]), out)
     print_table(metrics_table(cohorts))
     if cohorts:
         b = cohorts[0]["bootstrap"]
@@ -93,7 +94,7 @@ def _tool_metrics(run: Run, by: list[str], reading: Reading, as_json: bool) -> N
     if not rows:
         raise PexecError(f"{run.url} has no steps: nothing to profile per tool")
     if rows[0]["partial"]:
-        partial_notice(rows[0]["partial"], out)
+        partial_notice(Coverage.from_json(rows[0]["partial"]), out)
     keys = [k for k in rows[0] if k not in TOOL_FIELDS]
     shown = tools_table(rows, keys)
     table = Table(title=shown.title)
@@ -148,7 +149,7 @@ def report(
     for path in result.files:
         out.print(literal(path))
     if result.tables.cohorts and result.tables.cohorts[0]["partial"]:
-        partial_notice(result.tables.cohorts[0]["partial"], console)
+        partial_notice(Coverage.from_json(result.tables.cohorts[0]["partial"]), console)
     where = literal(result.out)
     console.print(f"report written to {where}/report.html and {where}/report.md ({len(result.files)} files)")
 

@@ -285,12 +285,13 @@ def limits() -> str:
 
 def _builders() -> dict[tuple[str, str], Callable[[], str]]:
     """(page, block name) -> what writes the block."""
-    from pipeline.core import metric_catalogue, run_schema
+    from pipeline.core import metric_catalogue, run_folder, run_schema
 
     builders: dict[tuple[str, str], Callable[[], str]] = {}
     for entry in commands():
         builders[("cli.md", f"cli {entry.words}".strip())] = lambda e=entry: cli_entry(e)
     builders[("run-folder.md", "schema")] = run_schema.markdown
+    builders[("run-folder.md", "files")] = run_folder.markdown
     builders[("metrics.md", "metrics")] = metric_catalogue.markdown
     builders[("metrics.md", "metric parts")] = metric_parts
     builders[("metrics.md", "tool metrics")] = tool_metrics

@@ -20,7 +20,7 @@ from pipeline.core import intervals, metric_catalogue
 from pipeline.core.arrow import pa
 from pipeline.core.text import literal
 from pipeline.metrics.cohorts import cohort_fields
-from pipeline.metrics.completeness import describe_partial
+from pipeline.metrics.completeness import Coverage
 from pipeline.metrics.query import QueryResult
 from pipeline.metrics.settings import harness_note, replay_note
 
@@ -34,9 +34,9 @@ def show_warning(message: Warning | str, category: type[Warning], filename: str,
     console.print(literal(f"{filename}:{lineno}: {category.__name__}: {message}"), soft_wrap=True)
 
 
-def partial_notice(partial: dict[str, Any], where: Console) -> None:
+def partial_notice(partial: Coverage, where: Console) -> None:
     """Say, in bold yellow, how much of an incomplete run (--partial) the output covers."""
-    where.print(Text(literal(describe_partial(partial)), style="bold yellow"), soft_wrap=True)
+    where.print(Text(literal(partial.describe()), style="bold yellow"), soft_wrap=True)
 
 
 def json_lines(rows: list[dict[str, Any]]) -> None:

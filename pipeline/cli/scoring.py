@@ -23,11 +23,11 @@ from pipeline.cli.options import (
 )
 from pipeline.cli.render import console, literal
 from pipeline.core.errors import PexecError
+from pipeline.core.run_folder import Manifest, ShardMarker
 from pipeline.envs import EnvOptions
 from pipeline.ingest.sharded import RawSource
 from pipeline.replay.checker import CHECKS, parse_checks
 from pipeline.scoring.driver import DEFAULT_SHARD_BYTES, ShardPlan, run_scoring
-from pipeline.scoring.shard import ShardReport
 from pipeline.storage.lease import DEFAULT_STALE_AFTER
 
 
@@ -156,7 +156,7 @@ class ScoreProgress:
         )
         self.rollouts = self.rejects = 0
         self.task: Any = None
-        self.seen: dict[str, ShardReport] = {}  # a shard holding a later copy of a duplicated id reports twice
+        self.seen: dict[str, ShardMarker] = {}  # a shard holding a later copy of a duplicated id reports twice
 
     def on_plan(self, p: ShardPlan) -> None:
         console.print(
@@ -166,7 +166,7 @@ class ScoreProgress:
         )
         self.task = self.bar.add_task("score", total=len(p.shards), rollouts=0, rate=0.0, rejects=0)
 
-    def on_shard(self, r: ShardReport) -> None:
+    def on_shard(self, r: ShardMarker) -> None:
         before = self.seen.get(r.shard)
         self.seen[r.shard] = r
         self.rollouts += r.scored - (before.scored if before else 0)
@@ -181,14 +181,14 @@ class ScoreProgress:
         )
 
 
-def summary(manifest: dict[str, Any], run: str) -> None:
+def summary(manifest: Manifest, run: str) -> None:
     """What a scoring job did, on one line, and how to see its rejects when there are any."""
-    c = manifest["counts"]
+    c = manifest.counts
     console.print(
-        f"read {c['read']:,} · scored {c['scored']:,} · rejected {c['rejected']:,} · steps {c['steps']:,} "
-        f"· {c['shards_reused']} of {c['shards']} shard(s) reused · {manifest['seconds']:.1f}s -> {literal(run)}"
+        f"read {c.read:,} · scored {c.scored:,} · rejected {c.rejected:,} · steps {c.steps:,} "
+        f"· {c.shards_reused} of {c.shards} shard(s) reused · {manifest.seconds:.1f}s -> {literal(run)}"
     )
-    if c["rejected"]:
+    if c.rejected:
         query = "SELECT reason, source, location FROM rejects"
-        hint = f"{c['rejected']} record(s) rejected; to see them: pexec sql {literal(run)} '{query}'"
+        hint = f"{c.rejected} record(s) rejected; to see them: pexec sql {literal(run)} '{query}'"
         console.print(Text(hint, "yellow"))

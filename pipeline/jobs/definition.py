@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.core.errors import PexecError, check_fields
+from pipeline.core.run_folder import Manifest, ShardMarker
 from pipeline.envs import EnvOptions
 from pipeline.metrics.run import open_run
 from pipeline.metrics.settings import BootstrapSettings, Population
 from pipeline.scoring.driver import DEFAULT_SHARD_BYTES, ShardPlan, run_scoring
-from pipeline.scoring.shard import ShardReport
 from pipeline.storage.fs import absolute, exists
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
@@ -372,8 +372,8 @@ def run_job(
     address: str | None = None,
     force: bool = False,
     on_plan: Callable[[ShardPlan], None] | None = None,
-    on_shard: Callable[[ShardReport], None] | None = None,
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    on_shard: Callable[[ShardMarker], None] | None = None,
+) -> tuple[Manifest, list[dict[str, Any]]]:
     """Score the job's input (reusing unchanged shards), then compute and write its metrics (and its report,
     when the job has a [report] table)."""
     job = absolute_paths(job)

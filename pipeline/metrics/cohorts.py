@@ -150,7 +150,8 @@ def intervals_and_replicates(
     undefined = [None] * settings.B
     per_cohort: Replicates = [{m: by_id.get(cid, {}).get(m, undefined) for m in replicated} for cid in ids]
     for c in cohorts:
-        c["partial"] = snapshot.partial()
+        covered = snapshot.partial()
+        c["partial"] = None if covered is None else covered.as_json()
     return cohorts, per_cohort
 
 
@@ -295,7 +296,7 @@ def metrics_tables(cohorts: list[dict[str, Any]]) -> tuple[pa.Table, pa.Table]:
         row["duckdb_version"] = c["bootstrap"]["duckdb_version"]
         covered = c.get("partial") or {}
         row["partial"] = bool(covered)
-        row |= {c.name: covered.get(c.name.removeprefix("partial_")) for c in run_schema.PARTIAL[1:]}
+        row |= {col.name: covered.get(col.name.removeprefix("partial_")) for col in run_schema.PARTIAL[1:]}
         rows.append(row)
         pec_rows += [{**_label_values(c, keys), "method": None, **p} for p in c["pec"]]
     metrics_schema = run_schema.arrow_schema(run_schema.metrics_table(), keys)

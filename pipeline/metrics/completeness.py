@@ -13,15 +13,23 @@ A path may hold several runs (nightly `date=…/` partitions read together): eac
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
 from typing import Any
 
-import orjson
-
 from pipeline.core.errors import PexecError, StorageError
-from pipeline.storage.run import MANIFEST, PLAN, SHARD_MARKERS, TABLES, RunPrefix
+from pipeline.core.run_folder import Manifest, Plan, PlannedShard, RunFolderError, ShardMarker, UnknownLayout
+from pipeline.storage.run import (
+    MANIFEST,
+    PLAN,
+    SHARD_MARKERS,
+    TABLES,
+    RunPrefix,
+    read_manifest,
+    read_plan,
+    read_shard_markers,
+)
 
-_MARKER_MATCH = ("fingerprint", "start", "stop")  # a marker's input identity, compared with the plan's shard
 _SHOWN = 3  # missing files named in a message, the rest counted
 
 
@@ -39,15 +47,50 @@ class RunState:
 
     rel: str  # the run's folder below the path read ("" for the path itself)
     complete: bool
-    shards: int  # shards whose parts can be read
+    keys: tuple[str, ...]  # the readable shards
     shards_total: int | None  # planned shards; None when no plan was recorded
     rollouts: int  # rollouts those shards read (scored + rejected)
     rollouts_total: int | None  # rollouts in the whole input; None when the plan cannot count them (JSON Lines)
-    input_bytes: int | None  # input bytes those shards span; None when unknown
+    input_bytes: int | None = None  # input bytes those shards span; None when unknown
+    input_bytes_total: int | None = None
+    missing: str = ""  # what is missing, "" when complete
+    fix: str = ""  # how to finish the run, "" when complete
+
+    @property
+    def shards(self) -> int:
+        """Shards whose parts can be read."""
+        return len(self.keys)
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """What a partial read covers, summed over the runs read (the `partial` object of every output): a total is
+    None when it is not known."""
+
+    shards: int
+    shards_total: int | None
+    rollouts: int
+    rollouts_total: int | None
+    input_bytes: int | None
     input_bytes_total: int | None
-    missing: str  # what is missing, "" when complete
-    fix: str  # how to finish the run, "" when complete
-    keys: tuple[str, ...]  # the readable shards
+    incomplete_runs: list[str]
+
+    def as_json(self) -> dict[str, Any]:
+        """The `partial` object of a JSON output (`metrics --json`, a cohort's dict)."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> Coverage:
+        return cls(**value)
+
+    def describe(self) -> str:
+        """The one-line warning every output of a partial read carries."""
+        shards = f"{self.shards:,} of {_of(self.shards_total)} shards"
+        rollouts = f"{self.rollouts:,} of {_of(self.rollouts_total)} rollouts"
+        if self.input_bytes is not None and self.input_bytes_total:
+            rollouts += f", {self.input_bytes / 2**20:,.1f} of {self.input_bytes_total / 2**20:,.1f} MiB of input"
+        runs = ", ".join(self.incomplete_runs)
+        return f"PARTIAL RUN: these numbers cover {shards} ({rollouts}); incomplete: {runs}"
 
 
 @dataclass(frozen=True)
@@ -86,31 +129,19 @@ class Snapshot:
             for key in r.keys
         ]
 
-    def partial(self) -> dict[str, Any] | None:
-        """None for complete runs; else what a partial read covers (the `partial` object of every output)."""
+    def partial(self) -> Coverage | None:
+        """None for complete runs; else what a partial read covers."""
         if self.complete:
             return None
-        return {
-            "shards": sum(r.shards for r in self.runs),
-            "shards_total": _total(r.shards_total for r in self.runs),
-            "rollouts": sum(r.rollouts for r in self.runs),
-            "rollouts_total": _total(r.rollouts_total for r in self.runs),
-            "input_bytes": _total(r.input_bytes for r in self.runs),
-            "input_bytes_total": _total(r.input_bytes_total for r in self.runs),
-            "incomplete_runs": [self.root.file(r.rel) if r.rel else self.root.url for r in self.runs if not r.complete],
-        }
-
-
-def describe_partial(partial: dict[str, Any]) -> str:
-    """The one-line warning every output of a partial read carries."""
-    shards = f"{partial['shards']:,} of {_of(partial['shards_total'])} shards"
-    rollouts = f"{partial['rollouts']:,} of {_of(partial['rollouts_total'])} rollouts"
-    if partial["input_bytes"] is not None and partial["input_bytes_total"]:
-        rollouts += (
-            f", {partial['input_bytes'] / 2**20:,.1f} of {partial['input_bytes_total'] / 2**20:,.1f} MiB of input"
+        return Coverage(
+            shards=sum(r.shards for r in self.runs),
+            shards_total=_total(r.shards_total for r in self.runs),
+            rollouts=sum(r.rollouts for r in self.runs),
+            rollouts_total=_total(r.rollouts_total for r in self.runs),
+            input_bytes=_total(r.input_bytes for r in self.runs),
+            input_bytes_total=_total(r.input_bytes_total for r in self.runs),
+            incomplete_runs=[self.root.file(r.rel) if r.rel else self.root.url for r in self.runs if not r.complete],
         )
-    runs = ", ".join(partial["incomplete_runs"])
-    return f"PARTIAL RUN: these numbers cover {shards} ({rollouts}); incomplete: {runs}"
 
 
 def take_snapshot(run: str, storage_options: dict[str, Any] | None = None, partial: bool = False) -> Snapshot:
@@ -173,102 +204,76 @@ def _state(root: RunPrefix, rel: str, files: set[str]) -> RunState:
         return all(f"{prefix}{t}/part-{key}.parquet" in files for t in TABLES)
 
     has_manifest = f"{prefix}{MANIFEST}" in files
-    manifest = _read(root, f"{prefix}{MANIFEST}") if has_manifest else None
-    if _valid_manifest(manifest):
-        reports = {s["shard"]: s for s in manifest["shards"]}
+    manifest = _finished(root, rel) if has_manifest else None
+    if manifest is not None:
+        reports = {s.shard: s for s in manifest.shards}
         lost = [
             f"{t}/part-{k}.parquet" for k in reports for t in TABLES if f"{prefix}{t}/part-{k}.parquet" not in files
         ]
         keys = tuple(k for k in reports if has_parts(k))
-        total = sum(int(s.get("read", 0)) for s in reports.values())
+        total = sum(s.read for s in reports.values())
         if not lost:
-            return RunState(rel, True, len(keys), len(keys), total, total, None, None, "", "", keys)
-        store = manifest.get("input", {}).get("store", "STORE")
+            return RunState(rel, True, keys, shards_total=len(keys), rollouts=total, rollouts_total=total)
         return RunState(
             rel,
             False,
-            len(keys),
-            len(reports),
-            sum(int(reports[k].get("read", 0)) for k in keys),
-            total,
-            None,
-            None,
-            f"its manifest lists {len(reports)} shards but {len(lost)} part file(s) are missing ({_some(lost)})",
-            f"rescore it with `pexec score {store} --out {run} --force`",
             keys,
+            shards_total=len(reports),
+            rollouts=sum(reports[k].read for k in keys),
+            rollouts_total=total,
+            missing=f"its manifest lists {len(reports)} shards but {len(lost)} part file(s) are missing "
+            f"({_some(lost)})",
+            fix=f"rescore it with `pexec score {manifest.input.store} --out {run} --force`",
         )
-    plan = _read(root, f"{prefix}{PLAN}") if f"{prefix}{PLAN}" in files else None
-    markers = _markers(root, prefix, files)
+    plan = read_plan(root, rel=rel) if f"{prefix}{PLAN}" in files else None
+    markers = read_shard_markers(root, rel=rel, listed=files)
     what = f"{MANIFEST} is not a finished run's manifest" if has_manifest else f"no {MANIFEST} (scoring did not finish)"
     if plan is None:
         keys = tuple(k for k in sorted(markers) if has_parts(k))
         return RunState(
             rel,
             False,
-            len(keys),
-            None,
-            sum(int(markers[k].get("read", 0)) for k in keys),
-            None,
-            None,
-            None,
-            f"{what}, and no {PLAN}: the total it should cover is unknown",
-            f"finish it with the `pexec score` command that wrote it (same STORE, `--out {run}`)",
             keys,
+            shards_total=None,
+            rollouts=sum(markers[k].read for k in keys),
+            rollouts_total=None,
+            missing=f"{what}, and no {PLAN}: the total it should cover is unknown",
+            fix=f"finish it with the `pexec score` command that wrote it (same STORE, `--out {run}`)",
         )
-    planned = {s["shard"]: s for s in plan.get("shards", [])}
+    planned = {s.shard: s for s in plan.shards}
     current = {k: m for k, m in markers.items() if k in planned and _matches(m, planned[k], plan)}
     keys = tuple(k for k in planned if k in current and has_parts(k))
-    counts = (current[k].get("read") if k in current else planned[k].get("rows") for k in planned)
-    covered = sum(int(current[k].get("read", 0)) for k in keys)
+    counts = (current[k].read if k in current else planned[k].rows for k in planned)
     return RunState(
         rel,
         False,
-        len(keys),
-        len(planned),
-        covered,
-        _total(counts),
-        _total(planned[k].get("bytes") for k in keys),
-        plan.get("bytes"),
-        f"{what}; {len(keys)} of {len(planned)} shards committed",
-        f"finish it with the same `pexec score {plan.get('store', 'STORE')} --out {run}` (committed shards are reused)",
         keys,
+        shards_total=len(planned),
+        rollouts=sum(current[k].read for k in keys),
+        rollouts_total=_total(counts),
+        input_bytes=_total(planned[k].bytes for k in keys),
+        input_bytes_total=plan.bytes,
+        missing=f"{what}; {len(keys)} of {len(planned)} shards committed",
+        fix=f"finish it with the same `pexec score {plan.store} --out {run}` (committed shards are reused)",
     )
 
 
-def _valid_manifest(manifest: Any) -> bool:
-    return (
-        isinstance(manifest, dict)
-        and manifest.get("complete") is True
-        and isinstance(manifest.get("shards"), list)
-        and all(isinstance(s, dict) and isinstance(s.get("shard"), str) for s in manifest["shards"])
-    )
-
-
-def _matches(marker: dict[str, Any], shard: dict[str, Any], plan: dict[str, Any]) -> bool:
-    """A marker committed for this plan's shard (not left by an earlier input, code version or setting)."""
-    return all(marker.get(k) == shard.get(k) for k in _MARKER_MATCH) and (
-        marker.get("code_version"),
-        marker.get("settings"),
-    ) == (plan.get("code_version"), plan.get("settings"))
-
-
-def _markers(root: RunPrefix, prefix: str, files: set[str]) -> dict[str, dict[str, Any]]:
-    folder = f"{prefix}{SHARD_MARKERS}/"
-    out = {}
-    for rel in sorted(files):
-        if rel.startswith(folder) and rel.endswith(".json") and "/" not in rel[len(folder) :]:
-            marker = _read(root, rel)
-            if isinstance(marker, dict):  # a marker cut short is no commit
-                out[rel[len(folder) : -5]] = marker
-    return out
-
-
-def _read(root: RunPrefix, rel: str) -> Any:
+def _finished(root: RunPrefix, rel: str) -> Manifest | None:
+    """The run's manifest when it is a finished run's; None for one cut short or damaged (the run then reads as
+    incomplete). A manifest of a layout this pexec does not know is refused (UnknownLayout)."""
     try:
-        with root.fs.open(f"{root.path}/{rel}", "rb") as f:
-            return orjson.loads(f.read())
-    except orjson.JSONDecodeError:
+        manifest = read_manifest(root, rel=rel)
+    except UnknownLayout:
+        raise
+    except RunFolderError:
         return None
+    return manifest if manifest is not None and manifest.complete else None
+
+
+def _matches(marker: ShardMarker, shard: PlannedShard, plan: Plan) -> bool:
+    """A marker committed for this plan's shard (not left by an earlier input, code version or setting)."""
+    same_input = (marker.fingerprint, marker.start, marker.stop) == (shard.fingerprint, shard.start, shard.stop)
+    return same_input and (marker.code_version, marker.settings) == (plan.code_version, plan.settings)
 
 
 def _some(items: list[str]) -> str:
@@ -280,7 +285,7 @@ def _name(root: RunPrefix, r: RunState) -> str:
     return root.file(r.rel) if r.rel else root.url
 
 
-def _total(values: Any) -> int | None:
+def _total(values: Iterable[int | None]) -> int | None:
     values = list(values)
     return None if any(v is None for v in values) else sum(values)
 

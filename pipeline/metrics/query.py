@@ -18,7 +18,7 @@ import orjson
 
 from pipeline.core.arrow import pa
 from pipeline.core.errors import PexecError
-from pipeline.metrics.completeness import Snapshot
+from pipeline.metrics.completeness import Coverage, Snapshot
 from pipeline.metrics.duck import connect, run_sql, set_variables
 
 PARTIAL_KEY = b"pexec.partial"  # schema metadata of a `sql` result read from an incomplete run
@@ -65,7 +65,7 @@ class QueryResult:
         reader: pa.RecordBatchReader,
         limits: QueryLimits,
         deadline: float,
-        partial: dict[str, Any] | None,
+        partial: Coverage | None,
     ) -> None:
         self.schema = reader.schema
         self.partial = partial
@@ -129,7 +129,7 @@ def sql(snapshot: Snapshot, query: str, limits: QueryLimits | None = None) -> pa
             raise QueryError(f"the result has more than {limits.max_rows:,} rows (the --max-rows)")
         table = pa.Table.from_batches(batches, result.schema)
     covered = result.partial
-    return table if covered is None else table.replace_schema_metadata({PARTIAL_KEY: orjson.dumps(covered)})
+    return table if covered is None else table.replace_schema_metadata({PARTIAL_KEY: orjson.dumps(covered.as_json())})
 
 
 @contextmanager
@@ -178,10 +178,10 @@ def _drain(reader: pa.RecordBatchReader) -> None:
         pass
 
 
-def partial_of(result: pa.Table) -> dict[str, Any] | None:
+def partial_of(result: pa.Table) -> Coverage | None:
     """The coverage of a `sql` result read from an incomplete run (None: the run is complete)."""
     raw = (result.schema.metadata or {}).get(PARTIAL_KEY)
-    return None if raw is None else orjson.loads(raw)
+    return None if raw is None else Coverage(**orjson.loads(raw))
 
 
 def _limited(step: Any, limits: QueryLimits) -> Any:

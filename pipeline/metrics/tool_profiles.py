@@ -103,7 +103,8 @@ def profiles_and_replicates(
         run_sql(con, "metrics/metrics_intervals")
         rows, reps = _assemble(con, keys, settings, _clusters(sums))
     for row in rows:
-        row["partial"] = snapshot.partial()
+        covered = snapshot.partial()
+        row["partial"] = None if covered is None else covered.as_json()
     return rows, reps
 
 

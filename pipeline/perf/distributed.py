@@ -25,10 +25,11 @@ from typing import Any
 
 import orjson
 
+from pipeline.core.run_folder import ShardMarker
 from pipeline.perf.figures import Bench, figure, load_average, n_runs, show
 from pipeline.perf.metrics import write_synthetic_rollouts
 from pipeline.perf.processes import local_ray, peak_mib
-from pipeline.scoring.shard import ScoredShard, ShardReport
+from pipeline.scoring.shard import ScoredShard
 from pipeline.storage.ids import duplicate_ids, ids_table
 from pipeline.storage.inputs import InputFile, Shard
 
@@ -39,7 +40,10 @@ def synthetic_ids(shard: Shard, n: int) -> ScoredShard:
     """A Ray task's result as scoring returns it: a report and the ids of `n` records, distinct across shards but
     for the first, which the shard before holds too."""
     s = shard.start
-    report = ShardReport(shard.key, shard.file.url, s, shard.stop, shard.file.fingerprint, read=n, scored=n)
+    report = ShardMarker(
+        shard=shard.key, source=shard.file.url, start=s, stop=shard.stop, fingerprint=shard.file.fingerprint,
+        read=n, scored=n,
+    )  # fmt: skip
     first = f"r{s - 1:05d}-{n - 1:08d}" if s else f"r{s:05d}-{0:08d}"
     rows = [("line 1", first)] + [(f"line {i + 1}", f"r{s:05d}-{i:08d}") for i in range(1, n)]
     return ScoredShard(report, ids_table(rows))

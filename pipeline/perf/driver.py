@@ -30,11 +30,12 @@ from typing import Any
 import orjson
 
 from pipeline.core.arrow import pa
+from pipeline.core.run_folder import ShardMarker
 from pipeline.perf import CLUSTER_CORES
 from pipeline.perf.figures import Bench, figure, load_average, n_runs, show
 from pipeline.perf.processes import local_ray
 from pipeline.scoring.driver import DEFAULT_SHARD_BYTES, ScoringFailed, completed, run_scoring
-from pipeline.scoring.shard import ScoredShard, ShardReport
+from pipeline.scoring.shard import ScoredShard
 from pipeline.storage.ids import duplicate_ids, ids_table
 from pipeline.storage.inputs import InputFile, Shard
 from pipeline.storage.stores import write_store
@@ -43,8 +44,11 @@ from pipeline.synthetic.rollouts import synthesize
 
 def finish(shard: Shard, ids: int = 0) -> ScoredShard:
     """The bench's task: no scoring, a report of the size a real one has, with the ids of `ids` records."""
-    report = ShardReport(shard.key, shard.file.url, shard.start, shard.stop, shard.file.fingerprint, read=1, scored=1)
-    return ScoredShard(report, _ids(ids))
+    marker = ShardMarker(
+        shard=shard.key, source=shard.file.url, start=shard.start, stop=shard.stop, fingerprint=shard.file.fingerprint,
+        read=1, scored=1,
+    )  # fmt: skip
+    return ScoredShard(marker, _ids(ids))
 
 
 @functools.cache
@@ -145,7 +149,7 @@ def per_core_shard_rate(rollouts: int, root: Path) -> float:
     run = root / "run"
     shutil.rmtree(run, ignore_errors=True)
     manifest = run_scoring(str(store), str(run), executor="inline", force=True)
-    return size / sum(s["seconds"] for s in manifest["shards"]) / DEFAULT_SHARD_BYTES
+    return size / sum(s.seconds for s in manifest.shards) / DEFAULT_SHARD_BYTES
 
 
 def bench_driver(

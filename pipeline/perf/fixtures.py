@@ -3,8 +3,19 @@ directly is turned into a complete run (what every reader asks for)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pyarrow.parquet as pq
 
+from pipeline.core.run_folder import (
+    Counts,
+    EnvironmentOptions,
+    Manifest,
+    Reuse,
+    RunInput,
+    RunSettings,
+    ShardMarker,
+)
 from pipeline.scoring.run_tables import rejects_table, steps_table
 from pipeline.storage.fs import exists, filesystem
 from pipeline.storage.run import part_path, write_manifest, write_part
@@ -23,6 +34,28 @@ def commit_parts(run: str, storage_options: dict | None = None) -> None:
                 write_part(run, table_name, key, empty, storage_options)
         with fs.open(f"{folder}/part-{key}.parquet", "rb") as f:
             rows = pq.read_metadata(f).num_rows
-        shards.append({"shard": key, "read": rows, "scored": rows, "rejected": 0})
-    counts = {"read": sum(s["read"] for s in shards), "shards": len(shards)}
-    write_manifest(run, {"complete": True, "shards": shards, "counts": counts}, storage_options)
+        shards.append(ShardMarker(shard=key, source="", start=0, stop=None, fingerprint="", read=rows, scored=rows))
+    total = sum(s.read for s in shards)
+    now = datetime.now(UTC).isoformat()
+    manifest = Manifest(
+        run_id=run.rstrip("/").rsplit("/", 1)[-1],
+        complete=True,
+        code_version="",
+        input=RunInput(store="", format=None, files=(), ignored=()),
+        settings=RunSettings(
+            env=None,
+            options=EnvironmentOptions(spec_dirs=(), spec=None, policy="code"),
+            checks=(),
+            executor="none",
+            read=None,
+        ),
+        environments={},
+        counts=Counts(read=total, scored=total, rejected=0, steps=0, shards=len(shards), shards_reused=0),
+        reconciled=True,
+        shards=tuple(shards),
+        reuse=Reuse(core="", shards_reused=0, shards=()),
+        started_at=now,
+        finished_at=now,
+        seconds=0.0,
+    )
+    write_manifest(run, manifest, storage_options)

@@ -248,8 +248,8 @@ def _score(fmt: str, source: str, run: str, cpus: int, shard_mb: float, endpoint
     manifest = run_scoring(source, run, env="observed", options=EnvOptions(spec="support"), executor="ray",
                            num_cpus=cpus, shard_bytes=int(shard_mb * 2**20), storage_options={"endpoint_url": endpoint},
                            force=True, source=raw)  # fmt: skip
-    return {"seconds": time.perf_counter() - began, "count": manifest["counts"]["scored"], "cpus": cpus,
-            "worker_mib": max(s["peak_rss_mib"] for s in manifest["shards"])}  # fmt: skip
+    return {"seconds": time.perf_counter() - began, "count": manifest.counts.scored, "cpus": cpus,
+            "worker_mib": max(s.peak_rss_mib for s in manifest.shards)}  # fmt: skip
 
 
 def _ingest(fmt: str, source: str, store: str, endpoint: str) -> dict[str, Any]:
@@ -318,9 +318,12 @@ def _written(data: Path) -> dict[str, Any] | None:
 
 
 def _scored(run: str, endpoint: str) -> int:
-    from pipeline.storage.run import read_manifest
+    from pipeline.storage.run import RunPrefix, read_manifest
 
-    return int(read_manifest(run, {"endpoint_url": endpoint})["counts"]["scored"])
+    manifest = read_manifest(RunPrefix(run, {"endpoint_url": endpoint}))
+    if manifest is None:
+        raise FileNotFoundError(f"{run} has no manifest")
+    return manifest.counts.scored
 
 
 def _eval_pexec(path: str) -> dict[str, Any]:

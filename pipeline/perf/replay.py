@@ -103,12 +103,12 @@ def bench_replay(
             with local_ray(n):
                 manifest = run_scoring(str(store), str(out), shard_bytes=8 * 2**20)
                 seconds = time.perf_counter() - t0
-            c = manifest["counts"]
+            c = manifest.counts
             run[n] = {
                 "seconds": seconds,
-                "steps_per_s_per_core": c["steps"] / seconds / n,
-                "steps_per_rollout": c["steps"] / c["scored"],
-                "worker_peak_rss_mib": max(s["peak_rss_mib"] for s in manifest["shards"]),
+                "steps_per_s_per_core": c.steps / seconds / n,
+                "steps_per_rollout": c.steps / c.scored,
+                "worker_peak_rss_mib": max(s.peak_rss_mib for s in manifest.shards),
             }
         runs.append(run)
     driver = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Any
 
+import msgspec
 import s3fs
 
 from pipeline.perf import cluster_projection
@@ -33,7 +34,8 @@ _DRIVER = (
     "m = run_scoring(sys.argv[1], sys.argv[2], num_cpus=int(sys.argv[3]), shard_bytes=int(sys.argv[4]),\n"
     "                storage_options={'endpoint_url': sys.argv[5]}, force=True, address=sys.argv[6] or None)\n"
     "from pipeline.perf.processes import peak_mib\n"
-    "print(json.dumps({'counts': m['counts'], 'peak_mib': peak_mib()}))\n"
+    "import msgspec\n"
+    "print(json.dumps({'counts': msgspec.to_builtins(m.counts), 'peak_mib': peak_mib()}))\n"
 )
 
 
@@ -94,7 +96,7 @@ def _score(
     if in_process:
         options = {"endpoint_url": endpoint}
         manifest = run_scoring(store, run, shard_bytes=shard_mb * 2**20, storage_options=options, force=True)
-        report = {"counts": manifest["counts"], "peak_mib": peak_mib()}
+        report = {"counts": msgspec.to_builtins(manifest.counts), "peak_mib": peak_mib()}
     else:
         proc = subprocess.run(
             [sys.executable, "-c", _DRIVER, store, run, str(cpus), str(shard_mb * 2**20), endpoint, address],

@@ -45,8 +45,8 @@ def bench_spans(
         manifest = run_scoring(str(spans), str(run), source=raw_source("otel", [str(spans)], IngestOptions()),
                                executor="ray", num_cpus=cpus, shard_bytes=int(shard_mb * 2**20), **env)  # fmt: skip
         rates.append(written / (time.perf_counter() - began))
-        peaks.append(max(s["peak_rss_mib"] for s in manifest["shards"]))
-        partitions.append(sum(s["stop"] - s["start"] for s in manifest["shards"]))  # a shard: a run of them
+        peaks.append(max(s.peak_rss_mib for s in manifest.shards))
+        partitions.append(sum((s.stop or s.start) - s.start for s in manifest.shards))  # a shard: a run of them
         store, baseline_run = base / "store", base / "baseline-run"
         shutil.rmtree(store, ignore_errors=True)
         shutil.rmtree(baseline_run, ignore_errors=True)

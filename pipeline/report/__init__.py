@@ -24,7 +24,7 @@ from pipeline.core import metric_catalogue
 from pipeline.core.arrow import pa
 from pipeline.core.errors import StorageError
 from pipeline.metrics.cohorts import metrics_tables
-from pipeline.metrics.completeness import describe_partial
+from pipeline.metrics.completeness import Coverage
 from pipeline.metrics.duck import fetch, run_sql, set_variables
 from pipeline.metrics.run import Run
 from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, BootstrapSettings, Population
@@ -128,7 +128,7 @@ def build_report(
         key_counts.append(n_keys)
     title = f"Prefix executability report — {run.url}"
     covered = t.cohorts[0]["partial"] if t.cohorts else None
-    preamble = [*([f"⚠ {describe_partial(covered)}"] if covered else []), layout.settings_line(t.cohorts)]
+    preamble = [*([f"⚠ {Coverage.from_json(covered).describe()}"] if covered else []), layout.settings_line(t.cohorts)]
     if overwrite:
         remove_all(root, storage_options)
 

@@ -12,20 +12,39 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
+
+import msgspec
+from msgspec import structs
 
 from pipeline.core.arrow import pa
 from pipeline.core.errors import PexecError, StorageError
 from pipeline.core.records import record_id
+from pipeline.core.run_folder import (
+    Counts,
+    EnvironmentOptions,
+    InputFileEntry,
+    Manifest,
+    Plan,
+    PlannedShard,
+    ReadSettings,
+    Reuse,
+    RunFolderError,
+    RunInput,
+    RunSettings,
+    ShardMarker,
+    ShardReuse,
+    UnknownLayout,
+)
 from pipeline.envs import EnvError, EnvOptions, forget_unresolved, get_environment
 from pipeline.ingest import IngestError
 from pipeline.ingest.sharded import RawSource, plan_raw
 from pipeline.replay.checker import CHECKS
 from pipeline.scoring.code_version import code_version, environment_version
 from pipeline.scoring.id_check import RayIdCheck, partition_count
-from pipeline.scoring.shard import ScoredShard, ScoreSettings, ShardReport, read_records, score_shard
+from pipeline.scoring.shard import ScoredShard, ScoreSettings, read_records, score_shard
 from pipeline.scoring.shuffle import map_shard, partition_shards, partitions_per_task, regroup_partition, staging
 from pipeline.storage.fs import absolute, remove_all
 from pipeline.storage.ids import Duplicates, digest, duplicate_ids, ids_table, shard_ids
@@ -33,6 +52,7 @@ from pipeline.storage.inputs import RecordError, Shard, list_inputs, plan_shards
 from pipeline.storage.lease import DEFAULT_STALE_AFTER, Lease
 from pipeline.storage.run import (
     TABLES,
+    RunPrefix,
     part_sizes,
     read_manifest,
     read_shard_markers,
@@ -95,13 +115,13 @@ def run_scoring(
     run_id: str | None = None,
     storage_options: dict | None = None,
     on_plan: Callable[[ShardPlan], None] | None = None,
-    on_shard: Callable[[ShardReport], None] | None = None,
+    on_shard: Callable[[ShardMarker], None] | None = None,
     force: bool = False,
     lease_stale_after: float = DEFAULT_STALE_AFTER,
     checks: tuple[str, ...] = CHECKS,
     source: RawSource | None = None,
-) -> dict[str, Any]:
-    """Score every rollout under `store` into `run`; returns the manifest (also written as `_manifest.json`).
+) -> Manifest:
+    """Score every rollout under `store` into `run`; returns its manifest (also written as `_manifest.json`).
 
     `source`: raw logs read where they lie by their format's adapter inside the tasks (`store` then only names
     them in the manifest); a format whose rollouts span files is first shuffled by key (pipeline.scoring.shuffle).
@@ -142,8 +162,9 @@ def run_scoring(
             assert source is not None
             tasks = _Tasks(executor, address, num_cpus, lease.check)
             shard_plan = _shuffle(source, settings.run, shard_plan, shard_bytes, tasks)
-        markers = {} if force else read_shard_markers(run, storage_options)
-        committed = None if force else read_manifest(run, storage_options)
+        folder = RunPrefix(run, storage_options)
+        markers = {} if force else read_shard_markers(folder)
+        committed = None if force else _committed(folder)
         sizes = part_sizes(run, storage_options) if markers else {}
         # Reusable as far as input, versions and parts go; whether the duplicate ids each was told about still
         # hold is known once the ids of every shard are (below).
@@ -152,7 +173,7 @@ def run_scoring(
             s.key: "forced" if force else _rescore_reason(s, markers.get(s.key), settings, sizes)
             for s in shard_plan.shards
         }
-        reused = {s.key: ShardReport(**{**markers[s.key], "reused": True}) for s in shard_plan.shards if not why[s.key]}
+        reused = {s.key: structs.replace(markers[s.key], reused=True) for s in shard_plan.shards if not why[s.key]}
         todo = [s for s in shard_plan.shards if s.key not in reused]
         if on_plan:
             on_plan(replace(shard_plan, reusable=len(reused)))
@@ -206,8 +227,9 @@ def run_scoring(
         lease.confirm()  # a writer that lost its lease must not delete or commit anything
         # Parts of an earlier plan of this run (another shard size, a removed input) would duplicate rows.
         remove_stale_parts(run, {s.key for s in shard_plan.shards}, storage_options)
-        manifest = _manifest(store, settings, shard_plan, ordered, started, executor)
-        manifest["reuse"] = _reuse_record(ordered, why, settings)
+        manifest = _manifest(
+            store, settings, shard_plan, ordered, started, executor, _reuse_record(ordered, why, settings)
+        )
         lease.confirm()
         write_manifest(run, manifest, storage_options)
         if shuffled:
@@ -215,13 +237,24 @@ def run_scoring(
     return manifest
 
 
-def _same_shards(committed: dict[str, Any] | None, reused: Mapping[str, ShardReport]) -> bool:
+def _committed(folder: RunPrefix) -> Manifest | None:
+    """The manifest of the run being rescored, if it has a readable one (a damaged one only means nothing can be
+    known of it: every shard is judged by its marker). One of a newer layout is refused."""
+    try:
+        return read_manifest(folder)
+    except UnknownLayout:
+        raise
+    except RunFolderError:
+        return None
+
+
+def _same_shards(committed: Manifest | None, reused: Mapping[str, ShardMarker]) -> bool:
     """Whether a committed manifest lists exactly the shards `reused` holds (each reused: input, versions and
     settings unchanged). A manifest exists only after its id check and the rescoring that followed it."""
-    return committed is not None and {r.get("shard") for r in committed.get("shards", [])} == set(reused)
+    return committed is not None and {r.shard for r in committed.shards} == set(reused)
 
 
-def _check_calls(source: RawSource, reports: list[ShardReport]) -> None:
+def _check_calls(source: RawSource, reports: list[ShardMarker]) -> None:
     """Rollouts and not one tool call: most likely another format's logs (as `pexec ingest` refuses them)."""
     if sum(r.steps for r in reports) == 0 and sum(r.scored for r in reports) > 0:
         raise ScoringFailed(
@@ -289,7 +322,7 @@ def _regroup(shard: Shard, source: RawSource, run: str, partitions: int, shard_b
 
 
 def _rescore_reason(
-    shard: Shard, marker: dict[str, Any] | None, settings: ScoreSettings, sizes: dict[str, dict[str, int]]
+    shard: Shard, marker: ShardMarker | None, settings: ScoreSettings, sizes: dict[str, dict[str, int]]
 ) -> str:
     """Why `shard` is scored again; "" when its committed output is still what scoring it now would write, and
     still on disk as it was committed (every part present with the size recorded in the marker), as far as its
@@ -300,17 +333,16 @@ def _rescore_reason(
         return "a partition of the shuffle: scored afresh every run"
     if not marker:
         return "not scored before"
-    if (marker["fingerprint"], marker["start"], marker["stop"]) != (shard.file.fingerprint, shard.start, shard.stop):
+    if (marker.fingerprint, marker.start, marker.stop) != (shard.file.fingerprint, shard.start, shard.stop):
         return "its input changed"
-    if marker["code_version"] != settings.code_version:
-        return f"scoring core changed ({marker['code_version']} -> {settings.code_version})"
-    if marker["settings"] != settings.identity():
+    if marker.code_version != settings.code_version:
+        return f"scoring core changed ({marker.code_version} -> {settings.code_version})"
+    if marker.settings != settings.identity():
         return "settings changed"
-    for name, was in sorted(marker["environments"].items()):
+    for name, was in sorted(marker.environments.items()):
         if (now := _version_now(name, settings)) != was:
             return f"environment {name} changed ({was} -> {now})"
-    parts = marker.get("parts") or {}
-    if any(sizes.get(table, {}).get(shard.key) != parts.get(table) for table in TABLES):
+    if any(sizes.get(table, {}).get(shard.key) != marker.parts.get(table) for table in TABLES):
         return "a part was deleted, cut short or replaced since"
     return ""
 
@@ -325,15 +357,15 @@ def _version_now(name: str, settings: ScoreSettings) -> str | None:
     return environment_version(env)
 
 
-def _reuse_record(reports: list[ShardReport], why: dict[str, str], settings: ScoreSettings) -> dict[str, Any]:
+def _reuse_record(reports: list[ShardMarker], why: dict[str, str], settings: ScoreSettings) -> Reuse:
     """The manifest's `reuse`: per shard, whether its earlier output was reused and why (or why not)."""
     shards = []
     for r in reports:
         kept = (
             f"input, scoring core, settings and environments ({', '.join(sorted(r.environments)) or 'none'}) unchanged"
         )
-        shards.append({"shard": r.shard, "reused": r.reused, "why": kept if r.reused else why.get(r.shard, "")})
-    return {"core": settings.code_version, "shards_reused": sum(r.reused for r in reports), "shards": shards}
+        shards.append(ShardReuse(shard=r.shard, reused=r.reused, why=kept if r.reused else why.get(r.shard, "")))
+    return Reuse(core=settings.code_version, shards_reused=sum(r.reused for r in reports), shards=tuple(shards))
 
 
 def _shard_ids(shard: Shard, settings: ScoreSettings) -> pa.Table:
@@ -357,7 +389,7 @@ def _inline(
     shard: Shard,
     settings: ScoreSettings,
     duplicates: Duplicates,
-    on_shard: Callable[[ShardReport], None] | None,
+    on_shard: Callable[[ShardMarker], None] | None,
     still_held: Callable[[], None],
 ) -> ScoredShard:
     still_held()
@@ -376,7 +408,7 @@ def _on_ray(
     duplicates: Duplicates,
     address: str | None,
     num_cpus: int | None,
-    on_shard: Callable[[ShardReport], None] | None,
+    on_shard: Callable[[ShardMarker], None] | None,
     still_held: Callable[[], None],
     ids: RayIdCheck | None = None,
 ) -> list[ScoredShard]:
@@ -459,30 +491,29 @@ def _failed(shard: Shard, cause: BaseException) -> str:
     return f"shard {shard.key} ({shard.file.url} [{shard.start}:{shard.stop}]) failed: {cause}"
 
 
-def _plan_record(store: str, settings: ScoreSettings, shard_plan: ShardPlan, started: datetime) -> dict[str, Any]:
-    return {
-        "run_id": settings.run_id,
-        "store": store,
-        "code_version": settings.code_version,
-        "settings": settings.identity(),
-        "started_at": started.isoformat(),
-        # rows: None where planning cannot count records (JSON Lines), bytes: where a shard is a range of
-        # Parquet row groups. A committed marker counts for this plan when its fingerprint, range, code version
-        # and settings match (pipeline.metrics.completeness).
-        "bytes": shard_plan.total_bytes,
-        "shards": [
-            {
-                "shard": s.key,
-                "source": s.file.url,
-                "fingerprint": s.file.fingerprint,
-                "start": s.start,
-                "stop": s.stop,
-                "rows": s.rows,
-                "bytes": _span(s),
-            }
+def _plan_record(store: str, settings: ScoreSettings, shard_plan: ShardPlan, started: datetime) -> Plan:
+    # A committed marker counts for this plan when its fingerprint, range, code version and settings match
+    # (pipeline.metrics.completeness).
+    return Plan(
+        run_id=settings.run_id,
+        store=store,
+        code_version=settings.code_version,
+        settings=settings.identity(),
+        started_at=started.isoformat(),
+        bytes=shard_plan.total_bytes,
+        shards=tuple(
+            PlannedShard(
+                shard=s.key,
+                source=s.file.url,
+                fingerprint=s.file.fingerprint,
+                start=s.start,
+                stop=s.stop,
+                rows=s.rows,
+                bytes=_span(s),
+            )
             for s in shard_plan.shards
-        ],
-    }
+        ),
+    )
 
 
 def _span(shard: Shard) -> int | None:
@@ -496,42 +527,50 @@ def _manifest(
     store: str,
     settings: ScoreSettings,
     shard_plan: ShardPlan,
-    reports: list[ShardReport],
+    reports: list[ShardMarker],
     started: datetime,
     executor: str,
-) -> dict[str, Any]:
-    totals = {k: sum(getattr(r, k) for r in reports) for k in ("read", "scored", "rejected", "steps")}
-    totals["shards"], totals["shards_reused"] = len(reports), sum(r.reused for r in reports)
+    reuse: Reuse,
+) -> Manifest:
     environments: dict[str, str | None] = {}  # None: did not resolve on any worker
     for r in reports:
         for name, version in r.environments.items():
             if version is not None or name not in environments:
                 environments[name] = version
-    return {
-        "run_id": settings.run_id,
-        "complete": True,
-        "code_version": settings.code_version,
-        "input": {
-            "store": store,
-            "format": None if settings.source is None else settings.source.fmt,
-            "files": sorted(
-                {(s.file.url, s.file.fingerprint, s.file.size) for s in shard_plan.inputs or shard_plan.shards}
-            ),
-            "ignored": shard_plan.ignored,
-        },
-        "settings": {
-            "env": settings.env,
-            "options": asdict(settings.options),
-            "checks": list(settings.checks),
-            "executor": executor,
+    files = {(s.file.url, s.file.fingerprint, s.file.size) for s in shard_plan.inputs or shard_plan.shards}
+    options = settings.options
+    read = settings.source.identity() if settings.source is not None else None
+    return Manifest(
+        run_id=settings.run_id,
+        complete=True,
+        code_version=settings.code_version,
+        input=RunInput(
+            store=store,
+            format=None if settings.source is None else settings.source.fmt,
+            files=tuple(InputFileEntry(*f) for f in sorted(files)),
+            ignored=tuple(shard_plan.ignored),
+        ),
+        settings=RunSettings(
+            env=settings.env,
+            options=EnvironmentOptions(spec_dirs=options.spec_dirs, spec=options.spec, policy=options.policy),
+            checks=tuple(settings.checks),
+            executor=executor,
             # how the raw logs were read: format, --option settings, labels, byte limits (None: a store)
-            "read": None if settings.source is None else settings.source.identity(),
-        },
-        "environments": environments,
-        "counts": totals,
-        "reconciled": all(r.read == r.scored + r.rejected for r in reports),
-        "shards": [r.to_dict() for r in reports],
-        "started_at": started.isoformat(),
-        "finished_at": datetime.now(UTC).isoformat(),
-        "seconds": time.time() - started.timestamp(),
-    }
+            read=None if read is None else msgspec.convert(read, ReadSettings),
+        ),
+        environments=environments,
+        counts=Counts(
+            read=sum(r.read for r in reports),
+            scored=sum(r.scored for r in reports),
+            rejected=sum(r.rejected for r in reports),
+            steps=sum(r.steps for r in reports),
+            shards=len(reports),
+            shards_reused=sum(r.reused for r in reports),
+        ),
+        reconciled=all(r.read == r.scored + r.rejected for r in reports),
+        shards=tuple(reports),
+        reuse=reuse,
+        started_at=started.isoformat(),
+        finished_at=datetime.now(UTC).isoformat(),
+        seconds=time.time() - started.timestamp(),
+    )

@@ -23,6 +23,7 @@ import orjson
 from pipeline.core.arrow import pa
 from pipeline.core.model import Reject, RolloutResult
 from pipeline.core.records import InvalidRecord, parse_rollout, record_id
+from pipeline.core.run_folder import ShardMarker
 from pipeline.core.run_schema import ROLLOUTS, STEPS
 from pipeline.envs import EnvError, Environment, EnvOptions, SpecError, get_environment
 from pipeline.ingest.sharded import RawSource, read_raw
@@ -42,33 +43,6 @@ _REASON_LIMIT = 1000  # characters of a reject reason (messages may quote the re
 # Allocations between two young-generation collections while a shard is scored (CPython's default: 700).
 _SHARD_GC_THRESHOLD = 50_000
 _BATCH = 250  # results converted to Arrow at a time (fewer Python objects alive: measured faster than 1000)
-
-
-@dataclass
-class ShardReport:
-    shard: str
-    source: str
-    start: int
-    stop: int | None
-    fingerprint: str
-    read: int = 0
-    scored: int = 0
-    rejected: int = 0
-    steps: int = 0
-    seconds: float = 0.0
-    peak_rss_mib: float = 0.0  # of the process that scored the shard
-    # name -> version (its own and its family's code: code_version.environment_version); None: the name did not
-    # resolve (its records were rejected), so a rerun rescores the shard once it does (a simulator installed, a
-    # spec added)
-    environments: dict[str, str | None] = field(default_factory=dict)
-    code_version: str = ""
-    settings: str = ""  # ScoreSettings.identity() of the run that scored it
-    reused: bool = False  # carried over from an earlier run of the same job (input and versions unchanged)
-    parts: dict[str, int] = field(default_factory=dict)  # table -> size in bytes of the part written
-    duplicates: str = ""  # digest of the duplicate ids it was told about (pipeline.storage.ids)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -119,7 +93,7 @@ class ScoredShard:
     """What scoring a shard returns to the driver: its report (also committed as its marker) and the ids its
     records carry, which the driver checks for duplicates across the store (pipeline.storage.ids)."""
 
-    report: ShardReport
+    report: ShardMarker
     ids: pa.Table  # pipeline.storage.ids.ids_table
 
 
@@ -131,16 +105,8 @@ def score_shard(
     duplicates = duplicates or {}
     ids: list[tuple[str, str]] = []  # (location, rollout id) of the records carrying a valid id
     began = time.perf_counter()
-    report = ShardReport(
-        shard.key,
-        shard.file.url,
-        shard.start,
-        shard.stop,
-        shard.file.fingerprint,
-        code_version=settings.code_version,
-        settings=settings.identity(),
-        duplicates=digest(duplicates),
-    )
+    count = _Count()
+    environments: dict[str, str | None] = {}  # every name a record asked for, with its version
     results: list[RolloutResult] = []  # the batch not yet converted to Arrow
     locations: list[str] = []  # of each result, should it fail to convert for writing
     parts: list[tuple[pa.Table, pa.Table]] = []  # (steps, rollouts) of every converted batch
@@ -151,14 +117,14 @@ def score_shard(
     def convert() -> None:
         # Results hold their whole rollouts: converted every batch, a worker's memory does not grow with the shard.
         parts.append(_tables(settings.run_id, results, locations, unwritable, shard))
-        report.scored += len(results)
-        report.steps += sum(r.T for r in results)
+        count.scored += len(results)
+        count.steps += sum(r.T for r in results)
         results.clear()
         locations.clear()
 
     with _fewer_collections():
         for location, record in read_records(shard, settings):
-            report.read += 1
+            count.read += 1
             if isinstance(record, RecordError):
                 rejects.append(_reject(shard, location, record.reason, record.raw))
                 continue
@@ -171,7 +137,7 @@ def score_shard(
                     if before + copies[rid] > 1:
                         raise InvalidRecord(f"duplicate rollout_id {rid!r} (first at {first})")
                 rollout = parse_rollout(record)
-                env = _environment(settings.env or rollout.benchmark, settings, report)
+                env = _environment(settings.env or rollout.benchmark, settings, environments)
                 results.append(replay(env, rollout, settings.checks))
                 locations.append(location)
             except (InvalidRecord, EnvError) as exc:
@@ -186,19 +152,41 @@ def score_shard(
             convert()
     steps, rollouts = combined([p[0] for p in parts], STEPS), combined([p[1] for p in parts], ROLLOUTS)
     rejects += unwritable
-    report.rejected = len(rejects)
-    if report.read != report.scored + report.rejected:
-        raise RuntimeError(f"shard {shard.key}: counts do not reconcile: {report}")
+    if count.read != count.scored + len(rejects):
+        raise RuntimeError(f"shard {shard.key}: counts do not reconcile: {count}, {len(rejects)} rejected")
     tables = {"steps": steps, "rollouts": rollouts, "rejects": rejects_table(settings.run_id, shard.key, rejects)}
     if settings.lease is not None:
         require_holder(settings.run, settings.lease, settings.storage_options)
-    report.parts = {
-        name: write_part(settings.run, name, shard.key, t, settings.storage_options) for name, t in tables.items()
-    }
-    report.seconds = time.perf_counter() - began
-    report.peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    write_shard_marker(settings.run, shard.key, report.to_dict(), settings.storage_options)  # the shard's commit
-    return ScoredShard(report, ids_table(ids))
+    sizes = {name: write_part(settings.run, name, shard.key, t, settings.storage_options) for name, t in tables.items()}
+    marker = ShardMarker(
+        shard=shard.key,
+        source=shard.file.url,
+        start=shard.start,
+        stop=shard.stop,
+        fingerprint=shard.file.fingerprint,
+        read=count.read,
+        scored=count.scored,
+        rejected=len(rejects),
+        steps=count.steps,
+        seconds=time.perf_counter() - began,
+        peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        environments=environments,
+        code_version=settings.code_version,
+        settings=settings.identity(),
+        parts=sizes,
+        duplicates=digest(duplicates),
+    )
+    write_shard_marker(settings.run, marker, settings.storage_options)  # the shard's commit
+    return ScoredShard(marker, ids_table(ids))
+
+
+@dataclass
+class _Count:
+    """What a shard has read, scored and replayed so far."""
+
+    read: int = 0
+    scored: int = 0
+    steps: int = 0
 
 
 @contextmanager
@@ -214,7 +202,7 @@ def _fewer_collections() -> Iterator[None]:
         gc.set_threshold(*before)
 
 
-def _environment(name: str, settings: ScoreSettings, report: ShardReport) -> Environment:
+def _environment(name: str, settings: ScoreSettings, environments: dict[str, str | None]) -> Environment:
     """The environment of `name`, recorded under that name (what a rerun resolves again to decide reuse).
 
     A name from a record's `benchmark` must be a plain name: spec lookup takes paths, and data must not
@@ -224,9 +212,9 @@ def _environment(name: str, settings: ScoreSettings, report: ShardReport) -> Env
     try:
         env = get_environment(name, settings.options)
     except EnvError:
-        report.environments.setdefault(name, None)
+        environments.setdefault(name, None)
         raise
-    report.environments[name] = environment_version(env)
+    environments[name] = environment_version(env)
     return env
 
 

@@ -8,13 +8,23 @@ parts and never duplicates rows. `_manifest.json` is written last: a run without
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-import orjson
 import pyarrow.parquet as pq
 
 from pipeline.core.arrow import pa
 from pipeline.core.errors import StorageError
+from pipeline.core.run_folder import (
+    Manifest,
+    Plan,
+    RunFile,
+    RunFolderError,
+    ShardMarker,
+    UnknownLayout,
+    decode,
+    encode,
+)
 from pipeline.core.text import public_url
 from pipeline.storage.fs import filesystem, is_local, open_for_write
 
@@ -75,51 +85,75 @@ def remove_stale_parts(run: str, keep: set[str], storage_options: dict | None = 
     return removed
 
 
-def write_shard_marker(run: str, key: str, report: dict[str, Any], storage_options: dict | None = None) -> None:
-    with open_for_write(f"{run.rstrip('/')}/{SHARD_MARKERS}/{key}.json", storage_options) as f:
-        f.write(orjson.dumps(report))
+def write_shard_marker(run: str, marker: ShardMarker, storage_options: dict | None = None) -> None:
+    """Commit a shard: its marker, written after its three parts."""
+    with open_for_write(f"{run.rstrip('/')}/{SHARD_MARKERS}/{marker.shard}.json", storage_options) as f:
+        f.write(encode(marker, indent=False))
 
 
-def read_shard_markers(run: str, storage_options: dict | None = None) -> dict[str, dict[str, Any]]:
-    """Reports of the shards committed so far, by shard key."""
-    fs, folder = filesystem(f"{run.rstrip('/')}/{SHARD_MARKERS}", storage_options)
-    if not fs.exists(folder):
-        return {}
+def read_shard_markers(
+    run: RunPrefix | str, storage_options: dict | None = None, *, rel: str = "", listed: Iterable[str] | None = None
+) -> dict[str, ShardMarker]:
+    """The markers of the shards committed so far in the run at `rel` below `run`, by shard key. `listed`: the
+    files of a listing already taken (relative to `run`), else the markers' folder is listed now. A marker cut
+    short or damaged is no commit (the shard is simply scored again); one of a newer layout is refused."""
+    root = _prefix(run, storage_options)
+    folder = f"{rel}/{SHARD_MARKERS}/" if rel else f"{SHARD_MARKERS}/"
+    if listed is None:
+        path = f"{root.path}/{folder}"
+        root.fs.invalidate_cache(path.rstrip("/"))  # another process may have committed shards since
+        found = root.fs.ls(path, detail=False) if root.fs.exists(path) else []
+        listed = [f"{folder}{p.rsplit('/', 1)[-1]}" for p in found]
     markers = {}
-    for path in fs.ls(folder, detail=False):
-        if path.endswith(".json"):
-            with fs.open(path, "rb") as f:
-                try:
-                    markers[path.rsplit("/", 1)[-1][:-5]] = orjson.loads(f.read())
-                except orjson.JSONDecodeError:
-                    continue  # a marker cut short: the shard is simply scored again
+    for name in sorted(listed):
+        key = name[len(folder) : -len(".json")]
+        if name.startswith(folder) and name.endswith(".json") and "/" not in key:
+            try:
+                marker = _read(root, name, ShardMarker)
+            except UnknownLayout:
+                raise
+            except RunFolderError:
+                continue
+            if marker is not None:  # None: removed since it was listed
+                markers[key] = marker
     return markers
 
 
-def write_manifest(run: str, manifest: dict[str, Any], storage_options: dict | None = None) -> None:
+def write_manifest(run: str, manifest: Manifest, storage_options: dict | None = None) -> None:
+    """Commit the run: its manifest, written last."""
     with open_for_write(f"{run.rstrip('/')}/{MANIFEST}", storage_options) as f:
-        f.write(orjson.dumps(manifest, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
+        f.write(encode(manifest))
 
 
-def read_manifest(run: str, storage_options: dict | None = None) -> dict[str, Any] | None:
-    return _read_json(run, MANIFEST, storage_options)
+def read_manifest(run: RunPrefix | str, storage_options: dict | None = None, *, rel: str = "") -> Manifest | None:
+    """The manifest of the run at `rel` below `run` (a RunPrefix, or a URL opened with `storage_options`); None
+    when it has none. RunFolderError when it is damaged or of a layout this pexec does not read."""
+    return _read(_prefix(run, storage_options), f"{rel}/{MANIFEST}" if rel else MANIFEST, Manifest)
 
 
-def write_plan(run: str, plan: dict[str, Any], storage_options: dict | None = None) -> None:
+def write_plan(run: str, plan: Plan, storage_options: dict | None = None) -> None:
+    """What the run will cover, written before its first shard is scored."""
     with open_for_write(f"{run.rstrip('/')}/{PLAN}", storage_options) as f:
-        f.write(orjson.dumps(plan, option=orjson.OPT_INDENT_2))
+        f.write(encode(plan))
 
 
-def read_plan(run: str, storage_options: dict | None = None) -> dict[str, Any] | None:
-    return _read_json(run, PLAN, storage_options)
+def read_plan(run: RunPrefix | str, storage_options: dict | None = None, *, rel: str = "") -> Plan | None:
+    """The plan of the run at `rel` below `run`; None when it has none (RunFolderError as `read_manifest`)."""
+    return _read(_prefix(run, storage_options), f"{rel}/{PLAN}" if rel else PLAN, Plan)
 
 
-def _read_json(run: str, name: str, storage_options: dict | None) -> dict[str, Any] | None:
-    fs, path = filesystem(f"{run.rstrip('/')}/{name}", storage_options)
-    if not fs.exists(path):
+def _prefix(run: RunPrefix | str, storage_options: dict | None) -> RunPrefix:
+    return run if isinstance(run, RunPrefix) else RunPrefix(run, storage_options)
+
+
+def _read(root: RunPrefix, rel: str, kind: type[RunFile]) -> RunFile | None:
+    path = f"{root.path}/{rel}"
+    try:
+        with root.fs.open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
         return None
-    with fs.open(path, "rb") as f:
-        return orjson.loads(f.read())
+    return decode(kind, data, root.file(rel))
 
 
 class RunPrefix:

@@ -22,8 +22,8 @@ from pipeline.core import metric_catalogue, run_schema
 from pipeline.core.errors import PexecError
 from pipeline.core.model import NOT_LOGGED, Call, Event
 from pipeline.core.records import InvalidRecord, parse_rollout
+from pipeline.core.run_folder import RunFolderError
 from pipeline.metrics.cohorts import DEFAULT_METRICS, label_columns
-from pipeline.metrics.completeness import describe_partial
 from pipeline.metrics.duck import fetch, rollout_columns, run_sql, set_variables
 from pipeline.metrics.run import Run
 from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, BootstrapSettings
@@ -142,7 +142,7 @@ class RunView:
         self.root = run.snapshot.root
         # Of a partial run only committed shards are read, and every page says what they cover.
         covered = run.partial
-        self.coverage_note = describe_partial(covered) if covered else ""
+        self.coverage_note = covered.describe() if covered else ""
         self._stack = ExitStack()
         self.con = self._stack.enter_context(run.connect())
         # rollouts_files is set by run.connect; steps_files is the one-rollout page's (sql/rollout_steps.sql).
@@ -301,26 +301,30 @@ class RunView:
 
         Only the one shard that holds it is read; a changed input is refused (its events could differ from
         what was scored)."""
-        run_folder = part_file.rsplit("/rollouts/", 1)[0]
-        recorded = [read_manifest(run_folder, self.storage_options), read_plan(run_folder, self.storage_options)]
-        shards = [s for r in recorded if r for s in r.get("shards", []) if s.get("shard") == shard and "source" in s]
+        rel = part_file.rsplit("/rollouts/", 1)[0].removeprefix(self.root.url).strip("/")
+        try:
+            recorded = [read_manifest(self.root, rel=rel), read_plan(self.root, rel=rel)]
+        except RunFolderError as exc:
+            view.input_note = f"the input cannot be shown: {exc}"
+            return
+        shards = [s for r in recorded if r is not None for s in r.shards if s.shard == shard]
         if not shards:
             view.input_note = f"the run does not record the input of shard {shard} (no manifest or plan lists it)"
             return
         entry = shards[0]
         try:
-            files, _ = list_inputs(entry["source"], self.storage_options)
+            files, _ = list_inputs(entry.source, self.storage_options)
             file = files[0]
-            if file.fingerprint != entry["fingerprint"]:
-                raise StoreError(f"{entry['source']} changed since the run scored it")
-            records = self._input_records(Shard(file, entry["start"], entry["stop"]), rollout_id)
+            if file.fingerprint != entry.fingerprint:
+                raise StoreError(f"{entry.source} changed since the run scored it")
+            records = self._input_records(Shard(file, entry.start, entry.stop), rollout_id)
             if rollout_id in records:
                 view.events = _events(parse_rollout(orjson.loads(records[rollout_id])).events, view.steps)
                 return
         except (StoreError, InvalidRecord, OSError) as exc:
             view.input_note = f"the input cannot be shown: {exc}"
             return
-        view.input_note = f"rollout {rollout_id!r} was not found in its input shard ({entry['source']})"
+        view.input_note = f"rollout {rollout_id!r} was not found in its input shard ({entry.source})"
 
     def _input_records(self, shard: Shard, wanted: str) -> dict[str, bytes]:
         """The shard's records by rollout id (as JSON), from the cache or read once (then kept while they fit
