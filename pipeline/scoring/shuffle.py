@@ -39,7 +39,7 @@ import tempfile
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import pyarrow.compute as pc
@@ -57,18 +57,41 @@ PARTITIONS_PER_TASK = 16
 TASKS_PER_CPU = 4
 SPILL_AFTER_SHARDS = 1  # staged rows a round-1 task holds, in shard sizes, before it spills them to local disk
 _ROW_BYTES = 200  # a held row's own cost beyond its strings and payload (the tuple, the objects' headers)
+# The staged rows' columns (what each holds: StagedRow).
 _SCHEMA = pa.schema(
     [
         ("key", pa.string()),
         ("start", pa.int64()),
         ("item_id", pa.string()),
-        ("payload", pa.binary()),  # the item as JSON; the offending bytes of an error row
-        ("location", pa.string()),  # "FILE LOCATION" of the item
-        ("error", pa.string()),  # the reason of an error row, else null
-        ("names", pa.string()),  # the key the item names for its group in round 2 (`Shuffle.rekey`), else null
-        ("whole", pa.bool_()),  # whether round 2 must decode the item's group (`Shuffle.rekey`)
+        ("payload", pa.binary()),
+        ("location", pa.string()),
+        ("error", pa.string()),
+        ("names", pa.string()),
+        ("whole", pa.bool_()),
     ]
 )
+
+
+class StagedRow(NamedTuple):
+    """A row of the staged schema, one value per column, in its order (a tuple: a batch of them is transposed
+    into the schema's columns)."""
+
+    key: str  # the group the item belongs to (a place, for an error row)
+    start: int  # the item's start time, which orders a group's items
+    item_id: str
+    payload: bytes  # the item as JSON; the offending bytes of an error row
+    location: str  # "FILE LOCATION" of the item
+    error: str | None = None  # the reason of an error row
+    names: str | None = None  # the key the item names for its group in round 2 (`Shuffle.rekey`)
+    whole: bool = True  # whether round 2 must decode the item's group
+
+    @classmethod
+    def failed(cls, where: str, reason: str, raw: bytes) -> StagedRow:
+        """The row of a part of a log that is not an item: that partition's reject."""
+        return cls(where, 0, "", raw, where, reason, None, False)
+
+
+assert StagedRow._fields == tuple(_SCHEMA.names), "a staged row is a value per column of the staged schema"
 
 
 # Staged rows are JSON and places that repeat from row to row: zstd makes them about 18 times smaller (432 MB of
@@ -123,16 +146,16 @@ def map_shard(source: RawSource, run: str, shard: Shard, partitions: int, rounds
         for location, item in shuffle_items(source, shard):
             where = f"{shard.file.url} {location}".rstrip()
             if isinstance(item, RecordError):
-                staged.put((where, 0, "", item.raw.encode(), where, item.reason, None, False))
+                staged.put(StagedRow.failed(where, item.reason, item.raw.encode()))
                 continue
             key, (start, item_id), payload = item
             names, whole = rekey(payload) if rekey is not None else (None, True)
             try:
                 data = orjson.dumps(payload)
             except TypeError as exc:  # an integer past 64 bits: the item cannot be staged
-                staged.put((where, 0, "", b"", where, f"{source.fmt}: {where}: cannot be staged: {exc}", None, False))
+                staged.put(StagedRow.failed(where, f"{source.fmt}: {where}: cannot be staged: {exc}", b""))
             else:
-                staged.put((key, start, item_id, data, where, None, names, whole))
+                staged.put(StagedRow(key, start, item_id, data, where, names=names, whole=whole))
         round_ = 1 if rounds == 2 else 2
         _write(run, round_, shard.key, staged.drained(), partitions, source.options.storage_options)
     return staged.count
@@ -144,7 +167,7 @@ class _Staged:
 
     def __init__(self, partitions: int, limit: int) -> None:
         self.partitions, self.limit = partitions, limit
-        self.rows: dict[int, list[tuple[Any, ...]]] = {}
+        self.rows: dict[int, list[StagedRow]] = {}
         self.tables: dict[int, list[pa.Table]] = {}  # rows put as Arrow already
         self.held = self.count = 0
         self.folder: str | None = None
@@ -157,11 +180,11 @@ class _Staged:
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
 
-    def put(self, row: tuple[Any, ...]) -> None:
-        """A row (a value per column of the staged schema) to the partition of its key."""
-        self.rows.setdefault(partition_of(row[0], self.partitions), []).append(row)
+    def put(self, row: StagedRow) -> None:
+        """A row to the partition of its key."""
+        self.rows.setdefault(partition_of(row.key, self.partitions), []).append(row)
         self.count += 1
-        self.held += len(row[0]) + len(row[3]) + 2 * len(row[4]) + _ROW_BYTES
+        self.held += len(row.key) + len(row.payload) + 2 * len(row.location) + _ROW_BYTES
         if self.held >= self.limit:
             self._spill()
 
@@ -233,11 +256,13 @@ def regroup_partition(source: RawSource, run: str, shard: Shard, partitions: int
                 cols = group.to_pydict()
                 if key is None:  # error rows keep their place
                     for row in zip(*cols.values(), strict=True):
-                        staged.put(row)
+                        staged.put(StagedRow(*row))
                     continue
                 where = cols["location"][0]
                 for new_key, item in shuffle.regroup(key, [orjson.loads(p) for p in cols["payload"]]):
-                    staged.put((new_key, item["start"], item["span_id"], orjson.dumps(item), where, None, None, False))
+                    staged.put(
+                        StagedRow(new_key, item["start"], item["span_id"], orjson.dumps(item), where, whole=False)
+                    )
         _write(run, 2, f"from-{shard.start:05d}", staged.drained(), partitions, storage)
     return staged.count
 
@@ -293,7 +318,7 @@ def _round(run: str, round_: int) -> str:
     return f"{staging(run)}/round{round_}"
 
 
-def _batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
+def _batch(rows: list[StagedRow]) -> pa.RecordBatch:
     columns = list(zip(*rows, strict=True))
     return pa.RecordBatch.from_arrays([pa.array(c, f.type) for c, f in zip(columns, _SCHEMA, strict=True)],
                                       schema=_SCHEMA)  # fmt: skip
