@@ -156,7 +156,7 @@ def _one_line(exc: BaseException) -> str:
 def declared(cls: type) -> tuple[str, ...]:
     """The public attributes and methods a plug-in class states (its annotations, properties and functions), in the
     order it declares them: what every plug-in of the kind must have."""
-    members = [name for name in getattr(cls, "__annotations__", {}) if not name.startswith("_")]
+    members = [name for name in vars(cls).get("__annotations__", {}) if not name.startswith("_")]
     for name, value in vars(cls).items():
         if not name.startswith("_") and name not in members and (isinstance(value, property) or callable(value)):
             members.append(name)
