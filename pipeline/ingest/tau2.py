@@ -49,8 +49,6 @@ from pipeline.ingest.base import (
 from pipeline.ingest.registry import mismatch
 
 SUCCESS_EPS = 1e-6
-
-
 TASKS = Option("tasks", "task definitions: a tasks.json or a folder of <domain>/tasks.json (default: the tau2 wheel's)")
 
 
