@@ -90,10 +90,6 @@ class Registry(Generic[T]):
         """Every name, in resolution order (see `sources`)."""
         return list(self.sources())
 
-    def built_in(self) -> list[str]:
-        """The built-in names, in the order declared."""
-        return list(self._built_in)
-
     def find(self, name: str) -> T | None:
         """The plug-in `name`, or None when nothing of this kind has that name; an entry point that cannot be loaded,
         or loads something that is not of this kind, is the kind's error."""
