@@ -310,7 +310,7 @@ def test_the_checks_fail_on_broken_pages(tmp_path):
         "p: `pexec score` has no option --shards",
     ]
 
-    shutil.copytree(REFERENCE, tmp_path / "docs" / "reference")
+    shutil.copytree(DOCS, tmp_path / "docs")
     metrics = tmp_path / "docs" / "reference" / "metrics.md"
     metrics.write_text(metrics.read_text().replace("| TER | `ter` |", "| TER | `ter_total` |"))
     limits = tmp_path / "docs" / "reference" / "limits.md"

@@ -1,22 +1,31 @@
 """A package outside pexec adds a log format (entry point `pexec.ingest`) and an environment (entry point
 `pexec.environments`): built as a wheel, installed into a throw-away folder (never the venv) and found by
 importlib.metadata from its .dist-info on PYTHONPATH, it is read, listed and scored through the `pexec` console
-script like a built-in. Then the options of every format are checked in one place, with one message."""
+script like a built-in. Its broken and wrong entry points are refused the same way for both kinds, in one line
+naming the package. Listing the plug-ins imports none; a name that did not resolve is not looked up again; every
+built-in is of its kind. Then the options of every format are checked in one place, with one message."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import subprocess
 import sys
 import textwrap
+import traceback
 from pathlib import Path
 
 import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.ingest import IngestError, IngestOptions, accepted_options, formats, ingest
+from pipeline.core import plugins
+from pipeline.core.plugins import declared
+from pipeline.envs import EnvError, Environment, get_environment
+from pipeline.envs import registry as env_registry
+from pipeline.ingest import IngestError, IngestOptions, LogFormat, accepted_options, formats, get_format, ingest
+from pipeline.ingest import registry as format_registry
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,9 +42,15 @@ version = "0.1"
 [project.entry-points."pexec.ingest"]
 lights_log = "pexec_lights:FORMAT"
 broken = "pexec_lights:NO_SUCH_FORMAT"
+not_a_format = "pexec_lights:PRESS"
+misnamed = "pexec_lights:FORMAT"
 
 [project.entry-points."pexec.environments"]
 lights = "pexec_lights:environment"
+broken_env = "pexec_lights_broken:environment"
+not_a_factory = "pexec_lights:PRESS"
+dark = "pexec_lights:environment"
+half = "pexec_lights:half"
 """
 
 # The plug-in itself: a log format whose lines are {"id", "presses": [bool, ...], "ok"} and an environment whose
@@ -46,32 +61,36 @@ MODULE = '''\
 import json
 
 from pipeline.envs import Outcome, ToolInfo
-from pipeline.ingest import Format, IngestError, Option, OptionSchema, source_files
+from pipeline.ingest import IngestError, LogFormat, Option, OptionSchema, source_files
 
 
-def read(sources, options):
-    for source in sources:
-        for url in source_files("lights_log", source, options, ("*.jsonl",)):
-            with open(url, encoding="utf-8") as f:
-                for number, line in enumerate(f, 1):
-                    doc = json.loads(line)
-                    if not looks_like(doc):
-                        raise IngestError(f"lights_log: {url} line {number}: no 'presses' list")
-                    yield {
-                        "rollout_id": doc["id"],
-                        "task_id": doc["id"],
-                        "benchmark": "lights",
-                        "labels": {"shift": options.extra["shift"], **options.labels},
-                        "events": [{"type": "call", "tool": "press", "arguments": {"on": on}} for on in doc["presses"]],
-                        "success": doc["ok"],
-                    }
+class LightsLog(LogFormat):
+    name = "lights_log"
+    options = OptionSchema((Option("shift", "the `shift` label", "day"),))
+
+    def looks_like(self, doc):
+        return isinstance(doc, dict) and isinstance(doc.get("presses"), list)
+
+    def read(self, sources, options):
+        for source in sources:
+            for url in source_files("lights_log", source, options, ("*.jsonl",)):
+                with open(url, encoding="utf-8") as f:
+                    for number, line in enumerate(f, 1):
+                        doc = json.loads(line)
+                        if not self.looks_like(doc):
+                            raise IngestError(f"lights_log: {url} line {number}: no 'presses' list")
+                        presses = [{"type": "call", "tool": "press", "arguments": {"on": on}} for on in doc["presses"]]
+                        yield {
+                            "rollout_id": doc["id"],
+                            "task_id": doc["id"],
+                            "benchmark": "lights",
+                            "labels": {"shift": options.extra["shift"], **options.labels},
+                            "events": presses,
+                            "success": doc["ok"],
+                        }
 
 
-def looks_like(doc):
-    return isinstance(doc, dict) and isinstance(doc.get("presses"), list)
-
-
-FORMAT = Format("lights_log", read, OptionSchema((Option("shift", "the `shift` label", "day"),)), looks_like)
+FORMAT = LightsLog()
 PRESS = {"type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"]}
 
 
@@ -111,7 +130,23 @@ class Lights:
 
 def environment(options):
     return Lights()
+
+
+class Half:
+    """Lights without checkpoint and rollback: not an environment."""
+
+    name = "half"
+    version = "0.1"
+    simulated = True
+    tool, open_catalogue, start, knowledge = Lights.tool, Lights.open_catalogue, Lights.start, Lights.knowledge
+    available, execute = Lights.available, Lights.execute
+
+
+def half(options):
+    return Half()
 '''
+BROKEN_MODULE = """raise RuntimeError("the simulator of this package is not installed")
+"""
 
 # The venv's setuptools (65.5, what Python 3.11 bundles) builds no wheel without the `wheel` package, and the test
 # must not reach a package index: the package brings its own build backend (PEP 517 `backend-path`), which writes
@@ -155,6 +190,7 @@ def install_plugin(tmp_path: Path) -> Path:
     (source / "_build").mkdir(parents=True)
     (source / "pyproject.toml").write_text(PYPROJECT)
     (source / "pexec_lights.py").write_text(MODULE)
+    (source / "pexec_lights_broken.py").write_text(BROKEN_MODULE)
     (source / "_build" / "backend.py").write_text(textwrap.dedent(BACKEND))
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", "--no-cache-dir", "-q"]
     build = [*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(tmp_path / "dist")]
@@ -167,16 +203,29 @@ def install_plugin(tmp_path: Path) -> Path:
     return target
 
 
-def test_an_outside_package_adds_a_log_format_and_an_environment(tmp_path: Path) -> None:
-    site = install_plugin(tmp_path)
-    pexec = str(Path(sys.executable).with_name("pexec"))
-    # this checkout first (the console script would otherwise import where the venv's editable install points)
-    env = {"PATH": os.environ["PATH"], "COLUMNS": "200", "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)])}
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return install_plugin(tmp_path_factory.mktemp("plugin"))
 
+
+def subprocess_env(site: Path) -> dict[str, str]:
+    # this checkout first (the console script would otherwise import where the venv's editable install points)
+    return {"PATH": os.environ["PATH"], "COLUMNS": "200", "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)])}
+
+
+def pexec_in(site: Path, cwd: Path, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
+    """`pexec ARGS` with the plug-in installed, which must succeed (`ok`) or fail."""
+    pexec = str(Path(sys.executable).with_name("pexec"))
+    proc = subprocess.run(
+        [pexec, *args], capture_output=True, text=True, timeout=120, env=subprocess_env(site), cwd=cwd
+    )
+    assert (proc.returncode == 0) == ok, proc.stderr
+    return proc
+
+
+def test_an_outside_package_adds_a_log_format_and_an_environment(site: Path, tmp_path: Path) -> None:
     def run(*args: str, ok: bool = True) -> subprocess.CompletedProcess:
-        proc = subprocess.run([pexec, *args], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
-        assert (proc.returncode == 0) == ok, proc.stderr
-        return proc
+        return pexec_in(site, tmp_path, *args, ok=ok)
 
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -204,8 +253,10 @@ def test_an_outside_package_adds_a_log_format_and_an_environment(tmp_path: Path)
     assert "expected an object with a 'messages' list (it looks like lights_log logs: pexec ingest lights_log)" in stray
     # a broken entry point: one line naming its package
     broken = run("ingest", "broken", str(logs), "--out", "s4", ok=False).stderr.strip()
-    assert broken.startswith("error: log format 'broken': the entry point pexec_lights:NO_SUCH_FORMAT of package "
-                             "pexec-lights 0.1 fails: ") and "\n" not in broken  # fmt: skip
+    assert broken == (
+        "error: log format 'broken': the entry point pexec_lights:NO_SUCH_FORMAT of package "
+        "pexec-lights 0.1 fails: AttributeError: module 'pexec_lights' has no attribute 'NO_SUCH_FORMAT'"
+    )
 
     # the environment: listed with where it comes from, and scoring the store
     assert re.search(r"lights\s+│ entry point pexec_lights:environment", run("envs").stdout)
@@ -224,6 +275,148 @@ def test_an_outside_package_adds_a_log_format_and_an_environment(tmp_path: Path)
         r["rollout_id"]: (r["fed"], r["executable"]) for r in pq.read_table(tmp_path / "run" / "rollouts").to_pylist()
     }
     assert rollouts == {"steady": (4, True), "double": (2, False)}  # the first error at depth 2
+
+
+# (command, the one line it fails with); STORE is a store of the lights rollouts. Each kind's entry point is
+# refused the same way: one that fails to load, one that loads something else, and for an environment a factory
+# that builds something that is not the environment it is named for.
+PLUGIN = "of package pexec-lights 0.1"
+REFUSED = [
+    (
+        ["score", "STORE", "--out", "run", "--inline", "--env", "broken_env"],
+        f"environment 'broken_env': the entry point pexec_lights_broken:environment {PLUGIN} fails: "
+        "RuntimeError: the simulator of this package is not installed",
+    ),
+    (
+        ["ingest", "not_a_format", "logs", "--out", "s"],
+        f"log format 'not_a_format': the entry point pexec_lights:PRESS {PLUGIN} is not a pipeline.ingest.LogFormat "
+        "named 'not_a_format'",
+    ),
+    (
+        ["ingest", "misnamed", "logs", "--out", "s"],
+        f"log format 'misnamed': the entry point pexec_lights:FORMAT {PLUGIN} is not a pipeline.ingest.LogFormat "
+        "named 'misnamed'",
+    ),
+    (
+        ["score", "STORE", "--out", "run", "--inline", "--env", "not_a_factory"],
+        f"environment 'not_a_factory': the entry point pexec_lights:PRESS {PLUGIN} is not an environment factory, a "
+        "callable (EnvOptions) -> Environment",
+    ),
+    (
+        ["score", "STORE", "--out", "run", "--inline", "--env", "dark"],
+        f"environment 'dark': the entry point pexec_lights:environment {PLUGIN} builds a Lights named 'lights', not "
+        "a pipeline.envs.Environment named 'dark'",
+    ),
+    (
+        ["score", "STORE", "--out", "run", "--inline", "--env", "half"],
+        f"environment 'half': the entry point pexec_lights:half {PLUGIN} builds a Half without checkpoint, rollback, "
+        "not a pipeline.envs.Environment named 'half'",
+    ),
+]
+
+
+ROLLOUT = {"rollout_id": "r1", "task_id": "t1", "benchmark": "lights", "success": True,
+           "events": [{"type": "call", "tool": "press", "arguments": {"on": True}}]}  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "line"), REFUSED, ids=[a[-1] if a[0] == "score" else a[1] for a, _ in REFUSED])
+def test_a_broken_or_wrong_entry_point_is_refused_in_one_line(site: Path, tmp_path: Path, args: list, line: str):
+    for folder, record in [("logs", {"id": "r1", "presses": [True], "ok": True}), ("store", ROLLOUT)]:
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "part-0.jsonl").write_bytes(orjson.dumps(record) + b"\n")
+    args = ["store" if a == "STORE" else a for a in args]
+    assert pexec_in(site, tmp_path, *args, ok=False).stderr.strip() == f"error: {line}"
+    assert not (tmp_path / "s").exists() and not (tmp_path / "run" / "_manifest.json").exists()
+
+
+# The modules a listing must not import: every adapter and family, the simulators, and the plug-in package.
+ADAPTERS = [f"pipeline.ingest.{name}" for name in format_registry.BUILT_IN] + [
+    "pipeline.envs.bfcl",
+    "pipeline.envs.tau",
+    "pipeline.envs.toolsandbox",
+    "pipeline.envs.observed",
+    "bfcl_eval",
+    "tau2",
+    "pexec_lights",
+]
+LISTING = """
+import sys
+from pipeline.envs import get_environment, list_environments
+from pipeline.ingest import formats, get_format
+
+listed = (formats(), sorted(list_environments()))
+for unknown in (lambda: get_format("nope"), lambda: get_environment("nope")):
+    try:
+        unknown()
+    except Exception as exc:
+        print(exc)
+print(listed)
+print(sorted(m for m in sys.modules if m in ADAPTERS))
+"""
+
+
+def test_listing_the_plugins_and_an_unknown_name_import_no_adapter(site: Path) -> None:
+    code = LISTING.replace("ADAPTERS", repr(ADAPTERS))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=subprocess_env(site), check=True)  # fmt: skip
+    format_error, env_error, listed, imported = proc.stdout.splitlines()
+    assert format_error.startswith("unknown format 'nope' (available: anthropic, bfcl, broken, canonical, ")
+    assert env_error.startswith("unknown environment 'nope': not registered (bfcl_v3, bfcl_v4, observed, ")
+    assert "'lights_log'" in listed and "'lights'" in listed and "'tau_airline'" in listed
+    assert imported == "[]"
+
+
+def test_a_name_that_did_not_resolve_is_not_looked_up_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Records of an unknown benchmark (or format) are many: the entry points are read once, not per record, and
+    the error raised again each time does not grow a traceback; a new scoring run (`forget_unresolved`) looks
+    again."""
+    reads = []
+
+    def counted(**kw):
+        reads.append(kw["group"])
+        return []
+
+    monkeypatch.setattr(plugins, "entry_points", counted)
+    env_registry.forget_unresolved()
+    format_registry.FORMATS.forget()
+    depths = []
+    for _ in range(50):
+        with pytest.raises(EnvError, match="unknown environment 'nowhere'") as env_info:
+            get_environment("nowhere")
+        with pytest.raises(IngestError, match="unknown format 'nowhere'"):
+            get_format("nowhere")
+        depths.append(len(traceback.extract_tb(env_info.value.__traceback__)))
+    assert reads == ["pexec.environments", "pexec.ingest"] and len(set(depths[1:])) == 1
+    env_registry.forget_unresolved()
+    with pytest.raises(EnvError):
+        get_environment("nowhere")
+    assert reads == ["pexec.environments", "pexec.ingest", "pexec.environments"]
+    monkeypatch.undo()
+    env_registry.forget_unresolved()
+    format_registry.FORMATS.forget()
+
+
+@pytest.mark.parametrize("name", format_registry.BUILT_IN)
+def test_every_built_in_format_is_a_log_format_with_every_member(name: str) -> None:
+    fmt = get_format(name)
+    assert isinstance(fmt, LogFormat) and fmt.name == name and not inspect.isabstract(type(fmt))
+    assert all(hasattr(fmt, m) for m in declared(LogFormat))
+    assert set(declared(LogFormat)) == {"name", "options", "reads_files", "shuffle", "looks_like", "read", "plan",
+                                        "read_shard"}  # fmt: skip
+    # a format that plans shards reads each by read_shard or shuffles its items, one or the other
+    planned = type(fmt).plan is not LogFormat.plan
+    reads_shards = type(fmt).read_shard is not LogFormat.read_shard
+    assert planned == (reads_shards or fmt.shuffle is not None) and not (reads_shards and fmt.shuffle is not None)
+
+
+@pytest.mark.parametrize("name", sorted(env_registry.BUILT_IN))
+def test_every_built_in_environment_is_an_environment_with_every_member(name: str) -> None:
+    env = get_environment(name)
+    assert isinstance(env, Environment) and env.name == name
+    methods = [m for m in declared(Environment) if m not in ("name", "version", "simulated")]
+    assert methods == ["tool", "open_catalogue", "start", "knowledge", "available", "execute", "checkpoint", "rollback"]
+    assert all(callable(getattr(env, m)) for m in methods)
+    assert isinstance(env.version, str) and env.version and isinstance(env.simulated, bool)
 
 
 LOGS = "allow_no_calls, benchmark, id_field, outcomes, success_field, task_field, label.NAME, attr.NAME"

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.core.model import Call, Rollout
-from pipeline.envs import EnvError, EnvOptions, SpecError, get_environment
+from pipeline.envs import EnvError, EnvOptions, SpecError, forget_unresolved, get_environment
 from pipeline.envs.data import BUILTIN_SPECS
 from pipeline.envs.document import JournaledDoc
 from pipeline.envs.spec.env import SpecEnvironment
@@ -154,9 +154,12 @@ def test_third_party_environment_through_an_entry_point(tmp_path, monkeypatch):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-env\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text("[pexec.environments]\ntoy = toy_env:factory\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    forget_unresolved()  # the entry points are read once per scoring run: this is a new one
     env = get_environment("toy", EnvOptions(policy="code"))
     assert env.name == "toy"
     sys.modules.pop("toy_env", None)
+    monkeypatch.undo()
+    forget_unresolved()
 
 
 def test_runaway_let_is_a_precondition_failure_with_its_reason(spec_copy):

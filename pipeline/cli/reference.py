@@ -1,6 +1,8 @@
 """The generated parts of the reference pages (docs/reference/*.md), written from the code that declares them:
 every command and option (from the Typer app object, nothing else of the command line), the run's tables, the
-metric catalogue, the job fields, each log format's `--option` keys, the built-in environments and the limits.
+metric catalogue, the job fields, each log format's `--option` keys, the built-in environments and the limits;
+and of the guides that add a plug-in (docs/how-to/add-a-log-format.md, add-an-environment.md), every member of
+its kind's class with its signature and docstring.
 
 Each part is a block between `<!-- generated:start NAME -->` and `<!-- generated:end NAME -->` in a committed
 page, with hand-written text around it. `python -m pipeline.cli.reference` rewrites every block in place;
@@ -19,7 +21,7 @@ import inspect
 import re
 import sys
 import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,8 +31,10 @@ from typer._click import Command, Context, Parameter
 from typer.core import TyperGroup as Group
 
 from pipeline.cli import app
+from pipeline.core.plugins import declared
 
 DOCS = Path("docs") / "reference"
+GUIDES = Path("docs") / "how-to"
 BLOCK = re.compile(r"<!-- generated:start (.+?) -->\n(.*?)<!-- generated:end \1 -->", re.S)
 
 
@@ -108,11 +112,16 @@ def _name(param: Parameter) -> str:
     return ", ".join(param.opts + param.secondary_opts)
 
 
-def _cell(text: str) -> str:
-    """Text as one Markdown table cell: one line, `|` escaped, and outside code spans `<` before a letter (as in
-    METRIC<NUMBER) written as an entity so that no renderer takes it for a tag."""
-    pieces = " ".join(text.split()).replace("|", "\\|").split("`")
+def _prose(text: str) -> str:
+    """Text as one line of Markdown: outside code spans `<` before a letter (as in METRIC<NUMBER) written as an
+    entity so that no renderer takes it for a tag."""
+    pieces = " ".join(text.split()).split("`")
     return "`".join(p if i % 2 else re.sub(r"<(?=[A-Za-z])", "&lt;", p) for i, p in enumerate(pieces))
+
+
+def _cell(text: str) -> str:
+    """Text as one Markdown table cell: one line, `|` escaped, `<` as `_prose` writes it."""
+    return _prose(text.replace("|", "\\|"))
 
 
 def _number(x: float) -> str:
@@ -243,6 +252,52 @@ def environments() -> str:
     return _table(["environment", "from"], rows)
 
 
+def _signature(cls: type, name: str) -> str:
+    """How a member of a plug-in class is written: `name: type` for a property (a plain attribute satisfies it),
+    `name(param: type, ...) -> type` for a method, as its annotations are written."""
+    member = inspect.getattr_static(cls, name)
+    if isinstance(member, property):
+        return f"{name}: {inspect.signature(member.fget).return_annotation}"  # type: ignore[arg-type]
+    signature = inspect.signature(member)
+    params = [
+        p.name if p.annotation is p.empty else f"{p.name}: {p.annotation}"
+        for p in signature.parameters.values()
+        if p.name != "self"
+    ]
+    return f"{name}({', '.join(params)}) -> {signature.return_annotation}"
+
+
+def plugin_members(cls: type, required: Iterable[str]) -> str:
+    """Every member a plug-in class states (pipeline.core.plugins.declared), in its order: its signature, whether a
+    plug-in must give it, and its docstring (which states the default of one it need not give)."""
+    must = set(required)
+    lines = []
+    for name in declared(cls):
+        doc = inspect.getdoc(inspect.getattr_static(cls, name)) or ""
+        lines.append(f"- `{_signature(cls, name)}`{' (required)' if name in must else ''}: {_prose(doc)}")
+    return "\n".join(lines) + "\n"
+
+
+def log_format_members() -> str:
+    """The members of a log format (pipeline.ingest.base.LogFormat), and what `ShardedFormat` changes."""
+    from pipeline.ingest.base import LogFormat, ShardedFormat
+
+    sharded = sorted(ShardedFormat.__abstractmethods__ - LogFormat.__abstractmethods__)
+    return (
+        plugin_members(LogFormat, LogFormat.__abstractmethods__)
+        + f"\n`ShardedFormat` (required: {', '.join(f'`{m}`' for m in sharded)}): "
+        + _prose(inspect.getdoc(ShardedFormat) or "")
+        + "\n"
+    )
+
+
+def environment_members() -> str:
+    """The members of an environment (pipeline.envs.base.Environment, a protocol: every one is required)."""
+    from pipeline.envs.base import Environment
+
+    return "Every member is required:\n\n" + plugin_members(Environment, ())
+
+
 def _size(n: int) -> str:
     return f"{n // 2**20} MiB" if n % 2**20 == 0 else f"{n:,} bytes"
 
@@ -302,10 +357,19 @@ def _builders() -> dict[tuple[str, str], Callable[[], str]]:
     return builders
 
 
-def expected() -> dict[str, dict[str, str]]:
-    """page -> block name -> the text the block should hold."""
-    out: dict[str, dict[str, str]] = {}
-    for (page, name), build in _builders().items():
+def _guide_builders() -> dict[tuple[Path, str], Callable[[], str]]:
+    """(page, block name) -> what writes the block, for the guides that list a plug-in kind's members."""
+    return {
+        (GUIDES / "add-a-log-format.md", "log format"): log_format_members,
+        (GUIDES / "add-an-environment.md", "environment"): environment_members,
+    }
+
+
+def expected() -> dict[Path, dict[str, str]]:
+    """page (from the repository's root) -> block name -> the text the block should hold."""
+    out: dict[Path, dict[str, str]] = {}
+    builders = {(DOCS / page, name): build for (page, name), build in _builders().items()} | _guide_builders()
+    for (page, name), build in builders.items():
         out.setdefault(page, {})[name] = build()
     return out
 
@@ -319,13 +383,11 @@ def problems(root: Path) -> list[str]:
     """What is stale, missing or unknown among the generated blocks of the pages under `root`."""
     found = []
     for page, wanted in expected().items():
-        path = root / DOCS / page
+        path = root / page
         have = blocks(path.read_text(encoding="utf-8")) if path.exists() else {}
-        found += [f"{DOCS / page}: no block {name!r}" for name in wanted if name not in have]
-        found += [
-            f"{DOCS / page}: block {name!r} is stale" for name in wanted if name in have and have[name] != wanted[name]
-        ]
-        found += [f"{DOCS / page}: block {name!r} is generated by nothing" for name in have if name not in wanted]
+        found += [f"{page}: no block {name!r}" for name in wanted if name not in have]
+        found += [f"{page}: block {name!r} is stale" for name in wanted if name in have and have[name] != wanted[name]]
+        found += [f"{page}: block {name!r} is generated by nothing" for name in have if name not in wanted]
     return found
 
 
@@ -333,12 +395,12 @@ def write(root: Path) -> list[str]:
     """Rewrite every block in place; the pages that changed."""
     changed = []
     for page, wanted in expected().items():
-        path = root / DOCS / page
+        path = root / page
         text = path.read_text(encoding="utf-8")
         new = BLOCK.sub(lambda m, w=wanted: _block(m.group(1), w[m.group(1)]) if m.group(1) in w else m.group(0), text)
         if new != text:
             path.write_text(new, encoding="utf-8")
-            changed.append(str(DOCS / page))
+            changed.append(str(page))
     return changed
 
 

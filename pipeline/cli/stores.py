@@ -132,7 +132,7 @@ def ingest(
             orphans, orphaned = orphans + found, orphaned + (found > 0)
             yield record
 
-    if not getattr(get_format(fmt), "reads_files", True):  # a trace store: read here, through its own client
+    if not get_format(fmt).reads_files:  # a trace store: read here, through its own client
         records = counted(run_ingest(fmt, [], settings))
     else:
         source = raw_source(fmt, sources, settings)

@@ -65,16 +65,27 @@ def with_effects(tools: Mapping[str, ToolInfo], effects: Mapping[str, Effect], w
 
 @runtime_checkable
 class Environment(Protocol):
-    """A replayable environment.
+    """A replayable environment: what the checker (pipeline.replay.checker) and the guard call, and nothing else.
 
     State objects are owned by the environment; the checker only passes them back. `execute` must leave the
     state unchanged when it rejects a call. `checkpoint`/`rollback` give cheap access to earlier states of
-    the same rollout (an undo journal, a copy, whatever the environment does best).
+    the same rollout (an undo journal, a copy, whatever the environment does best). The plug-in is a factory
+    `(EnvOptions) -> Environment` (pipeline.envs.registry); plain attributes satisfy the three properties.
     """
 
-    name: str
-    version: str  # recorded in the manifest: spec version, simulator package version...
-    simulated: bool  # False when outputs are read from the log rather than produced by a simulator
+    @property
+    def name(self) -> str:
+        """The name it is resolved by (a rollout's `benchmark`, `--env`); a factory must build an environment of
+        the name it is registered under."""
+
+    @property
+    def version(self) -> str:
+        """Recorded in every shard marker and in the manifest: the spec's version, the simulator package's, a hash
+        of its data files. Change it when behaviour changes: a shard scored under another version is rescored."""
+
+    @property
+    def simulated(self) -> bool:
+        """False when outputs are read from the log rather than produced by a simulator (`observed`)."""
 
     def tool(self, name: str) -> ToolInfo | None:
         """The tool's catalogue entry; None if the environment does not know it."""

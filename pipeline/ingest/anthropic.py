@@ -18,34 +18,33 @@ from functools import partial
 from typing import Any
 
 from pipeline.ingest._logs import (
+    ChatFormat,
     LogSettings,
     call,
     log_options,
     message,
-    plan_logs,
-    read_all,
-    read_chat_shard,
     rollout,
     text,
     tool_dialect,
 )
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
-from pipeline.ingest.base import Format, IngestError
+from pipeline.ingest.base import IngestError
 
 
-def convert(s: LogSettings, where: str, record: dict[str, Any]) -> dict:
-    """The canonical rollout of one conversation record."""
-    events, attributes = assemble(log(record, where))
-    return rollout(s, record, events, where, attributes)
+class Anthropic(ChatFormat):
+    name = "anthropic"
+    options = log_options()
+
+    def looks_like(self, doc: Any) -> bool:
+        return tool_dialect(doc) == "anthropic"
+
+    def convert(self, s: LogSettings, where: str, record: dict[str, Any]) -> dict:
+        """The canonical rollout of one conversation record."""
+        events, attributes = assemble(log(record, where))
+        return rollout(s, record, events, where, attributes)
 
 
-def looks_like(doc: Any) -> bool:
-    return tool_dialect(doc) == "anthropic"
-
-
-plan = plan_logs("anthropic")
-read_shard = read_chat_shard("anthropic", convert)
-FORMAT = Format("anthropic", read_all("anthropic", plan, read_shard), log_options(), looks_like, plan, read_shard)
+FORMAT = Anthropic()
 
 
 def log(record: dict[str, Any], where: str) -> list[Entry]:

@@ -1,14 +1,16 @@
-"""The log-format protocol every ingest adapter implements, its options schema, and what every adapter uses:
-the settings of one ingest (`IngestOptions`), its error (`IngestError`) and the listing of source files.
+"""The base class every log format derives from (`LogFormat`, and `ShardedFormat` for a format read in parallel),
+its options schema, and what every adapter uses: the settings of one ingest (`IngestOptions`), its error
+(`IngestError`), the listing of source files and the shuffle of items that lie in several files (`Shuffle`).
 
-`pipeline.ingest.ingest` only talks to this protocol, so adding a format never touches it.
+`pipeline.ingest.ingest` and the raw scoring path only talk to `LogFormat`, so adding a format never touches them.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from pipeline.core.errors import PexecError
 from pipeline.storage.fs import list_files
@@ -86,59 +88,118 @@ class OptionSchema:
         return {o.key: o.default for o in self.options if o.default is not None}
 
 
-@runtime_checkable
-class LogFormat(Protocol):
-    """A log format `pexec ingest <name>` reads.
-
-    `ingest` checks the `--option` keys against `options` before `read` runs (an unknown key is an error),
-    and gives `read` the keys the user gave plus every declared default (`Option.default`); `allow_no_calls`
-    is the ingest's own, never passed on. `read` yields canonical records (`pipeline/core/records.py`); an
-    input it cannot read raises `IngestError` naming the file and the place.
-    """
-
-    name: str
-    options: OptionSchema
-
-    def looks_like(self, doc: Any) -> bool:
-        """Whether `doc` (one decoded JSON document, or a conversation record) is clearly in this format:
-        another format's reader given it names this one (`pexec ingest <name>`). False when unsure."""
-
-    def read(self, sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
-        """Canonical records from `sources` (local paths or fsspec URLs opened with `options.storage_options`)."""
-
-
-@runtime_checkable
-class ShardedFormat(Protocol):
-    """A format read in parallel where its logs lie (`pexec score --format`): `plan` cuts the sources into
-    shards (files, byte ranges of line-delimited files, archive members), and `read_shard`, run inside a Ray
-    task, yields every rollout of one shard, or a RecordError for a part that is not one (a reject: it never
-    stops the run). A format without these is read one source per task, by `read`."""
-
-    def plan(self, sources: Sequence[str], options: IngestOptions, target_bytes: int) -> list[Shard]: ...
-
-    def read_shard(self, shard: Shard, options: IngestOptions) -> Iterator[Part]: ...
-
-
-def never(doc: Any) -> bool:
-    """`looks_like` of a format that claims no document (it is not read from JSON documents)."""
-    return False
+# One item of a shuffled format: (key it is grouped by, (time, id) it is ordered by in its group, payload).
+Item = tuple[str, tuple[int, str], dict[str, Any]]
 
 
 @dataclass(frozen=True)
-class Format:
-    """A `LogFormat` made of functions: how the built-in formats declare themselves."""
+class Shuffle:
+    """How a format's rollouts are assembled from items that may lie in any file.
 
-    name: str
-    read: Callable[[Sequence[str], IngestOptions], Iterator[dict]]
-    options: OptionSchema = OptionSchema()
-    looks_like: Callable[[Any], bool] = never
-    plan: Callable[[Sequence[str], IngestOptions, int], list[Shard]] | None = None
-    read_shard: Callable[[Shard, IngestOptions], Iterator[Part]] | None = None
-    # records of one rollout may lie in several files: the rollouts are assembled by a hash shuffle
-    # (pipeline.ingest.shuffle) instead of `read_shard`
-    shuffle: Any = None
-    # False for a format read from a server (a trace store), not from files: its `read` gets no sources.
-    reads_files: bool = True
+    `items(shard, options)`: (location, Item or RecordError) for every item of a shard. `regroup(key, group)`,
+    when given, is a second round: one first-key group becomes the (key, item) pairs it returns, each item with
+    `start` and `span_id` to order it (OTel: spans and log records are grouped by trace, the records' content
+    joins their spans, and a trace joins the conversation one of its spans names). `assemble(key, group,
+    options)`: the canonical rollout of one final group, ordered; an IngestError makes it a reject.
+
+    `rekey(payload)`, with `regroup`: what the second round needs to know of an item without decoding it, taken
+    when it is first read: the key it names (None: none) and whether `regroup` must see it. A group none of whose
+    items must be seen is rekeyed as `regroup` would do it, without decoding: every item takes the key named by
+    the group's first item (in time, then id order) that names one, else keeps the group's key, and is otherwise
+    unchanged (OTel: a trace without log records joins its earliest span's conversation)."""
+
+    items: Callable[[Shard, IngestOptions], Iterator[tuple[str, Item | RecordError]]]
+    assemble: Callable[[str, list[dict[str, Any]], IngestOptions], dict[str, Any]]
+    regroup: Callable[[str, list[dict[str, Any]]], list[tuple[str, dict[str, Any]]]] | None = None
+    rekey: Callable[[dict[str, Any]], tuple[str | None, bool]] | None = None
+
+
+class LogFormat(ABC):
+    """A log format: what `pexec ingest <name>` reads, and `pexec score --format <name>` reads where the logs lie.
+
+    Every built-in format is a subclass, and its module exposes the instance (`FORMAT`); a package outside pexec
+    names its instance in the entry-point group `pexec.ingest`. Only `name` and `read` must be given: each other
+    member has the default stated here. A format read in parallel derives from `ShardedFormat` instead, which
+    gives `read` from `plan` and `read_shard`.
+    """
+
+    @property
+    @abstractmethod
+    def name(self) -> str:
+        """The name users type (`pexec ingest <name>`); an entry point's name must be this one."""
+
+    @property
+    def options(self) -> OptionSchema:
+        """The `--option` keys it accepts, each an `Option(key, doc, default)`; `fields=True` adds `label.NAME=PATH`
+        and `attr.NAME=PATH`. `pexec ingest` checks the given keys against it before `read` runs (an unknown key is
+        an error), fills in the declared defaults and lists them with `--option help`. Default: no key of its own
+        (the byte limits and `allow_no_calls`, common to every format, are handled by pexec)."""
+        return OptionSchema()
+
+    @property
+    def reads_files(self) -> bool:
+        """False for a format read from a server (a trace store) rather than from files: `read` then gets no
+        sources, and `pexec score --format` refuses it (ingest it into a store first). Default: True."""
+        return True
+
+    @property
+    def shuffle(self) -> Shuffle | None:
+        """How rollouts whose records lie in several files are assembled: `plan`'s shards yield items (spans,
+        events) that the scoring driver partitions by key in Ray tasks (pipeline.scoring.shuffle) before each
+        group becomes a rollout. Default: None (every rollout lies in one shard)."""
+        return None
+
+    def looks_like(self, doc: Any) -> bool:
+        """Whether `doc` (one decoded JSON document, or a conversation record) is clearly in this format: another
+        format's reader given it names this one (`it looks like <name> logs: pexec ingest <name>`). False when
+        unsure. Default: False (a format not read from JSON documents of its own claims none)."""
+        return False
+
+    @abstractmethod
+    def read(self, sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
+        """Canonical records (`pipeline/core/records.py`) from `sources`, local paths or fsspec URLs opened with
+        `options.storage_options`; `options.extra` holds the `--option` values given, declared defaults filled in,
+        `options.labels` the `--label`s to add to every record. An input it cannot read raises `IngestError`
+        naming the file and the place."""
+
+    def plan(self, sources: Sequence[str], options: IngestOptions, target_bytes: int) -> list[Shard] | None:
+        """The shards `pexec score --format` reads in parallel (files, byte ranges of about `target_bytes` of
+        line-delimited files, archive members), in source order, each read by `read_shard` (or into items by
+        `shuffle`). Default: None, not cut: each source is read whole by `read`, one per task, and an error ends
+        that source with one reject."""
+        return None
+
+    def read_shard(self, shard: Shard, options: IngestOptions) -> Iterator[Part]:
+        """(location, canonical record or RecordError) for every rollout of one of `plan`'s shards, run inside a
+        Ray task: a part of a log that is not a rollout is a RecordError (a counted reject), never the end of the
+        run; an IngestError means the rest of the shard cannot be read. Default: none (only a format whose `plan`
+        cuts shards, without a `shuffle`, is asked)."""
+        raise NotImplementedError(f"{self.name}: plans no shards of rollouts")
+
+
+class ShardedFormat(LogFormat):
+    """A format read in parallel where its logs lie: it gives `plan` and `read_shard`, and its `read` (what
+    `pexec ingest` uses) is every shard's records, whole files in source order, all or nothing: the first part
+    that is not a record is an IngestError naming it."""
+
+    @abstractmethod
+    def plan(self, sources: Sequence[str], options: IngestOptions, target_bytes: int) -> list[Shard]: ...
+
+    @abstractmethod
+    def read_shard(self, shard: Shard, options: IngestOptions) -> Iterator[Part]: ...
+
+    def read(self, sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
+        for shard in self.plan(sources, options, 2**62):
+            for location, record in self.read_shard(shard, options):
+                if isinstance(record, RecordError):
+                    raise IngestError(one_line(self.name, f"{shard.file.url} {location}".rstrip(), record.reason))
+                yield record
+
+
+def one_line(fmt: str, where: str, reason: str) -> str:
+    """An error of a reader as one line naming the format and the place (a conversion's errors name it already)."""
+    return reason if reason.startswith(f"{fmt}: {where}") or reason.startswith(f"{fmt}: /") or "://" in reason[:80] \
+        else f"{fmt}: {where}: {reason.removeprefix(f'{fmt}: ')}"  # fmt: skip
 
 
 def source_files(

@@ -31,8 +31,7 @@ from typing import Any
 from pipeline.envs import EnvError
 from pipeline.envs.bfcl.calls import CallSyntaxError, parse_call, parse_call_list
 from pipeline.envs.bfcl.env import error_message
-from pipeline.ingest._logs import read_all
-from pipeline.ingest.base import Format, IngestError, IngestOptions, Option, OptionSchema, Part, source_inputs
+from pipeline.ingest.base import IngestError, IngestOptions, Option, OptionSchema, Part, ShardedFormat, source_inputs
 from pipeline.storage.fs import exists, list_files, open_for_read
 from pipeline.storage.inputs import RecordError, Shard, raw_text, shard_lines
 
@@ -40,12 +39,6 @@ _CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 FILE_NAME = re.compile(rf"BFCL_(v\d+)_multi_turn_({'|'.join(_CATEGORIES)})_result\.json$")
 _RESULT_FILES = tuple(f"BFCL_v*_multi_turn_{category}_result.json" for category in _CATEGORIES)
 _CONTAINER_FOLDERS = {"multi_turn", "result", "results"}
-
-
-def plan(sources: Sequence[str], options: IngestOptions, target_bytes: int) -> list[Shard]:
-    """One shard per result file (JSON Lines under a `.json` name), read whole."""
-    files = [f for source in sources for f in source_inputs("bfcl", source, options, _RESULT_FILES)]
-    return [Shard(replace(f, fmt="jsonl"), 0, None) for f in files]
 
 
 OPTIONS = OptionSchema(
@@ -57,56 +50,67 @@ OPTIONS = OptionSchema(
 )
 
 
-def read_shard(shard: Shard, options: IngestOptions) -> Iterator[Part]:
-    """The rollouts of one result file; a line that is not a result entry of a known task is a RecordError."""
-    url = shard.file.url
-    named = FILE_NAME.search(url.rsplit("/", 1)[-1])
-    if named is None:  # a file named directly (folders are searched for these names only)
-        raise IngestError(f"bfcl: {url} is not named BFCL_v<N>_multi_turn_<category>_result.json")
-    tag, category = named.groups()
-    benchmark = f"bfcl_{tag}"
-    from pipeline.envs.bfcl import official
+class Bfcl(ShardedFormat):
+    name = "bfcl"
+    options = OPTIONS
 
-    try:
-        dataset = {e["id"]: e for e in official.read_dataset(tag, category, source=options.extra.get("dataset"))}
-    except EnvError as exc:
-        raise IngestError(f"bfcl: {url}: {exc}") from exc
-    failed, _ = read_scores(_score_file(url, options), options.storage_options)
-    model = options.extra.get("model") or model_from_path(url)
-    labels = {"model": model, "category": category, **options.labels}
-    for location, line in shard_lines(shard, options.storage_options, options.limits.line_bytes):
-        if isinstance(line, RecordError) or not line.strip():
-            if isinstance(line, RecordError):
-                yield location, line
-            continue
-        where = f"{url} {location}"
+    def plan(self, sources: Sequence[str], options: IngestOptions, target_bytes: int) -> list[Shard]:
+        """One shard per result file (JSON Lines under a `.json` name), read whole."""
+        files = [f for source in sources for f in source_inputs("bfcl", source, options, _RESULT_FILES)]
+        return [Shard(replace(f, fmt="jsonl"), 0, None) for f in files]
+
+    def read_shard(self, shard: Shard, options: IngestOptions) -> Iterator[Part]:
+        """The rollouts of one result file; a line that is not a result entry of a known task is a RecordError."""
+        url = shard.file.url
+        named = FILE_NAME.search(url.rsplit("/", 1)[-1])
+        if named is None:  # a file named directly (folders are searched for these names only)
+            raise IngestError(f"bfcl: {url} is not named BFCL_v<N>_multi_turn_<category>_result.json")
+        tag, category = named.groups()
+        benchmark = f"bfcl_{tag}"
+        from pipeline.envs.bfcl import official
+
         try:
-            entry = json.loads(line)  # the stdlib decoder, as BFCL's own reader: it keeps its number types
-        except UnicodeDecodeError as exc:
-            yield location, RecordError(f"bfcl: {where}: invalid UTF-8: {exc}", raw_text(line))
-            continue
-        except json.JSONDecodeError as exc:
-            yield location, RecordError(f"bfcl: {where}: not JSON: {exc}", raw_text(line))
-            continue
-        rid = entry.get("id") if isinstance(entry, dict) else None
-        if not isinstance(entry, dict):
-            reason = f"bfcl: {where}: a result entry is an object with 'id' and 'result', got {type(entry).__name__}"
-            yield location, RecordError(reason, raw_text(line))
-            continue
-        task = dataset.get(rid) if isinstance(rid, str) else None
-        if task is None:
-            reason = f"bfcl: {where}: id {rid!r:.200} is not a {tag} {category} task"
-            yield location, RecordError(reason, raw_text(line))
-            continue
-        success = None if failed is None else rid not in failed
-        try:
-            yield location, build_record(task, entry, benchmark, category, labels, success, where)
-        except (IngestError, ValueError, TypeError, KeyError, AttributeError) as exc:
-            reason = str(exc) if isinstance(exc, IngestError) else f"bfcl: {where}: {type(exc).__name__}: {exc}"
-            yield location, RecordError(reason, raw_text(line))
+            dataset = {e["id"]: e for e in official.read_dataset(tag, category, source=options.extra.get("dataset"))}
+        except EnvError as exc:
+            raise IngestError(f"bfcl: {url}: {exc}") from exc
+        failed, _ = read_scores(_score_file(url, options), options.storage_options)
+        model = options.extra.get("model") or model_from_path(url)
+        labels = {"model": model, "category": category, **options.labels}
+        for location, line in shard_lines(shard, options.storage_options, options.limits.line_bytes):
+            if isinstance(line, RecordError) or not line.strip():
+                if isinstance(line, RecordError):
+                    yield location, line
+                continue
+            where = f"{url} {location}"
+            try:
+                entry = json.loads(line)  # the stdlib decoder, as BFCL's own reader: it keeps its number types
+            except UnicodeDecodeError as exc:
+                yield location, RecordError(f"bfcl: {where}: invalid UTF-8: {exc}", raw_text(line))
+                continue
+            except json.JSONDecodeError as exc:
+                yield location, RecordError(f"bfcl: {where}: not JSON: {exc}", raw_text(line))
+                continue
+            rid = entry.get("id") if isinstance(entry, dict) else None
+            if not isinstance(entry, dict):
+                reason = (
+                    f"bfcl: {where}: a result entry is an object with 'id' and 'result', got {type(entry).__name__}"
+                )
+                yield location, RecordError(reason, raw_text(line))
+                continue
+            task = dataset.get(rid) if isinstance(rid, str) else None
+            if task is None:
+                reason = f"bfcl: {where}: id {rid!r:.200} is not a {tag} {category} task"
+                yield location, RecordError(reason, raw_text(line))
+                continue
+            success = None if failed is None else rid not in failed
+            try:
+                yield location, build_record(task, entry, benchmark, category, labels, success, where)
+            except (IngestError, ValueError, TypeError, KeyError, AttributeError) as exc:
+                reason = str(exc) if isinstance(exc, IngestError) else f"bfcl: {where}: {type(exc).__name__}: {exc}"
+                yield location, RecordError(reason, raw_text(line))
 
 
-FORMAT = Format("bfcl", read_all("bfcl", plan, read_shard), OPTIONS, plan=plan, read_shard=read_shard)
+FORMAT = Bfcl()
 
 
 def ground_truth_records(tag: str, benchmark: str) -> Iterator[dict[str, Any]]:

@@ -5,21 +5,24 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from pipeline.ingest.base import Format, IngestError, IngestOptions
+from pipeline.ingest.base import IngestError, IngestOptions, LogFormat
 from pipeline.storage.inputs import RecordError, list_inputs, plan_shards, read_shard
 
 
-def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
-    storage = options.storage_options
-    for source in sources:
-        files, _ = list_inputs(source, storage)
-        for shard in plan_shards(files, storage_options=storage):
-            for location, record in read_shard(shard, storage):
-                if isinstance(record, RecordError):
-                    raise IngestError(f"{shard.file.url} {location}: {record.reason}")
-                if options.labels:
-                    record = {**record, "labels": {**(record.get("labels") or {}), **options.labels}}
-                yield record
+class Canonical(LogFormat):
+    name = "canonical"
+
+    def read(self, sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
+        storage = options.storage_options
+        for source in sources:
+            files, _ = list_inputs(source, storage)
+            for shard in plan_shards(files, storage_options=storage):
+                for location, record in read_shard(shard, storage):
+                    if isinstance(record, RecordError):
+                        raise IngestError(f"{shard.file.url} {location}: {record.reason}")
+                    if options.labels:
+                        record = {**record, "labels": {**(record.get("labels") or {}), **options.labels}}
+                    yield record
 
 
-FORMAT = Format("canonical", read)
+FORMAT = Canonical()

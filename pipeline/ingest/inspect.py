@@ -34,37 +34,15 @@ from typing import Any
 import orjson
 import zstandard
 
-from pipeline.ingest._logs import LogSettings, call, loads, log_options, message, read_all, rollout, settings, text
+from pipeline.ingest._logs import LogSettings, call, loads, log_options, message, rollout, settings, text
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
-from pipeline.ingest.base import Format, IngestError, IngestOptions, Option, Part, source_inputs
+from pipeline.ingest.base import IngestError, IngestOptions, Option, Part, ShardedFormat, source_inputs
 from pipeline.storage.fs import open_for_read
 from pipeline.storage.inputs import RecordError, Shard, raw_text
 
 _SAMPLE = re.compile(r"^samples/(.+)_epoch_(\d+)\.json$")
 _ZSTD = 93  # the ZIP compression method number of zstd
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, ..., file name length, extra field length
-
-
-def plan(sources: Sequence[str], options: IngestOptions, target_bytes: int) -> list[Shard]:
-    """Each `.eval` log cut into ranges of its sample members (in sample order) of about `target_bytes`
-    compressed; only the archive's directory is read here."""
-    shards: list[Shard] = []
-    for source in sources:
-        for file in source_inputs("inspect", source, options, ("*.eval",)):
-            file = replace(file, fmt="eval")
-            try:
-                sizes = _sample_sizes(file.url, options)
-            except IngestError:  # a damaged archive: one shard, whose reading reports it (a reject when scoring)
-                shards.append(Shard(file, 0, None))
-                continue
-            begin, held = 0, 0
-            for i, size in enumerate(sizes):
-                held += size
-                if held >= target_bytes and i + 1 < len(sizes):
-                    shards.append(Shard(file, begin, i + 1, i + 1 - begin))
-                    begin, held = i + 1, 0
-            shards.append(Shard(file, begin, len(sizes) if shards and shards[-1].file == file else None))
-    return shards
 
 
 def _sample_sizes(url: str, options: IngestOptions) -> list[int]:
@@ -87,49 +65,70 @@ def _samples(names: list[str]) -> list[str]:
     return sorted((n for n in names if _SAMPLE.match(n)), key=_sample_order)
 
 
-def read_shard(shard: Shard, options: IngestOptions) -> Iterator[Part]:
-    """The rollouts of a range of sample members; a member over `max_member_bytes` decompressed, damaged, or not a
-    sample is a RecordError. An archive whose header cannot be read is an IngestError."""
-    s = settings("inspect", options)
-    url = shard.file.url
-    limit = options.limits.member_bytes
-    try:
-        with open_for_read(url, options.storage_options) as f, zipfile.ZipFile(f) as z:
-            names = z.namelist()
-            head = "header.json" if "header.json" in names else "_journal/start.json"
-            if head not in names:
-                raise IngestError(f"inspect: {url}: no header.json or _journal/start.json: not an Inspect .eval log")
-            data = _member(f, z, head, limit)
-            if isinstance(data, RecordError):
-                raise IngestError(f"inspect: {url}!{head}: {data.reason}")
-            info = loads("inspect", data, f"{url}!{head}", dict).get("eval") or {}
-            samples = _samples(names)
-            for name in samples[shard.start : len(samples) if shard.stop is None else shard.stop]:
-                where = f"{url}!{name}"
-                data = _member(f, z, name, limit)
-                if isinstance(data, RecordError):
-                    yield name, data
-                    continue
-                try:
-                    sample = loads("inspect", data, where, dict)
-                    yield name, _rollout(sample, info, s, where)
-                except IngestError as exc:
-                    yield name, RecordError(str(exc), raw_text(data))
-    except (OSError, zipfile.BadZipFile, zstandard.ZstdError, EOFError) as exc:
-        raise IngestError(f"inspect: {url}: cannot read the .eval archive: {exc}") from exc
-
-
-FORMAT = Format(
-    "inspect",
-    read_all("inspect", plan, read_shard),
-    log_options(
+class Inspect(ShardedFormat):
+    name = "inspect"
+    options = log_options(
         Option("scorer", "the scorer whose value is the `score` field (default: the sample's first scorer)"),
         id_field="rollout_id",
         success_field="score",
-    ),
-    plan=plan,
-    read_shard=read_shard,
-)
+    )
+
+    def plan(self, sources: Sequence[str], options: IngestOptions, target_bytes: int) -> list[Shard]:
+        """Each `.eval` log cut into ranges of its sample members (in sample order) of about `target_bytes`
+        compressed; only the archive's directory is read here."""
+        shards: list[Shard] = []
+        for source in sources:
+            for file in source_inputs("inspect", source, options, ("*.eval",)):
+                file = replace(file, fmt="eval")
+                try:
+                    sizes = _sample_sizes(file.url, options)
+                except IngestError:  # a damaged archive: one shard, whose reading reports it (a reject when scoring)
+                    shards.append(Shard(file, 0, None))
+                    continue
+                begin, held = 0, 0
+                for i, size in enumerate(sizes):
+                    held += size
+                    if held >= target_bytes and i + 1 < len(sizes):
+                        shards.append(Shard(file, begin, i + 1, i + 1 - begin))
+                        begin, held = i + 1, 0
+                shards.append(Shard(file, begin, len(sizes) if shards and shards[-1].file == file else None))
+        return shards
+
+    def read_shard(self, shard: Shard, options: IngestOptions) -> Iterator[Part]:
+        """The rollouts of a range of sample members; a member over `max_member_bytes` decompressed, damaged, or not a
+        sample is a RecordError. An archive whose header cannot be read is an IngestError."""
+        s = settings("inspect", options)
+        url = shard.file.url
+        limit = options.limits.member_bytes
+        try:
+            with open_for_read(url, options.storage_options) as f, zipfile.ZipFile(f) as z:
+                names = z.namelist()
+                head = "header.json" if "header.json" in names else "_journal/start.json"
+                if head not in names:
+                    raise IngestError(
+                        f"inspect: {url}: no header.json or _journal/start.json: not an Inspect .eval log"
+                    )
+                data = _member(f, z, head, limit)
+                if isinstance(data, RecordError):
+                    raise IngestError(f"inspect: {url}!{head}: {data.reason}")
+                info = loads("inspect", data, f"{url}!{head}", dict).get("eval") or {}
+                samples = _samples(names)
+                for name in samples[shard.start : len(samples) if shard.stop is None else shard.stop]:
+                    where = f"{url}!{name}"
+                    data = _member(f, z, name, limit)
+                    if isinstance(data, RecordError):
+                        yield name, data
+                        continue
+                    try:
+                        sample = loads("inspect", data, where, dict)
+                        yield name, _rollout(sample, info, s, where)
+                    except IngestError as exc:
+                        yield name, RecordError(str(exc), raw_text(data))
+        except (OSError, zipfile.BadZipFile, zstandard.ZstdError, EOFError) as exc:
+            raise IngestError(f"inspect: {url}: cannot read the .eval archive: {exc}") from exc
+
+
+FORMAT = Inspect()
 
 _PIECE = 1 << 20  # decompressed bytes read at a time
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from pipeline.ingest._logs import log_options, settings
 from pipeline.ingest._traces import WINDOW, Trace, TraceSpan, check_spans, max_traces, parse_time, records
-from pipeline.ingest.base import Format, IngestError, IngestOptions, Option
+from pipeline.ingest.base import IngestError, IngestOptions, LogFormat, Option
 
 EXTRA = "pip install 'pexec[mlflow]'"
 _MODEL_TYPES = {"CHAT_MODEL", "LLM"}
@@ -31,35 +31,38 @@ HTTP_TIMEOUT_S = 30
 HTTP_RETRIES = 1
 
 
-def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
-    s = settings("mlflow", options)
-    if sources:
-        raise IngestError("mlflow: reads from a tracking server (--tracking-uri, --experiment), not from files")
-    uri, name = s.own.get("tracking_uri"), s.own.get("experiment")
-    if not uri or not name:
-        raise IngestError("mlflow: give the tracking server and the experiment: --tracking-uri URI --experiment NAME")
-    since, until = parse_time(s.own.get("since"), "since", "mlflow"), parse_time(s.own.get("until"), "until", "mlflow")
-    c = client(uri)  # first: it says when the extra is missing
-    from mlflow.exceptions import MlflowException
-
-    try:
-        traces = list(_traces(c, uri, name, since, until, max_traces(s)))
-    except MlflowException as exc:  # the server unreachable or refusing: its message, on one line
-        raise IngestError(f"mlflow: {uri}: {exc.message}") from exc
-    yield from records(s, traces)
-
-
-FORMAT = Format(
-    "mlflow",
-    read,
-    log_options(
+class MLflow(LogFormat):
+    name = "mlflow"
+    options = log_options(
         Option("tracking_uri", "the MLflow tracking server (`--tracking-uri`; http://HOST:PORT, or a store URI)"),
         Option("experiment", "the experiment whose traces are read, by name (`--experiment`)"),
         *WINDOW,
         id_field="trace_id",
-    ),
-    reads_files=False,
-)
+    )
+    reads_files = False
+
+    def read(self, sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
+        s = settings("mlflow", options)
+        if sources:
+            raise IngestError("mlflow: reads from a tracking server (--tracking-uri, --experiment), not from files")
+        uri, name = s.own.get("tracking_uri"), s.own.get("experiment")
+        if not uri or not name:
+            raise IngestError(
+                "mlflow: give the tracking server and the experiment: --tracking-uri URI --experiment NAME"
+            )
+        since = parse_time(s.own.get("since"), "since", "mlflow")
+        until = parse_time(s.own.get("until"), "until", "mlflow")
+        c = client(uri)  # first: it says when the extra is missing
+        from mlflow.exceptions import MlflowException
+
+        try:
+            traces = list(_traces(c, uri, name, since, until, max_traces(s)))
+        except MlflowException as exc:  # the server unreachable or refusing: its message, on one line
+            raise IngestError(f"mlflow: {uri}: {exc.message}") from exc
+        yield from records(s, traces)
+
+
+FORMAT = MLflow()
 
 
 def client(uri: str) -> Any:

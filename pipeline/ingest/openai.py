@@ -20,37 +20,36 @@ from functools import partial
 from typing import Any
 
 from pipeline.ingest._logs import (
+    ChatFormat,
     LogSettings,
     call,
     log_options,
     message,
-    plan_logs,
-    read_all,
-    read_chat_shard,
     rollout,
     text,
     tool_dialect,
 )
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
-from pipeline.ingest.base import Format, IngestError, Option
+from pipeline.ingest.base import IngestError, Option
 
 _CONTEXT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-
-
-def convert(s: LogSettings, where: str, record: dict[str, Any]) -> dict:
-    """The canonical rollout of one conversation record."""
-    events, attributes = assemble(log(record["messages"], s, where))
-    return rollout(s, record, events, where, attributes)
-
-
-def looks_like(doc: Any) -> bool:
-    return tool_dialect(doc) == "openai"
-
-
 ERROR_PREFIX = Option("error_prefix", "a tool message with no boolean `error` is an error if it starts with this text")
-plan = plan_logs("openai")
-read_shard = read_chat_shard("openai", convert)
-FORMAT = Format("openai", read_all("openai", plan, read_shard), log_options(ERROR_PREFIX), looks_like, plan, read_shard)
+
+
+class OpenAI(ChatFormat):
+    name = "openai"
+    options = log_options(ERROR_PREFIX)
+
+    def looks_like(self, doc: Any) -> bool:
+        return tool_dialect(doc) == "openai"
+
+    def convert(self, s: LogSettings, where: str, record: dict[str, Any]) -> dict:
+        """The canonical rollout of one conversation record."""
+        events, attributes = assemble(log(record["messages"], s, where))
+        return rollout(s, record, events, where, attributes)
+
+
+FORMAT = OpenAI()
 
 _LEGACY = ("legacy function call",)  # the key of legacy calls and results: they pair in order
 

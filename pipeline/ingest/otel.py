@@ -42,18 +42,10 @@ import orjson
 from pipeline.ingest import otlp
 from pipeline.ingest._logs import call, loads, log_options, message, rollout, settings, text
 from pipeline.ingest._pairing import Call, Entry, Result, pair
-from pipeline.ingest.base import Format, IngestError, IngestOptions, source_files, source_inputs
-from pipeline.ingest.sharded import Item, Shuffle
+from pipeline.ingest.base import IngestError, IngestOptions, Item, LogFormat, Shuffle, source_files, source_inputs
 from pipeline.storage.inputs import RecordError, Shard
 
 CONVERSATION = "gen_ai.conversation.id"
-
-
-def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
-    """Every conversation of the sources, all spans held in this process (the `ingest` function)."""
-    spans = _spans(sources, options)
-    for key, group in sorted(_conversations(spans).items()):
-        yield assemble(key, group, options)
 
 
 def assemble(key: str, group: list[dict[str, Any]], options: IngestOptions) -> dict:
@@ -65,15 +57,6 @@ def assemble(key: str, group: list[dict[str, Any]], options: IngestOptions) -> d
     orphans = sum(e["type"] == "message" and e["role"] == "tool" for e in events)
     attributes = {"orphan_results": str(orphans)} if orphans else {}
     return rollout(s, record, events, f"otel: conversation {key}", attributes)
-
-
-def looks_like(doc: Any) -> bool:
-    return isinstance(doc, dict) and ("resourceSpans" in doc or "resourceLogs" in doc)
-
-
-def _plan(sources: Sequence[str], options: IngestOptions, target_bytes: int) -> list[Shard]:
-    """One shard per OTLP file (a protobuf or compressed stream cannot be cut)."""
-    return [Shard(f, 0, None) for source in sources for f in source_inputs("otel", source, options, otlp.FILES)]
 
 
 def _items(shard: Shard, options: IngestOptions) -> Iterator[tuple[str, Item | RecordError]]:
@@ -107,7 +90,28 @@ def rekey(item: dict[str, Any]) -> tuple[str | None, bool]:
 
 
 SHUFFLE = Shuffle(items=_items, assemble=assemble, regroup=regroup, rekey=rekey)
-FORMAT = Format("otel", read, log_options(id_field=CONVERSATION), looks_like, plan=_plan, shuffle=SHUFFLE)
+
+
+class OTel(LogFormat):
+    name = "otel"
+    options = log_options(id_field=CONVERSATION)
+    shuffle = SHUFFLE
+
+    def looks_like(self, doc: Any) -> bool:
+        return isinstance(doc, dict) and ("resourceSpans" in doc or "resourceLogs" in doc)
+
+    def read(self, sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
+        """Every conversation of the sources, all spans held in this process (the `ingest` function)."""
+        spans = _spans(sources, options)
+        for key, group in sorted(_conversations(spans).items()):
+            yield assemble(key, group, options)
+
+    def plan(self, sources: Sequence[str], options: IngestOptions, target_bytes: int) -> list[Shard]:
+        """One shard per OTLP file (a protobuf or compressed stream cannot be cut)."""
+        return [Shard(f, 0, None) for source in sources for f in source_inputs("otel", source, options, otlp.FILES)]
+
+
+FORMAT = OTel()
 
 
 def _spans(sources: Sequence[str], options: IngestOptions) -> list[dict[str, Any]]:

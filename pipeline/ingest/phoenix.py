@@ -22,7 +22,7 @@ from typing import Any
 
 from pipeline.ingest._logs import log_options, settings
 from pipeline.ingest._traces import WINDOW, Trace, TraceSpan, check_spans, max_traces, parse_time, records
-from pipeline.ingest.base import Format, IngestError, IngestOptions, Option
+from pipeline.ingest.base import IngestError, IngestOptions, LogFormat, Option
 
 EXTRA = "pip install 'pexec[phoenix]'"
 TIMEOUT_S = 30  # longest one request to the Phoenix server may take
@@ -30,38 +30,38 @@ TRACES_PER_REQUEST = 50  # traces whose spans one request asks for
 MAX_BATCH_SPANS = 50_000  # spans of one request's traces; more is an IngestError (MAX_SPANS bounds each trace)
 
 
-def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
-    s = settings("phoenix", options)
-    if sources:
-        raise IngestError("phoenix: reads from a Phoenix server (--endpoint, --project), not from files")
-    endpoint, project = s.own.get("endpoint"), s.own["project"]
-    if not endpoint:
-        raise IngestError("phoenix: give the Phoenix server: --endpoint URL (and --project NAME)")
-    since, until = (
-        parse_time(s.own.get("since"), "since", "phoenix"),
-        parse_time(s.own.get("until"), "until", "phoenix"),
-    )
-    c = client(endpoint)
-    import httpx
-
-    try:
-        found = list(traces(c, project, since, until, max_traces(s)))
-    except httpx.HTTPError as exc:  # an unreachable server, an unknown project
-        raise IngestError(f"phoenix: {endpoint}: project {project!r}: {exc}") from exc
-    yield from records(s, found)
-
-
-FORMAT = Format(
-    "phoenix",
-    read,
-    log_options(
+class Phoenix(LogFormat):
+    name = "phoenix"
+    options = log_options(
         Option("endpoint", "the Phoenix server's URL (`--endpoint`; http://HOST:PORT)"),
         Option("project", "the Phoenix project whose traces are read (`--project`)", "default"),
         *WINDOW,
         id_field="trace_id",
-    ),
-    reads_files=False,
-)
+    )
+    reads_files = False
+
+    def read(self, sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
+        s = settings("phoenix", options)
+        if sources:
+            raise IngestError("phoenix: reads from a Phoenix server (--endpoint, --project), not from files")
+        endpoint, project = s.own.get("endpoint"), s.own["project"]
+        if not endpoint:
+            raise IngestError("phoenix: give the Phoenix server: --endpoint URL (and --project NAME)")
+        since, until = (
+            parse_time(s.own.get("since"), "since", "phoenix"),
+            parse_time(s.own.get("until"), "until", "phoenix"),
+        )
+        c = client(endpoint)
+        import httpx
+
+        try:
+            found = list(traces(c, project, since, until, max_traces(s)))
+        except httpx.HTTPError as exc:  # an unreachable server, an unknown project
+            raise IngestError(f"phoenix: {endpoint}: project {project!r}: {exc}") from exc
+        yield from records(s, found)
+
+
+FORMAT = Phoenix()
 
 
 def client(endpoint: str, http: Any = None) -> Any:

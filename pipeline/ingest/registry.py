@@ -1,18 +1,17 @@
-"""Log-format registry: the built-in formats and third-party entry points.
+"""Log-format registry: the built-in formats and third-party entry points (pipeline.core.plugins: the one plug-in
+pattern, shared with the environments).
 
 A name resolves to a built-in format first, then to an entry point of the `pexec.ingest` group (a package
-outside pexec: `[project.entry-points."pexec.ingest"] <name> = "module:object"`, the object a `LogFormat`).
-Formats are loaded on first use and kept for the process: listing the names, or an unknown name's error,
-imports no adapter.
+outside pexec: `[project.entry-points."pexec.ingest"] <name> = "module:object"`, the object a `LogFormat` of that
+name). Formats are loaded on first use and kept for the process: listing the names, or an unknown name's error,
+imports no adapter; an entry point that cannot be loaded is one line naming its package, and is not tried again.
 """
 
 from __future__ import annotations
 
-import importlib
-from functools import cache
-from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
+from pipeline.core.plugins import Registry
 from pipeline.ingest.base import IngestError, LogFormat, OptionSchema
 
 ENTRY_POINT_GROUP = "pexec.ingest"
@@ -24,57 +23,27 @@ ENTRY_POINT_GROUP = "pexec.ingest"
 # do the trace stores mlflow and phoenix (read from a server).
 BUILT_IN = ("otel", "tau2", "toolsandbox", "openai", "anthropic", "bfcl", "inspect", "canonical", "mlflow", "phoenix")
 
-_LOADED: dict[str, LogFormat | IngestError] = {}  # a name that cannot be loaded is not tried again per document
-
-
-@cache
-def _entry_points() -> dict[str, EntryPoint]:
-    """The group's entry points by name (a built-in name shadows one), read once: sniffing asks per document."""
-    found: dict[str, EntryPoint] = {}
-    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name):
-        if ep.name not in BUILT_IN:
-            found.setdefault(ep.name, ep)
-    return found
+FORMATS: Registry[LogFormat] = Registry(
+    "log format",
+    ENTRY_POINT_GROUP,
+    IngestError,
+    accepts=lambda obj, name: isinstance(obj, LogFormat) and obj.name == name and isinstance(obj.options, OptionSchema),
+    expected="a pipeline.ingest.LogFormat named {name}",
+    built_in={name: f"{__package__}.{name}:FORMAT" for name in BUILT_IN},
+)
 
 
 def formats() -> list[str]:
     """The formats this installation can ingest: built-in and entry points."""
-    return sorted([*BUILT_IN, *_entry_points()])
+    return sorted(FORMATS.names())
 
 
 def get_format(name: str) -> LogFormat:
     """The format `name`; an unknown name, or an entry point that cannot be loaded, is an IngestError."""
-    if name not in _LOADED:
-        try:
-            _LOADED[name] = _load(name)
-        except IngestError as exc:
-            _LOADED[name] = exc
-    found = _LOADED[name]
-    if isinstance(found, IngestError):
-        raise found
-    return found
-
-
-def _load(name: str) -> LogFormat:
-    if name in BUILT_IN:
-        return importlib.import_module(f"{__package__}.{name}").FORMAT
-    ep = _entry_points().get(name)
-    if ep is None:
+    found = FORMATS.find(name)
+    if found is None:
         raise IngestError(f"unknown format {name!r} (available: {', '.join(formats())})")
-    try:
-        loaded = ep.load()
-    except Exception as exc:  # whatever the package's import raises: the user needs its name, not a traceback
-        raise IngestError(f"log format {name!r}: the entry point {ep.value} of {_package(ep)} fails: {exc}") from exc
-    if not isinstance(loaded, LogFormat) or not isinstance(loaded.options, OptionSchema) or loaded.name != name:
-        raise IngestError(
-            f"log format {name!r}: the entry point {ep.value} of {_package(ep)} is not a "
-            f"pipeline.ingest.LogFormat named {name!r} (with name, options, looks_like, read)"
-        )
-    return loaded
-
-
-def _package(ep: EntryPoint) -> str:
-    return f"package {ep.dist.name} {ep.dist.version}" if ep.dist is not None else "an unnamed package"
+    return found
 
 
 def likely_format(doc: Any) -> str | None:
@@ -83,7 +52,7 @@ def likely_format(doc: Any) -> str | None:
     for name in BUILT_IN:
         if get_format(name).looks_like(doc):
             return name
-    for name in _entry_points():
+    for name in FORMATS.entry_points():
         # A hint is not worth failing the read of another format: an outside format that cannot be loaded, or
         # whose looks_like raises, is passed over here and reported when it is named (`pexec ingest <name>`).
         try:

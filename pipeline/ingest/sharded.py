@@ -2,53 +2,28 @@
 shard's rollouts read inside the task that scores it, and the hash shuffle of the formats whose rollouts span
 files.
 
-- A `ShardedFormat` (pipeline.ingest.base) plans its own shards (files, byte ranges of line-delimited files,
-  archive members) and reads one at a time; a part of a log that is not a rollout is a RecordError (a counted
-  reject with its location), never the end of the run.
-- Any other format is read one source per shard by its `read`: what it yields is kept, and an error ends that
-  source with one reject naming it.
-- A format with a `shuffle` (`Shuffle`) yields items (spans, events) instead of rollouts: the scoring driver
-  partitions them by hash of their key in Ray tasks (pipeline.scoring.shuffle), and each partition's groups
-  become rollouts here (`Shuffle.assemble`).
+- A format whose `plan` cuts shards (files, byte ranges of line-delimited files, archive members; a
+  `ShardedFormat` of pipeline.ingest.base) reads one at a time with `read_shard`; a part of a log that is not a
+  rollout is a RecordError (a counted reject with its location), never the end of the run.
+- A format whose `plan` is None is read one source per shard by its `read`: what it yields is kept, and an error
+  ends that source with one reject naming it.
+- A format with a `shuffle` (`Shuffle`) yields items (spans, events) from its planned shards instead of
+  rollouts: the scoring driver partitions them by hash of their key in Ray tasks (pipeline.scoring.shuffle), and
+  each partition's groups become rollouts here (`Shuffle.assemble`).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from pipeline.ingest import needs_sources, prepared
-from pipeline.ingest.base import IngestError, IngestOptions, LogFormat, Part
+from pipeline.ingest.base import IngestError, IngestOptions, Item, LogFormat, Part, Shuffle
 from pipeline.ingest.registry import get_format
 from pipeline.storage.fs import list_files
 from pipeline.storage.inputs import InputFile, RecordError, Shard, fingerprint
-
-# One item of a shuffled format: (key it is grouped by, (time, id) it is ordered by in its group, payload).
-Item = tuple[str, tuple[int, str], dict[str, Any]]
-
-
-@dataclass(frozen=True)
-class Shuffle:
-    """How a format's rollouts are assembled from items that may lie in any file.
-
-    `items(shard, options)`: (location, Item or RecordError) for every item of a shard. `regroup(key, group)`,
-    when given, is a second round: one first-key group becomes the (key, item) pairs it returns, each item with
-    `start` and `span_id` to order it (OTel: spans and log records are grouped by trace, the records' content
-    joins their spans, and a trace joins the conversation one of its spans names). `assemble(key, group,
-    options)`: the canonical rollout of one final group, ordered; an IngestError makes it a reject.
-
-    `rekey(payload)`, with `regroup`: what the second round needs to know of an item without decoding it, taken
-    when it is first read: the key it names (None: none) and whether `regroup` must see it. A group none of whose
-    items must be seen is rekeyed as `regroup` would do it, without decoding: every item takes the key named by
-    the group's first item (in time, then id order) that names one, else keeps the group's key, and is otherwise
-    unchanged (OTel: a trace without log records joins its earliest span's conversation)."""
-
-    items: Callable[[Shard, IngestOptions], Iterator[tuple[str, Item | RecordError]]]
-    assemble: Callable[[str, list[dict[str, Any]], IngestOptions], dict[str, Any]]
-    regroup: Callable[[str, list[dict[str, Any]]], list[tuple[str, dict[str, Any]]]] | None = None
-    rekey: Callable[[dict[str, Any]], tuple[str | None, bool]] | None = None
 
 
 @dataclass(frozen=True)
@@ -71,13 +46,13 @@ class RawSource:
 
     @property
     def shuffle(self) -> Shuffle | None:
-        return getattr(self.format, "shuffle", None)
+        return self.format.shuffle
 
 
 def raw_source(fmt: str, sources: Sequence[str], options: IngestOptions) -> RawSource:
     """The raw source `fmt` over `sources`; unknown formats and options fail here, before any work."""
     log_format, checked, allow_no_calls = prepared(fmt, options)
-    if not getattr(log_format, "reads_files", True):  # its client reads a server, in one process
+    if not log_format.reads_files:  # its client reads a server, in one process
         raise IngestError(f"{fmt} is read from a server, not from files: `pexec ingest {fmt} … --out STORE`, then "
                           "score the store")  # fmt: skip
     needs_sources(fmt, log_format, sources)
@@ -85,12 +60,9 @@ def raw_source(fmt: str, sources: Sequence[str], options: IngestOptions) -> RawS
 
 
 def plan_raw(source: RawSource, target_bytes: int) -> list[Shard]:
-    """The shards of the raw source, in source order."""
-    fmt = source.format
-    plan = getattr(fmt, "plan", None)
-    if plan is not None and (getattr(fmt, "read_shard", None) is not None or source.shuffle is not None):
-        return plan(source.sources, source.options, target_bytes)
-    return [_whole_source(source, s) for s in source.sources]
+    """The shards of the raw source, in source order: the format's own plan, else one shard per source."""
+    shards = source.format.plan(source.sources, source.options, target_bytes)
+    return [_whole_source(source, s) for s in source.sources] if shards is None else shards
 
 
 def read_raw(source: RawSource, shard: Shard) -> Iterator[Part]:
@@ -98,7 +70,7 @@ def read_raw(source: RawSource, shard: Shard) -> Iterator[Part]:
     fmt = source.format
     n = 0
     if shard.file.fmt != "source":
-        parts = fmt.read_shard(shard, source.options)  # type: ignore[attr-defined]
+        parts = fmt.read_shard(shard, source.options)
         while True:
             try:
                 location, record = next(parts)

@@ -37,25 +37,36 @@ import orjson
 
 from pipeline.core.errors import read_json_file
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
-from pipeline.ingest.base import Format, IngestError, IngestOptions, Option, OptionSchema, read_document, source_files
+from pipeline.ingest.base import (
+    IngestError,
+    IngestOptions,
+    LogFormat,
+    Option,
+    OptionSchema,
+    read_document,
+    source_files,
+)
 from pipeline.ingest.registry import mismatch
 
 SUCCESS_EPS = 1e-6
-
-
-def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
-    tasks = _TaskSource(options.extra.get("tasks"))
-    for source in sources:
-        for url in source_files("tau2", source, options, ("*.json",), max_depth=1):
-            yield from _read_file(url, tasks, options)
-
-
-def looks_like(doc: Any) -> bool:
-    return isinstance(doc, dict) and "simulations" in doc
-
-
 TASKS = Option("tasks", "task definitions: a tasks.json or a folder of <domain>/tasks.json (default: the tau2 wheel's)")
-FORMAT = Format("tau2", read, OptionSchema((TASKS,)), looks_like)
+
+
+class Tau2(LogFormat):
+    name = "tau2"
+    options = OptionSchema((TASKS,))
+
+    def looks_like(self, doc: Any) -> bool:
+        return isinstance(doc, dict) and "simulations" in doc
+
+    def read(self, sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
+        tasks = _TaskSource(options.extra.get("tasks"))
+        for source in sources:
+            for url in source_files("tau2", source, options, ("*.json",), max_depth=1):
+                yield from _read_file(url, tasks, options)
+
+
+FORMAT = Tau2()
 
 
 def _read_file(url: str, tasks: _TaskSource, options: IngestOptions) -> Iterator[dict]:

@@ -44,7 +44,15 @@ import orjson
 from pipeline.core.values import decoded
 from pipeline.envs.toolsandbox.env import seed_clock
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
-from pipeline.ingest.base import Format, IngestError, IngestOptions, Option, OptionSchema, read_document, source_files
+from pipeline.ingest.base import (
+    IngestError,
+    IngestOptions,
+    LogFormat,
+    Option,
+    OptionSchema,
+    read_document,
+    source_files,
+)
 from pipeline.storage.fs import exists
 
 RUN_NAME = re.compile(r"agent_(?P<agent>.+)_user_(?P<user>.+)_(?P<ts>\d\d_\d\d_\d{4}_\d\d_\d\d_\d\d)")
@@ -55,18 +63,6 @@ SWITCHES = ("low_battery_mode", "wifi", "location_service", "cellular")  # upstr
 CALL_CODE = re.compile(r"^(?P<id>.+)_parameters = (?P<arguments>[^\n]+)\n(?P=id)_response = (?P<name>[^(]+)")
 
 
-def read(sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
-    threshold = _number(options.extra["threshold"], "threshold")
-    now = _number(options.extra["now"], "now") if "now" in options.extra else None
-    for source in sources:
-        for run in _runs(source, options):
-            yield from _read_run(run, threshold, now, options.extra["tz"], options)
-
-
-def looks_like(doc: Any) -> bool:
-    return isinstance(doc, dict) and "per_scenario_results" in doc
-
-
 OPTIONS = OptionSchema(
     (
         Option("threshold", "success = milestone_similarity >= X (and the scenario did not crash)", "1.0"),
@@ -74,7 +70,24 @@ OPTIONS = OptionSchema(
         Option("tz", "the clock's time zone", "UTC"),
     )
 )
-FORMAT = Format("toolsandbox", read, OPTIONS, looks_like)
+
+
+class ToolSandbox(LogFormat):
+    name = "toolsandbox"
+    options = OPTIONS
+
+    def looks_like(self, doc: Any) -> bool:
+        return isinstance(doc, dict) and "per_scenario_results" in doc
+
+    def read(self, sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
+        threshold = _number(options.extra["threshold"], "threshold")
+        now = _number(options.extra["now"], "now") if "now" in options.extra else None
+        for source in sources:
+            for run in _runs(source, options):
+                yield from _read_run(run, threshold, now, options.extra["tz"], options)
+
+
+FORMAT = ToolSandbox()
 
 
 def _number(text: str, name: str) -> float:

@@ -82,8 +82,8 @@ def core_sources(root: Path | None = None) -> set[Path]:
 
 
 def family_sources(family: str, root: Path | None = None) -> set[Path]:
-    """One family's files and the modules they import, not followed into the core (which imports every family to
-    register it) but followed into another family that this one imports itself."""
+    """One family's files and the modules they import, not followed into the core (the registry every family
+    imports) but followed into another family that this one imports itself."""
     root = root or PACKAGE_ROOT
     files = families(root).get(family, [])
     return _closure(files, root, stop=core_sources(root)) if files else set()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pipeline.envs.registry import EnvOptions, register
+from pipeline.envs.registry import EnvOptions
 
 if TYPE_CHECKING:
     from pipeline.envs.bfcl.env import BfclEnvironment
@@ -17,14 +17,13 @@ if TYPE_CHECKING:
 NAMES = ("bfcl_v3", "bfcl_v4")
 
 
-def _factory(name: str):
-    def build(options: EnvOptions) -> BfclEnvironment:
-        from pipeline.envs.bfcl.env import BfclEnvironment
+def bfcl_v3(options: EnvOptions) -> BfclEnvironment:
+    from pipeline.envs.bfcl.env import BfclEnvironment
 
-        return BfclEnvironment(name)
-
-    return build
+    return BfclEnvironment("bfcl_v3")
 
 
-for _name in NAMES:
-    register(_name)(_factory(_name))
+def bfcl_v4(options: EnvOptions) -> BfclEnvironment:
+    from pipeline.envs.bfcl.env import BfclEnvironment
+
+    return BfclEnvironment("bfcl_v4")

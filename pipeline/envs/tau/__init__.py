@@ -6,21 +6,24 @@ of the project imports without it.
 
 from __future__ import annotations
 
-from pipeline.envs.registry import EnvOptions, register
+from typing import TYPE_CHECKING
+
+from pipeline.envs.registry import EnvOptions
+
+if TYPE_CHECKING:
+    from pipeline.envs.tau.env import TauEnvironment
 
 
-def _build(domain: str, options: EnvOptions):
+def _build(domain: str, options: EnvOptions) -> TauEnvironment:
     from pipeline.envs.tau.env import TauEnvironment
     from pipeline.envs.tau.rules import load_rules
 
     return TauEnvironment(domain, load_rules(domain), strict=options.policy == "strict")
 
 
-@register("tau_airline")
-def _airline(options: EnvOptions):
+def tau_airline(options: EnvOptions) -> TauEnvironment:
     return _build("airline", options)
 
 
-@register("tau_retail")
-def _retail(options: EnvOptions):
+def tau_retail(options: EnvOptions) -> TauEnvironment:
     return _build("retail", options)

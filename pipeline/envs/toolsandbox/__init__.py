@@ -4,13 +4,17 @@ so a call to one is an S failure."""
 
 from __future__ import annotations
 
-from pipeline.envs.registry import EnvOptions, register
+from typing import TYPE_CHECKING
+
+from pipeline.envs.registry import EnvOptions
+
+if TYPE_CHECKING:
+    from pipeline.envs.toolsandbox.env import ToolSandboxEnvironment
 
 
-@register("toolsandbox")
-def _toolsandbox(options: EnvOptions):
-    # Imported when the environment is built, for start-up cost only (the simulator and the libraries of
-    # its tool bodies, ~0.1 s): importing pipeline.envs registers every family, and most runs score none of this one.
+def toolsandbox(options: EnvOptions) -> ToolSandboxEnvironment:
+    # Imported when the environment is built, for start-up cost only (the simulator and the libraries of its tool
+    # bodies, ~0.1 s): the registry imports this module to find the factory, and most runs score none of this one.
     from pipeline.envs.toolsandbox.env import ToolSandboxEnvironment
 
     return ToolSandboxEnvironment()
