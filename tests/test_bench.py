@@ -23,8 +23,8 @@ from pipeline.perf.driver import finish, one_wait_per_shard
 from pipeline.perf.figures import Bench, figure
 from pipeline.perf.registry import BENCHES, Entry
 from pipeline.scoring.driver import ScoringFailed, completed
-from pipeline.storage.inputs import InputFile, Shard
 from pipeline.storage.lease import LeaseLost
+from pipeline.storage.shards import InputFile, Shard
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"

@@ -24,7 +24,8 @@ from pipeline.storage.ids import (
     shard_ids,
     told,
 )
-from pipeline.storage.inputs import InputFile, Shard, list_inputs, plan_shards
+from pipeline.storage.inputs import list_inputs, plan_shards
+from pipeline.storage.shards import InputFile, Shard
 
 
 def in_partitions(shards: list[Shard], ids: dict[str, pa.Table], partitions: int) -> Duplicates:

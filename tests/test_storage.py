@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from pipeline.cli import app
 from pipeline.storage.fs import list_files
-from pipeline.storage.inputs import RecordError, list_inputs, plan_shards, read_shard
+from pipeline.storage.inputs import list_inputs, plan_shards, read_shard
+from pipeline.storage.shards import RecordError
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
 from pipeline.synthetic.support_logs import write_samples

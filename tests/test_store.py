@@ -20,15 +20,8 @@ from fsspec.implementations.memory import MemoryFileSystem
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.storage.inputs import (
-    InputFile,
-    RecordError,
-    Shard,
-    StoreError,
-    list_inputs,
-    plan_shards,
-    read_shard,
-)
+from pipeline.storage.inputs import StoreError, list_inputs, plan_shards, read_shard
+from pipeline.storage.shards import InputFile, RecordError, Shard
 
 
 def jsonl(*records: Any) -> bytes:

@@ -38,7 +38,8 @@ from pipeline.ingest.base import (
 )
 from pipeline.ingest.registry import mismatch
 from pipeline.storage.fs import open_for_read
-from pipeline.storage.inputs import RAW_LIMIT, RecordError, Shard, line_numbers, raw_text, read_whole, shard_lines
+from pipeline.storage.inputs import line_numbers, raw_text, read_whole, shard_lines
+from pipeline.storage.shards import RAW_LIMIT, RecordError, Shard
 
 DEFAULT_LABELS = {"model": "model", "agent_version": "agent_version", "date": "date"}
 # what a folder of logs is searched for

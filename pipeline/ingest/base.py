@@ -14,7 +14,8 @@ from typing import Any
 
 from pipeline.core.errors import PexecError
 from pipeline.storage.fs import list_files
-from pipeline.storage.inputs import MAX_LINE_BYTES, InputFile, RecordError, Shard, fingerprint
+from pipeline.storage.inputs import MAX_LINE_BYTES
+from pipeline.storage.shards import InputFile, RecordError, Shard, fingerprint
 
 
 class IngestError(PexecError, ValueError):

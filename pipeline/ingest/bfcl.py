@@ -33,7 +33,8 @@ from pipeline.envs.bfcl.calls import CallSyntaxError, parse_call, parse_call_lis
 from pipeline.envs.bfcl.env import error_message
 from pipeline.ingest.base import IngestError, IngestOptions, Option, OptionSchema, Part, ShardedFormat, source_inputs
 from pipeline.storage.fs import exists, list_files, open_for_read
-from pipeline.storage.inputs import RecordError, Shard, raw_text, shard_lines
+from pipeline.storage.inputs import raw_text, shard_lines
+from pipeline.storage.shards import RecordError, Shard
 
 _CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 FILE_NAME = re.compile(rf"BFCL_(v\d+)_multi_turn_({'|'.join(_CATEGORIES)})_result\.json$")

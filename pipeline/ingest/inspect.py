@@ -38,7 +38,8 @@ from pipeline.ingest._logs import LogSettings, call, loads, log_options, message
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
 from pipeline.ingest.base import IngestError, IngestOptions, Option, Part, ShardedFormat, source_inputs
 from pipeline.storage.fs import open_for_read
-from pipeline.storage.inputs import RecordError, Shard, raw_text
+from pipeline.storage.inputs import raw_text
+from pipeline.storage.shards import RecordError, Shard
 
 _SAMPLE = re.compile(r"^samples/(.+)_epoch_(\d+)\.json$")
 _ZSTD = 93  # the ZIP compression method number of zstd

@@ -43,7 +43,7 @@ from pipeline.ingest import otlp
 from pipeline.ingest._logs import call, loads, log_options, message, rollout, settings, text
 from pipeline.ingest._pairing import Call, Entry, Result, pair
 from pipeline.ingest.base import IngestError, IngestOptions, Item, LogFormat, Shuffle, source_files, source_inputs
-from pipeline.storage.inputs import RecordError, Shard
+from pipeline.storage.shards import RecordError, Shard
 
 CONVERSATION = "gen_ai.conversation.id"
 

@@ -23,7 +23,7 @@ from pipeline.ingest import needs_sources, prepared
 from pipeline.ingest.base import IngestError, IngestOptions, Item, LogFormat, Part, Shuffle
 from pipeline.ingest.registry import get_format
 from pipeline.storage.fs import list_files
-from pipeline.storage.inputs import InputFile, RecordError, Shard, fingerprint
+from pipeline.storage.shards import InputFile, RecordError, Shard, fingerprint
 
 
 @dataclass(frozen=True)

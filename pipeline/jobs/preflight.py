@@ -19,7 +19,8 @@ from pipeline.ingest.sharded import plan_raw, read_raw
 from pipeline.jobs.definition import Job, absolute_paths, raw_input
 from pipeline.metrics.cohorts import resolve_by
 from pipeline.storage.fs import exists, filesystem, is_local
-from pipeline.storage.inputs import Shard, list_inputs, read_shard
+from pipeline.storage.inputs import list_inputs, read_shard
+from pipeline.storage.shards import Shard
 
 SAMPLE = 1000  # rollouts read from the first input file to find labels and benchmarks
 

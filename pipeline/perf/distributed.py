@@ -31,7 +31,7 @@ from pipeline.perf.metrics import write_synthetic_rollouts
 from pipeline.perf.processes import local_ray, peak_mib
 from pipeline.scoring.shard import ScoredShard
 from pipeline.storage.ids import duplicate_ids, ids_table
-from pipeline.storage.inputs import InputFile, Shard
+from pipeline.storage.shards import InputFile, Shard
 
 PART_ROLLOUTS = 250_000
 

@@ -37,7 +37,7 @@ from pipeline.perf.processes import local_ray
 from pipeline.scoring.driver import DEFAULT_SHARD_BYTES, ScoringFailed, completed, run_scoring
 from pipeline.scoring.shard import ScoredShard
 from pipeline.storage.ids import duplicate_ids, ids_table
-from pipeline.storage.inputs import InputFile, Shard
+from pipeline.storage.shards import InputFile, Shard
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
 

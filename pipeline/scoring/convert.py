@@ -17,7 +17,7 @@ from pipeline.ingest import IngestError
 from pipeline.ingest.sharded import RawSource, plan_raw, read_raw
 from pipeline.scoring.shuffle import map_shard, partition_shards, read_partition, regroup_partition
 from pipeline.storage.fs import remove_all
-from pipeline.storage.inputs import RecordError, Shard
+from pipeline.storage.shards import RecordError, Shard
 
 DEFAULT_SHARD_BYTES = 64 * 2**20
 

@@ -48,7 +48,7 @@ from pipeline.scoring.shard import ScoredShard, ScoreSettings, read_records, sco
 from pipeline.scoring.shuffle import map_shard, partition_shards, partitions_per_task, regroup_partition, staging
 from pipeline.storage.fs import absolute, remove_all
 from pipeline.storage.ids import Duplicates, digest, duplicate_ids, ids_table, shard_ids
-from pipeline.storage.inputs import RecordError, Shard, list_inputs, plan_shards
+from pipeline.storage.inputs import list_inputs, plan_shards
 from pipeline.storage.lease import DEFAULT_STALE_AFTER, Lease
 from pipeline.storage.run import (
     TABLES,
@@ -61,6 +61,7 @@ from pipeline.storage.run import (
     write_manifest,
     write_plan,
 )
+from pipeline.storage.shards import RecordError, Shard
 
 DEFAULT_SHARD_BYTES = 64 * 2**20
 POLL_S = 1.0  # the longest the driver waits before checking the lease and reporting progress

@@ -20,7 +20,7 @@ from typing import Any
 
 from pipeline.scoring.shard import ScoredShard
 from pipeline.storage.ids import Copies, Duplicates, ids_table, partition_copies, partition_ids, told
-from pipeline.storage.inputs import Shard
+from pipeline.storage.shards import Shard
 
 _HOLDER_THREADS = 8  # shards whose tables the holder puts at once
 MAX_PARTITIONS = 64  # a partition holds 1/64 of the ids at most: ~1.6M ids of 100M (~300 MB at the check's peak)

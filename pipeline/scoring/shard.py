@@ -32,9 +32,10 @@ from pipeline.scoring.code_version import environment_version
 from pipeline.scoring.run_tables import combined, rejects_table, rollouts_table, steps_table
 from pipeline.scoring.shuffle import read_partition
 from pipeline.storage.ids import digest, ids_table
-from pipeline.storage.inputs import MAX_LINE_BYTES, RAW_LIMIT, Record, RecordError, Shard, read_shard
+from pipeline.storage.inputs import MAX_LINE_BYTES, read_shard
 from pipeline.storage.lease import require_holder
 from pipeline.storage.run import write_part, write_shard_marker
+from pipeline.storage.shards import RAW_LIMIT, Record, RecordError, Shard
 
 # Not a record's fault: the shard fails (and is retried or resumed) instead of rejecting the record.
 _FATAL = (OSError, SpecError)

@@ -48,7 +48,7 @@ from pipeline.core.arrow import pa
 from pipeline.ingest import IngestError
 from pipeline.ingest.sharded import RawSource, shuffle_items
 from pipeline.storage.fs import filesystem, list_files, open_for_write
-from pipeline.storage.inputs import InputFile, RecordError, Shard, fingerprint
+from pipeline.storage.shards import InputFile, RecordError, Shard, fingerprint
 
 STAGING = "_staging"
 # A task of round 2 or of scoring takes at most this many consecutive partitions, and fewer when that would leave

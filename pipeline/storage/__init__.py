@@ -1,7 +1,8 @@
 """Storage: every file pexec reads or writes, local or behind an fsspec URL, goes through this package.
 
 fs.py      URL + storage options -> filesystem and path; listing, opening for read and write
-inputs.py  input stores: data files, shards, records with their location
+shards.py  what input is read in: listed files, the shards cut from them, a record that could not be read
+inputs.py  input stores: listing data files, planning shards, reading records with their location
 stores.py  writing canonical stores (`synth`, `ingest`)
 run.py     a run prefix: Parquet parts, shard markers, the manifest, what DuckDB reads
 lease.py   one writer per run: the lease object on a run prefix

@@ -31,7 +31,8 @@ import pyarrow.compute as pc
 
 from pipeline.core.arrow import pa
 from pipeline.core.records import record_id
-from pipeline.storage.inputs import InputFile, RecordError, Shard, line_numbers, read_shard
+from pipeline.storage.inputs import line_numbers, read_shard
+from pipeline.storage.shards import InputFile, RecordError, Shard
 
 # shard key -> {rollout id -> (where the first copy is, copies of the id in earlier shards)}
 Duplicates = dict[str, dict[str, tuple[str, int]]]

@@ -8,13 +8,11 @@ Errors of the storage layer itself (network, permissions) are raised: they are w
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import IO, Any, Literal
+from dataclasses import dataclass
+from typing import IO, Any
 
 import orjson
 import pyarrow.parquet as pq
@@ -23,14 +21,8 @@ import zstandard
 from pipeline.core.arrow import pa
 from pipeline.core.errors import PexecError
 from pipeline.storage.fs import filesystem, list_files
+from pipeline.storage.shards import RAW_LIMIT, Compression, Format, InputFile, Record, RecordError, Shard, fingerprint
 
-# jsonl, parquet: a canonical store's files; the raw logs of `score --format` add json (a JSON document read
-# whole), eval (an archive: shards are ranges of its members), source (a whole source read by its format) and
-# partition (a partition of a shuffle, in the run's staging area)
-Format = Literal["jsonl", "parquet", "json", "eval", "source", "partition"]
-Compression = Literal[None, "gzip", "zstd"]
-
-RAW_LIMIT = 2000  # characters of offending text kept in a RecordError
 MAX_LINE_BYTES = 64 * 2**20  # a line of JSON Lines (one record) longer than this is a reject, never held whole
 _CHUNK = 1 << 20  # bytes per read of a plain file
 _COMPRESSED_CHUNK = 1 << 16  # compressed bytes per read of a gzip file
@@ -43,64 +35,10 @@ _BOM = b"\xef\xbb\xbf"
 
 _JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 _COMPRESSION_SUFFIXES: tuple[tuple[str, Compression], ...] = ((".gz", "gzip"), (".zst", "zstd"), ("", None))
-# Listing keys that change with the content, most specific first (S3/GCS checksums, then times).
-_VERSION_KEYS = (
-    "ETag",
-    "etag",
-    "md5Hash",
-    "md5",
-    "checksum",
-    "crc32c",
-    "generation",
-    "mtime",
-    "LastModified",
-    "last_modified",
-    "updated",
-    "created",
-)
 
 
 class StoreError(PexecError):
     """The store as a whole cannot be used (missing, empty, changed since it was listed)."""
-
-
-@dataclass(frozen=True)
-class RecordError:
-    """One unreadable record (or the unreadable rest of a file): a reject, not a crash."""
-
-    reason: str
-    raw: str  # the offending text, at most RAW_LIMIT characters
-
-
-@dataclass(frozen=True)
-class InputFile:
-    url: str  # full URL with protocol; a plain absolute path for the local filesystem
-    fmt: Format
-    compression: Compression
-    size: int
-    fingerprint: str  # "<size>-<hash of the content version>", or "<size>" when the fs reports no version
-
-
-@dataclass(frozen=True)
-class Shard:
-    file: InputFile
-    start: int  # plain JSONL: byte offset; Parquet: first row group; whole-file shards: 0
-    stop: int | None  # exclusive byte offset / row group; None = to the end of the file
-    # Records in the shard when planning knows them (Parquet footers; JSON Lines: None). Not part of its identity.
-    rows: int | None = field(default=None, compare=False)
-
-    @property
-    def key(self) -> str:
-        # The input version is left out on purpose: a rerun over a changed file must overwrite the same parts.
-        ident = f"{self.file.url}\n{self.start}\n{'' if self.stop is None else self.stop}"
-        return hashlib.sha1(ident.encode()).hexdigest()[:16]
-
-    @property
-    def whole_file(self) -> bool:
-        return self.start == 0 and self.stop is None
-
-
-Record = dict[str, Any] | RecordError
 
 
 def list_inputs(url: str, storage_options: dict[str, Any] | None = None) -> tuple[list[InputFile], list[str]]:
@@ -246,17 +184,6 @@ def classify(name: str) -> tuple[Format, Compression] | None:
         if lower.endswith(suffix) and lower.removesuffix(suffix).endswith(_JSONL_SUFFIXES):
             return "jsonl", compression
     return None
-
-
-def fingerprint(size: int, info: dict[str, Any]) -> str:
-    for key in _VERSION_KEYS:
-        value = info.get(key)
-        if value is None or value == "":
-            continue
-        if isinstance(value, datetime):  # some filesystems give a datetime in info() but a float in find()
-            value = value.timestamp()
-        return f"{size}-{hashlib.sha1(f'{key}={value}'.encode()).hexdigest()[:12]}"
-    return str(size)
 
 
 # --- planning ------------------------------------------------------------------------------------------

@@ -27,8 +27,9 @@ from pipeline.metrics.cohorts import DEFAULT_METRICS, label_columns
 from pipeline.metrics.duck import fetch, rollout_columns, run_sql, set_variables
 from pipeline.metrics.run import Run
 from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, BootstrapSettings
-from pipeline.storage.inputs import Shard, StoreError, list_inputs, read_shard
+from pipeline.storage.inputs import StoreError, list_inputs, read_shard
 from pipeline.storage.run import MANIFEST, read_manifest, read_plan
+from pipeline.storage.shards import Shard
 
 PAGE = 50
 INPUT_CACHE_BYTES = 256 * 1024 * 1024  # input shards kept decoded for the rollout pages (records as JSON)
