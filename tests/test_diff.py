@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -108,8 +109,8 @@ def test_two_real_nights_of_support_logs(tmp_path: Path) -> None:
     job = load_job(ROOT / "jobs" / "nightly_support.toml", days[1])
     for d in days:
         ingest_day(tmp_path / "logs", tmp_path / "store", d)
-        run_scoring(str(tmp_path / "store" / f"date={d}"), str(tmp_path / f"date={d}"), env=job.env,
-                    options=job.options, executor="inline")  # fmt: skip
+        scoring = replace(job.scoring, format="canonical", options={}, inline=True)  # the store ingested above
+        run_scoring(str(tmp_path / "store" / f"date={d}"), str(tmp_path / f"date={d}"), scoring)
     a, b = str(tmp_path / f"date={days[0]}"), str(tmp_path / f"date={days[1]}")
     result = diff_runs(open_run(a), open_run(b), ["model"], SETTINGS)
     metrics_a = {(c["model"], "ter"): c["ter"]["value"] for c in open_run(a).cohorts(["model"], SETTINGS)}

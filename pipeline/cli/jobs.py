@@ -69,7 +69,8 @@ def _job_diff(job: Any) -> None:
         return
     console.print(f"diff: {previous} (A) -> {job.output} (B)")
     reading = Reading(job.storage_options)
-    result = diff_runs(reading.open(previous), reading.open(job.output), job.diff.by, job.bootstrap, job.population)
+    m = job.metrics
+    result = diff_runs(reading.open(previous), reading.open(job.output), job.diff.by, m.bootstrap, m.population)
     print_diff(result)
     alert(breaches(result, [parse_threshold(t) for t in job.diff.fail_on]))
 

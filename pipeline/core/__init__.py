@@ -9,6 +9,7 @@ run_schema.py        the run's tables and their columns, declared once
 metric_catalogue.py  every cohort metric, as a ratio of sums of per-rollout parts
 intervals.py         which interval a metric gets, and the small-sample one
 errors.py            the one base of every error a user is meant to read
+settings.py          the checks a stage's settings object makes of its values, and the error naming one
 
 Imports: nothing of pexec.
 """

@@ -62,7 +62,7 @@ class ShardReport:
     # spec added)
     environments: dict[str, str | None] = field(default_factory=dict)
     code_version: str = ""
-    settings: str = ""  # ScoreSettings.identity() of the run that scored it
+    settings: str = ""  # TaskSettings.identity() of the run that scored it
     reused: bool = False  # carried over from an earlier run of the same job (input and versions unchanged)
     parts: dict[str, int] = field(default_factory=dict)  # table -> size in bytes of the part written
     duplicates: str = ""  # digest of the duplicate ids it was told about (pipeline.storage.ids)
@@ -72,7 +72,10 @@ class ShardReport:
 
 
 @dataclass(frozen=True)
-class ScoreSettings:
+class TaskSettings:
+    """What a scoring task needs of its run (run_scoring makes it from the run's ScoreSettings): where the run is,
+    what it is called, how its environments are built and its records read, and the lease it is written under."""
+
     run: str
     run_id: str
     env: str | None = None  # None: each rollout's `benchmark` names its environment
@@ -91,7 +94,7 @@ class ScoreSettings:
         return orjson.dumps(parts, option=orjson.OPT_SORT_KEYS).decode()
 
 
-def read_records(shard: Shard, settings: ScoreSettings) -> Iterator[tuple[str, Record]]:
+def read_records(shard: Shard, settings: TaskSettings) -> Iterator[tuple[str, Record]]:
     """(location, record or RecordError) for every rollout of a shard: a canonical store's records, a raw
     shard decoded by its format's adapter (here, inside the task), or a partition of a shuffle."""
     source = settings.source
@@ -124,7 +127,7 @@ class ScoredShard:
 
 
 def score_shard(
-    shard: Shard, settings: ScoreSettings, duplicates: dict[str, tuple[str, int]] | None = None
+    shard: Shard, settings: TaskSettings, duplicates: dict[str, tuple[str, int]] | None = None
 ) -> ScoredShard:
     """Score one shard. `duplicates`: the shard's ids that other records carry too, each with where its first
     copy is and how many copies come before this shard (pipeline.storage.ids); later copies are rejected."""
@@ -214,7 +217,7 @@ def _fewer_collections() -> Iterator[None]:
         gc.set_threshold(*before)
 
 
-def _environment(name: str, settings: ScoreSettings, report: ShardReport) -> Environment:
+def _environment(name: str, settings: TaskSettings, report: ShardReport) -> Environment:
     """The environment of `name`, recorded under that name (what a rerun resolves again to decide reuse).
 
     A name from a record's `benchmark` must be a plain name: spec lookup takes paths, and data must not
