@@ -130,7 +130,7 @@ def test_job_diff_resolves_the_previous_night(tmp_path: Path) -> None:
     job = load_job(ROOT / "jobs" / "nightly_support.toml", "2026-11-29")
     assert job.diff is not None and job.diff.fail_on == ("ter<-0.02",)
     assert job.diff.candidates[:2] == ("out/support/runs/date=2026-11-28", "out/support/runs/date=2026-11-27")
-    assert len(job.diff.candidates) == 7 and job.diff.by == ["model", "agent_version"]
+    assert len(job.diff.candidates) == 7 and job.diff.by == ("model", "agent_version")
     for day in ("2026-11-26", "2026-11-27"):
         write_run(tmp_path / f"date={day}", [rollout("x", 1, 2, True)], [[("search", True, None)]])
     spec = tmp_path / "job.toml"

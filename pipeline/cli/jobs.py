@@ -31,7 +31,6 @@ def run(
     from pipeline.jobs.preflight import check_job
 
     unwind_on_sigterm()
-    progress = ScoreProgress()
     job = load_job(job_file, on_date)
     found = check_job(job)
     if check:
@@ -45,7 +44,7 @@ def run(
         )
         return
     console.print(literal(f"job {job.name} ({job.date}): {job.input} -> {job.output}"))
-    with progress.bar:
+    with ScoreProgress() as progress:
         manifest, cohorts = run_job(job, address, force, progress.on_plan, progress.on_shard)
     summary(manifest, job.output)
     print_table(metrics_table(cohorts))

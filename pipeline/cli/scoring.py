@@ -94,8 +94,7 @@ def score(
         storage_options=storage(endpoint_url, storage_options),
     )
     unwind_on_sigterm()
-    progress = ScoreProgress()
-    with progress.bar:
+    with ScoreProgress() as progress:
         manifest = run_scoring(store, output, settings, on_plan=progress.on_plan, on_shard=progress.on_shard)
     summary(manifest, output)
 
@@ -110,7 +109,9 @@ def unwind_on_sigterm() -> None:
 
 
 class ScoreProgress:
-    """The driver's live view of a scoring job: shards, rollouts, rollouts/s, rejects, ETA."""
+    """The driver's live view of a scoring job: shards, rollouts, rollouts/s, rejects, ETA. A context manager: the
+    view starts with the plan, so that a job refused before it (a missing store, an unknown format) prints its error
+    alone."""
 
     def __init__(self) -> None:
         self.bar = Progress(
@@ -129,7 +130,15 @@ class ScoreProgress:
         self.task: Any = None
         self.seen: dict[str, ShardReport] = {}  # a shard holding a later copy of a duplicated id reports twice
 
+    def __enter__(self) -> ScoreProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar.live.is_started:  # stopping a view never started would print an empty line
+            self.bar.stop()
+
     def on_plan(self, p: ShardPlan) -> None:
+        self.bar.start()
         console.print(
             f"plan: {p.files} file(s), {p.total_bytes / 2**20:,.1f} MiB -> {len(p.shards)} shard(s)"
             + (f", {p.reusable} unchanged since they were scored (reused)" if p.reusable else "")
