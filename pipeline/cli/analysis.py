@@ -29,7 +29,8 @@ from pipeline.cli.options import (
     StorageOption,
     StrictReplay,
     TokenFile,
-    metrics_settings,
+    columns,
+    pools,
     server_limits,
     storage,
 )
@@ -80,9 +81,17 @@ def metrics(
 ) -> None:
     """Success, TER, AUC-PEC, RR, output match and PEC(k) per cohort with 95% intervals (task bootstrap, or
     Wilson on the effective sample size for small samples)."""
-    asked = metrics_settings(by, pool, bootstrap=bootstrap, seed=seed, method=method, harness_errors=harness_errors,
-                             strict_replay=strict_replay, max_k=max_k)  # fmt: skip
-    opened = Reading(storage(endpoint_url, storage_option), partial, asked).open(run)
+    asked = MetricsSettings.from_values(
+        by=columns(by),
+        bootstrap=bootstrap,
+        seed=seed,
+        method=method,
+        harness_errors=harness_errors,
+        pool=pools(pool),
+        strict_replay=strict_replay,
+        max_k=max_k,
+    )
+    opened = Reading(storage(endpoint_url, storage_option), partial).open(run)
     tool_by = tool_cohort_columns(asked.by)
     if tool_by is not None:
         if address is not None:
@@ -163,9 +172,17 @@ def report(
     """Tables, ranking divergence, paired comparisons and figures as Markdown, HTML, CSV and Parquet."""
     from pipeline.report import build_report, check_request, parse_compare
 
-    asked = metrics_settings(by, pool, bootstrap=bootstrap, seed=seed, method=method, harness_errors=harness_errors,
-                             strict_replay=strict_replay, methods=LOCAL_METHODS)  # fmt: skip
-    reading = Reading(storage(endpoint_url, storage_option), partial, asked)
+    asked = MetricsSettings.from_values(
+        by=columns(by),
+        bootstrap=bootstrap,
+        seed=seed,
+        method=method,
+        harness_errors=harness_errors,
+        pool=pools(pool),
+        strict_replay=strict_replay,
+        methods=LOCAL_METHODS,
+    )
+    reading = Reading(storage(endpoint_url, storage_option), partial)
     pair = parse_compare(compare) if compare else None
     ks = _depths(k)
     check_request(run, out_dir.rstrip("/"), ks, overwrite, reading.storage)  # before the run is listed
@@ -228,9 +245,17 @@ def diff(
     from pipeline.metrics.drift import breaches, diff_runs, parse_threshold
     from pipeline.metrics.verdicts import shared_rollouts
 
-    asked = metrics_settings(by, pool, bootstrap=bootstrap, seed=seed, method=method, harness_errors=harness_errors,
-                             strict_replay=strict_replay, methods=LOCAL_METHODS)  # fmt: skip
-    reading = Reading(storage(endpoint_url, storage_option), metrics=asked)
+    asked = MetricsSettings.from_values(
+        by=columns(by),
+        bootstrap=bootstrap,
+        seed=seed,
+        method=method,
+        harness_errors=harness_errors,
+        pool=pools(pool),
+        strict_replay=strict_replay,
+        methods=LOCAL_METHODS,
+    )
+    reading = Reading(storage(endpoint_url, storage_option))
     a, b = reading.open(run_a), reading.open(run_b)
     shared = shared_rollouts(a, b)
     if paired or (paired is None and shared[2] and 2 * shared[2] >= min(shared[:2])):
@@ -346,8 +371,8 @@ def view(
     token = read_token(token, token_file)
     check_token(host, token)
     check_address(host, port)
-    asked = metrics_settings(bootstrap=bootstrap, seed=seed, method=method, methods=LOCAL_METHODS)
-    run_view = RunView(Reading(storage(endpoint_url, storage_option), partial, asked).open(run), asked.bootstrap)
+    asked = MetricsSettings.from_values(bootstrap=bootstrap, seed=seed, method=method, methods=LOCAL_METHODS)
+    run_view = RunView(Reading(storage(endpoint_url, storage_option), partial).open(run), asked.bootstrap)
     console.print(f"pexec view: http://{host}:{port}/ (Ctrl-C to stop)")
     try:
         limits = server_limits(header_timeout, max_concurrency)

@@ -4,8 +4,8 @@ An option is an `Annotated` alias a command names as a parameter's type (`seed: 
 command stands in its own signature, where Typer reads it. A command hands the values to its stage's settings
 object (pipeline.scoring.settings.ScoreSettings, pipeline.metrics.settings.MetricsSettings), which checks them;
 a parameter is named as the setting it sets, so an error names the option the user typed (pipeline.cli.app).
-The commands that read a scored run (metrics, report, diff, sql, view) make one `Reading` of their options: the
-storage options, whether an incomplete run is read, and the MetricsSettings of the parts they take.
+The commands that read a scored run (metrics, report, diff, sql, view) open it through a `Reading` of their
+storage options and --partial.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import typer
 
 from pipeline.core.errors import PexecError
 from pipeline.metrics.run import Run, open_run
-from pipeline.metrics.settings import DEFAULT_METRICS, MAX_B, MetricsSettings
+from pipeline.metrics.settings import MAX_B
 from pipeline.storage.stores import WriteMode
 
 # Help panels: the options every reader of a run shares stand apart from the command's own.
@@ -179,24 +179,24 @@ LOCAL_METHODS = ("multinomial", "poisson")
 
 @dataclass(frozen=True)
 class Reading:
-    """How a command reads a scored run: where it lies (storage options), whether an incomplete one is read, and
-    what its metrics are asked for (the cohort columns, bootstrap, population and PEC depth)."""
+    """How a command reads a scored run: where it lies (storage options), and whether an incomplete one is read."""
 
     storage: dict[str, Any] | None = None
     partial: bool = False
-    metrics: MetricsSettings = DEFAULT_METRICS
 
     def open(self, url: str) -> Run:
         """The run (or runs) under `url`, read as this Reading says."""
         return open_run(url, self.storage, self.partial)
 
 
-def metrics_settings(by: str | None = None, pool: list[str] | None = None, **values: Any) -> MetricsSettings:
-    """The MetricsSettings of a command's options: `--by model,method` as its columns (None, every label, when not
-    given), `--pool NAME=B1,B2` as pools, the other values as they are (MetricsSettings.from_values)."""
-    columns = [c.strip() for c in by.split(",") if c.strip()] if by else None
-    pools = {name: [b.strip() for b in value.split(",") if b.strip()] for name, value in pairs(pool, "--pool").items()}
-    return MetricsSettings.from_values(by=columns, pool=pools, **values)
+def columns(by: str | None) -> list[str] | None:
+    """`--by model,method` -> ["model", "method"]; None (every label) when not given."""
+    return [c.strip() for c in by.split(",") if c.strip()] if by else None
+
+
+def pools(items: list[str] | None) -> dict[str, list[str]]:
+    """`--pool NAME=B1,B2` items -> {NAME: [B1, B2]} (MetricsSettings' pools)."""
+    return {name: [b.strip() for b in value.split(",") if b.strip()] for name, value in pairs(items, "--pool").items()}
 
 
 def pairs(items: list[str] | None, flag: str) -> dict[str, str]:
