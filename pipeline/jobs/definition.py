@@ -332,7 +332,10 @@ def _scoring(raw: dict[str, Any], path: Path) -> ScoreSettings:
 def _storage_options(table: Any) -> dict[str, Any]:
     """A job's `storage_options`, none of them a credential (JOB_STORAGE_OPTIONS)."""
     if not isinstance(table, dict):
-        raise SettingError("storage_options", f"storage_options is a table of fsspec options, got {table!r}")
+        # the value is not shown: it may be a credential in the wrong place
+        raise SettingError(
+            "storage_options", f"storage_options is a table of fsspec options, got a {type(table).__name__}"
+        )
     refused = sorted(set(table) - JOB_STORAGE_OPTIONS)
     if refused:
         raise SettingError(

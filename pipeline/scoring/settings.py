@@ -31,7 +31,7 @@ from pipeline.storage.lease import DEFAULT_STALE_AFTER
 POLICIES = ("code", "strict")  # written-policy overlays: off, or on where an environment has them
 DEFAULT_SHARD_MB = 64.0
 DEFAULT_SHARD_BYTES = int(DEFAULT_SHARD_MB * 2**20)
-MAX_SHARD_MB = 4096  # a task reads its shard's records one at a time, but a shard is retried whole
+MAX_SHARD_MB = 4096  # the largest target shard size (`--shard-mb`, a job's `shard_mb`)
 MAX_NUM_CPUS = 1024  # CPUs of a local Ray (`--num-cpus`)
 LEASE_STALE_AFTER = (1, 86_400)  # seconds without a heartbeat before another writer takes a run's lease over
 
