@@ -29,8 +29,7 @@ from pipeline.cli.options import (
     StorageOption,
     StrictReplay,
     TokenFile,
-    columns,
-    pools,
+    metrics_settings,
     server_limits,
     storage,
 )
@@ -49,7 +48,7 @@ from pipeline.cli.render import (
 from pipeline.core.errors import PexecError
 from pipeline.metrics.query import MAX_ROWS_LIMIT, QueryLimits, read_statements, stream_sql
 from pipeline.metrics.run import Run
-from pipeline.metrics.settings import DEFAULT_POPULATION, MAX_K, MetricsSettings
+from pipeline.metrics.settings import DEFAULT_POPULATION, MAX_K, METHODS, MetricsSettings
 from pipeline.metrics.tool_profiles import TOOL_FIELDS, tool_cohort_columns
 
 
@@ -81,15 +80,8 @@ def metrics(
 ) -> None:
     """Success, TER, AUC-PEC, RR, output match and PEC(k) per cohort with 95% intervals (task bootstrap, or
     Wilson on the effective sample size for small samples)."""
-    asked = MetricsSettings.from_values(
-        by=columns(by),
-        bootstrap=bootstrap,
-        seed=seed,
-        method=method,
-        harness_errors=harness_errors,
-        pool=pools(pool),
-        strict_replay=strict_replay,
-        max_k=max_k,
+    asked = metrics_settings(
+        by, bootstrap, seed, method, harness_errors, pool, strict_replay, max_k=max_k, methods=METHODS
     )
     opened = Reading(storage(endpoint_url, storage_option), partial).open(run)
     tool_by = tool_cohort_columns(asked.by)
@@ -172,16 +164,7 @@ def report(
     """Tables, ranking divergence, paired comparisons and figures as Markdown, HTML, CSV and Parquet."""
     from pipeline.report import build_report, check_request, parse_compare
 
-    asked = MetricsSettings.from_values(
-        by=columns(by),
-        bootstrap=bootstrap,
-        seed=seed,
-        method=method,
-        harness_errors=harness_errors,
-        pool=pools(pool),
-        strict_replay=strict_replay,
-        methods=LOCAL_METHODS,
-    )
+    asked = metrics_settings(by, bootstrap, seed, method, harness_errors, pool, strict_replay)
     reading = Reading(storage(endpoint_url, storage_option), partial)
     pair = parse_compare(compare) if compare else None
     ks = _depths(k)
@@ -245,16 +228,7 @@ def diff(
     from pipeline.metrics.drift import breaches, diff_runs, parse_threshold
     from pipeline.metrics.verdicts import shared_rollouts
 
-    asked = MetricsSettings.from_values(
-        by=columns(by),
-        bootstrap=bootstrap,
-        seed=seed,
-        method=method,
-        harness_errors=harness_errors,
-        pool=pools(pool),
-        strict_replay=strict_replay,
-        methods=LOCAL_METHODS,
-    )
+    asked = metrics_settings(by, bootstrap, seed, method, harness_errors, pool, strict_replay)
     reading = Reading(storage(endpoint_url, storage_option))
     a, b = reading.open(run_a), reading.open(run_b)
     shared = shared_rollouts(a, b)

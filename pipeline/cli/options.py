@@ -10,6 +10,7 @@ storage options and --partial.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from copy import copy
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ import typer
 
 from pipeline.core.errors import PexecError
 from pipeline.metrics.run import Run, open_run
-from pipeline.metrics.settings import MAX_B
+from pipeline.metrics.settings import MAX_B, MetricsSettings
 from pipeline.storage.stores import WriteMode
 
 # Help panels: the options every reader of a run shares stand apart from the command's own.
@@ -189,14 +190,26 @@ class Reading:
         return open_run(url, self.storage, self.partial)
 
 
-def columns(by: str | None) -> list[str] | None:
-    """`--by model,method` -> ["model", "method"]; None (every label) when not given."""
-    return [c.strip() for c in by.split(",") if c.strip()] if by else None
-
-
-def pools(items: list[str] | None) -> dict[str, list[str]]:
-    """`--pool NAME=B1,B2` items -> {NAME: [B1, B2]} (MetricsSettings' pools)."""
-    return {name: [b.strip() for b in value.split(",") if b.strip()] for name, value in pairs(items, "--pool").items()}
+def metrics_settings(
+    by: str | None,
+    bootstrap: int,
+    seed: int,
+    method: str,
+    harness_errors: str,
+    pool: list[str] | None,
+    strict_replay: bool,
+    max_k: int | None = None,
+    methods: Sequence[str] = LOCAL_METHODS,
+) -> MetricsSettings:
+    """The MetricsSettings of a reading command's options: `--by model,method` as its columns (None, every label,
+    when not given), each `--pool NAME=B1,B2` as a pool, the others as they are; `methods`: the bootstrap methods
+    the command computes."""
+    columns = [c.strip() for c in by.split(",") if c.strip()] if by else None
+    pools = {name: [b.strip() for b in value.split(",") if b.strip()] for name, value in pairs(pool, "--pool").items()}
+    return MetricsSettings.from_values(
+        by=columns, bootstrap=bootstrap, seed=seed, method=method, harness_errors=harness_errors, pool=pools,
+        strict_replay=strict_replay, max_k=max_k, methods=methods,
+    )  # fmt: skip
 
 
 def pairs(items: list[str] | None, flag: str) -> dict[str, str]:
