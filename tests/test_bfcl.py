@@ -534,6 +534,7 @@ def test_inference_errors_are_harness_errors_without_calls(real_records):
 def test_inference_crashes_are_left_out_of_the_metrics_and_counted(tmp_path):
     from pipeline.metrics.settings import BootstrapSettings, Population
     from pipeline.scoring.driver import run_scoring
+    from pipeline.scoring.settings import ScoreSettings
     from pipeline.storage.stores import write_store
 
     records = list(ingest("bfcl", [str(REAL / "BFCL_v4_multi_turn_miss_func_result.json")]))
@@ -541,7 +542,7 @@ def test_inference_crashes_are_left_out_of_the_metrics_and_counted(tmp_path):
 
     def metrics(name: str, rows: list[dict]) -> dict[str, Any]:
         write_store(iter(rows), str(tmp_path / name))
-        run_scoring(str(tmp_path / name), str(tmp_path / f"run-{name}"), executor="inline")
+        run_scoring(str(tmp_path / name), str(tmp_path / f"run-{name}"), ScoreSettings(inline=True))
         (cohort,) = open_run(str(tmp_path / f"run-{name}")).cohorts(["model"], settings)
         return cohort
 

@@ -17,6 +17,7 @@ from pipeline.envs.bfcl import official
 from pipeline.ingest.bfcl import read_scores
 from pipeline.scoring.code_version import environment_version
 from pipeline.scoring.driver import run_scoring
+from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.run import read_manifest
 
 REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real" / "bfcl" / "gpt-oss-120b"
@@ -33,7 +34,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_real_run_scored_through_ray_matches_bfcl_accuracy_and_logged_outputs(store, tmp_path, shared_ray):
-    manifest = run_scoring(str(store), str(tmp_path / "run"), shard_bytes=512 * 1024)
+    manifest = run_scoring(str(store), str(tmp_path / "run"), ScoreSettings(shard_mb=0.5))
     c = manifest.counts
     assert (c.read, c.scored, c.rejected, c.steps) == (600, 600, 0, 4459)
     assert manifest.reconciled and len(manifest.shards) > 2

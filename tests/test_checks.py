@@ -14,6 +14,7 @@ from pipeline.core.run_folder import Manifest
 from pipeline.envs import get_environment
 from pipeline.replay.checker import CHECKS, parse_checks, replay
 from pipeline.scoring.driver import run_scoring
+from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
 
@@ -64,7 +65,7 @@ def test_the_manifest_records_the_checks_and_reuse_keys_on_them(tmp_path: Path) 
     run = tmp_path / "run"
 
     def score(*checks: str) -> Manifest:
-        return run_scoring(str(store), str(run), executor="inline", checks=checks or CHECKS)
+        return run_scoring(str(store), str(run), ScoreSettings(inline=True, checks=checks or CHECKS))
 
     first = score("schema", "precondition")
     assert first.settings.checks == ("schema", "precondition")

@@ -32,6 +32,7 @@ from pipeline.jobs.cluster import (
 from pipeline.jobs.definition import JobFileError, load_job
 from pipeline.scoring.code_version import code_version
 from pipeline.scoring.driver import run_scoring
+from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.run import read_manifest, read_shard_markers
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
@@ -269,7 +270,7 @@ def store_and_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path,
     root = tmp_path_factory.mktemp("multinode")
     write_store(synthesize("shop", 1000, 100, seed=11), str(root / "store"), per_file=250)
     reference = str(root / "reference")
-    run_scoring(str(root / "store"), reference, executor="inline", run_id="r")
+    run_scoring(str(root / "store"), reference, ScoreSettings(inline=True), run_id="r")
     return root / "store", reference
 
 

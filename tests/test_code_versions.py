@@ -12,6 +12,7 @@ import pytest
 
 from pipeline.scoring import code_version as cv
 from pipeline.scoring.driver import run_scoring
+from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
 
@@ -83,7 +84,7 @@ def test_a_rescore_reuses_the_shards_a_change_does_not_affect(
     write_store(iter(synthesize("shop", 60, 10, 1)), str(store / "shop"))
     write_store(iter(observed_records(20)), str(store / "observed"))
     use_tree(monkeypatch, tree)
-    first = run_scoring(str(store), str(run), executor="inline")
+    first = run_scoring(str(store), str(run), ScoreSettings(inline=True))
     assert first.counts.scored == 80 and first.counts.shards_reused == 0
     shards = {s.shard: set(s.environments) for s in first.shards}
     shop = next(k for k, e in shards.items() if e == {"shop"})
@@ -93,19 +94,19 @@ def test_a_rescore_reuses_the_shards_a_change_does_not_affect(
     touch(tree / "envs" / "tau" / "env.py")  # the τ family: no shard here uses it
     use_tree(monkeypatch, tree)
     assert {k: r for k, (r, _) in reuse(run).items()} == {shop: False, observed: False}  # (the first run's record)
-    run_scoring(str(store), str(run), executor="inline")
+    run_scoring(str(store), str(run), ScoreSettings(inline=True))
     assert {k: r for k, (r, _) in reuse(run).items()} == {shop: True, observed: True}
     assert reuse(run)[shop][1] == "input, scoring core, settings and environments (shop) unchanged"
 
     touch(tree / "envs" / "spec" / "env.py")  # the spec family: the shop shard only
     use_tree(monkeypatch, tree)
-    run_scoring(str(store), str(run), executor="inline")
+    run_scoring(str(store), str(run), ScoreSettings(inline=True))
     why = reuse(run)
     assert why[observed][0] and not why[shop][0]
     assert why[shop][1].startswith("environment shop changed (") and "; code spec@" in why[shop][1]
 
     touch(tree / "replay" / "checker.py")  # the scoring core: every shard
     use_tree(monkeypatch, tree)
-    last = run_scoring(str(store), str(run), executor="inline")
+    last = run_scoring(str(store), str(run), ScoreSettings(inline=True))
     assert last.counts.shards_reused == 0
     assert all(not r and w.startswith("scoring core changed (") for r, w in reuse(run).values())

@@ -28,6 +28,7 @@ from pipeline.metrics.run import open_run
 from pipeline.metrics.settings import BootstrapSettings
 from pipeline.report import ReportError, build_report
 from pipeline.scoring.driver import run_scoring
+from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.run import read_plan, read_shard_markers
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
@@ -155,7 +156,7 @@ def test_rerunning_the_same_command_finishes_the_run(killed: tuple[Path, Path], 
     run = tmp_path / "run"
     shutil.copytree(original, run)
     keys = committed(run)
-    manifest = run_scoring(str(store), str(run), executor="inline")
+    manifest = run_scoring(str(store), str(run), ScoreSettings(inline=True))
     assert manifest.counts.shards_reused >= len(keys)
     [c] = open_run(str(run)).cohorts([], FAST)
     assert c["partial"] is None and c["n"] == N_FILES * PER_FILE
@@ -169,7 +170,7 @@ def parquet_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("pq")
     store = root / "store"
     write_store(synthesize("shop", 600, 60, 5), str(store), "parquet", 100, None)
-    run_scoring(str(store), str(root / "run"), executor="inline")
+    run_scoring(str(store), str(root / "run"), ScoreSettings(inline=True))
     return store, root / "run"
 
 
@@ -284,7 +285,7 @@ def test_rejects_is_a_view(tmp_path: Path) -> None:
     [file] = store.glob("*.jsonl")
     with file.open("a") as f:
         f.write('{"not": "a rollout"}\n')
-    run_scoring(str(store), str(tmp_path / "run"), executor="inline")
+    run_scoring(str(store), str(tmp_path / "run"), ScoreSettings(inline=True))
     [reject] = open_run(str(tmp_path / "run")).sql("SELECT source, location, reason FROM rejects").to_pylist()
     assert reject["source"] == str(file) and reject["location"] == "line 51" and reject["reason"]
 

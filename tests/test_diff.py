@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -108,8 +109,8 @@ def test_two_real_nights_of_support_logs(tmp_path: Path) -> None:
     job = load_job(ROOT / "jobs" / "nightly_support.toml", days[1])
     for d in days:
         ingest_day(tmp_path / "logs", tmp_path / "store", d)
-        run_scoring(str(tmp_path / "store" / f"date={d}"), str(tmp_path / f"date={d}"), env=job.env,
-                    options=job.options, executor="inline")  # fmt: skip
+        scoring = replace(job.scoring, format="canonical", options={}, inline=True)  # the store ingested above
+        run_scoring(str(tmp_path / "store" / f"date={d}"), str(tmp_path / f"date={d}"), scoring)
     a, b = str(tmp_path / f"date={days[0]}"), str(tmp_path / f"date={days[1]}")
     result = diff_runs(open_run(a), open_run(b), ["model"], SETTINGS)
     metrics_a = {(c["model"], "ter"): c["ter"]["value"] for c in open_run(a).cohorts(["model"], SETTINGS)}
@@ -129,7 +130,7 @@ def test_job_diff_resolves_the_previous_night(tmp_path: Path) -> None:
     job = load_job(ROOT / "jobs" / "nightly_support.toml", "2026-11-29")
     assert job.diff is not None and job.diff.fail_on == ("ter<-0.02",)
     assert job.diff.candidates[:2] == ("out/support/runs/date=2026-11-28", "out/support/runs/date=2026-11-27")
-    assert len(job.diff.candidates) == 7 and job.diff.by == ["model", "agent_version"]
+    assert len(job.diff.candidates) == 7 and job.diff.by == ("model", "agent_version")
     for day in ("2026-11-26", "2026-11-27"):
         write_run(tmp_path / f"date={day}", [rollout("x", 1, 2, True)], [[("search", True, None)]])
     spec = tmp_path / "job.toml"

@@ -23,7 +23,7 @@ from pipeline.cli import reference
 from pipeline.core import metric_catalogue
 from pipeline.core.run_schema import markdown, tables
 from pipeline.envs.spec.loader import SpecError, load_spec
-from pipeline.jobs.definition import FIELDS, load_job
+from pipeline.jobs.definition import FIELDS, NOT_IN_JOB_FILES, JobFileError, load_job
 from pipeline.perf import figures
 from pipeline.perf.registry import BENCHES
 
@@ -136,18 +136,21 @@ def compile_spec(example: str, folder: Path):
 
 
 def test_a_job_file_may_hold_every_documented_field(tmp_path):
-    """The job fields of docs/reference/jobs.md are what the loader accepts: a job that sets every one loads."""
+    """The job fields of docs/reference/jobs.md are what the loader accepts: a job that sets every one loads, and
+    each value reaches the settings it sets."""
     values = {
         "": {"name": "j", "description": "d", "input": "in", "output": "out/date={date}", "env": "shop",
              "spec": "shop", "spec_dirs": ["specs"], "policy": "strict", "address": "ray://h:10001", "shard_mb": 4,
              "num_cpus": 1, "endpoint_url": "http://127.0.0.1:5555", "format": "canonical",
-             "options": {"max_line_bytes": "1000"}, "labels": {"team": "a"}},
+             "options": {"max_line_bytes": "1000"}, "labels": {"team": "a"}, "inline": True,
+             "lease_stale_after": 30, "checks": ["precondition", "schema"], "storage_options": {"anon": True}},
         "metrics": {"by": ["model"], "bootstrap": 50, "seed": 1, "method": "poisson", "max_k": 3,
-                    "harness_errors": "fail", "partial": True, "strict_replay": True},
+                    "harness_errors": "fail", "pool": {"all": ["shop", "observed"]}, "partial": True,
+                    "strict_replay": True},
         "synth": {"spec": "shop", "rollouts": 10, "tasks": 2, "seed": 0},
         "submit": {"runtime": "image", "python": "python3"},
         "report": {"out": "r/{date}", "by": ["model"], "compare": ["method=a", "method=b"], "k": [1, 2],
-                   "within": "model", "overwrite": True},
+                   "within": "model", "overwrite": True, "sensitivity": True},
         "diff": {"against": "previous", "by": ["model"], "fail_on": ["ter<-0.02"], "look_back_days": 3},
     }  # fmt: skip
     assert {(f.table, k) for f in FIELDS for k in f.keys} == {(t, k) for t, kv in values.items() for k in kv}
@@ -163,7 +166,57 @@ def test_a_job_file_may_hold_every_documented_field(tmp_path):
     (tmp_path / "job.toml").write_text("\n".join(lines) + "\n")
     job = load_job(tmp_path / "job.toml", "2026-11-29")
     assert job.output == "out/date=2026-11-29" and job.report.within == "model" and job.diff.fail_on == ("ter<-0.02",)
-    assert job.labels == {"team": "a"} and job.read_options == {"max_line_bytes": "1000"}
+    s = job.scoring
+    assert (s.env, s.spec, s.spec_dirs, s.policy, s.address, s.shard_bytes, s.num_cpus, s.executor) == (
+        "shop", "shop", ("specs",), "strict", "ray://h:10001", 4 * 2**20, 1, "inline"
+    )  # fmt: skip
+    assert (s.lease_stale_after, s.checks) == (30, ("schema", "precondition"))  # the checks' canonical order
+    assert s.storage_options == {"anon": True, "endpoint_url": "http://127.0.0.1:5555"}
+    assert s.labels == {"team": "a"} and s.options == {"max_line_bytes": "1000"}
+    m = job.metrics
+    assert (m.by, m.bootstrap.B, m.bootstrap.seed, m.bootstrap.method, m.max_k) == (("model",), 50, 1, "poisson", 3)
+    assert m.population.pools == (("all", ("shop", "observed")),) and m.population.strict_replay
+    assert job.partial and job.report.sensitivity and job.report.by == ("model",)
+
+
+def test_every_score_option_has_a_job_file_key():
+    """`pexec score`'s options, read from the command, are the job file's top-level keys of the same names, but
+    the documented exclusions; and the jobs reference names each key's option."""
+    options = {p.name for p in COMMANDS["score"].params if p.param_type_name == "option"}
+    keys = {k for f in FIELDS if f.table == "" for k in f.keys}
+    assert options - keys == set(NOT_IN_JOB_FILES)
+    assert not set(NOT_IN_JOB_FILES) & keys
+    for key in options - set(NOT_IN_JOB_FILES):
+        assert reference.job_option("", key).name == key
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('policy = "lenient"', "job.toml: policy is code or strict, got 'lenient'"),
+        ("shard_mb = 0", "job.toml: shard_mb takes a size > 0"),
+        ("shard_mb = 5000", "job.toml: shard_mb takes a size > 0 and at most 4,096 MiB, got 5000"),
+        ('shard_mb = "4"', "job.toml: shard_mb takes a size > 0"),
+        ("num_cpus = 0", "job.toml: num_cpus is a whole number 1 to 1,024, got 0"),
+        ("lease_stale_after = 0.5", "job.toml: lease_stale_after is a number 1 to 86400, got 0.5"),
+        ('checks = ["schema", "x"]', "job.toml: checks: checks are a comma-separated subset"),
+        ('checks = "schema"', "job.toml: checks is a list of names, got 'schema'"),
+        ("inline = 1", "job.toml: inline is true or false, got 1"),
+        ('storage_options = { secret = "s" }', "job.toml: storage_options: secret cannot be set in a job file"),
+        ('storage_options = { key = "k", anon = true }', "job.toml: storage_options: key cannot be set"),
+        ('[metrics]\nbootstrap = "50"', "job.toml [metrics]: bootstrap B must be 1 to 10,000, got '50'"),
+        ("[metrics]\nmax_k = 1001", "job.toml [metrics]: max_k is a whole number 0 to 1,000, got 1001"),
+        ('[metrics]\nby = "model"', "job.toml [metrics]: by is a list of names, got 'model'"),
+        ('[metrics]\npool = { p = "shop" }', "job.toml [metrics]: pool is a list of names, got 'shop'"),
+        ("[report]\nby = [1]", "job.toml [report]: by is a list of names, got [1]"),
+        ('[report]\nsensitivity = "yes"', "job.toml [report]: sensitivity is true or false"),
+    ],
+)
+def test_a_job_value_that_does_not_fit_fails_naming_its_file_table_and_key(tmp_path, line, message):
+    (tmp_path / "job.toml").write_text(f'name = "j"\ninput = "in"\noutput = "out"\n{line}\n')
+    with pytest.raises(JobFileError) as failed:
+        load_job(tmp_path / "job.toml")
+    assert str(failed.value).startswith(f"{tmp_path}/{message}")
 
 
 def option_problems(page: str) -> list[str]:

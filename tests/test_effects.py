@@ -18,6 +18,7 @@ from pipeline.metrics.run import open_run
 from pipeline.metrics.settings import BootstrapSettings
 from pipeline.scoring.driver import run_scoring
 from pipeline.scoring.run_tables import effect_columns
+from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
 
@@ -78,7 +79,7 @@ def test_runs_without_effect_columns_have_undefined_harm_metrics(tmp_path: Path)
 
 def test_scored_steps_carry_effects(tmp_path: Path) -> None:
     write_store(synthesize("shop", 60, 10, 2), str(tmp_path / "store"), "jsonl", 50_000, None)
-    run_scoring(str(tmp_path / "store"), str(tmp_path / "run"), executor="inline")
+    run_scoring(str(tmp_path / "store"), str(tmp_path / "run"), ScoreSettings(inline=True))
     steps = pq.read_table(tmp_path / "run" / "steps").to_pylist()
     declared = load_effects(SPECS / "shop")
     unknown = Effect("read", 1.0)  # placeholder for a tool the spec lacks: its step has effect null, weight 1

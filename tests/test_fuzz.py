@@ -26,6 +26,7 @@ from pipeline.core.records import InvalidRecord, parse_rollout
 from pipeline.core.run_folder import Manifest
 from pipeline.expr import BudgetExceeded, EvalError, ExprError, compile_expr
 from pipeline.scoring.driver import run_scoring
+from pipeline.scoring.settings import ScoreSettings
 from pipeline.synthetic.rollouts import synthesize
 
 EXAMPLES = examples(25)
@@ -107,7 +108,7 @@ def score_lines(lines: list[str], folder: Path, executor: str = "inline") -> tup
     store.mkdir(parents=True)
     for i in range(0, len(lines), 7):  # several files, so several shards
         (store / f"part-{i:03d}.jsonl").write_text("".join(line + "\n" for line in lines[i : i + 7]))
-    manifest = run_scoring(str(store), str(run), executor=executor)
+    manifest = run_scoring(str(store), str(run), ScoreSettings(inline=executor == "inline"))
     assert (run / "_manifest.json").exists()
     con = duckdb.connect()
     rollouts = con.sql(f"SELECT count(*) FROM read_parquet('{run}/rollouts/*.parquet')").fetchall()[0][0]
@@ -287,7 +288,7 @@ def test_parquet_columns_of_unexpected_types(tmp_path: Path) -> None:
     for name, change in variants.items():  # Arrow types a column by all its rows: one file per variant
         row = dict(base, rollout_id=name) | change
         pq.write_table(pa.Table.from_pylist([row]), store / f"{name}.parquet")
-    manifest = run_scoring(str(store), str(tmp_path / "run"), executor="inline")
+    manifest = run_scoring(str(store), str(tmp_path / "run"), ScoreSettings(inline=True))
     assert manifest.counts.read == 1 + len(variants) and manifest.counts.scored >= 1
     assert manifest.counts.read == manifest.counts.scored + manifest.counts.rejected
     reasons = dict(

@@ -24,6 +24,7 @@ from pipeline.perf.guard import SCENARIOS, library, rereplay
 from pipeline.replay import dependencies
 from pipeline.replay.dependencies import History
 from pipeline.scoring.driver import run_scoring
+from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
 from pipeline.synthetic.support_logs import write_samples
@@ -245,7 +246,7 @@ def test_a_guard_session_through_production_logs_in_observed_gives_the_scorers_s
     write_store(records, str(tmp_path / "store"))
     support = EnvOptions(spec="support")
     run = tmp_path / "run"
-    run_scoring(str(tmp_path / "store"), str(run), env="observed", options=support, executor="inline")
+    run_scoring(str(tmp_path / "store"), str(run), ScoreSettings(env="observed", spec="support", inline=True))
     scored = scored_steps(run)
     outcomes = {"before": 0, "after": 0}
     for record in records:

@@ -22,6 +22,7 @@ from pipeline.envs import get_environment
 from pipeline.guard.service import Guard, GuardRequestError
 from pipeline.replay.checker import replay
 from pipeline.scoring.driver import run_scoring
+from pipeline.scoring.settings import ScoreSettings
 
 pytestmark = pytest.mark.fuzz  # an adversarial suite: `make fuzz` runs it longer
 EXAMPLES = examples(25)
@@ -145,7 +146,7 @@ def test_deep_requests_over_http_are_400_with_the_scorers_reason(tmp_path):
         ]
         (tmp_path / "store").mkdir()
         (tmp_path / "store" / "calls.jsonl").write_text("\n".join(lines) + "\n")
-        run_scoring(str(tmp_path / "store"), str(tmp_path / "run"), executor="inline")
+        run_scoring(str(tmp_path / "store"), str(tmp_path / "run"), ScoreSettings(inline=True))
         rejects = duckdb.sql(f"SELECT reason FROM read_parquet('{tmp_path}/run/rejects/*.parquet')").fetchall()
         assert rejects == [(TOO_DEEP,)]
         steps = duckdb.sql(

@@ -14,8 +14,8 @@ import duckdb
 import orjson
 from mcp import Client, StdioServerParameters
 
-from pipeline.envs import EnvOptions
 from pipeline.scoring.driver import run_scoring
+from pipeline.scoring.settings import ScoreSettings
 
 PEXEC = str(Path(sys.executable).parent / "pexec")
 UPSTREAM = [sys.executable, str(Path(__file__).parent / "mcp_upstream.py")]
@@ -77,7 +77,7 @@ def test_the_proxy_refuses_invalid_calls_and_logs_every_verdict(tmp_path):
     assert [e["content"] for e in record["events"] if e["type"] == "message"] == [SAID["pexec/messages"][0]["content"]]
 
     run = tmp_path / "run"
-    manifest = run_scoring(str(log), str(run), env="observed", options=EnvOptions(spec="support"), executor="inline")
+    manifest = run_scoring(str(log), str(run), ScoreSettings(env="observed", spec="support", inline=True))
     assert manifest.counts.rejected == 0
     rows = duckdb.sql(f"SELECT valid, failed_check, cause FROM read_parquet('{run}/steps/*.parquet') ORDER BY step")
     assert rows.fetchall() == [

@@ -28,8 +28,8 @@ from mcp import Client, MCPError, StdioServerParameters
 from test_guard_mcp import PEXEC, SAID, UPSTREAM, text
 
 from pipeline.core.records import MAX_DEPTH
-from pipeline.envs import EnvOptions
 from pipeline.scoring.driver import run_scoring
+from pipeline.scoring.settings import ScoreSettings
 
 pytestmark = pytest.mark.fuzz  # an adversarial suite: `make fuzz` runs it too
 TOO_DEEP = f"the record nests deeper than {MAX_DEPTH} levels"
@@ -60,7 +60,7 @@ def journal(log: Path) -> list[dict]:
 
 
 def rescored(log: Path, run: Path, spec: str | None = "support") -> list[tuple]:
-    manifest = run_scoring(str(log), str(run), env="observed", options=EnvOptions(spec=spec), executor="inline")
+    manifest = run_scoring(str(log), str(run), ScoreSettings(env="observed", spec=spec, inline=True))
     assert manifest.counts.rejected == 0
     query = f"SELECT valid, failed_check, cause FROM read_parquet('{run}/steps/*.parquet') ORDER BY step"
     return duckdb.sql(query).fetchall()

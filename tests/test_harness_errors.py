@@ -19,6 +19,7 @@ from pipeline.metrics.run import open_run
 from pipeline.metrics.settings import BootstrapSettings, MetricsError, Population
 from pipeline.report import Compare, build_report
 from pipeline.scoring.driver import run_scoring
+from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.stores import write_store
 
 SMALL = BootstrapSettings(B=50)
@@ -51,7 +52,7 @@ RECORDS = [
 def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp(f"harness-{request.param}")
     write_store(iter(RECORDS), str(tmp / "store"), request.param)
-    run_scoring(str(tmp / "store"), str(tmp / "run"), executor="inline")
+    run_scoring(str(tmp / "store"), str(tmp / "run"), ScoreSettings(inline=True))
     return tmp / "run"
 
 
@@ -110,7 +111,7 @@ def test_pools_and_their_errors(run: Path) -> None:
     assert {c["benchmark"] for c in pooled} == {"all"}
     with pytest.raises(MetricsError, match="in two pools"):
         Population(pools=(("a", ("x",)), ("b", ("x",))))
-    with pytest.raises(MetricsError, match="harness errors are 'exclude' or 'fail'"):
+    with pytest.raises(MetricsError, match="harness_errors is exclude or fail, got 'maybe'"):
         Population("maybe")  # type: ignore[arg-type]
 
 
@@ -166,9 +167,9 @@ def test_canonical_records_keep_conditions_and_attributes_apart() -> None:
 def test_jobs_take_harness_errors_from_their_metrics_table(tmp_path: Path) -> None:
     job = tmp_path / "job.toml"
     job.write_text('name = "j"\ninput = "in"\noutput = "out"\n[metrics]\nharness_errors = "fail"\n')
-    assert load_job(job).population == Population("fail")
+    assert load_job(job).metrics.population == Population("fail")
     job.write_text('name = "j"\ninput = "in"\noutput = "out"\n[metrics]\nharness_errors = "drop"\n')
-    with pytest.raises(JobFileError, match="harness errors are 'exclude' or 'fail'"):
+    with pytest.raises(JobFileError, match=r"\[metrics\]: harness_errors is exclude or fail, got 'drop'"):
         load_job(job)
 
 
@@ -178,7 +179,7 @@ def test_report_pools_and_compares_an_attribute(tmp_path: Path) -> None:
         record("b2", "t2", "m", [True], False, attributes={"trial": "0"}),
     ]
     write_store(iter(RECORDS + more), str(tmp_path / "store"))
-    run_scoring(str(tmp_path / "store"), str(tmp_path / "run"), executor="inline")
+    run_scoring(str(tmp_path / "store"), str(tmp_path / "run"), ScoreSettings(inline=True))
     pooled = Population(pools=(("all", ("observed",)),))
     run = open_run(str(tmp_path / "run"))
     compare = Compare("trial", "0", "1")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -90,12 +91,12 @@ def test_sample_store_scored_per_date_by_the_nightly_job(tmp_path):
     assert [f.parent.name for f in files] == ["date=2026-11-28", "date=2026-11-29"]
     assert [ingest_day(tmp_path / "logs", tmp_path / "store", d) for d in days] == [60, 60]
     job = load_job(ROOT / "jobs" / "nightly_support.toml", "2026-11-29")
-    assert (job.input, job.fmt) == ("out/support/logs/date=2026-11-29/", "openai")
-    assert (job.env, job.options.spec) == ("observed", "support")
-    assert job.read_options == {"error_prefix": "Error:"}
+    assert (job.input, job.scoring.format) == ("out/support/logs/date=2026-11-29/", "openai")
+    assert (job.scoring.env, job.scoring.spec) == ("observed", "support")
+    assert job.scoring.options == {"error_prefix": "Error:"}
     run = tmp_path / "run"
-    manifest = run_scoring(str(tmp_path / "store" / "date=2026-11-29"), str(run), env=job.env, options=job.options,
-                           executor="inline")  # fmt: skip
+    scoring = replace(job.scoring, format="canonical", options={}, inline=True)  # the store ingested above
+    manifest = run_scoring(str(tmp_path / "store" / "date=2026-11-29"), str(run), scoring)
     assert manifest.counts.scored == 60
     steps = pq.read_table(run / "steps").to_pylist()
     rollouts = {r["rollout_id"]: r for r in pq.read_table(run / "rollouts").to_pylist()}

@@ -22,6 +22,7 @@ from conftest import wait_for
 
 from pipeline.core.errors import StorageError
 from pipeline.scoring.driver import ScoringFailed, run_scoring
+from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.fs import exists, filesystem
 from pipeline.storage.lease import LEASE, Lease, LeaseHeld, LeaseLost, _dump, _me, _object_for, require_holder
 from pipeline.storage.run import part_sizes, read_shard_markers
@@ -125,7 +126,7 @@ def test_the_lease_is_released_when_scoring_is_interrupted(tmp_path: Path) -> No
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run_scoring(str(store), str(run), executor="inline", on_shard=interrupt)
+        run_scoring(str(store), str(run), ScoreSettings(inline=True), on_shard=interrupt)
     assert not (run / LEASE).exists() and not (run / "_manifest.json").exists()
 
 
@@ -156,7 +157,7 @@ def test_tasks_of_a_writer_that_lost_the_lease_write_nothing(where: tuple[str, d
 
     taken = f"failed: the lease of {re.escape(run)} was taken over by another writer$"
     with pytest.raises(ScoringFailed, match=taken):
-        run_scoring(store, run, shard_bytes=20_000, storage_options=storage, on_plan=taken_over)
+        run_scoring(store, run, ScoreSettings(shard_mb=20_000 / 2**20, storage_options=storage), on_plan=taken_over)
     assert read_shard_markers(run, storage) == {} and not any(part_sizes(run, storage).values())
 
 

@@ -148,14 +148,17 @@ def test_example_links_open_the_rollout_in_pexec_view(tmp_path: Path) -> None:
     from starlette.testclient import TestClient
 
     from pipeline.scoring.driver import run_scoring
+    from pipeline.scoring.settings import ScoreSettings
     from pipeline.storage.stores import write_store
     from pipeline.synthetic.rollouts import synthesize
     from pipeline.view import RunView
     from pipeline.view.app import create_app
 
     write_store(iter(synthesize("shop", 60, 10, 3)), str(tmp_path / "store"))
-    run_scoring(str(tmp_path / "store"), str(tmp_path / "a"), executor="inline")
-    run_scoring(str(tmp_path / "store"), str(tmp_path / "b"), executor="inline", checks=("schema", "precondition"))
+    run_scoring(str(tmp_path / "store"), str(tmp_path / "a"), ScoreSettings(inline=True))
+    run_scoring(
+        str(tmp_path / "store"), str(tmp_path / "b"), ScoreSettings(inline=True, checks=("schema", "precondition"))
+    )
     run_a, run_b = open_run(str(tmp_path / "a")), open_run(str(tmp_path / "b"))
     result = paired_diff(run_a, run_b, SETTINGS)
     assert result.flips and result.examples

@@ -14,12 +14,12 @@ from msgspec import structs
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from pipeline.envs import EnvOptions
 from pipeline.jobs.definition import JobFileError, load_job
 from pipeline.metrics.run import open_run
 from pipeline.metrics.settings import BootstrapSettings
 from pipeline.scoring.code_version import PACKAGE_ROOT, scoring_sources
 from pipeline.scoring.driver import run_scoring
+from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.run import read_manifest
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
@@ -73,7 +73,7 @@ def assert_matches_truth(run: Path, records: dict[str, dict]) -> None:
 
 def test_synthetic_truth_is_recovered_exactly_through_ray(store, records, tmp_path, local_ray):
     run = tmp_path / "run"
-    manifest = run_scoring(str(store), str(run), shard_bytes=256 * 1024)
+    manifest = run_scoring(str(store), str(run), ScoreSettings(shard_mb=0.25))
     assert manifest.counts.read == N_ROLLOUTS and manifest.counts.rejected == 0
     assert manifest.reconciled and len(manifest.shards) > 3  # several Ray tasks, some per byte range
     assert_matches_truth(run, records)
@@ -87,9 +87,9 @@ def test_synthetic_truth_is_recovered_exactly_through_ray(store, records, tmp_pa
 
 def test_ray_and_inline_write_the_same_rows_and_reruns_do_not_duplicate(store, tmp_path, local_ray):
     ray_run, inline_run = tmp_path / "ray", tmp_path / "inline"
-    run_scoring(str(store), str(ray_run), shard_bytes=256 * 1024, run_id="x")
-    run_scoring(str(store), str(inline_run), shard_bytes=256 * 1024, run_id="x", executor="inline")
-    run_scoring(str(store), str(ray_run), shard_bytes=256 * 1024, run_id="x")  # rerun into the same folder
+    run_scoring(str(store), str(ray_run), ScoreSettings(shard_mb=0.25), run_id="x")
+    run_scoring(str(store), str(inline_run), ScoreSettings(shard_mb=0.25, inline=True), run_id="x")
+    run_scoring(str(store), str(ray_run), ScoreSettings(shard_mb=0.25), run_id="x")  # rerun into the same folder
     for name in ("steps", "rollouts", "rejects"):
         assert table(ray_run, name) == table(inline_run, name)
     assert len(table(ray_run, "rollouts")) == N_ROLLOUTS
@@ -97,9 +97,9 @@ def test_ray_and_inline_write_the_same_rows_and_reruns_do_not_duplicate(store, t
 
 def test_rerun_with_another_shard_plan_leaves_no_stale_parts(store, tmp_path):
     run = tmp_path / "run"
-    run_scoring(str(store), str(run), executor="inline", shard_bytes=64 * 2**20)
+    run_scoring(str(store), str(run), ScoreSettings(inline=True, shard_mb=64))
     coarse = len(list((run / "steps").iterdir()))
-    run_scoring(str(store), str(run), executor="inline", shard_bytes=128 * 1024)
+    run_scoring(str(store), str(run), ScoreSettings(inline=True, shard_mb=0.125))
     assert len(list((run / "steps").iterdir())) > coarse
     assert len(table(run, "rollouts")) == N_ROLLOUTS
     assert len({r["rollout_id"] for r in table(run, "rollouts")}) == N_ROLLOUTS
@@ -109,19 +109,19 @@ def test_rerun_rescores_only_changed_inputs(records, tmp_path):
     recs = list(records.values())
     store, run = tmp_path / "store", tmp_path / "run"
     write_store(iter(recs), str(store), per_file=300)  # 4 files
-    first = run_scoring(str(store), str(run), executor="inline")
+    first = run_scoring(str(store), str(run), ScoreSettings(inline=True))
     assert first.counts.shards_reused == 0
-    again = run_scoring(str(store), str(run), executor="inline")
+    again = run_scoring(str(store), str(run), ScoreSettings(inline=True))
     assert again.counts.shards_reused == again.counts.shards == 4
     changed = store / "part-00002.jsonl"
     changed.write_bytes(changed.read_bytes() + orjson.dumps(recs[0] | {"rollout_id": "new"}) + b"\n")
-    third = run_scoring(str(store), str(run), executor="inline")
+    third = run_scoring(str(store), str(run), ScoreSettings(inline=True))
     assert third.counts.shards_reused == 3 and third.counts.scored == N_ROLLOUTS + 1
     assert [s.reused for s in third.shards] == [True, True, False, True]
     assert len(table(run, "rollouts")) == N_ROLLOUTS + 1
-    forced = run_scoring(str(store), str(run), executor="inline", force=True)
+    forced = run_scoring(str(store), str(run), ScoreSettings(inline=True, force=True))
     assert forced.counts.shards_reused == 0
-    other_settings = run_scoring(str(store), str(run), executor="inline", run_id="renamed")
+    other_settings = run_scoring(str(store), str(run), ScoreSettings(inline=True), run_id="renamed")
     assert other_settings.counts.shards_reused == 0
 
 
@@ -174,7 +174,9 @@ def test_date_partitions_are_queryable_together(records, tmp_path):
     recs = list(records.values())
     for day, part in (("2026-11-28", recs[:500]), ("2026-11-29", recs[500:])):
         write_store(iter(part), str(tmp_path / "logs" / f"date={day}"))
-        run_scoring(str(tmp_path / "logs" / f"date={day}"), str(tmp_path / "runs" / f"date={day}"), executor="inline")
+        run_scoring(
+            str(tmp_path / "logs" / f"date={day}"), str(tmp_path / "runs" / f"date={day}"), ScoreSettings(inline=True)
+        )
     nightly = str(tmp_path / "runs")
     assert open_run(nightly).sql("SELECT count(*) AS n FROM rollouts").to_pylist() == [{"n": N_ROLLOUTS}]
     assert open_run(nightly).sql("SELECT count(DISTINCT run_id) AS n FROM steps").to_pylist() == [{"n": 2}]
@@ -190,7 +192,7 @@ def test_parquet_and_compressed_stores_score_like_json_lines(records, tmp_path):
     for name, (fmt, compression) in variants.items():
         write_store(iter(recs), str(tmp_path / name), fmt=fmt, per_file=500, compression=compression)
         run = tmp_path / f"run-{name}"
-        run_scoring(str(tmp_path / name), str(run), executor="inline", run_id="same")
+        run_scoring(str(tmp_path / name), str(run), ScoreSettings(inline=True), run_id="same")
         results[name] = (table(run, "rollouts"), table(run, "steps"))
     assert results["zst"] == results["jsonl"] == results["gz"] == results["pq"]
     assert_matches_truth(tmp_path / "run-pq", records)
@@ -213,7 +215,7 @@ def test_bad_records_are_rejected_with_reasons_and_counts_reconcile(records, tmp
     packed = gzip.compress(b"".join(orjson.dumps(good[4] | {"rollout_id": f"gz-{i}"}) + b"\n" for i in range(40)))
     (store / "cut.jsonl.gz").write_bytes(packed[: len(packed) * 2 // 3])  # a transfer cut short
     run = tmp_path / "run"
-    manifest = run_scoring(str(store), str(run), executor="inline")
+    manifest = run_scoring(str(store), str(run), ScoreSettings(inline=True))
     counts = manifest.counts
     from_gz = sum(s.read for s in manifest.shards if s.source.endswith(".gz"))
     assert 1 < from_gz < 41
@@ -239,7 +241,7 @@ def test_bad_spec_fails_before_scoring(tmp_path, store):
     from pipeline.envs import SpecError
 
     with pytest.raises(SpecError, match=r"broken/spec.toml: \[tool.get_product\] preconditions\[0\]"):
-        run_scoring(str(store), str(tmp_path / "run"), env=str(spec), executor="inline")
+        run_scoring(str(store), str(tmp_path / "run"), ScoreSettings(env=str(spec), inline=True))
     assert not (tmp_path / "run").exists()
 
 
@@ -304,9 +306,9 @@ def test_an_environment_that_appears_between_runs_in_one_process_is_used(records
     # scoring run must look again, or a notebook rerun after adding the spec would keep rejecting.
     store, specs = tmp_path / "store", tmp_path / "specs"
     write_store(({**r, "benchmark": "late_shop"} for r in list(records.values())[:50]), str(store))
-    options = EnvOptions(spec_dirs=(str(specs),))
-    first = run_scoring(str(store), str(tmp_path / "run"), options=options, executor="inline")
+    settings = ScoreSettings(spec_dirs=(str(specs),), inline=True)
+    first = run_scoring(str(store), str(tmp_path / "run"), settings)
     assert first.counts.rejected == 50 and first.environments == {"late_shop": None}
     shutil.copytree(Path(__file__).resolve().parents[1] / "specs" / "shop", specs / "late_shop")
-    second = run_scoring(str(store), str(tmp_path / "run"), options=options, executor="inline")
+    second = run_scoring(str(store), str(tmp_path / "run"), settings)
     assert second.counts.scored == 50 and second.counts.shards_reused == 0

@@ -20,6 +20,7 @@ from pipeline.metrics.run import open_run
 from pipeline.metrics.settings import BootstrapSettings, Population
 from pipeline.report import build_report
 from pipeline.scoring.driver import run_scoring
+from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
 
@@ -35,7 +36,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         if i % 4 == 0:
             first["output"] = {"logged": "not what the simulator returns"}
     write_store(records, str(root / "store"), "jsonl", 50_000, None)
-    run_scoring(str(root / "store"), str(root / "run"), executor="inline")
+    run_scoring(str(root / "store"), str(root / "run"), ScoreSettings(inline=True))
     return root / "run"
 
 

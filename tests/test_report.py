@@ -22,6 +22,7 @@ from pipeline.metrics.settings import BootstrapSettings
 from pipeline.report import Compare, ReportResult, build_report, parse_compare
 from pipeline.report.ranking import kendall_tau_b, rank_conditions, ranks
 from pipeline.scoring.driver import run_scoring
+from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
 
@@ -79,7 +80,7 @@ def test_paper_numbers_in_the_report(paper: ReportResult) -> None:
 def synth_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("synth")
     write_store(synthesize("shop", 600, 40, 11), str(root / "store"), "jsonl", 50_000, None)
-    run_scoring(str(root / "store"), str(root / "run"), executor="inline")
+    run_scoring(str(root / "store"), str(root / "run"), ScoreSettings(inline=True))
     return root / "run"
 
 

@@ -17,6 +17,7 @@ from msgspec import structs
 
 from pipeline.core.run_folder import Manifest
 from pipeline.scoring.driver import run_scoring
+from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.inputs import line_numbers, list_inputs
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
@@ -68,7 +69,9 @@ def runs(store: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, Sco
     for size in SHARD_SIZES:
         run = tmp_path_factory.mktemp(f"size{size}") / "run"
         reports: list = []
-        manifest = run_scoring(str(store), str(run), executor="inline", shard_bytes=size, on_shard=reports.append)
+        manifest = run_scoring(
+            str(store), str(run), ScoreSettings(inline=True, shard_mb=size / 2**20), on_shard=reports.append
+        )
         out[size] = Scored(run, manifest, [r.shard for r in reports])
     return out
 
@@ -125,7 +128,7 @@ def test_ray_finds_the_same_copies_as_inline_whatever_order_the_shards_finish(
     store: Path, runs: dict[int, Scored], tmp_path: Path, shared_ray: None
 ) -> None:
     inline = runs[20_000].run
-    run_scoring(str(store), str(tmp_path / "run"), shard_bytes=20_000, run_id="run")
+    run_scoring(str(store), str(tmp_path / "run"), ScoreSettings(shard_mb=20_000 / 2**20), run_id="run")
     for table in ("steps", "rollouts", "rejects"):
         assert rows(tmp_path / "run", table) == rows(inline, table)
 
@@ -150,14 +153,14 @@ def test_a_rerun_reuses_shards_until_a_copy_of_their_ids_appears_earlier(store: 
     for name in ("a.jsonl", "b.jsonl.gz"):
         (local / name).write_bytes((store / name).read_bytes())
     run = tmp_path / "run"
-    run_scoring(str(local), str(run), executor="inline")
-    again = run_scoring(str(local), str(run), executor="inline")
+    run_scoring(str(local), str(run), ScoreSettings(inline=True))
+    again = run_scoring(str(local), str(run), ScoreSettings(inline=True))
     assert again.counts.shards_reused == 2
     # A file sorting first now holds b1: b.jsonl.gz's copy of b1 becomes a later copy; a.jsonl is unaffected.
     b1 = next(r for r in rows(run, "rollouts") if r["rollout_id"] == "b1")
     source = orjson.loads(gzip.decompress((local / "b.jsonl.gz").read_bytes()).splitlines()[1])
     (local / "0.jsonl").write_bytes(orjson.dumps({**source, "labels": {"copy": "0"}}) + b"\n")
-    third = run_scoring(str(local), str(run), executor="inline")
+    third = run_scoring(str(local), str(run), ScoreSettings(inline=True))
     assert [(Path(s.source).name, s.reused) for s in third.shards] == [
         ("0.jsonl", False),
         ("a.jsonl", True),
@@ -173,14 +176,14 @@ def test_a_shard_whose_part_changed_is_rescored_and_counts_match_the_tables(
     store: Path, tmp_path: Path, damage: str
 ) -> None:
     run = tmp_path / "run"
-    first = run_scoring(str(store), str(run), executor="inline", shard_bytes=20_000)
+    first = run_scoring(str(store), str(run), ScoreSettings(inline=True, shard_mb=20_000 / 2**20))
     parts = sorted((run / "rollouts").iterdir())
     victim = parts[1]
     if damage == "deleted":
         victim.unlink()
     else:  # another shard's rows under this shard's name: a valid Parquet file of another size
         victim.write_bytes(parts[2].read_bytes())
-    again = run_scoring(str(store), str(run), executor="inline", shard_bytes=20_000)
+    again = run_scoring(str(store), str(run), ScoreSettings(inline=True, shard_mb=20_000 / 2**20))
     rescored = [s.shard for s in again.shards if not s.reused]
     assert rescored == [victim.name.removeprefix("part-").removesuffix(".parquet")]
     counts = again.counts

@@ -20,6 +20,7 @@ from pipeline.metrics.run import open_run
 from pipeline.metrics.settings import BootstrapSettings
 from pipeline.report import build_report
 from pipeline.scoring.driver import ScoringFailed, run_scoring
+from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.run import read_manifest, read_shard_markers
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
@@ -42,14 +43,14 @@ def local_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def reference_run(local_store: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
     run = str(tmp_path_factory.mktemp("reference") / "run")
-    run_scoring(str(local_store), run, executor="inline", run_id="r")
+    run_scoring(str(local_store), run, ScoreSettings(inline=True), run_id="r")
     return run
 
 
 def test_object_storage_end_to_end_through_ray(s3, local_store, reference_run, tmp_path, shared_ray):
     store, run = "s3://pexec-test/store", "s3://pexec-test/runs/a"
     write_store(synthesize("shop", 1500, 150, seed=5), store, per_file=300, storage_options=s3)
-    manifest = run_scoring(store, run, storage_options=s3, shard_bytes=256 * 1024, run_id="r")
+    manifest = run_scoring(store, run, ScoreSettings(storage_options=s3, shard_mb=0.25), run_id="r")
     assert manifest.counts.scored == 1500 and manifest.reconciled
     assert read_manifest(run, s3).counts == manifest.counts
     for table in ("steps", "rollouts"):
@@ -72,7 +73,7 @@ def test_object_storage_end_to_end_through_ray(s3, local_store, reference_run, t
 
 def test_unwritable_bucket_fails_clearly_and_commits_nothing(s3, local_store, shared_ray):
     with pytest.raises(ScoringFailed, match=r"NoSuchBucket|does not exist|not found"):
-        run_scoring(str(local_store), "s3://no-such-bucket/run", storage_options=s3, executor="ray")
+        run_scoring(str(local_store), "s3://no-such-bucket/run", ScoreSettings(storage_options=s3))
     assert not s3fs.S3FileSystem(**s3).exists("no-such-bucket/run/_manifest.json")
 
 
@@ -80,7 +81,9 @@ def test_a_missing_store_in_the_bucket_is_a_clear_error(s3, tmp_path):
     from pipeline.storage.inputs import StoreError
 
     with pytest.raises(StoreError, match="no such store: s3://pexec-test/nothing-here"):
-        run_scoring("s3://pexec-test/nothing-here", str(tmp_path / "run"), storage_options=s3, executor="inline")
+        run_scoring(
+            "s3://pexec-test/nothing-here", str(tmp_path / "run"), ScoreSettings(storage_options=s3, inline=True)
+        )
 
 
 def test_an_unreachable_store_fails_clearly(s3, tmp_path):  # s3: only for its credentials
@@ -88,7 +91,7 @@ def test_an_unreachable_store_fails_clearly(s3, tmp_path):  # s3: only for its c
 
     closed = {"endpoint_url": f"http://127.0.0.1:{free_port()}", "config_kwargs": {"retries": {"max_attempts": 1}}}
     with pytest.raises(StoreError, match="cannot list store s3://pexec-test/store: EndpointConnectionError"):
-        run_scoring("s3://pexec-test/store", str(tmp_path / "run"), storage_options=closed, executor="inline")
+        run_scoring("s3://pexec-test/store", str(tmp_path / "run"), ScoreSettings(storage_options=closed, inline=True))
     assert not (tmp_path / "run").exists()
     proc = subprocess.run(
         [
@@ -138,7 +141,7 @@ def test_a_worker_killed_mid_job_changes_nothing(local_store, reference_run, tmp
             killed.append(pid)
             break
 
-    manifest = run_scoring(str(local_store), run, shard_bytes=128 * 1024, run_id="r", on_shard=kill_a_worker)
+    manifest = run_scoring(str(local_store), run, ScoreSettings(shard_mb=0.125), run_id="r", on_shard=kill_a_worker)
     assert killed, "no scoring worker was found to kill"
     assert manifest.counts.scored == 1500
     for table in ("steps", "rollouts"):

@@ -18,11 +18,11 @@ from test_producers_inspect import eval_log  # noqa: F401  (a fixture: a real .e
 from typer.testing import CliRunner
 
 from pipeline.cli.app import app
-from pipeline.envs import EnvOptions
 from pipeline.ingest import IngestOptions, ingest
 from pipeline.ingest.sharded import plan_raw, raw_source
 from pipeline.metrics.run import open_run
 from pipeline.scoring.driver import run_scoring
+from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.support_logs import write_samples
 
@@ -45,15 +45,14 @@ def rows(run: Path) -> tuple[list[tuple], list[tuple]]:
 def ingest_then_score(fmt: str, sources: list[str], tmp: Path, read: dict[str, str], **score: Any) -> Path:
     store, run = tmp / "store", tmp / "ingested"
     write_store(ingest(fmt, sources, IngestOptions(extra=dict(read))), str(store))
-    run_scoring(str(store), str(run), executor="inline", **score)
+    run_scoring(str(store), str(run), ScoreSettings(inline=True, **score))
     return run
 
 
 def score_raw(fmt: str, sources: list[str], tmp: Path, read: dict[str, str], name: str = "raw", **score: Any) -> Path:
     run = tmp / name
-    source = raw_source(fmt, sources, IngestOptions(extra=dict(read)))
-    score.setdefault("executor", "inline")
-    run_scoring(" ".join(sources), str(run), source=source, **score)
+    score.setdefault("inline", True)
+    run_scoring(sources, str(run), ScoreSettings(format=fmt, options=read, **score))
     return run
 
 
@@ -67,10 +66,10 @@ def assert_same(a: Path, b: Path) -> None:
 def test_openai_logs_cut_into_byte_ranges_score_on_ray_as_ingest_then_score(tmp_path, shared_ray):
     write_samples(tmp_path / "logs", ("2026-11-27", "2026-11-28"), 40, 3)
     options = {"error_prefix": "Error:"}
-    env = {"options": EnvOptions(spec="support")}
+    env = {"spec": "support"}
     ingested = ingest_then_score("openai", [str(tmp_path / "logs")], tmp_path, options, **env)
     # 4 KiB shards: every file is cut into byte ranges, decoded in Ray tasks
-    raw = score_raw("openai", [str(tmp_path / "logs")], tmp_path, options, shard_bytes=4096, executor="ray", **env)
+    raw = score_raw("openai", [str(tmp_path / "logs")], tmp_path, options, shard_mb=4096 / 2**20, inline=False, **env)
     manifest = json.loads((raw / "_manifest.json").read_text())
     assert manifest["counts"]["shards"] > 4 and manifest["settings"]["executor"] == "ray"
     assert_same(ingested, raw)
@@ -83,7 +82,7 @@ def test_ids_missing_in_a_byte_range_are_named_by_their_line_as_a_whole_file_rea
     path.write_text("".join(json.dumps({k: v for k, v in d.items() if k != "id"}) + "\n" for d in lines))
     options = {"error_prefix": "Error:"}
     ingested = ingest_then_score("openai", [str(path)], tmp_path, options)
-    raw = score_raw("openai", [str(path)], tmp_path, options, shard_bytes=2048)
+    raw = score_raw("openai", [str(path)], tmp_path, options, shard_mb=2048 / 2**20)
     ids = sorted(r["rollout_id"] for r in open_run(str(raw)).rollouts().to_pylist())
     assert ids == sorted(f"{path} line {n}" for n in range(1, 13))
     assert_same(ingested, raw)
@@ -172,10 +171,12 @@ def spread(export: Path, folder: Path, files: int) -> int:
 def test_one_conversations_spans_in_three_files_score_as_in_one_file(tmp_path, shared_ray, otel_export):
     export = otel_export
     assert spread(export, tmp_path / "three", 3) >= 6
-    spec = {"env": "observed", "options": EnvOptions(spec="support")}
+    spec = {"env": "observed", "spec": "support"}
     ingested = ingest_then_score("otel", [str(export)], tmp_path, {}, **spec)
     one = score_raw("otel", [str(export)], tmp_path, {}, "one", **spec)
-    three = score_raw("otel", [str(tmp_path / "three")], tmp_path, {}, "three", shard_bytes=512, executor="ray", **spec)
+    three = score_raw(
+        "otel", [str(tmp_path / "three")], tmp_path, {}, "three", shard_mb=512 / 2**20, inline=False, **spec
+    )
     assert_same(ingested, one)
     assert_same(one, three)
     manifest = json.loads((three / "_manifest.json").read_text())
@@ -191,9 +192,9 @@ def test_an_inspect_log_cut_into_member_ranges_scores_as_ingest_then_score(tmp_p
     copies = tmp_path / "logs"
     copies.mkdir()
     shutil.copy(log, copies / "a.eval")
-    spec = {"env": "observed", "options": EnvOptions(spec="support")}
+    spec = {"env": "observed", "spec": "support"}
     ingested = ingest_then_score("inspect", [str(copies)], tmp_path, {}, **spec)
-    raw = score_raw("inspect", [str(copies)], tmp_path, {}, shard_bytes=1, **spec)
+    raw = score_raw("inspect", [str(copies)], tmp_path, {}, shard_mb=1 / 2**20, **spec)
     assert json.loads((raw / "_manifest.json").read_text())["counts"]["shards"] == 2  # one per sample member
     assert_same(ingested, raw)
 

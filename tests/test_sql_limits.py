@@ -23,6 +23,7 @@ from pipeline.core.errors import PexecError
 from pipeline.metrics.query import QueryError, QueryLimits
 from pipeline.metrics.run import open_run
 from pipeline.scoring.driver import run_scoring
+from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
 
@@ -33,7 +34,7 @@ pytestmark = pytest.mark.fuzz  # an adversarial suite: `make fuzz` runs it too
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("sqlrun")
     write_store(synthesize("shop", 60, 10, 5), str(root / "store"), "jsonl")
-    run_scoring(str(root / "store"), str(root / "run"), executor="inline")
+    run_scoring(str(root / "store"), str(root / "run"), ScoreSettings(inline=True))
     return root / "run"
 
 

@@ -24,6 +24,7 @@ from pipeline.ingest import IngestError, IngestOptions, ingest
 from pipeline.metrics.run import open_run
 from pipeline.replay.checker import replay
 from pipeline.scoring.driver import run_scoring
+from pipeline.scoring.settings import ScoreSettings
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 TAU3 = SHARED / "tau3"
@@ -264,7 +265,7 @@ def test_ingest_every_real_variant_and_score_through_ray(tmp_path, shared_ray):
     retail = [r for r in records if r["labels"]["model"] == "gpt-4.1"]
     (store / "part.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in retail))
     run = tmp_path / "run"
-    manifest = run_scoring(str(store), str(run), shard_bytes=512 * 1024)
+    manifest = run_scoring(str(store), str(run), ScoreSettings(shard_mb=0.5))
     assert manifest.counts.rejected == 0
     rewards = [s["reward_info"]["reward"] for s in json.loads(source.read_text())["simulations"]]
     success = duckdb.sql(f"SELECT avg(success::INT) FROM read_parquet('{run}/rollouts/*.parquet')").fetchall()[0][0]
@@ -287,7 +288,7 @@ def real_run(tmp_path_factory) -> Path:
     records = ingest("tau2", [str(REAL)], IngestOptions(extra={"tasks": str(TAU3)}))
     (tmp / "store").mkdir()
     (tmp / "store" / "part.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
-    run_scoring(str(tmp / "store"), str(tmp / "run"), executor="inline")
+    run_scoring(str(tmp / "store"), str(tmp / "run"), ScoreSettings(inline=True))
     return tmp / "run"
 
 

@@ -21,6 +21,7 @@ from pipeline.envs.toolsandbox.utilities import ToolError, convert, geodesic_km,
 from pipeline.ingest import IngestError, IngestOptions, ingest
 from pipeline.replay.checker import replay
 from pipeline.scoring.driver import run_scoring
+from pipeline.scoring.settings import ScoreSettings
 
 NOW = 1717591000.0  # 2024-06-05 12:36:40 UTC
 # A run folder upstream's own runner wrote (tests/toolsandbox_runs/record.py: scripts.SAMPLE).
@@ -342,7 +343,7 @@ def test_end_to_end_scoring(tmp_path: Path) -> None:
     store, out = tmp_path / "store", tmp_path / "run"
     store.mkdir()
     (store / "ts.jsonl").write_bytes(b"\n".join(orjson.dumps(r) for r in ingest("toolsandbox", [str(RUN)])))
-    run_scoring(str(store), str(out), executor="inline")
+    run_scoring(str(store), str(out), ScoreSettings(inline=True))
     rows = duckdb.sql(f"SELECT task_id, T, fed, first_cause, success, recovered FROM '{out}/rollouts/*.parquet'"
                       " ORDER BY task_id").fetchall()  # fmt: skip
     assert rows == [  # upstream's verdicts: a unit pint does not know, a send with cellular off

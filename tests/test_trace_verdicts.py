@@ -95,11 +95,12 @@ def test_file_formats_need_sources_and_trace_stores_take_none():
 
 def test_publish_refuses_a_run_not_read_from_a_trace_store(tmp_path):
     from pipeline.scoring.driver import run_scoring
+    from pipeline.scoring.settings import ScoreSettings
     from pipeline.storage.stores import write_store
     from pipeline.synthetic.rollouts import synthesize
 
     write_store(synthesize("shop", 4, 2, 0), str(tmp_path / "store"), "jsonl")
-    run_scoring(str(tmp_path / "store"), str(tmp_path / "run"), executor="inline")
+    run_scoring(str(tmp_path / "store"), str(tmp_path / "run"), ScoreSettings(inline=True))
     for publish in (mlflow.publish, phoenix.publish):  # refused before any server is asked
         with pytest.raises(PublishError, match="not read from a trace store"):
             publish(str(tmp_path / "run"), "http://127.0.0.1:9")

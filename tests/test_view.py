@@ -32,6 +32,7 @@ from pipeline.metrics.completeness import RunIncomplete
 from pipeline.metrics.run import open_run
 from pipeline.metrics.settings import BootstrapSettings
 from pipeline.scoring.driver import run_scoring
+from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
 from pipeline.view import RunView, create_app
@@ -48,7 +49,7 @@ def make_run(folder: Path, storage_options: dict | None = None, root: str | None
     records[7]["events"][0]["content"] += EVIL
     base = root or str(folder)
     write_store(iter(records), f"{base}/store", per_file=100, storage_options=storage_options)
-    run_scoring(f"{base}/store", f"{base}/run", executor="inline", storage_options=storage_options)
+    run_scoring(f"{base}/store", f"{base}/run", ScoreSettings(inline=True, storage_options=storage_options))
     return f"{base}/run"
 
 
@@ -177,7 +178,7 @@ def test_stored_metrics_are_used_only_while_current(run: str, tmp_path: Path) ->
     finally:
         view.close()
     # A rescore after the metrics makes them stale: the viewer computes instead of showing old numbers.
-    run_scoring(str(Path(run).parent / "store"), run, executor="inline", force=True)
+    run_scoring(str(Path(run).parent / "store"), run, ScoreSettings(inline=True, force=True))
     view = RunView(open_run(run, None), SETTINGS)
     try:
         assert "computed now from the rollouts" in TestClient(create_app(view)).get("/").text

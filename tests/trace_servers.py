@@ -92,7 +92,7 @@ def phoenix_server(folder: Path) -> Iterator[str]:
 
 def score_support(store: Path, run: Path) -> None:
     """`pexec score STORE --out RUN --env observed --spec support --inline`, in this process."""
-    from pipeline.envs import EnvOptions
     from pipeline.scoring.driver import run_scoring
+    from pipeline.scoring.settings import ScoreSettings
 
-    run_scoring(str(store), str(run), env="observed", options=EnvOptions(spec="support"), executor="inline")
+    run_scoring(str(store), str(run), ScoreSettings(env="observed", spec="support", inline=True))

@@ -1,5 +1,6 @@
-"""The commands that read a scored run: metrics, report, diff, sql and view. Each opens the run through its
-`Reading` (options.reads_a_run), so every reader takes the same options and checks them the same way."""
+"""The commands that read a scored run: metrics, report, diff, sql and view. Each takes the shared options it
+needs (pipeline.cli.options), in the same order, and opens the run through one `Reading` made of them, so every
+reader checks them the same way (MetricsSettings)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,27 @@ import typer
 from rich.table import Table
 
 from pipeline.cli.options import (
+    LOCAL_METHODS,
     AllowHost,
+    Bootstrap,
+    By,
+    EndpointUrl,
+    HarnessErrors,
     HeaderTimeout,
+    IntervalsSeed,
     MaxConcurrency,
+    MergedMethod,
+    Method,
+    Partial,
+    Pool,
     Reading,
     ScoredRun,
+    StorageOption,
+    StrictReplay,
     TokenFile,
-    reads_a_run,
+    metrics_settings,
     server_limits,
+    storage,
 )
 from pipeline.cli.render import (
     console,
@@ -35,16 +49,15 @@ from pipeline.core.errors import PexecError
 from pipeline.metrics.completeness import Coverage
 from pipeline.metrics.query import MAX_ROWS_LIMIT, QueryLimits, read_statements, stream_sql
 from pipeline.metrics.run import Run
-from pipeline.metrics.settings import DEFAULT_POPULATION
+from pipeline.metrics.settings import DEFAULT_POPULATION, MAX_K, METHODS, MetricsSettings
 from pipeline.metrics.tool_profiles import TOOL_FIELDS, tool_cohort_columns
 
 
-@reads_a_run("cohorts", "intervals", "partial", merged=True)
 def metrics(
     run: ScoredRun,
-    reading: Reading,
     max_k: Annotated[
-        int | None, typer.Option("--max-k", min=0, max=1000, help="Largest k for PEC(k) (default: max T, at most 20).")
+        int | None,
+        typer.Option("--max-k", min=0, max=MAX_K, help="Largest k for PEC(k) (default: max T, at most 20)."),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per cohort.")] = False,
     address: Annotated[
@@ -55,18 +68,31 @@ def metrics(
             "by part, no process reading every rollout; needs --method poisson-merged, same numbers.",
         ),
     ] = None,
+    by: By = None,
+    bootstrap: Bootstrap = 1000,
+    seed: IntervalsSeed = 0,
+    method: MergedMethod = "multinomial",
+    harness_errors: HarnessErrors = "exclude",
+    pool: Pool = None,
+    partial: Partial = False,
+    strict_replay: StrictReplay = False,
+    endpoint_url: EndpointUrl = None,
+    storage_option: StorageOption = None,
 ) -> None:
     """Success, TER, AUC-PEC, RR, output match and PEC(k) per cohort with 95% intervals (task bootstrap, or
     Wilson on the effective sample size for small samples)."""
-    opened = reading.open(run)
-    tool_by = tool_cohort_columns(reading.by)
+    asked = metrics_settings(
+        by, bootstrap, seed, method, harness_errors, pool, strict_replay, max_k=max_k, methods=METHODS
+    )
+    opened = Reading(storage(endpoint_url, storage_option), partial).open(run)
+    tool_by = tool_cohort_columns(asked.by)
     if tool_by is not None:
         if address is not None:
             raise PexecError("--address computes the rollout metrics; per-tool profiles (--by tool) run here")
-        _tool_metrics(opened, tool_by, reading, as_json)
+        _tool_metrics(opened, tool_by, asked, as_json)
         return
-    cohorts = opened.cohorts(reading.by, reading.settings, max_k, reading.population, address)
-    folder = opened.write_metrics(cohorts, reading.by)
+    cohorts = opened.cohorts(asked.by, asked.bootstrap, asked.max_k, asked.population, address)
+    folder = opened.write_metrics(cohorts, asked.by)
     if as_json:
         json_lines(cohorts)
         return
@@ -83,11 +109,11 @@ def metrics(
             out.print(note)
 
 
-def _tool_metrics(run: Run, by: list[str], reading: Reading, as_json: bool) -> None:
+def _tool_metrics(run: Run, by: list[str], asked: MetricsSettings, as_json: bool) -> None:
     """`metrics --by tool[,labels]`: the per-tool error profile (step-level cohorts), printed, not written."""
     from pipeline.report.layout import tools_table
 
-    rows = run.tool_profiles(by, reading.settings, reading.population)
+    rows = run.tool_profiles(by, asked.bootstrap, asked.population)
     if as_json:
         json_lines(rows)
         return
@@ -107,11 +133,9 @@ def _tool_metrics(run: Run, by: list[str], reading: Reading, as_json: bool) -> N
     out.print(f"B={b['B']}, seed={b['seed']}, {b['method']}. " + " ".join(shown.notes), soft_wrap=True)
 
 
-@reads_a_run("cohorts", "intervals", "partial")
 def report(
     run: ScoredRun,
     out_dir: Annotated[str, typer.Option("--out", help="Folder to write the report into (local path or URL).")],
-    reading: Reading,
     compare: Annotated[
         tuple[str, str] | None,
         typer.Option("--compare", help="COL=A COL=B: paired differences A - B over the tasks both share."),
@@ -127,23 +151,35 @@ def report(
     sensitivity: Annotated[
         bool, typer.Option("--sensitivity", help="Add TER and AUC-PEC under schema-only, schema+dependency, all.")
     ] = False,
+    by: By = None,
+    bootstrap: Bootstrap = 1000,
+    seed: IntervalsSeed = 0,
+    method: Method = "multinomial",
+    harness_errors: HarnessErrors = "exclude",
+    pool: Pool = None,
+    partial: Partial = False,
+    strict_replay: StrictReplay = False,
+    endpoint_url: EndpointUrl = None,
+    storage_option: StorageOption = None,
 ) -> None:
     """Tables, ranking divergence, paired comparisons and figures as Markdown, HTML, CSV and Parquet."""
     from pipeline.report import build_report, check_request, parse_compare
 
+    asked = metrics_settings(by, bootstrap, seed, method, harness_errors, pool, strict_replay)
+    reading = Reading(storage(endpoint_url, storage_option), partial)
     pair = parse_compare(compare) if compare else None
     ks = _depths(k)
     check_request(run, out_dir.rstrip("/"), ks, overwrite, reading.storage)  # before the run is listed
     result = build_report(
         reading.open(run),
         out_dir,
-        reading.by,
+        asked.by,
         pair,
         ks,
-        reading.settings,
+        asked.bootstrap,
         overwrite=overwrite,
         within=within,
-        population=reading.population,
+        population=asked.population,
         sensitivity=sensitivity,
     )
     for path in result.files:
@@ -161,11 +197,9 @@ def _depths(k: str) -> list[int]:
         raise PexecError(f"--k takes depths separated by commas, e.g. 1,3,5; got {k!r}") from exc
 
 
-@reads_a_run("cohorts", "intervals")
 def diff(
     run_a: Annotated[str, typer.Argument(help="The earlier run (A).")],
     run_b: Annotated[str, typer.Argument(help="The later run (B): differences are B - A.")],
-    reading: Reading,
     fail_on: Annotated[
         list[str] | None,
         typer.Option("--fail-on", help="METRIC<NUMBER (or <=, >, >=) on B - A: exit 1 when crossed (repeatable)."),
@@ -179,6 +213,15 @@ def diff(
             "least half of the smaller run's rollout ids are in both).",
         ),
     ] = None,
+    by: By = None,
+    bootstrap: Bootstrap = 1000,
+    seed: IntervalsSeed = 0,
+    method: Method = "multinomial",
+    harness_errors: HarnessErrors = "exclude",
+    pool: Pool = None,
+    strict_replay: StrictReplay = False,
+    endpoint_url: EndpointUrl = None,
+    storage_option: StorageOption = None,
 ) -> None:
     """Two runs of the same rollouts: verdict flips step by step, paired by rollout. Runs with different tasks:
     drift, B - A per cohort and metric, and per tool, with two-sample task-level bootstrap intervals. --fail-on
@@ -186,13 +229,15 @@ def diff(
     from pipeline.metrics.drift import breaches, diff_runs, parse_threshold
     from pipeline.metrics.verdicts import shared_rollouts
 
+    asked = metrics_settings(by, bootstrap, seed, method, harness_errors, pool, strict_replay)
+    reading = Reading(storage(endpoint_url, storage_option))
     a, b = reading.open(run_a), reading.open(run_b)
     shared = shared_rollouts(a, b)
     if paired or (paired is None and shared[2] and 2 * shared[2] >= min(shared[:2])):
-        alert(_paired(a, b, reading, fail_on or [], as_json, shared))
+        alert(_paired(a, b, asked, fail_on or [], as_json, shared))
         return
     thresholds = [parse_threshold(t) for t in fail_on or []]
-    result = diff_runs(a, b, reading.by, reading.settings, reading.population)
+    result = diff_runs(a, b, asked.by, asked.bootstrap, asked.population)
     if as_json:
         json_lines([{"kind": "metric", **row} for row in result.rows])
         json_lines([{"kind": "tool", "metric": "invalid_rate", **row} for row in result.tools])
@@ -201,7 +246,9 @@ def diff(
     alert(breaches(result, thresholds))
 
 
-def _paired(a: Run, b: Run, reading: Reading, fail_on: list[str], as_json: bool, shared: tuple[int, ...]) -> list[str]:
+def _paired(
+    a: Run, b: Run, asked: MetricsSettings, fail_on: list[str], as_json: bool, shared: tuple[int, ...]
+) -> list[str]:
     from pipeline.cli.verdicts import paired
 
     if not shared[2]:
@@ -209,14 +256,14 @@ def _paired(a: Run, b: Run, reading: Reading, fail_on: list[str], as_json: bool,
             f"--paired: the runs share no rollout id ({shared[0]} in A, {shared[1]} in B): nothing to compare step "
             "by step; without --paired they are compared as drift"
         )
-    if reading.by:
+    if asked.by:
         raise PexecError("--by does not apply to the paired diff (every shared rollout is compared); use --unpaired")
-    if reading.population != DEFAULT_POPULATION:
+    if asked.population != DEFAULT_POPULATION:
         raise PexecError(
             "--harness-errors, --pool and --strict-replay do not apply to the paired diff (a rollout that is a "
             "harness error in either run is left out and counted); use --unpaired"
         )
-    return paired(a, b, reading.settings, fail_on, as_json, shared)
+    return paired(a, b, asked.bootstrap, fail_on, as_json, shared)
 
 
 def alert(lines: list[str]) -> None:
@@ -227,13 +274,11 @@ def alert(lines: list[str]) -> None:
         raise typer.Exit(1)
 
 
-@reads_a_run("partial")
 def sql(
     run: ScoredRun,
     query: Annotated[
         str, typer.Argument(help="A read-only query over the views steps, rollouts, rejects, metrics, pec, ….")
     ],
-    reading: Reading,
     fmt: Annotated[str, typer.Option("--format", help="table, csv or json")] = "table",
     memory_limit: Annotated[
         str, typer.Option("--memory-limit", help="DuckDB memory limit (e.g. 512MB, 4GB); beyond it, it spills.")
@@ -248,12 +293,16 @@ def sql(
             "--max-rows", min=1, max=MAX_ROWS_LIMIT, help="Rows written at most; a longer result is cut (exit 1)."
         ),
     ] = QueryLimits.max_rows,
+    partial: Partial = False,
+    endpoint_url: EndpointUrl = None,
+    storage_option: StorageOption = None,
 ) -> None:
     """Run a read-only SQL query (DuckDB) over the run's tables; the result streams out within the limits."""
     if fmt not in ("table", "csv", "json"):
         raise PexecError(f"--format is table, csv or json, got {fmt!r}")
     limits = QueryLimits(memory_limit=memory_limit, timeout=timeout, max_rows=max_rows)
     read_statements(query)  # a query that is not a read, or not SQL, is refused before the run is listed
+    reading = Reading(storage(endpoint_url, storage_option), partial)
     with stream_sql(reading.open(run).snapshot, query, limits) as result:
         if result.partial:  # on stderr: the result itself stays what the query asked for
             partial_notice(result.partial, console)
@@ -264,10 +313,8 @@ def sql(
         raise typer.Exit(1)
 
 
-@reads_a_run("intervals", "partial")
 def view(
     run: Annotated[str, typer.Argument(help="A scored run folder or URL.")],
-    reading: Reading,
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 8765,
     host: Annotated[
         str,
@@ -285,6 +332,12 @@ def view(
     allow_host: AllowHost = None,
     header_timeout: HeaderTimeout = 10.0,
     max_concurrency: MaxConcurrency = 64,
+    bootstrap: Bootstrap = 1000,
+    seed: IntervalsSeed = 0,
+    method: Method = "multinomial",
+    partial: Partial = False,
+    endpoint_url: EndpointUrl = None,
+    storage_option: StorageOption = None,
 ) -> None:
     """Browse a run: cohorts and their metrics -> the rollouts behind a number -> one rollout's steps."""
     from pipeline.view import RunView, check_address, check_token, serve
@@ -293,7 +346,8 @@ def view(
     token = read_token(token, token_file)
     check_token(host, token)
     check_address(host, port)
-    run_view = RunView(reading.open(run), reading.settings)
+    asked = MetricsSettings.from_values(bootstrap=bootstrap, seed=seed, method=method, methods=LOCAL_METHODS)
+    run_view = RunView(Reading(storage(endpoint_url, storage_option), partial).open(run), asked.bootstrap)
     console.print(f"pexec view: http://{host}:{port}/ (Ctrl-C to stop)")
     try:
         limits = server_limits(header_timeout, max_concurrency)

@@ -14,17 +14,21 @@ from typer.core import TyperGroup
 from pipeline.cli import analysis, bench, envs, guard, guard_replay, jobs, publish, scoring, stores
 from pipeline.cli.render import console, literal, show_warning
 from pipeline.core.errors import PexecError
+from pipeline.core.settings import SettingError
 
 warnings.showwarning = show_warning
 
 
 class _Commands(TyperGroup):
     """The one place user-facing errors end: any command's PexecError is printed as `error: <message>` on
-    one line and exits 2. Any other exception is a bug and keeps its traceback."""
+    one line and exits 2, a setting's (SettingError) naming the option that set it. Any other exception is a bug
+    and keeps its traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except SettingError as exc:
+            _fail(exc.naming(_option(self.get_command(ctx, ctx.invoked_subcommand or ""), exc)), exc)
         except PexecError as exc:
             _fail(str(exc), exc)
         except OSError as exc:  # storage: a missing bucket or file, a refused write, an unreachable endpoint
@@ -33,6 +37,13 @@ class _Commands(TyperGroup):
             if type(exc).__module__.startswith("botocore"):  # credentials, endpoint (not an OSError)
                 _fail(f"{type(exc).__name__}: {exc} (see the AWS environment or --endpoint-url)", exc)
             raise
+
+
+def _option(command: click.Command | None, exc: SettingError) -> str:
+    """The option of the command's parameter named as the setting's key (`--spec-dir` for `spec_dirs`), else the
+    key with dashes (the option of a sub-command's setting, such as `guard serve --policy`)."""
+    params = command.params if command is not None else []
+    return next((p.opts[0] for p in params if p.name == exc.key and p.opts), exc.option)
 
 
 def _fail(message: str, exc: Exception) -> None:

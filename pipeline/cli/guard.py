@@ -14,11 +14,11 @@ from pipeline.cli.options import (
     Policy,
     SpecDir,
     TokenFile,
-    check_policy,
     server_limits,
 )
 from pipeline.cli.render import console
 from pipeline.envs import EnvOptions
+from pipeline.scoring.settings import environment_options
 
 guard_app = typer.Typer(no_args_is_help=True, help="Pre-execution guard: check an agent's next call before it runs.")
 GuardSpec = Annotated[str | None, typer.Option("--spec", help="Spec giving `observed` its schemas and rules.")]
@@ -62,12 +62,12 @@ def serve(
     from pipeline.guard.service import Guard, Limits
     from pipeline.web import read_token
 
-    check_policy(policy)
+    options = environment_options(spec, spec_dir or (), policy)
     token = read_token(token, token_file)
     require_token(host, token)  # before an environment is built
     mib = 1024 * 1024
     limits = Limits(max_sessions, ttl, max_session_bytes=session_mb * mib, max_cache_bytes=cache_mb * mib)
-    guard = Guard(env, EnvOptions(tuple(spec_dir or ()), spec, policy), limits)
+    guard = Guard(env, options, limits)
     console.print(f"guard: {env} ({guard.version}) on http://{host}:{port}")
     serve_http(guard, host, port, token, server_limits(header_timeout, max_concurrency), tuple(allow_host or ()))
 

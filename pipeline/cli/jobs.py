@@ -31,7 +31,6 @@ def run(
     from pipeline.jobs.preflight import check_job
 
     unwind_on_sigterm()
-    progress = ScoreProgress()
     job = load_job(job_file, on_date)
     found = check_job(job)
     if check:
@@ -45,7 +44,7 @@ def run(
         )
         return
     console.print(literal(f"job {job.name} ({job.date}): {job.input} -> {job.output}"))
-    with progress.bar:
+    with ScoreProgress() as progress:
         manifest, cohorts = run_job(job, address, force, progress.on_plan, progress.on_shard)
     summary(manifest, job.output)
     print_table(metrics_table(cohorts))
@@ -69,7 +68,8 @@ def _job_diff(job: Any) -> None:
         return
     console.print(f"diff: {previous} (A) -> {job.output} (B)")
     reading = Reading(job.storage_options)
-    result = diff_runs(reading.open(previous), reading.open(job.output), job.diff.by, job.bootstrap, job.population)
+    m = job.metrics
+    result = diff_runs(reading.open(previous), reading.open(job.output), job.diff.by, m.bootstrap, m.population)
     print_diff(result)
     alert(breaches(result, [parse_threshold(t) for t in job.diff.fail_on]))
 

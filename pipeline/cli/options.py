@@ -1,27 +1,27 @@
-"""Every option more than one command takes, declared once, and the checks of their values.
+"""Every option more than one command takes, declared once, and what the commands make of their values.
 
-An option is an `Annotated` alias a command names as a parameter's type (`seed: Seed = 0`). The commands that
-read a scored run (metrics, report, diff, sql, view) take theirs through `@reads_a_run(...)`, which adds the
-options to the command and hands it one checked `Reading`: the storage options, the cohort columns, the
-bootstrap's settings and the population, built the same way for every reader.
+An option is an `Annotated` alias a command names as a parameter's type (`seed: Seed = 0`): every option of a
+command stands in its own signature, where Typer reads it. A command hands the values to its stage's settings
+object (pipeline.scoring.settings.ScoreSettings, pipeline.metrics.settings.MetricsSettings), which checks them;
+a parameter is named as the setting it sets, so an error names the option the user typed (pipeline.cli.app).
+The commands that read a scored run (metrics, report, diff, sql, view) open it through a `Reading` of their
+storage options and --partial.
 """
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
+from collections.abc import Sequence
 from copy import copy
 from dataclasses import dataclass
-from functools import update_wrapper
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, get_args
+from typing import Annotated, Any, get_args
 
 import orjson
 import typer
 
 from pipeline.core.errors import PexecError
 from pipeline.metrics.run import Run, open_run
-from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, MAX_B, BootstrapSettings, Population
+from pipeline.metrics.settings import MAX_B, MetricsSettings
 from pipeline.storage.stores import WriteMode
 
 # Help panels: the options every reader of a run shares stand apart from the command's own.
@@ -76,7 +76,7 @@ JobFile = Annotated[Path, typer.Argument(help="A job definition (jobs/*.toml).")
 Submission = Annotated[str, typer.Argument(help="A submission id from `pexec submit`.")]
 ScoredRun = Annotated[str, typer.Argument(help="A scored run folder.")]
 
-# The options of @reads_a_run, in the order the help lists them.
+# The options of the commands that read a run, in the order their help lists them.
 By = Annotated[
     str | None,
     typer.Option(
@@ -173,102 +173,43 @@ def in_panel(option: Any, panel: str) -> Any:
     return Annotated[kind, info]
 
 
-Part = Literal["cohorts", "intervals", "partial"]
-
-
-def _keyword(part: Part | Literal["storage"], name: str, option: Any, default: Any) -> tuple[str, inspect.Parameter]:
-    return part, inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=option, default=default)
-
-
-_READING = [
-    _keyword("cohorts", "by", By, None),
-    _keyword("intervals", "bootstrap", Bootstrap, 1000),
-    _keyword("intervals", "seed", in_panel(Seed, INTERVALS), 0),
-    _keyword("intervals", "method", Method, "multinomial"),
-    _keyword("cohorts", "harness_errors", HarnessErrors, "exclude"),
-    _keyword("cohorts", "pool", Pool, None),
-    _keyword("partial", "partial", Partial, False),
-    _keyword("cohorts", "strict_replay", StrictReplay, False),
-    _keyword("storage", "endpoint_url", EndpointUrl, None),
-    _keyword("storage", "storage_option", StorageOption, None),
-]
+IntervalsSeed = in_panel(Seed, INTERVALS)
+# The bootstrap methods of the readers that compute in this process only (report, diff, view).
+LOCAL_METHODS = ("multinomial", "poisson")
 
 
 @dataclass(frozen=True)
 class Reading:
-    """How a command reads a scored run: where it lies (storage options), whether an incomplete one is read,
-    the cohort columns (None: every label), the bootstrap's settings and the population counted."""
+    """How a command reads a scored run: where it lies (storage options), and whether an incomplete one is read."""
 
     storage: dict[str, Any] | None = None
     partial: bool = False
-    by: list[str] | None = None
-    settings: BootstrapSettings = DEFAULT_BOOTSTRAP
-    population: Population = DEFAULT_POPULATION
 
     def open(self, url: str) -> Run:
         """The run (or runs) under `url`, read as this Reading says."""
         return open_run(url, self.storage, self.partial)
 
 
-Command = TypeVar("Command", bound=Callable[..., Any])
-
-
-def reads_a_run(*parts: Part, merged: bool = False) -> Callable[[Command], Command]:
-    """Give a command the options it reads a run with and pass them to it as one checked `reading: Reading`:
-    the storage options always; "cohorts": --by, --harness-errors, --pool, --strict-replay; "intervals":
-    --bootstrap, --seed, --method (with `merged`, poisson-merged too); "partial": --partial."""
-
-    def decorate(command: Command) -> Command:
-        shared = [p for part, p in _READING if part in (*parts, "storage")]
-        if merged:
-            shared = [p.replace(annotation=MergedMethod) if p.name == "method" else p for p in shared]
-        own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "reading"]
-
-        def with_reading(**values: Any) -> Any:
-            given = {p.name: values.pop(p.name) for p in shared}
-            return command(**values, reading=_reading(given, merged))
-
-        # Typer reads a command's options from its signature: the command's own, then the shared ones.
-        update_wrapper(with_reading, command)
-        with_reading.__signature__ = inspect.Signature([*own, *shared])  # type: ignore[attr-defined]
-        with_reading.__annotations__ = {p.name: p.annotation for p in [*own, *shared]}
-        return with_reading  # type: ignore[return-value]
-
-    return decorate
-
-
-def _reading(given: dict[str, Any], merged: bool) -> Reading:
-    """The Reading the parsed option values ask for; a wrong value fails here, before any file is read."""
-    settings = DEFAULT_BOOTSTRAP
-    if "bootstrap" in given:
-        settings = _bootstrap_settings(given["bootstrap"], given["seed"], given["method"], merged)
-    population = DEFAULT_POPULATION
-    if "harness_errors" in given:
-        population = _population(given["harness_errors"], given["pool"], given["strict_replay"])
-    by = _columns(given.get("by"))
-    where = storage(given["endpoint_url"], given["storage_option"])
-    return Reading(where, given.get("partial", False), by, settings, population)
-
-
-def _bootstrap_settings(replicates: int, seed: int, method: str, merged: bool = False) -> BootstrapSettings:
-    if merged and method == "poisson-merged":
-        return BootstrapSettings(B=replicates, seed=seed, method="poisson-merged")
-    if method not in ("multinomial", "poisson"):
-        raise PexecError("--method is multinomial or poisson" + (" or poisson-merged" if merged else ""))
-    return BootstrapSettings(B=replicates, seed=seed, method=method)  # type: ignore[arg-type]
-
-
-def _population(harness_errors: str, pools: list[str] | None, strict_replay: bool) -> Population:
-    if harness_errors not in ("exclude", "fail"):
-        raise PexecError(f"--harness-errors is exclude or fail, got {harness_errors!r}")
-    named = pairs(pools, "--pool")
-    pooled = tuple((name, tuple(b.strip() for b in value.split(",") if b.strip())) for name, value in named.items())
-    return Population(harness_errors, pooled, strict_replay)  # type: ignore[arg-type]
-
-
-def _columns(by: str | None) -> list[str] | None:
-    """`--by model,method` -> ["model", "method"]; None (every label) when not given."""
-    return [c.strip() for c in by.split(",") if c.strip()] if by else None
+def metrics_settings(
+    by: str | None,
+    bootstrap: int,
+    seed: int,
+    method: str,
+    harness_errors: str,
+    pool: list[str] | None,
+    strict_replay: bool,
+    max_k: int | None = None,
+    methods: Sequence[str] = LOCAL_METHODS,
+) -> MetricsSettings:
+    """The MetricsSettings of a reading command's options: `--by model,method` as its columns (None, every label,
+    when not given), each `--pool NAME=B1,B2` as a pool, the others as they are; `methods`: the bootstrap methods
+    the command computes."""
+    columns = [c.strip() for c in by.split(",") if c.strip()] if by else None
+    pools = {name: [b.strip() for b in value.split(",") if b.strip()] for name, value in pairs(pool, "--pool").items()}
+    return MetricsSettings.from_values(
+        by=columns, bootstrap=bootstrap, seed=seed, method=method, harness_errors=harness_errors, pool=pools,
+        strict_replay=strict_replay, max_k=max_k, methods=methods,
+    )  # fmt: skip
 
 
 def pairs(items: list[str] | None, flag: str) -> dict[str, str]:
@@ -299,8 +240,3 @@ def write_mode(overwrite: bool, append: bool) -> WriteMode:
     if overwrite and append:
         raise PexecError("--overwrite and --append exclude each other")
     return "overwrite" if overwrite else "append" if append else "new"
-
-
-def check_policy(value: str) -> None:
-    if value not in ("code", "strict"):
-        raise PexecError("--policy is code or strict")

@@ -215,14 +215,46 @@ def tool_metrics() -> str:
     )
 
 
+# The command whose options a job file's table stands for ("": the top level, `pexec score`'s).
+_JOB_COMMANDS = {"": "score", "metrics": "metrics", "report": "report", "diff": "diff", "synth": "synth"}
+
+
+def _command(words: str) -> Entry:
+    return next(e for e in commands() if e.words == words)
+
+
+def job_option(table: str, key: str) -> Parameter | None:
+    """The option (or argument) of the command a job file's `key` in `table` stands for: the command's parameter
+    of that name, or the option that is the key with dashes (`[report] out` is `--out`)."""
+    if table not in _JOB_COMMANDS:
+        return None
+    params = _command(_JOB_COMMANDS[table]).command.params
+    flag = "--" + key.replace("_", "-")
+    return next((p for p in params if p.name == key), None) or next((p for p in params if flag in p.opts), None)
+
+
 def job_fields() -> str:
+    """The job file's keys, each with the command-line option it stands for (FIELDS, the loader's declaration)."""
     from pipeline.jobs.definition import FIELDS
 
-    rows = [
-        [(f"`[{f.table}]` " if f.table else "") + ", ".join(f"`{k}`" for k in f.keys), f.meaning, f.default]
-        for f in FIELDS
-    ]
-    return _table(["field", "meaning", "default"], rows)
+    rows = []
+    for f in FIELDS:
+        found = [job_option(f.table, k) for k in f.keys]
+        options = ", ".join(f"`{_name(p)}`" for p in found if p is not None) or "–"
+        keys = (f"`[{f.table}]` " if f.table else "") + ", ".join(f"`{k}`" for k in f.keys)
+        rows.append([keys, options, f.meaning, f.default])
+    return _table(["field", "option", "meaning", "default"], rows)
+
+
+def job_exclusions() -> str:
+    """The `pexec score` options a job file has no key for, and why."""
+    from pipeline.jobs.definition import NOT_IN_JOB_FILES
+
+    rows = []
+    for name, why in NOT_IN_JOB_FILES.items():
+        param = next(p for p in _command("score").command.params if p.name == name)
+        rows.append([f"`{_name(param)}`", why])
+    return _table(["`pexec score` option", "why a job file has no key for it"], rows)
 
 
 def log_options() -> str:
@@ -351,6 +383,7 @@ def _builders() -> dict[tuple[str, str], Callable[[], str]]:
     builders[("metrics.md", "metric parts")] = metric_parts
     builders[("metrics.md", "tool metrics")] = tool_metrics
     builders[("jobs.md", "job fields")] = job_fields
+    builders[("jobs.md", "score options not in jobs")] = job_exclusions
     builders[("log-formats.md", "options")] = log_options
     builders[("environments.md", "environments")] = environments
     builders[("limits.md", "limits")] = limits

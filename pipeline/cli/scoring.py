@@ -10,24 +10,18 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.text import Text
 
-from pipeline.cli.options import (
-    EndpointUrl,
-    Force,
-    Policy,
-    RayAddress,
-    SpecDir,
-    StorageOption,
-    check_policy,
-    pairs,
-    storage,
-)
+from pipeline.cli.options import EndpointUrl, Force, Policy, RayAddress, SpecDir, StorageOption, pairs, storage
 from pipeline.cli.render import console, literal
-from pipeline.core.errors import PexecError
 from pipeline.core.run_folder import Manifest, ShardMarker
-from pipeline.envs import EnvOptions
-from pipeline.ingest.sharded import RawSource
-from pipeline.replay.checker import CHECKS, parse_checks
-from pipeline.scoring.driver import DEFAULT_SHARD_BYTES, ShardPlan, run_scoring
+from pipeline.replay.checker import CHECKS
+from pipeline.scoring.driver import ShardPlan, run_scoring
+from pipeline.scoring.settings import (
+    DEFAULT_SHARD_MB,
+    LEASE_STALE_AFTER,
+    MAX_NUM_CPUS,
+    MAX_SHARD_MB,
+    ScoreSettings,
+)
 from pipeline.storage.lease import DEFAULT_STALE_AFTER
 
 
@@ -35,98 +29,74 @@ def score(
     store: Annotated[
         list[str], typer.Argument(help="Input: a store, or with --format raw logs (files or folders); local or fsspec.")
     ],
-    run: Annotated[str, typer.Option("--out", help="Run folder to write (steps/, rollouts/, rejects/).")],
+    output: Annotated[str, typer.Option("--out", help="Run folder to write (steps/, rollouts/, rejects/).")],
     env: Annotated[
         str | None, typer.Option("--env", help="Environment for every rollout (default: each rollout's benchmark).")
     ] = None,
     spec: Annotated[
         str | None, typer.Option("--spec", help="Spec giving `observed` its schemas and grounding.")
     ] = None,
-    spec_dir: SpecDir = None,
+    spec_dirs: SpecDir = None,
     address: RayAddress = None,
     policy: Policy = "code",
     shard_mb: Annotated[
-        float, typer.Option("--shard-mb", max=4096, help="Target shard size in MiB.")
-    ] = DEFAULT_SHARD_BYTES / 2**20,
-    num_cpus: Annotated[int | None, typer.Option("--num-cpus", min=1, max=1024, help="CPUs for local Ray.")] = None,
+        float, typer.Option("--shard-mb", max=MAX_SHARD_MB, help="Target shard size in MiB.")
+    ] = DEFAULT_SHARD_MB,
+    num_cpus: Annotated[
+        int | None, typer.Option("--num-cpus", min=1, max=MAX_NUM_CPUS, help="CPUs for local Ray.")
+    ] = None,
     inline: Annotated[bool, typer.Option("--inline", help="Score in this process, without Ray.")] = False,
     force: Force = False,
     lease_stale_after: Annotated[
         float,
         typer.Option(
             "--lease-stale-after",
-            min=1,
-            max=86_400,
+            min=LEASE_STALE_AFTER[0],
+            max=LEASE_STALE_AFTER[1],
             help="Seconds without a heartbeat after which another writer's lease on the run is taken over.",
         ),
     ] = DEFAULT_STALE_AFTER,
     endpoint_url: EndpointUrl = None,
-    storage_option: StorageOption = None,
+    storage_options: StorageOption = None,
     checks: Annotated[
         str,
         typer.Option("--checks", help="Checks that apply, a comma-separated subset of schema,dependency,precondition."),
     ] = ",".join(CHECKS),
-    fmt: Annotated[
+    format: Annotated[
         str,
         typer.Option(
             "--format", help="Log format of the input, read where it lies inside the tasks (`pexec ingest` formats)."
         ),
     ] = "canonical",
-    option: Annotated[list[str] | None, typer.Option("--option", help="k=v setting of the format's reader.")] = None,
-    label: Annotated[list[str] | None, typer.Option("--label", help="k=v added to every rollout's labels.")] = None,
+    options: Annotated[list[str] | None, typer.Option("--option", help="k=v setting of the format's reader.")] = None,
+    labels: Annotated[list[str] | None, typer.Option("--label", help="k=v added to every rollout's labels.")] = None,
 ) -> None:
     """Replay every rollout and write per-step flags, per-rollout summaries, rejects and the manifest.
 
     With `--format FMT` the input is raw logs in that format, decoded inside the scoring tasks (files, byte
     ranges, archive members; a format whose rollouts span files is shuffled by key first)."""
-    check_policy(policy)
-    try:
-        selected = parse_checks(checks)
-    except ValueError as exc:
-        raise PexecError(f"--checks: {exc}") from None
-    if shard_mb * 2**20 < 1:
-        raise PexecError(f"--shard-mb takes a size > 0, got {shard_mb}")
-    options = EnvOptions(spec_dirs=tuple(spec_dir or ()), spec=spec, policy=policy)
-    storage_options = storage(endpoint_url, storage_option)
-    source = raw_input(fmt, store, option, label, storage_options)
-    if source is None and len(store) > 1:
-        raise PexecError("a store is one file or folder; several sources need --format")
-    unwind_on_sigterm()
-    progress = ScoreProgress()
-    with progress.bar:
-        manifest = run_scoring(
-            " ".join(store),
-            run,
-            env=env,
-            options=options,
-            address=address,
-            executor="inline" if inline else "ray",
-            shard_bytes=int(shard_mb * 2**20),
-            num_cpus=num_cpus,
-            storage_options=storage_options,
-            on_plan=progress.on_plan,
-            on_shard=progress.on_shard,
-            force=force,
-            lease_stale_after=lease_stale_after,
-            checks=selected,
-            source=source,
-        )
-    summary(manifest, run)
-
-
-def raw_input(
-    fmt: str, sources: list[str], option: list[str] | None, label: list[str] | None, storage_options: dict | None
-) -> RawSource | None:
-    """The raw logs to read (None: a canonical store read as is); the format and its options are checked here."""
-    if fmt == "canonical" and not option and not label:
-        return None
-    from pipeline.ingest import IngestOptions
-    from pipeline.ingest.sharded import raw_source
-
-    settings = IngestOptions(
-        labels=pairs(label, "--label"), extra=pairs(option, "--option"), storage_options=storage_options
+    # Each parameter is named as the ScoreSettings field (and job-file key) it sets: a job sets the same things.
+    settings = ScoreSettings(
+        env=env,
+        spec=spec,
+        spec_dirs=tuple(spec_dirs or ()),
+        policy=policy,
+        address=address,
+        inline=inline,
+        shard_mb=shard_mb,
+        num_cpus=num_cpus,
+        force=force,
+        lease_stale_after=lease_stale_after,
+        checks=tuple(c.strip() for c in checks.split(",") if c.strip()),
+        format=format,
+        options=pairs(options, "--option"),
+        labels=pairs(labels, "--label"),
+        storage_options=storage(endpoint_url, storage_options),
     )
-    return raw_source(fmt, sources, settings)
+    unwind_on_sigterm()
+    with ScoreProgress() as progress:
+        manifest = run_scoring(store, output, settings, on_plan=progress.on_plan, on_shard=progress.on_shard)
+    summary(manifest, output)
 
 
 def unwind_on_sigterm() -> None:
@@ -139,7 +109,9 @@ def unwind_on_sigterm() -> None:
 
 
 class ScoreProgress:
-    """The driver's live view of a scoring job: shards, rollouts, rollouts/s, rejects, ETA."""
+    """The driver's live view of a scoring job: shards, rollouts, rollouts/s, rejects, ETA. A context manager: the
+    view starts with the plan, so that a job refused before it (a missing store, an unknown format) prints its error
+    alone."""
 
     def __init__(self) -> None:
         self.bar = Progress(
@@ -158,7 +130,15 @@ class ScoreProgress:
         self.task: Any = None
         self.seen: dict[str, ShardMarker] = {}  # a shard holding a later copy of a duplicated id reports twice
 
+    def __enter__(self) -> ScoreProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar.live.is_started:  # stopping a view never started would print an empty line
+            self.bar.stop()
+
     def on_plan(self, p: ShardPlan) -> None:
+        self.bar.start()
         console.print(
             f"plan: {p.files} file(s), {p.total_bytes / 2**20:,.1f} MiB -> {len(p.shards)} shard(s)"
             + (f", {p.reusable} unchanged since they were scored (reused)" if p.reusable else "")

@@ -1,28 +1,32 @@
 """Job definitions (`jobs/*.toml`): what `pexec run` executes locally or on a cluster and `pexec submit`
 sends to a Ray cluster through the Jobs API.
 
-A job = input store, environment, output run, Ray address, shard size, bootstrap settings, label columns.
-`{date}` in `input`/`output` is replaced by the job's date (YYYY-MM-DD; today in UTC by default), so a
-nightly job scores the new date partition into its own run folder, and all of them stay queryable together
-(`pexec sql` / `pexec metrics` on the parent folder read every partition).
+A job = input store, output run, how it is scored (every `pexec score` option but `--force`: a ScoreSettings),
+what its metrics are asked for (a MetricsSettings), and optionally a report and a diff against an earlier run.
+The settings objects check the values, as they do a command's options. `{date}` in `input`/`output` is replaced
+by the job's date (YYYY-MM-DD; today in UTC by default), so a nightly job scores the new date partition into its
+own run folder, and all of them stay queryable together (`pexec sql` / `pexec metrics` on the parent folder read
+every partition).
 """
 
 from __future__ import annotations
 
 import re
 import tomllib
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.core.errors import PexecError, check_fields
 from pipeline.core.run_folder import Manifest, ShardMarker
-from pipeline.envs import EnvOptions
+from pipeline.core.settings import SettingError, check_flag, check_name
 from pipeline.metrics.run import open_run
-from pipeline.metrics.settings import BootstrapSettings, Population
-from pipeline.scoring.driver import DEFAULT_SHARD_BYTES, ShardPlan, run_scoring
+from pipeline.metrics.settings import DEFAULT_METRICS, MetricsSettings
+from pipeline.scoring.driver import ShardPlan, run_scoring
+from pipeline.scoring.settings import DEFAULT_SCORING, ScoreSettings
 from pipeline.storage.fs import absolute, exists
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
@@ -32,10 +36,17 @@ if TYPE_CHECKING:
     from pipeline.report import Compare
 
 
+# fsspec options a job file may set (`storage_options`): none is a credential. Keys, secrets, tokens and passwords
+# come from the environment; an allowlist rather than a list of refused names, so that an option a filesystem adds
+# later is refused until someone decides it is no credential.
+JOB_STORAGE_OPTIONS = frozenset({"anon", "default_block_size", "profile", "requester_pays", "use_ssl", "version_aware"})
+
+
 @dataclass(frozen=True)
 class JobField:
     """Keys of a job file, declared once: the loader accepts exactly these, and the reference page's table of
-    fields (docs/reference/jobs.md) is generated from them."""
+    fields (docs/reference/jobs.md) is generated from them. A key of the top level is named as the `pexec score`
+    option it stands for (its parameter), a key of [metrics], [report], [diff] as that command's."""
 
     table: str  # "" for a top-level key, else the [table] the keys sit in
     keys: tuple[str, ...]
@@ -55,20 +66,41 @@ FIELDS = (
     JobField(
         "",
         ("format", "options", "labels"),
-        "the input's log format, read where it lies inside the scoring tasks (as `pexec score --format`); its "
-        '`--option` settings (`options = {error_prefix = "Error:"}`); labels added to every rollout',
+        "the input's log format, read where it lies inside the scoring tasks; its `--option` settings "
+        '(`options = {error_prefix = "Error:"}`); labels added to every rollout (`labels = {team = "search"}`)',
         "`canonical` (a store); none; none",
     ),
     JobField("", ("output",), "run URL; `{date}` allowed", "required"),
     JobField("", ("env",), "environment for every rollout (else each rollout's `benchmark`)", "none"),
-    JobField("", ("spec", "spec_dirs"), "the spec `observed` uses; extra spec folders", "none"),
+    JobField("", ("spec", "spec_dirs"), "the spec `observed` uses; extra spec folders (a list)", "none"),
     JobField("", ("policy",), "`code` or `strict`", "`code`"),
-    JobField("", ("address",), "Ray address (`--address` overrides it)", "local Ray"),
+    JobField("", ("address",), "Ray address (`pexec run --address` overrides it)", "local Ray"),
+    JobField("", ("inline",), "score in the job's own process, without Ray (`address`, `num_cpus` unused)", "false"),
     JobField("", ("shard_mb", "num_cpus"), "target shard size in MiB; CPUs of a local Ray", "64; all"),
+    JobField(
+        "",
+        ("lease_stale_after",),
+        "seconds without a heartbeat after which another writer's lease on the run is taken over",
+        "600",
+    ),
+    JobField(
+        "",
+        ("checks",),
+        'the checks that apply, a list from `"schema"`, `"dependency"`, `"precondition"`',
+        "all three",
+    ),
     JobField(
         "",
         ("endpoint_url",),
         "S3-compatible endpoint; credentials come from the AWS environment, never from the job",
+        "none",
+    ),
+    JobField(
+        "",
+        ("storage_options",),
+        "fsspec options of the input and the run, among those that are no credentials: "
+        + ", ".join(f"`{k}`" for k in sorted(JOB_STORAGE_OPTIONS))
+        + " (any other key is refused: credentials come from the environment)",
         "none",
     ),
     JobField(
@@ -82,6 +114,12 @@ FIELDS = (
         ("harness_errors",),
         '`"exclude"` or `"fail"`, as `--harness-errors` (metrics and report)',
         "exclude",
+    ),
+    JobField(
+        "metrics",
+        ("pool",),
+        'benchmarks counted as one, as `--pool` (`pool = { tau3 = ["tau_airline", "tau_retail"] }`)',
+        "none",
     ),
     JobField(
         "metrics",
@@ -125,6 +163,12 @@ FIELDS = (
         "false",
     ),
     JobField(
+        "report",
+        ("sensitivity",),
+        "add TER and AUC-PEC under schema-only, schema+dependency and all checks, as `--sensitivity`",
+        "false",
+    ),
+    JobField(
         "diff",
         ("against", "by", "fail_on", "look_back_days"),
         'after the metrics, `pexec diff PREVIOUS OUTPUT` (B = tonight\'s run): `against = "previous"` is the output '
@@ -135,6 +179,12 @@ FIELDS = (
         "no diff; `against` = previous, `by` = the metrics' `by`, `look_back_days` = 7",
     ),
 )
+
+
+# The `pexec score` options a job file has no key for, each with the reason (docs/reference/jobs.md lists them).
+NOT_IN_JOB_FILES = {
+    "force": "rescoring every shard is a decision for one run, not a property of the job: `pexec run JOB --force`",
+}
 
 
 def field_keys(table: str) -> set[str]:
@@ -159,11 +209,12 @@ class JobFileError(PexecError, ValueError):
 @dataclass(frozen=True)
 class JobReport:
     out: str
-    by: list[str] | None
+    by: tuple[str, ...] | None
     compare: Compare | None  # from two COL=VALUE items, as `pexec report --compare`
     ks: tuple[int, ...]
     overwrite: bool = False  # replace what `out` holds (`pexec report --overwrite`); else a non-empty out fails
     within: str | None = None  # as `pexec report --within`
+    sensitivity: bool = False  # as `pexec report --sensitivity`
 
 
 @dataclass(frozen=True)
@@ -171,7 +222,7 @@ class JobDiff:
     """`pexec diff` of the job's run against an earlier one (the [diff] table)."""
 
     candidates: tuple[str, ...]  # the runs to compare against, most recent first: the first that exists is used
-    by: list[str] | None
+    by: tuple[str, ...] | None
     fail_on: tuple[str, ...]  # --fail-on thresholds, checked when the job file is loaded
 
 
@@ -181,34 +232,18 @@ class Job:
     input: str
     output: str
     date: str
-    env: str | None = None
-    options: EnvOptions = field(default_factory=EnvOptions)
-    address: str | None = None
-    shard_bytes: int = DEFAULT_SHARD_BYTES
-    num_cpus: int | None = None
-    endpoint_url: str | None = None
-    by: list[str] | None = None
-    bootstrap: BootstrapSettings = field(default_factory=BootstrapSettings)
-    population: Population = field(default_factory=Population)  # how harness errors count (metrics and report)
-    max_k: int | None = None
+    scoring: ScoreSettings = DEFAULT_SCORING  # how `input` is scored into `output` (the top-level keys)
+    metrics: MetricsSettings = DEFAULT_METRICS  # the [metrics] table (the report and diff take its bootstrap)
     partial: bool = False  # metrics and report of an incomplete output run, stating their coverage (--partial)
     synth: dict[str, Any] | None = None  # generate the input first when it does not exist (demo jobs)
     report: JobReport | None = None  # write a report after the metrics
     runtime: str | None = None  # [submit]: local, image or package (None: by the address)
     python: str | None = None  # [submit]: the interpreter with pexec on the cluster
     diff: JobDiff | None = None  # compare the run with an earlier one after the metrics
-    fmt: str = "canonical"  # the input's log format (`pexec score --format`)
-    read_options: dict[str, str] = field(default_factory=dict)  # the format's `--option`s
-    labels: dict[str, str] = field(default_factory=dict)  # added to every rollout's labels
-
-    @property
-    def raw(self) -> bool:
-        """Whether the input is read by a format's adapter (raw logs, or a store given labels or options)."""
-        return self.fmt != "canonical" or bool(self.read_options) or bool(self.labels)
 
     @property
     def storage_options(self) -> dict[str, Any] | None:
-        return {"endpoint_url": self.endpoint_url} if self.endpoint_url else None
+        return self.scoring.storage_options
 
 
 def load_job(path: str | Path, on_date: str | None = None) -> Job:
@@ -226,65 +261,89 @@ def load_job(path: str | Path, on_date: str | None = None) -> Job:
         date.fromisoformat(day)
     except ValueError as exc:
         raise JobFileError(f"--date must be YYYY-MM-DD, got {day!r}") from exc
-    metrics = raw.get("metrics", {})
-    check_fields(metrics, _METRICS_KEYS, f"{path} [metrics]", JobFileError)
+    table = raw.get("metrics", {})
+    check_fields(table, _METRICS_KEYS, f"{path} [metrics]", JobFileError)
+    with settings_of(f"{path} [metrics]"):
+        metrics = MetricsSettings.from_values(**{k: v for k, v in table.items() if k != "partial"})
+        partial = table.get("partial", False)
+        check_flag("partial", partial)
     synth = raw.get("synth")
     if synth is not None:
         check_fields(synth, _SYNTH_KEYS, f"{path} [synth]", JobFileError)
-    try:
-        bootstrap = BootstrapSettings(
-            B=metrics.get("bootstrap", 1000), seed=metrics.get("seed", 0), method=metrics.get("method", "multinomial")
-        )
-        population = Population(
-            harness_errors=metrics.get("harness_errors", "exclude"),
-            strict_replay=_flag(metrics, "strict_replay", f"{path} [metrics]"),
-        )
-    except ValueError as exc:
-        raise JobFileError(f"{path} [metrics]: {exc}") from exc
     output = _fill(raw["output"], day, path)
-    report = _load_report(raw.get("report"), output, metrics.get("by"), day, path)
-    diff = _load_diff(raw.get("diff"), raw["output"], metrics.get("by"), day, path)
-    policy = raw.get("policy", "code")
-    if policy not in ("code", "strict"):
-        raise JobFileError(f"{path}: policy is 'code' or 'strict', got {policy!r}")
+    report = _load_report(raw.get("report"), output, metrics, day, path)
+    diff = _load_diff(raw.get("diff"), raw["output"], metrics, day, path)
     submit = raw.get("submit", {})
     check_fields(submit, _SUBMIT_KEYS, f"{path} [submit]", JobFileError)
     if submit.get("runtime", "local") not in RUNTIMES:
         raise JobFileError(f"{path} [submit]: runtime is one of {', '.join(RUNTIMES)}, got {submit['runtime']!r}")
-    fmt = raw.get("format", "canonical")
-    if not isinstance(fmt, str) or not fmt:
-        raise JobFileError(f"{path}: format is a log format name (pexec ingest's), got {fmt!r}")
-    read_options, labels = _strings(raw, "options", path), _strings(raw, "labels", path)
-    if synth is not None and fmt != "canonical":
-        raise JobFileError(f"{path}: [synth] writes a canonical store: it does not go with format = {fmt!r}")
-    shard_mb = raw.get("shard_mb", DEFAULT_SHARD_BYTES / 2**20)
-    if isinstance(shard_mb, bool) or not isinstance(shard_mb, int | float) or shard_mb * 2**20 < 1:
-        raise JobFileError(f"{path}: shard_mb is a size in MiB > 0, got {shard_mb!r}")
+    scoring = _scoring(raw, path)
+    if synth is not None and scoring.format != "canonical":
+        raise JobFileError(f"{path}: [synth] writes a canonical store: it does not go with format = {scoring.format!r}")
     return Job(
         name=raw["name"],
         input=_fill(raw["input"], day, path),
         output=output,
         date=day,
-        env=raw.get("env") or None,
-        options=EnvOptions(spec_dirs=tuple(raw.get("spec_dirs", [])), spec=raw.get("spec") or None, policy=policy),
-        address=raw.get("address") or None,
-        shard_bytes=int(shard_mb * 2**20),
-        num_cpus=raw.get("num_cpus"),
-        endpoint_url=raw.get("endpoint_url") or None,
-        by=metrics.get("by"),
-        bootstrap=bootstrap,
-        population=population,
-        max_k=metrics.get("max_k"),
-        partial=_flag(metrics, "partial", f"{path} [metrics]"),
+        scoring=scoring,
+        metrics=metrics,
+        partial=partial,
         synth=synth,
         report=report,
         runtime=submit.get("runtime"),
         python=submit.get("python"),
         diff=diff,
-        fmt=fmt,
-        read_options=read_options,
-        labels=labels,
     )
+
+
+@contextmanager
+def settings_of(where: str) -> Iterator[None]:
+    """A settings object made of a job file's values: a value that does not fit fails naming the file, the table
+    and the key (the settings' message starts with the key)."""
+    try:
+        yield
+    except SettingError as exc:
+        raise JobFileError(f"{where}: {exc}") from None
+
+
+# Top-level keys that are ScoreSettings fields of the same name, taken as they are; an empty `env`, `spec` or
+# `address` is one not given.
+_SCORING_KEYS = ("spec_dirs", "policy", "inline", "shard_mb", "num_cpus", "lease_stale_after", "checks", "format")
+_UNSET_IF_EMPTY = ("env", "spec", "address")
+
+
+def _scoring(raw: dict[str, Any], path: Path) -> ScoreSettings:
+    """The ScoreSettings of a job file's top-level keys (pexec score's options, named as its parameters)."""
+    given = {k: raw[k] for k in _SCORING_KEYS if k in raw}
+    given |= {k: raw[k] for k in _UNSET_IF_EMPTY if raw.get(k)}
+    with settings_of(str(path)):
+        storage = _storage_options(raw.get("storage_options", {}))
+        check_name("endpoint_url", raw.get("endpoint_url") or None)
+        if raw.get("endpoint_url"):
+            storage["endpoint_url"] = raw["endpoint_url"]
+        return ScoreSettings(
+            **given,
+            options=_strings(raw, "options", path),
+            labels=_strings(raw, "labels", path),
+            storage_options=storage or None,
+        )
+
+
+def _storage_options(table: Any) -> dict[str, Any]:
+    """A job's `storage_options`, none of them a credential (JOB_STORAGE_OPTIONS)."""
+    if not isinstance(table, dict):
+        # the value is not shown: it may be a credential in the wrong place
+        raise SettingError(
+            "storage_options", f"storage_options is a table of fsspec options, got a {type(table).__name__}"
+        )
+    refused = sorted(set(table) - JOB_STORAGE_OPTIONS)
+    if refused:
+        raise SettingError(
+            "storage_options",
+            f"storage_options: {', '.join(refused)} cannot be set in a job file (credentials come from the "
+            f"environment, never from a job; a job may set {', '.join(sorted(JOB_STORAGE_OPTIONS))})",
+        )
+    return dict(table)
 
 
 def _strings(raw: dict[str, Any], key: str, path: Path) -> dict[str, str]:
@@ -296,7 +355,7 @@ def _strings(raw: dict[str, Any], key: str, path: Path) -> dict[str, str]:
 
 
 def _load_report(
-    raw: dict[str, Any] | None, output: str, by: list[str] | None, day: str, path: Path
+    raw: dict[str, Any] | None, output: str, metrics: MetricsSettings, day: str, path: Path
 ) -> JobReport | None:
     if raw is None:
         return None
@@ -314,14 +373,20 @@ def _load_report(
             compare = parse_compare(items if isinstance(items, list) else [items])
         except ValueError as exc:
             raise JobFileError(f"{where}: compare: {exc}") from exc
-    within = raw.get("within")
-    if within is not None and (not isinstance(within, str) or not within):
-        raise JobFileError(f"{where}: within is a label column name, got {within!r}")
     out = _fill(raw.get("out", f"{output.rstrip('/')}/report"), day, path)
-    return JobReport(out, raw.get("by", by), compare, tuple(ks), _flag(raw, "overwrite", where), within)
+    with settings_of(where):
+        check_name("within", raw.get("within"))
+        check_flag("overwrite", raw.get("overwrite", False))
+        check_flag("sensitivity", raw.get("sensitivity", False))
+        by = replace(metrics, by=raw["by"]).by if "by" in raw else metrics.by
+    return JobReport(
+        out, by, compare, tuple(ks), raw.get("overwrite", False), raw.get("within"), raw.get("sensitivity", False)
+    )
 
 
-def _load_diff(raw: dict[str, Any] | None, template: str, by: list[str] | None, day: str, path: Path) -> JobDiff | None:
+def _load_diff(
+    raw: dict[str, Any] | None, template: str, metrics: MetricsSettings, day: str, path: Path
+) -> JobDiff | None:
     """against = "previous": the output template at the latest earlier date (within look_back_days, default 7)
     whose run exists; any other string is a run folder or URL ({date} filled in)."""
     if raw is None:
@@ -351,20 +416,15 @@ def _load_diff(raw: dict[str, Any] | None, template: str, by: list[str] | None, 
             parse_threshold(t)
     except DiffError as exc:
         raise JobFileError(f"{where}: {exc}") from exc
-    return JobDiff(candidates, raw.get("by", by), tuple(fail_on))
+    with settings_of(where):
+        by = replace(metrics, by=raw["by"]).by if "by" in raw else metrics.by
+    return JobDiff(candidates, by, tuple(fail_on))
 
 
 def previous_run(job: Job) -> str | None:
     """The run the job's [diff] compares against: the first of its candidates that exists (None: none does)."""
     assert job.diff is not None
     return next((c for c in job.diff.candidates if exists(c, job.storage_options)), None)
-
-
-def _flag(table: dict[str, Any], key: str, where: str) -> bool:
-    value = table.get(key, False)
-    if not isinstance(value, bool):
-        raise JobFileError(f"{where}: {key} is true or false, got {value!r}")
-    return value
 
 
 def run_job(
@@ -374,8 +434,8 @@ def run_job(
     on_plan: Callable[[ShardPlan], None] | None = None,
     on_shard: Callable[[ShardMarker], None] | None = None,
 ) -> tuple[Manifest, list[dict[str, Any]]]:
-    """Score the job's input (reusing unchanged shards), then compute and write its metrics (and its report,
-    when the job has a [report] table)."""
+    """Score the job's input (reusing unchanged shards; `force`: rescoring all), on the Ray at `address` (default:
+    the job's), then compute and write its metrics (and its report, when the job has a [report] table)."""
     job = absolute_paths(job)
     if job.report is not None:  # before any work: a report folder it may not write fails the job now
         from pipeline.report import ReportError, check_output
@@ -388,44 +448,29 @@ def run_job(
         records = synthesize(job.synth.get("spec", "shop"), job.synth.get("rollouts", 1000),
                              job.synth.get("tasks", 100), job.synth.get("seed", 0))  # fmt: skip
         write_store(records, job.input, storage_options=job.storage_options)
-    manifest = run_scoring(
-        job.input,
-        job.output,
-        source=raw_input(job),
-        env=job.env,
-        options=job.options,
-        address=address or job.address,
-        shard_bytes=job.shard_bytes,
-        num_cpus=job.num_cpus,
-        storage_options=job.storage_options,
-        on_plan=on_plan,
-        on_shard=on_shard,
-        force=force,
-    )
+    scoring = replace(job.scoring, address=address or job.scoring.address, force=force)
+    manifest = run_scoring(job.input, job.output, scoring, on_plan=on_plan, on_shard=on_shard)
     run = open_run(job.output, job.storage_options, job.partial)  # the metrics and report read the same shards
+    m = job.metrics
     # The mergeable bootstrap runs in Ray tasks on the Ray that scored the run, no process reading every rollout.
-    on_ray = (address or job.address or "local") if job.bootstrap.method == "poisson-merged" else None
-    cohorts = run.cohorts(job.by, job.bootstrap, job.max_k, job.population, on_ray)
-    run.write_metrics(cohorts, job.by)
+    on_ray = (scoring.address or "local") if m.bootstrap.method == "poisson-merged" else None
+    cohorts = run.cohorts(m.by, m.bootstrap, m.max_k, m.population, on_ray)
+    run.write_metrics(cohorts, m.by)
     if job.report is not None:
         from pipeline.report import build_report
 
         r = job.report
-        build_report(run, r.out, r.by, r.compare, r.ks, job.bootstrap, overwrite=r.overwrite, within=r.within,
-                     population=job.population)  # fmt: skip
+        build_report(run, r.out, r.by, r.compare, r.ks, m.bootstrap, overwrite=r.overwrite, within=r.within,
+                     population=m.population, sensitivity=r.sensitivity)  # fmt: skip
     return manifest, cohorts
 
 
 def raw_input(job: Job) -> RawSource | None:
     """The job's raw logs (None: a canonical store read as is); an unknown format or option fails here."""
-    if not job.raw:
-        return None
-    from pipeline.ingest import IngestError, IngestOptions
-    from pipeline.ingest.sharded import raw_source
+    from pipeline.ingest import IngestError
 
-    options = IngestOptions(labels=job.labels, extra=job.read_options, storage_options=job.storage_options)
     try:
-        return raw_source(job.fmt, [job.input], options)
+        return job.scoring.raw_input([job.input])
     except IngestError as exc:
         raise JobFileError(f"job {job.name}: {exc}") from exc
 
@@ -434,13 +479,13 @@ def absolute_paths(job: Job) -> Job:
     """The job with its local relative paths made absolute against this process's working directory: Ray
     workers (those of a submitted job above all) do not share the driver's working directory."""
     report = job.report and replace(job.report, out=absolute(job.report.out))
-    options = replace(job.options, spec_dirs=tuple(absolute(d) for d in job.options.spec_dirs))
-    return replace(job, input=absolute(job.input), output=absolute(job.output), options=options, report=report)
+    scoring = replace(job.scoring, spec_dirs=tuple(absolute(d) for d in job.scoring.spec_dirs))
+    return replace(job, input=absolute(job.input), output=absolute(job.output), scoring=scoring, report=report)
 
 
 def relative_paths(job: Job) -> list[str]:
     """`field 'path'` for each local relative path of the job."""
-    named = [("input", job.input), ("output", job.output), *(("spec_dirs", d) for d in job.options.spec_dirs)]
+    named = [("input", job.input), ("output", job.output), *(("spec_dirs", d) for d in job.scoring.spec_dirs)]
     if job.report is not None:
         named.append(("[report] out", job.report.out))
     return [f"{name} {url!r}" for name, url in named if absolute(url) != url]

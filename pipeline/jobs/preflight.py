@@ -46,7 +46,7 @@ def check_job(job: Job) -> JobCheck:
     try:
         source = raw_input(job)
         if source is not None and source.fmt != "canonical":
-            shards = plan_raw(source, job.shard_bytes)
+            shards = plan_raw(source, job.scoring.shard_bytes)
             files = list({s.file.url: s.file for s in shards}.values())
             # a shuffled format's first shard holds no whole rollout: no sample (the run checks its labels)
             records = () if source.shuffle else islice(read_raw(source, shards[0]), SAMPLE)
@@ -60,21 +60,22 @@ def check_job(job: Job) -> JobCheck:
     problems += _output_problems(job.output, options)
     if job.report is not None:
         problems += _output_problems(job.report.out, options, "[report] out")
-    names = [job.env] if job.env else sorted({r.benchmark for r in sample})
-    if job.synth is not None and not sample and not job.env:
+    scoring = job.scoring
+    names = [scoring.env] if scoring.env else sorted({r.benchmark for r in sample})
+    if job.synth is not None and not sample and not scoring.env:
         names = [job.synth.get("spec", "shop")]
     for name in names:
         try:
-            get_environment(name, job.options)
+            get_environment(name, scoring.env_options)
         except PexecError as exc:
             problems.append(_one_line(f"environment {name!r}", exc))
-    if job.options.spec and find_spec(job.options.spec, job.options.spec_dirs) is None:
-        problems.append(f"spec {job.options.spec!r} is not installed (nor in spec_dirs)")
+    if scoring.spec and find_spec(scoring.spec, scoring.spec_dirs) is None:
+        problems.append(f"spec {scoring.spec!r} is not installed (nor in spec_dirs)")
     labels = sorted({key for r in sample for key in r.labels})
     attributes = sorted({run_schema.ATTRIBUTE_PREFIX + key for r in sample for key in r.attributes})
-    if sample and job.by:
+    if sample and job.metrics.by:
         try:
-            resolve_by(job.by, labels, attributes)
+            resolve_by(job.metrics.by, labels, attributes)
         except PexecError as exc:
             problems.append(_one_line(f"[metrics] by (labels of the first {len(sample)} rollouts)", exc))
     if problems:

@@ -4,7 +4,8 @@ flips between runs of the same rollouts.
 
 run.py            `open_run(url)` -> Run: the handle every reader uses (one listing, one completeness snapshot)
 completeness.py   which runs lie under a path, whether each is complete, what a partial read covers
-settings.py       what is asked for: bootstrap settings, the population (harness errors, pools, strict replay)
+settings.py       what is asked for: bootstrap settings, the population (harness errors, pools, strict replay),
+                  and both with the cohort columns and PEC depth (MetricsSettings)
 population.py     a connection whose `rollouts` view holds the population
 cohorts.py        per-cohort metrics with intervals; writing them under RUN/metrics/
 bootstrap.py      the replicates' sums in numpy, exactly as sql/hash.sql draws them

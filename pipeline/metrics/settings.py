@@ -1,15 +1,27 @@
-"""What a metrics computation is asked for: the bootstrap's settings and the population it counts.
+"""What a metrics computation is asked for: the bootstrap's settings, the population it counts, and the two
+together with the cohort columns and PEC depth (`MetricsSettings`, what `pexec metrics` options and a job's
+[metrics] table say).
 
-Both are plain frozen values checked when they are made, so a wrong setting fails before any file is read.
+Each is a frozen value that checks itself when it is made (pipeline.core.settings), so a wrong setting fails
+before any file is read, named as its user wrote it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pipeline.core.errors import PexecError
+from pipeline.core.settings import (
+    SettingError,
+    check_flag,
+    check_name,
+    check_names,
+    check_one_of,
+    check_whole,
+    is_number,
+)
 
 _UINT32 = 2**32
 
@@ -18,27 +30,34 @@ class MetricsError(PexecError, ValueError):
     """Metrics asked for with settings or cohort columns that do not fit (the message says which)."""
 
 
+class MetricsSettingError(MetricsError, SettingError):
+    """A metrics setting whose value does not fit; the message starts with its key (pipeline.core.settings)."""
+
+
 MAX_B = 10_000  # bootstrap replicates; measured on 200 rollouts: B = 10,000 peaks at 406 MB, 100,000 at 2.4 GB
+MAX_K = 1000  # the largest depth k of PEC(k) asked for (`--max-k`, a job's `max_k`)
+METHODS = ("multinomial", "poisson", "poisson-merged")
+Method = Literal["multinomial", "poisson", "poisson-merged"]
 
 
 @dataclass(frozen=True)
 class BootstrapSettings:
+    """The task-level bootstrap: B replicates (`--bootstrap`), the seed of its draws, its method, and the level
+    of its percentile intervals. The keys its errors name are the options' (`bootstrap` for B)."""
+
     B: int = 1000  # at most MAX_B
     seed: int = 0
-    method: Literal["multinomial", "poisson", "poisson-merged"] = "multinomial"
+    method: Method = "multinomial"
     level: float = 0.95
 
     def __post_init__(self) -> None:
-        if not 1 <= self.B <= MAX_B:
-            raise MetricsError(f"bootstrap B must be 1 to {MAX_B:,}, got {self.B}")
-        if not 0 <= self.seed < _UINT32:
-            raise MetricsError(f"bootstrap seed must be in [0, 2**32), got {self.seed}")
-        if self.method not in ("multinomial", "poisson", "poisson-merged"):
-            raise MetricsError(
-                f"bootstrap method must be 'multinomial', 'poisson' or 'poisson-merged', got {self.method!r}"
-            )
-        if not 0 < self.level < 1:
-            raise MetricsError(f"confidence level must be in (0, 1), got {self.level}")
+        if isinstance(self.B, bool) or not isinstance(self.B, int) or not 1 <= self.B <= MAX_B:
+            raise MetricsSettingError("bootstrap", f"bootstrap B must be 1 to {MAX_B:,}, got {self.B!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < _UINT32:
+            raise MetricsSettingError("seed", f"seed must be in [0, 2**32), got {self.seed!r}")
+        check_one_of("method", self.method, METHODS, MetricsSettingError)
+        if not is_number(self.level) or not 0 < self.level < 1:
+            raise MetricsSettingError("level", f"level (of the intervals) must be in (0, 1), got {self.level!r}")
 
     @property
     def quantiles(self) -> tuple[float, float]:
@@ -73,16 +92,20 @@ class Population:
     strict_replay: bool = False
 
     def __post_init__(self) -> None:
-        if self.harness_errors not in ("exclude", "fail"):
-            raise MetricsError(f"harness errors are 'exclude' or 'fail', got {self.harness_errors!r}")
+        check_one_of("harness_errors", self.harness_errors, ("exclude", "fail"), MetricsSettingError)
         seen: dict[str, str] = {}
         for name, benchmarks in self.pools:
-            if not name or not benchmarks:
-                raise MetricsError(f"a pool needs a name and its benchmarks, got {name!r}={','.join(benchmarks)!r}")
+            check_name("pool", name, False, MetricsSettingError)
+            check_names("pool", benchmarks, MetricsSettingError)
+            if not benchmarks:
+                raise MetricsSettingError("pool", f"pool {name!r} names no benchmark")
             for b in benchmarks:
                 if b in seen:
-                    raise MetricsError(f"benchmark {b!r} is in two pools: {seen[b]!r} and {name!r}")
+                    raise MetricsSettingError(
+                        "pool", f"pool: benchmark {b!r} is in two pools: {seen[b]!r} and {name!r}"
+                    )
                 seen[b] = name
+        check_flag("strict_replay", self.strict_replay, MetricsSettingError)
 
     @property
     def pooled(self) -> dict[str, str]:
@@ -91,6 +114,60 @@ class Population:
 
 
 DEFAULT_POPULATION = Population()
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    """What the metrics of a run are asked for: the cohort columns (`by`; None: every condition label), the
+    bootstrap, the population counted, and the largest PEC depth (None: max T, at most 20).
+
+    `pexec metrics` (and report, diff, view: the parts they take) and a job's [metrics] table make it the same
+    way, from their flat values (`from_values`)."""
+
+    by: tuple[str, ...] | None = None
+    bootstrap: BootstrapSettings = DEFAULT_BOOTSTRAP
+    population: Population = DEFAULT_POPULATION
+    max_k: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.by is not None:
+            check_names("by", self.by, MetricsSettingError)
+            object.__setattr__(self, "by", tuple(self.by))  # a job file's list, a command's columns
+        if self.max_k is not None:
+            check_whole("max_k", self.max_k, 0, MAX_K, MetricsSettingError)
+
+    @classmethod
+    def from_values(
+        cls,
+        *,
+        by: Sequence[str] | None = None,
+        bootstrap: int = DEFAULT_BOOTSTRAP.B,
+        seed: int = DEFAULT_BOOTSTRAP.seed,
+        method: str = DEFAULT_BOOTSTRAP.method,
+        harness_errors: str = DEFAULT_POPULATION.harness_errors,
+        pool: Mapping[str, Sequence[str]] | None = None,
+        strict_replay: bool = DEFAULT_POPULATION.strict_replay,
+        max_k: int | None = None,
+        methods: Sequence[str] = METHODS,
+    ) -> MetricsSettings:
+        """The settings of the flat values a command's options or a job's [metrics] table hold, under the same
+        names (`bootstrap` is B; `pool` maps a pool's name to its benchmarks). `methods`: the bootstrap methods
+        the asking command computes (every one by default)."""
+        check_one_of("method", method, methods, MetricsSettingError)
+        if pool is not None and not isinstance(pool, Mapping):
+            raise MetricsSettingError("pool", f"pool maps a pool's name to its benchmarks, got {pool!r}")
+        for benchmarks in (pool or {}).values():
+            check_names("pool", benchmarks, MetricsSettingError)  # before a string is taken apart as a sequence
+        pools = tuple((name, tuple(benchmarks)) for name, benchmarks in (pool or {}).items())
+        return cls(
+            by,  # type: ignore[arg-type]  # any sequence of names (made a tuple), not a string (refused)
+            BootstrapSettings(B=bootstrap, seed=seed, method=method),  # type: ignore[arg-type]
+            Population(harness_errors, pools, strict_replay),  # type: ignore[arg-type]
+            max_k,
+        )
+
+
+DEFAULT_METRICS = MetricsSettings()
 
 
 def harness_note(cohorts: Sequence[dict[str, Any]]) -> str:

@@ -34,7 +34,8 @@ from pipeline.core.run_folder import ShardMarker
 from pipeline.perf import CLUSTER_CORES
 from pipeline.perf.figures import Bench, figure, load_average, n_runs, show
 from pipeline.perf.processes import local_ray
-from pipeline.scoring.driver import DEFAULT_SHARD_BYTES, ScoringFailed, completed, run_scoring
+from pipeline.scoring.driver import ScoringFailed, completed, run_scoring
+from pipeline.scoring.settings import DEFAULT_SHARD_BYTES, ScoreSettings
 from pipeline.scoring.shard import ScoredShard
 from pipeline.storage.ids import duplicate_ids, ids_table
 from pipeline.storage.shards import InputFile, Shard
@@ -148,7 +149,7 @@ def per_core_shard_rate(rollouts: int, root: Path) -> float:
     store, size = _store(rollouts, root)
     run = root / "run"
     shutil.rmtree(run, ignore_errors=True)
-    manifest = run_scoring(str(store), str(run), executor="inline", force=True)
+    manifest = run_scoring(str(store), str(run), ScoreSettings(inline=True, force=True))
     return size / sum(s.seconds for s in manifest.shards) / DEFAULT_SHARD_BYTES
 
 

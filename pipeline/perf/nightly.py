@@ -239,15 +239,14 @@ def _options(fmt: str, endpoint: str | None) -> Any:
 
 
 def _score(fmt: str, source: str, run: str, cpus: int, shard_mb: float, endpoint: str) -> dict[str, Any]:
-    from pipeline.envs import EnvOptions
-    from pipeline.ingest.sharded import raw_source
     from pipeline.scoring.driver import run_scoring
+    from pipeline.scoring.settings import ScoreSettings
 
-    raw = None if fmt == "canonical" else raw_source(fmt, [source], _options(fmt, endpoint))
+    options = dict(FORMATS[fmt][1]) if fmt in FORMATS else {}  # a canonical store is read as is
+    settings = ScoreSettings(env="observed", spec="support", num_cpus=cpus, shard_mb=shard_mb, force=True,
+                             format=fmt, options=options, storage_options={"endpoint_url": endpoint})  # fmt: skip
     began = time.perf_counter()
-    manifest = run_scoring(source, run, env="observed", options=EnvOptions(spec="support"), executor="ray",
-                           num_cpus=cpus, shard_bytes=int(shard_mb * 2**20), storage_options={"endpoint_url": endpoint},
-                           force=True, source=raw)  # fmt: skip
+    manifest = run_scoring(source, run, settings)
     return {"seconds": time.perf_counter() - began, "count": manifest.counts.scored, "cpus": cpus,
             "worker_mib": max(s.peak_rss_mib for s in manifest.shards)}  # fmt: skip
 

@@ -27,6 +27,7 @@ from pipeline.perf.processes import local_ray
 from pipeline.replay.checker import replay
 from pipeline.replay.dependencies import grounded_values
 from pipeline.scoring.driver import run_scoring
+from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
 
@@ -101,7 +102,7 @@ def bench_replay(
             shutil.rmtree(out, ignore_errors=True)
             t0 = time.perf_counter()  # Ray's start-up included, as a scoring command's
             with local_ray(n):
-                manifest = run_scoring(str(store), str(out), shard_bytes=8 * 2**20)
+                manifest = run_scoring(str(store), str(out), ScoreSettings(shard_mb=8))
                 seconds = time.perf_counter() - t0
             c = manifest.counts
             run[n] = {

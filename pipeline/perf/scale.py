@@ -24,6 +24,7 @@ from pipeline.perf import cluster_projection
 from pipeline.perf.figures import Bench, figure, load_average, n_runs, show
 from pipeline.perf.processes import moto_server, peak_mib
 from pipeline.scoring.driver import run_scoring
+from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
 
@@ -31,8 +32,9 @@ SETUPS = (("1 cpu", 1, 16), ("2 cpu", 2, 16), ("2 cpu, 4x more shards", 2, 4))  
 _DRIVER = (
     "import sys, json\n"
     "from pipeline.scoring.driver import run_scoring\n"
-    "m = run_scoring(sys.argv[1], sys.argv[2], num_cpus=int(sys.argv[3]), shard_bytes=int(sys.argv[4]),\n"
-    "                storage_options={'endpoint_url': sys.argv[5]}, force=True, address=sys.argv[6] or None)\n"
+    "from pipeline.scoring.settings import ScoreSettings\n"
+    "m = run_scoring(sys.argv[1], sys.argv[2], ScoreSettings(num_cpus=int(sys.argv[3]), shard_mb=float(sys.argv[4]),\n"
+    "                storage_options={'endpoint_url': sys.argv[5]}, force=True, address=sys.argv[6] or None))\n"
     "from pipeline.perf.processes import peak_mib\n"
     "import msgspec\n"
     "print(json.dumps({'counts': msgspec.to_builtins(m.counts), 'peak_mib': peak_mib()}))\n"
@@ -95,11 +97,11 @@ def _score(
     t0 = time.perf_counter()
     if in_process:
         options = {"endpoint_url": endpoint}
-        manifest = run_scoring(store, run, shard_bytes=shard_mb * 2**20, storage_options=options, force=True)
+        manifest = run_scoring(store, run, ScoreSettings(shard_mb=shard_mb, storage_options=options, force=True))
         report = {"counts": msgspec.to_builtins(manifest.counts), "peak_mib": peak_mib()}
     else:
         proc = subprocess.run(
-            [sys.executable, "-c", _DRIVER, store, run, str(cpus), str(shard_mb * 2**20), endpoint, address],
+            [sys.executable, "-c", _DRIVER, store, run, str(cpus), str(shard_mb), endpoint, address],
             capture_output=True,
             text=True,
             check=True,

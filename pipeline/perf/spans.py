@@ -18,11 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline.envs import EnvOptions
-from pipeline.ingest import IngestOptions
-from pipeline.ingest.sharded import raw_source
 from pipeline.perf.figures import Bench, figure, load_average, n_runs
 from pipeline.scoring.driver import run_scoring
+from pipeline.scoring.settings import ScoreSettings
 from pipeline.synthetic.support_spans import write_spans
 
 SPANS_PER_CONVERSATION = 9  # about, in the support sample
@@ -36,14 +34,14 @@ def bench_spans(
     spans = base / "spans"
     shutil.rmtree(spans, ignore_errors=True)
     written = write_spans(spans, max(1, n_spans // SPANS_PER_CONVERSATION), files=16)
-    env = {"env": "observed", "options": EnvOptions(spec="support")}
+    spans_read = ScoreSettings(env="observed", spec="support", num_cpus=cpus, shard_mb=shard_mb, format="otel")
+    store_read = ScoreSettings(env="observed", spec="support", num_cpus=cpus)
     rates, peaks, base_rates, base_peaks, partitions = [], [], [], [], []
     for _ in range(repeats):
         run = base / "run"
         shutil.rmtree(run, ignore_errors=True)
         began = time.perf_counter()
-        manifest = run_scoring(str(spans), str(run), source=raw_source("otel", [str(spans)], IngestOptions()),
-                               executor="ray", num_cpus=cpus, shard_bytes=int(shard_mb * 2**20), **env)  # fmt: skip
+        manifest = run_scoring(str(spans), str(run), spans_read)
         rates.append(written / (time.perf_counter() - began))
         peaks.append(max(s.peak_rss_mib for s in manifest.shards))
         partitions.append(sum((s.stop or s.start) - s.start for s in manifest.shards))  # a shard: a run of them
@@ -52,7 +50,7 @@ def bench_spans(
         shutil.rmtree(baseline_run, ignore_errors=True)
         began = time.perf_counter()
         peak = _ingest_peak_mib(spans, store)
-        run_scoring(str(store), str(baseline_run), executor="ray", num_cpus=cpus, **env)
+        run_scoring(str(store), str(baseline_run), store_read)
         base_rates.append(written / (time.perf_counter() - began))
         base_peaks.append(peak)
     caption = (f"{written:,} spans of {written // SPANS_PER_CONVERSATION:,} conversations over 16 files, shards of "

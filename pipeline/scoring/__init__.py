@@ -1,6 +1,7 @@
 """Scoring: a store's shards, or raw logs' shards decoded by their format inside the task, replayed as Ray tasks
 (or inline), each writing its parts of the run's tables, the manifest written last.
 
+settings.py      ScoreSettings: how a run is scored, as `pexec score` options and a job file say
 driver.py        plan shards, submit them (bounded in flight), reuse unchanged ones, commit with the manifest
 shard.py         one shard: read its records (a store's, or a raw format's), replay each rollout, write its parts
 shuffle.py       rollouts that span files: items hash-partitioned by key through the run's staging area

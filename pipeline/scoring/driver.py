@@ -9,12 +9,12 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 from msgspec import structs
@@ -38,18 +38,18 @@ from pipeline.core.run_folder import (
     ShardReuse,
     UnknownLayout,
 )
-from pipeline.envs import EnvError, EnvOptions, forget_unresolved, get_environment
+from pipeline.envs import EnvError, forget_unresolved, get_environment
 from pipeline.ingest import IngestError
 from pipeline.ingest.sharded import RawSource, plan_raw
-from pipeline.replay.checker import CHECKS
 from pipeline.scoring.code_version import code_version, environment_version
 from pipeline.scoring.id_check import RayIdCheck, partition_count
-from pipeline.scoring.shard import ScoredShard, ScoreSettings, read_records, score_shard
+from pipeline.scoring.settings import DEFAULT_SCORING, DEFAULT_SHARD_BYTES, ScoreSettings
+from pipeline.scoring.shard import ScoredShard, TaskSettings, read_records, score_shard
 from pipeline.scoring.shuffle import map_shard, partition_shards, partitions_per_task, regroup_partition, staging
 from pipeline.storage.fs import absolute, remove_all
 from pipeline.storage.ids import Duplicates, digest, duplicate_ids, ids_table, shard_ids
 from pipeline.storage.inputs import list_inputs, plan_shards
-from pipeline.storage.lease import DEFAULT_STALE_AFTER, Lease
+from pipeline.storage.lease import Lease
 from pipeline.storage.run import (
     TABLES,
     RunPrefix,
@@ -63,7 +63,6 @@ from pipeline.storage.run import (
 )
 from pipeline.storage.shards import RecordError, Shard
 
-DEFAULT_SHARD_BYTES = 64 * 2**20
 POLL_S = 1.0  # the longest the driver waits before checking the lease and reporting progress
 _RETRIES: dict[str, Any] = {"max_retries": 3, "retry_exceptions": [OSError]}  # of a task that reads or writes
 
@@ -104,41 +103,40 @@ def plan(
 
 
 def run_scoring(
-    store: str,
+    store: str | Sequence[str],
     run: str,
+    scoring: ScoreSettings = DEFAULT_SCORING,
     *,
-    env: str | None = None,
-    options: EnvOptions | None = None,
-    address: str | None = None,
-    executor: Literal["ray", "inline"] = "ray",
-    shard_bytes: int = DEFAULT_SHARD_BYTES,
-    num_cpus: int | None = None,
     run_id: str | None = None,
-    storage_options: dict | None = None,
     on_plan: Callable[[ShardPlan], None] | None = None,
     on_shard: Callable[[ShardMarker], None] | None = None,
-    force: bool = False,
-    lease_stale_after: float = DEFAULT_STALE_AFTER,
-    checks: tuple[str, ...] = CHECKS,
-    source: RawSource | None = None,
 ) -> Manifest:
-    """Score every rollout under `store` into `run`; returns its manifest (also written as `_manifest.json`).
+    """Score every rollout under `store` into `run` as `scoring` says; returns its manifest (also written as
+    `_manifest.json`). `run_id` names the run in its tables (default: the run folder's name).
 
-    `source`: raw logs read where they lie by their format's adapter inside the tasks (`store` then only names
-    them in the manifest); a format whose rollouts span files is first shuffled by key (pipeline.scoring.shuffle).
+    `store`: a canonical store (a folder, a file or a URL), or with a `format` raw logs (one or several files or
+    folders), read where they lie by their format's adapter inside the tasks; a format whose rollouts span files
+    is first shuffled by key (pipeline.scoring.shuffle).
 
-    `checks` selects which of S's schema fit, D and P apply (`pipeline.replay.checker.CHECKS`, all by default).
-    Rerunning into the same `run` rescores only the shards whose input, code, settings (checks included) or
-    environment versions changed since they were committed (`force=True` rescores all). One writer at a time: the run's
-    lease (pipeline.storage.lease) is held from before the first write to the manifest; a second writer fails
+    `scoring.checks` selects which of S's schema fit, D and P apply (`pipeline.replay.checker.CHECKS`, all by
+    default). Rerunning into the same `run` rescores only the shards whose input, code, settings (checks included)
+    or environment versions changed since they were committed (`force` rescores all). One writer at a time: the
+    run's lease (pipeline.storage.lease) is held from before the first write to the manifest; a second writer fails
     at once naming the holder, and a lease without a heartbeat for `lease_stale_after` seconds is taken over.
     """
-    options = options or EnvOptions()
+    sources = [store] if isinstance(store, str) else list(store)
+    source = scoring.raw_input(sources)
+    if source is None and len(sources) != 1:
+        raise ScoringFailed("a store is one file or folder; several sources need --format")
+    store = " ".join(sources)
+    env, options, address, executor = scoring.env, scoring.env_options, scoring.address, scoring.executor
+    shard_bytes, num_cpus, storage_options = scoring.shard_bytes, scoring.num_cpus, scoring.storage_options
+    force, lease_stale_after, checks = scoring.force, scoring.lease_stale_after, scoring.checks
     started = datetime.now(UTC)
     forget_unresolved()
     if env is not None:
         get_environment(env, options)  # a bad spec fails here, before any scoring
-    settings = ScoreSettings(
+    settings = TaskSettings(
         run=absolute(run).rstrip("/"),  # the tasks write it, from working directories of their own
         run_id=run_id or run.rstrip("/").rsplit("/", 1)[-1],
         env=env,
@@ -323,7 +321,7 @@ def _regroup(shard: Shard, source: RawSource, run: str, partitions: int, shard_b
 
 
 def _rescore_reason(
-    shard: Shard, marker: ShardMarker | None, settings: ScoreSettings, sizes: dict[str, dict[str, int]]
+    shard: Shard, marker: ShardMarker | None, settings: TaskSettings, sizes: dict[str, dict[str, int]]
 ) -> str:
     """Why `shard` is scored again; "" when its committed output is still what scoring it now would write, and
     still on disk as it was committed (every part present with the size recorded in the marker), as far as its
@@ -348,7 +346,7 @@ def _rescore_reason(
     return ""
 
 
-def _version_now(name: str, settings: ScoreSettings) -> str | None:
+def _version_now(name: str, settings: TaskSettings) -> str | None:
     """The environment's version with its family's code version, None when it does not resolve (as score_shard
     records it)."""
     try:
@@ -358,7 +356,7 @@ def _version_now(name: str, settings: ScoreSettings) -> str | None:
     return environment_version(env)
 
 
-def _reuse_record(reports: list[ShardMarker], why: dict[str, str], settings: ScoreSettings) -> Reuse:
+def _reuse_record(reports: list[ShardMarker], why: dict[str, str], settings: TaskSettings) -> Reuse:
     """The manifest's `reuse`: per shard, whether its earlier output was reused and why (or why not)."""
     shards = []
     for r in reports:
@@ -369,11 +367,11 @@ def _reuse_record(reports: list[ShardMarker], why: dict[str, str], settings: Sco
     return Reuse(core=settings.code_version, shards_reused=sum(r.reused for r in reports), shards=tuple(shards))
 
 
-def _shard_ids(shard: Shard, settings: ScoreSettings) -> pa.Table:
+def _shard_ids(shard: Shard, settings: TaskSettings) -> pa.Table:
     return _ids([shard], settings)[shard.key]
 
 
-def _ids(shards: list[Shard], settings: ScoreSettings) -> dict[str, pa.Table]:
+def _ids(shards: list[Shard], settings: TaskSettings) -> dict[str, pa.Table]:
     if settings.source is None:
         return {shard.key: shard_ids(shard, settings.storage_options) for shard in shards}
     return {
@@ -388,7 +386,7 @@ def _ids(shards: list[Shard], settings: ScoreSettings) -> dict[str, pa.Table]:
 
 def _inline(
     shard: Shard,
-    settings: ScoreSettings,
+    settings: TaskSettings,
     duplicates: Duplicates,
     on_shard: Callable[[ShardMarker], None] | None,
     still_held: Callable[[], None],
@@ -405,7 +403,7 @@ def _inline(
 
 def _on_ray(
     shards: list[Shard],
-    settings: ScoreSettings,
+    settings: TaskSettings,
     duplicates: Duplicates,
     address: str | None,
     num_cpus: int | None,
@@ -492,7 +490,7 @@ def _failed(shard: Shard, cause: BaseException) -> str:
     return f"shard {shard.key} ({shard.file.url} [{shard.start}:{shard.stop}]) failed: {cause}"
 
 
-def _plan_record(store: str, settings: ScoreSettings, shard_plan: ShardPlan, started: datetime) -> Plan:
+def _plan_record(store: str, settings: TaskSettings, shard_plan: ShardPlan, started: datetime) -> Plan:
     # A committed marker counts for this plan when its fingerprint, range, code version and settings match
     # (pipeline.metrics.completeness).
     return Plan(
@@ -526,7 +524,7 @@ def _span(shard: Shard) -> int | None:
 
 def _manifest(
     store: str,
-    settings: ScoreSettings,
+    settings: TaskSettings,
     shard_plan: ShardPlan,
     reports: list[ShardMarker],
     started: datetime,

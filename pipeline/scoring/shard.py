@@ -47,7 +47,10 @@ _BATCH = 250  # results converted to Arrow at a time (fewer Python objects alive
 
 
 @dataclass(frozen=True)
-class ScoreSettings:
+class TaskSettings:
+    """What a scoring task needs of its run (run_scoring makes it from the run's ScoreSettings): where the run is,
+    what it is called, how its environments are built and its records read, and the lease it is written under."""
+
     run: str
     run_id: str
     env: str | None = None  # None: each rollout's `benchmark` names its environment
@@ -66,7 +69,7 @@ class ScoreSettings:
         return orjson.dumps(parts, option=orjson.OPT_SORT_KEYS).decode()
 
 
-def read_records(shard: Shard, settings: ScoreSettings) -> Iterator[tuple[str, Record]]:
+def read_records(shard: Shard, settings: TaskSettings) -> Iterator[tuple[str, Record]]:
     """(location, record or RecordError) for every rollout of a shard: a canonical store's records, a raw
     shard decoded by its format's adapter (here, inside the task), or a partition of a shuffle."""
     source = settings.source
@@ -99,7 +102,7 @@ class ScoredShard:
 
 
 def score_shard(
-    shard: Shard, settings: ScoreSettings, duplicates: dict[str, tuple[str, int]] | None = None
+    shard: Shard, settings: TaskSettings, duplicates: dict[str, tuple[str, int]] | None = None
 ) -> ScoredShard:
     """Score one shard. `duplicates`: the shard's ids that other records carry too, each with where its first
     copy is and how many copies come before this shard (pipeline.storage.ids); later copies are rejected."""
@@ -203,7 +206,7 @@ def _fewer_collections() -> Iterator[None]:
         gc.set_threshold(*before)
 
 
-def _environment(name: str, settings: ScoreSettings, environments: dict[str, str | None]) -> Environment:
+def _environment(name: str, settings: TaskSettings, environments: dict[str, str | None]) -> Environment:
     """The environment of `name`, recorded under that name (what a rerun resolves again to decide reuse).
 
     A name from a record's `benchmark` must be a plain name: spec lookup takes paths, and data must not
