@@ -27,6 +27,7 @@ from pipeline.core.run_folder import (
 )
 from pipeline.metrics.run import open_run
 from pipeline.scoring.driver import run_scoring
+from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.run import read_manifest, read_plan, read_shard_markers
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
@@ -38,7 +39,7 @@ def scored(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("folder")
     store, run = root / "store", root / "run"
     write_store(iter(synthesize("shop", 120, 12, 5)), str(store), per_file=40)
-    run_scoring(str(store), str(run), executor="inline")
+    run_scoring(str(store), str(run), ScoreSettings(inline=True))
     return store, run
 
 
@@ -80,7 +81,7 @@ def test_a_folder_written_before_the_version_was_recorded_reads_as_layout_1(
         rewrite(path, lambda doc: [d.pop("schema_version", None) for d in [doc, *doc.get("shards", [])]])
     assert "schema_version" not in (run / "_manifest.json").read_text()
     assert open_run(str(run)).snapshot.complete
-    again = run_scoring(str(store), str(run), executor="inline")
+    again = run_scoring(str(store), str(run), ScoreSettings(inline=True))
     assert again.counts.shards_reused == 3  # its markers still say what a rerun may reuse
 
 
@@ -124,7 +125,7 @@ def test_a_damaged_manifest_makes_the_run_incomplete_and_a_damaged_marker_is_no_
     marker = sorted(run.glob("_shards/*.json"))[0]
     rewrite(marker, lambda doc: doc.update(read="many"))
     assert len(read_shard_markers(str(run))) == 2
-    again = run_scoring(str(store), str(run), executor="inline")
+    again = run_scoring(str(store), str(run), ScoreSettings(inline=True))
     assert again.counts.shards_reused == 2 and again.counts.scored == 120
 
 
