@@ -1,7 +1,8 @@
 """Run a scoring job: plan shards, score them as Ray tasks (bounded in flight), commit with the manifest.
 
-Local embedded Ray by default (`ray.init()`), a cluster when an address is given. `executor="inline"`
-scores in this process (tests of the pure path and profiling); it writes exactly the same output.
+Local embedded Ray by default (`ray.init()`), a cluster when an address is given. `ScoreSettings(inline=True)`
+scores in this process (tests of the pure path and profiling); it writes exactly the same output. `run_scoring`
+reads as its steps: plan, take the lease, reuse, score and gather ids, score later copies, commit.
 """
 
 from __future__ import annotations
@@ -123,116 +124,218 @@ def run_scoring(
     or environment versions changed since they were committed (`force` rescores all). One writer at a time: the
     run's lease (pipeline.storage.lease) is held from before the first write to the manifest; a second writer fails
     at once naming the holder, and a lease without a heartbeat for `lease_stale_after` seconds is taken over.
+
+    The steps, in order: plan the shards; take the run's lease (and shuffle, for a format that needs it); decide
+    which committed shards are reused; score the others while the ids of every shard are gathered; score again the
+    shards that hold a later copy of an id; commit the manifest.
     """
+    started = datetime.now(UTC)
+    job = _job(store, run, scoring, run_id)
+    shard_plan = plan(job.store, scoring.shard_bytes, scoring.storage_options, job.source)
+    lease = Lease(run, scoring.storage_options, scoring.lease_stale_after)
+    with ExitStack() as held:
+        _take(lease, run, held)
+        settings = replace(job.settings, lease=lease.token)
+        scorer = _Scorer(scoring, settings, on_shard, lease.check)
+        if job.source is not None and job.source.shuffle is not None:
+            shard_plan = _shuffle(job.source, settings.run, shard_plan, scoring.shard_bytes, scorer.tasks())
+        reuse = _reuse(run, shard_plan, settings, scoring)
+        _announce(run, job.store, settings, shard_plan, reuse, started, on_plan, on_shard)
+        reports, duplicates = _score_and_gather_ids(scorer, shard_plan, reuse)
+        reports, why = _score_later_copies(scorer, shard_plan, reuse, reports, duplicates)
+        manifest = _commit(run, job, settings, shard_plan, reports, why, started, scoring.executor, lease)
+    return manifest
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What a scoring job reads and what its tasks are told."""
+
+    store: str  # the input as named (several sources joined by spaces)
+    source: RawSource | None  # raw logs read by their format; None: a canonical store
+    settings: TaskSettings
+
+
+def _job(store: str | Sequence[str], run: str, scoring: ScoreSettings, run_id: str | None) -> _Job:
+    """The job's input and task settings; a bad spec or environment fails here, before anything is written."""
     sources = [store] if isinstance(store, str) else list(store)
     source = scoring.raw_input(sources)
     if source is None and len(sources) != 1:
         raise ScoringFailed("a store is one file or folder; several sources need --format")
-    store = " ".join(sources)
-    env, options, address, executor = scoring.env, scoring.env_options, scoring.address, scoring.executor
-    shard_bytes, num_cpus, storage_options = scoring.shard_bytes, scoring.num_cpus, scoring.storage_options
-    force, lease_stale_after, checks = scoring.force, scoring.lease_stale_after, scoring.checks
-    started = datetime.now(UTC)
     forget_unresolved()
-    if env is not None:
-        get_environment(env, options)  # a bad spec fails here, before any scoring
+    if scoring.env is not None:
+        get_environment(scoring.env, scoring.env_options)
     settings = TaskSettings(
         run=absolute(run).rstrip("/"),  # the tasks write it, from working directories of their own
         run_id=run_id or run.rstrip("/").rsplit("/", 1)[-1],
-        env=env,
-        options=options,
-        storage_options=storage_options,
+        env=scoring.env,
+        options=scoring.env_options,
+        storage_options=scoring.storage_options,
         code_version=code_version(),
-        checks=checks,
+        checks=scoring.checks,
         source=source,
     )
-    shard_plan = plan(store, shard_bytes, storage_options, source)
-    shuffled = source is not None and source.shuffle is not None
-    lease = Lease(run, storage_options, lease_stale_after)
-    with ExitStack() as held:
-        with lease.taking():
-            try:
-                lease.acquire()
-            except StorageError as exc:  # the first write to the run: a missing bucket or no permission fails here
-                raise ScoringFailed(f"cannot write run {run}: {exc}") from exc
-            held.enter_context(lease)
-        settings = replace(settings, lease=lease.token)
-        if shuffled:
-            assert source is not None
-            tasks = _Tasks(executor, address, num_cpus, lease.check)
-            shard_plan = _shuffle(source, settings.run, shard_plan, shard_bytes, tasks)
-        folder = RunPrefix(run, storage_options)
-        markers = {} if force else read_shard_markers(folder)
-        committed = None if force else _committed(folder)
-        sizes = part_sizes(run, storage_options) if markers else {}
-        # Reusable as far as input, versions and parts go; whether the duplicate ids each was told about still
-        # hold is known once the ids of every shard are (below).
-        # Why each shard is scored again ("" when reusable): recorded in the manifest's `reuse`.
-        why = {
-            s.key: "forced" if force else _rescore_reason(s, markers.get(s.key), settings, sizes)
-            for s in shard_plan.shards
-        }
-        reused = {s.key: structs.replace(markers[s.key], reused=True) for s in shard_plan.shards if not why[s.key]}
-        todo = [s for s in shard_plan.shards if s.key not in reused]
-        if on_plan:
-            on_plan(replace(shard_plan, reusable=len(reused)))
-        remove_manifest(run, storage_options)
-        # Before any shard: what the run covers, so that a reader of an unfinished run can state its coverage.
-        write_plan(run, _plan_record(store, settings, shard_plan, started), storage_options)
-        for report in reused.values():
-            if on_shard:
-                on_shard(report)
+    return _Job(" ".join(sources), source, settings)
 
-        def score(shards: list[Shard], duplicates: Duplicates, ids: RayIdCheck | None = None) -> list[ScoredShard]:
-            if executor == "inline":
-                return [_inline(shard, settings, duplicates, on_shard, lease.check) for shard in shards]
-            if not shards:
-                return []
-            return _on_ray(shards, settings, duplicates, address, num_cpus, on_shard, lease.check, ids)
 
-        # Nothing to score and the committed run covered exactly these shards, unchanged: its id check over them
-        # still holds (every shard was told what it shows), so neither the ids are read again nor Ray started.
-        unchanged = not todo and _same_shards(committed, reused)
-        if unchanged:
-            scored, duplicates = [], {}
-        elif executor == "inline":
-            with ThreadPoolExecutor(1) as pool:
-                # Scoring returns the ids a shard holds; those of reused shards are read meanwhile.
-                reread = pool.submit(_ids, [s for s in shard_plan.shards if s.key in reused], settings)
-                scored = score(todo, {})
-                ids = reread.result() | {s.report.shard: s.ids for s in scored}
-            duplicates = duplicate_ids(shard_plan.shards, ids, storage_options)
-            del ids
-        else:  # on Ray the ids stay in the object store, checked in hash partitions (pipeline.scoring.id_check)
-            _start_ray(address, num_cpus)
-            check = RayIdCheck(shard_plan.shards, partition_count(shard_plan.total_bytes))
-            check.read(_shard_ids, [s for s in shard_plan.shards if s.key in reused], settings, **_RETRIES)
-            scored = score(todo, {}, check)
-            duplicates = check.duplicates(storage_options)
-        reports = reused | {s.report.shard: s.report for s in scored}
-        del scored
-        # A shard told other than what the whole store shows (none were told anything before their ids were
-        # known) is scored again: only shards holding a later copy of an id, whatever the order they ran in.
-        again = [
-            s
-            for s in ([] if unchanged else shard_plan.shards)
-            if reports[s.key].duplicates != digest(duplicates.get(s.key, {}))
-        ]
-        reports |= {s.report.shard: s.report for s in score(again, duplicates)}
-        why |= {s.key: why[s.key] or "the duplicate ids it holds changed" for s in again}
-        ordered = sorted(reports.values(), key=lambda r: (r.source, r.start))
-        if source is not None and not source.allow_no_calls:
-            _check_calls(source, ordered)
-        lease.confirm()  # a writer that lost its lease must not delete or commit anything
-        # Parts of an earlier plan of this run (another shard size, a removed input) would duplicate rows.
-        remove_stale_parts(run, {s.key for s in shard_plan.shards}, storage_options)
-        manifest = _manifest(
-            store, settings, shard_plan, ordered, started, executor, _reuse_record(ordered, why, settings)
-        )
-        lease.confirm()
-        write_manifest(run, manifest, storage_options)
-        if shuffled:
-            remove_all(staging(settings.run), storage_options)
+def _take(lease: Lease, run: str, held: ExitStack) -> None:
+    """Hold the run's lease until `held` closes; the first write to the run, so a missing bucket or no permission
+    fails here."""
+    with lease.taking():
+        try:
+            lease.acquire()
+        except StorageError as exc:
+            raise ScoringFailed(f"cannot write run {run}: {exc}") from exc
+        held.enter_context(lease)
+
+
+@dataclass(frozen=True)
+class _Reuse:
+    """Which committed shards a rerun keeps, as far as input, versions and parts go (whether the duplicate ids each
+    was told about still hold is known once the ids of every shard are)."""
+
+    why: dict[str, str]  # shard key -> why it is scored again ("" when reused): the manifest's `reuse`
+    kept: dict[str, ShardMarker]  # the reused shards' markers
+    todo: list[Shard]  # the shards to score
+    # Nothing to score and the committed run covered exactly these shards, unchanged: its id check over them still
+    # holds (every shard was told what it shows), so neither the ids are read again nor Ray started.
+    unchanged: bool
+
+
+def _reuse(run: str, shard_plan: ShardPlan, settings: TaskSettings, scoring: ScoreSettings) -> _Reuse:
+    folder = RunPrefix(run, scoring.storage_options)
+    markers = {} if scoring.force else read_shard_markers(folder)
+    committed = None if scoring.force else _committed(folder)
+    sizes = part_sizes(run, scoring.storage_options) if markers else {}
+    why = {
+        s.key: "forced" if scoring.force else _rescore_reason(s, markers.get(s.key), settings, sizes)
+        for s in shard_plan.shards
+    }
+    kept = {s.key: structs.replace(markers[s.key], reused=True) for s in shard_plan.shards if not why[s.key]}
+    todo = [s for s in shard_plan.shards if s.key not in kept]
+    return _Reuse(why, kept, todo, not todo and _same_shards(committed, kept))
+
+
+def _announce(
+    run: str,
+    store: str,
+    settings: TaskSettings,
+    shard_plan: ShardPlan,
+    reuse: _Reuse,
+    started: datetime,
+    on_plan: Callable[[ShardPlan], None] | None,
+    on_shard: Callable[[ShardMarker], None] | None,
+) -> None:
+    """Mark the run incomplete and write its plan before any shard: a reader of an unfinished run can state its
+    coverage. The caller hears of the plan and of every reused shard."""
+    if on_plan:
+        on_plan(replace(shard_plan, reusable=len(reuse.kept)))
+    remove_manifest(run, settings.storage_options)
+    write_plan(run, _plan_record(store, settings, shard_plan, started), settings.storage_options)
+    for marker in reuse.kept.values():
+        if on_shard:
+            on_shard(marker)
+
+
+@dataclass(frozen=True)
+class _Scorer:
+    """Where the shards are scored: in this process, or as Ray tasks (bounded in flight) on the Ray at
+    `scoring.address` (a local one started when none is given)."""
+
+    scoring: ScoreSettings
+    settings: TaskSettings
+    on_shard: Callable[[ShardMarker], None] | None
+    still_held: Callable[[], None]  # raises when the run's lease was lost
+
+    @property
+    def inline(self) -> bool:
+        return self.scoring.executor == "inline"
+
+    def score(self, shards: list[Shard], duplicates: Duplicates, ids: RayIdCheck | None = None) -> list[ScoredShard]:
+        if self.inline:
+            return [_inline(s, self.settings, duplicates, self.on_shard, self.still_held) for s in shards]
+        if not shards:
+            return []
+        s = self.scoring
+        return _on_ray(shards, self.settings, duplicates, s.address, s.num_cpus, self.on_shard, self.still_held, ids)
+
+    def tasks(self) -> _Tasks:
+        """Where the rounds of a shuffle run."""
+        s = self.scoring
+        return _Tasks(s.executor, s.address, s.num_cpus, self.still_held)
+
+
+def _score_and_gather_ids(
+    scorer: _Scorer, shard_plan: ShardPlan, reuse: _Reuse
+) -> tuple[dict[str, ShardMarker], Duplicates]:
+    """Score the shards to score, none told of any duplicate id yet, and find the ids that more than one record
+    carries across the whole store: each shard returns its own ids, those of reused shards are read again. Inline
+    they are checked in this process; on Ray they stay in the object store, checked in hash partitions
+    (pipeline.scoring.id_check)."""
+    if reuse.unchanged:
+        return dict(reuse.kept), {}
+    reused = [s for s in shard_plan.shards if s.key in reuse.kept]
+    if scorer.inline:
+        with ThreadPoolExecutor(1) as pool:
+            reread = pool.submit(_ids, reused, scorer.settings)  # read while the others are scored
+            scored = scorer.score(reuse.todo, {})
+            ids = reread.result() | {s.report.shard: s.ids for s in scored}
+        duplicates = duplicate_ids(shard_plan.shards, ids, scorer.settings.storage_options)
+    else:
+        _start_ray(scorer.scoring.address, scorer.scoring.num_cpus)
+        check = RayIdCheck(shard_plan.shards, partition_count(shard_plan.total_bytes))
+        check.read(_shard_ids, reused, scorer.settings, **_RETRIES)
+        scored = scorer.score(reuse.todo, {}, check)
+        duplicates = check.duplicates(scorer.settings.storage_options)
+    return reuse.kept | {s.report.shard: s.report for s in scored}, duplicates
+
+
+def _score_later_copies(
+    scorer: _Scorer,
+    shard_plan: ShardPlan,
+    reuse: _Reuse,
+    reports: dict[str, ShardMarker],
+    duplicates: Duplicates,
+) -> tuple[dict[str, ShardMarker], dict[str, str]]:
+    """Score again each shard told other than what the whole store shows (none were told anything before their
+    ids were known): only the shards holding a later copy of an id, whatever the order they ran in. Returns every
+    shard's report and why each was scored."""
+    again = [
+        s
+        for s in ([] if reuse.unchanged else shard_plan.shards)
+        if reports[s.key].duplicates != digest(duplicates.get(s.key, {}))
+    ]
+    reports = reports | {s.report.shard: s.report for s in scorer.score(again, duplicates)}
+    why = reuse.why | {s.key: reuse.why[s.key] or "the duplicate ids it holds changed" for s in again}
+    return reports, why
+
+
+def _commit(
+    run: str,
+    job: _Job,
+    settings: TaskSettings,
+    shard_plan: ShardPlan,
+    reports: dict[str, ShardMarker],
+    why: dict[str, str],
+    started: datetime,
+    executor: str,
+    lease: Lease,
+) -> Manifest:
+    """Check the run as a whole, remove what an earlier plan of it left, and write its manifest: the commit. A
+    writer that lost its lease deletes and commits nothing."""
+    ordered = sorted(reports.values(), key=lambda r: (r.source, r.start))
+    if job.source is not None and not job.source.allow_no_calls:
+        _check_calls(job.source, ordered)
+    storage_options = settings.storage_options
+    lease.confirm()
+    # Parts of an earlier plan of this run (another shard size, a removed input) would duplicate rows.
+    remove_stale_parts(run, {s.key for s in shard_plan.shards}, storage_options)
+    reuse = _reuse_record(ordered, why, settings)
+    manifest = _manifest(job.store, settings, shard_plan, ordered, started, executor, reuse)
+    lease.confirm()
+    write_manifest(run, manifest, storage_options)
+    if job.source is not None and job.source.shuffle is not None:
+        remove_all(staging(settings.run), storage_options)
     return manifest
 
 
