@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from pipeline.core.errors import PexecError
-from pipeline.core.model import NOT_LOGGED, STATUSES, Call, Event, Message, Rollout
+from pipeline.core.model import NOT_LOGGED, STATUSES, Call, Event, Message, Rollout, Status
 from pipeline.core.run_schema import ATTRIBUTE_PREFIX, RESERVED_COLUMNS
 
 MAX_DEPTH = 64  # levels of objects and lists in a record (and in JSON text it carries); deeper is a reject
@@ -109,9 +109,7 @@ def parse_rollout(record: dict[str, Any]) -> Rollout:
     both = sorted(set(labels) & set(attributes))
     if both:
         raise InvalidRecord(f"{', '.join(map(repr, both))} is both a label and an attribute")
-    status = record.get("status") or "ok"
-    if status not in STATUSES:
-        raise InvalidRecord(f"'status' must be one of {', '.join(STATUSES)}, got {status!r}")
+    status = _status(record.get("status") or "ok")
     env = _json_field(record.get("env"), "env") or {}
     if not isinstance(env, dict):
         raise InvalidRecord("'env' must be an object")
@@ -134,6 +132,13 @@ def parse_rollout(record: dict[str, Any]) -> Rollout:
         attributes=attributes,
         status=status,
     )
+
+
+def _status(value: Any) -> Status:
+    for status in STATUSES:
+        if value == status:
+            return status
+    raise InvalidRecord(f"'status' must be one of {', '.join(STATUSES)}, got {value!r}")
 
 
 def record_id(record: dict[str, Any]) -> str | None:
