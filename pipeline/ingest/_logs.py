@@ -37,7 +37,7 @@ from pipeline.ingest.base import (
     source_inputs,
 )
 from pipeline.ingest.registry import mismatch
-from pipeline.storage.fs import open_for_read
+from pipeline.storage.fs import StorageOptions, open_for_read
 from pipeline.storage.inputs import line_numbers, raw_text, read_whole, shard_lines
 from pipeline.storage.shards import RAW_LIMIT, RecordError, Shard
 
@@ -218,7 +218,7 @@ class Document:
     value: Any
     shard: Shard
     index: int  # line index within a line-delimited shard
-    storage_options: dict[str, Any] | None = field(default=None, repr=False)
+    storage_options: StorageOptions | None = field(default=None, repr=False)
     _first_line: list[int] = field(default_factory=list, repr=False)  # shared by a shard's documents
 
     def place(self, need_line: bool = True) -> str:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.core.errors import PexecError
-from pipeline.storage.fs import list_files
+from pipeline.storage.fs import StorageOptions, list_files
 from pipeline.storage.inputs import MAX_LINE_BYTES
 from pipeline.storage.shards import InputFile, RecordError, Shard, fingerprint
 
@@ -41,7 +41,7 @@ class IngestOptions:
     labels: dict[str, str] = field(default_factory=dict)  # added to every record's labels (`--label k=v`)
     extra: dict[str, str] = field(default_factory=dict)  # format-specific settings (`--option k=v`)
     # the sources' filesystem settings (`--endpoint-url`, `--storage-option k=v`)
-    storage_options: dict[str, Any] | None = field(default=None, repr=False)  # may hold credentials
+    storage_options: StorageOptions | None = field(default=None, repr=False)  # may hold credentials
     limits: ReadLimits = field(default_factory=ReadLimits)
 
 

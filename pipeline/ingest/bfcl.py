@@ -32,7 +32,7 @@ from pipeline.envs import EnvError
 from pipeline.envs.bfcl.calls import CallSyntaxError, parse_call, parse_call_list
 from pipeline.envs.bfcl.env import error_message
 from pipeline.ingest.base import IngestError, IngestOptions, Option, OptionSchema, Part, ShardedFormat, source_inputs
-from pipeline.storage.fs import exists, list_files, open_for_read
+from pipeline.storage.fs import StorageOptions, exists, list_files, open_for_read
 from pipeline.storage.inputs import raw_text, shard_lines
 from pipeline.storage.shards import RecordError, Shard
 
@@ -332,7 +332,7 @@ def _score_file(result: str, options: IngestOptions) -> str | None:
 
 
 def read_scores(
-    url: str | Path | None, storage_options: dict[str, Any] | None = None
+    url: str | Path | None, storage_options: StorageOptions | None = None
 ) -> tuple[set[str] | None, dict[str, Any] | None]:
     """(ids BFCL scored as failed, the summary line) of a score file; (None, None) when there is none."""
     if url is None:

@@ -41,7 +41,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from pipeline.ingest._logs import text
 from pipeline.ingest.registry import mismatch
-from pipeline.storage.fs import open_for_read
+from pipeline.storage.fs import StorageOptions, open_for_read
 
 MAX_MESSAGE_BYTES = 64 * 2**20  # one export message (a JSON line or document, a protobuf message), decompressed
 # What a folder of OTLP files is searched for (a file named directly is read whatever its name).
@@ -70,7 +70,7 @@ class Malformed:
 Item = dict[str, Any] | Malformed
 
 
-def records(url: str, storage_options: dict[str, Any] | None = None) -> Iterator[Item]:
+def records(url: str, storage_options: StorageOptions | None = None) -> Iterator[Item]:
     """The spans and GenAI log records of one OTLP file, one at a time, in file order."""
     try:
         with open_for_read(url, storage_options) as f:
