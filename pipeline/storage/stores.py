@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -34,7 +34,7 @@ class StoreExists(StorageError):
 
 
 def write_store(
-    records: Iterator[dict[str, Any]],
+    records: Iterable[Mapping[str, Any]],
     out: str,
     fmt: str = "jsonl",
     per_file: int = 50_000,
@@ -52,7 +52,8 @@ def write_store(
     write_id = f"{datetime.now(UTC):%Y%m%dT%H%M%S%fZ}-{uuid.uuid4().hex[:6]}"  # sorts in write order
     staging = f"{root}/.staging-{write_id}"
     prefix = f"part-{write_id}-" if old and mode == "append" else "part-"
-    count, part, batch, names = 0, 0, [], []
+    count, part, names = 0, 0, []
+    batch: list[Mapping[str, Any]] = []
     try:
         for record in records:
             batch.append(record)
@@ -124,7 +125,7 @@ def _remove(url: str, storage_options: StorageOptions | None) -> None:
 def _write_file(
     folder: str,
     stem: str,
-    batch: list[dict[str, Any]],
+    batch: list[Mapping[str, Any]],
     fmt: str,
     compression: str | None,
     storage_options: StorageOptions | None,
@@ -151,7 +152,7 @@ def _write_file(
         raise StorageError(f"cannot write store {folder.rsplit('/', 1)[0]}: {exc}") from exc
 
 
-def _to_arrow(batch: list[dict[str, Any]]) -> pa.Table:
+def _to_arrow(batch: list[Mapping[str, Any]]) -> pa.Table:
     # Parquet keeps free-form JSON (env, arguments, outputs, truth) as JSON text.
     def event(e: dict[str, Any]) -> dict[str, Any]:
         e = dict(e)
