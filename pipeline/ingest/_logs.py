@@ -381,6 +381,7 @@ def read_outcomes(fmt: str, path: str, options: IngestOptions) -> dict[str, bool
             content = f.read().decode("utf-8")
     except OSError as exc:
         raise IngestError(f"{fmt}: --option outcomes={path}: cannot read: {exc}") from exc
+    rows: list[tuple[str, Any]]  # (where, a CSV row or a decoded JSON line)
     if path.endswith(".csv"):
         rows = [(f"{path} line {i + 2}", row) for i, row in enumerate(csv.DictReader(io.StringIO(content)))]
     else:

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.envs import EnvError
-from pipeline.envs.bfcl.calls import CallSyntaxError, parse_call, parse_call_list
-from pipeline.envs.bfcl.env import error_message
+from pipeline.envs.bfcl.calls import CallSyntaxError, ParameterOrder, parse_call, parse_call_list
+from pipeline.envs.bfcl.env import BfclEnvironment, error_message
 from pipeline.ingest.base import IngestError, IngestOptions, Option, OptionSchema, Part, ShardedFormat, source_inputs
 from pipeline.storage.fs import StorageOptions, exists, list_files, open_for_read
 from pipeline.storage.inputs import raw_text, shard_lines
@@ -227,13 +227,18 @@ def _string_call(text: str, benchmark: str) -> dict[str, Any]:
 
 
 @cache
-def _parameter_order(benchmark: str):
+def _parameter_order(benchmark: str) -> ParameterOrder:
     from pipeline.envs import get_environment
 
     try:
-        return get_environment(benchmark).parameter_order
+        env = get_environment(benchmark)
     except EnvError as exc:
         raise IngestError(f"bfcl: prompt-mode call strings need the simulators: {exc}") from exc
+    if not isinstance(env, BfclEnvironment):  # a plug-in registered under a BFCL name
+        raise IngestError(
+            f"bfcl: prompt-mode call strings need the BFCL simulators; {benchmark!r} is another environment"
+        )
+    return env.parameter_order
 
 
 @dataclass(frozen=True)

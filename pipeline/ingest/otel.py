@@ -48,7 +48,7 @@ from pipeline.storage.shards import RecordError, Shard
 CONVERSATION = "gen_ai.conversation.id"
 
 
-def assemble(key: str, group: list[dict[str, Any]], options: IngestOptions) -> dict:
+def assemble(key: str, group: list[dict[str, Any]], options: IngestOptions) -> dict[str, Any]:
     """The canonical rollout of one conversation: all its spans, in any order."""
     s = settings("otel", options, {"model": "gen_ai.request.model", "agent_version": "service.version"})
     group.sort(key=lambda sp: (sp["start"], sp["span_id"]))
@@ -100,7 +100,7 @@ class OTel(LogFormat):
     def looks_like(self, doc: Any) -> bool:
         return isinstance(doc, dict) and ("resourceSpans" in doc or "resourceLogs" in doc)
 
-    def read(self, sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
+    def read(self, sources: Sequence[str], options: IngestOptions) -> Iterator[dict[str, Any]]:
         """Every conversation of the sources, all spans held in this process (the `ingest` function)."""
         spans = _spans(sources, options)
         for key, group in sorted(_conversations(spans).items()):
@@ -117,7 +117,8 @@ FORMAT = OTel()
 def _spans(sources: Sequence[str], options: IngestOptions) -> list[dict[str, Any]]:
     """Every span of `sources`, with the content its GenAI log records carry (`pipeline.ingest.otlp` reads the files
     as OpenTelemetry writes them and joins the records to their spans)."""
-    spans, events = [], []
+    spans: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
     for source in sources:
         for url in source_files("otel", source, options, otlp.FILES):
             for item in otlp.records(url, options.storage_options):
@@ -151,7 +152,8 @@ def _record(group: list[dict[str, Any]], key: str) -> dict[str, Any]:
 
 
 def _is_tool_span(sp: dict[str, Any]) -> bool:
-    return sp["attrs"].get("gen_ai.operation.name") == "execute_tool" or sp["name"].startswith("execute_tool")
+    name: str = sp["name"]
+    return sp["attrs"].get("gen_ai.operation.name") == "execute_tool" or name.startswith("execute_tool")
 
 
 def _events(group: list[dict[str, Any]]) -> list[dict[str, Any]]:

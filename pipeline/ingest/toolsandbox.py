@@ -79,7 +79,7 @@ class ToolSandbox(LogFormat):
     def looks_like(self, doc: Any) -> bool:
         return isinstance(doc, dict) and "per_scenario_results" in doc
 
-    def read(self, sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
+    def read(self, sources: Sequence[str], options: IngestOptions) -> Iterator[dict[str, Any]]:
         threshold = _number(options.extra["threshold"], "threshold")
         now = _number(options.extra["now"], "now") if "now" in options.extra else None
         for source in sources:
@@ -109,7 +109,9 @@ def _load(url: str, options: IngestOptions) -> Any:
         raise IngestError(f"toolsandbox: {url}: cannot read JSON: {exc}") from exc
 
 
-def _read_run(run: str, threshold: float, now: float | None, tz: str, options: IngestOptions) -> Iterator[dict]:
+def _read_run(
+    run: str, threshold: float, now: float | None, tz: str, options: IngestOptions
+) -> Iterator[dict[str, Any]]:
     summary = _load(f"{run}/result_summary.json", options)
     results = summary.get("per_scenario_results") if isinstance(summary, dict) else None
     if not isinstance(results, list):
@@ -267,7 +269,7 @@ def settings_variant(scenario: str) -> str:
     return "_".join(["base", *flipped])
 
 
-def _events(turns: list[Any], where: str) -> tuple[list[dict], dict[str, str]]:
+def _events(turns: list[Any], where: str) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """(events, attributes): the scenario's calls paired with their tool messages by `tool_call_id`."""
     log: list[Entry] = []
     for k, turn in enumerate(turns):
@@ -310,7 +312,7 @@ def _output(text: str) -> Any:
     return decoded(text)
 
 
-def _first_timestamp(events: list[dict]) -> float | None:
+def _first_timestamp(events: list[dict[str, Any]]) -> float | None:
     for e in events:
         if e["type"] == "call" and e["tool"] == "get_current_timestamp" and isinstance(e.get("output"), int | float):
             return float(e["output"])
