@@ -34,15 +34,15 @@ class MessageRecord(TypedDict):
     type: Literal["message"]
     role: str
     content: str
-    turn: int
+    turn: NotRequired[int]  # absent: 0
 
 
 class CallRecord(TypedDict):
     type: Literal["call"]
     tool: str
     arguments: Any  # the arguments object, or the raw text the log kept (it may not parse)
-    turn: int
-    call_id: NotRequired[str]
+    turn: NotRequired[int]  # absent: 0
+    call_id: NotRequired[str | None]
     output: NotRequired[Any]  # absent: the log recorded no output
     error: NotRequired[bool]
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from pipeline.core.records import CallRecord, EventRecord, MessageRecord
 from pipeline.ingest.base import (
     FIELD_PREFIXES,
     IngestError,
@@ -127,7 +128,7 @@ def as_success(value: Any, where: str) -> bool | None:
 def rollout(
     s: LogSettings,
     record: Mapping[str, Any],
-    events: list[dict[str, Any]],
+    events: list[EventRecord],
     where: str,
     attributes: Mapping[str, str] | None = None,
     harness_error: str | None = None,
@@ -171,13 +172,13 @@ def _string(value: Any) -> str:
 
 def call(
     tool: Any, arguments: Any, call_id: Any, turn: int, result: tuple[Any, bool | None] | None, where: str
-) -> dict[str, Any]:
+) -> CallRecord:
     """A call event. `arguments`: an object, raw JSON text (kept as is: text that does not parse is an S
     failure) or None (not captured: S and D unknown). `result`: (output, error) or None when no result was
     logged."""
     if not isinstance(tool, str) or not tool:
         raise IngestError(f"{where}: a tool call without a tool name")
-    event: dict[str, Any] = {"type": "call", "tool": tool, "arguments": arguments, "turn": turn}
+    event: CallRecord = {"type": "call", "tool": tool, "arguments": arguments, "turn": turn}
     if call_id is not None:
         event["call_id"] = str(call_id)
     if result is not None:
@@ -189,7 +190,7 @@ def call(
     return event
 
 
-def message(role: str, content: str, turn: int) -> dict[str, Any]:
+def message(role: str, content: str, turn: int) -> MessageRecord:
     return {"type": "message", "role": role, "content": content, "turn": turn}
 
 

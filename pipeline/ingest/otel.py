@@ -39,6 +39,7 @@ from typing import Any
 
 import orjson
 
+from pipeline.core.records import EventRecord
 from pipeline.ingest import otlp
 from pipeline.ingest._logs import call, loads, log_options, message, rollout, settings, text
 from pipeline.ingest._pairing import Call, Entry, Result, pair
@@ -156,7 +157,7 @@ def _is_tool_span(sp: dict[str, Any]) -> bool:
     return sp["attrs"].get("gen_ai.operation.name") == "execute_tool" or name.startswith("execute_tool")
 
 
-def _events(group: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _events(group: list[dict[str, Any]]) -> list[EventRecord]:
     """A `tool_call` part of a chat span's output is a request; the `execute_tool` span with its id answers the
     earliest unanswered one (`pipeline.ingest._pairing`) and is the call, at its own time. Without tool spans, a
     `tool_call_response` part of a later chat span's input answers it and the call stays at its request. A
@@ -197,7 +198,7 @@ def _events(group: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     log.append(Call(p.get("id"), build))
     answers = pair(log)
     requests = {r: c for c, r in answers.items()}
-    out: list[dict[str, Any]] = []
+    out: list[EventRecord] = []
     for position, entry in enumerate(log):
         if isinstance(entry, Call):
             answer = log[answers[position]] if position in answers else None

@@ -253,14 +253,15 @@ def _json_content(url: str, stream: _Stream, name: str) -> Iterator[Item]:
         except orjson.JSONDecodeError:
             pass
     if not line_mode:  # one document over several lines: it has to fit in one message
-        parts, size = [], 0
+        parts: list[bytes] = []
+        size = 0
         for _, line in _numbered(first, lines):
             size += MAX_MESSAGE_BYTES + 1 if line is None else len(line) + 1
-            if size > MAX_MESSAGE_BYTES:
+            if line is None or size > MAX_MESSAGE_BYTES:  # None: a line over the limit
                 yield Malformed(url, f"a JSON document over {MAX_MESSAGE_BYTES} bytes")
                 return
             parts.append(line)
-        yield from _json_document(b"\n".join(parts), url)  # type: ignore[arg-type]
+        yield from _json_document(b"\n".join(parts), url)
         return
     for number, line in _numbered(first, lines):
         where = f"{url} line {number}"

@@ -36,6 +36,7 @@ from typing import Any, TypeGuard
 import orjson
 
 from pipeline.core.errors import read_json_file
+from pipeline.core.records import CallRecord
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
 from pipeline.ingest.base import (
     IngestError,
@@ -214,8 +215,8 @@ def _log(messages: list[Any], url: str, index: int) -> list[Entry]:
     return out
 
 
-def _call(call: dict[str, Any], turn: int, answer: dict[str, Any] | None) -> dict[str, Any]:
-    event: dict[str, Any] = {
+def _call(call: dict[str, Any], turn: int, answer: dict[str, Any] | None) -> CallRecord:
+    event: CallRecord = {
         "type": "call",
         "tool": str(call.get("name") or ""),
         "arguments": call.get("arguments") if call.get("arguments") is not None else {},

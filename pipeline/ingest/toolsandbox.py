@@ -41,6 +41,7 @@ from typing import Any
 
 import orjson
 
+from pipeline.core.records import CallRecord, EventRecord
 from pipeline.core.values import decoded
 from pipeline.envs.toolsandbox.env import seed_clock
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
@@ -269,7 +270,7 @@ def settings_variant(scenario: str) -> str:
     return "_".join(["base", *flipped])
 
 
-def _events(turns: list[Any], where: str) -> tuple[list[dict[str, Any]], dict[str, str]]:
+def _events(turns: list[Any], where: str) -> tuple[list[EventRecord], dict[str, str]]:
     """(events, attributes): the scenario's calls paired with their tool messages by `tool_call_id`."""
     log: list[Entry] = []
     for k, turn in enumerate(turns):
@@ -285,17 +286,18 @@ def _events(turns: list[Any], where: str) -> tuple[list[dict[str, Any]], dict[st
     return assemble(log)
 
 
-def _call(call: dict[str, Any], answer: str | None) -> dict[str, Any]:
-    fn = call.get("function") or {}
-    event = {
+def _call(call: dict[str, Any], answer: str | None) -> CallRecord:
+    fn: Any = call.get("function") or {}  # decoded JSON of the log
+    event: CallRecord = {
         "type": "call",
         "tool": fn.get("name"),
         "arguments": fn.get("arguments") or "{}",
         "call_id": call.get("id"),
     }
     if answer is not None:
-        event["error"] = is_error(answer)
-        event["output"] = answer if event["error"] else _output(answer)
+        error = is_error(answer)
+        event["error"] = error
+        event["output"] = answer if error else _output(answer)
     return event
 
 
@@ -312,10 +314,12 @@ def _output(text: str) -> Any:
     return decoded(text)
 
 
-def _first_timestamp(events: list[dict[str, Any]]) -> float | None:
+def _first_timestamp(events: list[EventRecord]) -> float | None:
     for e in events:
-        if e["type"] == "call" and e["tool"] == "get_current_timestamp" and isinstance(e.get("output"), int | float):
-            return float(e["output"])
+        if e["type"] == "call" and e["tool"] == "get_current_timestamp":
+            output = e.get("output")
+            if isinstance(output, int | float):
+                return float(output)
     return None
 
 

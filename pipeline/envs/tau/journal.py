@@ -55,7 +55,7 @@ class Journal:
                 container.owned.pop(key, None)
 
 
-class CowDict(dict):  # type: ignore[type-arg]
+class CowDict(dict[Any, Any]):
     """A dict of records that copies a record on its first keyed access within a writing call."""
 
     __slots__ = ("journal", "owned")
