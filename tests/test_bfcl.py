@@ -489,6 +489,30 @@ def calls_of(record: dict[str, Any]) -> list[tuple[int, str, Any]]:
     return [(e["turn"], e["tool"], e["arguments"]) for e in record["events"] if e["type"] == "call"]
 
 
+def test_prompt_mode_call_strings_refuse_an_environment_that_is_not_bfcl(monkeypatch):
+    # Decoding a call string needs BFCL's parameter order. An environment registered in this process under a BFCL
+    # name shadows the simulators: the ingest stops with one line naming it (it used to end in an AttributeError).
+    from pipeline.envs import registry
+    from pipeline.envs.observed import ObservedEnvironment
+    from pipeline.ingest import bfcl as bfcl_format
+
+    class NotBfcl(ObservedEnvironment):
+        name = "bfcl_v3"
+
+    for attribute, value in (("_registered", {}), ("_found", {}), ("_entry_points", None)):
+        monkeypatch.setattr(registry.FACTORIES, attribute, value)  # the process's registry, as it was, afterwards
+    monkeypatch.setattr(registry, "_INSTANCES", {})
+    registry.FACTORIES.register("bfcl_v3", lambda options: NotBfcl())
+    bfcl_format._parameter_order.cache_clear()
+    task = official.read_dataset("v3", "base")[0]
+    raw = {"id": task["id"], "result": [['[cd(folder="document")]']]}
+    try:
+        with pytest.raises(IngestError, match="need the BFCL simulators; 'bfcl_v3' is another environment"):
+            build_record(task, raw, "bfcl_v3", "base", {"model": "m"}, None)
+    finally:
+        bfcl_format._parameter_order.cache_clear()
+
+
 def test_raw_prompt_mode_responses_are_decoded_as_bfcl_does():
     # Prompt-mode result files keep the model's raw text per step; BFCL decodes `[f(...), g(...)]` into calls
     # and treats text that does not decode as the model's answer (the turn ends).

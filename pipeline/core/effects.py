@@ -26,7 +26,7 @@ from typing import Any, Literal
 from pipeline.core.errors import PexecError
 
 EffectClass = Literal["read", "write", "irreversible"]
-EFFECT_CLASSES: tuple[str, ...] = ("read", "write", "irreversible")
+EFFECT_CLASSES: tuple[EffectClass, ...] = ("read", "write", "irreversible")
 WRITES = ("write", "irreversible")  # what the write metrics count
 FILE = "effects.toml"
 

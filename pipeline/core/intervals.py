@@ -19,16 +19,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Literal
+from typing import Final, Literal
 
 # Below either threshold the task bootstrap is not trusted (defined here only; docs/explanation/intervals.md, "Small
 # samples").
 MIN_TASKS = 30  # tasks with a nonzero denominator
 MIN_DENOMINATOR = 30  # the denominator's total: rollouts (calls for the output-match rate)
 
-BOOTSTRAP = "bootstrap"
-WILSON = "wilson-clustered"
 Method = Literal["bootstrap", "wilson-clustered"]
+BOOTSTRAP: Final = "bootstrap"
+WILSON: Final = "wilson-clustered"
 MARK = "†"  # what the tables put beside a Wilson interval, with NOTE below them
 NOTE = (
     f"{MARK} Wilson score interval on the effective sample size (n / design effect from the task clustering): "

@@ -37,6 +37,9 @@ class Part:
     doc: str
 
 
+Quantity = Literal["share", "mean01"]
+
+
 @dataclass(frozen=True)
 class Metric:
     """A cohort metric. `kind="ratio"`: sum(num) / sum(den) / scale, with a task-level bootstrap interval.
@@ -57,8 +60,15 @@ class Metric:
     population: str = "every rollout of the cohort"
     # How its small-sample interval is justified (pipeline.core.intervals): a share of counted units, or the mean
     # of a quantity in [0, 1] (the Wilson interval is then conservative).
-    quantity: Literal["share", "mean01"] = "share"
+    quantity: Quantity = "share"
     paired: bool = True  # a row of the report's paired comparison of two conditions
+
+
+# The sensitivity metrics (`report --sensitivity`), one per check level: name, label, part, scale, quantity.
+_LEVEL_METRICS: tuple[tuple[str, str, str, float, Quantity], ...] = (
+    ("ter", "TER", "exec", 1.0, "share"),
+    ("auc_pec", "AUC-PEC", "auc", AUC_UNIT, "mean01"),
+)
 
 
 PARTS: tuple[Part, ...] = (
@@ -228,10 +238,7 @@ METRICS: tuple[Metric, ...] = (
             paired=False,
         )
         for level, title, checks in (("s", "schema only", "S"), ("sd", "schema + dependency", "S and D"))
-        for kind, label, part, scale, quantity in (
-            ("ter", "TER", "exec", 1.0, "share"),
-            ("auc_pec", "AUC-PEC", "auc", AUC_UNIT, "mean01"),
-        )
+        for kind, label, part, scale, quantity in _LEVEL_METRICS
     ),
 )
 

@@ -13,12 +13,12 @@ NOT_LOGGED: Any = type("NotLogged", (), {"__repr__": lambda self: "NOT_LOGGED", 
 
 Check = Literal["S", "D", "P"]
 Cause = Literal["schema", "dependency", "information", "state_consistency", "precondition"]
-CAUSES: tuple[str, ...] = ("schema", "dependency", "information", "state_consistency", "precondition")
+CAUSES: tuple[Cause, ...] = ("schema", "dependency", "information", "state_consistency", "precondition")
 # A rollout's status (docs/explanation/data-model.md, "Canonical rollout"): `harness_error` = the harness never really
 # ran it (an inference crash, a crashed scenario, an infrastructure termination); its reason is the attribute
 # HARNESS_REASON.
 Status = Literal["ok", "harness_error"]
-STATUSES: tuple[str, ...] = ("ok", "harness_error")
+STATUSES: tuple[Status, ...] = ("ok", "harness_error")
 HARNESS_REASON = "harness_error"
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from importlib.metadata import EntryPoint, entry_points
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from pipeline.core.errors import PexecError
 
@@ -129,7 +129,8 @@ class Registry(Generic[T]):
                 raise self.refusal(name, f"fails: {_one_line(exc)}") from exc
         if not self._accepts(loaded, name):
             raise self.refusal(name, f"is not {self._expected.format(name=repr(name))}")
-        return loaded  # type: ignore[no-any-return]
+        # `accepts` has just checked that the object is of this kind, which the checker cannot see
+        return cast(T, loaded)
 
     def _origin(self, name: str) -> str:
         if name in self._registered:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal, NotRequired, TypedDict
 
 import orjson
 
 from pipeline.core.errors import PexecError
-from pipeline.core.model import NOT_LOGGED, STATUSES, Call, Event, Message, Rollout
+from pipeline.core.model import NOT_LOGGED, STATUSES, Call, Event, Message, Rollout, Status
 from pipeline.core.run_schema import ATTRIBUTE_PREFIX, RESERVED_COLUMNS
 
 MAX_DEPTH = 64  # levels of objects and lists in a record (and in JSON text it carries); deeper is a reject
@@ -23,6 +24,44 @@ _RESERVED = frozenset(c.lower() for c in RESERVED_COLUMNS)  # SQL names are case
 
 class InvalidRecord(PexecError, ValueError):
     """The record is not a canonical rollout; the message is the reject reason."""
+
+
+# The canonical record as pexec's own code builds it (ingest's formats, synth, `event_record`). What is read from a
+# store is a decoded JSON object of any shape until `parse_rollout` has validated it.
+
+
+class MessageRecord(TypedDict):
+    type: Literal["message"]
+    role: str
+    content: str
+    turn: NotRequired[int]  # absent: 0
+
+
+class CallRecord(TypedDict):
+    type: Literal["call"]
+    tool: str
+    arguments: Any  # the arguments object, or the raw text the log kept (it may not parse)
+    turn: NotRequired[int]  # absent: 0
+    call_id: NotRequired[str | None]
+    output: NotRequired[Any]  # absent: the log recorded no output
+    error: NotRequired[bool]
+
+
+EventRecord = MessageRecord | CallRecord
+
+
+class RolloutRecord(TypedDict):
+    rollout_id: str
+    task_id: str
+    benchmark: str
+    labels: dict[str, str]
+    env: NotRequired[dict[str, Any]]  # environment-specific start (free-form JSON)
+    events: list[EventRecord]
+    success: bool | None
+    cost: NotRequired[dict[str, float]]
+    attributes: NotRequired[dict[str, str]]
+    status: NotRequired[Status]
+    truth: NotRequired[Any]  # synthetic stores only (pipeline.synthetic.rollouts)
 
 
 _CONTAINERS = (dict, list)
@@ -98,7 +137,7 @@ def check_depth(value: Any, what: str) -> None:
         raise InvalidRecord(f"{what} nests deeper than {MAX_DEPTH} levels")
 
 
-def parse_rollout(record: dict[str, Any]) -> Rollout:
+def parse_rollout(record: Mapping[str, Any]) -> Rollout:
     check_depth(record, "the record")
     for key in ("rollout_id", "task_id", "benchmark"):
         value = record.get(key)
@@ -109,9 +148,7 @@ def parse_rollout(record: dict[str, Any]) -> Rollout:
     both = sorted(set(labels) & set(attributes))
     if both:
         raise InvalidRecord(f"{', '.join(map(repr, both))} is both a label and an attribute")
-    status = record.get("status") or "ok"
-    if status not in STATUSES:
-        raise InvalidRecord(f"'status' must be one of {', '.join(STATUSES)}, got {status!r}")
+    status = _status(record.get("status") or "ok")
     env = _json_field(record.get("env"), "env") or {}
     if not isinstance(env, dict):
         raise InvalidRecord("'env' must be an object")
@@ -136,7 +173,14 @@ def parse_rollout(record: dict[str, Any]) -> Rollout:
     )
 
 
-def record_id(record: dict[str, Any]) -> str | None:
+def _status(value: Any) -> Status:
+    for status in STATUSES:
+        if value == status:
+            return status
+    raise InvalidRecord(f"'status' must be one of {', '.join(STATUSES)}, got {value!r}")
+
+
+def record_id(record: Mapping[str, Any]) -> str | None:
     """The record's rollout id as `parse_rollout` reads it, or None when it has no valid one."""
     value = record.get("rollout_id")
     if not isinstance(value, str | int) or isinstance(value, bool) or value == "":

@@ -44,13 +44,15 @@ _VERSION = Annotated[
 
 
 class _File(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """A run folder record: immutable, keyword-built, and strict about fields when decoded."""
+    """A run folder record: immutable, keyword-built, and strict about fields when decoded. Subclasses inherit the
+    configuration; they repeat `frozen=True` only so that a type checker (which reads the class statement, not the
+    metaclass) knows they are frozen too."""
 
 
 # --- the plan -------------------------------------------------------------------------------------------------
 
 
-class PlannedShard(_File):
+class PlannedShard(_File, frozen=True):
     """One shard the run should score."""
 
     shard: Annotated[
@@ -71,7 +73,7 @@ class PlannedShard(_File):
     ]
 
 
-class Plan(_File):
+class Plan(_File, frozen=True):
     """The plan: what a (re)run will cover, written before its first shard is scored, so that a reader of an
     unfinished run can state its coverage."""
 
@@ -90,7 +92,7 @@ class Plan(_File):
 # --- a shard's marker -----------------------------------------------------------------------------------------
 
 
-class ShardMarker(_File):
+class ShardMarker(_File, frozen=True):
     """A shard's marker: the committed shard's report, written after its three parts (its commit), and what a
     rerun may reuse. The manifest lists every shard's marker."""
 
@@ -135,7 +137,7 @@ class InputFileEntry(msgspec.Struct, frozen=True, array_like=True, forbid_unknow
     size: int
 
 
-class RunInput(_File):
+class RunInput(_File, frozen=True):
     """What was read."""
 
     store: Annotated[str, Meta(description="the input as named on the command line")]
@@ -148,7 +150,7 @@ class RunInput(_File):
     ignored: Annotated[tuple[str, ...], Meta(description="files skipped for their extension")]
 
 
-class EnvironmentOptions(_File):
+class EnvironmentOptions(_File, frozen=True):
     """How environments were selected and configured (`--spec-dir`, `--spec`, `--policy`)."""
 
     spec_dirs: Annotated[tuple[str, ...], Meta(description="extra folders searched for specs")]
@@ -166,7 +168,7 @@ class ReadSettings(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_
     allow_no_calls: bool
 
 
-class RunSettings(_File):
+class RunSettings(_File, frozen=True):
     """The settings the run was scored with (never storage credentials)."""
 
     env: Annotated[str | None, Meta(description="`--env`; null: each rollout's benchmark names its environment")]
@@ -176,7 +178,7 @@ class RunSettings(_File):
     read: Annotated[ReadSettings | None, Meta(description="how raw logs were read; null: a canonical store")]
 
 
-class Counts(_File):
+class Counts(_File, frozen=True):
     """Totals over every shard."""
 
     read: Annotated[int, Meta(description="records read")]
@@ -187,7 +189,7 @@ class Counts(_File):
     shards_reused: Annotated[int, Meta(description="shards carried over from an earlier run")]
 
 
-class ShardReuse(_File):
+class ShardReuse(_File, frozen=True):
     """Whether one shard's earlier output was reused, and why (or why it was scored again)."""
 
     shard: Annotated[str, Meta(description="the shard's key")]
@@ -195,7 +197,7 @@ class ShardReuse(_File):
     why: Annotated[str, Meta(description="what was unchanged, or what changed")]
 
 
-class Reuse(_File):
+class Reuse(_File, frozen=True):
     """What a rerun kept of an earlier run of the same folder."""
 
     core: Annotated[str, Meta(description="the scoring core's code version")]
@@ -203,7 +205,7 @@ class Reuse(_File):
     shards: Annotated[tuple[ShardReuse, ...], Meta(description="every shard's decision")]
 
 
-class Manifest(_File):
+class Manifest(_File, frozen=True):
     """The manifest: written last, after every shard succeeded; a run without it is incomplete."""
 
     run_id: Annotated[str, Meta(description="the run's id")]

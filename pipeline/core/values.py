@@ -97,7 +97,7 @@ def _equal(a: Any, b: Any) -> bool:
         if kind is list:
             return len(a) == len(b) and all(map(_equal, a, b))
         if kind is str or kind is bool or a is None:
-            return a == b
+            return bool(a == b)
     if _number(a) and _number(b):
         return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=ABS_TOL) or (math.isnan(a) and math.isnan(b))
     if isinstance(a, dict) and isinstance(b, dict):
@@ -106,7 +106,7 @@ def _equal(a: Any, b: Any) -> bool:
         return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, bool) or isinstance(b, bool):  # True is not 1
         return a is b
-    return a == b
+    return bool(a == b)
 
 
 def _number(value: Any) -> bool:

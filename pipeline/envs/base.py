@@ -63,6 +63,14 @@ def with_effects(tools: Mapping[str, ToolInfo], effects: Mapping[str, Effect], w
     return {name: replace(info, effect=effects.get(name)) for name, info in tools.items()}
 
 
+def captured(args: dict[str, Any] | None, tool: str) -> dict[str, Any]:
+    """A simulator's arguments of a call. The checker never hands a simulator a call whose arguments the log did not
+    capture (it rejects the call itself), so None here is a caller's bug: refused, never run with made-up ones."""
+    if args is None:
+        raise EnvError(f"{tool}: a simulator cannot run a call whose arguments were not captured")
+    return args
+
+
 @runtime_checkable
 class Environment(Protocol):
     """A replayable environment: what the checker (pipeline.replay.checker) and the guard call, and nothing else.

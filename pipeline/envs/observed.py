@@ -69,7 +69,7 @@ class ObservedEnvironment:
         return []  # the agent knows only the conversation and earlier outputs
 
     def start(self, rollout: Rollout) -> Seen:
-        declared = rollout.env.get("tools") if isinstance(rollout.env, dict) else None
+        declared = rollout.env.get("tools")
         if declared is not None and not isinstance(declared, dict):
             raise EnvError("observed: env.tools must be an object of tool name -> JSON Schema")
         self._rollout_tools = {

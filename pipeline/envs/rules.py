@@ -32,7 +32,7 @@ class Precondition:
 class Effect:
     op: str  # set | append | delete
     target: Target
-    value: Expr | None
+    value: Expr | None  # None for a delete, and only then
     each: tuple[str, Expr] | None = None  # `for = "item in args.items"`: apply once per element
 
 
@@ -71,7 +71,8 @@ def check_rules(rules: Sequence[Precondition], ctx: dict[str, Any], unknown_viol
 
 def _render(rule: Precondition, ctx: dict[str, Any]) -> str:
     try:
-        return rule.error(ctx)
+        message: str = rule.error(ctx)  # a template: always text
+        return message
     except EvalError:  # the message reads something the context lacks: fall back to the rule itself
         return f"precondition failed: {rule.require.source}"
 

@@ -82,7 +82,7 @@ class _Compiler:
         return ExprError(self.source, problem, len(line.encode()[:offset].decode(errors="ignore")) + 1)
 
     def compile(self, node: ast.AST, local: frozenset[str] = frozenset()) -> Fn:
-        method = getattr(self, f"_{type(node).__name__}", None)
+        method: Callable[[ast.AST, frozenset[str]], Fn] | None = getattr(self, f"_{type(node).__name__}", None)
         if method is None:
             what = _FORBIDDEN.get(type(node), f"{type(node).__name__} expressions")
             raise self.error(node, f"{what} not allowed")
@@ -121,7 +121,7 @@ class _Compiler:
     def _Subscript(self, node: ast.Subscript, local: frozenset[str]) -> Fn:
         key = node.slice
         value, inner = self.compile(node.value, local), node.value
-        if isinstance(key, ast.Constant) and type(key.value) in (str, int):
+        if isinstance(key, ast.Constant) and (type(key.value) is str or type(key.value) is int):
             return self._lookup(value, inner, key.value)
         if isinstance(key, ast.Slice):
             parts = [self.compile(p, local) if p else (lambda ctx: None) for p in (key.lower, key.upper, key.step)]
@@ -217,9 +217,9 @@ class _Compiler:
         return boolop
 
     def _Compare(self, node: ast.Compare, local: frozenset[str]) -> Fn:
-        for op, right in zip(node.ops, node.comparators, strict=True):
-            if isinstance(op, ast.Is | ast.IsNot) and not (
-                isinstance(right, ast.Constant) and any(right.value is c for c in (None, True, False))
+        for cmp, operand in zip(node.ops, node.comparators, strict=True):
+            if isinstance(cmp, ast.Is | ast.IsNot) and not (
+                isinstance(operand, ast.Constant) and any(operand.value is c for c in (None, True, False))
             ):
                 raise self.error(node, "'is' / 'is not' only allowed with None, True or False; use '=='")
         left = self.compile(node.left, local)
@@ -276,9 +276,10 @@ class _Compiler:
     _Tuple = _List
 
     def _Dict(self, node: ast.Dict, local: frozenset[str]) -> Fn:
-        if any(k is None for k in node.keys):
+        keys = [k for k in node.keys if k is not None]  # None: `**` unpacking
+        if len(keys) < len(node.keys):
             raise self.error(node, "'**' unpacking not allowed")
-        pairs = [(self.compile(k, local), self.compile(v, local)) for k, v in zip(node.keys, node.values, strict=True)]
+        pairs = [(self.compile(k, local), self.compile(v, local)) for k, v in zip(keys, node.values, strict=True)]
 
         def dict_(ctx: Mapping[str, Any]) -> dict[Any, Any]:
             try:
@@ -390,7 +391,7 @@ class _Compiler:
         for k in node.keywords:
             if k.arg not in kw_names:
                 raise self.error(node, f"{name}() has no keyword argument {k.arg!r}")
-        args = []
+        args: list[Fn] = []
         for i, a in enumerate(node.args):
             if name == "matches" and i == 1:
                 if not (isinstance(a, ast.Constant) and isinstance(a.value, str)):
@@ -400,12 +401,12 @@ class _Compiler:
                 except re2.error as e:
                     problem = e.args[0].decode() if e.args and isinstance(e.args[0], bytes) else str(e)
                     raise self.error(a, f"bad regular expression (RE2 syntax): {problem}") from None
-                args.append(lambda ctx, p=pattern: p)
+                args.append(_constant(pattern))
             elif isinstance(a, ast.GeneratorExp) and name in _LAZY_CONSUMERS:
                 args.append(self._ListComp(a, local, lazy=True))
             else:
                 args.append(self.compile(a, local))
-        kwargs = [(k.arg, self.compile(k.value, local)) for k in node.keywords]
+        kwargs = [(k.arg, self.compile(k.value, local)) for k in node.keywords if k.arg is not None]  # None: refused
 
         def fail(e: Exception) -> EvalError:
             return EvalError(f"{name}(): {e} in {ast.unparse(node)}")
@@ -440,16 +441,24 @@ class _Compiler:
         return call
 
 
+def _constant(value: Any) -> Fn:
+    return lambda ctx: value
+
+
+# How an operator the language refuses is written, for the error (else its node's name).
+_OP_TEXT: dict[type[ast.AST], str] = {
+    ast.Pow: "**",
+    ast.BitOr: "|",
+    ast.BitAnd: "&",
+    ast.BitXor: "^",
+    ast.LShift: "<<",
+    ast.RShift: ">>",
+    ast.MatMult: "@",
+}
+
+
 def _op_text(op: ast.AST) -> str:
-    return {
-        ast.Pow: "**",
-        ast.BitOr: "|",
-        ast.BitAnd: "&",
-        ast.BitXor: "^",
-        ast.LShift: "<<",
-        ast.RShift: ">>",
-        ast.MatMult: "@",
-    }.get(type(op), type(op).__name__)
+    return _OP_TEXT.get(type(op), type(op).__name__)
 
 
 def _parse(source: Any) -> tuple[str, ast.expr]:

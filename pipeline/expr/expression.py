@@ -115,7 +115,7 @@ def render(template: str, names: Iterable[str]) -> Expr:
     return Expr(
         template,
         used,
-        lambda ctx: "".join([p if type(p) is str else str(p(ctx)) for p in frozen]),
+        lambda ctx: "".join([p if isinstance(p, str) else str(p(ctx)) for p in frozen]),
         template=True,
     )
 

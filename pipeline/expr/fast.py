@@ -120,7 +120,7 @@ class _Translator:
         return types.FunctionType(inner, self.reach)
 
     def expr(self, node: ast.expr, local: frozenset[str]) -> ast.expr:
-        method = getattr(self, f"_{type(node).__name__}", None)
+        method: Callable[[ast.expr, frozenset[str]], ast.expr] | None = getattr(self, f"_{type(node).__name__}", None)
         if method is None:
             raise _Unsupported
         return method(node, local)
@@ -186,7 +186,10 @@ class _Translator:
     _Tuple = _List
 
     def _Dict(self, node: ast.Dict, local: frozenset[str]) -> ast.expr:
-        return ast.Dict([self.expr(k, local) for k in node.keys], [self.expr(v, local) for v in node.values])  # type: ignore[arg-type]
+        keys = [k for k in node.keys if k is not None]  # None: `**` unpacking, which _Compiler refused
+        if len(keys) < len(node.keys):
+            raise _Unsupported
+        return ast.Dict([self.expr(k, local) for k in keys], [self.expr(v, local) for v in node.values])
 
     def _generators(
         self, node: ast.ListComp | ast.GeneratorExp | ast.DictComp, local: frozenset[str], body: list[ast.expr]
@@ -213,12 +216,16 @@ class _Translator:
         return ast.DictComp(self.expr(node.key, inner), self.expr(node.value, inner), generators)
 
     def _Call(self, node: ast.Call, local: frozenset[str]) -> ast.expr:
-        name = node.func.id  # type: ignore[attr-defined]  # _Compiler accepted only whitelisted plain names
-        args = []
+        if not isinstance(node.func, ast.Name):  # never: _Compiler accepted only whitelisted plain names
+            raise _Unsupported
+        name = node.func.id
+        args: list[ast.expr] = []
         for i, a in enumerate(node.args):
             if name == "matches" and i == 1:
+                if not (isinstance(a, ast.Constant) and isinstance(a.value, str)):  # never: _Compiler refused it
+                    raise _Unsupported
                 key = f"_p{len(self.reach)}"
-                self.reach[key] = re2.compile(a.value, _RE2_OPTIONS)  # type: ignore[attr-defined]
+                self.reach[key] = re2.compile(a.value, _RE2_OPTIONS)
                 args.append(ast.Name(key, ast.Load()))
             elif isinstance(a, ast.GeneratorExp) and name in _LAZY_CONSUMERS:
                 args.append(self._ListComp(a, local, lazy=True))

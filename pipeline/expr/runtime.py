@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import operator
 from collections.abc import Callable, Collection, Mapping
+from types import UnionType
 from typing import Any
 
 import re2
@@ -21,10 +22,13 @@ from pipeline.expr.budget import BUDGET, BudgetExceeded, EvalError, _meter
 Fn = Callable[[Mapping[str, Any]], Any]
 
 
+_TYPE_NAMES: dict[type, str] = {dict: "object", list: "list", tuple: "list"}  # else the Python type's name
+
+
 def _type_name(value: Any) -> str:
     if value is None:
         return "null"
-    return {dict: "object", list: "list", tuple: "list"}.get(type(value), type(value).__name__)
+    return _TYPE_NAMES.get(type(value), type(value).__name__)
 
 
 def _lookup_error(obj: Any, key: Any, node: ast.AST) -> EvalError:
@@ -45,7 +49,7 @@ def _iterable(value: Any, node: ast.AST) -> Collection[Any]:
 # ---- whitelisted functions; they raise TypeError/ValueError, which calls turn into EvalError ----
 
 
-def _expect(value: Any, kind: type | tuple[type, ...], what: str) -> Any:
+def _expect(value: Any, kind: type | UnionType, what: str) -> Any:
     if not isinstance(value, kind):
         raise TypeError(f"expected {what}, got {_type_name(value)}")
     return value
@@ -117,11 +121,15 @@ def _mod(a: Any, b: Any) -> Any:
 
 
 def _text(value: Any) -> str:
-    return _expect(value, str, "a string")
+    if isinstance(value, str):
+        return value
+    raise TypeError(f"expected a string, got {_type_name(value)}")
 
 
 def _list(value: Any) -> list[Any] | tuple[Any, ...]:
-    return _expect(value, list | tuple, "a list")
+    if isinstance(value, list | tuple):
+        return value
+    raise TypeError(f"expected a list, got {_type_name(value)}")
 
 
 _FUNCTIONS: dict[str, tuple[Callable[..., Any], int, int | None, tuple[str, ...]]] = {

@@ -4,7 +4,7 @@
 A format is an instance of a `LogFormat` subclass (base.py), which states every member a format has: `name`,
 the `--option` keys it accepts (`options`, an `OptionSchema` of `Option(key, doc, default)`), `looks_like(doc)`
 (whether a decoded document is clearly its own, so that another format's reader given it names this one),
-`read(sources, options) -> Iterator[dict]` yielding canonical records, and, with their defaults, `reads_files`
+`read(sources, options) -> Iterator[dict[str, Any]]` yielding canonical records, and, with their defaults, `reads_files`
 (False for a trace store read from a server), `plan`/`read_shard` (a `ShardedFormat` read in parallel) and
 `shuffle` (rollouts whose items lie in several files). Nothing downstream knows the original format. Sources are
 local paths or fsspec URLs, listed with `source_files` and opened with `options.storage_options`; an input that
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from typing import Any
 
 from pipeline.core.records import InvalidRecord, parse_rollout
 from pipeline.ingest.base import (
@@ -116,7 +117,7 @@ def prepared(fmt: str, options: IngestOptions | None = None) -> tuple[LogFormat,
     return log_format, replace(options, extra=extra, limits=replace(options.limits, **limits)), allowed == "true"
 
 
-def ingest(fmt: str, sources: Sequence[str], options: IngestOptions | None = None) -> Iterator[dict]:
+def ingest(fmt: str, sources: Sequence[str], options: IngestOptions | None = None) -> Iterator[dict[str, Any]]:
     """Canonical records from `sources` in format `fmt`; each is checked to be a scorable rollout.
 
     Rollouts with no tool call at all are held back until one with a call comes: sources that yield rollouts
@@ -133,10 +134,12 @@ def needs_sources(fmt: str, log_format: LogFormat, sources: Sequence[str]) -> No
         raise IngestError(f"{fmt}: give the files or folders to read")
 
 
-def checked(fmt: str, records: Iterator[dict], allow_no_calls: bool, validate: bool = True) -> Iterator[dict]:
+def checked(
+    fmt: str, records: Iterator[dict[str, Any]], allow_no_calls: bool, validate: bool = True
+) -> Iterator[dict[str, Any]]:
     """`records`, each checked to be a scorable rollout (`validate`), held back until one has a tool call (see
     `ingest`)."""
-    held: list[dict] = []
+    held: list[dict[str, Any]] = []
     calls_seen = allow_no_calls
     for record in records:
         if validate:

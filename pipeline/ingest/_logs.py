@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from pipeline.core.records import CallRecord, EventRecord, MessageRecord
 from pipeline.ingest.base import (
     FIELD_PREFIXES,
     IngestError,
@@ -37,7 +38,7 @@ from pipeline.ingest.base import (
     source_inputs,
 )
 from pipeline.ingest.registry import mismatch
-from pipeline.storage.fs import open_for_read
+from pipeline.storage.fs import StorageOptions, open_for_read
 from pipeline.storage.inputs import line_numbers, raw_text, read_whole, shard_lines
 from pipeline.storage.shards import RAW_LIMIT, RecordError, Shard
 
@@ -127,7 +128,7 @@ def as_success(value: Any, where: str) -> bool | None:
 def rollout(
     s: LogSettings,
     record: Mapping[str, Any],
-    events: list[dict[str, Any]],
+    events: list[EventRecord],
     where: str,
     attributes: Mapping[str, str] | None = None,
     harness_error: str | None = None,
@@ -171,13 +172,13 @@ def _string(value: Any) -> str:
 
 def call(
     tool: Any, arguments: Any, call_id: Any, turn: int, result: tuple[Any, bool | None] | None, where: str
-) -> dict[str, Any]:
+) -> CallRecord:
     """A call event. `arguments`: an object, raw JSON text (kept as is: text that does not parse is an S
     failure) or None (not captured: S and D unknown). `result`: (output, error) or None when no result was
     logged."""
     if not isinstance(tool, str) or not tool:
         raise IngestError(f"{where}: a tool call without a tool name")
-    event: dict[str, Any] = {"type": "call", "tool": tool, "arguments": arguments, "turn": turn}
+    event: CallRecord = {"type": "call", "tool": tool, "arguments": arguments, "turn": turn}
     if call_id is not None:
         event["call_id"] = str(call_id)
     if result is not None:
@@ -189,7 +190,7 @@ def call(
     return event
 
 
-def message(role: str, content: str, turn: int) -> dict[str, Any]:
+def message(role: str, content: str, turn: int) -> MessageRecord:
     return {"type": "message", "role": role, "content": content, "turn": turn}
 
 
@@ -218,7 +219,7 @@ class Document:
     value: Any
     shard: Shard
     index: int  # line index within a line-delimited shard
-    storage_options: dict[str, Any] | None = field(default=None, repr=False)
+    storage_options: StorageOptions | None = field(default=None, repr=False)
     _first_line: list[int] = field(default_factory=list, repr=False)  # shared by a shard's documents
 
     def place(self, need_line: bool = True) -> str:
@@ -381,6 +382,7 @@ def read_outcomes(fmt: str, path: str, options: IngestOptions) -> dict[str, bool
             content = f.read().decode("utf-8")
     except OSError as exc:
         raise IngestError(f"{fmt}: --option outcomes={path}: cannot read: {exc}") from exc
+    rows: list[tuple[str, Any]]  # (where, a CSV row or a decoded JSON line)
     if path.endswith(".csv"):
         rows = [(f"{path} line {i + 2}", row) for i, row in enumerate(csv.DictReader(io.StringIO(content)))]
     else:

@@ -15,11 +15,13 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.core.records import CallRecord, EventRecord, MessageRecord
+
 
 @dataclass(frozen=True)
 class Call:
     key: Hashable  # the call's id as logged (None when it has none)
-    build: Callable[[Any], dict[str, Any]]  # its call event, given its result's `value` (None: no result)
+    build: Callable[[Any], CallRecord]  # its call event, given its result's `value` (None: no result)
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,7 @@ class Result:
     turn: int = 0
 
 
-Entry = dict[str, Any] | Call | Result  # a ready event (a message), a call, a result
+Entry = MessageRecord | Call | Result  # a ready event (a message), a call, a result
 
 
 def pair(log: Sequence[Entry]) -> dict[int, int]:
@@ -45,12 +47,12 @@ def pair(log: Sequence[Entry]) -> dict[int, int]:
     return answers
 
 
-def assemble(log: Sequence[Entry]) -> tuple[list[dict[str, Any]], dict[str, str]]:
+def assemble(log: Sequence[Entry]) -> tuple[list[EventRecord], dict[str, str]]:
     """(events in log order, attributes): calls carry their results, orphan results become `tool` messages;
     the attributes count the orphans (`orphan_results`, absent when there are none)."""
     answers = pair(log)
     answered = set(answers.values())
-    events: list[dict[str, Any]] = []
+    events: list[EventRecord] = []
     orphans = 0
     for position, entry in enumerate(log):
         if isinstance(entry, Call):

@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from pipeline.core.records import EventRecord
 from pipeline.ingest._logs import LogSettings, call, message, rollout, text
 from pipeline.ingest.base import IngestError, Option
 
@@ -94,9 +95,9 @@ def records(s: LogSettings, traces: Sequence[Trace]) -> Iterator[dict[str, Any]]
         yield rollout(s, fields, events(trace), where, {TRACE_ID: trace.trace_id})
 
 
-def events(trace: Trace) -> list[dict[str, Any]]:
+def events(trace: Trace) -> list[EventRecord]:
     calls = {id(s) for s in tool_spans(trace)}
-    out: list[dict[str, Any]] = []
+    out: list[EventRecord] = []
     seen: set[tuple[str, str]] = set()
     turn = 0
     for span in sorted(trace.spans, key=lambda s: (s.start_ns, s.span_id)):

@@ -38,7 +38,7 @@ class Anthropic(ChatFormat):
     def looks_like(self, doc: Any) -> bool:
         return tool_dialect(doc) == "anthropic"
 
-    def convert(self, s: LogSettings, where: str, record: dict[str, Any]) -> dict:
+    def convert(self, s: LogSettings, where: str, record: dict[str, Any]) -> dict[str, Any]:
         """The canonical rollout of one conversation record."""
         events, attributes = assemble(log(record, where))
         return rollout(s, record, events, where, attributes)

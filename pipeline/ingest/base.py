@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.core.errors import PexecError
-from pipeline.storage.fs import list_files
+from pipeline.storage.fs import StorageOptions, list_files
 from pipeline.storage.inputs import MAX_LINE_BYTES
-from pipeline.storage.shards import InputFile, RecordError, Shard, fingerprint
+from pipeline.storage.shards import Compression, InputFile, RecordError, Shard, fingerprint
 
 
 class IngestError(PexecError, ValueError):
@@ -41,7 +41,7 @@ class IngestOptions:
     labels: dict[str, str] = field(default_factory=dict)  # added to every record's labels (`--label k=v`)
     extra: dict[str, str] = field(default_factory=dict)  # format-specific settings (`--option k=v`)
     # the sources' filesystem settings (`--endpoint-url`, `--storage-option k=v`)
-    storage_options: dict[str, Any] | None = field(default=None, repr=False)  # may hold credentials
+    storage_options: StorageOptions | None = field(default=None, repr=False)  # may hold credentials
     limits: ReadLimits = field(default_factory=ReadLimits)
 
 
@@ -157,7 +157,7 @@ class LogFormat(ABC):
         return False
 
     @abstractmethod
-    def read(self, sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
+    def read(self, sources: Sequence[str], options: IngestOptions) -> Iterator[dict[str, Any]]:
         """Canonical records (`pipeline/core/records.py`) from `sources`, local paths or fsspec URLs opened with
         `options.storage_options`; `options.extra` holds the `--option` values given, declared defaults filled in,
         `options.labels` the `--label`s to add to every record. An input it cannot read raises `IngestError`
@@ -189,7 +189,7 @@ class ShardedFormat(LogFormat):
     @abstractmethod
     def read_shard(self, shard: Shard, options: IngestOptions) -> Iterator[Part]: ...
 
-    def read(self, sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
+    def read(self, sources: Sequence[str], options: IngestOptions) -> Iterator[dict[str, Any]]:
         for shard in self.plan(sources, options, 2**62):
             for location, record in self.read_shard(shard, options):
                 if isinstance(record, RecordError):
@@ -230,7 +230,7 @@ def source_inputs(
     for url, info in found.items():
         size = int(info.get("size") or 0)
         lower = url.lower()
-        compression = "gzip" if lower.endswith(".gz") else "zstd" if lower.endswith(".zst") else None
+        compression: Compression = "gzip" if lower.endswith(".gz") else "zstd" if lower.endswith(".zst") else None
         lines = lower.removesuffix(".gz").removesuffix(".zst").endswith((".jsonl", ".ndjson"))
         out.append(InputFile(url, "jsonl" if lines else "json", compression, size, fingerprint(size, info)))
     return out

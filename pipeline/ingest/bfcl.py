@@ -28,11 +28,12 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from pipeline.core.records import CallRecord, EventRecord
 from pipeline.envs import EnvError
-from pipeline.envs.bfcl.calls import CallSyntaxError, parse_call, parse_call_list
-from pipeline.envs.bfcl.env import error_message
+from pipeline.envs.bfcl.calls import CallSyntaxError, ParameterOrder, parse_call, parse_call_list
+from pipeline.envs.bfcl.env import BfclEnvironment, error_message
 from pipeline.ingest.base import IngestError, IngestOptions, Option, OptionSchema, Part, ShardedFormat, source_inputs
-from pipeline.storage.fs import exists, list_files, open_for_read
+from pipeline.storage.fs import StorageOptions, exists, list_files, open_for_read
 from pipeline.storage.inputs import raw_text, shard_lines
 from pipeline.storage.shards import RecordError, Shard
 
@@ -145,7 +146,7 @@ def build_record(
     # Function-calling results hold a step's calls as a list; a string step is then the model's text answer.
     # In prompt mode every step is the model's raw text, which BFCL decodes into calls.
     prompt_mode = not any(isinstance(step, list) for turn in turns if isinstance(turn, list) for step in turn)
-    events: list[dict[str, Any]] = []
+    events: list[EventRecord] = []
     for index, question in enumerate(task.get("question", [])):
         for message in question:
             events.append(
@@ -190,8 +191,8 @@ def build_record(
     }
 
 
-def _calls(step: list[Any], benchmark: str, where: str) -> list[dict[str, Any]]:
-    calls = []
+def _calls(step: list[Any], benchmark: str, where: str) -> list[CallRecord]:
+    calls: list[CallRecord] = []
     for item in step:
         if isinstance(item, dict):  # function-calling: {name: "<JSON arguments>"} (one or more names)
             for name, arguments in item.items():
@@ -203,7 +204,7 @@ def _calls(step: list[Any], benchmark: str, where: str) -> list[dict[str, Any]]:
     return calls
 
 
-def _prompt_calls(text: str, log: _StepLog | None, benchmark: str) -> list[dict[str, Any]]:
+def _prompt_calls(text: str, log: _StepLog | None, benchmark: str) -> list[CallRecord]:
     """The calls of a prompt-mode response: those BFCL decoded live (`model_response_decoded`) when the step
     is in the inference log (none if it logged a decoding error), else BFCL's default decoding of the text.
     Text that does not decode is an answer, not a call (BFCL ends the turn)."""
@@ -216,7 +217,7 @@ def _prompt_calls(text: str, log: _StepLog | None, benchmark: str) -> list[dict[
     return [{"type": "call", "tool": name, "arguments": args} for name, args in decoded]
 
 
-def _string_call(text: str, benchmark: str) -> dict[str, Any]:
+def _string_call(text: str, benchmark: str) -> CallRecord:
     try:
         name, args = parse_call(text, _parameter_order(benchmark))
     except CallSyntaxError as exc:
@@ -227,13 +228,18 @@ def _string_call(text: str, benchmark: str) -> dict[str, Any]:
 
 
 @cache
-def _parameter_order(benchmark: str):
+def _parameter_order(benchmark: str) -> ParameterOrder:
     from pipeline.envs import get_environment
 
     try:
-        return get_environment(benchmark).parameter_order
+        env = get_environment(benchmark)
     except EnvError as exc:
         raise IngestError(f"bfcl: prompt-mode call strings need the simulators: {exc}") from exc
+    if not isinstance(env, BfclEnvironment):  # a plug-in registered under a BFCL name
+        raise IngestError(
+            f"bfcl: prompt-mode call strings need the BFCL simulators; {benchmark!r} is another environment"
+        )
+    return env.parameter_order
 
 
 @dataclass(frozen=True)
@@ -332,7 +338,7 @@ def _score_file(result: str, options: IngestOptions) -> str | None:
 
 
 def read_scores(
-    url: str | Path | None, storage_options: dict[str, Any] | None = None
+    url: str | Path | None, storage_options: StorageOptions | None = None
 ) -> tuple[set[str] | None, dict[str, Any] | None]:
     """(ids BFCL scored as failed, the summary line) of a score file; (None, None) when there is none."""
     if url is None:

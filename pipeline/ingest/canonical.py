@@ -4,6 +4,7 @@ recompress, add labels). Every record must already be a valid canonical rollout.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from pipeline.ingest.base import IngestError, IngestOptions, LogFormat
 from pipeline.storage.inputs import list_inputs, plan_shards, read_shard
@@ -13,7 +14,7 @@ from pipeline.storage.shards import RecordError
 class Canonical(LogFormat):
     name = "canonical"
 
-    def read(self, sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
+    def read(self, sources: Sequence[str], options: IngestOptions) -> Iterator[dict[str, Any]]:
         storage = options.storage_options
         for source in sources:
             files, _ = list_inputs(source, storage)

@@ -54,7 +54,7 @@ def _sample_sizes(url: str, options: IngestOptions) -> list[int]:
         raise IngestError(f"inspect: {url}: cannot read the .eval archive: {exc}") from exc
 
 
-def sample_record(sample: dict[str, Any], info: dict[str, Any], where: str = "sample") -> dict:
+def sample_record(sample: dict[str, Any], info: dict[str, Any], where: str = "sample") -> dict[str, Any]:
     """The canonical record `pexec ingest inspect` (default options) makes of one sample: `sample` as a `.eval`
     log stores it (`id`, `epoch`, `messages`, `scores`...; a live sample's messages dumped the same way),
     `info` the log's `eval` header (task, model, eval_id...)."""
@@ -148,7 +148,9 @@ def _member(f: Any, z: zipfile.ZipFile, name: str, limit: int) -> bytes | Record
             return RecordError(f"inspect: {name}: no local file header", "")
         f.seek(member.header_offset + _LOCAL_HEADER.size + name_length + extra_length)
         # Inspect writes several zstd frames per member: read across them
-        stream = zstandard.ZstdDecompressor().stream_reader(_Slice(f, member.compress_size), read_across_frames=True)
+        # zstandard's stub asks for IO[bytes]; its reader calls only read(), which _Slice has
+        source = _Slice(f, member.compress_size)
+        stream = zstandard.ZstdDecompressor().stream_reader(source, read_across_frames=True)  # type: ignore[arg-type]
     parts, held, crc = [], 0, 0
     try:
         with stream:
@@ -186,7 +188,7 @@ def _sample_order(name: str) -> tuple[int, str]:
     return int(m.group(2)), m.group(1)
 
 
-def _rollout(sample: dict[str, Any], info: dict[str, Any], s: LogSettings, where: str) -> dict:
+def _rollout(sample: dict[str, Any], info: dict[str, Any], s: LogSettings, where: str) -> dict[str, Any]:
     scores = sample.get("scores") or {}
     scorer = s.own.get("scorer") or next(iter(scores), None)
     if scorer is not None and scorer not in scores:

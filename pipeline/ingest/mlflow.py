@@ -41,7 +41,7 @@ class MLflow(LogFormat):
     )
     reads_files = False
 
-    def read(self, sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
+    def read(self, sources: Sequence[str], options: IngestOptions) -> Iterator[dict[str, Any]]:
         s = settings("mlflow", options)
         if sources:
             raise IngestError("mlflow: reads from a tracking server (--tracking-uri, --experiment), not from files")

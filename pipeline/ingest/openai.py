@@ -43,7 +43,7 @@ class OpenAI(ChatFormat):
     def looks_like(self, doc: Any) -> bool:
         return tool_dialect(doc) == "openai"
 
-    def convert(self, s: LogSettings, where: str, record: dict[str, Any]) -> dict:
+    def convert(self, s: LogSettings, where: str, record: dict[str, Any]) -> dict[str, Any]:
         """The canonical rollout of one conversation record."""
         events, attributes = assemble(log(record["messages"], s, where))
         return rollout(s, record, events, where, attributes)

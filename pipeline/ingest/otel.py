@@ -39,6 +39,7 @@ from typing import Any
 
 import orjson
 
+from pipeline.core.records import EventRecord
 from pipeline.ingest import otlp
 from pipeline.ingest._logs import call, loads, log_options, message, rollout, settings, text
 from pipeline.ingest._pairing import Call, Entry, Result, pair
@@ -48,7 +49,7 @@ from pipeline.storage.shards import RecordError, Shard
 CONVERSATION = "gen_ai.conversation.id"
 
 
-def assemble(key: str, group: list[dict[str, Any]], options: IngestOptions) -> dict:
+def assemble(key: str, group: list[dict[str, Any]], options: IngestOptions) -> dict[str, Any]:
     """The canonical rollout of one conversation: all its spans, in any order."""
     s = settings("otel", options, {"model": "gen_ai.request.model", "agent_version": "service.version"})
     group.sort(key=lambda sp: (sp["start"], sp["span_id"]))
@@ -100,7 +101,7 @@ class OTel(LogFormat):
     def looks_like(self, doc: Any) -> bool:
         return isinstance(doc, dict) and ("resourceSpans" in doc or "resourceLogs" in doc)
 
-    def read(self, sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
+    def read(self, sources: Sequence[str], options: IngestOptions) -> Iterator[dict[str, Any]]:
         """Every conversation of the sources, all spans held in this process (the `ingest` function)."""
         spans = _spans(sources, options)
         for key, group in sorted(_conversations(spans).items()):
@@ -117,7 +118,8 @@ FORMAT = OTel()
 def _spans(sources: Sequence[str], options: IngestOptions) -> list[dict[str, Any]]:
     """Every span of `sources`, with the content its GenAI log records carry (`pipeline.ingest.otlp` reads the files
     as OpenTelemetry writes them and joins the records to their spans)."""
-    spans, events = [], []
+    spans: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
     for source in sources:
         for url in source_files("otel", source, options, otlp.FILES):
             for item in otlp.records(url, options.storage_options):
@@ -151,10 +153,11 @@ def _record(group: list[dict[str, Any]], key: str) -> dict[str, Any]:
 
 
 def _is_tool_span(sp: dict[str, Any]) -> bool:
-    return sp["attrs"].get("gen_ai.operation.name") == "execute_tool" or sp["name"].startswith("execute_tool")
+    name: str = sp["name"]
+    return sp["attrs"].get("gen_ai.operation.name") == "execute_tool" or name.startswith("execute_tool")
 
 
-def _events(group: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _events(group: list[dict[str, Any]]) -> list[EventRecord]:
     """A `tool_call` part of a chat span's output is a request; the `execute_tool` span with its id answers the
     earliest unanswered one (`pipeline.ingest._pairing`) and is the call, at its own time. Without tool spans, a
     `tool_call_response` part of a later chat span's input answers it and the call stays at its request. A
@@ -195,7 +198,7 @@ def _events(group: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     log.append(Call(p.get("id"), build))
     answers = pair(log)
     requests = {r: c for c, r in answers.items()}
-    out: list[dict[str, Any]] = []
+    out: list[EventRecord] = []
     for position, entry in enumerate(log):
         if isinstance(entry, Call):
             answer = log[answers[position]] if position in answers else None

@@ -31,7 +31,7 @@ import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import Any, Protocol
 
 import orjson
 import zstandard
@@ -41,7 +41,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from pipeline.ingest._logs import text
 from pipeline.ingest.registry import mismatch
-from pipeline.storage.fs import open_for_read
+from pipeline.storage.fs import StorageOptions, open_for_read
 
 MAX_MESSAGE_BYTES = 64 * 2**20  # one export message (a JSON line or document, a protobuf message), decompressed
 # What a folder of OTLP files is searched for (a file named directly is read whatever its name).
@@ -70,7 +70,7 @@ class Malformed:
 Item = dict[str, Any] | Malformed
 
 
-def records(url: str, storage_options: dict[str, Any] | None = None) -> Iterator[Item]:
+def records(url: str, storage_options: StorageOptions | None = None) -> Iterator[Item]:
     """The spans and GenAI log records of one OTLP file, one at a time, in file order."""
     try:
         with open_for_read(url, storage_options) as f:
@@ -81,10 +81,16 @@ def records(url: str, storage_options: dict[str, Any] | None = None) -> Iterator
         yield Malformed(url, f"not a valid zstd stream: {exc}")
 
 
+class _Readable(Protocol):
+    """What `_Stream` reads from: a file, a gzip or zstd decompressor."""
+
+    def read(self, n: int, /) -> bytes: ...
+
+
 class _Stream:
     """A byte stream read in chunks, with the bytes looked at but not yet consumed put back in front."""
 
-    def __init__(self, f: IO[bytes]) -> None:
+    def __init__(self, f: _Readable) -> None:
         self._f = f
         self._pending = b""
 
@@ -101,6 +107,10 @@ class _Stream:
             parts.append(chunk)
             have += len(chunk)
         return b"".join(parts)
+
+    def seek(self, offset: int, /) -> int:
+        """Never possible: a stream is read forward only (GzipFile, which reads one, asks only to rewind)."""
+        raise io.UnsupportedOperation("a stream read as it comes cannot seek")
 
     def skip(self, n: int) -> int:
         """Drop `n` bytes without keeping them; how many there were."""
@@ -243,14 +253,15 @@ def _json_content(url: str, stream: _Stream, name: str) -> Iterator[Item]:
         except orjson.JSONDecodeError:
             pass
     if not line_mode:  # one document over several lines: it has to fit in one message
-        parts, size = [], 0
+        parts: list[bytes] = []
+        size = 0
         for _, line in _numbered(first, lines):
             size += MAX_MESSAGE_BYTES + 1 if line is None else len(line) + 1
-            if size > MAX_MESSAGE_BYTES:
+            if line is None or size > MAX_MESSAGE_BYTES:  # None: a line over the limit
                 yield Malformed(url, f"a JSON document over {MAX_MESSAGE_BYTES} bytes")
                 return
             parts.append(line)
-        yield from _json_document(b"\n".join(parts), url)  # type: ignore[arg-type]
+        yield from _json_document(b"\n".join(parts), url)
         return
     for number, line in _numbered(first, lines):
         where = f"{url} line {number}"
@@ -314,7 +325,16 @@ def _json_span(span: Any, resource: dict[str, Any], where: str) -> Item:
     return _span(hex_id(span["traceId"]), hex_id(span["spanId"]), span.get("name"), start, attrs, resource, error, at)
 
 
-def _span(trace: str, span: str, name: Any, start: int, attrs: dict, resource: dict, error: bool, where: str) -> dict:
+def _span(
+    trace: str,
+    span: str,
+    name: Any,
+    start: int,
+    attrs: dict[str, Any],
+    resource: dict[str, Any],
+    error: bool,
+    where: str,
+) -> dict[str, Any]:
     return {"signal": "span", "trace_id": trace, "span_id": span, "name": str(name or ""), "start": start,
             "attrs": attrs, "resource": resource, "error": error, "where": where}  # fmt: skip
 
@@ -340,7 +360,9 @@ def _json_logs(resource_logs: list[Any], where: str) -> Iterator[Item]:
             yield Malformed(at, f"not an OTLP log export: {exc!r}")
 
 
-def _log(trace: str, span: str, time: int, event: str, attrs: dict, body: Any, resource: dict, where: str) -> dict:
+def _log(
+    trace: str, span: str, time: int, event: str, attrs: dict[str, Any], body: Any, resource: dict[str, Any], where: str
+) -> dict[str, Any]:
     return {"signal": "log", "trace_id": trace, "span_id": span, "time": time, "event": event, "attrs": attrs,
             "body": body, "resource": resource, "where": where}  # fmt: skip
 
@@ -495,7 +517,9 @@ def _content_of(group: list[dict[str, Any]]) -> dict[str, Any]:
         body = e["body"] if isinstance(e["body"], dict) else {}
         role = e["event"].removeprefix("gen_ai.").removesuffix(".message")
         if e["event"] == "gen_ai.choice":
-            message = body.get("message") if isinstance(body.get("message"), dict) else {}
+            message = body.get("message")
+            if not isinstance(message, dict):
+                message = {}
             outputs.append((body.get("index") or 0, _legacy_message(message.get("role") or "assistant", message)))
         elif e["event"].endswith(".message") and role in ("system", "user", "assistant", "tool"):
             inputs.append(_legacy_message(role, body))
@@ -517,7 +541,9 @@ def _legacy_message(role: str, body: dict[str, Any]) -> dict[str, Any]:
     elif said:
         parts.append({"type": "text", "content": said})
     for tc in body.get("tool_calls") or []:
-        function = tc.get("function") if isinstance(tc, dict) and isinstance(tc.get("function"), dict) else {}
+        function = tc.get("function") if isinstance(tc, dict) else None
+        if not isinstance(function, dict):
+            function = {}
         if isinstance(tc, dict):
             parts.append({"type": "tool_call", "id": tc.get("id"), "name": function.get("name"),
                           "arguments": function.get("arguments")})  # fmt: skip

@@ -40,7 +40,7 @@ class Phoenix(LogFormat):
     )
     reads_files = False
 
-    def read(self, sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
+    def read(self, sources: Sequence[str], options: IngestOptions) -> Iterator[dict[str, Any]]:
         s = settings("phoenix", options)
         if sources:
             raise IngestError("phoenix: reads from a Phoenix server (--endpoint, --project), not from files")

@@ -31,11 +31,12 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 
 from pipeline.core.errors import read_json_file
+from pipeline.core.records import CallRecord
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
 from pipeline.ingest.base import (
     IngestError,
@@ -59,7 +60,7 @@ class Tau2(LogFormat):
     def looks_like(self, doc: Any) -> bool:
         return isinstance(doc, dict) and "simulations" in doc
 
-    def read(self, sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
+    def read(self, sources: Sequence[str], options: IngestOptions) -> Iterator[dict[str, Any]]:
         tasks = _TaskSource(options.extra.get("tasks"))
         for source in sources:
             for url in source_files("tau2", source, options, ("*.json",), max_depth=1):
@@ -69,7 +70,7 @@ class Tau2(LogFormat):
 FORMAT = Tau2()
 
 
-def _read_file(url: str, tasks: _TaskSource, options: IngestOptions) -> Iterator[dict]:
+def _read_file(url: str, tasks: _TaskSource, options: IngestOptions) -> Iterator[dict[str, Any]]:
     try:
         data = orjson.loads(read_document("tau2", url, options))
     except (OSError, orjson.JSONDecodeError) as exc:
@@ -148,9 +149,12 @@ def message_costs(messages: list[Any]) -> dict[str, float]:
         if not isinstance(m, dict):
             continue
         at = _time(m.get("timestamp"))
-        side = _SIDES.get(m.get("role"))  # type: ignore[arg-type]
+        role = m.get("role")
+        side = _SIDES.get(role) if isinstance(role, str) else None
         if side is not None:
-            usage = m.get("usage") if isinstance(m.get("usage"), dict) else {}
+            usage = m.get("usage")
+            if not isinstance(usage, dict):
+                usage = {}
             for kind in ("prompt_tokens", "completion_tokens"):
                 if _number(usage.get(kind)):
                     tokens[f"{side}_{kind}"] = tokens.get(f"{side}_{kind}", 0.0) + usage[kind]
@@ -170,7 +174,7 @@ def _time(value: Any) -> datetime | None:
         return None
 
 
-def _number(value: Any) -> bool:
+def _number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
@@ -211,8 +215,8 @@ def _log(messages: list[Any], url: str, index: int) -> list[Entry]:
     return out
 
 
-def _call(call: dict[str, Any], turn: int, answer: dict[str, Any] | None) -> dict[str, Any]:
-    event: dict[str, Any] = {
+def _call(call: dict[str, Any], turn: int, answer: dict[str, Any] | None) -> CallRecord:
+    event: CallRecord = {
         "type": "call",
         "tool": str(call.get("name") or ""),
         "arguments": call.get("arguments") if call.get("arguments") is not None else {},

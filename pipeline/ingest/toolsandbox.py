@@ -41,6 +41,7 @@ from typing import Any
 
 import orjson
 
+from pipeline.core.records import CallRecord, EventRecord
 from pipeline.core.values import decoded
 from pipeline.envs.toolsandbox.env import seed_clock
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
@@ -79,7 +80,7 @@ class ToolSandbox(LogFormat):
     def looks_like(self, doc: Any) -> bool:
         return isinstance(doc, dict) and "per_scenario_results" in doc
 
-    def read(self, sources: Sequence[str], options: IngestOptions) -> Iterator[dict]:
+    def read(self, sources: Sequence[str], options: IngestOptions) -> Iterator[dict[str, Any]]:
         threshold = _number(options.extra["threshold"], "threshold")
         now = _number(options.extra["now"], "now") if "now" in options.extra else None
         for source in sources:
@@ -109,7 +110,9 @@ def _load(url: str, options: IngestOptions) -> Any:
         raise IngestError(f"toolsandbox: {url}: cannot read JSON: {exc}") from exc
 
 
-def _read_run(run: str, threshold: float, now: float | None, tz: str, options: IngestOptions) -> Iterator[dict]:
+def _read_run(
+    run: str, threshold: float, now: float | None, tz: str, options: IngestOptions
+) -> Iterator[dict[str, Any]]:
     summary = _load(f"{run}/result_summary.json", options)
     results = summary.get("per_scenario_results") if isinstance(summary, dict) else None
     if not isinstance(results, list):
@@ -267,7 +270,7 @@ def settings_variant(scenario: str) -> str:
     return "_".join(["base", *flipped])
 
 
-def _events(turns: list[Any], where: str) -> tuple[list[dict], dict[str, str]]:
+def _events(turns: list[Any], where: str) -> tuple[list[EventRecord], dict[str, str]]:
     """(events, attributes): the scenario's calls paired with their tool messages by `tool_call_id`."""
     log: list[Entry] = []
     for k, turn in enumerate(turns):
@@ -283,17 +286,18 @@ def _events(turns: list[Any], where: str) -> tuple[list[dict], dict[str, str]]:
     return assemble(log)
 
 
-def _call(call: dict[str, Any], answer: str | None) -> dict[str, Any]:
-    fn = call.get("function") or {}
-    event = {
+def _call(call: dict[str, Any], answer: str | None) -> CallRecord:
+    fn: Any = call.get("function") or {}  # decoded JSON of the log
+    event: CallRecord = {
         "type": "call",
         "tool": fn.get("name"),
         "arguments": fn.get("arguments") or "{}",
         "call_id": call.get("id"),
     }
     if answer is not None:
-        event["error"] = is_error(answer)
-        event["output"] = answer if event["error"] else _output(answer)
+        error = is_error(answer)
+        event["error"] = error
+        event["output"] = answer if error else _output(answer)
     return event
 
 
@@ -310,10 +314,12 @@ def _output(text: str) -> Any:
     return decoded(text)
 
 
-def _first_timestamp(events: list[dict]) -> float | None:
+def _first_timestamp(events: list[EventRecord]) -> float | None:
     for e in events:
-        if e["type"] == "call" and e["tool"] == "get_current_timestamp" and isinstance(e.get("output"), int | float):
-            return float(e["output"])
+        if e["type"] == "call" and e["tool"] == "get_current_timestamp":
+            output = e.get("output")
+            if isinstance(output, int | float):
+                return float(output)
     return None
 
 

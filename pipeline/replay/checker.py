@@ -15,7 +15,7 @@ from typing import Any
 import fastjsonschema
 import orjson
 
-from pipeline.core.model import NOT_LOGGED, Call, Message, Rollout, RolloutResult, StepResult
+from pipeline.core.model import NOT_LOGGED, Call, Cause, Check, Message, Rollout, RolloutResult, StepResult
 from pipeline.core.records import MAX_DEPTH, too_deep
 from pipeline.core.values import same
 from pipeline.envs.base import Environment, Outcome, ToolInfo
@@ -47,8 +47,8 @@ class Verdict:
     """The decision on one call, before it is recorded as a step."""
 
     valid: bool
-    check: str | None = None
-    cause: str | None = None
+    check: Check | None = None
+    cause: Cause | None = None
     detail: str | None = None
     outcome: Outcome | None = None
     args: dict[str, Any] | None = None

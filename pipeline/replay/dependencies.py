@@ -234,8 +234,9 @@ def _substitute_text(text: str, history: History, step: int) -> tuple[Any, list[
     return "".join([*pieces, text[last:]]), [], True
 
 
-def grounded_values(args: dict[str, Any], path: str) -> Iterator[Any]:
-    """The values at a grounded parameter path: `order_id`, `items[].item_id`, `payment.card_id`."""
+def grounded_values(args: object, path: str) -> Iterator[Any]:
+    """The values at a grounded parameter path (`order_id`, `items[].item_id`, `payment.card_id`) in a call's
+    arguments: none unless they are an object."""
     if "." not in path and not path.endswith("[]"):  # a top-level argument, the common case: as below, shorter
         value = args.get(path) if isinstance(args, dict) else None
         if isinstance(value, list):

@@ -18,10 +18,15 @@ from fsspec.implementations.local import LocalFileSystem
 
 _GLOB = re.compile(r"[*?\[]")
 
+# fsspec's keyword arguments for a filesystem (an endpoint, credentials, any setting): each filesystem takes its own,
+# so their values stay untyped.
+StorageOptions = dict[str, Any]
 
-def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
+
+def filesystem(url: str, storage_options: StorageOptions | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
     """The filesystem serving `url`, built with `storage_options`, and the path of `url` on it."""
-    return fsspec.core.url_to_fs(url, **(storage_options or {}))
+    found: tuple[fsspec.AbstractFileSystem, str] = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    return found
 
 
 def absolute(url: str) -> str:
@@ -39,12 +44,12 @@ def url_of(fs: fsspec.AbstractFileSystem, path: str) -> str:
     return path if is_local(fs) else fs.unstrip_protocol(path)
 
 
-def exists(url: str, storage_options: dict[str, Any] | None = None) -> bool:
+def exists(url: str, storage_options: StorageOptions | None = None) -> bool:
     fs, path = filesystem(url, storage_options)
     return bool(fs.exists(path))
 
 
-def is_empty(url: str, storage_options: dict[str, Any] | None = None) -> bool:
+def is_empty(url: str, storage_options: StorageOptions | None = None) -> bool:
     """True when nothing is at `url`, or it is a folder without files (an output may be written there without
     mixing with earlier contents)."""
     fs, path = filesystem(url, storage_options)
@@ -53,7 +58,7 @@ def is_empty(url: str, storage_options: dict[str, Any] | None = None) -> bool:
     return fs.isdir(path) and not fs.find(path)
 
 
-def remove_all(url: str, storage_options: dict[str, Any] | None = None) -> None:
+def remove_all(url: str, storage_options: StorageOptions | None = None) -> None:
     """Remove whatever is at `url` (an output about to be overwritten); nothing there is fine."""
     fs, path = filesystem(url, storage_options)
     if fs.exists(path):
@@ -62,7 +67,7 @@ def remove_all(url: str, storage_options: dict[str, Any] | None = None) -> None:
 
 def list_files(
     url: str,
-    storage_options: dict[str, Any] | None = None,
+    storage_options: StorageOptions | None = None,
     *,
     patterns: Sequence[str] | None = None,
     max_depth: int | None = None,
@@ -81,7 +86,7 @@ def list_files(
         matched = fs.glob(root.rstrip("/"), detail=True)
         if not matched:
             return None
-        found = {}
+        found: dict[str, dict[str, Any]] = {}
         for path, info in matched.items():
             if info.get("type") == "directory":
                 found |= _below(fs, path, patterns, max_depth)
@@ -109,16 +114,18 @@ def _below(
     return found
 
 
-def open_for_read(url: str, storage_options: dict[str, Any] | None = None, compression: str | None = None) -> IO[bytes]:
+def open_for_read(url: str, storage_options: StorageOptions | None = None, compression: str | None = None) -> IO[bytes]:
     """Open `url` for reading bytes; `compression="infer"` decompresses by the name's suffix (.gz, .zst)."""
     fs, path = filesystem(url, storage_options)
-    return fs.open(path, "rb", compression=compression)
+    opened: IO[bytes] = fs.open(path, "rb", compression=compression)
+    return opened
 
 
-def open_for_write(url: str, storage_options: dict[str, Any] | None = None) -> IO[bytes]:
+def open_for_write(url: str, storage_options: StorageOptions | None = None) -> IO[bytes]:
     """Open `url` for writing. Folders are made on local disks only: on an object store a missing bucket
     must be an error, never created behind the user's back."""
     fs, path = filesystem(url, storage_options)
     if is_local(fs):
         fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    return fs.open(path, "wb")
+    opened: IO[bytes] = fs.open(path, "wb")
+    return opened

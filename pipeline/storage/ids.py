@@ -23,7 +23,6 @@ import hashlib
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import orjson
@@ -31,6 +30,7 @@ import pyarrow.compute as pc
 
 from pipeline.core.arrow import pa
 from pipeline.core.records import record_id
+from pipeline.storage.fs import StorageOptions
 from pipeline.storage.inputs import line_numbers, read_shard
 from pipeline.storage.shards import InputFile, RecordError, Shard
 
@@ -49,7 +49,7 @@ def ids_table(ids: Iterable[tuple[str, str]]) -> pa.Table:
                     schema=_SCHEMA)  # fmt: skip
 
 
-def shard_ids(shard: Shard, storage_options: dict[str, Any] | None = None) -> pa.Table:
+def shard_ids(shard: Shard, storage_options: StorageOptions | None = None) -> pa.Table:
     """The ids of a shard's records, read as scoring reads them (for a shard whose committed output is reused)."""
     return ids_table(
         (location, rid)
@@ -59,7 +59,7 @@ def shard_ids(shard: Shard, storage_options: dict[str, Any] | None = None) -> pa
 
 
 def duplicate_ids(
-    shards: Sequence[Shard], ids: Mapping[str, pa.Table], storage_options: dict[str, Any] | None = None
+    shards: Sequence[Shard], ids: Mapping[str, pa.Table], storage_options: StorageOptions | None = None
 ) -> Duplicates:
     """What each shard needs to apply the rule, for the shards of a plan (in source order) and their ids
     (`ids_table`s by shard key), all in this process (the inline executor; Ray checks them in hash partitions,
@@ -102,7 +102,7 @@ def _add_copy(copies: dict[str, Copies], rid: str, index: int, location: str) ->
 
 
 def told(
-    copies: Mapping[str, Copies], shards: Sequence[Shard], storage_options: dict[str, Any] | None = None
+    copies: Mapping[str, Copies], shards: Sequence[Shard], storage_options: StorageOptions | None = None
 ) -> Duplicates:
     """Duplicates from the copies of every repeated id: a shard is told about an id when a copy it holds is not
     the first (earlier shards hold one, or it holds several)."""
@@ -149,7 +149,7 @@ def partition_copies(tables: Sequence[pa.Table]) -> dict[str, Copies]:
 
 
 def _whole_file_names(
-    firsts: Sequence[tuple[int, str]], shards: Sequence[Shard], storage_options: dict[str, Any] | None
+    firsts: Sequence[tuple[int, str]], shards: Sequence[Shard], storage_options: StorageOptions | None
 ) -> dict[tuple[int, str], str]:
     """ "FILE LOCATION" of each (shard index, location), a byte range's "byte N" turned into the "line N" of
     a whole-file read (one pass over each file that needs it, only when some first copy lies in a range)."""

@@ -12,7 +12,7 @@ import itertools
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Literal
 
 import orjson
 import pyarrow.parquet as pq
@@ -20,7 +20,7 @@ import zstandard
 
 from pipeline.core.arrow import pa
 from pipeline.core.errors import PexecError
-from pipeline.storage.fs import filesystem, list_files
+from pipeline.storage.fs import StorageOptions, filesystem, list_files
 from pipeline.storage.shards import RAW_LIMIT, Compression, Format, InputFile, Record, RecordError, Shard, fingerprint
 
 MAX_LINE_BYTES = 64 * 2**20  # a line of JSON Lines (one record) longer than this is a reject, never held whole
@@ -41,7 +41,7 @@ class StoreError(PexecError):
     """The store as a whole cannot be used (missing, empty, changed since it was listed)."""
 
 
-def list_inputs(url: str, storage_options: dict[str, Any] | None = None) -> tuple[list[InputFile], list[str]]:
+def list_inputs(url: str, storage_options: StorageOptions | None = None) -> tuple[list[InputFile], list[str]]:
     """Data files of the store sorted by URL, and the URLs of files skipped for their extension.
 
     Names starting with "." or "_" (at any depth below the store root) are neither read nor reported:
@@ -71,7 +71,7 @@ def list_inputs(url: str, storage_options: dict[str, Any] | None = None) -> tupl
 
 
 def plan_shards(
-    files: Sequence[InputFile], target_bytes: int = 64 * 2**20, storage_options: dict[str, Any] | None = None
+    files: Sequence[InputFile], target_bytes: int = 64 * 2**20, storage_options: StorageOptions | None = None
 ) -> list[Shard]:
     """Cut files into shards of about `target_bytes` (compressed JSONL is never cut: it cannot seek)."""
     if target_bytes < 1:
@@ -90,7 +90,7 @@ def plan_shards(
 
 
 def read_shard(
-    shard: Shard, storage_options: dict[str, Any] | None = None, max_line: int = MAX_LINE_BYTES
+    shard: Shard, storage_options: StorageOptions | None = None, max_line: int = MAX_LINE_BYTES
 ) -> Iterator[tuple[str, Record]]:
     """Yield (location, record or RecordError) for every record of the shard, in file order.
 
@@ -112,7 +112,7 @@ def read_shard(
 
 
 def shard_lines(
-    shard: Shard, storage_options: dict[str, Any] | None = None, max_line: int = MAX_LINE_BYTES
+    shard: Shard, storage_options: StorageOptions | None = None, max_line: int = MAX_LINE_BYTES
 ) -> Iterator[tuple[str, bytes | RecordError]]:
     """(location, line) for every line of a line-delimited shard, blank ones included, decompressed as it is
     read (`read_shard` names the locations): a line over `max_line` bytes, and the unreadable rest of a damaged
@@ -126,7 +126,7 @@ def shard_lines(
             yield from _range_lines(f, shard.start, shard.stop, max_line)
 
 
-def read_whole(file: InputFile, storage_options: dict[str, Any] | None, limit: int) -> bytes | RecordError:
+def read_whole(file: InputFile, storage_options: StorageOptions | None, limit: int) -> bytes | RecordError:
     """The whole (decompressed) content of a file read as one document: a RecordError when it is over `limit`
     bytes (what is past the limit is never read) or its compressed stream is damaged."""
     fs, path = filesystem(file.url, storage_options)
@@ -151,7 +151,7 @@ def parse_line(line: bytes) -> Record | None:
 
 
 def line_numbers(
-    file: InputFile, offsets: Iterable[int], storage_options: dict[str, Any] | None = None
+    file: InputFile, offsets: Iterable[int], storage_options: StorageOptions | None = None
 ) -> dict[int, int]:
     """The 1-based line number of each line starting at one of `offsets` in a plain JSON Lines file: how a
     record found in a byte-range shard ("byte N") is named as a whole-file read names it ("line N")."""
@@ -189,7 +189,7 @@ def classify(name: str) -> tuple[Format, Compression] | None:
 # --- planning ------------------------------------------------------------------------------------------
 
 
-def _parquet_shards(file: InputFile, target_bytes: int, storage_options: dict[str, Any] | None) -> list[Shard]:
+def _parquet_shards(file: InputFile, target_bytes: int, storage_options: StorageOptions | None) -> list[Shard]:
     fs, path = filesystem(file.url, storage_options)
     with fs.open(path, "rb") as f:
         source = _Source(f)
@@ -229,7 +229,8 @@ class _Damaged(ValueError):
         self.begin = begin  # compressed offset where the damaged member starts
 
 
-_MEMBER = {"gzip": "member", "zstd": "frame"}
+Codec = Literal["gzip", "zstd"]  # a compression that is one
+_MEMBER: dict[Codec, str] = {"gzip": "member", "zstd": "frame"}
 
 
 class _Source:
@@ -338,8 +339,8 @@ class _Lines:
 def _chunks(f: IO[bytes], compression: Compression, limit: int | None = None) -> Iterator[bytes]:
     """The file's bytes, decompressed; with `limit`, only its first `limit` decompressed bytes."""
     if compression is None:
-        while chunk := f.read(_CHUNK):
-            yield chunk
+        while data := f.read(_CHUNK):
+            yield data
         return
     left = limit
     if left == 0:
@@ -356,7 +357,51 @@ def _chunks(f: IO[bytes], compression: Compression, limit: int | None = None) ->
             return
 
 
-def _members(f: IO[bytes], compression: Compression) -> Iterator[tuple[int, bytes | None]]:
+class _GzipMember:
+    """zlib's decoder of one gzip member, each call's output bounded by max_length (the input not yet used waits in
+    unconsumed_tail)."""
+
+    def __init__(self) -> None:
+        self._d = zlib.decompressobj(wbits=31)
+
+    @property
+    def eof(self) -> bool:
+        return self._d.eof
+
+    @property
+    def unused_data(self) -> bytes:
+        return self._d.unused_data
+
+    def decode(self, data: bytes) -> Iterator[bytes]:
+        out = self._d.decompress(data, _OUTPUT_CHUNK)
+        while self._d.unconsumed_tail and not self._d.eof:
+            if out:
+                yield out
+            out = self._d.decompress(self._d.unconsumed_tail, _OUTPUT_CHUNK)
+        if out:
+            yield out
+
+
+class _ZstdFrame:
+    """zstandard's decoder of one zstd frame (the pieces it is fed are small: its output is bounded by them)."""
+
+    def __init__(self) -> None:
+        self._d = zstandard.ZstdDecompressor().decompressobj()
+
+    @property
+    def eof(self) -> bool:
+        return self._d.eof
+
+    @property
+    def unused_data(self) -> bytes:
+        return self._d.unused_data
+
+    def decode(self, data: bytes) -> Iterator[bytes]:
+        if out := self._d.decompress(data):
+            yield out
+
+
+def _members(f: IO[bytes], compression: Codec) -> Iterator[tuple[int, bytes | None]]:
     """Decompress a gzip or zstd file member by member (frame by frame): (compressed offset where the member
     began, decompressed chunk), and (offset, None) once a member has ended with its checksum verified.
 
@@ -365,9 +410,7 @@ def _members(f: IO[bytes], compression: Compression) -> Iterator[tuple[int, byte
     text.
     (Not gzip.GzipFile or zstandard's stream_reader: they hide where a member begins and one ends silently.)
     """
-    new = (
-        (lambda: zlib.decompressobj(wbits=31)) if compression == "gzip" else zstandard.ZstdDecompressor().decompressobj
-    )
+    new: type[_GzipMember | _ZstdFrame] = _GzipMember if compression == "gzip" else _ZstdFrame
     dobj, begin, consumed, data = new(), 0, 0, b""
     in_member = False
     piece = _ZSTD_PIECE if compression == "zstd" else _COMPRESSED_CHUNK
@@ -383,19 +426,10 @@ def _members(f: IO[bytes], compression: Compression) -> Iterator[tuple[int, byte
             if not data:
                 continue
         try:
-            if compression == "gzip":
-                # max_length bounds the output of one call; the input not yet used waits in unconsumed_tail
-                out = dobj.decompress(data, _OUTPUT_CHUNK)
-                while dobj.unconsumed_tail and not dobj.eof:
-                    if out:
-                        yield begin, out
-                    out = dobj.decompress(dobj.unconsumed_tail, _OUTPUT_CHUNK)
-            else:
-                out = dobj.decompress(data)
+            for out in dobj.decode(data):
+                yield begin, out
         except (zlib.error, zstandard.ZstdError) as e:
             raise _Damaged(begin, e) from e
-        if out:
-            yield begin, out
         if dobj.eof:
             rest = dobj.unused_data
             consumed += len(data) - len(rest)
@@ -411,7 +445,7 @@ def _members(f: IO[bytes], compression: Compression) -> Iterator[tuple[int, byte
         )
 
 
-def _verified(f: IO[bytes], compression: Compression) -> tuple[int | None, str, str]:
+def _verified(f: IO[bytes], compression: Codec) -> tuple[int | None, str, str]:
     """Decompress the whole file once: how many decompressed bytes can be trusted (None: all), and what went
     wrong: ("truncated" or "corrupt", detail). A file cut short keeps what it decoded; a damaged member loses
     all of itself (where in it the damage lies is unknown) and everything after it."""
@@ -426,7 +460,7 @@ def _verified(f: IO[bytes], compression: Compression) -> tuple[int | None, str, 
         return decoded, "truncated", str(e)
     except _Damaged as e:
         lost = f"compressed bytes {e.begin}-{f.seek(0, 2)}"
-        member = _MEMBER[compression]  # type: ignore[index]
+        member = _MEMBER[compression]
         damaged = f"the {member} starting at compressed byte {e.begin} is damaged ({e})"
         return verified, "corrupt", f"{damaged}: it and the rest of the file ({lost}) are lost"
     return None, "", ""
@@ -525,14 +559,16 @@ def _read_parquet(f: IO[bytes], shard: Shard) -> Iterator[tuple[str, Record]]:
 
 def _batch_records(batch: pa.RecordBatch) -> list[Record]:
     try:
-        return batch.to_pylist(maps_as_pydicts="strict")
+        rows: list[Record] = batch.to_pylist(maps_as_pydicts="strict")  # a dict per row
+        return rows
     except KeyError:  # a map column with a duplicate key somewhere in the batch: find the rows
         return [_row_record(batch.slice(i, 1)) for i in range(batch.num_rows)]
 
 
 def _row_record(row: pa.RecordBatch) -> Record:
     try:
-        return row.to_pylist(maps_as_pydicts="strict")[0]
+        record: Record = row.to_pylist(maps_as_pydicts="strict")[0]  # a dict
+        return record
     except KeyError as e:
         return RecordError(f"Parquet row not convertible: {e.args[0]}", repr(row.to_pylist()[0])[:RAW_LIMIT])
 

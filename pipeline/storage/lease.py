@@ -34,12 +34,16 @@ import orjson
 from fsspec.asyn import sync
 
 from pipeline.core.errors import PexecError, StorageError
-from pipeline.storage.fs import filesystem, is_local
+from pipeline.storage.fs import StorageOptions, filesystem, is_local
 
 LEASE = "_lease.json"
 DEFAULT_STALE_AFTER = 600.0  # seconds without a heartbeat before a lease counts as abandoned
 
 log = logging.getLogger(__name__)
+
+
+# What a compare-and-swap of the lease compares: the holder's token in a lease file, an S3 object's ETag.
+Version = str
 
 
 class LeaseHeld(PexecError):
@@ -79,14 +83,16 @@ class Lease:
     """`with Lease(run, storage_options): ...` holds the run's lease for the block, renewing it every
     `stale_after / 10` seconds; released on exit, whatever ends the block (an error, Ctrl-C)."""
 
-    def __init__(self, run: str, storage_options: dict | None = None, stale_after: float = DEFAULT_STALE_AFTER) -> None:
+    def __init__(
+        self, run: str, storage_options: StorageOptions | None = None, stale_after: float = DEFAULT_STALE_AFTER
+    ) -> None:
         if stale_after <= 0:
             raise PexecError(f"the lease's staleness limit must be > 0 seconds, got {stale_after}")
         self.url = f"{run.rstrip('/')}/{LEASE}"
         self.stale_after = stale_after
         self._object = _object_for(self.url, storage_options)
         self._holder: Holder | None = None
-        self._version: Any = None
+        self._version: Version | None = None
         self._lost: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -110,8 +116,8 @@ class Lease:
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-            for signum in received:
-                signal.raise_signal(signum)  # delivered now, to the handlers restored above
+            for pending in received:
+                signal.raise_signal(pending)  # delivered now, to the handlers restored above
 
     def __enter__(self) -> Lease:
         if self._holder is None:  # not acquired beforehand
@@ -205,7 +211,7 @@ class Lease:
                 log.warning("could not renew the lease %s: %s: %s", self.url, type(exc).__name__, exc)
 
 
-def require_holder(run: str, token: str, storage_options: dict | None = None) -> None:
+def require_holder(run: str, token: str, storage_options: StorageOptions | None = None) -> None:
     """Raise LeaseLost unless the acquisition `token` still holds `run`'s lease. A scoring task asks right
     before it writes: a driver that stops (a failed shard, a lost lease, Ctrl-C) leaves its tasks in flight
     running (pipeline.scoring.driver.completed says why), and those then write nothing."""
@@ -246,7 +252,7 @@ class _File:
     """The lease as a file: compare-and-swap by token under `locked()` (an flock of the folder on a local
     disk; nothing elsewhere, which makes it best effort there)."""
 
-    def __init__(self, url: str, storage_options: dict | None) -> None:
+    def __init__(self, url: str, storage_options: StorageOptions | None) -> None:
         self.fs, self.path = filesystem(url, storage_options)
         self.local = is_local(self.fs)
 
@@ -264,7 +270,7 @@ class _File:
         finally:
             os.close(fd)  # closing releases the lock
 
-    def read(self) -> tuple[Holder | None, Any]:
+    def read(self) -> tuple[Holder | None, Version | None]:
         try:
             data = self.fs.cat_file(self.path)
         except FileNotFoundError:
@@ -272,23 +278,23 @@ class _File:
         holder = _load(data)
         return (holder or Holder("", "?", "?", 0, "?", 0.0)), (holder.token if holder else "")
 
-    def create(self, data: bytes) -> Any:
+    def create(self, data: bytes) -> Version | None:
         if self.fs.exists(self.path):
             return None
         return self._write(data)
 
-    def swap(self, data: bytes, version: Any) -> Any:
+    def swap(self, data: bytes, version: Version | None) -> Version | None:
         current, now = self.read()
         if current is None or now != version:
             return None
         return self._write(data)
 
-    def delete(self, version: Any) -> None:
+    def delete(self, version: Version | None) -> None:
         current, now = self.read()
         if current is not None and now == version:
             self.fs.rm_file(self.path)
 
-    def _write(self, data: bytes) -> str:
+    def _write(self, data: bytes) -> Version:
         if self.local:  # aside, then renamed over: a reader never sees half a lease
             tmp = f"{self.path}.{uuid.uuid4().hex}.tmp"
             with open(tmp, "wb") as f:
@@ -296,13 +302,14 @@ class _File:
             os.replace(tmp, self.path)
         else:
             self.fs.pipe_file(self.path, data)
-        return orjson.loads(data)["token"]
+        token: str = orjson.loads(data)["token"]  # the holder just written
+        return token
 
 
 class _S3Object:
     """The lease as an S3 object: every change is a conditional request, atomic on the server."""
 
-    def __init__(self, url: str, storage_options: dict | None) -> None:
+    def __init__(self, url: str, storage_options: StorageOptions | None) -> None:
         self.fs, path = filesystem(url, storage_options)
         self.bucket, self.key = path.split("/", 1)
 
@@ -310,32 +317,35 @@ class _S3Object:
     def locked(self) -> Iterator[None]:
         yield  # the server decides
 
-    def read(self) -> tuple[Holder | None, Any]:
+    def read(self) -> tuple[Holder | None, Version | None]:
         try:
             response = self.fs.call_s3("get_object", Bucket=self.bucket, Key=self.key)
         except FileNotFoundError:
             return None, None
         data = sync(self.fs.loop, response["Body"].read)  # aiobotocore's body is async
-        return (_load(data) or Holder("", "?", "?", 0, "?", 0.0)), response["ETag"]
+        etag: Version = response["ETag"]
+        return (_load(data) or Holder("", "?", "?", 0, "?", 0.0)), etag
 
-    def create(self, data: bytes) -> Any:
+    def create(self, data: bytes) -> Version | None:
         return self._put(data, IfNoneMatch="*")
 
-    def swap(self, data: bytes, version: Any) -> Any:
+    def swap(self, data: bytes, version: Version | None) -> Version | None:
         return self._put(data, IfMatch=version)
 
-    def delete(self, version: Any) -> None:
+    def delete(self, version: Version | None) -> None:
         with contextlib.suppress(FileNotFoundError):
             self._conditional("delete_object", Bucket=self.bucket, Key=self.key, IfMatch=version)
 
-    def _put(self, data: bytes, **condition: str) -> Any:
+    def _put(self, data: bytes, **condition: str | None) -> Version | None:
         response = self._conditional("put_object", Bucket=self.bucket, Key=self.key, Body=data, **condition)
         return None if response is None else response["ETag"]
 
-    def _conditional(self, method: str, **kwargs: Any) -> dict | None:
-        """The response, or None when the condition failed (someone else changed the object first)."""
+    def _conditional(self, method: str, **kwargs: Any) -> dict[str, Any] | None:
+        """botocore's response (untyped JSON), or None when the condition failed (someone else changed the object
+        first)."""
         try:
-            return self.fs.call_s3(method, **kwargs)
+            response: dict[str, Any] = self.fs.call_s3(method, **kwargs)
+            return response
         except OSError as exc:
             cause = getattr(exc.__cause__, "response", None) or {}
             if cause.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
@@ -343,6 +353,6 @@ class _S3Object:
             raise
 
 
-def _object_for(url: str, storage_options: dict | None) -> _File | _S3Object:
+def _object_for(url: str, storage_options: StorageOptions | None) -> _File | _S3Object:
     fs, _ = filesystem(url, storage_options)
     return _S3Object(url, storage_options) if "s3" in fs.protocol else _File(url, storage_options)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyarrow.parquet as pq
 
@@ -26,7 +26,7 @@ from pipeline.core.run_folder import (
     encode,
 )
 from pipeline.core.text import public_url
-from pipeline.storage.fs import filesystem, is_local, open_for_write
+from pipeline.storage.fs import StorageOptions, filesystem, is_local, open_for_write
 
 if TYPE_CHECKING:
     import duckdb
@@ -41,14 +41,16 @@ def part_path(run: str, table: str, shard_key: str) -> str:
     return f"{run.rstrip('/')}/{table}/part-{shard_key}.parquet"
 
 
-def write_part(run: str, table_name: str, shard_key: str, table: pa.Table, storage_options: dict | None = None) -> int:
+def write_part(
+    run: str, table_name: str, shard_key: str, table: pa.Table, storage_options: StorageOptions | None = None
+) -> int:
     """Write one part; returns its size in bytes (recorded in the shard's marker, checked before reuse)."""
     with open_for_write(part_path(run, table_name, shard_key), storage_options) as f:
         pq.write_table(table, f, compression="zstd")
         return f.tell()
 
 
-def part_sizes(run: str, storage_options: dict | None = None) -> dict[str, dict[str, int]]:
+def part_sizes(run: str, storage_options: StorageOptions | None = None) -> dict[str, dict[str, int]]:
     """The size of every part file now in the run, by table and shard key."""
     sizes: dict[str, dict[str, int]] = {}
     for table in TABLES:
@@ -63,14 +65,14 @@ def part_sizes(run: str, storage_options: dict | None = None) -> dict[str, dict[
     return sizes
 
 
-def remove_manifest(run: str, storage_options: dict | None = None) -> None:
+def remove_manifest(run: str, storage_options: StorageOptions | None = None) -> None:
     """Mark the run incomplete while it is being (re)written."""
     fs, path = filesystem(f"{run.rstrip('/')}/{MANIFEST}", storage_options)
     if fs.exists(path):
         fs.rm(path)
 
 
-def remove_stale_parts(run: str, keep: set[str], storage_options: dict | None = None) -> list[str]:
+def remove_stale_parts(run: str, keep: set[str], storage_options: StorageOptions | None = None) -> list[str]:
     """Delete the parts and markers of shards not in this run's plan (left by an earlier plan of the run)."""
     removed = []
     for folder_name, prefix, suffix in [*((t, "part-", ".parquet") for t in TABLES), (SHARD_MARKERS, "", ".json")]:
@@ -85,14 +87,18 @@ def remove_stale_parts(run: str, keep: set[str], storage_options: dict | None = 
     return removed
 
 
-def write_shard_marker(run: str, marker: ShardMarker, storage_options: dict | None = None) -> None:
+def write_shard_marker(run: str, marker: ShardMarker, storage_options: StorageOptions | None = None) -> None:
     """Commit a shard: its marker, written after its three parts."""
     with open_for_write(f"{run.rstrip('/')}/{SHARD_MARKERS}/{marker.shard}.json", storage_options) as f:
         f.write(encode(marker, indent=False))
 
 
 def read_shard_markers(
-    run: RunPrefix | str, storage_options: dict | None = None, *, rel: str = "", listed: Iterable[str] | None = None
+    run: RunPrefix | str,
+    storage_options: StorageOptions | None = None,
+    *,
+    rel: str = "",
+    listed: Iterable[str] | None = None,
 ) -> dict[str, ShardMarker]:
     """The markers of the shards committed so far in the run at `rel` below `run`, by shard key. `listed`: the
     files of a listing already taken (relative to `run`), else the markers' folder is listed now. A marker cut
@@ -119,30 +125,32 @@ def read_shard_markers(
     return markers
 
 
-def write_manifest(run: str, manifest: Manifest, storage_options: dict | None = None) -> None:
+def write_manifest(run: str, manifest: Manifest, storage_options: StorageOptions | None = None) -> None:
     """Commit the run: its manifest, written last."""
     with open_for_write(f"{run.rstrip('/')}/{MANIFEST}", storage_options) as f:
         f.write(encode(manifest))
 
 
-def read_manifest(run: RunPrefix | str, storage_options: dict | None = None, *, rel: str = "") -> Manifest | None:
+def read_manifest(
+    run: RunPrefix | str, storage_options: StorageOptions | None = None, *, rel: str = ""
+) -> Manifest | None:
     """The manifest of the run at `rel` below `run` (a RunPrefix, or a URL opened with `storage_options`); None
     when it has none. RunFolderError when it is damaged or of a layout this pexec does not read."""
     return _read(_prefix(run, storage_options), f"{rel}/{MANIFEST}" if rel else MANIFEST, Manifest)
 
 
-def write_plan(run: str, plan: Plan, storage_options: dict | None = None) -> None:
+def write_plan(run: str, plan: Plan, storage_options: StorageOptions | None = None) -> None:
     """What the run will cover, written before its first shard is scored."""
     with open_for_write(f"{run.rstrip('/')}/{PLAN}", storage_options) as f:
         f.write(encode(plan))
 
 
-def read_plan(run: RunPrefix | str, storage_options: dict | None = None, *, rel: str = "") -> Plan | None:
+def read_plan(run: RunPrefix | str, storage_options: StorageOptions | None = None, *, rel: str = "") -> Plan | None:
     """The plan of the run at `rel` below `run`; None when it has none (RunFolderError as `read_manifest`)."""
     return _read(_prefix(run, storage_options), f"{rel}/{PLAN}" if rel else PLAN, Plan)
 
 
-def _prefix(run: RunPrefix | str, storage_options: dict | None) -> RunPrefix:
+def _prefix(run: RunPrefix | str, storage_options: StorageOptions | None) -> RunPrefix:
     return run if isinstance(run, RunPrefix) else RunPrefix(run, storage_options)
 
 
@@ -159,7 +167,7 @@ def _read(root: RunPrefix, rel: str, kind: type[RunFile]) -> RunFile | None:
 class RunPrefix:
     """A run prefix as the DuckDB stage sees it: a local folder (made absolute) or an fsspec URL."""
 
-    def __init__(self, run: str, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(self, run: str, storage_options: StorageOptions | None = None) -> None:
         try:
             self.fs, path = filesystem(run, storage_options)
         except (ValueError, ImportError) as exc:  # unknown protocol, or its package is not installed

@@ -13,9 +13,9 @@ from __future__ import annotations
 import contextlib
 import gzip
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
 import orjson
 import pyarrow.parquet as pq
@@ -23,7 +23,7 @@ import zstandard
 
 from pipeline.core.arrow import pa
 from pipeline.core.errors import StorageError
-from pipeline.storage.fs import filesystem, list_files, open_for_write
+from pipeline.storage.fs import StorageOptions, filesystem, list_files, open_for_write
 from pipeline.storage.inputs import classify
 
 WriteMode = Literal["new", "overwrite", "append"]
@@ -34,12 +34,12 @@ class StoreExists(StorageError):
 
 
 def write_store(
-    records: Iterator[dict],
+    records: Iterable[Mapping[str, Any]],
     out: str,
     fmt: str = "jsonl",
     per_file: int = 50_000,
     compression: str | None = None,
-    storage_options: dict | None = None,
+    storage_options: StorageOptions | None = None,
     mode: WriteMode = "new",
 ) -> int:
     """Write records as numbered files under `out`; returns the number of records.
@@ -52,7 +52,8 @@ def write_store(
     write_id = f"{datetime.now(UTC):%Y%m%dT%H%M%S%fZ}-{uuid.uuid4().hex[:6]}"  # sorts in write order
     staging = f"{root}/.staging-{write_id}"
     prefix = f"part-{write_id}-" if old and mode == "append" else "part-"
-    count, part, batch, names = 0, 0, [], []
+    count, part, names = 0, 0, []
+    batch: list[Mapping[str, Any]] = []
     try:
         for record in records:
             batch.append(record)
@@ -69,7 +70,7 @@ def write_store(
     return count
 
 
-def _existing(root: str, fmt: str, mode: WriteMode, storage_options: dict | None) -> list[str]:
+def _existing(root: str, fmt: str, mode: WriteMode, storage_options: StorageOptions | None) -> list[str]:
     """The visible files under `root` (URLs), after checking that `mode` allows writing there."""
     try:
         fs, path = filesystem(root, storage_options)
@@ -95,7 +96,9 @@ def _existing(root: str, fmt: str, mode: WriteMode, storage_options: dict | None
     return files
 
 
-def _publish(staging: str, root: str, names: list[str], remove: list[str], storage_options: dict | None) -> None:
+def _publish(
+    staging: str, root: str, names: list[str], remove: list[str], storage_options: StorageOptions | None
+) -> None:
     """Move the staged files into `root`, then remove the old files they did not replace."""
     fs, staged = filesystem(staging, storage_options)
     _, target = filesystem(root, storage_options)
@@ -112,7 +115,7 @@ def _publish(staging: str, root: str, names: list[str], remove: list[str], stora
     _remove(staging, storage_options)
 
 
-def _remove(url: str, storage_options: dict | None) -> None:
+def _remove(url: str, storage_options: StorageOptions | None) -> None:
     fs, path = filesystem(url, storage_options)
     with contextlib.suppress(OSError):  # cleaning up after a failure must not hide the failure
         if fs.exists(path):
@@ -120,7 +123,12 @@ def _remove(url: str, storage_options: dict | None) -> None:
 
 
 def _write_file(
-    folder: str, stem: str, batch: list[dict], fmt: str, compression: str | None, storage_options: dict | None
+    folder: str,
+    stem: str,
+    batch: list[Mapping[str, Any]],
+    fmt: str,
+    compression: str | None,
+    storage_options: StorageOptions | None,
 ) -> str:
     """Write one file of the store under `folder`; returns its name."""
     try:
@@ -144,9 +152,9 @@ def _write_file(
         raise StorageError(f"cannot write store {folder.rsplit('/', 1)[0]}: {exc}") from exc
 
 
-def _to_arrow(batch: list[dict]) -> pa.Table:
+def _to_arrow(batch: list[Mapping[str, Any]]) -> pa.Table:
     # Parquet keeps free-form JSON (env, arguments, outputs, truth) as JSON text.
-    def event(e: dict) -> dict:
+    def event(e: dict[str, Any]) -> dict[str, Any]:
         e = dict(e)
         for key in ("arguments", "output"):
             if key in e and not isinstance(e[key], str):

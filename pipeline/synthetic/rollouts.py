@@ -11,10 +11,11 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from pipeline.core.errors import PexecError
 from pipeline.core.model import CAUSES, Call, Rollout
+from pipeline.core.records import EventRecord, RolloutRecord
 from pipeline.envs.spec.env import SpecEnvironment
 from pipeline.envs.spec.loader import find_spec
 
@@ -26,6 +27,19 @@ CONDITIONS: dict[tuple[str, str], tuple[float, float]] = {
     ("model-b", "plan_execute"): (0.60, 0.55),
 }
 MUTATING = {"cancel_order", "return_items", "apply_coupon"}  # repeating one is a state_consistency error
+
+
+class StepTruth(TypedDict):
+    valid: bool
+    cause: str | None  # the injected failure's cause label; None for a valid call
+
+
+class Truth(TypedDict):
+    """What every synthetic record carries as `truth`: the expected result of scoring it."""
+
+    fed: int
+    first_cause: str | None
+    steps: list[StepTruth]
 
 
 class SynthError(PexecError, ValueError):
@@ -48,7 +62,9 @@ class _Task:
     gold: list[_Step]
 
 
-def synthesize(spec: str = "shop", n_rollouts: int = 1000, n_tasks: int = 100, seed: int = 0) -> Iterator[dict]:
+def synthesize(
+    spec: str = "shop", n_rollouts: int = 1000, n_tasks: int = 100, seed: int = 0
+) -> Iterator[RolloutRecord]:
     """Canonical rollout records with a `truth` field, `n_rollouts` of them over `n_tasks` tasks."""
     if spec != "shop":
         raise SynthError(f"synth knows how to build tasks for the 'shop' spec only, not {spec!r}")
@@ -135,7 +151,7 @@ def _run_gold(env: SpecEnvironment, task: _Task) -> None:
         step.output = outcome.output
 
 
-def _rollout_record(rollout_id: str, task: _Task, model: str, method: str, rng: random.Random) -> dict:
+def _rollout_record(rollout_id: str, task: _Task, model: str, method: str, rng: random.Random) -> RolloutRecord:
     p_fail, p_recover = CONDITIONS[(model, method)]
     steps = list(task.gold)
     success = rng.random() < 0.95
@@ -149,17 +165,16 @@ def _rollout_record(rollout_id: str, task: _Task, model: str, method: str, rng: 
         else:
             steps = steps[:depth]
             success = False
-    events: list[dict] = [{"type": "message", "role": "user", "content": task.message, "turn": 0}]
+    events: list[EventRecord] = [{"type": "message", "role": "user", "content": task.message, "turn": 0}]
     for step in steps:
-        event = {"type": "call", "tool": step.tool, "arguments": step.args, "turn": 0}
-        if step.valid:
-            event.update(output=step.output, error=False)
-        else:
-            event.update(output="Error", error=True)
-        events.append(event)
+        output, error = (step.output, False) if step.valid else ("Error", True)
+        events.append(
+            {"type": "call", "tool": step.tool, "arguments": step.args, "turn": 0, "output": output, "error": error}
+        )
     events.append({"type": "message", "role": "assistant", "content": "Done.", "turn": 0})
-    truth = [{"valid": s.valid, "cause": s.cause} for s in steps]
+    truth: list[StepTruth] = [{"valid": s.valid, "cause": s.cause} for s in steps]
     fed = next((i + 1 for i, s in enumerate(steps) if not s.valid), len(steps) + 1)
+    known: Truth = {"fed": fed, "first_cause": truth[fed - 1]["cause"] if fed <= len(steps) else None, "steps": truth}
     return {
         "rollout_id": rollout_id,
         "task_id": task.task_id,
@@ -169,7 +184,7 @@ def _rollout_record(rollout_id: str, task: _Task, model: str, method: str, rng: 
         "events": events,
         "success": success,
         "cost": {"tokens": 400 * len(steps) + rng.randint(0, 400), "latency_s": round(0.8 * len(steps), 2)},
-        "truth": {"fed": fed, "first_cause": truth[fed - 1]["cause"] if fed <= len(steps) else None, "steps": truth},
+        "truth": known,
     }
 
 

@@ -18,7 +18,7 @@ import argparse
 import random
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired, TypedDict
 
 import orjson
 
@@ -27,26 +27,52 @@ from pipeline.synthetic.support_logs import conversation
 _BATCH = 64  # spans per OTLP export line
 
 
-def _attr(key: str, value: Any) -> dict[str, Any]:
+class _Value(TypedDict):
+    stringValue: str  # every attribute is written as a string: JSON text for structured values
+
+
+class _Attribute(TypedDict):
+    key: str
+    value: _Value
+
+
+class _Status(TypedDict):
+    code: int  # 2: ERROR
+
+
+class Span(TypedDict):
+    """A span as OTLP JSON writes it, with the fields these spans use."""
+
+    traceId: str
+    spanId: str
+    name: str
+    attributes: list[_Attribute]
+    startTimeUnixNano: str
+    endTimeUnixNano: str
+    status: NotRequired[_Status]
+
+
+def _attr(key: str, value: Any) -> _Attribute:
     if isinstance(value, str):
         return {"key": key, "value": {"stringValue": value}}
     return {"key": key, "value": {"stringValue": orjson.dumps(value).decode()}}
 
 
-def spans_of(record: dict[str, Any], index: int, start_ns: int) -> list[dict[str, Any]]:
+def spans_of(record: dict[str, Any], index: int, start_ns: int) -> list[Span]:
     """The spans of one OpenAI-format conversation record."""
     trace = f"{index:032x}"
     conv = str(record["id"])
     model = str(record.get("model") or "")
-    out: list[dict[str, Any]] = []
-    latest_user: list[dict[str, Any]] = []
+    out: list[Span] = []
+    latest_user: list[dict[str, Any]] = []  # GenAI input messages (the attribute's JSON)
     clock = start_ns
 
-    def span(name: str, attrs: list[dict[str, Any]], error: bool = False) -> None:
+    def span(name: str, attrs: list[_Attribute], error: bool = False) -> None:
         nonlocal clock
         clock += 1_000_000
-        item = {"traceId": trace, "spanId": f"{index % 2**32:08x}{len(out):08x}", "name": name, "attributes": attrs,
-                "startTimeUnixNano": str(clock), "endTimeUnixNano": str(clock + 500_000)}  # fmt: skip
+        span_id = f"{index % 2**32:08x}{len(out):08x}"
+        item: Span = {"traceId": trace, "spanId": span_id, "name": name, "attributes": attrs,
+                      "startTimeUnixNano": str(clock), "endTimeUnixNano": str(clock + 500_000)}  # fmt: skip
         if error:
             item["status"] = {"code": 2}
         out.append(item)
@@ -95,7 +121,7 @@ def write_spans(
     resource = {"attributes": [_attr("service.name", "support-agent")]}
     suffix = ".pb" if encoding == "proto" else ".jsonl"
     handles = [open(folder / f"spans-{i:03d}{suffix}", "wb") for i in range(files)]  # noqa: SIM115
-    pending: list[list[dict[str, Any]]] = [[] for _ in range(files)]
+    pending: list[list[Span]] = [[] for _ in range(files)]
     encode = _proto_encoder() if encoding == "proto" else None
     n = 0
 
@@ -126,7 +152,7 @@ def write_spans(
     return n
 
 
-def _proto_encoder() -> Callable[[list[dict[str, Any]]], bytes]:
+def _proto_encoder() -> Callable[[list[Span]], bytes]:
     """Spans as `spans_of` makes them -> one serialized export, by the SDK's OTLP protobuf encoder."""
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.resources import Resource
@@ -136,9 +162,9 @@ def _proto_encoder() -> Callable[[list[dict[str, Any]]], bytes]:
     resource = Resource({"service.name": "support-agent"})
     sampled = TraceFlags(TraceFlags.SAMPLED)
 
-    def sdk_span(s: dict[str, Any]) -> ReadableSpan:
+    def sdk_span(s: Span) -> ReadableSpan:
         context = SpanContext(int(s["traceId"], 16), int(s["spanId"], 16), is_remote=False, trace_flags=sampled)
-        status = Status(StatusCode.ERROR if s.get("status", {}).get("code") == 2 else StatusCode.UNSET)
+        status = Status(StatusCode.ERROR if "status" in s and s["status"]["code"] == 2 else StatusCode.UNSET)
         return ReadableSpan(s["name"], context, resource=resource, start_time=int(s["startTimeUnixNano"]),
                             end_time=int(s["endTimeUnixNano"]), status=status,
                             attributes={a["key"]: a["value"]["stringValue"] for a in s["attributes"]})  # fmt: skip

@@ -37,9 +37,11 @@ def parse_call_list(text: str, parameter_order: ParameterOrder) -> list[tuple[st
     body = text.strip("`\n ")
     body = ("" if body.startswith("[") else "[") + body + ("" if body.endswith("]") else "]")
     node = _expression(body, text)
-    if not isinstance(node, ast.List) or not all(isinstance(item, ast.Call) for item in node.elts):
+    items = node.elts if isinstance(node, ast.List) else None
+    calls = [item for item in items or () if isinstance(item, ast.Call)]
+    if items is None or len(calls) < len(items):
         raise CallSyntaxError(f"not a list of calls: {text[:80]!r}")
-    return [_call(item, parameter_order) for item in node.elts]
+    return [_call(item, parameter_order) for item in calls]
 
 
 def _expression(source: str, text: str) -> ast.expr:

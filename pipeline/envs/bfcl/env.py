@@ -24,19 +24,31 @@ import json
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pipeline.core.effects import FILE, load_effects
 from pipeline.core.model import Call, Rollout
 from pipeline.core.records import InvalidRecord
 from pipeline.core.values import ATOMS, NotExact, json_copy
-from pipeline.envs.base import EnvError, Outcome, ToolInfo, with_effects
+from pipeline.envs.base import EnvError, Outcome, ToolInfo, captured, with_effects
 from pipeline.envs.bfcl import official
 from pipeline.envs.bfcl.scenarios import Scenario, Scenarios, deep_copy
 from pipeline.envs.bfcl.schema import parameters_schema
 from pipeline.envs.data import BUILTIN_SPECS, files_fingerprint
 
 GROUNDED_FILE = BUILTIN_SPECS / "bfcl_v3" / "grounded.toml"
+
+
+JournalEntry = tuple[str, str, dict[str, Any]]  # an accepted call: (class, tool, arguments)
+
+
+class Rejection(NamedTuple):
+    """A rejected call, with its class's journal when it was rejected (`BfclEnvironment.execute` reuses it)."""
+
+    tool: str
+    args: dict[str, Any]
+    entries: list[JournalEntry]
+    outcome: Outcome
 
 
 @dataclass(slots=True)
@@ -48,9 +60,9 @@ class BfclState:
     scenarios: dict[str, Scenario] = field(default_factory=dict)  # class -> its initial state
     known: list[str] = field(default_factory=list)  # the initial state's texts (BfclEnvironment.knowledge)
     instances: dict[str, Any] = field(default_factory=dict)  # read through BfclEnvironment.instance
-    journal: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)  # accepted (class, tool, args)
+    journal: list[JournalEntry] = field(default_factory=list)  # the accepted calls
     stale: set[str] = field(default_factory=set)  # classes whose instance differs from scenario + journal
-    rejected: tuple[Any, ...] | None = None  # the last rejection: (tool, args, its class's journal, outcome)
+    rejected: Rejection | None = None  # the last rejection
 
 
 class BfclEnvironment:
@@ -146,21 +158,27 @@ class BfclEnvironment:
             return False
         return turn >= state.withheld.get(tool, turn)
 
-    def execute(self, state: BfclState, tool: str, args: dict[str, Any], call: Call) -> Outcome:
+    def execute(self, state: BfclState, tool: str, args: dict[str, Any] | None, call: Call) -> Outcome:
+        args = captured(args, tool)
         cls = self._class_of[tool]
         # An instance's state is its scenario plus its class's accepted calls, so a call rejected in that state
         # is rejected again: the walk-back re-tests a call in every earlier state and most of them differ only
         # in other classes. The same arguments object and the same journal entries (by identity) are required.
         last = state.rejected
-        if last is not None and last[0] == tool and last[1] is args and _same_entries(last[2], _of(state, cls)):
-            return last[3]
+        if (
+            last is not None
+            and last.tool == tool
+            and last.args is args
+            and _same_entries(last.entries, _of(state, cls))
+        ):
+            return last.outcome
         outcome = _run(self.instance(state, cls), tool, args)
         if outcome.accepted:
             state.journal.append((cls, tool, args))
             state.rejected = None
         else:
             state.stale.add(cls)
-            state.rejected = (tool, args, _of(state, cls), outcome)
+            state.rejected = Rejection(tool, args, _of(state, cls), outcome)
         return outcome
 
     def checkpoint(self, state: BfclState) -> int:
@@ -207,15 +225,16 @@ def _given(args: dict[str, Any]) -> dict[str, Any]:
     them for rebuilding a state; arguments that are all immutable need none (`**` makes a mapping of its own)."""
     for value in args.values():
         if type(value) not in ATOMS:
-            return deep_copy(args)
+            copied: dict[str, Any] = deep_copy(args)
+            return copied
     return args
 
 
-def _of(state: BfclState, cls: str) -> list[tuple[str, str, dict[str, Any]]]:
+def _of(state: BfclState, cls: str) -> list[JournalEntry]:
     return [entry for entry in state.journal if entry[0] == cls]
 
 
-def _same_entries(a: list[Any], b: list[Any]) -> bool:
+def _same_entries(a: list[JournalEntry], b: list[JournalEntry]) -> bool:
     return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
@@ -266,7 +285,7 @@ def _read_grounded(path: Path) -> dict[str, list[str]]:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise EnvError(f"{path}: {exc}") from exc
-    table = data.get("grounded", {})
+    table: dict[str, list[str]] = data.get("grounded", {})
     if set(data) - {"grounded"} or not all(isinstance(v, list) for v in table.values()):
         raise EnvError(f"{path}: expected one [grounded] table of function = [parameter, ...]")
     return table

@@ -60,7 +60,8 @@ class Release:
         return f"{PACKAGE}=={self.version}"
 
     def simulator_class(self, name: str) -> type:
-        return getattr(self._modules[CLASSES[name][0]], name)
+        cls: type = getattr(self._modules[CLASSES[name][0]], name)
+        return cls
 
     @cached_property
     def function_docs(self) -> dict[str, list[dict[str, Any]]]:

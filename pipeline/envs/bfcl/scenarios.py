@@ -45,7 +45,7 @@ KEPT = 1024  # loaded scenarios kept per release (most recently used first); a f
 class Scenario:
     """One class's initial state for one configuration."""
 
-    cls: type
+    cls: type[object]
     config: Any  # the configuration loaded afresh (None when pickled: its key is its JSON text)
     long_context: bool
     stateless: bool  # no scenario to load: the instance is `cls()`

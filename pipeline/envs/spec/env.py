@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from pipeline.core.model import Call, Rollout
-from pipeline.envs.base import Outcome, ToolInfo
+from pipeline.envs.base import Outcome, ToolInfo, captured
 from pipeline.envs.document import JournaledDoc
 from pipeline.envs.rules import Effect, check_rules
 from pipeline.envs.spec.loader import Spec, load_spec
@@ -62,9 +62,9 @@ class SpecEnvironment:
     def available(self, state: JournaledDoc, tool: str, turn: int) -> bool:
         return True
 
-    def execute(self, state: JournaledDoc, tool: str, args: dict[str, Any], call: Call) -> Outcome:
+    def execute(self, state: JournaledDoc, tool: str, args: dict[str, Any] | None, call: Call) -> Outcome:
         rules = self.spec.tools[tool]
-        ctx: dict[str, Any] = {"args": args, "state": state.doc}
+        ctx: dict[str, Any] = {"args": captured(args, tool), "state": state.doc}
         with metered():  # one evaluation budget for the whole call: rules, lets, effects, result
             check = check_rules(rules.preconditions, ctx, unknown_violates=True)
             if check.violated:
@@ -102,7 +102,7 @@ def _apply(state: JournaledDoc, effect: Effect, ctx: dict[str, Any]) -> None:
 
 def _apply_once(state: JournaledDoc, effect: Effect, ctx: dict[str, Any]) -> None:
     container, key = effect.target.locate(ctx)
-    if effect.op == "delete":
+    if effect.value is None:  # a delete, the one effect without a value
         state.delete(container, key)
         return
     value = _fresh(effect.value(ctx))

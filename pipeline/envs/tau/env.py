@@ -12,6 +12,7 @@ import dataclasses
 import importlib
 import json
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import version
 from typing import Any
@@ -20,7 +21,7 @@ import orjson
 
 from pipeline.core.model import Call, Rollout
 from pipeline.core.values import NotExact, json_copy
-from pipeline.envs.base import EnvError, Outcome, ToolInfo, with_effects
+from pipeline.envs.base import EnvError, Outcome, ToolInfo, captured, with_effects
 from pipeline.envs.data import simulator_pins
 from pipeline.envs.tau.journal import CowDict, Journal
 from pipeline.envs.tau.rules import TauRules, policy_failure, spec_folder, tau_effects, view
@@ -116,7 +117,8 @@ class TauEnvironment:
     def available(self, state: TauState, tool: str, turn: int) -> bool:
         return True
 
-    def execute(self, state: TauState, tool: str, args: dict[str, Any], call: Call) -> Outcome:
+    def execute(self, state: TauState, tool: str, args: dict[str, Any] | None, call: Call) -> Outcome:
+        args = captured(args, tool)
         if self.strict and tool in self.rules.policy:
             failure = policy_failure(self.rules.policy[tool], args, state.view)
             if failure:
@@ -223,7 +225,7 @@ def get_item_details(db: Any, item_id: str) -> Any:
     raise ValueError("Item not found")
 
 
-_ARITHMETIC = {
+_ARITHMETIC: dict[type[ast.operator], Callable[[float, float], float]] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
     ast.Mult: operator.mul,
@@ -233,7 +235,7 @@ _ARITHMETIC = {
 _MAX_EXPONENT = 1000  # keeps `**` bounded; the tool's character set allows it
 
 
-def calculate(expression: str) -> str:
+def calculate(expression: object) -> str:  # the agent's argument, of any type
     """The official `calculate` (same character check, result rounded to 2 places), evaluated over the
     arithmetic AST instead of eval."""
     if not isinstance(expression, str) or not all(c in "0123456789+-*/(). " for c in expression):
@@ -243,7 +245,7 @@ def calculate(expression: str) -> str:
 
 
 def _arith(node: ast.AST) -> float | int:
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+    if isinstance(node, ast.Constant) and (type(node.value) is int or type(node.value) is float):
         return node.value
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.UAdd | ast.USub):
         value = _arith(node.operand)

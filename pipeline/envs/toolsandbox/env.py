@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import tomllib
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import cache
 from importlib import metadata
 from pathlib import Path
@@ -30,7 +30,7 @@ import orjson
 
 from pipeline.core.effects import FILE, load_effects
 from pipeline.core.model import NOT_LOGGED, Call, Rollout
-from pipeline.envs.base import EnvError, Outcome, SpecError, ToolInfo, with_effects
+from pipeline.envs.base import EnvError, Outcome, SpecError, ToolInfo, captured, with_effects
 from pipeline.envs.data import BUILTIN_SPECS, files_fingerprint
 from pipeline.envs.document import JournaledDoc
 from pipeline.envs.rules import Precondition, check_rules, compile_field
@@ -147,7 +147,9 @@ def _without(row: dict[str, Any], *keys: str) -> dict[str, Any]:
 
 
 def _seed_message(m: dict[str, Any], at: Callable[[float], float]) -> dict[str, Any]:
-    person = lambda name: seed_id(name) if name else None  # noqa: E731
+    def person(name: str | None) -> str | None:
+        return seed_id(name) if name else None
+
     return {"message_id": seed_id(m["id_payload"]), "sender_person_id": person(m["sender"]),
             "sender_phone_number": m["sender_phone_number"], "recipient_person_id": person(m["recipient"]),
             "recipient_phone_number": m["recipient_phone_number"], "content": m["content"],
@@ -190,9 +192,9 @@ class ToolSandboxEnvironment:
     def available(self, state: JournaledDoc, tool: str, turn: int) -> bool:
         return True
 
-    def execute(self, state: JournaledDoc, tool: str, args: dict[str, Any], call: Call) -> Outcome:
+    def execute(self, state: JournaledDoc, tool: str, args: dict[str, Any] | None, call: Call) -> Outcome:
         ids = state.doc["ids"]
-        args = {k: ids.get(v, v) if isinstance(v, str) else v for k, v in args.items()}
+        args = {k: ids.get(v, v) if isinstance(v, str) else v for k, v in captured(args, tool).items()}
         mark = len(state.journal)
         try:
             for name in self.integers.get(tool, ()):
@@ -265,7 +267,9 @@ def _tz(state: JournaledDoc) -> ZoneInfo:
 
 
 # --- tool bodies: (state, args after id mapping, call) -> output; u.ToolError rejects the call.
-def _search(rows: list[dict[str, Any]], args: dict[str, Any], plan: dict[str, tuple[str, str, float]]) -> list:
+def _search(
+    rows: list[dict[str, Any]], args: dict[str, Any], plan: Mapping[str, tuple[str, str, float]]
+) -> list[dict[str, Any]]:
     for param, (column, how, threshold) in plan.items():
         if param not in args:
             continue
@@ -324,7 +328,7 @@ CONTACT_SEARCH = {
 }
 
 
-def search_contacts(state: JournaledDoc, args: dict[str, Any], call: Call) -> list:
+def search_contacts(state: JournaledDoc, args: dict[str, Any], call: Call) -> list[dict[str, Any]]:
     return _search(state.doc["contact"], args, CONTACT_SEARCH)
 
 
@@ -349,7 +353,7 @@ MESSAGE_SEARCH = {
 }  # fmt: skip
 
 
-def search_messages(state: JournaledDoc, args: dict[str, Any], call: Call) -> list:
+def search_messages(state: JournaledDoc, args: dict[str, Any], call: Call) -> list[dict[str, Any]]:
     return _search(state.doc["messaging"], args, MESSAGE_SEARCH)
 
 
@@ -376,7 +380,7 @@ REMINDER_SEARCH = {
 }  # fmt: skip
 
 
-def search_reminder(state: JournaledDoc, args: dict[str, Any], call: Call) -> list:
+def search_reminder(state: JournaledDoc, args: dict[str, Any], call: Call) -> list[dict[str, Any]]:
     return _search(state.doc["reminder"], args, REMINDER_SEARCH)
 
 
@@ -410,7 +414,8 @@ def current_timestamp(state: JournaledDoc, args: dict[str, Any], call: Call) -> 
             logged = None
     if logged is not None and logged >= clock["now"]:
         state.set(clock, "now", float(logged))
-    return clock["now"]
+    now: float = clock["now"]
+    return now
 
 
 def search_holiday(state: JournaledDoc, args: dict[str, Any], call: Call) -> float | None:
@@ -425,8 +430,12 @@ def _seconds(state: JournaledDoc, args: dict[str, Any], call: Call) -> dict[str,
     return {"hour": info["hour"], "minute": info["minute"], "second": info["second"]}
 
 
+def _to_timestamp(state: JournaledDoc, args: dict[str, Any], call: Call) -> float:
+    year, month, day, hour, minute, second = (args[k] for k in ("year", "month", "day", "hour", "minute", "second"))
+    return u.to_timestamp(year, month, day, hour, minute, second, _tz(state))
+
+
 _DELTAS = ("weeks", "days", "hours", "minutes", "seconds")
-_FIELDS = ("year", "month", "day", "hour", "minute", "second")
 
 TOOLS: dict[str, Callable[[JournaledDoc, dict[str, Any], Call], Any]] = {
     "add_contact": add_contact,
@@ -444,7 +453,7 @@ TOOLS: dict[str, Callable[[JournaledDoc, dict[str, Any], Call], Any]] = {
     "get_current_location": lambda s, a, c: {k: s.doc["setting"][k] for k in ("latitude", "longitude")},
     "get_current_timestamp": current_timestamp,
     "timestamp_to_datetime_info": lambda s, a, c: u.datetime_info(a["timestamp"], _tz(s)),
-    "datetime_info_to_timestamp": lambda s, a, c: u.to_timestamp({k: a[k] for k in _FIELDS}, _tz(s)),
+    "datetime_info_to_timestamp": _to_timestamp,
     "shift_timestamp": lambda s, a, c: u.shift(a["timestamp"], {k: a.get(k, 0) for k in _DELTAS}, _tz(s)),
     "timestamp_diff": lambda s, a, c: u.diff(a["timestamp_0"], a["timestamp_1"], _tz(s)),
     "seconds_to_hours_minutes_seconds": _seconds,

@@ -12,7 +12,7 @@ from rapidfuzz import fuzz, process, utils
 SEARCH_LIMIT = 5  # process.extract's default `limit`, which upstream's fuzzy filter leaves as is
 
 
-def fuzzy_filter(rows: list[dict[str, Any]], column: str, query: str | None, threshold: float) -> list:
+def fuzzy_filter(rows: list[dict[str, Any]], column: str, query: str | None, threshold: float) -> list[dict[str, Any]]:
     """The rows whose `column` matches `query`, best first (ties in row order); a null cell never matches."""
     hits = process.extract(query, [r[column] for r in rows], processor=utils.default_process, scorer=fuzz.WRatio,
                            score_cutoff=threshold, limit=SEARCH_LIMIT)  # fmt: skip

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 from functools import cache
-from typing import Any
+from typing import Any, TypedDict
 from zoneinfo import ZoneInfo
 
 import holidays
@@ -41,20 +41,32 @@ def _timestamp(wall: dt.datetime, tz: ZoneInfo) -> float:
     return wall.replace(tzinfo=tz, fold=0).timestamp()
 
 
-def datetime_info(ts: float, tz: ZoneInfo) -> dict[str, int]:
+class DatetimeInfo(TypedDict):
+    """`timestamp_to_datetime_info`'s output: the local date and time of a timestamp."""
+
+    year: int
+    month: int
+    day: int
+    hour: int
+    minute: int
+    second: int
+    isoweekday: int
+
+
+def datetime_info(ts: float, tz: ZoneInfo) -> DatetimeInfo:
     d = local(ts, tz)
     return {"year": d.year, "month": d.month, "day": d.day, "hour": d.hour, "minute": d.minute,
             "second": d.second, "isoweekday": d.isoweekday()}  # fmt: skip
 
 
-def to_timestamp(fields: dict[str, int], tz: ZoneInfo) -> float:
+def to_timestamp(year: int, month: int, day: int, hour: int, minute: int, second: int, tz: ZoneInfo) -> float:
     try:
-        return _timestamp(dt.datetime(**fields), tz)
+        return _timestamp(dt.datetime(year, month, day, hour, minute, second), tz)
     except (ValueError, OverflowError, OSError) as exc:
         raise _failed(exc) from exc
 
 
-def shift(ts: float, deltas: dict[str, int], tz: ZoneInfo) -> float:
+def shift(ts: float, deltas: dict[str, float], tz: ZoneInfo) -> float:
     try:
         return _timestamp(local(ts, tz).replace(tzinfo=None) + dt.timedelta(**deltas), tz)
     except (ValueError, OverflowError, OSError) as exc:
@@ -100,7 +112,8 @@ def geodesic_km(lat0: float, lon0: float, lat1: float, lon1: float) -> float:
     import geopy.distance  # here, not at the top: geopy's package import loads its geocoders (~0.3 s)
 
     try:
-        return geopy.distance.distance((lat0, lon0), (lat1, lon1)).kilometers
+        km: float = geopy.distance.distance((lat0, lon0), (lat1, lon1)).kilometers
+        return km
     except (ValueError, TypeError) as exc:
         raise _failed(exc) from exc
 
