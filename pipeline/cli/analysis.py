@@ -36,7 +36,6 @@ from pipeline.cli.options import (
 from pipeline.cli.render import (
     console,
     json_lines,
-    literal,
     metrics_notes,
     metrics_table,
     out,
@@ -46,6 +45,7 @@ from pipeline.cli.render import (
     print_table,
 )
 from pipeline.core.errors import PexecError
+from pipeline.core.text import literal
 from pipeline.metrics.completeness import Coverage
 from pipeline.metrics.query import MAX_ROWS_LIMIT, QueryLimits, read_statements, stream_sql
 from pipeline.metrics.run import Run
@@ -247,7 +247,7 @@ def diff(
 
 
 def _paired(
-    a: Run, b: Run, asked: MetricsSettings, fail_on: list[str], as_json: bool, shared: tuple[int, ...]
+    a: Run, b: Run, asked: MetricsSettings, fail_on: list[str], as_json: bool, shared: tuple[int, int, int]
 ) -> list[str]:
     from pipeline.cli.verdicts import paired
 

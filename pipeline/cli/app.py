@@ -6,15 +6,16 @@ import warnings
 from importlib.metadata import version
 from typing import Annotated, Any
 
-import click
 import typer
 from rich.text import Text
+from typer._click.core import Command, Context  # typer 0.29 vendors click: its group takes these types
 from typer.core import TyperGroup
 
 from pipeline.cli import analysis, bench, envs, guard, guard_replay, jobs, publish, scoring, stores
-from pipeline.cli.render import console, literal, show_warning
+from pipeline.cli.render import console, show_warning
 from pipeline.core.errors import PexecError
 from pipeline.core.settings import SettingError
+from pipeline.core.text import literal
 
 warnings.showwarning = show_warning
 
@@ -24,7 +25,7 @@ class _Commands(TyperGroup):
     one line and exits 2, a setting's (SettingError) naming the option that set it. Any other exception is a bug
     and keeps its traceback."""
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: Context) -> Any:
         try:
             return super().invoke(ctx)
         except SettingError as exc:
@@ -39,7 +40,7 @@ class _Commands(TyperGroup):
             raise
 
 
-def _option(command: click.Command | None, exc: SettingError) -> str:
+def _option(command: Command | None, exc: SettingError) -> str:
     """The option of the command's parameter named as the setting's key (`--spec-dir` for `spec_dirs`), else the
     key with dashes (the option of a sub-command's setting, such as `guard serve --policy`)."""
     params = command.params if command is not None else []

@@ -9,8 +9,9 @@ from rich.table import Table
 from rich.text import Text
 
 from pipeline.cli.options import SpecDir
-from pipeline.cli.render import literal, out
+from pipeline.cli.render import out
 from pipeline.core.errors import PexecError
+from pipeline.core.text import literal
 from pipeline.envs import EnvOptions
 
 

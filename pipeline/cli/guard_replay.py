@@ -4,16 +4,17 @@ recorded traffic (pipeline.guard.replay), as a summary, a Markdown/HTML page and
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Annotated
+from typing import Annotated, Any
 
 import orjson
 import typer
 
 from pipeline.cli.options import EndpointUrl, SpecDir, StorageOption, pairs, storage
-from pipeline.cli.render import console, json_lines, literal, out
+from pipeline.cli.render import console, json_lines, out
 from pipeline.core.errors import PexecError
 from pipeline.core.model import Rollout
 from pipeline.core.records import parse_rollout
+from pipeline.core.text import literal
 
 # What --fail-on can name: the report's totals (pipeline.guard.replay.ReplayReport.totals).
 FAIL_ON = ("refused", "false_refusals", "caught", "newly_refused", "released")
@@ -73,12 +74,12 @@ def replay(
         raise typer.Exit(1)
 
 
-def _rollouts(records: Iterator[dict]) -> Iterator[Rollout]:
+def _rollouts(records: Iterator[dict[str, Any]]) -> Iterator[Rollout]:
     for record in records:  # ingest has checked each record is a scorable rollout
         yield parse_rollout(record)
 
 
-def _write(folder: str, options: dict | None, md: str, page: str, data: dict) -> None:
+def _write(folder: str, options: dict[str, Any] | None, md: str, page: str, data: dict[str, Any]) -> None:
     from pipeline.storage.fs import open_for_write
 
     for name, body in (("replay.md", md.encode()), ("replay.html", page.encode()), ("replay.json", orjson.dumps(data))):

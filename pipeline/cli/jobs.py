@@ -11,8 +11,9 @@ from rich.table import Table
 
 from pipeline.cli.analysis import alert
 from pipeline.cli.options import DashboardAddress, Force, JobFile, OnDate, RayAddress, Reading, Submission
-from pipeline.cli.render import console, literal, metrics_notes, metrics_table, out, print_diff, print_table
+from pipeline.cli.render import console, metrics_notes, metrics_table, out, print_diff, print_table
 from pipeline.cli.scoring import ScoreProgress, summary, unwind_on_sigterm
+from pipeline.core.text import literal
 
 
 def run(

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from pipeline.cli.options import EndpointUrl, ScoredRun, StorageOption, storage
-from pipeline.cli.render import console, literal
+from pipeline.cli.render import console
+from pipeline.core.text import literal
 
 if TYPE_CHECKING:
     from pipeline.integrations.verdicts import PublishReport

@@ -23,11 +23,13 @@ import sys
 import tomllib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import typer.main
 from typer._click import Command, Context, Parameter
+from typer.core import TyperArgument, TyperOption
 from typer.core import TyperGroup as Group
 
 from pipeline.cli import app
@@ -72,7 +74,7 @@ _KINDS = {
 }
 
 
-def _kind(param: Parameter, context: Context) -> str:
+def _kind(param: TyperOption | TyperArgument, context: Context) -> str:
     shown = param.display_type(context).strip("<>").removesuffix(" range")
     return _KINDS.get(shown, shown.upper())
 
@@ -81,6 +83,7 @@ def _value(param: Parameter, context: Context) -> str:
     """The value an option or argument takes: its kind, its range, whether it repeats; `flag` for a switch."""
     if getattr(param, "is_flag", False):
         return "flag"
+    assert isinstance(param, TyperOption | TyperArgument), "every pexec command is declared through typer"
     kind = _kind(param, context)
     if param.min is not None and param.max is not None:
         kind += f" {param.min}–{param.max}"
@@ -137,7 +140,8 @@ def _synopsis(entry: Entry) -> str:
         if p.param_type_name == "argument":
             name = p.name.upper() + ("…" if p.nargs == -1 else "")
             words.append(name if p.required else f"[{name}]")
-    words += [f"{p.opts[0]} {_kind(p, entry.context)}" for p in params if p.param_type_name == "option" and p.required]
+    required = [p for p in params if isinstance(p, TyperOption) and p.required]
+    words += [f"{p.opts[0]} {_kind(p, entry.context)}" for p in required]
     if any(p.param_type_name == "option" and not p.required for p in params):
         words.append("[OPTIONS]")
     if isinstance(entry.command, Group):
@@ -156,7 +160,7 @@ def cli_entry(entry: Entry) -> str:
     if params:
         lines += ["| argument or option | value | default | meaning |", "|---|---|---|---|"]
         for p in params:
-            meaning = p.help or ""
+            meaning = getattr(p, "help", None) or ""  # options and arguments have it, click's base does not
             if p.envvar:
                 meaning += f" Also read from `${p.envvar}`."
             cells = [f"`{_name(p)}`", _value(p, entry.context), _default(p), _cell(meaning) or "–"]
@@ -376,7 +380,7 @@ def _builders() -> dict[tuple[str, str], Callable[[], str]]:
 
     builders: dict[tuple[str, str], Callable[[], str]] = {}
     for entry in commands():
-        builders[("cli.md", f"cli {entry.words}".strip())] = lambda e=entry: cli_entry(e)
+        builders[("cli.md", f"cli {entry.words}".strip())] = partial(cli_entry, entry)
     builders[("run-folder.md", "schema")] = run_schema.markdown
     builders[("run-folder.md", "files")] = run_folder.markdown
     builders[("metrics.md", "metrics")] = metric_catalogue.markdown
@@ -430,11 +434,16 @@ def write(root: Path) -> list[str]:
     for page, wanted in expected().items():
         path = root / page
         text = path.read_text(encoding="utf-8")
-        new = BLOCK.sub(lambda m, w=wanted: _block(m.group(1), w[m.group(1)]) if m.group(1) in w else m.group(0), text)
+        new = BLOCK.sub(partial(_rewritten, wanted), text)
         if new != text:
             path.write_text(new, encoding="utf-8")
             changed.append(str(page))
     return changed
+
+
+def _rewritten(wanted: dict[str, str], match: re.Match[str]) -> str:
+    """A block as its builder writes it now, or as it stands when no builder knows its name."""
+    return _block(match.group(1), wanted[match.group(1)]) if match.group(1) in wanted else match.group(0)
 
 
 def _block(name: str, body: str) -> str:

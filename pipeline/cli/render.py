@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import csv
 import sys
-from typing import Any
+from typing import Any, Literal, TextIO, cast
 
 import orjson
 from rich.console import Console
@@ -27,8 +27,17 @@ from pipeline.metrics.settings import harness_note, replay_note
 console = Console(stderr=True, markup=False, emoji=False, highlight=False)  # messages, progress, notices
 out = Console(width=None if sys.stdout.isatty() else 200, markup=False, emoji=False, highlight=False)  # results
 
+_ColorSystem = Literal["auto", "standard", "256", "truecolor", "windows"] | None
 
-def show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, *_: Any) -> None:
+
+def show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
     """`warnings.showwarning` for the command line: library warnings quote data too (matplotlib names a label's
     glyphs it cannot draw)."""
     console.print(literal(f"{filename}:{lineno}: {category.__name__}: {message}"), soft_wrap=True)
@@ -51,7 +60,8 @@ def print_table(table: Table) -> None:
     wide = Console(
         file=out.file,
         width=100_000,
-        color_system=out.color_system,
+        # The property names one of the systems the constructor takes (rich types it as any str).
+        color_system=cast(_ColorSystem, out.color_system),
         force_terminal=out.is_terminal,
         markup=False,
         emoji=False,
@@ -60,7 +70,7 @@ def print_table(table: Table) -> None:
     wide.print(table)
 
 
-def metrics_table(cohorts: list[dict]) -> Table:
+def metrics_table(cohorts: list[dict[str, Any]]) -> Table:
     # The cohort's key columns: everything of a cohort dict that is not a count, a metric or a setting.
     labels = [k for k in (cohorts[0] if cohorts else {}) if k != "benchmark" and k not in cohort_fields()]
     # The catalogue's table metrics, with the curves last (PEC@1 and PEC@3) to fit a terminal.
@@ -86,7 +96,7 @@ def metrics_table(cohorts: list[dict]) -> Table:
     return table
 
 
-def metrics_notes(cohorts: list[dict]) -> list[str]:
+def metrics_notes(cohorts: list[dict[str, Any]]) -> list[str]:
     """What the table's populations and markers mean (the report says the same: pipeline.report.layout)."""
     notes = [
         "success and RR: over the rollouts with a verdict (no verdict: left out); TER, AUC-PEC, PEC: all N.",
@@ -99,7 +109,7 @@ def metrics_notes(cohorts: list[dict]) -> list[str]:
     return [*notes, harness_note(cohorts), replay_note(cohorts)]
 
 
-def _ci(m: dict) -> str:
+def _ci(m: dict[str, Any]) -> str:
     if m.get("value") is None:
         return "–"
     mark = f" {intervals.MARK}" if m.get("method") == intervals.WILSON else ""

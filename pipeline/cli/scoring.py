@@ -11,8 +11,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from pipeline.cli.options import EndpointUrl, Force, Policy, RayAddress, SpecDir, StorageOption, pairs, storage
-from pipeline.cli.render import console, literal
+from pipeline.cli.render import console
 from pipeline.core.run_folder import Manifest, ShardMarker
+from pipeline.core.text import literal
 from pipeline.replay.checker import CHECKS
 from pipeline.scoring.driver import ShardPlan, run_scoring
 from pipeline.scoring.settings import (

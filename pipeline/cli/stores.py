@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -23,8 +23,9 @@ from pipeline.cli.options import (
     storage,
     write_mode,
 )
-from pipeline.cli.render import console, literal, out
+from pipeline.cli.render import console, out
 from pipeline.core.errors import PexecError
+from pipeline.core.text import literal
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
 
@@ -103,8 +104,9 @@ def ingest(
     OTel spans partitioned by conversation first), here or in Ray tasks (`--ray`), and written in source order.
     All or nothing: a part of a log that is not a rollout stops the ingest and nothing is written.
     `--option help` lists the options of FORMAT instead: nothing is read or written."""
-    from pipeline.ingest import IngestOptions, accepted_options, checked, get_format
+    from pipeline.ingest import IngestOptions, accepted_options, checked
     from pipeline.ingest import ingest as run_ingest
+    from pipeline.ingest.registry import get_format
     from pipeline.ingest.sharded import raw_source
     from pipeline.scoring.convert import Executor, converted
 
@@ -124,7 +126,7 @@ def ingest(
     settings = IngestOptions(labels=pairs(label, "--label"), extra=extra, storage_options=options)
     harness_errors = orphans = orphaned = 0
 
-    def counted(records: Iterator[dict]) -> Iterator[dict]:
+    def counted(records: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         nonlocal harness_errors, orphans, orphaned
         for record in records:
             harness_errors += record.get("status") == "harness_error"
@@ -135,7 +137,7 @@ def ingest(
     if not get_format(fmt).reads_files:  # a trace store: read here, through its own client
         records = counted(run_ingest(fmt, [], settings))
     else:
-        source = raw_source(fmt, sources, settings)
+        source = raw_source(fmt, sources or [], settings)
         executor = Executor("ray" if ray or address else "inline", address)
         scratch = f"{out_store.rstrip('/')}/.shuffle-{uuid.uuid4().hex[:8]}"  # a shuffle's partitions, hidden
         records = counted(checked(fmt, converted(source, executor, scratch), source.allow_no_calls, validate=False))

@@ -34,6 +34,12 @@ class SettingError(PexecError, ValueError):
         return name + str(self)[len(self.key) :]
 
 
+def is_whole(value: object) -> bool:
+    """An int, not a bool: a setting's declared type is checked at run time, since job files and callers can put
+    anything there."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def is_number(value: Any) -> bool:
     """An int or a float, not a bool (TOML and JSON booleans are ints to Python)."""
     return isinstance(value, int | float) and not isinstance(value, bool)

@@ -139,11 +139,13 @@ def submit_job(job_file: Path, job: Job, address: str, runtime: str | None = Non
         if plan.ship_package:
             runtime_env["py_modules"] = [str(p) for p in unpacked(build_wheel(Path(folder)), Path(folder) / "package")]
         with _jobs_api(f"submit to {address}"):
-            return _client(address).submit_job(
-                entrypoint=plan.entrypoint,
-                runtime_env=runtime_env,
-                submission_id=f"pexec-{job.name}-{job.date}-{datetime.now(UTC):%H%M%S}",
-                metadata={"job": job.name, "date": job.date, "runtime": runtime},
+            return str(
+                _client(address).submit_job(
+                    entrypoint=plan.entrypoint,
+                    runtime_env=runtime_env,
+                    submission_id=f"pexec-{job.name}-{job.date}-{datetime.now(UTC):%H%M%S}",
+                    metadata={"job": job.name, "date": job.date, "runtime": runtime},
+                )
             )
 
 
@@ -199,10 +201,10 @@ def job_status(address: str, submission: str) -> str:
 def job_logs(address: str, submission: str) -> str:
     """The driver log of a submitted job."""
     with _jobs_api(f"get the logs of {submission} from {address}"):
-        return _client(address).get_job_logs(submission)
+        return str(_client(address).get_job_logs(submission))
 
 
-def follow_job(address: str, submission: str, write: Callable[[str], None], poll: float = 1.0) -> str:
+def follow_job(address: str, submission: str, write: Callable[[str], object], poll: float = 1.0) -> str:
     """Write the driver log as it grows until the job ends; returns its final state."""
     client = _client_for(address)
     shown = 0

@@ -21,6 +21,7 @@ from pipeline.core.settings import (
     check_one_of,
     check_whole,
     is_number,
+    is_whole,
 )
 
 _UINT32 = 2**32
@@ -51,9 +52,9 @@ class BootstrapSettings:
     level: float = 0.95
 
     def __post_init__(self) -> None:
-        if isinstance(self.B, bool) or not isinstance(self.B, int) or not 1 <= self.B <= MAX_B:
+        if not is_whole(self.B) or not 1 <= self.B <= MAX_B:
             raise MetricsSettingError("bootstrap", f"bootstrap B must be 1 to {MAX_B:,}, got {self.B!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < _UINT32:
+        if not is_whole(self.seed) or not 0 <= self.seed < _UINT32:
             raise MetricsSettingError("seed", f"seed must be in [0, 2**32), got {self.seed!r}")
         check_one_of("method", self.method, METHODS, MetricsSettingError)
         if not is_number(self.level) or not 0 < self.level < 1:

@@ -8,6 +8,7 @@ reads as its steps: plan, take the lease, reuse, score and gather ids, score lat
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -87,7 +88,7 @@ class ScoringFailed(PexecError, RuntimeError):
 def plan(
     store: str,
     shard_bytes: int = DEFAULT_SHARD_BYTES,
-    storage_options: dict | None = None,
+    storage_options: dict[str, Any] | None = None,
     source: RawSource | None = None,
 ) -> ShardPlan:
     """The shards of a canonical store, or of raw logs (`source`, its format's own plan)."""
@@ -96,8 +97,8 @@ def plan(
             shards = plan_raw(source, shard_bytes)
         except IngestError as exc:
             raise ScoringFailed(str(exc)) from exc
-        files = {s.file.url: s.file.size for s in shards}
-        return ShardPlan(len(files), shards, [], sum(files.values()))
+        sizes = {s.file.url: s.file.size for s in shards}
+        return ShardPlan(len(sizes), shards, [], sum(sizes.values()))
     files, ignored = list_inputs(store, storage_options)
     shards = plan_shards(files, shard_bytes, storage_options)
     return ShardPlan(len(files), shards, ignored, sum(f.size for f in files))
@@ -384,9 +385,8 @@ class _Tasks:
                 except OSError as exc:
                     raise ScoringFailed(_failed(shard, exc)) from exc
             return out
-        import ray
 
-        task = ray.remote(max_retries=3, retry_exceptions=[OSError])(fn)
+        task = _remote(fn)
         return [r for _, r in completed(shards, lambda s: task.remote(s, *args), 2 * self.cpus(), self.still_held)]
 
     def cpus(self) -> int:
@@ -517,7 +517,7 @@ def _on_ray(
     import ray
 
     _start_ray(address, num_cpus)
-    task = ray.remote(**_RETRIES)(score_shard)
+    task = _remote(score_shard)
     window = 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))  # every CPU busy and one task queued for it
 
     def submit(shard: Shard) -> Any:
@@ -536,6 +536,14 @@ def _on_ray(
     return out
 
 
+def _remote(fn: Callable[..., Any]) -> Any:
+    """`fn` as a Ray task retried on storage errors (OSError: a failed read or write is worth a retry, a bug is
+    not)."""
+    import ray
+
+    return ray.remote(**_RETRIES)(fn)
+
+
 def _start_ray(address: str | None, num_cpus: int | None) -> None:
     import ray
 
@@ -545,7 +553,7 @@ def _start_ray(address: str | None, num_cpus: int | None) -> None:
             address=address,
             num_cpus=num_cpus if address is None else None,
             include_dashboard=False,
-            logging_level="WARNING",
+            logging_level=logging.WARNING,
         )
 
 
