@@ -5,7 +5,8 @@ They are plain dicts, as users receive them; these TypedDicts say what each key 
 cohort's values: `benchmark`, then the condition labels (or attributes) it was grouped by (`Labelled`). Those
 after `benchmark` are the run's own column names, which a TypedDict cannot declare: a row is made by `labelled` (its
 one unchecked step) and its cohort read back by `key_values`. tests/test_catalogue.py checks that the declared keys
-are the ones the code writes (pipeline.metrics.cohorts.cohort_fields, pipeline.metrics.tool_profiles.TOOL_FIELDS).
+are the ones the code writes besides the catalogue's metrics (pipeline.metrics.cohorts.cohort_fields,
+pipeline.metrics.tool_profiles.TOOL_FIELDS).
 """
 
 from __future__ import annotations
@@ -61,7 +62,10 @@ class Labelled(TypedDict):
 class Cohort(Labelled):
     """One cohort's metrics (pipeline.metrics.cohorts.compute_metrics), after its label values: the counts of
     pipeline.core.run_schema.COHORT_COUNTS and POPULATION, then one entry per metric of the catalogue
-    (pipeline.core.metric_catalogue, in its order), then the bootstrap settings and what a partial read covers."""
+    (pipeline.core.metric_catalogue, in its order), then the bootstrap settings and what a partial read covers.
+
+    The metrics are declared once, in the catalogue: each ratio metric's entry is an Interval under its name
+    (`ratio` reads it), and the one curve is `pec`."""
 
     n: int  # started rollouts the metrics count
     n_tasks: int
@@ -71,22 +75,7 @@ class Cohort(Labelled):
     n_harness_error: int  # counted over every scored rollout, counted in N or not
     harness_errors: HarnessErrors
     strict_replay: bool
-    success: Interval
-    ter: Interval
-    auc_pec: Interval
-    pec: list[PecPoint]  # k = 0 .. K
-    rr: Interval
-    success_given_executable: Interval
-    successes_after_invalid_prefix: Interval
-    output_match: Interval
-    write_auc: Interval
-    irreversible_invalid: Interval
-    weighted_auc_pec: Interval
-    unclassified: Interval
-    ter_s: Interval
-    auc_pec_s: Interval
-    ter_sd: Interval
-    auc_pec_sd: Interval
+    pec: list[PecPoint]  # PEC(k), k = 0 .. K
     bootstrap: CohortBootstrap
     partial: CoverageJSON | None  # None for a complete run
 
@@ -129,7 +118,7 @@ def key_values(row: Mapping[str, object], keys: Iterable[str]) -> Key:
 
 
 def ratio(cohort: Cohort, name: str) -> Interval:
-    """The interval of the catalogue's ratio metric `name` (pipeline.core.metric_catalogue.ratios()): a key of
-    Cohort the checker cannot resolve from a name known only when the code runs."""
+    """The interval of the catalogue's ratio metric `name` (pipeline.core.metric_catalogue.ratios()), a key of
+    the cohort that only the catalogue declares."""
     entries: Mapping[str, object] = cohort
-    return cast(Interval, entries[name])  # every ratio metric's entry is an Interval (the Cohort keys above)
+    return cast(Interval, entries[name])  # compute_metrics puts an Interval under every ratio metric's name

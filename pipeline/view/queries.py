@@ -92,7 +92,10 @@ class Filters:
         """Filters from URL query pairs; `label_cols`: the columns a cohort filter may name (benchmark and the
         run's label columns). Unknown columns and malformed values are refused, never ignored."""
         labels: list[tuple[str, str | None]] = []
-        cause = tool = status = success = None
+        cause: str | None = None
+        tool: str | None = None
+        status: str | None = None
+        success: str | None = None
         fed: int | None = None
         mismatch: bool | None = None
         for key, value in params:
@@ -121,7 +124,9 @@ class Filters:
                 if value not in ("0", "1"):
                     raise ViewError(f"mismatch must be 0 or 1, got {value!r}")
                 mismatch = value == "1"
-        return cls(tuple(labels), cause, tool, fed, success, mismatch, status)
+        return cls(
+            labels=tuple(labels), cause=cause, tool=tool, fed=fed, success=success, mismatch=mismatch, status=status
+        )
 
 
 @dataclass(frozen=True)
