@@ -12,6 +12,7 @@ import resource
 import shutil
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict, cast
@@ -36,7 +37,7 @@ from pipeline.synthetic.rollouts import synthesize
 NAIVE = "the naive baseline of `pexec bench replay`"
 
 
-def naive_replay(env: SpecEnvironment, record: dict[str, Any]) -> list[bool]:
+def naive_replay(env: SpecEnvironment, record: Mapping[str, Any]) -> list[bool]:
     """The straightforward loop: validate with jsonschema, snapshot the whole state before every step."""
     jsonschema = dev_dependency("jsonschema", NAIVE)
     state = JournaledDoc(copy.deepcopy(env.spec.initial_state))

@@ -104,7 +104,7 @@ def fed_rows(fed: list[FedShare], label: Label) -> list[list[Any]]:
 def cause_rows(causes: list[CauseShare], label: Label) -> list[list[Any]]:
     """[benchmark, condition, cause, n, share] in the fixed cause order (docs/explanation/causes.md), unknown labels
     last."""
-    rank = {c: i for i, c in enumerate(CAUSES)}
+    rank: dict[str, int] = {c: i for i, c in enumerate(CAUSES)}  # a row's cause may be none of them ("unknown")
     ordered = sorted(causes, key=lambda r: (r["benchmark"], label(r), rank.get(r["cause"], len(rank)), r["cause"]))
     return [[r["benchmark"], label(r), r["cause"], r["n"], r["share"]] for r in ordered]
 
