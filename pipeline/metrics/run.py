@@ -18,7 +18,7 @@ import duckdb
 from pipeline.core.arrow import pa
 from pipeline.core.text import public_url
 from pipeline.metrics.cohorts import compute_metrics, metrics_tables, write_metrics
-from pipeline.metrics.completeness import Coverage, Snapshot, take_snapshot
+from pipeline.metrics.completeness import CoverageJSON, Snapshot, take_snapshot
 from pipeline.metrics.duck import connect, run_sql, set_variables
 from pipeline.metrics.population import open_population
 from pipeline.metrics.query import QueryLimits, sql
@@ -43,9 +43,11 @@ class Run:
         return self.snapshot.describe()
 
     @property
-    def partial(self) -> Coverage | None:
-        """None for a complete run; else what a partial read covers (shards, rollouts, incomplete runs)."""
-        return self.snapshot.partial()
+    def partial(self) -> CoverageJSON | None:
+        """None for a complete run; else what a partial read covers (shards, rollouts, incomplete runs), as the
+        `partial` object of every JSON output (`snapshot.partial()` gives it as a Coverage)."""
+        covered = self.snapshot.partial()
+        return None if covered is None else covered.as_json()
 
     def rollouts(self) -> pa.Table:
         """One row per scored rollout (the run's `rollouts` table, every row as scored)."""

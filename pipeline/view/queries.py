@@ -189,7 +189,7 @@ class RunView:
         self.settings = settings
         self.root = run.snapshot.root
         # Of a partial run only committed shards are read, and every page says what they cover.
-        covered = run.partial
+        covered = run.snapshot.partial()
         self.coverage_note = covered.describe() if covered else ""
         self._stack = ExitStack()
         self.con = self._stack.enter_context(run.connect())
