@@ -17,8 +17,11 @@ from typer.testing import CliRunner
 
 from pipeline.cli import app
 from pipeline.core import metric_catalogue, run_schema
+from pipeline.metrics.cohorts import cohort_fields
+from pipeline.metrics.results import Cohort, Interval, ToolProfile, ratio
 from pipeline.metrics.run import open_run
 from pipeline.metrics.settings import BootstrapSettings
+from pipeline.metrics.tool_profiles import TOOL_FIELDS
 from pipeline.report import Compare, build_report
 
 INVALID_SHARE = metric_catalogue.Metric(
@@ -98,3 +101,23 @@ def test_part_files_follow_the_run_schema(run: Path) -> None:
     rollouts = pq.read_table(run / "rollouts").schema
     costs = [n for n in rollouts.names if n.startswith("cost_")]
     assert costs and rollouts.remove_metadata() == run_schema.arrow_schema(run_schema.ROLLOUTS, labels, costs)
+
+
+def test_the_result_types_declare_every_key_the_code_writes(run: Path, extra_metric: metric_catalogue.Metric) -> None:
+    """pipeline.metrics.results names what `metrics --json` and the per-tool profiles hold: a cohort's (and a
+    profile's) keys are its cohort columns, then exactly the keys the TypedDict declares and, for a cohort, one
+    Interval per ratio metric of the catalogue (a metric added there, as the fixture does, needs nothing else)."""
+    opened = open_run(str(run))
+    cohort = opened.cohorts(["model"], BootstrapSettings(B=20))[0]
+    declared = Cohort.__required_keys__ | Cohort.__optional_keys__
+    ratios = {m.name for m in metric_catalogue.ratios()}
+    assert list(cohort)[:2] == ["benchmark", "model"] and extra_metric.name in ratios
+    assert set(cohort) - {"model"} == declared | ratios == {"benchmark", *cohort_fields()}
+    interval_keys = Interval.__required_keys__ | Interval.__optional_keys__
+    for name in ratios:
+        assert {"value", "lo", "hi"} <= set(ratio(cohort, name)) <= interval_keys
+    assert set(ratio(cohort, "rr")) == {"value", "lo", "hi", "method", "eligible"}
+    profile = opened.tool_profiles(["model"], BootstrapSettings(B=20))[0]
+    declared = ToolProfile.__required_keys__ | ToolProfile.__optional_keys__
+    assert list(profile)[:3] == ["benchmark", "tool", "model"]
+    assert set(profile) - {"model"} == declared == {"benchmark", "tool", *TOOL_FIELDS}

@@ -114,8 +114,10 @@ def test_partial_states_the_coverage_on_disk(killed: tuple[Path, Path], tmp_path
         "incomplete_runs": [str(run)],
     }
     assert scored == len(keys) * PER_FILE and rejected == 0
-    cohorts = open_run(str(run), partial=True).cohorts([], FAST)
+    opened = open_run(str(run), partial=True)
+    cohorts = opened.cohorts([], FAST)
     assert [c["partial"] for c in cohorts] == [expected] and cohorts[0]["n"] == scored
+    assert opened.partial == expected  # Run.partial: the same JSON object
 
     # --json: one `partial` object per cohort; the table: a warning line; metrics.parquet: its columns.
     result = cli("metrics", str(run), "--partial", "--json", "--bootstrap", "50", "--by", "model")

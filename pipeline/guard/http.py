@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import asdict
-from typing import Any
+from typing import TypedDict
 
 import anyio
 import anyio.to_thread
@@ -25,8 +25,8 @@ from starlette.routing import Route
 
 from pipeline.core.errors import PexecError
 from pipeline.core.records import InvalidRecord
-from pipeline.guard.service import Guard, GuardRequestError, parse_call
-from pipeline.guard.session import SessionFull
+from pipeline.guard.service import Body, Guard, GuardRequestError, SessionCounts, StatelessVerdict, parse_call
+from pipeline.guard.session import SessionFull, VerdictJSON
 from pipeline.web import ServerLimits, WebGuard, allowed_hosts, run_server
 from pipeline.web import require_token as _require_token
 from pipeline.web.server import DEFAULT_LIMITS, WebServerError
@@ -34,13 +34,39 @@ from pipeline.web.server import DEFAULT_LIMITS, WebServerError
 MAX_BODY = DEFAULT_LIMITS.max_body  # a stateless request carries the session's events
 Handler = Callable[[Request], Awaitable[Response]]
 GuardServerError = WebServerError  # the service cannot start as asked (e.g. beyond loopback without a token)
+Answer = Mapping[str, object]  # a response's JSON object
+Endpoint = Callable[[Request, Body], Answer]  # a route's answer to a request and its parsed body
+
+
+class Health(SessionCounts):
+    """`GET /health`: the environment, the sessions now (idle ones expired first) and the limits."""
+
+    environment: str
+    version: str
+    max_sessions: int
+    ttl_s: float
+    max_cache_bytes: int
+
+
+class Created(TypedDict):
+    session: str  # the id the session's requests name
+    environment: str
+    version: str
+
+
+class Depth(TypedDict):
+    depth: int  # calls recorded so far
+
+
+class Closed(Depth):
+    closed: str  # the session's id
 
 
 def require_token(host: str, token: str | None) -> None:
     _require_token(host, token, "the guard")
 
 
-def _json(value: Any, status: int = 200) -> Response:
+def _json(value: Answer, status: int = 200) -> Response:
     return Response(orjson.dumps(value), status_code=status, media_type="application/json")
 
 
@@ -48,7 +74,7 @@ def _error(message: str, status: int) -> Response:
     return _json({"error": message.splitlines()[0] if message else "error"}, status)
 
 
-def _parse(raw: bytes) -> dict[str, Any]:
+def _parse(raw: bytes) -> Body:
     try:
         body = orjson.loads(raw) if raw else {}
     except orjson.JSONDecodeError as exc:
@@ -68,12 +94,12 @@ def create_app(
     WebGuard (`hosts`: the Host values served, None for any; `token`: the bearer token)."""
     worker = anyio.CapacityLimiter(1)  # one thread answers every request but /health, in arrival order
 
-    def answer(handler: Callable[[Request, dict[str, Any]], Any], request: Request, raw: bytes) -> tuple[Any, float]:
+    def answer(handler: Endpoint, request: Request, raw: bytes) -> tuple[Answer, float]:
         body = _parse(raw) if request.method == "POST" else {}
         began = time.perf_counter()
         return handler(request, body), time.perf_counter() - began
 
-    def endpoint(handler: Callable[[Request, dict[str, Any]], Any], status: int = 200, inline: bool = False) -> Handler:
+    def endpoint(handler: Endpoint, status: int = 200, inline: bool = False) -> Handler:
         async def run(request: Request) -> Response:
             try:
                 raw = await request.body()  # already counted and bounded by WebGuard
@@ -98,7 +124,7 @@ def create_app(
 
         return run
 
-    def health(request: Request, body: dict[str, Any]) -> dict[str, Any]:
+    def health(request: Request, body: Body) -> Health:
         limits = guard.limits
         return {
             "environment": guard.name,
@@ -109,19 +135,19 @@ def create_app(
             "max_cache_bytes": limits.max_cache_bytes,
         }
 
-    def create(request: Request, body: dict[str, Any]) -> dict[str, Any]:
+    def create(request: Request, body: Body) -> Created:
         return {"session": guard.create(body), "environment": guard.name, "version": guard.version}
 
-    def check(request: Request, body: dict[str, Any]) -> dict[str, Any]:
+    def check(request: Request, body: Body) -> VerdictJSON:
         session = guard.session(request.path_params["session"])
         return session.check(parse_call(body.get("call"))).to_json()
 
-    def record(request: Request, body: dict[str, Any]) -> dict[str, Any]:
+    def record(request: Request, body: Body) -> Answer:
         session = guard.session(request.path_params["session"])
         call = parse_call(body.get("call"))
-        return asdict(session.record(call, output=call.output, error=call.error))
+        return asdict(session.record(call, output=call.output, error=call.error))  # the StepResult's fields
 
-    def message(request: Request, body: dict[str, Any]) -> dict[str, Any]:
+    def message(request: Request, body: Body) -> Depth:
         session = guard.session(request.path_params["session"])
         role, content, turn = body.get("role"), body.get("content"), body.get("turn", 0)
         if not isinstance(role, str) or not isinstance(content, str) or not isinstance(turn, int):
@@ -129,11 +155,11 @@ def create_app(
         session.message(role, content, turn)
         return {"depth": session.depth}
 
-    def close(request: Request, body: dict[str, Any]) -> dict[str, Any]:
+    def close(request: Request, body: Body) -> Closed:
         session = guard.close(request.path_params["session"])
         return {"closed": request.path_params["session"], "depth": session.depth}
 
-    def stateless(request: Request, body: dict[str, Any]) -> dict[str, Any]:
+    def stateless(request: Request, body: Body) -> StatelessVerdict:
         return guard.check_stateless(body)
 
     async def not_found(request: Request, exc: Exception) -> Response:

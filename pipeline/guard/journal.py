@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 import orjson
 
@@ -19,6 +19,15 @@ from pipeline.core.model import Call, Message, Rollout
 from pipeline.core.records import event_record
 
 JOURNAL = ".journal"
+
+
+class LiveVerdict(TypedDict):
+    """A call's verdict when the proxy checked it, kept with the call under `guard`."""
+
+    valid: bool
+    check: str | None  # the failed check (S, D or P); None when valid
+    cause: str | None
+    schema: Literal["spec", "upstream"] | None  # whose schema decided S; None: the tool has neither
 
 
 def _rollout_record(rollout: Rollout, events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -47,17 +56,17 @@ class RolloutLog:
         self._rollout = rollout
         self._append({"start": _rollout_record(rollout, [])})
 
-    def _append(self, line: dict[str, Any]) -> None:
+    def _append(self, line: dict[str, object]) -> None:
         self._journal.write(orjson.dumps(line) + b"\n")
         self._journal.flush()
 
-    def event(self, event: Call | Message, verdict: dict[str, Any] | None = None) -> None:
+    def event(self, event: Call | Message, verdict: LiveVerdict | None = None) -> None:
         record = event_record(event)
         if verdict is not None:
             record["guard"] = verdict
         self._append({"event": record})
 
-    def note(self, **fields: Any) -> None:
+    def note(self, **fields: object) -> None:
         """A journal-only line (a refused unreadable request, the upstream's death): kept for the audit, and
         summed into the rollout's attributes."""
         self._append({"note": fields})

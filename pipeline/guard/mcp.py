@@ -26,11 +26,12 @@ import secrets
 import shlex
 import time
 from contextlib import AsyncExitStack
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import mcp.types as types
 from mcp import Client, MCPError, stdio_server
+from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 
 from pipeline.core.errors import PexecError
@@ -39,15 +40,23 @@ from pipeline.core.records import InvalidRecord
 from pipeline.envs import EnvOptions
 from pipeline.envs.observed import ObservedEnvironment
 from pipeline.envs.spec.loader import Spec, find_spec, load_spec
-from pipeline.guard.journal import RolloutLog
+from pipeline.guard.journal import LiveVerdict, RolloutLog
 from pipeline.guard.session import GuardSession, GuardVerdict, SessionBudget, SessionFull
-from pipeline.guard.upstream import MAX_LINE, REFUSED_TOOL, HostRequests, UpstreamTransport, upstream_environment
+from pipeline.guard.upstream import (
+    MAX_LINE,
+    REFUSED_TOOL,
+    HostRequests,
+    UpstreamState,
+    UpstreamTransport,
+    upstream_environment,
+)
 
 MESSAGES_META = "pexec/messages"
 UPSTREAM_TIMEOUT = 60.0  # seconds a forwarded call may wait for the upstream's answer
 MAX_RESULT = MAX_LINE  # bytes of one upstream result (its JSON-RPC message)
 # The proxy's one session lasts as long as the host's connection: a larger budget than an HTTP session's.
 MCP_BUDGET = SessionBudget(max_events=100_000, max_bytes=256 * 1024 * 1024)
+Context = ServerRequestContext[Any, Any]  # a request's context in the SDK's server (the proxy reads none of it)
 
 
 class McpProxyError(PexecError):
@@ -67,7 +76,7 @@ def observed_environment(spec: Spec | None) -> ObservedEnvironment:
     )
 
 
-def upstream_schemas(tools: list[types.Tool], spec: Spec | None) -> dict[str, Any]:
+def upstream_schemas(tools: list[types.Tool], spec: Spec | None) -> dict[str, dict[str, Any]]:
     """The upstream schemas that decide S: those of the tools the spec does not declare."""
     declared = spec.tools if spec else {}
     return {t.name: t.input_schema for t in tools if t.name not in declared}
@@ -95,7 +104,7 @@ class GuardProxy:
     def __init__(
         self,
         upstream: Client,
-        state: Any,
+        state: UpstreamState,
         tools: list[types.Tool],
         spec: Spec | None,
         log: str | None,
@@ -119,7 +128,7 @@ class GuardProxy:
                 attributes["upstream_exit"] = str(self.upstream_state.exit_code)
             self.log.close(attributes)
 
-    async def list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+    async def list_tools(self, ctx: Context, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         if self.upstream_state.dead:  # its tools are no longer offered: the host is told why
             raise MCPError(-32000, self._dead())
         return types.ListToolsResult(tools=self.tools)
@@ -127,12 +136,12 @@ class GuardProxy:
     def _dead(self) -> str:
         return f"the upstream MCP server exited (code {self.upstream_state.exit_code}): no tool can run"
 
-    def _schema(self, tool: str) -> str | None:
+    def _schema(self, tool: str) -> Literal["spec", "upstream"] | None:
         if tool in self.spec_tools:
             return "spec"
         return "upstream" if tool in self.session.rollout.env["tools"] else None
 
-    async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def call_tool(self, ctx: Context, params: types.CallToolRequestParams) -> types.CallToolResult:
         if params.name == REFUSED_TOOL:  # a request the transport could not read (pipeline.guard.upstream)
             arguments = params.arguments or {}
             self.refused_requests += 1
@@ -170,7 +179,7 @@ class GuardProxy:
                 self.log.note(refused=params.name, reason=f"its result: {exc}")
             return _tool_error(f"pexec guard: the result of {params.name} cannot be logged: {exc}")
         if self.log is not None:
-            live = {
+            live: LiveVerdict = {
                 "valid": step.valid,
                 "check": step.failed_check,
                 "cause": step.cause,
@@ -193,11 +202,12 @@ class GuardProxy:
         except MCPError as exc:
             return _tool_error(f"the upstream refused {params.name}: {exc}")
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, OSError) as exc:
-            return _tool_error(self._dead() if self.upstream_state.dead else f"the upstream went away: {exc!r}")
+            state = self.upstream_state  # read again: the upstream may have died while the call waited
+            return _tool_error(self._dead() if state.dead else f"the upstream went away: {exc!r}")
 
 
-def _messages(meta: Any) -> list[dict[str, str]]:
-    raw = (meta or {}).get(MESSAGES_META)
+def _messages(meta: types.RequestParamsMeta | None) -> list[dict[str, str]]:
+    raw = dict(meta or {}).get(MESSAGES_META)
     if raw is None:
         return []
     if not isinstance(raw, list) or not all(
@@ -244,6 +254,7 @@ async def serve_proxy(
         server: Server[Any] = Server(
             "pexec-guard", version="1", on_list_tools=proxy.list_tools, on_call_tool=proxy.call_tool
         )
+        # The SDK only iterates its stdin's lines, which HostRequests gives (it is no whole AsyncFile).
         read, write = await stack.enter_async_context(stdio_server(stdin=HostRequests()))  # type: ignore[arg-type]
         await server.run(read, write, server.create_initialization_options())
 

@@ -17,6 +17,7 @@ from ray import serve
 from pipeline.envs import EnvOptions
 from pipeline.guard.http import GuardServerError, create_app
 from pipeline.guard.service import Guard, Limits
+from pipeline.web import WebGuard
 
 # The builder's arguments (Serve config `args`) and their defaults.
 ARGUMENTS: dict[str, Any] = {
@@ -43,7 +44,7 @@ class GuardReplica:
         self._guard = Guard(settings["env"], options, Limits(settings["max_sessions"], settings["ttl_s"]))
         self._token = token
 
-    def __serve_build_asgi_app__(self) -> Any:
+    def __serve_build_asgi_app__(self) -> WebGuard:
         return create_app(self._guard, self._token)
 
 
@@ -57,5 +58,6 @@ def guard_application(args: dict[str, Any]) -> serve.Application:
     if not isinstance(settings["env"], str) or not settings["env"]:
         raise GuardServerError("the guard needs args.env: the environment of every session")
     replicas = settings.pop("num_replicas")
-    deployment = serve.deployment(GuardReplica, name="pexec-guard", num_replicas=replicas)
-    return deployment.bind(settings)
+    deployment = serve.deployment(name="pexec-guard", num_replicas=replicas)(GuardReplica)
+    application: serve.Application = deployment.bind(settings)  # `bind` has unannotated parameters: Any to mypy
+    return application

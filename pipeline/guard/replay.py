@@ -22,7 +22,7 @@ import html
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TypedDict
 
 from pipeline.core.model import NOT_LOGGED, Call, Message, Rollout
 from pipeline.envs import EnvOptions
@@ -38,6 +38,53 @@ ENVIRONMENT = "observed"
 GROUNDING_DETAIL = " occurs in no earlier output or message"  # pipeline.replay.checker's grounding detail
 
 
+class RefusalExample(TypedDict):
+    """A call the guard would refuse under NEW, kept as an example (EXAMPLES per tool and rule)."""
+
+    tool: str
+    rule: str
+    rollout_id: str
+    step: int
+    detail: str | None
+    success: bool | None  # the rollout's own verdict
+    logged_error: bool  # production logged the call as an error
+
+
+class RuleCount(TypedDict):
+    tool: str
+    rule: str
+    calls: int
+
+
+class RulesJSON(TypedDict):
+    refused: list[RuleCount]
+    false_refusals: list[RuleCount]
+    caught: list[RuleCount]
+    newly_refused: list[RuleCount]
+    released: list[RuleCount]
+
+
+class ReplayJSON(TypedDict):
+    """`pexec guard replay --json` (and replay.json): the population, the totals, the counts per tool and rule,
+    the examples."""
+
+    spec: str
+    against: str | None
+    environment: str
+    rollouts: int
+    calls: int
+    logged_errors: int
+    guard_refused: int
+    other_tools: int  # tool names folded into OTHER_TOOLS
+    refused: int
+    false_refusals: int
+    caught: int
+    newly_refused: int
+    released: int
+    by_rule: RulesJSON
+    examples: list[RefusalExample]
+
+
 @dataclass
 class ReplayReport:
     spec: str
@@ -51,7 +98,7 @@ class ReplayReport:
     caught: Counter[tuple[str, str]] = field(default_factory=Counter)  # refused, and an error in production
     newly_refused: Counter[tuple[str, str]] = field(default_factory=Counter)  # NEW refuses, OLD accepted
     released: Counter[tuple[str, str]] = field(default_factory=Counter)  # OLD refused (its rule), NEW accepts
-    examples: dict[tuple[str, str], list[dict[str, Any]]] = field(default_factory=dict)
+    examples: dict[tuple[str, str], list[RefusalExample]] = field(default_factory=dict)
     tools: set[str] = field(default_factory=set)  # the names counted apart (at most MAX_TOOLS)
     other_tools: set[str] = field(default_factory=set)  # names folded into OTHER_TOOLS (kept up to MAX_TOOLS)
     more_other_tools: int = 0  # calls of folded names beyond those kept
@@ -77,10 +124,11 @@ class ReplayReport:
             "released": sum(self.released.values()),
         }
 
-    def to_json(self) -> dict[str, Any]:
-        def rows(counter: Counter[tuple[str, str]]) -> list[dict[str, Any]]:
+    def to_json(self) -> ReplayJSON:
+        def rows(counter: Counter[tuple[str, str]]) -> list[RuleCount]:
             return [{"tool": t, "rule": r, "calls": n} for (t, r), n in sorted(counter.items())]
 
+        totals = self.totals()
         return {
             "spec": self.spec,
             "against": self.against,
@@ -90,7 +138,11 @@ class ReplayReport:
             "logged_errors": self.logged_errors,
             "guard_refused": self.guard_refused,
             "other_tools": len(self.other_tools),
-            **self.totals(),
+            "refused": totals["refused"],
+            "false_refusals": totals["false_refusals"],
+            "caught": totals["caught"],
+            "newly_refused": totals["newly_refused"],
+            "released": totals["released"],
             "by_rule": {
                 "refused": rows(self.refused),
                 "false_refusals": rows(self.false_refusals),
@@ -127,10 +179,19 @@ def replay_traffic(
 
 
 def _replay_one(rollout: Rollout, new: EnvOptions, old: EnvOptions | None, report: ReplayReport) -> None:
-    start = {"rollout_id": rollout.rollout_id, "task_id": rollout.task_id, "labels": rollout.labels}
-    sessions: list[GuardSession] = [open_session(ENVIRONMENT, rollout.env, options=new, **start)]
+    def session(options: EnvOptions) -> GuardSession:
+        return open_session(
+            ENVIRONMENT,
+            rollout.env,
+            options=options,
+            rollout_id=rollout.rollout_id,
+            task_id=rollout.task_id,
+            labels=rollout.labels,
+        )
+
+    sessions = [session(new)]
     if old is not None:
-        sessions.append(open_session(ENVIRONMENT, rollout.env, options=old, **start))
+        sessions.append(session(old))
     try:
         for event in rollout.events:
             if isinstance(event, Message):

@@ -15,7 +15,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import orjson
 
@@ -29,10 +29,37 @@ from pipeline.guard.session import (
     GuardSession,
     SessionBudget,
     SessionFull,
+    VerdictJSON,
     check_event,
     check_start,
     open_session,
 )
+
+# A request's body as the client sent it: decoded JSON, every value checked before it is used.
+Body = dict[str, object]
+
+
+class SessionStart(TypedDict):
+    """What a session starts from (a create request, a stateless request's `start`): a rollout's `env` and the
+    rollout-level fields an environment may read."""
+
+    env: dict[str, Any]  # environment-specific (a rollout's `env` field)
+    rollout_id: str
+    task_id: str
+    labels: dict[str, str]
+
+
+class SessionCounts(TypedDict):
+    sessions: int  # live
+    cached: int  # kept by the stateless cache
+    cached_bytes: int
+
+
+class StatelessVerdict(VerdictJSON):
+    """The answer to a stateless check: the verdict, and how many of the request's events were replayed (the
+    rest came from the cache)."""
+
+    replayed: int
 
 
 class GuardRequestError(PexecError):
@@ -56,7 +83,7 @@ class Limits:
         return SessionBudget(self.max_session_events, self.max_session_bytes)
 
 
-def parse_call(raw: Any) -> Call:
+def parse_call(raw: object) -> Call:
     """A call in the canonical form (docs/reference/canonical-rollout.md, "Fields"): `tool`, `arguments`,
     optional `turn`, `call_id`, `output`, `error`."""
     if not isinstance(raw, dict):
@@ -66,7 +93,7 @@ def parse_call(raw: Any) -> Call:
     return event
 
 
-def parse_start(body: Any) -> dict[str, Any]:
+def parse_start(body: object) -> SessionStart:
     """The session's start: a rollout's `env` and the rollout-level fields an environment may read."""
     if not isinstance(body, dict):
         raise GuardRequestError("the session's start must be an object")
@@ -77,16 +104,11 @@ def parse_start(body: Any) -> dict[str, Any]:
         check_start(env)
     except InvalidRecord as exc:
         raise GuardRequestError(f"'env': {exc}") from exc
-    start = {"env": env}
-    for key in ("rollout_id", "task_id"):
-        value = body.get(key, "guard")
-        if not isinstance(value, str) or not value:
-            raise GuardRequestError(f"{key!r} must be a non-empty string")
-        start[key] = value
+    rollout_id, task_id = (_name(body, key) for key in ("rollout_id", "task_id"))
     labels = body.get("labels", {})
     if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
         raise GuardRequestError("'labels' must be an object of strings")
-    start["labels"] = labels
+    start: SessionStart = {"env": env, "rollout_id": rollout_id, "task_id": task_id, "labels": labels}
     try:  # the rest of what the batch scorer requires of a record's start (label names, say)
         parse_rollout({**start, "benchmark": "guard", "events": []})
     except InvalidRecord as exc:
@@ -94,7 +116,14 @@ def parse_start(body: Any) -> dict[str, Any]:
     return start
 
 
-def _event(raw: Any, where: str) -> Call | Message:
+def _name(body: dict[str, object], key: str) -> str:
+    value = body.get(key, "guard")
+    if not isinstance(value, str) or not value:
+        raise GuardRequestError(f"{key!r} must be a non-empty string")
+    return value
+
+
+def _event(raw: object, where: str) -> Call | Message:
     try:
         return parse_event(raw, where)
     except InvalidRecord as exc:
@@ -123,7 +152,7 @@ class Guard:
         self.version = get_environment(name, self.options).version  # an unknown name fails here, once
 
     # -- live sessions ------------------------------------------------------------------------------------
-    def create(self, body: dict[str, Any]) -> str:
+    def create(self, body: Body) -> str:
         start = parse_start(body)
         with self._lock:
             self._expire()
@@ -173,7 +202,7 @@ class Guard:
         """Bytes of events the stateless cache's sessions hold."""
         return self._cache_bytes
 
-    def counts(self) -> dict[str, int]:
+    def counts(self) -> SessionCounts:
         """Live and cached sessions now, the idle ones expired first (what `/health` reports)."""
         with self._lock:
             self._expire()
@@ -211,14 +240,14 @@ class Guard:
         self._cache_bytes -= session.bytes
         session.close()
 
-    def _open(self, start: dict[str, Any]) -> GuardSession:
+    def _open(self, start: SessionStart) -> GuardSession:
         try:
             return open_session(self.name, **start, options=self.options, pool=self._pool, budget=self.limits.budget)
         except PexecError as exc:
             raise GuardRequestError(f"cannot start a session: {exc}") from exc
 
     # -- stateless ----------------------------------------------------------------------------------------
-    def check_stateless(self, body: dict[str, Any]) -> dict[str, Any]:
+    def check_stateless(self, body: Body) -> StatelessVerdict:
         """The verdict on `call` after `events` (canonical events, calls with their outcomes) from `start`."""
         start = parse_start(body.get("start", {}))
         events = body.get("events", [])
@@ -236,14 +265,14 @@ class Guard:
             except GuardRequestError:
                 _admissible(parsed[i], f"events[{i}]")  # the scorer's reason, when that is why it is not JSON
                 raise
+        hit, cached = 0, None  # the events before `hit` are those of the cached session (none: replay them all)
         with self._lock:
             self._expire()
-            hit = next((i for i in range(len(keys) - 1, -1, -1) if keys[i] in self._prefixes), None)
-            session = self._prefixes.pop(keys[hit])[0] if hit is not None else None
-            if session is not None:
-                self._cache_bytes -= session.bytes
-        if session is None:
-            hit, session = 0, self._open(start)
+            longest = next((i for i in range(len(keys) - 1, -1, -1) if keys[i] in self._prefixes), None)
+            if longest is not None:
+                hit, cached = longest, self._prefixes.pop(keys[longest])[0]
+                self._cache_bytes -= cached.bytes
+        session = self._open(start) if cached is None else cached
         try:
             for i, event in enumerate(parsed[hit:], hit):
                 try:
@@ -283,7 +312,7 @@ def _admissible(event: Call | Message, where: str) -> None:
         raise GuardRequestError(f"{where}: {exc}") from exc
 
 
-def _hash(previous: bytes, value: Any) -> bytes:
+def _hash(previous: bytes, value: object) -> bytes:
     try:
         data = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
     except TypeError as exc:

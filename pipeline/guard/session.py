@@ -9,8 +9,9 @@ writes for the same rollout. It holds an environment instance of its own, leased
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypedDict
 
 import orjson
 
@@ -19,6 +20,19 @@ from pipeline.core.model import NOT_LOGGED, Call, Message, Rollout, RolloutResul
 from pipeline.core.records import MAX_DEPTH, InvalidRecord, event_record, too_deep
 from pipeline.envs import Environment, EnvOptions, get_environment, new_environment
 from pipeline.replay.checker import Session, Verdict
+
+
+class VerdictJSON(TypedDict):
+    """A GuardVerdict as the services answer it (`POST /sessions/{id}/check`, the MCP log's `guard`)."""
+
+    step: int
+    valid: bool
+    failed_check: str | None
+    cause: str | None
+    detail: str | None
+    message: str | None
+    decided_by: str | None
+    output: Any  # a tool's output, as the simulator returned it
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +54,17 @@ class GuardVerdict:
         why = (verdict.check, verdict.cause, verdict.detail, verdict.message, verdict.decided_by)
         return cls(step, verdict.valid, *why, output)
 
-    def to_json(self) -> dict[str, Any]:
-        return {f: getattr(self, f) for f in self.__slots__}
+    def to_json(self) -> VerdictJSON:
+        return {
+            "step": self.step,
+            "valid": self.valid,
+            "failed_check": self.failed_check,
+            "cause": self.cause,
+            "detail": self.detail,
+            "message": self.message,
+            "decided_by": self.decided_by,
+            "output": self.output,
+        }
 
 
 # What a kept event costs in memory besides its JSON text: the Python objects of the rollout, the checker's
@@ -112,7 +135,11 @@ class GuardSession:
     user/system `message`s as they arrive. Every event is kept in `rollout` (a canonical rollout)."""
 
     def __init__(
-        self, env: Environment, start: Rollout, on_close: Any = None, budget: SessionBudget | None = None
+        self,
+        env: Environment,
+        start: Rollout,
+        on_close: Callable[[Environment], None] | None = None,
+        budget: SessionBudget | None = None,
     ) -> None:
         check_start(start.env)
         self.env = env

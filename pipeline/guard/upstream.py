@@ -17,14 +17,16 @@ import os
 import re
 import sys
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from dataclasses import dataclass
-from typing import Any
+from types import TracebackType
+from typing import Protocol
 
 import anyio
 import mcp.types as types
 import orjson
-from anyio.abc import ByteReceiveStream, Process
+from anyio.abc import Process
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.shared.message import SessionMessage
 
 MAX_LINE = 16 * 1024 * 1024  # bytes of one JSON-RPC message either way (a request, an upstream's result)
@@ -43,15 +45,29 @@ def upstream_environment(allow: list[str], deny: list[str], base: dict[str, str]
     return {k: v for k, v in env.items() if not any(fnmatch.fnmatchcase(k, p) for p in deny)}
 
 
-def _first_id(head: bytes) -> Any:
+RequestId = int | str  # a JSON-RPC id
+# What the SDK's Client reads from and writes to (a client transport's two streams).
+Streams = tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]]
+
+
+def _first_id(head: bytes) -> RequestId | None:
     found = _ID.search(head)
-    return None if found is None else orjson.loads(found[1])
+    if found is None:
+        return None
+    request_id: RequestId = orjson.loads(found[1])  # _ID matches a JSON integer or string only
+    return request_id
+
+
+class ByteSource(Protocol):
+    """A stream of bytes (anyio's ByteReceiveStream, or stdin through _FileBytes); anyio.EndOfStream at its end."""
+
+    async def receive(self) -> bytes: ...
 
 
 class LineReader:
     """Lines of at most `limit` bytes from a byte stream; a longer one is given as (None, its first 4 KiB)."""
 
-    def __init__(self, stream: ByteReceiveStream, limit: int) -> None:
+    def __init__(self, stream: ByteSource, limit: int) -> None:
         self.stream, self.limit = stream, limit
         self._buffer = bytearray()
         self._skipping: bytes | None = None  # the head of a line being dropped
@@ -108,17 +124,20 @@ class UpstreamTransport:
     def __init__(self, command: list[str], env: dict[str, str], max_line: int = MAX_LINE) -> None:
         self.command, self.env, self.max_line = command, env, max_line
         self.state = UpstreamState()
-        self._stack: Any = None
+        self._stack: AbstractAsyncContextManager[Streams] | None = None
 
-    async def __aenter__(self) -> tuple[Any, Any]:
+    async def __aenter__(self) -> Streams:
         self._stack = self._streams()
         return await self._stack.__aenter__()
 
-    async def __aexit__(self, *exc: Any) -> Any:
-        return await self._stack.__aexit__(*exc)
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> bool | None:
+        assert self._stack is not None, "__aexit__ without __aenter__"
+        return await self._stack.__aexit__(kind, exc, traceback)
 
     @asynccontextmanager
-    async def _streams(self) -> AsyncIterator[tuple[Any, Any]]:
+    async def _streams(self) -> AsyncIterator[Streams]:
         process = await anyio.open_process(self.command, env=self.env, stderr=None)
         to_session, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](16)
         write_stream, from_session = anyio.create_memory_object_stream[SessionMessage](16)
@@ -235,7 +254,7 @@ def _unreadable(line: bytes, exc: ValueError) -> str:
 class _FileBytes:
     """An anyio async file as a byte stream for LineReader."""
 
-    def __init__(self, file: Any) -> None:
+    def __init__(self, file: anyio.AsyncFile[bytes]) -> None:
         self.file = file
 
     async def receive(self) -> bytes:

@@ -16,7 +16,7 @@ Needs `inspect_ai` installed (it is not a dependency of pexec).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from inspect_ai.scorer import Metric, SampleScore, Score, Scorer, Target, metric, scorer
 from inspect_ai.solver import TaskState
@@ -72,15 +72,27 @@ def executability(
     return score
 
 
-def _value_of(result: RolloutResult) -> dict[str, Any]:
+def _value_of(result: RolloutResult) -> dict[str, int | float | bool]:
+    """The score's value: the rollout's fed, T, executable and auc_term (Inspect takes a plain mapping)."""
     return {"fed": result.fed, "T": result.T, "executable": result.executable, "auc_term": result.auc_term}
 
 
-def _steps(result: RolloutResult) -> list[dict[str, Any]]:
+class StepJSON(TypedDict):
+    """A call's verdict in the score's metadata (`steps`)."""
+
+    step: int
+    tool: str
+    valid: bool
+    failed_check: str | None
+    cause: str | None
+    detail: str | None
+
+
+def _steps(result: RolloutResult) -> list[StepJSON]:
     return [_step(s) for s in result.steps]
 
 
-def _step(s: StepResult) -> dict[str, Any]:
+def _step(s: StepResult) -> StepJSON:
     return {
         "step": s.step,
         "tool": s.tool,
@@ -98,7 +110,7 @@ def _explanation(result: RolloutResult) -> str:
     return f"first invalid call at depth {first.step} of {result.T}: {first.tool} ({first.failed_check}, {first.cause})"
 
 
-def _value(s: SampleScore) -> dict[str, Any]:
+def _value(s: SampleScore) -> dict[str, Any]:  # a score's value as Inspect hands it back (maybe from a log)
     value = s.score.value
     if not isinstance(value, dict):
         raise ValueError(f"sample {s.sample_id}: not a score of pexec's executability scorer: {value!r}")

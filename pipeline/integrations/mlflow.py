@@ -8,7 +8,7 @@ span) and updates, keeps or removes them, so publishing twice writes nothing twi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.ingest.mlflow import client, reduce
 from pipeline.integrations.verdicts import (
@@ -16,11 +16,18 @@ from pipeline.integrations.verdicts import (
     SOURCE,
     PublishError,
     PublishReport,
+    StepVerdict,
     TraceVerdict,
     matched,
     read_verdicts,
     step_metadata,
 )
+
+if TYPE_CHECKING:  # MLflow is an extra: imported where it is used
+    from mlflow.entities import Assessment, AssessmentSource, Feedback, Trace
+    from mlflow.tracing.client import TracingClient
+
+Where = tuple[str, str | None]  # (assessment name, span id; None on the trace itself)
 
 
 def publish(run: str, tracking_uri: str, storage_options: dict[str, Any] | None = None) -> PublishReport:
@@ -47,12 +54,12 @@ def publish(run: str, tracking_uri: str, storage_options: dict[str, Any] | None 
     return report
 
 
-def _wanted(verdict: TraceVerdict, pairs: list[tuple[str, Any]]) -> dict[tuple[str, str | None], Any]:
+def _wanted(verdict: TraceVerdict, pairs: list[tuple[str, StepVerdict]]) -> dict[Where, Feedback]:
     """(name, span id) -> the Feedback this run says there."""
     from mlflow.entities import AssessmentSource, Feedback
 
     source = AssessmentSource(source_type="CODE", source_id=SOURCE)
-    out = {
+    out: dict[Where, Feedback] = {
         (name, None): Feedback(name=name, value=value, source=source, rationale=verdict.rationale,
                                metadata=verdict.metadata())
         for name, value in verdict.values().items()
@@ -65,16 +72,17 @@ def _wanted(verdict: TraceVerdict, pairs: list[tuple[str, Any]]) -> dict[tuple[s
     return out
 
 
-def _sync(writer: Any, trace: Any, wanted: dict[tuple[str, str | None], Any], report: PublishReport) -> None:
+def _sync(writer: TracingClient, trace: Trace, wanted: dict[Where, Feedback], report: PublishReport) -> None:
     trace_id = trace.info.trace_id
-    mine: dict[tuple[str, str | None], list[Any]] = {}
+    mine: dict[Where, list[Assessment]] = {}
     for a in trace.info.assessments or []:
-        if a.source is not None and a.source.source_id == SOURCE and a.name.startswith(PREFIX):
+        source: AssessmentSource | None = a.source  # MLflow declares one always; a stored record may lack it
+        if source is not None and source.source_id == SOURCE and a.name.startswith(PREFIX):
             mine.setdefault((a.name, a.span_id or None), []).append(a)
     for key, feedback in wanted.items():
         found = mine.pop(key, [])
         for extra in found[1:]:  # a duplicate left by an interrupted earlier publish
-            writer.delete_assessment(trace_id, extra.assessment_id)
+            writer.delete_assessment(trace_id, _id(extra, trace_id))
             report.removed += 1
         if not found:
             writer.log_assessment(trace_id, feedback)
@@ -82,15 +90,25 @@ def _sync(writer: Any, trace: Any, wanted: dict[tuple[str, str | None], Any], re
         elif _same(found[0], feedback):
             report.unchanged += 1
         else:
-            writer.update_assessment(trace_id, found[0].assessment_id, feedback)
+            writer.update_assessment(trace_id, _id(found[0], trace_id), feedback)
             report.updated += 1
     for stale in mine.values():
         for a in stale:
-            writer.delete_assessment(trace_id, a.assessment_id)
+            writer.delete_assessment(trace_id, _id(a, trace_id))
             report.removed += 1
 
 
-def _same(found: Any, feedback: Any) -> bool:
-    return (found.value, found.rationale, dict(found.metadata or {})) == (
+def _id(assessment: Assessment, trace_id: str) -> str:
+    """The id of an assessment read back from the store (which gives every one it keeps an id)."""
+    if assessment.assessment_id is None:
+        raise PublishError(f"mlflow: trace {trace_id}: assessment {assessment.name!r} came back without an id")
+    return assessment.assessment_id
+
+
+def _same(found: Assessment, feedback: Feedback) -> bool:
+    """Whether an earlier publish left this feedback as it is now (an expectation under the name never is)."""
+    from mlflow.entities import Feedback
+
+    return isinstance(found, Feedback) and (found.value, found.rationale, dict(found.metadata or {})) == (
         feedback.value, feedback.rationale, dict(feedback.metadata or {}),
     )  # fmt: skip

@@ -10,7 +10,8 @@ per (name, span or trace, identifier) and a rerun updates it in place, so publis
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
@@ -26,8 +27,13 @@ from pipeline.integrations.verdicts import (
     step_metadata,
 )
 
+if TYPE_CHECKING:  # Phoenix's client is an extra: imported where it is used
+    from phoenix.client.__generated__.v1 import AnnotationResult, SpanAnnotationData, TraceAnnotationData
+
 EXECUTABLE = f"{PREFIX}executable"
 BATCH = 100  # annotations per write, and spans or traces per read-back request
+Held = tuple["AnnotationResult", Mapping[str, Any]]  # what the store holds of an annotation: result, metadata
+Wanted = tuple[tuple[str, str], Held]  # an annotation of this run: (name, span or trace id), what the store should hold
 
 
 def publish(
@@ -39,8 +45,8 @@ def publish(
     try:
         found = {t.trace_id: t for t in traces(c, project, None, None, len(verdicts), [v.trace_id for v in verdicts])}
         report = PublishReport()
-        spans: list[dict[str, Any]] = []
-        notes: list[dict[str, Any]] = []
+        spans: list[SpanAnnotationData] = []
+        notes: list[TraceAnnotationData] = []
         for verdict in verdicts:
             pairs, why = matched(verdict, found.get(verdict.trace_id))
             if why is not None:
@@ -48,12 +54,12 @@ def publish(
                 continue
             report.traces += 1
             spans += [
-                _annotation(EXECUTABLE, step.valid, step.rationale, step_metadata(verdict, step), span_id=span_id)
+                _span_annotation(span_id, step.valid, step.rationale, step_metadata(verdict, step))
                 for span_id, step in pairs
             ]
             notes += _trace_annotations(verdict)
-        _count(http, project, "span", spans, report)
-        _count(http, project, "trace", notes, report)
+        _count(http, project, "span", [((a["name"], a["span_id"]), _held(a)) for a in spans], report)
+        _count(http, project, "trace", [((a["name"], a["trace_id"]), _held(a)) for a in notes], report)
         for start in range(0, len(spans), BATCH):
             c.spans.log_span_annotations(span_annotations=spans[start : start + BATCH], sync=True)
         for start in range(0, len(notes), BATCH):
@@ -73,29 +79,42 @@ def _http(endpoint: str) -> httpx.Client:
     return httpx.Client(base_url=endpoint, headers=headers, timeout=TIMEOUT_S)
 
 
-def _annotation(name: str, value: bool | int, explanation: str, metadata: dict[str, str], **target: str) -> dict:
-    if isinstance(value, bool):
-        result = {"label": "executable" if value else "not executable", "score": float(value)}
-    else:
-        result = {"label": str(value), "score": float(value)}
-    return {"name": name, "annotator_kind": "CODE", "identifier": SOURCE, "metadata": metadata,
-            "result": result | {"explanation": explanation}, **target}  # fmt: skip
+def _result(value: bool | int, explanation: str) -> AnnotationResult:
+    """A label and a score: `executable` or `not executable` and 1 or 0, or the number itself (FED, T)."""
+    label = ("executable" if value else "not executable") if isinstance(value, bool) else str(value)
+    return {"label": label, "score": float(value), "explanation": explanation}
 
 
-def _trace_annotations(verdict: TraceVerdict) -> list[dict[str, Any]]:
+def _span_annotation(span_id: str, valid: bool, explanation: str, metadata: dict[str, str]) -> SpanAnnotationData:
+    return {"name": EXECUTABLE, "annotator_kind": "CODE", "identifier": SOURCE, "metadata": metadata,
+            "result": _result(valid, explanation), "span_id": span_id}  # fmt: skip
+
+
+def _trace_annotations(verdict: TraceVerdict) -> list[TraceAnnotationData]:
     return [
-        _annotation(name, value, verdict.rationale, verdict.metadata(), trace_id=verdict.trace_id)
+        {"name": name, "annotator_kind": "CODE", "identifier": SOURCE, "metadata": verdict.metadata(),
+         "result": _result(value, verdict.rationale), "trace_id": verdict.trace_id}
         for name, value in verdict.values().items()
-    ]
+    ]  # fmt: skip
 
 
-def _count(http: httpx.Client, project: str, kind: str, wanted: list[dict[str, Any]], report: PublishReport) -> None:
+def _held(annotation: SpanAnnotationData | TraceAnnotationData) -> Held:
+    return annotation["result"], annotation["metadata"]  # pexec's annotations always carry both
+
+
+def _count(
+    http: httpx.Client, project: str, kind: Literal["span", "trace"], wanted: list[Wanted], report: PublishReport
+) -> None:
     """Which of the `kind` (span or trace) annotations are new, changed or as they were: the ones pexec wrote
     before are read back through the server's annotation listing (`/v1/projects/P/<kind>_annotations`)."""
-    ids = sorted({a[f"{kind}_id"] for a in wanted})
-    before: dict[tuple[str, str], Any] = {}
+    ids = sorted({target for (_, target), _ in wanted})
+    before: dict[tuple[str, str], object] = {}  # as the server lists them: (result, metadata)
     for start in range(0, len(ids), BATCH):
-        params: dict[str, Any] = {f"{kind}_ids": ids[start : start + BATCH], "identifier": SOURCE, "limit": 1000}
+        params: dict[str, str | int | list[str]] = {
+            f"{kind}_ids": ids[start : start + BATCH],
+            "identifier": SOURCE,
+            "limit": 1000,
+        }
         while True:
             response = http.get(f"v1/projects/{project}/{kind}_annotations", params=params)
             response.raise_for_status()
@@ -106,11 +125,11 @@ def _count(http: httpx.Client, project: str, kind: str, wanted: list[dict[str, A
             if not body.get("next_cursor"):
                 break
             params["cursor"] = body["next_cursor"]
-    for a in wanted:
-        was = before.get((a["name"], a[f"{kind}_id"]))
+    for key, held in wanted:
+        was = before.get(key)
         if was is None:
             report.written += 1
-        elif was == (a["result"], a["metadata"]):
+        elif was == held:
             report.unchanged += 1
         else:
             report.updated += 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from pipeline.core.errors import PexecError
 from pipeline.ingest._traces import TRACE_ID, Trace, tool_spans
@@ -56,7 +56,7 @@ class TraceVerdict:
     first_cause: str | None
     steps: tuple[StepVerdict, ...]
 
-    def values(self) -> dict[str, Any]:
+    def values(self) -> dict[str, int | bool]:
         """The trace-level values: name -> value."""
         return {f"{PREFIX}fed": self.fed, f"{PREFIX}T": self.T, f"{PREFIX}executable": self.executable}
 
@@ -124,6 +124,9 @@ def step_metadata(verdict: TraceVerdict, step: StepVerdict) -> dict[str, str]:
     return verdict.metadata() | {k: v for k, v in found.items() if v is not None}
 
 
-def batched(items: list[Any], size: int) -> Iterator[list[Any]]:
+Item = TypeVar("Item")
+
+
+def batched(items: list[Item], size: int) -> Iterator[list[Item]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]

@@ -8,6 +8,7 @@ settings.py       what is asked for: bootstrap settings, the population (harness
                   and both with the cohort columns and PEC depth (MetricsSettings)
 population.py     a connection whose `rollouts` view holds the population
 cohorts.py        per-cohort metrics with intervals; writing them under RUN/metrics/
+results.py        what the cohort and per-tool dicts hold, key by key (TypedDicts)
 bootstrap.py      the replicates' sums in numpy, exactly as sql/hash.sql draws them
 partials.py       the poisson-merged metrics in Ray tasks: part sums, task partitions, an exact merge
 query.py          read-only user SQL within limits

@@ -19,7 +19,7 @@ import os
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Literal
+from typing import Generic, Literal, TypeVar
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -64,7 +64,7 @@ def replicate_keys(seed: int, B: int) -> np.ndarray:
 def poisson1(h: np.ndarray) -> np.ndarray:
     """Poisson(1) weights of draws h as float64 (metrics/sql/hash.sql pexec_poisson1): three comparisons cover 98% of
     the draws, the table's tail is looked up only where it is reached."""
-    w = (h >= POISSON1[0]).astype(np.float64)
+    w: np.ndarray = (h >= POISSON1[0]).astype(np.float64)
     w += h >= POISSON1[1]
     w += h >= POISSON1[2]
     tail = np.flatnonzero(h >= POISSON1[3])
@@ -182,6 +182,17 @@ class Moments:
     xy: int
     xx: int
 
+    def __add__(self, other: Moments) -> Moments:
+        """The moments over the tasks of both (disjoint sets of tasks): every sum adds up."""
+        return Moments(
+            self.den_total + other.den_total,
+            self.den_tasks + other.den_tasks,
+            self.num_total + other.num_total,
+            self.yy + other.yy,
+            self.xy + other.xy,
+            self.xx + other.xx,
+        )
+
 
 def moments(y: np.ndarray, x: np.ndarray) -> Moments:
     """The exact integer moments of per-task sums y (numerator) and x (denominator), int64 arrays."""
@@ -230,8 +241,11 @@ def _limbs21(a: np.ndarray) -> list[np.ndarray]:
 # shard) gives partial sums, and adding the partials of disjoint subsets gives the sums of their union exactly.
 
 
+CohortKey = TypeVar("CohortKey")  # what names a cohort: its number, or its values of the cohort columns
+
+
 @dataclass(frozen=True)
-class PoissonPartial:
+class PoissonPartial(Generic[CohortKey]):
     """Partial sums of the mergeable Poisson bootstrap over a subset of rollouts: per cohort key, an object array
     of exact integers, row 0 the plain sums (the point estimate's), row 1 + b replicate b; one column per
     `columns`."""
@@ -239,23 +253,23 @@ class PoissonPartial:
     seed: int
     B: int
     columns: tuple[str, ...]
-    sums: dict[object, np.ndarray]
+    sums: dict[CohortKey, np.ndarray]
 
 
 def poisson_partial(
-    cohort_keys: Sequence[object],
+    cohort_keys: Sequence[CohortKey],
     cohort: np.ndarray,
     task_key: np.ndarray,
     sums: np.ndarray,
     columns: Sequence[str],
     seed: int,
     B: int,
-) -> PoissonPartial:
+) -> PoissonPartial[CohortKey]:
     """The partial sums of rows (cohort number into `cohort_keys`, 64-bit task key, int64 sums of `columns`):
     a row is one rollout's parts, or any number of one task's rollouts already summed; a task may appear in
     any number of rows, of any subset."""
     keys = replicate_keys(seed, B)
-    out: dict[object, np.ndarray] = {}
+    out: dict[CohortKey, np.ndarray] = {}
     with threadpool_limits(limits=1, user_api="blas"):
         for code, key in enumerate(cohort_keys):
             rows = np.flatnonzero(cohort == code)
@@ -289,7 +303,7 @@ def _exact_column_sums(sums: np.ndarray) -> list[int]:
     return [_sum(sums[:, j]) for j in range(sums.shape[1])]
 
 
-def partial_limbs(partial: PoissonPartial, plain: bool = False) -> pa.Table:
+def partial_limbs(partial: PoissonPartial[int], plain: bool = False) -> pa.Table:
     """The replicates of partial sums as limbs (LIMBS; metrics/sql/bootstrap_sums.sql): each exact total as
     hi * 2^32 + lo, cohort keys being the cohort numbers of task_sums. `plain`: the plain sums too, as b = -1
     (the point estimates' sums, when no task_sums table holds them)."""
@@ -302,14 +316,14 @@ def partial_limbs(partial: PoissonPartial, plain: bool = False) -> pa.Table:
         values = np.array([[v >> 32, v & mask] for v in flat], dtype=np.int64).reshape(n_rep, 2 * n_cols)
         limb = Limbs(np.empty((0, 2 * n_cols)), [j for j in range(n_cols) for _ in (0, 1)], [32, 0] * n_cols)
         first = -1 if plain else 0
-        batches.append(_limb_batch(int(cohort), first, values, limb, partial.columns))  # type: ignore[call-overload]
+        batches.append(_limb_batch(cohort, first, values, limb, partial.columns))
     return pa.Table.from_batches(batches, LIMBS)
 
 
-def merge(parts: Sequence[PoissonPartial]) -> PoissonPartial:
+def merge(parts: Sequence[PoissonPartial[CohortKey]]) -> PoissonPartial[CohortKey]:
     """The partial sums of the union of the parts' rollouts (disjoint subsets of one run), exact."""
     first = parts[0]
-    out: dict[object, np.ndarray] = {}
+    out: dict[CohortKey, np.ndarray] = {}
     for p in parts:
         if (p.seed, p.B, p.columns) != (first.seed, first.B, first.columns):
             raise ValueError("partial sums of different bootstraps (seed, B or columns differ) cannot be merged")

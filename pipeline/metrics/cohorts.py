@@ -9,6 +9,7 @@ their parts come from the metric catalogue (pipeline.core.metric_catalogue); one
   metrics_intervals.sql      ratios of sums (point estimate = full data), percentile intervals
   _metric_clusters, ...      what the small-sample interval needs, exact moments of the per-task sums (numpy);
                              pipeline.core.intervals picks the interval per metric
+  results.py                 the cohort dicts' keys (`Cohort`)
 
 Draws come from our own 32-bit hash (sql/hash.sql, the same in numpy), never from random() or DuckDB's hash(),
 so the same run, seed, B and method give the same bounds on any DuckDB version and any thread count.
@@ -17,9 +18,9 @@ so the same run, seed, B and method give the same bounds on any DuckDB version a
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict, cast
 
 import duckdb
 import numpy as np
@@ -28,9 +29,10 @@ from pipeline.core import intervals, metric_catalogue, run_schema
 from pipeline.core.arrow import pa
 from pipeline.core.errors import StorageError
 from pipeline.metrics import bootstrap
-from pipeline.metrics.completeness import Snapshot
+from pipeline.metrics.completeness import Coverage, Snapshot
 from pipeline.metrics.duck import fetch, rollout_columns, run_sql, set_variables
 from pipeline.metrics.population import open_population
+from pipeline.metrics.results import Cohort, CohortBootstrap, Interval, Labels, PecPoint, key_values, ratio
 from pipeline.metrics.settings import (
     DEFAULT_BOOTSTRAP,
     DEFAULT_POPULATION,
@@ -70,7 +72,7 @@ def compute_metrics(
     settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
     max_k: int | None = None,
     population: Population = DEFAULT_POPULATION,
-) -> list[dict[str, Any]]:
+) -> list[Cohort]:
     """Metrics per cohort (benchmark + `by` columns: condition labels, or attributes when named; every condition
     label when `by` is None), JSON-ready, over the rollouts `population` counts.
 
@@ -91,7 +93,7 @@ def metrics_and_replicates(
     max_k: int | None = None,
     population: Population = DEFAULT_POPULATION,
     replicated: Sequence[str] = (),
-) -> tuple[list[dict[str, Any]], Replicates]:
+) -> tuple[list[Cohort], Replicates]:
     """compute_metrics, and the bootstrap replicates' values of the `replicated` ratio metrics (the draws the
     intervals come from; None where a replicate's ratio is undefined)."""
     if max_k is not None and max_k < 0:
@@ -110,48 +112,98 @@ def metrics_and_replicates(
         run_sql(con, "metrics/metrics_prepare")
         sums = task_sums(con)
         run_bootstrap(con, sums, settings)
-        info = fetch(con, "cohort_info")
+        info = fetch(con, "cohort_info", CohortInfo)
         k = con.execute("SELECT getvariable('pexec_k')").fetchall()[0][0]
         run_sql(con, "metrics/harness_counts")
-        harness = fetch(con, "harness_counts")
+        harness = fetch(con, "harness_counts", HarnessCount)
         clusters = _metric_clusters(sums), _pec_clusters(sums, k)
         return intervals_and_replicates(
             con, info, clusters, harness, by_cols, settings, population, replicated, snapshot
         )
 
 
-Clusters = tuple[list[dict[str, Any]], list[dict[str, Any]]]  # _metric_clusters, _pec_clusters
+class CohortInfo(TypedDict):
+    """A row of table cohort_info (sql/metrics_prepare.sql): a cohort's number in the SQL tables (None: a cohort
+    of harness errors only, which no table numbers), its key and its counts."""
+
+    cohort: int | None
+    key: Labels
+    n: int
+    n_tasks: int
+    n_no_calls: int
+    n_unknown_success: int
+    n_diverged_before_fed: int
+
+
+class HarnessCount(TypedDict):
+    """A row of table harness_counts (sql/harness_counts.sql)."""
+
+    key: Labels
+    n_harness_error: int
+
+
+class Point(TypedDict):
+    """A point estimate and its bootstrap percentiles: a row of table pec_intervals (sql/metrics_intervals.sql)."""
+
+    cohort: int
+    value: float | None
+    lo: float | None
+    hi: float | None
+
+
+class PecRow(Point):
+    k: int
+
+
+class MetricRow(Point):
+    """A row of table metric_intervals: a ratio metric, with its denominator's total."""
+
+    metric: str
+    den_total: int
+
+
+class ReplicatedRow(TypedDict):
+    """A row of table replicated_values: a metric's value in every replicate (None where undefined)."""
+
+    cohort: int
+    metric: str
+    replicate_values: list[float | None]
+
+
+MetricMoments = dict[tuple[int, str], bootstrap.Moments]  # (cohort, ratio metric) -> what its interval needs
+PecMoments = dict[tuple[int, int], bootstrap.Moments]  # (cohort, k >= 1) -> the same for PEC(k)
+Clusters = tuple[MetricMoments, PecMoments]  # _metric_clusters, _pec_clusters
 
 
 def intervals_and_replicates(
     con: duckdb.DuckDBPyConnection,
-    info: list[dict[str, Any]],
+    info: list[CohortInfo],
     clusters: Clusters,
-    harness: list[dict[str, Any]],
+    harness: list[HarnessCount],
     by_cols: list[str],
     settings: BootstrapSettings,
     population: Population,
     replicated: Sequence[str],
     snapshot: Snapshot,
-) -> tuple[list[dict[str, Any]], Replicates]:
+) -> tuple[list[Cohort], Replicates]:
     """The cohort dicts and replicates from what every way of computing them ends with: on `con`, tables
     task_sums (or none of its rows, when rep_sums holds the point estimates' sums as b = -1) and rep_sums
     (pipeline/metrics/sql/bootstrap_sums.sql) and variables pexec_k and those of metrics_intervals.sql; `info` as
     table cohort_info, what the small-sample intervals need, and the harness-error counts."""
     run_sql(con, "metrics/metrics_intervals")
-    ratios = _join(fetch(con, "metric_intervals"), clusters[0], ("cohort", "metric"))
-    pec = _join(fetch(con, "pec_intervals"), clusters[1], ("cohort", "k"))
-    reps = fetch(con, "replicated_values")
-    cohorts, ids = _assemble(info, ratios, pec, harness, ["benchmark", *by_cols], settings, population)
+    ratios = fetch(con, "metric_intervals", MetricRow)
+    pec = fetch(con, "pec_intervals", PecRow)
+    reps = fetch(con, "replicated_values", ReplicatedRow)
+    keys = ["benchmark", *by_cols]
+    cohorts, ids = _assemble(info, ratios, pec, clusters, harness, keys, settings, population, snapshot.partial())
     by_id: dict[int, dict[str, list[float | None]]] = {}
     for r in reps:
         by_id.setdefault(r["cohort"], {})[r["metric"]] = r["replicate_values"]
     # A cohort with no rollout in the population (only harness errors) has no replicates: all undefined.
-    undefined = [None] * settings.B
-    per_cohort: Replicates = [{m: by_id.get(cid, {}).get(m, undefined) for m in replicated} for cid in ids]
-    for c in cohorts:
-        covered = snapshot.partial()
-        c["partial"] = None if covered is None else covered.as_json()
+    undefined: list[float | None] = [None] * settings.B
+    per_cohort: Replicates = [
+        {m: undefined if cid is None else by_id.get(cid, {}).get(m, undefined) for m in replicated} for cid in ids
+    ]
     return cohorts, per_cohort
 
 
@@ -202,41 +254,40 @@ def run_bootstrap(con: duckdb.DuckDBPyConnection, sums: TaskSums, settings: Boot
     con.unregister("rep_limbs")
 
 
-def _metric_clusters(sums: TaskSums) -> list[dict[str, Any]]:
+def _metric_clusters(sums: TaskSums) -> MetricMoments:
     """What the small-sample interval needs per (cohort, ratio metric): y_i = the numerator part's sum of task i,
     x_i the denominator's (pipeline.core.intervals.Cluster)."""
-    rows = []
-    for c in range(len(sums.cohorts)):
-        for m in metric_catalogue.ratios():
-            mom = bootstrap.moments(sums.column(c, f"s_{m.num}"), sums.column(c, f"s_{m.den}"))
-            rows.append({"cohort": c, "metric": m.name, "scale": m.scale, **_moment_fields(mom)})
-    return rows
+    return {
+        (c, m.name): bootstrap.moments(sums.column(c, f"s_{m.num}"), sums.column(c, f"s_{m.den}"))
+        for c in range(len(sums.cohorts))
+        for m in metric_catalogue.ratios()
+    }
 
 
-def _pec_clusters(sums: TaskSums, K: int) -> list[dict[str, Any]]:
+def _pec_clusters(sums: TaskSums, K: int) -> PecMoments:
     """The same for PEC(k), k = 1 .. K: y_i(k) = rollouts of task i with depth >= k (the s_h<d> columns for
-    d >= k), x_i = its rollouts; with den_total, which the PEC intervals do not carry."""
-    rows = []
+    d >= k), x_i = its rollouts."""
+    out: PecMoments = {}
     for c in range(len(sums.cohorts)):
         x = sums.column(c, "s_n")
         hist = np.column_stack([sums.column(c, f"s_h{d}") for d in range(1, K + 1)]) if K else np.zeros((len(x), 0))
         at_least = np.cumsum(hist[:, ::-1], axis=1)[:, ::-1]  # column k-1: depth >= k
         for k in range(1, K + 1):
-            mom = bootstrap.moments(np.ascontiguousarray(at_least[:, k - 1]).astype(np.int64), x)
-            rows.append({"cohort": c, "k": k, "scale": 1.0, "den_total": mom.den_total, **_moment_fields(mom)})
-    return rows
+            out[(c, k)] = bootstrap.moments(np.ascontiguousarray(at_least[:, k - 1]).astype(np.int64), x)
+    return out
 
 
-def _moment_fields(mom: bootstrap.Moments) -> dict[str, int]:
-    return {"den_tasks": mom.den_tasks, "num_total": mom.num_total, "yy": mom.yy, "xy": mom.xy, "xx": mom.xx}
+class MetricDef(TypedDict):
+    """A ratio metric as the SQL reads it (variable `metric_defs` of sql/metrics_intervals.sql)."""
+
+    metric: str
+    num: str  # the parts: s_<num> / s_<den>
+    den: str
+    scale: float
+    ord: int
 
 
-def _join(rows: list[dict[str, Any]], extra: list[dict[str, Any]], key: tuple[str, str]) -> list[dict[str, Any]]:
-    by_key = {tuple(r[k] for k in key): r for r in extra}
-    return [{**r, **by_key.get(tuple(r[k] for k in key), {})} for r in rows]
-
-
-def metric_defs(paired: bool = False) -> list[dict[str, Any]]:
+def metric_defs(paired: bool = False) -> list[MetricDef]:
     """The catalogue's ratio metrics as the SQL reads them (variable `metric_defs`); `paired`: only those of the
     paired comparison."""
     shown = [m for m in metric_catalogue.ratios() if m.paired or not paired]
@@ -260,7 +311,7 @@ def metrics_name(by: Sequence[str] | None) -> str:
     return "metrics_by_" + ("_and_".join(cols) or "benchmark")
 
 
-def write_metrics(root: RunPrefix, cohorts: list[dict[str, Any]], by: Sequence[str] | None = None) -> str:
+def write_metrics(root: RunPrefix, cohorts: list[Cohort], by: Sequence[str] | None = None) -> str:
     """Write RUN/metrics/<name>/metrics.parquet (one row per cohort) and pec.parquet (one per cohort and k),
     `<name>` = metrics_name(by), the `by` the cohorts were computed with; returns that folder.
 
@@ -277,24 +328,27 @@ def write_metrics(root: RunPrefix, cohorts: list[dict[str, Any]], by: Sequence[s
     return root.file(folder)
 
 
-def metrics_tables(cohorts: list[dict[str, Any]]) -> tuple[pa.Table, pa.Table]:
+def metrics_tables(cohorts: list[Cohort]) -> tuple[pa.Table, pa.Table]:
     """The cohort dicts as two flat tables (the layout of metrics.parquet and pec.parquet, pipeline.core.run_schema)."""
     fields = set(cohort_fields())
     keys: list[str] = ["benchmark"]
     for c in cohorts:
         keys += [k for k in c if k not in fields and k not in keys]
-    rows, pec_rows = [], []
+    rows: list[dict[str, object]] = []
+    pec_rows: list[dict[str, object]] = []
     for c in cohorts:
-        row: dict[str, Any] = _label_values(c, keys)
-        row |= {col.name: c[col.name] for col in (*run_schema.COHORT_COUNTS, *run_schema.POPULATION)}
+        entries: Mapping[str, object] = c  # read by the names of run_schema's columns
+        row: dict[str, object] = dict(_label_values(c, keys))
+        row |= {col.name: entries[col.name] for col in (*run_schema.COHORT_COUNTS, *run_schema.POPULATION)}
         for m in metric_catalogue.ratios():
-            row |= {m.name: c[m.name]["value"], f"{m.name}_lo": c[m.name]["lo"], f"{m.name}_hi": c[m.name]["hi"]}
-            row[f"{m.name}_method"] = c[m.name].get("method")
+            value = ratio(c, m.name)
+            row |= {m.name: value["value"], f"{m.name}_lo": value["lo"], f"{m.name}_hi": value["hi"]}
+            row[f"{m.name}_method"] = value.get("method")
             if m.eligible:
-                row[f"{m.name}_eligible"] = c[m.name]["eligible"]
+                row[f"{m.name}_eligible"] = value["eligible"]
         row |= {f"bootstrap_{k}": v for k, v in c["bootstrap"].items() if k != "duckdb_version"}
         row["duckdb_version"] = c["bootstrap"]["duckdb_version"]
-        covered = c.get("partial") or {}
+        covered: Mapping[str, object] = c.get("partial") or {}
         row["partial"] = bool(covered)
         row |= {col.name: covered.get(col.name.removeprefix("partial_")) for col in run_schema.PARTIAL[1:]}
         rows.append(row)
@@ -304,8 +358,8 @@ def metrics_tables(cohorts: list[dict[str, Any]]) -> tuple[pa.Table, pa.Table]:
     return pa.Table.from_pylist(rows, metrics_schema), pa.Table.from_pylist(pec_rows, pec_schema)
 
 
-def _label_values(cohort: dict[str, Any], keys: list[str]) -> dict[str, str | None]:
-    return {k: None if cohort.get(k) is None else str(cohort[k]) for k in keys}
+def _label_values(cohort: Cohort, keys: list[str]) -> dict[str, str | None]:
+    return dict(zip(keys, key_values(cohort, keys), strict=True))
 
 
 def resolve_by(by: Sequence[str] | None, labels: list[str], attributes: Sequence[str] = ()) -> list[str]:
@@ -330,34 +384,39 @@ def resolve_by(by: Sequence[str] | None, labels: list[str], attributes: Sequence
     return out
 
 
-def interval(row: dict[str, Any] | None, level: float) -> dict[str, Any]:
-    """value, lo, hi and the interval's method (pipeline.core.intervals); no method where there is no value, nor for
-    PEC(0) = 1, which holds by definition."""
-    if row is None or row["value"] is None:
+def interval(point: Point | None, moments: bootstrap.Moments | None, scale: float, level: float) -> Interval:
+    """value, lo, hi and the interval's method (pipeline.core.intervals), from the bootstrap's `point` and the
+    moments of the per-task sums; no method where there is no value, nor without moments: PEC(0) = 1, which holds
+    by definition."""
+    if point is None or point["value"] is None:
         return {"value": None, "lo": None, "hi": None}
-    if row.get("k") == 0:
-        return {"value": row["value"], "lo": row["lo"], "hi": row["hi"]}
-    moments = (int(row[k]) for k in ("num_total", "yy", "xy", "xx"))
-    cluster = intervals.Cluster(row["value"], row["den_total"], row["den_tasks"], *moments, scale=row["scale"])
-    lo, hi, method = intervals.interval(cluster, row["lo"], row["hi"], level)
-    return {"value": row["value"], "lo": lo, "hi": hi, "method": method}
+    if moments is None:
+        return {"value": point["value"], "lo": point["lo"], "hi": point["hi"]}
+    m = moments
+    cluster = intervals.Cluster(point["value"], m.den_total, m.den_tasks, m.num_total, m.yy, m.xy, m.xx, scale=scale)
+    lo, hi, method = intervals.interval(cluster, point["lo"], point["hi"], level)
+    return {"value": point["value"], "lo": lo, "hi": hi, "method": method}
 
 
 def _assemble(
-    info: list[dict[str, Any]],
-    ratios: list[dict[str, Any]],
-    pec: list[dict[str, Any]],
-    harness: list[dict[str, Any]],
+    info: list[CohortInfo],
+    ratios: list[MetricRow],
+    pec: list[PecRow],
+    clusters: Clusters,
+    harness: list[HarnessCount],
     keys: list[str],
     settings: BootstrapSettings,
     population: Population,
-) -> tuple[list[dict[str, Any]], list[int | None]]:
+    covered: Coverage | None,
+) -> tuple[list[Cohort], list[int | None]]:
     """The cohort dicts, in key order, and each one's cohort number in the SQL tables (None: no rollout)."""
+    metric_moments, pec_moments = clusters
     by_metric = {(r["cohort"], r["metric"]): r for r in ratios}
-    pec_by_cohort: dict[int, list[dict[str, Any]]] = {}
+    pec_by_cohort: dict[int, list[PecPoint]] = {}
     for r in pec:
-        pec_by_cohort.setdefault(r["cohort"], []).append({"k": r["k"], **interval(r, settings.level)})
-    bootstrap = {
+        moments = None if r["k"] == 0 or r["value"] is None else pec_moments[(r["cohort"], r["k"])]
+        pec_by_cohort.setdefault(r["cohort"], []).append({"k": r["k"], **interval(r, moments, 1.0, settings.level)})
+    drawn: CohortBootstrap = {
         "B": settings.B,
         "seed": settings.seed,
         "method": settings.method,
@@ -366,31 +425,43 @@ def _assemble(
         "duckdb_version": duckdb.__version__,
     }
 
-    def key(k: dict[str, Any]) -> tuple[Any, ...]:
+    def key(k: Labels) -> tuple[str | None, ...]:
         return tuple(k[name] for name in keys)
 
     n_harness = {key(h["key"]): h["n_harness_error"] for h in harness}
     # A cohort made only of excluded harness errors has no rollout in the population: it is still listed.
     counted = {key(c["key"]) for c in info}
-    empty = {"cohort": None, "n": 0, "n_tasks": 0, "n_no_calls": 0, "n_unknown_success": 0, "n_diverged_before_fed": 0}
-    info = [*info, *({**empty, "key": h["key"]} for h in harness if key(h["key"]) not in counted)]
+    info = [*info, *(_no_rollouts(h["key"]) for h in harness if key(h["key"]) not in counted)]
     info.sort(key=lambda c: tuple((v is None, v) for v in c["key"].values()))  # as SQL orders the key structs
-    cohorts, ids = [], []
+    cohorts: list[Cohort] = []
+    ids: list[int | None] = []
     for c in info:
         cid = c["cohort"]
         ids.append(cid)
-        out: dict[str, Any] = {k: c["key"][k] for k in keys}
-        out |= {col.name: c[col.name] for col in run_schema.COHORT_COUNTS if col.name != "n_harness_error"}
+        out: dict[str, object] = {k: c["key"][k] for k in keys}
+        out |= {"n": c["n"], "n_tasks": c["n_tasks"], "n_no_calls": c["n_no_calls"]}
+        out |= {"n_unknown_success": c["n_unknown_success"], "n_diverged_before_fed": c["n_diverged_before_fed"]}
         out["n_harness_error"] = n_harness.get(key(c["key"]), 0)  # counted over every scored rollout
         out |= {"harness_errors": population.harness_errors, "strict_replay": population.strict_replay}
         for m in metric_catalogue.METRICS:
             if m.kind == "curve":
-                out[m.name] = sorted(pec_by_cohort.get(cid, []), key=lambda p: p["k"])
+                out[m.name] = sorted(pec_by_cohort.get(cid, []) if cid is not None else [], key=lambda p: p["k"])
                 continue
-            row = by_metric.get((cid, m.name))
-            out[m.name] = interval(row, settings.level)
+            row = None if cid is None else by_metric.get((cid, m.name))
+            moments = None if row is None or row["value"] is None else metric_moments[(row["cohort"], m.name)]
+            value = interval(row, moments, m.scale, settings.level)
             if m.eligible:
-                out[m.name]["eligible"] = row["den_total"] if row is not None else 0
-        out["bootstrap"] = dict(bootstrap)
-        cohorts.append(out)
+                value["eligible"] = row["den_total"] if row is not None else 0
+            out[m.name] = value
+        out["bootstrap"] = dict(drawn)
+        out["partial"] = None if covered is None else covered.as_json()
+        # The labels, then Cohort's keys and one entry per catalogue metric (which the catalogue alone declares):
+        # tests/test_catalogue.py checks the two name every key.
+        cohorts.append(cast(Cohort, out))
     return cohorts, ids
+
+
+def _no_rollouts(key: Labels) -> CohortInfo:
+    """cohort_info's row for a cohort with no rollout in the population (only harness errors)."""
+    return {"cohort": None, "key": key, "n": 0, "n_tasks": 0, "n_no_calls": 0, "n_unknown_success": 0,
+            "n_diverged_before_fed": 0}  # fmt: skip

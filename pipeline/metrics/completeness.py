@@ -14,8 +14,8 @@ A path may hold several runs (nightly `date=…/` partitions read together): eac
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypedDict
 
 from pipeline.core.errors import PexecError, StorageError
 from pipeline.core.run_folder import Manifest, Plan, PlannedShard, RunFolderError, ShardMarker, UnknownLayout
@@ -62,6 +62,18 @@ class RunState:
         return len(self.keys)
 
 
+class CoverageJSON(TypedDict):
+    """Coverage as JSON: the `partial` object of every output of a partial read."""
+
+    shards: int
+    shards_total: int | None
+    rollouts: int
+    rollouts_total: int | None
+    input_bytes: int | None
+    input_bytes_total: int | None
+    incomplete_runs: list[str]
+
+
 @dataclass(frozen=True)
 class Coverage:
     """What a partial read covers, summed over the runs read (the `partial` object of every output): a total is
@@ -75,12 +87,20 @@ class Coverage:
     input_bytes_total: int | None
     incomplete_runs: list[str]
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> CoverageJSON:
         """The `partial` object of a JSON output (`metrics --json`, a cohort's dict)."""
-        return asdict(self)
+        return CoverageJSON(
+            shards=self.shards,
+            shards_total=self.shards_total,
+            rollouts=self.rollouts,
+            rollouts_total=self.rollouts_total,
+            input_bytes=self.input_bytes,
+            input_bytes_total=self.input_bytes_total,
+            incomplete_runs=list(self.incomplete_runs),
+        )
 
     @classmethod
-    def from_json(cls, value: dict[str, Any]) -> Coverage:
+    def from_json(cls, value: CoverageJSON) -> Coverage:
         return cls(**value)
 
     def describe(self) -> str:
@@ -286,8 +306,13 @@ def _name(root: RunPrefix, r: RunState) -> str:
 
 
 def _total(values: Iterable[int | None]) -> int | None:
-    values = list(values)
-    return None if any(v is None for v in values) else sum(values)
+    """The sum, or None when any value is unknown (None)."""
+    total = 0
+    for v in values:
+        if v is None:
+            return None
+        total += v
+    return total
 
 
 def _of(total: int | None) -> str:

@@ -13,21 +13,22 @@ from __future__ import annotations
 
 import operator
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Final, TypedDict
 
 import numpy as np
 
 from pipeline.core import metric_catalogue
 from pipeline.core.errors import PexecError
 from pipeline.metrics.cohorts import cohort_fields, metrics_and_replicates
+from pipeline.metrics.results import CauseCount, Key, Labels, ToolProfile, key_values, labelled, ratio
 from pipeline.metrics.run import Run
 from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, BootstrapSettings, Population
 from pipeline.metrics.tool_profiles import TOOL_FIELDS, profiles_and_replicates
 
 SEED_B = 0x9E3779B9  # B's draws: seed XOR this (a fixed, recorded offset: A and B are independent samples)
-TOOL_METRIC = "invalid_rate"  # the per-tool metric a --fail-on can name
+TOOL_METRIC: Final = "invalid_rate"  # the per-tool metric a --fail-on can name
 
 
 class DiffError(PexecError, ValueError):
@@ -77,16 +78,48 @@ def split_threshold(text: str) -> tuple[str, str, float]:
     return metric, op, float(number)
 
 
+class Contrast(TypedDict):
+    """A metric in A and B, the difference B − A, and its two-sample percentile interval (`_contrast`)."""
+
+    a: float | None
+    b: float | None
+    diff: float | None
+    lo: float | None
+    hi: float | None
+    replicates_used: int  # replicates where both ratios are defined
+
+
+class MetricDrift(Contrast):
+    """A row of DiffResult.rows, after its cohort's values (the result's `keys`)."""
+
+    metric: str
+    tasks_a: int
+    tasks_b: int
+
+
+class ToolDrift(Contrast):
+    """A row of DiffResult.tools (the invalid rate), after its cohort's values (benchmark, tool, the labels)."""
+
+    calls_a: int
+    calls_b: int
+
+
+class ToolCalls(TypedDict):
+    """A tool found in one run only, after its cohort's values."""
+
+    calls: int
+
+
 @dataclass(frozen=True)
 class DiffResult:
     keys: list[str]  # the cohort columns (benchmark, then the labels)
-    rows: list[dict[str, Any]]  # per cohort in both runs and metric: keys, metric, a, b, diff, lo, hi, tasks
-    only_a: list[dict[str, Any]]  # cohort keys found only in A
-    only_b: list[dict[str, Any]]  # and only in B
-    tools: list[dict[str, Any]]  # per benchmark × tool in both: invalid rate a, b, diff, lo, hi
-    new_tools: list[dict[str, Any]]  # benchmark, tool: in B, not in A
-    vanished_tools: list[dict[str, Any]]  # in A, not in B
-    new_causes: list[dict[str, Any]]  # benchmark, tool, cause, n: a cause of invalid calls in B, not in A
+    rows: list[MetricDrift]  # per cohort in both runs and metric
+    only_a: list[Labels]  # cohort keys found only in A
+    only_b: list[Labels]  # and only in B
+    tools: list[ToolDrift]  # per benchmark × tool in both: the invalid rate
+    new_tools: list[ToolCalls]  # in B, not in A
+    vanished_tools: list[ToolCalls]  # in A, not in B
+    new_causes: list[CauseCount]  # a cause of invalid calls in B, not in A, after its cohort's values
     shared_tasks: int  # (benchmark, task) pairs both runs have: the samples are not independent then
     settings: BootstrapSettings
     seed_b: int
@@ -106,23 +139,18 @@ def diff_runs(
     b, reps_b = metrics_and_replicates(run_b.snapshot, by, settings_b, None, population, names)
     fields = set(cohort_fields())
     keys = list(dict.fromkeys(k for c in [*a, *b] for k in c if k not in fields))
-    index_a = {_key(c, keys): i for i, c in enumerate(a)}
-    index_b = {_key(c, keys): i for i, c in enumerate(b)}
-    rows = []
+    index_a = {key_values(c, keys): i for i, c in enumerate(a)}
+    index_b = {key_values(c, keys): i for i, c in enumerate(b)}
+    rows: list[MetricDrift] = []
     for key, j in index_b.items():
         if key not in index_a:
             continue
         i = index_a[key]
         for name in names:
-            rows.append(
-                {
-                    **dict(zip(keys, key, strict=True)),
-                    "metric": name,
-                    **_contrast(a[i][name]["value"], b[j][name]["value"], reps_a[i][name], reps_b[j][name], settings),
-                    "tasks_a": a[i]["n_tasks"],
-                    "tasks_b": b[j]["n_tasks"],
-                }
-            )
+            value_a, value_b = ratio(a[i], name)["value"], ratio(b[j], name)["value"]
+            contrast = _contrast(value_a, value_b, reps_a[i][name], reps_b[j][name], settings)
+            drift: MetricDrift = {"metric": name, **contrast, "tasks_a": a[i]["n_tasks"], "tasks_b": b[j]["n_tasks"]}
+            rows.append(labelled(dict(zip(keys, key, strict=True)), drift))
     labels = keys[1:]  # the tools' cohorts: benchmark × tool × the same labels
     tools_a, tool_reps_a = profiles_and_replicates(run_a.snapshot, labels, settings, population)
     tools_b, tool_reps_b = profiles_and_replicates(run_b.snapshot, labels, settings_b, population)
@@ -147,6 +175,7 @@ def breaches(result: DiffResult, thresholds: Sequence[Threshold]) -> list[str]:
     cohort (or tool) of both runs can evaluate is refused: an alert that cannot fire must not read as "no drift"."""
     lines = []
     for t in thresholds:
+        rows: Sequence[Contrast]
         if t.metric == TOOL_METRIC:
             rows, keys = result.tools, ["benchmark", "tool", *result.keys[1:]]
         else:
@@ -158,7 +187,7 @@ def breaches(result: DiffResult, thresholds: Sequence[Threshold]) -> list[str]:
             )
         for r in rows:
             if t.breached(r["diff"]):
-                where = ", ".join(f"{k}={r[k]}" for k in keys)
+                where = ", ".join(f"{k}={v}" for k, v in zip(keys, key_values(r, keys), strict=True))
                 lines.append(
                     f"breach {t}: {t.metric} B − A = {r['diff']:+.4f} [{_num(r['lo'])}, {_num(r['hi'])}] ({where})"
                 )
@@ -169,17 +198,13 @@ def _num(x: float | None) -> str:
     return "–" if x is None else f"{x:+.4f}"
 
 
-def _key(cohort: dict[str, Any], keys: list[str]) -> tuple[Any, ...]:
-    return tuple(None if cohort.get(k) is None else str(cohort[k]) for k in keys)
-
-
 def _contrast(
     value_a: float | None,
     value_b: float | None,
     reps_a: Sequence[float | None],
     reps_b: Sequence[float | None],
     settings: BootstrapSettings,
-) -> dict[str, Any]:
+) -> Contrast:
     """a, b, diff = b − a, and the percentile interval of the replicate differences B_b − A_b (a replicate where
     either ratio is undefined is left out; `replicates_used` says how many remain)."""
     pairs = [(x, y) for x, y in zip(reps_a, reps_b, strict=True) if x is not None and y is not None]
@@ -193,40 +218,37 @@ def _contrast(
 
 
 def _tool_changes(
-    tools_a: list[dict[str, Any]],
-    tools_b: list[dict[str, Any]],
+    tools_a: list[ToolProfile],
+    tools_b: list[ToolProfile],
     reps_a: list[list[float | None]],
     reps_b: list[list[float | None]],
     settings: BootstrapSettings,
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-    keys = [k for k in (tools_a or tools_b or [{}])[0] if k not in TOOL_FIELDS]
-    index_a = {_key(t, keys): i for i, t in enumerate(tools_a)}
-    index_b = {_key(t, keys): j for j, t in enumerate(tools_b)}
-    rows, new, causes = [], [], []
+) -> tuple[list[ToolDrift], list[ToolCalls], list[ToolCalls], list[CauseCount]]:
+    first: Mapping[str, object] = tools_a[0] if tools_a else tools_b[0] if tools_b else {}
+    keys = [k for k in first if k not in TOOL_FIELDS]
+    index_a = {key_values(t, keys): i for i, t in enumerate(tools_a)}
+    index_b = {key_values(t, keys): j for j, t in enumerate(tools_b)}
+    rows: list[ToolDrift] = []
+    new: list[ToolCalls] = []
+    causes: list[CauseCount] = []
     for key, j in index_b.items():
         where = dict(zip(keys, key, strict=True))
         if key not in index_a:
-            new.append({**where, "calls": tools_b[j]["n_calls"]})
+            new.append(labelled(where, ToolCalls(calls=tools_b[j]["n_calls"])))
             continue
         i = index_a[key]
         ta, tb = tools_a[i], tools_b[j]
-        rows.append(
-            {
-                **where,
-                **_contrast(ta[TOOL_METRIC]["value"], tb[TOOL_METRIC]["value"], reps_a[i], reps_b[j], settings),
-                "calls_a": ta["n_calls"],
-                "calls_b": tb["n_calls"],
-            }
-        )
-    seen_a: dict[tuple[Any, ...], set[str]] = {}
+        contrast = _contrast(ta[TOOL_METRIC]["value"], tb[TOOL_METRIC]["value"], reps_a[i], reps_b[j], settings)
+        rows.append(labelled(where, ToolDrift(**contrast, calls_a=ta["n_calls"], calls_b=tb["n_calls"])))
+    seen_a: dict[Key, set[str]] = {}
     for t in tools_a:
-        seen_a.setdefault(_key(t, keys), set()).update(c["cause"] for c in t["causes"])
+        seen_a.setdefault(key_values(t, keys), set()).update(c["cause"] for c in t["causes"])
     for t in tools_b:
         for c in t["causes"]:
-            if c["cause"] not in seen_a.get(_key(t, keys), set()):
-                causes.append({**dict(zip(keys, _key(t, keys), strict=True)), **c})
+            if c["cause"] not in seen_a.get(key_values(t, keys), set()):
+                causes.append(labelled(dict(zip(keys, key_values(t, keys), strict=True)), c))
     vanished = [
-        {**dict(zip(keys, k, strict=True)), "calls": tools_a[i]["n_calls"]}
+        labelled(dict(zip(keys, k, strict=True)), ToolCalls(calls=tools_a[i]["n_calls"]))
         for k, i in index_a.items()
         if k not in index_b
     ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import duckdb
 
@@ -46,8 +46,13 @@ def set_variables(con: duckdb.DuckDBPyConnection, **values: Any) -> None:
         con.execute(f"SET VARIABLE {name} = ?", [value])
 
 
-def fetch(con: duckdb.DuckDBPyConnection, table: str) -> list[dict[str, Any]]:
-    return con.sql(f"SELECT * FROM {table}").to_arrow_table().to_pylist()
+Row = TypeVar("Row")
+
+
+def fetch(con: duckdb.DuckDBPyConnection, table: str, row: type[Row]) -> list[Row]:
+    """The rows of `table`, one dict each; `row` (a TypedDict) names the columns the SQL that made the table gives
+    them, which the checker cannot read from the SQL."""
+    return cast(list[Row], con.sql(f"SELECT * FROM {table}").to_arrow_table().to_pylist())
 
 
 def rollout_columns(con: duckdb.DuckDBPyConnection) -> list[str]:

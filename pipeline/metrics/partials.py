@@ -25,10 +25,11 @@ per cohort the B + 1 rows of sums and one reference per (part, partition), never
 from __future__ import annotations
 
 import functools
+import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, TypeVar
 
 import duckdb
 import numpy as np
@@ -39,6 +40,7 @@ from pipeline.metrics import bootstrap, cohorts
 from pipeline.metrics.completeness import Snapshot
 from pipeline.metrics.duck import fetch, run_sql, set_variables
 from pipeline.metrics.population import check_pools, open_part_population, open_population
+from pipeline.metrics.results import Cohort, Key, Labels
 from pipeline.metrics.settings import (
     DEFAULT_BOOTSTRAP,
     DEFAULT_POPULATION,
@@ -50,16 +52,42 @@ from pipeline.storage.run import RunPrefix
 
 MAX_PARTITIONS = 64  # task partitions at most: each holds 1/64 of the (cohort, task) rows or less
 _DEFAULT_K = 20  # PEC's largest depth when max_k is not given (metrics_prepare.sql), before the run's max T is known
-_MOMENTS = ("den_total", "den_tasks", "num_total", "yy", "xy", "xx")
 
-Key = tuple[Any, ...]  # a cohort's key: its values of the cohort columns, in order
+
+class PartCount(TypedDict):
+    """A row of table part_counts (sql/part_sums.sql): a cohort's counts in one part."""
+
+    key: Labels
+    n: int
+    n_no_calls: int
+    n_unknown_success: int
+
+
+class Diverged(TypedDict):
+    """A row of table cohort_diverged (sql/metrics_prepare.sql)."""
+
+    key: Labels
+    n_diverged_before_fed: int
+
+
+class PartFacts(TypedDict):
+    """The one row of table part_facts (sql/part_sums.sql)."""
+
+    max_t: int | None  # None: the part has no rollout
+    benchmarks: list[str] | None
+
+
+class KeyRow(TypedDict):
+    """A row of table partition_keys (sql/partition_sums.sql): the key of cohort number `code`, in code order."""
+
+    key: Labels
 
 
 @dataclass
 class PartCounts:
     """What one part found that adds up across parts, per cohort key."""
 
-    info: dict[Key, dict[str, Any]] = field(default_factory=dict)  # key dict, n, n_no_calls, n_unknown_success
+    info: dict[Key, PartCount] = field(default_factory=dict)
     diverged: dict[Key, int] = field(default_factory=dict)  # n_diverged_before_fed, over every key of the part
     harness: dict[Key, int] = field(default_factory=dict)  # n_harness_error, over every scored rollout
     max_t: int | None = None
@@ -84,9 +112,9 @@ class PartitionResult:
     """What one task partition returns: per cohort key, its tasks, its Poisson partial sums and moments."""
 
     tasks: dict[Key, int]
-    partial: bootstrap.PoissonPartial | None
-    metric_moments: dict[tuple[Key, str], dict[str, Any]]
-    pec_moments: dict[tuple[Key, int], dict[str, Any]]
+    partial: bootstrap.PoissonPartial[Key] | None
+    metric_moments: dict[tuple[Key, str], bootstrap.Moments]  # (cohort key, ratio metric)
+    pec_moments: dict[tuple[Key, int], bootstrap.Moments]  # (cohort key, k)
 
     def add(self, other: PartitionResult) -> None:
         """Merge another partition's result (disjoint tasks): tasks and moments add, partial sums merge exactly."""
@@ -98,7 +126,7 @@ class PartitionResult:
             self.partial = other.partial if self.partial is None else bootstrap.merge([self.partial, other.partial])
 
 
-def _key(value: dict[str, Any]) -> Key:
+def _key(value: Labels) -> Key:
     return tuple(value.values())
 
 
@@ -110,22 +138,22 @@ def part_sums(
     cohort_cols: list[str],
     max_k: int,
     partitions: int,
-) -> tuple[Any, ...]:
+) -> tuple[PartCounts | pa.Table, ...]:
     """Stage 1, one part file: its counts (PartCounts), then its per-(cohort key, task) sums in `partitions`
-    tables."""
+    tables (a tuple: the Ray task returns each as its own object)."""
     with open_part_population(root, file, columns, population) as con:
         set_variables(con, cohort_cols=cohort_cols, max_k=max_k, partitions=partitions)
         run_sql(con, "metrics/metrics_prepare")
         run_sql(con, "metrics/part_sums")
         run_sql(con, "metrics/harness_counts")
         counts = PartCounts()
-        for row in fetch(con, "part_counts"):
+        for row in fetch(con, "part_counts", PartCount):
             counts.info[_key(row["key"])] = row
-        for row in fetch(con, "cohort_diverged"):
-            counts.diverged[_key(row["key"])] = row["n_diverged_before_fed"]
-        for row in fetch(con, "harness_counts"):
-            counts.harness[_key(row["key"])] = row["n_harness_error"]
-        facts = fetch(con, "part_facts")[0]
+        for diverged in fetch(con, "cohort_diverged", Diverged):
+            counts.diverged[_key(diverged["key"])] = diverged["n_diverged_before_fed"]
+        for harness in fetch(con, "harness_counts", cohorts.HarnessCount):
+            counts.harness[_key(harness["key"])] = harness["n_harness_error"]
+        facts = fetch(con, "part_facts", PartFacts)[0]
         counts.max_t, counts.benchmarks = facts["max_t"], set(facts["benchmarks"] or ())
         rows = con.sql("SELECT * FROM part_task_sums ORDER BY partition").to_arrow_table()
     cut = np.searchsorted(rows["partition"].to_numpy(), np.arange(partitions + 1))
@@ -146,7 +174,7 @@ def partition_result(columns: list[str], K: int, settings: BootstrapSettings, *t
         con.register("partition_rows", rows)
         run_sql(con, "metrics/partition_sums")
         del rows
-        keys = [_key(r["key"]) for r in fetch(con, "partition_keys")]
+        keys = [_key(r["key"]) for r in fetch(con, "partition_keys", KeyRow)]
         table = con.sql("SELECT * EXCLUDE (key) FROM partition_sums").to_arrow_table()
     finally:
         con.close()
@@ -160,18 +188,18 @@ def partition_result(columns: list[str], K: int, settings: BootstrapSettings, *t
     partial = bootstrap.poisson_partial(
         keys, code, table["task_key"].to_numpy(), sums, columns, settings.seed, settings.B
     )
-    metric_moments = {(keys[r.pop("cohort")], r["metric"]): r for r in cohorts._metric_clusters(task_sums)}
-    pec_moments = {(keys[r.pop("cohort")], r["k"]): r for r in cohorts._pec_clusters(task_sums, K)}
+    metric_moments = {(keys[c], name): m for (c, name), m in cohorts._metric_clusters(task_sums).items()}
+    pec_moments = {(keys[c], k): m for (c, k), m in cohorts._pec_clusters(task_sums, K).items()}
     return PartitionResult(
         {k: len(s) for k, s in zip(keys, task_sums.cohorts, strict=True)}, partial, metric_moments, pec_moments
     )
 
 
 @functools.cache
-def _remote(function: Any) -> Any:
+def _remote(function: Callable[..., object]) -> Any:
     import ray
 
-    return ray.remote(function)
+    return ray.remote(function)  # a Ray remote function (Ray's types do not follow `options`)
 
 
 def start_ray(address: str) -> None:
@@ -180,7 +208,9 @@ def start_ray(address: str) -> None:
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if not ray.is_initialized():
-        ray.init(address=None if address == "local" else address, include_dashboard=False, logging_level="WARNING")
+        ray.init(
+            address=None if address == "local" else address, include_dashboard=False, logging_level=logging.WARNING
+        )
 
 
 def partition_count(parts: int) -> int:
@@ -196,7 +226,7 @@ def metrics_on_ray(
     population: Population = DEFAULT_POPULATION,
     replicated: Sequence[str] = (),
     partitions: int | None = None,
-) -> tuple[list[dict[str, Any]], cohorts.Replicates]:
+) -> tuple[list[Cohort], cohorts.Replicates]:
     """pipeline.metrics.cohorts.metrics_and_replicates with the poisson-merged bootstrap, computed in Ray tasks
     (the Ray at `address`); the same cohorts, bounds and replicates."""
     import ray
@@ -246,22 +276,24 @@ def _merged(
     population: Population,
     replicated: Sequence[str],
     snapshot: Snapshot,
-) -> tuple[list[dict[str, Any]], cohorts.Replicates]:
+) -> tuple[list[Cohort], cohorts.Replicates]:
     """The partitions' results merged into the cohort dicts, through the SQL a single node runs."""
     keys = sorted(counts.info, key=lambda k: tuple((v is None, v) for v in k))
     code = {k: i for i, k in enumerate(keys)}
     tasks, metric, pec, merged = result.tasks, result.metric_moments, result.pec_moments, result.partial
-    info = [
+    info: list[cohorts.CohortInfo] = [
         {"cohort": code[k], "key": counts.info[k]["key"], "n": counts.info[k]["n"], "n_tasks": tasks.get(k, 0),
          "n_no_calls": counts.info[k]["n_no_calls"], "n_unknown_success": counts.info[k]["n_unknown_success"],
          "n_diverged_before_fed": counts.diverged.get(k, 0)}
         for k in keys
     ]  # fmt: skip
     names = ["benchmark", *by_cols]
-    harness = [{"key": dict(zip(names, k, strict=True)), "n_harness_error": n} for k, n in counts.harness.items()]
+    harness: list[cohorts.HarnessCount] = [
+        {"key": dict(zip(names, k, strict=True)), "n_harness_error": n} for k, n in counts.harness.items()
+    ]
     clusters = (
-        [{"cohort": code[k], **row} for (k, _), row in metric.items()],
-        [{"cohort": code[k], **row} for (k, d), row in pec.items() if d <= K],
+        {(code[k], name): m for (k, name), m in metric.items()},
+        {(code[k], d): m for (k, d), m in pec.items() if d <= K},
     )
     con = duckdb.connect()
     try:
@@ -292,12 +324,9 @@ def _merged(
         con.close()
 
 
-def _add_moments(into: dict[Any, dict[str, Any]], rows: dict[Any, dict[str, Any]]) -> None:
-    for key, row in rows.items():
-        mine = into.get(key)
-        if mine is None:
-            into[key] = dict(row)
-            continue
-        for name in _MOMENTS:
-            if name in row:
-                mine[name] += row[name]
+Where = TypeVar("Where")
+
+
+def _add_moments(into: dict[Where, bootstrap.Moments], moments: dict[Where, bootstrap.Moments]) -> None:
+    for key, m in moments.items():
+        into[key] = into[key] + m if key in into else m

@@ -3,15 +3,16 @@ within a memory and time limit, and nothing outside the run readable."""
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 import duckdb
 import orjson
@@ -26,6 +27,7 @@ _METRICS_NAME = re.compile(r"^metrics(_by_\w+)?$")
 _MEMORY = re.compile(r"\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", re.IGNORECASE)
 BATCH_ROWS = 10_000  # rows fetched from DuckDB at a time while a result streams
 MAX_ROWS_LIMIT = 1_000_000_000  # the largest --max-rows
+Result = TypeVar("Result")
 _EXPLAIN = re.compile(r"^\s*EXPLAIN\s+(?:ANALYZE\s+)?(?:\([^)]*\)\s*)?(?P<rest>.*)$", re.IGNORECASE | re.DOTALL)
 
 
@@ -157,7 +159,7 @@ def stream_sql(snapshot: Snapshot, query: str, limits: QueryLimits | None = None
         set_variables(con, allowed_directories=[root.url + "/"])
         run_sql(con, "metrics/lockdown")
         for text in statements[:-1]:  # run for their errors; only the last one's result is shown
-            _limited(lambda text=text: _drain(_reader(con, text)), limits)
+            _limited(functools.partial(_drain, con, text), limits)
         reader = _limited(lambda: _reader(con, statements[-1]), limits)
         yield QueryResult(reader, limits, deadline, snapshot.partial())
     finally:
@@ -167,14 +169,16 @@ def stream_sql(snapshot: Snapshot, query: str, limits: QueryLimits | None = None
 
 
 def _reader(con: duckdb.DuckDBPyConnection, text: str) -> pa.RecordBatchReader:
-    relation = con.sql(text)
-    if relation is None:  # a statement without a result
+    # DuckDB's stubs promise a relation; a statement without a result gives None.
+    relation: duckdb.DuckDBPyRelation | None = con.sql(text)
+    if relation is None:
         return pa.RecordBatchReader.from_batches(pa.schema([]), [])
     return relation.to_arrow_reader(BATCH_ROWS)
 
 
-def _drain(reader: pa.RecordBatchReader) -> None:
-    for _batch in reader:
+def _drain(con: duckdb.DuckDBPyConnection, text: str) -> None:
+    """Run a statement for its errors only: its result is read and dropped."""
+    for _batch in _reader(con, text):
         pass
 
 
@@ -184,7 +188,7 @@ def partial_of(result: pa.Table) -> Coverage | None:
     return None if raw is None else Coverage(**orjson.loads(raw))
 
 
-def _limited(step: Any, limits: QueryLimits) -> Any:
+def _limited(step: Callable[[], Result], limits: QueryLimits) -> Result:
     """`step()` with DuckDB's interrupt and memory errors as the one-line errors naming the option."""
     try:
         return step()
@@ -247,7 +251,7 @@ def read_statements(query: str) -> list[str]:
     return out
 
 
-def _is_read(statement: Any) -> bool:
+def _is_read(statement: duckdb.Statement) -> bool:
     if statement.type == duckdb.StatementType.SELECT:
         return True
     if statement.type == duckdb.StatementType.EXPLAIN:

@@ -18,10 +18,11 @@ import duckdb
 from pipeline.core.arrow import pa
 from pipeline.core.text import public_url
 from pipeline.metrics.cohorts import compute_metrics, metrics_tables, write_metrics
-from pipeline.metrics.completeness import Snapshot, take_snapshot
+from pipeline.metrics.completeness import CoverageJSON, Snapshot, take_snapshot
 from pipeline.metrics.duck import connect, run_sql, set_variables
 from pipeline.metrics.population import open_population
 from pipeline.metrics.query import QueryLimits, sql
+from pipeline.metrics.results import Cohort, ToolProfile
 from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, BootstrapSettings, Population
 from pipeline.metrics.tool_profiles import tool_profiles
 
@@ -42,9 +43,11 @@ class Run:
         return self.snapshot.describe()
 
     @property
-    def partial(self) -> dict[str, Any] | None:
-        """None for a complete run; else what a partial read covers (shards, rollouts, incomplete runs)."""
-        return self.snapshot.partial()
+    def partial(self) -> CoverageJSON | None:
+        """None for a complete run; else what a partial read covers (shards, rollouts, incomplete runs), as the
+        `partial` object of every JSON output (`snapshot.partial()` gives it as a Coverage)."""
+        covered = self.snapshot.partial()
+        return None if covered is None else covered.as_json()
 
     def rollouts(self) -> pa.Table:
         """One row per scored rollout (the run's `rollouts` table, every row as scored)."""
@@ -72,7 +75,7 @@ class Run:
         max_k: int | None = None,
         population: Population = DEFAULT_POPULATION,
         address: str | None = None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[Cohort]:
         """Metrics per cohort with intervals, one JSON-ready dict per cohort with its PEC curve, as
         `pexec metrics --json` prints them (pipeline.metrics.cohorts.compute_metrics). `address`: computed in Ray
         tasks on the Ray there ("local": one started here), no process reading every rollout; needs the
@@ -109,7 +112,7 @@ class Run:
         """PEC(k) per cohort and depth k with its interval (the layout of RUN/metrics/*/pec.parquet)."""
         return metrics_tables(self.cohorts(by, _settings(bootstrap, seed), max_k, population))[1]
 
-    def write_metrics(self, cohorts: list[dict[str, Any]], by: Sequence[str] | None = None) -> str:
+    def write_metrics(self, cohorts: list[Cohort], by: Sequence[str] | None = None) -> str:
         """Keep `cohorts` (computed with `by`) under RUN/metrics/ for `sql`; returns the folder written."""
         return write_metrics(self.snapshot.root, cohorts, by)
 
@@ -118,7 +121,7 @@ class Run:
         by: Sequence[str] | None = (),
         settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
         population: Population = DEFAULT_POPULATION,
-    ) -> list[dict[str, Any]]:
+    ) -> list[ToolProfile]:
         """Per-tool error profiles (pipeline.metrics.tool_profiles)."""
         return tool_profiles(self.snapshot, by, settings, population)
 

@@ -171,7 +171,7 @@ class MetricsSettings:
 DEFAULT_METRICS = MetricsSettings()
 
 
-def harness_note(cohorts: Sequence[dict[str, Any]]) -> str:
+def harness_note(cohorts: Sequence[Mapping[str, Any]]) -> str:
     """How harness-error rollouts (the harness never really ran them) entered the cohorts' numbers."""
     n = sum(c["n_harness_error"] for c in cohorts)
     if cohorts and cohorts[0]["harness_errors"] == "fail":
@@ -179,7 +179,7 @@ def harness_note(cohorts: Sequence[dict[str, Any]]) -> str:
     return f"Harness errors: {n}, left out of N and of every metric (--harness-errors fail counts them as failures)."
 
 
-def replay_note(cohorts: Sequence[dict[str, Any]]) -> str:
+def replay_note(cohorts: Sequence[Mapping[str, Any]]) -> str:
     """How many rollouts' replay diverged from the log before their first error, and what was done with them."""
     diverged = sum(c["n_diverged_before_fed"] for c in cohorts)
     if cohorts and cohorts[0]["strict_replay"]:

@@ -11,15 +11,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict, cast
 
 import duckdb
 
 from pipeline.metrics import bootstrap
-from pipeline.metrics.cohorts import cohort_columns, interval, run_bootstrap, task_sums
-from pipeline.metrics.completeness import Snapshot
+from pipeline.metrics.cohorts import (
+    MetricDef,
+    MetricRow,
+    ReplicatedRow,
+    TaskSums,
+    cohort_columns,
+    interval,
+    run_bootstrap,
+    task_sums,
+)
+from pipeline.metrics.completeness import Coverage, Snapshot
 from pipeline.metrics.duck import fetch, run_sql, set_variables
 from pipeline.metrics.population import open_population
+from pipeline.metrics.results import BootstrapInfo, CauseCount, Key, Labels, ToolProfile
 from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, BootstrapSettings, Population
 
 
@@ -62,7 +72,7 @@ def tool_profiles(
     by: Sequence[str] | None = (),
     settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
     population: Population = DEFAULT_POPULATION,
-) -> list[dict[str, Any]]:
+) -> list[ToolProfile]:
     """One dict per (benchmark, tool[, `by` labels]), sorted by that key: calls, tasks, invalid calls, their
     causes, first errors (calls that were their rollout's first invalid call) and first-error share (of the
     first errors of the benchmark [× labels], the share at this tool: a point value, no interval), and the
@@ -75,7 +85,7 @@ def profiles_and_replicates(
     by: Sequence[str] | None = (),
     settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
     population: Population = DEFAULT_POPULATION,
-) -> tuple[list[dict[str, Any]], list[list[float | None]]]:
+) -> tuple[list[ToolProfile], list[list[float | None]]]:
     """tool_profiles, and per profile (as listed) its invalid rate in every bootstrap replicate (None where a
     replicate's ratio is undefined): the draws its interval comes from."""
     steps = snapshot.parts("steps")
@@ -84,15 +94,15 @@ def profiles_and_replicates(
         keys = ["benchmark", "tool", *labels]
         if not steps:
             return [], []
+        metric_defs: list[MetricDef] = [
+            {"metric": m.name, "num": m.num, "den": m.den, "scale": 1.0, "ord": i} for i, m in enumerate(TOOL_METRICS)
+        ]
         set_variables(
             con,
             **settings.sql_variables,
             steps_files=steps,
             cohort_cols=keys,
-            metric_defs=[
-                {"metric": m.name, "num": m.num, "den": m.den, "scale": 1.0, "ord": i}
-                for i, m in enumerate(TOOL_METRICS)
-            ],
+            metric_defs=metric_defs,
             parts=["s_n", "s_inv", "s_first", "s_cmp", "s_match"],
             replicated=["invalid_rate"],
         )
@@ -101,56 +111,70 @@ def profiles_and_replicates(
         sums = task_sums(con)  # the metrics' own bootstrap (pipeline.metrics.bootstrap), over these task sums
         run_bootstrap(con, sums, settings)
         run_sql(con, "metrics/metrics_intervals")
-        rows, reps = _assemble(con, keys, settings, _clusters(sums))
-    for row in rows:
-        covered = snapshot.partial()
-        row["partial"] = None if covered is None else covered.as_json()
-    return rows, reps
+        return _assemble(con, keys, settings, _clusters(sums), snapshot.partial())
 
 
-def _clusters(sums: Any) -> dict[tuple[int, str], dict[str, Any]]:
+class ToolInfo(TypedDict):
+    """A row of table tool_info (sql/tool_prepare.sql): one (benchmark, tool[, labels]) cohort's counts."""
+
+    cohort: int
+    key: Labels
+    n_calls: int
+    n_tasks: int
+    n_invalid: int
+    n_first_errors: int
+    causes: list[CauseCount]
+
+
+def _clusters(sums: TaskSums) -> dict[tuple[int, str], bootstrap.Moments]:
     """What the small-sample interval needs per (cohort, tool metric), as pipeline.metrics.cohorts's for its metrics."""
-    out = {}
-    for c in range(len(sums.cohorts)):
-        for m in TOOL_METRICS:
-            mom = bootstrap.moments(sums.column(c, f"s_{m.num}"), sums.column(c, f"s_{m.den}"))
-            fields = {"den_tasks": mom.den_tasks, "num_total": mom.num_total, "yy": mom.yy, "xy": mom.xy}
-            out[(c, m.name)] = {"scale": 1.0, **fields, "xx": mom.xx}
-    return out
+    return {
+        (c, m.name): bootstrap.moments(sums.column(c, f"s_{m.num}"), sums.column(c, f"s_{m.den}"))
+        for c in range(len(sums.cohorts))
+        for m in TOOL_METRICS
+    }
 
 
 def _assemble(
     con: duckdb.DuckDBPyConnection,
     keys: list[str],
     settings: BootstrapSettings,
-    clusters: dict[tuple[int, str], dict[str, Any]],
-) -> tuple[list[dict[str, Any]], list[list[float | None]]]:
-    info = fetch(con, "tool_info")
-    reps = {r["cohort"]: r["replicate_values"] for r in fetch(con, "replicated_values")}
-    ratios = {(r["cohort"], r["metric"]): r for r in fetch(con, "metric_intervals")}
+    clusters: dict[tuple[int, str], bootstrap.Moments],
+    covered: Coverage | None,
+) -> tuple[list[ToolProfile], list[list[float | None]]]:
+    info = fetch(con, "tool_info", ToolInfo)
+    reps = {r["cohort"]: r["replicate_values"] for r in fetch(con, "replicated_values", ReplicatedRow)}
+    ratios = {(r["cohort"], r["metric"]): r for r in fetch(con, "metric_intervals", MetricRow)}
     group = [k for k in keys if k != "tool"]
-    first_total: dict[tuple[Any, ...], int] = {}
+    first_total: dict[Key, int] = {}
     for c in info:
         g = tuple(c["key"][k] for k in group)
         first_total[g] = first_total.get(g, 0) + c["n_first_errors"]
-    out: list[tuple[dict[str, Any], list[float | None]]] = []
+    out: list[tuple[Key, ToolProfile, list[float | None]]] = []
     for c in info:
-        row: dict[str, Any] = {k: c["key"][k] for k in keys}
-        row |= {k: c[k] for k in ("n_calls", "n_tasks", "n_invalid", "n_first_errors", "causes")}
+        labels = tuple(c["key"][k] for k in keys)
+        row: dict[str, object] = dict(zip(keys, labels, strict=True))
+        row |= {"n_calls": c["n_calls"], "n_tasks": c["n_tasks"], "n_invalid": c["n_invalid"]}
+        row |= {"n_first_errors": c["n_first_errors"], "causes": c["causes"]}
         total = first_total[tuple(c["key"][k] for k in group)]
         row["first_error_share"] = c["n_first_errors"] / total if total else None
         for m in TOOL_METRICS:
             r = ratios.get((c["cohort"], m.name))
-            full = {**r, **clusters.get((c["cohort"], m.name), {})} if r else None
-            row[m.name] = interval(full, settings.level)
-            row[m.name]["eligible"] = full["den_total"] if full else 0
-        row["bootstrap"] = {
+            moments = None if r is None or r["value"] is None else clusters[(c["cohort"], m.name)]
+            value = interval(r, moments, 1.0, settings.level)
+            value["eligible"] = r["den_total"] if r else 0
+            row[m.name] = value
+        drawn: BootstrapInfo = {
             "B": settings.B,
             "seed": settings.seed,
             "method": settings.method,
             "level": settings.level,
             "unit": "task",
         }
-        out.append((row, reps.get(c["cohort"], [None] * settings.B)))
-    out.sort(key=lambda p: tuple((p[0][k] is None, p[0][k]) for k in keys))
-    return [p[0] for p in out], [p[1] for p in out]
+        row["bootstrap"] = drawn
+        row["partial"] = None if covered is None else covered.as_json()
+        # The labels, then ToolProfile's keys: one per TOOL_METRICS (tests/test_catalogue.py checks ToolProfile
+        # declares them), which the checker cannot follow through the loop above.
+        out.append((labels, cast(ToolProfile, row), reps.get(c["cohort"], [None] * settings.B)))
+    out.sort(key=lambda p: tuple((v is None, v) for v in p[0]))
+    return [p[1] for p in out], [p[2] for p in out]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Literal, TypedDict
 from urllib.parse import urlencode
 
 import duckdb
@@ -27,7 +27,7 @@ from pipeline.metrics import bootstrap
 from pipeline.metrics.drift import DiffError, Threshold, split_threshold
 from pipeline.metrics.duck import connect, fetch, run_sql, set_variables
 from pipeline.metrics.run import Run
-from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, BootstrapSettings
+from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, BootstrapSettings, Method
 
 KINDS = ("valid_to_invalid", "invalid_to_valid", "check_changed", "cause_changed")
 EXAMPLES = 5  # rollouts listed per flip kind
@@ -52,29 +52,168 @@ _RATIOS: dict[str, tuple[str, str | None, str, float]] = {
 _COLUMNS = ("n", "exec_a", "exec_b", "auc_a", "auc_b", "fed_a", "fed_b", "steps", "flips", "to_invalid", "to_valid")
 
 
+class SharedRollouts(TypedDict):
+    """The row of view paired_shared (sql/paired_shared.sql)."""
+
+    rollouts_a: int
+    rollouts_b: int
+    shared: int  # rollouts in both: the same rollout id for the same task
+
+
+class Repeats(TypedDict):
+    """The row of table paired_repeats (sql/paired_steps.sql): rows beyond one per rollout id."""
+
+    repeated_a: int
+    repeated_b: int
+
+
+class PairedCounts(TypedDict):
+    """The row of table paired_counts (sql/paired_steps.sql): rollouts of A, of B, shared, then over the shared
+    ones that no run calls a harness error (`compared`)."""
+
+    rollouts_a: int
+    rollouts_b: int
+    shared: int
+    harness_errors: int
+    compared: int
+    tasks: int
+    fed_changed: int
+    became_not_executable: int
+    became_executable: int
+    calls_differ: int  # rollouts whose number of calls differs
+
+
+class KindCount(TypedDict):
+    """Steps of one kind (a flip kind of KINDS, `same`, or `unmatched`: in one run only), and their rollouts and
+    tasks."""
+
+    steps: int
+    rollouts: int
+    tasks: int
+
+
+class KindRow(KindCount):
+    """A row of view paired_kinds."""
+
+    kind: str
+
+
+class Change(TypedDict):
+    """The flip rate (`value`, no A or B), or a paired change B − A (`value`) of a rate over the shared rollouts,
+    with its percentile interval."""
+
+    a: float | None
+    b: float | None
+    value: float | None
+    lo: float | None
+    hi: float | None
+    replicates_used: int  # replicates whose denominator is not 0
+
+
+class FlipsByTool(TypedDict):
+    kind: str
+    tool: str
+    steps: int
+
+
+class FlipsByCause(TypedDict):
+    kind: str
+    cause_a: str | None
+    cause_b: str | None
+    steps: int
+
+
+class FlipsByCheck(TypedDict):
+    kind: str
+    check_a: str | None
+    check_b: str | None
+    steps: int
+
+
+class ExampleRow(TypedDict):
+    """A row of view paired_examples: a rollout with flips of `kind`, and where each run keeps it."""
+
+    kind: str
+    rollout_id: str
+    task_id: str
+    first_step: int
+    steps: int
+    run_a: str
+    shard_a: str
+    run_b: str
+    shard_b: str
+
+
+class Example(TypedDict):
+    """An example rollout of a flip kind, with its links into `pexec view`."""
+
+    kind: str
+    rollout_id: str
+    task_id: str
+    first_step: int  # its first flipped step
+    steps: int  # its flipped steps
+    link_a: str
+    link_b: str
+
+
+class PairedBootstrap(TypedDict):
+    method: Method
+    B: int
+    seed: int
+    level: float
+    clusters: Literal["task"]
+
+
+class PairedJSON(PairedCounts):
+    """`pexec diff --paired --json`: the counts, the steps per kind, the flip rate and the paired changes, the
+    flips by tool, cause and check, and example rollouts."""
+
+    kind: Literal["paired"]
+    flips: int
+    steps: dict[str, KindCount]
+    flip_rate: Change
+    ter: Change
+    auc_pec: Change
+    fed: Change
+    by_tool: list[FlipsByTool]
+    by_cause: list[FlipsByCause]
+    by_check: list[FlipsByCheck]
+    examples: list[Example]
+    bootstrap: PairedBootstrap
+
+
 @dataclass(frozen=True)
 class PairedDiff:
-    counts: dict[str, int]  # rollouts_a, rollouts_b, shared, harness_errors, compared, tasks, fed_changed, …
-    kinds: dict[str, dict[str, int]]  # kind (and same, unmatched) -> steps, rollouts, tasks
-    changes: dict[str, dict[str, Any]]  # flip_rate, ter, auc_pec, fed -> a, b, value (B − A or the rate), lo, hi
-    by_tool: list[dict[str, Any]]
-    by_cause: list[dict[str, Any]]
-    by_check: list[dict[str, Any]]
-    examples: list[dict[str, Any]]  # kind, rollout_id, task_id, first_step, steps, link_a, link_b
+    counts: PairedCounts
+    kinds: dict[str, KindCount]  # kind (and same, unmatched) -> its steps, rollouts, tasks
+    changes: dict[str, Change]  # flip_rate, ter, auc_pec, fed (the keys of _RATIOS)
+    by_tool: list[FlipsByTool]
+    by_cause: list[FlipsByCause]
+    by_check: list[FlipsByCheck]
+    examples: list[Example]
     settings: BootstrapSettings
 
     @property
     def flips(self) -> int:
-        return sum(self.kinds.get(k, {}).get("steps", 0) for k in KINDS)
+        return sum(self.steps(k) for k in KINDS)
 
-    def to_json(self) -> dict[str, Any]:
+    def steps(self, kind: str) -> int:
+        """Steps of `kind` (0 when there is none)."""
+        counted = self.kinds.get(kind)
+        return 0 if counted is None else counted["steps"]
+
+    def to_json(self) -> PairedJSON:
         s = self.settings
+        changes = self.changes
         return {
             "kind": "paired",
             **self.counts,
             "flips": self.flips,
             "steps": self.kinds,
-            **self.changes,
+            "flip_rate": changes["flip_rate"],
+            "ter": changes["ter"],
+            "auc_pec": changes["auc_pec"],
+            "fed": changes["fed"],
             "by_tool": self.by_tool,
             "by_cause": self.by_cause,
             "by_check": self.by_check,
@@ -88,7 +227,7 @@ def shared_rollouts(run_a: Run, run_b: Run) -> tuple[int, int, int]:
     both runs have its rollout id for the same task."""
     with _connection(run_a, run_b) as con:
         run_sql(con, "metrics/paired_shared")
-        row = fetch(con, "paired_shared")[0]
+        row = fetch(con, "paired_shared", SharedRollouts)[0]
     return int(row["rollouts_a"]), int(row["rollouts_b"]), int(row["shared"])
 
 
@@ -96,32 +235,37 @@ def paired_diff(
     run_a: Run, run_b: Run, settings: BootstrapSettings = DEFAULT_BOOTSTRAP, examples: int = EXAMPLES
 ) -> PairedDiff:
     """The step-level verdict diff of two runs of the same rollouts (refused when they share none)."""
-    if settings.method not in ("multinomial", "poisson"):
-        raise DiffError(f"the paired diff draws multinomial or poisson bootstrap replicates, not {settings.method}")
+    method = settings.method
+    if method not in ("multinomial", "poisson"):
+        raise DiffError(f"the paired diff draws multinomial or poisson bootstrap replicates, not {method}")
     with _connection(run_a, run_b, examples) as con:
         run_sql(con, "metrics/paired_steps")
-        repeats = fetch(con, "paired_repeats")[0]
+        repeats = fetch(con, "paired_repeats", Repeats)[0]
         if repeats["repeated_a"] or repeats["repeated_b"]:
             raise DiffError(
                 f"rollout ids repeat within a run (A {repeats['repeated_a']}, B {repeats['repeated_b']} extra rows): "
                 "a step-level comparison needs each rollout once per run (give one run folder, not several)"
             )
-        counts = fetch(con, "paired_counts")[0]
+        counts = fetch(con, "paired_counts", PairedCounts)[0]
         if not counts["compared"]:
             raise DiffError(
                 f"the runs share no scored rollout ({counts['rollouts_a']} in A, {counts['rollouts_b']} in B, "
                 f"{counts['shared']} shared, {counts['harness_errors']} of them harness errors): nothing to pair"
             )
-        kinds = {r.pop("kind"): r for r in fetch(con, "paired_kinds")}
+        kinds: dict[str, KindCount] = {
+            r["kind"]: {"steps": r["steps"], "rollouts": r["rollouts"], "tasks": r["tasks"]}
+            for r in fetch(con, "paired_kinds", KindRow)
+        }
         sums = con.execute("SELECT * EXCLUDE (task_id) FROM paired_task_sums").fetchnumpy()
+        per_task = np.stack([np.asarray(sums[c], dtype=np.int64) for c in _COLUMNS], axis=1)
         result = PairedDiff(
             counts=counts,
             kinds=kinds,
-            changes=_changes(np.stack([np.asarray(sums[c], dtype=np.int64) for c in _COLUMNS], axis=1), settings),
-            by_tool=fetch(con, "paired_by_tool"),
-            by_cause=fetch(con, "paired_by_cause"),
-            by_check=fetch(con, "paired_by_check"),
-            examples=[_linked(r) for r in fetch(con, "paired_examples")],
+            changes=_changes(per_task, settings, method),
+            by_tool=fetch(con, "paired_by_tool", FlipsByTool),
+            by_cause=fetch(con, "paired_by_cause", FlipsByCause),
+            by_check=fetch(con, "paired_by_check", FlipsByCheck),
+            examples=[_linked(r) for r in fetch(con, "paired_examples", ExampleRow)],
             settings=settings,
         )
     return result
@@ -149,13 +293,13 @@ def _connection(run_a: Run, run_b: Run, examples: int = EXAMPLES) -> Iterator[du
         con.close()
 
 
-def _changes(sums: np.ndarray, settings: BootstrapSettings) -> dict[str, dict[str, Any]]:
+def _changes(sums: np.ndarray, settings: BootstrapSettings, method: bootstrap.Method) -> dict[str, Change]:
     """Point values and percentile intervals of the flip rate and the paired changes, from the per-task sums of
     the shared tasks (one bootstrap: the same task draws for every quantity)."""
     col = {c: i for i, c in enumerate(_COLUMNS)}
     totals = sums.sum(axis=0)
-    reps = _replicate_totals(sums, settings)  # B x columns
-    out = {}
+    reps = _replicate_totals(sums, settings, method)  # B x columns
+    out: dict[str, Change] = {}
     for name, (num_b, num_a, den, scale) in _RATIOS.items():
         d = totals[col[den]] * scale
         a = None if num_a is None or not d else float(totals[col[num_a]] / d)
@@ -174,9 +318,9 @@ def _changes(sums: np.ndarray, settings: BootstrapSettings) -> dict[str, dict[st
     return out
 
 
-def _replicate_totals(sums: np.ndarray, settings: BootstrapSettings) -> np.ndarray:
+def _replicate_totals(sums: np.ndarray, settings: BootstrapSettings, method: bootstrap.Method) -> np.ndarray:
     """Per replicate, the column totals of the resampled tasks (the exact limb sums recombined as integers)."""
-    batches = list(bootstrap.replicate_sums([sums], _COLUMNS, settings.seed, settings.B, settings.method))
+    batches = list(bootstrap.replicate_sums([sums], _COLUMNS, settings.seed, settings.B, method))
     totals = [[0] * len(_COLUMNS) for _ in range(settings.B)]
     index = {c: i for i, c in enumerate(_COLUMNS)}
     for row in pa.Table.from_batches(batches, bootstrap.LIMBS).to_pylist() if batches else []:
@@ -184,14 +328,17 @@ def _replicate_totals(sums: np.ndarray, settings: BootstrapSettings) -> np.ndarr
     return np.array(totals, dtype=np.float64)
 
 
-def _linked(row: dict[str, Any]) -> dict[str, Any]:
+def _linked(row: ExampleRow) -> Example:
     """An example rollout with its links into `pexec view RUN_A` and `pexec view RUN_B` (default address)."""
-    run_a, shard_a, run_b, shard_b = row.pop("run_a"), row.pop("shard_a"), row.pop("run_b"), row.pop("shard_b")
     rid = row["rollout_id"]
     return {
-        **row,
-        "link_a": f"{VIEW_URL}/rollout?{urlencode({'run': run_a, 'shard': shard_a, 'id': rid})}",
-        "link_b": f"{VIEW_URL}/rollout?{urlencode({'run': run_b, 'shard': shard_b, 'id': rid})}",
+        "kind": row["kind"],
+        "rollout_id": rid,
+        "task_id": row["task_id"],
+        "first_step": row["first_step"],
+        "steps": row["steps"],
+        "link_a": f"{VIEW_URL}/rollout?{urlencode({'run': row['run_a'], 'shard': row['shard_a'], 'id': rid})}",
+        "link_b": f"{VIEW_URL}/rollout?{urlencode({'run': row['run_b'], 'shard': row['shard_b'], 'id': rid})}",
     }
 
 
@@ -208,8 +355,8 @@ def paired_breaches(result: PairedDiff, thresholds: Sequence[Threshold]) -> list
     lines = []
     counts = {
         "flips": result.flips,
-        "to_invalid": result.kinds.get("valid_to_invalid", {}).get("steps", 0),
-        "to_valid": result.kinds.get("invalid_to_valid", {}).get("steps", 0),
+        "to_invalid": result.steps("valid_to_invalid"),
+        "to_valid": result.steps("invalid_to_valid"),
     }
     for t in thresholds:
         if t.metric in counts:

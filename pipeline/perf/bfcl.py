@@ -14,8 +14,9 @@ import argparse
 import json
 import os
 import time
+from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from pipeline.core.model import Call, Rollout
 from pipeline.core.records import parse_rollout
@@ -69,19 +70,33 @@ def fresh_environments(rollouts: list[Rollout]) -> dict[str, Environment]:
     return {name: new_environment(name) for name in {r.benchmark for r in rollouts}}
 
 
-def measure(rollouts: list[Rollout], repeat: int, official: bool = True) -> dict[str, Any]:
+class Throughput(TypedDict):
+    """Calls per second of each path, best of the repetitions."""
+
+    rollouts: int
+    steps: int
+    checker: float
+    official: NotRequired[float]  # BFCL's own path, when measured
+
+
+def measure(rollouts: list[Rollout], repeat: int, official: bool = True) -> Throughput:
     """Best-of-`repeat` throughput of the checker and (when `official`) of BFCL's own path on `rollouts`."""
     checker_path(rollouts[:50], fresh_environments(rollouts))  # import the simulators outside the timing
     best: dict[str, float] = {}
     steps = sum(len(r.calls) for r in rollouts)
     for i in range(repeat):
         checker = partial(checker_path, environments=fresh_environments(rollouts))  # built outside the timing
-        paths = {"checker": checker, **({"official": partial(official_path, tag=str(i))} if official else {})}
+        paths: dict[str, Callable[[list[Rollout]], int]] = {"checker": checker}
+        if official:
+            paths["official"] = partial(official_path, tag=str(i))
         for name, path in paths.items():
             began = time.perf_counter()
             path(rollouts)
             best[name] = min(best.get(name, float("inf")), time.perf_counter() - began)
-    return {"rollouts": len(rollouts), "steps": steps, **{name: steps / seconds for name, seconds in best.items()}}
+    out: Throughput = {"rollouts": len(rollouts), "steps": steps, "checker": steps / best["checker"]}
+    if "official" in best:
+        out["official"] = steps / best["official"]
+    return out
 
 
 def bench_bfcl(real: str | None = None, repeats: int = 3) -> Bench:

@@ -14,6 +14,7 @@ Both at the given size and a tenth of it: the driver's peak at the larger over t
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import subprocess
@@ -21,7 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Literal, TypedDict
 
 import orjson
 
@@ -54,10 +55,17 @@ def _start_ray(address: str) -> None:
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if not ray.is_initialized():  # a driver of its own; in process (tests) the bench's Ray already is
-        ray.init(address=address, logging_level="WARNING")
+        ray.init(address=address, logging_level=logging.WARNING)
 
 
-def _id_check_here(ids: int, per_shard: int, gathered: bool, address: str) -> dict[str, float]:
+class Measured(TypedDict):
+    """One measured driver: its seconds and its peak RSS."""
+
+    seconds: float
+    peak_mib: float
+
+
+def _id_check_here(ids: int, per_shard: int, gathered: bool, address: str) -> Measured:
     import ray
 
     from pipeline.scoring.id_check import MAX_PARTITIONS, RayIdCheck
@@ -81,7 +89,7 @@ def _id_check_here(ids: int, per_shard: int, gathered: bool, address: str) -> di
     return {"seconds": seconds, "peak_mib": peak_mib()}
 
 
-def _metrics_here(run: str, address: str | None, B: int) -> dict[str, float]:
+def _metrics_here(run: str, address: str | None, B: int) -> Measured:
     from pipeline.metrics.cohorts import compute_metrics
     from pipeline.metrics.partials import metrics_on_ray
     from pipeline.metrics.run import open_run
@@ -99,17 +107,24 @@ def _metrics_here(run: str, address: str | None, B: int) -> dict[str, float]:
     return {"seconds": time.perf_counter() - began, "peak_mib": peak_mib()}
 
 
-def _fresh(*args: str, in_process: bool = False) -> dict[str, float]:
+def _fresh(*args: str, in_process: bool = False) -> Measured:
     """Measure in a fresh driver process (`main` with `args`), or in this one (`in_process`: the code paths
     only, for tests; its peak RSS is then this process's)."""
     if in_process:
         given = _parser().parse_args(list(args))
-        if given.ids:
-            return _id_check_here(*given.ids, given.gathered, given.address)
-        return _metrics_here(given.metrics, given.address, given.B)
+        return _measure(given)
     out = subprocess.run([sys.executable, "-m", "pipeline.perf.distributed", *args], capture_output=True, text=True,
                          check=True).stdout  # fmt: skip
-    return orjson.loads(out.strip().splitlines()[-1])
+    measured: Measured = orjson.loads(out.strip().splitlines()[-1])  # _measure's, from that process
+    return measured
+
+
+def _measure(given: argparse.Namespace) -> Measured:
+    """The measurement `main`'s arguments ask for (--ids or --metrics)."""
+    if given.ids:
+        ids, per_shard = given.ids
+        return _id_check_here(ids, per_shard, given.gathered, given.address)
+    return _metrics_here(given.metrics, given.address, given.B)
 
 
 def bench_distributed(
@@ -127,9 +142,9 @@ def bench_distributed(
     id_sizes = (big_ids // 10, big_ids)
     sizes = (rollouts // 10, rollouts)
     root = Path(workdir or tempfile.mkdtemp(prefix="pexec-bench-distributed-"))
-    runs: dict[str, list[dict[str, float]]] = {}
+    runs: dict[str, list[Measured]] = {}
 
-    def add(name: str, *args: Any) -> None:
+    def add(name: str, *args: object) -> None:
         runs.setdefault(name, []).append(_fresh(*(str(a) for a in args), in_process=in_process))
 
     try:
@@ -150,7 +165,7 @@ def bench_distributed(
         if workdir is None:
             shutil.rmtree(root, ignore_errors=True)
 
-    def v(name: str, key: str) -> list[float]:
+    def v(name: str, key: Literal["seconds", "peak_mib"]) -> list[float]:
         return [r[key] for r in runs[name]]
 
     def ratio(name: str, small: int, big: int) -> list[float]:
@@ -200,10 +215,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = _parser().parse_args()
-    if args.ids:
-        print(orjson.dumps(_id_check_here(*args.ids, args.gathered, args.address)).decode())
-    elif args.metrics:
-        print(orjson.dumps(_metrics_here(args.metrics, args.address, args.B)).decode())
+    if args.ids or args.metrics:
+        print(orjson.dumps(_measure(args)).decode())
     else:
         show(bench_distributed(args.rollouts, B=args.B, cpus=args.cpus, repeats=args.repeats))
 

@@ -25,7 +25,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 import orjson
 
@@ -82,10 +82,34 @@ def one_wait_per_shard(
 
 
 def _rss_mib() -> float:
-    return int(re.search(r"VmRSS:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) / 1024  # type: ignore[union-attr]
+    found = re.search(r"VmRSS:\s+(\d+)", Path("/proc/self/status").read_text())
+    if found is None:
+        raise RuntimeError("/proc/self/status has no VmRSS line")
+    return int(found.group(1)) / 1024
 
 
-def retire(loop: Callable[..., Iterator[tuple[Shard, Any]]], window: int, steady: int, ids: int) -> dict[str, float]:
+class Retired(TypedDict):
+    """The steady phase of one loop: driver CPU per shard, shards per second of it and of the wall clock, and the
+    driver's memory growth."""
+
+    cpu_us_per_shard: float
+    driver_capacity: float
+    retired_per_s: float
+    rss_mib_per_10k: float
+
+
+RetiredKey = Literal["cpu_us_per_shard", "driver_capacity", "retired_per_s", "rss_mib_per_10k"]
+
+
+class IdCheck(TypedDict):
+    """The duplicate-id check of a run's end, per id: time, the ids held until it, and Arrow's peak."""
+
+    ns_per_id: float
+    held_b_per_id: float
+    peak_b_per_id: float
+
+
+def retire(loop: Callable[..., Iterator[tuple[Shard, Any]]], window: int, steady: int, ids: int) -> Retired:
     """Run `steady + window` tiny tasks through `loop`, each returning the ids of `ids` records; measure the
     `steady` retirements made while exactly `window` tasks were in flight."""
     import ray
@@ -94,7 +118,12 @@ def retire(loop: Callable[..., Iterator[tuple[Shard, Any]]], window: int, steady
     file = InputFile("bench://driver", "jsonl", None, 0, "0")
     shards = (Shard(file, i, i + 1) for i in range(steady + window))
     began = cpu = rss = 0.0
-    for n, _ in enumerate(loop(shards, lambda shard: task.remote(shard, ids), window, lambda: None), 1):
+
+    def submit(shard: Shard) -> Any:
+        # Ray's stubs take `finish`, whose `ids` has a default, for a function of one argument.
+        return task.remote(shard, ids)  # type: ignore[call-arg]
+
+    for n, _ in enumerate(loop(shards, submit, window, lambda: None), 1):
         if n == 1:  # the window is full: the steady phase starts
             began, cpu = time.perf_counter(), time.process_time()
         elif n == steady // 2 + 1:  # memory from half-way on, once Ray's own buffers have grown
@@ -110,16 +139,17 @@ def retire(loop: Callable[..., Iterator[tuple[Shard, Any]]], window: int, steady
     }
 
 
-def id_check(ids: int, per_shard: int) -> dict[str, float]:
+def id_check(ids: int, per_shard: int) -> IdCheck:
     """The driver's duplicate-id check at the end of a run (`pipeline.storage.ids.duplicate_ids`) over `ids`
     distinct ids returned by shards of `per_shard` rollouts: time per id, and Arrow memory per id, held until the
     check and at its peak (measured in a fresh process, whose Arrow high-water mark is then the check's)."""
     out = subprocess.run([sys.executable, "-m", "pipeline.perf.driver", "--id-check", str(ids), str(per_shard)],
                          capture_output=True, text=True, check=True).stdout  # fmt: skip
-    return orjson.loads(out)
+    measured: IdCheck = orjson.loads(out)  # _id_check_here's, from that process
+    return measured
 
 
-def _id_check_here(ids: int, per_shard: int) -> dict[str, float]:
+def _id_check_here(ids: int, per_shard: int) -> IdCheck:
     file = InputFile("bench://ids", "jsonl", None, 0, "0")
     shards = [Shard(file, i, i + 1) for i in range(-(-ids // per_shard))]
     tables = {s.key: _ids(per_shard, i) for i, s in enumerate(shards)}
@@ -165,9 +195,9 @@ def bench_driver(
     root = Path(tempfile.mkdtemp(prefix="pexec-bench-driver-"))
     load = os.getloadavg()[0]
     loops = {"batched": completed, "one wait per shard": one_wait_per_shard}
-    runs: dict[tuple[str, int], list[dict[str, float]]] = {}
+    runs: dict[tuple[str, int], list[Retired]] = {}
     need: list[float] = []
-    checks: list[dict[str, float]] = []
+    checks: list[IdCheck] = []
     try:
         ids = round(rollouts * DEFAULT_SHARD_BYTES / _store(rollouts, root)[1])  # rollouts in a default-size shard
         with local_ray(cpus):
@@ -180,7 +210,7 @@ def bench_driver(
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
-    def values(name: str, window: int, key: str) -> list[float]:
+    def values(name: str, window: int, key: RetiredKey) -> list[float]:
         return [r[key] for r in runs[(name, window)]]
 
     baseline = "one `ray.wait` over all pending per shard"
@@ -221,7 +251,7 @@ def bench_driver(
         f"{DEFAULT_SHARD_BYTES >> 20} MiB shard of `shop`), {n_runs(repeats)} interleaved, local Ray with {cpus} CPUs, "
         f"{load_average(load)}"
     )
-    details = {f"{name} {window}": rows for (name, window), rows in runs.items()}
+    details: dict[str, object] = {f"{name} {window}": rows for (name, window), rows in runs.items()}
     details["need"] = need
     details["id check"] = checks
     return Bench("driver", caption, figures, details)

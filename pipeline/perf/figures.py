@@ -12,11 +12,10 @@ from __future__ import annotations
 import os
 import re
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -58,7 +57,7 @@ class Bench:
     name: str
     caption: str
     figures: list[Figure]
-    details: dict[str, Any] = field(default_factory=dict)
+    details: Mapping[str, object] = field(default_factory=dict)  # each bench's own raw measurements
     measured: str = field(default_factory=lambda: datetime.now(UTC).date().isoformat())  # the day, UTC
 
 

@@ -4,6 +4,7 @@ directly is turned into a complete run (what every reader asks for)."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import pyarrow.parquet as pq
 
@@ -21,7 +22,7 @@ from pipeline.storage.fs import exists, filesystem
 from pipeline.storage.run import part_path, write_manifest, write_part
 
 
-def commit_parts(run: str, storage_options: dict | None = None) -> None:
+def commit_parts(run: str, storage_options: dict[str, Any] | None = None) -> None:
     """Make a run of rollouts parts written without scoring (benchmarks, tests of the DuckDB stage) a complete
     run: an empty steps and rejects part beside every rollouts part that has none, and a manifest listing
     them as its shards."""

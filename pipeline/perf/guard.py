@@ -28,13 +28,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict, cast
 
 import numpy as np
 import orjson
 
 from pipeline.core.model import Call, Message, Rollout
 from pipeline.envs import get_environment
+from pipeline.envs.spec.env import SpecEnvironment
 from pipeline.guard import open_session
 from pipeline.perf.figures import Bench, Figure, figure, load_average, n_runs, show
 from pipeline.replay.checker import replay
@@ -54,7 +55,7 @@ class Scenario:
 
 
 def _shop_calls() -> Iterator[Call]:
-    state = get_environment("shop").spec.initial_state
+    state = cast(SpecEnvironment, get_environment("shop")).spec.initial_state  # `shop` is a spec
     order = state["users"]["U1001"]["orders"][0]
     product = next(iter(state["products"]))
     yield Call("authenticate", {"email": "ava.lopez@example.com", "zip": "78701"})
@@ -86,6 +87,14 @@ SCENARIOS = (
         ("Make folders in my home directory and list them.",),
         _bfcl_calls,
     ),
+)
+
+
+Times = dict[int, list[float]]  # depth -> seconds of each check at that depth
+
+# What `details` keeps per scenario: the checks' times per run of each path.
+ScenarioTimes = TypedDict(
+    "ScenarioTimes", {"library": list[Times], "re-replay": list[Times], "http": Times, "saturated": Times}
 )
 
 
@@ -123,7 +132,7 @@ def rereplay(scenario: Scenario, repeats: int) -> dict[int, list[float]]:
     calls = list(itertools.islice(scenario.calls(), max(DEPTHS)))
     times: dict[int, list[float]] = {d: [] for d in DEPTHS}
     for depth in DEPTHS:
-        rollout = Rollout("bench", "bench", scenario.env, env=scenario.start, events=events + calls[:depth])
+        rollout = Rollout("bench", "bench", scenario.env, env=scenario.start, events=[*events, *calls[:depth]])
         for _ in range(repeats):
             began = time.perf_counter()
             result = replay(env, rollout)
@@ -138,11 +147,22 @@ def rereplay(scenario: Scenario, repeats: int) -> dict[int, list[float]]:
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
-def _call_json(call: Call, output: Any = None) -> dict[str, Any]:
-    return {"tool": call.tool, "arguments": call.arguments, **({"output": output} if output is not None else {})}
+class CallBody(TypedDict):
+    """A call as a check or record request carries it (its output: what the simulator returned)."""
+
+    tool: str
+    arguments: Any  # the call's own
+    output: NotRequired[Any]
+
+
+def _call_json(call: Call, output: Any = None) -> CallBody:
+    body: CallBody = {"tool": call.tool, "arguments": call.arguments}
+    if output is not None:
+        body["output"] = output
+    return body
 
 
 async def _http_sessions(
@@ -223,7 +243,7 @@ def bench_guard(
     The library and re-replay paths run `repeats` times (min–median–max of their percentiles), HTTP once."""
     load = os.getloadavg()[0]
     figures: list[Figure] = []
-    details: dict[str, Any] = {}
+    details: dict[str, ScenarioTimes] = {}
     for scenario in SCENARIOS:
         library(scenario, 5)  # warm-up
         (paced, paced_served), (saturated, _) = http(scenario, concurrent, rounds, (think_s, 0.0))

@@ -17,7 +17,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -25,6 +25,21 @@ import pyarrow.parquet as pq
 from pipeline.core.arrow import pa
 from pipeline.perf.figures import Bench, Figure, figure, load_average, n_runs, show
 from pipeline.perf.fixtures import commit_parts
+
+if TYPE_CHECKING:
+    from pipeline.metrics.results import Cohort
+    from pipeline.metrics.settings import Method
+
+Bounds = dict[str, dict[str, tuple[float, float]]]  # model -> metric -> (lo, hi)
+
+
+class MetricsRun(TypedDict):
+    """What `details` keeps per number of cohorts: seconds and peak RSS per method, and whether the reference's
+    bounds equal the project's."""
+
+    seconds: dict[str, list[float]]
+    peak_rss_mib: dict[str, list[float]]
+    same_bounds: bool
 
 
 def write_synthetic_rollouts(
@@ -82,7 +97,7 @@ def write_synthetic_rollouts(
     commit_parts(str(run))
 
 
-def reference_bounds(run: str, B: int, seed: int = 0, level: float = 0.95) -> dict[str, dict[str, tuple[float, float]]]:
+def reference_bounds(run: str, B: int, seed: int = 0, level: float = 0.95) -> Bounds:
     """The plain-numpy reference the project is timed against: read the rollouts with pyarrow, sum per (model,
     task), draw the same multinomial weights (metrics/sql/hash.sql in uint64 numpy, one replicate at a time), take the
     replicates' TER, AUC-PEC, success and RR and their percentile bounds. model -> metric -> (lo, hi)."""
@@ -113,8 +128,8 @@ def reference_bounds(run: str, B: int, seed: int = 0, level: float = 0.95) -> di
         x = (x * np.uint64(0x846CA68B)) & mask
         return x ^ (x >> np.uint64(16))
 
-    keys = lb32(lb32(np.uint64(seed)) ^ np.arange(B, dtype=np.uint64))
-    out = {}
+    keys = lb32(lb32(np.asarray(seed, dtype=np.uint64)) ^ np.arange(B, dtype=np.uint64))
+    out: Bounds = {}
     for name in np.unique(model):
         rows = model == name
         tasks, inverse = np.unique(task[rows], return_inverse=True)  # task_id order, as the project numbers them
@@ -139,7 +154,8 @@ def reference_bounds(run: str, B: int, seed: int = 0, level: float = 0.95) -> di
     return out
 
 
-def _time_project(run: str, method: str, B: int, max_k: int) -> tuple[float, int, dict[str, dict[str, Any]]]:
+def _time_project(run: str, method: Method, B: int, max_k: int) -> tuple[float, int, dict[str | None, Cohort]]:
+    from pipeline.metrics.results import key_values
     from pipeline.metrics.run import open_run
     from pipeline.metrics.settings import BootstrapSettings
 
@@ -147,10 +163,10 @@ def _time_project(run: str, method: str, B: int, max_k: int) -> tuple[float, int
     cohorts = open_run(run).cohorts(None, BootstrapSettings(B=B, method=method), max_k=max_k)
     seconds = time.perf_counter() - start
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    return seconds, peak_kib, {c["model"]: c for c in cohorts}
+    return seconds, peak_kib, {key_values(c, ["model"])[0]: c for c in cohorts}
 
 
-def _time_reference(run: str, B: int) -> tuple[float, int, dict[str, dict[str, tuple[float, float]]]]:
+def _time_reference(run: str, B: int) -> tuple[float, int, Bounds]:
     start = time.perf_counter()
     bounds = reference_bounds(run, B)
     return time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, bounds
@@ -172,7 +188,7 @@ def bench_metrics(
     load = os.getloadavg()[0]
     ctx = multiprocessing.get_context("spawn")
     figures: list[Figure] = []
-    details: dict[str, Any] = {}
+    details: dict[str, MetricsRun] = {}
     for n_models in cohorts:
         run = base / f"run-{n_models}"
         if run.exists():
@@ -196,10 +212,10 @@ def bench_metrics(
             # Same to 1e-12: numpy and DuckDB interpolate between the same two order statistics with formulas
             # that can differ in the last bit.
             same &= all(
-                math.isclose(mine[name][metric][end], bound, rel_tol=1e-12, abs_tol=1e-15)
+                got is not None and math.isclose(got, bound, rel_tol=1e-12, abs_tol=1e-15)
                 for name, per_metric in bounds.items()
                 for metric, lo_hi in per_metric.items()
-                for end, bound in zip(("lo", "hi"), lo_hi, strict=True)
+                for got, bound in zip(_bounds(mine[name], metric), lo_hi, strict=True)
             )
         details[f"{n_models}_cohorts"] = {"seconds": times, "peak_rss_mib": peak, "same_bounds": same}
         each = n_tasks * -math.expm1(-n_rollouts / n_models / n_tasks)  # expected distinct tasks per cohort
@@ -217,6 +233,13 @@ def bench_metrics(
         f"project and reference interleaved, {n_runs(repeats)}; {load_average(load)}"
     )
     return Bench("metrics", caption, figures, details)
+
+
+def _bounds(cohort: Cohort, metric: str) -> tuple[float | None, float | None]:
+    from pipeline.metrics.results import ratio
+
+    value = ratio(cohort, metric)
+    return value["lo"], value["hi"]
 
 
 def main() -> None:

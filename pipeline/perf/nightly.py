@@ -19,6 +19,8 @@ Progress lines go to stderr; the data goes under --workdir.
 from __future__ import annotations
 
 import argparse
+import functools
+import inspect
 import multiprocessing
 import os
 import shutil
@@ -26,16 +28,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
 
 import orjson
 
 from pipeline.perf import CLUSTER_CORES, CLUSTER_ROLLOUTS, require_dev
 from pipeline.perf.figures import Bench, figure, load_average, n_runs, replace_block, show
 from pipeline.perf.processes import local_ray, moto_server, peak_mib
+
+if TYPE_CHECKING:
+    from pipeline.ingest import IngestOptions
 
 FORMATS = {  # format: (its files' folder, the adapter options the support sample needs)
     "openai": ("openai", {"error_prefix": "Error:"}),
@@ -63,6 +69,19 @@ def projected_seconds(stages: Stages, rollouts: int = CLUSTER_ROLLOUTS, cores: i
     """Seconds for `rollouts` raw rollouts on `cores` cores, each stage's per-core rate scaled linearly with the
     cores, the stages one after another (the metrics read the committed run)."""
     return rollouts / (cores * stages.end_to_end) + rollouts / (cores * stages.metrics)
+
+
+class Step(TypedDict):
+    """What one measured step reports: its seconds, the rollouts it read or scored, its CPUs."""
+
+    seconds: float
+    count: int
+    cpus: int
+    worker_mib: NotRequired[float]  # scoring: the largest Ray worker's peak RSS
+
+
+class Measured(Step):
+    peak_mib: float  # the step's process
 
 
 def bench_nightly(
@@ -106,9 +125,9 @@ def bench_nightly(
         (data / WRITTEN).write_bytes(orjson.dumps({**wanted, "spans": spans, "eval_samples": eval_samples, "at": at}))
     sizes = {fmt: sum(p.stat().st_size for p in (data / fmt).iterdir()) for fmt in FORMATS}
     sizes["eval"] = eval_path.stat().st_size
-    runs: dict[str, list[dict[str, Any]]] = {}
+    runs: dict[str, list[Measured]] = {}
 
-    def add(key: str, *args: object) -> dict[str, Any]:
+    def add(key: str, *args: object) -> Measured:
         _progress(f"{key}: {' '.join(str(a) for a in args[:2])} …")
         argv = [str(a) for a in args]
         result = _run_step(argv) if in_process else _fresh(*argv)
@@ -161,10 +180,10 @@ def bench_nightly_otel(rollouts: int = DEFAULT_ROLLOUTS, workdir: Path | None = 
     return bench_nightly(rollouts, workdir=workdir, repeats=repeats, formats=("otel",), eval_log=False, **kwargs)
 
 
-def _bench(runs: dict[str, list[dict[str, Any]]], formats: tuple[str, ...], rollouts: int, spans: int,
+def _bench(runs: dict[str, list[Measured]], formats: tuple[str, ...], rollouts: int, spans: int,
            sizes: dict[str, int], eval_text: str, files: int, shard_mb: float, B: int, repeats: int,
            load: float) -> Bench:  # fmt: skip
-    def v(key: str, field: str = "seconds") -> list[float]:
+    def v(key: str, field: Literal["seconds", "peak_mib", "worker_mib"] = "seconds") -> list[float]:
         return [r[field] for r in runs[key]]
 
     def rate(key: str, per_core: bool = False) -> list[float]:
@@ -221,24 +240,25 @@ def _progress(text: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} bench nightly: {text}", file=sys.stderr, flush=True)
 
 
-def _fresh(*args: str) -> dict[str, Any]:
+def _fresh(*args: str) -> Measured:
     """One measured step in a fresh process: its last stdout line, as JSON."""
     out = subprocess.run([sys.executable, "-m", "pipeline.perf.nightly", *args], check=True,
                          stdout=subprocess.PIPE, text=True).stdout  # fmt: skip
-    return orjson.loads(out.strip().splitlines()[-1])
+    measured: Measured = orjson.loads(out.strip().splitlines()[-1])  # _run_step's, from that process
+    return measured
 
 
 # --- the measured steps, each run in a process of its own ------------------------------------------------
 
 
-def _options(fmt: str, endpoint: str | None) -> Any:
+def _options(fmt: str, endpoint: str | None) -> IngestOptions:
     from pipeline.ingest import IngestOptions
 
     so = {"endpoint_url": endpoint} if endpoint else None
     return IngestOptions(extra=dict(FORMATS[fmt][1]), storage_options=so)
 
 
-def _score(fmt: str, source: str, run: str, cpus: int, shard_mb: float, endpoint: str) -> dict[str, Any]:
+def _score(fmt: str, source: str, run: str, cpus: int, shard_mb: float, endpoint: str) -> Step:
     from pipeline.scoring.driver import run_scoring
     from pipeline.scoring.settings import ScoreSettings
 
@@ -251,7 +271,7 @@ def _score(fmt: str, source: str, run: str, cpus: int, shard_mb: float, endpoint
             "worker_mib": max(s.peak_rss_mib for s in manifest.shards)}  # fmt: skip
 
 
-def _ingest(fmt: str, source: str, store: str, endpoint: str) -> dict[str, Any]:
+def _ingest(fmt: str, source: str, store: str, endpoint: str) -> Step:
     """`pexec ingest FMT SOURCE --out STORE` as the command runs it: the shards decoded here, one after another."""
     from pipeline.ingest import checked
     from pipeline.ingest.sharded import raw_source
@@ -265,7 +285,7 @@ def _ingest(fmt: str, source: str, store: str, endpoint: str) -> dict[str, Any]:
     return {"seconds": time.perf_counter() - began, "count": n, "cpus": 1}
 
 
-def _metrics(run: str, cpus: int, B: int, endpoint: str) -> dict[str, Any]:
+def _metrics(run: str, cpus: int, B: int, endpoint: str) -> Step:
     from pipeline.metrics.partials import metrics_on_ray
     from pipeline.metrics.run import open_run
     from pipeline.metrics.settings import BootstrapSettings
@@ -285,16 +305,17 @@ def _write_data(data: Path, rollouts: int, files: int, eval_mb: float, side_by_s
     from pipeline.synthetic.support_logs import write_night
     from pipeline.synthetic.support_spans import write_spans
 
-    jobs = [(write_night, (data / "openai", rollouts, files), {}),
-            (write_spans, (data / "otel", rollouts, files), {"encoding": "proto"}),
-            (write_eval, (data / "support.eval", eval_mb), {})]  # fmt: skip
+    night = functools.partial(write_night, data / "openai", rollouts, files)
+    spans = functools.partial(write_spans, data / "otel", rollouts, files, encoding="proto")
+    samples = functools.partial(write_eval, data / "support.eval", eval_mb)
     if not side_by_side:
-        results = [fn(*args, **kwargs) for fn, args, kwargs in jobs]
-    else:
-        context = multiprocessing.get_context("spawn")  # no state of this process (Ray, threads) in the writers
-        with ProcessPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1), mp_context=context) as pool:
-            results = [f.result() for f in [pool.submit(fn, *args, **kwargs) for fn, args, kwargs in jobs]]
-    return results[1], results[2]
+        night()
+        return spans(), samples()
+    context = multiprocessing.get_context("spawn")  # no state of this process (Ray, threads) in the writers
+    with ProcessPoolExecutor(max_workers=min(3, os.cpu_count() or 1), mp_context=context) as pool:
+        written = pool.submit(night), pool.submit(spans), pool.submit(samples)
+        written[0].result()
+        return written[1].result(), written[2].result()
 
 
 def _writers_digest() -> str:
@@ -325,7 +346,7 @@ def _scored(run: str, endpoint: str) -> int:
     return manifest.counts.scored
 
 
-def _eval_pexec(path: str) -> dict[str, Any]:
+def _eval_pexec(path: str) -> Step:
     from pipeline.ingest import ingest
 
     began = time.perf_counter()
@@ -333,7 +354,7 @@ def _eval_pexec(path: str) -> dict[str, Any]:
     return {"seconds": time.perf_counter() - began, "count": n, "cpus": 1}
 
 
-def _eval_inspect(path: str) -> dict[str, Any]:
+def _eval_inspect(path: str) -> Step:
     from inspect_ai.log import read_eval_log
 
     began = time.perf_counter()
@@ -341,15 +362,15 @@ def _eval_inspect(path: str) -> dict[str, Any]:
     return {"seconds": time.perf_counter() - began, "count": n, "cpus": 1}
 
 
-STEPS = {"score": _score, "ingest": _ingest, "metrics": _metrics, "eval-pexec": _eval_pexec,
-         "eval-inspect": _eval_inspect}  # fmt: skip
-_TYPES = {"cpus": int, "B": int, "shard_mb": float}
+STEPS: dict[str, Callable[..., Step]] = {"score": _score, "ingest": _ingest, "metrics": _metrics,
+                                         "eval-pexec": _eval_pexec, "eval-inspect": _eval_inspect}  # fmt: skip
+_TYPES: dict[str, Callable[[str], object]] = {"cpus": int, "B": int, "shard_mb": float}
 
 
-def _run_step(argv: list[str]) -> dict[str, Any]:
+def _run_step(argv: list[str]) -> Measured:
     """STEP ARG… -> the step's measurements and this process's peak RSS."""
     step = STEPS[argv[0]]
-    names = step.__code__.co_varnames[: step.__code__.co_argcount]
+    names = list(inspect.signature(step).parameters)
     result = step(*(_TYPES.get(n, str)(a) for n, a in zip(names, argv[1:], strict=True)))
     return {**result, "peak_mib": peak_mib()}
 

@@ -7,6 +7,7 @@ measured process, as a forked child keeps the high-water mark of the process tha
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -74,7 +75,7 @@ def local_ray(cpus: int) -> Iterator[str]:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=cpus, include_dashboard=False, logging_level="WARNING")
+        ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING)
     try:
         yield ray.get_runtime_context().gcs_address
     finally:

@@ -5,6 +5,7 @@ their bench runs (some start Ray or an S3 server)."""
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +31,8 @@ class Entry:
             kwargs["workdir"] = workdir
         if repeats:
             kwargs["repeats"] = repeats
-        return getattr(importlib.import_module(module), name)(**kwargs)
+        measure: Callable[..., Bench] = getattr(importlib.import_module(module), name)  # a bench_* function
+        return measure(**kwargs)
 
 
 BENCHES: dict[str, Entry] = {

@@ -12,11 +12,14 @@ import resource
 import shutil
 import tempfile
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import orjson
 
+from pipeline.core.model import Call
 from pipeline.core.records import parse_rollout
 from pipeline.envs import get_environment
 from pipeline.envs.document import JournaledDoc
@@ -34,7 +37,7 @@ from pipeline.synthetic.rollouts import synthesize
 NAIVE = "the naive baseline of `pexec bench replay`"
 
 
-def naive_replay(env: SpecEnvironment, record: dict[str, Any]) -> list[bool]:
+def naive_replay(env: SpecEnvironment, record: Mapping[str, Any]) -> list[bool]:
     """The straightforward loop: validate with jsonschema, snapshot the whole state before every step."""
     jsonschema = dev_dependency("jsonschema", NAIVE)
     state = JournaledDoc(copy.deepcopy(env.spec.initial_state))
@@ -58,12 +61,36 @@ def naive_replay(env: SpecEnvironment, record: dict[str, Any]) -> list[bool]:
         except (ValueError, jsonschema.ValidationError):
             flags.append(False)
             continue
-        outcome = env.execute(state, event["tool"], args, None)  # type: ignore[arg-type]
+        outcome = env.execute(state, event["tool"], args, Call(event["tool"], args))
         if outcome.accepted:
             seen += orjson.dumps(outcome.output).decode()
         flags.append(outcome.accepted)
         snapshots.append(copy.deepcopy(state.doc))
     return flags
+
+
+class RayRun(TypedDict):
+    """One end-to-end scoring through local Ray."""
+
+    seconds: float
+    steps_per_s_per_core: float
+    steps_per_rollout: float
+    worker_peak_rss_mib: float
+
+
+@dataclass(frozen=True)
+class ReplayRun:
+    """One repetition: the naive loop's and the checker's steps/s on the sample, and the Ray runs by CPUs."""
+
+    naive: float
+    checker: float
+    ray: dict[int, RayRun]
+
+    def as_details(self) -> dict[str | int, float | RayRun]:
+        """As `details["runs"]` has it: the two rates, then one entry per number of CPUs."""
+        out: dict[str | int, float | RayRun] = {"naive": self.naive, "checker": self.checker}
+        out.update(self.ray.items())
+        return out
 
 
 def bench_replay(
@@ -85,18 +112,20 @@ def bench_replay(
         r for _, r in zip(range(baseline_sample), synthesize("shop", baseline_sample, n_tasks, seed=0), strict=False)
     ]
     env = get_environment("shop")
+    spec = cast(SpecEnvironment, env)  # `shop` is a spec
     sample_steps = sum(e["type"] == "call" for r in records for e in r["events"])
-    runs: list[dict[str, Any]] = []
+    runs: list[ReplayRun] = []
     for _ in range(repeats):
         # Baseline and the optimised checker on the same sample, one core, in this process.
         t0 = time.perf_counter()
         for r in records:
-            naive_replay(env, r)  # type: ignore[arg-type]
-        run: dict[str, Any] = {"naive": sample_steps / (time.perf_counter() - t0)}
+            naive_replay(spec, r)
+        naive = sample_steps / (time.perf_counter() - t0)
         t0 = time.perf_counter()
         for r in records:
             replay(env, parse_rollout(r))
-        run["checker"] = sample_steps / (time.perf_counter() - t0)
+        checker = sample_steps / (time.perf_counter() - t0)
+        ray: dict[int, RayRun] = {}
         for n in cpus:
             out = root / f"run-{n}cpu"
             shutil.rmtree(out, ignore_errors=True)
@@ -105,16 +134,16 @@ def bench_replay(
                 manifest = run_scoring(str(store), str(out), ScoreSettings(shard_mb=8))
                 seconds = time.perf_counter() - t0
             c = manifest.counts
-            run[n] = {
+            ray[n] = {
                 "seconds": seconds,
                 "steps_per_s_per_core": c.steps / seconds / n,
                 "steps_per_rollout": c.steps / c.scored,
                 "worker_peak_rss_mib": max(s.peak_rss_mib for s in manifest.shards),
             }
-        runs.append(run)
+        runs.append(ReplayRun(naive, checker, ray))
     driver = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return Bench("replay", _caption(n_rollouts, baseline_sample, repeats, load), _figures(runs, cpus, driver),
-                 {"runs": runs, "driver_peak_rss_mib": driver})  # fmt: skip
+                 {"runs": [r.as_details() for r in runs], "driver_peak_rss_mib": driver})  # fmt: skip
 
 
 def _caption(n_rollouts: int, sample: int, repeats: int, load: float) -> str:
@@ -125,25 +154,25 @@ def _caption(n_rollouts: int, sample: int, repeats: int, load: float) -> str:
     )
 
 
-def _figures(runs: list[dict[str, Any]], cpus: tuple[int, ...], driver_mib: float) -> list[Figure]:
+def _figures(runs: list[ReplayRun], cpus: tuple[int, ...], driver_mib: float) -> list[Figure]:
     naive = "naive loop, one core"
-    out = [figure("checker in-process, one core", "steps/s", [r["checker"] for r in runs], naive,
-                  [r["naive"] for r in runs])]  # fmt: skip
+    out = [figure("checker in-process, one core", "steps/s", [r.checker for r in runs], naive,
+                  [r.naive for r in runs])]  # fmt: skip
     for n in cpus:
-        out.append(figure(f"Ray, {n} CPU, end to end, per core", "steps/s",
-                          [r[n]["steps_per_s_per_core"] for r in runs], naive, [r["naive"] for r in runs]))  # fmt: skip
+        per_core = [r.ray[n]["steps_per_s_per_core"] for r in runs]
+        out.append(figure(f"Ray, {n} CPU, end to end, per core", "steps/s", per_core, naive, [r.naive for r in runs]))
     if len(cpus) > 1:
         lo, hi = min(cpus), max(cpus)
         out.append(figure(f"Ray, {hi} CPUs, end to end, all cores", "steps/s",
-                          [r[hi]["steps_per_s_per_core"] * hi for r in runs], f"{lo} CPU",
-                          [r[lo]["steps_per_s_per_core"] * lo for r in runs]))  # fmt: skip
+                          [r.ray[hi]["steps_per_s_per_core"] * hi for r in runs], f"{lo} CPU",
+                          [r.ray[lo]["steps_per_s_per_core"] * lo for r in runs]))  # fmt: skip
     top = max(cpus)
     out += [
-        figure("worker peak RSS", "MiB", [max(r[n]["worker_peak_rss_mib"] for n in cpus) for r in runs],
+        figure("worker peak RSS", "MiB", [max(r.ray[n]["worker_peak_rss_mib"] for n in cpus) for r in runs],
                "none: peak memory"),
         figure("driver peak RSS (this process, store generation included)", "MiB", [driver_mib], "none: peak memory"),
-        cluster_projection([r[top]["steps_per_s_per_core"] for r in runs],
-                           [r[top]["steps_per_rollout"] for r in runs],
+        cluster_projection([r.ray[top]["steps_per_s_per_core"] for r in runs],
+                           [r.ray[top]["steps_per_rollout"] for r in runs],
                            f"Ray with {top} CPUs on local disk"),
     ]  # fmt: skip
     return out

@@ -15,7 +15,7 @@ import re
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Literal, TypedDict
 
 import msgspec
 import s3fs
@@ -41,6 +41,24 @@ _DRIVER = (
 )
 
 
+class ScaleRun(TypedDict):
+    """One scoring by a separate driver process."""
+
+    seconds: float
+    shards: int
+    rollouts_per_s: float
+    steps_per_s: float
+    steps_per_rollout: float
+    driver_peak_mib: float
+
+
+class _DriverReport(TypedDict):
+    """What the driver process prints (_DRIVER): the manifest's counts, its peak RSS."""
+
+    counts: dict[str, int]
+    peak_mib: float
+
+
 def bench_scale(
     n_rollouts: int = 1_000_000,
     n_tasks: int = 100_000,
@@ -62,14 +80,14 @@ def bench_scale(
             per_file=20_000,
             storage_options={"endpoint_url": endpoint},
         )
-        runs: dict[str, list[dict[str, Any]]] = {label: [] for label, *_ in SETUPS}
+        runs: dict[str, list[ScaleRun]] = {label: [] for label, *_ in SETUPS}
         for _ in range(repeats):
             for label, cpus, shard_mb in SETUPS:
                 run = f"s3://bench/run-{cpus}-{shard_mb}"
                 runs[label].append(_score(store, run, cpus, shard_mb, endpoint, address, in_process))
     one, two, more = (runs[label] for label, *_ in SETUPS)
 
-    def of(rows: list[dict[str, Any]], key: str) -> list[float]:
+    def of(rows: list[ScaleRun], key: Literal["rollouts_per_s", "driver_peak_mib"]) -> list[float]:
         return [r[key] for r in rows]
 
     figures = [
@@ -93,8 +111,9 @@ def bench_scale(
 
 def _score(
     store: str, run: str, cpus: int, shard_mb: int, endpoint: str, address: str, in_process: bool = False
-) -> dict[str, Any]:
+) -> ScaleRun:
     t0 = time.perf_counter()
+    report: _DriverReport
     if in_process:
         options = {"endpoint_url": endpoint}
         manifest = run_scoring(store, run, ScoreSettings(shard_mb=shard_mb, storage_options=options, force=True))

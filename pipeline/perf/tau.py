@@ -21,10 +21,10 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from pipeline.core.errors import PexecError
 from pipeline.perf.figures import Bench, Figure, figure, load_average, n_runs, show
+from pipeline.perf.tau_worker import TauMeasurement
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().with_name("tau_worker.py")
@@ -43,15 +43,15 @@ def bench_tau(
     options = json.dumps({"source": str(Path(source).resolve()), "policy": policy, "passes": passes})
     with tempfile.TemporaryDirectory(prefix="pexec-bench-tau-") as tmp:
         tree, missing = _checkout(baseline, Path(tmp)) if baseline else (None, "none: no baseline asked for")
-        project: list[dict[str, Any]] = []
-        base: list[dict[str, Any]] = []
+        project: list[TauMeasurement] = []
+        base: list[TauMeasurement] = []
         for i in range(repeats):
             order = [(ROOT, project), (tree, base)] if tree is not None else [(ROOT, project)]
             for where, runs in order[:: 1 if i % 2 else -1]:
                 runs.append(_run(where, options))
     about = f"revision {baseline}" if tree is not None else missing
 
-    def pair(name: str, unit: str, value: Callable[[dict[str, Any]], float]) -> Figure:
+    def pair(name: str, unit: str, value: Callable[[TauMeasurement], float]) -> Figure:
         return figure(name, unit, [value(r) for r in project], about, [value(r) for r in base] if base else None)
 
     first = project[0]
@@ -68,7 +68,7 @@ def bench_tau(
         pair("peak RSS of a worker", "MiB", lambda r: r["peak_rss_mib"]),
     ]
     if first["db_copy_seconds"] is not None:
-        copies = [r["db_copy_seconds"] * 1000 for r in project]
+        copies = [c * 1000 for c in (r["db_copy_seconds"] for r in project) if c is not None]
         instead = "none: what forking the DB per rollout would cost instead of the journal"
         figures.append(figure("one deep copy of the airline DB", "ms", copies, instead))
     caption = (
@@ -94,7 +94,7 @@ def _checkout(revision: str, into: Path) -> tuple[Path | None, str]:
     return into, ""
 
 
-def _run(tree: Path, options: str) -> dict[str, Any]:
+def _run(tree: Path, options: str) -> TauMeasurement:
     """One worker process over the `pipeline` package of `tree`."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
     done = subprocess.run(
@@ -102,7 +102,8 @@ def _run(tree: Path, options: str) -> dict[str, Any]:
     )
     if done.returncode != 0:
         raise PexecError(f"τ bench worker over {tree} failed: {done.stderr.strip()[-2000:]}")
-    return json.loads(done.stdout.splitlines()[-1])
+    measured: TauMeasurement = json.loads(done.stdout.splitlines()[-1])  # the worker's last line
+    return measured
 
 
 def main() -> None:

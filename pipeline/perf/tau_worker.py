@@ -16,10 +16,25 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 
-def measure(source: str, policy: str, passes: int) -> dict[str, Any]:
+class TauMeasurement(TypedDict):
+    """The worker's one JSON object."""
+
+    rollouts: int
+    steps: int
+    passes: int
+    seconds: float  # the timed passes
+    cpu_seconds: float
+    timed_pass_seconds: float  # the pass with the tool calls timed
+    tool_seconds: float  # in the official tools during that pass
+    build_seconds: float  # building the environments
+    db_copy_seconds: float | None  # one deep copy of the airline DB (None: no airline rollout)
+    peak_rss_mib: float
+
+
+def measure(source: str, policy: str, passes: int) -> TauMeasurement:
     """Every rollout of `source` replayed once to warm up, then `passes` times timed, then once more with the
     tool calls timed (`TauEnvironment._call`: the official tools on the journaled DB, copy-on-write included)."""
     from pipeline.envs import EnvOptions, get_environment
@@ -30,8 +45,9 @@ def measure(source: str, policy: str, passes: int) -> dict[str, Any]:
         from pipeline.core.records import parse_rollout
         from pipeline.replay.checker import replay
     except ImportError:  # the baseline revision, from before the stages were packages
-        from pipeline.checker import replay  # type: ignore[no-redef]
-        from pipeline.records import parse_rollout  # type: ignore[no-redef]
+        # Modules of that revision, absent from this tree: the checker does not know them.
+        from pipeline.checker import replay  # type: ignore[no-redef, import-not-found]
+        from pipeline.records import parse_rollout  # type: ignore[no-redef, import-not-found]
 
     rollouts = [parse_rollout(r) for r in ingest("tau2", [source], IngestOptions())]
     began = time.perf_counter()
@@ -55,17 +71,19 @@ def measure(source: str, policy: str, passes: int) -> dict[str, Any]:
         finally:
             in_tools += time.perf_counter() - t
 
+    # Deliberately patched for one pass: the time spent in the official tools, measured the same way in any revision.
     TauEnvironment._call = timed  # type: ignore[method-assign]
     began = time.perf_counter()
     for rollout in rollouts:
         replay(envs[rollout.benchmark], rollout)
     timed_pass = time.perf_counter() - began
-    TauEnvironment._call = call  # type: ignore[method-assign]
+    TauEnvironment._call = call  # type: ignore[method-assign]  # restored
 
     copy_s = None
     if "tau_airline" in envs:
+        airline = cast(TauEnvironment, envs["tau_airline"])  # what the registry makes of tau_airline
         began = time.perf_counter()
-        copy.deepcopy(envs["tau_airline"]._state.toolkit.db)
+        copy.deepcopy(airline._state.toolkit.db)
         copy_s = time.perf_counter() - began
     return {
         "rollouts": len(rollouts),

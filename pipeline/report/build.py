@@ -5,7 +5,7 @@ refuse, before any work, a request or an output folder that cannot be written.""
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from pipeline.core.errors import StorageError
 from pipeline.metrics.cohorts import metrics_tables
 from pipeline.metrics.completeness import Coverage
 from pipeline.metrics.duck import fetch, run_sql, set_variables
+from pipeline.metrics.results import Interval, ToolProfile, key_values, ratio
 from pipeline.metrics.run import Run
 from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, BootstrapSettings, Population
 from pipeline.report import html, layout, markdown
@@ -34,9 +35,9 @@ from pipeline.report.figures import (
     tool_chart,
     tool_rows,
 )
-from pipeline.report.paired import Compare, ReportError, paired_comparison
+from pipeline.report.paired import Compare, PairedRow, ReportError, paired_comparison
 from pipeline.report.ranking import Ranking, rank_conditions
-from pipeline.report.tables import RunTables, key_of, run_tables
+from pipeline.report.tables import RunTables, SensitivityCount, run_tables
 from pipeline.storage.fs import filesystem, is_empty, open_for_write, remove_all
 
 DEFAULT_KS = (1, 3, 5)
@@ -48,11 +49,9 @@ class ReportResult:
     files: list[str]  # every file written, sorted
     tables: RunTables
     rankings: list[Ranking]
-    paired: list[dict[str, Any]]  # one row per pair and metric; empty without --compare
+    paired: list[PairedRow]  # one row per pair and metric; empty without --compare
     charts: list[Chart]
-    tools: list[
-        dict[str, Any]
-    ]  # the per-tool error profile (pipeline.metrics.tool_profiles), per benchmark × tool × labels
+    tools: list[ToolProfile]  # the per-tool error profile (pipeline.metrics.tool_profiles): benchmark × tool × labels
 
 
 def build_report(
@@ -84,12 +83,12 @@ def build_report(
         available = ", ".join(conditions) or "none"
         raise ReportError(f"--within takes one of the cohort's label columns ({available}), got {within!r}")
 
-    def label(row: dict[str, Any]) -> str:
-        return " · ".join("–" if v is None else v for v in key_of(row, conditions)) or "all"
+    def label(row: Mapping[str, object]) -> str:
+        return " · ".join("–" if v is None else v for v in key_values(row, conditions)) or "all"
 
     rankings = _rankings(t, within)
     pair_cols: list[str] = []
-    paired: list[dict[str, Any]] = []
+    paired: list[PairedRow] = []
     if compare is not None:
         pair_cols, paired = paired_comparison(run, compare, t.keys, ks, settings, population)
     tools = run.tool_profiles(conditions, settings, population)
@@ -112,7 +111,7 @@ def build_report(
     if compare is not None:
         display.append(layout.paired_table(compare, pair_cols, paired))
         key_counts.append(len(pair_cols))
-    approx: list[dict[str, Any]] = []
+    approx: list[SensitivityCount] = []
     if sensitivity:
         approx = sensitivity_counts(run, t.keys, population)
         display.append(layout.sensitivity_table(t, approx))
@@ -191,25 +190,27 @@ def _rankings(t: RunTables, within: str | None) -> list[Ranking]:
     shown = [k for k in t.keys[1:] if k != within]
     groups: dict[tuple[str | None, ...], list[int]] = {}
     for i, c in enumerate(t.cohorts):
-        groups.setdefault(key_of(c, group_cols), []).append(i)
+        groups.setdefault(key_values(c, group_cols), []).append(i)
     ranked = ["success", *(m.name for m in metric_catalogue.ratios() if m.ranked)]
     out = []
     for key, members in groups.items():
         if len(members) < 2:
             continue
         cohorts = [t.cohorts[i] for i in members]
-        labels = [" · ".join("–" if v is None else v for v in key_of(c, shown)) or "all" for c in cohorts]
-        values = {m: [c[m]["value"] for c in cohorts] for m in ranked}
+        labels = [" · ".join("–" if v is None else v for v in key_values(c, shown)) or "all" for c in cohorts]
+        values = {m: [ratio(c, m)["value"] for c in cohorts] for m in ranked}
         replicates = {m: [t.replicates[i][m] for i in members] for m in ranked}
         out.append(rank_conditions(dict(zip(group_cols, key, strict=True)), labels, values, replicates))
     return out
 
 
-def _ranking_rows(rankings: list[Ranking]) -> list[dict[str, Any]]:
+def _ranking_rows(rankings: list[Ranking]) -> list[dict[str, object]]:
+    """The rankings as the rows of tables/ranking.*: the group's values, the condition, then per metric its value
+    and rank, τ-b against success and the flips the condition is part of."""
     rows = []
     for r in rankings:
         for i, condition in enumerate(r.conditions):
-            row: dict[str, Any] = {**r.group, "condition": condition}
+            row: dict[str, object] = {**r.group, "condition": condition}
             for m in r.values:
                 row |= {m: r.values[m][i], f"rank_{m}": r.ranks[m][i]}
             row |= {f"kendall_tau_b_success_{m}": tau for m, tau in r.tau.items()}
@@ -222,38 +223,44 @@ def _ranking_rows(rankings: list[Ranking]) -> list[dict[str, Any]]:
     return rows
 
 
-def sensitivity_counts(run: Run, keys: list[str], population: Population) -> list[dict[str, Any]]:
+def sensitivity_counts(run: Run, keys: list[str], population: Population) -> list[SensitivityCount]:
     """Per cohort, the rollouts whose looser-level depths a rescoring could change (sql/report_sensitivity.sql)."""
     with run.connect(population) as con:
         set_variables(con, cohort_cols=keys)
         run_sql(con, "report/report_sensitivity")
-        return fetch(con, "report_sensitivity")
+        return fetch(con, "report_sensitivity", SensitivityCount)
 
 
-def _sensitivity_rows(t: RunTables, approx: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    by_key = {key_of(r, t.keys): r for r in approx}
+def _sensitivity_rows(t: RunTables, approx: list[SensitivityCount]) -> list[dict[str, object]]:
+    """The sensitivity table as the rows of tables/sensitivity.*: the cohort, N, each metric's value and bounds,
+    and the rollouts whose looser-level depth is approximate."""
+    by_key = {key_values(r, t.keys): r for r in approx}
     rows = []
     for c in t.cohorts:
-        row: dict[str, Any] = {k: c.get(k) for k in t.keys} | {"n": c["n"]}
-        for m in ("ter_s", "ter_sd", "ter", "auc_pec_s", "auc_pec_sd", "auc_pec"):
-            row |= {m: c[m]["value"], f"{m}_lo": c[m]["lo"], f"{m}_hi": c[m]["hi"]}
-        counts = by_key.get(key_of(c, t.keys), {})
-        row |= {k: counts.get(k, 0) for k in ("n_approx_schema", "n_approx_schema_dependency")}
+        cohort: Mapping[str, object] = c
+        row: dict[str, object] = {k: cohort.get(k) for k in t.keys} | {"n": c["n"]}
+        for m in layout.SENSITIVITY_METRICS:
+            value = ratio(c, m)
+            row |= {m: value["value"], f"{m}_lo": value["lo"], f"{m}_hi": value["hi"]}
+        counts = by_key.get(key_values(c, t.keys))
+        row |= {k: 0 if counts is None else counts[k] for k in ("n_approx_schema", "n_approx_schema_dependency")}
         rows.append(row)
     return rows
 
 
-def _tool_row(r: dict[str, Any]) -> dict[str, Any]:
+def _tool_row(r: ToolProfile) -> dict[str, object]:
     """A per-tool profile flattened for CSV / Parquet (intervals as _lo/_hi/_method columns, causes as text)."""
-    flat = {k: v for k, v in r.items() if k != "partial" and not isinstance(v, dict | list)}
+    entries: Mapping[str, object] = r
+    flat = {k: v for k, v in entries.items() if k != "partial" and not isinstance(v, dict | list)}
     flat["causes"] = "; ".join(f"{c['cause']}={c['n']}" for c in r["causes"])
-    for m in ("invalid_rate", "output_match"):
-        flat |= {m: r[m]["value"], f"{m}_lo": r[m]["lo"], f"{m}_hi": r[m]["hi"], f"{m}_method": r[m].get("method")}
-        flat[f"{m}_eligible"] = r[m]["eligible"]
+    metrics: dict[str, Interval] = {"invalid_rate": r["invalid_rate"], "output_match": r["output_match"]}
+    for m, value in metrics.items():
+        flat |= {m: value["value"], f"{m}_lo": value["lo"], f"{m}_hi": value["hi"], f"{m}_method": value.get("method")}
+        flat[f"{m}_eligible"] = value["eligible"]
     return flat
 
 
-def _table(rows: list[dict[str, Any]]) -> pa.Table:
+def _table(rows: Sequence[Mapping[str, object]]) -> pa.Table:
     return pa.Table.from_pylist(rows)
 
 

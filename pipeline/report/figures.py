@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import io
 import textwrap
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,12 +20,16 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.artist import Artist
 from matplotlib.axes import Axes
+from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, PercentFormatter
 
 from pipeline.core.model import CAUSES
 from pipeline.core.text import literal
+from pipeline.metrics.results import Cohort, ToolProfile
+from pipeline.report.tables import CauseShare, FedShare
 
 EXECUTABLE = "executable"  # the FED bin of fully executable rollouts (FED = T + 1)
 MAX_OVERLAID = 8  # cohorts drawn on one axes; more get one small panel each
@@ -79,12 +83,16 @@ def cause_colour(cause: str) -> str:
     return CAUSE_COLOURS.get(cause, OTHER_CAUSE)
 
 
-def pec_rows(cohorts: list[dict[str, Any]], label: Callable[[dict[str, Any]], str]) -> list[list[Any]]:
+Label = Callable[[Mapping[str, object]], str]  # a row's cohort as the figures name it
+Handle = Artist | BarContainer  # what a legend entry shows: a line, or a group of bars
+
+
+def pec_rows(cohorts: list[Cohort], label: Label) -> list[list[Any]]:
     """[benchmark, condition, k, PEC(k), lo, hi] for every cohort and k."""
     return [[c["benchmark"], label(c), p["k"], p["value"], p["lo"], p["hi"]] for c in cohorts for p in c["pec"]]
 
 
-def fed_rows(fed: list[dict[str, Any]], label: Callable[[dict[str, Any]], str]) -> list[list[Any]]:
+def fed_rows(fed: list[FedShare], label: Label) -> list[list[Any]]:
     """[benchmark, condition, bin, n, share]; bins are the depths 1, 2, … then `executable`."""
     ordered = sorted(fed, key=lambda r: (r["benchmark"], label(r), r["executable"], r["fed"] or 0))
     return [
@@ -93,10 +101,10 @@ def fed_rows(fed: list[dict[str, Any]], label: Callable[[dict[str, Any]], str]) 
     ]
 
 
-def cause_rows(causes: list[dict[str, Any]], label: Callable[[dict[str, Any]], str]) -> list[list[Any]]:
+def cause_rows(causes: list[CauseShare], label: Label) -> list[list[Any]]:
     """[benchmark, condition, cause, n, share] in the fixed cause order (docs/explanation/causes.md), unknown labels
     last."""
-    rank = {c: i for i, c in enumerate(CAUSES)}
+    rank: dict[str, int] = {c: i for i, c in enumerate(CAUSES)}  # a row's cause may be none of them ("unknown")
     ordered = sorted(causes, key=lambda r: (r["benchmark"], label(r), rank.get(r["cause"], len(rank)), r["cause"]))
     return [[r["benchmark"], label(r), r["cause"], r["n"], r["share"]] for r in ordered]
 
@@ -107,7 +115,7 @@ def pec_chart(rows: list[list[Any]], colours: dict[str, str] | None = None) -> C
     with plt.rc_context(_STYLE):
         if max((len(s) for s in panels.values()), default=0) <= MAX_OVERLAID:
             fig, axes = _grid(len(panels))
-            legend: dict[str, Any] = {}  # drawn label -> its first line
+            legend: dict[str, Handle] = {}  # drawn label -> its first line
             for ax, (benchmark, series) in zip(axes, panels.items(), strict=True):
                 for condition, pts in series.items():
                     legend.setdefault(literal(condition), _pec_line(ax, pts, colours[condition]))
@@ -136,7 +144,7 @@ def fed_chart(rows: list[list[Any]], colours: dict[str, str] | None = None) -> C
         depth_max = max((int(r[2]) for r in rows if r[2] != EXECUTABLE), default=1)
         fig = plt.figure(figsize=(_PANEL[0] * 1.25 * n, _PANEL[1]), layout="constrained")
         grid = fig.add_gridspec(1, 2 * n, width_ratios=[max(depth_max, 4), 1.3] * n)
-        legend: dict[str, Any] = {}  # drawn label -> its first bars
+        legend: dict[str, Handle] = {}  # drawn label -> its first bars
         for i, (benchmark, series) in enumerate(panels.items()):
             ax = fig.add_subplot(grid[0, 2 * i])
             ex = fig.add_subplot(grid[0, 2 * i + 1], sharey=ax)
@@ -171,7 +179,7 @@ def cause_chart(rows: list[list[Any]]) -> Chart:
     with plt.rc_context(_STYLE):
         fig, ax = plt.subplots(figsize=(max(_PANEL[0], 1.0 * len(bars) + 2.2), _PANEL[1] + 0.4), layout="constrained")
         bottom = [0.0] * len(bars)
-        legend: dict[str, Any] = {}  # drawn cause -> its bars
+        legend: dict[str, Handle] = {}  # drawn cause -> its bars
         x = list(range(len(bars)))
         for cause in causes:
             segs = [by.get((b, c, cause)) for b, c in bars]
@@ -189,7 +197,7 @@ def cause_chart(rows: list[list[Any]]) -> Chart:
         ax.set_xticks(x, [_bar_label(b, c, totals[(b, c)], several) for b, c in bars])
         ax.set(ylabel="share of rollouts with an invalid prefix", ylim=(0, 1.0))
         ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
-        fig.legend(list(legend.values()), list(legend), loc="outside right upper", title="first-error cause")
+        _add_legend(fig, legend, list(legend), "first-error cause")
         columns = ["benchmark", "condition", "cause", "n", "share"]
         return _chart("first_causes", "First-error cause", columns, rows, fig)
 
@@ -207,7 +215,7 @@ def _wrapped(label: str) -> str:
     return "\n".join(line for part in parts for line in textwrap.wrap(part, _LABEL_WIDTH) or [""])
 
 
-def _pec_line(ax: Axes, pts: list[list[Any]], colour: str) -> Any:
+def _pec_line(ax: Axes, pts: list[list[Any]], colour: str) -> Handle:
     k = [p[2] for p in pts]
     lo = [p[3] if p[4] is None else p[4] for p in pts]
     hi = [p[3] if p[5] is None else p[5] for p in pts]
@@ -220,12 +228,17 @@ def _pec_axes(ax: Axes, title: str) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
 
 
-def _legend(fig: Figure, handles: dict[str, Any]) -> None:
+def _legend(fig: Figure, handles: dict[str, Handle]) -> None:
     """One legend for the figure (a cohort has one colour in every panel), outside the plotting area. The handles
     are given, label by label: matplotlib's own collection would leave out a label that starts with '_'."""
     if handles:
         labels = [_wrapped(label) if len(label) > _LABEL_WIDTH else label for label in handles]
-        fig.legend(list(handles.values()), labels, loc="outside right upper", title="cohort")
+        _add_legend(fig, handles, labels, "cohort")
+
+
+def _add_legend(fig: Figure, handles: dict[str, Handle], labels: list[str], title: str) -> None:
+    # matplotlib's stubs take Artists only; a legend takes a BarContainer too (its default handler map has one).
+    fig.legend(list(handles.values()), labels, loc="outside right upper", title=title)  # type: ignore[arg-type]
 
 
 def _ink(colour: str) -> str:
@@ -262,12 +275,13 @@ def _chart(name: str, title: str, columns: list[str], rows: list[list[Any]], fig
     return Chart(name, title, columns, rows, png.getvalue(), svg.getvalue(), pdf.getvalue())
 
 
-def tool_rows(tools: list[dict[str, Any]], label: Callable[[dict[str, Any]], str]) -> list[list[Any]]:
+def tool_rows(tools: list[ToolProfile], label: Label) -> list[list[Any]]:
     """[benchmark, condition, tool, calls, invalid rate, lo, hi] per step-level cohort (tool_profiles)."""
-    return [
-        [t["benchmark"], label(t), t["tool"], t["n_calls"], *(t["invalid_rate"].get(k) for k in ("value", "lo", "hi"))]
-        for t in tools
-    ]
+    rows: list[list[Any]] = []
+    for t in tools:
+        rate = t["invalid_rate"]
+        rows.append([t["benchmark"], label(t), t["tool"], t["n_calls"], rate["value"], rate["lo"], rate["hi"]])
+    return rows
 
 
 PAGE_WIDTH = 7.0  # inches: a page's text width (A4 or letter), at 300 dpi 2100 px
@@ -301,10 +315,11 @@ def tool_figure(rows: list[list[Any]]) -> Figure:
     with plt.rc_context(_STYLE):
         fig = plt.figure(figsize=(width, sum(heights) + 0.3), layout="constrained")
         axes = fig.subplots(len(grids), 1, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
-        image = None
+        images = []  # one per panel; `grids` has one at least
         for ax, (benchmark, (tools, conditions, cells)) in zip(axes, grids.items(), strict=True):
             rates = [[_rate(cells.get((t, c))) for c in conditions] for t in tools]
             image = ax.imshow(rates or [[float("nan")]], cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
+            images.append(image)
             image.cmap.set_bad("#f2f2f2")  # no calls of the tool in that cohort
             for i, t in enumerate(tools):
                 for j, c in enumerate(conditions):
@@ -321,7 +336,7 @@ def tool_figure(rows: list[list[Any]]) -> Figure:
             ax.grid(which="minor", color="white", linewidth=1.5)
             ax.tick_params(which="minor", length=0)
             ax.set_title(literal(benchmark), loc="left")
-        bar = fig.colorbar(image, ax=list(axes), location="bottom", shrink=0.6, aspect=30, pad=0.01)
+        bar = fig.colorbar(images[-1], ax=list(axes), location="bottom", shrink=0.6, aspect=30, pad=0.01)
         bar.set_label("invalid calls (share of the tool's calls); cell: rate and its interval")
         bar.ax.xaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
     return fig

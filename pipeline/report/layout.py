@@ -6,16 +6,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from pipeline.core import intervals, metric_catalogue
 from pipeline.core.model import CAUSES
+from pipeline.metrics.results import Cohort, Interval, ToolProfile, key_values, ratio
 from pipeline.metrics.settings import harness_note, replay_note
-from pipeline.report.paired import Compare
+from pipeline.report.paired import Compare, PairedRow
 from pipeline.report.ranking import Ranking
-from pipeline.report.tables import RunTables, key_of
+from pipeline.report.tables import Recovery, RunTables, SensitivityCount
 
 DASH = "–"
+# The sensitivity table's metrics (`report --sensitivity`): TER and AUC-PEC under S, S+D and all checks.
+SENSITIVITY_METRICS = ("ter_s", "ter_sd", "ter", "auc_pec_s", "auc_pec_sd", "auc_pec")
 
 
 @dataclass(frozen=True)
@@ -30,11 +32,16 @@ def num(x: float | None, digits: int = 3) -> str:
     return DASH if x is None else f"{x:.{digits}f}"
 
 
-def ci(m: dict[str, Any], digits: int = 3) -> str:
-    if m.get("value") is None:
+def ci(m: Interval, digits: int = 3) -> str:
+    return bounds(m["value"], m["lo"], m["hi"], digits, m.get("method"))
+
+
+def bounds(value: float | None, lo: float | None, hi: float | None, digits: int = 3, method: str | None = None) -> str:
+    """`value [lo, hi]`, marked when the interval is Wilson's (pipeline.core.intervals); a dash without a value."""
+    if value is None:
         return DASH
-    mark = f" {intervals.MARK}" if m.get("method") == intervals.WILSON else ""
-    return f"{num(m['value'], digits)} [{num(m['lo'], digits)}, {num(m['hi'], digits)}]{mark}"
+    mark = f" {intervals.MARK}" if method == intervals.WILSON else ""
+    return f"{num(value, digits)} [{num(lo, digits)}, {num(hi, digits)}]{mark}"
 
 
 def share(x: float | None) -> str:
@@ -51,7 +58,7 @@ def cost_name(column: str) -> str:
 
 def metrics_table(t: RunTables, ks: Sequence[int]) -> Table:
     costs = sorted({r["cost"] for r in t.costs})
-    cost_of = {(key_of(r, t.keys), r["cost"]): r["mean"] for r in t.costs}
+    cost_of = {(key_values(r, t.keys), r["cost"]): r["mean"] for r in t.costs}
     shown = [m for m in metric_catalogue.METRICS if m.in_tables]
     columns = [*t.keys, "N", "tasks", "no verdict", "harness errors"]
     for m in shown:
@@ -62,15 +69,16 @@ def metrics_table(t: RunTables, ks: Sequence[int]) -> Table:
     columns += [f"mean {cost_name(c)}" for c in costs]
     rows = []
     for c in t.cohorts:
-        cells = [*(str(v) for v in key_of(c, t.keys)), str(c["n"]), str(c["n_tasks"])]
+        cells = [*(str(v) for v in key_values(c, t.keys)), str(c["n"]), str(c["n_tasks"])]
         cells += [str(c["n_unknown_success"]), str(c["n_harness_error"])]
         for m in shown:
-            if m.kind == "curve":
-                curve = {p["k"]: p for p in c[m.name]}
+            if m.kind == "curve":  # PEC, the catalogue's one curve
+                curve = {p["k"]: p for p in c["pec"]}
                 cells += [ci(curve[k]) if k in curve else DASH for k in ks]
             else:
-                cells += [ci(c[m.name]), *([str(c[m.name]["eligible"])] if m.eligible else [])]
-        cells += [num(cost_of.get((key_of(c, t.keys), col)), 2) for col in costs]
+                value = ratio(c, m.name)
+                cells += [ci(value), *([str(value["eligible"])] if m.eligible else [])]
+        cells += [num(cost_of.get((key_values(c, t.keys), col)), 2) for col in costs]
         rows.append(cells)
     counts = "".join(f"; {m.label} n = {m.eligible}" for m in shown if m.eligible)
     notes = [
@@ -83,15 +91,15 @@ def metrics_table(t: RunTables, ks: Sequence[int]) -> Table:
     if any(_small(c) for c in t.cohorts):
         notes.append(intervals.NOTE)
     if any(c["n_no_calls"] for c in t.cohorts):
-        no_calls = ", ".join(f"{'/'.join(map(str, key_of(c, t.keys)))}: {c['n_no_calls']}" for c in t.cohorts)
+        no_calls = ", ".join(f"{'/'.join(map(str, key_values(c, t.keys)))}: {c['n_no_calls']}" for c in t.cohorts)
         notes.append(f"Rollouts with no calls (vacuously executable): {no_calls}.")
     notes.append(replay_note(t.cohorts))
     return Table("Metrics per benchmark × condition", columns, rows, notes)
 
 
-def _small(cohort: dict[str, Any]) -> bool:
-    points = [cohort[m.name] for m in metric_catalogue.ratios()] + cohort["pec"]
-    return any(p.get("method") == intervals.WILSON for p in points)
+def _small(cohort: Cohort) -> bool:
+    points: list[Interval] = [ratio(cohort, m.name) for m in metric_catalogue.ratios()]
+    return any(p.get("method") == intervals.WILSON for p in [*points, *cohort["pec"]])
 
 
 def recovery_table(t: RunTables) -> Table:
@@ -100,7 +108,7 @@ def recovery_table(t: RunTables) -> Table:
     columns += ["successes after an invalid prefix", "success = TER_v · P(success | executable) + (1 − TER_v) · RR"]
     rows = [
         [
-            *(str(v) for v in key_of(r, t.keys)),
+            *(str(v) for v in key_values(r, t.keys)),
             str(r["n"]),
             str(r["n_unknown_success"]),
             str(r["n_with_verdict"]),
@@ -123,7 +131,7 @@ def recovery_table(t: RunTables) -> Table:
     return Table("Recovery arithmetic", columns, rows, [note])
 
 
-def identity(r: dict[str, Any]) -> str:
+def identity(r: Recovery) -> str:
     """success = TER_v · P(success | executable) + (1 − TER_v) · RR in the row's own counts, as fractions: exact
     because with a verdict = executable + invalid prefix and successes = the two successful counts (the parts)."""
     known, ex, ex_s = r["n_with_verdict"], r["n_executable_with_verdict"], r["n_executable_success"]
@@ -141,10 +149,10 @@ def identity(r: dict[str, Any]) -> str:
 def causes_table(t: RunTables) -> Table:
     present = {r["cause"] for r in t.causes}
     causes = [c for c in CAUSES if c in present] + sorted(present - set(CAUSES))
-    count = {(key_of(r, t.keys), r["cause"]): r["n"] for r in t.causes}
+    count = {(key_values(r, t.keys), r["cause"]): r["n"] for r in t.causes}
     rows = []
     for r in t.recovery:
-        key = key_of(r, t.keys)
+        key = key_values(r, t.keys)
         cells = [pct(count.get((key, c), 0), r["n_invalid_prefix"]) for c in causes]
         rows.append([*(str(v) for v in key), str(r["n_invalid_prefix"]), *cells])
     note = "Share of the rollouts with an invalid prefix, by the cause of their first invalid call (diagnostic)."
@@ -174,20 +182,21 @@ def ranking_tables(rankings: list[Ranking]) -> list[Table]:
                 "A flip's share is over the bootstrap replicates of the intervals: near 100% a real reversal, "
                 "near 50% or below noise."
             )
-        title = " · ".join(v if k == "benchmark" else f"{k}={v}" for k, v in r.group.items())
+        title = " · ".join(str(v) if k == "benchmark" else f"{k}={v}" for k, v in r.group.items())
         out.append(Table(f"Ranking divergence — {title}", columns, rows, notes))
     return out
 
 
-def paired_table(compare: Compare, pair_cols: list[str], rows_in: list[dict[str, Any]]) -> Table:
+def paired_table(compare: Compare, pair_cols: list[str], rows_in: list[PairedRow]) -> Table:
     columns = [*pair_cols, "shared tasks", "metric", compare.a, compare.b, "difference A − B [95% CI]"]
     rows = []
     for r in rows_in:
         is_cost = r["kind"] == "pct"
         label = f"mean {cost_name(r['metric'])} (change %)" if is_cost else _label(r["metric"])
         digits = 2 if is_cost else 3
-        value = ci(r, 1) + " %" if is_cost and r["value"] is not None else ci(r, 3)
-        keys = [DASH if r.get(k) is None else str(r[k]) for k in pair_cols]
+        shown = bounds(r["value"], r["lo"], r["hi"], 1 if is_cost else 3)
+        value = shown + " %" if is_cost and r["value"] is not None else shown
+        keys = [DASH if v is None else v for v in key_values(r, pair_cols)]
         rows.append([*keys, str(r["shared_tasks"]), label, num(r["value_a"], digits), num(r["value_b"], digits), value])
     note = (
         f"A = {compare.column}={compare.a}, B = {compare.column}={compare.b}, over the tasks both share; paired "
@@ -202,7 +211,7 @@ def paired_table(compare: Compare, pair_cols: list[str], rows_in: list[dict[str,
     return Table(f"Paired comparison — {compare.title}", columns, rows, [note])
 
 
-def settings_line(cohorts: list[dict[str, Any]]) -> str:
+def settings_line(cohorts: list[Cohort]) -> str:
     if not cohorts:
         return "No rollouts."
     b = cohorts[0]["bootstrap"]
@@ -228,14 +237,14 @@ def _rank(x: float) -> str:
     return str(int(x)) if x == int(x) else f"{x:.1f}"
 
 
-def tools_table(rows: list[dict[str, Any]], keys: Sequence[str]) -> Table:
+def tools_table(rows: list[ToolProfile], keys: Sequence[str]) -> Table:
     """The per-tool error profile (pipeline.metrics.tool_profiles): one row per benchmark × tool [× labels]."""
     columns = [*keys, "calls", "tasks", "invalid rate", "invalid", "causes", "first errors", "first-error share",
                "output match", "output match n"]  # fmt: skip
     out = []
     for r in rows:
         causes = ", ".join(f"{c['cause']} ({c['n']})" for c in r["causes"]) or DASH
-        cells = [DASH if r[k] is None else str(r[k]) for k in keys]
+        cells = [DASH if v is None else v for v in key_values(r, keys)]
         cells += [str(r["n_calls"]), str(r["n_tasks"]), ci(r["invalid_rate"]), str(r["n_invalid"]), causes]
         cells += [str(r["n_first_errors"]), share(r["first_error_share"]), ci(r["output_match"])]
         cells.append(str(r["output_match"]["eligible"]))
@@ -250,17 +259,17 @@ def tools_table(rows: list[dict[str, Any]], keys: Sequence[str]) -> Table:
     return Table("Per-tool error profile", columns, out, notes)
 
 
-def sensitivity_table(t: RunTables, approx: list[dict[str, Any]]) -> Table:
+def sensitivity_table(t: RunTables, approx: list[SensitivityCount]) -> Table:
     """TER and AUC-PEC when only S, S and D, or all checks make a call invalid (one scoring pass, `--sensitivity`)."""
-    by_key = {key_of(r, t.keys): r for r in approx}
+    by_key = {key_values(r, t.keys): r for r in approx}
     columns = [*t.keys, "N", "TER (S)", "TER (S+D)", "TER (all)", "AUC-PEC (S)", "AUC-PEC (S+D)", "AUC-PEC (all)",
                "approx. S", "approx. S+D"]  # fmt: skip
     rows = []
     for c in t.cohorts:
-        r = by_key.get(key_of(c, t.keys), {})
-        cells = [*(str(v) for v in key_of(c, t.keys)), str(c["n"])]
-        cells += [ci(c[m]) for m in ("ter_s", "ter_sd", "ter", "auc_pec_s", "auc_pec_sd", "auc_pec")]
-        cells += [str(r.get("n_approx_schema", 0)), str(r.get("n_approx_schema_dependency", 0))]
+        r = by_key.get(key_values(c, t.keys))
+        cells = [*(str(v) for v in key_values(c, t.keys)), str(c["n"])]
+        cells += [ci(ratio(c, m)) for m in SENSITIVITY_METRICS]
+        cells += [str(0 if r is None else r[n]) for n in ("n_approx_schema", "n_approx_schema_dependency")]
         rows.append(cells)
     notes = [
         "From one scoring pass with every check on: a call counts as invalid under S when its first failed check is "

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Literal, TypedDict
 
 from pipeline.core.errors import PexecError
 from pipeline.metrics.cohorts import cohort_columns, metric_defs
@@ -17,6 +17,25 @@ from pipeline.metrics.settings import DEFAULT_POPULATION, BootstrapSettings, Pop
 
 class ReportError(PexecError, ValueError):
     """A report asked for with a comparison or depths that do not fit the run (the message says which)."""
+
+
+class PairedRow(TypedDict):
+    """A row of table paired_intervals (sql/paired_bootstrap.sql), after its pair's values (benchmark and the other
+    condition labels): A, B and the contrast of one metric or cost over the tasks both conditions share."""
+
+    metric: str  # a catalogue metric, `pec@<k>`, or a cost column
+    kind: Literal["diff", "pct"]  # the contrast: A − B, or the change of the mean in % of B (costs)
+    shared_tasks: int
+    value_a: float | None
+    value_b: float | None
+    value: float | None
+    lo: float | None
+    hi: float | None
+    replicates_used: int
+
+
+class _Side(TypedDict):
+    side: Literal["A", "B"]
 
 
 @dataclass(frozen=True)
@@ -55,7 +74,7 @@ def paired_comparison(
     ks: Sequence[int],
     settings: BootstrapSettings,
     population: Population = DEFAULT_POPULATION,
-) -> tuple[list[str], list[dict[str, Any]]]:
+) -> tuple[list[str], list[PairedRow]]:
     """(pair key columns, one row per pair and metric). `keys` are the report's cohort columns."""
     if settings.method not in ("multinomial", "poisson"):  # report/sql/paired_bootstrap.sql draws these two only
         raise ReportError(f"the paired comparison takes --method multinomial or poisson, not {settings.method}")
@@ -75,11 +94,11 @@ def paired_comparison(
             method=settings.method,
         )
         run_sql(con, "report/paired_prepare")
-        sides = {r["side"] for r in fetch(con, "paired_sides")}
+        sides = {r["side"] for r in fetch(con, "paired_sides", _Side)}
         for side, value in (("A", compare.a), ("B", compare.b)):
             if side not in sides:
                 raise ReportError(f"no rollouts with {compare.column}={value!r}")
         if cost_columns(con):
             run_sql(con, "report/paired_costs")
         run_sql(con, "report/paired_bootstrap")
-        return pair_cols, fetch(con, "paired_intervals")
+        return pair_cols, fetch(con, "paired_intervals", PairedRow)

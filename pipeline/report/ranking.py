@@ -100,7 +100,7 @@ def flip_share(replicates: dict[str, list[list[float | None]]], metric: str, hi_
     columns = (replicates["success"][hi_s], replicates["success"][hi_m], replicates[metric][hi_s],
                replicates[metric][hi_m])  # fmt: skip
     for s_hi, s_lo, m_lo, m_hi in zip(*columns, strict=True):
-        if None in (s_hi, s_lo, m_lo, m_hi):
+        if s_hi is None or s_lo is None or m_lo is None or m_hi is None:
             continue
         used += 1
         holds += s_hi > s_lo and m_hi > m_lo

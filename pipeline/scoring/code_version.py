@@ -142,7 +142,7 @@ def _imported_names(source: bytes) -> tuple[str, ...]:
     for node in _import_statements(ast.parse(source)):
         if isinstance(node, ast.Import):
             names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        elif node.level == 0 and node.module:  # an absolute `from … import …`
             # `from pipeline.envs import bfcl` may name a module or a member: try both
             names += [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
     return tuple(names)

@@ -8,9 +8,9 @@ store writer publishes nothing.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pipeline.core.records import InvalidRecord, parse_rollout
 from pipeline.ingest import IngestError
@@ -19,7 +19,11 @@ from pipeline.scoring.shuffle import map_shard, partition_shards, read_partition
 from pipeline.storage.fs import remove_all
 from pipeline.storage.shards import RecordError, Shard
 
+if TYPE_CHECKING:
+    from ray import ObjectRef
+
 DEFAULT_SHARD_BYTES = 64 * 2**20
+Result = TypeVar("Result")
 
 
 @dataclass(frozen=True)
@@ -30,7 +34,7 @@ class Executor:
     address: str | None = None
     num_cpus: int | None = None
 
-    def map(self, fn: Any, shards: list[Shard], *args: Any) -> Iterator[Any]:
+    def map(self, fn: Callable[..., Result], shards: list[Shard], *args: object) -> Iterator[Result]:
         """fn(shard, *args) for every shard, results in shard order; at most 2 × CPUs tasks in flight."""
         if self.kind == "inline":
             for shard in shards:
@@ -41,9 +45,10 @@ class Executor:
         from pipeline.scoring.driver import _start_ray
 
         _start_ray(self.address, self.num_cpus)
-        task = ray.remote(max_retries=3, retry_exceptions=[OSError])(fn)
-        window = 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))
-        pending: deque[Any] = deque()
+        # Ray's stubs take retry_exceptions as a bool; Ray takes the exception types to retry on as well.
+        task = ray.remote(max_retries=3, retry_exceptions=[OSError])(fn)  # type: ignore[call-overload]
+        window = 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))  # type: ignore[no-untyped-call]  # unannotated
+        pending: deque[ObjectRef[Result]] = deque()
         for shard in shards:
             pending.append(task.remote(shard, *args))
             if len(pending) >= window:
@@ -52,7 +57,7 @@ class Executor:
             yield _get(pending.popleft())
 
 
-def _get(ref: Any) -> Any:
+def _get(ref: ObjectRef[Result]) -> Result:
     import ray
 
     try:
@@ -64,7 +69,7 @@ def _get(ref: Any) -> Any:
 
 def converted(
     source: RawSource, executor: Executor, scratch: str, shard_bytes: int = DEFAULT_SHARD_BYTES
-) -> Iterator[dict]:
+) -> Iterator[dict[str, Any]]:
     """Every canonical record of the raw source, in source order (a shuffled format: in partition order, its
     partitions staged under `scratch`, a hidden folder of the output store, removed at the end)."""
     shards = plan_raw(source, shard_bytes)
@@ -87,7 +92,7 @@ def converted(
         remove_all(scratch, source.options.storage_options)
 
 
-def _records(shard: Shard, source: RawSource, scratch: str) -> list[dict]:
+def _records(shard: Shard, source: RawSource, scratch: str) -> list[dict[str, Any]]:
     """The records of one shard, each checked to be a scorable rollout; the first that is not fails it."""
     parts = read_partition(source, scratch, shard) if shard.file.fmt == "partition" else read_raw(source, shard)
     out = []

@@ -136,7 +136,7 @@ class RayIdCheck:
         for shard in shards:
             self.reads.append(task.remote(read, shard, self.index[shard.key], self.partitions, holder, *args))
 
-    def duplicates(self, storage_options: dict | None = None) -> Duplicates:
+    def duplicates(self, storage_options: dict[str, Any] | None = None) -> Duplicates:
         """Check every partition in a task of its own; what each shard is told (pipeline.storage.ids.told). Every
         shard must have been scored (its task finished) or read. The partitions' objects are released."""
         import ray

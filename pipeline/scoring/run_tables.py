@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from operator import attrgetter
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -84,7 +84,25 @@ def rollouts_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
     return _table({name: [row[name] for row in rows] for name in schema.names}, schema)
 
 
-def effect_columns(res: RolloutResult) -> dict[str, Any]:
+class EffectColumns(TypedDict):
+    """A rollout's harm columns (pipeline.core.run_schema.ROLLOUTS)."""
+
+    n_writes: int
+    n_unclassified: int
+    n_invalid_irreversible: int
+    write_fed: int | None  # None without writes
+    write_auc_term: float | None
+    weighted_auc_term: float
+
+
+class CheckLevels(TypedDict):
+    """A rollout's first-error depths when only some checks count."""
+
+    fed_schema: int
+    fed_schema_dependency: int
+
+
+def effect_columns(res: RolloutResult) -> EffectColumns:
     """The rollout's harm columns from its steps' effect classes (docs/explanation/definitions.md, "Per-rollout
     quantities"): writes (write or irreversible calls), unclassified calls, invalid irreversible calls, the first
     invalid write's depth among the writes (write_fed, as fed among all calls) and its AUC term, and the weighted AUC
@@ -104,7 +122,7 @@ def effect_columns(res: RolloutResult) -> dict[str, Any]:
     }
 
 
-def check_levels(res: RolloutResult) -> dict[str, Any]:
+def check_levels(res: RolloutResult) -> CheckLevels:
     """First-error depth when only some checks count (docs/explanation/definitions.md, "Per-rollout quantities"; `report
     --sensitivity`): a step counts as invalid under schema-only when its first failed check is S, under
     schema+dependency when it is S or D. From this one scoring pass; later verdicts were made in the state the stricter
@@ -145,5 +163,5 @@ def _attribute_names(results: Sequence[RolloutResult]) -> list[str]:
     return sorted({k for res in results for k in res.rollout.attributes})
 
 
-def _table(cols: dict[str, Sequence[Any]], schema: pa.Schema) -> pa.Table:
+def _table(cols: Mapping[str, Sequence[object]], schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays([pa.array(cols[f.name], f.type) for f in schema], schema=schema)

@@ -41,6 +41,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
+import fsspec
 import orjson
 import pyarrow.compute as pc
 
@@ -48,7 +49,7 @@ from pipeline.core.arrow import pa
 from pipeline.ingest import IngestError
 from pipeline.ingest.sharded import RawSource, shuffle_items
 from pipeline.storage.fs import filesystem, list_files, open_for_write
-from pipeline.storage.shards import InputFile, RecordError, Shard, fingerprint
+from pipeline.storage.shards import InputFile, Record, RecordError, Shard, fingerprint
 
 STAGING = "_staging"
 # A task of round 2 or of scoring takes at most this many consecutive partitions, and fewer when that would leave
@@ -249,7 +250,7 @@ def regroup_partition(source: RawSource, run: str, shard: Shard, partitions: int
     assert shuffle is not None and shuffle.regroup is not None
     storage = source.options.storage_options
     with _Staged(partitions, SPILL_AFTER_SHARDS * shard_bytes) as staged:
-        for table in _read(run, 1, shard.start, shard.stop, storage):
+        for table in _read(run, 1, *_partition_range(shard), storage):
             rekeyed, rest = _rekeyed(table)  # without `Shuffle.rekey` every item is marked whole: none rekeyed
             staged.put_table(rekeyed)
             for key, group in _groups(rest):
@@ -282,12 +283,12 @@ def _rekeyed(table: pa.Table) -> tuple[pa.Table, pa.Table]:
     return rekeyed, rest
 
 
-def read_partition(source: RawSource, run: str, shard: Shard) -> Iterator[tuple[str, dict[str, Any] | RecordError]]:
+def read_partition(source: RawSource, run: str, shard: Shard) -> Iterator[tuple[str, Record]]:
     """The rollouts of one shard's final partitions, a partition at a time and a group at a time in key order;
     an error row is a RecordError at its own place, and a group the format cannot assemble is one at `key KEY`."""
     shuffle = source.shuffle
     assert shuffle is not None
-    for partition in _read(run, 2, shard.start, shard.stop, source.options.storage_options):
+    for partition in _read(run, 2, *_partition_range(shard), source.options.storage_options):
         for key, table in _groups(partition):
             cols = table.to_pydict()
             if key is None:
@@ -334,6 +335,13 @@ TRAILER_CACHE_BYTES = 16 * 2**20
 _trailers: OrderedDict[tuple[str, str], bytes] = OrderedDict()
 
 
+def _partition_range(shard: Shard) -> tuple[int, int]:
+    """The partitions a partition shard covers, first and past the last (partition_shards sets both)."""
+    if shard.stop is None:
+        raise ValueError(f"{shard.file.url}: not a shard of a shuffle's partitions (it names no last partition)")
+    return shard.start, shard.stop
+
+
 def _write(
     run: str,
     round_: int,
@@ -343,7 +351,7 @@ def _write(
     storage: dict[str, Any] | None,
 ) -> None:
     """One task's output of a round (`batches`: the partitions that have rows, in partition order) as one object."""
-    offsets = []
+    offsets: list[int] = []
     with open_for_write(f"{_round(run, round_)}/{name}.shuffle", storage) as f:
         position = 0
         for partition, batch in batches:
@@ -377,14 +385,14 @@ def _read(run: str, round_: int, start: int, stop: int, storage: dict[str, Any] 
         yield pa.concat_tables(tables) if tables else _SCHEMA.empty_table()
 
 
-def _trailer(path: str, size: int, version: str, fs: Any) -> bytes:
+def _trailer(path: str, size: int, version: str, fs: fsspec.AbstractFileSystem) -> bytes:
     """The trailer of the object at `path` (`size` bytes, `version` its fingerprint), from this process's cache or
     read from the object's end."""
     key = (path, version)
     if (cached := _trailers.get(key)) is not None:
         _trailers.move_to_end(key)
         return cached
-    tail = fs.cat_file(path, start=max(0, size - _TAIL), end=size)
+    tail: bytes = fs.cat_file(path, start=max(0, size - _TAIL), end=size)
     damaged = OSError(f"{path}: not a shuffle object (its staging area was changed while the run was written)")
     if len(tail) < 8 + len(_MAGIC) or tail[-len(_MAGIC) :] != _MAGIC:
         raise damaged

@@ -17,6 +17,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from pipeline.core.text import public_url
+from pipeline.metrics.results import Interval
 from pipeline.view.queries import PAGE, Filters, RunView, ViewError
 from pipeline.web import ServerLimits, WebGuard, allowed_hosts, require_token, run_server
 from pipeline.web.server import DEFAULT_LIMITS
@@ -29,7 +30,7 @@ def _href(path: str, pairs: list[tuple[str, str]]) -> str:
     return f"{path}?{urlencode(pairs)}" if pairs else path
 
 
-def _ci(value: dict[str, Any]) -> str:
+def _ci(value: Interval) -> str:
     if value.get("value") is None:
         return "—"
     if value.get("lo") is None:
@@ -98,12 +99,12 @@ def create_app(view: RunView) -> Starlette:
 
 def _after(request: Request) -> tuple[str, str, str] | None:
     q = request.query_params
-    parts = (q.get("after_run"), q.get("after_id"), q.get("after_shard"))
-    if all(p is None for p in parts):
+    run, rollout_id, shard = q.get("after_run"), q.get("after_id"), q.get("after_shard")
+    if run is None and rollout_id is None and shard is None:
         return None
-    if any(p is None for p in parts):
+    if run is None or rollout_id is None or shard is None:
         raise ViewError("a page link needs after_run, after_id and after_shard")
-    return parts  # type: ignore[return-value]
+    return run, rollout_id, shard
 
 
 def check_address(host: str, port: int) -> None:

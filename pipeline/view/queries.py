@@ -13,16 +13,17 @@ import threading
 from collections import OrderedDict
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 import orjson
 import pyarrow.parquet as pq
 
 from pipeline.core import metric_catalogue, run_schema
 from pipeline.core.errors import PexecError
-from pipeline.core.model import NOT_LOGGED, Call, Event
+from pipeline.core.model import NOT_LOGGED, Call, Event, Message
 from pipeline.core.records import InvalidRecord, parse_rollout
 from pipeline.core.run_folder import RunFolderError
+from pipeline.metrics import results
 from pipeline.metrics.cohorts import DEFAULT_METRICS, label_columns
 from pipeline.metrics.duck import fetch, rollout_columns, run_sql, set_variables
 from pipeline.metrics.run import Run
@@ -68,14 +69,35 @@ class Filters:
         return out
 
     def without(self, name: str) -> Filters:
-        return replace(self, **{name: () if name == "labels" else None})
+        """These filters less the one named: any label, or any value of `name`."""
+        match name:
+            case "labels":
+                return replace(self, labels=())
+            case "cause":
+                return replace(self, cause=None)
+            case "tool":
+                return replace(self, tool=None)
+            case "fed":
+                return replace(self, fed=None)
+            case "success":
+                return replace(self, success=None)
+            case "mismatch":
+                return replace(self, mismatch=None)
+            case "status":
+                return replace(self, status=None)
+        raise ViewError(f"no filter {name!r}")
 
     @classmethod
     def parse(cls, params: list[tuple[str, str]], label_cols: list[str]) -> Filters:
         """Filters from URL query pairs; `label_cols`: the columns a cohort filter may name (benchmark and the
         run's label columns). Unknown columns and malformed values are refused, never ignored."""
         labels: list[tuple[str, str | None]] = []
-        values: dict[str, Any] = {}
+        cause: str | None = None
+        tool: str | None = None
+        status: str | None = None
+        success: str | None = None
+        fed: int | None = None
+        mismatch: bool | None = None
         for key, value in params:
             if key.startswith("label.") or key == "null":
                 column = key[len("label.") :] if key != "null" else value
@@ -84,29 +106,35 @@ class Filters:
                 labels.append((column, value if key != "null" else None))
             elif value == "":
                 continue  # an empty form field: any
-            elif key in ("cause", "tool", "status"):
-                values[key] = value
+            elif key == "cause":
+                cause = value
+            elif key == "tool":
+                tool = value
+            elif key == "status":
+                status = value
             elif key == "fed":
                 if not (value.isascii() and value.isdigit() and len(value) <= _DEPTH_DIGITS):
                     raise ViewError(f"fed must be a depth (0 = executable), got {value!r}")
-                values["fed"] = int(value)
+                fed = int(value)
             elif key == "success":
                 if value not in ("true", "false", "null"):
                     raise ViewError(f"success must be true, false or null, got {value!r}")
-                values["success"] = value
+                success = value
             elif key == "mismatch":
                 if value not in ("0", "1"):
                     raise ViewError(f"mismatch must be 0 or 1, got {value!r}")
-                values["mismatch"] = value == "1"
-        return cls(labels=tuple(labels), **values)
+                mismatch = value == "1"
+        return cls(
+            labels=tuple(labels), cause=cause, tool=tool, fed=fed, success=success, mismatch=mismatch, status=status
+        )
 
 
 @dataclass(frozen=True)
 class Cohort:
-    key: dict[str, str | None]  # benchmark and the cohort's label values
+    key: results.Labels  # benchmark and the cohort's label values
     n: int
     n_tasks: int
-    metrics: list[tuple[metric_catalogue.Metric, dict[str, Any]]]  # value, lo, hi (and eligible)
+    metrics: list[tuple[metric_catalogue.Metric, results.Interval]]  # value, lo, hi (and eligible)
     causes: list[tuple[str, int]]  # first-error cause ("" = executable) -> rollouts
 
 
@@ -117,19 +145,38 @@ class Cohorts:
     source: str  # where the numbers come from, shown on the page
 
 
+# A row of the run's own tables (`SELECT *` of rollouts or steps): its columns are the run's (labels, attributes,
+# costs), whatever they are; the templates show them by name.
+TableRow = dict[str, Any]
+
+
 @dataclass(frozen=True)
 class Page:
     columns: list[str]
-    rows: list[dict[str, Any]]
+    rows: list[TableRow]
     total: int
     next_after: tuple[str, str, str] | None  # (run_id, rollout_id, shard) of the last row when more follow
 
 
+class CallShown(TypedDict):
+    """A logged call on the rollout page, with the verdict of its step (None: the run has no such step)."""
+
+    kind: Literal["call"]
+    call: Call
+    step: TableRow | None
+    output: str | None  # the logged output as JSON; None when the log has none
+
+
+class MessageShown(TypedDict):
+    kind: Literal["message"]
+    message: Message
+
+
 @dataclass
 class RolloutView:
-    summary: dict[str, Any]
-    steps: list[dict[str, Any]]
-    events: list[dict[str, Any]] = field(default_factory=list)  # messages and calls, each call with its step
+    summary: TableRow  # the rollouts row, with its part file (`_file`) and shard (`_shard`)
+    steps: list[TableRow]
+    events: list[CallShown | MessageShown] = field(default_factory=list)  # in log order
     input_note: str = ""  # why the logged events are not shown, when they are not
 
 
@@ -142,7 +189,7 @@ class RunView:
         self.settings = settings
         self.root = run.snapshot.root
         # Of a partial run only committed shards are read, and every page says what they cover.
-        covered = run.partial
+        covered = run.snapshot.partial()
         self.coverage_note = covered.describe() if covered else ""
         self._stack = ExitStack()
         self.con = self._stack.enter_context(run.connect())
@@ -155,7 +202,7 @@ class RunView:
         self._cohorts: Cohorts | None = None
         # Input shards read for rollout pages, least recently used first: a compressed file is decompressed
         # whole to reach one record, so the next page of the same shard reads it from here.
-        self._inputs: OrderedDict[tuple[Any, ...], dict[str, bytes]] = OrderedDict()
+        self._inputs: OrderedDict[tuple[str, str, int, int | None], dict[str, bytes]] = OrderedDict()
         self._inputs_bytes = 0
         self.inputs_read = 0  # shards read from storage (the cache's misses)
 
@@ -181,7 +228,7 @@ class RunView:
             s = self.settings
             source = f"computed now from the rollouts (task bootstrap, {s.method}, B={s.B}, seed {s.seed})"
         causes = self._causes(keys)
-        return Cohorts(keys, [replace(c, causes=causes.get(_key_tuple(c.key, keys), [])) for c in rows], source)
+        return Cohorts(keys, [replace(c, causes=causes.get(results.key_values(c.key, keys), [])) for c in rows], source)
 
     def _stored_metrics(self) -> tuple[list[str], list[Cohort], str] | None:
         """The metrics over every label (RUN/metrics/metrics/metrics.parquet, as `pexec metrics` without --by
@@ -203,7 +250,7 @@ class RunView:
         if any(k not in self.columns for k in keys):
             return None
         rows = [_from_row(r, keys) for r in table.to_pylist()]
-        if {_key_tuple(c.key, keys): c.n for c in rows} != self._counts(keys):
+        if {results.key_values(c.key, keys): c.n for c in rows} != self._counts(keys):
             return None
         first = table.slice(0, 1).to_pylist()[0] if table.num_rows else {}
         source = (
@@ -212,22 +259,23 @@ class RunView:
         )
         return keys, rows, source
 
-    def _counts(self, keys: list[str]) -> dict[tuple[Any, ...], int]:
-        out: dict[tuple[Any, ...], int] = {}
+    def _counts(self, keys: list[str]) -> dict[results.Key, int]:
+        out: dict[results.Key, int] = {}
         for key, _cause, n in self._cause_rows(keys):
             out[key] = out.get(key, 0) + n
         return out
 
-    def _causes(self, keys: list[str]) -> dict[tuple[Any, ...], list[tuple[str, int]]]:
-        out: dict[tuple[Any, ...], list[tuple[str, int]]] = {}
+    def _causes(self, keys: list[str]) -> dict[results.Key, list[tuple[str, int]]]:
+        out: dict[results.Key, list[tuple[str, int]]] = {}
         for key, cause, n in self._cause_rows(keys):
             out.setdefault(key, []).append((cause, n))
         return out
 
-    def _cause_rows(self, keys: list[str]) -> list[tuple[tuple[Any, ...], str, int]]:
+    def _cause_rows(self, keys: list[str]) -> list[tuple[results.Key, str, int]]:
         set_variables(self.con, cohort_cols=keys)
         run_sql(self.con, "view/cohort_causes")
-        return [(_key_tuple(r["key"], keys), r["cause"], r["n"]) for r in fetch(self.con, "cohort_causes")]
+        rows = fetch(self.con, "cohort_causes", _CauseCount)
+        return [(results.key_values(r["key"], keys), r["cause"], r["n"]) for r in rows]
 
     # --- rollouts ----------------------------------------------------------------------------------
 
@@ -284,7 +332,7 @@ class RunView:
         with self._lock:
             set_variables(self.con, r_run=run_id, r_shard=shard, r_id=rollout_id)
             run_sql(self.con, "view/rollout")
-            found = fetch(self.con, "one_rollout")
+            found = fetch(self.con, "one_rollout", TableRow)
             if not found:
                 raise ViewError(f"no rollout {rollout_id!r} of run {run_id!r} in shard {shard}")
             summary = found[0]
@@ -292,7 +340,7 @@ class RunView:
             set_variables(self.con, steps_files=[_steps_part(summary["_file"])])
             run_sql(self.con, "metrics/view_steps")
             run_sql(self.con, "view/rollout_steps")
-            steps = fetch(self.con, "one_rollout_steps")
+            steps = fetch(self.con, "one_rollout_steps", TableRow)
         view = RolloutView(summary, steps)
         self._attach_input(view, summary["_file"], shard, rollout_id)
         return view
@@ -362,10 +410,19 @@ class RunView:
         return records
 
 
-def _events(events: list[Event], steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+class _CauseCount(TypedDict):
+    """A row of table cohort_causes (view/sql/cohort_causes.sql)."""
+
+    key: results.Labels
+    cause: str  # "" for the executable rollouts
+    n: int
+
+
+def _events(events: list[Event], steps: list[TableRow]) -> list[CallShown | MessageShown]:
     """Messages and calls in log order; the i-th call carries the i-th step's verdict."""
     by_step = {s["step"]: s for s in steps}
-    out, depth = [], 0
+    out: list[CallShown | MessageShown] = []
+    depth = 0
     for e in events:
         if isinstance(e, Call):
             depth += 1
@@ -385,20 +442,17 @@ def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _key_tuple(key: dict[str, Any], keys: list[str]) -> tuple[Any, ...]:
-    return tuple(None if key.get(k) is None else str(key[k]) for k in keys)
+def _from_dict(c: results.Cohort, keys: list[str]) -> Cohort:
+    metrics = [(m, results.ratio(c, m.name)) for m in metric_catalogue.ratios() if m.in_tables]
+    return Cohort(dict(zip(keys, results.key_values(c, keys), strict=True)), c["n"], c["n_tasks"], metrics, [])
 
 
-def _from_dict(c: dict[str, Any], keys: list[str]) -> Cohort:
-    metrics = [(m, c[m.name]) for m in metric_catalogue.ratios() if m.in_tables]
-    return Cohort({k: c.get(k) for k in keys}, c["n"], c["n_tasks"], metrics, [])
-
-
-def _from_row(r: dict[str, Any], keys: list[str]) -> Cohort:
-    metrics = []
+def _from_row(r: TableRow, keys: list[str]) -> Cohort:
+    """A row of metrics.parquet (pipeline.core.run_schema.metrics_table) as the page shows it."""
+    metrics: list[tuple[metric_catalogue.Metric, results.Interval]] = []
     for m in metric_catalogue.ratios():
         if m.in_tables:
-            value = {"value": r[m.name], "lo": r[f"{m.name}_lo"], "hi": r[f"{m.name}_hi"]}
+            value: results.Interval = {"value": r[m.name], "lo": r[f"{m.name}_lo"], "hi": r[f"{m.name}_hi"]}
             if m.eligible:
                 value["eligible"] = r[f"{m.name}_eligible"]
             metrics.append((m, value))

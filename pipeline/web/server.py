@@ -18,7 +18,7 @@ import asyncio
 import hmac
 import ipaddress
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass
 from http.cookies import SimpleCookie
 from pathlib import Path
@@ -112,7 +112,8 @@ def allowed_hosts(host: str, port: int, extra: tuple[str, ...] = ()) -> frozense
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", ()):
+    headers: Iterable[tuple[bytes, bytes]] = scope.get("headers", ())  # ASGI: (name, value) byte pairs
+    for key, value in headers:
         if key == name:
             return value.decode("latin-1")
     return None
@@ -250,13 +251,14 @@ class WebGuard:
                 return b"".join(chunks)
 
 
-def _protocol(header_timeout: float) -> type:
-    from uvicorn.protocols.http.h11_impl import H11Protocol
+def _protocol(header_timeout: float) -> type[asyncio.Protocol]:
+    from uvicorn.protocols.http.h11_impl import H11Protocol, RequestResponseCycle
 
     class HeadTimeoutProtocol(H11Protocol):
         """uvicorn's h11 protocol, closing a connection with no complete request head after `header_timeout`."""
 
-        def connection_made(self, transport: Any) -> None:
+        # As uvicorn's own H11Protocol: it takes the stream Transport asyncio gives it, not any BaseTransport.
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._arm()
 
@@ -268,10 +270,11 @@ def _protocol(header_timeout: float) -> type:
         def _arm(self) -> None:
             self.loop.call_later(header_timeout, self._head_overdue, self.cycle)
 
-        def _head_overdue(self, armed: Any) -> None:
+        def _head_overdue(self, armed: RequestResponseCycle | None) -> None:
             if self.transport.is_closing():
                 return
-            if self.cycle is armed and (armed is None or armed.response_complete):
+            current: RequestResponseCycle | None = self.cycle  # None until a request begins (uvicorn types it not)
+            if current is armed and (armed is None or armed.response_complete):
                 self.transport.close()  # no new request began since the timer was set
 
     return HeadTimeoutProtocol
@@ -287,6 +290,7 @@ def run_server(app: App, host: str, port: int, limits: ServerLimits = DEFAULT_LI
         port=port,
         http=_protocol(limits.header_timeout),
         limit_concurrency=limits.max_concurrency,
+        # uvicorn annotates an int, and hands it to loop.call_later, which takes any number of seconds.
         timeout_keep_alive=limits.idle_timeout,  # type: ignore[arg-type]
         h11_max_incomplete_event_size=limits.max_head,
         log_level="warning",
