@@ -15,6 +15,7 @@ from pipeline.core.errors import PexecError
 from pipeline.core.model import Rollout
 from pipeline.core.records import parse_rollout
 from pipeline.core.text import literal
+from pipeline.guard.replay import ReplayJSON
 
 # What --fail-on can name: the report's totals (pipeline.guard.replay.ReplayReport.totals).
 FAIL_ON = ("refused", "false_refusals", "caught", "newly_refused", "released")
@@ -79,7 +80,7 @@ def _rollouts(records: Iterator[dict[str, Any]]) -> Iterator[Rollout]:
         yield parse_rollout(record)
 
 
-def _write(folder: str, options: dict[str, Any] | None, md: str, page: str, data: dict[str, Any]) -> None:
+def _write(folder: str, options: dict[str, Any] | None, md: str, page: str, data: ReplayJSON) -> None:
     from pipeline.storage.fs import open_for_write
 
     for name, body in (("replay.md", md.encode()), ("replay.html", page.encode()), ("replay.json", orjson.dumps(data))):

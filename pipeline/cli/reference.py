@@ -292,8 +292,8 @@ def _signature(cls: type, name: str) -> str:
     """How a member of a plug-in class is written: `name: type` for a property (a plain attribute satisfies it),
     `name(param: type, ...) -> type` for a method, as its annotations are written."""
     member = inspect.getattr_static(cls, name)
-    if isinstance(member, property):
-        return f"{name}: {inspect.signature(member.fget).return_annotation}"  # type: ignore[arg-type]
+    if isinstance(member, property) and member.fget is not None:
+        return f"{name}: {inspect.signature(member.fget).return_annotation}"
     signature = inspect.signature(member)
     params = [
         p.name if p.annotation is p.empty else f"{p.name}: {p.annotation}"

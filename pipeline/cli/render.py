@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import sys
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TextIO, cast
 
 import orjson
@@ -22,6 +23,7 @@ from pipeline.core.text import literal
 from pipeline.metrics.cohorts import cohort_fields
 from pipeline.metrics.completeness import Coverage
 from pipeline.metrics.query import QueryResult
+from pipeline.metrics.results import Cohort, Interval, key_values, ratio
 from pipeline.metrics.settings import harness_note, replay_note
 
 console = Console(stderr=True, markup=False, emoji=False, highlight=False)  # messages, progress, notices
@@ -48,7 +50,7 @@ def partial_notice(partial: Coverage, where: Console) -> None:
     where.print(Text(literal(partial.describe()), style="bold yellow"), soft_wrap=True)
 
 
-def json_lines(rows: list[dict[str, Any]]) -> None:
+def json_lines(rows: Sequence[Mapping[str, Any]]) -> None:
     """One JSON object per line on stdout (`--json`)."""
     for row in rows:
         sys.stdout.write(orjson.dumps(row).decode() + "\n")
@@ -70,9 +72,9 @@ def print_table(table: Table) -> None:
     wide.print(table)
 
 
-def metrics_table(cohorts: list[dict[str, Any]]) -> Table:
+def metrics_table(cohorts: Sequence[Cohort]) -> Table:
     # The cohort's key columns: everything of a cohort dict that is not a count, a metric or a setting.
-    labels = [k for k in (cohorts[0] if cohorts else {}) if k != "benchmark" and k not in cohort_fields()]
+    labels = [k for k in (cohorts[0] if cohorts else ()) if k != "benchmark" and k not in cohort_fields()]
     # The catalogue's table metrics, with the curves last (PEC@1 and PEC@3) to fit a terminal.
     ratios = [m for m in metric_catalogue.ratios() if m.in_tables]
     curves = [m for m in metric_catalogue.METRICS if m.kind == "curve" and m.in_tables]
@@ -80,12 +82,12 @@ def metrics_table(cohorts: list[dict[str, Any]]) -> Table:
     headers += [f"{m.label}@{k}" for m in curves for k in (1, 3)]
     rows = []
     for c in cohorts:
-        condition = " · ".join(literal(c.get(k)) for k in labels) or "all"
+        condition = " · ".join(literal(v) for v in key_values(c, labels)) or "all"
         cells = [literal(c["benchmark"]), condition, str(c["n"]), str(c["n_tasks"])]
         cells += [str(c["n_unknown_success"]), str(c["n_harness_error"])]
-        cells += [_ci(c[m.name]) + (f"\n({c[m.name]['eligible']})" if m.eligible else "") for m in ratios]
-        for m in curves:
-            curve = {p["k"]: p for p in c[m.name]}
+        cells += [_ci(ratio(c, m.name)) + (f"\n({ratio(c, m.name)['eligible']})" if m.eligible else "") for m in ratios]
+        for _ in curves:  # PEC, the catalogue's one curve
+            curve = {p["k"]: p for p in c["pec"]}
             cells += [_ci(curve[k]) if k in curve else "–" for k in (1, 3)]
         rows.append(cells)
     table = Table(title="Prefix executability: value and 95% interval")
@@ -96,20 +98,20 @@ def metrics_table(cohorts: list[dict[str, Any]]) -> Table:
     return table
 
 
-def metrics_notes(cohorts: list[dict[str, Any]]) -> list[str]:
+def metrics_notes(cohorts: Sequence[Cohort]) -> list[str]:
     """What the table's populations and markers mean (the report says the same: pipeline.report.layout)."""
     notes = [
         "success and RR: over the rollouts with a verdict (no verdict: left out); TER, AUC-PEC, PEC: all N.",
         "AUC-PEC (writes): over the rollouts with a write or irreversible call (n; the rest have none); invalid "
         "irreversible, weighted AUC-PEC: all N.",
     ]
-    points = [p for c in cohorts for p in [*(c[m.name] for m in metric_catalogue.ratios()), *c["pec"]]]
+    points = [p for c in cohorts for p in [*(ratio(c, m.name) for m in metric_catalogue.ratios()), *c["pec"]]]
     if any(p.get("method") == intervals.WILSON for p in points):
         notes.append(intervals.NOTE)
     return [*notes, harness_note(cohorts), replay_note(cohorts)]
 
 
-def _ci(m: dict[str, Any]) -> str:
+def _ci(m: Interval) -> str:
     if m.get("value") is None:
         return "–"
     mark = f" {intervals.MARK}" if m.get("method") == intervals.WILSON else ""

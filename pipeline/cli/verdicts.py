@@ -3,6 +3,7 @@ printed or as JSON, and its --fail-on thresholds."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.table import Table
@@ -41,8 +42,8 @@ def print_paired(result: PairedDiff, shared: tuple[int, int, int]) -> None:
         f"Paired step-level diff: the runs share {n_shared} rollout id(s) (A has {n_a}, B has {n_b}); "
         f"{c['compared']} compared over {c['tasks']} task(s)"
         + (f", {c['harness_errors']} left out as harness errors" if c["harness_errors"] else "")
-        + f". Steps compared: {result.kinds.get('same', {}).get('steps', 0) + result.flips}"
-        + (f"; {result.kinds['unmatched']['steps']} step(s) in one run only" if "unmatched" in result.kinds else "")
+        + f". Steps compared: {result.steps('same') + result.flips}"
+        + (f"; {result.steps('unmatched')} step(s) in one run only" if "unmatched" in result.kinds else "")
         + ".",
         soft_wrap=True,
     )
@@ -88,7 +89,7 @@ def print_paired(result: PairedDiff, shared: tuple[int, int, int]) -> None:
         out.print("Links open in `pexec view RUN_A` / `pexec view RUN_B` at their default address.", soft_wrap=True)
 
 
-def _grouped(title: str, rows: list[dict[str, Any]], keys: list[str]) -> Table:
+def _grouped(title: str, rows: Sequence[Mapping[str, Any]], keys: list[str]) -> Table:
     table = Table(title=title)
     for k in [*keys, "steps"]:
         table.add_column(k, justify="right" if k == "steps" else "left")

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.core.errors import PexecError, check_fields
 from pipeline.core.run_folder import Manifest, ShardMarker
 from pipeline.core.settings import SettingError, check_flag, check_name
+from pipeline.metrics.results import Cohort
 from pipeline.metrics.run import open_run
 from pipeline.metrics.settings import DEFAULT_METRICS, MetricsSettings
 from pipeline.scoring.driver import ShardPlan, run_scoring
@@ -433,7 +434,7 @@ def run_job(
     force: bool = False,
     on_plan: Callable[[ShardPlan], None] | None = None,
     on_shard: Callable[[ShardMarker], None] | None = None,
-) -> tuple[Manifest, list[dict[str, Any]]]:
+) -> tuple[Manifest, list[Cohort]]:
     """Score the job's input (reusing unchanged shards; `force`: rescoring all), on the Ray at `address` (default:
     the job's), then compute and write its metrics (and its report, when the job has a [report] table)."""
     job = absolute_paths(job)

@@ -162,6 +162,7 @@ class MetricsSettings:
         pools = tuple((name, tuple(benchmarks)) for name, benchmarks in (pool or {}).items())
         return cls(
             by,  # type: ignore[arg-type]  # any sequence of names (made a tuple), not a string (refused)
+            # Both check their own values on being made (the method above too): a str is the Literal they take.
             BootstrapSettings(B=bootstrap, seed=seed, method=method),  # type: ignore[arg-type]
             Population(harness_errors, pools, strict_replay),  # type: ignore[arg-type]
             max_k,

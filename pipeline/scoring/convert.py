@@ -42,12 +42,11 @@ class Executor:
             return
         import ray
 
-        from pipeline.scoring.driver import _start_ray
+        from pipeline.scoring.driver import _remote, _start_ray
 
         _start_ray(self.address, self.num_cpus)
-        # Ray's stubs take retry_exceptions as a bool; Ray takes the exception types to retry on as well.
-        task = ray.remote(max_retries=3, retry_exceptions=[OSError])(fn)  # type: ignore[call-overload]
-        window = 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))  # type: ignore[no-untyped-call]  # unannotated
+        task = _remote(fn)
+        window = 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))
         pending: deque[ObjectRef[Result]] = deque()
         for shard in shards:
             pending.append(task.remote(shard, *args))
