@@ -27,6 +27,7 @@ from pipeline.jobs.definition import FIELDS, load_job
 from pipeline.perf import figures
 from pipeline.perf.registry import BENCHES
 
+pytestmark = pytest.mark.docs
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
