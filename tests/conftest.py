@@ -13,7 +13,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import fsspec
 import pytest
@@ -133,19 +133,43 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
+# How many tests the run selected, and how many `-m` left out, by marker. Counted where the suite is collected:
+# under pytest-xdist each worker collects it all (alike) and hands the counts to the controller, which does not.
+TIER_MARKERS = (*STARTS_MARKERS, "fuzz")
+_selection: Counter[str] = Counter()
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    _selection["left out"] += len(items)
+    _selection.update(name for item in items for name in TIER_MARKERS if item.get_closest_marker(name))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _selection["selected"] = len(session.items)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    worker_output = getattr(session.config, "workeroutput", None)  # set on an xdist worker only
+    if worker_output is not None:
+        worker_output["pexec_selection"] = dict(_selection)
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook, on the controller
+def pytest_testnodedown(node: Any, error: object) -> None:
+    counts = getattr(node, "workeroutput", {}).get("pexec_selection")
+    if counts and not _selection:
+        _selection.update(counts)
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    """After a run that `-m` narrowed (`make check`): how many tests ran, and what was left out, by marker."""
-    left_out = terminalreporter.stats.get("deselected", [])
-    if not config.option.markexpr or not left_out:
+    """After a run that `-m` narrowed (`make check`): how many tests it selected and how many it left out."""
+    if not config.option.markexpr or not _selection["left out"]:
         return
-    ran = {report.nodeid for reports in terminalreporter.stats.values() for report in reports
-           if isinstance(report, pytest.TestReport)}  # fmt: skip
-    markers = (*STARTS_MARKERS, "fuzz")
-    by_marker = Counter(name for item in left_out for name in markers if item.get_closest_marker(name))
-    counts = ", ".join(f"{name} {n}" for name, n in by_marker.most_common())
+    selected, left_out = _selection["selected"], _selection["left out"]
+    counts = ", ".join(f"{name} {_selection[name]}" for name in TIER_MARKERS if _selection[name])
     terminalreporter.write_line(
-        f"-m {config.option.markexpr!r} ran {len(ran)} tests and left out {len(left_out)} ({counts}; a test may carry"
-        f" several markers): `make test` runs all {len(ran) + len(left_out)}"
+        f"-m {config.option.markexpr!r} selected {selected} tests and left {left_out} to `make test` ({counts}; a"
+        f" test may carry several of these markers), which runs all {selected + left_out}"
     )
 
 
