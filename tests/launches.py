@@ -93,12 +93,6 @@ def socket_inodes(pid: int) -> set[str]:
     return inodes
 
 
-def runs_ray(pid: int) -> bool:
-    """Whether the process has Ray's core library loaded: a Ray driver (`pexec score`, `pexec metrics --address`)
-    listens for Ray's own calls, which does not make it a server."""
-    return "_raylet" in _read(f"/proc/{pid}/maps")
-
-
 def listening_inodes() -> set[str]:
     """The inodes of every listening TCP socket (IPv4 and IPv6) of this network namespace."""
     inodes = set()
@@ -110,13 +104,22 @@ def listening_inodes() -> set[str]:
     return inodes
 
 
+def serves(pid: int, inodes: set[str], listening: set[str]) -> bool:
+    """Whether the process, holding sockets `inodes`, listens on one, and is not a Ray driver (`pexec score`,
+    `pexec metrics --address`: Ray's core library, loaded, listens for Ray's own calls); False once it has ended."""
+    if not inodes & listening:
+        return False
+    maps = _read(f"/proc/{pid}/maps")
+    return bool(maps) and "_raylet" not in maps
+
+
 @dataclass
 class Watch:
     """One test's watch: the kinds looked for, the processes there before the test began, what was found."""
 
     looked_for: frozenset[str]
     before: frozenset[int] = frozenset()
-    known: dict[int, Process] = field(default_factory=dict)  # every process below this one read so far
+    known: dict[int, Process] = field(default_factory=dict)  # the processes read so far that are Ray's or a browser
     found: dict[str, str] = field(default_factory=dict)  # kind -> the first such process, as shown
 
 
@@ -167,7 +170,7 @@ class Launches:
             listening = listening_inodes() if any(held.values()) else set()
             for process in new:
                 kind = process.kind()
-                if kind is None and held.get(process.pid, set()) & listening and not runs_ray(process.pid):
+                if kind is None and serves(process.pid, held.get(process.pid, set()), listening):
                     kind = "server"
                 if kind in watch.looked_for:
                     watch.found.setdefault(kind, process.shown())
@@ -180,9 +183,11 @@ class Launches:
         while todo:
             for pid in children(todo.pop()):
                 process = watch.known.get(pid) or Process.read(pid)
-                if process.command == self._own_command:
-                    continue  # forked, not yet (or never) running a program of its own: looked at again next time
-                watch.known[pid] = below[pid] = process
+                if not process.command or process.command == self._own_command:
+                    continue  # ended, or not yet running a program of its own: looked at again next time
+                below[pid] = process
                 if process.kind() is None:
-                    todo.append(pid)
+                    todo.append(pid)  # read again next time: it may yet run another program (exec)
+                else:
+                    watch.known[pid] = process
         return below
