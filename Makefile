@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO := out/demo
 
-.PHONY: install demo test smoke lint docs reference browser bench fuzz lock clean image
+.PHONY: install demo check test smoke lint typecheck docs reference browser bench fuzz lock clean image
 
 # The official simulators are pinned in specs/simulators.txt (installed without their declared model-client
 # dependencies) and specs/simulator-wheels.txt (releases read from their wheel). The trace servers of the MLflow
@@ -51,6 +51,10 @@ lint: install
 	$(BIN)/ruff check pipeline tests
 	$(BIN)/ruff format --check pipeline tests
 
+# The type checker's step of `make check` and `make test`; none is configured yet.
+typecheck: install
+	@echo "typecheck: no type checker is configured yet"
+
 # The documentation site (mkdocs.yml, docs/) into out/site: strict, so a broken link or anchor, a page missing from
 # the nav or any other warning fails the build. Nothing is fetched; a few seconds.
 docs: install
@@ -65,11 +69,24 @@ reference: install
 browser:
 	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
-# The suite on 2 worker processes (pytest-xdist), a test file at a time on one of them: each module's fixtures (a
-# scored run, a Ray head, an S3 server) are made once; the longest modules go first (tests/conftest.py). The 15
-# slowest tests are listed at the end.
-test: lint docs browser
-	$(BIN)/pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=15
+# Tests are marked by what they start (pyproject.toml: ray, cluster, server, trace_server, browser, docs; and fuzz):
+# a marker comes from the test, its module or a fixture it uses, and a test that starts Ray, a server process or
+# a browser without its marker fails (tests/conftest.py).
+# The suite runs on 2 worker processes (pytest-xdist), a test file at a time on one of them: each module's
+# fixtures (a scored run, a Ray head, an S3 server) are made once; the longest modules go first
+# (tests/conftest.py). The 15 slowest tests are listed at the end.
+PYTEST_XDIST := -n 2 --dist loadfile --no-loadscope-reorder --durations=15
+
+# The inner loop, in about two minutes from a warm venv: lint, the type checker, and every test that starts
+# nothing of the above and is not a fuzz suite; it ends saying how many tests it ran and how many it left to
+# `make test`.
+CHECK_LEAVES := ray or cluster or server or trace_server or browser or docs or fuzz
+check: lint typecheck
+	$(BIN)/pytest $(PYTEST_XDIST) -m "not ($(CHECK_LEAVES))"
+
+# Everything: lint, the type checker, the documentation site and the whole suite (README's test command, CI).
+test: lint typecheck docs browser
+	$(BIN)/pytest $(PYTEST_XDIST)
 
 # What shows an interpreter works, in a few minutes (CI runs it on 3.13 beside the suite on 3.11): the demo through
 # Ray, one real log of each family scored against its simulator (tests/test_smoke.py: the numbers 3.11 gives), the

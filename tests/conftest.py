@@ -10,12 +10,15 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 import fsspec
 import pytest
 import s3fs
+from launches import WATCHED, Launches
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,6 +28,44 @@ ROOT = Path(__file__).resolve().parents[1]
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+# --- What a test starts --------------------------------------------------------------------------------------
+# Each marker below (pyproject.toml says what each means) names something a test starts that costs seconds or
+# needs more than the venv: `make check` runs the tests that carry none of them, `make test` runs every test.
+# A test gets a marker from a decorator or its module's `pytestmark`, or from a fixture it uses, directly or
+# through other fixtures, whose function is declared with `starts`. Whatever is selected, a test that starts Ray,
+# a server process or a browser without the marker for it fails (`_Launches`), so the split cannot drift.
+STARTS_MARKERS = ("ray", "server", "browser", "docs", "cluster")
+# A finer marker carries the broader one: `-m "not ray"` leaves out the cluster tests too.
+IMPLIED = {"cluster": "ray", "trace_server": "server"}
+
+_Fixture = TypeVar("_Fixture", bound=Callable[..., object])
+
+
+def starts(*markers: str) -> Callable[[_Fixture], _Fixture]:
+    """Declares what a fixture starts: every test that uses it gets these markers. Goes under @pytest.fixture."""
+    unknown = set(markers) - set(STARTS_MARKERS) - set(IMPLIED)
+    if unknown:
+        raise ValueError(f"not a marker of what a test starts: {sorted(unknown)}")
+
+    def declare(fixture: _Fixture) -> _Fixture:
+        fixture.pexec_starts = markers  # type: ignore[attr-defined]
+        return fixture
+
+    return declare
+
+
+def _declared_markers(item: pytest.Item) -> set[str]:
+    """The item's markers of what it starts, with those of its fixtures' declarations and the implied ones."""
+    names = {mark.name for mark in item.iter_markers()}
+    fixture_info = getattr(item, "_fixtureinfo", None)  # collected functions have it; other items start nothing
+    if fixture_info is not None:
+        for definitions in fixture_info.name2fixturedefs.values():
+            for definition in definitions:
+                names.update(getattr(definition.func, "pexec_starts", ()))
+    names.update(IMPLIED[name] for name in list(names) if name in IMPLIED)
+    return names
 
 
 # The modules that take longest (about 20 s to 75 s each on the 2-core machine, longest first). On pytest-xdist's
@@ -47,11 +88,89 @@ LONGEST_MODULES = (
 )
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        present = {mark.name for mark in item.iter_markers()}
+        for name in sorted(_declared_markers(item) - present):
+            item.add_marker(name)
     if "PYTEST_XDIST_WORKER" not in os.environ:
         return  # a run in one process keeps the order of the files
     rank = {name: i for i, name in enumerate(LONGEST_MODULES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
+_launches = Launches()
+_REPORTED = pytest.StashKey[bool]()
+WHAT = {"ray": "Ray", "server": "a server process", "browser": "a browser"}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[object]:
+    """Watches what the test starts, from its fixtures' set-up to their teardown, for what it is not marked."""
+    _launches.begin(set(WATCHED) - {mark.name for mark in item.iter_markers()})
+    try:
+        return (yield)
+    finally:
+        _launches.end()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    """Fails a test (once: at the first phase that shows it) that started what it is not marked for."""
+    report: pytest.TestReport = yield
+    started = _launches.found()
+    if started and not report.skipped and not item.stash.get(_REPORTED, False):
+        item.stash[_REPORTED] = True
+        said = "; ".join(
+            f"starts {WHAT[kind]} ({process}) but is not marked `{kind}`: add @pytest.mark.{kind}, or declare the"
+            f" fixture that starts it with @starts({kind!r}) (tests/conftest.py)"
+            for kind, process in sorted(started.items())
+        )
+        earlier = f"\n{report.longreprtext}" if report.failed else ""
+        report.outcome = "failed"
+        report.longrepr = f"{item.nodeid} {said}{earlier}"
+    return report
+
+
+# How many tests the run selected, and how many `-m` left out, by marker. Counted where the suite is collected:
+# under pytest-xdist each worker collects it all (alike) and hands the counts to the controller, which does not.
+TIER_MARKERS = (*STARTS_MARKERS, "fuzz")
+_selection: Counter[str] = Counter()
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    _selection["left out"] += len(items)
+    _selection.update(name for item in items for name in TIER_MARKERS if item.get_closest_marker(name))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _selection["selected"] = len(session.items)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    worker_output = getattr(session.config, "workeroutput", None)  # set on an xdist worker only
+    if worker_output is not None:
+        worker_output["pexec_selection"] = dict(_selection)
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook, on the controller
+def pytest_testnodedown(node: Any, error: object) -> None:
+    counts = getattr(node, "workeroutput", {}).get("pexec_selection")
+    if counts and not _selection:
+        _selection.update(counts)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """After a run that `-m` narrowed (`make check`): how many tests it selected and how many it left out."""
+    if not config.option.markexpr or not _selection["left out"]:
+        return
+    selected, left_out = _selection["selected"], _selection["left out"]
+    counts = ", ".join(f"{name} {_selection[name]}" for name in TIER_MARKERS if _selection[name])
+    terminalreporter.write_line(
+        f"-m {config.option.markexpr!r} selected {selected} tests and left {left_out} to `make test` ({counts}; a"
+        f" test may carry several of these markers), which runs all {selected + left_out}"
+    )
 
 
 def free_port() -> int:
@@ -120,6 +239,7 @@ def _start_ray(worker_env: dict[str, str]) -> str:
 
 
 @pytest.fixture
+@starts("ray")
 def shared_ray() -> None:
     """The local Ray (RAY_OPTIONS) that every test asking for it shares, started at the first such test and kept
     until the session ends, or until a test stops it (a bench, a test that scores with options of its own): then
@@ -158,6 +278,7 @@ def _ray_stopped_at_the_end() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
+@starts("server")
 def s3() -> Iterator[dict]:
     """A moto S3 server on a free loopback port with the bucket `pexec-test`; yields storage options for pexec."""
     os.environ.update(CREDENTIALS)  # Ray workers started later inherit them

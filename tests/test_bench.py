@@ -211,6 +211,7 @@ def bench_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("bench-data")
 
 
+@pytest.mark.server  # some benches start moto's S3 or a `pexec guard serve`
 @pytest.mark.parametrize("name", BENCHES)
 def test_every_bench_runs_and_prints(name, tmp_path, bench_data, monkeypatch, shared_ray):
     """Each bench on a small size, on the shared Ray (a bench given a running Ray uses it: the code paths run,

@@ -11,6 +11,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+from conftest import starts
 from typer.testing import CliRunner
 
 import pipeline.cli.options
@@ -32,6 +33,7 @@ def pexec(*args: str, ok: bool = True) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
+@starts("ray")  # scored on Ray, as `pexec score` does by default
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("cli")
     pexec("synth", "shop", "--rollouts", "800", "--tasks", "100", "--seed", "2", "--out", str(root / "store"))

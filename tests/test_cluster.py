@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from cluster import BIN, listening, session_pids, start_cluster, stop_cluster
-from conftest import ROOT, wait_for
+from conftest import ROOT, starts, wait_for
 from test_scale import rows
 
 from pipeline.jobs.cluster import (
@@ -108,6 +108,7 @@ def test_the_submit_table_is_checked(tmp_path):
 
 
 @pytest.fixture(scope="module")
+@starts("cluster")
 def head():
     """The head and its two worker nodes, for every test below; the node-failure tests come after the others, and
     `stop` last."""
@@ -286,7 +287,6 @@ def finish(cluster, submission: str) -> str:
     return job_status(cluster.address, submission)
 
 
-@pytest.mark.cluster
 def test_a_worker_node_killed_mid_job_changes_nothing(head, store_and_reference, tmp_path):
     store, reference = store_and_reference
     run = tmp_path / "run"
@@ -305,7 +305,6 @@ def test_a_worker_node_killed_mid_job_changes_nothing(head, store_and_reference,
         assert rows(str(run), table) == rows(reference, table)
 
 
-@pytest.mark.cluster
 def test_a_driver_killed_mid_job_then_resubmitted_gives_the_same_tables(head, store_and_reference, tmp_path):
     from ray.job_submission import JobSubmissionClient
 

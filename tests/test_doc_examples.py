@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import shared_ray_address
+from conftest import shared_ray_address, starts
 
+pytestmark = pytest.mark.docs
 ROOT = Path(__file__).resolve().parents[1]
 TOUR = "## A five-minute tour"  # the README's section whose blocks run; the rest of the README is not a walk-through
 GUIDES = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs/how-to").glob("*.md"))
@@ -234,6 +235,7 @@ def cost(page: str) -> int:
 
 
 @pytest.fixture(scope="module")
+@starts("ray")
 def page_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, PageRun]:
     """Every selected page's blocks, pages side by side, the costliest first: most of a page's time is a process
     importing or a job's Ray workers starting, so a few pages at once keep the file within about a minute. The

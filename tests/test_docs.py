@@ -27,6 +27,7 @@ from pipeline.jobs.definition import FIELDS, NOT_IN_JOB_FILES, JobFileError, loa
 from pipeline.perf import figures
 from pipeline.perf.registry import BENCHES
 
+pytestmark = pytest.mark.docs
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"

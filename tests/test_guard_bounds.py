@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import orjson
 import psutil
 import pytest
+from conftest import starts
 from test_guard_http import AVA, SIGN_IN, TOKEN, Client, start_server, stop
 
 pytestmark = pytest.mark.fuzz  # an adversarial suite: `make fuzz` runs it too
@@ -60,6 +61,7 @@ def read_all(s: socket.socket) -> bytes:
 
 
 @pytest.fixture(scope="module")
+@starts("server")
 def guard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guard]:
     token_file = tmp_path_factory.mktemp("guard") / "token"
     token_file.write_text(TOKEN + "\n")
@@ -192,6 +194,7 @@ def small_calls(n: int) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
+@starts("server")
 def roomy() -> Iterator[Guard]:
     """A guard whose sessions may be large (16 MiB) while its stateless cache is small (4 MiB)."""
     proc, port = start_server("--env", "shop", "--token", TOKEN, "--cache-mb", "4", "--ttl", "2")

@@ -124,6 +124,7 @@ def test_the_boundaries(guard, depth, as_text, env_depth, expected):
     assert same(expected, guard_outcome(guard, args, env))
 
 
+@pytest.mark.server
 def test_deep_requests_over_http_are_400_with_the_scorers_reason(tmp_path):
     proc, port = start_server("--env", "observed", "--token", "s3cret-token")
     client = Client(port)

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import free_port, wait_for
+from conftest import free_port, starts, wait_for
 
 from pipeline.envs import get_environment
 
@@ -71,6 +71,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="module")
+@starts("server")
 def shop() -> Iterator[Client]:
     proc, port = start_server("--env", "shop", "--token", TOKEN, "--max-sessions", "3", "--ttl", "5")
     try:
@@ -175,6 +176,7 @@ def test_stateless_checks_replay_only_what_the_cache_has_not_seen(shop):
     assert shop("POST", "/check", {"start": {"rollout_id": "s0"}, "events": events, "call": cancel})[1]["replayed"] == 3
 
 
+@pytest.mark.server
 def test_a_bfcl_session_and_a_malformed_start():
     proc, port = start_server("--env", "bfcl_v4", "--token", TOKEN)
     client = Client(port)

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PEXEC = str(Path(sys.executable).with_name("pexec"))
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.server)])
 def where(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict | None]:
     """A fresh run prefix: a local folder, or a prefix in the moto S3 server's bucket."""
     if request.param == "local":

@@ -7,8 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
+# A page of the docs, run in a Jupyter kernel: a process of its own that listens on loopback ports.
+pytestmark = [pytest.mark.docs, pytest.mark.server]
 NOTEBOOK = Path(__file__).resolve().parents[1] / "docs" / "notebooks" / "tour.ipynb"
 
 

@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import starts
 from test_aggregate import paper_rows, write_rollouts
 
 from pipeline.metrics.run import open_run
@@ -30,6 +31,7 @@ window.addEventListener("load", () => {
 
 
 @pytest.fixture(scope="module")
+@starts("browser")
 def chromium() -> str:
     if CHROMIUM is None:
         if os.environ.get("CI"):

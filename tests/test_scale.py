@@ -148,6 +148,7 @@ def test_a_worker_killed_mid_job_changes_nothing(local_store, reference_run, tmp
         assert rows(run, table) == rows(reference_run, table)
 
 
+@pytest.mark.ray  # the driver, a `pexec score` on Ray, killed midway
 def test_a_driver_killed_midway_then_rerun_gives_the_same_output(local_store, reference_run, tmp_path):
     run = tmp_path / "run"
     cmd = [str(BIN / "pexec"), "score", str(local_store), "--out", str(run), "--shard-mb", "0.1", "--num-cpus", "1"]

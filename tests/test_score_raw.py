@@ -304,7 +304,7 @@ def test_the_staged_spans_take_less_room_than_the_file_they_came_from(tmp_path):
         assert len(ids) == len(set(ids)) == 300  # every conversation, assembled once
 
 
-@pytest.mark.parametrize(("place", "partitions"), [("local", 9000), ("s3", 5)])
+@pytest.mark.parametrize(("place", "partitions"), [("local", 9000), pytest.param("s3", 5, marks=pytest.mark.server)])
 def test_each_partition_reads_back_from_every_tasks_object(place, partitions, tmp_path, request):
     """A round's tasks write one object each; partition p reads back exactly the rows its tasks wrote to p (none for
     an empty one), on local disk past the partitions the first read of an object's end covers, and on S3."""

@@ -17,7 +17,7 @@ from pipeline.storage.stores import StoreExists, write_store
 from pipeline.synthetic.rollouts import synthesize
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.server)])
 def where(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict | None]:
     if request.param == "local":
         return str(tmp_path / "store"), None

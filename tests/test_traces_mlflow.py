@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import starts
 from producers import CALLS, CANCEL_ERROR, EXPECTED_STEPS, MODEL, USER, Stub, pexec, stub_server, verdicts
 from trace_servers import mlflow_server, score_support
 
 from pipeline.ingest import IngestError, IngestOptions, ingest
 from pipeline.integrations.mlflow import publish
 
-pytestmark = pytest.mark.trace_server
 PRODUCERS = Path(__file__).with_name("producers.py")
 EXPERIMENT = "support"
 
@@ -31,6 +31,7 @@ def stub() -> Iterator[Stub]:
 
 
 @pytest.fixture(scope="module")
+@starts("trace_server")
 def server(stub: Stub, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The tracking server, holding one trace of the scripted conversation."""
     with mlflow_server(tmp_path_factory.mktemp("mlflow")) as url:

@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import starts
 from producers import CALLS, CANCEL_ERROR, EXPECTED_STEPS, MODEL, USER, Stub, pexec, stub_server, verdicts
 from trace_servers import phoenix_server, score_support
 
 from pipeline.ingest import IngestError, IngestOptions, ingest
 from pipeline.integrations.phoenix import publish
 
-pytestmark = pytest.mark.trace_server
 PRODUCERS = Path(__file__).with_name("producers.py")
 PROJECT = "support"
 SPANS = 1 + 4 + 4  # the agent span, four model calls, four tool calls
@@ -33,6 +33,7 @@ def stub() -> Iterator[Stub]:
 
 
 @pytest.fixture(scope="module")
+@starts("trace_server")
 def server(stub: Stub, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The Phoenix server, holding one trace of the scripted conversation."""
     from phoenix.client import Client

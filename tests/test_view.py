@@ -293,6 +293,7 @@ def test_beyond_loopback_the_viewer_needs_a_token(run: str, monkeypatch) -> None
     assert result.exit_code == 2 and "refusing to listen on 0.0.0.0 without a bearer token" in result.output
 
 
+@pytest.mark.server
 def test_the_served_viewer_checks_token_host_and_origin(run: str, tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text("v13w-token\n")

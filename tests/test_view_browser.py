@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from conftest import ROOT, _answers, free_port, wait_for
+from conftest import ROOT, _answers, free_port, starts, wait_for
 from test_aggregate import paper_rows, write_rollouts
 from test_report_browser import chromium  # noqa: F401  (skipped without chromium, failed under CI)
 from test_view import make_run
@@ -51,6 +51,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="module")
+@starts("server")
 def viewer(run: str) -> Iterator[str]:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
