@@ -51,9 +51,9 @@ lint: install
 	$(BIN)/ruff check pipeline tests
 	$(BIN)/ruff format --check pipeline tests
 
-# The type checker's step of `make check` and `make test`; none is configured yet.
+# The type checker of `make check` and `make test`: mypy --strict over pipeline/ ([tool.mypy] in pyproject.toml).
 typecheck: install
-	@echo "typecheck: no type checker is configured yet"
+	$(BIN)/mypy
 
 # The documentation site (mkdocs.yml, docs/) into out/site: strict, so a broken link or anchor, a page missing from
 # the nav or any other warning fails the build. Nothing is fetched; a few seconds.
