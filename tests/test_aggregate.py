@@ -22,7 +22,7 @@ from pipeline.cli import app
 from pipeline.metrics.query import QueryError, QueryRefused
 from pipeline.metrics.run import open_run
 from pipeline.metrics.settings import BootstrapSettings
-from pipeline.perf.fixtures import commit_parts
+from pipeline.perf._fixtures import commit_parts
 
 # --- helpers: build a scored run in tmp_path -------------------------------------------------------------
 

@@ -16,10 +16,10 @@ import pytest
 from pipeline.core.model import Call, Message, Rollout, RolloutResult
 from pipeline.core.records import parse_rollout
 from pipeline.envs import EnvError, get_environment
-from pipeline.envs.bfcl import official
+from pipeline.envs.bfcl import _official as official
+from pipeline.envs.bfcl._schema import parameters_schema
 from pipeline.envs.bfcl.calls import CallSyntaxError, parse_call
 from pipeline.envs.bfcl.env import GROUNDED_FILE, BfclEnvironment
-from pipeline.envs.bfcl.schema import parameters_schema
 from pipeline.envs.data import files_fingerprint
 from pipeline.ingest import IngestError, IngestOptions, ingest
 from pipeline.ingest.bfcl import build_record, ground_truth_records, is_error_output, read_scores
@@ -492,7 +492,7 @@ def calls_of(record: dict[str, Any]) -> list[tuple[int, str, Any]]:
 def test_prompt_mode_call_strings_refuse_an_environment_that_is_not_bfcl(monkeypatch):
     # Decoding a call string needs BFCL's parameter order. An environment registered in this process under a BFCL
     # name shadows the simulators: the ingest stops with one line naming it (it used to end in an AttributeError).
-    from pipeline.envs import registry
+    from pipeline.envs import _registry as registry
     from pipeline.envs.observed import ObservedEnvironment
     from pipeline.ingest import bfcl as bfcl_format
 

@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 
 from pipeline.cli import app
 from pipeline.envs import get_environment
-from pipeline.envs.bfcl import official
+from pipeline.envs.bfcl import _official as official
 from pipeline.ingest.bfcl import read_scores
-from pipeline.scoring.code_version import environment_version
+from pipeline.scoring._code_version import environment_version
 from pipeline.scoring.driver import run_scoring
 from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.run import read_manifest

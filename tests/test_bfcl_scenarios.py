@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from pipeline.core.records import parse_rollout
-from pipeline.envs.bfcl import official
+from pipeline.envs.bfcl import _official as official
+from pipeline.envs.bfcl._scenarios import Scenarios, knowledge_text, load
 from pipeline.envs.bfcl.env import _run
-from pipeline.envs.bfcl.scenarios import Scenarios, knowledge_text, load
 from pipeline.ingest.bfcl import ground_truth_records
 
 ADDRESS = re.compile(r" at 0x[0-9a-f]+>")  # `str` of a random generator: where it lives, nothing it holds

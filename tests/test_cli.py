@@ -14,8 +14,8 @@ import pytest
 from conftest import starts
 from typer.testing import CliRunner
 
-import pipeline.cli.options
-import pipeline.cli.scoring
+import pipeline.cli._options
+import pipeline.cli._scoring
 from pipeline.cli import app
 from pipeline.core.errors import PexecError
 
@@ -189,7 +189,7 @@ def test_long_and_multi_line_messages_stay_one_line_and_verbatim(monkeypatch):
     def fail(*args: object) -> None:
         raise PexecError(message.replace("a message", "a\nmessage"))
 
-    monkeypatch.setattr(pipeline.cli.options, "open_run", fail)
+    monkeypatch.setattr(pipeline.cli._options, "open_run", fail)
     result = CliRunner().invoke(app, ["sql", "run", "SELECT 1"])
     assert result.exit_code == 2
     assert result.stderr == f"error: {message.strip()}\n"  # rich markup is not interpreted
@@ -199,11 +199,13 @@ def test_any_other_exception_is_a_bug_and_keeps_its_traceback(monkeypatch):
     def bug(*args: object) -> None:
         raise KeyError("not a user error")
 
-    monkeypatch.setattr(pipeline.cli.options, "open_run", bug)
+    monkeypatch.setattr(pipeline.cli._options, "open_run", bug)
     result = CliRunner().invoke(app, ["sql", "run", "SELECT 1"])
     assert isinstance(result.exception, KeyError) and result.exit_code == 1
     assert "error:" not in result.output
-    script = "import pipeline.cli.options as o; o.open_run = lambda *a: {}['boom']; from pipeline.cli import app; app()"
+    script = (
+        "import pipeline.cli._options as o; o.open_run = lambda *a: {}['boom']; from pipeline.cli import app; app()"
+    )
     proc = subprocess.run([sys.executable, "-c", script, "sql", "run", "SELECT 1"], capture_output=True, text=True,
                           timeout=120, env=ENV)  # fmt: skip
     assert proc.returncode == 1 and "Traceback" in proc.stderr and "KeyError" in proc.stderr
@@ -224,7 +226,7 @@ def test_the_progress_counts_a_shard_scored_again_once_with_its_final_counts():
     def marker(shard: str, start: int, stop: int | None, **counts: int) -> ShardMarker:
         return ShardMarker(shard=shard, source="f", start=start, stop=stop, fingerprint="x", **counts)
 
-    progress = pipeline.cli.scoring.ScoreProgress()
+    progress = pipeline.cli._scoring.ScoreProgress()
     progress.on_plan(ShardPlan(files=1, shards=[object(), object()], ignored=[], total_bytes=0))  # type: ignore[list-item]
     progress.on_shard(marker("a", 0, 10, read=5, scored=5))
     progress.on_shard(marker("b", 10, None, read=3, scored=3))

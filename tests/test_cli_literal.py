@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from pipeline.cli.render import literal
+from pipeline.cli._render import literal
 from pipeline.synthetic.rollouts import synthesize
 
 MARKUP = "[/x][bold]b:smile:"

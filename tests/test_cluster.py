@@ -30,7 +30,7 @@ from pipeline.jobs.cluster import (
     submit_job,
 )
 from pipeline.jobs.definition import JobFileError, load_job
-from pipeline.scoring.code_version import code_version
+from pipeline.scoring._code_version import code_version
 from pipeline.scoring.driver import run_scoring
 from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.run import read_manifest, read_shard_markers
@@ -216,7 +216,7 @@ def test_a_package_job_runs_the_submitters_pexec_not_the_clusters(head, tmp_path
     with (checkout / "pipeline" / "scoring" / "shard.py").open("a") as f:
         f.write(f"import os as _os, sys as _sys\n{mark}\n")
     theirs = subprocess.run(
-        [sys.executable, "-c", "from pipeline.scoring.code_version import code_version; print(code_version())"],
+        [sys.executable, "-c", "from pipeline.scoring._code_version import code_version; print(code_version())"],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(checkout)}, capture_output=True, text=True,
     ).stdout.strip().split("+")[1]  # fmt: skip
     assert theirs != code_version().split("+")[1]

@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from pipeline.scoring import code_version as cv
+from pipeline.scoring import _code_version as cv
 from pipeline.scoring.driver import run_scoring
 from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.stores import write_store
@@ -45,15 +45,15 @@ def test_editing_the_core_changes_the_core_version(tree: Path) -> None:
     touch(tree / "replay" / "checker.py")
     after = cv.versions(tree)
     assert after["core"] != before["core"] and {k for k in before if before[k] != after[k]} == {"core"}
-    touch(tree / "report" / "html.py")  # not executed by scoring: no version changes
+    touch(tree / "report" / "_html.py")  # not executed by scoring: no version changes
     assert cv.versions(tree) == after
 
 
 def test_the_core_and_the_families_cover_what_scoring_executes() -> None:
     core = {p.relative_to(cv.PACKAGE_ROOT).as_posix() for p in cv.core_sources()}
-    assert {"scoring/shard.py", "replay/checker.py", "core/records.py", "expr/__init__.py", "envs/rules.py"} <= core
+    assert {"scoring/shard.py", "replay/checker.py", "core/records.py", "expr/__init__.py", "envs/_rules.py"} <= core
     assert not any(p.startswith(("envs/tau/", "envs/bfcl/", "envs/spec/", "envs/toolsandbox/")) for p in core)
-    assert "envs/bfcl/wheel_import.py" in {p.relative_to(cv.PACKAGE_ROOT).as_posix() for p in cv.family_sources("bfcl")}
+    assert "envs/bfcl/_wheel_import.py" in {p.relative_to(cv.PACKAGE_ROOT).as_posix() for p in cv.family_sources("bfcl")}
 
 
 def use_tree(monkeypatch: pytest.MonkeyPatch, root: Path) -> None:

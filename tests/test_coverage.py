@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-import pipeline.report.build as report_module
+import pipeline.report._build as report_module
 from pipeline.cli import app
 from pipeline.jobs.definition import JobFileError, load_job, run_job
 from pipeline.metrics.cohorts import metrics_name

@@ -13,7 +13,7 @@ from test_aggregate import rollout, write_rollouts
 from pipeline.core.effects import Effect, EffectsError, load_effects, parse_effects
 from pipeline.core.model import Rollout, RolloutResult, StepResult
 from pipeline.envs import get_environment
-from pipeline.envs.tau.rules import tau_effects
+from pipeline.envs.tau._rules import tau_effects
 from pipeline.metrics.run import open_run
 from pipeline.metrics.settings import BootstrapSettings
 from pipeline.scoring.driver import run_scoring

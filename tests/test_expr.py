@@ -16,7 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline import expr as expr_module
-from pipeline.expr import EvalError, Expr, ExprError, Target, budget, compile_expr, compile_target, render, runtime
+from pipeline.expr import EvalError, Expr, ExprError, Target, compile_expr, compile_target, render
+from pipeline.expr import _budget as budget
+from pipeline.expr import _runtime as runtime
 
 NAMES = frozenset({"args", "state", "oid"})
 
@@ -1056,7 +1058,7 @@ def test_backtracking_only_syntax_is_refused_at_compile_time(pattern: str, messa
 
 
 def test_budget_exceeded_is_an_eval_error_that_rules_never_skip() -> None:
-    from pipeline.envs.rules import Precondition, check_rules
+    from pipeline.envs._rules import Precondition, check_rules
 
     rule = Precondition(
         compile_expr("len([1 for a in args.s for b in args.s for c in args.s]) > 0", NAMES),
@@ -1122,7 +1124,7 @@ def _grow_source(inner: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
     pair = st.tuples(inner, inner)
     return st.one_of(
         st.tuples(inner, st.sampled_from(["+", "-", "*", "/", "//", "%"]), inner).map(" ".join).map("({})".format),
-        # Parenthesised: a chain (`a == b == c`) is left to the closures (pipeline.expr.fast._Translator._Compare).
+        # Parenthesised: a chain (`a == b == c`) is left to the closures (pipeline.expr._fast._Translator._Compare).
         st.tuples(inner, st.sampled_from(["==", "!=", "<", ">=", "in", "not in", "is"]), inner)
         .map(" ".join)
         .map("({})".format),

@@ -20,7 +20,7 @@ from matplotlib.testing.compare import compare_images
 from matplotlib.text import Text
 from PIL import Image
 
-from pipeline.report.figures import (
+from pipeline.report._figures import (
     CAUSE_COLOURS,
     COHORT_PALETTE,
     Chart,

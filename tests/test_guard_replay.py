@@ -15,7 +15,7 @@ from pipeline.core.model import Call, Rollout
 from pipeline.core.records import parse_rollout
 from pipeline.envs import EnvOptions
 from pipeline.envs.data import BUILTIN_SPECS
-from pipeline.guard.journal import RolloutLog
+from pipeline.guard._journal import RolloutLog
 from pipeline.guard.mcp import refusal
 from pipeline.guard.replay import replay_traffic
 from pipeline.guard.session import open_session

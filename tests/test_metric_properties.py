@@ -20,7 +20,7 @@ from test_aggregate import _TYPES
 from pipeline.core import metric_catalogue
 from pipeline.metrics.run import open_run
 from pipeline.metrics.settings import BootstrapSettings
-from pipeline.perf.fixtures import commit_parts
+from pipeline.perf._fixtures import commit_parts
 
 B = 200  # small: each example runs the whole DuckDB pipeline
 

@@ -152,7 +152,7 @@ def test_example_links_open_the_rollout_in_pexec_view(tmp_path: Path) -> None:
     from pipeline.storage.stores import write_store
     from pipeline.synthetic.rollouts import synthesize
     from pipeline.view import RunView
-    from pipeline.view.app import create_app
+    from pipeline.view._app import create_app
 
     write_store(iter(synthesize("shop", 60, 10, 3)), str(tmp_path / "store"))
     run_scoring(str(tmp_path / "store"), str(tmp_path / "a"), ScoreSettings(inline=True))

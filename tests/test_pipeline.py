@@ -17,7 +17,7 @@ from pipeline.cli import app
 from pipeline.jobs.definition import JobFileError, load_job
 from pipeline.metrics.run import open_run
 from pipeline.metrics.settings import BootstrapSettings
-from pipeline.scoring.code_version import PACKAGE_ROOT, scoring_sources
+from pipeline.scoring._code_version import PACKAGE_ROOT, scoring_sources
 from pipeline.scoring.driver import run_scoring
 from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.run import read_manifest
@@ -250,8 +250,8 @@ def test_code_version_covers_what_scoring_executes_and_nothing_else():
     # the scoring task, the checker, and modules reached only through imports (records via the shard, the
     # expression language via the rule engine, the BFCL wheel importer via its environment)
     assert {"scoring/shard.py", "replay/checker.py", "core/records.py", "expr/__init__.py"} <= sources
-    assert "envs/bfcl/wheel_import.py" in sources
-    assert not {"metrics/cohorts.py", "cli/app.py", "scoring/driver.py", "report/html.py", "ingest/bfcl.py"} & sources
+    assert "envs/bfcl/_wheel_import.py" in sources
+    assert not {"metrics/cohorts.py", "cli/app.py", "scoring/driver.py", "report/_html.py", "ingest/bfcl.py"} & sources
 
 
 def test_a_job_with_a_report_table_writes_metrics_and_report(tmp_path, local_ray):

@@ -23,7 +23,7 @@ import pytest
 from pipeline.core import plugins
 from pipeline.core.plugins import declared
 from pipeline.envs import EnvError, Environment, get_environment
-from pipeline.envs import registry as env_registry
+from pipeline.envs import _registry as env_registry
 from pipeline.ingest import IngestError, IngestOptions, LogFormat, accepted_options, formats, get_format, ingest
 from pipeline.ingest import registry as format_registry
 

@@ -20,7 +20,7 @@ from pipeline.cli import app
 from pipeline.metrics.run import open_run
 from pipeline.metrics.settings import BootstrapSettings
 from pipeline.report import Compare, ReportResult, build_report, parse_compare
-from pipeline.report.ranking import kendall_tau_b, rank_conditions, ranks
+from pipeline.report._ranking import kendall_tau_b, rank_conditions, ranks
 from pipeline.scoring.driver import run_scoring
 from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.stores import write_store

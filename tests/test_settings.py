@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-import pipeline.cli.scoring
+import pipeline.cli._scoring
 from pipeline.cli import app
 from pipeline.core.settings import SettingError
 from pipeline.jobs.definition import load_job
@@ -63,7 +63,7 @@ def test_a_job_file_and_pexec_score_make_the_same_settings(tmp_path: Path, monke
         asked.append(settings)
         raise SystemExit(0)  # what the command asked for is all this test reads
 
-    monkeypatch.setattr(pipeline.cli.scoring, "run_scoring", scored)
+    monkeypatch.setattr(pipeline.cli._scoring, "run_scoring", scored)
     assert CliRunner().invoke(app, SCORE_ARGS).exit_code == 0
     (tmp_path / "job.toml").write_text(JOB)
     job = load_job(tmp_path / "job.toml", "2026-11-29")

@@ -17,9 +17,9 @@ from pydantic import BaseModel
 from pipeline.core.model import RolloutResult
 from pipeline.core.records import parse_rollout
 from pipeline.envs import EnvOptions, get_environment
+from pipeline.envs.tau._journal import CowDict, Journal, copy_record
+from pipeline.envs.tau._schemas import official_tools, tools_path
 from pipeline.envs.tau.env import calculate
-from pipeline.envs.tau.journal import CowDict, Journal, copy_record
-from pipeline.envs.tau.schemas import official_tools, tools_path
 from pipeline.ingest import IngestError, IngestOptions, ingest
 from pipeline.metrics.run import open_run
 from pipeline.replay.checker import replay
@@ -377,7 +377,7 @@ def test_message_costs_have_known_totals():
 def test_real_token_counts_and_latency_reach_the_report_cost_table(real_run):
     from pipeline.metrics.run import open_run
     from pipeline.metrics.settings import BootstrapSettings
-    from pipeline.report.tables import run_tables
+    from pipeline.report._tables import run_tables
 
     tables = run_tables(open_run(str(real_run)), ["model"], [1], BootstrapSettings(B=20))
     costs = {(r["model"], r["cost"]) for r in tables.costs}

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 from pipeline.cli import app
 from pipeline.core.records import parse_rollout
 from pipeline.envs import get_environment
+from pipeline.envs.toolsandbox._utilities import ToolError, convert, geodesic_km, holiday
 from pipeline.envs.toolsandbox.env import seed_id
-from pipeline.envs.toolsandbox.utilities import ToolError, convert, geodesic_km, holiday
 from pipeline.ingest import IngestError, IngestOptions, ingest
 from pipeline.replay.checker import replay
 from pipeline.scoring.driver import run_scoring

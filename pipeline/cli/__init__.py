@@ -1,8 +1,8 @@
 """The command line, `pexec`: a thin layer over the Python API that parses options, calls one stage's functions
 and renders what they return. User-facing errors end in one place: `error: <message>` on one line, exit 2.
 
-app.py holds the app, its error boundary and the list of commands; options.py every option more than one
-command takes; render.py what they print; one module per group of commands (stores, scoring, jobs, analysis,
+app.py holds the app, its error boundary and the list of commands; _options.py every option more than one
+command takes; _render.py what they print; one module per group of commands (stores, scoring, jobs, analysis,
 envs, guard, bench).
 
 Imports: every stage.

@@ -11,8 +11,16 @@ from rich.text import Text
 from typer._click.core import Command, Context  # typer 0.29 vendors click: its group takes these types
 from typer.core import TyperGroup
 
-from pipeline.cli import analysis, bench, envs, guard, guard_replay, jobs, publish, scoring, stores
-from pipeline.cli.render import console, show_warning
+from pipeline.cli import _analysis as analysis
+from pipeline.cli import _bench as bench
+from pipeline.cli import _envs as envs
+from pipeline.cli import _guard as guard
+from pipeline.cli import _guard_replay as guard_replay
+from pipeline.cli import _jobs as jobs
+from pipeline.cli import _publish as publish
+from pipeline.cli import _scoring as scoring
+from pipeline.cli import _stores as stores
+from pipeline.cli._render import console, show_warning
 from pipeline.core.errors import PexecError
 from pipeline.core.settings import SettingError
 from pipeline.core.text import literal

@@ -1,5 +1,5 @@
-"""Environments: the protocol (base.py), the registry that resolves a name to one (registry.py), the rule
-engine of the rule-based families (rules.py), and one module or folder per family: observed, spec/,
+"""Environments: the protocol (base.py), the registry that resolves a name to one (_registry.py), the rule
+engine of the rule-based families (_rules.py), and one module or folder per family: observed, spec/,
 bfcl/, tau/, toolsandbox/, each imported when one of its environments is first built. README.md here says how
 to add a family.
 
@@ -8,8 +8,7 @@ Imports: core, expr.
 
 from __future__ import annotations
 
-from pipeline.envs.base import EnvError, Environment, Outcome, SpecError, ToolInfo
-from pipeline.envs.registry import (
+from pipeline.envs._registry import (
     EnvOptions,
     forget_unresolved,
     get_environment,
@@ -17,6 +16,7 @@ from pipeline.envs.registry import (
     new_environment,
     register,
 )
+from pipeline.envs.base import EnvError, Environment, Outcome, SpecError, ToolInfo
 
 __all__ = [
     "EnvError",

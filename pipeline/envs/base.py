@@ -78,7 +78,7 @@ class Environment(Protocol):
     State objects are owned by the environment; the checker only passes them back. `execute` must leave the
     state unchanged when it rejects a call. `checkpoint`/`rollback` give cheap access to earlier states of
     the same rollout (an undo journal, a copy, whatever the environment does best). The plug-in is a factory
-    `(EnvOptions) -> Environment` (pipeline.envs.registry); plain attributes satisfy the three properties.
+    `(EnvOptions) -> Environment` (pipeline.envs._registry); plain attributes satisfy the three properties.
     """
 
     @property

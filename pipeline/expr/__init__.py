@@ -10,22 +10,22 @@ and every evaluation runs under a `Budget` (steps, characters and elements built
 time as a backstop). Going over it raises `BudgetExceeded`, which rules report as a failed precondition.
 Regular expressions run on RE2 (linear time).
 
-budget.py      what an expression may spend: limits at compile time, the budget of every evaluation
-runtime.py     what compiled expressions run on: whitelisted functions, operators, type names, costs
-compiler.py    parsing, the whitelist check and the closures (`ExprError` at compile time)
-fast.py        the checked tree translated into a function without builtins, which runs first
-expression.py  `Expr`, `compile_expr` and `render` (message templates)
-targets.py     assignment targets (`Target`, `compile_target`)
+_budget.py      what an expression may spend: limits at compile time, the budget of every evaluation
+_runtime.py     what compiled expressions run on: whitelisted functions, operators, type names, costs
+_compiler.py    parsing, the whitelist check and the closures (`ExprError` at compile time)
+_fast.py        the checked tree translated into a function without builtins, which runs first
+_expression.py  `Expr`, `compile_expr` and `render` (message templates)
+_targets.py     assignment targets (`Target`, `compile_target`)
 
 Imports: core.
 """
 
 from __future__ import annotations
 
-from pipeline.expr.budget import BUDGET, Budget, BudgetExceeded, EvalError, metered
-from pipeline.expr.compiler import ExprError
-from pipeline.expr.expression import Expr, compile_expr, render
-from pipeline.expr.targets import Target, compile_target
+from pipeline.expr._budget import BUDGET, Budget, BudgetExceeded, EvalError, metered
+from pipeline.expr._compiler import ExprError
+from pipeline.expr._expression import Expr, compile_expr, render
+from pipeline.expr._targets import Target, compile_target
 
 __all__ = [
     "BUDGET",

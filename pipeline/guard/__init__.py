@@ -6,7 +6,7 @@ service.py    sessions with a time-to-live and a bound, independent of any web f
 http.py       the HTTP service (`pexec guard serve`)
 mcp.py        the MCP proxy (`pexec guard mcp`)
 upstream.py   the MCP proxy's two stdio pipes, bounded (the upstream's process, the host's requests)
-journal.py    the MCP proxy's append-only log and the canonical rollout written from it
+_journal.py    the MCP proxy's append-only log and the canonical rollout written from it
 ray_serve.py  the HTTP service as a Ray Serve application
 replay.py     `pexec guard replay`: what the guard under a new spec would have refused on recorded traffic
 

@@ -14,7 +14,7 @@ for step; each call in the log also keeps its live verdict under `guard` (valid,
 schema used: `spec` or `upstream`).
 
 The log (`--log FOLDER`) is an append-only journal, turned into the canonical rollout once at the end
-(pipeline.guard.journal).
+(pipeline.guard._journal).
 
 The host may pass the conversation along in a call's `_meta` under `pexec/messages`: a list of
 `{"role", "content"}` added before the call is checked (what D grounds values in).
@@ -40,7 +40,7 @@ from pipeline.core.records import InvalidRecord
 from pipeline.envs import EnvOptions
 from pipeline.envs.observed import ObservedEnvironment
 from pipeline.envs.spec.loader import Spec, find_spec, load_spec
-from pipeline.guard.journal import LiveVerdict, RolloutLog
+from pipeline.guard._journal import LiveVerdict, RolloutLog
 from pipeline.guard.session import GuardSession, GuardVerdict, SessionBudget, SessionFull
 from pipeline.guard.upstream import (
     MAX_LINE,

@@ -69,7 +69,7 @@ class Bfcl(ShardedFormat):
             raise IngestError(f"bfcl: {url} is not named BFCL_v<N>_multi_turn_<category>_result.json")
         tag, category = named.groups()
         benchmark = f"bfcl_{tag}"
-        from pipeline.envs.bfcl import official
+        from pipeline.envs.bfcl import _official as official
 
         try:
             dataset = {e["id"]: e for e in official.read_dataset(tag, category, source=options.extra.get("dataset"))}
@@ -118,7 +118,7 @@ FORMAT = Bfcl()
 def ground_truth_records(tag: str, benchmark: str) -> Iterator[dict[str, Any]]:
     """The ground truth of all multi-turn tasks of a data naming ("v3", "v4") as canonical records of
     `benchmark`, one call per step, success true: the known answers of the BFCL environments."""
-    from pipeline.envs.bfcl import official
+    from pipeline.envs.bfcl import _official as official
 
     for category in official.CATEGORIES:
         answers = official.read_dataset(tag, category, answers=True)

@@ -6,7 +6,7 @@ run.py            `open_run(url)` -> Run: the handle every reader uses (one list
 completeness.py   which runs lie under a path, whether each is complete, what a partial read covers
 settings.py       what is asked for: bootstrap settings, the population (harness errors, pools, strict replay),
                   and both with the cohort columns and PEC depth (MetricsSettings)
-population.py     a connection whose `rollouts` view holds the population
+_population.py     a connection whose `rollouts` view holds the population
 cohorts.py        per-cohort metrics with intervals; writing them under RUN/metrics/
 results.py        what the cohort and per-tool dicts hold, key by key (TypedDicts)
 bootstrap.py      the replicates' sums in numpy, exactly as sql/hash.sql draws them

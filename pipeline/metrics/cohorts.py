@@ -2,7 +2,7 @@
 
 Definitions: docs/explanation/definitions.md ("Aggregates") and docs/explanation/intervals.md. The metrics and
 their parts come from the metric catalogue (pipeline.core.metric_catalogue); one pass computes all cohorts:
-  population.py              the rollouts the metrics count (`Population`: harness errors, benchmark pools)
+  _population.py              the rollouts the metrics count (`Population`: harness errors, benchmark pools)
   metrics_prepare.sql        rollouts -> cohort numbers -> per-(cohort, task) sums `s_*` (+ PEC histogram)
   bootstrap.py               per-(cohort, replicate) sums of the resampled tasks' `s_*` (numpy; the draws of
   bootstrap_sums.sql         sql/hash.sql), put together exactly in SQL
@@ -29,9 +29,9 @@ from pipeline.core import intervals, metric_catalogue, run_schema
 from pipeline.core.arrow import pa
 from pipeline.core.errors import StorageError
 from pipeline.metrics import bootstrap
+from pipeline.metrics._population import open_population
 from pipeline.metrics.completeness import Coverage, Snapshot
 from pipeline.metrics.duck import fetch, rollout_columns, run_sql, set_variables
-from pipeline.metrics.population import open_population
 from pipeline.metrics.results import Cohort, CohortBootstrap, Interval, Labels, PecPoint, key_values, ratio
 from pipeline.metrics.settings import (
     DEFAULT_BOOTSTRAP,

@@ -37,9 +37,9 @@ import numpy as np
 from pipeline.core import metric_catalogue
 from pipeline.core.arrow import pa
 from pipeline.metrics import bootstrap, cohorts
+from pipeline.metrics._population import check_pools, open_part_population, open_population
 from pipeline.metrics.completeness import Snapshot
 from pipeline.metrics.duck import fetch, run_sql, set_variables
-from pipeline.metrics.population import check_pools, open_part_population, open_population
 from pipeline.metrics.results import Cohort, Key, Labels
 from pipeline.metrics.settings import (
     DEFAULT_BOOTSTRAP,

@@ -17,10 +17,10 @@ import duckdb
 
 from pipeline.core.arrow import pa
 from pipeline.core.text import public_url
+from pipeline.metrics._population import open_population
 from pipeline.metrics.cohorts import compute_metrics, metrics_tables, write_metrics
 from pipeline.metrics.completeness import CoverageJSON, Snapshot, take_snapshot
 from pipeline.metrics.duck import connect, run_sql, set_variables
-from pipeline.metrics.population import open_population
 from pipeline.metrics.query import QueryLimits, sql
 from pipeline.metrics.results import Cohort, ToolProfile
 from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, BootstrapSettings, Population
@@ -64,7 +64,7 @@ class Run:
     @contextmanager
     def connect(self, population: Population = DEFAULT_POPULATION) -> Iterator[duckdb.DuckDBPyConnection]:
         """A DuckDB connection whose view `rollouts` holds the rollouts `population` counts
-        (pipeline.metrics.population)."""
+        (pipeline.metrics._population)."""
         with open_population(self.snapshot, population) as con:
             yield con
 

@@ -16,6 +16,7 @@ from typing import TypedDict, cast
 import duckdb
 
 from pipeline.metrics import bootstrap
+from pipeline.metrics._population import open_population
 from pipeline.metrics.cohorts import (
     MetricDef,
     MetricRow,
@@ -28,7 +29,6 @@ from pipeline.metrics.cohorts import (
 )
 from pipeline.metrics.completeness import Coverage, Snapshot
 from pipeline.metrics.duck import fetch, run_sql, set_variables
-from pipeline.metrics.population import open_population
 from pipeline.metrics.results import BootstrapInfo, CauseCount, Key, Labels, ToolProfile
 from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, BootstrapSettings, Population
 

@@ -21,7 +21,7 @@ from typing import NotRequired, TypedDict
 from pipeline.core.model import Call, Rollout
 from pipeline.core.records import parse_rollout
 from pipeline.envs import Environment, new_environment
-from pipeline.envs.bfcl import official
+from pipeline.envs.bfcl import _official as official
 from pipeline.ingest import IngestOptions, ingest
 from pipeline.ingest.bfcl import ground_truth_records
 from pipeline.perf.figures import Bench, figure, load_average, n_runs, show

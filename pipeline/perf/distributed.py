@@ -27,9 +27,9 @@ from typing import Literal, TypedDict
 import orjson
 
 from pipeline.core.run_folder import ShardMarker
+from pipeline.perf._processes import local_ray, peak_mib
 from pipeline.perf.figures import Bench, figure, load_average, n_runs, show
 from pipeline.perf.metrics import write_synthetic_rollouts
-from pipeline.perf.processes import local_ray, peak_mib
 from pipeline.scoring.shard import ScoredShard
 from pipeline.storage.ids import duplicate_ids, ids_table
 from pipeline.storage.shards import InputFile, Shard

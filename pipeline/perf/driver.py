@@ -32,8 +32,8 @@ import orjson
 from pipeline.core.arrow import pa
 from pipeline.core.run_folder import ShardMarker
 from pipeline.perf import CLUSTER_CORES
+from pipeline.perf._processes import local_ray
 from pipeline.perf.figures import Bench, figure, load_average, n_runs, show
-from pipeline.perf.processes import local_ray
 from pipeline.scoring.driver import ScoringFailed, completed, run_scoring
 from pipeline.scoring.settings import DEFAULT_SHARD_BYTES, ScoreSettings
 from pipeline.scoring.shard import ScoredShard

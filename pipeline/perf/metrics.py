@@ -23,8 +23,8 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from pipeline.core.arrow import pa
+from pipeline.perf._fixtures import commit_parts
 from pipeline.perf.figures import Bench, Figure, figure, load_average, n_runs, show
-from pipeline.perf.fixtures import commit_parts
 
 if TYPE_CHECKING:
     from pipeline.metrics.results import Cohort

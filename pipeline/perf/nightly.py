@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
 import orjson
 
 from pipeline.perf import CLUSTER_CORES, CLUSTER_ROLLOUTS, require_dev
+from pipeline.perf._processes import local_ray, moto_server, peak_mib
 from pipeline.perf.figures import Bench, figure, load_average, n_runs, replace_block, show
-from pipeline.perf.processes import local_ray, moto_server, peak_mib
 
 if TYPE_CHECKING:
     from pipeline.ingest import IngestOptions

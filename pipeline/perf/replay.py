@@ -25,8 +25,8 @@ from pipeline.envs import get_environment
 from pipeline.envs.document import JournaledDoc
 from pipeline.envs.spec.env import SpecEnvironment
 from pipeline.perf import cluster_projection, dev_dependency
+from pipeline.perf._processes import local_ray
 from pipeline.perf.figures import Bench, Figure, figure, load_average, n_runs, show
-from pipeline.perf.processes import local_ray
 from pipeline.replay.checker import replay
 from pipeline.replay.dependencies import grounded_values
 from pipeline.scoring.driver import run_scoring

@@ -21,8 +21,8 @@ import msgspec
 import s3fs
 
 from pipeline.perf import cluster_projection
+from pipeline.perf._processes import moto_server, peak_mib
 from pipeline.perf.figures import Bench, figure, load_average, n_runs, show
-from pipeline.perf.processes import moto_server, peak_mib
 from pipeline.scoring.driver import run_scoring
 from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.stores import write_store
@@ -35,7 +35,7 @@ _DRIVER = (
     "from pipeline.scoring.settings import ScoreSettings\n"
     "m = run_scoring(sys.argv[1], sys.argv[2], ScoreSettings(num_cpus=int(sys.argv[3]), shard_mb=float(sys.argv[4]),\n"
     "                storage_options={'endpoint_url': sys.argv[5]}, force=True, address=sys.argv[6] or None))\n"
-    "from pipeline.perf.processes import peak_mib\n"
+    "from pipeline.perf._processes import peak_mib\n"
     "import msgspec\n"
     "print(json.dumps({'counts': msgspec.to_builtins(m.counts), 'peak_mib': peak_mib()}))\n"
 )

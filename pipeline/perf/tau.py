@@ -8,7 +8,7 @@ Every repetition runs the project and the baseline revision (default c0f23f9, th
 on faster replay; extracted with `git archive` from this checkout's history) in fresh processes, one after
 the other, alternating which goes first: each replays every rollout of the source once to warm up, then
 `--passes` times timed, on one core, against the official tools with the copy-on-write journal
-(pipeline/perf/tau_worker.py).
+(pipeline/perf/_tau_worker.py).
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pipeline.core.errors import PexecError
+from pipeline.perf._tau_worker import TauMeasurement
 from pipeline.perf.figures import Bench, Figure, figure, load_average, n_runs, show
-from pipeline.perf.tau_worker import TauMeasurement
 
 ROOT = Path(__file__).resolve().parents[2]
-WORKER = Path(__file__).resolve().with_name("tau_worker.py")
+WORKER = Path(__file__).resolve().with_name("_tau_worker.py")
 BASELINE = "c0f23f9"  # the code before the replay-speed work
 
 

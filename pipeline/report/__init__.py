@@ -1,7 +1,7 @@
 """`pexec report`: a scored run turned into the analysis an evaluation team would publish.
 
-build_report (build.py) computes (DuckDB: sql/report_*.sql, sql/paired_*.sql, and pipeline.metrics.cohorts's
-metrics), ranks (ranking.py), draws (figures.py) and writes, under OUT (a local folder or an fsspec URL, like the
+build_report (_build.py) computes (DuckDB: sql/report_*.sql, sql/paired_*.sql, and pipeline.metrics.cohorts's
+metrics), ranks (_ranking.py), draws (_figures.py) and writes, under OUT (a local folder or an fsspec URL, like the
 run):
   report.md, report.html                 the tables and figures (HTML self-contained)
   tables/<name>.csv, tables/<name>.parquet   the numbers behind every table
@@ -12,7 +12,7 @@ Imports: core, storage, metrics.
 
 from __future__ import annotations
 
-from pipeline.report.build import ReportResult, build_report, check_output, check_request
+from pipeline.report._build import ReportResult, build_report, check_output, check_request
 from pipeline.report.paired import Compare, ReportError, parse_compare
 
 __all__ = [

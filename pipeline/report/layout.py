@@ -1,5 +1,5 @@
-"""The report as display tables (cells already formatted as text): one layout rendered by both markdown.py
-and html.py, so the two always show the same numbers. Fixed formats: ratios with 3 decimals, shares in % with
+"""The report as display tables (cells already formatted as text): one layout rendered by both _markdown.py
+and _html.py, so the two always show the same numbers. Fixed formats: ratios with 3 decimals, shares in % with
 1 decimal, costs with 2 decimals."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pipeline.core import intervals, metric_catalogue
 from pipeline.core.model import CAUSES
 from pipeline.metrics.results import Cohort, Interval, ToolProfile, key_values, ratio
 from pipeline.metrics.settings import harness_note, replay_note
+from pipeline.report._ranking import Ranking
+from pipeline.report._tables import Recovery, RunTables, SensitivityCount
 from pipeline.report.paired import Compare, PairedRow
-from pipeline.report.ranking import Ranking
-from pipeline.report.tables import Recovery, RunTables, SensitivityCount
 
 DASH = "–"
 # The sensitivity table's metrics (`report --sensitivity`): TER and AUC-PEC under S, S+D and all checks.

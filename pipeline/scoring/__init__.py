@@ -7,7 +7,7 @@ shard.py         one shard: read its records (a store's, or a raw format's), rep
 shuffle.py       rollouts that span files: items hash-partitioned by key through the run's staging area
 convert.py       `pexec ingest`: the same shards decoded here or in Ray tasks, records in source order to a store
 run_tables.py    results -> the steps, rollouts and rejects tables as Arrow
-code_version.py  what decides whether an earlier run's shards can be reused
+_code_version.py  what decides whether an earlier run's shards can be reused
 id_check.py      the duplicate-id check on Ray, in hash partitions: the driver never holds the ids
 
 Imports: core, storage, envs, replay, ingest.

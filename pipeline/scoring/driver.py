@@ -43,7 +43,7 @@ from pipeline.core.run_folder import (
 from pipeline.envs import EnvError, forget_unresolved, get_environment
 from pipeline.ingest import IngestError
 from pipeline.ingest.sharded import RawSource, plan_raw
-from pipeline.scoring.code_version import code_version, environment_version
+from pipeline.scoring._code_version import code_version, environment_version
 from pipeline.scoring.id_check import RayIdCheck, partition_count
 from pipeline.scoring.settings import DEFAULT_SCORING, DEFAULT_SHARD_BYTES, ScoreSettings
 from pipeline.scoring.shard import ScoredShard, TaskSettings, read_records, score_shard

@@ -28,7 +28,7 @@ from pipeline.core.run_schema import ROLLOUTS, STEPS
 from pipeline.envs import EnvError, Environment, EnvOptions, SpecError, get_environment
 from pipeline.ingest.sharded import RawSource, read_raw
 from pipeline.replay.checker import CHECKS, replay
-from pipeline.scoring.code_version import environment_version
+from pipeline.scoring._code_version import environment_version
 from pipeline.scoring.run_tables import combined, rejects_table, rollouts_table, steps_table
 from pipeline.scoring.shuffle import read_partition
 from pipeline.storage.ids import digest, ids_table

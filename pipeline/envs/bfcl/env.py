@@ -31,9 +31,9 @@ from pipeline.core.model import Call, Rollout
 from pipeline.core.records import InvalidRecord
 from pipeline.core.values import ATOMS, NotExact, json_copy
 from pipeline.envs.base import EnvError, Outcome, ToolInfo, captured, with_effects
-from pipeline.envs.bfcl import official
-from pipeline.envs.bfcl.scenarios import Scenario, Scenarios, deep_copy
-from pipeline.envs.bfcl.schema import parameters_schema
+from pipeline.envs.bfcl import _official as official
+from pipeline.envs.bfcl._scenarios import Scenario, Scenarios, deep_copy
+from pipeline.envs.bfcl._schema import parameters_schema
 from pipeline.envs.data import BUILTIN_SPECS, files_fingerprint
 
 GROUNDED_FILE = BUILTIN_SPECS / "bfcl_v3" / "grounded.toml"

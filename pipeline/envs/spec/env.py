@@ -14,9 +14,9 @@ from typing import Any
 import orjson
 
 from pipeline.core.model import Call, Rollout
+from pipeline.envs._rules import Effect, check_rules
 from pipeline.envs.base import Outcome, ToolInfo, captured
 from pipeline.envs.document import JournaledDoc
-from pipeline.envs.rules import Effect, check_rules
 from pipeline.envs.spec.loader import Spec, load_spec
 from pipeline.expr import EvalError, metered
 

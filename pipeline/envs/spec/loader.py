@@ -16,9 +16,7 @@ from typing import Any
 
 from pipeline.core import effects as effect_classes
 from pipeline.core.errors import check_fields, read_json_file
-from pipeline.envs.base import EnvError, SpecError, ToolInfo, with_effects
-from pipeline.envs.data import BUILTIN_SPECS, files_fingerprint
-from pipeline.envs.rules import (
+from pipeline.envs._rules import (
     Effect,
     Precondition,
     compile_effects,
@@ -26,6 +24,8 @@ from pipeline.envs.rules import (
     compile_lets,
     compile_preconditions,
 )
+from pipeline.envs.base import EnvError, SpecError, ToolInfo, with_effects
+from pipeline.envs.data import BUILTIN_SPECS, files_fingerprint
 from pipeline.expr import Expr
 
 SPEC_FILE = "spec.toml"

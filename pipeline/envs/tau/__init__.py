@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pipeline.envs.registry import EnvOptions
+from pipeline.envs._registry import EnvOptions
 
 if TYPE_CHECKING:
     from pipeline.envs.tau.env import TauEnvironment
 
 
 def _build(domain: str, options: EnvOptions) -> TauEnvironment:
+    from pipeline.envs.tau._rules import load_rules
     from pipeline.envs.tau.env import TauEnvironment
-    from pipeline.envs.tau.rules import load_rules
 
     return TauEnvironment(domain, load_rules(domain), strict=options.policy == "strict")
 

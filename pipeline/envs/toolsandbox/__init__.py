@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pipeline.envs.registry import EnvOptions
+from pipeline.envs._registry import EnvOptions
 
 if TYPE_CHECKING:
     from pipeline.envs.toolsandbox.env import ToolSandboxEnvironment

@@ -30,13 +30,13 @@ import orjson
 
 from pipeline.core.effects import FILE, load_effects
 from pipeline.core.model import NOT_LOGGED, Call, Rollout
+from pipeline.envs._rules import Precondition, check_rules, compile_field
 from pipeline.envs.base import EnvError, Outcome, SpecError, ToolInfo, captured, with_effects
 from pipeline.envs.data import BUILTIN_SPECS, files_fingerprint
 from pipeline.envs.document import JournaledDoc
-from pipeline.envs.rules import Precondition, check_rules, compile_field
 from pipeline.envs.spec.loader import load_tools_json, tool_rules
-from pipeline.envs.toolsandbox import utilities as u
-from pipeline.envs.toolsandbox.text import fuzzy_filter
+from pipeline.envs.toolsandbox import _utilities as u
+from pipeline.envs.toolsandbox._text import fuzzy_filter
 from pipeline.expr import compile_expr, render
 
 SPEC = BUILTIN_SPECS / "toolsandbox"

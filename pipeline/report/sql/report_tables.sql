@@ -1,5 +1,5 @@
 -- Descriptive tables of `pexec report` (docs/explanation/definitions.md, "Aggregates" and "The identity and the paper check"), one row per cohort (× category).
--- Variables set by pipeline.report.tables: cohort_cols (VARCHAR[]: 'benchmark' and the `by` labels).
+-- Variables set by pipeline.report._tables: cohort_cols (VARCHAR[]: 'benchmark' and the `by` labels).
 -- Every table starts with the cohort's label columns (unnest of the key struct), so Python joins by value.
 
 -- rollout_parts: the rollouts the metrics count (all, or under --strict-replay those whose replay did not

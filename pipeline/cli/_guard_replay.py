@@ -9,8 +9,8 @@ from typing import Annotated, Any
 import orjson
 import typer
 
-from pipeline.cli.options import EndpointUrl, SpecDir, StorageOption, pairs, storage
-from pipeline.cli.render import console, json_lines, out
+from pipeline.cli._options import EndpointUrl, SpecDir, StorageOption, pairs, storage
+from pipeline.cli._render import console, json_lines, out
 from pipeline.core.errors import PexecError
 from pipeline.core.model import Rollout
 from pipeline.core.records import parse_rollout

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.report.figures import Chart
+from pipeline.report._figures import Chart
 from pipeline.report.layout import Table
 
 

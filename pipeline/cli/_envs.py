@@ -8,8 +8,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from pipeline.cli.options import SpecDir
-from pipeline.cli.render import out
+from pipeline.cli._options import SpecDir
+from pipeline.cli._render import out
 from pipeline.core.errors import PexecError
 from pipeline.core.text import literal
 from pipeline.envs import EnvOptions

@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.table import Table
 
-from pipeline.cli.render import json_lines, out, print_table
+from pipeline.cli._render import json_lines, out, print_table
 from pipeline.core.intervals import MIN_TASKS
 from pipeline.metrics.run import Run
 from pipeline.metrics.settings import BootstrapSettings

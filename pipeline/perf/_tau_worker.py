@@ -1,7 +1,7 @@
 """One τ replay measurement in a fresh process, over whichever `pipeline` package comes first on the path:
 the project's own, or an older revision's extracted by `pexec bench tau` to measure both in the same run.
 
-    PYTHONPATH=TREE python pipeline/perf/tau_worker.py '{"source": DIR, "policy": "code", "passes": 3}'
+    PYTHONPATH=TREE python pipeline/perf/_tau_worker.py '{"source": DIR, "policy": "code", "passes": 3}'
 
 Prints one JSON object. Uses only what every revision since the τ environment has (`replay`,
 `get_environment`, `ingest`, `parse_rollout`, `TauEnvironment._call`), so that an older tree is measured as

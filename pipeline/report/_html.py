@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 from html import escape
 
-from pipeline.report.figures import Chart
+from pipeline.report._figures import Chart
 from pipeline.report.layout import Table
 
 _CSS = """

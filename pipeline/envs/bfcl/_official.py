@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.envs.base import EnvError
-from pipeline.envs.bfcl import wheel_import
+from pipeline.envs.bfcl import _wheel_import as wheel_import
 from pipeline.envs.data import simulator_pins
 
 PACKAGE = "bfcl-eval"

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from pipeline.cli.options import (
+from pipeline.cli._options import (
     Append,
     EndpointUrl,
     OutStore,
@@ -23,7 +23,7 @@ from pipeline.cli.options import (
     storage,
     write_mode,
 )
-from pipeline.cli.render import console, out
+from pipeline.cli._render import console, out
 from pipeline.core.errors import PexecError
 from pipeline.core.text import literal
 from pipeline.storage.stores import write_store

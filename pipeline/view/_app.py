@@ -18,7 +18,7 @@ from starlette.staticfiles import StaticFiles
 
 from pipeline.core.text import public_url
 from pipeline.metrics.results import Interval
-from pipeline.view.queries import PAGE, Filters, RunView, ViewError
+from pipeline.view._queries import PAGE, Filters, RunView, ViewError
 from pipeline.web import ServerLimits, WebGuard, allowed_hosts, require_token, run_server
 from pipeline.web.server import DEFAULT_LIMITS
 

@@ -1,6 +1,6 @@
 """Generate `specs/tau_<domain>/tools.json` from the pinned official tool code (run when re-pinning):
 
-    python -m pipeline.envs.tau.schemas
+    python -m pipeline.envs.tau._schemas
 
 The official code builds OpenAI schemas from the tool signatures but never validates arguments against
 them. We tighten them into the schemas S is checked against: unknown top-level keys are refused (the

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from pipeline.cli.render import console
+from pipeline.cli._render import console
 from pipeline.core.errors import PexecError
 from pipeline.perf.registry import BENCHES
 

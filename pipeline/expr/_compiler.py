@@ -12,8 +12,8 @@ from typing import Any
 import re2
 
 from pipeline.core.errors import PexecError
-from pipeline.expr.budget import MAX_LOOPS, MAX_NODES, EvalError, _meter
-from pipeline.expr.runtime import (
+from pipeline.expr._budget import MAX_LOOPS, MAX_NODES, EvalError, _meter
+from pipeline.expr._runtime import (
     _ALIASES,
     _BINOPS,
     _CALL_ERRORS,

@@ -1,4 +1,4 @@
-"""The fast form of an expression: the tree compiler.py has checked, translated into a syntax tree of our own
+"""The fast form of an expression: the tree _compiler.py has checked, translated into a syntax tree of our own
 and compiled into a function without builtins, which reaches only `_RUNTIME`'s helpers, the whitelisted
 functions it calls and its patterns. What it cannot translate with the closures' exact results is left to
 them (`_Unsupported`); so are its failures (see `Expr`). Source text is never compiled."""
@@ -13,8 +13,8 @@ from typing import Any
 
 import re2
 
-from pipeline.expr.budget import _meter
-from pipeline.expr.runtime import (
+from pipeline.expr._budget import _meter
+from pipeline.expr._runtime import (
     _ALIASES,
     _CONSTANT_TIME,
     _FUNCTIONS,

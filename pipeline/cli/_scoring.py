@@ -10,8 +10,8 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.text import Text
 
-from pipeline.cli.options import EndpointUrl, Force, Policy, RayAddress, SpecDir, StorageOption, pairs, storage
-from pipeline.cli.render import console
+from pipeline.cli._options import EndpointUrl, Force, Policy, RayAddress, SpecDir, StorageOption, pairs, storage
+from pipeline.cli._render import console
 from pipeline.core.run_folder import Manifest, ShardMarker
 from pipeline.core.text import literal
 from pipeline.replay.checker import CHECKS

@@ -1,5 +1,5 @@
 """The commands that read a scored run: metrics, report, diff, sql and view. Each takes the shared options it
-needs (pipeline.cli.options), in the same order, and opens the run through one `Reading` made of them, so every
+needs (pipeline.cli._options), in the same order, and opens the run through one `Reading` made of them, so every
 reader checks them the same way (MetricsSettings)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from pipeline.cli.options import (
+from pipeline.cli._options import (
     LOCAL_METHODS,
     AllowHost,
     Bootstrap,
@@ -33,7 +33,7 @@ from pipeline.cli.options import (
     server_limits,
     storage,
 )
-from pipeline.cli.render import (
+from pipeline.cli._render import (
     console,
     json_lines,
     metrics_notes,
@@ -249,7 +249,7 @@ def diff(
 def _paired(
     a: Run, b: Run, asked: MetricsSettings, fail_on: list[str], as_json: bool, shared: tuple[int, int, int]
 ) -> list[str]:
-    from pipeline.cli.verdicts import paired
+    from pipeline.cli._verdicts import paired
 
     if not shared[2]:
         raise PexecError(

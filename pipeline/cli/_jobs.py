@@ -9,10 +9,10 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from pipeline.cli.analysis import alert
-from pipeline.cli.options import DashboardAddress, Force, JobFile, OnDate, RayAddress, Reading, Submission
-from pipeline.cli.render import console, metrics_notes, metrics_table, out, print_diff, print_table
-from pipeline.cli.scoring import ScoreProgress, summary, unwind_on_sigterm
+from pipeline.cli._analysis import alert
+from pipeline.cli._options import DashboardAddress, Force, JobFile, OnDate, RayAddress, Reading, Submission
+from pipeline.cli._render import console, metrics_notes, metrics_table, out, print_diff, print_table
+from pipeline.cli._scoring import ScoreProgress, summary, unwind_on_sigterm
 from pipeline.core.text import literal
 
 

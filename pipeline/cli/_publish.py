@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from pipeline.cli.options import EndpointUrl, ScoredRun, StorageOption, storage
-from pipeline.cli.render import console
+from pipeline.cli._options import EndpointUrl, ScoredRun, StorageOption, storage
+from pipeline.cli._render import console
 from pipeline.core.text import literal
 
 if TYPE_CHECKING:

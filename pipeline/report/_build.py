@@ -1,5 +1,5 @@
-"""`build_report`: compute a scored run's tables (DuckDB and the metrics stage), rank (ranking.py), draw
-(figures.py) and write them (markdown.py, html.py) under the report folder; `check_request` and `check_output`
+"""`build_report`: compute a scored run's tables (DuckDB and the metrics stage), rank (_ranking.py), draw
+(_figures.py) and write them (_markdown.py, _html.py) under the report folder; `check_request` and `check_output`
 refuse, before any work, a request or an output folder that cannot be written."""
 
 from __future__ import annotations
@@ -22,8 +22,10 @@ from pipeline.metrics.duck import fetch, run_sql, set_variables
 from pipeline.metrics.results import Interval, ToolProfile, key_values, ratio
 from pipeline.metrics.run import Run
 from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, BootstrapSettings, Population
-from pipeline.report import html, layout, markdown
-from pipeline.report.figures import (
+from pipeline.report import _html as html
+from pipeline.report import _markdown as markdown
+from pipeline.report import layout
+from pipeline.report._figures import (
     Chart,
     cause_chart,
     cause_rows,
@@ -35,9 +37,9 @@ from pipeline.report.figures import (
     tool_chart,
     tool_rows,
 )
+from pipeline.report._ranking import Ranking, rank_conditions
+from pipeline.report._tables import RunTables, SensitivityCount, run_tables
 from pipeline.report.paired import Compare, PairedRow, ReportError, paired_comparison
-from pipeline.report.ranking import Ranking, rank_conditions
-from pipeline.report.tables import RunTables, SensitivityCount, run_tables
 from pipeline.storage.fs import filesystem, is_empty, open_for_write, remove_all
 
 DEFAULT_KS = (1, 3, 5)

@@ -15,7 +15,7 @@ import holidays
 import phonenumbers
 import pint
 
-from pipeline.envs.toolsandbox.text import partial_score
+from pipeline.envs.toolsandbox._text import partial_score
 
 # The distributions the tool bodies call (at upstream's pins, pint at the nearest that imports beside numpy 2).
 LIBRARIES = ("geopy", "holidays", "phonenumbers", "pint", "rapidfuzz")

@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pipeline.expr.budget import _CLOCK_EVERY, _PENDING, BudgetExceeded, EvalError, _active, _Meter
-from pipeline.expr.compiler import ExprError, _build, _Compiler, _parse
-from pipeline.expr.fast import _Translator
-from pipeline.expr.runtime import Fn
+from pipeline.expr._budget import _CLOCK_EVERY, _PENDING, BudgetExceeded, EvalError, _active, _Meter
+from pipeline.expr._compiler import ExprError, _build, _Compiler, _parse
+from pipeline.expr._fast import _Translator
+from pipeline.expr._runtime import Fn
 
 
 class Expr:

@@ -1,5 +1,5 @@
-"""What a compiled expression runs on, in either of its forms (the closures of compiler.py, the translated
-function of fast.py): the whitelisted functions, the operators, the names `true`/`false`/`null`, type
+"""What a compiled expression runs on, in either of its forms (the closures of _compiler.py, the translated
+function of _fast.py): the whitelisted functions, the operators, the names `true`/`false`/`null`, type
 names for error messages, RE2's options, and what evaluation charges to the budget (scans done in C,
 values built, steps per comprehension item).
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import re2
 
-from pipeline.expr.budget import BUDGET, BudgetExceeded, EvalError, _meter
+from pipeline.expr._budget import BUDGET, BudgetExceeded, EvalError, _meter
 
 # One compiled form of an expression (its closures, or its fast function): context -> value.
 Fn = Callable[[Mapping[str, Any]], Any]

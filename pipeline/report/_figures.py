@@ -29,7 +29,7 @@ from matplotlib.ticker import MaxNLocator, PercentFormatter
 from pipeline.core.model import CAUSES
 from pipeline.core.text import literal
 from pipeline.metrics.results import Cohort, ToolProfile
-from pipeline.report.tables import CauseShare, FedShare
+from pipeline.report._tables import CauseShare, FedShare
 
 EXECUTABLE = "executable"  # the FED bin of fully executable rollouts (FED = T + 1)
 MAX_OVERLAID = 8  # cohorts drawn on one axes; more get one small panel each

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from pipeline.cli.options import (
+from pipeline.cli._options import (
     AllowHost,
     HeaderTimeout,
     MaxConcurrency,
@@ -16,7 +16,7 @@ from pipeline.cli.options import (
     TokenFile,
     server_limits,
 )
-from pipeline.cli.render import console
+from pipeline.cli._render import console
 from pipeline.envs import EnvOptions
 from pipeline.scoring.settings import environment_options
 

@@ -7,10 +7,10 @@ import ast
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pipeline.expr.budget import EvalError
-from pipeline.expr.compiler import _build, _Compiler, _is_dunder, _parse
-from pipeline.expr.expression import Expr
-from pipeline.expr.runtime import _ALIASES, _lookup_error, _type_name
+from pipeline.expr._budget import EvalError
+from pipeline.expr._compiler import _build, _Compiler, _is_dunder, _parse
+from pipeline.expr._expression import Expr
+from pipeline.expr._runtime import _ALIASES, _lookup_error, _type_name
 
 
 class Target:
