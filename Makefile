@@ -62,7 +62,7 @@ docs: install
 
 # Rewrite the reference pages' generated blocks from the code (tests/test_docs.py fails while one is stale).
 reference: install
-	$(BIN)/python -m pipeline.cli.reference
+	$(BIN)/python -m pipeline.apps.cli.reference
 
 # The report and viewer tests open pages in a real headless browser: Debian's chromium, driven by Playwright
 # (pinned in the dev extra) through executable_path, so Playwright never downloads a browser of its own.

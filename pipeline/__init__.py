@@ -3,7 +3,8 @@
 The public API. Each name is imported from its stage on first use, so `import pipeline.core.model` (a Ray
 worker's first import) loads the data model and nothing else.
 
-Stages, in pipeline order (each a package under `pipeline/`, importing only the ones before it):
+Stages, in pipeline order (each a package under `pipeline/`, importing only the ones before it; what users run is
+one wing of packages, `pipeline/apps/`, above them all):
   core       the data model, records, run schema, metric catalogue, intervals, errors
   storage    every byte read or written: fsspec URLs, input stores, run folders, leases
   expr       the safe expression language of specs
@@ -13,7 +14,10 @@ Stages, in pipeline order (each a package under `pipeline/`, importing only the 
   synthetic  stores with known truth
   scoring    shards replayed as Ray tasks, run tables written, the manifest last
   metrics    the DuckDB stage: one run handle, cohorts with bootstrap intervals, SQL, per-tool profiles, drift
-  report, view, guard, integrations, jobs, perf, cli   what users run (integrations: inside other tools)
+  report     the analysis an evaluation team publishes
+  apps/      what users run: web, view, guard, jobs, integrations (inside other tools), perf, cli
+
+Each package says what it exports (`__all__`); a module named `_x.py` is its package's own.
 """
 
 from __future__ import annotations
@@ -27,21 +31,21 @@ _API = {
     "Call": "pipeline.core.model",
     "EnvOptions": "pipeline.envs",
     "Environment": "pipeline.envs",
-    "GuardSession": "pipeline.guard",
-    "GuardVerdict": "pipeline.guard",
-    "InvalidRecord": "pipeline.core.records",
+    "GuardSession": "pipeline.apps.guard",
+    "GuardVerdict": "pipeline.apps.guard",
+    "InvalidRecord": "pipeline.core.errors",
     "Message": "pipeline.core.model",
     "MetricsSettings": "pipeline.metrics.settings",
     "Outcome": "pipeline.envs",
     "Population": "pipeline.metrics.settings",
     "QueryLimits": "pipeline.metrics.query",
-    "QueryRefused": "pipeline.metrics.query",
+    "QueryRefused": "pipeline.core.errors",
     "Reject": "pipeline.core.model",
     "Rollout": "pipeline.core.model",
     "RolloutResult": "pipeline.core.model",
     "Run": "pipeline.metrics.run",
-    "RunIncomplete": "pipeline.metrics.completeness",
-    "RunNotFound": "pipeline.metrics.completeness",
+    "RunIncomplete": "pipeline.core.errors",
+    "RunNotFound": "pipeline.core.errors",
     "ScoreSettings": "pipeline.scoring.settings",
     "Spec": "pipeline.envs.spec.loader",
     "SpecError": "pipeline.envs",
@@ -50,7 +54,7 @@ _API = {
     "get_environment": "pipeline.envs",
     "load_spec": "pipeline.envs.spec.loader",
     "open_run": "pipeline.metrics.run",
-    "open_session": "pipeline.guard",
+    "open_session": "pipeline.apps.guard",
     "parse_rollout": "pipeline.core.records",
     "plan": "pipeline.scoring.driver",
     "register": "pipeline.envs",

@@ -18,11 +18,12 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.cli import app
-from pipeline.metrics.query import QueryError, QueryRefused
+from pipeline.apps.cli import app
+from pipeline.apps.perf._fixtures import commit_parts
+from pipeline.core.errors import QueryRefused
+from pipeline.metrics.query import QueryError
 from pipeline.metrics.run import open_run
 from pipeline.metrics.settings import BootstrapSettings
-from pipeline.perf._fixtures import commit_parts
 
 # --- helpers: build a scored run in tmp_path -------------------------------------------------------------
 

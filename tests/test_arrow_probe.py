@@ -31,7 +31,7 @@ def run(setup: str, env: dict[str, str] | None = None) -> str:
 
 def test_the_command_line_and_what_it_starts_convert_without_importing_pandas() -> None:
     # The command line answers the probe and marks the environment, which the Ray workers it starts inherit.
-    cli = run("import pipeline.cli, os; assert os.environ['PEXEC_PANDAS_PROBE'] == 'answered'")
+    cli = run("import pipeline.apps.cli, os; assert os.environ['PEXEC_PANDAS_PROBE'] == 'answered'")
     assert cli[0] == "False"
     assert cli[2] == "DataFrame"  # pandas is still there when pyarrow really needs it
     worker = run("", {"PEXEC_PANDAS_PROBE": "answered"})

@@ -16,14 +16,13 @@ import pytest
 import ray
 from typer.testing import CliRunner
 
-from pipeline.cli import app
-from pipeline.core.errors import PexecError
-from pipeline.perf import figures
-from pipeline.perf.driver import finish, one_wait_per_shard
-from pipeline.perf.figures import Bench, figure
-from pipeline.perf.registry import BENCHES, Entry
-from pipeline.scoring.driver import ScoringFailed, completed
-from pipeline.storage.lease import LeaseLost
+from pipeline.apps.cli import app
+from pipeline.apps.perf import figures
+from pipeline.apps.perf.driver import finish, one_wait_per_shard
+from pipeline.apps.perf.figures import Bench, figure
+from pipeline.apps.perf.registry import BENCHES, Entry
+from pipeline.core.errors import LeaseLost, PexecError, ScoringFailed
+from pipeline.scoring.driver import completed
 from pipeline.storage.shards import InputFile, Shard
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,53 +154,53 @@ def _check(bench: Bench, name: str) -> None:
 def _small(name: str, tmp_path: Path, shared: Path) -> Bench:
     """`shared`: a folder kept for the module (both nightly benches read the data the first one wrote there)."""
     if name == "replay":
-        from pipeline.perf.replay import bench_replay
+        from pipeline.apps.perf.replay import bench_replay
 
         return bench_replay(300, 30, tmp_path, baseline_sample=20, cpus=(1,), repeats=1)
     if name == "metrics":
-        from pipeline.perf.metrics import bench_metrics
+        from pipeline.apps.perf.metrics import bench_metrics
 
         return bench_metrics(2000, 200, B=20, workdir=tmp_path, cohorts=(2,), repeats=1)
     if name == "merged":
-        from pipeline.perf.merged import bench_merged
+        from pipeline.apps.perf.merged import bench_merged
 
         return bench_merged(2000, B=20, shards=2, target_tasks=10_000, repeats=2)
     if name == "scale":
         from conftest import free_port
 
-        from pipeline.perf.scale import bench_scale
+        from pipeline.apps.perf.scale import bench_scale
 
         return bench_scale(200, 20, port=free_port(), in_process=True)
     if name == "view":
-        from pipeline.perf.view import bench_view
+        from pipeline.apps.perf.view import bench_view
 
         return bench_view(2000, tmp_path, repeats=2)
     if name == "guard":
-        from pipeline.perf.guard import bench_guard
+        from pipeline.apps.perf.guard import bench_guard
 
         return bench_guard(sessions=3, concurrent=2, rounds=1, think_s=0.001, repeats=2)
     if name == "driver":
-        from pipeline.perf.driver import bench_driver
+        from pipeline.apps.perf.driver import bench_driver
 
         return bench_driver(windows=(4, 16), steady=32, repeats=1, rollouts=40, distinct_ids=1000)
     if name == "distributed":
-        from pipeline.perf.distributed import bench_distributed
+        from pipeline.apps.perf.distributed import bench_distributed
 
         return bench_distributed(20_000, per_shard=1000, B=20, workdir=tmp_path, in_process=True)
     if name == "spans":
-        from pipeline.perf.spans import bench_spans
+        from pipeline.apps.perf.spans import bench_spans
 
         return bench_spans(2000, tmp_path, shard_mb=0.05, repeats=1)
     if name.startswith("nightly"):
-        from pipeline.perf.nightly import bench_nightly, bench_nightly_otel
+        from pipeline.apps.perf.nightly import bench_nightly, bench_nightly_otel
 
         measure = bench_nightly if name == "nightly" else bench_nightly_otel
         return measure(40, eval_mb=0.01, workdir=shared, files=2, shard_mb=0.1, B=20, in_process=True)
     if name == "bfcl":
-        from pipeline.perf.bfcl import bench_bfcl
+        from pipeline.apps.perf.bfcl import bench_bfcl
 
         return bench_bfcl(repeats=1)
-    from pipeline.perf.tau import bench_tau
+    from pipeline.apps.perf.tau import bench_tau
 
     return bench_tau(str(DATA / "real" / "tau2"), repeats=1, passes=1)  # against c0f23f9 when git has it
 
@@ -226,7 +225,7 @@ def test_every_bench_runs_and_prints(name, tmp_path, bench_data, monkeypatch, sh
 def _check_nightly(bench: Bench, fmt: str) -> None:
     """Every path scored (or read) every rollout written, the paired ratios are there, and the projection is the
     arithmetic of the rates measured."""
-    from pipeline.perf.nightly import TASK_BOUND_MIB, Stages, projected_seconds
+    from pipeline.apps.perf.nightly import TASK_BOUND_MIB, Stages, projected_seconds
 
     runs, n = bench.details["runs"], bench.details["rollouts"]
     evals = {"eval pexec", "eval inspect"} if fmt == "openai" else set()  # the .eval is read with the OpenAI form
@@ -249,7 +248,7 @@ def _check_nightly(bench: Bench, fmt: str) -> None:
 
 
 def test_the_nightly_projection_adds_the_stages_at_their_per_core_rates():
-    from pipeline.perf.nightly import Stages, projected_seconds
+    from pipeline.apps.perf.nightly import Stages, projected_seconds
 
     # 100M rollouts on 2,048 cores: 1,000/s per core end to end, 10,000/s per core for the metrics.
     assert projected_seconds(Stages(1000, 10_000)) == pytest.approx(1e8 / 2048 / 1000 + 1e8 / 2048 / 10_000)
@@ -257,7 +256,7 @@ def test_the_nightly_projection_adds_the_stages_at_their_per_core_rates():
 
 
 def test_the_tau_bench_without_its_baseline_revision_says_why():
-    from pipeline.perf.tau import bench_tau
+    from pipeline.apps.perf.tau import bench_tau
 
     bench = bench_tau(str(DATA / "real" / "tau2"), repeats=1, passes=1, baseline="0123456789abcdef")
     speed = bench.figures[0]

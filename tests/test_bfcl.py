@@ -16,7 +16,7 @@ import pytest
 from pipeline.core.model import Call, Message, Rollout, RolloutResult
 from pipeline.core.records import parse_rollout
 from pipeline.envs import EnvError, get_environment
-from pipeline.envs.bfcl import _official as official
+from pipeline.envs.bfcl import official as official
 from pipeline.envs.bfcl._schema import parameters_schema
 from pipeline.envs.bfcl.calls import CallSyntaxError, parse_call
 from pipeline.envs.bfcl.env import GROUNDED_FILE, BfclEnvironment

@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.cli import app
+from pipeline.apps.cli import app
 from pipeline.envs import get_environment
-from pipeline.envs.bfcl import _official as official
+from pipeline.envs.bfcl import official as official
 from pipeline.ingest.bfcl import read_scores
 from pipeline.scoring._code_version import environment_version
 from pipeline.scoring.driver import run_scoring

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from pipeline.core.records import parse_rollout
-from pipeline.envs.bfcl import _official as official
+from pipeline.envs.bfcl import official as official
 from pipeline.envs.bfcl._scenarios import Scenarios, knowledge_text, load
 from pipeline.envs.bfcl.env import _run
 from pipeline.ingest.bfcl import ground_truth_records

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.cli import app
+from pipeline.apps.cli import app
 from pipeline.core import metric_catalogue, run_schema
 from pipeline.metrics.cohorts import cohort_fields
 from pipeline.metrics.results import Cohort, Interval, ToolProfile, ratio

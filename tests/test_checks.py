@@ -8,7 +8,7 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.cli import app
+from pipeline.apps.cli import app
 from pipeline.core.model import Call, Message, Rollout
 from pipeline.core.run_folder import Manifest
 from pipeline.envs import get_environment

@@ -14,9 +14,9 @@ import pytest
 from conftest import starts
 from typer.testing import CliRunner
 
-import pipeline.cli._options
-import pipeline.cli._scoring
-from pipeline.cli import app
+import pipeline.apps.cli._options
+import pipeline.apps.cli._scoring
+from pipeline.apps.cli import app
 from pipeline.core.errors import PexecError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -189,7 +189,7 @@ def test_long_and_multi_line_messages_stay_one_line_and_verbatim(monkeypatch):
     def fail(*args: object) -> None:
         raise PexecError(message.replace("a message", "a\nmessage"))
 
-    monkeypatch.setattr(pipeline.cli._options, "open_run", fail)
+    monkeypatch.setattr(pipeline.apps.cli._options, "open_run", fail)
     result = CliRunner().invoke(app, ["sql", "run", "SELECT 1"])
     assert result.exit_code == 2
     assert result.stderr == f"error: {message.strip()}\n"  # rich markup is not interpreted
@@ -199,12 +199,13 @@ def test_any_other_exception_is_a_bug_and_keeps_its_traceback(monkeypatch):
     def bug(*args: object) -> None:
         raise KeyError("not a user error")
 
-    monkeypatch.setattr(pipeline.cli._options, "open_run", bug)
+    monkeypatch.setattr(pipeline.apps.cli._options, "open_run", bug)
     result = CliRunner().invoke(app, ["sql", "run", "SELECT 1"])
     assert isinstance(result.exception, KeyError) and result.exit_code == 1
     assert "error:" not in result.output
     script = (
-        "import pipeline.cli._options as o; o.open_run = lambda *a: {}['boom']; from pipeline.cli import app; app()"
+        "import pipeline.apps.cli._options as o; o.open_run = lambda *a: {}['boom']; "
+        "from pipeline.apps.cli import app; app()"
     )
     proc = subprocess.run([sys.executable, "-c", script, "sql", "run", "SELECT 1"], capture_output=True, text=True,
                           timeout=120, env=ENV)  # fmt: skip
@@ -226,7 +227,7 @@ def test_the_progress_counts_a_shard_scored_again_once_with_its_final_counts():
     def marker(shard: str, start: int, stop: int | None, **counts: int) -> ShardMarker:
         return ShardMarker(shard=shard, source="f", start=start, stop=stop, fingerprint="x", **counts)
 
-    progress = pipeline.cli._scoring.ScoreProgress()
+    progress = pipeline.apps.cli._scoring.ScoreProgress()
     progress.on_plan(ShardPlan(files=1, shards=[object(), object()], ignored=[], total_bytes=0))  # type: ignore[list-item]
     progress.on_shard(marker("a", 0, 10, read=5, scored=5))
     progress.on_shard(marker("b", 10, None, read=3, scored=3))
@@ -262,6 +263,6 @@ def test_the_command_line_starts_without_what_only_some_commands_need():
     """Every `pexec` pays for what its start imports: the libraries only a few commands use (pandas, which
     building an Arrow array pulls in; Ray; plotting; the optional integrations) are imported by those commands."""
     later = ["pandas", "ray", "matplotlib", "inspect_ai", "opentelemetry", "mcp", "uvicorn", "s3fs", "hypothesis"]
-    code = f"import sys, pipeline.cli.app; print([m for m in {later!r} if m in sys.modules])"
+    code = f"import sys, pipeline.apps.cli.app; print([m for m in {later!r} if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, check=True).stdout
     assert out.strip() == "[]", out

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.cli import app
-from pipeline.cli._render import literal
+from pipeline.apps.cli import app
+from pipeline.apps.cli._render import literal
 from pipeline.synthetic.rollouts import synthesize
 
 MARKUP = "[/x][bold]b:smile:"

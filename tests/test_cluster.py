@@ -19,8 +19,7 @@ from cluster import BIN, listening, session_pids, start_cluster, stop_cluster
 from conftest import ROOT, starts, wait_for
 from test_scale import rows
 
-from pipeline.jobs.cluster import (
-    ClusterApiError,
+from pipeline.apps.jobs.cluster import (
     copy_sources,
     default_runtime,
     job_logs,
@@ -29,7 +28,8 @@ from pipeline.jobs.cluster import (
     plan_submission,
     submit_job,
 )
-from pipeline.jobs.definition import JobFileError, load_job
+from pipeline.apps.jobs.definition import load_job
+from pipeline.core.errors import ClusterApiError, JobFileError
 from pipeline.scoring._code_version import code_version
 from pipeline.scoring.driver import run_scoring
 from pipeline.scoring.settings import ScoreSettings
@@ -75,7 +75,7 @@ def test_a_local_submission_runs_the_submitters_interpreter_in_its_folder(tmp_pa
     job = load_job(path, "2026-11-29")
     plan = plan_submission(path, job, "local", None, tmp_path)
     assert plan.entrypoint == (
-        f"cd {tmp_path} && {sys.executable} -m pipeline.cli run {path.resolve()} --date 2026-11-29"
+        f"cd {tmp_path} && {sys.executable} -m pipeline.apps.cli run {path.resolve()} --date 2026-11-29"
     )
     assert plan.upload is None
     assert plan.runtime_env == {"env_vars": {"PYTHONPATH": str(ROOT)}}
@@ -87,10 +87,10 @@ def test_an_image_submission_uploads_the_job_file_and_refuses_relative_paths(tmp
         plan_submission(relative, load_job(relative), "image", None, tmp_path)
     absolute = write_job(tmp_path / "b", "s3://logs/{date}/", "/shared/runs")
     plan = plan_submission(absolute, load_job(absolute, "2026-11-29"), "image", "/opt/venv/bin/python", tmp_path)
-    assert plan.entrypoint == "/opt/venv/bin/python -m pipeline.cli run tiny.toml --date 2026-11-29"
+    assert plan.entrypoint == "/opt/venv/bin/python -m pipeline.apps.cli run tiny.toml --date 2026-11-29"
     assert plan.upload == absolute and plan.runtime_env == {} and not plan.ship_package
     shipped = plan_submission(absolute, load_job(absolute, "2026-11-29"), "package", None, tmp_path)
-    assert shipped.entrypoint == "python -m pipeline.cli run tiny.toml --date 2026-11-29" and shipped.ship_package
+    assert shipped.entrypoint == "python -m pipeline.apps.cli run tiny.toml --date 2026-11-29" and shipped.ship_package
     with pytest.raises(ClusterApiError, match=r"relative path\(s\) input 'out/store'"):
         plan_submission(relative, load_job(relative), "package", None, tmp_path)
 

@@ -53,7 +53,9 @@ def test_the_core_and_the_families_cover_what_scoring_executes() -> None:
     core = {p.relative_to(cv.PACKAGE_ROOT).as_posix() for p in cv.core_sources()}
     assert {"scoring/shard.py", "replay/checker.py", "core/records.py", "expr/__init__.py", "envs/_rules.py"} <= core
     assert not any(p.startswith(("envs/tau/", "envs/bfcl/", "envs/spec/", "envs/toolsandbox/")) for p in core)
-    assert "envs/bfcl/_wheel_import.py" in {p.relative_to(cv.PACKAGE_ROOT).as_posix() for p in cv.family_sources("bfcl")}
+    assert "envs/bfcl/_wheel_import.py" in {
+        p.relative_to(cv.PACKAGE_ROOT).as_posix() for p in cv.family_sources("bfcl")
+    }
 
 
 def use_tree(monkeypatch: pytest.MonkeyPatch, root: Path) -> None:

@@ -20,10 +20,10 @@ import pytest
 from typer.testing import CliRunner
 
 import pipeline.report._build as report_module
-from pipeline.cli import app
-from pipeline.jobs.definition import JobFileError, load_job, run_job
+from pipeline.apps.cli import app
+from pipeline.apps.jobs.definition import load_job, run_job
+from pipeline.core.errors import JobFileError, RunIncomplete
 from pipeline.metrics.cohorts import metrics_name
-from pipeline.metrics.completeness import RunIncomplete
 from pipeline.metrics.run import open_run
 from pipeline.metrics.settings import BootstrapSettings
 from pipeline.report import ReportError, build_report

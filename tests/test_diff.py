@@ -13,9 +13,10 @@ from test_ingest_observed import ROOT, ingest_day, write_samples
 from test_tools import write_run
 from typer.testing import CliRunner
 
-from pipeline.cli import app
-from pipeline.jobs.definition import JobFileError, load_job, previous_run
-from pipeline.metrics.drift import SEED_B, DiffError, diff_runs, parse_threshold
+from pipeline.apps.cli import app
+from pipeline.apps.jobs.definition import load_job, previous_run
+from pipeline.core.errors import DiffError, JobFileError
+from pipeline.metrics.drift import SEED_B, diff_runs, parse_threshold
 from pipeline.metrics.run import open_run
 from pipeline.metrics.settings import BootstrapSettings
 from pipeline.scoring.driver import run_scoring

@@ -19,13 +19,14 @@ from pathlib import Path
 import pytest
 from markdown.extensions.toc import slugify
 
-from pipeline.cli import reference
+from pipeline.apps.cli import reference
+from pipeline.apps.jobs.definition import FIELDS, NOT_IN_JOB_FILES, load_job
+from pipeline.apps.perf import figures
+from pipeline.apps.perf.registry import BENCHES
 from pipeline.core import metric_catalogue
+from pipeline.core.errors import JobFileError
 from pipeline.core.run_schema import markdown, tables
 from pipeline.envs.spec.loader import SpecError, load_spec
-from pipeline.jobs.definition import FIELDS, NOT_IN_JOB_FILES, JobFileError, load_job
-from pipeline.perf import figures
-from pipeline.perf.registry import BENCHES
 
 pytestmark = pytest.mark.docs
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,7 +105,7 @@ def test_every_pexec_line_of_the_pages_and_the_readme_uses_real_commands_and_opt
 
 
 def test_the_generated_reference_blocks_are_current():
-    """Regenerate with `python -m pipeline.cli.reference` (or `make reference`)."""
+    """Regenerate with `python -m pipeline.apps.cli.reference` (or `make reference`)."""
     assert reference.problems(ROOT) == []
 
 

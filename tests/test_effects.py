@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 from test_aggregate import rollout, write_rollouts
 
-from pipeline.core.effects import Effect, EffectsError, load_effects, parse_effects
+from pipeline.core.effects import Effect, load_effects, parse_effects
+from pipeline.core.errors import EffectsError
 from pipeline.core.model import Rollout, RolloutResult, StepResult
 from pipeline.envs import get_environment
 from pipeline.envs.tau._rules import tau_effects

@@ -22,7 +22,8 @@ from conftest import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.core.records import InvalidRecord, parse_rollout
+from pipeline.core.errors import InvalidRecord
+from pipeline.core.records import parse_rollout
 from pipeline.core.run_folder import Manifest
 from pipeline.expr import BudgetExceeded, EvalError, ExprError, compile_expr
 from pipeline.scoring.driver import run_scoring

@@ -1,4 +1,4 @@
-"""The guard's library API (pipeline.guard.session) on the shipped `shop` spec and BFCL: verdicts before
+"""The guard's library API (pipeline.apps.guard.session) on the shipped `shop` spec and BFCL: verdicts before
 execution, recording, discarded checks, incremental cost, and the indexed grounding history."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pipeline.apps.guard import GuardSession, open_session
+from pipeline.apps.perf.guard import SCENARIOS, library, rereplay
 from pipeline.core.model import NOT_LOGGED, Call, Message, Rollout
 from pipeline.core.records import parse_rollout
 from pipeline.envs import EnvOptions, get_environment
-from pipeline.guard import GuardSession, open_session
 from pipeline.ingest import IngestOptions, ingest
-from pipeline.perf.guard import SCENARIOS, library, rereplay
 from pipeline.replay import dependencies
 from pipeline.replay.dependencies import History
 from pipeline.scoring.driver import run_scoring

@@ -17,9 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_guard_http import Client, start_server, stop
 
-from pipeline.core.records import MAX_DEPTH, InvalidRecord, parse_rollout
+from pipeline.apps.guard.service import Guard
+from pipeline.core.errors import GuardRequestError, InvalidRecord
+from pipeline.core.records import MAX_DEPTH, parse_rollout
 from pipeline.envs import get_environment
-from pipeline.guard.service import Guard, GuardRequestError
 from pipeline.replay.checker import replay
 from pipeline.scoring.driver import run_scoring
 from pipeline.scoring.settings import ScoreSettings

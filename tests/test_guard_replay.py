@@ -10,15 +10,15 @@ import orjson
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.cli import app
+from pipeline.apps.cli import app
+from pipeline.apps.guard._journal import RolloutLog
+from pipeline.apps.guard.mcp import refusal
+from pipeline.apps.guard.replay import replay_traffic
+from pipeline.apps.guard.session import open_session
 from pipeline.core.model import Call, Rollout
 from pipeline.core.records import parse_rollout
 from pipeline.envs import EnvOptions
 from pipeline.envs.data import BUILTIN_SPECS
-from pipeline.guard._journal import RolloutLog
-from pipeline.guard.mcp import refusal
-from pipeline.guard.replay import replay_traffic
-from pipeline.guard.session import open_session
 from pipeline.ingest import ingest
 
 RULE = (
@@ -160,7 +160,7 @@ def test_cli_page_json_and_thresholds(tmp_path: Path, specs: tuple[str, str]) ->
 def test_tool_names_beyond_the_limit_are_counted_together(
     tmp_path: Path, specs: tuple[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import pipeline.guard.replay as replay_module
+    import pipeline.apps.guard.replay as replay_module
 
     old, new = specs
     logs = traffic(tmp_path / "logs", old)

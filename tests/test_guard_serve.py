@@ -1,4 +1,4 @@
-"""The guard on Ray Serve (pipeline.guard.ray_serve): the application builder, and a real local Serve
+"""The guard on Ray Serve (pipeline.apps.guard.ray_serve): the application builder, and a real local Serve
 deployment answering stateless checks over HTTP."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from conftest import free_port
 from ray import serve
 
-from pipeline.guard.http import GuardServerError
-from pipeline.guard.ray_serve import guard_application
+from pipeline.apps.guard.http import GuardServerError
+from pipeline.apps.guard.ray_serve import guard_application
 
 AVA = "Hi, I'm Ava Lopez (ava.lopez@example.com, zip 78701)."
 SIGN_IN = {"tool": "authenticate", "arguments": {"email": "ava.lopez@example.com", "zip": "78701"}}

@@ -12,11 +12,12 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.cli import app
-from pipeline.core.records import InvalidRecord, parse_rollout
-from pipeline.jobs.definition import JobFileError, load_job
+from pipeline.apps.cli import app
+from pipeline.apps.jobs.definition import load_job
+from pipeline.core.errors import InvalidRecord, JobFileError, MetricsError
+from pipeline.core.records import parse_rollout
 from pipeline.metrics.run import open_run
-from pipeline.metrics.settings import BootstrapSettings, MetricsError, Population
+from pipeline.metrics.settings import BootstrapSettings, Population
 from pipeline.report import Compare, build_report
 from pipeline.scoring.driver import run_scoring
 from pipeline.scoring.settings import ScoreSettings

@@ -13,10 +13,10 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
+from pipeline.apps.jobs.definition import load_job
 from pipeline.core.model import Call, Message, Rollout
 from pipeline.envs import EnvOptions, get_environment
 from pipeline.ingest import IngestOptions, ingest
-from pipeline.jobs.definition import load_job
 from pipeline.replay.checker import UNCAPTURED, replay
 from pipeline.scoring.driver import run_scoring
 from pipeline.storage.stores import write_store

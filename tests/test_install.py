@@ -11,7 +11,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from pipeline.jobs.cluster import build_wheel
+from pipeline.apps.jobs.cluster import build_wheel
 
 
 def run(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:

@@ -1,4 +1,4 @@
-"""The Inspect AI scorer (pipeline.integrations.inspect) in a real Inspect eval — mock model provider, real @tool
+"""The Inspect AI scorer (pipeline.apps.integrations.inspect) in a real Inspect eval — mock model provider, real @tool
 tools, two epochs — against what `pexec ingest inspect` + `pexec score` make of the `.eval` log that eval wrote:
 every sample's FED, T and per-step verdicts, and TER and AUC-PEC, are the same."""
 
@@ -19,7 +19,7 @@ from producers import EXPECTED_STEPS, TOOLS, USER, ingest_and_score
 from test_producers_inspect import CRASH, counted, model_turn, support_tool
 
 from pipeline import open_run
-from pipeline.integrations.inspect import executability
+from pipeline.apps.integrations.inspect import executability
 
 TRACK = "Where is my order O5521?"  # a third sample: one valid call, then the answer
 

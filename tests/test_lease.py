@@ -20,11 +20,11 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import wait_for
 
-from pipeline.core.errors import StorageError
-from pipeline.scoring.driver import ScoringFailed, run_scoring
+from pipeline.core.errors import LeaseHeld, LeaseLost, ScoringFailed, StorageError
+from pipeline.scoring.driver import run_scoring
 from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.fs import exists, filesystem
-from pipeline.storage.lease import LEASE, Lease, LeaseHeld, LeaseLost, _dump, _me, _object_for, require_holder
+from pipeline.storage.lease import LEASE, Lease, _dump, _me, _object_for, require_holder
 from pipeline.storage.run import part_sizes, read_shard_markers
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize

@@ -17,10 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_aggregate import _TYPES
 
+from pipeline.apps.perf._fixtures import commit_parts
 from pipeline.core import metric_catalogue
 from pipeline.metrics.run import open_run
 from pipeline.metrics.settings import BootstrapSettings
-from pipeline.perf._fixtures import commit_parts
 
 B = 200  # small: each example runs the whole DuckDB pipeline
 

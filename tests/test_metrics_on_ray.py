@@ -15,11 +15,12 @@ from hypothesis import strategies as st
 from test_aggregate import random_rows, rollout, write_rollouts
 from typer.testing import CliRunner
 
-from pipeline.cli import app
+from pipeline.apps.cli import app
+from pipeline.core.errors import MetricsError
 from pipeline.metrics.cohorts import metrics_and_replicates
 from pipeline.metrics.partials import metrics_on_ray
 from pipeline.metrics.run import open_run
-from pipeline.metrics.settings import BootstrapSettings, MetricsError, Population
+from pipeline.metrics.settings import BootstrapSettings, Population
 
 MERGED = BootstrapSettings(B=60, seed=11, method="poisson-merged")
 

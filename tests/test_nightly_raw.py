@@ -11,7 +11,7 @@ import orjson
 import s3fs
 from typer.testing import CliRunner
 
-from pipeline.cli.app import app
+from pipeline.apps.cli.app import app
 from pipeline.synthetic.support_logs import write_samples
 
 NIGHTS = ("2026-11-27", "2026-11-28", "2026-11-29")

@@ -13,8 +13,8 @@ import pytest
 from test_aggregate import rollout, weights, write_rollouts
 from typer.testing import CliRunner
 
-from pipeline.cli import app
-from pipeline.metrics.drift import DiffError
+from pipeline.apps.cli import app
+from pipeline.core.errors import DiffError
 from pipeline.metrics.run import open_run
 from pipeline.metrics.settings import BootstrapSettings
 from pipeline.metrics.verdicts import paired_breaches, paired_diff, parse_paired_threshold
@@ -147,12 +147,12 @@ def test_runs_of_other_rollouts_are_refused_when_paired_is_asked(tmp_path: Path)
 def test_example_links_open_the_rollout_in_pexec_view(tmp_path: Path) -> None:
     from starlette.testclient import TestClient
 
+    from pipeline.apps.view import RunView
+    from pipeline.apps.view._app import create_app
     from pipeline.scoring.driver import run_scoring
     from pipeline.scoring.settings import ScoreSettings
     from pipeline.storage.stores import write_store
     from pipeline.synthetic.rollouts import synthesize
-    from pipeline.view import RunView
-    from pipeline.view._app import create_app
 
     write_store(iter(synthesize("shop", 60, 10, 3)), str(tmp_path / "store"))
     run_scoring(str(tmp_path / "store"), str(tmp_path / "a"), ScoreSettings(inline=True))

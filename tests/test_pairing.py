@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 from typer.testing import CliRunner
 
-from pipeline.cli import app
+from pipeline.apps.cli import app
 from pipeline.ingest import IngestOptions, ingest
 from pipeline.ingest._pairing import Call, Result, assemble, pair
 

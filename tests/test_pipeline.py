@@ -13,8 +13,9 @@ import pytest
 from msgspec import structs
 from typer.testing import CliRunner
 
-from pipeline.cli import app
-from pipeline.jobs.definition import JobFileError, load_job
+from pipeline.apps.cli import app
+from pipeline.apps.jobs.definition import load_job
+from pipeline.core.errors import JobFileError
 from pipeline.metrics.run import open_run
 from pipeline.metrics.settings import BootstrapSettings
 from pipeline.scoring._code_version import PACKAGE_ROOT, scoring_sources

@@ -19,7 +19,7 @@ import zstandard
 from test_producers_inspect import eval_log  # noqa: F401  (a fixture: a real .eval written by inspect_ai)
 from typer.testing import CliRunner
 
-from pipeline.cli.app import app
+from pipeline.apps.cli.app import app
 from pipeline.ingest.inspect import _member
 from pipeline.synthetic.support_logs import write_samples
 

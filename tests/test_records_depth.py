@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.core import records
-from pipeline.core.records import MAX_DEPTH, InvalidRecord, parse_rollout, too_deep
+from pipeline.core.errors import InvalidRecord
+from pipeline.core.records import MAX_DEPTH, parse_rollout, too_deep
 
 INNER = st.one_of(
     st.none(),

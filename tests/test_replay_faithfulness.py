@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.cli import app
+from pipeline.apps.cli import app
 from pipeline.metrics.run import open_run
 from pipeline.metrics.settings import BootstrapSettings, Population
 from pipeline.report import build_report

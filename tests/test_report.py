@@ -16,7 +16,7 @@ import pytest
 from test_aggregate import draws, paper_rows, ratios, rollout, task_sums, weights, write_rollouts
 from typer.testing import CliRunner
 
-from pipeline.cli import app
+from pipeline.apps.cli import app
 from pipeline.metrics.run import open_run
 from pipeline.metrics.settings import BootstrapSettings
 from pipeline.report import Compare, ReportResult, build_report, parse_compare

@@ -14,17 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from pipeline.cli import app
-from pipeline.core.run_folder import (
-    SCHEMA_VERSION,
-    Manifest,
-    Plan,
-    RunFolderError,
-    ShardMarker,
-    UnknownLayout,
-    decode,
-    encode,
-)
+from pipeline.apps.cli import app
+from pipeline.core.errors import RunFolderError, UnknownLayout
+from pipeline.core.run_folder import SCHEMA_VERSION, Manifest, Plan, ShardMarker, decode, encode
 from pipeline.metrics.run import open_run
 from pipeline.scoring.driver import run_scoring
 from pipeline.scoring.settings import ScoreSettings

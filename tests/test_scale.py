@@ -15,11 +15,12 @@ import s3fs
 from conftest import free_port, wait_for
 from typer.testing import CliRunner
 
-from pipeline.cli import app
+from pipeline.apps.cli import app
+from pipeline.core.errors import ScoringFailed
 from pipeline.metrics.run import open_run
 from pipeline.metrics.settings import BootstrapSettings
 from pipeline.report import build_report
-from pipeline.scoring.driver import ScoringFailed, run_scoring
+from pipeline.scoring.driver import run_scoring
 from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.run import read_manifest, read_shard_markers
 from pipeline.storage.stores import write_store
@@ -78,7 +79,7 @@ def test_unwritable_bucket_fails_clearly_and_commits_nothing(s3, local_store, sh
 
 
 def test_a_missing_store_in_the_bucket_is_a_clear_error(s3, tmp_path):
-    from pipeline.storage.inputs import StoreError
+    from pipeline.core.errors import StoreError
 
     with pytest.raises(StoreError, match="no such store: s3://pexec-test/nothing-here"):
         run_scoring(
@@ -87,7 +88,7 @@ def test_a_missing_store_in_the_bucket_is_a_clear_error(s3, tmp_path):
 
 
 def test_an_unreachable_store_fails_clearly(s3, tmp_path):  # s3: only for its credentials
-    from pipeline.storage.inputs import StoreError
+    from pipeline.core.errors import StoreError
 
     closed = {"endpoint_url": f"http://127.0.0.1:{free_port()}", "config_kwargs": {"retries": {"max_attempts": 1}}}
     with pytest.raises(StoreError, match="cannot list store s3://pexec-test/store: EndpointConnectionError"):

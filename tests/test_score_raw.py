@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from test_producers_inspect import eval_log  # noqa: F401  (a fixture: a real .eval written by inspect_ai)
 from typer.testing import CliRunner
 
-from pipeline.cli.app import app
+from pipeline.apps.cli.app import app
 from pipeline.ingest import IngestOptions, ingest
 from pipeline.ingest.sharded import plan_raw, raw_source
 from pipeline.metrics.run import open_run

@@ -12,11 +12,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-import pipeline.cli._scoring
-from pipeline.cli import app
-from pipeline.core.settings import SettingError
-from pipeline.jobs.definition import load_job
-from pipeline.metrics.settings import MetricsError, MetricsSettings
+import pipeline.apps.cli._scoring
+from pipeline.apps.cli import app
+from pipeline.apps.jobs.definition import load_job
+from pipeline.core.errors import MetricsError, SettingError
+from pipeline.metrics.settings import MetricsSettings
 from pipeline.replay.checker import CHECKS
 from pipeline.scoring.settings import MAX_SHARD_MB, ScoreSettings
 
@@ -63,7 +63,7 @@ def test_a_job_file_and_pexec_score_make_the_same_settings(tmp_path: Path, monke
         asked.append(settings)
         raise SystemExit(0)  # what the command asked for is all this test reads
 
-    monkeypatch.setattr(pipeline.cli._scoring, "run_scoring", scored)
+    monkeypatch.setattr(pipeline.apps.cli._scoring, "run_scoring", scored)
     assert CliRunner().invoke(app, SCORE_ARGS).exit_code == 0
     (tmp_path / "job.toml").write_text(JOB)
     job = load_job(tmp_path / "job.toml", "2026-11-29")

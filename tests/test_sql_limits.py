@@ -18,7 +18,7 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.cli import app
+from pipeline.apps.cli import app
 from pipeline.core.errors import PexecError
 from pipeline.metrics.query import QueryError, QueryLimits
 from pipeline.metrics.run import open_run

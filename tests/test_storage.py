@@ -12,7 +12,7 @@ import pytest
 import s3fs
 from typer.testing import CliRunner
 
-from pipeline.cli import app
+from pipeline.apps.cli import app
 from pipeline.storage.fs import list_files
 from pipeline.storage.inputs import list_inputs, plan_shards, read_shard
 from pipeline.storage.shards import RecordError

@@ -20,7 +20,8 @@ from fsspec.implementations.memory import MemoryFileSystem
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.storage.inputs import StoreError, list_inputs, plan_shards, read_shard
+from pipeline.core.errors import StoreError
+from pipeline.storage.inputs import list_inputs, plan_shards, read_shard
 from pipeline.storage.shards import InputFile, RecordError, Shard
 
 

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.cli import app
+from pipeline.apps.cli import app
+from pipeline.core.errors import StoreExists
 from pipeline.storage.fs import filesystem, list_files
 from pipeline.storage.inputs import list_inputs, plan_shards, read_shard
-from pipeline.storage.stores import StoreExists, write_store
+from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
 
 

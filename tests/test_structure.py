@@ -1,6 +1,7 @@
-"""The package's shape: stages are rooms (`pipeline/<room>/`), each room's docstring says which rooms it may
-import ("Imports: …"), and the code keeps to it — every import counted, lazy and type-only ones included — with
-no cycle between modules."""
+"""The package's shape: stages are rooms (`pipeline/<room>/`, and what users run in one wing of rooms,
+`pipeline/apps/<room>/`), each room's docstring says which rooms it may import ("Imports: …"), and the code keeps to
+it — every import counted, lazy and type-only ones included — with no cycle between modules, and no module reaching
+into another room's internal modules (`_x.py`)."""
 
 from __future__ import annotations
 
@@ -12,20 +13,28 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pipeline"
+WING = "apps"  # the folder of the rooms users run: `pipeline/apps/<room>/`
 MAX_ROOMS = 20
 # The stages as a newcomer reads them, each room after every room it may import.
 PIPELINE_ORDER = ["core", "storage", "expr", "envs", "replay", "ingest", "synthetic", "scoring", "metrics",
                   "report", "web", "view", "guard", "jobs", "integrations", "perf", "cli"]  # fmt: skip
 
 
+def room_folders() -> dict[str, Path]:
+    """room -> its folder: every package under pipeline/ but the wing, and every package in the wing."""
+    stages = {p.parent.name: p.parent for p in PACKAGE.glob("*/__init__.py") if p.parent.name != WING}
+    return stages | {p.parent.name: p.parent for p in (PACKAGE / WING).glob("*/__init__.py")}
+
+
 def rooms() -> dict[str, set[str]]:
     """room -> the rooms its docstring says it may import."""
-    found = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
+    folders = room_folders()
+    found = sorted(folders)
     declared: dict[str, str] = {}
     for room in found:
-        doc = ast.get_docstring(ast.parse((PACKAGE / room / "__init__.py").read_text(encoding="utf-8"))) or ""
+        doc = ast.get_docstring(ast.parse((folders[room] / "__init__.py").read_text(encoding="utf-8"))) or ""
         match = re.search(r"^Imports: (.+?)\.?$", doc, re.M)
-        assert match, f"pipeline/{room}/__init__.py: its docstring says what it may import ('Imports: …')"
+        assert match, f"{folders[room]}/__init__.py: its docstring says what it may import ('Imports: …')"
         declared[room] = match[1]
     allowed = {}
     for room, text in declared.items():
@@ -76,6 +85,8 @@ def resolve(name: str, known: dict[str, Path]) -> str:
 
 def room_of(module: str) -> str:
     parts = module.split(".")
+    if len(parts) > 1 and parts[1] == WING:
+        return parts[2] if len(parts) > 2 else ""
     return parts[1] if len(parts) > 2 or (len(parts) == 2 and (PACKAGE / parts[1]).is_dir()) else ""
 
 
@@ -98,8 +109,23 @@ def test_every_import_keeps_to_its_rooms_declaration() -> None:
             target = room_of(resolve(name, known))
             if source and target and target != source and target not in allowed[source]:
                 wrong.append(f"{path.relative_to(PACKAGE.parent)}:{line} ({source}) imports {name} ({target})")
-            if source and not target and name != PACKAGE.name:
+            if source and not target and name not in (PACKAGE.name, f"{PACKAGE.name}.{WING}"):
                 wrong.append(f"{path.relative_to(PACKAGE.parent)}:{line} ({source}) imports {name} outside any room")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_room_imports_another_rooms_internal_modules() -> None:
+    """A module named `_x.py` is its room's own: other rooms import what the room's package or its public modules
+    export."""
+    known = modules()
+    wrong = []
+    for module, path in known.items():
+        source = room_of(module)
+        for line, name in imports(path):
+            target_module = resolve(name, known)
+            internal = any(part.startswith("_") and not part.startswith("__") for part in target_module.split("."))
+            if internal and room_of(target_module) != source:
+                wrong.append(f"{path.relative_to(PACKAGE.parent)}:{line} ({source}) imports {target_module}")
     assert not wrong, "\n".join(wrong)
 
 

@@ -315,7 +315,8 @@ def test_default_cohorts_are_conditions_and_attributes_are_asked_for(real_run):
 
 
 def test_a_pool_of_benchmarks_is_one_cohort_with_tasks_kept_apart(real_run):
-    from pipeline.metrics.settings import BootstrapSettings, MetricsError, Population
+    from pipeline.core.errors import MetricsError
+    from pipeline.metrics.settings import BootstrapSettings, Population
 
     settings = BootstrapSettings(B=50)
     apart = {

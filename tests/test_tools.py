@@ -13,7 +13,7 @@ import pytest
 from test_aggregate import rollout, weights, write_rollouts
 from typer.testing import CliRunner
 
-from pipeline.cli import app
+from pipeline.apps.cli import app
 from pipeline.metrics.run import open_run
 from pipeline.metrics.settings import BootstrapSettings
 from pipeline.report import build_report

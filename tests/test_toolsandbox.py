@@ -13,7 +13,7 @@ import orjson
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.cli import app
+from pipeline.apps.cli import app
 from pipeline.core.records import parse_rollout
 from pipeline.envs import get_environment
 from pipeline.envs.toolsandbox._utilities import ToolError, convert, geodesic_km, holiday

@@ -7,11 +7,12 @@ from datetime import UTC, datetime
 
 import pytest
 
+from pipeline.apps.integrations import mlflow, phoenix
+from pipeline.apps.integrations.verdicts import MAX_DETAIL, StepVerdict, TraceVerdict, matched
+from pipeline.core.errors import PublishError
 from pipeline.ingest import IngestError, IngestOptions, ingest
-from pipeline.ingest._traces import Trace, TraceSpan, events, parse_time, tool_spans
 from pipeline.ingest.phoenix import nested
-from pipeline.integrations import mlflow, phoenix
-from pipeline.integrations.verdicts import MAX_DETAIL, PublishError, StepVerdict, TraceVerdict, matched
+from pipeline.ingest.traces import Trace, TraceSpan, events, parse_time, tool_spans
 
 
 def span(span_id: str, name: str, start: int, kind: str = "tool", **more) -> TraceSpan:

@@ -17,8 +17,8 @@ from conftest import starts
 from producers import CALLS, CANCEL_ERROR, EXPECTED_STEPS, MODEL, USER, Stub, pexec, stub_server, verdicts
 from trace_servers import mlflow_server, score_support
 
+from pipeline.apps.integrations.mlflow import publish
 from pipeline.ingest import IngestError, IngestOptions, ingest
-from pipeline.integrations.mlflow import publish
 
 PRODUCERS = Path(__file__).with_name("producers.py")
 EXPERIMENT = "support"

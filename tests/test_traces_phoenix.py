@@ -18,8 +18,8 @@ from conftest import starts
 from producers import CALLS, CANCEL_ERROR, EXPECTED_STEPS, MODEL, USER, Stub, pexec, stub_server, verdicts
 from trace_servers import phoenix_server, score_support
 
+from pipeline.apps.integrations.phoenix import publish
 from pipeline.ingest import IngestError, IngestOptions, ingest
-from pipeline.integrations.phoenix import publish
 
 PRODUCERS = Path(__file__).with_name("producers.py")
 PROJECT = "support"

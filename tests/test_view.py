@@ -27,15 +27,15 @@ from conftest import free_port, wait_for
 from starlette.testclient import TestClient
 from typer.testing import CliRunner
 
-from pipeline.cli import app
-from pipeline.metrics.completeness import RunIncomplete
+from pipeline.apps.cli import app
+from pipeline.apps.view import RunView, create_app
+from pipeline.core.errors import RunIncomplete
 from pipeline.metrics.run import open_run
 from pipeline.metrics.settings import BootstrapSettings
 from pipeline.scoring.driver import run_scoring
 from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
-from pipeline.view import RunView, create_app
 
 EVIL = '<script>alert("x")</script>'
 PEXEC = str(Path(sys.executable).parent / "pexec")

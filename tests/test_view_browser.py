@@ -55,7 +55,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> str:
 def viewer(run: str) -> Iterator[str]:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "pipeline.cli", "view", run, "--port", str(port), "--bootstrap", "20"]
+    cmd = [sys.executable, "-m", "pipeline.apps.cli", "view", run, "--port", str(port), "--bootstrap", "20"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_for(lambda: _answers(port) or proc.poll() is not None, 60, "pexec view")

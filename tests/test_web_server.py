@@ -1,4 +1,4 @@
-"""The hardened server layer the guard and the viewer share (pipeline.web), at the ASGI level: what reaches the
+"""The hardened server layer the guard and the viewer share (pipeline.apps.web), at the ASGI level: what reaches the
 app and what is answered before it; the served `Host` names; where a token comes from. The same layer over real
 sockets: tests/test_guard_bounds.py and tests/test_view.py."""
 
@@ -11,8 +11,8 @@ from typing import Any
 import orjson
 import pytest
 
-from pipeline.web import ServerLimits, WebGuard, allowed_hosts, read_token, require_token
-from pipeline.web.server import WebServerError
+from pipeline.apps.web import ServerLimits, WebGuard, allowed_hosts, read_token, require_token
+from pipeline.core.errors import WebServerError
 
 
 async def echo(scope: Any, receive: Any, send: Any) -> None:

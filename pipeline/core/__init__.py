@@ -14,3 +14,20 @@ settings.py          the checks a stage's settings object makes of its values, a
 
 Imports: nothing of pexec.
 """
+
+# What the package exports: its public modules (a `_x.py` module is its own).
+__all__ = [
+    "arrow",
+    "effects",
+    "errors",
+    "intervals",
+    "metric_catalogue",
+    "model",
+    "plugins",
+    "records",
+    "run_folder",
+    "run_schema",
+    "settings",
+    "text",
+    "values",
+]

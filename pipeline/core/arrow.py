@@ -3,7 +3,7 @@
 The first time pyarrow converts Python values (`pa.array`, `Table.from_pylist`...) it checks whether they are
 pandas objects, importing pandas to find out: about 0.3 s of CPU in every process that writes a table, each
 `pexec` command and each Ray worker, for a library pexec never hands to pyarrow. pexec's own processes answer the
-probe once with pandas hidden from that one call: the command line (pipeline.cli), and the Ray workers it starts,
+probe once with pandas hidden from that one call: the command line (pipeline.apps.cli), and the Ray workers it starts,
 which inherit PEXEC_PANDAS_PROBE from it and answer when they first import this module. A program that imports
 pipeline as a library is left alone: there pyarrow may well be handed pandas objects, which it then has to see.
 pandas stays importable everywhere, and a `to_pandas()` still makes pyarrow import it for real.

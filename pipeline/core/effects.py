@@ -23,16 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pipeline.core.errors import PexecError
+from pipeline.core.errors import EffectsError
 
 EffectClass = Literal["read", "write", "irreversible"]
 EFFECT_CLASSES: tuple[EffectClass, ...] = ("read", "write", "irreversible")
 WRITES = ("write", "irreversible")  # what the write metrics count
 FILE = "effects.toml"
-
-
-class EffectsError(PexecError, ValueError):
-    """An effects.toml that cannot be used; the message names the file and the tool."""
 
 
 @dataclass(frozen=True)

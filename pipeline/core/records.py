@@ -14,16 +14,12 @@ from typing import Any, Literal, NotRequired, TypedDict
 
 import orjson
 
-from pipeline.core.errors import PexecError
+from pipeline.core.errors import InvalidRecord
 from pipeline.core.model import NOT_LOGGED, STATUSES, Call, Event, Message, Rollout, Status
 from pipeline.core.run_schema import ATTRIBUTE_PREFIX, RESERVED_COLUMNS
 
 MAX_DEPTH = 64  # levels of objects and lists in a record (and in JSON text it carries); deeper is a reject
 _RESERVED = frozenset(c.lower() for c in RESERVED_COLUMNS)  # SQL names are case-insensitive
-
-
-class InvalidRecord(PexecError, ValueError):
-    """The record is not a canonical rollout; the message is the reject reason."""
 
 
 # The canonical record as pexec's own code builds it (ingest's formats, synth, `event_record`). What is read from a

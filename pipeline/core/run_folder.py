@@ -24,18 +24,9 @@ import msgspec
 import orjson
 from msgspec import Meta
 
-from pipeline.core.errors import PexecError
+from pipeline.core.errors import RunFolderError, UnknownLayout
 
 SCHEMA_VERSION = 1  # the layout this pexec writes and reads
-
-
-class RunFolderError(PexecError):
-    """A run folder JSON file that is not one this pexec can read: damaged, foreign or from a newer pexec."""
-
-
-class UnknownLayout(RunFolderError):
-    """A run folder file of a layout this pexec does not know (a newer pexec wrote it): never read as if it were
-    this pexec's, even where its fields happen to fit."""
 
 
 _VERSION = Annotated[

@@ -12,26 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline.core.errors import PexecError
-
-
-class SettingError(PexecError, ValueError):
-    """A setting whose value does not fit; the message starts with the setting's key (`shard_mb takes …`)."""
-
-    def __init__(self, key: str, message: str) -> None:
-        if not message.startswith(key):
-            raise ValueError(f"a SettingError's message starts with its key {key!r}: {message!r}")
-        super().__init__(message)
-        self.key = key
-
-    @property
-    def option(self) -> str:
-        """The command-line option of the setting: `--shard-mb` for `shard_mb`."""
-        return "--" + self.key.replace("_", "-")
-
-    def naming(self, name: str) -> str:
-        """The message with `name` (an option, a table's key) in place of the key."""
-        return name + str(self)[len(self.key) :]
+from pipeline.core.errors import SettingError
 
 
 def is_whole(value: object) -> bool:

@@ -8,6 +8,7 @@ Imports: core, expr.
 
 from __future__ import annotations
 
+from pipeline.core.errors import EnvError, SpecError
 from pipeline.envs._registry import (
     EnvOptions,
     forget_unresolved,
@@ -16,7 +17,7 @@ from pipeline.envs._registry import (
     new_environment,
     register,
 )
-from pipeline.envs.base import EnvError, Environment, Outcome, SpecError, ToolInfo
+from pipeline.envs.base import Environment, Outcome, ToolInfo
 
 __all__ = [
     "EnvError",

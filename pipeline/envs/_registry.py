@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pipeline.core.errors import EnvError
 from pipeline.core.plugins import Registry, declared
-from pipeline.envs.base import EnvError, Environment
+from pipeline.envs.base import Environment
 from pipeline.envs.spec.env import SpecEnvironment
 from pipeline.envs.spec.loader import find_spec, spec_folders
 

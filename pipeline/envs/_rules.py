@@ -12,8 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.core.errors import check_fields
-from pipeline.envs.base import SpecError
+from pipeline.core.errors import SpecError, check_fields
 from pipeline.expr import BudgetExceeded, EvalError, Expr, ExprError, Target, compile_expr, compile_target, render
 
 _PRE_KEYS = {"require", "error", "clause"}

@@ -12,17 +12,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import fastjsonschema
 
-from pipeline.core.effects import Effect, EffectsError
-from pipeline.core.errors import PexecError
+from pipeline.core.effects import Effect
+from pipeline.core.errors import EffectsError, EnvError
 from pipeline.core.model import Call, Rollout
-
-
-class EnvError(PexecError):
-    """An environment cannot be built (bad spec, missing package, unknown name)."""
-
-
-class SpecError(PexecError, ValueError):
-    """A spec that cannot be used; the message names the file and the place."""
 
 
 @dataclass(frozen=True, slots=True)

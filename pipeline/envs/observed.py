@@ -26,10 +26,11 @@ from typing import Any
 
 import orjson
 
+from pipeline.core.errors import EnvError
 from pipeline.core.model import NOT_LOGGED, Call, Rollout
 from pipeline.envs._registry import EnvOptions
 from pipeline.envs._rules import Precondition, check_rules
-from pipeline.envs.base import EnvError, Outcome, ToolInfo
+from pipeline.envs.base import Outcome, ToolInfo
 from pipeline.envs.spec.loader import find_spec, load_spec
 
 Seen = dict[str, Any]  # tool name -> last output of an accepted call

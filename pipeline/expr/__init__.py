@@ -22,8 +22,8 @@ Imports: core.
 
 from __future__ import annotations
 
+from pipeline.core.errors import ExprError
 from pipeline.expr._budget import BUDGET, Budget, BudgetExceeded, EvalError, metered
-from pipeline.expr._compiler import ExprError
 from pipeline.expr._expression import Expr, compile_expr, render
 from pipeline.expr._targets import Target, compile_target
 

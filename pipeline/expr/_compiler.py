@@ -11,7 +11,7 @@ from typing import Any
 
 import re2
 
-from pipeline.core.errors import PexecError
+from pipeline.core.errors import ExprError
 from pipeline.expr._budget import MAX_LOOPS, MAX_NODES, EvalError, _meter
 from pipeline.expr._runtime import (
     _ALIASES,
@@ -31,19 +31,6 @@ from pipeline.expr._runtime import (
     _size,
     _type_name,
 )
-
-
-class ExprError(PexecError, ValueError):
-    """A bad expression, raised at compile time."""
-
-    def __init__(self, source: str, problem: str, column: int | None = None) -> None:
-        where = f" (column {column})" if column is not None else ""
-        super().__init__(f"{problem}{where} in expression: {source}")
-        self.source, self.problem, self.column = source, problem, column
-
-    def __reduce__(self) -> tuple[Any, ...]:  # keeps it picklable (Ray ships exceptions between processes)
-        return type(self), (self.source, self.problem, self.column)
-
 
 _FORBIDDEN = {
     ast.Lambda: "lambda",

@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from pipeline.core.errors import ExprError
 from pipeline.expr._budget import _CLOCK_EVERY, _PENDING, BudgetExceeded, EvalError, _active, _Meter
-from pipeline.expr._compiler import ExprError, _build, _Compiler, _parse
+from pipeline.expr._compiler import _build, _Compiler, _parse
 from pipeline.expr._fast import _Translator
 from pipeline.expr._runtime import Fn
 

@@ -35,11 +35,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
-from pipeline.core.records import InvalidRecord, parse_rollout
+from pipeline.core.errors import IngestError, InvalidRecord
+from pipeline.core.records import parse_rollout
 from pipeline.ingest.base import (
     MAX_MEMBER_BYTES,
     MAX_RECORD_BYTES,
-    IngestError,
     IngestOptions,
     LogFormat,
     Option,

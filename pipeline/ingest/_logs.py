@@ -24,10 +24,10 @@ from typing import Any
 
 import orjson
 
+from pipeline.core.errors import IngestError
 from pipeline.core.records import CallRecord, EventRecord, MessageRecord
 from pipeline.ingest.base import (
     FIELD_PREFIXES,
-    IngestError,
     IngestOptions,
     Option,
     OptionSchema,

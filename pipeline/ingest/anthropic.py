@@ -17,6 +17,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+from pipeline.core.errors import IngestError
 from pipeline.ingest._logs import (
     ChatFormat,
     LogSettings,
@@ -28,7 +29,6 @@ from pipeline.ingest._logs import (
     tool_dialect,
 )
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
-from pipeline.ingest.base import IngestError
 
 
 class Anthropic(ChatFormat):

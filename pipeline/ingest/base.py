@@ -12,15 +12,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.core.errors import PexecError
+from pipeline.core.errors import IngestError
 from pipeline.storage.fs import StorageOptions, list_files
 from pipeline.storage.inputs import MAX_LINE_BYTES
 from pipeline.storage.shards import Compression, InputFile, RecordError, Shard, fingerprint
-
-
-class IngestError(PexecError, ValueError):
-    """The sources cannot be read in this format; the message names the file and the place."""
-
 
 MAX_RECORD_BYTES = 64 * 2**20  # a JSON document read whole (a `.json` log file, a record of a partition)
 MAX_MEMBER_BYTES = 256 * 2**20  # an archive member (an Inspect sample) decompressed

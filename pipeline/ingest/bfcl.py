@@ -28,11 +28,12 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from pipeline.core.errors import IngestError
 from pipeline.core.records import CallRecord, EventRecord
 from pipeline.envs import EnvError
 from pipeline.envs.bfcl.calls import CallSyntaxError, ParameterOrder, parse_call, parse_call_list
 from pipeline.envs.bfcl.env import BfclEnvironment, error_message
-from pipeline.ingest.base import IngestError, IngestOptions, Option, OptionSchema, Part, ShardedFormat, source_inputs
+from pipeline.ingest.base import IngestOptions, Option, OptionSchema, Part, ShardedFormat, source_inputs
 from pipeline.storage.fs import StorageOptions, exists, list_files, open_for_read
 from pipeline.storage.inputs import raw_text, shard_lines
 from pipeline.storage.shards import RecordError, Shard
@@ -69,7 +70,7 @@ class Bfcl(ShardedFormat):
             raise IngestError(f"bfcl: {url} is not named BFCL_v<N>_multi_turn_<category>_result.json")
         tag, category = named.groups()
         benchmark = f"bfcl_{tag}"
-        from pipeline.envs.bfcl import _official as official
+        from pipeline.envs.bfcl import official as official
 
         try:
             dataset = {e["id"]: e for e in official.read_dataset(tag, category, source=options.extra.get("dataset"))}
@@ -118,7 +119,7 @@ FORMAT = Bfcl()
 def ground_truth_records(tag: str, benchmark: str) -> Iterator[dict[str, Any]]:
     """The ground truth of all multi-turn tasks of a data naming ("v3", "v4") as canonical records of
     `benchmark`, one call per step, success true: the known answers of the BFCL environments."""
-    from pipeline.envs.bfcl import _official as official
+    from pipeline.envs.bfcl import official as official
 
     for category in official.CATEGORIES:
         answers = official.read_dataset(tag, category, answers=True)

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from pipeline.ingest.base import IngestError, IngestOptions, LogFormat
+from pipeline.core.errors import IngestError
+from pipeline.ingest.base import IngestOptions, LogFormat
 from pipeline.storage.inputs import list_inputs, plan_shards, read_shard
 from pipeline.storage.shards import RecordError
 

@@ -34,9 +34,10 @@ from typing import Any
 import orjson
 import zstandard
 
+from pipeline.core.errors import IngestError
 from pipeline.ingest._logs import LogSettings, call, loads, log_options, message, rollout, settings, text
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
-from pipeline.ingest.base import IngestError, IngestOptions, Option, Part, ShardedFormat, source_inputs
+from pipeline.ingest.base import IngestOptions, Option, Part, ShardedFormat, source_inputs
 from pipeline.storage.fs import open_for_read
 from pipeline.storage.inputs import raw_text
 from pipeline.storage.shards import RecordError, Shard

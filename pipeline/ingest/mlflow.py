@@ -18,9 +18,10 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from pipeline.core.errors import IngestError
 from pipeline.ingest._logs import log_options, settings
-from pipeline.ingest._traces import WINDOW, Trace, TraceSpan, check_spans, max_traces, parse_time, records
-from pipeline.ingest.base import IngestError, IngestOptions, LogFormat, Option
+from pipeline.ingest.base import IngestOptions, LogFormat, Option
+from pipeline.ingest.traces import WINDOW, Trace, TraceSpan, check_spans, max_traces, parse_time, records
 
 EXTRA = "pip install 'pexec[mlflow]'"
 _MODEL_TYPES = {"CHAT_MODEL", "LLM"}

@@ -19,6 +19,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+from pipeline.core.errors import IngestError
 from pipeline.ingest._logs import (
     ChatFormat,
     LogSettings,
@@ -30,7 +31,7 @@ from pipeline.ingest._logs import (
     tool_dialect,
 )
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
-from pipeline.ingest.base import IngestError, Option
+from pipeline.ingest.base import Option
 
 _CONTEXT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 ERROR_PREFIX = Option("error_prefix", "a tool message with no boolean `error` is an error if it starts with this text")

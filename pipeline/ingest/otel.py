@@ -39,11 +39,12 @@ from typing import Any
 
 import orjson
 
+from pipeline.core.errors import IngestError
 from pipeline.core.records import EventRecord
 from pipeline.ingest import otlp
 from pipeline.ingest._logs import call, loads, log_options, message, rollout, settings, text
 from pipeline.ingest._pairing import Call, Entry, Result, pair
-from pipeline.ingest.base import IngestError, IngestOptions, Item, LogFormat, Shuffle, source_files, source_inputs
+from pipeline.ingest.base import IngestOptions, Item, LogFormat, Shuffle, source_files, source_inputs
 from pipeline.storage.shards import RecordError, Shard
 
 CONVERSATION = "gen_ai.conversation.id"

@@ -20,9 +20,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from pipeline.core.errors import IngestError
 from pipeline.ingest._logs import log_options, settings
-from pipeline.ingest._traces import WINDOW, Trace, TraceSpan, check_spans, max_traces, parse_time, records
-from pipeline.ingest.base import IngestError, IngestOptions, LogFormat, Option
+from pipeline.ingest.base import IngestOptions, LogFormat, Option
+from pipeline.ingest.traces import WINDOW, Trace, TraceSpan, check_spans, max_traces, parse_time, records
 
 EXTRA = "pip install 'pexec[phoenix]'"
 TIMEOUT_S = 30  # longest one request to the Phoenix server may take

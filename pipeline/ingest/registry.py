@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.core.errors import IngestError
 from pipeline.core.plugins import Registry
-from pipeline.ingest.base import IngestError, LogFormat, OptionSchema
+from pipeline.ingest.base import LogFormat, OptionSchema
 
 ENTRY_POINT_GROUP = "pexec.ingest"
 

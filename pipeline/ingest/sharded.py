@@ -19,8 +19,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from pipeline.core.errors import IngestError
 from pipeline.ingest import needs_sources, prepared
-from pipeline.ingest.base import IngestError, IngestOptions, Item, LogFormat, Part, Shuffle
+from pipeline.ingest.base import IngestOptions, Item, LogFormat, Part, Shuffle
 from pipeline.ingest.registry import get_format
 from pipeline.storage.fs import list_files
 from pipeline.storage.shards import InputFile, RecordError, Shard, fingerprint

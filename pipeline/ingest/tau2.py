@@ -35,18 +35,10 @@ from typing import Any, TypeGuard
 
 import orjson
 
-from pipeline.core.errors import read_json_file
+from pipeline.core.errors import IngestError, read_json_file
 from pipeline.core.records import CallRecord
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
-from pipeline.ingest.base import (
-    IngestError,
-    IngestOptions,
-    LogFormat,
-    Option,
-    OptionSchema,
-    read_document,
-    source_files,
-)
+from pipeline.ingest.base import IngestOptions, LogFormat, Option, OptionSchema, read_document, source_files
 from pipeline.ingest.registry import mismatch
 
 SUCCESS_EPS = 1e-6

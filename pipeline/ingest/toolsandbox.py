@@ -41,19 +41,12 @@ from typing import Any
 
 import orjson
 
+from pipeline.core.errors import IngestError
 from pipeline.core.records import CallRecord, EventRecord
 from pipeline.core.values import decoded
 from pipeline.envs.toolsandbox.env import seed_clock
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
-from pipeline.ingest.base import (
-    IngestError,
-    IngestOptions,
-    LogFormat,
-    Option,
-    OptionSchema,
-    read_document,
-    source_files,
-)
+from pipeline.ingest.base import IngestOptions, LogFormat, Option, OptionSchema, read_document, source_files
 from pipeline.storage.fs import exists
 
 RUN_NAME = re.compile(r"agent_(?P<agent>.+)_user_(?P<user>.+)_(?P<ts>\d\d_\d\d_\d{4}_\d\d_\d\d_\d\d)")

@@ -20,3 +20,19 @@ sql/              every statement, as .sql files
 
 Imports: core, storage.
 """
+
+# What the package exports: its public modules (a `_x.py` module is its own).
+__all__ = [
+    "bootstrap",
+    "cohorts",
+    "completeness",
+    "drift",
+    "duck",
+    "partials",
+    "query",
+    "results",
+    "run",
+    "settings",
+    "tool_profiles",
+    "verdicts",
+]

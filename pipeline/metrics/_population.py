@@ -16,9 +16,10 @@ import duckdb
 
 from pipeline.core import metric_catalogue
 from pipeline.core.arrow import pa
+from pipeline.core.errors import MetricsError
 from pipeline.metrics.completeness import Snapshot
 from pipeline.metrics.duck import connect, rollout_columns, run_sql, set_variables
-from pipeline.metrics.settings import DEFAULT_POPULATION, MetricsError, Population
+from pipeline.metrics.settings import DEFAULT_POPULATION, Population
 from pipeline.storage.run import RunPrefix
 
 # The rollouts columns the metrics read.

@@ -27,19 +27,13 @@ import numpy as np
 
 from pipeline.core import intervals, metric_catalogue, run_schema
 from pipeline.core.arrow import pa
-from pipeline.core.errors import StorageError
+from pipeline.core.errors import MetricsError, StorageError
 from pipeline.metrics import bootstrap
 from pipeline.metrics._population import open_population
 from pipeline.metrics.completeness import Coverage, Snapshot
 from pipeline.metrics.duck import fetch, rollout_columns, run_sql, set_variables
 from pipeline.metrics.results import Cohort, CohortBootstrap, Interval, Labels, PecPoint, key_values, ratio
-from pipeline.metrics.settings import (
-    DEFAULT_BOOTSTRAP,
-    DEFAULT_POPULATION,
-    BootstrapSettings,
-    MetricsError,
-    Population,
-)
+from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, BootstrapSettings, Population
 from pipeline.storage.run import RunPrefix
 
 DEFAULT_METRICS = "metrics"  # the name of the metrics over every label (no --by)

@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from pipeline.core.errors import PexecError, StorageError
-from pipeline.core.run_folder import Manifest, Plan, PlannedShard, RunFolderError, ShardMarker, UnknownLayout
+from pipeline.core.errors import RunFolderError, RunIncomplete, RunNotFound, StorageError, UnknownLayout
+from pipeline.core.run_folder import Manifest, Plan, PlannedShard, ShardMarker
 from pipeline.storage.run import (
     MANIFEST,
     PLAN,
@@ -31,14 +31,6 @@ from pipeline.storage.run import (
 )
 
 _SHOWN = 3  # missing files named in a message, the rest counted
-
-
-class RunNotFound(PexecError, FileNotFoundError):
-    """No scored run (or no rollouts in it) where one was named."""
-
-
-class RunIncomplete(PexecError):
-    """A run that did not finish (or lost part files), read without asking for a partial read."""
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import Final, TypedDict
 import numpy as np
 
 from pipeline.core import metric_catalogue
-from pipeline.core.errors import PexecError
+from pipeline.core.errors import DiffError
 from pipeline.metrics.cohorts import cohort_fields, metrics_and_replicates
 from pipeline.metrics.results import CauseCount, Key, Labels, ToolProfile, key_values, labelled, ratio
 from pipeline.metrics.run import Run
@@ -29,10 +29,6 @@ from pipeline.metrics.tool_profiles import TOOL_FIELDS, profiles_and_replicates
 
 SEED_B = 0x9E3779B9  # B's draws: seed XOR this (a fixed, recorded offset: A and B are independent samples)
 TOOL_METRIC: Final = "invalid_rate"  # the per-tool metric a --fail-on can name
-
-
-class DiffError(PexecError, ValueError):
-    """A --fail-on expression or diff settings that do not fit (the message says which)."""
 
 
 @dataclass(frozen=True)

@@ -30,9 +30,9 @@ def connect(root: RunPrefix) -> duckdb.DuckDBPyConnection:
 
 
 def sql_text(name: str) -> str:
-    """The text of `pipeline/<room>/sql/<file>.sql` for name "<room>/<file>"."""
-    room, _, file = name.partition("/")
-    return (resources.files("pipeline") / room / "sql" / f"{file}.sql").read_text(encoding="utf-8")
+    """The text of `pipeline/<room>/sql/<file>.sql` for name "<room>/<file>" ("apps/view/…" in the apps wing)."""
+    room, _, file = name.rpartition("/")
+    return resources.files("pipeline").joinpath(*room.split("/"), "sql", f"{file}.sql").read_text(encoding="utf-8")
 
 
 def run_sql(con: duckdb.DuckDBPyConnection, name: str) -> None:

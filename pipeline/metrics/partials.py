@@ -36,18 +36,13 @@ import numpy as np
 
 from pipeline.core import metric_catalogue
 from pipeline.core.arrow import pa
+from pipeline.core.errors import MetricsError
 from pipeline.metrics import bootstrap, cohorts
 from pipeline.metrics._population import check_pools, open_part_population, open_population
 from pipeline.metrics.completeness import Snapshot
 from pipeline.metrics.duck import fetch, run_sql, set_variables
 from pipeline.metrics.results import Cohort, Key, Labels
-from pipeline.metrics.settings import (
-    DEFAULT_BOOTSTRAP,
-    DEFAULT_POPULATION,
-    BootstrapSettings,
-    MetricsError,
-    Population,
-)
+from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, BootstrapSettings, Population
 from pipeline.storage.run import RunPrefix
 
 MAX_PARTITIONS = 64  # task partitions at most: each holds 1/64 of the (cohort, task) rows or less

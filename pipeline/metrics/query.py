@@ -18,7 +18,7 @@ import duckdb
 import orjson
 
 from pipeline.core.arrow import pa
-from pipeline.core.errors import PexecError
+from pipeline.core.errors import PexecError, QueryRefused
 from pipeline.metrics.completeness import Coverage, Snapshot
 from pipeline.metrics.duck import connect, run_sql, set_variables
 
@@ -29,10 +29,6 @@ BATCH_ROWS = 10_000  # rows fetched from DuckDB at a time while a result streams
 MAX_ROWS_LIMIT = 1_000_000_000  # the largest --max-rows
 Result = TypeVar("Result")
 _EXPLAIN = re.compile(r"^\s*EXPLAIN\s+(?:ANALYZE\s+)?(?:\([^)]*\)\s*)?(?P<rest>.*)$", re.IGNORECASE | re.DOTALL)
-
-
-class QueryRefused(PexecError, ValueError):
-    """A statement in a user query is not a read."""
 
 
 class QueryError(PexecError, duckdb.Error):

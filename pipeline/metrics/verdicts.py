@@ -21,10 +21,11 @@ import duckdb
 import numpy as np
 
 from pipeline.core.arrow import pa
+from pipeline.core.errors import DiffError
 from pipeline.core.intervals import MIN_TASKS
 from pipeline.core.metric_catalogue import AUC_UNIT
 from pipeline.metrics import bootstrap
-from pipeline.metrics.drift import DiffError, Threshold, split_threshold
+from pipeline.metrics.drift import Threshold, split_threshold
 from pipeline.metrics.duck import connect, fetch, run_sql, set_variables
 from pipeline.metrics.run import Run
 from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, BootstrapSettings, Method

@@ -7,3 +7,9 @@ dependencies.py  check D: explicit references to earlier outputs and grounded va
 
 Imports: core, envs.
 """
+
+# What the package exports: its public modules (a `_x.py` module is its own).
+__all__ = [
+    "checker",
+    "dependencies",
+]

@@ -2,7 +2,7 @@
 docs/explanation/causes.md).
 
 Pure with respect to IO: an environment and a rollout in, a RolloutResult out. Independent of any benchmark.
-The batch scorer and the guard (pipeline.guard) share one incremental `Session`: `replay` is a loop over it,
+The batch scorer and the guard (pipeline.apps.guard) share one incremental `Session`: `replay` is a loop over it,
 so a live session's verdicts equal the scorer's by construction (docs/explanation/architecture.md, "The guard").
 """
 

@@ -12,8 +12,9 @@ Imports: core, storage, metrics.
 
 from __future__ import annotations
 
+from pipeline.core.errors import ReportError
 from pipeline.report._build import ReportResult, build_report, check_output, check_request
-from pipeline.report.paired import Compare, ReportError, parse_compare
+from pipeline.report.paired import Compare, parse_compare
 
 __all__ = [
     "Compare",

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 from pipeline.core import metric_catalogue
 from pipeline.core.arrow import pa
-from pipeline.core.errors import StorageError
+from pipeline.core.errors import ReportError, StorageError
 from pipeline.metrics.cohorts import metrics_tables
 from pipeline.metrics.completeness import Coverage
 from pipeline.metrics.duck import fetch, run_sql, set_variables
@@ -39,7 +39,7 @@ from pipeline.report._figures import (
 )
 from pipeline.report._ranking import Ranking, rank_conditions
 from pipeline.report._tables import RunTables, SensitivityCount, run_tables
-from pipeline.report.paired import Compare, PairedRow, ReportError, paired_comparison
+from pipeline.report.paired import Compare, PairedRow, paired_comparison
 from pipeline.storage.fs import filesystem, is_empty, open_for_write, remove_all
 
 DEFAULT_KS = (1, 3, 5)

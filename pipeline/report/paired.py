@@ -8,15 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, TypedDict
 
-from pipeline.core.errors import PexecError
+from pipeline.core.errors import ReportError
 from pipeline.metrics.cohorts import cohort_columns, metric_defs
 from pipeline.metrics.duck import cost_columns, fetch, run_sql, set_variables
 from pipeline.metrics.run import Run
 from pipeline.metrics.settings import DEFAULT_POPULATION, BootstrapSettings, Population
-
-
-class ReportError(PexecError, ValueError):
-    """A report asked for with a comparison or depths that do not fit the run (the message says which)."""
 
 
 class PairedRow(TypedDict):

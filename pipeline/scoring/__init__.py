@@ -12,3 +12,14 @@ id_check.py      the duplicate-id check on Ray, in hash partitions: the driver n
 
 Imports: core, storage, envs, replay, ingest.
 """
+
+# What the package exports: its public modules (a `_x.py` module is its own).
+__all__ = [
+    "convert",
+    "driver",
+    "id_check",
+    "run_tables",
+    "settings",
+    "shard",
+    "shuffle",
+]

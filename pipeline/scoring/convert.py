@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pipeline.core.records import InvalidRecord, parse_rollout
+from pipeline.core.errors import InvalidRecord
+from pipeline.core.records import parse_rollout
 from pipeline.ingest import IngestError
 from pipeline.ingest.sharded import RawSource, plan_raw, read_raw
 from pipeline.scoring.shuffle import map_shard, partition_shards, read_partition, regroup_partition

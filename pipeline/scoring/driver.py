@@ -22,7 +22,7 @@ import msgspec
 from msgspec import structs
 
 from pipeline.core.arrow import pa
-from pipeline.core.errors import PexecError, StorageError
+from pipeline.core.errors import RunFolderError, ScoringFailed, StorageError, UnknownLayout
 from pipeline.core.records import record_id
 from pipeline.core.run_folder import (
     Counts,
@@ -33,12 +33,10 @@ from pipeline.core.run_folder import (
     PlannedShard,
     ReadSettings,
     Reuse,
-    RunFolderError,
     RunInput,
     RunSettings,
     ShardMarker,
     ShardReuse,
-    UnknownLayout,
 )
 from pipeline.envs import EnvError, forget_unresolved, get_environment
 from pipeline.ingest import IngestError
@@ -78,11 +76,6 @@ class ShardPlan:
     reusable: int = 0  # shards whose committed output from an earlier run is still valid
     # a shuffled format's input shards (read by round 1); `shards` are then the partitions scored
     inputs: list[Shard] | None = None
-
-
-class ScoringFailed(PexecError, RuntimeError):
-    """A shard failed, or the run cannot be written; the message names it and the reason. No manifest is
-    written."""
 
 
 def plan(

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pipeline.core.errors import SettingError
 from pipeline.core.settings import (
-    SettingError,
     check_flag,
     check_name,
     check_names,

@@ -21,8 +21,9 @@ from typing import Any
 import orjson
 
 from pipeline.core.arrow import pa
+from pipeline.core.errors import InvalidRecord
 from pipeline.core.model import Reject, RolloutResult
-from pipeline.core.records import InvalidRecord, parse_rollout, record_id
+from pipeline.core.records import parse_rollout, record_id
 from pipeline.core.run_folder import ShardMarker
 from pipeline.core.run_schema import ROLLOUTS, STEPS
 from pipeline.envs import EnvError, Environment, EnvOptions, SpecError, get_environment

@@ -10,3 +10,14 @@ ids.py     duplicate rollout ids: those carried by more than one record of a sto
 
 Imports: core.
 """
+
+# What the package exports: its public modules (a `_x.py` module is its own).
+__all__ = [
+    "fs",
+    "ids",
+    "inputs",
+    "lease",
+    "run",
+    "shards",
+    "stores",
+]

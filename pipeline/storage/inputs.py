@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import zstandard
 
 from pipeline.core.arrow import pa
-from pipeline.core.errors import PexecError
+from pipeline.core.errors import StoreError
 from pipeline.storage.fs import StorageOptions, filesystem, list_files
 from pipeline.storage.shards import RAW_LIMIT, Compression, Format, InputFile, Record, RecordError, Shard, fingerprint
 
@@ -35,10 +35,6 @@ _BOM = b"\xef\xbb\xbf"
 
 _JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 _COMPRESSION_SUFFIXES: tuple[tuple[str, Compression], ...] = ((".gz", "gzip"), (".zst", "zstd"), ("", None))
-
-
-class StoreError(PexecError):
-    """The store as a whole cannot be used (missing, empty, changed since it was listed)."""
 
 
 def list_inputs(url: str, storage_options: StorageOptions | None = None) -> tuple[list[InputFile], list[str]]:

@@ -33,7 +33,7 @@ from typing import Any
 import orjson
 from fsspec.asyn import sync
 
-from pipeline.core.errors import PexecError, StorageError
+from pipeline.core.errors import LeaseHeld, LeaseLost, PexecError, StorageError
 from pipeline.storage.fs import StorageOptions, filesystem, is_local
 
 LEASE = "_lease.json"
@@ -44,14 +44,6 @@ log = logging.getLogger(__name__)
 
 # What a compare-and-swap of the lease compares: the holder's token in a lease file, an S3 object's ETag.
 Version = str
-
-
-class LeaseHeld(PexecError):
-    """Another writer holds the run's lease."""
-
-
-class LeaseLost(PexecError):
-    """The lease was taken over while this writer held it: it must stop writing."""
 
 
 @dataclass(frozen=True)

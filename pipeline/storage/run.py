@@ -14,17 +14,8 @@ from typing import TYPE_CHECKING
 import pyarrow.parquet as pq
 
 from pipeline.core.arrow import pa
-from pipeline.core.errors import StorageError
-from pipeline.core.run_folder import (
-    Manifest,
-    Plan,
-    RunFile,
-    RunFolderError,
-    ShardMarker,
-    UnknownLayout,
-    decode,
-    encode,
-)
+from pipeline.core.errors import RunFolderError, StorageError, UnknownLayout
+from pipeline.core.run_folder import Manifest, Plan, RunFile, ShardMarker, decode, encode
 from pipeline.core.text import public_url
 from pipeline.storage.fs import StorageOptions, filesystem, is_local, open_for_write
 

@@ -22,15 +22,11 @@ import pyarrow.parquet as pq
 import zstandard
 
 from pipeline.core.arrow import pa
-from pipeline.core.errors import StorageError
+from pipeline.core.errors import StorageError, StoreExists
 from pipeline.storage.fs import StorageOptions, filesystem, list_files, open_for_write
 from pipeline.storage.inputs import classify
 
 WriteMode = Literal["new", "overwrite", "append"]
-
-
-class StoreExists(StorageError):
-    """The output store already holds files and the caller said neither overwrite nor append."""
 
 
 def write_store(

@@ -5,3 +5,11 @@ support_logs.py  a production-style sample: OpenAI chat logs of a customer-suppo
 
 Imports: core, envs.
 """
+
+# What the package exports: its public modules (a `_x.py` module is its own).
+__all__ = [
+    "rollouts",
+    "support_eval",
+    "support_logs",
+    "support_spans",
+]

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from pipeline.core.errors import PexecError
+from pipeline.core.errors import SynthError
 from pipeline.core.model import CAUSES, Call, Rollout
 from pipeline.core.records import EventRecord, RolloutRecord
 from pipeline.envs.spec.env import SpecEnvironment
@@ -40,10 +40,6 @@ class Truth(TypedDict):
     fed: int
     first_cause: str | None
     steps: list[StepTruth]
-
-
-class SynthError(PexecError, ValueError):
-    """A synthetic store asked for that synth cannot build."""
 
 
 @dataclass

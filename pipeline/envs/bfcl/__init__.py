@@ -27,3 +27,14 @@ def bfcl_v4(options: EnvOptions) -> BfclEnvironment:
     from pipeline.envs.bfcl.env import BfclEnvironment
 
     return BfclEnvironment("bfcl_v4")
+
+
+# What the package exports: its public modules and the names defined here (a `_x.py` module is its own).
+__all__ = [
+    "NAMES",
+    "bfcl_v3",
+    "bfcl_v4",
+    "calls",
+    "env",
+    "official",
+]

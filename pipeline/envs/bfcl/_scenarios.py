@@ -36,7 +36,7 @@ from typing import Any
 
 import orjson
 
-from pipeline.core.records import InvalidRecord
+from pipeline.core.errors import InvalidRecord
 
 KEPT = 1024  # loaded scenarios kept per release (most recently used first); a few KiB each
 

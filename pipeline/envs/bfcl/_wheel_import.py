@@ -22,15 +22,11 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipeline.core.errors import PexecError
+from pipeline.core.errors import WheelImportError
 
 SOURCE_DIR = "bfcl_eval/eval_checker/multi_turn_eval/func_source_code"
 INSTALLED_PACKAGE = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code"
 _LOCK = threading.Lock()  # sys.modules is swapped while a release module loads
-
-
-class WheelImportError(PexecError):
-    pass
 
 
 class _WheelSource(importlib.abc.SourceLoader):

@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from pipeline.core.effects import FILE, load_effects
+from pipeline.core.errors import EnvError, InvalidRecord
 from pipeline.core.model import Call, Rollout
-from pipeline.core.records import InvalidRecord
 from pipeline.core.values import ATOMS, NotExact, json_copy
-from pipeline.envs.base import EnvError, Outcome, ToolInfo, captured, with_effects
-from pipeline.envs.bfcl import _official as official
+from pipeline.envs.base import Outcome, ToolInfo, captured, with_effects
+from pipeline.envs.bfcl import official as official
 from pipeline.envs.bfcl._scenarios import Scenario, Scenarios, deep_copy
 from pipeline.envs.bfcl._schema import parameters_schema
 from pipeline.envs.data import BUILTIN_SPECS, files_fingerprint

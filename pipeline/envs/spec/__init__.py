@@ -5,3 +5,9 @@ effects, outputs, initial state); `env.py` replays it over a journaled JSON docu
 registered under fixed names: the registry (pipeline/envs/_registry.py) falls back to a spec folder when a
 name matches no registered environment and no entry point.
 """
+
+# What the package exports: its public modules (a `_x.py` module is its own).
+__all__ = [
+    "env",
+    "loader",
+]

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core import effects as effect_classes
-from pipeline.core.errors import check_fields, read_json_file
+from pipeline.core.errors import EnvError, SpecError, check_fields, read_json_file
 from pipeline.envs._rules import (
     Effect,
     Precondition,
@@ -24,7 +24,7 @@ from pipeline.envs._rules import (
     compile_lets,
     compile_preconditions,
 )
-from pipeline.envs.base import EnvError, SpecError, ToolInfo, with_effects
+from pipeline.envs.base import ToolInfo, with_effects
 from pipeline.envs.data import BUILTIN_SPECS, files_fingerprint
 from pipeline.expr import Expr
 

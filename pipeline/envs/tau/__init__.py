@@ -27,3 +27,11 @@ def tau_airline(options: EnvOptions) -> TauEnvironment:
 
 def tau_retail(options: EnvOptions) -> TauEnvironment:
     return _build("retail", options)
+
+
+# What the package exports: its public modules and the names defined here (a `_x.py` module is its own).
+__all__ = [
+    "env",
+    "tau_airline",
+    "tau_retail",
+]

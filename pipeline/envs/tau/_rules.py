@@ -17,8 +17,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from pipeline.core.effects import FILE, Effect, EffectClass, load_effects
+from pipeline.core.errors import SpecError
 from pipeline.envs._rules import Precondition, check_rules, compile_lets, compile_preconditions
-from pipeline.envs.base import SpecError, ToolInfo
+from pipeline.envs.base import ToolInfo
 from pipeline.envs.data import BUILTIN_SPECS, files_fingerprint
 from pipeline.envs.spec.loader import load_tools_json, tool_rules
 from pipeline.expr import BudgetExceeded, EvalError, Expr, metered

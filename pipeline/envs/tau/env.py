@@ -19,9 +19,10 @@ from typing import Any
 
 import orjson
 
+from pipeline.core.errors import EnvError
 from pipeline.core.model import Call, Rollout
 from pipeline.core.values import NotExact, json_copy
-from pipeline.envs.base import EnvError, Outcome, ToolInfo, captured, with_effects
+from pipeline.envs.base import Outcome, ToolInfo, captured, with_effects
 from pipeline.envs.data import simulator_pins
 from pipeline.envs.tau._journal import CowDict, Journal
 from pipeline.envs.tau._rules import TauRules, policy_failure, spec_folder, tau_effects, view

@@ -18,3 +18,10 @@ def toolsandbox(options: EnvOptions) -> ToolSandboxEnvironment:
     from pipeline.envs.toolsandbox.env import ToolSandboxEnvironment
 
     return ToolSandboxEnvironment()
+
+
+# What the package exports: its public modules and the names defined here (a `_x.py` module is its own).
+__all__ = [
+    "env",
+    "toolsandbox",
+]

@@ -29,9 +29,10 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import orjson
 
 from pipeline.core.effects import FILE, load_effects
+from pipeline.core.errors import EnvError, SpecError
 from pipeline.core.model import NOT_LOGGED, Call, Rollout
 from pipeline.envs._rules import Precondition, check_rules, compile_field
-from pipeline.envs.base import EnvError, Outcome, SpecError, ToolInfo, captured, with_effects
+from pipeline.envs.base import Outcome, ToolInfo, captured, with_effects
 from pipeline.envs.data import BUILTIN_SPECS, files_fingerprint
 from pipeline.envs.document import JournaledDoc
 from pipeline.envs.spec.loader import load_tools_json, tool_rules

@@ -1,0 +1,3 @@
+from pipeline.apps.cli import app
+
+app(prog_name="pexec")

@@ -1,0 +1,356 @@
+"""The commands that read a scored run: metrics, report, diff, sql and view. Each takes the shared options it
+needs (pipeline.apps.cli._options), in the same order, and opens the run through one `Reading` made of them, so every
+reader checks them the same way (MetricsSettings)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from pipeline.apps.cli._options import (
+    LOCAL_METHODS,
+    AllowHost,
+    Bootstrap,
+    By,
+    EndpointUrl,
+    HarnessErrors,
+    HeaderTimeout,
+    IntervalsSeed,
+    MaxConcurrency,
+    MergedMethod,
+    Method,
+    Partial,
+    Pool,
+    Reading,
+    ScoredRun,
+    StorageOption,
+    StrictReplay,
+    TokenFile,
+    metrics_settings,
+    server_limits,
+    storage,
+)
+from pipeline.apps.cli._render import (
+    console,
+    json_lines,
+    metrics_notes,
+    metrics_table,
+    out,
+    partial_notice,
+    print_diff,
+    print_query_result,
+    print_table,
+)
+from pipeline.core.errors import PexecError
+from pipeline.core.text import literal
+from pipeline.metrics.completeness import Coverage
+from pipeline.metrics.query import MAX_ROWS_LIMIT, QueryLimits, read_statements, stream_sql
+from pipeline.metrics.run import Run
+from pipeline.metrics.settings import DEFAULT_POPULATION, MAX_K, METHODS, MetricsSettings
+from pipeline.metrics.tool_profiles import TOOL_FIELDS, tool_cohort_columns
+
+
+def metrics(
+    run: ScoredRun,
+    max_k: Annotated[
+        int | None,
+        typer.Option("--max-k", min=0, max=MAX_K, help="Largest k for PEC(k) (default: max T, at most 20)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per cohort.")] = False,
+    address: Annotated[
+        str | None,
+        typer.Option(
+            "--address",
+            help="Compute in Ray tasks on this Ray (`local`: start one here; `auto`: the running cluster), part "
+            "by part, no process reading every rollout; needs --method poisson-merged, same numbers.",
+        ),
+    ] = None,
+    by: By = None,
+    bootstrap: Bootstrap = 1000,
+    seed: IntervalsSeed = 0,
+    method: MergedMethod = "multinomial",
+    harness_errors: HarnessErrors = "exclude",
+    pool: Pool = None,
+    partial: Partial = False,
+    strict_replay: StrictReplay = False,
+    endpoint_url: EndpointUrl = None,
+    storage_option: StorageOption = None,
+) -> None:
+    """Success, TER, AUC-PEC, RR, output match and PEC(k) per cohort with 95% intervals (task bootstrap, or
+    Wilson on the effective sample size for small samples)."""
+    asked = metrics_settings(
+        by, bootstrap, seed, method, harness_errors, pool, strict_replay, max_k=max_k, methods=METHODS
+    )
+    opened = Reading(storage(endpoint_url, storage_option), partial).open(run)
+    tool_by = tool_cohort_columns(asked.by)
+    if tool_by is not None:
+        if address is not None:
+            raise PexecError("--address computes the rollout metrics; per-tool profiles (--by tool) run here")
+        _tool_metrics(opened, tool_by, asked, as_json)
+        return
+    cohorts = opened.cohorts(asked.by, asked.bootstrap, asked.max_k, asked.population, address)
+    folder = opened.write_metrics(cohorts, asked.by)
+    if as_json:
+        json_lines(cohorts)
+        return
+    if cohorts and cohorts[0]["partial"]:
+        partial_notice(Coverage.from_json(cohorts[0]["partial"]), out)
+    print_table(metrics_table(cohorts))
+    if cohorts:
+        b = cohorts[0]["bootstrap"]
+        out.print(
+            f"95% intervals: {b['method']} task-level bootstrap, B={b['B']}, seed={b['seed']}, "
+            f"DuckDB {b['duckdb_version']}; written to {literal(folder)}/"
+        )
+        for note in metrics_notes(cohorts):
+            out.print(note)
+
+
+def _tool_metrics(run: Run, by: list[str], asked: MetricsSettings, as_json: bool) -> None:
+    """`metrics --by tool[,labels]`: the per-tool error profile (step-level cohorts), printed, not written."""
+    from pipeline.report.layout import tools_table
+
+    rows = run.tool_profiles(by, asked.bootstrap, asked.population)
+    if as_json:
+        json_lines(rows)
+        return
+    if not rows:
+        raise PexecError(f"{run.url} has no steps: nothing to profile per tool")
+    if rows[0]["partial"]:
+        partial_notice(Coverage.from_json(rows[0]["partial"]), out)
+    keys = [k for k in rows[0] if k not in TOOL_FIELDS]
+    shown = tools_table(rows, keys)
+    table = Table(title=shown.title)
+    for i, name in enumerate(shown.columns):
+        table.add_column(name, justify="left" if i < len(keys) or name == "causes" else "right")
+    for cells in shown.rows:
+        table.add_row(*cells)
+    print_table(table)
+    b = rows[0]["bootstrap"]
+    out.print(f"B={b['B']}, seed={b['seed']}, {b['method']}. " + " ".join(shown.notes), soft_wrap=True)
+
+
+def report(
+    run: ScoredRun,
+    out_dir: Annotated[str, typer.Option("--out", help="Folder to write the report into (local path or URL).")],
+    compare: Annotated[
+        tuple[str, str] | None,
+        typer.Option("--compare", help="COL=A COL=B: paired differences A - B over the tasks both share."),
+    ] = None,
+    k: Annotated[str, typer.Option("--k", help="Depths k of the PEC@k columns, e.g. 1,3,5.")] = "1,3,5",
+    within: Annotated[
+        str | None,
+        typer.Option("--within", help="Rank the other conditions within each value of this column, e.g. model."),
+    ] = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Remove what DIR holds first (a non-empty DIR is refused without).")
+    ] = False,
+    sensitivity: Annotated[
+        bool, typer.Option("--sensitivity", help="Add TER and AUC-PEC under schema-only, schema+dependency, all.")
+    ] = False,
+    by: By = None,
+    bootstrap: Bootstrap = 1000,
+    seed: IntervalsSeed = 0,
+    method: Method = "multinomial",
+    harness_errors: HarnessErrors = "exclude",
+    pool: Pool = None,
+    partial: Partial = False,
+    strict_replay: StrictReplay = False,
+    endpoint_url: EndpointUrl = None,
+    storage_option: StorageOption = None,
+) -> None:
+    """Tables, ranking divergence, paired comparisons and figures as Markdown, HTML, CSV and Parquet."""
+    from pipeline.report import build_report, check_request, parse_compare
+
+    asked = metrics_settings(by, bootstrap, seed, method, harness_errors, pool, strict_replay)
+    reading = Reading(storage(endpoint_url, storage_option), partial)
+    pair = parse_compare(compare) if compare else None
+    ks = _depths(k)
+    check_request(run, out_dir.rstrip("/"), ks, overwrite, reading.storage)  # before the run is listed
+    result = build_report(
+        reading.open(run),
+        out_dir,
+        asked.by,
+        pair,
+        ks,
+        asked.bootstrap,
+        overwrite=overwrite,
+        within=within,
+        population=asked.population,
+        sensitivity=sensitivity,
+    )
+    for path in result.files:
+        out.print(literal(path))
+    if result.tables.cohorts and result.tables.cohorts[0]["partial"]:
+        partial_notice(Coverage.from_json(result.tables.cohorts[0]["partial"]), console)
+    where = literal(result.out)
+    console.print(f"report written to {where}/report.html and {where}/report.md ({len(result.files)} files)")
+
+
+def _depths(k: str) -> list[int]:
+    try:
+        return [int(x) for x in k.split(",") if x.strip()]
+    except ValueError as exc:
+        raise PexecError(f"--k takes depths separated by commas, e.g. 1,3,5; got {k!r}") from exc
+
+
+def diff(
+    run_a: Annotated[str, typer.Argument(help="The earlier run (A).")],
+    run_b: Annotated[str, typer.Argument(help="The later run (B): differences are B - A.")],
+    fail_on: Annotated[
+        list[str] | None,
+        typer.Option("--fail-on", help="METRIC<NUMBER (or <=, >, >=) on B - A: exit 1 when crossed (repeatable)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per cohort × metric and per tool.")] = False,
+    paired: Annotated[
+        bool | None,
+        typer.Option(
+            "--paired/--unpaired",
+            help="Compare the same rollouts step by step, or the runs' cohorts as drift (default: paired when at "
+            "least half of the smaller run's rollout ids are in both).",
+        ),
+    ] = None,
+    by: By = None,
+    bootstrap: Bootstrap = 1000,
+    seed: IntervalsSeed = 0,
+    method: Method = "multinomial",
+    harness_errors: HarnessErrors = "exclude",
+    pool: Pool = None,
+    strict_replay: StrictReplay = False,
+    endpoint_url: EndpointUrl = None,
+    storage_option: StorageOption = None,
+) -> None:
+    """Two runs of the same rollouts: verdict flips step by step, paired by rollout. Runs with different tasks:
+    drift, B - A per cohort and metric, and per tool, with two-sample task-level bootstrap intervals. --fail-on
+    turns thresholds into exit code 1."""
+    from pipeline.metrics.drift import breaches, diff_runs, parse_threshold
+    from pipeline.metrics.verdicts import shared_rollouts
+
+    asked = metrics_settings(by, bootstrap, seed, method, harness_errors, pool, strict_replay)
+    reading = Reading(storage(endpoint_url, storage_option))
+    a, b = reading.open(run_a), reading.open(run_b)
+    shared = shared_rollouts(a, b)
+    if paired or (paired is None and shared[2] and 2 * shared[2] >= min(shared[:2])):
+        alert(_paired(a, b, asked, fail_on or [], as_json, shared))
+        return
+    thresholds = [parse_threshold(t) for t in fail_on or []]
+    result = diff_runs(a, b, asked.by, asked.bootstrap, asked.population)
+    if as_json:
+        json_lines([{"kind": "metric", **row} for row in result.rows])
+        json_lines([{"kind": "tool", "metric": "invalid_rate", **row} for row in result.tools])
+    else:
+        print_diff(result)
+    alert(breaches(result, thresholds))
+
+
+def _paired(
+    a: Run, b: Run, asked: MetricsSettings, fail_on: list[str], as_json: bool, shared: tuple[int, int, int]
+) -> list[str]:
+    from pipeline.apps.cli._verdicts import paired
+
+    if not shared[2]:
+        raise PexecError(
+            f"--paired: the runs share no rollout id ({shared[0]} in A, {shared[1]} in B): nothing to compare step "
+            "by step; without --paired they are compared as drift"
+        )
+    if asked.by:
+        raise PexecError("--by does not apply to the paired diff (every shared rollout is compared); use --unpaired")
+    if asked.population != DEFAULT_POPULATION:
+        raise PexecError(
+            "--harness-errors, --pool and --strict-replay do not apply to the paired diff (a rollout that is a "
+            "harness error in either run is left out and counted); use --unpaired"
+        )
+    return paired(a, b, asked.bootstrap, fail_on, as_json, shared)
+
+
+def alert(lines: list[str]) -> None:
+    """One line per crossed --fail-on threshold on stderr, then exit 1 (for alerting)."""
+    for line in lines:
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
+    if lines:
+        raise typer.Exit(1)
+
+
+def sql(
+    run: ScoredRun,
+    query: Annotated[
+        str, typer.Argument(help="A read-only query over the views steps, rollouts, rejects, metrics, pec, ….")
+    ],
+    fmt: Annotated[str, typer.Option("--format", help="table, csv or json")] = "table",
+    memory_limit: Annotated[
+        str, typer.Option("--memory-limit", help="DuckDB memory limit (e.g. 512MB, 4GB); beyond it, it spills.")
+    ] = QueryLimits.memory_limit,
+    timeout: Annotated[
+        float,
+        typer.Option("--timeout", min=0.001, max=86_400, help="Seconds the query and writing its result may take."),
+    ] = QueryLimits.timeout,
+    max_rows: Annotated[
+        int,
+        typer.Option(
+            "--max-rows", min=1, max=MAX_ROWS_LIMIT, help="Rows written at most; a longer result is cut (exit 1)."
+        ),
+    ] = QueryLimits.max_rows,
+    partial: Partial = False,
+    endpoint_url: EndpointUrl = None,
+    storage_option: StorageOption = None,
+) -> None:
+    """Run a read-only SQL query (DuckDB) over the run's tables; the result streams out within the limits."""
+    if fmt not in ("table", "csv", "json"):
+        raise PexecError(f"--format is table, csv or json, got {fmt!r}")
+    limits = QueryLimits(memory_limit=memory_limit, timeout=timeout, max_rows=max_rows)
+    read_statements(query)  # a query that is not a read, or not SQL, is refused before the run is listed
+    reading = Reading(storage(endpoint_url, storage_option), partial)
+    with stream_sql(reading.open(run).snapshot, query, limits) as result:
+        if result.partial:  # on stderr: the result itself stays what the query asked for
+            partial_notice(result.partial, console)
+        print_query_result(result, fmt)
+    if result.cut:  # the rows written are not the whole result: said, and not exit 0
+        sys.stdout.flush()
+        console.print(f"pexec sql: {result.cut}", soft_wrap=True, markup=False, highlight=False)
+        raise typer.Exit(1)
+
+
+def view(
+    run: Annotated[str, typer.Argument(help="A scored run folder or URL.")],
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 8765,
+    host: Annotated[
+        str,
+        typer.Option("--host", help="Address to listen on (default: this machine only; beyond it, a token)."),
+    ] = "127.0.0.1",
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token",
+            envvar="PEXEC_VIEW_TOKEN",
+            help="Token a browser opens the viewer with (`/?token=…` once, then a cookie); required beyond loopback.",
+        ),
+    ] = None,
+    token_file: TokenFile = None,
+    allow_host: AllowHost = None,
+    header_timeout: HeaderTimeout = 10.0,
+    max_concurrency: MaxConcurrency = 64,
+    bootstrap: Bootstrap = 1000,
+    seed: IntervalsSeed = 0,
+    method: Method = "multinomial",
+    partial: Partial = False,
+    endpoint_url: EndpointUrl = None,
+    storage_option: StorageOption = None,
+) -> None:
+    """Browse a run: cohorts and their metrics -> the rollouts behind a number -> one rollout's steps."""
+    from pipeline.apps.view import RunView, check_address, check_token, serve
+    from pipeline.apps.web import read_token
+
+    token = read_token(token, token_file)
+    check_token(host, token)
+    check_address(host, port)
+    asked = MetricsSettings.from_values(bootstrap=bootstrap, seed=seed, method=method, methods=LOCAL_METHODS)
+    run_view = RunView(Reading(storage(endpoint_url, storage_option), partial).open(run), asked.bootstrap)
+    console.print(f"pexec view: http://{host}:{port}/ (Ctrl-C to stop)")
+    try:
+        limits = server_limits(header_timeout, max_concurrency)
+        serve(run_view, host, port, token, limits, tuple(allow_host or ()))
+    finally:
+        run_view.close()
