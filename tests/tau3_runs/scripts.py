@@ -2,7 +2,8 @@
 
 Telecom: together the scripts call every user tool on the phone at least once, interleave the two actors on the
 shared world (a user payment that fails before the agent's payment request, the request, the user's payment,
-the agent resuming the line), make calls that fail, hit upstream's error limit (too_many_errors), and crash the way upstream records crashes (a model that keeps
+the agent resuming the line), make calls that fail,
+hit upstream's error limit (too_many_errors), and crash the way upstream records crashes (a model that keeps
 failing: infrastructure_error, no messages).
 banking_knowledge: discovery (unlocking an agent tool, calling it before and after; giving the user a tool),
 retrieval with the offline BM25 retriever and grep, database writes, errors, and a crash (a user model answer
@@ -185,11 +186,21 @@ BANKING = (
             calls(call("log_verification", **FATIMA)),
             calls(call("KB_search", query="replace credit card suspected fraud")),
             calls(call("grep", pattern="order_replacement_credit_card")),
-            calls(call("call_discoverable_agent_tool", agent_tool_name="order_replacement_credit_card_7291",
-                       arguments=REPLACEMENT)),  # fmt: skip
+            calls(
+                call(
+                    "call_discoverable_agent_tool",
+                    agent_tool_name="order_replacement_credit_card_7291",
+                    arguments=REPLACEMENT,
+                )
+            ),
             calls(call("unlock_discoverable_agent_tool", agent_tool_name="order_replacement_credit_card_7291")),
-            calls(call("call_discoverable_agent_tool", agent_tool_name="order_replacement_credit_card_7291",
-                       arguments=REPLACEMENT)),  # fmt: skip
+            calls(
+                call(
+                    "call_discoverable_agent_tool",
+                    agent_tool_name="order_replacement_credit_card_7291",
+                    arguments=REPLACEMENT,
+                )
+            ),
             calls(call("unlock_discoverable_agent_tool", agent_tool_name="no_such_tool_0000")),
             calls(call("get_credit_card_accounts_by_user", user_id="890389b165")),
             Say("I ordered a replacement card with expedited shipping to your business address."),
@@ -215,10 +226,20 @@ BANKING = (
         user=(
             Say("Hello, I keep getting referral emails and want my Platinum Rewards Card referral link. Fatima."),
             calls(call("list_discoverable_user_tools")),
-            calls(call("call_discoverable_user_tool", discoverable_tool_name="submit_cash_back_dispute_0589",
-                       arguments=json.dumps({"user_id": "890389b165", "transaction_id": "x"}))),  # fmt: skip
-            calls(call("call_discoverable_user_tool", discoverable_tool_name="get_referral_link",
-                       arguments=json.dumps({"user_id": "890389b165", "card_name": "Platinum Rewards Card"}))),  # fmt: skip
+            calls(
+                call(
+                    "call_discoverable_user_tool",
+                    discoverable_tool_name="submit_cash_back_dispute_0589",
+                    arguments=json.dumps({"user_id": "890389b165", "transaction_id": "x"}),
+                )
+            ),
+            calls(
+                call(
+                    "call_discoverable_user_tool",
+                    discoverable_tool_name="get_referral_link",
+                    arguments=json.dumps({"user_id": "890389b165", "card_name": "Platinum Rewards Card"}),
+                )
+            ),
             Say("Got it, thanks! ###STOP###"),
         ),
         reward=1.0,
@@ -235,8 +256,15 @@ BANKING = (
         ),
         user=(
             Say("Hi, I'm Sarah Bosch and I want a credit card with the most cash back for everyday purchases."),
-            calls(call("apply_for_credit_card", card_type="Bronze Rewards Card", customer_name="Sarah Bosch",
-                       annual_income=100000, rho_bank_subscription=True)),  # fmt: skip
+            calls(
+                call(
+                    "apply_for_credit_card",
+                    card_type="Bronze Rewards Card",
+                    customer_name="Sarah Bosch",
+                    annual_income=100000,
+                    rho_bank_subscription=True,
+                )
+            ),
             Say("I applied. ###STOP###"),
         ),
         reward=0.0,

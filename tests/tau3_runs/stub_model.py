@@ -6,8 +6,9 @@ leaves the machine.
 
 A request is routed to its scenario by what only that scenario's conversation holds: the agent's by the user's
 first message (the script's first user line, unique per scenario); the user simulator's by its system prompt,
-which carries the task's user instructions (each script's task names the strings its instructions and persona hold; the task matching the most wins,
-so a persona's variant is told from the plain task). The
+which carries the task's user instructions (each script's task names the strings its
+instructions and persona hold; the task matching the most wins, so a persona's variant is told from the plain
+task). The
 role is read from the conversation's opening: upstream greets first, so the agent sees its greeting as its own
 first (assistant) message and the user simulator sees it as a user message. The turn is counted from the request
 (the role's own earlier answers), so a request that upstream retries gets the same answer.
