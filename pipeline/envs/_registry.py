@@ -41,6 +41,7 @@ BUILT_IN = {
     "observed": "pipeline.envs.observed:observed",
     "tau_airline": "pipeline.envs.tau:tau_airline",
     "tau_retail": "pipeline.envs.tau:tau_retail",
+    "tau_telecom": "pipeline.envs.tau:tau_telecom",
     "toolsandbox": "pipeline.envs.toolsandbox:toolsandbox",
 }
 

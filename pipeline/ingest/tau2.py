@@ -21,8 +21,11 @@ tool messages: `error` is then not logged). A source is a results file or a fold
   time since the message before);
 - user messages become context events; the agent's tool calls become calls with the logged output and
   `error` flag of the tool message that answers them (tool message `id` = the call's id, paired as
-  `pipeline.ingest._pairing` says); a tool message that answers no agent call is a `tool` message event
-  (attribute `orphan_results`).
+  `pipeline.ingest._pairing` says); a tool message that answers no call is a `tool` message event
+  (attribute `orphan_results`);
+- the user simulator's own tool calls (telecom's phone: user messages whose `tool_calls` carry `requestor: "user"`,
+  answered by tool messages with `requestor: "user"`) become calls with `actor: "user"`, in logged order among
+  the agent's; a user message that only calls tools does not start a turn.
 """
 
 from __future__ import annotations
@@ -192,22 +195,26 @@ def _log(messages: list[Any], url: str, index: int) -> list[Entry]:
         role = message.get("role")
         content = message.get("content")
         if role == "user":
-            turn += 1
+            calls = [c for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+            if not calls:  # a user message the agent reads; the user's own tool calls are not a turn
+                turn += 1
             if content:
                 out.append({"type": "message", "role": "user", "content": str(content), "turn": turn})
+            for call in calls:
+                out.append(Call(call.get("id"), partial(_call, call, turn, "user")))
         elif role == "assistant":
             if content:
                 out.append({"type": "message", "role": "assistant", "content": str(content), "turn": turn})
             for call in message.get("tool_calls") or []:
                 if call.get("requestor", "assistant") != "assistant":
-                    continue  # user-side tools (other domains) are not the agent's calls
-                out.append(Call(call.get("id"), partial(_call, call, turn)))
-        elif role == "tool" and message.get("requestor", "assistant") == "assistant":
+                    continue  # not the agent's call
+                out.append(Call(call.get("id"), partial(_call, call, turn, "agent")))
+        elif role == "tool" and message.get("requestor", "assistant") in ("assistant", "user"):
             out.append(Result(message.get("id"), message, content, turn))
     return out
 
 
-def _call(call: dict[str, Any], turn: int, answer: dict[str, Any] | None) -> CallRecord:
+def _call(call: dict[str, Any], turn: int, actor: str, answer: dict[str, Any] | None) -> CallRecord:
     event: CallRecord = {
         "type": "call",
         "tool": str(call.get("name") or ""),
@@ -215,6 +222,8 @@ def _call(call: dict[str, Any], turn: int, answer: dict[str, Any] | None) -> Cal
         "turn": turn,
         "call_id": call.get("id"),
     }
+    if actor == "user":
+        event["actor"] = "user"
     if answer is not None:
         event["output"] = answer.get("content")
         if isinstance(answer.get("error"), bool):
