@@ -48,11 +48,16 @@ from pipeline.ingest.registry import mismatch
 
 SUCCESS_EPS = 1e-6
 TASKS = Option("tasks", "task definitions: a tasks.json or a folder of <domain>/tasks.json (default: the tau2 wheel's)")
+SOURCE = Option(
+    "tau2_source", "a tau2-bench >= 1.0.1 checkout banking_knowledge runs replay against (required for them)"
+)
+PYTHON = Option("tau2_python", "the Python that runs tau2_source (default: python3.12)")
+SOURCED = {"banking_knowledge"}  # domains only upstream's repository has: they replay against a user-given source
 
 
 class Tau2(LogFormat):
     name = "tau2"
-    options = OptionSchema((TASKS,))
+    options = OptionSchema((TASKS, SOURCE, PYTHON))
 
     def looks_like(self, doc: Any) -> bool:
         return isinstance(doc, dict) and "simulations" in doc
@@ -79,6 +84,19 @@ def _read_file(url: str, tasks: _TaskSource, options: IngestOptions) -> Iterator
     if not isinstance(domain, str) or not domain:
         raise IngestError(f"tau2: {url}: info.environment_info.domain_name is missing")
     own_tasks = {str(t.get("id")): t for t in data.get("tasks") or [] if isinstance(t, dict)}
+    source: dict[str, str] = {}
+    if domain in SOURCED:
+        given = options.extra.get("tau2_source")
+        if not given:
+            raise IngestError(
+                f"tau2: {url}: {domain} runs replay against the domain's own code: pass --option tau2_source=PATH "
+                "(a tau2-bench >= 1.0.1 checkout) and, when its Python is not python3.12, --option tau2_python=PATH"
+            )
+        source = {
+            "tau2_source": str(Path(given).resolve()),
+            "tau2_python": options.extra.get("tau2_python") or "python3.12",
+            "retrieval": str(info.get("retrieval_config") or "alltools"),
+        }
     labels = {
         "model": _get(info, "agent_info", "llm"),
         "method": _get(info, "agent_info", "implementation"),
@@ -90,7 +108,9 @@ def _read_file(url: str, tasks: _TaskSource, options: IngestOptions) -> Iterator
     for index, sim in enumerate(data["simulations"]):
         if not isinstance(sim, dict):
             raise IngestError(f"tau2: {url}: simulations[{index}] is not an object")
-        yield _rollout(sim, index, url, domain, labels, written, own_tasks, tasks, options.labels)
+        record = _rollout(sim, index, url, domain, labels, written, own_tasks, tasks, options.labels)
+        record["env"] |= source
+        yield record
 
 
 def _rollout(

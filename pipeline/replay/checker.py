@@ -231,6 +231,12 @@ def _check(
         failed = _schema_failure(info, args, ref_failures, ref_holders)
         if failed:
             return failed
+    # S: a tool discovered at run time (τ banking_knowledge) is available only from the step that discovered it.
+    undiscovered = getattr(env, "undiscovered", None)
+    if undiscovered is not None:
+        missing = undiscovered(state, call.tool, args, call)
+        if missing:
+            return Verdict(False, "S", "schema", f"not available: {missing}")
     # D: explicit references resolve, grounded values occur in what the agent could know.
     if ref_failures and "dependency" in checks:
         return Verdict(False, "D", "dependency", "; ".join(ref_failures.values()))
