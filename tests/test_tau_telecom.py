@@ -14,6 +14,8 @@ import pytest
 from pipeline.core.records import parse_rollout
 from pipeline.envs import EnvOptions, get_environment
 from pipeline.ingest import IngestOptions, ingest
+from pipeline.metrics.run import open_run
+from pipeline.metrics.settings import BootstrapSettings
 from pipeline.replay.checker import replay
 from pipeline.scoring.driver import run_scoring
 from pipeline.scoring.settings import ScoreSettings
@@ -110,3 +112,8 @@ def test_the_run_tables_carry_the_actor(tmp_path, records):
         f"SELECT sum(T), sum(user_T), sum(user_n_invalid) FROM read_parquet('{tmp_path}/run/rollouts/*.parquet')"
     ).fetchall()
     assert rollouts == [(26, 40, 1)]
+    # `actor` groups the per-tool profile (`pexec metrics --by tool,actor`).
+    profiles = open_run(str(tmp_path / "run")).tool_profiles(["actor"], BootstrapSettings(B=20))
+    calls = {(p["actor"], p["tool"]): p["n_calls"] for p in profiles}
+    assert calls[("user", "toggle_airplane_mode")] == 3 and calls[("agent", "get_customer_by_phone")] == 3
+    assert sum(n for (actor, _), n in calls.items() if actor == "user") == 40
