@@ -117,3 +117,22 @@ def test_the_run_tables_carry_the_actor(tmp_path, records):
     calls = {(p["actor"], p["tool"]): p["n_calls"] for p in profiles}
     assert calls[("user", "toggle_airplane_mode")] == 3 and calls[("agent", "get_customer_by_phone")] == 3
     assert sum(n for (actor, _), n in calls.items() if actor == "user") == 40
+
+
+def test_synth_telecom_rollouts_have_known_truth_for_both_actors():
+    # `pexec synth tau_telecom`: official tasks' gold actions of both actors, run once on the official environment,
+    # with injected invalid agent and user calls; the replay finds exactly the recorded truth.
+    from pipeline.synthetic.rollouts import synthesize
+
+    records = list(synthesize("tau_telecom", 40, 20, seed=3))
+    env = get_environment("tau_telecom", EnvOptions())
+    invalid_users = 0
+    for record in records:
+        result = replay(env, parse_rollout(record))
+        assert [{"valid": s.valid, "cause": s.cause} for s in result.steps] == record["truth"]["steps"]
+        assert result.fed == record["truth"]["fed"]
+        invalid_users += sum(not s.valid for s in result.user_steps)
+        assert [c.get("actor", "agent") for c in record["events"] if c["type"] == "call"].count("user") == len(
+            result.user_steps
+        )
+    assert invalid_users > 0 and sum(r["truth"]["fed"] <= len(r["truth"]["steps"]) for r in records) > 0
