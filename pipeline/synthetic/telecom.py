@@ -19,7 +19,7 @@ from typing import Any
 
 from pipeline.core.errors import SynthError
 from pipeline.core.model import Actor, Call, Rollout
-from pipeline.core.records import EventRecord, RolloutRecord
+from pipeline.core.records import CallRecord, EventRecord, RolloutRecord
 
 BENCHMARK = "tau_telecom"
 CONDITIONS: dict[tuple[str, str], tuple[float, float]] = {  # (p of an invalid agent call, p of a user's one)
@@ -111,7 +111,7 @@ def _record(rollout_id: str, task: _Task, model: str, method: str, rng: random.R
     events: list[EventRecord] = [{"type": "message", "role": "user", "content": content, "turn": 1}]
     for step in steps:
         output, error = (step.output, False) if step.valid else ("Error", True)
-        event: EventRecord = {"type": "call", "tool": step.tool, "arguments": step.args, "turn": 1, "output": output}
+        event: CallRecord = {"type": "call", "tool": step.tool, "arguments": step.args, "turn": 1, "output": output}
         event["error"] = error
         if step.actor == "user":
             event["actor"] = "user"
