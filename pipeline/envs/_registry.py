@@ -40,7 +40,9 @@ BUILT_IN = {
     "bfcl_v4": "pipeline.envs.bfcl:bfcl_v4",
     "observed": "pipeline.envs.observed:observed",
     "tau_airline": "pipeline.envs.tau:tau_airline",
+    "tau_banking_knowledge": "pipeline.envs.tau:tau_banking_knowledge",
     "tau_retail": "pipeline.envs.tau:tau_retail",
+    "tau_telecom": "pipeline.envs.tau:tau_telecom",
     "toolsandbox": "pipeline.envs.toolsandbox:toolsandbox",
 }
 

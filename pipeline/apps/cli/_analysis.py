@@ -43,6 +43,7 @@ from pipeline.apps.cli._render import (
     print_diff,
     print_query_result,
     print_table,
+    warning_notice,
 )
 from pipeline.core.errors import PexecError
 from pipeline.core.text import literal
@@ -98,6 +99,8 @@ def metrics(
         return
     if cohorts and cohorts[0]["partial"]:
         partial_notice(Coverage.from_json(cohorts[0]["partial"]), out)
+    for note in opened.written_by(asked.population):
+        warning_notice(note, out)
     print_table(metrics_table(cohorts))
     if cohorts:
         b = cohorts[0]["bootstrap"]

@@ -414,15 +414,16 @@ class _CauseCount(TypedDict):
 
 
 def _events(events: list[Event], steps: list[TableRow]) -> list[CallShown | MessageShown]:
-    """Messages and calls in log order; the i-th call carries the i-th step's verdict."""
-    by_step = {s["step"]: s for s in steps}
+    """Messages and calls in log order; the i-th call (of either actor) carries the verdict of the step at that
+    position (`seq`; the step's `actor` says whose call it was)."""
+    by_seq = {s["seq"]: s for s in steps}
     out: list[CallShown | MessageShown] = []
-    depth = 0
+    position = 0
     for e in events:
         if isinstance(e, Call):
-            depth += 1
+            position += 1
             output = None if e.output is NOT_LOGGED else orjson.dumps(e.output, default=str).decode()
-            out.append({"kind": "call", "call": e, "step": by_step.get(depth), "output": output})
+            out.append({"kind": "call", "call": e, "step": by_seq.get(position), "output": output})
         else:
             out.append({"kind": "message", "message": e})
     return out
