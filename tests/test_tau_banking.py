@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,8 @@ from pipeline.replay.checker import replay
 HERE = Path(__file__).resolve().parent
 BANKING = HERE / "data" / "tau3" / "banking_knowledge.json"
 SOURCE = HERE.parents[1] / "shared" / "upstream" / "tau2-bench"
-PYTHON = os.environ.get("PEXEC_TAU2_PYTHON", "/work/tau3-venv/bin/python")
+# `make test` builds this Python (the Makefile's $(VENV)/tau2) and names it here.
+PYTHON = os.environ.get("PEXEC_TAU2_PYTHON", str(Path(sys.executable).parents[1] / "tau2" / "bin" / "python"))
 
 
 def _python_ready() -> bool:
@@ -37,8 +39,8 @@ def results():
         pytest.fail(f"the tau2-bench snapshot is not at {SOURCE}")
     if not _python_ready():
         pytest.skip(
-            f"no Python >= 3.12 with tau2-bench's dependencies at {PYTHON}: tests/tau3_runs/record.py builds one "
-            "(--venv); point PEXEC_TAU2_PYTHON at its bin/python"
+            f"no Python >= 3.12 with tau2-bench's dependencies at {PYTHON}: `make test` builds one (.venv/tau2), "
+            "or point PEXEC_TAU2_PYTHON at one"
         )
     options = IngestOptions(extra={"tau2_source": str(SOURCE), "tau2_python": PYTHON})
     records = list(ingest("tau2", [str(BANKING)], options))
