@@ -330,7 +330,7 @@ def view(
     ] = None,
     token_file: TokenFile = None,
     allow_host: AllowHost = None,
-    header_timeout: HeaderTimeout = 10.0,
+    header_timeout: HeaderTimeout = 5.0,
     max_concurrency: MaxConcurrency = 64,
     bootstrap: Bootstrap = 1000,
     seed: IntervalsSeed = 0,

@@ -53,7 +53,7 @@ def serve(
     cache_mb: Annotated[
         int, typer.Option("--cache-mb", min=0, max=65_536, help="MiB of events the stateless cache holds at most.")
     ] = 128,
-    header_timeout: HeaderTimeout = 10.0,
+    header_timeout: HeaderTimeout = 5.0,
     max_concurrency: MaxConcurrency = 64,
 ) -> None:
     """Serve the guard over HTTP: sessions (create, check, record, message, close) and stateless checks."""
