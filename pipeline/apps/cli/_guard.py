@@ -100,13 +100,16 @@ def mcp(
         list[str] | None,
         typer.Option(
             "--env-allow",
-            help="Pass the upstream only the environment variables matching this pattern, e.g. 'GITHUB_*' "
-            "(repeatable; default: all).",
+            help="Pass the upstream the environment variables matching this pattern too, e.g. 'GITHUB_*' "
+            "(repeatable; default: only PATH, HOME and the locale, LANG, LANGUAGE and LC_*; '*' passes all).",
         ),
     ] = None,
     env_deny: Annotated[
         list[str] | None,
-        typer.Option("--env-deny", help="Keep the variables matching this pattern from the upstream (repeatable)."),
+        typer.Option(
+            "--env-deny",
+            help="Keep the variables matching this pattern, in any case, from the upstream (repeatable).",
+        ),
     ] = None,
     upstream_timeout: Annotated[
         float,
