@@ -333,12 +333,20 @@ def view(
     ] = None,
     token_file: TokenFile = None,
     allow_host: AllowHost = None,
-    header_timeout: HeaderTimeout = 10.0,
+    header_timeout: HeaderTimeout = 5.0,
     max_concurrency: MaxConcurrency = 64,
     bootstrap: Bootstrap = 1000,
     seed: IntervalsSeed = 0,
     method: Method = "multinomial",
     partial: Partial = False,
+    inputs: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--inputs",
+            help="A folder or URL prefix whose inputs rollout pages may read to show the logged trajectory "
+            "(repeatable; default: only the run's own folder, since a run's manifest may name any URL).",
+        ),
+    ] = None,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
@@ -350,7 +358,8 @@ def view(
     check_token(host, token)
     check_address(host, port)
     asked = MetricsSettings.from_values(bootstrap=bootstrap, seed=seed, method=method, methods=LOCAL_METHODS)
-    run_view = RunView(Reading(storage(endpoint_url, storage_option), partial).open(run), asked.bootstrap)
+    opened = Reading(storage(endpoint_url, storage_option), partial).open(run)
+    run_view = RunView(opened, asked.bootstrap, tuple(inputs or ()))
     console.print(f"pexec view: http://{host}:{port}/ (Ctrl-C to stop)")
     try:
         limits = server_limits(header_timeout, max_concurrency)
