@@ -38,6 +38,9 @@ class Call:
     error: bool | None = None
     turn: int = 0
     call_id: str | None = None
+    # Which of the rollout's logged tool-definition versions was in force at this call (`env.tool_versions`,
+    # pipeline.envs.observed); 0, the first, when the definitions never changed.
+    tools_version: int = 0
 
 
 Event = Message | Call
@@ -79,6 +82,9 @@ class StepResult:
     output_match: bool | None
     effect: str | None = None  # the tool's effect class (pipeline.core.effects); None when undeclared
     effect_weight: float = 1.0  # its weight in the weighted executability
+    # Which schema S was checked against: "spec" (a spec's or the environment's own), "log" (the definitions the
+    # log recorded for this call), None (none: well-formedness only, or an unknown tool).
+    schema_source: str | None = None
 
 
 @dataclass(slots=True)

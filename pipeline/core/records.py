@@ -41,6 +41,7 @@ class CallRecord(TypedDict):
     call_id: NotRequired[str | None]
     output: NotRequired[Any]  # absent: the log recorded no output
     error: NotRequired[bool]
+    tools_version: NotRequired[int]  # index into `env.tool_versions`; absent: 0 (the first, or only, definitions)
 
 
 EventRecord = MessageRecord | CallRecord
@@ -252,6 +253,9 @@ def parse_event(raw: Any, where: str) -> Event:
         if error is not None and not isinstance(error, bool):
             raise InvalidRecord(f"{where}.error must be true, false or null")
         call_id = raw.get("call_id")
+        version = raw.get("tools_version") or 0
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise InvalidRecord(f"{where}.tools_version must be a non-negative integer")
         return Call(
             tool=tool,
             arguments=raw.get("arguments", {}),
@@ -260,6 +264,7 @@ def parse_event(raw: Any, where: str) -> Event:
             error=error,
             turn=turn,
             call_id=str(call_id) if call_id is not None else None,
+            tools_version=version,
         )
     raise InvalidRecord(f"{where}: unknown event type {kind!r} (expected 'message' or 'call')")
 
@@ -275,6 +280,8 @@ def event_record(event: Event) -> dict[str, Any]:
         out["output"] = event.output
     if event.error is not None:
         out["error"] = event.error
+    if event.tools_version:
+        out["tools_version"] = event.tools_version
     return out
 
 

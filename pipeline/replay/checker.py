@@ -18,7 +18,7 @@ import orjson
 from pipeline.core.model import NOT_LOGGED, Call, Cause, Check, Message, Rollout, RolloutResult, StepResult
 from pipeline.core.records import MAX_DEPTH, too_deep
 from pipeline.core.values import same
-from pipeline.envs.base import Environment, Outcome, ToolInfo
+from pipeline.envs.base import CallCatalogue, Environment, Outcome, ToolInfo
 from pipeline.replay.dependencies import History, grounded_values, resolve_references
 
 # The `detail` of every step whose arguments the log did not capture (S and D not checked).
@@ -94,6 +94,7 @@ class Session:
         self.steps: list[StepResult] = []
         self.prefix_ok = True
         self._pending: tuple[Call, Verdict] | None = None
+        self._catalogue = env if isinstance(env, CallCatalogue) else None
 
     def message(self, role: str, content: str) -> None:
         self._discard()
@@ -104,6 +105,8 @@ class Session:
         """The verdict on `call` as the next step, before it is recorded."""
         self._discard()
         env, state = self.env, self.state
+        if self._catalogue is not None:
+            self._catalogue.select(call)
         verdict = _check(env, state, call, len(self.steps) + 1, self.history, self.checks)
         if not verdict.valid and verdict.check == "P":
             # Without a simulator an earlier state is only less of what the agent saw, where rules cannot be
@@ -147,7 +150,12 @@ class Session:
         output = verdict.outcome.output if verdict.outcome and executed else None
         self.history.add_result(depth, call.call_id, executed, output)
         self.prefix_ok = self.prefix_ok and verdict.valid
+        if self._catalogue is not None:
+            self._catalogue.select(call)
+            schema_source = self._catalogue.schema_source(call.tool)
         info = self.env.tool(call.tool)
+        if self._catalogue is None:
+            schema_source = "spec" if info is not None else None
         effect = info.effect if info is not None else None
         step = StepResult(
             step=depth,
@@ -162,6 +170,7 @@ class Session:
             output_match=_output_match(self.env, call, verdict),
             effect=effect.effect if effect else None,
             effect_weight=effect.weight if effect else 1.0,
+            schema_source=schema_source,
         )
         self.steps.append(step)
         return step

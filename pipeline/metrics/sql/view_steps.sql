@@ -1,11 +1,12 @@
 -- One row per replayed call (variable steps_files, as view_rollouts.sql).
 -- The failed check was stored as `check` before it became `failed_check` (an SQL reserved word no query had to
 -- quote): the empty row source with both columns makes either name exist, so runs of both layouts, and folders
--- of several runs mixing them, read as `failed_check`.
+-- of several runs mixing them, read as `failed_check`. Runs scored before steps recorded `schema_source` read it
+-- as null the same way.
 CREATE OR REPLACE TEMP VIEW steps AS
 SELECT * EXCLUDE ("check") REPLACE (coalesce(failed_check, "check") AS failed_check)
 FROM (
     SELECT * FROM read_parquet(getvariable('steps_files'), union_by_name = true, hive_partitioning = false)
     UNION ALL BY NAME
-    SELECT NULL::VARCHAR AS failed_check, NULL::VARCHAR AS "check" WHERE false
+    SELECT NULL::VARCHAR AS failed_check, NULL::VARCHAR AS "check", NULL::VARCHAR AS schema_source WHERE false
 );
