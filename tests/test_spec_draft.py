@@ -72,7 +72,7 @@ def test_support_grounded_parameters_against_the_hand_spec(support):
     assert got - hand == {("find_customer", "email"), ("update_address", "address.zip")}
     assert hand - got == set()
     # precision 11/13 = 0.85, recall 11/11: the two extra are copied from the user's message in every call that
-    # did not fail; the hand spec leaves them out (docs/how-to/draft-a-spec-from-logs.md)
+    # did not fail; the hand spec leaves them out (docs/how-to/score-logs-without-a-spec.md)
     assert (len(hand & got) / len(got), len(hand & got) / len(hand)) == (11 / 13, 1.0)
 
 

@@ -2,6 +2,7 @@
 one JSON Lines file per date partition, `DIR/date=YYYY-MM-DD/conversations.jsonl`.
 
     python -m pipeline.synthetic.support_logs --out DIR [--dates 2026-11-27,2026-11-28] [--per-date 40] [--seed 0]
+        [--tools]
 
 Each conversation is a customer goal (cancel, refund, address change, support ticket) played against a
 small fixture backend, so outputs are consistent; some carry the failures production logs show: arguments
@@ -191,8 +192,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dates", default=",".join(DEFAULT_DATES), help="comma-separated YYYY-MM-DD")
     parser.add_argument("--per-date", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tools", action="store_true", help="log each request's tool definitions (`tools`)")
     args = parser.parse_args(argv)
-    for path in write_samples(args.out, tuple(args.dates.split(",")), args.per_date, args.seed):
+    for path in write_samples(args.out, tuple(args.dates.split(",")), args.per_date, args.seed, args.tools):
         print(path)
 
 

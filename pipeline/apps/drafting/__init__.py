@@ -1,4 +1,4 @@
-"""`pexec spec draft`: a spec to review, mined from a night of logs (docs/how-to/draft-a-spec-from-logs.md).
+"""`pexec spec draft`: a spec to review, mined from a night of logs (docs/how-to/score-logs-without-a-spec.md).
 
 evidence.py   what a shard's rollouts show, as small sums merged across shards
 proposal.py   from evidence to the draft's files: definitions, grounded parameters, candidate rules
