@@ -66,7 +66,7 @@ def draft(
     ev = made.evidence
     console.print(
         f"{made.read} records read ({made.rejected} rejected) in {made.shards} shards: {ev.rollouts} rollouts, "
-        f"{ev.calls} calls of {len(ev.tools)} tools"
+        f"{ev.calls} calls of {len(ev.tools)} tools; largest reader peak {made.worker_peak_mib:,.0f} MiB"
     )
     for tool, paths in made.proposed.items():
         if paths:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -31,6 +32,7 @@ class ShardEvidence:
     evidence: Evidence
     read: int = 0
     rejected: int = 0
+    peak_mib: float = 0.0  # the peak resident memory of the process that read the shard (VmHWM)
 
 
 @dataclass
@@ -44,6 +46,7 @@ class Draft:
     shards: int
     proposed: dict[str, list[str]] = field(default_factory=dict)  # tool -> grounded paths proposed
     rule_candidates: int = 0
+    worker_peak_mib: float = 0.0  # the largest peak resident memory of a process that read shards
 
 
 def shard_evidence(shard: Shard, settings: TaskSettings) -> ShardEvidence:
@@ -60,6 +63,7 @@ def shard_evidence(shard: Shard, settings: TaskSettings) -> ShardEvidence:
             out.rejected += 1
             continue
         observe([rollout], out.evidence)
+    out.peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
     return out
 
 
@@ -95,6 +99,7 @@ def draft(
         merged.evidence.merge(part.evidence)
         merged.read += part.read
         merged.rejected += part.rejected
+        merged.peak_mib = max(merged.peak_mib, part.peak_mib)
     ev = merged.evidence
     if ev.rollouts == 0:
         raise DraftError(
@@ -111,7 +116,7 @@ def draft(
     kept = drafted(ev)
     proposed = {n: [g.path for g in grounded(t, settings) if g.proposed] for n, t in sorted(kept.items())}
     n_rules = sum(len(rules(t, settings)) for t in kept.values())
-    return Draft(folder, ev, merged.read, merged.rejected, len(shard_plan.shards), proposed, n_rules)
+    return Draft(folder, ev, merged.read, merged.rejected, len(shard_plan.shards), proposed, n_rules, merged.peak_mib)
 
 
 def _gather(shards: list[Shard], task: TaskSettings, inline: bool, address: str | None, num_cpus: int | None) -> Any:
