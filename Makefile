@@ -90,7 +90,7 @@ PYTEST_XDIST := -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 # The inner loop, in about two minutes from a warm venv: lint, the type checker, and every test that starts
 # nothing of the above and is not a fuzz suite; it ends saying how many tests it ran and how many it left to
 # `make test`.
-CHECK_LEAVES := ray or cluster or server or trace_server or browser or docs or fuzz
+CHECK_LEAVES := ray or cluster or server or trace_server or browser or docs or fuzz or corpus
 check: lint typecheck
 	$(BIN)/pytest $(PYTEST_XDIST) -m "not ($(CHECK_LEAVES))"
 

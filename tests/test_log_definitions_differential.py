@@ -20,6 +20,9 @@ from pipeline.envs import EnvOptions, get_environment
 from pipeline.ingest import IngestOptions, ingest
 from pipeline.replay.checker import replay
 
+# Each shared run is replayed twice, by the official environment and by `observed`: minutes, left to `make test`.
+pytestmark = pytest.mark.corpus
+
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real"
 TAU_RUNS = (
     "airline_claude-opus-4-6.json",
