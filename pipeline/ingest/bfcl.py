@@ -20,7 +20,6 @@ Options: `dataset=PATH` (a folder or a bfcl-eval wheel), `scores=DIR`, `model=NA
 from __future__ import annotations
 
 import ast
-import itertools
 import json
 import re
 from collections.abc import Iterator, Sequence
@@ -36,15 +35,18 @@ from pipeline.envs.bfcl.calls import CallSyntaxError, ParameterOrder, parse_call
 from pipeline.envs.bfcl.env import BfclEnvironment, error_message
 from pipeline.ingest.base import (
     MAX_RECORD_BYTES,
+    RECORD_ERRORS,
     IngestOptions,
     Option,
     OptionSchema,
     Part,
     ShardedFormat,
+    check_document,
+    record_error,
     source_inputs,
 )
 from pipeline.storage.fs import StorageOptions, exists, list_files, open_for_read
-from pipeline.storage.inputs import raw_text, shard_lines
+from pipeline.storage.inputs import MAX_RECORD_ITEMS, over_items, raw_text, shard_lines
 from pipeline.storage.shards import RecordError, Shard
 
 _CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
@@ -95,7 +97,7 @@ class Bfcl(ShardedFormat):
                 continue
             where = f"{url} {location}"
             try:
-                entry = decode(line)
+                entry = decode(line, options.limits.record_items)
             except IngestError as exc:
                 yield location, RecordError(f"bfcl: {where}: {exc}", raw_text(line))
                 continue
@@ -114,28 +116,22 @@ class Bfcl(ShardedFormat):
             success = None if failed is None else rid not in failed
             try:
                 yield location, build_record(task, entry, benchmark, category, labels, success, where)
-            except (
-                IngestError,
-                ValueError,
-                TypeError,
-                KeyError,
-                AttributeError,
-                ArithmeticError,
-                RecursionError,
-            ) as exc:
-                reason = str(exc) if isinstance(exc, IngestError) else f"bfcl: {where}: {type(exc).__name__}: {exc}"
-                yield location, RecordError(reason, raw_text(line))
+            except RECORD_ERRORS as exc:
+                yield location, record_error("bfcl", where, exc, raw_text(line))
 
 
 FORMAT = Bfcl()
 
 
-def decode(data: bytes | str) -> Any:
+def decode(data: bytes | str, max_items: int = MAX_RECORD_ITEMS) -> Any:
     """One JSON value decoded as BFCL's own reader does (the stdlib decoder: it keeps its number types), or an
-    IngestError saying why it is not one: invalid UTF-8, not JSON, an integer of more digits than Python converts
-    (ValueError), nesting deeper than the interpreter's recursion limit (RecursionError)."""
+    IngestError saying why it is not one: more than `max_items` objects and lists (counted before decoding),
+    invalid UTF-8, not JSON, an integer of more digits than Python converts (ValueError), nesting deeper than the
+    interpreter's recursion limit (RecursionError) or, decoded, than MAX_DOCUMENT_DEPTH."""
+    if (items := over_items(data, max_items)) is not None:
+        raise IngestError(f"{items:,} objects and lists are over the limit of {max_items:,} (max_record_items)")
     try:
-        return json.loads(data)
+        return check_document(json.loads(data))
     except UnicodeDecodeError as exc:
         raise IngestError(f"invalid UTF-8: {exc}") from None
     except json.JSONDecodeError as exc:
@@ -374,33 +370,29 @@ def _score_file(result: str, options: IngestOptions) -> str | None:
 def read_scores(
     url: str | Path | None, storage_options: StorageOptions | None = None, limit: int = MAX_RECORD_BYTES
 ) -> tuple[set[str] | None, dict[str, Any] | None]:
-    """(ids BFCL scored as failed, the summary line) of a score file; (None, None) when there is none. Read a line
-    at a time, never past `limit` bytes: a larger file, or a line that is not JSON, is an IngestError."""
+    """(ids BFCL scored as failed, the summary line) of a score file; (None, None) when there is none. Never read
+    past `limit` bytes: a larger file, or a line that is not JSON, is an IngestError."""
     if url is None:
         return None, None
     failed: set[str] = set()
     summary = None
-    held = 0
     with open_for_read(str(url), storage_options) as f:
-        for number in itertools.count(1):
-            line = f.readline(limit - held + 1)
-            held += len(line)
-            if held > limit:
-                raise IngestError(
-                    f"bfcl: {url}: score file over the limit of {limit:,} bytes (--option max_record_bytes=N raises it)"
-                )
-            if not line:
-                break
-            if not line.strip():
-                continue
-            try:
-                row = decode(line)
-            except IngestError as exc:
-                raise IngestError(f"bfcl: {url} line {number}: {exc}") from None
-            if not isinstance(row, dict):
-                continue
-            if number == 1 and "accuracy" in row:
-                summary = row
-            elif isinstance(row.get("id"), str):
-                failed.add(row["id"])
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise IngestError(
+            f"bfcl: {url}: score file over the limit of {limit:,} bytes (--option max_record_bytes=N raises it)"
+        )
+    for number, line in enumerate(data.split(b"\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = decode(line)
+        except IngestError as exc:
+            raise IngestError(f"bfcl: {url} line {number}: {exc}") from None
+        if not isinstance(row, dict):
+            continue
+        if number == 1 and "accuracy" in row:
+            summary = row
+        elif isinstance(row.get("id"), str):
+            failed.add(row["id"])
     return failed, summary

@@ -37,7 +37,7 @@ import zstandard
 from pipeline.core.errors import IngestError
 from pipeline.ingest._logs import LogSettings, call, loads, log_options, message, rollout, settings, text
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
-from pipeline.ingest.base import IngestOptions, Option, Part, ShardedFormat, source_inputs
+from pipeline.ingest.base import RECORD_ERRORS, IngestOptions, Option, Part, ShardedFormat, record_error, source_inputs
 from pipeline.storage.fs import open_for_read
 from pipeline.storage.inputs import raw_text
 from pipeline.storage.shards import RecordError, Shard
@@ -122,10 +122,10 @@ class Inspect(ShardedFormat):
                         yield name, data
                         continue
                     try:
-                        sample = loads("inspect", data, where, dict)
+                        sample = loads("inspect", data, where, dict, options.limits.record_items)
                         yield name, _rollout(sample, info, s, where)
-                    except IngestError as exc:
-                        yield name, RecordError(str(exc), raw_text(data))
+                    except RECORD_ERRORS as exc:
+                        yield name, record_error("inspect", where, exc, raw_text(data))
         except (OSError, zipfile.BadZipFile, zstandard.ZstdError, EOFError) as exc:
             raise IngestError(f"inspect: {url}: cannot read the .eval archive: {exc}") from exc
 

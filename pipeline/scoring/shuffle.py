@@ -46,7 +46,7 @@ import orjson
 import pyarrow.compute as pc
 
 from pipeline.core.arrow import pa
-from pipeline.ingest import IngestError
+from pipeline.ingest.base import RECORD_ERRORS, record_error
 from pipeline.ingest.sharded import RawSource, shuffle_items
 from pipeline.storage.fs import filesystem, list_files, open_for_write
 from pipeline.storage.shards import InputFile, Record, RecordError, Shard, fingerprint
@@ -254,13 +254,21 @@ def regroup_partition(source: RawSource, run: str, shard: Shard, partitions: int
             rekeyed, rest = _rekeyed(table)  # without `Shuffle.rekey` every item is marked whole: none rekeyed
             staged.put_table(rekeyed)
             for key, group in _groups(rest):
+                if key is not None and (over := _oversized(source, key, group)) is not None:
+                    staged.put(StagedRow.failed(f"key {key}", over.reason, b""))
+                    continue
                 cols = group.to_pydict()
                 if key is None:  # error rows keep their place
                     for row in zip(*cols.values(), strict=True):
                         staged.put(StagedRow(*row))
                     continue
                 where = cols["location"][0]
-                for new_key, item in shuffle.regroup(key, [orjson.loads(p) for p in cols["payload"]]):
+                try:
+                    regrouped = shuffle.regroup(key, [orjson.loads(p) for p in cols["payload"]])
+                except RECORD_ERRORS as exc:
+                    staged.put(StagedRow.failed(where, record_error(source.fmt, where, exc).reason, b""))
+                    continue
+                for new_key, item in regrouped:
                     staged.put(
                         StagedRow(new_key, item["start"], item["span_id"], orjson.dumps(item), where, whole=False)
                     )
@@ -290,6 +298,9 @@ def read_partition(source: RawSource, run: str, shard: Shard) -> Iterator[tuple[
     assert shuffle is not None
     for partition in _read(run, 2, *_partition_range(shard), source.options.storage_options):
         for key, table in _groups(partition):
+            if key is not None and (over := _oversized(source, key, table)) is not None:
+                yield f"key {key}", over
+                continue
             cols = table.to_pydict()
             if key is None:
                 for location, payload, error in zip(cols["location"], cols["payload"], cols["error"], strict=True):
@@ -297,8 +308,17 @@ def read_partition(source: RawSource, run: str, shard: Shard) -> Iterator[tuple[
                 continue
             try:
                 yield f"key {key}", shuffle.assemble(key, [orjson.loads(p) for p in cols["payload"]], source.options)
-            except IngestError as exc:
-                yield f"key {key}", RecordError(str(exc), "")
+            except RECORD_ERRORS as exc:
+                yield f"key {key}", record_error(source.fmt, f"key {key}", exc)
+
+
+def _oversized(source: RawSource, key: str, group: pa.Table) -> RecordError | None:
+    """The reject of a key group of more items than one conversation may gather, found before any is decoded."""
+    limit = source.options.limits.conversation_items
+    if group.num_rows <= limit:
+        return None
+    return RecordError(f"{source.fmt}: key {key}: {group.num_rows:,} items (spans, log records) are over the limit "
+                       f"of {limit:,} for one conversation (max_conversation_items)", "")  # fmt: skip
 
 
 def _groups(table: pa.Table) -> Iterator[tuple[str | None, pa.Table]]:
