@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
+from test_producers_inspect import eval_log  # noqa: F401  (a fixture: a real .eval written by inspect_ai)
 from test_read_bounds import RSS_CEILING_MIB, pexec_rss
 
 from pipeline.storage.inputs import MAX_LINE_BYTES, MAX_ROW_GROUP_BYTES
@@ -20,6 +21,9 @@ from pipeline.storage.stores import _to_arrow
 from pipeline.synthetic.rollouts import synthesize
 
 MIB = 1 << 20
+# OTel: round 1 of the shuffle stages a conversation's items up to max_conversation_items per input shard before
+# the group is found over it (~5 KiB each while staged): 1M spans in one trace peak at ~720 MiB.
+OTEL_RSS_CEILING_MIB = 1024
 
 
 def score(tmp: Path, source: str, *extra: str) -> tuple[dict, list[dict], float]:
@@ -60,7 +64,7 @@ def test_parquet_rows_over_the_record_limit_are_rejects_before_they_are_converte
 
 
 @pytest.mark.fuzz
-def test_a_small_parquet_store_of_3_rows_of_512_mib_is_3_rejects(tmp_path):
+def test_a_small_parquet_store_of_3_rows_over_the_row_group_limit_is_3_rejects(tmp_path):
     parquet_store(tmp_path / "store.parquet", 5, 3, MAX_ROW_GROUP_BYTES)  # the row group is over its limit: unread
     counts, rejects, rss = score(tmp_path, "store.parquet")
     assert counts["scored"] == 5 and counts["rejected"] == 3
@@ -135,8 +139,8 @@ def test_a_conversation_of_too_many_spans_is_one_reject(tmp_path, spans, limit):
     counts, [reject], rss = score(tmp_path, "logs", "--format", "otel", "--spec", "support", *extra)
     assert counts["scored"] == 1 and counts["rejected"] == 1
     assert reject["location"] == "key conv-9" and "(max_conversation_items)" in reject["reason"]
-    assert f"{spans + 1:,} items" in reject["reason"]
-    assert rss < RSS_CEILING_MIB
+    assert f"more than {limit or 100_000:,} items" in reject["reason"]
+    assert rss < OTEL_RSS_CEILING_MIB
 
 
 # -- OTLP protobuf: spans of one message ------------------------------------------------------------------
@@ -188,3 +192,79 @@ def test_a_protobuf_message_of_too_many_spans_is_one_reject(tmp_path, monkeypatc
     assert counts["scored"] == 1 and len(rejects) == 1 and rejects[0]["location"].endswith("big.binpb")
     assert "over the limit of 1,000,000" in rejects[0]["reason"]
     assert rss < RSS_CEILING_MIB
+
+
+# -- Inspect .eval archives: decompression per archive -----------------------------------------------------
+
+
+def shared_data_archive(path: Path, source: Path, entries: int) -> None:
+    """The samples of a real `.eval`, then `entries` directory entries over one zstd member's compressed bytes
+    (1 GiB of zeros declared): a 61 KB archive whose entries each decompress the same data."""
+    import struct
+    import zipfile
+
+    from test_read_bounds import GIB, write_zip, zero_crc, zstd_bomb
+
+    from pipeline.ingest.inspect import _member
+
+    with open(source, "rb") as f, zipfile.ZipFile(f) as z:
+        members = [(n, 0, z.getinfo(n).CRC, data, len(data)) for n in z.namelist()
+                   if isinstance(data := _member(f, z, n, GIB), bytes)]  # fmt: skip
+    write_zip(path, members)
+    method, data = zstd_bomb()
+    data = data[: len(data) // 16]  # 64 MiB of zeros as zstd frames
+    archive = path.read_bytes()
+    directory_at = struct.unpack("<I", archive[-6:-2])[0]
+    body, central = bytearray(archive[:directory_at]), bytearray(archive[directory_at:-22])
+    offset = len(body)
+    name = b"samples/shared_epoch_1.json"
+    body += struct.pack(
+        "<4sHHHHHIIIHH", b"PK\x03\x04", 20, 0, method, 0, 0, zero_crc(GIB), len(data), GIB, len(name), 0
+    )
+    body += name + data
+    for i in range(entries):
+        entry = f"samples/shared{i}_epoch_1.json".encode()
+        central += struct.pack("<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", 20, 20, 0, method, 0, 0, zero_crc(GIB), len(data),
+                               GIB, len(entry), 0, 0, 0, 0, 0, offset) + entry  # fmt: skip
+    count = len(members) + entries
+    end = struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, count, count, len(central), len(body), 0)
+    path.write_bytes(bytes(body + central + end))
+
+
+def test_entries_over_shared_compressed_data_are_rejects_not_decompressed_again(tmp_path, eval_log):  # noqa: F811
+    import resource
+
+    (tmp_path / "logs").mkdir()
+    shared_data_archive(tmp_path / "logs" / "night.eval", eval_log, 400)
+    assert (tmp_path / "logs" / "night.eval").stat().st_size < 256 << 10
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime
+    counts, rejects, rss = score(tmp_path, "logs", "--format", "inspect", "--env", "observed", "--spec", "support")
+    cpu = resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime - before
+    print(f"400 shared entries: {cpu:.1f} s of CPU")
+    assert counts["scored"] == 2 and counts["rejected"] == 400
+    overlaps = [r for r in rejects if "a zip bomb's overlap" in r["reason"]]
+    assert len(overlaps) == 399  # the first entry is read once: over max_member_bytes
+    assert cpu < 60  # the whole command; the 400 entries decompressed again took 183 s
+    assert rss < RSS_CEILING_MIB
+
+
+def test_an_archive_is_decompressed_within_its_budget(tmp_path, eval_log):  # noqa: F811
+    import zipfile
+
+    (tmp_path / "logs").mkdir()
+    path = tmp_path / "logs" / "night.eval"
+    path.write_bytes(eval_log.read_bytes())
+    with zipfile.ZipFile(path) as z:
+        sizes = sorted(z.getinfo(n).file_size for n in z.namelist() if n.startswith("samples/"))
+    args = (
+        "--format",
+        "inspect",
+        "--env",
+        "observed",
+        "--spec",
+        "support",
+        "--option",
+        f"max_archive_bytes={sizes[0]}",
+    )
+    counts, [reject], _ = score(tmp_path, "logs", *args)
+    assert counts["scored"] == 1 and "(max_archive_bytes): not read" in reject["reason"]

@@ -16,8 +16,8 @@ shards (files, byte ranges, archive members) has them read inside the scoring ta
 log that is not a rollout coming back as a RecordError (a reject); a format with a `shuffle` has its items
 partitioned by key first (OTel spans); any other is read one source per task by `read`. The read limits
 (`ReadLimits`: `max_line_bytes`, `max_record_bytes`, `max_member_bytes`, `max_record_items`,
-`max_row_group_bytes`, `max_conversation_items`, options of every format) are checked while reading, before a
-record is decoded.
+`max_row_group_bytes`, `max_conversation_items`, `max_archive_bytes`, options of every format) are checked while
+reading, before a record is decoded.
 
 To add a format (docs/how-to/add-a-log-format.md):
 - built in: a module `pipeline/ingest/<name>.py` whose `FORMAT` is an instance of its `LogFormat` subclass, and
@@ -39,6 +39,7 @@ from typing import Any
 from pipeline.core.errors import IngestError, InvalidRecord
 from pipeline.core.records import parse_rollout
 from pipeline.ingest.base import (
+    MAX_ARCHIVE_BYTES,
     MAX_CONVERSATION_ITEMS,
     MAX_MEMBER_BYTES,
     MAX_RECORD_BYTES,
@@ -76,6 +77,7 @@ _LIMITS = {
     "max_record_items": "record_items",
     "max_row_group_bytes": "row_group_bytes",
     "max_conversation_items": "conversation_items",
+    "max_archive_bytes": "archive_bytes",
 }
 # The options of every format, handled here.
 COMMON_OPTIONS = (
@@ -107,6 +109,11 @@ COMMON_OPTIONS = (
         "max_conversation_items",
         "spans and log records gathered into one conversation (otel); more: the conversation is a reject",
         str(MAX_CONVERSATION_ITEMS),
+    ),
+    Option(
+        "max_archive_bytes",
+        "decompressed bytes of an archive's members together (an Inspect log); the members past it are rejects",
+        str(MAX_ARCHIVE_BYTES),
     ),
 )
 

@@ -25,6 +25,9 @@ from pipeline.storage.shards import Compression, InputFile, RecordError, Shard, 
 MAX_DOCUMENT_DEPTH = 2 * MAX_DEPTH
 MAX_RECORD_BYTES = 64 * 2**20  # a JSON document read whole (a `.json` log file, a record of a partition)
 MAX_MEMBER_BYTES = 256 * 2**20  # an archive member (an Inspect sample) decompressed
+# An archive's members decompressed, all together: the time a small archive can cost (members declared over
+# shared compressed data decompress it once each).
+MAX_ARCHIVE_BYTES = 16 * 2**30
 # Items (OTel spans and log records) one conversation of a shuffled format gathers; a larger group is one reject,
 # its items never decoded.
 MAX_CONVERSATION_ITEMS = 100_000
@@ -41,6 +44,7 @@ class ReadLimits:
     record_items: int = MAX_RECORD_ITEMS  # objects and lists of one record, counted before it is decoded
     row_group_bytes: int = MAX_ROW_GROUP_BYTES  # a Parquet row group, decoded (by its footer)
     conversation_items: int = MAX_CONVERSATION_ITEMS  # items (spans, log records) a shuffle groups into one rollout
+    archive_bytes: int = MAX_ARCHIVE_BYTES  # an archive's members decompressed, all together (CPU, not memory)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ import re
 import struct
 import zipfile
 import zlib
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from functools import partial
@@ -61,6 +62,20 @@ def sample_record(sample: dict[str, Any], info: dict[str, Any], where: str = "sa
     `info` the log's `eval` header (task, model, eval_id...)."""
     options = IngestOptions(extra=FORMAT.options.defaults())
     return _rollout(sample, info, settings("inspect", options), where)
+
+
+def _shared(z: zipfile.ZipFile) -> set[str]:
+    """The members whose local header lies inside the data of a member before it, or is the same as another's:
+    decompressing them would decompress the same bytes again (an archive writes each member once, apart)."""
+    shared: set[str] = set()
+    end = -1
+    for member in sorted(z.infolist(), key=lambda m: m.header_offset):
+        if member.header_offset < end:
+            shared.add(member.filename)
+        end = max(end, member.header_offset + _LOCAL_HEADER.size + len(member.filename.encode()) + member.compress_size)
+    names = Counter(m.filename for m in z.infolist())
+    shared.update(n for n, copies in names.items() if copies > 1)
+    return shared
 
 
 def _samples(names: list[str]) -> list[str]:
@@ -115,8 +130,21 @@ class Inspect(ShardedFormat):
                     raise IngestError(f"inspect: {url}!{head}: {data.reason}")
                 info = loads("inspect", data, f"{url}!{head}", dict).get("eval") or {}
                 samples = _samples(names)
+                shared = _shared(z)
+                budget = options.limits.archive_bytes
+                # what the earlier shards of this archive decompress counts against the archive's budget too
+                spent = sum(min(z.getinfo(n).file_size, limit) for n in samples[: shard.start] if n not in shared)
                 for name in samples[shard.start : len(samples) if shard.stop is None else shard.stop]:
                     where = f"{url}!{name}"
+                    if name in shared:
+                        yield name, RecordError(f"inspect: {where}: its data lies inside another member's (a zip "
+                                                "bomb's overlap): not read", "")  # fmt: skip
+                        continue
+                    spent += min(z.getinfo(name).file_size, limit)
+                    if spent > budget:
+                        yield name, RecordError(f"inspect: {where}: the archive's members decompress to more than "
+                                                f"{budget:,} bytes (max_archive_bytes): not read", "")  # fmt: skip
+                        continue
                     data = _member(f, z, name, limit)
                     if isinstance(data, RecordError):
                         yield name, data

@@ -56,6 +56,7 @@ STAGING = "_staging"
 # fewer than TASKS_PER_CPU tasks per CPU to balance the load (a large cluster: one partition a task).
 PARTITIONS_PER_TASK = 16
 TASKS_PER_CPU = 4
+_OVER = "\x00over"  # the item id of StagedRow.over
 SPILL_AFTER_SHARDS = 1  # staged rows a round-1 task holds, in shard sizes, before it spills them to local disk
 _ROW_BYTES = 200  # a held row's own cost beyond its strings and payload (the tuple, the objects' headers)
 # The staged rows' columns (what each holds: StagedRow).
@@ -90,6 +91,12 @@ class StagedRow(NamedTuple):
     def failed(cls, where: str, reason: str, raw: bytes) -> StagedRow:
         """The row of a part of a log that is not an item: that partition's reject."""
         return cls(where, 0, "", raw, where, reason, None, False)
+
+    @classmethod
+    def over(cls, key: str, where: str) -> StagedRow:
+        """The row that stands for the items of group `key` past its limit, which are not staged: its group is a
+        reject, never assembled from the items that were."""
+        return cls(key, 0, _OVER, b"", where, None, None, True)
 
 
 assert StagedRow._fields == tuple(_SCHEMA.names), "a staged row is a value per column of the staged schema"
@@ -143,6 +150,8 @@ def map_shard(source: RawSource, run: str, shard: Shard, partitions: int, rounds
     else of scoring), holding at most SPILL_AFTER_SHARDS × `shard_bytes` of rows at once. Returns how many rows it
     wrote."""
     rekey = source.shuffle.rekey if source.shuffle is not None and rounds == 2 else None
+    limit = source.options.limits.conversation_items
+    seen: dict[str, int] = {}  # items of each key so far: past the limit, a group's items are not staged
     with _Staged(partitions, SPILL_AFTER_SHARDS * shard_bytes) as staged:
         for location, item in shuffle_items(source, shard):
             where = f"{shard.file.url} {location}".rstrip()
@@ -150,6 +159,11 @@ def map_shard(source: RawSource, run: str, shard: Shard, partitions: int, rounds
                 staged.put(StagedRow.failed(where, item.reason, item.raw.encode()))
                 continue
             key, (start, item_id), payload = item
+            seen[key] = seen.get(key, 0) + 1
+            if seen[key] > limit:
+                if seen[key] == limit + 1:
+                    staged.put(StagedRow.over(key, where))
+                continue
             names, whole = rekey(payload) if rekey is not None else (None, True)
             try:
                 data = orjson.dumps(payload)
@@ -254,8 +268,10 @@ def regroup_partition(source: RawSource, run: str, shard: Shard, partitions: int
             rekeyed, rest = _rekeyed(table)  # without `Shuffle.rekey` every item is marked whole: none rekeyed
             staged.put_table(rekeyed)
             for key, group in _groups(rest):
-                if key is not None and (over := _oversized(source, key, group)) is not None:
-                    staged.put(StagedRow.failed(f"key {key}", over.reason, b""))
+                if key is not None and _oversized(source, key, group) is not None:
+                    # the conversation it names (as rekeying would) is over the limit too
+                    names = group["names"].drop_null()
+                    staged.put(StagedRow.over(names[0].as_py() if len(names) else key, f"key {key}"))
                     continue
                 cols = group.to_pydict()
                 if key is None:  # error rows keep their place
@@ -315,10 +331,12 @@ def read_partition(source: RawSource, run: str, shard: Shard) -> Iterator[tuple[
 def _oversized(source: RawSource, key: str, group: pa.Table) -> RecordError | None:
     """The reject of a key group of more items than one conversation may gather, found before any is decoded."""
     limit = source.options.limits.conversation_items
-    if group.num_rows <= limit:
+    cut = pc.any(pc.equal(group["item_id"], _OVER)).as_py()
+    if group.num_rows <= limit and not cut:
         return None
-    return RecordError(f"{source.fmt}: key {key}: {group.num_rows:,} items (spans, log records) are over the limit "
-                       f"of {limit:,} for one conversation (max_conversation_items)", "")  # fmt: skip
+    items = f"more than {limit:,}" if cut else f"{group.num_rows:,}"
+    return RecordError(f"{source.fmt}: key {key}: {items} items (spans, log records) are over the limit of "
+                       f"{limit:,} for one conversation (max_conversation_items)", "")  # fmt: skip
 
 
 def _groups(table: pa.Table) -> Iterator[tuple[str | None, pa.Table]]:
