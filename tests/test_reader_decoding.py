@@ -1,4 +1,5 @@
-"""Every reader answers for any value in any place: a valid log of each format with one value replaced by a hostile
+"""Every reader answers for any value in any place: a valid log of each format (openai, anthropic, otel, canonical,
+bfcl and tau2 with the shared real logs; inspect and toolsandbox are not fed here) with one value replaced by a hostile
 number (past float range, past Python's digit limit) or nesting (around the record limit, orjson's and the
 interpreter's recursion limits), in the document itself or in JSON text the document carries, is read into
 records or stops with an IngestError naming the place (a counted reject when scored), never another exception.
@@ -53,6 +54,12 @@ FORMATS: list[tuple[str, str, Any, bool]] = [
 ]
 if BFCL.is_dir():
     FORMATS.append(("bfcl", "m/BFCL_v3_multi_turn_base_result.json", bfcl_entry(), True))
+TAU2 = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real" / "tau2" / "airline_gpt-4o.json"
+if TAU2.is_file():
+    results = orjson.loads(TAU2.read_bytes())
+    simulation = results["simulations"][0]
+    tasks = [t for t in results["tasks"] if t["id"] == simulation["task_id"]]
+    FORMATS.append(("tau2", "airline_gpt-4o.json", {**results, "tasks": tasks, "simulations": [simulation]}, False))
 
 
 def places(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
