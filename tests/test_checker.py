@@ -203,3 +203,33 @@ def test_observed_environment_uses_the_logged_error():
     assert flags(result) == [(True, None, None), (False, "P", "precondition")]
     assert result.steps[1].decided_by == "log" and result.steps[1].detail == "backend said no"
     assert result.steps[0].output_match is None  # no simulator: nothing to compare
+
+
+def test_a_users_calls_share_the_state_but_not_the_agents_prefix(ava):
+    # Dual control: the user's call runs on the same state in logged order; the agent's call it made impossible is
+    # state_consistency naming the user's step, and the user's steps are counted and scored on their own.
+    oid = pending(ava)
+    reason = {"order_id": oid, "reason": "no longer needed"}
+    result = run(
+        SIGN_IN,
+        ("get_user", {"user_id": "U1001"}),
+        Message("assistant", f"You can cancel order {oid} yourself."),  # what the user's call is grounded in
+        ("cancel_order", reason, {"actor": "user"}),
+        ("get_order", {"order_id": "nope"}, {"actor": "user"}),
+        ("cancel_order", reason),
+    )
+    assert [(s.actor, s.step, s.seq) for s in result.all_steps] == [
+        ("agent", 1, 1),
+        ("agent", 2, 2),
+        ("user", 1, 3),
+        ("user", 2, 4),
+        ("agent", 3, 5),
+    ]
+    assert result.T == 3 and result.fed == 3 and result.first_cause == "state_consistency"
+    assert result.steps[2].detail.endswith("made impossible by the user's step 1 (cancel_order)")
+    assert [s.valid for s in result.user_steps] == [True, False] and result.user_fed == 2
+    assert [s.prefix_executable for s in result.steps] == [True, True, False]
+    # The agent's own earlier call makes no other-actor note.
+    own = run(SIGN_IN, ("get_user", {"user_id": "U1001"}), ("cancel_order", reason), ("cancel_order", reason))
+    assert own.steps[3].cause == "state_consistency" and "made impossible" not in own.steps[3].detail
+    assert own.user_steps == [] and own.user_fed is None and own.all_steps == own.steps

@@ -361,3 +361,16 @@ def test_a_job_checks_its_report_folder_and_settings_before_any_work(tmp_path: P
         run_job(load_job(job_file))
     assert not (tmp_path / "store").exists() and not (tmp_path / "run").exists()  # nothing was done
     assert load_job(job_file.with_name("job.toml")).report.overwrite is False
+
+
+def test_old_runs_without_actor_read_as_the_agents_calls(parquet_run: tuple[Path, Path], tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(parquet_run[1], run)
+    query = "SELECT actor, count(*) AS n, sum((seq = step)::INT) AS same FROM steps GROUP BY ALL ORDER BY ALL"
+    new = open_run(str(run)).sql(query).to_pylist()
+    assert [r["actor"] for r in new] == ["agent"] and new[0]["same"] == new[0]["n"]
+    # Every part rewritten as a pexec from before dual control wrote them: no `actor`, no `seq`.
+    for part in sorted((run / "steps").glob("*.parquet")):
+        table = pq.read_table(part)
+        pq.write_table(table.drop_columns(["actor", "seq"]), part)
+    assert open_run(str(run)).sql(query).to_pylist() == new

@@ -39,15 +39,33 @@ def _replayed(events: list[tuple[str, object]]) -> History:
 
 
 @pytest.mark.parametrize("scanned", [dependencies._SCANNED_CHARS, 0])  # 0: always through the word index
+@pytest.mark.parametrize(("budget", "split"), [(dependencies.INDEX_ENTRIES, 65_536), (0, 65_536), (4, 65_536), (50, 3)])
 @given(EVENTS)
-def test_asking_as_the_history_grows_answers_as_a_fresh_history(scanned: int, events: list[tuple[str, object]]) -> None:
-    history = History()
-    with patch.object(dependencies, "_SCANNED_CHARS", scanned):
+def test_asking_as_the_history_grows_answers_as_a_fresh_history(
+    scanned: int, budget: int, split: int, events: list[tuple[str, object]]
+) -> None:
+    # A full index (budget 0 or 4 entries) or texts too long to split (over 3 characters) answer the same.
+    history = History(index_budget=budget)
+    with patch.object(dependencies, "_SCANNED_CHARS", scanned), patch.object(dependencies, "_SPLIT_CHARS", split):
         for step, (kind, item) in enumerate(events, 1):
             if kind == "ask":
                 assert history.knows(item) == _replayed(events[:step]).knows(item), (events[:step], item)
+                assert history.indexed <= budget
             else:
                 _add(history, step, kind, item)
+    held = len(history.known) + sum(len(p) + 1 for p, _ in history.postings.values())
+    assert history.indexed == held + sum(len(w) for w in history.vocabulary if w is not None)
+
+
+def test_the_word_index_stays_within_its_budget_on_a_large_history() -> None:
+    # Measured before: one check on a guard session at its 16 MiB budget grew it to 154 MiB (the word index).
+    history = History(index_budget=10_000)
+    for step in range(200):
+        history.add_result(step + 1, None, True, " ".join(f"w{step}x{i}" for i in range(2_000)))
+    for asked in ("w3x7", "w150x1999", "nowhere", "w199x0"):
+        assert history.knows(asked) == (asked != "nowhere")
+    assert history.indexed <= 10_000
+    assert sum(len(w) for w in history.vocabulary if w is not None) <= 10_000
 
 
 def test_a_word_asked_about_early_is_found_in_texts_added_later() -> None:

@@ -124,7 +124,7 @@ def test_silent_and_slow_connections_are_closed_and_health_comes_back(guard):
     slow = socket.create_connection(("127.0.0.1", guard.port), timeout=10)
     try:
         status = guard.exchange(guard.head("GET /health HTTP/1.1", f"Authorization: Bearer {TOKEN}"))
-        assert status.startswith((b"HTTP/1.1 503", b"HTTP/1.1 200"))  # over --max-concurrency 20: 503
+        assert status.startswith(b"HTTP/1.1 200")  # open sockets take no work slot of --max-concurrency 20
         for part in (b"GET /hea", b"lth HTTP/1.1\r\n", b"Host: x\r\n"):  # a request head dribbled out
             slow.sendall(part)
             time.sleep(0.3)

@@ -4,7 +4,7 @@ upstream (tests/mcp_upstream.py), each test one of the measured failures.
 - live verdict = nightly verdict, check and cause included: `pexec score` of the proxy's log gives, step for
   step, the verdicts the proxy gave live (the spec's schema decides S for the tools it declares, the upstream's
   for the others, by the same rule on both sides);
-- the upstream gets the proxy's environment (filtered by --env-allow/--env-deny);
+- the upstream gets a minimal environment and what --env-allow names, less --env-deny in any case;
 - the log is appended to, never rewritten;
 - a silent upstream is a tool error after --upstream-timeout; a result over the line limit a tool error; an
   upstream's garbage a few lines on stderr, no traceback; a dead upstream is said on stderr and in the log;
@@ -135,18 +135,21 @@ def test_without_a_spec_the_upstream_schemas_decide_and_the_rescore_agrees(tmp_p
     )
 
 
-def test_the_upstream_gets_the_environment_filtered_as_asked(tmp_path):
-    env = {**os.environ, "PEXEC_TEST_SETTING": "on", "PEXEC_TEST_SECRET": "hunter2"}
+def test_the_upstream_gets_a_minimal_environment_and_what_is_allowed(tmp_path):
+    # Measured before: the upstream got all of the proxy's environment, pexec's tokens and AWS keys included.
+    planted = {"PEXEC_TEST_SETTING": "on", "PEXEC_TEST_SECRET": "hunter2", "PEXEC_GUARD_TOKEN": "t0k"}
+    env = {**os.environ, **planted, "AWS_SECRET_ACCESS_KEY": "aws-s3cret", "LC_ALL": "C.UTF-8"}
+    names = ("PEXEC_TEST_SETTING", "PEXEC_TEST_SECRET", "PEXEC_GUARD_TOKEN", "AWS_SECRET_ACCESS_KEY", "HOME", "LC_ALL")
 
     async def read(*args: str) -> list[str]:
         async with proxy(*args, env=env) as client:
-            names = ("PEXEC_TEST_SETTING", "PEXEC_TEST_SECRET", "HOME")
             return [text(await client.call_tool("read_env", {"name": n})) for n in names]
 
-    # The SDK alone passed HOME, PATH, SHELL, TERM, USER and LOGNAME.
-    assert anyio.run(read) == ["on", "hunter2", os.environ["HOME"]]
-    filtered = anyio.run(read, "--env-allow", "PATH", "--env-allow", "PEXEC_TEST_*", "--env-deny", "*SECRET*")
-    assert filtered == ["on", "<unset>", "<unset>"]
+    home = os.environ["HOME"]
+    assert anyio.run(read) == ["<unset>", "<unset>", "<unset>", "<unset>", home, "C.UTF-8"]
+    allowed = anyio.run(read, "--env-allow", "PEXEC_TEST_*", "--env-allow", "AWS_*", "--env-deny", "*secret*")
+    assert allowed == ["on", "<unset>", "<unset>", "<unset>", home, "C.UTF-8"]  # the deny in any case
+    assert anyio.run(read, "--env-allow", "*")[:4] == ["on", "hunter2", "t0k", "aws-s3cret"]  # all, when asked
 
 
 def test_a_misbehaving_upstream_is_bounded_and_its_log_appended_to(tmp_path):

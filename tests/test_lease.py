@@ -118,6 +118,38 @@ def test_simultaneous_acquisitions_on_a_local_disk_have_one_winner(tmp_path: Pat
     assert (len(won), len(refused)) == (1, 7)
 
 
+def test_a_writer_frozen_inside_the_folder_lock_does_not_block_the_next_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A holder stopped (SIGSTOP) between taking the run folder's flock and releasing it once made the next
+    writer wait forever; the next writer now waits LOCK_WAIT and refuses naming the holder."""
+    run = tmp_path / "run"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time\n"
+            "from pipeline.storage.lease import Lease\n"
+            f"lease = Lease({str(run)!r}); lease.acquire()\n"
+            f"fd = os.open({str(run)!r}, os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "print('locked', flush=True); time.sleep(60)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        monkeypatch.setattr("pipeline.storage.lease.LOCK_WAIT", 0.5)
+        started = time.monotonic()
+        with pytest.raises(LeaseHeld, match=rf"is being written by .* pid {holder.pid} .*held the run folder's lock"):
+            Lease(str(run)).acquire()
+        assert time.monotonic() - started < 5
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_the_lease_is_released_when_scoring_is_interrupted(tmp_path: Path) -> None:
     store, run = tmp_path / "store", tmp_path / "run"
     write_store(synthesize("shop", 50, 10, seed=1), str(store), per_file=10)

@@ -426,7 +426,7 @@ LOGS = "allow_no_calls, benchmark, id_field, outcomes, success_field, task_field
     ("fmt", "known"),
     [
         ("bfcl", "allow_no_calls, dataset, model, scores"),
-        ("tau2", "allow_no_calls, tasks"),
+        ("tau2", "allow_no_calls, tasks, tau2_python, tau2_source"),
         ("toolsandbox", "allow_no_calls, now, threshold, tz"),
         ("openai", LOGS.replace("benchmark,", "benchmark, error_prefix,")),
         ("anthropic", LOGS),

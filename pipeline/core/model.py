@@ -18,6 +18,10 @@ CAUSES: tuple[Cause, ...] = ("schema", "dependency", "information", "state_consi
 # ran it (an inference crash, a crashed scenario, an infrastructure termination); its reason is the attribute
 # HARNESS_REASON.
 Status = Literal["ok", "harness_error"]
+# Who made a call: the agent (the headline metrics are over its calls), or the user simulator acting on its own side
+# of a shared world (τ telecom's phone), replayed in logged order on the same state and scored as a diagnostic.
+Actor = Literal["agent", "user"]
+ACTORS: tuple[Actor, ...] = ("agent", "user")
 STATUSES: tuple[Status, ...] = ("ok", "harness_error")
 HARNESS_REASON = "harness_error"
 
@@ -38,6 +42,7 @@ class Call:
     error: bool | None = None
     turn: int = 0
     call_id: str | None = None
+    actor: Actor = "agent"
 
 
 Event = Message | Call
@@ -79,16 +84,33 @@ class StepResult:
     output_match: bool | None
     effect: str | None = None  # the tool's effect class (pipeline.core.effects); None when undeclared
     effect_weight: float = 1.0  # its weight in the weighted executability
+    actor: Actor = "agent"  # `step` counts the calls of this actor
+    seq: int = 0  # 1-based position among both actors' calls, in logged order (as `step` when all are the agent's)
 
 
 @dataclass(slots=True)
 class RolloutResult:
     rollout: Rollout
-    steps: list[StepResult]  # complete when the result is built: what follows is derived from it once
+    steps: list[StepResult]  # the agent's, complete when the result is built: what follows is derived from it once
+    user_steps: list[StepResult] = field(default_factory=list)  # the user simulator's calls (a diagnostic)
     first_invalid: StepResult | None = field(init=False)
 
     def __post_init__(self) -> None:
         self.first_invalid = next((s for s in self.steps if not s.valid), None)
+
+    @property
+    def all_steps(self) -> list[StepResult]:
+        """Both actors' steps in logged order."""
+        if not self.user_steps:
+            return self.steps
+        return sorted(self.steps + self.user_steps, key=lambda s: s.seq)
+
+    @property
+    def user_fed(self) -> int | None:
+        """The user simulator's first-error depth among its own calls; None when it made none."""
+        if not self.user_steps:
+            return None
+        return next((s.step for s in self.user_steps if not s.valid), len(self.user_steps) + 1)
 
     @property
     def T(self) -> int:

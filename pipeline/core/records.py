@@ -15,7 +15,7 @@ from typing import Any, Literal, NotRequired, TypedDict
 import orjson
 
 from pipeline.core.errors import InvalidRecord
-from pipeline.core.model import NOT_LOGGED, STATUSES, Call, Event, Message, Rollout, Status
+from pipeline.core.model import ACTORS, NOT_LOGGED, STATUSES, Call, Event, Message, Rollout, Status
 from pipeline.core.run_schema import ATTRIBUTE_PREFIX, RESERVED_COLUMNS
 
 MAX_DEPTH = 64  # levels of objects and lists in a record (and in JSON text it carries); deeper is a reject
@@ -39,6 +39,7 @@ class CallRecord(TypedDict):
     arguments: Any  # the arguments object, or the raw text the log kept (it may not parse)
     turn: NotRequired[int]  # absent: 0
     call_id: NotRequired[str | None]
+    actor: NotRequired[Literal["agent", "user"]]  # absent: agent
     output: NotRequired[Any]  # absent: the log recorded no output
     error: NotRequired[bool]
 
@@ -257,6 +258,9 @@ def parse_event(raw: Any, where: str) -> Event:
         if error is not None and not isinstance(error, bool):
             raise InvalidRecord(f"{where}.error must be true, false or null")
         call_id = raw.get("call_id")
+        actor = raw.get("actor") or "agent"
+        if actor not in ACTORS:
+            raise InvalidRecord(f"{where}.actor must be agent or user")
         return Call(
             tool=tool,
             arguments=raw.get("arguments", {}),
@@ -265,6 +269,7 @@ def parse_event(raw: Any, where: str) -> Event:
             error=error,
             turn=turn,
             call_id=str(call_id) if call_id is not None else None,
+            actor=actor,
         )
     raise InvalidRecord(f"{where}: unknown event type {kind!r} (expected 'message' or 'call')")
 
@@ -280,6 +285,8 @@ def event_record(event: Event) -> dict[str, Any]:
         out["output"] = event.output
     if event.error is not None:
         out["error"] = event.error
+    if event.actor != "agent":
+        out["actor"] = event.actor
     return out
 
 

@@ -73,6 +73,15 @@ STEPS = RunTable(
         Column("output_match", _BOOL, "replayed output equals the logged one; null when nothing was logged"),
         Column("effect", _STR, "the tool's effect class: read, write or irreversible; null when undeclared"),
         Column("effect_weight", _F64, "the tool's weight in the weighted AUC-PEC (1 unless declared)"),
+        Column(
+            "actor",
+            _STR,
+            "who made the call: agent, or user (a user simulator's own tools, τ telecom); `step` counts that actor's "
+            "calls; absent in older runs (read as agent)",
+        ),
+        Column(
+            "seq", _I32, "1-based position among both actors' calls, in logged order; absent in older runs (= step)"
+        ),
     ),
     labels=_LABELS,
     attributes=_ATTRIBUTES,
@@ -108,6 +117,13 @@ ROLLOUTS = RunTable(
             _BOOL,
             "a call before the first error has a replayed output unlike the logged one: fed is not trustworthy",
         ),
+        Column(
+            "user_T",
+            _I32,
+            "the user simulator's own calls (τ telecom); null when it made none. The other columns are the agent's",
+        ),
+        Column("user_fed", _I32, "first-error depth among the user simulator's calls; null when it made none"),
+        Column("user_n_invalid", _I32, "invalid calls of the user simulator; null when it made none"),
     ),
     labels=_LABELS,
     attributes=_ATTRIBUTES,

@@ -40,7 +40,9 @@ BUILT_IN = {
     "bfcl_v4": "pipeline.envs.bfcl:bfcl_v4",
     "observed": "pipeline.envs.observed:observed",
     "tau_airline": "pipeline.envs.tau:tau_airline",
+    "tau_banking_knowledge": "pipeline.envs.tau:tau_banking_knowledge",
     "tau_retail": "pipeline.envs.tau:tau_retail",
+    "tau_telecom": "pipeline.envs.tau:tau_telecom",
     "toolsandbox": "pipeline.envs.toolsandbox:toolsandbox",
 }
 
@@ -112,8 +114,14 @@ def get_environment(name: str, options: EnvOptions | None = None) -> Environment
 
 def new_environment(name: str, options: EnvOptions | None = None) -> Environment:
     """An instance of `name` of its own, not cached: two states of one instance need not coexist (the spec
-    and τ environments reuse one state per instance), so every live guard session holds its own."""
-    return _build(name, options or EnvOptions())
+    and τ environments reuse one state per instance), so every live guard session holds its own. A spec
+    environment's compiled spec is read-only and shared with the cached instance: only the state is its own
+    (an empty guard session on `shop`: 0.9 MiB with a spec compiled of its own, measured)."""
+    options = options or EnvOptions()
+    shared = _INSTANCES.get((name, options))
+    if type(shared) is SpecEnvironment:
+        return SpecEnvironment(shared.spec)
+    return _build(name, options)
 
 
 def forget_unresolved() -> None:

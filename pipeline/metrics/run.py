@@ -61,6 +61,14 @@ class Run:
         """One row per record that could not be scored, with its reason and source location."""
         return self._table("rejects")
 
+    def written_by(self, population: Population = DEFAULT_POPULATION) -> list[str]:
+        """Warnings where the code that wrote the logs is not the code that replayed them
+        (pipeline.metrics.written_by)."""
+        from pipeline.metrics.written_by import written_by_notes
+
+        with self.connect(population) as con:
+            return written_by_notes(self.snapshot, con)
+
     @contextmanager
     def connect(self, population: Population = DEFAULT_POPULATION) -> Iterator[duckdb.DuckDBPyConnection]:
         """A DuckDB connection whose view `rollouts` holds the rollouts `population` counts

@@ -90,8 +90,10 @@ def profiles_and_replicates(
     replicate's ratio is undefined): the draws its interval comes from."""
     steps = snapshot.parts("steps")
     with open_population(snapshot, population) as con:
-        labels = cohort_columns(con, by or [])
-        keys = ["benchmark", "tool", *labels]
+        # `actor` (agent or user: whose call, τ telecom) is a column of the steps, not of the rollouts.
+        asked = list(by or [])
+        labels = cohort_columns(con, [b for b in asked if b != "actor"])
+        keys = ["benchmark", "tool", *(["actor"] if "actor" in asked else []), *labels]
         if not steps:
             return [], []
         metric_defs: list[MetricDef] = [

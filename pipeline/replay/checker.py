@@ -15,7 +15,7 @@ from typing import Any
 import fastjsonschema
 import orjson
 
-from pipeline.core.model import NOT_LOGGED, Call, Cause, Check, Message, Rollout, RolloutResult, StepResult
+from pipeline.core.model import NOT_LOGGED, Actor, Call, Cause, Check, Message, Rollout, RolloutResult, StepResult
 from pipeline.core.records import MAX_DEPTH, too_deep
 from pipeline.core.values import same
 from pipeline.envs.base import Environment, Outcome, ToolInfo
@@ -70,7 +70,7 @@ def replay(env: Environment, rollout: Rollout, checks: tuple[str, ...] = CHECKS)
             session.message(event.role, event.content)
         else:
             session.step(event)
-    return RolloutResult(rollout, session.steps)
+    return RolloutResult(rollout, session.steps, session.user_steps)
 
 
 class Session:
@@ -80,6 +80,11 @@ class Session:
 
     `check` decides the next call; a simulator's execution of an accepted call stays in the state as pending
     until `record` commits it (the same call) or anything else discards it.
+
+    Calls of the user simulator (actor `user`, τ telecom's phone) run on the same state in logged order and are
+    scored on their own: their own depth, prefix and grounding (what the agent said to the user), never the
+    agent's prefix. A P failure whose call was accepted in an earlier state is state_consistency either way, and
+    when the call that made it impossible was the other actor's, `detail` names that step.
     """
 
     def __init__(self, env: Environment, rollout: Rollout, checks: tuple[str, ...] = CHECKS) -> None:
@@ -91,26 +96,39 @@ class Session:
             self.history.add_known(known)
         self.marks = [env.checkpoint(self.state)]  # marks[i] = state after the i-th accepted call; marks[0] = s_0
         self.accepted: list[tuple[Call, dict[str, Any] | None]] = []  # None: arguments not captured
+        self.accepted_steps: list[tuple[Actor, int]] = []  # who made each accepted call, at which depth
         self.steps: list[StepResult] = []
         self.prefix_ok = True
+        self.user_steps: list[StepResult] = []
+        self.user_prefix_ok = True
+        self.user_history = History()  # what the user simulator could know: the agent's messages, its own outputs
         self._pending: tuple[Call, Verdict] | None = None
 
     def message(self, role: str, content: str) -> None:
         self._discard()
         if role in ("user", "system"):
             self.history.add_message(content)
+        if role in ("assistant", "system"):
+            self.user_history.add_message(content)
 
     def check(self, call: Call) -> Verdict:
         """The verdict on `call` as the next step, before it is recorded."""
         self._discard()
         env, state = self.env, self.state
-        verdict = _check(env, state, call, len(self.steps) + 1, self.history, self.checks)
+        user = call.actor == "user"
+        steps, history = (self.user_steps, self.user_history) if user else (self.steps, self.history)
+        verdict = _check(env, state, call, len(steps) + 1, history, self.checks)
         if not verdict.valid and verdict.check == "P":
             # Without a simulator an earlier state is only less of what the agent saw, where rules cannot be
             # evaluated and would accept vacuously: the walk-back is for simulated environments.
-            if self.prefix_ok and len(self.marks) > 1 and env.simulated:
+            prefix_ok = self.user_prefix_ok if user else self.prefix_ok
+            if prefix_ok and len(self.marks) > 1 and env.simulated:
                 earlier = _accepted_earlier(env, state, self.marks, self.accepted, call, verdict.args)
-                verdict.cause = "state_consistency" if earlier else "precondition"
+                verdict.cause = "state_consistency" if earlier is not None else "precondition"
+                if earlier is not None and self.accepted_steps[earlier][0] != call.actor:
+                    actor, depth = self.accepted_steps[earlier]
+                    made = f"made impossible by the {actor}'s step {depth} ({self.accepted[earlier][0].tool})"
+                    verdict.detail = f"{verdict.detail}; {made}" if verdict.detail else made
             else:
                 verdict.cause = "precondition"
         self._pending = (call, verdict)
@@ -138,15 +156,22 @@ class Session:
 
     def _commit(self, call: Call, verdict: Verdict) -> StepResult:
         self._pending = None
-        depth = len(self.steps) + 1
+        user = call.actor == "user"
+        steps = self.user_steps if user else self.steps
+        depth = len(steps) + 1
         # Executed: valid, and the environment accepted it (with P not checked a rejected call is valid too).
         executed = verdict.valid and (verdict.outcome is None or verdict.outcome.accepted)
         if executed:
             self.accepted.append((call, verdict.args))
+            self.accepted_steps.append((call.actor, depth))
             self.marks.append(self.env.checkpoint(self.state))
         output = verdict.outcome.output if verdict.outcome and executed else None
-        self.history.add_result(depth, call.call_id, executed, output)
-        self.prefix_ok = self.prefix_ok and verdict.valid
+        if user:
+            self.user_history.add_result(depth, call.call_id, executed, output)
+            self.user_prefix_ok = prefix_ok = self.user_prefix_ok and verdict.valid
+        else:
+            self.history.add_result(depth, call.call_id, executed, output)
+            self.prefix_ok = prefix_ok = self.prefix_ok and verdict.valid
         info = self.env.tool(call.tool)
         effect = info.effect if info is not None else None
         step = StepResult(
@@ -154,7 +179,7 @@ class Session:
             turn=call.turn,
             tool=call.tool,
             valid=verdict.valid,
-            prefix_executable=self.prefix_ok,
+            prefix_executable=prefix_ok,
             failed_check=verdict.check,
             cause=verdict.cause,
             detail=verdict.detail,
@@ -162,8 +187,10 @@ class Session:
             output_match=_output_match(self.env, call, verdict),
             effect=effect.effect if effect else None,
             effect_weight=effect.weight if effect else 1.0,
+            actor=call.actor,
+            seq=len(self.steps) + len(self.user_steps) + 1,
         )
-        self.steps.append(step)
+        steps.append(step)
         return step
 
     def _discard(self) -> None:
@@ -204,6 +231,12 @@ def _check(
         failed = _schema_failure(info, args, ref_failures, ref_holders)
         if failed:
             return failed
+    # S: a tool discovered at run time (τ banking_knowledge) is available only from the step that discovered it.
+    undiscovered = getattr(env, "undiscovered", None)
+    if undiscovered is not None:
+        missing = undiscovered(state, call.tool, args, call)
+        if missing:
+            return Verdict(False, "S", "schema", f"not available: {missing}")
     # D: explicit references resolve, grounded values occur in what the agent could know.
     if ref_failures and "dependency" in checks:
         return Verdict(False, "D", "dependency", "; ".join(ref_failures.values()))
@@ -288,8 +321,9 @@ def _accepted_earlier(
     accepted: list[tuple[Call, dict[str, Any] | None]],
     call: Call,
     args: dict[str, Any] | None,
-) -> bool:
-    """Would `call` have been accepted in an earlier state of this rollout (s_0 … s_{t-2})?
+) -> int | None:
+    """The latest earlier state of this rollout (s_0 … s_{t-2}) in which `call` would have been accepted, as the
+    index of the accepted call that came after it (the one that made it impossible); None when there is none.
 
     Walks back through the marks, most recent first, then brings the state forward again by replaying the
     accepted calls after the mark where the walk stopped (only those: the state below it was never undone).
@@ -307,7 +341,7 @@ def _accepted_earlier(
         if not env.execute(state, earlier.tool, earlier_args, earlier).accepted:
             raise ReplayError(f"{env.name}: {earlier.tool} was accepted once and rejected on a second replay")
         marks.append(env.checkpoint(state))
-    return found is not None
+    return found
 
 
 def _output_match(env: Environment, call: Call, verdict: Verdict) -> bool | None:

@@ -30,6 +30,14 @@ _WORD = re.compile(r"[\w-]+")  # a run of the characters that `History.knows` co
 _CACHED_TEXT = 4096  # characters of the longest text whose words are cached
 # Texts of at most this many characters in all are searched whole: cheaper than finding their words first.
 _SCANNED_CHARS = 16_384
+# Entries of a history's word index (a word of a split text, a text in a word's postings, a value found) by
+# default; a guard session sets its own from its budget. Past it the index stops growing: a text not split is
+# searched directly, and a word's postings are not kept, so every answer stays the same and only costs more.
+INDEX_ENTRIES = 262_144
+INDEX_ENTRY_BYTES = 128  # memory of an entry, at most (measured: 117 bytes a word, 69 a posting)
+# The longest text split into words (a text's words are a list for a moment: one long text must not be a peak).
+_SPLIT_CHARS = 65_536
+_KNOWN_CHARS = 256  # the longest value remembered as found
 _PLACEHOLDER = re.compile(r"\$(step\d+(?:\.[\w-]+|\[-?\d+\])*)|\{\{\s*([\w.\[\]-]+)\s*\}\}|^<([A-Za-z_][\w.]*)>$")
 
 
@@ -55,6 +63,8 @@ class History:
     known: set[str] = field(default_factory=set)  # values found so far (texts only grow: they stay found)
     fields: dict[str, int] = field(default_factory=dict)  # a top-level output key -> the latest step with it
     chars: int = 0  # characters of texts
+    index_budget: int = INDEX_ENTRIES  # entries the index (vocabulary, postings, known) may hold
+    indexed: int = 0  # entries it holds
 
     def add_message(self, text: str) -> None:
         if text:
@@ -93,7 +103,9 @@ class History:
         if text in self.known:
             return True
         if self._finds(text):
-            self.known.add(text)
+            if len(text) <= _KNOWN_CHARS and self.indexed < self.index_budget:
+                self.known.add(text)
+                self.indexed += 1
             return True
         return False
 
@@ -124,16 +136,27 @@ class History:
         held, tested = self.postings.get(run) or (set(), 0)
         texts, vocabulary = self.texts, self.vocabulary
         if tested < len(texts):
+            posted = len(held) + 1 if tested else 0  # entries the word's postings count now (none: not kept)
             vocabulary.extend([None] * (len(texts) - len(vocabulary)))
             for i in range(tested, len(texts)):
                 words = vocabulary[i]
                 if words is None:
                     if run not in texts[i]:
                         continue
+                    size = len(texts[i])
+                    if size > _SPLIT_CHARS or self.indexed + size // 2 + 1 > self.index_budget:
+                        held.add(i)  # not split (too long, or the index is full): it may hold the word
+                        continue
                     words = vocabulary[i] = _words(texts[i])
+                    self.indexed += len(words)
                 if run in words:
                     held.add(i)
-            self.postings[run] = (held, len(texts))
+            if self.indexed - posted + len(held) + 1 <= self.index_budget:
+                self.postings[run] = (held, len(texts))
+                self.indexed += len(held) + 1 - posted
+            elif posted:  # the index is full: the word's postings are dropped, found again when asked
+                del self.postings[run]
+                self.indexed -= posted
         return held
 
     def resolve(self, ref: str, step: int) -> Any:

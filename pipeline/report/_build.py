@@ -104,6 +104,9 @@ def build_report(
     n_keys = len(t.keys)
     display = [layout.metrics_table(t, ks), layout.recovery_table(t), layout.causes_table(t)]
     key_counts = [n_keys, n_keys, n_keys]
+    if t.users:
+        display.append(layout.users_table(t))
+        key_counts.append(n_keys)
     if tools:
         display.append(layout.tools_table(tools, [t.keys[0], "tool", *conditions]))
         key_counts.append(n_keys + 1)
@@ -120,7 +123,11 @@ def build_report(
         key_counts.append(n_keys)
     title = f"Prefix executability report — {run.url}"
     covered = t.cohorts[0]["partial"] if t.cohorts else None
-    preamble = [*([f"⚠ {Coverage.from_json(covered).describe()}"] if covered else []), layout.settings_line(t.cohorts)]
+    preamble = [
+        *([f"⚠ {Coverage.from_json(covered).describe()}"] if covered else []),
+        *(f"⚠ {note}" for note in run.written_by(population)),
+        layout.settings_line(t.cohorts),
+    ]
     if overwrite:
         remove_all(root, storage_options)
 
@@ -145,6 +152,7 @@ def build_report(
         "fed": _table(t.fed),
         "tools": _table([_tool_row(r) for r in tools]),
         "costs": _table(t.costs),
+        "users": _table(t.users),
         "ranking": _table(_ranking_rows(rankings)),
         "paired": _table([{**r, "compare": compare.title} for r in paired] if compare else []),
         "sensitivity": _table(_sensitivity_rows(t, approx) if sensitivity else []),

@@ -12,7 +12,7 @@ import duckdb
 
 from pipeline.core import metric_catalogue
 from pipeline.metrics.cohorts import Replicates, cohort_columns, metrics_and_replicates
-from pipeline.metrics.duck import cost_columns, fetch, run_sql, set_variables
+from pipeline.metrics.duck import cost_columns, fetch, rollout_columns, run_sql, set_variables
 from pipeline.metrics.results import Cohort, Labelled
 from pipeline.metrics.run import Run
 from pipeline.metrics.settings import DEFAULT_POPULATION, BootstrapSettings, Population
@@ -59,6 +59,15 @@ class CostMean(Labelled):
     n_known: int
 
 
+class UserCalls(Labelled):
+    """A row of table report_users: the user simulator's own calls in a cohort (dual control: τ telecom)."""
+
+    n_with_user_calls: int
+    n_user_calls: int
+    n_user_invalid: int
+    n_user_executable: int
+
+
 class SensitivityCount(Labelled):
     """A row of table report_sensitivity: rollouts whose looser-level depth a rescoring could change."""
 
@@ -80,6 +89,7 @@ class Descriptive:
     fed: list[FedShare]
     costs: list[CostMean]  # empty when the logs carry no cost_* column
     max_t: int
+    users: list[UserCalls]  # empty when no user simulator made calls of its own
 
 
 @dataclass(frozen=True)
@@ -99,12 +109,17 @@ def descriptive(con: duckdb.DuckDBPyConnection, keys: list[str]) -> Descriptive:
     if cost_columns(con):
         run_sql(con, "report/report_costs")
         costs = fetch(con, "report_costs", CostMean)
+    users: list[UserCalls] = []
+    if "user_T" in rollout_columns(con):
+        run_sql(con, "report/report_users")
+        users = fetch(con, "report_users", UserCalls)
     return Descriptive(
         recovery=fetch(con, "report_recovery", Recovery),
         causes=fetch(con, "report_causes", CauseShare),
         fed=fetch(con, "report_fed", FedShare),
         costs=costs,
         max_t=fetch(con, "report_depth", _Depth)[0]["max_t"],
+        users=users,
     )
 
 
@@ -130,5 +145,6 @@ def run_tables(
         fed=parts.fed,
         costs=parts.costs,
         max_t=parts.max_t,
+        users=parts.users,
         replicates=replicates,
     )

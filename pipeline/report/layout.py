@@ -131,6 +131,27 @@ def recovery_table(t: RunTables) -> Table:
     return Table("Recovery arithmetic", columns, rows, [note])
 
 
+def users_table(t: RunTables) -> Table:
+    """The user simulator's own calls (dual control), beside the agent's headline: a harness diagnostic."""
+    columns = [*t.keys, "rollouts with user calls", "user calls", "invalid user calls", "all user calls valid"]
+    rows = [
+        [
+            *(str(v) for v in key_values(r, t.keys)),
+            str(r["n_with_user_calls"]),
+            str(r["n_user_calls"]),
+            str(r["n_user_invalid"]),
+            f"{r['n_user_executable']} ({pct(r['n_user_executable'], r['n_with_user_calls'])})",
+        ]
+        for r in t.users
+    ]
+    note = (
+        "The user simulator's calls on its own tools (τ telecom's phone), replayed in logged order on the shared "
+        "state and scored like the agent's. Every other table is over the agent's calls; a user simulator that "
+        "makes invalid calls is a harness problem."
+    )
+    return Table("User simulator calls (diagnostic)", columns, rows, [note])
+
+
 def identity(r: Recovery) -> str:
     """success = TER_v · P(success | executable) + (1 − TER_v) · RR in the row's own counts, as fractions: exact
     because with a verdict = executable + invalid prefix and successes = the two successful counts (the parts)."""

@@ -32,11 +32,11 @@ def steps_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
         )
         for r in (res.rollout for res in results)
     ]
-    step_rows = map(attrgetter(*fields), (s for res in results for s in res.steps))
+    step_rows = map(attrgetter(*fields), (s for res in results for s in res.all_steps))
     rollout_names = [*schema.names[: len(STEPS.ids) + len(labels) + len(attributes)], "status"]
     cols: dict[str, Sequence[Any]] = {name: () for name in schema.names}
     cols |= zip(fields, zip(*step_rows, strict=True), strict=False)
-    per_step = np.repeat(np.arange(len(results)), [len(res.steps) for res in results])
+    per_step = np.repeat(np.arange(len(results)), [len(res.steps) + len(res.user_steps) for res in results])
     arrays = {f.name: pa.array(cols[f.name], f.type) for f in schema if f.name not in rollout_names}
     per_rollout = list(zip(*rollout_rows, strict=True)) or [()] * len(rollout_names)
     arrays |= {
@@ -78,6 +78,9 @@ def rollouts_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
                 "diverged_before_fed": any(s.output_match is False and s.step < fed for s in steps),
                 **effect_columns(res),
                 **check_levels(res),
+                "user_T": len(res.user_steps) if res.user_steps else None,
+                "user_fed": res.user_fed,
+                "user_n_invalid": sum(not s.valid for s in res.user_steps) if res.user_steps else None,
                 **{f"cost_{k}": r.cost.get(k) for k in cost_names},
             }
         )

@@ -38,6 +38,10 @@ from pipeline.storage.fs import StorageOptions, filesystem, is_local
 
 LEASE = "_lease.json"
 DEFAULT_STALE_AFTER = 600.0  # seconds without a heartbeat before a lease counts as abandoned
+# How long a writer waits for the run folder's lock on a local disk. The lock is held for one read-check-write
+# (milliseconds), so a longer wait means its holder is frozen (stopped, swapped out): the wait ends, and the lease
+# is judged as read without the lock (it is written aside and renamed, so a read never sees half of it).
+LOCK_WAIT = 10.0
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +137,18 @@ class Lease:
             raise StorageError(f"cannot take the lease {self.url}: {type(exc).__name__}: {exc}") from exc
 
     def _acquire(self) -> None:
+        try:
+            self._take()
+        except _LockTimeout:
+            run = self.url.rsplit("/", 1)[0]
+            current, _ = self._object.read()
+            held = f"is being written by {current.describe(time.time())}" if current else "is locked by another writer"
+            raise LeaseHeld(
+                f"run {run} {held}; it has held the run folder's lock for more than {LOCK_WAIT:.0f}s "
+                f"(a stopped process?) ({self.url})"
+            ) from None
+
+    def _take(self) -> None:
         me = _me()
         with self._object.locked():
             current, version = self._object.read()
@@ -183,13 +199,22 @@ class Lease:
         """Renew now, or raise LeaseLost: called right before each step that deletes or commits, so that it
         happens only while this writer certainly holds the lease (whatever became of the heartbeat)."""
         self.check()
-        self.renew()
+        try:
+            self.renew()
+        except _LockTimeout:
+            raise LeaseLost(
+                f"cannot confirm the lease of {self.url.rsplit('/', 1)[0]}: another process has held the run "
+                f"folder's lock for more than {LOCK_WAIT:.0f}s"
+            ) from None
 
     def release(self) -> None:
         if self._holder is None:
             return
-        with self._object.locked():
-            self._object.delete(self._version)
+        try:
+            with self._object.locked():
+                self._object.delete(self._version)
+        except _LockTimeout:  # left behind: it goes stale, or a rerun on this host takes it over
+            log.warning("could not release the lease %s: its folder's lock is held by another process", self.url)
         self._holder = None
 
     def _heartbeat(self) -> None:
@@ -229,6 +254,26 @@ def _gone(holder: Holder, me: Holder) -> bool:
     return False
 
 
+def _flock(fd: int, lease: str) -> None:
+    """An exclusive flock of `fd`, waited for at most LOCK_WAIT seconds: a blocking flock would wait forever
+    behind a holder that was stopped (SIGSTOP, a debugger) while it held the lock."""
+    deadline = time.monotonic() + LOCK_WAIT
+    pause = 0.001
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise _LockTimeout(lease) from None
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
+
+
+class _LockTimeout(Exception):
+    """The run folder's lock was not free within LOCK_WAIT: its holder is frozen."""
+
+
 def _dump(holder: Holder) -> bytes:
     return orjson.dumps(asdict(holder))
 
@@ -257,7 +302,7 @@ class _File:
         os.makedirs(folder, exist_ok=True)
         fd = os.open(folder, os.O_RDONLY)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            _flock(fd, self.path)
             yield
         finally:
             os.close(fd)  # closing releases the lock

@@ -61,9 +61,15 @@ class _Task:
 def synthesize(
     spec: str = "shop", n_rollouts: int = 1000, n_tasks: int = 100, seed: int = 0
 ) -> Iterator[RolloutRecord]:
-    """Canonical rollout records with a `truth` field, `n_rollouts` of them over `n_tasks` tasks."""
+    """Canonical rollout records with a `truth` field, `n_rollouts` of them over `n_tasks` tasks: on the `shop`
+    spec, or on τ telecom's official tasks and environment (`tau_telecom`, both actors: pipeline.synthetic.telecom)."""
+    if spec == "tau_telecom":
+        from pipeline.synthetic.telecom import synthesize_telecom
+
+        yield from synthesize_telecom(n_rollouts, n_tasks, seed)
+        return
     if spec != "shop":
-        raise SynthError(f"synth knows how to build tasks for the 'shop' spec only, not {spec!r}")
+        raise SynthError(f"synth knows how to build tasks for the 'shop' spec and tau_telecom only, not {spec!r}")
     folder = find_spec(spec)
     if folder is None:
         raise SynthError("the 'shop' spec is not installed (specs/shop)")

@@ -43,6 +43,7 @@ from pipeline.apps.cli._render import (
     print_diff,
     print_query_result,
     print_table,
+    warning_notice,
 )
 from pipeline.core.errors import PexecError
 from pipeline.core.text import literal
@@ -98,6 +99,8 @@ def metrics(
         return
     if cohorts and cohorts[0]["partial"]:
         partial_notice(Coverage.from_json(cohorts[0]["partial"]), out)
+    for note in opened.written_by(asked.population):
+        warning_notice(note, out)
     print_table(metrics_table(cohorts))
     if cohorts:
         b = cohorts[0]["bootstrap"]
@@ -330,12 +333,20 @@ def view(
     ] = None,
     token_file: TokenFile = None,
     allow_host: AllowHost = None,
-    header_timeout: HeaderTimeout = 10.0,
+    header_timeout: HeaderTimeout = 5.0,
     max_concurrency: MaxConcurrency = 64,
     bootstrap: Bootstrap = 1000,
     seed: IntervalsSeed = 0,
     method: Method = "multinomial",
     partial: Partial = False,
+    inputs: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--inputs",
+            help="A folder or URL prefix whose inputs rollout pages may read to show the logged trajectory "
+            "(repeatable; default: only the run's own folder, since a run's manifest may name any URL).",
+        ),
+    ] = None,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
 ) -> None:
@@ -347,7 +358,8 @@ def view(
     check_token(host, token)
     check_address(host, port)
     asked = MetricsSettings.from_values(bootstrap=bootstrap, seed=seed, method=method, methods=LOCAL_METHODS)
-    run_view = RunView(Reading(storage(endpoint_url, storage_option), partial).open(run), asked.bootstrap)
+    opened = Reading(storage(endpoint_url, storage_option), partial).open(run)
+    run_view = RunView(opened, asked.bootstrap, tuple(inputs or ()))
     console.print(f"pexec view: http://{host}:{port}/ (Ctrl-C to stop)")
     try:
         limits = server_limits(header_timeout, max_concurrency)

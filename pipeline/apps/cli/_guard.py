@@ -53,7 +53,16 @@ def serve(
     cache_mb: Annotated[
         int, typer.Option("--cache-mb", min=0, max=65_536, help="MiB of events the stateless cache holds at most.")
     ] = 128,
-    header_timeout: HeaderTimeout = 10.0,
+    memory_mb: Annotated[
+        int,
+        typer.Option(
+            "--memory-mb",
+            min=1,
+            max=1_048_576,
+            help="MiB all sessions take together, live and cached, empty sessions' cost included; past it 429.",
+        ),
+    ] = 16_384,
+    header_timeout: HeaderTimeout = 5.0,
     max_concurrency: MaxConcurrency = 64,
 ) -> None:
     """Serve the guard over HTTP: sessions (create, check, record, message, close) and stateless checks."""
@@ -66,7 +75,13 @@ def serve(
     token = read_token(token, token_file)
     require_token(host, token)  # before an environment is built
     mib = 1024 * 1024
-    limits = Limits(max_sessions, ttl, max_session_bytes=session_mb * mib, max_cache_bytes=cache_mb * mib)
+    limits = Limits(
+        max_sessions,
+        ttl,
+        max_session_bytes=session_mb * mib,
+        max_cache_bytes=cache_mb * mib,
+        max_memory_bytes=memory_mb * mib,
+    )
     guard = Guard(env, options, limits)
     console.print(f"guard: {env} ({guard.version}) on http://{host}:{port}")
     serve_http(guard, host, port, token, server_limits(header_timeout, max_concurrency), tuple(allow_host or ()))
@@ -85,13 +100,16 @@ def mcp(
         list[str] | None,
         typer.Option(
             "--env-allow",
-            help="Pass the upstream only the environment variables matching this pattern, e.g. 'GITHUB_*' "
-            "(repeatable; default: all).",
+            help="Pass the upstream the environment variables matching this pattern too, e.g. 'GITHUB_*' "
+            "(repeatable; default: only PATH, HOME and the locale, LANG, LANGUAGE and LC_*; '*' passes all).",
         ),
     ] = None,
     env_deny: Annotated[
         list[str] | None,
-        typer.Option("--env-deny", help="Keep the variables matching this pattern from the upstream (repeatable)."),
+        typer.Option(
+            "--env-deny",
+            help="Keep the variables matching this pattern, in any case, from the upstream (repeatable).",
+        ),
     ] = None,
     upstream_timeout: Annotated[
         float,

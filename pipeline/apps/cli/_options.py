@@ -153,7 +153,10 @@ HeaderTimeout = Annotated[
 MaxConcurrency = Annotated[
     int,
     typer.Option(
-        "--max-concurrency", min=1, max=10_000, help="Open connections and requests in flight; one more gets 503."
+        "--max-concurrency",
+        min=1,
+        max=10_000,
+        help="Requests being answered at once (open connections are not counted); one more gets 503.",
     ),
 ]
 

@@ -50,6 +50,11 @@ def partial_notice(partial: Coverage, where: Console) -> None:
     where.print(Text(literal(partial.describe()), style="bold yellow"), soft_wrap=True)
 
 
+def warning_notice(message: str, where: Console) -> None:
+    """A warning above the results, in bold yellow (as a partial read's)."""
+    where.print(Text(literal(f"⚠ {message}"), style="bold yellow"), soft_wrap=True)
+
+
 def json_lines(rows: Sequence[Mapping[str, Any]]) -> None:
     """One JSON object per line on stdout (`--json`)."""
     for row in rows:

@@ -31,7 +31,12 @@ from pipeline.synthetic.rollouts import synthesize
 
 
 def synth(
-    spec: Annotated[str, typer.Argument(help="Spec to build tasks for (shipped: shop).")],
+    spec: Annotated[
+        str,
+        typer.Argument(
+            help="What to build tasks for: the shop spec, or tau_telecom (its official tasks, both actors)."
+        ),
+    ],
     out_store: OutStore,
     rollouts: Annotated[int, typer.Option("--rollouts", min=1, max=100_000_000, help="Rollouts to write.")] = 1000,
     tasks: Annotated[

@@ -13,7 +13,23 @@ replay.py     `pexec guard replay`: what the guard under a new spec would have r
 Imports: core, envs, replay, web.
 """
 
-from pipeline.apps.guard.session import EnvironmentPool, GuardSession, GuardVerdict, SessionBudget, open_session
-from pipeline.core.errors import SessionFull
+from pipeline.apps.guard.session import (
+    EnvironmentPool,
+    GuardSession,
+    GuardVerdict,
+    MemoryBudget,
+    SessionBudget,
+    open_session,
+)
+from pipeline.core.errors import GuardFull, SessionFull
 
-__all__ = ["EnvironmentPool", "GuardSession", "GuardVerdict", "SessionBudget", "SessionFull", "open_session"]
+__all__ = [
+    "EnvironmentPool",
+    "GuardFull",
+    "GuardSession",
+    "GuardVerdict",
+    "MemoryBudget",
+    "SessionBudget",
+    "SessionFull",
+    "open_session",
+]

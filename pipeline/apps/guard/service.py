@@ -10,11 +10,14 @@ check → record → check costs O(1) per request at any depth on the replica th
 from __future__ import annotations
 
 import hashlib
+import resource
 import secrets
 import threading
 import time
+import tracemalloc
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypedDict
 
 import orjson
@@ -23,16 +26,18 @@ from pipeline.apps.guard.session import (
     POOL,
     EnvironmentPool,
     GuardSession,
+    MemoryBudget,
     SessionBudget,
     VerdictJSON,
     check_event,
     check_start,
     open_session,
+    with_slack,
 )
-from pipeline.core.errors import GuardRequestError, InvalidRecord, PexecError, SessionFull
-from pipeline.core.model import Call, Message
+from pipeline.core.errors import GuardFull, GuardRequestError, InvalidRecord, PexecError, SessionFull
+from pipeline.core.model import Call, Message, Rollout
 from pipeline.core.records import parse_event, parse_rollout
-from pipeline.envs import EnvOptions, get_environment
+from pipeline.envs import EnvOptions, get_environment, new_environment
 
 # A request's body as the client sent it: decoded JSON, every value checked before it is used.
 Body = dict[str, object]
@@ -51,7 +56,10 @@ class SessionStart(TypedDict):
 class SessionCounts(TypedDict):
     sessions: int  # live
     cached: int  # kept by the stateless cache
-    cached_bytes: int
+    cached_bytes: int  # what the cached sessions take (as `held_bytes` counts them)
+    held_bytes: int  # what the live sessions take: their events, `env`s and word indexes, and `session_base_bytes` each
+    session_base_bytes: int  # what an empty session of the environment takes, measured when the guard started
+    rss_bytes: int | None  # the process's resident memory now (None where /proc is not)
 
 
 class StatelessVerdict(VerdictJSON):
@@ -68,10 +76,47 @@ class Limits:
     max_session_events: int = SessionBudget.max_events  # events of one session (and of one stateless request)
     max_session_bytes: int = SessionBudget.max_bytes  # their bytes as canonical JSON
     max_cache_bytes: int = 128 * 1024 * 1024  # the stateless cache's sessions' bytes together
+    # Live and cached sessions together, empty sessions' cost included: 16 GiB of the documented 24 GiB machine.
+    max_memory_bytes: int = 16 * 1024 * 1024 * 1024
 
     @property
     def budget(self) -> SessionBudget:
         return SessionBudget(self.max_session_events, self.max_session_bytes)
+
+
+# What an empty session takes besides its environment instance and state: the session's and checker's objects.
+SESSION_FLOOR = 16 * 1024
+
+
+def empty_session_cost(name: str, options: EnvOptions, pool: EnvironmentPool) -> int:
+    """The memory one more empty session of environment `name` takes: a new instance and its start, measured
+    (tracemalloc) as it is built; an environment that cannot start from an empty `env` is measured built.
+    The instance goes to `pool`, where the first session takes it."""
+    tracing = tracemalloc.is_tracing()
+    if not tracing:
+        tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        instance = new_environment(name, options)
+        try:
+            GuardSession(instance, Rollout("guard", "guard", name)).close()
+            size = tracemalloc.get_traced_memory()[0] - before
+        except PexecError:  # it starts only from a real `env`, counted as each session's own
+            size = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        if not tracing:
+            tracemalloc.stop()
+    pool.release(name, options, instance)
+    return with_slack(max(size, 0)) + SESSION_FLOOR  # tracemalloc counts what Python asked for
+
+
+def resident_bytes() -> int | None:
+    """The process's resident memory (Linux: /proc/self/statm), None elsewhere."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * resource.getpagesize()
 
 
 def parse_call(raw: object) -> Call:
@@ -141,6 +186,9 @@ class Guard:
         self._cache_bytes = 0
         self._lock = threading.Lock()
         self.version = get_environment(name, self.options).version  # an unknown name fails here, once
+        self.base = empty_session_cost(name, self.options, pool)
+        # Live sessions get what the cache's share leaves; the cache keeps to its own (`max_cache_bytes`).
+        self.memory = MemoryBudget(max(self.limits.max_memory_bytes - self.limits.max_cache_bytes, 0))
 
     # -- live sessions ------------------------------------------------------------------------------------
     def create(self, body: Body) -> str:
@@ -190,14 +238,22 @@ class Guard:
 
     @property
     def cached_bytes(self) -> int:
-        """Bytes of events the stateless cache's sessions hold."""
+        """Memory the stateless cache's sessions take (`GuardSession.cost`)."""
         return self._cache_bytes
 
     def counts(self) -> SessionCounts:
-        """Live and cached sessions now, the idle ones expired first (what `/health` reports)."""
+        """Live and cached sessions now, the idle ones expired first, and the memory they take (what `/health`
+        reports)."""
         with self._lock:
             self._expire()
-            return {"sessions": len(self._live), "cached": len(self._prefixes), "cached_bytes": self._cache_bytes}
+            return {
+                "sessions": len(self._live),
+                "cached": len(self._prefixes),
+                "cached_bytes": self._cache_bytes,
+                "held_bytes": self.memory.held,
+                "session_base_bytes": self.base,
+                "rss_bytes": resident_bytes(),
+            }
 
     def expire(self) -> None:
         """Close the sessions, live and cached, unused for longer than the TTL (the service calls this on a
@@ -228,12 +284,27 @@ class Guard:
     def _evict(self) -> None:
         """Drop the least recently used cached session (the lock held)."""
         session = self._prefixes.popitem(last=False)[1][0]
-        self._cache_bytes -= session.bytes
+        self._cache_bytes -= session.cost
         session.close()
 
-    def _open(self, start: SessionStart) -> GuardSession:
+    def _open(self, start: SessionStart, live: bool = True) -> GuardSession:
+        """A session from `start`: a live one counts against the guard's memory, a stateless one against the
+        cache's share when it is kept."""
+        memory = self.memory if live else None
         try:
-            return open_session(self.name, **start, options=self.options, pool=self._pool, budget=self.limits.budget)
+            return open_session(
+                self.name,
+                **start,
+                options=self.options,
+                pool=self._pool,
+                budget=self.limits.budget,
+                memory=memory,
+                base=self.base,
+            )
+        except GuardFull as exc:
+            raise GuardRequestError(f"cannot start a session: {exc}", 429) from exc
+        except SessionFull as exc:
+            raise GuardRequestError(f"cannot start a session: {exc}", 413) from exc
         except PexecError as exc:
             raise GuardRequestError(f"cannot start a session: {exc}") from exc
 
@@ -262,8 +333,8 @@ class Guard:
             longest = next((i for i in range(len(keys) - 1, -1, -1) if keys[i] in self._prefixes), None)
             if longest is not None:
                 hit, cached = longest, self._prefixes.pop(keys[longest])[0]
-                self._cache_bytes -= cached.bytes
-        session = self._open(start) if cached is None else cached
+                self._cache_bytes -= cached.cost
+        session = self._open(start, live=False) if cached is None else cached
         try:
             for i, event in enumerate(parsed[hit:], hit):
                 try:
@@ -282,11 +353,11 @@ class Guard:
             raise
         limits = self.limits
         with self._lock:
-            if session.bytes > limits.max_cache_bytes:
+            if session.cost > limits.max_cache_bytes:
                 session.close()  # larger than the whole cache: answered, not kept
             else:
                 self._prefixes[keys[-1]] = (session, time.monotonic())
-                self._cache_bytes += session.bytes
+                self._cache_bytes += session.cost
                 while self._prefixes and (
                     len(self._prefixes) + len(self._live) > limits.max_sessions
                     or self._cache_bytes > limits.max_cache_bytes

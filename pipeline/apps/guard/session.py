@@ -8,6 +8,7 @@ writes for the same rollout. It holds an environment instance of its own, leased
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -15,11 +16,12 @@ from typing import Any, TypedDict
 
 import orjson
 
-from pipeline.core.errors import InvalidRecord, SessionFull
+from pipeline.core.errors import GuardFull, InvalidRecord, SessionFull
 from pipeline.core.model import NOT_LOGGED, Call, Message, Rollout, RolloutResult, StepResult
 from pipeline.core.records import MAX_DEPTH, event_record, too_deep
 from pipeline.envs import Environment, EnvOptions, get_environment, new_environment
 from pipeline.replay.checker import Session, Verdict
+from pipeline.replay.dependencies import INDEX_ENTRY_BYTES
 
 
 class VerdictJSON(TypedDict):
@@ -67,18 +69,81 @@ class GuardVerdict:
         }
 
 
-# What a kept event costs in memory besides its JSON text: the Python objects of the rollout, the checker's
-# history and its word index. Measured: 9,000 small calls (0.85 MiB of JSON) grew a guard's RSS by 11 MB.
+# What a kept event costs in memory besides its JSON text: the Python objects of the rollout and the checker's
+# history. Measured: 9,000 small calls (0.85 MiB of JSON) grew a guard's RSS by 11 MB.
 EVENT_OVERHEAD = 1024
+# A session's `env` is held as Python objects (its rollout's field), and an environment may take a copy of
+# what it starts from (a spec environment's `state`): it counts twice its objects' size, measured by walking
+# them (a 7.8 MiB JSON `env` of small objects is 86 MiB of them, which a count of its JSON missed).
+ENV_COPIES = 2
+
+
+def with_slack(size: int) -> int:
+    """`size` bytes of Python objects as resident memory: the allocator's partly used pages come on top (measured:
+    a 7.8 MiB `env` as a spec state, 158 MiB of objects counted twice, took 170 MiB; an empty τ-retail session
+    11.8 MiB of objects, 12.3 MiB), so a quarter more."""
+    return size * 5 // 4
 
 
 @dataclass(frozen=True)
 class SessionBudget:
     """What one session may hold: its events, and their bytes — each event's canonical JSON (the log
-    `pexec score` reads) plus EVENT_OVERHEAD, so the count follows the memory the session really takes."""
+    `pexec score` reads) plus EVENT_OVERHEAD, its `env` (ENV_COPIES times its objects' size) and its word index
+    (INDEX_ENTRY_BYTES an entry, the index capped to what is left), so the count follows the memory the session
+    really takes. What an empty session of the environment costs is counted apart (`GuardSession.base`)."""
 
     max_events: int = 10_000
     max_bytes: int = 16 * 1024 * 1024
+
+
+class MemoryBudget:
+    """The bytes all sessions of a guard may hold together (their `cost`): a session takes what it adds before it
+    keeps it, and gives it all back when it closes. Thread-safe."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self._lock = threading.Lock()
+
+    def room(self) -> int:
+        return max(self.limit - self.held, 0)
+
+    def take(self, size: int, what: str) -> None:
+        """Count `size` more bytes, or GuardFull naming `what` when they would not fit."""
+        with self._lock:
+            if self.held + size > self.limit:
+                raise GuardFull(
+                    f"the guard holds {self.held} of its {self.limit} bytes of sessions: {what} needs {size} more; "
+                    "close sessions, or wait for idle ones to expire"
+                )
+            self.held += size
+
+    def give(self, size: int) -> None:
+        with self._lock:
+            self.held -= size
+
+    def grow(self, size: int) -> None:
+        """Count `size` more bytes without a check: what was capped beforehand to the room there was."""
+        with self._lock:
+            self.held += size
+
+
+def held_size(value: Any, stop: int) -> int:
+    """The bytes of `value`'s Python objects (containers, strings, numbers: what JSON decodes to), walked until
+    they pass `stop` (then any number over it): the walk costs at most as much as the budget it checks."""
+    total, pending, seen = 0, [value], set()
+    while pending and total <= stop:
+        item = pending.pop()
+        if id(item) in seen:  # an object held twice (a key every record repeats, a small int) is held once
+            continue
+        seen.add(id(item))
+        total += sys.getsizeof(item)
+        if isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
+    return total
 
 
 RECORD_TOO_DEEP = f"the record nests deeper than {MAX_DEPTH} levels"  # the scorer's own reject reason
@@ -103,10 +168,15 @@ def check_start(env: dict[str, Any]) -> None:
         raise InvalidRecord(RECORD_TOO_DEEP)
 
 
-class EnvironmentPool:
-    """Environment instances to lend to sessions, one per live session, reused once it closes."""
+POOL_FREE = 8  # unused environment instances a pool keeps, per environment
 
-    def __init__(self) -> None:
+
+class EnvironmentPool:
+    """Environment instances to lend to sessions, one per live session, reused once it closes; at most
+    `max_free` of each are kept unused (the others are dropped: their memory is not held for a peak gone by)."""
+
+    def __init__(self, max_free: int = POOL_FREE) -> None:
+        self.max_free = max_free
         self._free: dict[tuple[str, EnvOptions], list[Environment]] = {}
         self._lock = threading.Lock()
 
@@ -120,7 +190,9 @@ class EnvironmentPool:
 
     def release(self, name: str, options: EnvOptions, env: Environment) -> None:
         with self._lock:
-            self._free.setdefault((name, options), []).append(env)
+            free = self._free.setdefault((name, options), [])
+            if len(free) < self.max_free:
+                free.append(env)
 
 
 POOL = EnvironmentPool()
@@ -136,29 +208,79 @@ class GuardSession:
         start: Rollout,
         on_close: Callable[[Environment], None] | None = None,
         budget: SessionBudget | None = None,
+        memory: MemoryBudget | None = None,
+        base: int = 0,
     ) -> None:
         check_start(start.env)
         self.env = env
         self.rollout = replace(start, events=[])
         self.budget = budget  # None: no budget (the library's default; the services set theirs)
-        self.bytes = 0  # of the events kept: their canonical JSON and EVENT_OVERHEAD each
-        self._session = Session(env, start)
+        self.memory = memory  # the guard's, shared by its sessions (None: not counted together)
+        self.base = base  # what an empty session of the environment costs, measured by the guard
+        self.bytes = 0  # held: events (their canonical JSON and EVENT_OVERHEAD each), `env`, the word index
+        self._index = 0  # word index entries counted in `bytes`
+        stop = budget.max_bytes if budget is not None else sys.maxsize
+        env_size = with_slack(ENV_COPIES * held_size(start.env, stop // ENV_COPIES))
+        if budget is not None and env_size > budget.max_bytes:
+            raise SessionFull(
+                f"the session's env takes over {budget.max_bytes} bytes in memory (its budget): start from less"
+            )
+        if memory is not None:
+            memory.take(base + env_size, "a new session")
+        self.bytes = env_size
         self._on_close = on_close
+        try:
+            self._session = Session(env, start)
+            self._counted()
+        except BaseException:
+            self._give_back()
+            raise
+
+    @property
+    def cost(self) -> int:
+        """The memory the session takes: what it holds and what its environment costs empty."""
+        return self.base + self.bytes
 
     def _admit(self, event: Call | Message) -> None:
-        """Count `event` against the budget before it is kept (SessionFull when it would not fit)."""
+        """Count `event` against the budgets before it is kept (SessionFull when it would not fit)."""
         size = len(check_event(event)) + EVENT_OVERHEAD
         budget = self.budget
-        if budget is None:
-            self.bytes += size
-            return
-        if len(self.rollout.events) >= budget.max_events:
-            raise SessionFull(f"the session holds its limit of {budget.max_events} events: close it, open a new one")
-        if self.bytes + size > budget.max_bytes:
-            raise SessionFull(
-                f"the session would hold more than {budget.max_bytes} bytes of events: close it, open a new one"
-            )
+        if budget is not None:
+            if len(self.rollout.events) >= budget.max_events:
+                raise SessionFull(
+                    f"the session holds its limit of {budget.max_events} events: close it, open a new one"
+                )
+            if self.bytes + size > budget.max_bytes:
+                raise SessionFull(
+                    f"the session would hold more than {budget.max_bytes} bytes of events: close it, open a new one"
+                )
+        if self.memory is not None:
+            self.memory.take(size, "the event")
         self.bytes += size
+
+    def _indexing(self) -> None:
+        """Cap the word index to what the budgets leave, before the history grows it."""
+        history = self._session.history
+        room = sys.maxsize
+        if self.budget is not None:
+            room = self.budget.max_bytes - self.bytes
+        if self.memory is not None:
+            room = min(room, self.memory.room())
+        history.index_budget = history.indexed + max(room, 0) // INDEX_ENTRY_BYTES
+
+    def _counted(self) -> None:
+        """Count what the word index grew (or gave back) by."""
+        indexed = self._session.history.indexed
+        grown = (indexed - self._index) * INDEX_ENTRY_BYTES
+        self._index = indexed
+        self.bytes += grown
+        if self.memory is not None:
+            self.memory.grow(grown)  # within the room `_indexing` left (or less: given back)
+
+    def _give_back(self) -> None:
+        if self.memory is not None:
+            self.memory.give(self.cost)
+            self.memory = None
 
     @property
     def depth(self) -> int:
@@ -173,7 +295,12 @@ class GuardSession:
         """The verdict on `call` as the next step. Nothing is recorded: check again after a repair. A call the
         batch scorer would reject with its rollout (nested too deep) raises InvalidRecord with that reason."""
         check_event(call)
-        return GuardVerdict.of(self.depth + 1, self._session.check(call), self.env.simulated)
+        self._indexing()
+        try:
+            verdict = self._session.check(call)
+        finally:
+            self._counted()
+        return GuardVerdict.of(self.depth + 1, verdict, self.env.simulated)
 
     def record(self, call: Call, output: Any = NOT_LOGGED, error: bool | None = None) -> StepResult:
         """Add `call` as the next step with its real outcome: the production tool's output (or, in a
@@ -183,7 +310,11 @@ class GuardSession:
             call = replace(call, output=NOT_LOGGED if output is None else output, error=error)
         self._admit(call)
         self.rollout.events.append(call)
-        return self._session.record(call)
+        self._indexing()
+        try:
+            return self._session.record(call)
+        finally:
+            self._counted()
 
     def message(self, role: str, content: str, turn: int = 0) -> None:
         message = Message(role, content, turn)
@@ -195,6 +326,7 @@ class GuardSession:
         return RolloutResult(self.rollout, list(self._session.steps))
 
     def close(self) -> None:
+        self._give_back()
         if self._on_close is not None:
             self._on_close(self.env)
             self._on_close = None
@@ -210,6 +342,8 @@ def open_session(
     labels: dict[str, str] | None = None,
     pool: EnvironmentPool = POOL,
     budget: SessionBudget | None = None,
+    memory: MemoryBudget | None = None,
+    base: int = 0,
 ) -> GuardSession:
     """A guard session in environment `name` (any registered one, as `pexec score --env`), starting from
     `env` (a rollout's `env` field) and the rollout-level fields an environment may read. `budget`: what the
@@ -218,7 +352,7 @@ def open_session(
     start = Rollout(rollout_id, task_id, name, labels=dict(labels or {}), env=dict(env or {}))
     instance = pool.lease(name, options)
     try:
-        return GuardSession(instance, start, lambda e: pool.release(name, options, e), budget)
+        return GuardSession(instance, start, lambda e: pool.release(name, options, e), budget, memory, base)
     except Exception:
         pool.release(name, options, instance)
         raise

@@ -7,7 +7,8 @@ Both read newline-delimited JSON-RPC themselves, a line at most `max_line` bytes
   (the first, then at powers of ten), never as a traceback; the end of its output marks it dead, said on stderr;
 - from the host, a line the SDK cannot read (too long, too deep, not JSON-RPC) is answered through the SDK as a
   refusal instead of being left unanswered.
-The upstream gets the proxy's environment filtered by `--env-allow`/`--env-deny` (shell patterns on names).
+The upstream gets a minimal environment (PATH, HOME, the locale) and what `--env-allow` names, less what `--env-deny`
+names in any case (shell patterns on names).
 """
 
 from __future__ import annotations
@@ -36,13 +37,24 @@ _STOP_WAIT = 2.0  # seconds the upstream has to exit after its stdin closes, bef
 REFUSED_TOOL = "\x00pexec-refused"  # what an unreadable host request becomes (answered by the proxy)
 
 
+# What the upstream gets of the proxy's environment unless `--env-allow` names more: a program's search path, its
+# home, its locale. Not pexec's own tokens, a cloud's keys or anything else the proxy was started with.
+MINIMAL_ENVIRONMENT = ("PATH", "HOME", "LANG", "LANGUAGE", "LC_*")
+
+
 def upstream_environment(allow: list[str], deny: list[str], base: dict[str, str] | None = None) -> dict[str, str]:
-    """The proxy's environment for the upstream: every variable, or only those matching an `allow` pattern
-    when any is given, less those matching a `deny` pattern."""
+    """The proxy's environment for the upstream: the variables MINIMAL_ENVIRONMENT names and those matching an
+    `allow` pattern (names as written), less those matching a `deny` pattern in any case (`*secret*` keeps
+    `AWS_SECRET_ACCESS_KEY` back too)."""
     env = dict(os.environ if base is None else base)
-    if allow:
-        env = {k: v for k, v in env.items() if any(fnmatch.fnmatchcase(k, p) for p in allow)}
-    return {k: v for k, v in env.items() if not any(fnmatch.fnmatchcase(k, p) for p in deny)}
+    patterns = [*MINIMAL_ENVIRONMENT, *allow]
+    denied = [p.upper() for p in deny]
+    return {
+        k: v
+        for k, v in env.items()
+        if any(fnmatch.fnmatchcase(k, p) for p in patterns)
+        and not any(fnmatch.fnmatchcase(k.upper(), p) for p in denied)
+    }
 
 
 RequestId = int | str  # a JSON-RPC id

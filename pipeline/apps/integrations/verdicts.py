@@ -89,10 +89,10 @@ def read_verdicts(run: str, storage_options: dict[str, Any] | None = None) -> li
         raise PublishError(f"{run}: its rollouts were not read from a trace store (no {TRACE_COLUMN} column): "
                            "pexec ingest mlflow|phoenix, then pexec score, make a run to publish")  # fmt: skip
     steps: dict[str, list[StepVerdict]] = {}
-    for s in (
-        handle.steps().select(["rollout_id", "step", "tool", "valid", "failed_check", "cause", "detail"]).to_pylist()
-    ):
-        steps.setdefault(s.pop("rollout_id"), []).append(StepVerdict(**s))
+    columns = ["rollout_id", "step", "tool", "valid", "failed_check", "cause", "detail", "actor"]
+    for s in handle.steps().select(columns).to_pylist():
+        if s.pop("actor") == "agent":  # a trace's spans are the agent's calls
+            steps.setdefault(s.pop("rollout_id"), []).append(StepVerdict(**s))
     out = []
     for r in rollouts.to_pylist():
         if r[TRACE_COLUMN] is None or r.get("status", "ok") != "ok":

@@ -8,6 +8,8 @@ filesystem); view/sql/located.sql adds the shard each row was scored in, which n
 
 from __future__ import annotations
 
+import os
+import posixpath
 import re
 import threading
 from collections import OrderedDict
@@ -22,6 +24,7 @@ from pipeline.core import metric_catalogue, run_schema
 from pipeline.core.errors import InvalidRecord, RunFolderError, StoreError, ViewError
 from pipeline.core.model import NOT_LOGGED, Call, Event, Message
 from pipeline.core.records import parse_rollout
+from pipeline.core.text import public_url
 from pipeline.metrics import results
 from pipeline.metrics.cohorts import DEFAULT_METRICS, label_columns
 from pipeline.metrics.duck import fetch, rollout_columns, run_sql, set_variables
@@ -178,11 +181,14 @@ class RolloutView:
 class RunView:
     """One run opened for the viewer's lifetime; DuckDB's connection is used by one request at a time."""
 
-    def __init__(self, run: Run, settings: BootstrapSettings = DEFAULT_BOOTSTRAP) -> None:
+    def __init__(self, run: Run, settings: BootstrapSettings = DEFAULT_BOOTSTRAP, inputs: tuple[str, ...] = ()) -> None:
         self.run = run
         self.storage_options = run.storage_options
         self.settings = settings
         self.root = run.snapshot.root
+        # Where a rollout page may read the input its rollout was scored from: the run's own folder, and the
+        # places the user names (`--inputs`). A run's manifest is not trusted to name what the viewer fetches.
+        self.input_places = (self.root.url, *inputs)
         # Of a partial run only committed shards are read, and every page says what they cover.
         covered = run.snapshot.partial()
         self.coverage_note = covered.describe() if covered else ""
@@ -356,6 +362,12 @@ class RunView:
             view.input_note = f"the run does not record the input of shard {shard} (no manifest or plan lists it)"
             return
         entry = shards[0]
+        if not any(within(entry.source, place) for place in self.input_places):
+            view.input_note = (
+                f"the input is not read: {public_url(entry.source)} is outside the run and the places given with "
+                "--inputs (pass --inputs with it, or a folder above it, to show the logged trajectory)"
+            )
+            return
         try:
             files, _ = list_inputs(entry.source, self.storage_options)
             file = files[0]
@@ -414,18 +426,33 @@ class _CauseCount(TypedDict):
 
 
 def _events(events: list[Event], steps: list[TableRow]) -> list[CallShown | MessageShown]:
-    """Messages and calls in log order; the i-th call carries the i-th step's verdict."""
-    by_step = {s["step"]: s for s in steps}
+    """Messages and calls in log order; the i-th call (of either actor) carries the verdict of the step at that
+    position (`seq`; the step's `actor` says whose call it was)."""
+    by_seq = {s["seq"]: s for s in steps}
     out: list[CallShown | MessageShown] = []
-    depth = 0
+    position = 0
     for e in events:
         if isinstance(e, Call):
-            depth += 1
+            position += 1
             output = None if e.output is NOT_LOGGED else orjson.dumps(e.output, default=str).decode()
-            out.append({"kind": "call", "call": e, "step": by_step.get(depth), "output": output})
+            out.append({"kind": "call", "call": e, "step": by_seq.get(position), "output": output})
         else:
             out.append({"kind": "message", "message": e})
     return out
+
+
+def within(url: str, place: str) -> bool:
+    """Whether `url` is `place` or lies below it, both normalised (a local path resolved, `..` applied): the
+    one test of what the viewer may read."""
+    inside, folder = _normalised(url), _normalised(place).rstrip("/")
+    return inside == folder or inside.startswith(folder + "/")
+
+
+def _normalised(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme == "file":
+        return "file://" + os.path.realpath(rest if sep else url)
+    return f"{scheme.lower()}://" + posixpath.normpath(rest)
 
 
 def _steps_part(rollouts_part: str) -> str:

@@ -2,14 +2,17 @@
 
 Two layers, because an ASGI app never sees a connection that has not sent a whole request head:
 - the connection protocol (uvicorn's h11 one) closes a connection that sends no complete request head within
-  `header_timeout` of opening, or of its previous response: silent or slow sockets cannot pile up;
-- `WebGuard`, an ASGI layer in front of the app, answers before the app runs: a `Host` that is not the served
-  address (DNS rebinding) and a foreign `Origin` (a browser on another site) get 403, a missing or wrong bearer
-  token 401, a POST that is not `application/json` (when asked) 415; it then reads the body itself, counting
-  while it streams, and refuses it at `max_body` bytes with 413 — or at `body_timeout` with 408 — and closes
-  the connection, so a chunked body is never read past the limit. The app gets the body it counted.
-uvicorn's own settings add the keep-alive idle timeout, the request-head size and the concurrency limit (503
-beyond it).
+  `header_timeout` of opening, or of its previous response, and one past `max_connections` at once: silent or
+  slow sockets cannot pile up, and they hold no work slot;
+- `WebGuard`, an ASGI layer in front of the app, answers before the app runs: a request head over `max_head`
+  bytes gets 431 however it arrived, `Content-Length` with `Transfer-Encoding` 400, a `Host` that is not the
+  served address (DNS rebinding) and a foreign `Origin` (a browser on another site) 403, a missing or wrong
+  bearer token 401, a POST that is not `application/json` (when asked) 415; it then reads the body itself,
+  counting while it streams, and refuses it at `max_body` bytes with 413 — or at `body_timeout` with 408 — and
+  closes the connection, so a chunked body is never read past the limit. Only then does the request take one of
+  the `max_concurrency` work slots (503 when none is free): the limit counts requests being answered, not
+  sockets. The app gets the body it counted.
+uvicorn's own settings add the keep-alive idle timeout.
 """
 
 from __future__ import annotations
@@ -17,13 +20,15 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
+import logging
+import resource
 import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass
-from http.cookies import SimpleCookie
+from http.cookies import CookieError, SimpleCookie
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 import orjson
 
@@ -35,8 +40,11 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-TOKEN_COOKIE = "pexec_token"
+TOKEN_COOKIE = "pexec_token"  # the cookie's name is this and the served port: each service its own token
 _WILDCARD = ("0.0.0.0", "::", "")
+# Descriptors kept free besides the connections: the process's own files (logs, journals, a run's parts).
+FD_RESERVE = 256
+_CONTROL = frozenset(chr(c) for c in [*range(32), 127])
 
 
 @dataclass(frozen=True)
@@ -44,11 +52,19 @@ class ServerLimits:
     """What one connection and one request may take; every service states these in its manual page."""
 
     max_body: int = 8 * 1024 * 1024  # bytes of one request body, counted as it streams
-    header_timeout: float = 10.0  # seconds for a connection to send a complete request head
+    header_timeout: float = 5.0  # seconds for a connection to send a complete request head
     idle_timeout: float = 5.0  # seconds a kept-alive connection may idle between requests
     body_timeout: float = 30.0  # seconds for the whole body to arrive after the head
-    max_concurrency: int = 64  # open connections and requests in flight; one more gets 503
+    max_concurrency: int = 64  # requests being answered at once (their bodies read); one more gets 503
+    max_connections: int = 1024  # open connections; one more is closed at once (each takes a file descriptor)
     max_head: int = 16 * 1024  # bytes of a request line and headers
+    max_bodies: int = 256 * 1024 * 1024  # bytes of request bodies being received, all requests together (503)
+
+
+def token_cookie(port: int) -> str:
+    """The name of the token cookie of the service on `port`: a browser sends a host's cookies to all its ports,
+    and a cookie per port keeps one service's token from standing in for, or overwriting, another's."""
+    return f"{TOKEN_COOKIE}_{port}"
 
 
 DEFAULT_LIMITS = ServerLimits()
@@ -156,12 +172,16 @@ class WebGuard:
     ) -> None:
         self.app, self.limits, self.hosts, self.browser, self.json_only = app, limits, hosts, browser, json_only
         self._token = token.encode() if token else None
+        # Counted on the event loop, which runs every call of this layer: no lock needed.
+        self.working = 0  # requests the app is answering
+        self.receiving = 0  # bytes of bodies being received
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         try:
+            self._check_framing(scope)
             self._check_host(scope)
             redirect = self._check_token(scope)
             if redirect is not None:
@@ -170,9 +190,18 @@ class WebGuard:
                 return
             self._check_type(scope)
             body = await self._read_body(scope, receive)
+            if self.working >= self.limits.max_concurrency:
+                raise _Refused(503, f"busy: {self.working} requests are being answered (the limit); retry shortly")
         except _Refused as exc:
-            await _refuse(send, exc.status, str(exc))
+            await _refuse(send, exc.status, str(exc), [(b"retry-after", b"1")] if exc.status == 503 else None)
             return
+        self.working += 1
+        try:
+            await self._answer(scope, receive, send, body)
+        finally:
+            self.working -= 1
+
+    async def _answer(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:
         delivered = False
 
         async def replay() -> Message:
@@ -183,6 +212,19 @@ class WebGuard:
             return await receive()  # the disconnect, when it comes
 
         await self.app(scope, replay, send)
+
+    def _check_framing(self, scope: Scope) -> None:
+        """The head's size however it arrived (the parser counts only a head that comes in pieces), and one
+        framing of the body: `Content-Length` beside `Transfer-Encoding` is how requests are smuggled past a
+        proxy (RFC 9112: refuse it and close the connection)."""
+        headers: list[tuple[bytes, bytes]] = scope.get("headers", [])
+        size = len(scope.get("raw_path", b"")) + len(scope.get("query_string", b"")) + 32
+        size += sum(len(k) + len(v) + 4 for k, v in headers)
+        if size > self.limits.max_head:
+            raise _Refused(431, f"the request head is over {self.limits.max_head} bytes")
+        names = {k for k, _ in headers}
+        if b"content-length" in names and b"transfer-encoding" in names:
+            raise _Refused(400, "a request may not carry both Content-Length and Transfer-Encoding")
 
     def _check_host(self, scope: Scope) -> None:
         host = (_header(scope, b"host") or "").lower()
@@ -204,15 +246,19 @@ class WebGuard:
         if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self._token):
             return None
         if self.browser:
-            cookie = SimpleCookie(_header(scope, b"cookie") or "").get(TOKEN_COOKIE)
+            name = token_cookie(scope["server"][1]) if scope.get("server") else TOKEN_COOKIE
+            try:
+                cookie = SimpleCookie(_header(scope, b"cookie") or "").get(name)
+            except CookieError:
+                cookie = None
             if cookie is not None and hmac.compare_digest(cookie.value.encode(), self._token):
                 return None
             pairs = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
             linked = [v for k, v in pairs if k == "token"]
             if linked and hmac.compare_digest(linked[0].encode(), self._token):
                 rest = urlencode([(k, v) for k, v in pairs if k != "token"])
-                where = scope["path"] + (f"?{rest}" if rest else "")
-                cookie_value = f"{TOKEN_COOKIE}={linked[0]}; HttpOnly; SameSite=Strict; Path=/"
+                where = _same_origin(scope["path"]) + (f"?{rest}" if rest else "")
+                cookie_value = f"{name}={linked[0]}; HttpOnly; SameSite=Strict; Path=/"
                 return [(b"location", where.encode()), (b"set-cookie", cookie_value.encode())]
         raise _Refused(401, "missing or wrong bearer token")
 
@@ -231,31 +277,49 @@ class WebGuard:
             return b""
         deadline = time.monotonic() + self.limits.body_timeout
         chunks, size = [], 0
-        while True:
-            try:
-                message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0.0))
-            except TimeoutError:
-                raise _Refused(408, f"request body not received within {self.limits.body_timeout:g} s") from None
-            if message["type"] != "http.request":
-                raise _Refused(400, "the client went away")
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise _Refused(413, f"request body over {limit} bytes")
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
+        try:
+            while True:
+                try:
+                    message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0.0))
+                except TimeoutError:
+                    raise _Refused(408, f"request body not received within {self.limits.body_timeout:g} s") from None
+                if message["type"] != "http.request":
+                    raise _Refused(400, "the client went away")
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    raise _Refused(413, f"request body over {limit} bytes")
+                if self.receiving + len(chunk) > self.limits.max_bodies:
+                    raise _Refused(503, "busy: the bodies being received fill the server's buffer; retry shortly")
+                self.receiving += len(chunk)
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    return b"".join(chunks)
+        finally:
+            self.receiving -= sum(map(len, chunks))
 
 
-def _protocol(header_timeout: float) -> type[asyncio.Protocol]:
+def _same_origin(path: str) -> str:
+    """`path` as a redirect's target on this origin: one leading slash (`//evil.example` names another host, and
+    so does `/\\evil.example` to a browser), percent-encoded; a control character in it is refused."""
+    if any(c in _CONTROL for c in path):
+        raise _Refused(400, "the link's path holds a control character")
+    return "/" + quote(path.lstrip("/\\"), safe="/:@!$&'()*+,;=-._~")
+
+
+def _protocol(header_timeout: float, max_connections: int) -> type[asyncio.Protocol]:
     from uvicorn.protocols.http.h11_impl import H11Protocol, RequestResponseCycle
 
     class HeadTimeoutProtocol(H11Protocol):
-        """uvicorn's h11 protocol, closing a connection with no complete request head after `header_timeout`."""
+        """uvicorn's h11 protocol, closing a connection with no complete request head after `header_timeout`,
+        and one opened while `max_connections` are (at once: it never reads a byte)."""
 
         # As uvicorn's own H11Protocol: it takes the stream Transport asyncio gives it, not any BaseTransport.
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            if len(self.connections) > max_connections:
+                transport.abort()  # its descriptor is freed now, not after a close handshake
+                return
             self._arm()
 
         def on_response_complete(self) -> None:
@@ -276,16 +340,37 @@ def _protocol(header_timeout: float) -> type[asyncio.Protocol]:
     return HeadTimeoutProtocol
 
 
+def connection_limit(wanted: int) -> int:
+    """The connections the process can hold open: `wanted`, its descriptor limit raised (up to the hard limit)
+    to fit them and FD_RESERVE more; fewer when the hard limit is lower (said on stderr)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = wanted + FD_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        raised = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return wanted
+    fitting = max(soft - FD_RESERVE, 1)
+    logging.getLogger("uvicorn.error").warning(
+        "at most %d connections at once: the process may open %d files (ulimit -n)", fitting, soft
+    )
+    return fitting
+
+
 def run_server(app: App, host: str, port: int, limits: ServerLimits = DEFAULT_LIMITS) -> None:
-    """Serve `app` (already wrapped in WebGuard) until interrupted, with `limits`."""
+    """Serve `app` (already wrapped in WebGuard) until interrupted, with `limits`. uvicorn's own concurrency
+    limit is not used: it counts open connections, so idle sockets would take the work slots."""
     import uvicorn
 
     config = uvicorn.Config(
         app,
         host=host,
         port=port,
-        http=_protocol(limits.header_timeout),
-        limit_concurrency=limits.max_concurrency,
+        http=_protocol(limits.header_timeout, connection_limit(limits.max_connections)),
         # uvicorn annotates an int, and hands it to loop.call_later, which takes any number of seconds.
         timeout_keep_alive=limits.idle_timeout,  # type: ignore[arg-type]
         h11_max_incomplete_event_size=limits.max_head,

@@ -17,6 +17,8 @@ import orjson
 
 from pipeline.envs.data import BUILTIN_SPECS
 
+DOMAINS = ("airline", "retail", "telecom")
+
 # τ³ (2026) added this retail tool; the pinned wheel predates it, so its schema is written here.
 EXTRA_TOOLS: dict[str, dict[str, dict[str, Any]]] = {
     "retail": {
@@ -39,7 +41,8 @@ EXTRA_TOOLS: dict[str, dict[str, dict[str, Any]]] = {
 
 
 def tighten(schema: Any) -> Any:
-    """Drop titles, replace `anyOf: [model, any object]` by the model, refuse unknown top-level keys."""
+    """Drop titles, replace `anyOf: [model, any object]` by the model (a `[model, string]` stays: the official code
+    takes any string and answers an unknown one itself), refuse unknown top-level keys."""
     if isinstance(schema, list):
         return [tighten(s) for s in schema]
     if not isinstance(schema, dict):
@@ -48,18 +51,26 @@ def tighten(schema: Any) -> Any:
     options = out.get("anyOf")
     if isinstance(options, list):
         models = [o for o in options if "$ref" in o]
-        if len(models) == 1 and len(options) == 2:
+        others = [o for o in options if "$ref" not in o]
+        if len(models) == 1 and len(options) == 2 and others[0].get("type") == "object":
             del out["anyOf"]
             out.update(models[0])
     return out
 
 
 def official_tools(domain: str) -> list[dict[str, Any]]:
-    from pipeline.envs.tau.env import load_toolkit
+    """The domain's tools (telecom: the operator's and the phone's, whose names upstream keeps apart)."""
+    if domain == "telecom":
+        from pipeline.envs.tau.telecom import load_environment
 
-    toolkit = load_toolkit(domain)
+        env = load_environment()
+        found = env.tools.get_tools() | env.user_tools.get_tools()
+    else:
+        from pipeline.envs.tau.env import load_toolkit
+
+        found = load_toolkit(domain).get_tools()
     tools = []
-    for name, tool in sorted(toolkit.get_tools().items()):
+    for name, tool in sorted(found.items()):
         fn = tool.openai_schema["function"]
         params = tighten(fn["parameters"])
         params["additionalProperties"] = False
@@ -79,7 +90,7 @@ def tools_path(domain: str) -> Path:
 
 
 def main() -> None:
-    for domain in ("airline", "retail"):
+    for domain in DOMAINS:
         path = tools_path(domain)
         path.write_bytes(orjson.dumps(official_tools(domain), option=orjson.OPT_INDENT_2) + b"\n")
         print(f"wrote {path}")

@@ -21,21 +21,26 @@ FROM (
 );
 
 -- The failed check was once stored as `check` (metrics/sql/view_steps.sql): either name reads as failed_check; the
--- empty row source makes every column read here exist in any layout.
+-- empty row source makes every column read here exist in any layout. Steps are paired by depth among the agent's
+-- calls: a user simulator's own calls (actor 'user', τ telecom) are not compared.
 CREATE OR REPLACE TEMP VIEW a_steps AS
 SELECT rollout_id, step, tool, valid, coalesce(failed_check, "check") AS failed_check, cause, detail
 FROM (
     SELECT * FROM read_parquet(getvariable('a_steps_files'), union_by_name = true, hive_partitioning = false)
     UNION ALL BY NAME
-    SELECT NULL::VARCHAR AS failed_check, NULL::VARCHAR AS "check", NULL::VARCHAR AS cause, NULL::VARCHAR AS detail
+    SELECT NULL::VARCHAR AS failed_check, NULL::VARCHAR AS "check", NULL::VARCHAR AS cause, NULL::VARCHAR AS detail,
+           NULL::VARCHAR AS actor
     WHERE false
-);
+)
+WHERE coalesce(actor, 'agent') = 'agent';
 
 CREATE OR REPLACE TEMP VIEW b_steps AS
 SELECT rollout_id, step, tool, valid, coalesce(failed_check, "check") AS failed_check, cause, detail
 FROM (
     SELECT * FROM read_parquet(getvariable('b_steps_files'), union_by_name = true, hive_partitioning = false)
     UNION ALL BY NAME
-    SELECT NULL::VARCHAR AS failed_check, NULL::VARCHAR AS "check", NULL::VARCHAR AS cause, NULL::VARCHAR AS detail
+    SELECT NULL::VARCHAR AS failed_check, NULL::VARCHAR AS "check", NULL::VARCHAR AS cause, NULL::VARCHAR AS detail,
+           NULL::VARCHAR AS actor
     WHERE false
-);
+)
+WHERE coalesce(actor, 'agent') = 'agent';

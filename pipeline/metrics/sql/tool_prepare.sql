@@ -7,14 +7,16 @@
 -- The calls of the rollouts the metrics count (the population: harness errors, pools, strict replay), with the
 -- rollout's benchmark and task as counted (a pool renames both) and its labels, and per call the integer parts:
 -- s_n every call, s_inv invalid, s_first the rollout's first invalid call, s_cmp/s_match the replayed output
--- compared with / equal to the logged one.
+-- compared with / equal to the logged one. A user simulator's calls (actor 'user') are calls of their own tools
+-- here; `actor` is a column a profile can be grouped by, and only the agent's calls can be a rollout's first error.
 CREATE OR REPLACE TEMP TABLE tool_calls AS
 SELECT r.*,
+       s.actor,
        coalesce(s.tool, '(none)') AS tool,
        s.cause,
        1 AS p_n,
        (NOT s.valid)::INTEGER AS p_inv,
-       (NOT s.valid AND s.step = r.fed)::INTEGER AS p_first,
+       (NOT s.valid AND s.step = r.fed AND s.actor = 'agent')::INTEGER AS p_first,
        (s.output_match IS NOT NULL)::INTEGER AS p_cmp,
        (s.output_match IS TRUE)::INTEGER AS p_match
 FROM steps AS s

@@ -20,4 +20,4 @@ WHERE (getvariable('f_cause') IS NULL OR r.first_cause = getvariable('f_cause'))
 -- call of that tool. Joined only when the filter is set (pipeline.apps.view._queries): a disjunction with
 -- "f_tool IS NULL" would keep the tool condition from reaching the steps scan.
 CREATE OR REPLACE TEMP VIEW tool_steps AS
-SELECT run_id, _shard, rollout_id, step FROM steps_located WHERE tool = getvariable('f_tool');
+SELECT run_id, _shard, rollout_id, step FROM steps_located WHERE tool = getvariable('f_tool') AND actor = 'agent';

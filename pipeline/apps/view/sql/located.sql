@@ -4,7 +4,14 @@
 CREATE OR REPLACE TEMP VIEW located AS
 SELECT *, regexp_extract(_file, 'part-([^/]+)\.parquet$', 1) AS _shard
 FROM read_parquet(getvariable('rollouts_files'), union_by_name = true, hive_partitioning = false, filename = '_file');
--- Only the columns the filters read (the failed check's column name differs between layouts: view_steps.sql).
+-- Only the columns the filters read (the failed check's column name differs between layouts: view_steps.sql; runs
+-- from before `actor` have only the agent's calls, read as actor 'agent').
 CREATE OR REPLACE TEMP VIEW steps_located AS
-SELECT run_id, rollout_id, step, tool, regexp_extract(_file, 'part-([^/]+)\.parquet$', 1) AS _shard
-FROM read_parquet(getvariable('located_steps_files'), union_by_name = true, hive_partitioning = false, filename = '_file');
+SELECT run_id, rollout_id, step, tool, coalesce(actor, 'agent') AS actor,
+       regexp_extract(_file, 'part-([^/]+)\.parquet$', 1) AS _shard
+FROM (
+    SELECT * FROM read_parquet(getvariable('located_steps_files'), union_by_name = true, hive_partitioning = false,
+                               filename = '_file')
+    UNION ALL BY NAME
+    SELECT NULL::VARCHAR AS actor WHERE false
+);

@@ -2,4 +2,4 @@
 CREATE OR REPLACE TEMP VIEW one_rollout_steps AS
 SELECT * FROM steps
 WHERE run_id = getvariable('r_run') AND rollout_id = getvariable('r_id')
-ORDER BY step;
+ORDER BY seq;

@@ -1,0 +1,90 @@
+"""τ³ banking_knowledge on results upstream tau2-bench's own runner wrote (tests/data/tau3, made by
+tests/tau3_runs/record.py), replayed against the domain's own code in the snapshot of upstream's repository, run by
+its own Python (>= 3.12) in a worker process: discovery, retrieval, DB writes, both actors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.core.errors import IngestError
+from pipeline.core.records import parse_rollout
+from pipeline.envs import EnvOptions, get_environment
+from pipeline.ingest import IngestOptions, ingest
+from pipeline.replay.checker import replay
+
+HERE = Path(__file__).resolve().parent
+BANKING = HERE / "data" / "tau3" / "banking_knowledge.json"
+SOURCE = HERE.parents[1] / "shared" / "upstream" / "tau2-bench"
+# `make test` builds this Python (the Makefile's $(VENV)/tau2) and names it here.
+PYTHON = os.environ.get("PEXEC_TAU2_PYTHON", str(Path(sys.executable).parents[1] / "tau2" / "bin" / "python"))
+
+
+def _python_ready() -> bool:
+    probe = [PYTHON, "-c", "import loguru, pydantic, rank_bm25, deepdiff, addict, toml, yaml"]
+    try:
+        return subprocess.run(probe, capture_output=True).returncode == 0
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def results():
+    if not SOURCE.is_dir():
+        pytest.fail(f"the tau2-bench snapshot is not at {SOURCE}")
+    if not _python_ready():
+        pytest.skip(
+            f"no Python >= 3.12 with tau2-bench's dependencies at {PYTHON}: `make test` builds one (.venv/tau2), "
+            "or point PEXEC_TAU2_PYTHON at one"
+        )
+    options = IngestOptions(extra={"tau2_source": str(SOURCE), "tau2_python": PYTHON})
+    records = list(ingest("tau2", [str(BANKING)], options))
+    env = get_environment("tau_banking_knowledge", EnvOptions())
+    return records, [replay(env, parse_rollout(r)) for r in records if r["status"] == "ok"]
+
+
+def test_a_banking_run_needs_the_source_it_replays_against():
+    with pytest.raises(IngestError, match="--option tau2_source=PATH"):
+        list(ingest("tau2", [str(BANKING)], IngestOptions()))
+
+
+def test_replay_agrees_with_the_log_and_success_is_upstreams_reward(results):
+    records, replayed = results
+    steps = [(r, s) for r in replayed for s in r.all_steps]
+    agree = 0
+    for r, s in steps:
+        call = r.rollout.calls[s.seq - 1]
+        failed = bool(call.error) or (isinstance(call.output, str) and call.output.startswith("Error:"))
+        agree += (not s.valid) == failed and (s.output_match is not False or s.failed_check == "S")
+    assert len(steps) == 17 and agree == 17
+    rewards = {
+        s["id"]: (s.get("reward_info") or {}).get("reward") for s in json.loads(BANKING.read_text())["simulations"]
+    }
+    for record in records:
+        reward = rewards[record["rollout_id"]]
+        assert record["success"] == (None if reward is None else reward >= 1 - 1e-6)
+
+
+def test_a_discoverable_tool_is_available_from_its_discovery(results):
+    _, replayed = results
+    by_task = {r.rollout.task_id: r for r in replayed}
+    fraud = by_task["task_036"]
+    assert (fraud.T, fraud.fed, fraud.first_cause) == (9, 5, "schema")
+    called_early, unlocked, called = fraud.steps[4:7]
+    assert "was not unlocked before this call" in called_early.detail
+    assert unlocked.valid and called.valid and called.output_match  # the replacement order, a DB write
+    unknown = fraud.steps[7]
+    assert (unknown.valid, unknown.failed_check, unknown.decided_by) == (False, "P", "simulator")
+    assert [s.decided_by for s in fraud.steps[2:4]] == ["simulator", "simulator"]  # BM25 and grep replay
+    referral = by_task["task_015"]
+    assert [(s.tool, s.valid) for s in referral.user_steps] == [
+        ("list_discoverable_user_tools", True),
+        ("call_discoverable_user_tool", False),  # a tool the agent never gave
+        ("call_discoverable_user_tool", True),
+    ]
+    assert "was not given to the user" in referral.user_steps[1].detail
