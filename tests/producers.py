@@ -10,6 +10,7 @@ logged error), valid.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import socket
@@ -102,6 +103,25 @@ def ingest_and_score(fmt: str, source: Path, tmp: Path, *options: str) -> dict[s
     for s in sorted(pq.read_table(tmp / "run" / "steps").to_pylist(), key=lambda s: (s["rollout_id"], s["step"])):
         out.setdefault(s["rollout_id"], []).append(s)
     return out
+
+
+def score_with_log_definitions(tmp: Path) -> list[dict[str, Any]]:
+    """`pexec score` of the store `ingest_and_score` wrote, with `observed` and no spec: S is checked against the
+    tool definitions the log recorded. The steps of its one rollout, in depth order."""
+    import pyarrow.parquet as pq
+
+    pexec("score", "store", "--out", "run-log", "--env", "observed", "--inline", cwd=tmp)
+    return sorted(pq.read_table(tmp / "run-log" / "steps").to_pylist(), key=lambda s: (s["rollout_id"], s["step"]))
+
+
+def assert_logged_definitions(record: dict[str, Any]) -> None:
+    """The tool definitions the producer gave the model arrived as the rollout's `env.tools`: every tool of the
+    script, with exactly the arguments its function takes, all required."""
+    tools = record["env"]["tools"]
+    assert sorted(tools) == sorted(TOOLS)
+    for name, schema in tools.items():
+        params = sorted(inspect.signature(TOOLS[name]).parameters)
+        assert (sorted(schema["properties"]), sorted(schema["required"])) == (params, params), name
 
 
 def verdicts(steps: list[dict[str, Any]]) -> list[tuple[str, bool, str | None]]:
@@ -215,6 +235,7 @@ def traced_conversation(base_url: str, provider: Any, tool_spans: str, logs: Any
     from openai import OpenAI
     from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
     from opentelemetry.util.genai.handler import get_telemetry_handler
+    from opentelemetry.util.genai.types import FunctionToolDefinition
 
     OpenAIInstrumentor().instrument(tracer_provider=provider, logger_provider=logs)
     handler = get_telemetry_handler(tracer_provider=provider, logger_provider=logs)
@@ -231,7 +252,13 @@ def traced_conversation(base_url: str, provider: Any, tool_spans: str, logs: Any
                 invocation.tool_result = result
             return result
 
-    with provider.get_tracer("support-agent").start_as_current_span("invoke_agent support"):
+    # The agent's span (util-genai's invoke_agent) records the tool definitions the model is given: the
+    # openai-v2 chat spans do not.
+    with handler.invoke_local_agent(agent_name="support") as agent:
+        agent.tool_definitions = [
+            FunctionToolDefinition(t["function"]["name"], t["function"]["description"], t["function"]["parameters"])
+            for t in tool_schemas()
+        ]
         agent_loop(lambda messages: client.chat.completions.create(model=MODEL, messages=messages,
                                                                    tools=tool_schemas()), run_tool)  # fmt: skip
     provider.shutdown()
@@ -336,7 +363,9 @@ def run_agents(base_url: str, out: str) -> None:
                   model=OpenAIChatCompletionsModel(model=MODEL, openai_client=client))  # fmt: skip
     result = Runner.run_sync(agent, USER)
     messages = Converter.items_to_messages(result.to_input_list())
-    Path(out).write_text(json.dumps({"id": "agents-1", "model": MODEL, "messages": messages}))
+    # The request's `tools`, as the SDK's own converter gives them to the model.
+    given = [Converter.tool_to_openai(t) for t in tools]
+    Path(out).write_text(json.dumps({"id": "agents-1", "model": MODEL, "messages": messages, "tools": given}))
 
 
 def run_mlflow(base_url: str, tracking_uri: str, experiment: str) -> None:

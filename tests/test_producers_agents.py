@@ -11,7 +11,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from producers import CALLS, EXPECTED_STEPS, SCRIPT, Stub, ingest_and_score, stub_server, unique_id, verdicts
+from producers import (
+    CALLS,
+    EXPECTED_STEPS,
+    SCRIPT,
+    Stub,
+    assert_logged_definitions,
+    ingest_and_score,
+    score_with_log_definitions,
+    stub_server,
+    unique_id,
+    verdicts,
+)
 
 from pipeline.ingest import IngestOptions, ingest
 
@@ -45,10 +56,15 @@ def test_an_agents_sdk_transcript_ingests_with_exact_calls_errors_and_pairing(st
     assert calls[2]["output"].startswith(ERROR_PREFIX) and json.loads(calls[3]["output"])["carrier"] == "UPS"
     assert [c["error"] for c in calls] == [False, False, True, False]
     assert "orphan_results" not in record["attributes"]
+    assert_logged_definitions(record)  # the request's `tools`, as the SDK's converter wrote them
     [plain] = ingest("openai", [str(path)])  # without the prefix the log says nothing about errors
     assert ["error" in e for e in plain["events"] if e["type"] == "call"] == [False] * 4
     [steps] = ingest_and_score("openai", path, tmp_path, f"error_prefix={ERROR_PREFIX}").values()
     assert verdicts(steps) == EXPECTED_STEPS
+    assert {s["schema_source"] for s in steps} == {"spec"}
+    # No spec: S is checked against the logged definitions, and the logged error decides P
+    logged = score_with_log_definitions(tmp_path)
+    assert verdicts(logged) == EXPECTED_STEPS and [s["schema_source"] for s in logged] == ["log"] * 4
 
 
 def test_the_agents_sdk_refuses_a_reused_call_id(stub, tmp_path):

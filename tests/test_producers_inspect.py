@@ -15,7 +15,7 @@ from inspect_ai import Task, eval
 from inspect_ai.dataset import Sample
 from inspect_ai.model import ChatMessageAssistant, ModelOutput, ModelUsage, get_model
 from inspect_ai.scorer import includes
-from inspect_ai.solver import generate, use_tools
+from inspect_ai.solver import Generate, Solver, TaskState, generate, solver, use_tools
 from inspect_ai.tool import Tool, ToolCall, ToolError, tool
 from producers import (
     CALLS,
@@ -27,7 +27,9 @@ from producers import (
     TOOLS,
     USER,
     ToolFailure,
+    assert_logged_definitions,
     ingest_and_score,
+    score_with_log_definitions,
     verdicts,
 )
 
@@ -106,6 +108,8 @@ def test_a_real_eval_log_ingests_with_exact_calls_errors_and_pairing(eval_log):
     assert json.loads(calls[3]["output"])["carrier"] == "UPS"
     assert [c["error"] for c in calls] == [False, False, True, False]
     assert "orphan_results" not in rec["attributes"]
+    assert_logged_definitions(rec)  # the tools of its model events
+    assert all("tools_version" not in c for c in calls)  # one set throughout
     crash = records["crash"]
     assert crash["status"] == "harness_error" and "order service unreachable" in crash["attributes"]["harness_error"]
     [call] = [e for e in crash["events"] if e["type"] == "call"]
@@ -119,3 +123,42 @@ def test_a_real_eval_log_scores_through_the_cli(eval_log, tmp_path):
     [crash] = [k for k in steps if k.endswith("/crash/1")]
     assert verdicts(steps[cancel]) == EXPECTED_STEPS
     assert verdicts(steps[crash]) == [("get_order", True, None)]  # O7777 is in the question; no result logged
+    logged = [s for s in score_with_log_definitions(tmp_path) if s["rollout_id"] == cancel]
+    assert verdicts(logged) == EXPECTED_STEPS and [s["schema_source"] for s in logged] == ["log"] * 4
+
+
+def test_tools_that_change_within_a_sample_are_versions_each_call_under_the_set_in_force(tmp_path):
+    # A solver that gives the model two tools for its first generation, then all four: Inspect's model events
+    # record each generation's tools, so the first two calls are under one set and the last two under another.
+    @solver
+    def narrowed_then_all() -> Solver:
+        async def solve(state: TaskState, generate: Generate) -> TaskState:
+            state.tools = [support_tool("find_customer"), support_tool("get_order")]
+            state = await generate(state, tool_calls="single")
+            state.tools = [support_tool(name) for name in TOOLS]
+            return await generate(state, tool_calls="loop")
+
+        return solve
+
+    task = Task(dataset=[Sample(input=USER, id="cancel")], solver=narrowed_then_all(), scorer=includes(), name="narrow")
+    model = get_model("mockllm/model", custom_outputs=model_turn)
+    [log] = eval(task, model=model, log_dir=str(tmp_path / "logs"), log_format="eval", display="none")
+    assert log.status == "success", log.error
+    [path] = (tmp_path / "logs").glob("*.eval")
+    [record] = ingest("inspect", [str(path)])
+    first, later = record["env"]["tool_versions"]
+    assert sorted(first) == ["find_customer", "get_order"] and sorted(later) == sorted(TOOLS)
+    assert record["env"]["tools"] == first
+    calls = [e for e in record["events"] if e["type"] == "call"]
+    assert [(c["tool"], c.get("tools_version", 0)) for c in calls] == [
+        ("find_customer", 0), ("get_order", 0), ("cancel_order", 1), ("track_shipment", 1)
+    ]  # fmt: skip
+    steps = score_with_log_definitions_of(path, tmp_path)
+    assert verdicts(steps) == EXPECTED_STEPS and [s["schema_source"] for s in steps] == ["log"] * 4
+
+
+def score_with_log_definitions_of(path: Path, tmp: Path) -> list[dict[str, Any]]:
+    from producers import pexec
+
+    pexec("ingest", "inspect", str(path), "--out", "store", cwd=tmp)
+    return score_with_log_definitions(tmp)

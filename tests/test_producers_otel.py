@@ -13,7 +13,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from producers import CALLS, CANCEL_ERROR, EXPECTED_STEPS, MODEL, Stub, ingest_and_score, pexec, stub_server, verdicts
+from producers import (
+    CALLS,
+    CANCEL_ERROR,
+    EXPECTED_STEPS,
+    MODEL,
+    Stub,
+    assert_logged_definitions,
+    ingest_and_score,
+    pexec,
+    score_with_log_definitions,
+    stub_server,
+    verdicts,
+)
 
 from pipeline.ingest import IngestError, ingest
 from pipeline.replay.checker import UNCAPTURED
@@ -59,13 +71,17 @@ def test_captured_spans_give_every_call_its_arguments_output_and_error(stub, tmp
     assert "output" not in calls[2] and json.loads(calls[3]["output"])["carrier"] == "UPS"
     assert [c["error"] for c in calls] == [False, False, True, False]
     assert "orphan_results" not in record["attributes"]
+    assert_logged_definitions(record)  # the invoke_agent span's gen_ai.tool.definitions
     [steps] = ingest_and_score("otel", path, tmp_path).values()
     assert verdicts(steps) == EXPECTED_STEPS
+    logged = score_with_log_definitions(tmp_path)
+    assert verdicts(logged) == EXPECTED_STEPS and [s["schema_source"] for s in logged] == ["log"] * 4
 
 
 def test_capture_off_leaves_arguments_unknown_and_the_logged_outcome_decides(stub, tmp_path):
     path = produce(stub, tmp_path / "spans.json", capture=False)
-    _, calls = calls_of(path)
+    record, calls = calls_of(path)
+    assert_logged_definitions(record)  # util-genai records the definitions whatever the content capture
     assert [(c["tool"], c["call_id"], c["arguments"], "output" in c, c["error"]) for c in calls] == [
         (c.tool, c.call_id, None, False, c.tool == "cancel_order") for c in CALLS
     ]

@@ -17,7 +17,7 @@ WING = "apps"  # the folder of the rooms users run: `pipeline/apps/<room>/`
 MAX_ROOMS = 20
 # The stages as a newcomer reads them, each room after every room it may import.
 PIPELINE_ORDER = ["core", "storage", "expr", "envs", "replay", "ingest", "synthetic", "scoring", "metrics",
-                  "report", "web", "view", "guard", "jobs", "integrations", "perf", "cli"]  # fmt: skip
+                  "report", "web", "view", "guard", "drafting", "jobs", "integrations", "perf", "cli"]  # fmt: skip
 
 
 def room_folders() -> dict[str, Path]:

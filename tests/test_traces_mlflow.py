@@ -14,7 +14,18 @@ from typing import Any
 
 import pytest
 from conftest import starts
-from producers import CALLS, CANCEL_ERROR, EXPECTED_STEPS, MODEL, USER, Stub, pexec, stub_server, verdicts
+from producers import (
+    CALLS,
+    CANCEL_ERROR,
+    EXPECTED_STEPS,
+    MODEL,
+    USER,
+    Stub,
+    assert_logged_definitions,
+    pexec,
+    stub_server,
+    verdicts,
+)
 from trace_servers import mlflow_server, score_support
 
 from pipeline.apps.integrations.mlflow import publish
@@ -66,6 +77,7 @@ def test_tool_spans_are_the_calls_with_their_arguments_outputs_and_errors(server
     assert [(e["role"], e["content"]) for e in record["events"] if e["type"] == "message"] == [("user", USER)]
     assert record["rollout_id"] == record["attributes"]["trace_id"] and record["rollout_id"].startswith("tr-")
     assert record["labels"]["model"] == MODEL
+    assert_logged_definitions(record)  # the model spans' request tools
 
 
 def test_the_window_selects_traces_by_start_time(server):

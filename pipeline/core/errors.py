@@ -147,6 +147,11 @@ class ScoringFailed(PexecError, RuntimeError):
     written."""
 
 
+class DraftError(PexecError, ValueError):
+    """`pexec spec draft` has nothing to draft from (no rollout read, a format it cannot read in shards) or an
+    output folder it will not overwrite; the message says which."""
+
+
 class QueryRefused(PexecError, ValueError):
     """A statement in a user query is not a read."""
 

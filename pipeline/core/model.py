@@ -43,6 +43,9 @@ class Call:
     turn: int = 0
     call_id: str | None = None
     actor: Actor = "agent"
+    # Which of the rollout's logged tool-definition versions was in force at this call (`env.tool_versions`,
+    # pipeline.envs.observed); 0, the first, when the definitions never changed.
+    tools_version: int = 0
 
 
 Event = Message | Call
@@ -86,6 +89,9 @@ class StepResult:
     effect_weight: float = 1.0  # its weight in the weighted executability
     actor: Actor = "agent"  # `step` counts the calls of this actor
     seq: int = 0  # 1-based position among both actors' calls, in logged order (as `step` when all are the agent's)
+    # Which schema S was checked against: "spec" (a spec's or the environment's own), "log" (the definitions the
+    # log recorded for this call), None (none: well-formedness only, or an unknown tool).
+    schema_source: str | None = None
 
 
 @dataclass(slots=True)

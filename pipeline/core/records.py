@@ -42,6 +42,7 @@ class CallRecord(TypedDict):
     actor: NotRequired[Literal["agent", "user"]]  # absent: agent
     output: NotRequired[Any]  # absent: the log recorded no output
     error: NotRequired[bool]
+    tools_version: NotRequired[int]  # index into `env.tool_versions`; absent: 0 (the first, or only, definitions)
 
 
 EventRecord = MessageRecord | CallRecord
@@ -261,6 +262,9 @@ def parse_event(raw: Any, where: str) -> Event:
         actor = raw.get("actor") or "agent"
         if actor not in ACTORS:
             raise InvalidRecord(f"{where}.actor must be agent or user")
+        version = raw.get("tools_version") or 0
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise InvalidRecord(f"{where}.tools_version must be a non-negative integer")
         return Call(
             tool=tool,
             arguments=raw.get("arguments", {}),
@@ -270,6 +274,7 @@ def parse_event(raw: Any, where: str) -> Event:
             turn=turn,
             call_id=str(call_id) if call_id is not None else None,
             actor=actor,
+            tools_version=version,
         )
     raise InvalidRecord(f"{where}: unknown event type {kind!r} (expected 'message' or 'call')")
 
@@ -287,6 +292,8 @@ def event_record(event: Event) -> dict[str, Any]:
         out["error"] = event.error
     if event.actor != "agent":
         out["actor"] = event.actor
+    if event.tools_version:
+        out["tools_version"] = event.tools_version
     return out
 
 

@@ -70,6 +70,12 @@ STEPS = RunTable(
         Column("cause", _STR, "first-error cause label (diagnostic); null if valid"),
         Column("detail", _STR, "the environment's own message, or what failed"),
         Column("decided_by", _STR, "which source decided P: simulator, precondition, log"),
+        Column(
+            "schema_source",
+            _STR,
+            "which schema S was checked against: spec (the spec's or environment's own), log (the tool definitions"
+            " the log recorded for the call), or null (none: well-formedness only; null in runs scored before it)",
+        ),
         Column("output_match", _BOOL, "replayed output equals the logged one; null when nothing was logged"),
         Column("effect", _STR, "the tool's effect class: read, write or irreversible; null when undeclared"),
         Column("effect_weight", _F64, "the tool's weight in the weighted AUC-PEC (1 unless declared)"),

@@ -115,3 +115,15 @@ class Environment(Protocol):
 
     def rollback(self, state: Any, mark: Any) -> None:
         """Return `state` to an earlier mark of the same rollout."""
+
+
+@runtime_checkable
+class CallCatalogue(Protocol):
+    """An environment whose catalogue can change from call to call (`observed`: the tool definitions the log
+    recorded at each call). The checker selects the call's catalogue before it asks `tool` about it."""
+
+    def select(self, call: Call) -> None:
+        """Make the catalogue in force at `call` the one `tool`, `open_catalogue` and `schema_source` answer from."""
+
+    def schema_source(self, name: str) -> str | None:
+        """Which schema decides S for `name`: "spec", "log", or None (none)."""

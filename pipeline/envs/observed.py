@@ -13,10 +13,13 @@ usual, and P is decided by two sources, in this order:
 An accepted call reports `decided_by = precondition` when at least one rule was evaluated (and held),
 else `log`. Outputs are the logged ones, so downstream references and grounding see what the agent saw.
 
-Schemas: a tool the spec declares is checked against the spec's schema. A rollout may carry the schemas of
-further tools in `env.tools` (name -> JSON Schema; the guard's MCP proxy records its upstream's there): they
-decide S for the tools the spec does not declare — the one rule the live guard applies too. A rollout's
-tools close the catalogue: a tool in neither is unknown.
+Schemas: a tool the spec declares is checked against the spec's schema. A rollout may carry the tool definitions
+the model was given in `env.tools` (name -> JSON Schema: what the production-log adapters read from the log, and
+what the guard's MCP proxy records of its upstream): they decide S for the tools the spec does not declare — the
+one rule the live guard applies too. Where the definitions changed within the conversation, `env.tool_versions`
+lists every distinct set in order of first use (`env.tools` is its first) and each call's `tools_version` names
+the set in force at it. A rollout's tools close the catalogue at each call: a tool in neither the spec nor the
+set in force is unknown. Each step records which schema decided (`schema_source`: spec, log, or none).
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ class ObservedEnvironment:
     ) -> None:
         self._tools = tools
         self._rules = rules or {}
-        self._rollout_tools: dict[str, ToolInfo] = {}  # the current rollout's `env.tools` (see the docstring)
+        self._rollout_tools: dict[str, ToolInfo] = {}  # the set in force at the current call (see the docstring)
+        self._versions: list[dict[str, ToolInfo]] = []  # the current rollout's logged sets, by version
         self.version = f"observed+{spec_version}" if spec_version else "observed"
 
     def tool(self, name: str) -> ToolInfo | None:
@@ -60,11 +64,16 @@ class ObservedEnvironment:
         return self._tools is None and not self._rollout_tools
 
     def schema_source(self, name: str) -> str | None:
-        """Which schema decides S for `name`: "spec", "rollout" (its `env.tools`), or None (none: unknown or
-        an open catalogue)."""
+        """Which schema decides S for `name` at the current call: "spec", "log" (the definitions the log recorded
+        for it), or None (none: unknown, or an open catalogue)."""
         if self._tools is not None and name in self._tools:
             return "spec"
-        return "rollout" if name in self._rollout_tools else None
+        return "log" if name in self._rollout_tools else None
+
+    def select(self, call: Call) -> None:
+        """Make the logged definitions in force at `call` the catalogue (a version the rollout lacks: none)."""
+        version = call.tools_version
+        self._rollout_tools = self._versions[version] if version < len(self._versions) else {}
 
     def knowledge(self, state: Any) -> list[Any]:
         return []  # the agent knows only the conversation and earlier outputs
@@ -73,11 +82,20 @@ class ObservedEnvironment:
         declared = rollout.env.get("tools")
         if declared is not None and not isinstance(declared, dict):
             raise EnvError("observed: env.tools must be an object of tool name -> JSON Schema")
-        self._rollout_tools = {
-            name: _tool_info(name, orjson.dumps(schema, option=orjson.OPT_SORT_KEYS))
-            for name, schema in (declared or {}).items()
-            if self._tools is None or name not in self._tools
-        }
+        versions = rollout.env.get("tool_versions")
+        if versions is None:
+            versions = [declared] if declared else []
+        elif not isinstance(versions, list) or not all(isinstance(v, dict) for v in versions):
+            raise EnvError("observed: env.tool_versions must be a list of objects of tool name -> JSON Schema")
+        self._versions = [
+            {
+                name: _tool_info(name, orjson.dumps(schema, option=orjson.OPT_SORT_KEYS))
+                for name, schema in version.items()
+                if self._tools is None or name not in self._tools
+            }
+            for version in versions
+        ]
+        self._rollout_tools = self._versions[0] if self._versions else {}
         return {}
 
     def available(self, state: Seen, tool: str, turn: int) -> bool:

@@ -135,10 +135,12 @@ def rollout(
     where: str,
     attributes: Mapping[str, str] | None = None,
     harness_error: str | None = None,
+    env: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A canonical rollout record for one conversation; `where` names its file and place for errors
     and is the id of last resort. `attributes`: the format's own; `harness_error`: why the harness never
-    really ran it (status `harness_error`), None when it did."""
+    really ran it (status `harness_error`), None when it did; `env`: the rollout's start (the tool definitions
+    the log recorded, `ToolVersions.env`)."""
     rollout_id = get_path(record, s.id_field)
     rollout_id = str(rollout_id) if rollout_id not in (None, "") else where
     task_id = get_path(record, s.task_field)
@@ -157,7 +159,7 @@ def rollout(
         success = s.outcomes.get(rollout_id)
     else:
         success = as_success(get_path(record, s.success_field), f"{where} {s.success_field}")
-    return {
+    out = {
         "rollout_id": rollout_id,
         "task_id": str(task_id) if task_id not in (None, "") else rollout_id,
         "benchmark": s.benchmark,
@@ -167,6 +169,9 @@ def rollout(
         "events": events,
         "success": success,
     }
+    if env:
+        out["env"] = dict(env)
+    return out
 
 
 def _string(value: Any) -> str:
@@ -402,3 +407,70 @@ def read_outcomes(fmt: str, path: str, options: IngestOptions) -> dict[str, bool
         value = row["success"]
         table[str(key)] = as_success(None if value == "" else value, where)
     return table
+
+
+def tool_definitions(value: Any) -> dict[str, Any] | None:
+    """The tool definitions a model was given, as tool name -> JSON Schema of its arguments; None when `value`
+    holds none. Read from every shape the production logs write: a list (or JSON text of one) of OpenAI
+    chat-completions tools (`{"type": "function", "function": {"name", "parameters"}}`), Responses API and OTel
+    GenAI tools (`{"type": "function", "name", "parameters"}`), legacy `functions`, Anthropic tools
+    (`input_schema`), MCP tools (`inputSchema`) and Inspect's tools (`parameters`). An entry without a name (a
+    provider's built-in tool such as web search) is skipped; a function without parameters takes any object."""
+    if isinstance(value, str):
+        try:
+            value = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return None
+    if not isinstance(value, list):
+        return None
+    out: dict[str, Any] = {}
+    for item in value:
+        if not isinstance(item, dict):
+            continue
+        nested = item.get("function")
+        fn: dict[str, Any] = nested if isinstance(nested, dict) else item
+        name = fn.get("name")
+        if not isinstance(name, str) or not name:
+            continue
+        schema = next(
+            (fn[k] for k in ("parameters", "input_schema", "inputSchema") if isinstance(fn.get(k), dict)), None
+        )
+        out[name] = schema if schema is not None else {"type": "object"}
+    return out or None
+
+
+class ToolVersions:
+    """The tool definitions of one conversation, in the order the model was given them: each distinct set is a
+    version (`env.tool_versions`, the first also `env.tools`), and a call is stamped with the version in force
+    when it was made — the set given last at or before it; a call before any is under the first."""
+
+    def __init__(self) -> None:
+        self.versions: list[dict[str, Any]] = []
+        self._keys: dict[bytes, int] = {}
+        self.current = 0
+
+    def given(self, definitions: dict[str, Any] | None) -> None:
+        """The model was given `definitions` (None: the log recorded none at this call: the last stay in force)."""
+        if definitions is None:
+            return
+        key = orjson.dumps(definitions, option=orjson.OPT_SORT_KEYS)
+        if key not in self._keys:
+            self._keys[key] = len(self.versions)
+            self.versions.append(definitions)
+        self.current = self._keys[key]
+
+    def stamp(self, event: CallRecord, version: int | None = None) -> CallRecord:
+        """`event` marked with the version in force (or `version`); version 0 is left implicit."""
+        version = self.current if version is None else version
+        if version:
+            event["tools_version"] = version
+        return event
+
+    def env(self) -> dict[str, Any]:
+        """The rollout's `env` entries: none when no definitions were logged."""
+        if not self.versions:
+            return {}
+        out: dict[str, Any] = {"tools": self.versions[0]}
+        if len(self.versions) > 1:
+            out["tool_versions"] = self.versions
+        return out

@@ -9,7 +9,9 @@ with a `messages` list and an optional `system` prompt (its other fields give id
   kept the streamed text), `id` -> `call_id`;
 - `tool_result` blocks (paired by `tool_use_id` as `pipeline.ingest._pairing` says) -> the call's `output`
   (text of `content`) and `error` = `is_error` (false when absent). A call with no result block has no output
-  and no error; a result that answers no call is a `tool` message (`orphan_results`).
+  and no error; a result that answers no call is a `tool` message (`orphan_results`);
+- the record's `tools` (`name`, `input_schema`) -> `env.tools`, the definitions S is checked against when no
+  spec declares the tool. Absent: no definitions (a spec's schemas, else only well-formedness).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pipeline.ingest._logs import (
     message,
     rollout,
     text,
+    tool_definitions,
     tool_dialect,
 )
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
@@ -41,7 +44,8 @@ class Anthropic(ChatFormat):
     def convert(self, s: LogSettings, where: str, record: dict[str, Any]) -> dict[str, Any]:
         """The canonical rollout of one conversation record."""
         events, attributes = assemble(log(record, where))
-        return rollout(s, record, events, where, attributes)
+        tools = tool_definitions(record.get("tools"))
+        return rollout(s, record, events, where, attributes, env={"tools": tools} if tools else None)
 
 
 FORMAT = Anthropic()

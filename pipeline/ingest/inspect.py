@@ -15,6 +15,11 @@ each. Mapping:
 - `role: tool` messages (paired by `tool_call_id` as `pipeline.ingest._pairing` says) -> `output` (the
   content text, or the error message) and `error` = whether `error` is set. A call with no tool message has
   no output and no error; a result that answers no call is a `tool` message (`orphan_results`).
+- tool definitions: the `tools` of the sample's model events (`events[]` with `event: model`: what the model
+  was given at that generation) -> `env.tools`; each call is under the definitions of the model event whose
+  output requested it (by call id; a change within the sample is a new version: `env.tool_versions`, the
+  call's `tools_version`). A sample without model events: no definitions (a spec's schemas, else only
+  well-formedness);
 - attributes: `epoch`, and `limit` (the limit that ended the sample: message, token, time...) when set;
 - a sample with an `error` (Inspect: an error halted the sample, it was not scored) has status
   `harness_error`, attribute `harness_error` = the error's message.
@@ -26,7 +31,7 @@ import re
 import struct
 import zipfile
 import zlib
-from collections import Counter
+from collections import Counter, defaultdict, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from functools import partial
@@ -36,7 +41,19 @@ import orjson
 import zstandard
 
 from pipeline.core.errors import IngestError
-from pipeline.ingest._logs import LogSettings, call, loads, log_options, message, rollout, settings, text
+from pipeline.core.records import CallRecord
+from pipeline.ingest._logs import (
+    LogSettings,
+    ToolVersions,
+    call,
+    loads,
+    log_options,
+    message,
+    rollout,
+    settings,
+    text,
+    tool_definitions,
+)
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
 from pipeline.ingest.base import RECORD_ERRORS, IngestOptions, Option, Part, ShardedFormat, record_error, source_inputs
 from pipeline.storage.fs import open_for_read
@@ -246,13 +263,33 @@ def _rollout(sample: dict[str, Any], info: dict[str, Any], s: LogSettings, where
     if isinstance(error, dict):
         error = error.get("message") or orjson.dumps(error).decode()
     crash = str(error) if error else None
-    events, orphans = assemble(_log(messages, where))
-    return rollout(s, record, events, where, attributes | orphans, crash)
+    versions = ToolVersions()
+    requested = _requested(sample.get("events"), versions)
+    events, orphans = assemble(_log(messages, where, versions, requested))
+    return rollout(s, record, events, where, attributes | orphans, crash, env=versions.env())
 
 
-def _log(messages: list[Any], where: str) -> list[Entry]:
+def _requested(events: Any, versions: ToolVersions) -> dict[Any, deque[int]]:
+    """Call id -> the versions of the tool definitions in force at the model events that requested a call with
+    it, in order (ids may repeat); `versions` collects the definitions."""
+    out: dict[Any, deque[int]] = defaultdict(deque)
+    for event in events if isinstance(events, list) else []:
+        if not isinstance(event, dict) or event.get("event") != "model":
+            continue
+        versions.given(tool_definitions(event.get("tools")))
+        output = event.get("output")
+        for choice in output.get("choices") or [] if isinstance(output, dict) else []:
+            message = choice.get("message") if isinstance(choice, dict) else None
+            for tc in message.get("tool_calls") or [] if isinstance(message, dict) else []:
+                if isinstance(tc, dict):
+                    out[tc.get("id")].append(versions.current)
+    return out
+
+
+def _log(messages: list[Any], where: str, versions: ToolVersions, requested: dict[Any, deque[int]]) -> list[Entry]:
     out: list[Entry] = []
     turn = 0
+    version = 0  # of a call no model event is found for: the last found before it
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise IngestError(f"inspect: {where} messages[{i}]: a message must be an object")
@@ -272,8 +309,17 @@ def _log(messages: list[Any], where: str) -> list[Entry]:
             if tc.get("parse_error"):
                 args = str(tc["parse_error"])  # Inspect keeps no raw text: its error stands in for it
             at = f"{where} messages[{i}].tool_calls[{j}]"
-            out.append(Call(tc.get("id"), partial(call, tc.get("function"), args, tc.get("id"), turn, where=at)))
+            queue = requested.get(tc.get("id"))
+            version = queue.popleft() if queue else version
+            build = partial(_stamped, versions, version, tc.get("function"), args, tc.get("id"), turn, where=at)
+            out.append(Call(tc.get("id"), build))
     return out
+
+
+def _stamped(
+    versions: ToolVersions, version: int, tool: Any, args: Any, call_id: Any, turn: int, result: Any, where: str
+) -> CallRecord:
+    return versions.stamp(call(tool, args, call_id, turn, result, where), version)
 
 
 def _result(m: dict[str, Any]) -> tuple[Any, bool]:

@@ -9,7 +9,10 @@ in the window is one rollout. Mapping:
 - spans of type `TOOL` are the calls, in start order: tool = the span's name, arguments = its inputs (not
   captured: null), output = its outputs, `error` = status ERROR (then the output, when none was recorded, is the
   exception event's message, else the status message: the environment's own words);
-- spans of type `CHAT_MODEL`/`LLM`: the user and system messages of their `messages` input are message events.
+- spans of type `CHAT_MODEL`/`LLM`: the user and system messages of their `messages` input are message events;
+  the `tools` of their input (the request's tool definitions, as autolog records them) are the definitions S is
+  checked against when no spec declares the tool (`env.tools`; see `pipeline.ingest.traces` for versions).
+  No model span carries them: no definitions (a spec's schemas, else only well-formedness).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from pipeline.core.errors import IngestError
-from pipeline.ingest._logs import log_options, settings
+from pipeline.ingest._logs import log_options, settings, tool_definitions
 from pipeline.ingest.base import IngestOptions, LogFormat, Option
 from pipeline.ingest.traces import WINDOW, Trace, TraceSpan, check_spans, max_traces, parse_time, records
 
@@ -122,6 +125,7 @@ def _span(sp: Any) -> TraceSpan:
     messages: tuple[Any, ...] = ()
     if kind == "model" and isinstance(sp.inputs, dict) and isinstance(sp.inputs.get("messages"), list):
         messages = tuple(m for m in sp.inputs["messages"] if isinstance(m, dict))
+    tools = tool_definitions(sp.inputs.get("tools")) if kind == "model" and isinstance(sp.inputs, dict) else None
     return TraceSpan(
         span_id=str(sp.span_id),
         name=str(sp.name),
@@ -132,6 +136,7 @@ def _span(sp: Any) -> TraceSpan:
         error=error,
         error_message=(_exception(sp) or status.description) if error else None,  # the exception's own words
         messages=messages,
+        tools=tools,
     )
 
 

@@ -11,7 +11,10 @@ message list. Mapping:
   earliest unanswered call) and legacy `role: function` (answering legacy calls in order) -> the call's
   `output`; `error` = the message's own boolean `error` field when the logger wrote one, else whether the
   content starts with `--option error_prefix=TEXT` when given, else not logged. A call with no result
-  message has no output and no error; a result that answers no call is a `tool` message (`orphan_results`).
+  message has no output and no error; a result that answers no call is a `tool` message (`orphan_results`);
+- the record's `tools` (chat-completions or Responses API tools; legacy `functions`) -> `env.tools`, the
+  definitions S is checked against when no spec declares the tool. Absent: no definitions (a spec's schemas,
+  else only well-formedness).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pipeline.ingest._logs import (
     message,
     rollout,
     text,
+    tool_definitions,
     tool_dialect,
 )
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
@@ -47,7 +51,8 @@ class OpenAI(ChatFormat):
     def convert(self, s: LogSettings, where: str, record: dict[str, Any]) -> dict[str, Any]:
         """The canonical rollout of one conversation record."""
         events, attributes = assemble(log(record["messages"], s, where))
-        return rollout(s, record, events, where, attributes)
+        tools = tool_definitions(record.get("tools")) or tool_definitions(record.get("functions"))
+        return rollout(s, record, events, where, attributes, env={"tools": tools} if tools else None)
 
 
 FORMAT = OpenAI()

@@ -25,6 +25,10 @@ records carry (`gen_ai.*` events) joins the span they belong to, as its `gen_ai.
   `opentelemetry-instrumentation-openai-v2`), the `tool_call_response` parts of later input messages answer
   them (output = `response`, error not logged); each distinct response once, a response being the n-th with
   its id in a span's input messages. A request nothing answers is a call with no result.
+- tool definitions: `gen_ai.tool.definitions` of any span (a chat span's request, or the `invoke_agent` span
+  around the conversation) -> `env.tools`; a call is under the definitions the latest span before it that
+  carried them recorded (a change within the conversation is a new version: `env.tool_versions`, the call's
+  `tools_version`). No span carries them: no definitions (a spec's schemas, else only well-formedness);
 - trace and span ids are kept as hex: OTLP/JSON writes them so, protobuf's JSON mapping of the same export
   (`MessageToDict`) as base64, which is turned into hex.
 """
@@ -42,7 +46,17 @@ import orjson
 from pipeline.core.errors import IngestError
 from pipeline.core.records import EventRecord
 from pipeline.ingest import otlp
-from pipeline.ingest._logs import call, loads, log_options, message, rollout, settings, text
+from pipeline.ingest._logs import (
+    ToolVersions,
+    call,
+    loads,
+    log_options,
+    message,
+    rollout,
+    settings,
+    text,
+    tool_definitions,
+)
 from pipeline.ingest._pairing import Call, Entry, Result, pair
 from pipeline.ingest.base import IngestOptions, Item, LogFormat, Shuffle, source_files, source_inputs
 from pipeline.storage.shards import RecordError, Shard
@@ -55,10 +69,11 @@ def assemble(key: str, group: list[dict[str, Any]], options: IngestOptions) -> d
     s = settings("otel", options, {"model": "gen_ai.request.model", "agent_version": "service.version"})
     group.sort(key=lambda sp: (sp["start"], sp["span_id"]))
     record = _record(group, key)
-    events = _events(group)
+    versions = ToolVersions()
+    events = _events(group, versions)
     orphans = sum(e["type"] == "message" and e["role"] == "tool" for e in events)
     attributes = {"orphan_results": str(orphans)} if orphans else {}
-    return rollout(s, record, events, f"otel: conversation {key}", attributes)
+    return rollout(s, record, events, f"otel: conversation {key}", attributes, env=versions.env())
 
 
 def _items(shard: Shard, options: IngestOptions) -> Iterator[tuple[str, Item | RecordError]]:
@@ -158,12 +173,14 @@ def _is_tool_span(sp: dict[str, Any]) -> bool:
     return sp["attrs"].get("gen_ai.operation.name") == "execute_tool" or name.startswith("execute_tool")
 
 
-def _events(group: list[dict[str, Any]]) -> list[EventRecord]:
+def _events(group: list[dict[str, Any]], versions: ToolVersions) -> list[EventRecord]:
     """A `tool_call` part of a chat span's output is a request; the `execute_tool` span with its id answers the
     earliest unanswered one (`pipeline.ingest._pairing`) and is the call, at its own time. Without tool spans, a
     `tool_call_response` part of a later chat span's input answers it and the call stays at its request. A
-    request nothing answers is a call with no result, at the chat span."""
+    request nothing answers is a call with no result, at the chat span. Each call is stamped with the tool
+    definitions in force where it is logged (`versions`)."""
     log: list[Entry] = []
+    version_at: dict[int, int] = {}  # position of a call or tool span -> the definitions' version in force
     arguments: dict[int, Any] = {}  # position of a request -> its arguments
     turn = 0
     seen_messages: set[tuple[str, str]] = set()
@@ -171,7 +188,9 @@ def _events(group: list[dict[str, Any]]) -> list[EventRecord]:
     responses = not any(_is_tool_span(sp) for sp in group)  # else the tool spans are the results
     for sp in group:
         attrs = sp["attrs"]
+        versions.given(tool_definitions(attrs.get("gen_ai.tool.definitions")))
         if _is_tool_span(sp):
+            version_at[len(log)] = versions.current
             log.append(Result(attrs.get("gen_ai.tool.call.id"), sp, None, turn))
             continue
         nth: Counter[Any] = Counter()  # responses per id so far in this span's input
@@ -195,6 +214,7 @@ def _events(group: list[dict[str, Any]]) -> list[EventRecord]:
             for p in m.get("parts") or []:
                 if isinstance(p, dict) and p.get("type") == "tool_call":
                     arguments[len(log)] = p.get("arguments")
+                    version_at[len(log)] = versions.current
                     build = partial(call, p.get("name"), p.get("arguments"), p.get("id"), turn, where=sp["where"])
                     log.append(Call(p.get("id"), build))
     answers = pair(log)
@@ -204,9 +224,9 @@ def _events(group: list[dict[str, Any]]) -> list[EventRecord]:
         if isinstance(entry, Call):
             answer = log[answers[position]] if position in answers else None
             if not isinstance(answer, Result):  # requested, never answered: a call with no result
-                out.append(entry.build(None))
+                out.append(versions.stamp(entry.build(None), version_at[position]))
             elif isinstance(answer.value, tuple):  # answered by a response message: the call stays at its request
-                out.append(entry.build(answer.value))
+                out.append(versions.stamp(entry.build(answer.value), version_at[position]))
             # else an execute_tool span answers it and is the call
         elif isinstance(entry, Result) and isinstance(entry.value, tuple):
             if position not in requests:  # a response that answers no request: an orphan
@@ -216,7 +236,8 @@ def _events(group: list[dict[str, Any]]) -> list[EventRecord]:
             request = requests.get(position)
             args = attrs.get("gen_ai.tool.call.arguments", None if request is None else arguments[request])
             result = (attrs.get("gen_ai.tool.call.result"), sp["error"])
-            out.append(call(attrs.get("gen_ai.tool.name"), args, entry.key, entry.turn, result, sp["where"]))
+            event = call(attrs.get("gen_ai.tool.name"), args, entry.key, entry.turn, result, sp["where"])
+            out.append(versions.stamp(event, version_at[position]))
         else:
             out.append(entry)
     return out

@@ -11,7 +11,10 @@ started in the window is one rollout. Mapping:
 - spans of kind `TOOL` are the calls, in start order: tool = `tool.name` (else the span's name), arguments =
   `input.value` (JSON text kept as is; not captured: null), output = `output.value`, `error` = status ERROR
   (then the output, when none was recorded, is the exception event's message, else the status message);
-- spans of kind `LLM`: the user and system messages of `llm.input_messages` are message events.
+- spans of kind `LLM`: the user and system messages of `llm.input_messages` are message events; the tools of
+  `llm.tools` (each `tool.json_schema`, the request's tool as JSON text) are the definitions S is checked
+  against when no spec declares the tool (`env.tools`; see `pipeline.ingest.traces` for versions). No LLM span
+  carries them: no definitions (a spec's schemas, else only well-formedness).
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+import orjson
+
 from pipeline.core.errors import IngestError
-from pipeline.ingest._logs import log_options, settings
+from pipeline.ingest._logs import log_options, settings, tool_definitions
 from pipeline.ingest.base import IngestOptions, LogFormat, Option
 from pipeline.ingest.traces import WINDOW, Trace, TraceSpan, check_spans, max_traces, parse_time, records
 
@@ -121,6 +126,7 @@ def _span(sp: Mapping[str, Any]) -> TraceSpan:
         items = _in_order(found)
         messages = tuple(m["message"] for m in items if isinstance(m, dict) and isinstance(m.get("message"), dict))
     return TraceSpan(
+        tools=_tools(sp) if kind == "model" else None,
         span_id=str(sp["context"]["span_id"]),
         name=str(_get(sp, "tool", "name") or sp.get("name") or "") if kind == "tool" else str(sp.get("name") or ""),
         kind=kind,
@@ -131,6 +137,20 @@ def _span(sp: Mapping[str, Any]) -> TraceSpan:
         error_message=(_exception(sp) or sp.get("status_message")) if error else None,  # the exception's own words
         messages=messages,
     )
+
+
+def _tools(sp: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The definitions of an LLM span's `llm.tools` (each item's `tool.json_schema`: JSON text, or an object)."""
+    given = []
+    for item in _in_order(_get(sp, "llm", "tools")):
+        schema = item.get("tool", {}).get("json_schema") if isinstance(item, dict) else None
+        if isinstance(schema, str):
+            try:
+                schema = orjson.loads(schema)
+            except orjson.JSONDecodeError:
+                continue
+        given.append(schema)
+    return tool_definitions(given)
 
 
 def _in_order(found: Any) -> list[Any]:

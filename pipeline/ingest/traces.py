@@ -4,7 +4,9 @@ few things a rollout needs, and the one order of its tool spans.
 A trace is a rollout. Its tool spans are its calls, in the order of their start time (then span id): the order
 `pexec publish` uses to put the verdict of step k back on the k-th tool span, so ingest and publish must agree
 on it (`tool_spans`). Messages come from the model spans' input messages: each distinct user or system message
-once, at the first model span that carried it; a user message starts a new turn.
+once, at the first model span that carried it; a user message starts a new turn. The tool definitions a model
+span's request carried are the rollout's `env.tools`; a call is under those of the latest model span before it
+(a change is a new version: `env.tool_versions`, the call's `tools_version`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import orjson
 
 from pipeline.core.errors import IngestError
 from pipeline.core.records import EventRecord
-from pipeline.ingest._logs import LogSettings, call, message, rollout, text
+from pipeline.ingest._logs import LogSettings, ToolVersions, call, message, rollout, text
 from pipeline.ingest.base import Option
 
 DEFAULT_MAX_TRACES = 100_000  # traces one ingest reads at most unless `--option max_traces` says otherwise
@@ -47,6 +49,7 @@ class TraceSpan:
     error: bool = False
     error_message: str | None = None  # the store's status message or the exception's, when the span failed
     messages: tuple[Mapping[str, Any], ...] = ()  # a model span's input messages ({role, content})
+    tools: dict[str, Any] | None = None  # the tool definitions a model span's request carried (name -> schema)
 
 
 @dataclass(frozen=True)
@@ -93,16 +96,21 @@ def records(s: LogSettings, traces: Sequence[Trace]) -> Iterator[dict[str, Any]]
         day = datetime.fromtimestamp(trace.start_ns / 1e9, UTC).date().isoformat()
         fields = {"date": day, **trace.fields, TRACE_ID: trace.trace_id}
         where = f"{s.fmt}: trace {trace.trace_id}"
-        yield rollout(s, fields, events(trace), where, {TRACE_ID: trace.trace_id})
+        versions = ToolVersions()
+        found = events(trace, versions)
+        yield rollout(s, fields, found, where, {TRACE_ID: trace.trace_id}, env=versions.env())
 
 
-def events(trace: Trace) -> list[EventRecord]:
+def events(trace: Trace, versions: ToolVersions | None = None) -> list[EventRecord]:
+    """The trace's events; `versions` collects the tool definitions of its model spans and stamps its calls."""
+    versions = versions if versions is not None else ToolVersions()
     calls = {id(s) for s in tool_spans(trace)}
     out: list[EventRecord] = []
     seen: set[tuple[str, str]] = set()
     turn = 0
     for span in sorted(trace.spans, key=lambda s: (s.start_ns, s.span_id)):
         if span.kind == "model":
+            versions.given(span.tools)
             for m in span.messages:
                 role, said = m.get("role"), text(m.get("content"))
                 if role in ("user", "system") and said and (role, said) not in seen:
@@ -113,7 +121,7 @@ def events(trace: Trace) -> list[EventRecord]:
             output = span.output if span.output is not None or not span.error else span.error_message
             result = (_json_text(output), span.error)
             where = f"trace {trace.trace_id} span {span.span_id}"
-            out.append(call(span.name, span.arguments, None, turn, result, where))
+            out.append(versions.stamp(call(span.name, span.arguments, None, turn, result, where)))
     return out
 
 

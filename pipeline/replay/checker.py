@@ -18,7 +18,7 @@ import orjson
 from pipeline.core.model import NOT_LOGGED, Actor, Call, Cause, Check, Message, Rollout, RolloutResult, StepResult
 from pipeline.core.records import MAX_DEPTH, too_deep
 from pipeline.core.values import same
-from pipeline.envs.base import Environment, Outcome, ToolInfo
+from pipeline.envs.base import CallCatalogue, Environment, Outcome, ToolInfo
 from pipeline.replay.dependencies import History, grounded_values, resolve_references
 
 # The `detail` of every step whose arguments the log did not capture (S and D not checked).
@@ -103,6 +103,7 @@ class Session:
         self.user_prefix_ok = True
         self.user_history = History()  # what the user simulator could know: the agent's messages, its own outputs
         self._pending: tuple[Call, Verdict] | None = None
+        self._catalogue = env if isinstance(env, CallCatalogue) else None
 
     def message(self, role: str, content: str) -> None:
         self._discard()
@@ -117,6 +118,8 @@ class Session:
         env, state = self.env, self.state
         user = call.actor == "user"
         steps, history = (self.user_steps, self.user_history) if user else (self.steps, self.history)
+        if self._catalogue is not None:
+            self._catalogue.select(call)
         verdict = _check(env, state, call, len(steps) + 1, history, self.checks)
         if not verdict.valid and verdict.check == "P":
             # Without a simulator an earlier state is only less of what the agent saw, where rules cannot be
@@ -172,7 +175,12 @@ class Session:
         else:
             self.history.add_result(depth, call.call_id, executed, output)
             self.prefix_ok = prefix_ok = self.prefix_ok and verdict.valid
+        if self._catalogue is not None:
+            self._catalogue.select(call)
+            schema_source = self._catalogue.schema_source(call.tool)
         info = self.env.tool(call.tool)
+        if self._catalogue is None:
+            schema_source = "spec" if info is not None else None
         effect = info.effect if info is not None else None
         step = StepResult(
             step=depth,
@@ -189,6 +197,7 @@ class Session:
             effect_weight=effect.weight if effect else 1.0,
             actor=call.actor,
             seq=len(self.steps) + len(self.user_steps) + 1,
+            schema_source=schema_source,
         )
         steps.append(step)
         return step

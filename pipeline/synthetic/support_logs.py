@@ -2,6 +2,7 @@
 one JSON Lines file per date partition, `DIR/date=YYYY-MM-DD/conversations.jsonl`.
 
     python -m pipeline.synthetic.support_logs --out DIR [--dates 2026-11-27,2026-11-28] [--per-date 40] [--seed 0]
+        [--tools]
 
 Each conversation is a customer goal (cancel, refund, address change, support ticket) played against a
 small fixture backend, so outputs are consistent; some carry the failures production logs show: arguments
@@ -58,8 +59,9 @@ class _Conversation:
         self.messages.append({"role": "assistant", "content": text})
 
 
-def conversation(rng: random.Random, index: int, day: str) -> dict[str, Any]:
-    """One logged conversation (OpenAI format plus the logger's id, labels and success fields)."""
+def conversation(rng: random.Random, index: int, day: str, tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One logged conversation (OpenAI format plus the logger's id, labels and success fields); `tools`: the
+    request's tool definitions, logged with it when given."""
     model, version = MODELS[index % len(MODELS)]
     goal = rng.choice(sorted(FAILURES))
     failure = rng.choice(FAILURES[goal]) if rng.random() < (0.35 if index % 2 == 0 else 0.55) else None
@@ -110,7 +112,7 @@ def conversation(rng: random.Random, index: int, day: str) -> dict[str, Any]:
         success = False
     else:
         c.say("Done. Anything else?")
-    return {
+    record: dict[str, Any] = {
         "id": f"{day}-{index:04d}",
         "task_id": f"{goal}-{failure or 'clean'}",
         "model": model,
@@ -119,6 +121,17 @@ def conversation(rng: random.Random, index: int, day: str) -> dict[str, Any]:
         "success": success,
         "messages": c.messages,
     }
+    if tools is not None:
+        record["tools"] = tools
+    return record
+
+
+def support_tools() -> list[dict[str, Any]]:
+    """The support spec's tool definitions (specs/support/tools.json): what the agent's requests carry."""
+    from pipeline.envs.data import BUILTIN_SPECS
+
+    loaded: list[dict[str, Any]] = orjson.loads((BUILTIN_SPECS / "support" / "tools.json").read_bytes())
+    return loaded
 
 
 def _ask(goal: str, order: str) -> str:
@@ -135,25 +148,28 @@ def _shipped(order: str) -> str:
 
 
 def write_samples(
-    out: str | Path, dates: tuple[str, ...] = DEFAULT_DATES, per_date: int = 40, seed: int = 0
+    out: str | Path, dates: tuple[str, ...] = DEFAULT_DATES, per_date: int = 40, seed: int = 0, tools: bool = False
 ) -> list[Path]:
-    """Write the sample logs; returns the files written (one per date)."""
+    """Write the sample logs; returns the files written (one per date). `tools`: each conversation logs the
+    request's tool definitions."""
+    given = support_tools() if tools else None
     written = []
     for day in dates:
         rng = random.Random(f"{seed}/{day}")
         folder = Path(out) / f"date={day}"
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / "conversations.jsonl"
-        path.write_bytes(b"".join(orjson.dumps(conversation(rng, i, day)) + b"\n" for i in range(per_date)))
+        path.write_bytes(b"".join(orjson.dumps(conversation(rng, i, day, given)) + b"\n" for i in range(per_date)))
         written.append(path)
     return written
 
 
 def write_night(
-    out: str | Path, conversations: int, files: int = 8, seed: int = 0, day: str = "2026-11-29"
+    out: str | Path, conversations: int, files: int = 8, seed: int = 0, day: str = "2026-11-29", tools: bool = False
 ) -> list[Path]:
     """One night's conversations as a logger ships them: `files` gzip JSON Lines files, consecutive conversations
-    in each (ids distinct across files); returns the files written."""
+    in each (ids distinct across files); returns the files written. `tools`: each logs the request's tools."""
+    given = support_tools() if tools else None
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     rng = random.Random(f"{seed}/{day}")
@@ -163,7 +179,7 @@ def write_night(
         path = folder / f"conversations-{f:03d}.jsonl.gz"
         with gzip.open(path, "wb", compresslevel=6) as out_file:
             for index in range(f * per_file, min(conversations, (f + 1) * per_file)):
-                out_file.write(orjson.dumps(conversation(rng, index, day)) + b"\n")
+                out_file.write(orjson.dumps(conversation(rng, index, day, given)) + b"\n")
         written.append(path)
     return written
 
@@ -176,8 +192,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dates", default=",".join(DEFAULT_DATES), help="comma-separated YYYY-MM-DD")
     parser.add_argument("--per-date", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tools", action="store_true", help="log each request's tool definitions (`tools`)")
     args = parser.parse_args(argv)
-    for path in write_samples(args.out, tuple(args.dates.split(",")), args.per_date, args.seed):
+    for path in write_samples(args.out, tuple(args.dates.split(",")), args.per_date, args.seed, args.tools):
         print(path)
 
 

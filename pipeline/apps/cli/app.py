@@ -19,6 +19,7 @@ from pipeline.apps.cli import _guard_replay as guard_replay
 from pipeline.apps.cli import _jobs as jobs
 from pipeline.apps.cli import _publish as publish
 from pipeline.apps.cli import _scoring as scoring
+from pipeline.apps.cli import _spec as spec
 from pipeline.apps.cli import _stores as stores
 from pipeline.apps.cli._render import console, show_warning
 from pipeline.core.errors import PexecError, SettingError
@@ -98,4 +99,6 @@ app.command()(envs.envs)
 guard.guard_app.command("replay")(guard_replay.replay)
 app.add_typer(publish.publish_app, name="publish")
 app.add_typer(guard.guard_app, name="guard")
+spec.spec_app.command("draft")(spec.draft)
+app.add_typer(spec.spec_app, name="spec")
 app.command()(bench.bench)
