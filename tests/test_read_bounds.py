@@ -20,6 +20,8 @@ from test_producers_inspect import eval_log  # noqa: F401  (a fixture: a real .e
 from typer.testing import CliRunner
 
 from pipeline.apps.cli.app import app
+from pipeline.core.errors import IngestError
+from pipeline.ingest.bfcl import is_error_output, read_scores
 from pipeline.ingest.inspect import _member
 from pipeline.synthetic.support_logs import write_samples
 
@@ -165,7 +167,16 @@ def test_a_damaged_eval_archive_is_one_reject_beside_a_sound_one(tmp_path, eval_
 # -- malformed raw records --------------------------------------------------------------------------------
 
 BFCL = Path(__file__).resolve().parent / "data" / "bfcl" / "DeepSeek-V3-0324-FC"
-MALFORMED = [b"[]", b"5", b'{"id": {"a": 1}, "result": []}', b'{"id": "multi_turn_base_\xff", "result": []}']
+MALFORMED = [
+    b"[]",
+    b"5",
+    b'{"id": {"a": 1}, "result": []}',
+    b'{"id": "multi_turn_base_\xff", "result": []}',
+    b'{"id": "multi_turn_base_0", "result": [], "latency": ' + b"7" * 5000 + b"}",  # ValueError in the decoder
+    b"[" * 100_000 + b"]" * 100_000,  # RecursionError in the decoder
+    b'{"id": "multi_turn_base_0", "result": [], "latency": ' + b"[" * 900 + b"]" * 900 + b"}",  # deep, decodable
+    b'{"id": "multi_turn_base_0", "result": [], "latency": 1' + b"0" * 400 + b"}",  # no float: OverflowError
+]
 
 
 def malformed_bfcl(tmp: Path) -> Path:
@@ -196,7 +207,39 @@ def test_malformed_bfcl_lines_are_rejects_and_the_rest_is_scored(tmp_path):
     counts = json.loads((tmp_path / "run" / "_manifest.json").read_text())["counts"]
     assert counts["scored"] == 2 and counts["rejected"] == len(MALFORMED)
     rejects = pq.read_table(tmp_path / "run" / "rejects").to_pylist()
-    assert sorted(r["location"] for r in rejects) == [f"line {n}" for n in range(2, 2 + len(MALFORMED))]
+    assert sorted(r["location"] for r in rejects) == sorted(f"line {n}" for n in range(2, 2 + len(MALFORMED)))
+    again, _ = pexec_rss("score", str(source), "--format", "bfcl", "--out", "run", "--inline", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        (b'{"id": "multi_turn_base_0", "n": ' + b"7" * 5000 + b"}", "line 2: not readable JSON: Exceeds the limit"),
+        (b"[" * 100_000 + b"]" * 100_000, "line 2: not readable JSON: nested deeper"),
+    ],
+)
+def test_a_score_file_that_does_not_decode_is_one_line(tmp_path, line, reason):
+    score = tmp_path / "x_score.json"
+    score.write_bytes(b'{"accuracy": 0.5}\n' + line + b"\n")
+    with pytest.raises(IngestError, match=reason):
+        read_scores(score)
+
+
+def test_a_score_file_is_read_within_its_limit(tmp_path):
+    score = tmp_path / "x_score.json"
+    score.write_bytes(b'{"accuracy": 0.5}\n' + b'{"id": "multi_turn_base_1"}\n' * 1000)
+    assert read_scores(score, limit=score.stat().st_size)[0] == {"multi_turn_base_1"}
+    with pytest.raises(IngestError, match="score file over the limit of 28,017 bytes"):
+        read_scores(score, limit=score.stat().st_size - 1)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["[" * 100_000 + "]" * 100_000, '{"error": ' + "7" * 5000 + "}", "[" * 995 + "]" * 995, "[1" + "0" * 400 + "]"],
+)
+def test_the_tool_output_check_answers_for_any_text(text):
+    assert is_error_output(text) in (True, False)
 
 
 def test_a_limit_is_set_by_an_option(tmp_path):

@@ -67,7 +67,7 @@ _CONTAINERS = (dict, list)
 
 def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
     """Whether `value` has more than `limit` levels of objects and lists (the walk stops at the limit)."""
-    if limit == MAX_DEPTH and _written_padded(value):
+    if 0 < limit < _ORJSON_LEVELS and _written_padded(value, _ORJSON_LEVELS - limit):
         return False
     level = [value] if type(value) in _CONTAINERS else []
     for _ in range(limit):
@@ -84,23 +84,28 @@ def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
 
 
 # orjson writes at most 254 levels of lists and objects (each counts, empty or not; checked below) and refuses
-# more: inside this many lists, a value is written when it has at most MAX_DEPTH levels of its own.
-_PADDING = 190
-_padded = threading.local()  # per thread: a box inside _PADDING - 1 lists, reused (the guard serves threads)
+# more: inside _ORJSON_LEVELS - L lists, a value is written when it has at most L levels of its own.
+_ORJSON_LEVELS = 254
+_PADDING = _ORJSON_LEVELS - MAX_DEPTH
+_padded = threading.local()  # per thread: padding -> a box inside padding - 1 lists, reused (the guard serves threads)
 
 
-def _written_padded(value: Any) -> bool:
-    """Whether orjson writes `value` inside _PADDING lists: then it has at most MAX_DEPTH levels of objects and
-    lists, decided in C. False says nothing (deeper, or something orjson does not write): walk it then."""
+def _written_padded(value: Any, padding: int = _PADDING) -> bool:
+    """Whether orjson writes `value` inside `padding` lists: then it has at most _ORJSON_LEVELS - `padding`
+    levels of objects and lists, decided in C. False says nothing (deeper, or something orjson does not write):
+    walk it then."""
     if not _ORJSON_LIMIT_HOLDS:
         return False
-    box = getattr(_padded, "box", None)
-    if box is None:
-        box = _padded.box = [None]
-        _padded.outer = _nested(box, _PADDING - 1)
+    boxes: dict[int, tuple[list[Any], Any]] | None = getattr(_padded, "boxes", None)
+    if boxes is None:
+        boxes = _padded.boxes = {}
+    if padding not in boxes:
+        box: list[Any] = [None]
+        boxes[padding] = (box, _nested(box, padding - 1))
+    box, outer = boxes[padding]
     box[0] = value
     try:
-        orjson.dumps(_padded.outer)
+        orjson.dumps(outer)
     except TypeError:  # orjson.JSONEncodeError: too deep, or a value it does not write
         return False
     finally:
@@ -117,11 +122,11 @@ def _nested(value: Any, levels: int) -> Any:
 def _orjson_limit_holds() -> bool:
     """orjson writes _PADDING + MAX_DEPTH levels and refuses one more (else `_written_padded` never answers)."""
     try:
-        orjson.dumps(_nested([], _PADDING + MAX_DEPTH - 1))
+        orjson.dumps(_nested([], _ORJSON_LEVELS - 1))
     except TypeError:
         return False
     try:
-        orjson.dumps(_nested([], _PADDING + MAX_DEPTH))
+        orjson.dumps(_nested([], _ORJSON_LEVELS))
     except TypeError:
         return True
     return False

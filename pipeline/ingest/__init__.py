@@ -14,9 +14,10 @@ cannot be read raises `IngestError` naming the file and the place. `ingest` chec
 `pexec score --format` reads a format where its logs lie (pipeline/ingest/sharded.py): a format whose `plan` cuts
 shards (files, byte ranges, archive members) has them read inside the scoring tasks by `read_shard`, a part of a
 log that is not a rollout coming back as a RecordError (a reject); a format with a `shuffle` has its items
-partitioned by key first (OTel spans); any other is read one source per task by `read`. The byte limits
-(`ReadLimits`: `max_line_bytes`, `max_record_bytes`, `max_member_bytes`, options of every format) are checked
-while reading.
+partitioned by key first (OTel spans); any other is read one source per task by `read`. The read limits
+(`ReadLimits`: `max_line_bytes`, `max_record_bytes`, `max_member_bytes`, `max_record_items`,
+`max_row_group_bytes`, `max_conversation_items`, `max_archive_bytes`, options of every format) are checked while
+reading, before a record is decoded.
 
 To add a format (docs/how-to/add-a-log-format.md):
 - built in: a module `pipeline/ingest/<name>.py` whose `FORMAT` is an instance of its `LogFormat` subclass, and
@@ -38,6 +39,8 @@ from typing import Any
 from pipeline.core.errors import IngestError, InvalidRecord
 from pipeline.core.records import parse_rollout
 from pipeline.ingest.base import (
+    MAX_ARCHIVE_BYTES,
+    MAX_CONVERSATION_ITEMS,
     MAX_MEMBER_BYTES,
     MAX_RECORD_BYTES,
     IngestOptions,
@@ -48,7 +51,7 @@ from pipeline.ingest.base import (
     source_files,
 )
 from pipeline.ingest.registry import formats, get_format
-from pipeline.storage.inputs import MAX_LINE_BYTES
+from pipeline.storage.inputs import MAX_LINE_BYTES, MAX_RECORD_ITEMS, MAX_ROW_GROUP_BYTES
 
 __all__ = [
     "ALLOW_NO_CALLS",
@@ -67,7 +70,15 @@ __all__ = [
 ]
 
 ALLOW_NO_CALLS = "allow_no_calls"
-_LIMITS = {"max_line_bytes": "line_bytes", "max_record_bytes": "record_bytes", "max_member_bytes": "member_bytes"}
+_LIMITS = {
+    "max_line_bytes": "line_bytes",
+    "max_record_bytes": "record_bytes",
+    "max_member_bytes": "member_bytes",
+    "max_record_items": "record_items",
+    "max_row_group_bytes": "row_group_bytes",
+    "max_conversation_items": "conversation_items",
+    "max_archive_bytes": "archive_bytes",
+}
 # The options of every format, handled here.
 COMMON_OPTIONS = (
     Option(ALLOW_NO_CALLS, "true: keep sources in which no rollout has a tool call (else refused)", "false"),
@@ -83,6 +94,26 @@ COMMON_OPTIONS = (
         "max_member_bytes",
         "decompressed bytes of an archive member (an Inspect sample); larger: a reject",
         str(MAX_MEMBER_BYTES),
+    ),
+    Option(
+        "max_record_items",
+        "objects and lists of one record (a line, a document, a Parquet row's list elements); more: a reject",
+        str(MAX_RECORD_ITEMS),
+    ),
+    Option(
+        "max_row_group_bytes",
+        "decoded bytes of a Parquet row group (by its footer); larger: its rows are rejects, unread",
+        str(MAX_ROW_GROUP_BYTES),
+    ),
+    Option(
+        "max_conversation_items",
+        "spans and log records gathered into one conversation (otel); more: the conversation is a reject",
+        str(MAX_CONVERSATION_ITEMS),
+    ),
+    Option(
+        "max_archive_bytes",
+        "decompressed bytes of an archive's members together (an Inspect log); the members past it are rejects",
+        str(MAX_ARCHIVE_BYTES),
     ),
 )
 
@@ -110,7 +141,7 @@ def prepared(fmt: str, options: IngestOptions | None = None) -> tuple[LogFormat,
         if key in options.extra:
             value = options.extra[key]
             if not value.isdigit() or int(value) < 1:
-                raise IngestError(f"{fmt}: --option {key} takes a number of bytes >= 1, got {value!r}")
+                raise IngestError(f"{fmt}: --option {key} takes a number >= 1, got {value!r}")
             limits[name] = int(value)
     common = {ALLOW_NO_CALLS, *_LIMITS}
     extra = log_format.options.defaults() | {k: v for k, v in options.extra.items() if k not in common}
@@ -146,7 +177,11 @@ def checked(
             try:
                 parse_rollout(record)
             except InvalidRecord as exc:  # an adapter bug, not bad input: say which record
-                raise IngestError(f"{fmt}: produced an invalid record {record.get('rollout_id')!r}: {exc}") from exc
+                rid = record.get("rollout_id")
+                shown = (
+                    repr(rid)[:200] if isinstance(rid, str | int | float | None) else f"of type {type(rid).__name__}"
+                )
+                raise IngestError(f"{fmt}: produced an invalid record {shown}: {exc}") from exc
         if not calls_seen:
             held.append(record)
             calls_seen = any(e.get("type") == "call" for e in record["events"])

@@ -28,18 +28,21 @@ from pipeline.core.errors import IngestError
 from pipeline.core.records import CallRecord, EventRecord, MessageRecord
 from pipeline.ingest.base import (
     FIELD_PREFIXES,
+    RECORD_ERRORS,
     IngestOptions,
     Option,
     OptionSchema,
     Part,
     ShardedFormat,
+    decode_json,
     line_shards,
     one_line,
+    record_error,
     source_inputs,
 )
 from pipeline.ingest.registry import mismatch
 from pipeline.storage.fs import StorageOptions, open_for_read
-from pipeline.storage.inputs import line_numbers, raw_text, read_whole, shard_lines
+from pipeline.storage.inputs import MAX_RECORD_ITEMS, line_numbers, raw_text, read_whole, shard_lines
 from pipeline.storage.shards import RAW_LIMIT, RecordError, Shard
 
 DEFAULT_LABELS = {"model": "model", "agent_version": "agent_version", "date": "date"}
@@ -255,18 +258,20 @@ def shard_documents(fmt: str, shard: Shard, options: IngestOptions) -> Iterator[
                 yield location, line
             elif line.strip():
                 try:
-                    yield Document(location, orjson.loads(line), shard, index, options.storage_options, first)
-                except orjson.JSONDecodeError as exc:
-                    yield location, RecordError(f"{fmt}: not JSON: {exc}", raw_text(line))
+                    value = decode_json(line, options.limits.record_items)
+                except IngestError as exc:
+                    yield location, RecordError(f"{fmt}: {exc}", raw_text(line))
+                else:
+                    yield Document(location, value, shard, index, options.storage_options, first)
         return
     data = read_whole(shard.file, options.storage_options, options.limits.record_bytes)
     if isinstance(data, RecordError):
         yield "", data
         return
     try:
-        value = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        yield "", RecordError(f"{fmt}: not JSON: {exc}", raw_text(data))
+        value = decode_json(data, options.limits.record_items)
+    except IngestError as exc:
+        yield "", RecordError(f"{fmt}: {exc}", raw_text(data))
         return
     if isinstance(value, list) and all(isinstance(v, dict | list) for v in value) and not _is_messages(value):
         for i, item in enumerate(value):
@@ -323,14 +328,14 @@ class ChatFormat(ShardedFormat):
             where = doc.place(need_line=not has_id)
             try:
                 yield doc.location, self.convert(s, where, chat_record(fmt, where, value))
-            except IngestError as exc:
-                yield doc.location, RecordError(str(exc), _raw_value(value))
+            except RECORD_ERRORS as exc:
+                yield doc.location, record_error(fmt, where, exc, _raw_value(value))
 
 
 def _raw_value(value: Any) -> str:
     try:
-        return orjson.dumps(value).decode()[:RAW_LIMIT]
-    except TypeError:
+        return orjson.dumps(value)[: 4 * RAW_LIMIT + 4].decode("utf-8", "replace")[:RAW_LIMIT]
+    except TypeError:  # orjson.JSONEncodeError: too deep, or an integer past 64 bits
         return ""
 
 
@@ -369,12 +374,13 @@ def _is_messages(value: list[Any]) -> bool:
     return bool(value) and all(isinstance(v, dict) and "role" in v for v in value)
 
 
-def loads(fmt: str, data: bytes, where: str, kind: type | None = None) -> Any:
-    """Decoded JSON, or an IngestError naming the place; with `kind`, the value must be of that type."""
+def loads(fmt: str, data: bytes, where: str, kind: type | None = None, max_items: int = MAX_RECORD_ITEMS) -> Any:
+    """Decoded JSON within the record limits (`decode_json`), or an IngestError naming the place; with `kind`,
+    the value must be of that type."""
     try:
-        value = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise IngestError(f"{fmt}: {where}: not JSON: {exc}") from exc
+        value = decode_json(data, max_items)
+    except IngestError as exc:
+        raise IngestError(f"{fmt}: {where}: {exc}") from None
     if kind is not None and not isinstance(value, kind):
         raise IngestError(f"{fmt}: {where}: expected a JSON {'object' if kind is dict else kind.__name__}")
     return value

@@ -12,23 +12,39 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from pipeline.core.errors import IngestError
+from pipeline.core.records import MAX_DEPTH, too_deep
 from pipeline.storage.fs import StorageOptions, list_files
-from pipeline.storage.inputs import MAX_LINE_BYTES
+from pipeline.storage.inputs import MAX_LINE_BYTES, MAX_RECORD_ITEMS, MAX_ROW_GROUP_BYTES, over_items
 from pipeline.storage.shards import Compression, InputFile, RecordError, Shard, fingerprint
 
+# Levels of objects and lists in one decoded log document: a record's own limit, with room for the format's
+# wrapping; a deeper document is a reject before any of it is converted (conversions recurse).
+MAX_DOCUMENT_DEPTH = 2 * MAX_DEPTH
 MAX_RECORD_BYTES = 64 * 2**20  # a JSON document read whole (a `.json` log file, a record of a partition)
 MAX_MEMBER_BYTES = 256 * 2**20  # an archive member (an Inspect sample) decompressed
+# An archive's members decompressed, all together: the time a small archive can cost (members declared over
+# shared compressed data decompress it once each).
+MAX_ARCHIVE_BYTES = 16 * 2**30
+# Items (OTel spans and log records) one conversation of a shuffled format gathers; a larger group is one reject,
+# its items never decoded.
+MAX_CONVERSATION_ITEMS = 100_000
 
 
 @dataclass(frozen=True)
 class ReadLimits:
-    """Byte limits checked while a source is read (`--option max_line_bytes=N`, ...): over one, the record is a
-    counted reject with its location, and the bytes past the limit are counted, never held."""
+    """Limits checked while a source is read (`--option max_line_bytes=N`, ...): over one, the record is a
+    counted reject with its location, and what is past the limit is counted, never held or decoded."""
 
     line_bytes: int = MAX_LINE_BYTES
     record_bytes: int = MAX_RECORD_BYTES
     member_bytes: int = MAX_MEMBER_BYTES
+    record_items: int = MAX_RECORD_ITEMS  # objects and lists of one record, counted before it is decoded
+    row_group_bytes: int = MAX_ROW_GROUP_BYTES  # a Parquet row group, decoded (by its footer)
+    conversation_items: int = MAX_CONVERSATION_ITEMS  # items (spans, log records) a shuffle groups into one rollout
+    archive_bytes: int = MAX_ARCHIVE_BYTES  # an archive's members decompressed, all together (CPU, not memory)
 
 
 @dataclass(frozen=True)
@@ -198,6 +214,45 @@ def one_line(fmt: str, where: str, reason: str) -> str:
         else f"{fmt}: {where}: {reason.removeprefix(f'{fmt}: ')}"  # fmt: skip
 
 
+# What converting one hostile log document can raise (a shape no adapter expected, a number past float range or
+# Python's digit limit, nesting past the interpreter's recursion limit): that document's reject, never the run's end.
+RECORD_ERRORS = (
+    IngestError,
+    ValueError,
+    TypeError,
+    KeyError,
+    AttributeError,
+    IndexError,
+    ArithmeticError,
+    RecursionError,
+)
+
+
+def record_error(fmt: str, where: str, exc: Exception, raw: str = "") -> RecordError:
+    """One of RECORD_ERRORS raised while a document at `where` was converted, as its reject."""
+    reason = str(exc) if isinstance(exc, IngestError) else f"{fmt}: {where}: {type(exc).__name__}: {exc}"
+    return RecordError(reason, raw)
+
+
+def decode_json(data: bytes, max_items: int = MAX_RECORD_ITEMS) -> Any:
+    """One log document decoded, within the record limits: more than `max_items` objects and lists is refused
+    before it is decoded, deeper than MAX_DOCUMENT_DEPTH after; an IngestError says why (without the place)."""
+    if (items := over_items(data, max_items)) is not None:
+        raise IngestError(f"{items:,} objects and lists are over the limit of {max_items:,} (max_record_items)")
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise IngestError(f"not JSON: {exc}") from None
+    return check_document(value)
+
+
+def check_document(value: Any) -> Any:
+    """`value`, a decoded log document, or an IngestError when it nests deeper than MAX_DOCUMENT_DEPTH levels."""
+    if too_deep(value, MAX_DOCUMENT_DEPTH):
+        raise IngestError(f"nests deeper than {MAX_DOCUMENT_DEPTH} levels of objects and lists")
+    return value
+
+
 def source_files(
     fmt: str, source: str, options: IngestOptions, patterns: Sequence[str], max_depth: int | None = None
 ) -> list[str]:
@@ -245,7 +300,8 @@ def line_shards(files: Sequence[InputFile], target_bytes: int) -> list[Shard]:
 
 def read_document(fmt: str, url: str, options: IngestOptions) -> bytes:
     """A file read whole as one JSON document (a τ2 results file, a ToolSandbox run file), never past
-    `max_record_bytes`: a larger file is an IngestError naming the limit and the option that raises it."""
+    `max_record_bytes`: a larger file, or one of more than `max_record_items` objects and lists, is an IngestError
+    naming the limit and the option that raises it."""
     from pipeline.storage.fs import open_for_read
 
     limit = options.limits.record_bytes
@@ -253,4 +309,7 @@ def read_document(fmt: str, url: str, options: IngestOptions) -> bytes:
         data = f.read(limit + 1)
     if len(data) > limit:
         raise IngestError(f"{fmt}: {url}: over the limit of {limit:,} bytes (--option max_record_bytes=N raises it)")
+    if (items := over_items(data, options.limits.record_items)) is not None:
+        raise IngestError(f"{fmt}: {url}: {items:,} objects and lists are over the limit of "
+                          f"{options.limits.record_items:,} (--option max_record_items=N raises it)")  # fmt: skip
     return data

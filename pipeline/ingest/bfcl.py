@@ -33,9 +33,20 @@ from pipeline.core.records import CallRecord, EventRecord
 from pipeline.envs import EnvError
 from pipeline.envs.bfcl.calls import CallSyntaxError, ParameterOrder, parse_call, parse_call_list
 from pipeline.envs.bfcl.env import BfclEnvironment, error_message
-from pipeline.ingest.base import IngestOptions, Option, OptionSchema, Part, ShardedFormat, source_inputs
+from pipeline.ingest.base import (
+    MAX_RECORD_BYTES,
+    RECORD_ERRORS,
+    IngestOptions,
+    Option,
+    OptionSchema,
+    Part,
+    ShardedFormat,
+    check_document,
+    record_error,
+    source_inputs,
+)
 from pipeline.storage.fs import StorageOptions, exists, list_files, open_for_read
-from pipeline.storage.inputs import raw_text, shard_lines
+from pipeline.storage.inputs import MAX_RECORD_ITEMS, over_items, raw_text, shard_lines
 from pipeline.storage.shards import RecordError, Shard
 
 _CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
@@ -76,7 +87,7 @@ class Bfcl(ShardedFormat):
             dataset = {e["id"]: e for e in official.read_dataset(tag, category, source=options.extra.get("dataset"))}
         except EnvError as exc:
             raise IngestError(f"bfcl: {url}: {exc}") from exc
-        failed, _ = read_scores(_score_file(url, options), options.storage_options)
+        failed, _ = read_scores(_score_file(url, options), options.storage_options, options.limits.record_bytes)
         model = options.extra.get("model") or model_from_path(url)
         labels = {"model": model, "category": category, **options.labels}
         for location, line in shard_lines(shard, options.storage_options, options.limits.line_bytes):
@@ -86,12 +97,9 @@ class Bfcl(ShardedFormat):
                 continue
             where = f"{url} {location}"
             try:
-                entry = json.loads(line)  # the stdlib decoder, as BFCL's own reader: it keeps its number types
-            except UnicodeDecodeError as exc:
-                yield location, RecordError(f"bfcl: {where}: invalid UTF-8: {exc}", raw_text(line))
-                continue
-            except json.JSONDecodeError as exc:
-                yield location, RecordError(f"bfcl: {where}: not JSON: {exc}", raw_text(line))
+                entry = decode(line, options.limits.record_items)
+            except IngestError as exc:
+                yield location, RecordError(f"bfcl: {where}: {exc}", raw_text(line))
                 continue
             rid = entry.get("id") if isinstance(entry, dict) else None
             if not isinstance(entry, dict):
@@ -108,12 +116,30 @@ class Bfcl(ShardedFormat):
             success = None if failed is None else rid not in failed
             try:
                 yield location, build_record(task, entry, benchmark, category, labels, success, where)
-            except (IngestError, ValueError, TypeError, KeyError, AttributeError) as exc:
-                reason = str(exc) if isinstance(exc, IngestError) else f"bfcl: {where}: {type(exc).__name__}: {exc}"
-                yield location, RecordError(reason, raw_text(line))
+            except RECORD_ERRORS as exc:
+                yield location, record_error("bfcl", where, exc, raw_text(line))
 
 
 FORMAT = Bfcl()
+
+
+def decode(data: bytes | str, max_items: int = MAX_RECORD_ITEMS) -> Any:
+    """One JSON value decoded as BFCL's own reader does (the stdlib decoder: it keeps its number types), or an
+    IngestError saying why it is not one: more than `max_items` objects and lists (counted before decoding),
+    invalid UTF-8, not JSON, an integer of more digits than Python converts (ValueError), nesting deeper than the
+    interpreter's recursion limit (RecursionError) or, decoded, than MAX_DOCUMENT_DEPTH."""
+    if (items := over_items(data, max_items)) is not None:
+        raise IngestError(f"{items:,} objects and lists are over the limit of {max_items:,} (max_record_items)")
+    try:
+        return check_document(json.loads(data))
+    except UnicodeDecodeError as exc:
+        raise IngestError(f"invalid UTF-8: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise IngestError(f"not JSON: {exc}") from None
+    except ValueError as exc:  # e.g. an integer of more than sys.get_int_max_str_digits() digits
+        raise IngestError(f"not readable JSON: {exc}") from None
+    except RecursionError:
+        raise IngestError("not readable JSON: nested deeper than the decoder's recursion limit") from None
 
 
 def ground_truth_records(tag: str, benchmark: str) -> Iterator[dict[str, Any]]:
@@ -280,13 +306,16 @@ def is_error_output(text: str) -> bool:
     if not text.startswith(("{", "[")):
         return False
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
+        value = decode(text)
+    except IngestError:
         try:
             value = ast.literal_eval(text)  # a Python repr: literals only, never evaluated as code
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             return False
-    return error_message(value) is not None
+    try:
+        return error_message(value) is not None
+    except (ValueError, RecursionError):  # too deep or too long a number to print: not an error convention
+        return False
 
 
 def _cost(entry: dict[str, Any]) -> dict[str, float]:
@@ -339,24 +368,31 @@ def _score_file(result: str, options: IngestOptions) -> str | None:
 
 
 def read_scores(
-    url: str | Path | None, storage_options: StorageOptions | None = None
+    url: str | Path | None, storage_options: StorageOptions | None = None, limit: int = MAX_RECORD_BYTES
 ) -> tuple[set[str] | None, dict[str, Any] | None]:
-    """(ids BFCL scored as failed, the summary line) of a score file; (None, None) when there is none."""
+    """(ids BFCL scored as failed, the summary line) of a score file; (None, None) when there is none. Never read
+    past `limit` bytes: a larger file, or a line that is not JSON, is an IngestError."""
     if url is None:
         return None, None
     failed: set[str] = set()
     summary = None
     with open_for_read(str(url), storage_options) as f:
-        text = f.read().decode("utf-8")
-    for number, line in enumerate(text.splitlines(), 1):
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise IngestError(
+            f"bfcl: {url}: score file over the limit of {limit:,} bytes (--option max_record_bytes=N raises it)"
+        )
+    for number, line in enumerate(data.split(b"\n"), 1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise IngestError(f"bfcl: {url} line {number}: not JSON: {exc}") from exc
+            row = decode(line)
+        except IngestError as exc:
+            raise IngestError(f"bfcl: {url} line {number}: {exc}") from None
+        if not isinstance(row, dict):
+            continue
         if number == 1 and "accuracy" in row:
             summary = row
-        elif isinstance(row, dict) and "id" in row:
+        elif isinstance(row.get("id"), str):
             failed.add(row["id"])
     return failed, summary

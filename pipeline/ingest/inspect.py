@@ -31,7 +31,7 @@ import re
 import struct
 import zipfile
 import zlib
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from functools import partial
@@ -55,7 +55,7 @@ from pipeline.ingest._logs import (
     tool_definitions,
 )
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
-from pipeline.ingest.base import IngestOptions, Option, Part, ShardedFormat, source_inputs
+from pipeline.ingest.base import RECORD_ERRORS, IngestOptions, Option, Part, ShardedFormat, record_error, source_inputs
 from pipeline.storage.fs import open_for_read
 from pipeline.storage.inputs import raw_text
 from pipeline.storage.shards import RecordError, Shard
@@ -79,6 +79,20 @@ def sample_record(sample: dict[str, Any], info: dict[str, Any], where: str = "sa
     `info` the log's `eval` header (task, model, eval_id...)."""
     options = IngestOptions(extra=FORMAT.options.defaults())
     return _rollout(sample, info, settings("inspect", options), where)
+
+
+def _shared(z: zipfile.ZipFile) -> set[str]:
+    """The members whose local header lies inside the data of a member before it, or is the same as another's:
+    decompressing them would decompress the same bytes again (an archive writes each member once, apart)."""
+    shared: set[str] = set()
+    end = -1
+    for member in sorted(z.infolist(), key=lambda m: m.header_offset):
+        if member.header_offset < end:
+            shared.add(member.filename)
+        end = max(end, member.header_offset + _LOCAL_HEADER.size + len(member.filename.encode()) + member.compress_size)
+    names = Counter(m.filename for m in z.infolist())
+    shared.update(n for n, copies in names.items() if copies > 1)
+    return shared
 
 
 def _samples(names: list[str]) -> list[str]:
@@ -133,17 +147,30 @@ class Inspect(ShardedFormat):
                     raise IngestError(f"inspect: {url}!{head}: {data.reason}")
                 info = loads("inspect", data, f"{url}!{head}", dict).get("eval") or {}
                 samples = _samples(names)
+                shared = _shared(z)
+                budget = options.limits.archive_bytes
+                # what the earlier shards of this archive decompress counts against the archive's budget too
+                spent = sum(min(z.getinfo(n).file_size, limit) for n in samples[: shard.start] if n not in shared)
                 for name in samples[shard.start : len(samples) if shard.stop is None else shard.stop]:
                     where = f"{url}!{name}"
+                    if name in shared:
+                        yield name, RecordError(f"inspect: {where}: its data lies inside another member's (a zip "
+                                                "bomb's overlap): not read", "")  # fmt: skip
+                        continue
+                    spent += min(z.getinfo(name).file_size, limit)
+                    if spent > budget:
+                        yield name, RecordError(f"inspect: {where}: the archive's members decompress to more than "
+                                                f"{budget:,} bytes (max_archive_bytes): not read", "")  # fmt: skip
+                        continue
                     data = _member(f, z, name, limit)
                     if isinstance(data, RecordError):
                         yield name, data
                         continue
                     try:
-                        sample = loads("inspect", data, where, dict)
+                        sample = loads("inspect", data, where, dict, options.limits.record_items)
                         yield name, _rollout(sample, info, s, where)
-                    except IngestError as exc:
-                        yield name, RecordError(str(exc), raw_text(data))
+                    except RECORD_ERRORS as exc:
+                        yield name, record_error("inspect", where, exc, raw_text(data))
         except (OSError, zipfile.BadZipFile, zstandard.ZstdError, EOFError) as exc:
             raise IngestError(f"inspect: {url}: cannot read the .eval archive: {exc}") from exc
 

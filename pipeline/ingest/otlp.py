@@ -42,8 +42,14 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from pipeline.ingest._logs import text
 from pipeline.ingest.registry import mismatch
 from pipeline.storage.fs import StorageOptions, open_for_read
+from pipeline.storage.inputs import over_items
 
 MAX_MESSAGE_BYTES = 64 * 2**20  # one export message (a JSON line or document, a protobuf message), decompressed
+# Spans (or log records) of one protobuf export message, counted from its framing before it is parsed: a span
+# takes 2 bytes at least, and parsed each costs ~1 KiB (64 MiB of minimal spans parsed took 3.9 GB).
+MAX_MESSAGE_ITEMS = 1_000_000
+# Objects and lists of one OTLP/JSON export message, counted before it is decoded (a span is ~25 of them).
+MAX_JSON_MESSAGE_ITEMS = 4 * MAX_MESSAGE_ITEMS
 # What a folder of OTLP files is searched for (a file named directly is read whatever its name).
 FILES = tuple(f"*{ext}{z}" for ext in (".json", ".jsonl", ".ndjson", ".binpb", ".pb") for z in ("", ".gz", ".zst"))
 
@@ -277,6 +283,10 @@ def _numbered(first: tuple[int, bytes | None], rest: Iterable[bytes | None]) -> 
 
 
 def _json_document(data: bytes, where: str) -> Iterator[Item]:
+    if (items := over_items(data, MAX_JSON_MESSAGE_ITEMS)) is not None:
+        yield Malformed(where, f"{items:,} objects and lists in one message, over the limit of "
+                               f"{MAX_JSON_MESSAGE_ITEMS:,}")  # fmt: skip
+        return
     try:
         doc = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
@@ -410,6 +420,10 @@ def _proto_message(data: bytes, where: str, name: str) -> Iterator[Item]:
     the traces and logs pipelines writes both into one file; the bytes do not say which)."""
     if name.startswith("metrics_"):  # the S3 exporter's metrics objects
         return
+    if len(data) > 2 * MAX_MESSAGE_ITEMS and (count := _items_over(data, MAX_MESSAGE_ITEMS)) is not None:
+        yield Malformed(where, f"more than {count - 1:,} spans or log records in one message, over the limit of "
+                               f"{MAX_MESSAGE_ITEMS:,}")  # fmt: skip
+        return
     try:
         traces = ExportTraceServiceRequest.FromString(data)
         spans = [(rs, s) for rs in traces.resource_spans for ss in rs.scope_spans for s in ss.spans]
@@ -443,6 +457,59 @@ def _proto_message(data: bytes, where: str, name: str) -> Iterator[Item]:
                 body = proto_value(lr.body) if lr.HasField("body") else None
                 at = f"{where} log record {n}"
                 yield _log(lr.trace_id.hex(), lr.span_id.hex(), time, event, attrs, body, resource, at)
+
+
+def _items_over(data: bytes, limit: int) -> int | None:
+    """limit + 1 when an export message holds more than `limit` spans (traces) or log records (logs: the same
+    field numbers, 1 > 2 > 2), counted from its framing without parsing it; else None (framing it cannot follow
+    is left to the parser)."""
+    count = 0
+    try:
+        for resource in _fields(data, 0, len(data), 1):
+            for scope in _fields(data, *resource, 2):
+                for _ in _fields(data, *scope, 2):
+                    count += 1
+                    if count > limit:
+                        return count
+    except (IndexError, ValueError):
+        return None
+    return None
+
+
+def _fields(data: bytes, start: int, end: int, number: int) -> Iterator[tuple[int, int]]:
+    """(start, end) of each length-delimited field `number` of the protobuf message in data[start:end]."""
+    i = start
+    while i < end:
+        key, i = _varint(data, i)
+        kind = key & 7
+        if kind == 0:
+            _, i = _varint(data, i)
+        elif kind == 1:
+            i += 8
+        elif kind == 5:
+            i += 4
+        elif kind == 2:
+            size, i = _varint(data, i)
+            if key >> 3 == number:
+                yield i, i + size
+            i += size
+        else:
+            raise ValueError(f"wire type {kind}")
+        if i > end:
+            raise ValueError("a field past the end of its message")
+
+
+def _varint(data: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, i
+        shift += 7
+        if shift > 63:
+            raise ValueError("a varint longer than 10 bytes")
 
 
 _RESOURCES: dict[bytes, dict[str, Any]] = {}  # a process sends the same resource with every export

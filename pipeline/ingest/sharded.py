@@ -21,7 +21,7 @@ from typing import Any
 
 from pipeline.core.errors import IngestError
 from pipeline.ingest import needs_sources, prepared
-from pipeline.ingest.base import IngestOptions, Item, LogFormat, Part, Shuffle
+from pipeline.ingest.base import RECORD_ERRORS, IngestOptions, Item, LogFormat, Part, Shuffle
 from pipeline.ingest.registry import get_format
 from pipeline.storage.fs import list_files
 from pipeline.storage.shards import InputFile, RecordError, Shard, fingerprint
@@ -88,7 +88,7 @@ def read_raw(source: RawSource, shard: Shard) -> Iterator[Part]:
             record = next(records)
         except StopIteration:
             return
-        except (IngestError, ValueError, KeyError, TypeError, AttributeError, IndexError, UnicodeError) as exc:
+        except RECORD_ERRORS as exc:
             # the format's own reader stopped: what it yielded is kept, the rest of the source is one reject
             reason = str(exc) if isinstance(exc, IngestError) else f"{source.fmt}: {type(exc).__name__}: {exc}"
             yield f"after record {n}", RecordError(f"{reason} (the rest of this source is not read)", "")

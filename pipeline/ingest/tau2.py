@@ -43,7 +43,15 @@ import orjson
 from pipeline.core.errors import IngestError, read_json_file
 from pipeline.core.records import CallRecord
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
-from pipeline.ingest.base import IngestOptions, LogFormat, Option, OptionSchema, read_document, source_files
+from pipeline.ingest.base import (
+    RECORD_ERRORS,
+    IngestOptions,
+    LogFormat,
+    Option,
+    OptionSchema,
+    read_document,
+    source_files,
+)
 from pipeline.ingest.registry import mismatch
 
 SUCCESS_EPS = 1e-6
@@ -108,7 +116,12 @@ def _read_file(url: str, tasks: _TaskSource, options: IngestOptions) -> Iterator
     for index, sim in enumerate(data["simulations"]):
         if not isinstance(sim, dict):
             raise IngestError(f"tau2: {url}: simulations[{index}] is not an object")
-        record = _rollout(sim, index, url, domain, labels, written, own_tasks, tasks, options.labels)
+        try:
+            record = _rollout(sim, index, url, domain, labels, written, own_tasks, tasks, options.labels)
+        except RECORD_ERRORS as exc:  # a shape or value the conversion cannot take: named, never a traceback
+            if isinstance(exc, IngestError):
+                raise
+            raise IngestError(f"tau2: {url}: simulations[{index}]: {type(exc).__name__}: {exc}") from None
         record["env"] |= source
         yield record
 

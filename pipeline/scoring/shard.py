@@ -27,13 +27,14 @@ from pipeline.core.records import parse_rollout, record_id
 from pipeline.core.run_folder import ShardMarker
 from pipeline.core.run_schema import ROLLOUTS, STEPS
 from pipeline.envs import EnvError, Environment, EnvOptions, SpecError, get_environment
+from pipeline.ingest.base import ReadLimits
 from pipeline.ingest.sharded import RawSource, read_raw
 from pipeline.replay.checker import CHECKS, replay
 from pipeline.scoring._code_version import environment_version
 from pipeline.scoring.run_tables import combined, rejects_table, rollouts_table, steps_table
 from pipeline.scoring.shuffle import read_partition
 from pipeline.storage.ids import digest, ids_table
-from pipeline.storage.inputs import MAX_LINE_BYTES, read_shard
+from pipeline.storage.inputs import read_shard
 from pipeline.storage.lease import require_holder
 from pipeline.storage.run import write_part, write_shard_marker
 from pipeline.storage.shards import RAW_LIMIT, Record, RecordError, Shard
@@ -75,8 +76,10 @@ def read_records(shard: Shard, settings: TaskSettings) -> Iterator[tuple[str, Re
     shard decoded by its format's adapter (here, inside the task), or a partition of a shuffle."""
     source = settings.source
     if source is None or source.fmt == "canonical":
-        limit = source.options.limits.line_bytes if source is not None else MAX_LINE_BYTES
-        records = read_shard(shard, settings.storage_options, limit)
+        limits = source.options.limits if source is not None else ReadLimits()
+        records = read_shard(
+            shard, settings.storage_options, limits.line_bytes, limits.record_items, limits.row_group_bytes
+        )
         if source is None or not source.options.labels:
             return records
         labels = source.options.labels

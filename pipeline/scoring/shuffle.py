@@ -46,7 +46,7 @@ import orjson
 import pyarrow.compute as pc
 
 from pipeline.core.arrow import pa
-from pipeline.ingest import IngestError
+from pipeline.ingest.base import RECORD_ERRORS, record_error
 from pipeline.ingest.sharded import RawSource, shuffle_items
 from pipeline.storage.fs import filesystem, list_files, open_for_write
 from pipeline.storage.shards import InputFile, Record, RecordError, Shard, fingerprint
@@ -56,6 +56,7 @@ STAGING = "_staging"
 # fewer than TASKS_PER_CPU tasks per CPU to balance the load (a large cluster: one partition a task).
 PARTITIONS_PER_TASK = 16
 TASKS_PER_CPU = 4
+_OVER = "\x00over"  # the item id of StagedRow.over
 SPILL_AFTER_SHARDS = 1  # staged rows a round-1 task holds, in shard sizes, before it spills them to local disk
 _ROW_BYTES = 200  # a held row's own cost beyond its strings and payload (the tuple, the objects' headers)
 # The staged rows' columns (what each holds: StagedRow).
@@ -90,6 +91,12 @@ class StagedRow(NamedTuple):
     def failed(cls, where: str, reason: str, raw: bytes) -> StagedRow:
         """The row of a part of a log that is not an item: that partition's reject."""
         return cls(where, 0, "", raw, where, reason, None, False)
+
+    @classmethod
+    def over(cls, key: str, where: str) -> StagedRow:
+        """The row that stands for the items of group `key` past its limit, which are not staged: its group is a
+        reject, never assembled from the items that were."""
+        return cls(key, 0, _OVER, b"", where, None, None, True)
 
 
 assert StagedRow._fields == tuple(_SCHEMA.names), "a staged row is a value per column of the staged schema"
@@ -143,6 +150,8 @@ def map_shard(source: RawSource, run: str, shard: Shard, partitions: int, rounds
     else of scoring), holding at most SPILL_AFTER_SHARDS × `shard_bytes` of rows at once. Returns how many rows it
     wrote."""
     rekey = source.shuffle.rekey if source.shuffle is not None and rounds == 2 else None
+    limit = source.options.limits.conversation_items
+    seen: dict[str, int] = {}  # items of each key so far: past the limit, a group's items are not staged
     with _Staged(partitions, SPILL_AFTER_SHARDS * shard_bytes) as staged:
         for location, item in shuffle_items(source, shard):
             where = f"{shard.file.url} {location}".rstrip()
@@ -150,6 +159,11 @@ def map_shard(source: RawSource, run: str, shard: Shard, partitions: int, rounds
                 staged.put(StagedRow.failed(where, item.reason, item.raw.encode()))
                 continue
             key, (start, item_id), payload = item
+            seen[key] = seen.get(key, 0) + 1
+            if seen[key] > limit:
+                if seen[key] == limit + 1:
+                    staged.put(StagedRow.over(key, where))
+                continue
             names, whole = rekey(payload) if rekey is not None else (None, True)
             try:
                 data = orjson.dumps(payload)
@@ -254,13 +268,23 @@ def regroup_partition(source: RawSource, run: str, shard: Shard, partitions: int
             rekeyed, rest = _rekeyed(table)  # without `Shuffle.rekey` every item is marked whole: none rekeyed
             staged.put_table(rekeyed)
             for key, group in _groups(rest):
+                if key is not None and _oversized(source, key, group) is not None:
+                    # the conversation it names (as rekeying would) is over the limit too
+                    names = group["names"].drop_null()
+                    staged.put(StagedRow.over(names[0].as_py() if len(names) else key, f"key {key}"))
+                    continue
                 cols = group.to_pydict()
                 if key is None:  # error rows keep their place
                     for row in zip(*cols.values(), strict=True):
                         staged.put(StagedRow(*row))
                     continue
                 where = cols["location"][0]
-                for new_key, item in shuffle.regroup(key, [orjson.loads(p) for p in cols["payload"]]):
+                try:
+                    regrouped = shuffle.regroup(key, [orjson.loads(p) for p in cols["payload"]])
+                except RECORD_ERRORS as exc:
+                    staged.put(StagedRow.failed(where, record_error(source.fmt, where, exc).reason, b""))
+                    continue
+                for new_key, item in regrouped:
                     staged.put(
                         StagedRow(new_key, item["start"], item["span_id"], orjson.dumps(item), where, whole=False)
                     )
@@ -290,6 +314,9 @@ def read_partition(source: RawSource, run: str, shard: Shard) -> Iterator[tuple[
     assert shuffle is not None
     for partition in _read(run, 2, *_partition_range(shard), source.options.storage_options):
         for key, table in _groups(partition):
+            if key is not None and (over := _oversized(source, key, table)) is not None:
+                yield f"key {key}", over
+                continue
             cols = table.to_pydict()
             if key is None:
                 for location, payload, error in zip(cols["location"], cols["payload"], cols["error"], strict=True):
@@ -297,8 +324,19 @@ def read_partition(source: RawSource, run: str, shard: Shard) -> Iterator[tuple[
                 continue
             try:
                 yield f"key {key}", shuffle.assemble(key, [orjson.loads(p) for p in cols["payload"]], source.options)
-            except IngestError as exc:
-                yield f"key {key}", RecordError(str(exc), "")
+            except RECORD_ERRORS as exc:
+                yield f"key {key}", record_error(source.fmt, f"key {key}", exc)
+
+
+def _oversized(source: RawSource, key: str, group: pa.Table) -> RecordError | None:
+    """The reject of a key group of more items than one conversation may gather, found before any is decoded."""
+    limit = source.options.limits.conversation_items
+    cut = pc.any(pc.equal(group["item_id"], _OVER)).as_py()
+    if group.num_rows <= limit and not cut:
+        return None
+    items = f"more than {limit:,}" if cut else f"{group.num_rows:,}"
+    return RecordError(f"{source.fmt}: key {key}: {items} items (spans, log records) are over the limit of "
+                       f"{limit:,} for one conversation (max_conversation_items)", "")  # fmt: skip
 
 
 def _groups(table: pa.Table) -> Iterator[tuple[str | None, pa.Table]]:

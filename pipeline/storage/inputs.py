@@ -9,12 +9,14 @@ Errors of the storage layer itself (network, permissions) are raised: they are w
 from __future__ import annotations
 
 import itertools
+import re
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, Literal
 
 import orjson
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import zstandard
 
@@ -31,6 +33,13 @@ _COMPRESSED_CHUNK = 1 << 16  # compressed bytes per read of a gzip file
 _ZSTD_PIECE = 1 << 10
 _OUTPUT_CHUNK = 1 << 20  # gzip: decompressed bytes per call (zlib's max_length)
 _PARQUET_BATCH_ROWS = 1024  # rollouts are large: bound the Python objects alive at once
+# A Parquet row group whose columns decode (by its footer) to more than this is not read: its rows are rejects.
+# Arrow holds a row group's dictionaries and a batch of its rows; string columns are read as dictionaries, so a
+# value repeated across rows is held once until a row under the record limits is converted.
+MAX_ROW_GROUP_BYTES = 256 * 2**20
+_PYTHON_PIECE_BYTES = 16 * 2**20  # Arrow bytes of rows converted to Python objects at once (or one row)
+_LISTED_ROWS = 100_000  # rows of an unread row group rejected one by one; more: one reject names the range
+MAX_RECORD_ITEMS = 1_000_000  # objects and lists in one record (a line, a document, a row's list elements)
 _BOM = b"\xef\xbb\xbf"
 
 _JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
@@ -86,23 +95,30 @@ def plan_shards(
 
 
 def read_shard(
-    shard: Shard, storage_options: StorageOptions | None = None, max_line: int = MAX_LINE_BYTES
+    shard: Shard,
+    storage_options: StorageOptions | None = None,
+    max_line: int = MAX_LINE_BYTES,
+    max_items: int = MAX_RECORD_ITEMS,
+    max_row_group: int = MAX_ROW_GROUP_BYTES,
 ) -> Iterator[tuple[str, Record]]:
     """Yield (location, record or RecordError) for every record of the shard, in file order.
 
     Locations: "line N" (1-based) in whole-file JSONL shards, "byte N" (offset of the line's first byte) in
     byte-range shards, "row N" (0-based within the file) in Parquet. Blank lines are not records. A corrupt
-    compressed stream or Parquet file ends the shard with one RecordError at the point of failure; a line over
-    `max_line` bytes is a RecordError, never held whole.
+    compressed stream or Parquet file ends the shard with one RecordError at the point of failure. The record
+    limits hold before a record is decoded into Python objects: a line over `max_line` bytes is a RecordError,
+    never held whole, as is a line of more than `max_items` objects and lists; a Parquet row is one when its
+    columns decode to more than `max_line` bytes or its lists hold more than `max_items` elements, and the rows
+    of a row group that decodes (by its footer) to more than `max_row_group` bytes are RecordErrors, unread.
     """
     if shard.file.fmt == "parquet":
         fs, path = filesystem(shard.file.url, storage_options)
         with fs.open(path, "rb") as f:
             _check_unchanged(f, shard.file)
-            yield from _read_parquet(f, shard)
+            yield from _read_parquet(f, shard, _RowLimits(max_line, max_items, max_row_group))
         return
     for location, line in shard_lines(shard, storage_options, max_line):
-        record = line if isinstance(line, RecordError) else _parse(line)
+        record = line if isinstance(line, RecordError) else parse_line(line, max_items)
         if record is not None:
             yield location, record
 
@@ -141,9 +157,27 @@ def read_whole(file: InputFile, storage_options: StorageOptions | None, limit: i
     return b"".join(parts)
 
 
-def parse_line(line: bytes) -> Record | None:
-    """A JSON Lines record (a JSON object), a RecordError saying why it is not one, or None for a blank line."""
+def parse_line(line: bytes, max_items: int = MAX_RECORD_ITEMS) -> Record | None:
+    """A JSON Lines record (a JSON object), a RecordError saying why it is not one, or None for a blank line. A
+    line of more than `max_items` objects and lists is a RecordError before it is decoded."""
+    if (items := over_items(line, max_items)) is not None:
+        return RecordError(f"record of {items:,} objects and lists is over the limit of {max_items:,} "
+                           "(max_record_items)", _raw(line))  # fmt: skip
     return _parse(line)
+
+
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, escapes included
+
+
+def over_items(data: bytes | str, limit: int) -> int | None:
+    """How many objects and lists the JSON text `data` opens when that is more than `limit`, else None: counted
+    before it is decoded (in C: brackets first, then brackets outside strings only when those are too many)."""
+    raw = data.encode() if isinstance(data, str) else data
+    if raw.count(b"{") + raw.count(b"[") <= limit:
+        return None
+    bare = _STRING.sub(b"", raw)
+    items = bare.count(b"{") + bare.count(b"[")
+    return items if items > limit else None
 
 
 def line_numbers(
@@ -532,25 +566,107 @@ def _raw(line: bytes) -> str:
     return line[: 4 * RAW_LIMIT + 4].decode("utf-8", "replace").rstrip("\r")[:RAW_LIMIT]
 
 
-def _read_parquet(f: IO[bytes], shard: Shard) -> Iterator[tuple[str, Record]]:
+@dataclass(frozen=True)
+class _RowLimits:
+    row_bytes: int  # Arrow bytes of one row's columns, decoded (the line limit of JSON Lines)
+    items: int  # elements of one row's lists
+    group_bytes: int  # a row group's decoded bytes, by its footer
+
+
+def _read_parquet(f: IO[bytes], shard: Shard, limits: _RowLimits) -> Iterator[tuple[str, Record]]:
     source = _Source(f)
     row: int | None = None
     try:
-        parquet = pq.ParquetFile(source)
-        meta = parquet.metadata
+        meta = pq.ParquetFile(source).metadata
         stop = meta.num_row_groups if shard.stop is None else shard.stop
+        parquet = pq.ParquetFile(source, metadata=meta, read_dictionary=_dictionary_columns(meta, shard.start, stop))
         row = sum(meta.row_group(i).num_rows for i in range(shard.start))
         for group in range(shard.start, stop):
+            info = meta.row_group(group)
+            if info.total_byte_size > limits.group_bytes:
+                yield from _unread_group(group, row, info.num_rows, info.total_byte_size, limits.group_bytes)
+                row += info.num_rows
+                continue
             # One row group at a time, so a failure is placed at the first row not yet returned.
             for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, row_groups=[group]):
-                for record in _batch_records(batch):
-                    yield f"row {row}", record
-                    row += 1
+                for piece, size, items in _pieces(batch, limits):
+                    if size > limits.row_bytes or items > limits.items:
+                        yield f"row {row}", _oversized_row(size, items, limits)
+                        row += 1
+                        continue
+                    for record in _batch_records(piece):
+                        yield f"row {row}", record
+                        row += 1
     except (pa.ArrowException, OSError) as e:
         if source.failed:
             raise
         where = f"row group {shard.start}" if row is None else f"row {row}"
         yield where, RecordError(f"unreadable Parquet at {where}: {e}", "")
+
+
+def _dictionary_columns(meta: pq.FileMetaData, start: int, stop: int) -> list[str]:
+    """The top-level string and binary columns dictionary-encoded in a row group of [start, stop): read as
+    dictionaries, a value that repeats is held once (a footer's sizes count it once; dense, each row holds it)."""
+    names = set()
+    for group in range(start, stop):
+        info = meta.row_group(group)
+        for c in range(info.num_columns):
+            column = info.column(c)
+            if column.has_dictionary_page and "." not in column.path_in_schema and column.physical_type == "BYTE_ARRAY":
+                names.add(column.path_in_schema)
+    return sorted(names)
+
+
+def _unread_group(group: int, row: int, rows: int, size: int, limit: int) -> Iterator[tuple[str, RecordError]]:
+    reason = (f"Parquet row group {group} decodes to {size:,} bytes, over the limit of {limit:,} bytes "
+              "(max_row_group_bytes): its rows are not read")  # fmt: skip
+    if rows <= _LISTED_ROWS:
+        for i in range(row, row + rows):
+            yield f"row {i}", RecordError(reason, "")
+    else:  # a footer can claim any number of rows: one reject names them all
+        yield f"rows {row}-{row + rows - 1}", RecordError(reason, "")
+
+
+def _oversized_row(size: int, items: int, limits: _RowLimits) -> RecordError:
+    if size > limits.row_bytes:
+        return RecordError(f"Parquet row of {size:,} bytes decoded is over the limit of {limits.row_bytes:,} bytes "
+                           "(max_line_bytes)", "")  # fmt: skip
+    return RecordError(f"Parquet row of {items:,} list elements is over the limit of {limits.items:,} "
+                       "(max_record_items)", "")  # fmt: skip
+
+
+def _pieces(batch: pa.RecordBatch, limits: _RowLimits) -> Iterator[tuple[pa.RecordBatch, int, int]]:
+    """`batch` cut into consecutive pieces small enough to convert to Python objects at once (at most
+    _PYTHON_PIECE_BYTES of Arrow, or one row), each with its decoded bytes and list elements: a one-row piece
+    over a limit is that row's reject."""
+    stack = [batch]
+    while stack:
+        piece = stack.pop()
+        size, items = _decoded_size(piece)
+        fits = size <= min(_PYTHON_PIECE_BYTES, limits.row_bytes) and items <= limits.items
+        if fits or piece.num_rows == 1:
+            yield piece, size, items
+        else:
+            half = piece.num_rows // 2
+            stack += [piece.slice(half), piece.slice(0, half)]
+
+
+def _decoded_size(piece: pa.RecordBatch) -> tuple[int, int]:
+    """(bytes its columns hold once decoded, elements of its top-level lists) of rows of a batch: a dictionary
+    column counts each row's value (its dictionary may be shared by many rows)."""
+    size = items = 0
+    for column in piece.columns:
+        kind = column.type
+        if pa.types.is_dictionary(kind) and (pa.types.is_string(kind.value_type) or pa.types.is_binary(kind.value_type)
+                                             or pa.types.is_large_string(kind.value_type)
+                                             or pa.types.is_large_binary(kind.value_type)):  # fmt: skip
+            lengths = pc.binary_length(column.dictionary).take(column.indices)
+            size += (pc.sum(lengths).as_py() or 0) + column.indices.nbytes
+        else:
+            size += column.nbytes
+        if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+            items += pc.sum(pc.list_value_length(column)).as_py() or 0
+    return size, items
 
 
 def _batch_records(batch: pa.RecordBatch) -> list[Record]:
