@@ -70,7 +70,8 @@ def test_tool_spans_are_the_calls_with_their_arguments_outputs_and_errors(server
 
 def test_the_window_selects_traces_by_start_time(server):
     assert len(read(server, since="2000-01-01", until="2100-01-01")) == 1
-    assert read(server, since="2100-01-01") == [] and read(server, until="2000-01-01") == []
+    with pytest.raises(IngestError, match="no trace started before 2000-01-01T00:00:00"):
+        read(server, until="2000-01-01")
     with pytest.raises(IngestError, match="--since takes an ISO 8601"):
         read(server, since="yesterday")
 
@@ -78,6 +79,22 @@ def test_the_window_selects_traces_by_start_time(server):
 def test_an_unknown_experiment_is_a_one_line_error(server):
     with pytest.raises(IngestError, match="no experiment named 'nope'"):
         list(ingest("mlflow", [], IngestOptions(extra={"tracking_uri": server, "experiment": "nope"})))
+
+
+def test_a_window_that_matches_no_trace_is_a_one_line_error_and_writes_no_store(server, tmp_path):
+    said = (
+        f"mlflow: experiment {EXPERIMENT!r} at {server}: "
+        "no trace started at or after 2100-01-01T00:00:00+00:00; nothing written"
+    )
+    with pytest.raises(IngestError) as refused:
+        read(server, since="2100-01-01")
+    assert str(refused.value) == said
+    script = str(Path(sys.executable).with_name("pexec"))
+    args = ["ingest", "mlflow", "--tracking-uri", server, "--experiment", EXPERIMENT]
+    args += ["--since", "2100-01-01", "--out", "store"]
+    proc = subprocess.run([script, *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert (proc.returncode, proc.stderr.strip()) == (2, f"error: {said}")
+    assert not (tmp_path / "store").exists()
 
 
 def test_scoring_the_trace_gives_the_known_verdicts(run):

@@ -21,7 +21,16 @@ from typing import Any
 from pipeline.core.errors import IngestError
 from pipeline.ingest._logs import log_options, settings
 from pipeline.ingest.base import IngestOptions, LogFormat, Option
-from pipeline.ingest.traces import WINDOW, Trace, TraceSpan, check_spans, max_traces, parse_time, records
+from pipeline.ingest.traces import (
+    WINDOW,
+    Trace,
+    TraceSpan,
+    check_found,
+    check_spans,
+    max_traces,
+    parse_time,
+    records,
+)
 
 EXTRA = "pip install 'pexec[mlflow]'"
 _MODEL_TYPES = {"CHAT_MODEL", "LLM"}
@@ -60,6 +69,7 @@ class MLflow(LogFormat):
             traces = list(_traces(c, uri, name, since, until, max_traces(s)))
         except MlflowException as exc:  # the server unreachable or refusing: its message, on one line
             raise IngestError(f"mlflow: {uri}: {exc.message}") from exc
+        check_found(traces, f"mlflow: experiment {name!r} at {uri}", since, until)
         yield from records(s, traces)
 
 

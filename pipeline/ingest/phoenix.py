@@ -23,7 +23,16 @@ from typing import Any
 from pipeline.core.errors import IngestError
 from pipeline.ingest._logs import log_options, settings
 from pipeline.ingest.base import IngestOptions, LogFormat, Option
-from pipeline.ingest.traces import WINDOW, Trace, TraceSpan, check_spans, max_traces, parse_time, records
+from pipeline.ingest.traces import (
+    WINDOW,
+    Trace,
+    TraceSpan,
+    check_found,
+    check_spans,
+    max_traces,
+    parse_time,
+    records,
+)
 
 EXTRA = "pip install 'pexec[phoenix]'"
 TIMEOUT_S = 30  # longest one request to the Phoenix server may take
@@ -59,6 +68,7 @@ class Phoenix(LogFormat):
             found = list(traces(c, project, since, until, max_traces(s)))
         except httpx.HTTPError as exc:  # an unreachable server, an unknown project
             raise IngestError(f"phoenix: {endpoint}: project {project!r}: {exc}") from exc
+        check_found(found, f"phoenix: project {project!r} at {endpoint}", since, until)
         yield from records(s, found)
 
 

@@ -82,6 +82,21 @@ def max_traces(s: LogSettings) -> int:
     return int(raw)
 
 
+def window(since: datetime | None, until: datetime | None) -> str:
+    """The time window `--since`/`--until` select, as a reader would say it."""
+    if since is None and until is None:
+        return "at any time (no --since/--until)"
+    parts = [f"at or after {since.isoformat()}"] if since else []
+    parts += [f"before {until.isoformat()}"] if until else []
+    return " and ".join(parts)
+
+
+def check_found(traces: Sequence[Trace], where: str, since: datetime | None, until: datetime | None) -> None:
+    """An IngestError when the window matched no trace: an empty store would read as a quiet night."""
+    if not traces:
+        raise IngestError(f"{where}: no trace started {window(since, until)}; nothing written")
+
+
 def check_spans(fmt: str, trace_id: str, n: int) -> None:
     if n > MAX_SPANS:
         raise IngestError(f"{fmt}: trace {trace_id} has {n} spans, over the limit of {MAX_SPANS} per trace")

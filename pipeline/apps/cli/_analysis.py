@@ -12,6 +12,7 @@ from rich.table import Table
 
 from pipeline.apps.cli._options import (
     LOCAL_METHODS,
+    AllowEmpty,
     AllowHost,
     Bootstrap,
     By,
@@ -44,7 +45,7 @@ from pipeline.apps.cli._render import (
     print_query_result,
     print_table,
 )
-from pipeline.core.errors import PexecError
+from pipeline.core.errors import EmptyRun, PexecError
 from pipeline.core.text import literal
 from pipeline.metrics.completeness import Coverage
 from pipeline.metrics.query import MAX_ROWS_LIMIT, QueryLimits, read_statements, stream_sql
@@ -78,9 +79,11 @@ def metrics(
     strict_replay: StrictReplay = False,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
+    allow_empty: AllowEmpty = False,
 ) -> None:
     """Success, TER, AUC-PEC, RR, output match and PEC(k) per cohort with 95% intervals (task bootstrap, or
-    Wilson on the effective sample size for small samples)."""
+    Wilson on the effective sample size for small samples). A run that holds no rollout is an error (exit 2)
+    unless --allow-empty."""
     asked = metrics_settings(
         by, bootstrap, seed, method, harness_errors, pool, strict_replay, max_k=max_k, methods=METHODS
     )
@@ -92,6 +95,9 @@ def metrics(
         _tool_metrics(opened, tool_by, asked, as_json)
         return
     cohorts = opened.cohorts(asked.by, asked.bootstrap, asked.max_k, asked.population, address)
+    if not cohorts and not allow_empty:
+        rejected = opened.rejects().num_rows
+        raise EmptyRun(run, rejected, rejected)
     folder = opened.write_metrics(cohorts, asked.by)
     if as_json:
         json_lines(cohorts)

@@ -70,6 +70,13 @@ DashboardAddress = Annotated[
         help="Ray Jobs API (dashboard) URL, e.g. http://HEAD:8265 (default: $RAY_API_SERVER_ADDRESS, $RAY_ADDRESS).",
     ),
 ]
+AllowEmpty = Annotated[
+    bool,
+    typer.Option(
+        "--allow-empty",
+        help="A run that holds no rollout (every record rejected) is a result, not a failure (exit 0).",
+    ),
+]
 Force = Annotated[bool, typer.Option("--force", help="Rescore every shard, even unchanged ones.")]
 OnDate = Annotated[str | None, typer.Option("--date", help="YYYY-MM-DD for {date} (default: today, UTC).")]
 JobFile = Annotated[Path, typer.Argument(help="A job definition (jobs/*.toml).")]
