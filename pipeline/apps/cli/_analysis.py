@@ -52,6 +52,7 @@ from pipeline.metrics.query import MAX_ROWS_LIMIT, QueryLimits, read_statements,
 from pipeline.metrics.run import Run
 from pipeline.metrics.settings import DEFAULT_POPULATION, MAX_K, METHODS, MetricsSettings
 from pipeline.metrics.tool_profiles import TOOL_FIELDS, tool_cohort_columns
+from pipeline.metrics.verdicts import VIEW_PORT
 
 
 def metrics(
@@ -321,7 +322,7 @@ def sql(
 
 def view(
     run: Annotated[str, typer.Argument(help="A scored run folder or URL.")],
-    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 8765,
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = VIEW_PORT,
     host: Annotated[
         str,
         typer.Option("--host", help="Address to listen on (default: this machine only; beyond it, a token)."),
@@ -346,17 +347,18 @@ def view(
     storage_option: StorageOption = None,
 ) -> None:
     """Browse a run: cohorts and their metrics -> the rollouts behind a number -> one rollout's steps."""
-    from pipeline.apps.view import RunView, check_address, check_token, serve
-    from pipeline.apps.web import read_token
+    from pipeline.apps.view import RunView, check_token, serve
+    from pipeline.apps.web import listen, read_token
 
     token = read_token(token, token_file)
     check_token(host, token)
-    check_address(host, port)
     asked = MetricsSettings.from_values(bootstrap=bootstrap, seed=seed, method=method, methods=LOCAL_METHODS)
-    run_view = RunView(Reading(storage(endpoint_url, storage_option), partial).open(run), asked.bootstrap)
-    console.print(f"pexec view: http://{host}:{port}/ (Ctrl-C to stop)")
-    try:
-        limits = server_limits(header_timeout, max_concurrency)
-        serve(run_view, host, port, token, limits, tuple(allow_host or ()))
-    finally:
-        run_view.close()
+    with listen(host, port) as sock:  # bound before the run is read and before the banner says so
+        port = sock.getsockname()[1]
+        run_view = RunView(Reading(storage(endpoint_url, storage_option), partial).open(run), asked.bootstrap)
+        console.print(f"pexec view: http://{host}:{port}/ (Ctrl-C to stop)")
+        try:
+            limits = server_limits(header_timeout, max_concurrency)
+            serve(run_view, host, port, token, limits, tuple(allow_host or ()), sock)
+        finally:
+            run_view.close()

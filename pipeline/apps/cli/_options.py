@@ -24,6 +24,9 @@ from pipeline.metrics.run import Run, open_run
 from pipeline.metrics.settings import MAX_B, MetricsSettings
 from pipeline.storage.stores import WriteMode
 
+# Where `pexec guard serve` listens by default: not where `pexec view` does (VIEW_PORT), so both can run at once.
+GUARD_PORT = 8766
+
 # Help panels: the options every reader of a run shares stand apart from the command's own.
 COHORTS = "Cohorts and population"
 INTERVALS = "Intervals"
