@@ -20,7 +20,10 @@ from pipeline.apps.cli import app
 from pipeline.apps.web import listen
 
 PEXEC = str(Path(sys.executable).with_name("pexec"))
-BUSY = "error: cannot listen on 127.0.0.1:{port}: Address already in use (another server holds it: choose another port with --port)"
+BUSY = (
+    "error: cannot listen on 127.0.0.1:{port}: Address already in use (another server holds it: choose another "
+    "port with --port)"
+)
 
 
 def default_port(*command: str) -> int:
