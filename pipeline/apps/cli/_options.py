@@ -76,6 +76,8 @@ def store_format(output_format: str, old: str | None, command: str) -> str:
         soft_wrap=True,
     )
     return old
+
+
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace the files already in the output store.")]
 Append = Annotated[
     bool, typer.Option("--append", help="Add new files beside those already in the output store (same format).")

@@ -13,12 +13,12 @@ from rich.table import Table
 from pipeline.apps.cli._options import (
     Append,
     EndpointUrl,
+    OldStoreFormat,
     OutStore,
     Overwrite,
     RayAddress,
     Seed,
     StorageOption,
-    OldStoreFormat,
     StoreFormat,
     pairs,
     storage,
