@@ -35,13 +35,14 @@ from pipeline.apps.cli._options import (
     storage,
 )
 from pipeline.apps.cli._render import (
+    chosen_columns,
     console,
     json_lines,
     metrics_notes,
-    metrics_table,
     out,
     partial_notice,
     print_diff,
+    print_metrics,
     print_query_result,
     print_table,
 )
@@ -62,6 +63,16 @@ def metrics(
         typer.Option("--max-k", min=0, max=MAX_K, help="Largest k for PEC(k) (default: max T, at most 20)."),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per cohort.")] = False,
+    columns: Annotated[
+        str | None,
+        typer.Option(
+            "--columns",
+            help="Columns of the table, comma-separated (benchmark, condition, n, tasks, no_verdict, "
+            "harness_errors, success, ter, auc_pec, rr, output_match, write_auc, irreversible_invalid, "
+            "weighted_auc_pec, pec@1, pec@3), or `all` (default: benchmark, condition, n, pec@1, pec@3, ter, auc_pec, "
+            "rr). A table wider than the output is shown one cohort per block.",
+        ),
+    ] = None,
     address: Annotated[
         str | None,
         typer.Option(
@@ -95,6 +106,7 @@ def metrics(
             raise PexecError("--address computes the rollout metrics; per-tool profiles (--by tool) run here")
         _tool_metrics(opened, tool_by, asked, as_json)
         return
+    chosen_columns(columns)  # an unknown column fails before the metrics are computed
     cohorts = opened.cohorts(asked.by, asked.bootstrap, asked.max_k, asked.population, address)
     if not cohorts and not allow_empty:
         rejected = opened.rejects().num_rows
@@ -105,7 +117,7 @@ def metrics(
         return
     if cohorts and cohorts[0]["partial"]:
         partial_notice(Coverage.from_json(cohorts[0]["partial"]), out)
-    print_table(metrics_table(cohorts))
+    print_metrics(cohorts, columns)
     if cohorts:
         b = cohorts[0]["bootstrap"]
         out.print(
@@ -287,6 +299,14 @@ def sql(
         str, typer.Argument(help="A read-only query over the views steps, rollouts, rejects, metrics, pec, ….")
     ],
     fmt: Annotated[str, typer.Option("--format", help="table, csv or json")] = "table",
+    vertical: Annotated[
+        bool,
+        typer.Option(
+            "--vertical",
+            help="A table one record per block (each column's name and value on a line); a table wider than the "
+            "output is shown so anyway, said on stderr.",
+        ),
+    ] = False,
     memory_limit: Annotated[
         str, typer.Option("--memory-limit", help="DuckDB memory limit (e.g. 512MB, 4GB); beyond it, it spills.")
     ] = QueryLimits.memory_limit,
@@ -313,7 +333,7 @@ def sql(
     with stream_sql(reading.open(run).snapshot, query, limits) as result:
         if result.partial:  # on stderr: the result itself stays what the query asked for
             partial_notice(result.partial, console)
-        print_query_result(result, fmt)
+        print_query_result(result, fmt, vertical)
     if result.cut:  # the rows written are not the whole result: said, and not exit 0
         sys.stdout.flush()
         console.print(f"pexec sql: {result.cut}", soft_wrap=True, markup=False, highlight=False)
