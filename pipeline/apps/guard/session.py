@@ -19,6 +19,7 @@ from pipeline.core.errors import InvalidRecord, SessionFull
 from pipeline.core.model import NOT_LOGGED, Call, Message, Rollout, RolloutResult, StepResult
 from pipeline.core.records import MAX_DEPTH, event_record, too_deep
 from pipeline.envs import Environment, EnvOptions, get_environment, new_environment
+from pipeline.envs.observed import NO_ERROR_NOTE
 from pipeline.replay.checker import Session, Verdict
 
 
@@ -173,7 +174,13 @@ class GuardSession:
         """The verdict on `call` as the next step. Nothing is recorded: check again after a repair. A call the
         batch scorer would reject with its rollout (nested too deep) raises InvalidRecord with that reason."""
         check_event(call)
-        return GuardVerdict.of(self.depth + 1, self._session.check(call), self.env.simulated)
+        verdict = GuardVerdict.of(self.depth + 1, self._session.check(call), self.env.simulated)
+        # Checked before it runs: there is no logged outcome for a rule's refusal to contradict.
+        return replace(
+            verdict,
+            detail=verdict.detail and verdict.detail.removesuffix(NO_ERROR_NOTE),
+            message=verdict.message and verdict.message.removesuffix(NO_ERROR_NOTE),
+        )
 
     def record(self, call: Call, output: Any = NOT_LOGGED, error: bool | None = None) -> StepResult:
         """Add `call` as the next step with its real outcome: the production tool's output (or, in a
