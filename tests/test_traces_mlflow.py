@@ -130,3 +130,27 @@ def test_publish_puts_each_verdict_on_its_tool_span_once(server, run):
     again = publish(str(run), server)  # in this process: the command line was shown above
     assert (again.written, again.updated, again.unchanged, again.removed, again.skipped) == (0, 0, 7, 0, {})
     assert len(assessments(server)[1]) == 7  # no duplicate
+
+
+def test_a_verdict_that_flips_invalid_to_valid_keeps_no_stale_key_and_settles(server, run, tmp_path):
+    # The same trace scored without the precondition check: the cancel call (P failed) becomes valid.
+    from pipeline.scoring.driver import run_scoring
+    from pipeline.scoring.settings import ScoreSettings
+
+    flipped = tmp_path / "run"
+    checks = ("schema", "dependency")
+    run_scoring(str(run.parent / "store"), str(flipped), ScoreSettings(env="observed", spec="support", inline=True,
+                                                                       checks=checks))  # fmt: skip
+    try:
+        first = publish(str(flipped), server)
+        assert (first.written, first.removed) == (0, 0) and first.updated > 0
+        trace, found = assessments(server)
+        assert len(found) == 7
+        spans = {s.span_id: s.name for s in trace.data.spans}
+        [cancel] = [a for a in found if a.span_id and spans[a.span_id] == "cancel_order"]
+        assert cancel.value is True and "check" not in cancel.metadata and "cause" not in cancel.metadata
+        again = publish(str(flipped), server)
+        assert (again.written, again.updated, again.unchanged, again.removed) == (0, 0, 7, 0)
+    finally:
+        back = publish(str(run), server)  # the module's run, as the other tests read it
+        assert back.written == 0 and back.removed == 0
