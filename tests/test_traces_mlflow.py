@@ -154,3 +154,30 @@ def test_a_verdict_that_flips_invalid_to_valid_keeps_no_stale_key_and_settles(se
     finally:
         back = publish(str(run), server)  # the module's run, as the other tests read it
         assert back.written == 0 and back.removed == 0
+
+
+def test_a_kwargs_tools_recorded_envelope_is_unwrapped_unless_it_declares_kwargs():
+    """MLflow's @mlflow.trace (and OpenInference's decorators) record `def tool(**kwargs)` called as tool(a=1) with
+    inputs {"kwargs": {"a": 1}}; the call's arguments are what is inside, unless the declared schema has `kwargs`."""
+    from pipeline.ingest.traces import Trace, TraceSpan, events, kwargs_tools
+
+    declared = [
+        {"type": "function", "function": {"name": "get_order", "parameters": {"properties": {"order_id": {}}}}},
+        {"tool": {"json_schema": json.dumps({"name": "run", "parameters": {"properties": {"kwargs": {}}}})}},
+    ]
+    assert kwargs_tools(declared) == {"run"}
+    model = TraceSpan("m", "chat", "model", 1, kwargs_tools=kwargs_tools(declared))
+    spans = (
+        model,
+        TraceSpan("a", "get_order", "tool", 2, arguments={"kwargs": {"order_id": "O1"}}, output="ok"),
+        TraceSpan("b", "get_order", "tool", 3, arguments='{"kwargs": {"order_id": "O2"}}', output="ok"),  # as text
+        TraceSpan("c", "run", "tool", 4, arguments={"kwargs": {"x": 1}}, output="ok"),  # declares kwargs: kept
+        TraceSpan("d", "get_order", "tool", 5, arguments={"kwargs": {}, "order_id": "O3"}, output="ok"),  # not one
+    )
+    calls = [e for e in events(Trace("t", 1, spans)) if e["type"] == "call"]
+    assert [c["arguments"] for c in calls] == [
+        {"order_id": "O1"},
+        {"order_id": "O2"},
+        {"kwargs": {"x": 1}},
+        {"kwargs": {}, "order_id": "O3"},
+    ]

@@ -27,6 +27,7 @@ from pipeline.ingest.traces import (
     TraceSpan,
     check_found,
     check_spans,
+    kwargs_tools,
     max_traces,
     parse_time,
     records,
@@ -130,8 +131,11 @@ def _span(sp: Any) -> TraceSpan:
     status = sp.status
     error = str(getattr(status.status_code, "value", status.status_code)) == "ERROR"
     messages: tuple[Any, ...] = ()
+    declared: frozenset[str] = frozenset()
     if kind == "model" and isinstance(sp.inputs, dict) and isinstance(sp.inputs.get("messages"), list):
         messages = tuple(m for m in sp.inputs["messages"] if isinstance(m, dict))
+    if kind == "model" and isinstance(sp.inputs, dict):
+        declared = kwargs_tools(sp.inputs.get("tools"))
     return TraceSpan(
         span_id=str(sp.span_id),
         name=str(sp.name),
@@ -142,6 +146,7 @@ def _span(sp: Any) -> TraceSpan:
         error=error,
         error_message=(_exception(sp) or status.description) if error else None,  # the exception's own words
         messages=messages,
+        kwargs_tools=declared,
     )
 
 

@@ -29,6 +29,7 @@ from pipeline.ingest.traces import (
     TraceSpan,
     check_found,
     check_spans,
+    kwargs_tools,
     max_traces,
     parse_time,
     records,
@@ -126,10 +127,12 @@ def _span(sp: Mapping[str, Any]) -> TraceSpan:
     kind = {"TOOL": "tool", "LLM": "model"}.get(str(sp.get("span_kind")), "other")
     error = sp.get("status_code") == "ERROR"
     messages: tuple[dict[str, Any], ...] = ()
+    declared: frozenset[str] = frozenset()
     if kind == "model":
         found = _get(sp, "llm", "input_messages")
         items = _in_order(found)
         messages = tuple(m["message"] for m in items if isinstance(m, dict) and isinstance(m.get("message"), dict))
+        declared = kwargs_tools(_in_order(_get(sp, "llm", "tools")))
     return TraceSpan(
         span_id=str(sp["context"]["span_id"]),
         name=str(_get(sp, "tool", "name") or sp.get("name") or "") if kind == "tool" else str(sp.get("name") or ""),
@@ -140,6 +143,7 @@ def _span(sp: Mapping[str, Any]) -> TraceSpan:
         error=error,
         error_message=(_exception(sp) or sp.get("status_message")) if error else None,  # the exception's own words
         messages=messages,
+        kwargs_tools=declared,
     )
 
 

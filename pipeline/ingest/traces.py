@@ -31,6 +31,7 @@ WINDOW = (
     ),
 )
 TRACE_ID = "trace_id"  # the attribute every rollout read from a trace store carries: its trace, for publish
+KWARGS = "kwargs"  # the key a recorder puts a `**kwargs` tool's inputs under
 MAX_SPANS = 10_000  # spans in one trace; more is an IngestError (a runaway agent loop, or not an agent trace)
 
 
@@ -47,6 +48,7 @@ class TraceSpan:
     error: bool = False
     error_message: str | None = None  # the store's status message or the exception's, when the span failed
     messages: tuple[Mapping[str, Any], ...] = ()  # a model span's input messages ({role, content})
+    kwargs_tools: frozenset[str] = frozenset()  # a model span's declared tools that have a parameter named kwargs
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,7 @@ def records(s: LogSettings, traces: Sequence[Trace]) -> Iterator[dict[str, Any]]
 
 def events(trace: Trace) -> list[EventRecord]:
     calls = {id(s) for s in tool_spans(trace)}
+    keep = frozenset().union(*(s.kwargs_tools for s in trace.spans))
     out: list[EventRecord] = []
     seen: set[tuple[str, str]] = set()
     turn = 0
@@ -128,8 +131,46 @@ def events(trace: Trace) -> list[EventRecord]:
             output = span.output if span.output is not None or not span.error else span.error_message
             result = (_json_text(output), span.error)
             where = f"trace {trace.trace_id} span {span.span_id}"
-            out.append(call(span.name, span.arguments, None, turn, result, where))
+            out.append(call(span.name, unwrapped(span.name, span.arguments, keep), None, turn, result, where))
     return out
+
+
+def unwrapped(tool: str, arguments: Any, keep: frozenset[str] = frozenset()) -> Any:
+    """A tool's arguments without its recorder's envelope. A tool declared `def tool(**kwargs)` and traced by
+    MLflow's `@mlflow.trace` or OpenInference's decorators is recorded with its inputs under one key, `{"kwargs":
+    {...}}`: the call's arguments are what is inside, unless the tool declares a parameter named `kwargs` itself
+    (`keep`: such tools, read from the trace's model spans). Anything else is returned as it is."""
+    value = arguments
+    if isinstance(value, str) and value.lstrip().startswith("{"):  # OpenInference's input.value: JSON text
+        try:
+            value = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return arguments
+    if isinstance(value, dict) and list(value) == [KWARGS] and isinstance(value[KWARGS], dict) and tool not in keep:
+        return value[KWARGS]
+    return arguments
+
+
+def kwargs_tools(tools: Any) -> frozenset[str]:
+    """The tools of a model call's declared `tools` with a parameter named `kwargs`: OpenAI function entries
+    (`{"type": "function", "function": {"name", "parameters"}}` or bare `{"name", "parameters"}`), or
+    OpenInference's `llm.tools` entries (`{"tool": {"json_schema": "<that JSON as text>"}}`)."""
+    found = set()
+    for entry in tools if isinstance(tools, list) else []:
+        if isinstance(entry, dict) and isinstance(entry.get("tool"), dict):
+            schema = entry["tool"].get("json_schema")
+            try:
+                entry = orjson.loads(schema) if isinstance(schema, str) else schema
+            except orjson.JSONDecodeError:
+                continue
+        fn = entry.get("function", entry) if isinstance(entry, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            continue
+        params = fn.get("parameters")
+        properties = params.get("properties") if isinstance(params, dict) else None
+        if isinstance(properties, dict) and KWARGS in properties:
+            found.add(fn["name"])
+    return frozenset(found)
 
 
 def _json_text(value: Any) -> Any:
