@@ -44,12 +44,13 @@ COMMANDS = [
     ["metrics", "{a}", "--by", "model,method", "--bootstrap", "50"],
     ["metrics", "{a}", "--by", "model,method", "--bootstrap", "50", "--columns", "all"],
     ["diff", "{a}", "{b}", "--unpaired", "--by", "model,method", "--bootstrap", "20"],
+    ["diff", "{a}", "{a}", "--bootstrap", "20"],
     ["sql", "{a}", "SELECT * FROM rollouts ORDER BY rollout_id LIMIT 3"],
 ]
 
 
 @pytest.mark.parametrize("width", [120, 80])
-@pytest.mark.parametrize("command", COMMANDS, ids=["metrics", "metrics-all", "diff", "sql"])
+@pytest.mark.parametrize("command", COMMANDS, ids=["metrics", "metrics-all", "drift", "paired", "sql"])
 def test_no_line_is_wider_than_the_width_given(runs, width: int, command: list[str]) -> None:
     a, b = runs
     stdout, stderr = shown(width, *(x.format(a=a, b=b) for x in command))
