@@ -68,9 +68,11 @@ def test_sql_table_prints_values_and_column_names_literally(run: Path) -> None:
         'SELECT DISTINCT model AS "[/x]", detail FROM steps '
         "WHERE tool = 'get_order' AND detail LIKE '%occurs in no%' ORDER BY 1"
     )
-    table = cli("sql", str(run), query)
+    table = CliRunner(env={"COLUMNS": "400"}).invoke(app, ["sql", str(run), query]).stdout  # wide enough
     assert "[/x]" in table.splitlines()[1]
     assert MARKUP in table and SHOWN in table
+    records = cli("sql", str(run), query, "--vertical")  # one record per block: names and values literal too
+    assert records.splitlines()[1].startswith("[/x]") and MARKUP in records and SHOWN in records
 
 
 def test_score_error_with_markup_is_one_literal_line(tmp_path: Path) -> None:

@@ -145,7 +145,8 @@ def test_a_job_file_may_hold_every_documented_field(tmp_path):
              "spec": "shop", "spec_dirs": ["specs"], "policy": "strict", "address": "ray://h:10001", "shard_mb": 4,
              "num_cpus": 1, "endpoint_url": "http://127.0.0.1:5555", "format": "canonical",
              "options": {"max_line_bytes": "1000"}, "labels": {"team": "a"}, "inline": True,
-             "lease_stale_after": 30, "checks": ["precondition", "schema"], "storage_options": {"anon": True}},
+             "lease_stale_after": 30, "checks": ["precondition", "schema"], "storage_options": {"anon": True},
+             "allow_empty": True},
         "metrics": {"by": ["model"], "bootstrap": 50, "seed": 1, "method": "poisson", "max_k": 3,
                     "harness_errors": "fail", "pool": {"all": ["shop", "observed"]}, "partial": True,
                     "strict_replay": True},
@@ -174,7 +175,7 @@ def test_a_job_file_may_hold_every_documented_field(tmp_path):
     )  # fmt: skip
     assert (s.lease_stale_after, s.checks) == (30, ("schema", "precondition"))  # the checks' canonical order
     assert s.storage_options == {"anon": True, "endpoint_url": "http://127.0.0.1:5555"}
-    assert s.labels == {"team": "a"} and s.options == {"max_line_bytes": "1000"}
+    assert s.labels == {"team": "a"} and s.options == {"max_line_bytes": "1000"} and s.allow_empty
     m = job.metrics
     assert (m.by, m.bootstrap.B, m.bootstrap.seed, m.bootstrap.method, m.max_k) == (("model",), 50, 1, "poisson", 3)
     assert m.population.pools == (("all", ("shop", "observed")),) and m.population.strict_replay

@@ -122,6 +122,11 @@ def test_counts_as_constructed(tmp_path: Path, specs: tuple[str, str]) -> None:
         ("find_customer", "D information (grounded email)"): 1,
     }
     assert report.totals() == {"refused": 5, "false_refusals": 2, "caught": 2, "newly_refused": 4, "released": 0}
+    # A refusal is checked before the call runs: its detail never claims what the log shows, least of all for the
+    # call production logged as an error.
+    examples = report.examples[("create_ticket", "P precondition")]
+    assert sorted(e["logged_error"] for e in examples) == [False, True]
+    assert [e["detail"] for e in examples] == ["high-priority tickets are for gold customers"] * 2
     # The other way round: what NEW refuses and OLD does not is what OLD would let through.
     back = replay_traffic(rollouts(logs), old, against=new)
     assert back.totals() == {"refused": 1, "false_refusals": 0, "caught": 0, "newly_refused": 0, "released": 4}

@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from test_aggregate import draws, paper_rows, ratios, rollout, task_sums, weights, write_rollouts
 from typer.testing import CliRunner
 
@@ -286,7 +288,10 @@ def test_cli_report(synth_run: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--compare", "method=react", "method=nope"], "no rollouts with method='nope'"),
+        (
+            ["--compare", "method=react", "method=nope"],
+            "no rollouts with method='nope' (values present: 'plan_execute', 'react')",
+        ),
         (["--compare", "foo=a", "foo=b"], "unknown cohort column 'foo'"),
         (["--k", "0"], "--k takes depths >= 1"),
         (["--by", "nope"], "unknown cohort column 'nope'"),
@@ -401,3 +406,13 @@ def test_flip_share_counts_replicates() -> None:
     [flip] = r.flips
     assert (flip.higher_success, flip.higher_metric) == ("p", "q")
     assert flip.share == 2 / 4  # replicates 0 and 2 of the 4 defined ones
+
+
+@given(st.lists(st.text("abc", min_size=1, max_size=3), unique=True, max_size=40))
+def test_a_list_of_values_in_a_message_shows_ten_and_counts_the_rest(values: list[str]) -> None:
+    from pipeline.core.text import some
+
+    said = some(values, 10)
+    shown = said.split(" and ")[0].split(", ") if values else []
+    assert shown == values[:10]
+    assert said.endswith(f" and {len(values) - 10} more") == (len(values) > 10)

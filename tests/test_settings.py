@@ -38,6 +38,7 @@ options = { error_prefix = "Error:" }
 labels = { team = "a" }
 endpoint_url = "http://127.0.0.1:5555"
 storage_options = { anon = true }
+allow_empty = true
 [metrics]
 by = ["model", "method"]
 bootstrap = 50
@@ -53,7 +54,7 @@ SCORE_ARGS = ["score", "logs", "--out", "run", "--env", "observed", "--spec", "s
               "--policy", "strict", "--address", "ray://head:10001", "--shard-mb", "4", "--num-cpus", "2", "--inline",
               "--lease-stale-after", "30", "--checks", "precondition,schema", "--format", "openai",
               "--option", "error_prefix=Error:", "--label", "team=a", "--endpoint-url", "http://127.0.0.1:5555",
-              "--storage-option", "anon=true"]  # fmt: skip
+              "--storage-option", "anon=true", "--allow-empty"]  # fmt: skip
 
 
 def test_a_job_file_and_pexec_score_make_the_same_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

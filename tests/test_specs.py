@@ -85,6 +85,15 @@ def test_spec_search_path(spec_copy, monkeypatch):
         get_environment("nope")
 
 
+def test_a_mistyped_environment_suggests_spec_folders_too(spec_copy):
+    options = EnvOptions(spec_dirs=(str(spec_copy.parent),))
+    with pytest.raises(EnvError) as refused:
+        get_environment("shopp2", options)  # the spec folder shop2 is one letter away
+    said = str(refused.value)
+    assert said.startswith("unknown environment 'shopp2' (did you mean 'shop2'?): not registered (bfcl_v3,")
+    assert said.endswith("(specs: shop, shop2, support; --spec-dir adds a folder of specs)")
+
+
 def test_effect_failure_rolls_back_the_partial_change(spec_copy):
     # The second effect fails (no such list) after the first one has changed the state.
     edit(

@@ -107,7 +107,7 @@ def test_synth_and_ingest_refuse_a_non_empty_store_in_one_line(tmp_path: Path) -
     # ingest into a Parquet store of its own making, then append JSON Lines: refused, both formats never mix.
     out = str(tmp_path / "pq")
     args = ["ingest", "canonical", store, "--out", out]
-    assert runner.invoke(app, [*args, "--format", "parquet"]).exit_code == 0
+    assert runner.invoke(app, [*args, "--output-format", "parquet"]).exit_code == 0
     mixed = runner.invoke(app, [*args, "--append"])
     assert mixed.exit_code == 2 and "holds files of another format" in mixed.output
     assert list(list_files(out) or {}) == [f"{out}/part-00000.parquet"]
@@ -121,3 +121,18 @@ def test_ingest_stopping_at_a_bad_record_leaves_no_partial_store(tmp_path: Path)
     result = CliRunner().invoke(app, ["ingest", "canonical", str(source), "--out", str(out)])
     assert result.exit_code == 2 and "invalid JSON" in result.output
     assert snapshot(str(out), None) == {}
+
+
+def test_the_old_spelling_of_output_format_still_writes_and_says_it_is_renamed(tmp_path: Path) -> None:
+    runner = CliRunner()
+    for command in (["synth", "shop", "--rollouts", "5"], ["ingest", "canonical", str(tmp_path / "s0")]):
+        out = str(tmp_path / f"s{len(list(tmp_path.iterdir()))}")
+        shown = runner.invoke(app, [*command, "--out", out, "--format", "parquet"])
+        assert shown.exit_code == 0, shown.stderr
+        assert shown.stderr.startswith(f"note: `pexec {command[0]} --format` is now --output-format")
+        assert [Path(u).suffix for u in list_files(out) or {}] == [".parquet"]
+    both = runner.invoke(app, ["synth", "shop", "--out", "x", "--format", "jsonl", "--output-format", "parquet"])
+    assert (both.exit_code, both.stderr.strip()) == (
+        2,
+        "error: --format is the old spelling of --output-format: give --output-format alone",
+    )

@@ -82,7 +82,8 @@ def test_tool_spans_are_the_calls_with_their_arguments_outputs_and_errors(server
 
 def test_the_window_selects_traces_by_start_time(server):
     assert len(read(server, since="2000-01-01", until="2100-01-01")) == 1
-    assert read(server, since="2100-01-01") == [] and read(server, until="2000-01-01") == []
+    with pytest.raises(IngestError, match="no trace started before 2000-01-01T00:00:00"):
+        read(server, until="2000-01-01")
     with pytest.raises(IngestError, match="--since takes an ISO 8601"):
         read(server, since="yesterday")
 
@@ -90,6 +91,22 @@ def test_the_window_selects_traces_by_start_time(server):
 def test_an_unknown_experiment_is_a_one_line_error(server):
     with pytest.raises(IngestError, match="no experiment named 'nope'"):
         list(ingest("mlflow", [], IngestOptions(extra={"tracking_uri": server, "experiment": "nope"})))
+
+
+def test_a_window_that_matches_no_trace_is_a_one_line_error_and_writes_no_store(server, tmp_path):
+    said = (
+        f"mlflow: experiment {EXPERIMENT!r} at {server}: "
+        "no trace started at or after 2100-01-01T00:00:00+00:00; nothing written"
+    )
+    with pytest.raises(IngestError) as refused:
+        read(server, since="2100-01-01")
+    assert str(refused.value) == said
+    script = str(Path(sys.executable).with_name("pexec"))
+    args = ["ingest", "mlflow", "--tracking-uri", server, "--experiment", EXPERIMENT]
+    args += ["--since", "2100-01-01", "--out", "store"]
+    proc = subprocess.run([script, *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert (proc.returncode, proc.stderr.strip()) == (2, f"error: {said}")
+    assert not (tmp_path / "store").exists()
 
 
 def test_scoring_the_trace_gives_the_known_verdicts(run):
@@ -125,3 +142,54 @@ def test_publish_puts_each_verdict_on_its_tool_span_once(server, run):
     again = publish(str(run), server)  # in this process: the command line was shown above
     assert (again.written, again.updated, again.unchanged, again.removed, again.skipped) == (0, 0, 7, 0, {})
     assert len(assessments(server)[1]) == 7  # no duplicate
+
+
+def test_a_verdict_that_flips_invalid_to_valid_keeps_no_stale_key_and_settles(server, run, tmp_path):
+    # The same trace scored without the precondition check: the cancel call (P failed) becomes valid.
+    from pipeline.scoring.driver import run_scoring
+    from pipeline.scoring.settings import ScoreSettings
+
+    flipped = tmp_path / "run"
+    checks = ("schema", "dependency")
+    run_scoring(str(run.parent / "store"), str(flipped), ScoreSettings(env="observed", spec="support", inline=True,
+                                                                       checks=checks))  # fmt: skip
+    try:
+        first = publish(str(flipped), server)
+        assert (first.written, first.removed) == (0, 0) and first.updated > 0
+        trace, found = assessments(server)
+        assert len(found) == 7
+        spans = {s.span_id: s.name for s in trace.data.spans}
+        [cancel] = [a for a in found if a.span_id and spans[a.span_id] == "cancel_order"]
+        assert cancel.value is True and "check" not in cancel.metadata and "cause" not in cancel.metadata
+        again = publish(str(flipped), server)
+        assert (again.written, again.updated, again.unchanged, again.removed) == (0, 0, 7, 0)
+    finally:
+        back = publish(str(run), server)  # the module's run, as the other tests read it
+        assert back.written == 0 and back.removed == 0
+
+
+def test_a_kwargs_tools_recorded_envelope_is_unwrapped_unless_it_declares_kwargs():
+    """MLflow's @mlflow.trace (and OpenInference's decorators) record `def tool(**kwargs)` called as tool(a=1) with
+    inputs {"kwargs": {"a": 1}}; the call's arguments are what is inside, unless the declared schema has `kwargs`."""
+    from pipeline.ingest.traces import Trace, TraceSpan, events, kwargs_tools
+
+    declared = [
+        {"type": "function", "function": {"name": "get_order", "parameters": {"properties": {"order_id": {}}}}},
+        {"tool": {"json_schema": json.dumps({"name": "run", "parameters": {"properties": {"kwargs": {}}}})}},
+    ]
+    assert kwargs_tools(declared) == {"run"}
+    model = TraceSpan("m", "chat", "model", 1, kwargs_tools=kwargs_tools(declared))
+    spans = (
+        model,
+        TraceSpan("a", "get_order", "tool", 2, arguments={"kwargs": {"order_id": "O1"}}, output="ok"),
+        TraceSpan("b", "get_order", "tool", 3, arguments='{"kwargs": {"order_id": "O2"}}', output="ok"),  # as text
+        TraceSpan("c", "run", "tool", 4, arguments={"kwargs": {"x": 1}}, output="ok"),  # declares kwargs: kept
+        TraceSpan("d", "get_order", "tool", 5, arguments={"kwargs": {}, "order_id": "O3"}, output="ok"),  # not one
+    )
+    calls = [e for e in events(Trace("t", 1, spans)) if e["type"] == "call"]
+    assert [c["arguments"] for c in calls] == [
+        {"order_id": "O1"},
+        {"order_id": "O2"},
+        {"kwargs": {"x": 1}},
+        {"kwargs": {}, "order_id": "O3"},
+    ]

@@ -30,6 +30,7 @@ from producers import (
 from trace_servers import phoenix_server, score_support
 
 from pipeline.apps.integrations.phoenix import publish
+from pipeline.core.errors import PublishError
 from pipeline.ingest import IngestError, IngestOptions, ingest
 
 PRODUCERS = Path(__file__).with_name("producers.py")
@@ -89,9 +90,24 @@ def test_tool_spans_are_the_calls_with_their_arguments_outputs_and_errors(server
 
 def test_the_window_selects_traces_by_start_time(server):
     assert len(read(server, since="2000-01-01", until="2100-01-01")) == 1
-    assert read(server, since="2100-01-01") == []
     with pytest.raises(IngestError, match="max_traces takes a positive integer"):
         read(server, max_traces="0")
+
+
+def test_a_window_that_matches_no_trace_is_a_one_line_error_and_writes_no_store(server, tmp_path):
+    said = (
+        f"phoenix: project {PROJECT!r} at {server}: "
+        "no trace started at or after 2100-01-01T00:00:00+00:00; nothing written"
+    )
+    with pytest.raises(IngestError) as refused:
+        read(server, since="2100-01-01")
+    assert str(refused.value) == said
+    script = str(Path(sys.executable).with_name("pexec"))
+    args = ["ingest", "phoenix", "--endpoint", server, "--project", PROJECT]
+    args += ["--since", "2100-01-01", "--out", "store"]
+    proc = subprocess.run([script, *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert (proc.returncode, proc.stderr.strip()) == (2, f"error: {said}")
+    assert not (tmp_path / "store").exists()
 
 
 def test_scoring_the_trace_gives_the_known_verdicts(run):
@@ -128,10 +144,21 @@ def test_publish_puts_each_verdict_on_its_tool_span_once(server, run):
     trace_id = json.loads(next((run.parent / "store").glob("*.jsonl")).read_text())["rollout_id"]
     assert trace_values(server, trace_id) == {"pexec.fed": 3.0, "pexec.T": 4.0, "pexec.executable": 0.0}
 
+    stamps = sorted(a["updated_at"] for a in found)
     again = publish(str(run), server, project=PROJECT)  # in this process: the command line was shown above
     assert (again.written, again.updated, again.unchanged, again.skipped) == (0, 0, 7, {})
     assert len(annotations(server)[1]) == 4  # no duplicate
+    assert sorted(a["updated_at"] for a in annotations(server)[1]) == stamps  # nothing rewritten
     assert len(trace_values(server, trace_id)) == 3
+
+
+def test_publish_to_a_project_without_the_runs_traces_fails_naming_the_project(server, run):
+    with pytest.raises(PublishError) as refused:
+        publish(str(run), server, project="default")  # Phoenix's own project, empty here
+    assert str(refused.value) == (
+        f"phoenix: {server}: project 'default' holds none of the run's 1 trace(s) (--project names the project the "
+        "traces were ingested from)"
+    )
 
 
 def trace_values(server: str, trace_id: str) -> dict[str, float]:

@@ -10,6 +10,7 @@ Imports: nothing of pipeline.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -35,3 +36,10 @@ def public_url(url: str) -> str:
     if (netloc, query) == (parts.netloc, parts.query):
         return url
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def some(items: Sequence[str], shown: int) -> str:
+    """The first `shown` of `items` joined by commas, the rest counted (`a, b, c and 7 more`): a message that
+    lists what exists stays one bounded line however many there are."""
+    more = len(items) - shown
+    return ", ".join(items[:shown]) + (f" and {more} more" if more > 0 else "")

@@ -10,11 +10,13 @@ Instances are cached per process: a Ray worker builds each environment once.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pipeline.core.errors import EnvError
 from pipeline.core.plugins import Registry, declared
+from pipeline.core.text import some
 from pipeline.envs.base import Environment
 from pipeline.envs.spec.env import SpecEnvironment
 from pipeline.envs.spec.loader import find_spec, spec_folders
@@ -54,6 +56,7 @@ FACTORIES: Registry[Factory] = Registry(
     expected="an environment factory, a callable (EnvOptions) -> Environment",
     built_in=BUILT_IN,
 )
+SHOWN_SPECS = 10  # spec names an unknown environment's error lists, the rest counted
 _INSTANCES: dict[tuple[str, EnvOptions], Environment] = {}
 _UNKNOWN: dict[tuple[str, EnvOptions], EnvError] = {}
 
@@ -78,7 +81,13 @@ def _build(name: str, options: EnvOptions) -> Environment:
     if path is None:
         known = sorted(n for n in FACTORIES.names() if n not in FACTORIES.entry_points())
         known += sorted(FACTORIES.entry_points())
-        raise EnvError(f"unknown environment {name!r}: not registered ({', '.join(known)}) and no spec of that name")
+        specs = sorted(spec_folders(options.spec_dirs))
+        close = difflib.get_close_matches(name, [*known, *specs], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise EnvError(
+            f"unknown environment {name!r}{hint}: not registered ({', '.join(known)}) and no spec of that name "
+            f"(specs: {some(specs, SHOWN_SPECS) or 'none'}; --spec-dir adds a folder of specs)"
+        )
     return SpecEnvironment.from_folder(path)
 
 

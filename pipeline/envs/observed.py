@@ -39,6 +39,10 @@ from pipeline.envs.spec.loader import find_spec, load_spec
 Seen = dict[str, Any]  # tool name -> last output of an accepted call
 
 
+# Said after a rule's refusal of a call the log shows succeeding; a check before the call runs (the guard's) drops it.
+NO_ERROR_NOTE = " (the log shows no error)"
+
+
 class ObservedEnvironment:
     name = "observed"
     simulated = False
@@ -105,7 +109,7 @@ class ObservedEnvironment:
         output = None if call.output is NOT_LOGGED else call.output
         check = check_rules(self._rules.get(tool, ()), {"args": args, "seen": state}, unknown_violates=False)
         if check.violated:
-            note = "" if call.error else " (the log shows no error)"
+            note = "" if call.error else NO_ERROR_NOTE
             return Outcome(False, message=f"{check.message}{note}", decided_by="precondition")
         if call.error:
             return Outcome(False, message=str(output) if output is not None else "logged error", decided_by="log")

@@ -24,7 +24,17 @@ from typing import Any
 from pipeline.core.errors import IngestError
 from pipeline.ingest._logs import log_options, settings, tool_definitions
 from pipeline.ingest.base import IngestOptions, LogFormat, Option
-from pipeline.ingest.traces import WINDOW, Trace, TraceSpan, check_spans, max_traces, parse_time, records
+from pipeline.ingest.traces import (
+    WINDOW,
+    Trace,
+    TraceSpan,
+    check_found,
+    check_spans,
+    kwargs_tools,
+    max_traces,
+    parse_time,
+    records,
+)
 
 EXTRA = "pip install 'pexec[mlflow]'"
 _MODEL_TYPES = {"CHAT_MODEL", "LLM"}
@@ -63,6 +73,7 @@ class MLflow(LogFormat):
             traces = list(_traces(c, uri, name, since, until, max_traces(s)))
         except MlflowException as exc:  # the server unreachable or refusing: its message, on one line
             raise IngestError(f"mlflow: {uri}: {exc.message}") from exc
+        check_found(traces, f"mlflow: experiment {name!r} at {uri}", since, until)
         yield from records(s, traces)
 
 
@@ -123,9 +134,13 @@ def _span(sp: Any) -> TraceSpan:
     status = sp.status
     error = str(getattr(status.status_code, "value", status.status_code)) == "ERROR"
     messages: tuple[Any, ...] = ()
+    declared: frozenset[str] = frozenset()
     if kind == "model" and isinstance(sp.inputs, dict) and isinstance(sp.inputs.get("messages"), list):
         messages = tuple(m for m in sp.inputs["messages"] if isinstance(m, dict))
-    tools = tool_definitions(sp.inputs.get("tools")) if kind == "model" and isinstance(sp.inputs, dict) else None
+    tools = None
+    if kind == "model" and isinstance(sp.inputs, dict):
+        tools = tool_definitions(sp.inputs.get("tools"))
+        declared = kwargs_tools(sp.inputs.get("tools"))
     return TraceSpan(
         span_id=str(sp.span_id),
         name=str(sp.name),
@@ -137,6 +152,7 @@ def _span(sp: Any) -> TraceSpan:
         error_message=(_exception(sp) or status.description) if error else None,  # the exception's own words
         messages=messages,
         tools=tools,
+        kwargs_tools=declared,
     )
 
 

@@ -28,7 +28,17 @@ import orjson
 from pipeline.core.errors import IngestError
 from pipeline.ingest._logs import log_options, settings, tool_definitions
 from pipeline.ingest.base import IngestOptions, LogFormat, Option
-from pipeline.ingest.traces import WINDOW, Trace, TraceSpan, check_spans, max_traces, parse_time, records
+from pipeline.ingest.traces import (
+    WINDOW,
+    Trace,
+    TraceSpan,
+    check_found,
+    check_spans,
+    kwargs_tools,
+    max_traces,
+    parse_time,
+    records,
+)
 
 EXTRA = "pip install 'pexec[phoenix]'"
 TIMEOUT_S = 30  # longest one request to the Phoenix server may take
@@ -64,6 +74,7 @@ class Phoenix(LogFormat):
             found = list(traces(c, project, since, until, max_traces(s)))
         except httpx.HTTPError as exc:  # an unreachable server, an unknown project
             raise IngestError(f"phoenix: {endpoint}: project {project!r}: {exc}") from exc
+        check_found(found, f"phoenix: project {project!r} at {endpoint}", since, until)
         yield from records(s, found)
 
 
@@ -121,10 +132,12 @@ def _span(sp: Mapping[str, Any]) -> TraceSpan:
     kind = {"TOOL": "tool", "LLM": "model"}.get(str(sp.get("span_kind")), "other")
     error = sp.get("status_code") == "ERROR"
     messages: tuple[dict[str, Any], ...] = ()
+    declared: frozenset[str] = frozenset()
     if kind == "model":
         found = _get(sp, "llm", "input_messages")
         items = _in_order(found)
         messages = tuple(m["message"] for m in items if isinstance(m, dict) and isinstance(m.get("message"), dict))
+        declared = kwargs_tools(_in_order(_get(sp, "llm", "tools")))
     return TraceSpan(
         tools=_tools(sp) if kind == "model" else None,
         span_id=str(sp["context"]["span_id"]),
@@ -136,6 +149,7 @@ def _span(sp: Mapping[str, Any]) -> TraceSpan:
         error=error,
         error_message=(_exception(sp) or sp.get("status_message")) if error else None,  # the exception's own words
         messages=messages,
+        kwargs_tools=declared,
     )
 
 

@@ -33,6 +33,7 @@ WINDOW = (
     ),
 )
 TRACE_ID = "trace_id"  # the attribute every rollout read from a trace store carries: its trace, for publish
+KWARGS = "kwargs"  # the key a recorder puts a `**kwargs` tool's inputs under
 MAX_SPANS = 10_000  # spans in one trace; more is an IngestError (a runaway agent loop, or not an agent trace)
 
 
@@ -50,6 +51,7 @@ class TraceSpan:
     error_message: str | None = None  # the store's status message or the exception's, when the span failed
     messages: tuple[Mapping[str, Any], ...] = ()  # a model span's input messages ({role, content})
     tools: dict[str, Any] | None = None  # the tool definitions a model span's request carried (name -> schema)
+    kwargs_tools: frozenset[str] = frozenset()  # a model span's declared tools that have a parameter named kwargs
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,21 @@ def max_traces(s: LogSettings) -> int:
     return int(raw)
 
 
+def window(since: datetime | None, until: datetime | None) -> str:
+    """The time window `--since`/`--until` select, as a reader would say it."""
+    if since is None and until is None:
+        return "at any time (no --since/--until)"
+    parts = [f"at or after {since.isoformat()}"] if since else []
+    parts += [f"before {until.isoformat()}"] if until else []
+    return " and ".join(parts)
+
+
+def check_found(traces: Sequence[Trace], where: str, since: datetime | None, until: datetime | None) -> None:
+    """An IngestError when the window matched no trace: an empty store would read as a quiet night."""
+    if not traces:
+        raise IngestError(f"{where}: no trace started {window(since, until)}; nothing written")
+
+
 def check_spans(fmt: str, trace_id: str, n: int) -> None:
     if n > MAX_SPANS:
         raise IngestError(f"{fmt}: trace {trace_id} has {n} spans, over the limit of {MAX_SPANS} per trace")
@@ -105,6 +122,7 @@ def events(trace: Trace, versions: ToolVersions | None = None) -> list[EventReco
     """The trace's events; `versions` collects the tool definitions of its model spans and stamps its calls."""
     versions = versions if versions is not None else ToolVersions()
     calls = {id(s) for s in tool_spans(trace)}
+    keep = frozenset().union(*(s.kwargs_tools for s in trace.spans))
     out: list[EventRecord] = []
     seen: set[tuple[str, str]] = set()
     turn = 0
@@ -121,8 +139,47 @@ def events(trace: Trace, versions: ToolVersions | None = None) -> list[EventReco
             output = span.output if span.output is not None or not span.error else span.error_message
             result = (_json_text(output), span.error)
             where = f"trace {trace.trace_id} span {span.span_id}"
-            out.append(versions.stamp(call(span.name, span.arguments, None, turn, result, where)))
+            arguments = unwrapped(span.name, span.arguments, keep)
+            out.append(versions.stamp(call(span.name, arguments, None, turn, result, where)))
     return out
+
+
+def unwrapped(tool: str, arguments: Any, keep: frozenset[str] = frozenset()) -> Any:
+    """A tool's arguments without its recorder's envelope. A tool declared `def tool(**kwargs)` and traced by
+    MLflow's `@mlflow.trace` or OpenInference's decorators is recorded with its inputs under one key, `{"kwargs":
+    {...}}`: the call's arguments are what is inside, unless the tool declares a parameter named `kwargs` itself
+    (`keep`: such tools, read from the trace's model spans). Anything else is returned as it is."""
+    value = arguments
+    if isinstance(value, str) and value.lstrip().startswith("{"):  # OpenInference's input.value: JSON text
+        try:
+            value = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return arguments
+    if isinstance(value, dict) and list(value) == [KWARGS] and isinstance(value[KWARGS], dict) and tool not in keep:
+        return value[KWARGS]
+    return arguments
+
+
+def kwargs_tools(tools: Any) -> frozenset[str]:
+    """The tools of a model call's declared `tools` with a parameter named `kwargs`: OpenAI function entries
+    (`{"type": "function", "function": {"name", "parameters"}}` or bare `{"name", "parameters"}`), or
+    OpenInference's `llm.tools` entries (`{"tool": {"json_schema": "<that JSON as text>"}}`)."""
+    found = set()
+    for entry in tools if isinstance(tools, list) else []:
+        if isinstance(entry, dict) and isinstance(entry.get("tool"), dict):
+            schema = entry["tool"].get("json_schema")
+            try:
+                entry = orjson.loads(schema) if isinstance(schema, str) else schema
+            except orjson.JSONDecodeError:
+                continue
+        fn = entry.get("function", entry) if isinstance(entry, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            continue
+        params = fn.get("parameters")
+        properties = params.get("properties") if isinstance(params, dict) else None
+        if isinstance(properties, dict) and KWARGS in properties:
+            found.add(fn["name"])
+    return frozenset(found)
 
 
 def _json_text(value: Any) -> Any:

@@ -19,6 +19,7 @@ from typing import Any, TypedDict
 
 from pipeline.core.errors import RunFolderError, RunIncomplete, RunNotFound, StorageError, UnknownLayout
 from pipeline.core.run_folder import Manifest, Plan, PlannedShard, ShardMarker
+from pipeline.core.text import some
 from pipeline.storage.run import (
     MANIFEST,
     PLAN,
@@ -289,8 +290,7 @@ def _matches(marker: ShardMarker, shard: PlannedShard, plan: Plan) -> bool:
 
 
 def _some(items: list[str]) -> str:
-    more = len(items) - _SHOWN
-    return ", ".join(items[:_SHOWN]) + (f" and {more} more" if more > 0 else "")
+    return some(items, _SHOWN)
 
 
 def _name(root: RunPrefix, r: RunState) -> str:

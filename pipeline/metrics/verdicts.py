@@ -32,7 +32,8 @@ from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, BootstrapSettings, Meth
 
 KINDS = ("valid_to_invalid", "invalid_to_valid", "check_changed", "cause_changed")
 EXAMPLES = 5  # rollouts listed per flip kind
-VIEW_URL = "http://127.0.0.1:8765"  # where `pexec view RUN` listens by default
+VIEW_PORT = 8765  # where `pexec view RUN` listens by default (`pexec guard serve` listens on another)
+VIEW_URL = f"http://127.0.0.1:{VIEW_PORT}"
 # --fail-on names of the paired diff: counts of flipped steps, the flip rate, and the paired changes B − A.
 PAIRED_METRICS = {
     "flips": "flipped steps (any kind)",

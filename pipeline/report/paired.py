@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Literal, TypedDict
 
 from pipeline.core.errors import ReportError
+from pipeline.core.text import some
 from pipeline.metrics.cohorts import cohort_columns, metric_defs
 from pipeline.metrics.duck import cost_columns, fetch, run_sql, set_variables
 from pipeline.metrics.run import Run
@@ -32,6 +33,14 @@ class PairedRow(TypedDict):
 
 class _Side(TypedDict):
     side: Literal["A", "B"]
+
+
+class _Value(TypedDict):
+    value: str
+    n: int
+
+
+SHOWN_VALUES = 10  # values of the compared column an error lists, the rest counted
 
 
 @dataclass(frozen=True)
@@ -93,7 +102,10 @@ def paired_comparison(
         sides = {r["side"] for r in fetch(con, "paired_sides", _Side)}
         for side, value in (("A", compare.a), ("B", compare.b)):
             if side not in sides:
-                raise ReportError(f"no rollouts with {compare.column}={value!r}")
+                run_sql(con, "report/paired_values")
+                present = [repr(r["value"]) for r in fetch(con, "paired_values", _Value)]
+                there = f"values present: {some(present, SHOWN_VALUES)}" if present else "no rollout has a value"
+                raise ReportError(f"no rollouts with {compare.column}={value!r} ({there})")
         if cost_columns(con):
             run_sql(con, "report/paired_costs")
         run_sql(con, "report/paired_bootstrap")

@@ -46,6 +46,7 @@ from pipeline.scoring.id_check import RayIdCheck, partition_count
 from pipeline.scoring.settings import DEFAULT_SCORING, DEFAULT_SHARD_BYTES, ScoreSettings
 from pipeline.scoring.shard import ScoredShard, TaskSettings, read_records, score_shard
 from pipeline.scoring.shuffle import map_shard, partition_shards, partitions_per_task, regroup_partition, staging
+from pipeline.scoring.sniff import refuse_other_formats
 from pipeline.storage.fs import absolute, remove_all
 from pipeline.storage.ids import Duplicates, digest, duplicate_ids, ids_table, shard_ids
 from pipeline.storage.inputs import list_inputs, plan_shards
@@ -84,7 +85,8 @@ def plan(
     storage_options: dict[str, Any] | None = None,
     source: RawSource | None = None,
 ) -> ShardPlan:
-    """The shards of a canonical store, or of raw logs (`source`, its format's own plan)."""
+    """The shards of a canonical store, or of raw logs (`source`, its format's own plan). A store whose first
+    records are another format's logs is refused here, before anything is scored."""
     if source is not None and source.fmt != "canonical":
         try:
             shards = plan_raw(source, shard_bytes)
@@ -94,6 +96,7 @@ def plan(
         return ShardPlan(len(sizes), shards, [], sum(sizes.values()))
     files, ignored = list_inputs(store, storage_options)
     shards = plan_shards(files, shard_bytes, storage_options)
+    refuse_other_formats(shards, storage_options)
     return ShardPlan(len(files), shards, ignored, sum(f.size for f in files))
 
 

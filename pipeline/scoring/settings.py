@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pipeline.core.errors import SettingError
+from pipeline.core.errors import EmptyRun, SettingError
+from pipeline.core.run_folder import Manifest
 from pipeline.core.settings import (
     check_flag,
     check_name,
@@ -55,7 +56,8 @@ class ScoreSettings:
     seconds without a heartbeat after which another writer's lease on the run is taken over; checks: which of
     S's schema fit, D and P apply; format, options, labels: how the input is read (a log format read where it lies,
     its `--option` settings, labels added to every rollout; `canonical` with neither: a store read as is);
-    storage_options: the fsspec options of the input and the run (they may hold credentials: never shown).
+    storage_options: the fsspec options of the input and the run (they may hold credentials: never shown);
+    allow_empty: a run that holds no rollout (every record rejected) is a result, not a failure (`refuse_empty`).
     """
 
     env: str | None = None
@@ -73,6 +75,7 @@ class ScoreSettings:
     options: Mapping[str, str] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)
     storage_options: dict[str, Any] | None = field(default=None, repr=False)
+    allow_empty: bool = False
 
     def __post_init__(self) -> None:
         check_name("env", self.env)
@@ -87,6 +90,7 @@ class ScoreSettings:
         if self.num_cpus is not None:
             check_whole("num_cpus", self.num_cpus, 1, MAX_NUM_CPUS)
         check_flag("force", self.force)
+        check_flag("allow_empty", self.allow_empty)
         check_number("lease_stale_after", self.lease_stale_after, *LEASE_STALE_AFTER)
         check_names("checks", self.checks)
         try:  # the canonical order: the same checks are the same settings, however they were listed
@@ -122,6 +126,12 @@ class ScoreSettings:
             labels=dict(self.labels), extra=dict(self.options), storage_options=self.storage_options
         )
         return raw_source(self.format, sources, options)
+
+    def refuse_empty(self, manifest: Manifest, run: str, opt_in: str = "--allow-empty") -> None:
+        """EmptyRun when the scored run holds no rollout and these settings do not allow it."""
+        c = manifest.counts
+        if c.scored == 0 and not self.allow_empty:
+            raise EmptyRun(run, c.read, c.rejected, opt_in)
 
 
 DEFAULT_SCORING = ScoreSettings()

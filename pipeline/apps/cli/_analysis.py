@@ -12,6 +12,7 @@ from rich.table import Table
 
 from pipeline.apps.cli._options import (
     LOCAL_METHODS,
+    AllowEmpty,
     AllowHost,
     Bootstrap,
     By,
@@ -34,24 +35,26 @@ from pipeline.apps.cli._options import (
     storage,
 )
 from pipeline.apps.cli._render import (
+    chosen_columns,
     console,
     json_lines,
     metrics_notes,
-    metrics_table,
     out,
     partial_notice,
     print_diff,
+    print_metrics,
     print_query_result,
     print_table,
     warning_notice,
 )
-from pipeline.core.errors import PexecError
+from pipeline.core.errors import EmptyRun, PexecError
 from pipeline.core.text import literal
 from pipeline.metrics.completeness import Coverage
 from pipeline.metrics.query import MAX_ROWS_LIMIT, QueryLimits, read_statements, stream_sql
 from pipeline.metrics.run import Run
 from pipeline.metrics.settings import DEFAULT_POPULATION, MAX_K, METHODS, MetricsSettings
 from pipeline.metrics.tool_profiles import TOOL_FIELDS, tool_cohort_columns
+from pipeline.metrics.verdicts import VIEW_PORT
 
 
 def metrics(
@@ -61,6 +64,16 @@ def metrics(
         typer.Option("--max-k", min=0, max=MAX_K, help="Largest k for PEC(k) (default: max T, at most 20)."),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per cohort.")] = False,
+    columns: Annotated[
+        str | None,
+        typer.Option(
+            "--columns",
+            help="Columns of the table, comma-separated (benchmark, condition, n, tasks, no_verdict, "
+            "harness_errors, success, ter, auc_pec, rr, output_match, write_auc, irreversible_invalid, "
+            "weighted_auc_pec, pec@1, pec@3), or `all` (default: benchmark, condition, n, pec@1, pec@3, ter, auc_pec, "
+            "rr). A table wider than the output is shown one cohort per block.",
+        ),
+    ] = None,
     address: Annotated[
         str | None,
         typer.Option(
@@ -79,9 +92,11 @@ def metrics(
     strict_replay: StrictReplay = False,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
+    allow_empty: AllowEmpty = False,
 ) -> None:
     """Success, TER, AUC-PEC, RR, output match and PEC(k) per cohort with 95% intervals (task bootstrap, or
-    Wilson on the effective sample size for small samples)."""
+    Wilson on the effective sample size for small samples). A run that holds no rollout is an error (exit 2)
+    unless --allow-empty."""
     asked = metrics_settings(
         by, bootstrap, seed, method, harness_errors, pool, strict_replay, max_k=max_k, methods=METHODS
     )
@@ -92,7 +107,11 @@ def metrics(
             raise PexecError("--address computes the rollout metrics; per-tool profiles (--by tool) run here")
         _tool_metrics(opened, tool_by, asked, as_json)
         return
+    chosen_columns(columns)  # an unknown column fails before the metrics are computed
     cohorts = opened.cohorts(asked.by, asked.bootstrap, asked.max_k, asked.population, address)
+    if not cohorts and not allow_empty:
+        rejected = opened.rejects().num_rows
+        raise EmptyRun(run, rejected, rejected)
     folder = opened.write_metrics(cohorts, asked.by)
     if as_json:
         json_lines(cohorts)
@@ -101,7 +120,7 @@ def metrics(
         partial_notice(Coverage.from_json(cohorts[0]["partial"]), out)
     for note in opened.written_by(asked.population):
         warning_notice(note, out)
-    print_table(metrics_table(cohorts))
+    print_metrics(cohorts, columns)
     if cohorts:
         b = cohorts[0]["bootstrap"]
         out.print(
@@ -283,6 +302,14 @@ def sql(
         str, typer.Argument(help="A read-only query over the views steps, rollouts, rejects, metrics, pec, ….")
     ],
     fmt: Annotated[str, typer.Option("--format", help="table, csv or json")] = "table",
+    vertical: Annotated[
+        bool,
+        typer.Option(
+            "--vertical",
+            help="A table one record per block (each column's name and value on a line); a table wider than the "
+            "output is shown so anyway, said on stderr.",
+        ),
+    ] = False,
     memory_limit: Annotated[
         str, typer.Option("--memory-limit", help="DuckDB memory limit (e.g. 512MB, 4GB); beyond it, it spills.")
     ] = QueryLimits.memory_limit,
@@ -309,7 +336,7 @@ def sql(
     with stream_sql(reading.open(run).snapshot, query, limits) as result:
         if result.partial:  # on stderr: the result itself stays what the query asked for
             partial_notice(result.partial, console)
-        print_query_result(result, fmt)
+        print_query_result(result, fmt, vertical)
     if result.cut:  # the rows written are not the whole result: said, and not exit 0
         sys.stdout.flush()
         console.print(f"pexec sql: {result.cut}", soft_wrap=True, markup=False, highlight=False)
@@ -318,7 +345,7 @@ def sql(
 
 def view(
     run: Annotated[str, typer.Argument(help="A scored run folder or URL.")],
-    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = 8765,
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")] = VIEW_PORT,
     host: Annotated[
         str,
         typer.Option("--host", help="Address to listen on (default: this machine only; beyond it, a token)."),
@@ -351,18 +378,19 @@ def view(
     storage_option: StorageOption = None,
 ) -> None:
     """Browse a run: cohorts and their metrics -> the rollouts behind a number -> one rollout's steps."""
-    from pipeline.apps.view import RunView, check_address, check_token, serve
-    from pipeline.apps.web import read_token
+    from pipeline.apps.view import RunView, check_token, serve
+    from pipeline.apps.web import listen, read_token
 
     token = read_token(token, token_file)
     check_token(host, token)
-    check_address(host, port)
     asked = MetricsSettings.from_values(bootstrap=bootstrap, seed=seed, method=method, methods=LOCAL_METHODS)
-    opened = Reading(storage(endpoint_url, storage_option), partial).open(run)
-    run_view = RunView(opened, asked.bootstrap, tuple(inputs or ()))
-    console.print(f"pexec view: http://{host}:{port}/ (Ctrl-C to stop)")
-    try:
-        limits = server_limits(header_timeout, max_concurrency)
-        serve(run_view, host, port, token, limits, tuple(allow_host or ()))
-    finally:
-        run_view.close()
+    with listen(host, port) as sock:  # bound before the run is read and before the banner says so
+        port = sock.getsockname()[1]
+        opened = Reading(storage(endpoint_url, storage_option), partial).open(run)
+        run_view = RunView(opened, asked.bootstrap, tuple(inputs or ()))
+        console.print(f"pexec view: http://{host}:{port}/ (Ctrl-C to stop)")
+        try:
+            limits = server_limits(header_timeout, max_concurrency)
+            serve(run_view, host, port, token, limits, tuple(allow_host or ()), sock)
+        finally:
+            run_view.close()

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from pipeline.apps.cli._options import (
+    GUARD_PORT,
     AllowHost,
     HeaderTimeout,
     MaxConcurrency,
@@ -31,7 +32,9 @@ def serve(
     spec_dir: SpecDir = None,
     policy: Policy = "code",
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on.")] = 8765,
+    port: Annotated[
+        int, typer.Option("--port", min=0, max=65535, help="Port to listen on (0: one the system picks).")
+    ] = GUARD_PORT,
     token: Annotated[
         str | None,
         typer.Option(
@@ -69,7 +72,7 @@ def serve(
     from pipeline.apps.guard.http import require_token
     from pipeline.apps.guard.http import serve as serve_http
     from pipeline.apps.guard.service import Guard, Limits
-    from pipeline.apps.web import read_token
+    from pipeline.apps.web import listen, read_token
 
     options = environment_options(spec, spec_dir or (), policy)
     token = read_token(token, token_file)
@@ -83,8 +86,11 @@ def serve(
         max_memory_bytes=memory_mb * mib,
     )
     guard = Guard(env, options, limits)
-    console.print(f"guard: {env} ({guard.version}) on http://{host}:{port}")
-    serve_http(guard, host, port, token, server_limits(header_timeout, max_concurrency), tuple(allow_host or ()))
+    with listen(host, port) as sock:  # bound before the banner says so
+        port = sock.getsockname()[1]
+        console.print(f"guard: {env} ({guard.version}) on http://{host}:{port}")
+        limited = server_limits(header_timeout, max_concurrency)
+        serve_http(guard, host, port, token, limited, tuple(allow_host or ()), sock)
 
 
 @guard_app.command("mcp")

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from pipeline.apps.cli._analysis import alert
 from pipeline.apps.cli._options import DashboardAddress, Force, JobFile, OnDate, RayAddress, Reading, Submission
-from pipeline.apps.cli._render import console, metrics_notes, metrics_table, out, print_diff, print_table
+from pipeline.apps.cli._render import console, metrics_notes, out, print_diff, print_metrics
 from pipeline.apps.cli._scoring import ScoreProgress, summary, unwind_on_sigterm
 from pipeline.core.text import literal
 
@@ -48,7 +48,7 @@ def run(
     with ScoreProgress() as progress:
         manifest, cohorts = run_job(job, address, force, progress.on_plan, progress.on_shard)
     summary(manifest, job.output)
-    print_table(metrics_table(cohorts))
+    print_metrics(cohorts)
     for note in metrics_notes(cohorts):
         out.print(note)
     if job.report is not None:

@@ -19,10 +19,14 @@ from typing import Annotated, Any, get_args
 import orjson
 import typer
 
+from pipeline.apps.cli._render import console
 from pipeline.core.errors import PexecError
 from pipeline.metrics.run import Run, open_run
 from pipeline.metrics.settings import MAX_B, MetricsSettings
 from pipeline.storage.stores import WriteMode
+
+# Where `pexec guard serve` listens by default: not where `pexec view` does (VIEW_PORT), so both can run at once.
+GUARD_PORT = 8766
 
 # Help panels: the options every reader of a run shares stand apart from the command's own.
 COHORTS = "Cohorts and population"
@@ -52,7 +56,28 @@ Partial = Annotated[
     ),
 ]
 OutStore = Annotated[str, typer.Option("--out", help="Store to write (folder or fsspec URL).")]
-StoreFormat = Annotated[str, typer.Option("--format", help="jsonl or parquet")]
+StoreFormat = Annotated[str, typer.Option("--output-format", help="File type of the store written: jsonl or parquet.")]
+# `--format` is the input log format wherever it is taken (score, guard replay); synth and ingest took it for the
+# file type they write: that spelling still works for one release, with a note.
+OldStoreFormat = Annotated[
+    str | None, typer.Option("--format", hidden=True, help="The old spelling of --output-format.")
+]
+
+
+def store_format(output_format: str, old: str | None, command: str) -> str:
+    """The file type a store is written as: `--output-format`, or the old `--format` with a note on stderr."""
+    if old is None:
+        return output_format
+    if output_format != "jsonl":
+        raise PexecError("--format is the old spelling of --output-format: give --output-format alone")
+    console.print(
+        f"note: `pexec {command} --format` is now --output-format (--format is the input log format elsewhere); "
+        "the old spelling goes in the next release",
+        soft_wrap=True,
+    )
+    return old
+
+
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace the files already in the output store.")]
 Append = Annotated[
     bool, typer.Option("--append", help="Add new files beside those already in the output store (same format).")
@@ -68,6 +93,13 @@ DashboardAddress = Annotated[
     typer.Option(
         "--address",
         help="Ray Jobs API (dashboard) URL, e.g. http://HEAD:8265 (default: $RAY_API_SERVER_ADDRESS, $RAY_ADDRESS).",
+    ),
+]
+AllowEmpty = Annotated[
+    bool,
+    typer.Option(
+        "--allow-empty",
+        help="A run that holds no rollout (every record rejected) is a result, not a failure (exit 0).",
     ),
 ]
 Force = Annotated[bool, typer.Option("--force", help="Rescore every shard, even unchanged ones.")]

@@ -1,5 +1,10 @@
-"""What the commands print: the two consoles, data shown literally, tables at their natural width, the metrics
-table and its notes, the drift printout and query results as a table, CSV or JSON Lines.
+"""What the commands print: the two consoles, data shown literally, tables that fit the width they are given, the
+metrics table and its notes, the drift printout and query results as a table, CSV or JSON Lines.
+
+Human output fits its width (`output_width`: COLUMNS when set, else the terminal's, else PIPED_WIDTH on a pipe or
+file): a table wider than that is printed one record per block (each column's name and value on a line of its
+own), never wrapped mid-row or with a cell cut to "0.7…", which would read as another number. Machine formats
+(`--json`, `--csv`, `sql --format csv|json`) are not laid out at all.
 
 Data is never markup: labels, values, paths and messages are printed as they are (no [style] tags, no :emoji:
 codes), with control characters shown as escapes by `literal`. Our own styles are Text objects.
@@ -8,8 +13,10 @@ codes), with control characters shown as escapes by `literal`. Our own styles ar
 from __future__ import annotations
 
 import csv
+import os
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal, TextIO, cast
 
 import orjson
@@ -19,6 +26,7 @@ from rich.text import Text
 
 from pipeline.core import intervals, metric_catalogue
 from pipeline.core.arrow import pa
+from pipeline.core.errors import PexecError
 from pipeline.core.text import literal
 from pipeline.metrics.cohorts import cohort_fields
 from pipeline.metrics.completeness import Coverage
@@ -61,10 +69,28 @@ def json_lines(rows: Sequence[Mapping[str, Any]]) -> None:
         sys.stdout.write(orjson.dumps(row).decode() + "\n")
 
 
-def print_table(table: Table) -> None:
-    """Print a table at its natural width: a narrow terminal wraps the lines, but no cell is folded or cut to
-    "0.7…", which would read as another number."""
-    wide = Console(
+PIPED_WIDTH = 120  # the width human output fits on a pipe or in a file when COLUMNS is not set
+
+
+def output_width() -> int:
+    """The width human output on stdout fits: COLUMNS when set, else the terminal's, else PIPED_WIDTH."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    return out.size.width if out.is_terminal else PIPED_WIDTH
+
+
+def fit_output() -> int:
+    """Set the width prose on stdout wraps at to `output_width()` (read per command: COLUMNS may change between
+    invocations in one process) and return it."""
+    width = output_width()
+    out.width = width
+    return width
+
+
+def _wide() -> Console:
+    """A console on stdout that never wraps: what it prints was measured to fit first."""
+    return Console(
         file=out.file,
         width=100_000,
         # The property names one of the systems the constructor takes (rich types it as any str).
@@ -74,33 +100,140 @@ def print_table(table: Table) -> None:
         emoji=False,
         highlight=False,
     )
-    wide.print(table)
 
 
-def metrics_table(cohorts: Sequence[Cohort]) -> Table:
-    # The cohort's key columns: everything of a cohort dict that is not a count, a metric or a setting.
-    labels = [k for k in (cohorts[0] if cohorts else ()) if k != "benchmark" and k not in cohort_fields()]
-    # The catalogue's table metrics, with the curves last (PEC@1 and PEC@3) to fit a terminal.
-    ratios = [m for m in metric_catalogue.ratios() if m.in_tables]
-    curves = [m for m in metric_catalogue.METRICS if m.kind == "curve" and m.in_tables]
-    headers = [f"{m.label} (n)" if m.eligible else m.label for m in ratios]
-    headers += [f"{m.label}@{k}" for m in curves for k in (1, 3)]
-    rows = []
-    for c in cohorts:
-        condition = " · ".join(literal(v) for v in key_values(c, labels)) or "all"
-        cells = [literal(c["benchmark"]), condition, str(c["n"]), str(c["n_tasks"])]
-        cells += [str(c["n_unknown_success"]), str(c["n_harness_error"])]
-        cells += [_ci(ratio(c, m.name)) + (f"\n({ratio(c, m.name)['eligible']})" if m.eligible else "") for m in ratios]
-        for _ in curves:  # PEC, the catalogue's one curve
-            curve = {p["k"]: p for p in c["pec"]}
-            cells += [_ci(curve[k]) if k in curve else "–" for k in (1, 3)]
-        rows.append(cells)
+def table_width(table: Table) -> int:
+    """The columns `table` takes at its natural width (no cell wrapped)."""
+    return _wide().measure(table).maximum
+
+
+def fits(table: Table, width: int | None = None) -> bool:
+    return table_width(table) <= (width or output_width())
+
+
+def print_table(table: Table, width: int | None = None) -> None:
+    """Print a table at its natural width when it fits `width` (default: `output_width()`), else one record per
+    block: no cell is folded or cut to "0.7…", which would read as another number."""
+    width = width or fit_output()
+    if fits(table, width):
+        _wide().print(table)
+    else:
+        print_records(table)
+
+
+def print_records(table: Table) -> None:
+    """A table one row per block: a rule naming the row (`-[ RECORD 3 ]-`), then each column's name and its value
+    (a cell's lines joined by spaces), as psql's expanded display does."""
+    names = [literal(str(c.header)) for c in table.columns]
+    cells = [[str(cell) for cell in column.cells] for column in table.columns]
+    pad = max((len(n) for n in names), default=0)
+    if table.title:
+        out.print(Text(str(table.title), "italic"), soft_wrap=True)
+    for i in range(table.row_count):
+        out.print(f"-[ RECORD {i + 1} ]" + "-" * max(0, min(pad, 40) - 8), soft_wrap=True)
+        for name, column in zip(names, cells, strict=True):
+            value = " ".join(line.strip() for line in column[i].splitlines())
+            out.print(f"{name.ljust(pad)} | {value}", soft_wrap=True)
+
+
+@dataclass(frozen=True)
+class MetricsColumn:
+    """A column of the metrics table: the name `--columns` takes, its header, and its cell of a cohort."""
+
+    key: str
+    header: str
+    cell: Any  # Callable[[Cohort], str]
+
+
+def metrics_columns() -> list[MetricsColumn]:
+    """Every column of the metrics table, in the order the full table shows them: the counts, then the
+    catalogue's table metrics, the curves last (PEC@1 and PEC@3)."""
+    columns = [
+        MetricsColumn("benchmark", "benchmark", lambda c: literal(c["benchmark"])),
+        MetricsColumn("condition", "condition", _condition),
+        MetricsColumn("n", "N", lambda c: str(c["n"])),
+        MetricsColumn("tasks", "tasks", lambda c: str(c["n_tasks"])),
+        MetricsColumn("no_verdict", "no verdict", lambda c: str(c["n_unknown_success"])),
+        MetricsColumn("harness_errors", "harness errors", lambda c: str(c["n_harness_error"])),
+    ]
+    for m in metric_catalogue.ratios():
+        if m.in_tables:
+            header = f"{m.label} (n)" if m.eligible else m.label
+            columns.append(MetricsColumn(m.name, header, lambda c, m=m: _ratio_cell(c, m)))
+    for m in metric_catalogue.METRICS:
+        if m.kind == "curve" and m.in_tables:  # PEC, the catalogue's one curve
+            for k in (1, 3):
+                columns.append(MetricsColumn(f"{m.name}@{k}", f"{m.label}@{k}", lambda c, k=k: _curve_cell(c, k)))
+    return columns
+
+
+# What `pexec metrics` shows unless --columns says otherwise: the cohort, its size, and the headline metrics, in
+# the order a reader follows them (how deep the prefix stays executable, then all of it, then recovery).
+DEFAULT_COLUMNS = ("benchmark", "condition", "n", "pec@1", "pec@3", "ter", "auc_pec", "rr")
+
+
+def chosen_columns(asked: str | None) -> list[MetricsColumn]:
+    """The columns `--columns` names (comma-separated keys, or `all`); None: DEFAULT_COLUMNS. An unknown key is
+    an error listing the keys."""
+    every = metrics_columns()
+    if asked is None:
+        return [c for key in DEFAULT_COLUMNS for c in every if c.key == key]
+    if asked.strip() == "all":
+        return every
+    by_key = {c.key: c for c in every}
+    keys = [k.strip() for k in asked.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in by_key]
+    if unknown or not keys:
+        raise PexecError(
+            f"--columns takes `all` or keys separated by commas, got {asked!r} (keys: {', '.join(by_key)})"
+        )
+    return [by_key[k] for k in keys]
+
+
+def metrics_table(cohorts: Sequence[Cohort], columns: Sequence[MetricsColumn] | None = None) -> Table:
+    """The cohorts' metrics, one row each, in `columns` (default: every column)."""
+    columns = list(columns) if columns is not None else metrics_columns()
     table = Table(title="Prefix executability: value and 95% interval")
-    for i, name in enumerate(["benchmark", "condition", "N", "tasks", "no verdict", "harness errors", *headers]):
-        table.add_column(name, justify="left" if i < 2 else "right")
-    for cells in rows:
-        table.add_row(*cells)
+    for col in columns:
+        table.add_column(col.header, justify="left" if col.key in ("benchmark", "condition") else "right")
+    for c in cohorts:
+        table.add_row(*(col.cell(c) for col in columns))
     return table
+
+
+def print_metrics(cohorts: Sequence[Cohort], asked: str | None = None, width: int | None = None) -> None:
+    """The metrics table in the columns asked (`--columns`; default DEFAULT_COLUMNS) when it fits `width`, else
+    one cohort per block, one metric per line (value and interval on one line)."""
+    columns = chosen_columns(asked)
+    table = metrics_table(cohorts, columns)
+    width = width or fit_output()
+    if fits(table, width):
+        _wide().print(table)
+        return
+    out.print(Text(str(table.title), "italic"), soft_wrap=True)
+    for c in cohorts:
+        out.print(f"-[ {literal(c['benchmark'])} · {_condition(c)} ]-", soft_wrap=True)
+        shown = [col for col in columns if col.key not in ("benchmark", "condition")]
+        pad = max((len(col.header) for col in shown), default=0)
+        for col in shown:
+            lines = col.cell(c).splitlines() or [""]
+            value = lines[0] + (f" [{lines[1]}]" if len(lines) > 1 else "") + "".join(f" {x}" for x in lines[2:])
+            out.print(f"{col.header.ljust(pad)} | {value}", soft_wrap=True)
+
+
+def _condition(c: Cohort) -> str:
+    # The cohort's key columns: everything of a cohort dict that is not a count, a metric or a setting.
+    labels = [k for k in c if k != "benchmark" and k not in cohort_fields()]
+    return " · ".join(literal(v) for v in key_values(c, labels)) or "all"
+
+
+def _ratio_cell(c: Cohort, m: Any) -> str:
+    return _ci(ratio(c, m.name)) + (f"\n({ratio(c, m.name)['eligible']})" if m.eligible else "")
+
+
+def _curve_cell(c: Cohort, k: int) -> str:
+    curve = {p["k"]: p for p in c["pec"]}
+    return _ci(curve[k]) if k in curve else "–"
 
 
 def metrics_notes(cohorts: Sequence[Cohort]) -> list[str]:
@@ -125,32 +258,24 @@ def _ci(m: Interval) -> str:
 
 def print_diff(result: Any) -> None:
     """A `diff_runs` result: the settings, drift per cohort and per tool, and what only one run has."""
+    fit_output()
     s = result.settings
     out.print(
         f"Differences B − A (B = the second run). 95% intervals: two-sample task-level bootstrap ({s.method}, "
         f"B={s.B}): each run's tasks resampled on their own, seed {s.seed} for A and {result.seed_b} for B.",
-        soft_wrap=True,
     )
     if result.shared_tasks:
         out.print(
             f"The runs share {result.shared_tasks} task(s): this unpaired interval ignores the pairing; for a paired "
             "comparison put both in one run and use `pexec report --compare`.",
-            soft_wrap=True,
         )
     if not result.rows:
         out.print("No cohort is in both runs: nothing to compare (the cohorts of each are listed below).")
     else:
-        table = Table(title="Drift per cohort: B − A")
-        for name in [*result.keys, "metric", "A", "B", "B − A", "95% interval", "tasks A", "tasks B"]:
-            table.add_column(name, justify="left" if name in result.keys or name == "metric" else "right")
-        for r in result.rows:
-            cells = [str(r[k]) for k in result.keys] + [r["metric"], _fmt(r["a"]), _fmt(r["b"])]
-            cells += [_fmt(r["diff"], "+"), f"{_fmt(r['lo'], '+')} – {_fmt(r['hi'], '+')}", str(r["tasks_a"])]
-            table.add_row(*cells, str(r["tasks_b"]))
-        print_table(table)
+        _print_drift(result)
     for name, only in (("A", result.only_a), ("B", result.only_b)):
         for k in only:
-            out.print(f"cohort only in {name}: " + ", ".join(f"{c}={v}" for c, v in k.items()), soft_wrap=True)
+            out.print(f"cohort only in {name}: " + ", ".join(f"{c}={v}" for c, v in k.items()))
     if result.tools:
         keys = [k for k in result.tools[0] if k not in ("a", "b", "diff", "lo", "hi", "replicates_used", "calls_a",
                                                         "calls_b")]  # fmt: skip
@@ -163,10 +288,42 @@ def print_diff(result: Any) -> None:
         print_table(table)
     for label, rows in (("new tool", result.new_tools), ("vanished tool", result.vanished_tools)):
         for r in rows:
-            out.print(f"{label}: " + ", ".join(f"{k}={v}" for k, v in r.items()), soft_wrap=True)
+            out.print(f"{label}: " + ", ".join(f"{k}={v}" for k, v in r.items()))
     for r in result.new_causes:
         where = ", ".join(f"{k}={v}" for k, v in r.items() if k not in ("cause", "n"))
-        out.print(f"new cause: {r['cause']} ({r['n']} call(s); {where})", soft_wrap=True)
+        out.print(f"new cause: {r['cause']} ({r['n']} call(s); {where})")
+
+
+def _drift_table(title: str, keys: Sequence[str], rows: Sequence[Mapping[str, Any]], tasks: bool = True) -> Table:
+    table = Table(title=title)
+    for name in [*keys, "metric", "A", "B", "B − A", "95% interval", *(("tasks A", "tasks B") if tasks else ())]:
+        table.add_column(name, justify="left" if name in keys or name == "metric" else "right")
+    for r in rows:
+        cells = [literal(r[k]) for k in keys] + [r["metric"], _fmt(r["a"]), _fmt(r["b"])]
+        cells += [_fmt(r["diff"], "+"), f"{_fmt(r['lo'], '+')} – {_fmt(r['hi'], '+')}"]
+        table.add_row(*cells, *((str(r["tasks_a"]), str(r["tasks_b"])) if tasks else ()))
+    return table
+
+
+def _print_drift(result: Any) -> None:
+    """The drift rows as one table when it fits the output; else one table per cohort (its keys in the title),
+    each one record per block when even that does not fit."""
+    width = output_width()
+    whole = _drift_table("Drift per cohort: B − A", result.keys, result.rows)
+    if fits(whole, width):
+        _wide().print(whole)
+        return
+    cohorts: dict[tuple[str, ...], list[Mapping[str, Any]]] = {}
+    for r in result.rows:
+        cohorts.setdefault(tuple(literal(r[k]) for k in result.keys), []).append(r)
+    for key, rows in cohorts.items():
+        title = f"Drift of {' · '.join(key)}: B − A"
+        counts = {(r["tasks_a"], r["tasks_b"]) for r in rows}
+        if len(counts) == 1:  # the same tasks behind every metric of the cohort: said once, in the title
+            ((a, b),) = counts
+            print_table(_drift_table(f"{title} (tasks: A {a}, B {b})", [], rows, tasks=False), width)
+        else:
+            print_table(_drift_table(title, [], rows), width)
 
 
 def _fmt(x: float | None, sign: str = "") -> str:
@@ -176,12 +333,14 @@ def _fmt(x: float | None, sign: str = "") -> str:
 TABLE_ROWS = 1_000  # rows `sql --format table` lays out (the whole table is measured before it prints)
 
 
-def print_query_result(result: QueryResult, fmt: str) -> None:
+def print_query_result(result: QueryResult, fmt: str, vertical: bool = False) -> None:
     """A query's rows on stdout as they stream: CSV (with a header row) or JSON Lines (one object per row),
-    written batch by batch; or a table, of at most TABLE_ROWS rows (laid out whole). Past the time limit the
-    writing stops with the query's own error."""
+    written batch by batch; or a table, of at most TABLE_ROWS rows (laid out whole), one record per block when
+    `vertical` or when it is wider than the output (said on stderr). Past the time limit the writing stops with
+    the query's own error."""
     if fmt == "table":
-        _print_table(result)
+        fit_output()
+        _print_table(result, vertical)
         return
     writer = csv.writer(sys.stdout, lineterminator="\n")
     if fmt == "csv":
@@ -195,7 +354,7 @@ def print_query_result(result: QueryResult, fmt: str) -> None:
         result.check_time()
 
 
-def _print_table(result: QueryResult) -> None:
+def _print_table(result: QueryResult, vertical: bool) -> None:
     table = Table()
     for name in result.schema.names:
         table.add_column(literal(name))
@@ -212,7 +371,16 @@ def _print_table(result: QueryResult) -> None:
             break
     result.rows = shown
     result.check_time()
-    out.print(table)
+    if vertical:
+        print_records(table)
+    elif fits(table):
+        _wide().print(table)
+    else:
+        console.print(
+            f"pexec sql: the result is {table_width(table)} columns wide, over the {output_width()} of the output: "
+            "one record per block (--format csv or json for all columns on a line)",
+        )
+        print_records(table)
 
 
 def _json(value: Any) -> str:

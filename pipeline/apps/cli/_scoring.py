@@ -10,7 +10,17 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.text import Text
 
-from pipeline.apps.cli._options import EndpointUrl, Force, Policy, RayAddress, SpecDir, StorageOption, pairs, storage
+from pipeline.apps.cli._options import (
+    AllowEmpty,
+    EndpointUrl,
+    Force,
+    Policy,
+    RayAddress,
+    SpecDir,
+    StorageOption,
+    pairs,
+    storage,
+)
 from pipeline.apps.cli._render import console
 from pipeline.core.run_folder import Manifest, ShardMarker
 from pipeline.core.text import literal
@@ -71,6 +81,7 @@ def score(
     ] = "canonical",
     options: Annotated[list[str] | None, typer.Option("--option", help="k=v setting of the format's reader.")] = None,
     labels: Annotated[list[str] | None, typer.Option("--label", help="k=v added to every rollout's labels.")] = None,
+    allow_empty: AllowEmpty = False,
 ) -> None:
     """Replay every rollout and write per-step flags, per-rollout summaries, rejects and the manifest.
 
@@ -93,11 +104,13 @@ def score(
         options=pairs(options, "--option"),
         labels=pairs(labels, "--label"),
         storage_options=storage(endpoint_url, storage_options),
+        allow_empty=allow_empty,
     )
     unwind_on_sigterm()
     with ScoreProgress() as progress:
         manifest = run_scoring(store, output, settings, on_plan=progress.on_plan, on_shard=progress.on_shard)
     summary(manifest, output)
+    settings.refuse_empty(manifest, output)
 
 
 def unwind_on_sigterm() -> None:
@@ -169,7 +182,7 @@ def summary(manifest: Manifest, run: str) -> None:
         f"read {c.read:,} · scored {c.scored:,} · rejected {c.rejected:,} · steps {c.steps:,} "
         f"· {c.shards_reused} of {c.shards} shard(s) reused · {manifest.seconds:.1f}s -> {literal(run)}"
     )
-    if c.rejected:
+    if c.rejected and c.scored:  # none scored: the error that follows says where to look
         query = "SELECT reason, source, location FROM rejects"
         hint = f"{c.rejected} record(s) rejected; to see them: pexec sql {literal(run)} '{query}'"
         console.print(Text(hint, "yellow"))

@@ -13,6 +13,7 @@ from rich.table import Table
 from pipeline.apps.cli._options import (
     Append,
     EndpointUrl,
+    OldStoreFormat,
     OutStore,
     Overwrite,
     RayAddress,
@@ -21,6 +22,7 @@ from pipeline.apps.cli._options import (
     StoreFormat,
     pairs,
     storage,
+    store_format,
     write_mode,
 )
 from pipeline.apps.cli._render import console, out
@@ -47,6 +49,7 @@ def synth(
     ] = 100,
     seed: Seed = 0,
     fmt: StoreFormat = "jsonl",
+    old_fmt: OldStoreFormat = None,
     compression: Annotated[str, typer.Option("--compression", help="none, gzip or zstd (JSON Lines)")] = "none",
     per_file: Annotated[int, typer.Option("--per-file", min=1, max=10_000_000, help="Rollouts per file.")] = 50_000,
     overwrite: Overwrite = False,
@@ -55,8 +58,9 @@ def synth(
     storage_option: StorageOption = None,
 ) -> None:
     """Generate a synthetic store with known per-step truth (injected failures, recoveries)."""
+    fmt = store_format(fmt, old_fmt, "synth")
     if fmt not in ("jsonl", "parquet") or compression not in ("none", "gzip", "zstd"):
-        raise PexecError("--format is jsonl or parquet; --compression is none, gzip or zstd")
+        raise PexecError("--output-format is jsonl or parquet; --compression is none, gzip or zstd")
     mode = write_mode(overwrite, append)
     records = synthesize(spec, rollouts, tasks, seed)
     options = storage(endpoint_url, storage_option)
@@ -94,6 +98,7 @@ def ingest(
         str | None, typer.Option("--until", help="mlflow, phoenix: traces started before this time.")
     ] = None,
     store_fmt: StoreFormat = "jsonl",
+    old_fmt: OldStoreFormat = None,
     overwrite: Overwrite = False,
     append: Append = False,
     endpoint_url: EndpointUrl = None,
@@ -121,6 +126,7 @@ def ingest(
             table.add_row(literal(o.key), literal(o.default or ""), literal(o.doc))
         out.print(table)
         return
+    store_fmt = store_format(store_fmt, old_fmt, "ingest")
     options = storage(endpoint_url, storage_option)  # for the sources and the output store
     extra = pairs(option, "--option")
     # A trace store's location and window are options of its format: written as flags here, as `--option`

@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.table import Table
 
-from pipeline.apps.cli._render import json_lines, out, print_table
+from pipeline.apps.cli._render import fit_output, json_lines, out, print_table
 from pipeline.core.intervals import MIN_TASKS
 from pipeline.metrics.run import Run
 from pipeline.metrics.settings import BootstrapSettings
@@ -36,6 +36,7 @@ def paired(
 
 
 def print_paired(result: PairedDiff, shared: tuple[int, int, int]) -> None:
+    fit_output()
     c, s = result.counts, result.settings
     n_a, n_b, n_shared = shared
     out.print(
@@ -45,7 +46,6 @@ def print_paired(result: PairedDiff, shared: tuple[int, int, int]) -> None:
         + f". Steps compared: {result.steps('same') + result.flips}"
         + (f"; {result.steps('unmatched')} step(s) in one run only" if "unmatched" in result.kinds else "")
         + ".",
-        soft_wrap=True,
     )
     table = Table(title="Verdict flips: A → B")
     for name in ("flip", "steps", "rollouts", "tasks"):
@@ -68,7 +68,6 @@ def print_paired(result: PairedDiff, shared: tuple[int, int, int]) -> None:
         f"{MIN_TASKS} tasks. "
         f"{c['fed_changed']} rollout(s) changed FED; {c['became_not_executable']} became not executable, "
         f"{c['became_executable']} became executable.",
-        soft_wrap=True,
     )
     for title, rows, keys in (
         ("Flips by tool", result.by_tool, ["kind", "tool"]),
@@ -80,13 +79,14 @@ def print_paired(result: PairedDiff, shared: tuple[int, int, int]) -> None:
     for e in result.examples:
         out.print(
             f"{_TITLES[e['kind']]}: {e['rollout_id']} (task {e['task_id']}, from step {e['first_step']}, "
-            f"{e['steps']} step(s)) A {e['link_a']} B {e['link_b']}",
-            soft_wrap=True,
+            f"{e['steps']} step(s))",
             markup=False,
             highlight=False,
         )
+        for side, link in (("A", e["link_a"]), ("B", e["link_b"])):  # a link on a line of its own, copied whole
+            out.print(f"  {side} {link}", soft_wrap=True, markup=False, highlight=False)
     if result.examples:
-        out.print("Links open in `pexec view RUN_A` / `pexec view RUN_B` at their default address.", soft_wrap=True)
+        out.print("Links open in `pexec view RUN_A` / `pexec view RUN_B` at their default address.")
 
 
 def _grouped(title: str, rows: Sequence[Mapping[str, Any]], keys: list[str]) -> Table:

@@ -16,6 +16,7 @@ from pipeline.apps.cli import _bench as bench
 from pipeline.apps.cli import _envs as envs
 from pipeline.apps.cli import _guard as guard
 from pipeline.apps.cli import _guard_replay as guard_replay
+from pipeline.apps.cli import _help
 from pipeline.apps.cli import _jobs as jobs
 from pipeline.apps.cli import _publish as publish
 from pipeline.apps.cli import _scoring as scoring
@@ -26,6 +27,7 @@ from pipeline.core.errors import PexecError, SettingError
 from pipeline.core.text import literal
 
 warnings.showwarning = show_warning
+_help.install()
 
 
 class _Commands(TyperGroup):

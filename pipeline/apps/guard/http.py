@@ -10,6 +10,7 @@ stalls the event loop (`/health` answers meanwhile) and each session's requests 
 from __future__ import annotations
 
 import contextlib
+import socket
 import time
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -26,7 +27,7 @@ from starlette.routing import Route
 
 from pipeline.apps.guard.service import Body, Guard, SessionCounts, StatelessVerdict, parse_call
 from pipeline.apps.guard.session import VerdictJSON
-from pipeline.apps.web import ServerLimits, WebGuard, allowed_hosts, run_server
+from pipeline.apps.web import ServerLimits, WebGuard, allowed_hosts, listen, run_server
 from pipeline.apps.web import require_token as _require_token
 from pipeline.apps.web.server import DEFAULT_LIMITS
 from pipeline.core.errors import (
@@ -236,7 +237,12 @@ def serve(
     token: str | None,
     limits: ServerLimits = DEFAULT_LIMITS,
     extra_hosts: tuple[str, ...] = (),
+    sock: socket.socket | None = None,
 ) -> None:
-    """Run the service until interrupted (uvicorn, hardened by pipeline.apps.web)."""
+    """Run the service until interrupted (uvicorn, hardened by pipeline.apps.web); `sock`: the socket already
+    listening on host:port (pipeline.apps.web.listen), else it is bound here."""
     require_token(host, token)
-    run_server(create_app(guard, token, allowed_hosts(host, port, extra_hosts), limits), host, port, limits)
+    sock = sock if sock is not None else listen(host, port)
+    port = sock.getsockname()[1]
+    app = create_app(guard, token, allowed_hosts(host, port, extra_hosts), limits)
+    run_server(app, host, port, limits, sock)

@@ -20,6 +20,7 @@ from pipeline.core.errors import GuardFull, InvalidRecord, SessionFull
 from pipeline.core.model import NOT_LOGGED, Call, Message, Rollout, RolloutResult, StepResult
 from pipeline.core.records import MAX_DEPTH, event_record, too_deep
 from pipeline.envs import Environment, EnvOptions, get_environment, new_environment
+from pipeline.envs.observed import NO_ERROR_NOTE
 from pipeline.replay.checker import Session, Verdict
 from pipeline.replay.dependencies import INDEX_ENTRY_BYTES
 
@@ -297,10 +298,15 @@ class GuardSession:
         check_event(call)
         self._indexing()
         try:
-            verdict = self._session.check(call)
+            verdict = GuardVerdict.of(self.depth + 1, self._session.check(call), self.env.simulated)
         finally:
             self._counted()
-        return GuardVerdict.of(self.depth + 1, verdict, self.env.simulated)
+        # Checked before it runs: there is no logged outcome for a rule's refusal to contradict.
+        return replace(
+            verdict,
+            detail=verdict.detail and verdict.detail.removesuffix(NO_ERROR_NOTE),
+            message=verdict.message and verdict.message.removesuffix(NO_ERROR_NOTE),
+        )
 
     def record(self, call: Call, output: Any = NOT_LOGGED, error: bool | None = None) -> StepResult:
         """Add `call` as the next step with its real outcome: the production tool's output (or, in a

@@ -3,7 +3,8 @@
 Per tool span a feedback `pexec.executable` (bool; rationale: the failed check, the cause and the environment's
 message; metadata: step, check, cause, run and rollout ids); per trace the feedbacks `pexec.fed`, `pexec.T` and
 `pexec.executable` (on no span). The source is CODE `pexec`: a rerun finds its own earlier assessments by (name,
-span) and updates, keeps or removes them, so publishing twice writes nothing twice.
+span) and keeps, replaces (a new one written, the old deleted) or removes them, so publishing twice writes nothing
+twice.
 """
 
 from __future__ import annotations
@@ -90,7 +91,11 @@ def _sync(writer: TracingClient, trace: Trace, wanted: dict[Where, Feedback], re
         elif _same(found[0], feedback):
             report.unchanged += 1
         else:
-            writer.update_assessment(trace_id, _id(found[0], trace_id), feedback)
+            # A new assessment, then the old one deleted: MLflow's server merges the metadata of an updated one,
+            # so keys this verdict no longer has (check, cause after invalid -> valid) would stay. Written first:
+            # an interruption between the two leaves a duplicate the next publish removes, never a gap.
+            writer.log_assessment(trace_id, feedback)
+            writer.delete_assessment(trace_id, _id(found[0], trace_id))
             report.updated += 1
     for stale in mine.values():
         for a in stale:

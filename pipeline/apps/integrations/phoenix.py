@@ -4,7 +4,8 @@ Per tool span a span annotation `pexec.executable` (label `executable` or `not e
 explanation: the failed check, the cause and the environment's message; metadata: step, check, cause, run and
 rollout ids); per trace the trace annotations `pexec.fed`, `pexec.T` (score and label the number) and
 `pexec.executable`. Every annotation is of kind CODE with the identifier `pexec`: Phoenix keeps one annotation
-per (name, span or trace, identifier) and a rerun updates it in place, so publishing twice writes nothing twice.
+per (name, span or trace, identifier) and a rerun updates it in place; only the new and the changed are written,
+so publishing an unchanged run again writes nothing (the annotations keep their updated_at).
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ def publish(
     c = client(endpoint, http)
     try:
         found = {t.trace_id: t for t in traces(c, project, None, None, len(verdicts), [v.trace_id for v in verdicts])}
+        if verdicts and not found:
+            raise PublishError(
+                f"phoenix: {endpoint}: project {project!r} holds none of the run's {len(verdicts)} trace(s) "
+                "(--project names the project the traces were ingested from)"
+            )
         report = PublishReport()
         spans: list[SpanAnnotationData] = []
         notes: list[TraceAnnotationData] = []
@@ -58,8 +64,11 @@ def publish(
                 for span_id, step in pairs
             ]
             notes += _trace_annotations(verdict)
-        _count(http, project, "span", [((a["name"], a["span_id"]), _held(a)) for a in spans], report)
-        _count(http, project, "trace", [((a["name"], a["trace_id"]), _held(a)) for a in notes], report)
+        # Only what is new or changed is written: an unchanged annotation keeps its updated_at.
+        changed = _count(http, project, "span", [((a["name"], a["span_id"]), _held(a)) for a in spans], report)
+        spans = [a for a in spans if (a["name"], a["span_id"]) in changed]
+        changed = _count(http, project, "trace", [((a["name"], a["trace_id"]), _held(a)) for a in notes], report)
+        notes = [a for a in notes if (a["name"], a["trace_id"]) in changed]
         for start in range(0, len(spans), BATCH):
             c.spans.log_span_annotations(span_annotations=spans[start : start + BATCH], sync=True)
         for start in range(0, len(notes), BATCH):
@@ -104,9 +113,10 @@ def _held(annotation: SpanAnnotationData | TraceAnnotationData) -> Held:
 
 def _count(
     http: httpx.Client, project: str, kind: Literal["span", "trace"], wanted: list[Wanted], report: PublishReport
-) -> None:
-    """Which of the `kind` (span or trace) annotations are new, changed or as they were: the ones pexec wrote
-    before are read back through the server's annotation listing (`/v1/projects/P/<kind>_annotations`)."""
+) -> set[tuple[str, str]]:
+    """Which of the `kind` (span or trace) annotations are new, changed or as they were, counted in `report`; the
+    ones pexec wrote before are read back through the server's annotation listing
+    (`/v1/projects/P/<kind>_annotations`). Returns the keys of those to write: the new and the changed."""
     ids = sorted({target for (_, target), _ in wanted})
     before: dict[tuple[str, str], object] = {}  # as the server lists them: (result, metadata)
     for start in range(0, len(ids), BATCH):
@@ -125,11 +135,15 @@ def _count(
             if not body.get("next_cursor"):
                 break
             params["cursor"] = body["next_cursor"]
+    changed = set()
     for key, held in wanted:
         was = before.get(key)
         if was is None:
             report.written += 1
         elif was == held:
             report.unchanged += 1
+            continue
         else:
             report.updated += 1
+        changed.add(key)
+    return changed

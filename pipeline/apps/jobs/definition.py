@@ -92,6 +92,13 @@ FIELDS = (
     ),
     JobField(
         "",
+        ("allow_empty",),
+        "a run that holds no rollout (every record rejected) is a result: its metrics are written and the job "
+        "exits 0, as `--allow-empty`",
+        "false: the job fails after scoring, before its metrics",
+    ),
+    JobField(
+        "",
         ("endpoint_url",),
         "S3-compatible endpoint; credentials come from the AWS environment, never from the job",
         "none",
@@ -305,7 +312,8 @@ def settings_of(where: str) -> Iterator[None]:
 
 # Top-level keys that are ScoreSettings fields of the same name, taken as they are; an empty `env`, `spec` or
 # `address` is one not given.
-_SCORING_KEYS = ("spec_dirs", "policy", "inline", "shard_mb", "num_cpus", "lease_stale_after", "checks", "format")
+_SCORING_KEYS = ("spec_dirs", "policy", "inline", "shard_mb", "num_cpus", "lease_stale_after", "checks", "format",
+                 "allow_empty")  # fmt: skip
 _UNSET_IF_EMPTY = ("env", "spec", "address")
 
 
@@ -448,6 +456,7 @@ def run_job(
         write_store(records, job.input, storage_options=job.storage_options)
     scoring = replace(job.scoring, address=address or job.scoring.address, force=force)
     manifest = run_scoring(job.input, job.output, scoring, on_plan=on_plan, on_shard=on_shard)
+    scoring.refuse_empty(manifest, job.output, "allow_empty = true in the job file")
     run = open_run(job.output, job.storage_options, job.partial)  # the metrics and report read the same shards
     m = job.metrics
     # The mergeable bootstrap runs in Ray tasks on the Ray that scored the run, no process reading every rollout.

@@ -7,8 +7,8 @@ sql/        the pages' queries
 Imports: core, storage, metrics, web.
 """
 
-from pipeline.apps.view._app import check_address, check_token, create_app, serve
+from pipeline.apps.view._app import check_token, create_app, serve
 from pipeline.apps.view._queries import Filters, RunView
 from pipeline.core.errors import ViewError
 
-__all__ = ["Filters", "RunView", "ViewError", "check_address", "check_token", "create_app", "serve"]
+__all__ = ["Filters", "RunView", "ViewError", "check_token", "create_app", "serve"]

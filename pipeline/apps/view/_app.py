@@ -17,11 +17,12 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from pipeline.apps.view._queries import PAGE, Filters, RunView
-from pipeline.apps.web import ServerLimits, WebGuard, allowed_hosts, require_token, run_server
+from pipeline.apps.web import ServerLimits, WebGuard, allowed_hosts, listen, require_token, run_server
 from pipeline.apps.web.server import DEFAULT_LIMITS
 from pipeline.core.errors import ViewError
 from pipeline.core.text import public_url
 from pipeline.metrics.results import Interval
+from pipeline.metrics.verdicts import VIEW_PORT
 
 _HERE = Path(__file__).parent
 _ENV = Environment(loader=FileSystemLoader(_HERE / "templates"), autoescape=select_autoescape(default=True))
@@ -108,14 +109,6 @@ def _after(request: Request) -> tuple[str, str, str] | None:
     return run, rollout_id, shard
 
 
-def check_address(host: str, port: int) -> None:
-    """Refuse an address that cannot be listened on up front, with the reason (not left to the server's log)."""
-    try:
-        socket.create_server((host, port)).close()
-    except OSError as exc:
-        raise ViewError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
-
-
 def check_token(host: str, token: str | None) -> None:
     """Refuse an address beyond loopback without a token: every trajectory and user message would be public."""
     require_token(host, token, "the viewer")
@@ -124,14 +117,17 @@ def check_token(host: str, token: str | None) -> None:
 def serve(
     view: RunView,
     host: str = "127.0.0.1",
-    port: int = 8765,
+    port: int = VIEW_PORT,
     token: str | None = None,
     limits: ServerLimits = DEFAULT_LIMITS,
     extra_hosts: tuple[str, ...] = (),
+    sock: socket.socket | None = None,
 ) -> None:
     """Serve until interrupted (Ctrl-C), behind the hardened server layer: Host and Origin checked, the token
-    (a bearer header, or the cookie a `?token=` link sets) when one is given."""
+    (a bearer header, or the cookie a `?token=` link sets) when one is given. `sock`: the socket already
+    listening on host:port (pipeline.apps.web.listen), else it is bound here."""
     check_token(host, token)
-    check_address(host, port)
+    sock = sock if sock is not None else listen(host, port)
+    port = sock.getsockname()[1]
     app = WebGuard(create_app(view), limits, allowed_hosts(host, port, extra_hosts), token, browser=True)
-    run_server(app, host, port, limits)
+    run_server(app, host, port, limits, sock)

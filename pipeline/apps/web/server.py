@@ -18,10 +18,13 @@ uvicorn's own settings add the keep-alive idle timeout.
 from __future__ import annotations
 
 import asyncio
+import errno
 import hmac
 import ipaddress
 import logging
+import os
 import resource
+import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass
@@ -361,9 +364,26 @@ def connection_limit(wanted: int) -> int:
     return fitting
 
 
-def run_server(app: App, host: str, port: int, limits: ServerLimits = DEFAULT_LIMITS) -> None:
-    """Serve `app` (already wrapped in WebGuard) until interrupted, with `limits`. uvicorn's own concurrency
-    limit is not used: it counts open connections, so idle sockets would take the work slots."""
+def listen(host: str, port: int) -> socket.socket:
+    """A socket listening on host:port (port 0: one the system picks), bound before anything says the server is
+    up: an address that cannot be listened on is one line here (a port in use suggests --port), never a banner
+    followed by the server's log."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)  # without "while attempting to bind on …"
+        busy = exc.errno == errno.EADDRINUSE
+        hint = " (another server holds it: choose another port with --port)" if busy else ""
+        raise WebServerError(f"cannot listen on {host}:{port}: {reason}{hint}") from exc
+
+
+def run_server(
+    app: App, host: str, port: int, limits: ServerLimits = DEFAULT_LIMITS, sock: socket.socket | None = None
+) -> None:
+    """Serve `app` (already wrapped in WebGuard) until interrupted, with `limits`; on `sock` when given (a
+    socket `listen` bound), else binding host:port itself. uvicorn's own concurrency limit is not used: it counts
+    open connections, so idle sockets would take the work slots."""
     import uvicorn
 
     config = uvicorn.Config(
@@ -378,4 +398,4 @@ def run_server(app: App, host: str, port: int, limits: ServerLimits = DEFAULT_LI
         access_log=False,
         server_header=False,
     )
-    uvicorn.Server(config).run()
+    uvicorn.Server(config).run(sockets=[sock] if sock is not None else None)
