@@ -21,6 +21,7 @@ case "$name" in
 esac
 dir="${PEXEC_SERVE_DIR:-$root/out/servers}/$name"
 pidfile="$dir/pid"
+log="${dir#"$PWD"/}/log"  # as the reader's shell names it
 url="http://127.0.0.1:$port"
 
 running() { [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
@@ -38,7 +39,7 @@ PY
 
 case "$action" in
   start)
-    if running; then echo "$name already serving (pid $(cat "$pidfile"); log $dir/log)"; exit 0; fi
+    if running; then echo "$name already serving (pid $(cat "$pidfile"); log $log)"; exit 0; fi
     [ -x "$python" ] || { echo "error: no $python (make $name-server builds it)" >&2; exit 2; }
     mkdir -p "$dir"
     case "$name" in
@@ -59,7 +60,7 @@ case "$action" in
                                              "$0" stop "$name"; exit 1; fi
       sleep 1
     done
-    echo "$name serving at $url (log $dir/log; stop: infra/local/serve.sh stop $name)" ;;
+    echo "$name serving at $url (log $log; stop: infra/local/serve.sh stop $name)" ;;
   stop)
     if ! running; then rm -f "$pidfile"; echo "$name not running"; exit 0; fi
     pid="$(cat "$pidfile")"
