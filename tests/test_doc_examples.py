@@ -89,6 +89,7 @@ EXPECTED = {
         "phoenix serving at http://127.0.0.1:6006",
         "wrote 1 rollouts to out/phoenix/store: 1 ok, 0 harness error(s)",
         "phoenix: 1 trace(s): 7 value(s) written, 0 updated, 0 unchanged, 0 removed",
+        "not executable step 3: check P failed (cause precondition)",
     ],
     "docs/how-to/run-on-a-cluster.md": [
         "s3 serving at http://127.0.0.1:5555",
@@ -459,3 +460,123 @@ def test_one_shell_runs_the_blocks_in_turn(tmp_path: Path) -> None:
     shell = run_in_one_shell(blocks, tmp_path, dict(os.environ), 30)
     assert shell.returncode == 1
     assert [(b.line, out) for b, out in shell.outputs] == [(1, "first\n"), (5, "1\n")]
+
+
+# The first hour of a new user, played: a fresh checkout (a copy of the repository's files, the environment
+# installed), `make demo`, then the README's tour and every guide and the tutorial, each in one shell with the
+# servers it starts, in a terminal of 120 and of 80 columns. It fails on a traceback, on an exit 0 after zero
+# rollouts were scored, on a line that does not fit the terminal, and (at 120 columns) on any line a page shows
+# after a block that the block did not print; the tables the pages show are compared at the pages' own width
+# above (test_page_examples_run), a narrower terminal draws them otherwise. It lives in this module so that no
+# other page runner shares its servers' fixed ports at the same time. About 10 minutes on the 2-core machine.
+FIRST_HOUR_COLUMNS = (120, 80)
+_TABLE = re.compile(r"[│┃┏┗┡└┌╭╰━─]")
+_ZERO_SCORED = re.compile(r"\bscored 0\b|\bwrote 0 rollouts\b")
+
+
+def fresh_checkout(where: Path) -> Path:
+    """The repository's tracked files as a fresh clone has them, and the environment `make install` made."""
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    for name in filter(None, tracked.decode().split("\0")):
+        source = ROOT / name
+        if source.is_file():  # a file deleted in the working tree is not part of what is tested
+            (where / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, where / name)
+    mirror_venv(Path(sys.prefix), where / ".venv")  # its stamps newer than the copied files: nothing reinstalls
+    return where
+
+
+@dataclass
+class Hour:
+    columns: int
+    shells: dict[str, ShellRun]
+    seconds: float
+
+
+def play_first_hour(where: Path, columns: int) -> Hour:
+    started = time.monotonic()
+    checkout = fresh_checkout(where)
+    env = shell_env("", columns)
+    env["PYTHONPATH"] = str(checkout)  # the checkout's code, as an install from it runs
+    env.pop("RAY_ADDRESS")  # every score starts its own Ray, as on the reader's machine
+    demo = Block("Makefile", 0, "make demo\n", None)
+    readme = [demo, *(b for b in page_blocks("README.md") if b.not_run is None)]
+    sql = [b for b in page_blocks("docs/how-to/query-with-sql.md") if b.not_run is None]
+    shells: dict[str, ShellRun] = {}
+
+    def tour() -> None:  # the demo, then the pages that read its run, one after the other
+        shells["README.md"] = run_in_one_shell(readme, checkout, env, BLOCK_TIMEOUT * len(readme))
+        shells["docs/how-to/query-with-sql.md"] = run_in_one_shell(sql, checkout, env, BLOCK_TIMEOUT * len(sql))
+
+    def page(name: str) -> None:
+        blocks = [b for b in page_blocks(name) if b.not_run is None]
+        if blocks:
+            shells[name] = run_in_one_shell(blocks, checkout, env, BLOCK_TIMEOUT * len(blocks))
+
+    others = sorted((p for p in PAGES if p not in NEEDS_DEMO_RUN), key=cost, reverse=True)
+    with ThreadPoolExecutor(max_workers=PAGES_AT_ONCE) as pool:
+        for future in [pool.submit(tour), *(pool.submit(page, p) for p in others)]:
+            future.result()
+    return Hour(columns, shells, time.monotonic() - started)
+
+
+@pytest.fixture(scope="module", params=FIRST_HOUR_COLUMNS, ids=lambda c: f"{c}cols")
+@starts("ray", "trace_server")
+def first_hour(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Hour:
+    hour = play_first_hour(tmp_path_factory.mktemp(f"checkout{request.param}"), request.param)
+    print(f"first hour at {hour.columns} columns: {hour.seconds:.0f} s")
+    return hour
+
+
+def test_first_hour_runs_every_page_to_the_end(first_hour: Hour) -> None:
+    assert set(first_hour.shells) >= {"README.md", "docs/tutorial.md"}
+    for page, shell in first_hour.shells.items():
+        last, output = shell.outputs[-1] if shell.outputs else (None, "")
+        assert shell.returncode == 0, (
+            f"{page}:{last.line if last else '?'} at {first_hour.columns} columns: exit {shell.returncode}\n"
+            f"{last.code if last else ''}\n--- output\n{output[-4000:]}"
+        )
+        for block, out in shell.outputs:
+            assert TRACEBACK not in out, f"{page}:{block.line}: a traceback reached the reader\n{out[-4000:]}"
+
+
+def test_first_hour_never_goes_on_after_scoring_nothing(first_hour: Hour) -> None:
+    """A block whose command scored or wrote zero rollouts was followed by the next: it exited 0."""
+    for page, shell in first_hour.shells.items():
+        went_on = shell.outputs if shell.returncode == 0 else shell.outputs[:-1]  # the last one that failed did not
+        for block, out in went_on:
+            assert not _ZERO_SCORED.search(out), f"{page}:{block.line}: exit 0 after zero rollouts\n{out[-2000:]}"
+
+
+@pytest.mark.xfail(
+    reason="issue 43 item 3 (human output fits the terminal: metrics and diff tables) is the CLI helper's; "
+    "flip to a plain test once it is merged",
+    strict=False,
+)
+def test_first_hour_output_fits_the_terminal(first_hour: Hour) -> None:
+    from rich.cells import cell_len
+
+    wide = [
+        f"{page}:{block.line}: {cell_len(line)} > {first_hour.columns}: {line[:100]}"
+        for page, shell in first_hour.shells.items()
+        for block, out in shell.outputs
+        for line in out.splitlines()
+        if cell_len(line) > first_hour.columns
+    ]
+    assert not wide, "\n".join(wide[:40])
+
+
+def test_first_hour_prints_what_the_pages_show(first_hour: Hour) -> None:
+    """Every line a page shows after a block, but the tables' (drawn for the pages' width), at 120 columns."""
+    if first_hour.columns < 120:
+        pytest.skip("the pages show what a terminal of 120 columns or more prints")
+    differences = []
+    for page, shell in first_hour.shells.items():
+        for block, out in shell.outputs:
+            if block.shown is None:
+                continue
+            shown = "\n".join(line for line in block.shown.splitlines() if not _TABLE.search(line))
+            missing = unshown_lines(shown, out)
+            if missing:
+                differences.append(f"{page}:{block.line}:\n" + "\n".join(missing) + f"\n--- printed\n{out[-2000:]}")
+    assert not differences, "\n\n".join(differences)
