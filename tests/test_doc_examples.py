@@ -19,6 +19,8 @@ The README's tour and the SQL guide start from the run `make demo` writes; the w
 
 from __future__ import annotations
 
+import difflib
+import functools
 import os
 import re
 import shutil
@@ -270,6 +272,32 @@ def unshown_lines(shown: str, printed: str) -> list[str]:
     return missing
 
 
+_PROGRESS = re.compile(r"^scoring ━")  # the progress bar's last state: its rate and clocks are the machine's
+
+
+def output_differs(shown: str, printed: str) -> str | None:
+    """None when the block printed exactly what the page shows, line for line (blank lines and the progress bar
+    aside); else the difference. On the page a line `…` stands for any number of lines left out, a `…` inside a
+    line for any text, a duration, rate or clock for any, and a table row ending at a border for its first
+    columns."""
+    wanted = [w.rstrip() for w in shown.splitlines() if w.strip() and not _PROGRESS.match(w)]
+    lines = [line.rstrip() for line in printed.splitlines() if line.strip() and not _PROGRESS.match(line)]
+    patterns = [None if w.strip() == "…" else _pattern(w) for w in wanted]
+
+    @functools.cache
+    def fits(i: int, j: int) -> bool:  # wanted[i:] matches lines[j:]
+        if i == len(patterns):
+            return j == len(lines)
+        pattern = patterns[i]
+        if pattern is None:
+            return any(fits(i + 1, k) for k in range(j, len(lines) + 1))
+        return j < len(lines) and pattern.fullmatch(lines[j]) is not None and fits(i + 1, j + 1)
+
+    if fits(0, 0):
+        return None
+    return "\n".join(difflib.unified_diff(wanted, lines, "shown on the page", "printed", lineterm="", n=1))
+
+
 TRACEBACK = "Traceback (most recent call last)"
 
 
@@ -402,12 +430,8 @@ def check_shell(page: str, shell: ShellRun | None, seconds: float, compare: bool
     for block, out in shell.outputs:
         assert TRACEBACK not in out, f"{page}:{block.line}: a traceback reached the reader\n{out[-4000:]}"
         if compare and block.shown is not None:
-            missing = unshown_lines(block.shown, out)
-            assert not missing, (
-                f"{page}:{block.line}: the page shows lines this block no longer prints:\n"
-                + "\n".join(missing)
-                + f"\n--- printed\n{out[-4000:]}"
-            )
+            difference = output_differs(block.shown, out)
+            assert difference is None, f"{page}:{block.line}: the page does not show what it prints:\n{difference}"
 
 
 def test_every_page_is_checked() -> None:
@@ -580,3 +604,13 @@ def test_first_hour_prints_what_the_pages_show(first_hour: Hour) -> None:
             if missing:
                 differences.append(f"{page}:{block.line}:\n" + "\n".join(missing) + f"\n--- printed\n{out[-2000:]}")
     assert not differences, "\n\n".join(differences)
+
+
+def test_a_page_shows_all_a_block_prints_or_says_what_it_leaves_out() -> None:
+    rows = "│ a │ 1 │\n│ b │ 2 │\n│ c │ 3 │\n"
+    printed = "plan: 1 file(s)\nscoring ━━━ 1/1 shards · 5/s\nread 40 · 12.5s -> out/run\n" + rows
+    assert output_differs("plan: 1 file(s)\nread 40 · 0.7s -> out/run\n" + rows, printed) is None
+    assert output_differs("plan: 1 file(s)\n…\n│ c │ 3 │\n", printed) is None  # `…`: lines left out, said so
+    assert output_differs("plan: …\n…\n", printed) is None
+    assert output_differs("plan: 1 file(s)\nread 40 · 0.7s -> out/run\n│ a │ 1 │\n", printed) is not None  # 1 row of 3
+    assert output_differs("read 40 · 0.7s -> out/run\n…\n", printed) is not None  # the first line left out, unsaid
