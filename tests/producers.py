@@ -390,9 +390,7 @@ def run_phoenix(base_url: str, endpoint: str, project: str) -> None:
 def send(target: str, url: str, name: str) -> None:
     """What the MLflow and Phoenix guides run: the scripted agent, its model played by the stub on loopback, traced
     by the real SDK to the server at `url` (MLflow: experiment `name`; Phoenix: project `name`)."""
-    import logging
-
-    logging.getLogger("mlflow").setLevel(logging.WARNING)  # its INFO lines (a new experiment, a flush) are noise here
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # its INFO lines (a new experiment, a flush): noise here
     with stub_server() as stub:
         {"mlflow": run_mlflow, "phoenix": run_phoenix}[target](stub.base_url, url, name)
     print(f"sent 1 trace of the support agent ({len(CALLS)} tool calls) to {target} at {url}, {name!r}")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import json
 import os
 import re
 import shutil
@@ -239,10 +240,11 @@ class ShellRun:
 def run_in_one_shell(blocks: list[Block], cwd: Path, env: dict[str, str], timeout: float) -> ShellRun:
     """`bash -e -o pipefail` with every block in turn: a block that fails ends the shell (its EXIT traps run)."""
     script = "".join(f"printf '\\n%s\\n' '{_SEPARATOR.format(i)}'\n{b.code}" for i, b in enumerate(blocks))
+    script += f"printf '\\n%s\\n' '{_SEPARATOR.format(len(blocks))}'\n"  # what follows is the EXIT traps' output
     done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], cwd=cwd, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=timeout)  # fmt: skip
     parts = _SEPARATED.split(done.stdout)  # [before, i, output, i, output, ...]
-    outputs = [(blocks[int(i)], out) for i, out in zip(parts[1::2], parts[2::2], strict=True)]
+    outputs = [(blocks[int(i)], out) for i, out in zip(parts[1::2], parts[2::2], strict=True) if int(i) < len(blocks)]
     return ShellRun(outputs, done.returncode)
 
 
@@ -273,6 +275,15 @@ def unshown_lines(shown: str, printed: str) -> list[str]:
 
 
 _PROGRESS = re.compile(r"^scoring ━")  # the progress bar's last state: its rate and clocks are the machine's
+# A table's drawing rather than its content: a border, a row continuing the one above (its first cell empty: a
+# value's interval, a wrapped cell), a centred title.
+_DRAWING = re.compile(r"^[\s┏┡└┌╭╰├┗━─┳╇┻┴┬┼╋┓┩┘┐╮╯┤│┃�]*$|^│\s+│|^\s{20,}\S")
+
+
+def compared_lines(text: str) -> list[str]:
+    """The lines of an output that a page must show: not blank, not the progress bar, not a table's drawing."""
+    return [line.rstrip() for line in text.splitlines() if line.strip() and not _PROGRESS.match(line)
+            and not _DRAWING.match(line)]  # fmt: skip
 
 
 def output_differs(shown: str, printed: str) -> str | None:
@@ -280,8 +291,8 @@ def output_differs(shown: str, printed: str) -> str | None:
     aside); else the difference. On the page a line `…` stands for any number of lines left out, a `…` inside a
     line for any text, a duration, rate or clock for any, and a table row ending at a border for its first
     columns."""
-    wanted = [w.rstrip() for w in shown.splitlines() if w.strip() and not _PROGRESS.match(w)]
-    lines = [line.rstrip() for line in printed.splitlines() if line.strip() and not _PROGRESS.match(line)]
+    wanted = compared_lines(shown)
+    lines = compared_lines(printed)
     patterns = [None if w.strip() == "…" else _pattern(w) for w in wanted]
 
     @functools.cache
@@ -427,6 +438,9 @@ def check_shell(page: str, shell: ShellRun | None, seconds: float, compare: bool
         f"{last.code if last else ''}\n--- output\n{output[-4000:]}"
     )
     assert [b for b, _ in shell.outputs] == runnable
+    if os.environ.get("PEXEC_DOC_DUMP"):  # what each block printed, for rewriting a page's outputs by hand
+        dump = Path(os.environ["PEXEC_DOC_DUMP"]) / (page.replace("/", "__") + ".json")
+        dump.write_text(json.dumps([{"line": b.line, "output": out} for b, out in shell.outputs]))
     for block, out in shell.outputs:
         assert TRACEBACK not in out, f"{page}:{block.line}: a traceback reached the reader\n{out[-4000:]}"
         if compare and block.shown is not None:
