@@ -516,10 +516,12 @@ def fresh_checkout(where: Path) -> Path:
     """The repository's tracked files as a fresh clone has them, and the environment `make install` made."""
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
     for name in filter(None, tracked.decode().split("\0")):
-        source = ROOT / name
-        if source.is_file():  # a file deleted in the working tree is not part of what is tested
-            (where / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, where / name)
+        source, copy = ROOT / name, where / name
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_symlink():  # as git checks it out: a link (the package's specs/ is one)
+            copy.symlink_to(os.readlink(source))
+        elif source.is_file():  # a file deleted in the working tree is not part of what is tested
+            shutil.copy2(source, copy)
     mirror_venv(Path(sys.prefix), where / ".venv")  # its stamps newer than the copied files: nothing reinstalls
     return where
 
