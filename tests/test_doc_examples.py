@@ -438,7 +438,7 @@ def check_shell(page: str, shell: ShellRun | None, seconds: float, compare: bool
         f"{last.code if last else ''}\n--- output\n{output[-4000:]}"
     )
     assert [b for b, _ in shell.outputs] == runnable
-    if os.environ.get("PEXEC_DOC_DUMP"):  # what each block printed, for rewriting a page's outputs by hand
+    if os.environ.get("PEXEC_DOC_DUMP"):  # what each block printed: tests/rewrite_doc_outputs.py reads it
         dump = Path(os.environ["PEXEC_DOC_DUMP"]) / (page.replace("/", "__") + ".json")
         dump.write_text(json.dumps([{"line": b.line, "output": out} for b, out in shell.outputs]))
     for block, out in shell.outputs:
