@@ -10,14 +10,16 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO := out/demo
 
-.PHONY: install demo check test smoke lint typecheck docs reference browser bench fuzz lock clean image
+.PHONY: install servers demo check test smoke lint typecheck docs docs-serve reference browser bench fuzz lock clean \
+	image mlflow-server phoenix-server trace-servers trace-servers-stop
 
 # The official simulators are pinned in specs/simulators.txt (installed without their declared model-client
 # dependencies) and specs/simulator-wheels.txt (releases read from their wheel). The trace servers of the MLflow
 # and Phoenix round-trip tests run from environments of their own, $(VENV)/servers/<name>, each pinned whole by
 # tests/servers/<name>.txt (tests/trace_servers.py says why).
-# Each has a stamp of its own, so a checkout first set up without them still gets them; SERVERS= builds none (the
-# 3.13 smoke set in CI needs none).
+# They are built only by what runs them (`make test`, `make servers`, `make mlflow-server`, `make phoenix-server`),
+# never by `make install` or `make demo` (about 1.5 GB the demo never uses). Each has a stamp of its own;
+# SERVERS= builds none (the 3.13 smoke set in CI needs none).
 SERVERS ?= mlflow phoenix
 # Packages are installed by uv (itself pinned, installed by pip first): the same pins as pip would take, in a
 # fraction of the time, with every module compiled to bytecode at install as pip does.
@@ -38,7 +40,24 @@ $(VENV)/servers/%/.installed-stamp: tests/servers/%.txt $(STAMP)
 	$(UV) $(VENV)/servers/$*/bin/python --no-deps -r $<
 	touch $@
 
-install: $(STAMP) $(SERVERS:%=$(VENV)/servers/%/.installed-stamp)
+install: $(STAMP)
+
+servers: $(SERVERS:%=$(VENV)/servers/%/.installed-stamp)
+
+# The trace stores of the MLflow and Phoenix guides, the same pinned servers the tests run, in the background on
+# 127.0.0.1 (MLflow :5000, Phoenix :6006; their data and logs under out/servers/), until `make trace-servers-stop`
+# (or infra/local/serve.sh stop NAME). Each start waits until its server answers.
+mlflow-server: $(VENV)/servers/mlflow/.installed-stamp
+	@infra/local/serve.sh start mlflow
+
+phoenix-server: $(VENV)/servers/phoenix/.installed-stamp
+	@infra/local/serve.sh start phoenix
+
+trace-servers: mlflow-server phoenix-server
+
+trace-servers-stop:
+	@infra/local/serve.sh stop mlflow
+	@infra/local/serve.sh stop phoenix
 
 # τ³ banking_knowledge is replayed against upstream tau2-bench's own code, which needs Python >= 3.12: its test
 # (tests/test_tau_banking.py) runs that code in $(VENV)/tau2, pinned whole by tests/tau3_runs/requirements.txt (what
@@ -70,6 +89,13 @@ typecheck: install
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir out/site
 
+# The site served on 127.0.0.1:8000 (DOCS_PORT=…) until Ctrl-C: opened from disk its links work but its search
+# does not (browsers start no Web Worker from a file:// page); served, search works too.
+DOCS_PORT ?= 8000
+docs-serve: docs
+	@echo "the documentation at http://127.0.0.1:$(DOCS_PORT)/ (Ctrl-C stops it)"
+	$(BIN)/python -m http.server --bind 127.0.0.1 --directory out/site $(DOCS_PORT)
+
 # Rewrite the reference pages' generated blocks from the code (tests/test_docs.py fails while one is stale).
 reference: install
 	$(BIN)/python -m pipeline.apps.cli.reference
@@ -95,7 +121,7 @@ check: lint typecheck
 	$(BIN)/pytest $(PYTEST_XDIST) -m "not ($(CHECK_LEAVES))"
 
 # Everything: lint, the type checker, the documentation site and the whole suite (README's test command, CI).
-test: lint typecheck docs browser $(VENV)/tau2/.installed-stamp
+test: lint typecheck docs browser servers $(VENV)/tau2/.installed-stamp
 	PEXEC_TAU2_PYTHON=$(abspath $(VENV))/tau2/bin/python $(BIN)/pytest $(PYTEST_XDIST)
 
 # What shows an interpreter works, in a few minutes (CI runs it on 3.13 beside the suite on 3.11): the demo through

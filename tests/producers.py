@@ -416,7 +416,17 @@ def run_phoenix(base_url: str, endpoint: str, project: str) -> None:
     provider.shutdown()
 
 
+def send(target: str, url: str, name: str) -> None:
+    """What the MLflow and Phoenix guides run: the scripted agent, its model played by the stub on loopback, traced
+    by the real SDK to the server at `url` (MLflow: experiment `name`; Phoenix: project `name`)."""
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # its INFO lines (a new experiment, a flush): noise here
+    with stub_server() as stub:
+        {"mlflow": run_mlflow, "phoenix": run_phoenix}[target](stub.base_url, url, name)
+    print(f"sent 1 trace of the support agent ({len(CALLS)} tool calls) to {target} at {url}, {name!r}")
+
+
 if __name__ == "__main__":  # python producers.py otel|otel-files|agents|mlflow|phoenix BASE_URL ...
+    # python tests/producers.py send mlflow|phoenix URL EXPERIMENT_OR_PROJECT: the stub model included
     producers = {"otel": run_otel, "otel-files": run_otel_files, "agents": run_agents, "mlflow": run_mlflow,
-                 "phoenix": run_phoenix}  # fmt: skip
+                 "phoenix": run_phoenix, "send": send}  # fmt: skip
     producers[sys.argv[1]](*sys.argv[2:])

@@ -86,6 +86,18 @@ def test_report_prints_paths_literally(run: Path, tmp_path: Path) -> None:
     assert f"rep{MARKUP}/report.html" in output.replace("\n", "")
 
 
+def test_report_says_where_it_is_and_lists_its_files_on_request(run: Path, tmp_path: Path) -> None:
+    short = cli("report", str(run), "--out", str(tmp_path / "a"), "--bootstrap", "50")
+    files = sorted(str(p) for p in (tmp_path / "a").rglob("*") if p.is_file())
+    assert len(files) > 20
+    assert short.count(str(tmp_path)) == 2, short  # where the report is and its main files, not every path
+    assert f"({len(files)} files; --list names them)" in short.replace("\n", "")
+    assert "fed_histogram.png" not in short
+    listed = cli("report", str(run), "--out", str(tmp_path / "b"), "--bootstrap", "50", "--list")
+    shown = set(listed.splitlines())
+    assert {f.replace(str(tmp_path / "a"), str(tmp_path / "b")) for f in files} <= shown
+
+
 def test_envs_prints_names_paths_and_failures_literally(tmp_path: Path) -> None:
     name = "bad[bold]b:smile:[red]"  # a folder name cannot hold the '/' of [/x]
     (tmp_path / name).mkdir()

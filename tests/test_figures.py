@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import io
+import itertools
 import os
 import re
 import warnings
@@ -27,6 +28,7 @@ from pipeline.report._figures import (
     cause_chart,
     cohort_colours,
     fed_chart,
+    fed_figure,
     pec_chart,
     tool_chart,
     tool_figure,
@@ -243,3 +245,25 @@ def test_a_label_starting_with_an_underscore_keeps_its_legend_entry() -> None:
     for chart in (pec, fed):
         assert ">_internal · react</text>" in chart.svg and ">model-a · react</text>" in chart.svg, chart.name
     assert ">_probe_failed</text>" in causes.svg and ">schema</text>" in causes.svg
+
+
+@pytest.mark.parametrize("depth", [9, 10, 14, 17, 43, 120])
+@pytest.mark.parametrize("cohorts", [1, 4, 9])
+def test_fed_depth_labels_never_overlap(depth: int, cohorts: int) -> None:
+    """Two-digit and three-digit depths on a panel narrowed by the legend and the executable panel: every depth
+    label drawn keeps clear of its neighbours, and the axis still carries at least two of them."""
+    labels = [f"model-{i} · react" for i in range(cohorts)]
+    rows = [["shop", c, str(d), 1, 0.01] for c in labels for d in range(1, depth + 1)]
+    rows += [["shop", c, "executable", 5, 0.5] for c in labels]
+    fig = fed_figure(rows)
+    try:
+        fig.canvas.draw()
+        ax = fig.axes[0]
+        lo, hi = ax.get_xlim()
+        shown = [t for t in ax.get_xticklabels() if t.get_text() and lo <= t.get_position()[0] <= hi]
+        boxes = sorted((t.get_window_extent() for t in shown), key=lambda b: b.x0)
+        assert len(boxes) >= 2, [t.get_text() for t in shown]
+        for left, right in itertools.pairwise(boxes):
+            assert left.x1 < right.x0, [t.get_text() for t in shown]
+    finally:
+        plt.close(fig)

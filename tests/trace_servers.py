@@ -1,5 +1,5 @@
 """Real trace stores on loopback for the MLflow and Phoenix round trips (tests/test_traces_*.py): each server runs
-from a virtual environment of its own, `.venv/servers/<name>`, which `make install` builds from
+from a virtual environment of its own, `.venv/servers/<name>`, which `make servers` (and `make test`) builds from
 `tests/servers/<name>.txt`. MLflow's server cannot share the project's environment: it caps pyarrow below the
 26 the core pins. Phoenix's could (it resolves to the project's versions of every package both need), but it
 brings 43 packages more (pydantic-ai, anthropic, fastmcp…) that only its server process uses; one way for both.
@@ -32,7 +32,7 @@ def server_python(name: str) -> Path:
     """The interpreter of the server's own environment; a clear failure (not a skip: the test is required)."""
     python = Path(sys.prefix) / "servers" / name / "bin" / "python"
     if not python.exists():
-        raise AssertionError(f"{python} is missing: `make install` builds it from tests/servers/{name}.txt")
+        raise AssertionError(f"{python} is missing: `make servers` builds it from tests/servers/{name}.txt")
     return python
 
 

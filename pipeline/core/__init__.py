@@ -10,6 +10,7 @@ metric_catalogue.py  every cohort metric, as a ratio of sums of per-rollout part
 intervals.py         which interval a metric gets, and the small-sample one
 errors.py            the one base of every error a user is meant to read
 plugins.py           the registry of a plug-in kind: built-ins imported on first use, entry points loaded guarded
+ray_start.py         how pexec starts or joins Ray (the one call; Ray's token-auth notice dropped)
 settings.py          the checks a stage's settings object makes of its values, and the error naming one
 
 Imports: nothing of pexec.
@@ -24,6 +25,7 @@ __all__ = [
     "metric_catalogue",
     "model",
     "plugins",
+    "ray_start",
     "records",
     "run_folder",
     "run_schema",

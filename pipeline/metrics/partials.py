@@ -25,8 +25,6 @@ per cohort the B + 1 rows of sums and one reference per (part, partition), never
 from __future__ import annotations
 
 import functools
-import logging
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict, TypeVar
@@ -199,13 +197,9 @@ def _remote(function: Callable[..., object]) -> Any:
 
 def start_ray(address: str) -> None:
     """Connect to the Ray at `address` ("local": start one in this process, as `pexec score` does by default)."""
-    import ray
+    from pipeline.core.ray_start import start_ray as start
 
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if not ray.is_initialized():
-        ray.init(
-            address=None if address == "local" else address, include_dashboard=False, logging_level=logging.WARNING
-        )
+    start(None if address == "local" else address)
 
 
 def partition_count(parts: int) -> int:

@@ -137,8 +137,17 @@ def pec_chart(rows: list[list[Any]], colours: dict[str, str] | None = None) -> C
 def fed_chart(rows: list[list[Any]], colours: dict[str, str] | None = None) -> Chart:
     """Shares by first-error depth on a true depth axis (empty depths keep their place), and the share of
     executable rollouts in a narrow panel of its own beside it."""
+    with plt.rc_context(_STYLE):
+        fig = fed_figure(rows, colours)
+        columns = ["benchmark", "condition", "fed_bin", "n", "share"]
+        return _chart("fed_histogram", "First-error depth (FED)", columns, rows, fig)
+
+
+def fed_figure(rows: list[list[Any]], colours: dict[str, str] | None = None) -> Figure:
+    """The figure of `fed_chart`, open for its caller to inspect or save (and close)."""
     colours = colours or cohort_colours(r[1] for r in rows)
     panels = _by_panel(rows)
+    depth_axes: list[Axes] = []
     with plt.rc_context(_STYLE):
         n = max(len(panels), 1)
         depth_max = max((int(r[2]) for r in rows if r[2] != EXECUTABLE), default=1)
@@ -158,15 +167,28 @@ def fed_chart(rows: list[list[Any]], colours: dict[str, str] | None = None) -> C
                 ex.bar([offset], [executable], width, color=colours[condition])
             ax.set(title=literal(benchmark), xlabel="first-error depth (FED)", ylabel="share of rollouts")
             ax.set_xlim(0.4, depth_max + 0.6)
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+            depth_axes.append(ax)
             ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
             ex.set_xticks([0], [EXECUTABLE])
             ex.set_xlim(-0.6, 0.6)
             ex.tick_params(axis="y", labelleft=False)
             ex.spines["left"].set_linestyle((0, (2, 2)))
         _legend(fig, legend)
-        columns = ["benchmark", "condition", "fed_bin", "n", "share"]
-        return _chart("fed_histogram", "First-error depth (FED)", columns, rows, fig)
+        _spaced_depth_ticks(fig, depth_axes, depth_max)
+        return fig
+
+
+def _spaced_depth_ticks(fig: Figure, axes: list[Axes], depth_max: int) -> None:
+    """Integer depth ticks spaced for their labels: the panel's width is only known once the layout has
+    placed the legend and the executable panel, and a locator left to itself crowds two-digit depths on a narrow
+    panel until their labels run into each other ("101214")."""
+    fig.canvas.draw()  # the constrained layout settles each panel's width
+    size = matplotlib.font_manager.FontProperties(size=plt.rcParams["xtick.labelsize"]).get_size_in_points()
+    label_in = len(str(depth_max)) * size * 0.62 / 72  # DejaVu Sans digits are 0.62 em wide
+    for ax in axes:
+        width_in = ax.get_window_extent().width / fig.dpi
+        bins = max(1, int(width_in / (1.5 * label_in)))  # half a label's width between two at the least
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=bins, integer=True, min_n_ticks=1))
 
 
 def cause_chart(rows: list[list[Any]]) -> Chart:

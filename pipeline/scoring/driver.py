@@ -8,8 +8,6 @@ reads as its steps: plan, take the lease, reuse, score and gather ids, score lat
 from __future__ import annotations
 
 import itertools
-import logging
-import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +21,7 @@ from msgspec import structs
 
 from pipeline.core.arrow import pa
 from pipeline.core.errors import RunFolderError, ScoringFailed, StorageError, UnknownLayout
+from pipeline.core.ray_start import start_ray
 from pipeline.core.records import record_id
 from pipeline.core.run_folder import (
     Counts,
@@ -541,16 +540,7 @@ def _remote(fn: Callable[..., Any]) -> Any:
 
 
 def _start_ray(address: str | None, num_cpus: int | None) -> None:
-    import ray
-
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if not ray.is_initialized():
-        ray.init(
-            address=address,
-            num_cpus=num_cpus if address is None else None,
-            include_dashboard=False,
-            logging_level=logging.WARNING,
-        )
+    start_ray(address, num_cpus)
 
 
 def completed(

@@ -173,6 +173,9 @@ def report(
     sensitivity: Annotated[
         bool, typer.Option("--sensitivity", help="Add TER and AUC-PEC under schema-only, schema+dependency, all.")
     ] = False,
+    list_files: Annotated[
+        bool, typer.Option("--list", help="Print every file written, one per line (default: only where they are).")
+    ] = False,
     by: By = None,
     bootstrap: Bootstrap = 1000,
     seed: IntervalsSeed = 0,
@@ -204,12 +207,14 @@ def report(
         population=asked.population,
         sensitivity=sensitivity,
     )
-    for path in result.files:
-        out.print(literal(path))
+    if list_files:
+        for path in result.files:
+            out.print(literal(path))
     if result.tables.cohorts and result.tables.cohorts[0]["partial"]:
         partial_notice(Coverage.from_json(result.tables.cohorts[0]["partial"]), console)
     where = literal(result.out)
-    console.print(f"report written to {where}/report.html and {where}/report.md ({len(result.files)} files)")
+    listed = "" if list_files else "; --list names them"
+    console.print(f"report written to {where}/report.html and {where}/report.md ({len(result.files)} files{listed})")
 
 
 def _depths(k: str) -> list[int]:
