@@ -81,10 +81,13 @@ def output_width() -> int:
 
 
 def fit_output() -> int:
-    """Set the width prose on stdout wraps at to `output_width()` (read per command: COLUMNS may change between
-    invocations in one process) and return it."""
+    """Set the width prose on stdout, and messages on stderr when it is no terminal, wrap at to `output_width()`
+    (read per command: COLUMNS may change between invocations in one process) and return it. A terminal's stderr
+    keeps the terminal's width."""
     width = output_width()
     out.width = width
+    if not console.is_terminal:
+        console.width = width
     return width
 
 

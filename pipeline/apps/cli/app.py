@@ -22,7 +22,7 @@ from pipeline.apps.cli import _publish as publish
 from pipeline.apps.cli import _scoring as scoring
 from pipeline.apps.cli import _spec as spec
 from pipeline.apps.cli import _stores as stores
-from pipeline.apps.cli._render import console, show_warning
+from pipeline.apps.cli._render import console, fit_output, show_warning
 from pipeline.core.errors import PexecError, SettingError
 from pipeline.core.text import literal
 
@@ -80,6 +80,7 @@ def _options(
     ] = False,
 ) -> None:
     """The options of `pexec` itself, given before any command (the app's help text comes from __doc__)."""
+    fit_output()  # messages on a pipe wrap at COLUMNS (else 120), not at rich's 80
 
 
 # The commands in the order `pexec --help` lists them, each in the module of its group.
