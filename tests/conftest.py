@@ -27,6 +27,12 @@ ROOT = Path(__file__).resolve().parents[1]
 # its default in a child at exec, so this reaches them too.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+# pytest-xdist's workers run with COLUMNS=80 and LINES=24 in their environment; without xdist there are none. Human
+# output fits COLUMNS, so the suite drops both: a test sees the same width (a pipe's) however it is run, and a test
+# about widths sets COLUMNS itself.
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
+
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
 

@@ -7,6 +7,7 @@ built-in is of its kind. Then the options of every format are checked in one pla
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import re
@@ -26,6 +27,7 @@ from pipeline.envs import EnvError, Environment, get_environment
 from pipeline.envs import _registry as env_registry
 from pipeline.ingest import IngestError, IngestOptions, LogFormat, accepted_options, formats, get_format, ingest
 from pipeline.ingest import registry as format_registry
+from pipeline.ingest.base import ReadLimits
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -246,7 +248,7 @@ def test_an_outside_package_adds_a_log_format_and_an_environment(site: Path, tmp
     assert not (tmp_path / "unused").exists()
     # its option checked by pexec, in the one message form of every format
     bad = run("ingest", "lights_log", str(logs), "--out", "s2", "--option", "colour=red", ok=False).stderr
-    known = "allow_no_calls, max_line_bytes, max_member_bytes, max_record_bytes, shift"
+    known = ", ".join(sorted(["allow_no_calls", *(f"max_{f.name}" for f in dataclasses.fields(ReadLimits)), "shift"]))
     assert bad.strip() == f"error: lights_log: unknown option(s) colour (known: {known})"
     # a built-in format's reader given these logs names the outside format
     stray = run("ingest", "openai", str(logs), "--out", "s3", ok=False).stderr
@@ -438,9 +440,8 @@ LOGS = "allow_no_calls, benchmark, id_field, outcomes, success_field, task_field
 def test_every_format_refuses_an_unknown_option_before_reading(tmp_path: Path, fmt: str, known: str) -> None:
     # the read limits are options of every format, listed in sorted order with the others
     keys = known.split(", ")
-    plain = sorted(
-        [k for k in keys if not k.endswith(".NAME")] + ["max_line_bytes", "max_member_bytes", "max_record_bytes"]
-    )
+    limits = [f"max_{f.name}" for f in dataclasses.fields(ReadLimits)]
+    plain = sorted([k for k in keys if not k.endswith(".NAME")] + limits)
     known = ", ".join(plain + [k for k in keys if k.endswith(".NAME")])
     extra = {"nope": "1", "label.x": "y", "labels.z": "w"}
     with pytest.raises(IngestError) as info:
