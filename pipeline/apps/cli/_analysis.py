@@ -318,6 +318,12 @@ def sql(
     memory_limit: Annotated[
         str, typer.Option("--memory-limit", help="DuckDB memory limit (e.g. 512MB, 4GB); beyond it, it spills.")
     ] = QueryLimits.memory_limit,
+    spill_limit: Annotated[
+        str,
+        typer.Option(
+            "--spill-limit", help="Spill files DuckDB may write beyond the memory limit (1MiB to 1TiB, e.g. 4GB)."
+        ),
+    ] = QueryLimits.spill_limit,
     timeout: Annotated[
         float,
         typer.Option("--timeout", min=0.001, max=86_400, help="Seconds the query and writing its result may take."),
@@ -335,7 +341,7 @@ def sql(
     """Run a read-only SQL query (DuckDB) over the run's tables; the result streams out within the limits."""
     if fmt not in ("table", "csv", "json"):
         raise PexecError(f"--format is table, csv or json, got {fmt!r}")
-    limits = QueryLimits(memory_limit=memory_limit, timeout=timeout, max_rows=max_rows)
+    limits = QueryLimits(memory_limit=memory_limit, spill_limit=spill_limit, timeout=timeout, max_rows=max_rows)
     read_statements(query)  # a query that is not a read, or not SQL, is refused before the run is listed
     reading = Reading(storage(endpoint_url, storage_option), partial)
     with stream_sql(reading.open(run).snapshot, query, limits) as result:
