@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import orjson
 import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
@@ -319,10 +320,20 @@ def test_old_runs_check_column_reads_as_failed_check(parquet_run: tuple[Path, Pa
     query = "SELECT failed_check, count(*) AS n FROM steps GROUP BY ALL ORDER BY ALL"
     new = open_run(str(run)).sql(query).to_pylist()
     assert {r["failed_check"] for r in new} == {None, "S", "D", "P"}
-    # Half the parts rewritten as an older pexec wrote them: the column named `check`.
+    # Half the parts rewritten as an older pexec wrote them: the column named `check`, and the run folder of layout
+    # 1, whose markers record each part's size but no digest.
     for part in sorted((run / "steps").glob("*.parquet"))[::2]:
         table = pq.read_table(part)
         pq.write_table(table.rename_columns(["check" if c == "failed_check" else c for c in table.column_names]), part)
+    for path in [run / "_manifest.json", *run.glob("_shards/*.json")]:
+        doc = orjson.loads(path.read_bytes())
+        for marker in doc.get("shards", [doc]):
+            for table_name in marker["parts"]:
+                marker["parts"][table_name] = (run / table_name / f"part-{marker['shard']}.parquet").stat().st_size
+            marker.pop("part_rows"), marker.pop("part_digests")
+            marker["schema_version"] = 1
+        doc["schema_version"] = 1
+        path.write_bytes(orjson.dumps(doc))
     assert open_run(str(run)).sql(query).to_pylist() == new
     assert "check" not in open_run(str(run)).sql("SELECT * FROM steps LIMIT 0").column_names
 
