@@ -91,6 +91,7 @@ def test_a_folder_written_before_the_version_was_recorded_reads_as_layout_1(
     assert "schema_version" not in (run / "_manifest.json").read_text()
     manifest = read_manifest(str(run))
     assert manifest is not None and manifest.schema_version == 1
+    assert all(m.schema_version == 1 for m in manifest.shards)
     assert all(m.schema_version == 1 and not m.part_digests for m in read_shard_markers(str(run)).values())
     assert open_run(str(run)).snapshot.complete  # still read (its parts cannot be verified: `pexec verify` says so)
     again = run_scoring(str(store), str(run), ScoreSettings(inline=True))

@@ -21,7 +21,7 @@ Imports: core.errors.
 
 from __future__ import annotations
 
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 import orjson
@@ -259,8 +259,16 @@ def decode(kind: type[RunFile], data: bytes, where: str) -> RunFile:
         record = msgspec.json.decode(data, type=kind)
     except msgspec.DecodeError as exc:
         raise RunFolderError(f"{where}: not a pexec run file of layout {version} ({exc})") from None
-    # The type's default is the layout written now; a file that names none is of layout 1.
-    return record if record.schema_version == version else msgspec.structs.replace(record, schema_version=version)
+    # The type's default is the layout written now; a file that names none is of layout 1, and so are the markers
+    # a layout 1 manifest lists.
+    return record if version == SCHEMA_VERSION else _of_layout(record, version)
+
+
+def _of_layout(record: Plan | ShardMarker | Manifest, version: int) -> Any:
+    if isinstance(record, Manifest):
+        shards = tuple(msgspec.structs.replace(m, schema_version=version) for m in record.shards)
+        return msgspec.structs.replace(record, schema_version=version, shards=shards)
+    return msgspec.structs.replace(record, schema_version=version)
 
 
 def _version(data: bytes) -> int:
