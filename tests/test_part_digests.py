@@ -113,12 +113,29 @@ def test_a_layout_1_run_is_unverified_not_verified_and_its_size_still_checked(
     result = cli("verify", str(run))
     assert result.exit_code == 1, result.output
     assert "0 verified, 0 damaged, 12 unverified" in result.output and "no recorded digest" in result.output
-    victim = sorted((run / "steps").iterdir())[0]
-    victim.write_bytes(victim.read_bytes()[:-10])  # its size was recorded in layout 1 too
+    cut, broken = sorted((run / "steps").iterdir())[:2]
+    size = cut.stat().st_size
+    cut.write_bytes(cut.read_bytes()[:-10])  # its size was recorded in layout 1 too
+    data = broken.read_bytes()
+    broken.write_bytes(data[:-4] + bytes(4))  # the same size, the footer's magic bytes gone
+    found = verify_run(str(run))
+    assert {Path(d.url): d.problem for d in found.damaged} == {
+        cut: f"{size - 10:,} bytes where {size:,} were written",
+        broken: "not a readable Parquet file (Parquet magic bytes not found in footer. Either the file is corrupted "
+        "or this is not a parquet file.)",
+    }
     assert cli("verify", str(run)).exit_code == 2
-    # A reader refuses it on one line too (before: DuckDB's traceback out of `sql` and `report`).
-    result = cli("sql", str(run), "SELECT count(*) FROM steps")
-    assert result.exit_code == 2 and result.output.startswith(f"error: damaged part {victim}: ")
+    # Readers refuse them on one line too (before: DuckDB's traceback out of `sql` and `report`).
+    for command in (
+        ["sql", str(run), "SELECT count(*) FROM steps"],
+        ["report", str(run), "--out", str(tmp_path / "report"), "--bootstrap", "20"],
+    ):
+        result = cli(*command)
+        assert result.exit_code == 2 and result.output.startswith(f"error: damaged part {cut}: "), result.output
+    cut.write_bytes((original / "steps" / cut.name).read_bytes())
+    result = cli("report", str(run), "--out", str(tmp_path / "report"), "--bootstrap", "20")
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(f"error: damaged part {broken}: not a readable Parquet file")
 
 
 @pytest.mark.parametrize("damage", ["zeroed", "truncated"])

@@ -11,8 +11,8 @@ states the coverage: shards and records read of the total the plan knows.
 A part is checked against its shard's marker when it is first read: the snapshot hashes every part of a table the
 first time a reader asks for that table's files (a run's rollouts for `metrics`, its steps too for `report`), and a
 part whose size or SHA-256 digest is not the one recorded is refused in one line naming it and how to repair it
-(PartDamaged), never read. A run of layout 1 records no digests: its parts are read unchecked (`pexec verify` says
-they are unverified).
+(PartDamaged), never read. A run of layout 1 records no digests: of its parts only the size (as listed) and the rows
+of the footer are checked (`pexec verify` says they are unverified).
 
 A path may hold several runs (nightly `date=…/` partitions read together): each is checked.
 """
@@ -39,8 +39,10 @@ from pipeline.storage.run import (
     PLAN,
     SHARD_MARKERS,
     TABLES,
+    PartFacts,
     RunPrefix,
     check_part,
+    footer_problem,
     part_rel,
     read_manifest,
     read_plan,
@@ -178,13 +180,8 @@ class Snapshot:
                 rel = part_rel(table, key, r.rel)
                 if recorded.digest:
                     problem = check_part(self.root, rel, recorded)
-                else:  # layout 1: only the size it recorded (as listed) can be checked; its bytes cannot
-                    size = self.sizes.get(rel, recorded.size)
-                    problem = (
-                        f"{size:,} bytes where {recorded.size:,} were written"
-                        if recorded.size >= 0 and size != recorded.size
-                        else ""
-                    )
+                else:  # layout 1: its size (as listed) and its footer's rows can be checked; its bytes cannot
+                    problem = _layout_1_problem(self.root, rel, recorded, self.sizes.get(rel))
                 if problem:
                     raise PartDamaged(
                         f"damaged part {self.root.file(rel)}: {problem}; {r.repair} rescores its shard "
@@ -204,6 +201,12 @@ class Snapshot:
             input_bytes_total=_total(r.input_bytes_total for r in self.runs),
             incomplete_runs=[self.root.file(r.rel) if r.rel else self.root.url for r in self.runs if not r.complete],
         )
+
+
+def _layout_1_problem(root: RunPrefix, rel: str, recorded: PartFacts, listed: int | None) -> str:
+    if recorded.size >= 0 and listed is not None and listed != recorded.size:
+        return f"{listed:,} bytes where {recorded.size:,} were written"
+    return footer_problem(root, rel, recorded.rows)
 
 
 def take_snapshot(run: str, storage_options: dict[str, Any] | None = None, partial: bool = False) -> Snapshot:

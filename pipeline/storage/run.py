@@ -112,15 +112,20 @@ def check_part(root: RunPrefix, rel: str, expected: PartFacts, rows: bool = Fals
         return f"{size:,} bytes where {expected.size:,} were written"
     if expected.digest and digest != expected.digest:
         return f"its bytes changed since it was written ({digest[:15]}… where {expected.digest[:15]}… was recorded)"
-    if rows:
-        try:
-            with root.fs.open(path, "rb") as f:
-                found = pq.read_metadata(f).num_rows
-        except (OSError, pa.ArrowException) as exc:
-            return f"not a readable Parquet file ({exc})"
-        if found != expected.rows:
-            return f"{found:,} rows where {expected.rows:,} were written"
-    return ""
+    return footer_problem(root, rel, expected.rows) if rows else ""
+
+
+def footer_problem(root: RunPrefix, rel: str, rows: int) -> str:
+    """What is wrong with the Parquet footer of the part at `rel` against the rows its marker recorded ("" when
+    it is readable and counts them): reads the footer only."""
+    try:
+        with root.fs.open(f"{root.path}/{rel}", "rb") as f:
+            found = pq.read_metadata(f).num_rows
+    except FileNotFoundError:
+        return "missing"
+    except (OSError, pa.ArrowException) as exc:
+        return f"not a readable Parquet file ({' '.join(str(exc).split())})"
+    return f"{found:,} rows where {rows:,} were written" if found != rows else ""
 
 
 def part_sizes(run: str, storage_options: StorageOptions | None = None) -> dict[str, dict[str, int]]:
