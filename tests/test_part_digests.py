@@ -10,6 +10,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+import s3fs
 from typer.testing import CliRunner
 
 from pipeline.apps.cli import app
@@ -181,3 +182,20 @@ def test_a_rerun_on_ray_rescores_the_shard_whose_part_was_zeroed(
     again = run_scoring(str(store), str(run), ScoreSettings())
     assert [s.shard for s in again.shards if not s.reused] == [victim.stem.removeprefix("part-")]
     assert verify_run(str(run)).ok
+
+
+def test_parts_on_an_s3_compatible_store_are_verified_refused_and_rescored(scored: tuple[Path, Path], s3: dict) -> None:
+    store, _ = scored
+    url = "s3://pexec-test/digests-run"
+    run_scoring(str(store), url, ScoreSettings(inline=True, storage_options=s3))
+    assert verify_run(url, s3).verified == 3 * SHARDS
+    fs = s3fs.S3FileSystem(**s3)
+    victim = sorted(fs.ls(f"{url.removeprefix('s3://')}/rollouts"))[0]
+    data = bytearray(fs.cat(victim))
+    data[4000:4064] = bytes(64)
+    fs.pipe(victim, bytes(data))  # the same size: only the digest tells
+    assert [d.url for d in verify_run(url, s3).damaged] == [f"s3://{victim}"]
+    with pytest.raises(PartDamaged, match=f"damaged part s3://{victim}: its bytes changed"):
+        open_run(url, s3).rollouts()
+    again = run_scoring(str(store), url, ScoreSettings(inline=True, storage_options=s3))
+    assert again.counts.shards_reused == SHARDS - 1 and verify_run(url, s3).ok
