@@ -314,6 +314,20 @@ def test_each_by_is_kept_under_its_own_name(parquet_run: tuple[Path, Path], tmp_
     assert counts["pec"] > 4
 
 
+def as_layout_1(run: Path) -> None:
+    """The run's markers and manifest as an older pexec wrote them (layout 1), beside parts it rewrote: each part's
+    size as it is now, no rows or digests (readers check such parts by size and footer only)."""
+    for path in [run / "_manifest.json", *run.glob("_shards/*.json")]:
+        doc = orjson.loads(path.read_bytes())
+        for marker in doc.get("shards", [doc]):
+            for table_name in marker["parts"]:
+                marker["parts"][table_name] = (run / table_name / f"part-{marker['shard']}.parquet").stat().st_size
+            marker.pop("part_rows"), marker.pop("part_digests")
+            marker["schema_version"] = 1
+        doc["schema_version"] = 1
+        path.write_bytes(orjson.dumps(doc))
+
+
 def test_old_runs_check_column_reads_as_failed_check(parquet_run: tuple[Path, Path], tmp_path: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(parquet_run[1], run)
@@ -325,15 +339,7 @@ def test_old_runs_check_column_reads_as_failed_check(parquet_run: tuple[Path, Pa
     for part in sorted((run / "steps").glob("*.parquet"))[::2]:
         table = pq.read_table(part)
         pq.write_table(table.rename_columns(["check" if c == "failed_check" else c for c in table.column_names]), part)
-    for path in [run / "_manifest.json", *run.glob("_shards/*.json")]:
-        doc = orjson.loads(path.read_bytes())
-        for marker in doc.get("shards", [doc]):
-            for table_name in marker["parts"]:
-                marker["parts"][table_name] = (run / table_name / f"part-{marker['shard']}.parquet").stat().st_size
-            marker.pop("part_rows"), marker.pop("part_digests")
-            marker["schema_version"] = 1
-        doc["schema_version"] = 1
-        path.write_bytes(orjson.dumps(doc))
+    as_layout_1(run)
     assert open_run(str(run)).sql(query).to_pylist() == new
     assert "check" not in open_run(str(run)).sql("SELECT * FROM steps LIMIT 0").column_names
 
@@ -384,4 +390,5 @@ def test_old_runs_without_actor_read_as_the_agents_calls(parquet_run: tuple[Path
     for part in sorted((run / "steps").glob("*.parquet")):
         table = pq.read_table(part)
         pq.write_table(table.drop_columns(["actor", "seq"]), part)
+    as_layout_1(run)
     assert open_run(str(run)).sql(query).to_pylist() == new
