@@ -107,6 +107,7 @@ def write_steps(run: Path, n: int) -> None:
     )
     (run / "steps").mkdir(parents=True, exist_ok=True)
     pq.write_table(table, run / "steps" / "part-0.parquet")
+    commit_parts(str(run))  # the markers record the part as it is now (readers check parts against them)
 
 
 def paper_rows() -> list[dict[str, Any]]:

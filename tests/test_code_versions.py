@@ -5,6 +5,7 @@ exactly the shards a change does not affect, and the manifest says why for each 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -56,6 +57,15 @@ def test_the_core_and_the_families_cover_what_scoring_executes() -> None:
     assert "envs/bfcl/_wheel_import.py" in {
         p.relative_to(cv.PACKAGE_ROOT).as_posix() for p in cv.family_sources("bfcl")
     }
+
+
+@pytest.fixture(autouse=True)
+def _versions_of_the_real_tree_afterwards() -> Iterator[None]:
+    """The versions cached while a test versioned a copy are dropped after it: a later test in this process (a
+    worker runs several files) must see the package's own versions, as a `pexec` it starts does."""
+    yield
+    cv.code_version.cache_clear()
+    cv.family_version.cache_clear()
 
 
 def use_tree(monkeypatch: pytest.MonkeyPatch, root: Path) -> None:

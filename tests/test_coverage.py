@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import orjson
 import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
@@ -159,7 +160,7 @@ def test_rerunning_the_same_command_finishes_the_run(killed: tuple[Path, Path], 
     shutil.copytree(original, run)
     keys = committed(run)
     manifest = run_scoring(str(store), str(run), ScoreSettings(inline=True))
-    assert manifest.counts.shards_reused >= len(keys)
+    assert manifest.counts.shards_reused >= len(keys), [s for s in manifest.reuse.shards if s.shard in keys]
     [c] = open_run(str(run)).cohorts([], FAST)
     assert c["partial"] is None and c["n"] == N_FILES * PER_FILE
 
@@ -313,16 +314,32 @@ def test_each_by_is_kept_under_its_own_name(parquet_run: tuple[Path, Path], tmp_
     assert counts["pec"] > 4
 
 
+def as_layout_1(run: Path) -> None:
+    """The run's markers and manifest as an older pexec wrote them (layout 1), beside parts it rewrote: each part's
+    size as it is now, no rows or digests (readers check such parts by size and footer only)."""
+    for path in [run / "_manifest.json", *run.glob("_shards/*.json")]:
+        doc = orjson.loads(path.read_bytes())
+        for marker in doc.get("shards", [doc]):
+            for table_name in marker["parts"]:
+                marker["parts"][table_name] = (run / table_name / f"part-{marker['shard']}.parquet").stat().st_size
+            marker.pop("part_rows"), marker.pop("part_digests")
+            marker["schema_version"] = 1
+        doc["schema_version"] = 1
+        path.write_bytes(orjson.dumps(doc))
+
+
 def test_old_runs_check_column_reads_as_failed_check(parquet_run: tuple[Path, Path], tmp_path: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(parquet_run[1], run)
     query = "SELECT failed_check, count(*) AS n FROM steps GROUP BY ALL ORDER BY ALL"
     new = open_run(str(run)).sql(query).to_pylist()
     assert {r["failed_check"] for r in new} == {None, "S", "D", "P"}
-    # Half the parts rewritten as an older pexec wrote them: the column named `check`.
+    # Half the parts rewritten as an older pexec wrote them: the column named `check`, and the run folder of layout
+    # 1, whose markers record each part's size but no digest.
     for part in sorted((run / "steps").glob("*.parquet"))[::2]:
         table = pq.read_table(part)
         pq.write_table(table.rename_columns(["check" if c == "failed_check" else c for c in table.column_names]), part)
+    as_layout_1(run)
     assert open_run(str(run)).sql(query).to_pylist() == new
     assert "check" not in open_run(str(run)).sql("SELECT * FROM steps LIMIT 0").column_names
 
@@ -373,4 +390,5 @@ def test_old_runs_without_actor_read_as_the_agents_calls(parquet_run: tuple[Path
     for part in sorted((run / "steps").glob("*.parquet")):
         table = pq.read_table(part)
         pq.write_table(table.drop_columns(["actor", "seq"]), part)
+    as_layout_1(run)
     assert open_run(str(run)).sql(query).to_pylist() == new

@@ -4,10 +4,13 @@ reader and by a rescore (until --force), never read as if its fields meant the s
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from pathlib import Path
 
 import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from conftest import examples
 from hypothesis import given, settings
@@ -61,7 +64,21 @@ def test_the_files_scoring_writes_read_back_as_their_types(scored: tuple[Path, P
     assert [s.shard for s in plan.shards] == [m.shard for m in manifest.shards]
     assert manifest.input.store == str(store) and manifest.settings.executor == "inline"
     on_disk = orjson.loads((run / "_manifest.json").read_bytes())
-    assert on_disk["schema_version"] == 1 and on_disk["counts"]["scored"] == 120
+    assert on_disk["schema_version"] == 2 and on_disk["counts"]["scored"] == 120
+    for marker in markers.values():  # each part's recorded size, rows and digest are those of the file on disk
+        for table in ("steps", "rollouts", "rejects"):
+            data = (run / table / f"part-{marker.shard}.parquet").read_bytes()
+            assert marker.parts[table] == len(data)
+            assert marker.part_digests[table] == "sha256:" + hashlib.sha256(data).hexdigest()
+            assert marker.part_rows[table] == pq.read_metadata(pa.BufferReader(data)).num_rows
+        assert marker.part_rows["rollouts"] == marker.scored and marker.part_rows["steps"] == marker.steps
+
+
+def as_layout_1(doc: dict) -> None:
+    """A layout 1 file as an earlier pexec wrote it: no part rows or digests, and (earlier still) no version."""
+    for d in [doc, *doc.get("shards", [])]:
+        for key in ("schema_version", "part_rows", "part_digests"):
+            d.pop(key, None)
 
 
 def test_a_folder_written_before_the_version_was_recorded_reads_as_layout_1(
@@ -70,11 +87,22 @@ def test_a_folder_written_before_the_version_was_recorded_reads_as_layout_1(
     store, original = scored
     run = copy(original, tmp_path)
     for path in [run / "_manifest.json", run / "_plan.json", *run.glob("_shards/*.json")]:
-        rewrite(path, lambda doc: [d.pop("schema_version", None) for d in [doc, *doc.get("shards", [])]])
+        rewrite(path, as_layout_1)
     assert "schema_version" not in (run / "_manifest.json").read_text()
-    assert open_run(str(run)).snapshot.complete
+    manifest = read_manifest(str(run))
+    assert manifest is not None and manifest.schema_version == 1
+    assert all(m.schema_version == 1 for m in manifest.shards)
+    assert all(m.schema_version == 1 and not m.part_digests for m in read_shard_markers(str(run)).values())
+    assert open_run(str(run)).snapshot.complete  # still read (its parts cannot be verified: `pexec verify` says so)
     again = run_scoring(str(store), str(run), ScoreSettings(inline=True))
-    assert again.counts.shards_reused == 3  # its markers still say what a rerun may reuse
+    # Its markers cannot vouch for their parts: each shard is scored once more, to record them.
+    assert again.counts.shards_reused == 0
+    assert {s.shard: s.why for s in again.reuse.shards} == {
+        m.shard: "its marker records no part digests (run folder layout 1): scored again to record them"
+        for m in again.shards
+    }
+    assert again.schema_version == 2 and all(m.part_digests for m in again.shards)
+    assert run_scoring(str(store), str(run), ScoreSettings(inline=True)).counts.shards_reused == 3
 
 
 @pytest.mark.parametrize("file", ["_manifest.json", "_plan.json"])
@@ -83,13 +111,13 @@ def test_every_reader_refuses_a_newer_layout_in_one_line(scored: tuple[Path, Pat
     run = copy(original, tmp_path)
     if file == "_plan.json":
         (run / "_manifest.json").unlink()  # an unfinished run: its plan is what says its coverage
-    rewrite(run / file, lambda doc: doc.update(schema_version=2, new_field="?"))
+    rewrite(run / file, lambda doc: doc.update(schema_version=3, new_field="?"))
     with pytest.raises(UnknownLayout, match=f"{file}: written by a newer pexec"):
         open_run(str(run), partial=True)
     for command in (["metrics", str(run), "--bootstrap", "20"], ["sql", str(run), "SELECT 1"]):
         result = cli(*command, "--partial")
         assert result.exit_code == 2, result.output
-        line = f"error: {run / file}: written by a newer pexec (run folder layout 2; this pexec reads layout 1)"
+        line = f"error: {run / file}: written by a newer pexec (run folder layout 3; this pexec reads layouts up to 2)"
         assert result.output.replace("\n", " ").startswith(line) and "Traceback" not in result.output
 
 
@@ -103,7 +131,7 @@ def test_a_rescore_refuses_a_newer_marker_until_forced(scored: tuple[Path, Path]
     assert (run / "_manifest.json").exists()  # refused before the run was touched
     forced = cli("score", str(store), "--out", str(run), "--inline", "--force")
     assert forced.exit_code == 0, forced.output
-    assert orjson.loads(marker.read_bytes())["schema_version"] == 1
+    assert orjson.loads(marker.read_bytes())["schema_version"] == 2
 
 
 def test_a_damaged_manifest_makes_the_run_incomplete_and_a_damaged_marker_is_no_commit(
@@ -135,6 +163,8 @@ _MARKERS = st.builds(
     seconds=st.floats(0, 1e9),
     environments=st.dictionaries(_NAMES, st.none() | _NAMES, max_size=3),
     parts=st.dictionaries(_NAMES, st.integers(0, 2**40), max_size=3),
+    part_rows=st.dictionaries(_NAMES, st.integers(0, 2**40), max_size=3),
+    part_digests=st.dictionaries(_NAMES, _NAMES, max_size=3),
     reused=st.booleans(),
 )
 
@@ -145,5 +175,5 @@ def test_a_marker_round_trips_and_a_changed_field_type_is_refused(marker: ShardM
     assert decode(ShardMarker, encode(marker, indent=False), "m") == marker
     doc = orjson.loads(encode(marker))
     doc["start"] = str(doc["start"])
-    with pytest.raises(RunFolderError, match=r"m: not a pexec run file of layout 1 \(Expected `int`, got `str`"):
+    with pytest.raises(RunFolderError, match=r"m: not a pexec run file of layout 2 \(Expected `int`, got `str`"):
         decode(ShardMarker, orjson.dumps(doc), "m")

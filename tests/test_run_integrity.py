@@ -14,7 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from msgspec import structs
+from typer.testing import CliRunner
 
+from pipeline.apps.cli import app
 from pipeline.core.run_folder import Manifest
 from pipeline.scoring.driver import run_scoring
 from pipeline.scoring.settings import ScoreSettings
@@ -171,21 +173,48 @@ def test_a_rerun_reuses_shards_until_a_copy_of_their_ids_appears_earlier(store: 
     assert len(now) == 50 and third.counts.rejected == 4  # a5, a7, b3 and now b1
 
 
-@pytest.mark.parametrize("damage", ["deleted", "replaced"])
-def test_a_shard_whose_part_changed_is_rescored_and_counts_match_the_tables(
+def damage_part(victim: Path, damage: str, other: Path) -> None:
+    """Damage a committed part file as storage or a person could: the marker beside it is left as committed."""
+    data = victim.read_bytes()
+    if damage == "deleted":
+        victim.unlink()
+    elif damage == "replaced":  # another shard's rows under this shard's name: a valid Parquet file of another size
+        victim.write_bytes(other.read_bytes())
+    elif damage == "zeroed":  # 64 bytes zeroed in the middle: the same size, so no listing can tell
+        middle = len(data) // 2
+        victim.write_bytes(data[:middle] + bytes(64) + data[middle + 64 :])
+    elif damage == "emptied":  # a valid Parquet file of the same columns and no rows
+        pq.write_table(pq.read_table(victim).slice(0, 0), victim)
+    elif damage == "truncated":
+        victim.write_bytes(data[: len(data) // 2])
+    assert damage == "deleted" or victim.read_bytes() != data
+
+
+DAMAGES = ["deleted", "replaced", "zeroed", "emptied", "truncated"]
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_shard_whose_part_changed_is_refused_by_readers_then_rescored_and_counts_match_the_tables(
     store: Path, tmp_path: Path, damage: str
 ) -> None:
     run = tmp_path / "run"
     first = run_scoring(str(store), str(run), ScoreSettings(inline=True, shard_mb=20_000 / 2**20))
     parts = sorted((run / "rollouts").iterdir())
     victim = parts[1]
-    if damage == "deleted":
-        victim.unlink()
-    else:  # another shard's rows under this shard's name: a valid Parquet file of another size
-        victim.write_bytes(parts[2].read_bytes())
+    damage_part(victim, damage, parts[2])
+    # Read before the rerun: one line naming the part, exit 2, no number printed from it.
+    result = CliRunner().invoke(app, ["metrics", str(run), "--bootstrap", "20"])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: ") and victim.name in result.output and "Traceback" not in result.output
+    expected = "are missing" if damage == "deleted" else f"damaged part {victim}"
+    assert expected in result.output.replace("\n", " ")
     again = run_scoring(str(store), str(run), ScoreSettings(inline=True, shard_mb=20_000 / 2**20))
     rescored = [s.shard for s in again.shards if not s.reused]
     assert rescored == [victim.name.removeprefix("part-").removesuffix(".parquet")]
+    why = {s.shard: s.why for s in again.reuse.shards}[rescored[0]]
+    assert why.startswith("its rollouts part changed since it was committed: "), why
+    if damage in ("deleted", "zeroed"):  # the one a size cannot tell says so
+        assert why.endswith("missing" if damage == "deleted" else "was recorded)"), why
     counts = again.counts
     assert counts == structs.replace(first.counts, shards_reused=counts.shards - 1)
     assert (counts.scored, counts.steps, counts.rejected) == (
@@ -194,3 +223,4 @@ def test_a_shard_whose_part_changed_is_rescored_and_counts_match_the_tables(
         len(rows(run, "rejects")),
     )
     assert len({r["rollout_id"] for r in rows(run, "rollouts")}) == counts.scored
+    assert CliRunner().invoke(app, ["metrics", str(run), "--bootstrap", "20"]).exit_code == 0

@@ -55,6 +55,11 @@ class UnknownLayout(RunFolderError):
     this pexec's, even where its fields happen to fit."""
 
 
+class PartDamaged(RunFolderError):
+    """A part file whose bytes are not those its shard's marker recorded (changed, cut short, replaced, missing):
+    never read."""
+
+
 class RunNotFound(PexecError, FileNotFoundError):
     """No scored run (or no rollouts in it) where one was named."""
 

@@ -10,15 +10,18 @@ A dataclass would need a hand-written validator; pydantic validates too, at abou
 with pydantic).
 
 Every file carries `schema_version`. A file without it was written before the version was recorded, in the
-layout of version 1. A version this pexec does not know (a newer pexec wrote the folder) is refused in one line,
-never guessed at: its fields may mean something else.
+layout of version 1. Layout 2 adds each part's row count and SHA-256 digest to its shard's marker (and so to the
+manifest, which lists the markers); this pexec writes layout 2 and still reads layout 1, whose parts it cannot
+verify (`pexec verify` says so, and a rerun scores such shards again to record them). A version this pexec does
+not know (a newer pexec wrote the folder) is refused in one line, never guessed at: its fields may mean something
+else.
 
 Imports: core.errors.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 import orjson
@@ -26,11 +29,17 @@ from msgspec import Meta
 
 from pipeline.core.errors import RunFolderError, UnknownLayout
 
-SCHEMA_VERSION = 1  # the layout this pexec writes and reads
+SCHEMA_VERSION = 2  # the layout this pexec writes
+READ_VERSIONS = (1, 2)  # the layouts it reads: layout 1 has no part digests
+DIGEST = "sha256"  # of a part's bytes: hashlib's SHA-256 runs on the CPU's SHA instructions, faster than BLAKE2b
 
 
 _VERSION = Annotated[
-    int, Meta(description="the run folder layout; absent in folders written before it was recorded (they are layout 1)")
+    int,
+    Meta(
+        description="the run folder layout: 2 records each part's rows and digest; absent in folders written before "
+        "it was recorded (they are layout 1)"
+    ),
 ]
 
 
@@ -111,6 +120,13 @@ class ShardMarker(_File, frozen=True):
         bool, Meta(description="carried over from an earlier run of the same input, versions and settings")
     ] = False
     parts: Annotated[dict[str, int], Meta(description="table -> size in bytes of the part written")] = {}
+    part_rows: Annotated[
+        dict[str, int], Meta(description="table -> rows of the part written (layout 2; absent in layout 1)")
+    ] = {}
+    part_digests: Annotated[
+        dict[str, str],
+        Meta(description="table -> `sha256:<hex>` of the part's bytes (layout 2; absent in layout 1: unverifiable)"),
+    ] = {}
     duplicates: Annotated[
         str, Meta(description='digest of the duplicate ids the shard was told about ("" for none)')
     ] = ""
@@ -233,22 +249,31 @@ def encode(record: Plan | ShardMarker | Manifest, indent: bool = True) -> bytes:
 
 
 def decode(kind: type[RunFile], data: bytes, where: str) -> RunFile:
-    """The record `data` holds, checked against `kind`; RunFolderError naming `where` when it is not one this pexec
-    reads (damaged, another layout, or a newer pexec's)."""
+    """The record `data` holds, checked against `kind`, with `schema_version` the layout the file is in (1 when it
+    names none); RunFolderError naming `where` when it is not one this pexec reads (damaged, or of an unknown or
+    newer layout)."""
+    version = _version(data)
+    if version not in READ_VERSIONS:
+        raise UnknownLayout(f"{where}: {_version_problem(version)}")
     try:
         record = msgspec.json.decode(data, type=kind)
     except msgspec.DecodeError as exc:
-        version = _version(data)
-        if version != SCHEMA_VERSION:
-            raise UnknownLayout(f"{where}: {_version_problem(version)}") from None
-        raise RunFolderError(f"{where}: not a pexec run file of layout {SCHEMA_VERSION} ({exc})") from None
-    if record.schema_version != SCHEMA_VERSION:
-        raise UnknownLayout(f"{where}: {_version_problem(record.schema_version)}")
-    return record
+        raise RunFolderError(f"{where}: not a pexec run file of layout {version} ({exc})") from None
+    # The type's default is the layout written now; a file that names none is of layout 1, and so are the markers
+    # a layout 1 manifest lists.
+    return record if version == SCHEMA_VERSION else _of_layout(record, version)
+
+
+def _of_layout(record: Plan | ShardMarker | Manifest, version: int) -> Any:
+    if isinstance(record, Manifest):
+        shards = tuple(msgspec.structs.replace(m, schema_version=version) for m in record.shards)
+        return msgspec.structs.replace(record, schema_version=version, shards=shards)
+    return msgspec.structs.replace(record, schema_version=version)
 
 
 def _version(data: bytes) -> int:
-    """The layout a file that does not fit its type says it has (this pexec's when it says nothing readable)."""
+    """The layout a file says it has: 1 when it names none, this pexec's when it says nothing readable (decoding
+    it against its type then says what is wrong)."""
     try:
         return msgspec.json.decode(data, type=_Version).schema_version
     except msgspec.DecodeError:
@@ -258,10 +283,10 @@ def _version(data: bytes) -> int:
 def _version_problem(version: int) -> str:
     if version > SCHEMA_VERSION:
         return (
-            f"written by a newer pexec (run folder layout {version}; this pexec reads layout {SCHEMA_VERSION}): "
+            f"written by a newer pexec (run folder layout {version}; this pexec reads layouts up to {SCHEMA_VERSION}): "
             "read it with that pexec, or rescore it with this one (--force)"
         )
-    return f"unknown run folder layout {version} (this pexec reads layout {SCHEMA_VERSION})"
+    return f"unknown run folder layout {version} (this pexec reads layouts {READ_VERSIONS[0]} to {SCHEMA_VERSION})"
 
 
 # --- the reference page ---------------------------------------------------------------------------------------

@@ -8,16 +8,30 @@ jobs) refuses anything else in one line that says what is missing and how to fin
 then it reads only the parts of committed shards (a marker that matches the run's plan, all three parts present) and
 states the coverage: shards and records read of the total the plan knows.
 
+A part is checked against its shard's marker when it is first read: the snapshot hashes every part of a table the
+first time a reader asks for that table's files (a run's rollouts for `metrics`, its steps too for `report`), and a
+part whose size or SHA-256 digest is not the one recorded is refused in one line naming it and how to repair it
+(PartDamaged), never read. A run of layout 1 records no digests: of its parts only the size (as listed) and the rows
+of the footer are checked (`pexec verify` says they are unverified).
+
 A path may hold several runs (nightly `date=…/` partitions read together): each is checked.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from pipeline.core.errors import RunFolderError, RunIncomplete, RunNotFound, StorageError, UnknownLayout
+from pipeline.core.errors import (
+    PartDamaged,
+    RunFolderError,
+    RunIncomplete,
+    RunNotFound,
+    StorageError,
+    UnknownLayout,
+)
 from pipeline.core.run_folder import Manifest, Plan, PlannedShard, ShardMarker
 from pipeline.core.text import some
 from pipeline.storage.run import (
@@ -25,10 +39,15 @@ from pipeline.storage.run import (
     PLAN,
     SHARD_MARKERS,
     TABLES,
+    PartFacts,
     RunPrefix,
+    check_part,
+    footer_problem,
+    part_rel,
     read_manifest,
     read_plan,
     read_shard_markers,
+    recorded_part,
 )
 
 _SHOWN = 3  # missing files named in a message, the rest counted
@@ -48,6 +67,10 @@ class RunState:
     input_bytes_total: int | None = None
     missing: str = ""  # what is missing, "" when complete
     fix: str = ""  # how to finish the run, "" when complete
+    recorded: Mapping[str, ShardMarker] = field(
+        default_factory=dict, repr=False, compare=False
+    )  # the readable shards' markers
+    repair: str = ""  # the command that rescores a shard whose part is damaged
 
     @property
     def shards(self) -> int:
@@ -114,6 +137,10 @@ class Snapshot:
     root: RunPrefix
     runs: tuple[RunState, ...]
     files: frozenset[str]  # every file under the path when it was listed, relative to it
+    sizes: Mapping[str, int] = field(default_factory=dict, repr=False, compare=False)  # of `files`, as listed
+    # Tables whose parts were checked against their markers (each once per snapshot, when first read).
+    checked: set[str] = field(default_factory=set, repr=False, compare=False)
+    _checking: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def __repr__(self) -> str:  # not the file list, which grows with the run
         return f"Snapshot({self.root!r}, {self.describe()})"
@@ -135,12 +162,31 @@ class Snapshot:
         return f"partial: {runs}{shards:,} of {shards_total} shards, {rollouts:,} of {rollouts_total} rollouts"
 
     def parts(self, table: str) -> list[str]:
-        """URLs of `table`'s part files of the readable shards, as DuckDB reads them."""
-        return [
-            self.root.file(f"{r.rel}{'/' if r.rel else ''}{table}/part-{key}.parquet")
-            for r in self.runs
-            for key in r.keys
-        ]
+        """URLs of `table`'s part files of the readable shards, as DuckDB reads them; the first call for a table
+        checks each of its parts against its marker (PartDamaged for one that does not match)."""
+        with self._checking:
+            if table not in self.checked:
+                self._check(table)
+                self.checked.add(table)
+        return [self.root.file(part_rel(table, key, r.rel)) for r in self.runs for key in r.keys]
+
+    def _check(self, table: str) -> None:
+        for r in self.runs:
+            for key in r.keys:
+                marker = r.recorded.get(key)
+                if marker is None:
+                    continue
+                recorded = recorded_part(marker, table)
+                rel = part_rel(table, key, r.rel)
+                if recorded.digest:
+                    problem = check_part(self.root, rel, recorded)
+                else:  # layout 1: its size (as listed) and its footer's rows can be checked; its bytes cannot
+                    problem = _layout_1_problem(self.root, rel, recorded, self.sizes.get(rel))
+                if problem:
+                    raise PartDamaged(
+                        f"damaged part {self.root.file(rel)}: {problem}; {r.repair} rescores its shard "
+                        f"(`pexec verify {_name(self.root, r)}` lists every damaged part)"
+                    )
 
     def partial(self) -> Coverage | None:
         """None for complete runs; else what a partial read covers."""
@@ -157,11 +203,18 @@ class Snapshot:
         )
 
 
+def _layout_1_problem(root: RunPrefix, rel: str, recorded: PartFacts, listed: int | None) -> str:
+    if recorded.size >= 0 and listed is not None and listed != recorded.size:
+        return f"{listed:,} bytes where {recorded.size:,} were written"
+    return footer_problem(root, rel, recorded.rows)
+
+
 def take_snapshot(run: str, storage_options: dict[str, Any] | None = None, partial: bool = False) -> Snapshot:
     """Check every run under `run`; raise RunIncomplete unless all are complete or `partial` is asked for."""
     root = RunPrefix(run, storage_options)
     try:
-        files = _listing(root)
+        sizes = _listing(root)
+        files = set(sizes)
     except FileNotFoundError:
         raise RunNotFound(f"no run at {run}") from None
     except OSError as exc:
@@ -170,7 +223,7 @@ def take_snapshot(run: str, storage_options: dict[str, Any] | None = None, parti
     if not folders:
         raise RunNotFound(f"no scored run under {run} (no {MANIFEST}, {PLAN} or part files)")
     try:
-        snapshot = Snapshot(root, tuple(_state(root, rel, files) for rel in folders), frozenset(files))
+        snapshot = Snapshot(root, tuple(_state(root, rel, files) for rel in folders), frozenset(files), sizes)
     except OSError as exc:  # a file listed a moment ago is gone (a rerun started), or storage failed
         raise StorageError(f"cannot read run {run}: {exc}") from exc
     incomplete = [r for r in snapshot.runs if not r.complete]
@@ -189,12 +242,13 @@ def take_snapshot(run: str, storage_options: dict[str, Any] | None = None, parti
 # --- internals ---------------------------------------------------------------------------------------
 
 
-def _listing(root: RunPrefix) -> set[str]:
-    """Every file under the path, relative to it."""
+def _listing(root: RunPrefix) -> dict[str, int]:
+    """Every file under the path, relative to it, with its size."""
     if not root.fs.exists(root.path):
         raise FileNotFoundError(root.path)
     base = root.path + "/"
-    return {p.removeprefix(base) for p in root.fs.find(root.path)}
+    found: dict[str, dict[str, Any]] = root.fs.find(root.path, detail=True)
+    return {p.removeprefix(base): int(info.get("size") or 0) for p, info in found.items()}
 
 
 def _run_folders(files: set[str]) -> list[str]:
@@ -225,8 +279,18 @@ def _state(root: RunPrefix, rel: str, files: set[str]) -> RunState:
         ]
         keys = tuple(k for k in reports if has_parts(k))
         total = sum(s.read for s in reports.values())
+        repair = f"`pexec score {manifest.input.store} --out {run}`"
         if not lost:
-            return RunState(rel, True, keys, shards_total=len(keys), rollouts=total, rollouts_total=total)
+            return RunState(
+                rel,
+                True,
+                keys,
+                shards_total=len(keys),
+                rollouts=total,
+                rollouts_total=total,
+                recorded=reports,
+                repair=repair,
+            )
         return RunState(
             rel,
             False,
@@ -237,6 +301,8 @@ def _state(root: RunPrefix, rel: str, files: set[str]) -> RunState:
             missing=f"its manifest lists {len(reports)} shards but {len(lost)} part file(s) are missing "
             f"({_some(lost)})",
             fix=f"rescore it with `pexec score {manifest.input.store} --out {run} --force`",
+            recorded=reports,
+            repair=repair,
         )
     plan = read_plan(root, rel=rel) if f"{prefix}{PLAN}" in files else None
     markers = read_shard_markers(root, rel=rel, listed=files)
@@ -252,6 +318,8 @@ def _state(root: RunPrefix, rel: str, files: set[str]) -> RunState:
             rollouts_total=None,
             missing=f"{what}, and no {PLAN}: the total it should cover is unknown",
             fix=f"finish it with the `pexec score` command that wrote it (same STORE, `--out {run}`)",
+            recorded=markers,
+            repair=f"the `pexec score` command that wrote it (same STORE, `--out {run}`)",
         )
     planned = {s.shard: s for s in plan.shards}
     current = {k: m for k, m in markers.items() if k in planned and _matches(m, planned[k], plan)}
@@ -268,6 +336,8 @@ def _state(root: RunPrefix, rel: str, files: set[str]) -> RunState:
         input_bytes_total=plan.bytes,
         missing=f"{what}; {len(keys)} of {len(planned)} shards committed",
         fix=f"finish it with the same `pexec score {plan.store} --out {run}` (committed shards are reused)",
+        recorded=current,
+        repair=f"`pexec score {plan.store} --out {run}`",
     )
 
 

@@ -1,18 +1,29 @@
 """Read-only SQL over a run (`pexec sql`): the run's tables as views, every statement checked to be a read,
-within a memory and time limit, and nothing outside the run readable."""
+within a memory, spill and time limit, and nothing outside the run readable.
+
+DuckDB spills what does not fit its memory limit to files in a private temporary folder, at most `spill_limit` of
+them (its `max_temp_directory_size`). The folder is removed when the query ends, however it ends: an error, the
+timeout, or SIGTERM / SIGINT (which interrupt DuckDB mid-query, so that the folder is removed before the process
+exits with 128 + the signal's number). One killed outright (SIGKILL) cannot: the next query removes the folders of
+processes that are gone (their names carry the process id)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import re
 import shutil
+import signal
+import socket
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TypeVar
+from pathlib import Path
+from typing import Any, TypeVar
 
 import duckdb
 import orjson
@@ -24,7 +35,12 @@ from pipeline.metrics.duck import connect, run_sql, set_variables
 
 PARTIAL_KEY = b"pexec.partial"  # schema metadata of a `sql` result read from an incomplete run
 _METRICS_NAME = re.compile(r"^metrics(_by_\w+)?$")
-_MEMORY = re.compile(r"\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", re.IGNORECASE)
+_MEMORY = re.compile(r"(?P<n>\d+(\.\d+)?)\s*(?P<unit>B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", re.IGNORECASE)
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}  # as DuckDB reads them
+_UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+SPILL_BOUNDS = (2**20, 2**40)  # the smallest and largest --spill-limit, in bytes
+_SPILL_PREFIX = "pexec-sql-"  # the spill folder's name: the prefix, the process id, a dash, a random part
+_STOPPING = (signal.SIGTERM, signal.SIGINT)  # signals that stop a query and remove its spill folder
 BATCH_ROWS = 10_000  # rows fetched from DuckDB at a time while a result streams
 MAX_ROWS_LIMIT = 1_000_000_000  # the largest --max-rows
 Result = TypeVar("Result")
@@ -41,16 +57,26 @@ class QueryLimits:
     statement timeout of its own: a timer interrupts the connection."""
 
     memory_limit: str = "2GB"
+    spill_limit: str = "4GB"  # spill files at most (DuckDB's max_temp_directory_size)
     timeout: float = 120.0  # seconds, for all statements of the query together and reading their result
     max_rows: int = 1_000_000  # rows of the result; more is cut (streamed) or an error (a table in memory)
 
     def __post_init__(self) -> None:
         if not _MEMORY.fullmatch(self.memory_limit):
             raise PexecError(f"memory limit takes a size such as 512MB or 4GB, got {self.memory_limit!r}")
+        spill = size_bytes(self.spill_limit)
+        if spill is None or not SPILL_BOUNDS[0] <= spill <= SPILL_BOUNDS[1]:
+            raise PexecError(f"spill limit takes a size from 1MiB to 1TiB such as 4GB, got {self.spill_limit!r}")
         if not self.timeout > 0:
             raise PexecError(f"timeout takes seconds > 0, got {self.timeout}")
         if not 1 <= self.max_rows <= MAX_ROWS_LIMIT:
             raise PexecError(f"max rows takes 1 to {MAX_ROWS_LIMIT:,}, got {self.max_rows}")
+
+
+def size_bytes(size: str) -> int | None:
+    """Bytes in a size such as `512MB` or `4GiB` (None when it is not one)."""
+    match = _MEMORY.fullmatch(size.strip())
+    return None if match is None else int(float(match["n"]) * _UNITS[match["unit"].lower()])
 
 
 class QueryResult:
@@ -139,18 +165,22 @@ def stream_sql(snapshot: Snapshot, query: str, limits: QueryLimits | None = None
     deadline = time.monotonic() + limits.timeout
     root = snapshot.root
     con = connect(root)
-    spill = tempfile.mkdtemp(prefix="pexec-sql-")
+    spill = _spill_folder()
     # DuckDB has no statement timeout of its own: a timer interrupts the connection, reading included.
     timer = threading.Timer(limits.timeout, con.interrupt)
     timer.start()
+    stopping = _Stopping(con)
     try:
-        set_variables(con, memory_limit=limits.memory_limit, temp_directory=spill)
+        stopping.start()
+        set_variables(con, memory_limit=limits.memory_limit, spill_limit=limits.spill_limit, temp_directory=str(spill))
         run_sql(con, "metrics/limits")
         for table in ("rollouts", "steps", "rejects"):
             files = snapshot.parts(table)
             if files:
                 set_variables(con, **{f"{table}_files": files})
-                run_sql(con, f"metrics/view_{table}")
+                # A view reads its parts' footers: a part damaged where no digest can tell (layout 1) is DuckDB's
+                # one-line error, as a query's own.
+                _limited(functools.partial(run_sql, con, f"metrics/view_{table}"), limits)
         _metrics_views(con, snapshot)
         set_variables(con, allowed_directories=[root.url + "/"])
         run_sql(con, "metrics/lockdown")
@@ -159,9 +189,90 @@ def stream_sql(snapshot: Snapshot, query: str, limits: QueryLimits | None = None
         reader = _limited(lambda: _reader(con, statements[-1]), limits)
         yield QueryResult(reader, limits, deadline, snapshot.partial())
     finally:
+        stopping.closing = True  # a signal from here on waits for the folder to be removed
         timer.cancel()
         con.close()
         shutil.rmtree(spill, ignore_errors=True)
+        stopping.stop()
+
+
+def _spill_folder() -> Path:
+    """A new private folder for the query's spill files, named with this process's id; the folders of processes
+    that are gone (killed outright) are removed first."""
+    base = Path(tempfile.gettempdir())
+    for folder in base.glob(f"{_SPILL_PREFIX}*-*"):
+        pid = folder.name.removeprefix(_SPILL_PREFIX).split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{_SPILL_PREFIX}{os.getpid()}-"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+class _Stopping:
+    """While a query runs in the main thread: SIGTERM and SIGINT interrupt DuckDB (from a thread that waits on
+    the signal wake-up socket, since the main thread is inside DuckDB and runs no Python until it returns), then
+    end the process with 128 + the signal's number (SystemExit, so every `finally` on the way runs). A signal
+    that arrives while the query is being cleaned up ends the process once the cleanup is done. Off the main
+    thread (a notebook's worker, the viewer) nothing is installed: signals are the caller's."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.con = con
+        self.closing = False
+        self.signalled: int | None = None
+        self._installed = False
+        self._previous: dict[int, Any] = {}
+        self._wakeup = -1
+        self._sockets: tuple[socket.socket, socket.socket] | None = None
+        self._watcher: threading.Thread | None = None
+
+    def start(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        reader, writer = socket.socketpair()
+        writer.setblocking(False)
+        self._sockets = (reader, writer)
+        for signum in _STOPPING:
+            self._previous[signum] = signal.signal(signum, self._handle)
+        self._wakeup = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        self._installed = True
+        self._watcher = threading.Thread(target=self._watch, args=(reader,), name="pexec-sql-signals", daemon=True)
+        self._watcher.start()
+
+    def _watch(self, reader: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := reader.recv(64):  # b"": the writing end closed, the query is over
+                if any(b in _STOPPING for b in data):
+                    self.con.interrupt()
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.signalled = signum
+        if not self.closing:
+            raise SystemExit(128 + signum)
+
+    def stop(self) -> None:
+        if not self._installed:
+            return
+        signal.set_wakeup_fd(self._wakeup)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        if self._sockets is not None:
+            reader, writer = self._sockets
+            writer.close()  # the watcher reads the end of the stream and returns (dropping the connection)
+            if self._watcher is not None:
+                self._watcher.join(timeout=10)
+            reader.close()
+        self._installed = False
+        if self.signalled is not None:
+            raise SystemExit(128 + self.signalled)
 
 
 def _reader(con: duckdb.DuckDBPyConnection, text: str) -> pa.RecordBatchReader:
@@ -191,9 +302,7 @@ def _limited(step: Callable[[], Result], limits: QueryLimits) -> Result:
     except duckdb.InterruptException as exc:
         raise QueryError(f"query stopped after {limits.timeout:g} s (the --timeout)") from exc
     except duckdb.OutOfMemoryException as exc:
-        raise QueryError(
-            f"query needs more than {limits.memory_limit} of memory (the --memory-limit) and its spill space"
-        ) from exc
+        raise QueryError(_out_of_memory(str(exc), limits)) from exc
     except duckdb.Error as exc:  # the user's query is wrong, not pexec
         raise QueryError(str(exc)) from exc
     except pa.ArrowInvalid as exc:  # DuckDB's errors while a stream is read arrive through Arrow
@@ -201,10 +310,14 @@ def _limited(step: Callable[[], Result], limits: QueryLimits) -> Result:
         if "INTERRUPT" in message.upper():
             raise QueryError(f"query stopped after {limits.timeout:g} s (the --timeout)") from exc
         if "Out of Memory" in message:
-            raise QueryError(
-                f"query needs more than {limits.memory_limit} of memory (the --memory-limit) and its spill space"
-            ) from exc
+            raise QueryError(_out_of_memory(message, limits)) from exc
         raise QueryError(message) from exc
+
+
+def _out_of_memory(message: str, limits: QueryLimits) -> str:
+    if "max_temp_directory_size" in message:
+        return f"query needs more than {limits.spill_limit} of spill files (the --spill-limit)"
+    return f"query needs more than {limits.memory_limit} of memory (the --memory-limit) and its spill space"
 
 
 def _metrics_views(con: duckdb.DuckDBPyConnection, snapshot: Snapshot) -> None:

@@ -53,9 +53,11 @@ from pipeline.storage.lease import Lease
 from pipeline.storage.run import (
     TABLES,
     RunPrefix,
-    part_sizes,
+    check_part,
+    part_rel,
     read_manifest,
     read_shard_markers,
+    recorded_part,
     remove_manifest,
     remove_stale_parts,
     write_manifest,
@@ -202,9 +204,8 @@ def _reuse(run: str, shard_plan: ShardPlan, settings: TaskSettings, scoring: Sco
     folder = RunPrefix(run, scoring.storage_options)
     markers = {} if scoring.force else read_shard_markers(folder)
     committed = None if scoring.force else _committed(folder)
-    sizes = part_sizes(run, scoring.storage_options) if markers else {}
     why = {
-        s.key: "forced" if scoring.force else _rescore_reason(s, markers.get(s.key), settings, sizes)
+        s.key: "forced" if scoring.force else _rescore_reason(s, markers.get(s.key), settings, folder)
         for s in shard_plan.shards
     }
     kept = {s.key: structs.replace(markers[s.key], reused=True) for s in shard_plan.shards if not why[s.key]}
@@ -418,11 +419,9 @@ def _regroup(shard: Shard, source: RawSource, run: str, partitions: int, shard_b
     return regroup_partition(source, run, shard, partitions, shard_bytes)
 
 
-def _rescore_reason(
-    shard: Shard, marker: ShardMarker | None, settings: TaskSettings, sizes: dict[str, dict[str, int]]
-) -> str:
+def _rescore_reason(shard: Shard, marker: ShardMarker | None, settings: TaskSettings, folder: RunPrefix) -> str:
     """Why `shard` is scored again; "" when its committed output is still what scoring it now would write, and
-    still on disk as it was committed (every part present with the size recorded in the marker), as far as its
+    still on disk as it was committed (every part with the size, digest and rows its marker recorded), as far as its
     input, code, settings and environments go: the duplicate ids it was told about are checked once all ids are
     known. The code is versioned per environment: the scoring core for every shard, each environment (its data
     and its family's code) only for the shards that used it."""
@@ -439,8 +438,19 @@ def _rescore_reason(
     for name, was in sorted(marker.environments.items()):
         if (now := _version_now(name, settings)) != was:
             return f"environment {name} changed ({was} -> {now})"
-    if any(sizes.get(table, {}).get(shard.key) != marker.parts.get(table) for table in TABLES):
-        return "a part was deleted, cut short or replaced since"
+    return _part_changed(shard.key, marker, folder)
+
+
+def _part_changed(key: str, marker: ShardMarker, folder: RunPrefix) -> str:
+    """Why the shard's parts are not the ones its marker committed ("" when every one has its recorded size,
+    digest and rows): each part is read back whole, so a part zeroed in place, cut short or replaced by another
+    valid one is scored again. A marker without digests (an earlier layout) cannot vouch for its parts."""
+    for table in TABLES:
+        recorded = recorded_part(marker, table)
+        if not recorded.digest:
+            return "its marker records no part digests (run folder layout 1): scored again to record them"
+        if problem := check_part(folder, part_rel(table, key), recorded, rows=True):
+            return f"its {table} part changed since it was committed: {problem}"
     return ""
 
 

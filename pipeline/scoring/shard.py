@@ -165,7 +165,7 @@ def score_shard(
     tables = {"steps": steps, "rollouts": rollouts, "rejects": rejects_table(settings.run_id, shard.key, rejects)}
     if settings.lease is not None:
         require_holder(settings.run, settings.lease, settings.storage_options)
-    sizes = {name: write_part(settings.run, name, shard.key, t, settings.storage_options) for name, t in tables.items()}
+    written = {n: write_part(settings.run, n, shard.key, t, settings.storage_options) for n, t in tables.items()}
     marker = ShardMarker(
         shard=shard.key,
         source=shard.file.url,
@@ -181,7 +181,9 @@ def score_shard(
         environments=environments,
         code_version=settings.code_version,
         settings=settings.identity(),
-        parts=sizes,
+        parts={name: w.size for name, w in written.items()},
+        part_rows={name: w.rows for name, w in written.items()},
+        part_digests={name: w.digest for name, w in written.items()},
         duplicates=digest(duplicates),
     )
     write_shard_marker(settings.run, marker, settings.storage_options)  # the shard's commit

@@ -2,20 +2,24 @@
 what DuckDB reads of it.
 
 Part files are named after the shard they come from, so a retried or repeated shard overwrites its own
-parts and never duplicates rows. `_manifest.json` is written last: a run without it is incomplete.
+parts and never duplicates rows. Each part's size, rows and SHA-256 digest are recorded in its shard's marker
+(`PartFacts`), so that a reader, a rerun and `pexec verify` can tell a part from a damaged or replaced one
+(`check_part`). `_manifest.json` is written last: a run without it is incomplete.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING
 
 import pyarrow.parquet as pq
 
 from pipeline.core.arrow import pa
 from pipeline.core.errors import RunFolderError, StorageError, UnknownLayout
-from pipeline.core.run_folder import Manifest, Plan, RunFile, ShardMarker, decode, encode
+from pipeline.core.run_folder import DIGEST, Manifest, Plan, RunFile, ShardMarker, decode, encode
 from pipeline.core.text import public_url
 from pipeline.storage.fs import StorageOptions, filesystem, is_local, open_for_write
 
@@ -26,19 +30,102 @@ MANIFEST = "_manifest.json"
 PLAN = "_plan.json"  # the shards a (re)run will cover, written before the first of them is scored
 SHARD_MARKERS = "_shards"  # one JSON report per committed shard: what a rerun may reuse
 TABLES = ("steps", "rollouts", "rejects")
+_BLOCK = 2**20  # bytes hashed at a time while a part is read back
+
+
+@dataclass(frozen=True)
+class PartFacts:
+    """What a part is, as its shard's marker records it: size in bytes, rows, and `sha256:<hex>` of its bytes."""
+
+    size: int
+    rows: int
+    digest: str
 
 
 def part_path(run: str, table: str, shard_key: str) -> str:
     return f"{run.rstrip('/')}/{table}/part-{shard_key}.parquet"
 
 
+def part_rel(table: str, shard_key: str, rel: str = "") -> str:
+    """A part's path relative to the path read (`rel`: its run's folder below it, "" for the path itself)."""
+    return f"{rel}{'/' if rel else ''}{table}/part-{shard_key}.parquet"
+
+
 def write_part(
     run: str, table_name: str, shard_key: str, table: pa.Table, storage_options: StorageOptions | None = None
-) -> int:
-    """Write one part; returns its size in bytes (recorded in the shard's marker, checked before reuse)."""
+) -> PartFacts:
+    """Write one part; returns its size, rows and digest (recorded in the shard's marker, checked when the part is
+    read and before it is reused). The part is encoded in memory first (it is smaller than the table it encodes,
+    which is in memory already) so that the bytes hashed are the bytes written, in one pass."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd")
+    data = sink.getvalue()
     with open_for_write(part_path(run, table_name, shard_key), storage_options) as f:
-        pq.write_table(table, f, compression="zstd")
-        return f.tell()
+        f.write(memoryview(data))
+    return PartFacts(size=data.size, rows=table.num_rows, digest=f"{DIGEST}:{hashlib.sha256(data).hexdigest()}")
+
+
+def part_digest(f: IO[bytes]) -> tuple[int, str]:
+    """Size and `sha256:<hex>` of the bytes left in `f`, read in blocks (a part is never held whole)."""
+    h = hashlib.sha256()
+    size = 0
+    while block := f.read(_BLOCK):
+        h.update(block)
+        size += len(block)
+    return size, f"{DIGEST}:{h.hexdigest()}"
+
+
+def part_facts(run: str, table_name: str, shard_key: str, storage_options: StorageOptions | None = None) -> PartFacts:
+    """The size, rows and digest of a part already written (a run assembled without scoring)."""
+    fs, path = filesystem(part_path(run, table_name, shard_key), storage_options)
+    with fs.open(path, "rb") as f:
+        size, digest = part_digest(f)
+    with fs.open(path, "rb") as f:
+        rows = pq.read_metadata(f).num_rows
+    return PartFacts(size=size, rows=rows, digest=digest)
+
+
+_COUNTED = {"rollouts": "scored", "steps": "steps", "rejects": "rejected"}  # a layout 1 marker's rows per part
+
+
+def recorded_part(marker: ShardMarker, table: str) -> PartFacts:
+    """The part of `table` as `marker` records it. A layout 1 marker records no digest (`digest` is ""): its size
+    and rows (its counts) can be checked, its bytes cannot."""
+    rows = marker.part_rows.get(table, getattr(marker, _COUNTED[table]))
+    return PartFacts(size=marker.parts.get(table, -1), rows=rows, digest=marker.part_digests.get(table, ""))
+
+
+def check_part(root: RunPrefix, rel: str, expected: PartFacts, rows: bool = False) -> str:
+    """What is wrong with the part at `rel` below `root` against what its marker recorded: "" when it has the
+    recorded size and digest (and, with `rows`, its footer the recorded row count), else in words (missing, cut
+    short, changed, unreadable). Reads the whole part; StorageError when storage fails. Of a part recorded without
+    a digest (layout 1) only the size and rows are checked: the caller says it is unverified."""
+    path = f"{root.path}/{rel}"
+    try:
+        with root.fs.open(path, "rb") as f:
+            size, digest = part_digest(f)
+    except FileNotFoundError:
+        return "missing"
+    except OSError as exc:
+        raise StorageError(f"cannot read {root.file(rel)}: {exc}") from exc
+    if size != expected.size:
+        return f"{size:,} bytes where {expected.size:,} were written"
+    if expected.digest and digest != expected.digest:
+        return f"its bytes changed since it was written ({digest[:15]}… where {expected.digest[:15]}… was recorded)"
+    return footer_problem(root, rel, expected.rows) if rows else ""
+
+
+def footer_problem(root: RunPrefix, rel: str, rows: int) -> str:
+    """What is wrong with the Parquet footer of the part at `rel` against the rows its marker recorded ("" when
+    it is readable and counts them): reads the footer only."""
+    try:
+        with root.fs.open(f"{root.path}/{rel}", "rb") as f:
+            found = pq.read_metadata(f).num_rows
+    except FileNotFoundError:
+        return "missing"
+    except (OSError, pa.ArrowException) as exc:
+        return f"not a readable Parquet file ({' '.join(str(exc).split())})"
+    return f"{found:,} rows where {rows:,} were written" if found != rows else ""
 
 
 def part_sizes(run: str, storage_options: StorageOptions | None = None) -> dict[str, dict[str, int]]:

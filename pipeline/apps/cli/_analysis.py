@@ -1,4 +1,4 @@
-"""The commands that read a scored run: metrics, report, diff, sql and view. Each takes the shared options it
+"""The commands that read a scored run: metrics, report, diff, sql, view and verify. Each takes the shared options it
 needs (pipeline.apps.cli._options), in the same order, and opens the run through one `Reading` made of them, so every
 reader checks them the same way (MetricsSettings)."""
 
@@ -47,7 +47,7 @@ from pipeline.apps.cli._render import (
     print_table,
     warning_notice,
 )
-from pipeline.core.errors import EmptyRun, PexecError
+from pipeline.core.errors import EmptyRun, PartDamaged, PexecError
 from pipeline.core.text import literal
 from pipeline.metrics.completeness import Coverage
 from pipeline.metrics.query import MAX_ROWS_LIMIT, QueryLimits, read_statements, stream_sql
@@ -296,7 +296,7 @@ def _paired(
 def alert(lines: list[str]) -> None:
     """One line per crossed --fail-on threshold on stderr, then exit 1 (for alerting)."""
     for line in lines:
-        console.print(line, soft_wrap=True, markup=False, highlight=False)
+        console.print(line, soft_wrap=True)
     if lines:
         raise typer.Exit(1)
 
@@ -318,6 +318,12 @@ def sql(
     memory_limit: Annotated[
         str, typer.Option("--memory-limit", help="DuckDB memory limit (e.g. 512MB, 4GB); beyond it, it spills.")
     ] = QueryLimits.memory_limit,
+    spill_limit: Annotated[
+        str,
+        typer.Option(
+            "--spill-limit", help="Spill files DuckDB may write beyond the memory limit (1MiB to 1TiB, e.g. 4GB)."
+        ),
+    ] = QueryLimits.spill_limit,
     timeout: Annotated[
         float,
         typer.Option("--timeout", min=0.001, max=86_400, help="Seconds the query and writing its result may take."),
@@ -335,7 +341,7 @@ def sql(
     """Run a read-only SQL query (DuckDB) over the run's tables; the result streams out within the limits."""
     if fmt not in ("table", "csv", "json"):
         raise PexecError(f"--format is table, csv or json, got {fmt!r}")
-    limits = QueryLimits(memory_limit=memory_limit, timeout=timeout, max_rows=max_rows)
+    limits = QueryLimits(memory_limit=memory_limit, spill_limit=spill_limit, timeout=timeout, max_rows=max_rows)
     read_statements(query)  # a query that is not a read, or not SQL, is refused before the run is listed
     reading = Reading(storage(endpoint_url, storage_option), partial)
     with stream_sql(reading.open(run).snapshot, query, limits) as result:
@@ -344,7 +350,7 @@ def sql(
         print_query_result(result, fmt, vertical)
     if result.cut:  # the rows written are not the whole result: said, and not exit 0
         sys.stdout.flush()
-        console.print(f"pexec sql: {result.cut}", soft_wrap=True, markup=False, highlight=False)
+        console.print(f"pexec sql: {result.cut}", soft_wrap=True)
         raise typer.Exit(1)
 
 
@@ -399,3 +405,46 @@ def view(
             serve(run_view, host, port, token, limits, tuple(allow_host or ()), sock)
         finally:
             run_view.close()
+
+
+_LISTED = 20  # damaged or unverified parts printed one a line; the rest counted
+
+
+def verify(
+    run: ScoredRun,
+    endpoint_url: EndpointUrl = None,
+    storage_option: StorageOption = None,
+) -> None:
+    """Check every part of the run against the size, SHA-256 digest and rows its shard's marker recorded: exit 0
+    when all match, 2 listing the damaged parts, 1 when some could not be verified (a layout 1 run)."""
+    from pipeline.metrics.verify import verify_run
+
+    found = verify_run(run, storage(endpoint_url, storage_option))
+    runs = f", {found.runs} runs" if found.runs > 1 else ""
+    out.print(
+        f"{found.parts:,} parts of {found.shards:,} shards{runs}: {found.verified:,} verified, "
+        f"{len(found.damaged):,} damaged, {len(found.unverified):,} unverified",
+        soft_wrap=True,
+    )
+    for url in found.incomplete:
+        out.print(f"incomplete run (its committed shards were checked): {url}", soft_wrap=True)
+    for part in found.damaged[:_LISTED]:
+        out.print(f"damaged: {part.url}: {part.problem}", soft_wrap=True)
+    if found.damaged:
+        more = len(found.damaged) - _LISTED
+        listed = f" ({more:,} more not listed)" if more > 0 else ""
+        raise PartDamaged(
+            f"{len(found.damaged):,} of {found.parts:,} parts damaged{listed}; "
+            f"{'; '.join(found.repairs)} rescores their shards"
+        )
+    for url in found.unverified[:_LISTED]:
+        out.print(f"unverified: {url}", soft_wrap=True)
+    if len(found.unverified) > _LISTED:
+        out.print(f"unverified: {len(found.unverified) - _LISTED:,} more not listed", soft_wrap=True)
+    if found.unverified:
+        console.print(
+            f"pexec verify: {len(found.unverified):,} parts have no recorded digest (run folder layout 1): their "
+            "sizes and rows match, their bytes cannot be checked; rescore the run with this pexec to record them",
+            soft_wrap=True,
+        )
+        raise typer.Exit(1)

@@ -6,8 +6,6 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-import pyarrow.parquet as pq
-
 from pipeline.core.run_folder import (
     Counts,
     EnvironmentOptions,
@@ -19,7 +17,7 @@ from pipeline.core.run_folder import (
 )
 from pipeline.scoring.run_tables import rejects_table, steps_table
 from pipeline.storage.fs import exists, filesystem
-from pipeline.storage.run import part_path, write_manifest, write_part
+from pipeline.storage.run import part_facts, part_path, write_manifest, write_part
 
 
 def commit_parts(run: str, storage_options: dict[str, Any] | None = None) -> None:
@@ -30,12 +28,28 @@ def commit_parts(run: str, storage_options: dict[str, Any] | None = None) -> Non
     keys = sorted(p.rsplit("/part-", 1)[1][: -len(".parquet")] for p in fs.glob(f"{folder}/part-*.parquet"))
     shards = []
     for key in keys:
+        facts = {}
         for table_name, empty in (("steps", steps_table("run", [])), ("rejects", rejects_table("run", key, []))):
             if not exists(part_path(run, table_name, key), storage_options):
-                write_part(run, table_name, key, empty, storage_options)
-        with fs.open(f"{folder}/part-{key}.parquet", "rb") as f:
-            rows = pq.read_metadata(f).num_rows
-        shards.append(ShardMarker(shard=key, source="", start=0, stop=None, fingerprint="", read=rows, scored=rows))
+                facts[table_name] = write_part(run, table_name, key, empty, storage_options)
+            else:
+                facts[table_name] = part_facts(run, table_name, key, storage_options)
+        facts["rollouts"] = part_facts(run, "rollouts", key, storage_options)
+        rows = facts["rollouts"].rows
+        shards.append(
+            ShardMarker(
+                shard=key,
+                source="",
+                start=0,
+                stop=None,
+                fingerprint="",
+                read=rows,
+                scored=rows,
+                parts={t: f.size for t, f in facts.items()},
+                part_rows={t: f.rows for t, f in facts.items()},
+                part_digests={t: f.digest for t, f in facts.items()},
+            )
+        )
     total = sum(s.read for s in shards)
     now = datetime.now(UTC).isoformat()
     manifest = Manifest(
