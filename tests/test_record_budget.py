@@ -231,6 +231,7 @@ def shared_data_archive(path: Path, source: Path, entries: int) -> None:
     path.write_bytes(bytes(body + central + end))
 
 
+@pytest.mark.fuzz  # about 100 s of wall time: `make test` and `make fuzz` run it, `make check` does not
 def test_entries_over_shared_compressed_data_are_rejects_not_decompressed_again(tmp_path, eval_log):  # noqa: F811
     import resource
 
