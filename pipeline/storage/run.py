@@ -101,6 +101,8 @@ def check_part(root: RunPrefix, rel: str, expected: PartFacts, rows: bool = Fals
     short, changed, unreadable). Reads the whole part; StorageError when storage fails. Of a part recorded without
     a digest (layout 1) only the size and rows are checked: the caller says it is unverified."""
     path = f"{root.path}/{rel}"
+    # A listing this process cached before another process (a Ray task) wrote the part would say it is missing.
+    root.fs.invalidate_cache(path.rsplit("/", 1)[0])
     try:
         with root.fs.open(path, "rb") as f:
             size, digest = part_digest(f)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import duckdb
 
+from pipeline.apps.perf._fixtures import commit_parts
 from pipeline.apps.perf.figures import Bench, figure, load_average
 from pipeline.apps.perf.metrics import write_synthetic_rollouts
 from pipeline.metrics.duck import run_sql, set_variables
@@ -32,6 +33,7 @@ def write_synthetic_run(run: Path, n_rollouts: int, n_tasks: int, parts: int = 4
         set_variables(con, rollouts_part=str(part), steps_part=str(run / "steps" / part.name))
         run_sql(con, "apps/perf/synthetic_steps")
     con.close()
+    commit_parts(str(run))  # again: the markers record the steps parts written here (readers check every part)
 
 
 def bench_view(n_rollouts: int = 1_000_000, workdir: str | Path | None = None, repeats: int = 5) -> Bench:
