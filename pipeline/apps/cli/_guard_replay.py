@@ -64,8 +64,8 @@ def replay(
     if as_json:
         json_lines([report.to_json()])
     else:
-        for line in summary_lines(report):
-            out.print(line, soft_wrap=True, markup=False, highlight=False)
+        for line in summary_lines(report):  # wrapped at the output's width
+            out.print(line, markup=False, highlight=False)
         if out_dir is not None:
             console.print(f"written to {literal(out_dir.rstrip('/'))}/replay.html, replay.md and replay.json")
     totals = report.totals()
