@@ -86,13 +86,13 @@ EXPECTED = {
         "mlflow serving at http://127.0.0.1:5000",
         "wrote 1 rollouts to out/mlflow/store: 1 ok, 0 harness error(s)",
         "mlflow: 1 trace(s): 7 value(s) written, 0 updated, 0 unchanged, 0 removed",
-        "pexec.executable False step 3: check P failed (cause precondition)",
+        "step 3: check P failed (cause precondition): order O5521 is shipped: only",
     ],
     "docs/how-to/score-phoenix-traces.md": [
         "phoenix serving at http://127.0.0.1:6006",
         "wrote 1 rollouts to out/phoenix/store: 1 ok, 0 harness error(s)",
         "phoenix: 1 trace(s): 7 value(s) written, 0 updated, 0 unchanged, 0 removed",
-        "not executable step 3: check P failed (cause precondition)",
+        "step 3: check P failed (cause precondition): order O5521 is shipped: only",
     ],
     "docs/how-to/run-on-a-cluster.md": [
         "s3 serving at http://127.0.0.1:5555",
@@ -127,7 +127,7 @@ EXPECTED = {
     ],
     "docs/how-to/query-with-sql.md": [
         "│ state_consistency │",
-        "│ r0000008   │ 5    │ update_address │ precondition │ invalid zip code ABCDE",
+        "detail     | invalid zip code ABCDE",
         "model,method,mean_calls,ter",
         "error: query stopped after 1 s (the --timeout)",
         "stopped, as asked",
