@@ -82,6 +82,9 @@ EXPECTED = {
         "│ get_order       │ D            │ information  │              │ 4 │",
         "breach invalid_rate>0.1: invalid_rate B − A = +0.2500",
     ],
+    "docs/how-to/score-logs-without-a-spec.md": [
+        "draft written to out/own/draft/ (spec.toml, tools.json, initial_state.json): review it",
+    ],
     "docs/how-to/score-mlflow-traces.md": [
         "mlflow serving at http://127.0.0.1:5000",
         "wrote 1 rollouts to out/mlflow/store: 1 ok, 0 harness error(s)",
@@ -127,7 +130,7 @@ EXPECTED = {
     ],
     "docs/how-to/query-with-sql.md": [
         "│ state_consistency │",
-        "detail     | invalid zip code ABCDE",
+        "invalid zip code ABCDE",
         "model,method,mean_calls,ter",
         "error: query stopped after 1 s (the --timeout)",
         "stopped, as asked",
