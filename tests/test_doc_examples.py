@@ -617,10 +617,12 @@ def test_first_hour_never_goes_on_after_scoring_nothing(first_hour: Hour) -> Non
             assert not _ZERO_SCORED.search(out), f"{page}:{block.line}: exit 0 after zero rollouts\n{out[-2000:]}"
 
 
-# Lines that are not human output and keep their length: a file a block shows (`cat`, `sed`, `diff` of a spec), JSON
-# (`--json`, `--format json`), `diff`'s lines of a file (`> `, `< `), and an alert line (`breach …`: one line per
-# breach, for grep and for the nightly job).
-_FILE_COMMANDS = re.compile(r"^\s*(cat|sed|diff|head|tail)\b")
+# Lines that are not pexec's human output and keep their length: a file a block shows (`cat`, `sed`, `diff` of a
+# spec), what a reader's own script prints (`python - <<'PY'`), JSON (`--json`, `--format json`), `diff`'s lines of
+# a file (`> `, `< `), an alert line (`breach …`: one line per breach, for grep and for the nightly job), and a link
+# with its short label (a link cut in two no longer opens).
+_FILE_COMMANDS = re.compile(r"^\s*(cat|sed|diff|head|tail|python -)\b")
+_LINK = re.compile(r"^\s*\S{0,3}\s*https?://\S+$")
 
 
 def _not_human(block: Block, line: str) -> bool:
@@ -628,6 +630,7 @@ def _not_human(block: Block, line: str) -> bool:
         bool(_FILE_COMMANDS.match(block.code))
         or line.lstrip().startswith(("{", "[", "breach "))
         or line.startswith(("> ", "< "))
+        or bool(_LINK.match(line))
     )
 
 

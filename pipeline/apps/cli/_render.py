@@ -126,17 +126,22 @@ def print_table(table: Table, width: int | None = None) -> None:
 
 def print_records(table: Table) -> None:
     """A table one row per block: a rule naming the row (`-[ RECORD 3 ]-`), then each column's name and its value
-    (a cell's lines joined by spaces), as psql's expanded display does."""
+    (a cell's lines joined by spaces), as psql's expanded display does; a value longer than the output is wide goes
+    on under itself, so a record never runs past the terminal's edge."""
     names = [literal(str(c.header)) for c in table.columns]
     cells = [[str(cell) for cell in column.cells] for column in table.columns]
     pad = max((len(n) for n in names), default=0)
+    room = max(20, output_width() - pad - 3)  # what is left beside "name | "
     if table.title:
         out.print(Text(str(table.title), "italic"), soft_wrap=True)
     for i in range(table.row_count):
         out.print(f"-[ RECORD {i + 1} ]" + "-" * max(0, min(pad, 40) - 8), soft_wrap=True)
         for name, column in zip(names, cells, strict=True):
             value = " ".join(line.strip() for line in column[i].splitlines())
-            out.print(f"{name.ljust(pad)} | {value}", soft_wrap=True)
+            first, *more = Text(value).wrap(out, room, overflow="fold") or [Text("")]
+            out.print(f"{name.ljust(pad)} | {first.plain.rstrip()}", soft_wrap=True)
+            for line in more:
+                out.print(f"{' ' * pad} | {line.plain.rstrip()}", soft_wrap=True)
 
 
 @dataclass(frozen=True)
