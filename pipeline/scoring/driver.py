@@ -167,7 +167,7 @@ def _job(store: str | Sequence[str], run: str, scoring: ScoreSettings, run_id: s
         run=absolute(run).rstrip("/"),  # the tasks write it, from working directories of their own
         run_id=run_id or run.rstrip("/").rsplit("/", 1)[-1],
         env=scoring.env,
-        options=scoring.env_options,
+        options=scoring.env_options.anchored(),  # spec folders found from the tasks' working directories
         storage_options=scoring.storage_options,
         code_version=code_version(),
         checks=scoring.checks,
