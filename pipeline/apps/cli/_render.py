@@ -177,7 +177,7 @@ def metrics_columns() -> list[MetricsColumn]:
 
 # What `pexec metrics` shows unless --columns says otherwise: the cohort, its size, and the headline metrics, in
 # the order a reader follows them (how deep the prefix stays executable, then all of it, then recovery).
-DEFAULT_COLUMNS = ("benchmark", "condition", "n", "pec@1", "pec@3", "ter", "auc_pec", "rr")
+DEFAULT_COLUMNS = ("benchmark", "condition", "n", "success", "ter", "auc_pec", "rr", "pec@1")  # success first: the benchmark's own number, beside what explains it
 
 
 def chosen_columns(asked: str | None) -> list[MetricsColumn]:
