@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import orjson
 import pytest
 
 from pipeline.core.errors import IngestError
@@ -17,6 +19,10 @@ from pipeline.core.records import parse_rollout
 from pipeline.envs import EnvOptions, get_environment
 from pipeline.ingest import IngestOptions, ingest
 from pipeline.replay.checker import replay
+from pipeline.metrics.run import open_run
+from pipeline.scoring.driver import run_scoring
+from pipeline.scoring.settings import ScoreSettings
+from pipeline.storage.stores import write_store
 
 HERE = Path(__file__).resolve().parent
 BANKING = HERE / "data" / "tau3" / "banking_knowledge.json"
@@ -34,7 +40,8 @@ def _python_ready() -> bool:
 
 
 @pytest.fixture(scope="module")
-def results():
+def python() -> str:
+    """The Python that runs the snapshot (skipped without one)."""
     if not SOURCE.is_dir():
         pytest.fail(f"the tau2-bench snapshot is not at {SOURCE}")
     if not _python_ready():
@@ -42,7 +49,12 @@ def results():
             f"no Python >= 3.12 with tau2-bench's dependencies at {PYTHON}: `make test` builds one (.venv/tau2), "
             "or point PEXEC_TAU2_PYTHON at one"
         )
-    options = IngestOptions(extra={"tau2_source": str(SOURCE), "tau2_python": PYTHON})
+    return PYTHON
+
+
+@pytest.fixture(scope="module")
+def results(python):
+    options = IngestOptions(extra={"tau2_source": str(SOURCE), "tau2_python": python})
     records = list(ingest("tau2", [str(BANKING)], options))
     env = get_environment("tau_banking_knowledge", EnvOptions())
     return records, [replay(env, parse_rollout(r)) for r in records if r["status"] == "ok"]
@@ -88,3 +100,36 @@ def test_a_discoverable_tool_is_available_from_its_discovery(results):
         ("call_discoverable_user_tool", True),
     ]
     assert "was not given to the user" in referral.user_steps[1].detail
+
+
+def test_a_changed_source_rescores_what_was_read_against_it(python, tmp_path):
+    # The source's version (its code and the domain's data) is pinned where the run is planned: a rerun over the
+    # same logs after the source changed rescores them, and rollouts read before the change are refused, never
+    # replayed against other code than the one they name.
+    source = tmp_path / "tau2-bench"
+    shutil.copytree(SOURCE / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    domain = Path("data", "tau2", "domains", "banking_knowledge")
+    shutil.copytree(SOURCE / domain, source / domain)
+    options = {"tau2_source": str(source), "tau2_python": python}
+    raw, run = ScoreSettings(inline=True, format="tau2", options=options), tmp_path / "run"
+    first = run_scoring([str(BANKING)], str(run), raw)
+    assert (first.counts.scored, first.counts.shards_reused) == (4, 0)  # 3 replayed, 1 harness error
+    store = tmp_path / "store"
+    write_store(ingest("tau2", [str(BANKING)], IngestOptions(extra=options)), str(store))
+    assert run_scoring([str(BANKING)], str(run), raw).counts.shards_reused == 1  # unchanged: reused
+
+    tools = source / "src" / "tau2" / "domains" / "banking_knowledge" / "tools.py"
+    tools.write_text(tools.read_text() + "\n# edited\n")
+    last = run_scoring([str(BANKING)], str(run), raw)
+    assert (last.counts.scored, last.counts.shards_reused) == (4, 0)
+    [shard] = orjson.loads((run / "_manifest.json").read_bytes())["reuse"]["shards"]
+    assert (shard["reused"], shard["why"]) == (False, "settings changed")
+    stale = run_scoring(str(store), str(tmp_path / "stale"), ScoreSettings(inline=True, allow_empty=True))
+    assert (stale.counts.scored, stale.counts.rejected) == (0, 4)
+    reasons = open_run(str(tmp_path / "stale")).sql("SELECT DISTINCT reason FROM rejects").to_pylist()
+    assert len(reasons) == 1 and f"the τ source {source} changed since this rollout was read" in reasons[0]["reason"]
+
+
+def test_a_source_that_is_not_a_checkout_is_refused_where_the_run_is_planned(tmp_path):
+    with pytest.raises(IngestError, match="is not a tau2-bench checkout"):
+        list(ingest("tau2", [str(BANKING)], IngestOptions(extra={"tau2_source": str(tmp_path)})))
