@@ -17,9 +17,10 @@ import pytest
 from pipeline.core.errors import IngestError
 from pipeline.core.records import parse_rollout
 from pipeline.envs import EnvOptions, get_environment
+from pipeline.envs.tau.banking import source_version
 from pipeline.ingest import IngestOptions, ingest
-from pipeline.replay.checker import replay
 from pipeline.metrics.run import open_run
+from pipeline.replay.checker import replay
 from pipeline.scoring.driver import run_scoring
 from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.stores import write_store
@@ -133,3 +134,38 @@ def test_a_changed_source_rescores_what_was_read_against_it(python, tmp_path):
 def test_a_source_that_is_not_a_checkout_is_refused_where_the_run_is_planned(tmp_path):
     with pytest.raises(IngestError, match="is not a tau2-bench checkout"):
         list(ingest("tau2", [str(BANKING)], IngestOptions(extra={"tau2_source": str(tmp_path)})))
+
+
+def test_synth_banking_rollouts_score_to_their_known_truth(python):
+    # `pexec synth tau_banking_knowledge`: retrieval calls and the source's gold actions of both actors, run once on
+    # the domain's own code, with injected invalid agent calls (an unknown tool or argument, a discoverable tool
+    # called before its unlock, one the domain does not have) and user calls; the replay finds exactly the truth.
+    from pipeline.synthetic.rollouts import synthesize
+
+    options = {"tau2_source": str(SOURCE), "tau2_python": python}
+    records = list(synthesize("tau_banking_knowledge", 24, 12, seed=3, options=options))
+    env = get_environment("tau_banking_knowledge", EnvOptions())
+    invalid_users, early, causes = 0, 0, set()
+    for record in records:
+        result = replay(env, parse_rollout(record))
+        assert [{"valid": s.valid, "cause": s.cause} for s in result.steps] == record["truth"]["steps"]
+        assert result.fed == record["truth"]["fed"]
+        assert all(s.output_match is not False for s in result.all_steps if s.valid)  # real outputs, replayed
+        retrieved = [s.decided_by for s in result.steps if s.tool in ("KB_search", "grep")]
+        assert retrieved == ["simulator", "simulator"]  # BM25 and grep replay
+        invalid_users += sum(not s.valid for s in result.user_steps)
+        early += sum("was not unlocked before this call" in (s.detail or "") for s in result.steps)
+        causes |= {s.cause for s in result.steps if s.cause}
+    assert invalid_users > 0 and early > 0 and causes == {"schema", "precondition"}
+    assert sum(r["truth"]["fed"] <= len(r["truth"]["steps"]) for r in records) > 0
+    assert {r["env"]["tau2_source_version"] for r in records} == {source_version(str(SOURCE))}
+
+
+def test_synth_banking_needs_a_source():
+    from pipeline.core.errors import SynthError
+    from pipeline.synthetic.rollouts import synthesize
+
+    with pytest.raises(SynthError, match="--option tau2_source=PATH"):
+        next(synthesize("tau_banking_knowledge", 2, 1))
+    with pytest.raises(SynthError, match="takes no --option"):
+        next(synthesize("shop", 2, 1, options={"tau2_source": str(SOURCE)}))
