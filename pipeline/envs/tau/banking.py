@@ -63,20 +63,31 @@ def source_version(source: str) -> str:
     folders = [root.joinpath(*parts) for parts in VERSIONED]
     if not all(f.is_dir() for f in folders):
         raise EnvError(f"tau_{DOMAIN}: {source} is not a tau2-bench checkout (no src/tau2, data/tau2/domains/{DOMAIN})")
-    files = sorted(p for f in folders for p in f.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
-    if len(files) > MAX_SOURCE_FILES:
-        raise EnvError(
-            f"tau_{DOMAIN}: {source} holds over {MAX_SOURCE_FILES} files under src/tau2 and the domain's data"
-        )
+    files: list[Path] = []
+    try:
+        for path in (p for f in folders for p in f.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                files.append(path)
+                if len(files) > MAX_SOURCE_FILES:
+                    raise EnvError(
+                        f"tau_{DOMAIN}: {source} holds over {MAX_SOURCE_FILES} files under src/tau2 and the "
+                        "domain's data"
+                    )
+        return _digest(root, sorted(files))
+    except OSError as exc:
+        raise EnvError(f"tau_{DOMAIN}: cannot read the τ source {source}: {exc}") from None
+
+
+def _digest(root: Path, files: list[Path]) -> str:
     digest = hashlib.sha256()
     size = 0
     for path in files:
-        data = path.read_bytes()
-        size += len(data)
+        size += path.stat().st_size  # before reading: a file past the limit is never read
         if size > MAX_SOURCE_BYTES:
             raise EnvError(
-                f"tau_{DOMAIN}: {source} holds over {MAX_SOURCE_BYTES >> 20} MiB under src/tau2 and the domain's data"
+                f"tau_{DOMAIN}: {root} holds over {MAX_SOURCE_BYTES >> 20} MiB under src/tau2 and the domain's data"
             )
+        data = path.read_bytes()
         digest.update(path.relative_to(root).as_posix().encode() + b"\0" + len(data).to_bytes(8, "big") + data)
     return digest.hexdigest()[:16]
 
