@@ -60,22 +60,39 @@ def source_version(source: str) -> str:
     `src/tau2` and `data/tau2/domains/banking_knowledge`, paths and bytes, in path order (short, like the other
     environments' data fingerprints). A folder that is not a tau2-bench checkout is an EnvError."""
     root = Path(source)
-    folders = [root.joinpath(*parts) for parts in VERSIONED]
-    if not all(f.is_dir() for f in folders):
-        raise EnvError(f"tau_{DOMAIN}: {source} is not a tau2-bench checkout (no src/tau2, data/tau2/domains/{DOMAIN})")
-    files: list[Path] = []
     try:
-        for path in (p for f in folders for p in f.rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts:
-                files.append(path)
-                if len(files) > MAX_SOURCE_FILES:
-                    raise EnvError(
-                        f"tau_{DOMAIN}: {source} holds over {MAX_SOURCE_FILES} files under src/tau2 and the "
-                        "domain's data"
-                    )
-        return _digest(root, sorted(files))
+        return _digest(root, _source_files(root))
     except OSError as exc:
         raise EnvError(f"tau_{DOMAIN}: cannot read the τ source {source}: {exc}") from None
+
+
+def _source_listing(source: str) -> str:
+    """A hash of the versioned files' paths, sizes and modification times: unchanged while nothing was written."""
+    root = Path(source)
+    digest = hashlib.sha256()
+    try:
+        for path in _source_files(root):
+            stat = path.stat()
+            digest.update(f"{path.relative_to(root).as_posix()}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    except OSError as exc:
+        raise EnvError(f"tau_{DOMAIN}: cannot read the τ source {source}: {exc}") from None
+    return digest.hexdigest()
+
+
+def _source_files(root: Path) -> list[Path]:
+    """The files a source's version covers, in path order (at most MAX_SOURCE_FILES)."""
+    folders = [root.joinpath(*parts) for parts in VERSIONED]
+    if not all(f.is_dir() for f in folders):
+        raise EnvError(f"tau_{DOMAIN}: {root} is not a tau2-bench checkout (no src/tau2, data/tau2/domains/{DOMAIN})")
+    files: list[Path] = []
+    for path in (p for f in folders for p in f.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            files.append(path)
+            if len(files) > MAX_SOURCE_FILES:
+                raise EnvError(
+                    f"tau_{DOMAIN}: {root} holds over {MAX_SOURCE_FILES} files under src/tau2 and the domain's data"
+                )
+    return sorted(files)
 
 
 def _digest(root: Path, files: list[Path]) -> str:
@@ -149,6 +166,8 @@ class BankingEnvironment:
         # shard reads, and of the settings when the logs are read where they lie.
         self.version = "tau2-source"
         self._workers: dict[tuple[str, str], _Worker] = {}
+        # (source, a version it no longer is) -> (its file listing, its version) when that was found
+        self._stale: dict[tuple[str, str], tuple[str, str]] = {}
         self._tools: dict[str, ToolInfo] = {}
 
     def tool(self, name: str) -> ToolInfo | None:
@@ -230,8 +249,13 @@ class BankingEnvironment:
         running = self._workers.get(key)
         if running is not None and running.version == version:
             return running
-        now = source_version(source)
+        # A version found stale is refused again without hashing the source for each of its rollouts (a store read
+        # before the change holds many) while the source's files keep their sizes and modification times.
+        listing = _source_listing(source)
+        stale = self._stale.get((source, version))
+        now = stale[1] if stale is not None and stale[0] == listing else source_version(source)
         if now != version:
+            self._stale[(source, version)] = (listing, now)
             raise EnvError(
                 f"{self.name}: the τ source {source} changed since this rollout was read (read at version {version}, "
                 f"now {now}): read the logs again to replay them against it"
