@@ -76,7 +76,7 @@ def test_writes_through_sql_are_refused(run):
     [
         (["score", "/nonexistent/store", "--out", "/tmp/x"], "no such store"),
         (["metrics", "/nonexistent/run"], "/nonexistent/run"),
-        (["synth", "airline", "--out", "/tmp/x"], "'shop' spec and tau_telecom only"),
+        (["synth", "airline", "--out", "/tmp/x"], "'shop' spec, tau_telecom and tau_banking_knowledge only"),
         (["score", "/tmp", "--out", "/tmp/x", "--policy", "lenient"], "--policy is code or strict"),
     ],
 )
@@ -142,7 +142,7 @@ def test_records_of_an_environment_that_appears_later_are_rescored_on_rerun(tmp_
     [
         (
             ["synth", "airline", "--out", "{tmp}/s"],
-            "synth knows how to build tasks for the 'shop' spec and tau_telecom only",
+            "synth knows how to build tasks for the 'shop' spec, tau_telecom and tau_banking_knowledge only",
         ),
         (["synth", "shop", "--rollouts", "5", "--out", "{tmp}/file/s"], "cannot write store {tmp}/file/s: [Errno"),
         (["ingest", "nope", "{tmp}", "--out", "{tmp}/s"], "unknown format 'nope'"),

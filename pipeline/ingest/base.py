@@ -148,6 +148,14 @@ class LogFormat(ABC):
         (the byte limits and `allow_no_calls`, common to every format, are handled by pexec)."""
         return OptionSchema()
 
+    def resolve(self, extra: dict[str, str]) -> dict[str, str]:
+        """The `--option` values as this run reads them, resolved once where it is planned (after the check against
+        `options` and the defaults): what a value names that can change between runs (a folder of code the logs
+        replay against) is pinned here, e.g. as an absolute path and a fingerprint of what it holds. The result is
+        what `read` gets and part of the scoring settings, so a change to what an option names rescores the shards
+        read with it. Default: as given."""
+        return extra
+
     @property
     def reads_files(self) -> bool:
         """False for a format read from a server (a trace store) rather than from files: `read` then gets no

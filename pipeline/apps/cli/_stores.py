@@ -36,7 +36,8 @@ def synth(
     spec: Annotated[
         str,
         typer.Argument(
-            help="What to build tasks for: the shop spec, or tau_telecom (its official tasks, both actors)."
+            help="What to build tasks for: the shop spec, tau_telecom (its official tasks, both actors) or "
+            "tau_banking_knowledge (a τ source's tasks: --option tau2_source=PATH, tau2_python=PATH)."
         ),
     ],
     out_store: OutStore,
@@ -52,6 +53,14 @@ def synth(
     old_fmt: OldStoreFormat = None,
     compression: Annotated[str, typer.Option("--compression", help="none, gzip or zstd (JSON Lines)")] = "none",
     per_file: Annotated[int, typer.Option("--per-file", min=1, max=10_000_000, help="Rollouts per file.")] = 50_000,
+    option: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--option",
+            help="k=v: tau_banking_knowledge's τ source, tau2_source=PATH (a tau2-bench >= 1.0.1 checkout) and "
+            "tau2_python=PATH (its Python, default python3.12).",
+        ),
+    ] = None,
     overwrite: Overwrite = False,
     append: Append = False,
     endpoint_url: EndpointUrl = None,
@@ -62,7 +71,7 @@ def synth(
     if fmt not in ("jsonl", "parquet") or compression not in ("none", "gzip", "zstd"):
         raise PexecError("--output-format is jsonl or parquet; --compression is none, gzip or zstd")
     mode = write_mode(overwrite, append)
-    records = synthesize(spec, rollouts, tasks, seed)
+    records = synthesize(spec, rollouts, tasks, seed, pairs(option, "--option"))
     options = storage(endpoint_url, storage_option)
     n = write_store(records, out_store, fmt, per_file, None if compression == "none" else compression, options, mode)
     console.print(f"wrote {n} rollouts over {min(tasks, rollouts)} tasks to {literal(out_store)}")
