@@ -175,9 +175,10 @@ def metrics_columns() -> list[MetricsColumn]:
     return columns
 
 
-# What `pexec metrics` shows unless --columns says otherwise: the cohort, its size, and the headline metrics, in
-# the order a reader follows them (how deep the prefix stays executable, then all of it, then recovery).
-DEFAULT_COLUMNS = ("benchmark", "condition", "n", "success", "ter", "auc_pec", "rr", "pec@1")  # success first: the benchmark's own number, beside what explains it
+# What `pexec metrics` shows unless --columns says otherwise: the cohort, its size, and the headline metrics in the
+# order a reader follows them: the benchmark's own success, how many rollouts stay executable throughout and how
+# deep the others get, how many recover, and how many get their first call right.
+DEFAULT_COLUMNS = ("benchmark", "condition", "n", "success", "ter", "auc_pec", "rr", "pec@1")
 
 
 def chosen_columns(asked: str | None) -> list[MetricsColumn]:
