@@ -128,6 +128,7 @@ def unwind_on_sigterm() -> None:
         _SIGNALLED.append(signum)
         raise KeyboardInterrupt
 
+    _SIGNALLED.clear()  # one that came before this command (run in-process, as tests do) is not for it
     signal.signal(signal.SIGTERM, leave)
     signal.signal(signal.SIGINT, interrupt)
 
