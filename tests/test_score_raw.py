@@ -5,6 +5,7 @@ over several files are assembled by the shuffle as if they were in one file."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 import struct
@@ -24,7 +25,7 @@ from pipeline.metrics.run import open_run
 from pipeline.scoring.driver import run_scoring
 from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.stores import write_store
-from pipeline.synthetic.support_logs import write_samples
+from pipeline.synthetic.support_logs import write_night, write_samples
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "real"
@@ -73,6 +74,40 @@ def test_openai_logs_cut_into_byte_ranges_score_on_ray_as_ingest_then_score(tmp_
     manifest = json.loads((raw / "_manifest.json").read_text())
     assert manifest["counts"]["shards"] > 4 and manifest["settings"]["executor"] == "ray"
     assert_same(ingested, raw)
+
+
+def test_a_gzip_cut_by_decompressed_bytes_scores_on_ray_as_read_whole_and_a_rerun_reuses_its_ranges(
+    tmp_path, shared_ray
+):
+    """One gzip file, its ranges streamed to the tasks by one reader: the same rows, rejects (named by line) and
+    duplicate-id verdicts as the file scored whole in this process; a rerun reuses every range, and one whose
+    part went missing is scored again while the others' ids are read back through the reader."""
+    [path] = write_night(tmp_path / "logs", 300, files=1)
+    lines = gzip.decompress(path.read_bytes()).splitlines(keepends=True)
+    path.write_bytes(gzip.compress(b"".join([*lines, b"[1, 2]\n", *lines[:3], *lines[150:152]])))  # later copies
+    options, env = {"error_prefix": "Error:"}, {"spec": "support"}
+    whole = score_raw("openai", [str(path)], tmp_path, options, name="whole", **env)
+    split = score_raw("openai", [str(path)], tmp_path, options, name="split", shard_mb=64 / 1024, inline=False, **env)
+    manifest = json.loads((split / "_manifest.json").read_text())
+    assert manifest["counts"]["shards"] > 4 and manifest["settings"]["executor"] == "ray"
+    assert_same(whole, split)
+
+    def rejects(run: Path) -> list[tuple[str, str]]:
+        return sorted((r["location"], r["reason"]) for r in open_run(str(run)).rejects().to_pylist())
+
+    assert rejects(whole) == rejects(split) and len(rejects(whole)) == 6
+    assert [loc for loc, _ in rejects(split)] == [f"line {n}" for n in range(301, 307)]
+    assert rejects(split)[-1][1].endswith(f"{path} line 152)")  # a later copy names the first by its line
+
+    again = run_scoring([str(path)], str(split), ScoreSettings(format="openai", options=options, shard_mb=64 / 1024,
+                                                               **env))  # fmt: skip
+    assert again.counts.shards_reused == again.counts.shards
+    next(split.glob("rollouts/part-*.parquet")).unlink()
+    again = run_scoring([str(path)], str(split), ScoreSettings(format="openai", options=options, shard_mb=64 / 1024,
+                                                               **env))  # fmt: skip
+    assert again.counts.shards_reused == again.counts.shards - 1
+    assert_same(whole, split)
+    assert rejects(whole) == rejects(split)
 
 
 def test_ids_missing_in_a_byte_range_are_named_by_their_line_as_a_whole_file_read_names_them(tmp_path):
