@@ -202,9 +202,17 @@ def _score(path: str, run: str, cpus: int, shard_mb: float) -> Run:
         began = time.perf_counter()
         manifest = run_scoring([path], run, settings)
         seconds = time.perf_counter() - began
-    return Run(seconds=seconds, cpu_seconds=sum(tree.cpu.values()), count=manifest.counts.scored,
-               shards=manifest.counts.shards, cpus=cpus, task_seconds=sum(s.seconds for s in manifest.shards), worker_mib=max(tree.workers.values(), default=0.0),
-               driver_mib=peak_mib(), load=(before, os.getloadavg()[0]))  # fmt: skip
+    return Run(
+        seconds=seconds,
+        cpu_seconds=sum(tree.cpu.values()),
+        count=manifest.counts.scored,
+        shards=manifest.counts.shards,
+        cpus=cpus,
+        task_seconds=sum(s.seconds for s in manifest.shards),
+        worker_mib=max(tree.workers.values(), default=0.0),
+        driver_mib=peak_mib(),
+        load=(before, os.getloadavg()[0]),
+    )
 
 
 def _progress(text: str) -> None:
