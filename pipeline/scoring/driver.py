@@ -49,7 +49,15 @@ from pipeline.scoring.shuffle import map_shard, partition_shards, partitions_per
 from pipeline.scoring.sniff import refuse_other_formats
 from pipeline.storage.fs import absolute, remove_all
 from pipeline.storage.ids import Duplicates, digest, duplicate_ids, ids_table, shard_ids
-from pipeline.storage.inputs import LineBatch, list_inputs, plan_shards, split_by_bytes, stream_batches, supplied
+from pipeline.storage.inputs import (
+    LineBatch,
+    list_inputs,
+    plan_shards,
+    split_by_bytes,
+    stream_batches,
+    supplied,
+    with_batches,
+)
 from pipeline.storage.lease import Lease
 from pipeline.storage.run import (
     TABLES,
@@ -536,19 +544,9 @@ def _line_limit(settings: TaskSettings) -> int:
 
 
 def _with_batches(shards: list[Shard], settings: TaskSettings) -> Iterator[tuple[Shard, LineBatch | None]]:
-    """Each shard with its lines when it is a range of a compressed file, read in this process by one streaming
-    pass per file (`stream_batches`), else None: the other shards first, in their order, then each file's
-    ranges."""
-    streamed: dict[str, list[Shard]] = {}
-    for shard in shards:
-        if split_by_bytes(shard):
-            streamed.setdefault(shard.file.url, []).append(shard)
-        else:
-            yield shard, None
-    for ranges in streamed.values():
-        by_key = {s.key: s for s in ranges}
-        for batch in stream_batches(ranges, settings.storage_options, _line_limit(settings)):
-            yield by_key[batch.shard], batch
+    """Each shard with its lines when it is a range of a compressed file (`with_batches`, in this process)."""
+    by_file = sorted(shards, key=lambda s: (s.file.url, s.start))  # a file's ranges together: one pass each
+    return with_batches(by_file, settings.storage_options, _line_limit(settings))
 
 
 def _lines_of(batch: LineBatch | None) -> AbstractContextManager[None]:
@@ -556,30 +554,53 @@ def _lines_of(batch: LineBatch | None) -> AbstractContextManager[None]:
 
 
 def _streamed(shards: list[Shard], settings: TaskSettings, batches: dict[str, Any]) -> Iterator[Shard]:
-    """The ranges of compressed files among `shards`, each yielded once the ObjectRef of its lines (a LineBatch)
-    is in `batches`: one streaming reader task per file, a file at a time, decompresses it once and puts each
-    range's lines in the object store as it passes them. The reader takes no CPU slot (its work, decompressing
-    and cutting lines, is a small part of scoring them): the scoring tasks keep every CPU. It runs at most
-    READ_AHEAD ranges ahead of the ranges taken here, and ranges are taken only as tasks are submitted, so the
-    lines held are bounded whatever the file's size."""
+    """The ranges of compressed files among `shards`, each yielded once the ObjectRef of its lines is in
+    `batches` (`batch_refs`)."""
+    by_file = sorted(shards, key=lambda s: (s.file.url, s.start))
+    for shard, ref in batch_refs(by_file, settings.storage_options, _line_limit(settings)):
+        if ref is not None:
+            batches[shard.key] = ref
+            yield shard
+
+
+def batch_refs(
+    shards: Sequence[Shard], storage_options: dict[str, Any] | None, max_line: int
+) -> Iterator[tuple[Shard, Any]]:
+    """Each shard in order, with the ObjectRef of its lines (a LineBatch) when it is a range of a compressed file,
+    else None. Each run of consecutive ranges of one file is read by one streaming reader task, a file at a time:
+    it decompresses the file once and puts each range's lines in the object store as it passes them. The reader
+    takes no CPU slot (its work, decompressing and cutting lines, is a small part of scoring them): the tasks that
+    take the ranges keep every CPU. It runs at most READ_AHEAD ranges ahead of the ranges taken from here, and a
+    caller takes one only as it submits its task, so the lines held are bounded whatever the file's size."""
     import ray
 
     reader = ray.remote(_read_batches).options(
         num_cpus=0, num_returns="streaming", _generator_backpressure_num_objects=READ_AHEAD
     )
-    by_file: dict[str, list[Shard]] = {}
-    for shard in shards:
-        by_file.setdefault(shard.file.url, []).append(shard)
-    for url, ranges in by_file.items():
-        ordered = sorted(ranges, key=lambda s: s.start)
+    i = 0
+    while i < len(shards):
+        if not split_by_bytes(shards[i]):
+            yield shards[i], None
+            i += 1
+            continue
+        j = i + 1
+        while j < len(shards) and split_by_bytes(shards[j]) and shards[j].file == shards[i].file:
+            j += 1
+        ranges = sorted(shards[i:j], key=lambda s: s.start)
         # a streaming task returns an ObjectRefGenerator (Ray's stubs say ObjectRef)
-        refs = cast(Iterator[Any], reader.remote(ordered, settings.storage_options, _line_limit(settings)))
-        for shard in ordered:
+        refs = cast(Iterator[Any], reader.remote(ranges, storage_options, max_line))
+        for shard in ranges:
             ref = next(refs, None)
             if ref is None:
-                raise ScoringFailed(f"the streaming reader of {url} stopped before shard {shard.key}")
-            batches[shard.key] = ref
-            yield shard
+                raise ScoringFailed(f"the streaming reader of {shard.file.url} stopped before shard {shard.key}")
+            yield shard, ref
+        i = j
+
+
+def with_lines(fn: Callable[..., Any], shard: Shard, batch: LineBatch, *args: Any) -> Any:
+    """`fn(shard, *args)` reading the range `shard` from `batch` (in a task: `batch` given as its ObjectRef)."""
+    with supplied(batch):
+        return fn(shard, *args)
 
 
 def _read_batches(shards: list[Shard], storage_options: dict[str, Any] | None, max_line: int) -> Iterator[LineBatch]:

@@ -665,6 +665,25 @@ def stream_batches(
         yield _BatchBuilder(shard.key, max_line).built(lines + 1)
 
 
+def with_batches(
+    shards: Sequence[Shard], storage_options: StorageOptions | None = None, max_line: int = MAX_LINE_BYTES
+) -> Iterator[tuple[Shard, LineBatch | None]]:
+    """Each shard in order, with its lines when it is a range of a compressed file (else None): each run of
+    consecutive ranges of one file is read by one streaming pass (`stream_batches`), in this process."""
+    i = 0
+    while i < len(shards):
+        if not split_by_bytes(shards[i]):
+            yield shards[i], None
+            i += 1
+            continue
+        j = i + 1
+        while j < len(shards) and split_by_bytes(shards[j]) and shards[j].file == shards[i].file:
+            j += 1
+        ranges = sorted(shards[i:j], key=lambda s: s.start)
+        yield from zip(ranges, stream_batches(ranges, storage_options, max_line), strict=True)
+        i = j
+
+
 def _stop(shard: Shard) -> int:
     assert shard.stop is not None
     return shard.stop

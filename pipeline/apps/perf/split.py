@@ -49,9 +49,15 @@ class Run(TypedDict):
 
 
 def bench_split(
-    rollouts: int = DEFAULT_ROLLOUTS, workdir: Path | None = None, repeats: int = 3, shard_mb: float = SHARD_MB
+    rollouts: int = DEFAULT_ROLLOUTS,
+    workdir: Path | None = None,
+    repeats: int = 3,
+    shard_mb: float = SHARD_MB,
+    in_process: bool = False,
 ) -> Bench:
-    """Score one gzip of `rollouts` conversations on 1 and on 2 CPUs, `repeats` times each (alternating)."""
+    """Score one gzip of `rollouts` conversations on 1 and on 2 CPUs, `repeats` times each (alternating).
+    `in_process`: in this process and its Ray (the code paths only, for tests: the CPU limits, the CPU-seconds and
+    the peaks are then not each run's own)."""
     load = os.getloadavg()[0]
     root = Path(workdir or tempfile.mkdtemp(prefix="pexec-bench-split-"))
     path = _data(root / "split-data", rollouts)
@@ -60,7 +66,8 @@ def bench_split(
         for _ in range(repeats):
             for cpus in (1, 2):
                 _progress(f"{rollouts:,} conversations on {cpus} CPU(s) …")
-                run = _fresh(str(path), str(root / f"run-{cpus}"), cpus, shard_mb)
+                where = (str(path), str(root / f"run-{cpus}"), cpus, shard_mb)
+                run = _score(*where) if in_process else _fresh(*where)
                 _progress(f"{run['seconds']:.1f} s, {run['cpu_seconds']:.0f} CPU-s, {run['shards']} shards, "
                           f"largest worker {run['worker_mib']:.0f} MiB, load {run['load'][0]:.1f} → "
                           f"{run['load'][1]:.1f}")  # fmt: skip
