@@ -24,6 +24,7 @@ from pipeline.ingest.sharded import plan_raw, raw_source
 from pipeline.metrics.run import open_run
 from pipeline.scoring.driver import run_scoring
 from pipeline.scoring.settings import ScoreSettings
+from pipeline.storage.inputs import line_shards, list_inputs
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.support_logs import write_night, write_samples
 
@@ -169,6 +170,22 @@ def test_ingest_decodes_the_same_shards_on_ray_and_writes_the_same_store(tmp_pat
     path.write_bytes(path.read_bytes() + b"[1, 2]\n")  # all or nothing: one bad line and nothing is written
     bad = RUNNER.invoke(app, [*args, "--out", str(tmp_path / "bad"), "--ray"])
     assert bad.exit_code == 2 and "line 21" in bad.output and not (tmp_path / "bad").exists(), bad.output
+
+
+def test_ingest_cuts_a_gzip_by_shard_mb_and_writes_the_same_store_here_and_on_ray(tmp_path, shared_ray):
+    [path] = write_night(tmp_path / "logs", 400, files=1)
+    args = ["ingest", "openai", str(path), "--option", "error_prefix=Error:"]
+    runs = {
+        "whole": RUNNER.invoke(app, [*args, "--out", str(tmp_path / "whole")]),
+        "here": RUNNER.invoke(app, [*args, "--out", str(tmp_path / "here"), "--shard-mb", str(64 / 1024)]),
+        "ray": RUNNER.invoke(app, [*args, "--out", str(tmp_path / "ray"), "--shard-mb", str(64 / 1024), "--ray"]),
+    }
+    assert all(r.exit_code == 0 and "wrote 400 rollouts" in r.output for r in runs.values()), runs
+    stores = {name: b"".join(p.read_bytes() for p in sorted((tmp_path / name).glob("*.jsonl"))) for name in runs}
+    assert stores["whole"] == stores["here"] == stores["ray"] and stores["whole"].count(b"\n") == 400
+    assert len(line_shards(list_inputs(str(path))[0], 64 * 1024)) > 4  # the file was cut
+    bad = RUNNER.invoke(app, [*args, "--out", str(tmp_path / "bad"), "--shard-mb", "0"])
+    assert bad.exit_code == 2 and "--shard-mb takes a size > 0" in bad.output and not (tmp_path / "bad").exists()
 
 
 # -- OTel: one conversation's spans in three files ------------------------------------------------------
