@@ -43,6 +43,7 @@ class Run(TypedDict):
     shards: int
     cpus: int
     worker_mib: float  # the largest Ray worker's VmHWM
+    peaks: dict[str, float]  # the largest VmHWM by what the worker ran when it rose last
     task_seconds: float  # the scoring tasks' wall time, summed (their markers')
     driver_mib: float  # this process's VmHWM
     load: tuple[float, float]  # 1-minute load average before and after
@@ -68,9 +69,9 @@ def bench_split(
                 _progress(f"{rollouts:,} conversations on {cpus} CPU(s) …")
                 where = (str(path), str(root / f"run-{cpus}"), cpus, shard_mb)
                 run = _score(*where) if in_process else _fresh(*where)
+                peaks = ", ".join(f"{k} {v:.0f}" for k, v in sorted(run["peaks"].items()))
                 _progress(f"{run['seconds']:.1f} s, {run['cpu_seconds']:.0f} CPU-s, {run['shards']} shards, "
-                          f"largest worker {run['worker_mib']:.0f} MiB, load {run['load'][0]:.1f} → "
-                          f"{run['load'][1]:.1f}")  # fmt: skip
+                          f"worker peaks (MiB) {peaks}, load {run['load'][0]:.1f} → {run['load'][1]:.1f}")  # fmt: skip
                 if run["count"] != rollouts:
                     raise AssertionError(f"{run['count']:,} rollouts scored, {rollouts:,} written")
                 runs[cpus].append(run)
@@ -176,6 +177,7 @@ class _Tree:
         self._me = psutil.Process()
         self.cpu: dict[int, float] = {}
         self.workers: dict[int, float] = {}
+        self.titles: dict[int, str] = {}  # what each worker was running when its peak last rose (its process title)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -199,10 +201,21 @@ class _Tree:
             try:
                 times = p.cpu_times()
                 self.cpu[p.pid] = times.user + times.system
-                if p.pid != self._me.pid and p.cmdline()[:1] and p.cmdline()[0].startswith("ray::"):
-                    self.workers[p.pid] = max(self.workers.get(p.pid, 0.0), _vm_hwm(p.pid))
+                title = p.cmdline()[:1]
+                if p.pid != self._me.pid and title and title[0].startswith("ray::"):
+                    peak = _vm_hwm(p.pid)
+                    if peak > self.workers.get(p.pid, 0.0):
+                        self.workers[p.pid], self.titles[p.pid] = peak, title[0].removeprefix("ray::")
             except (psutil.NoSuchProcess, psutil.AccessDenied, FileNotFoundError, ProcessLookupError):
                 continue
+
+
+def _by_title(tree: _Tree) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for pid, peak in tree.workers.items():
+        title = tree.titles[pid]
+        out[title] = max(out.get(title, 0.0), peak)
+    return out
 
 
 def _vm_hwm(pid: int) -> float:
@@ -232,6 +245,7 @@ def _score(path: str, run: str, cpus: int, shard_mb: float) -> Run:
         cpus=cpus,
         task_seconds=sum(s.seconds for s in manifest.shards),
         worker_mib=max(tree.workers.values(), default=0.0),
+        peaks=_by_title(tree),
         driver_mib=peak_mib(),
         load=(before, os.getloadavg()[0]),
     )
