@@ -19,6 +19,7 @@ from test_producers_inspect import eval_log  # noqa: F401  (a fixture: a real .e
 from typer.testing import CliRunner
 
 from pipeline.apps.cli.app import app
+from pipeline.core.errors import PexecError
 from pipeline.ingest import IngestOptions, ingest
 from pipeline.ingest.sharded import plan_raw, raw_source
 from pipeline.metrics.run import open_run
@@ -109,6 +110,25 @@ def test_a_gzip_cut_by_decompressed_bytes_scores_on_ray_as_read_whole_and_a_reru
     assert again.counts.shards_reused == again.counts.shards - 1
     assert_same(whole, split)
     assert rejects(whole) == rejects(split)
+
+
+@pytest.mark.parametrize("inline", [True, False])
+def test_a_gzip_changed_between_its_plan_and_its_read_fails_the_run(tmp_path, shared_ray, inline):
+    """Its ranges were planned on the stream as it was: another stream of the same size fails its checksum in the
+    reader, and the run fails with one line and commits nothing."""
+    [path] = write_night(tmp_path / "logs", 200, files=1)
+
+    def change(_: object) -> None:  # after the plan, before any range is read
+        data = bytearray(path.read_bytes())
+        data[-8] ^= 0xFF  # the CRC of the stream's one member
+        path.write_bytes(bytes(data))
+
+    settings = ScoreSettings(format="openai", options={"error_prefix": "Error:"}, spec="support",
+                             shard_mb=64 / 1024, inline=inline)  # fmt: skip
+    with pytest.raises(PexecError, match="changed since it was planned") as failed:
+        run_scoring([str(path)], str(tmp_path / "run"), settings, on_plan=change)
+    assert "\n" not in str(failed.value)
+    assert not (tmp_path / "run" / "_manifest.json").exists()
 
 
 def test_ids_missing_in_a_byte_range_are_named_by_their_line_as_a_whole_file_read_names_them(tmp_path):

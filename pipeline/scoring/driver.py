@@ -589,10 +589,17 @@ def batch_refs(
         ranges = sorted(shards[i:j], key=lambda s: s.start)
         # a streaming task returns an ObjectRefGenerator (Ray's stubs say ObjectRef)
         refs = cast(Iterator[Any], reader.remote(ranges, storage_options, max_line))
+        last: Any = None
         for shard in ranges:
             ref = next(refs, None)
-            if ref is None:
+            if ref is None:  # it failed: its error is the last ref it made, which no task may have met yet
+                try:
+                    ray.get([last] if last is not None else [])
+                except Exception as exc:
+                    cause = getattr(exc, "cause", None) or exc
+                    raise ScoringFailed(f"the streaming reader of {shard.file.url} failed: {cause}") from exc
                 raise ScoringFailed(f"the streaming reader of {shard.file.url} stopped before shard {shard.key}")
+            last = ref
             yield shard, ref
         i = j
 
