@@ -307,7 +307,7 @@ RECORDS = [{"i": i, "text": f"r{i} ü"} for i in range(2000)]
         ("two.jsonl.gz", lambda d: gzip.compress(d[:777]) + gzip.compress(d[777:])),
     ],
 )  # fmt: skip
-def test_compressed_files_cut_by_decompressed_bytes_read_back_as_whole(tmp_path: Path, name: str, compress: Any) -> None:
+def test_compressed_files_cut_by_decompressed_bytes_read_as_whole(tmp_path: Path, name: str, compress: Any) -> None:
     data = jsonl(*RECORDS)
     write(tmp_path / name, compress(data))
     files, _ = list_inputs(str(tmp_path))
