@@ -16,6 +16,7 @@ import orjson
 
 from pipeline.core.errors import IngestError
 from pipeline.core.records import MAX_DEPTH, too_deep
+from pipeline.storage import inputs
 from pipeline.storage.fs import StorageOptions, list_files
 from pipeline.storage.inputs import MAX_LINE_BYTES, MAX_RECORD_ITEMS, MAX_ROW_GROUP_BYTES, over_items
 from pipeline.storage.shards import Compression, InputFile, RecordError, Shard, fingerprint
@@ -294,16 +295,12 @@ def source_inputs(
     return out
 
 
-def line_shards(files: Sequence[InputFile], target_bytes: int) -> list[Shard]:
-    """Shards of `files`: byte ranges of about `target_bytes` of a plain line-delimited file, else whole files
-    (a compressed stream cannot seek; a JSON document is read whole)."""
-    shards: list[Shard] = []
-    for file in files:
-        if file.fmt == "jsonl" and file.compression is None and file.size > target_bytes:
-            shards += [Shard(file, a, min(a + target_bytes, file.size)) for a in range(0, file.size, target_bytes)]
-        else:
-            shards.append(Shard(file, 0, None))
-    return shards
+def line_shards(
+    files: Sequence[InputFile], target_bytes: int, storage_options: StorageOptions | None = None
+) -> list[Shard]:
+    """Shards of `files`: byte ranges of about `target_bytes` of a line-delimited file (of a compressed one, of
+    its decompressed bytes), else whole files (a JSON document is read whole): pipeline.storage.inputs."""
+    return inputs.line_shards(files, target_bytes, storage_options)
 
 
 def read_document(fmt: str, url: str, options: IngestOptions) -> bytes:

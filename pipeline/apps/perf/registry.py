@@ -66,6 +66,13 @@ BENCHES: dict[str, Entry] = {
         workdir=True,
         note="as OTel protobuf spans",
     ),
+    "split": Entry(
+        "pipeline.apps.perf.split:bench_split",
+        "rollouts",
+        1_000_000,
+        workdir=True,
+        note="as one gzip OpenAI JSON Lines file",
+    ),
     "spans": Entry(
         "pipeline.apps.perf.spans:bench_spans", "n_spans", 1_000_000, note="spans, not rollouts", workdir=True
     ),
