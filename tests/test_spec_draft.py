@@ -66,14 +66,23 @@ def support(tmp_path_factory) -> tuple[Path, Path]:
     return root / "logs", root / "draft"
 
 
+def precision_and_recall(hand: set[tuple[str, str]], got: set[tuple[str, str]]) -> tuple[float, float]:
+    return len(hand & got) / len(got), len(hand & got) / len(hand)
+
+
 def test_support_grounded_parameters_against_the_hand_spec(support):
     _, folder = support
     hand, got = truth("support"), proposed(folder)
-    assert got - hand == {("find_customer", "email"), ("update_address", "address.zip")}
-    assert hand - got == set()
-    # precision 11/13 = 0.85, recall 11/11: the two extra are copied from the user's message in every call that
-    # did not fail; the hand spec leaves them out (docs/how-to/score-logs-without-a-spec.md)
-    assert (len(hand & got) / len(got), len(hand & got) / len(hand)) == (11 / 13, 1.0)
+    precision, recall = precision_and_recall(hand, got)
+    assert precision >= 0.95 and recall >= 0.95  # the targets, at the default thresholds
+    assert got == hand and len(hand) == 11
+    # what the user types about themselves, copied in every call that did not fail, is shown and not proposed: the
+    # e-mail (each in about one task: the user's own say-so) and the new address's zip (one value: a constant)
+    text = (folder / "spec.toml").read_text()
+    email = next(ln for ln in text.splitlines() if ln.startswith("#   email:"))
+    assert "100% of those only in messages" in email and "what users say about themselves" in email
+    zip_line = next(ln for ln in text.splitlines() if ln.startswith("#   address.zip:"))
+    assert "1 distinct: one value in 100% of calls: a constant" in zip_line
 
 
 def test_support_steps_scored_with_the_draft_agree_with_the_hand_spec_on_s_and_d(support, tmp_path):
@@ -134,16 +143,20 @@ def shop(tmp_path_factory) -> tuple[Path, Path]:
 def test_shop_grounded_parameters_against_the_hand_spec(shop):
     _, folder = shop
     hand, got = truth("shop"), proposed(folder)
-    assert got - hand == {("update_address", "zip")} and hand - got == set()
-    assert (len(hand & got) / len(got), len(hand & got) / len(hand)) == (14 / 15, 1.0)
+    precision, recall = precision_and_recall(hand, got)
+    assert precision >= 0.95 and recall >= 0.95  # the targets, at the default thresholds
+    assert got == hand and len(hand) == 14
+    # the credentials and coupon codes users type are values the shop holds, each used by many tasks: proposed
+    text = (folder / "spec.toml").read_text()
+    code = next(ln for ln in text.splitlines() if ln.startswith("#   code:"))
+    assert "3 distinct: proposed: occurred only in messages" in code
 
 
-def test_shop_s_and_d_agreement_and_where_it_differs(shop, tmp_path):
+def test_shop_s_and_d_agreement(shop, tmp_path):
     store, folder = shop
     n, same = s_and_d_agreement(str(store), "shop", folder, tmp_path, ScoreSettings())
-    # 411 steps: update_address with the invalid zip 'ABCDE' the synth injects as a precondition failure is D under
-    # the draft, which grounds update_address.zip (the one extra proposal)
-    assert (n, n - same) == (19106, 411)
+    assert same / n >= 0.99  # the target
+    assert (n, same) == (19106, 19106)
     assert "lookup_order" in (folder / "spec.toml").read_text().split("[tool.")[0]  # called, never defined
 
 

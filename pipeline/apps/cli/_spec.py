@@ -31,6 +31,14 @@ def draft(
     free_text: Annotated[
         bool, typer.Option("--free-text", help="Also propose parameters whose values are mostly not identifiers.")
     ] = False,
+    min_reuse: Annotated[
+        float,
+        typer.Option(
+            "--min-reuse",
+            min=0.0,
+            help="Grounded, for values only the messages carried (the user's words): tasks each value is used by.",
+        ),
+    ] = 3.0,
     rule_support: Annotated[
         int, typer.Option("--rule-support", min=1, help="Rule candidates: failing calls the condition held for.")
     ] = 3,
@@ -61,7 +69,7 @@ def draft(
         shard_mb=shard_mb,
         storage_options=storage(endpoint_url, storage_options),
     )
-    thresholds = DraftSettings(min_share, min_calls, free_text, rule_support, rule_precision)
+    thresholds = DraftSettings(min_share, min_calls, free_text, rule_support, rule_precision, min_reuse)
     made = run_draft(logs, out, reading, thresholds, inline=inline, address=address, num_cpus=num_cpus)
     ev = made.evidence
     console.print(

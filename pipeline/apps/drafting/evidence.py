@@ -6,13 +6,19 @@ Per tool: the calls; the distinct definitions the log recorded (each with the co
 the first and last date); per argument path (`order_id`, `address.zip`, `items[].product_id`), over the calls the
 log does not show failing (a failing call may fail for the very value it invented), how many values were seen, how
 many occurred earlier in the conversation (a user or system message, an earlier output: the sources D checks, by the
-checker's own `History`) and how many look like identifiers. Per tool and error template: the failing calls, and per
+checker's own `History`), how many of those only in a message (what the user or the operator said, not what a tool
+returned), how many look like identifiers, and two bottom-k sketches (the k smallest hashes, which merge exactly:
+the k smallest of a union are the k smallest of the parts' k smallest): of the values, with their counts (how many
+distinct values, and whether one of them is nearly every call's), and of the (task, value) pairs (how many tasks
+use each value). Per tool and error template: the failing calls, and per
 candidate condition over what the agent had seen (`seen.<tool>.<field>` of an earlier accepted output linked to the
 call by a shared value) how many calls it held for and how many of those failed with that template.
 """
 
 from __future__ import annotations
 
+import bisect
+import hashlib
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -31,6 +37,7 @@ MAX_TEMPLATES = 32  # error templates per tool
 MAX_CONDITIONS = 512  # candidate conditions per tool
 MAX_ITEMS = 64  # items of a list argument looked into
 MAX_TEXT = 200  # characters of a value or field considered (longer is free text)
+SKETCH = 64  # hashes a bottom-k sketch keeps per argument path (distinct values counted exactly up to it)
 # An identifier: no spaces, and a digit, an `@` or a `/` in it (C104, O5521, ava@example.com, /srv/a1).
 _IDENTIFIER = re.compile(r"^(?=.*[\d@/])[\w.:/#@+-]{2,128}$")
 _VARIABLE = re.compile(r"'[^']*'|\"[^\"]*\"|[\w.:/#@+-]*\d[\w.:/#@+-]*")  # quoted text, tokens holding a digit
@@ -51,6 +58,57 @@ class PathCount:
     values: int = 0  # values seen at the path, in calls the log does not show failing
     known: int = 0  # of which occurred earlier in the conversation
     identifiers: int = 0  # of which look like identifiers
+    from_messages: int = 0  # of the known, those that occurred earlier only in a message, in no earlier output
+    distinct: dict[int, int] = field(default_factory=dict)  # bottom-k: value hash -> calls with the value
+    pairs: list[int] = field(default_factory=list)  # bottom-k, ascending: hashes of (task, value)
+
+    def add(self, value: Any, task: str, known: bool, from_messages: bool, identifier: bool) -> None:
+        self.values += 1
+        self.known += known
+        self.from_messages += from_messages
+        self.identifiers += identifier
+        try:
+            text = orjson.dumps(value)
+        except orjson.JSONEncodeError:  # an integer past 64 bits
+            text = str(value).encode()
+        key = _hash(text)
+        if key in self.distinct or len(self.distinct) < SKETCH or key < max(self.distinct):
+            self.distinct[key] = self.distinct.get(key, 0) + 1
+            if len(self.distinct) > SKETCH:
+                del self.distinct[max(self.distinct)]
+        pair = _hash(task.encode() + b"\x00" + text)
+        at = bisect.bisect_left(self.pairs, pair)
+        if at < SKETCH and (at == len(self.pairs) or self.pairs[at] != pair):
+            self.pairs.insert(at, pair)
+            del self.pairs[SKETCH:]
+
+    def merge(self, other: PathCount) -> None:
+        self.values += other.values
+        self.known += other.known
+        self.from_messages += other.from_messages
+        self.identifiers += other.identifiers
+        for key, n in other.distinct.items():
+            self.distinct[key] = self.distinct.get(key, 0) + n
+        for key in sorted(self.distinct)[SKETCH:]:
+            del self.distinct[key]
+        self.pairs = _smallest(self.pairs, other.pairs)
+
+
+def _hash(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
+def _smallest(a: list[int], b: list[int]) -> list[int]:
+    """The SKETCH smallest distinct hashes of two sketches."""
+    return sorted(set(a).union(b))[:SKETCH]
+
+
+def estimate(sketch: Any) -> float:
+    """The distinct hashes a bottom-k sketch stands for: exact below SKETCH, else (k - 1) / the k-th smallest hash
+    as a share of the hash space."""
+    if len(sketch) < SKETCH:
+        return float(len(sketch))
+    return (SKETCH - 1) / (max(sketch) / 2**64)
 
 
 @dataclass
@@ -104,9 +162,7 @@ class Evidence:
             for path, c in theirs.paths.items():
                 count = _bounded(mine, mine.paths, path, MAX_PATHS, PathCount)
                 if count is not None:
-                    count.values += c.values
-                    count.known += c.known
-                    count.identifiers += c.identifiers
+                    count.merge(c)
             for template, n in theirs.templates.items():
                 if template in mine.templates or len(mine.templates) < MAX_TEMPLATES:
                     mine.templates[template] += n
@@ -159,6 +215,7 @@ def _observe(rollout: Rollout, out: Evidence) -> None:
         out.last_date = max(out.last_date, day)
     versions = _versions(rollout)
     history = History()
+    outputs = History()  # the earlier outputs alone: a value known to `history` and not here came from a message
     seen: dict[str, Any] = {}  # tool -> last output of an accepted call, decoded
     used: set[tuple[str, bytes]] = set()  # (tool, definition) already counted for this conversation
     depth = 0
@@ -193,9 +250,11 @@ def _observe(rollout: Rollout, out: Evidence) -> None:
             for path, value in _values(resolved):
                 count = _bounded(tool, tool.paths, path, MAX_PATHS, PathCount)
                 if count is not None:
-                    count.values += 1
-                    count.known += path.split(".")[0].removesuffix("[]") in holders or history.knows(value)
-                    count.identifiers += isinstance(value, str) and bool(_IDENTIFIER.match(value))
+                    referenced = path.split(".")[0].removesuffix("[]") in holders
+                    known = referenced or history.knows(value)
+                    from_messages = known and not referenced and not outputs.knows(value)
+                    identifier = isinstance(value, str) and bool(_IDENTIFIER.match(value))
+                    count.add(value, rollout.task_id, known, from_messages, identifier)
         template = None
         if event.error:
             tool.failed += 1
@@ -218,6 +277,7 @@ def _observe(rollout: Rollout, out: Evidence) -> None:
         accepted = not event.error
         output = None if event.output is NOT_LOGGED else event.output
         history.add_result(depth, event.call_id, accepted, output)
+        outputs.add_result(depth, event.call_id, accepted, output)
         if accepted:
             seen[event.tool] = _decoded(output)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from pipeline.apps.drafting.evidence import Condition, Evidence, ToolEvidence
+from pipeline.apps.drafting.evidence import SKETCH, Condition, Evidence, ToolEvidence, estimate
 
 NO_DEFINITION: dict[str, Any] = {"type": "object"}  # a tool the log recorded no definition of: any object
 
@@ -26,6 +26,11 @@ class DraftSettings:
     free_text: bool = False  # also propose parameters whose values are mostly not identifiers
     rule_support: int = 3  # a rule candidate needs this many failing calls...
     rule_precision: float = 0.8  # ...and this share of the calls it holds for failing with its template
+    # A parameter whose values occurred earlier only in messages (the user's own words, not a tool's output) is
+    # proposed only when each of its values is used by at least this many tasks on average: a value the system
+    # holds and users quote (an account, a coupon code), not what each user says about themselves (an e-mail,
+    # a new address, a date).
+    min_reuse: float = 3.0
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,10 @@ class Grounded:
     values: int
     share: float  # of values that occurred earlier
     identifiers: float  # share of values that look like identifiers
+    from_messages: float  # of the values that occurred earlier, the share that occurred only in a message
+    distinct: float  # distinct values (exact up to evidence.SKETCH, else estimated)
+    top: float  # share of the values that are the most common one (exact up to SKETCH distinct values)
+    reuse: float  # tasks per distinct value (estimated past SKETCH)
     proposed: bool
     why: str
 
@@ -49,19 +58,39 @@ class RuleCandidate:
 
 
 def grounded(tool: ToolEvidence, s: DraftSettings) -> list[Grounded]:
+    """Each argument path with its evidence and whether it is proposed. A value that occurred earlier is evidence
+    the agent copied it only when the values vary (one value in nearly every call would match whatever the agent
+    did: a constant, not a copy) and, for values only the messages carried, when they name something the system
+    holds, used across tasks, rather than what one user says about themselves."""
     out = []
     for path, c in sorted(tool.paths.items()):
         share = c.known / c.values if c.values else 0.0
         ident = c.identifiers / c.values if c.values else 0.0
+        stated = c.from_messages / c.known if c.known else 0.0
+        distinct = estimate(c.distinct)
+        top = max(c.distinct.values(), default=0) / c.values if c.values else 0.0
+        reuse = estimate(c.pairs) / distinct if distinct else 0.0
         if c.values < s.min_calls:
             proposed, why = False, f"fewer than {s.min_calls} values"
         elif share < s.min_share:
             proposed, why = False, f"below {s.min_share:.0%}"
         elif ident < 0.5 and not s.free_text:
             proposed, why = False, "free text, not an identifier (--free-text to propose)"
+        elif top >= s.min_share:
+            proposed, why = False, f"one value in {top:.0%} of calls: a constant, not shown copied"
+        elif stated >= 0.5 and reuse < s.min_reuse:
+            proposed, why = (
+                False,
+                (
+                    f"occurred only in messages, each value in {reuse:.1f} tasks: what users say about themselves "
+                    "(--min-reuse 0 proposes it)"
+                ),
+            )
+        elif stated >= 0.5:
+            proposed, why = True, f"proposed: occurred only in messages, each value in {reuse:.1f} tasks"
         else:
             proposed, why = True, "proposed"
-        out.append(Grounded(path, c.values, share, ident, proposed, why))
+        out.append(Grounded(path, c.values, share, ident, stated, distinct, top, reuse, proposed, why))
     return out
 
 
@@ -145,7 +174,8 @@ def spec_toml(evidence: Evidence, s: DraftSettings, name: str, header: list[str]
         for g in found:
             lines.append(
                 f"#   {g.path}: occurred earlier in {g.share:.1%} of {g.values} values (calls not failing), "
-                f"identifiers {g.identifiers:.0%}: {g.why}"
+                f"{g.from_messages:.0%} of those only in messages; identifiers {g.identifiers:.0%}; "
+                f"{'about ' if g.distinct >= SKETCH else ''}{g.distinct:,.0f} distinct: {g.why}"
             )
         chosen = [g.path for g in found if g.proposed]
         if chosen:

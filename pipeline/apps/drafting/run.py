@@ -149,7 +149,8 @@ def _header(
         f"{shards} shards",
         f"thresholds: grounded when a value occurred earlier (a user or system message, an earlier output) in "
         f">= {s.min_share:.0%} of >= {s.min_calls} values of calls the log does not show failing, identifiers only "
-        f"unless --free-text ({s.free_text}); "
+        f"unless --free-text ({s.free_text}), no value in >= {s.min_share:.0%} of them, values only messages carried "
+        f"used by >= {s.min_reuse:g} tasks each; "
         f"rule candidates with support >= {s.rule_support} and precision >= {s.rule_precision:.0%}",
         f"written {datetime.now(UTC).strftime('%Y-%m-%dT%H:%M:%SZ')} by pexec {_version()}",
         "Use: pexec score LOGS --env observed --spec THIS_FOLDER ; pexec guard replay LOGS --spec THIS_FOLDER",
