@@ -183,6 +183,37 @@ def test_what_cannot_be_drafted_is_refused_on_one_line(support, tmp_path):
     empty.write_text("")
     with pytest.raises(DraftError, match="nothing to draft from"):
         draft([str(empty)], str(tmp_path / "d1"), ScoreSettings(format="openai"), inline=True)
-    with pytest.raises(DraftError, match="shuffle"):
+    with pytest.raises(DraftError, match="nothing to draft from"):  # shuffled, staged in the folder, then removed
         draft([str(empty)], str(tmp_path / "d2"), ScoreSettings(format="otel"), inline=True)
-    assert not (tmp_path / "d1").exists() and not (tmp_path / "d2").exists()
+    for fmt in ("mlflow", "phoenix"):  # trace servers: ingest to a store first
+        with pytest.raises(DraftError, match=rf"^{fmt} is read from a server.*`pexec ingest {fmt} … --out STORE`"):
+            draft(["http://127.0.0.1:9"], str(tmp_path / "d3"), ScoreSettings(format=fmt), inline=True)
+    assert not any((tmp_path / d).exists() for d in ("d1", "d2", "d3"))
+
+
+@pytest.mark.parametrize("encoding", ["proto", "json"])
+def test_otlp_spans_are_drafted_directly_as_score_shuffles_them(tmp_path, encoding):
+    """OTLP files whose conversations' spans lie in several files (the SDK's own encoder for protobuf) are shuffled
+    as `score` shuffles them, in the draft folder's staging area, and drafted: the same grounded set as the hand
+    spec, the staging gone."""
+    from pipeline.synthetic.support_spans import write_spans
+
+    write_spans(tmp_path / "spans", 600, files=3, encoding=encoding)
+    folder = tmp_path / "draft"
+    made = draft([str(tmp_path / "spans")], str(folder), ScoreSettings(format="otel"), inline=True)
+    assert (made.rejected, made.evidence.rollouts, made.evidence.calls) == (0, 600, 2889)
+    assert proposed(folder) == truth("support")
+    assert sorted(p.name for p in folder.iterdir()) == ["initial_state.json", "spec.toml", "tools.json"]
+
+
+@pytest.mark.ray
+def test_otlp_spans_drafted_on_ray_from_a_relative_folder(tmp_path, monkeypatch):
+    """On Ray the shuffle's rounds run in workers that work elsewhere: the staging area is named absolutely."""
+    from pipeline.synthetic.support_spans import write_spans
+
+    write_spans(tmp_path / "spans", 600, files=3, encoding="proto")
+    monkeypatch.chdir(tmp_path)
+    made = draft(["spans"], "draft", ScoreSettings(format="otel", shard_mb=0.05), num_cpus=2)
+    assert (made.rejected, made.evidence.rollouts, made.evidence.calls) == (0, 600, 2889)
+    assert made.shards > 1 and proposed(tmp_path / "draft") == truth("support")
+    assert not (tmp_path / "draft" / "_staging").exists()

@@ -2,9 +2,10 @@
 
 evidence.py   what a shard's rollouts show, as small sums merged across shards
 proposal.py   from evidence to the draft's files: definitions, grounded parameters, candidate rules
-run.py        the logs read as `score` reads them, in Ray tasks or inline; the draft folder written
+run.py        the logs read as `score` reads them (OTel spans shuffled as it shuffles them), in Ray tasks or inline;
+              the draft folder written
 
-Imports: core, replay, storage, scoring.
+Imports: core, ingest, replay, storage, scoring.
 """
 
 from pipeline.apps.drafting.evidence import Evidence, observe

@@ -21,6 +21,7 @@ import bisect
 import hashlib
 import re
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,7 +104,7 @@ def _smallest(a: list[int], b: list[int]) -> list[int]:
     return sorted(set(a).union(b))[:SKETCH]
 
 
-def estimate(sketch: Any) -> float:
+def estimate(sketch: Collection[int]) -> float:
     """The distinct hashes a bottom-k sketch stands for: exact below SKETCH, else (k - 1) / the k-th smallest hash
     as a share of the hash space."""
     if len(sketch) < SKETCH:

@@ -67,9 +67,9 @@ def grounded(tool: ToolEvidence, s: DraftSettings) -> list[Grounded]:
         share = c.known / c.values if c.values else 0.0
         ident = c.identifiers / c.values if c.values else 0.0
         stated = c.from_messages / c.known if c.known else 0.0
-        distinct = estimate(c.distinct)
+        distinct = min(estimate(c.distinct), c.values)  # an estimate past SKETCH distinct values
         top = max(c.distinct.values(), default=0) / c.values if c.values else 0.0
-        reuse = estimate(c.pairs) / distinct if distinct else 0.0
+        reuse = max(1.0, min(estimate(c.pairs), c.values) / distinct) if distinct else 0.0  # each value: >= 1 task
         if c.values < s.min_calls:
             proposed, why = False, f"fewer than {s.min_calls} values"
         elif share < s.min_share:

@@ -1,6 +1,8 @@
 """`pexec spec draft`: a night of logs read as `score` reads them — the same plan of shards, the same readers inside
 Ray tasks (or in this process with `inline`) — each shard turned into its evidence (small sums), the evidence
 merged in the driver, and the draft spec folder written from it. No process holds more than one shard's rollouts.
+A format whose rollouts span files (OTel spans) is first shuffled as `score` shuffles it (pipeline.scoring.shuffle),
+staged in the draft folder's `_staging/` (removed when done), and its partitions are the shards.
 """
 
 from __future__ import annotations
@@ -8,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import resource
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
@@ -21,9 +23,13 @@ from pipeline.apps.drafting.evidence import Evidence, observe
 from pipeline.apps.drafting.proposal import DraftSettings, drafted, grounded, rules, spec_toml, tools_json
 from pipeline.core.errors import DraftError, InvalidRecord
 from pipeline.core.records import parse_rollout
-from pipeline.scoring.driver import completed, plan
+from pipeline.ingest.registry import formats, get_format
+from pipeline.ingest.sharded import RawSource
+from pipeline.scoring.driver import ShardPlan, completed, plan
 from pipeline.scoring.settings import ScoreSettings
 from pipeline.scoring.shard import TaskSettings, read_records
+from pipeline.scoring.shuffle import map_shard, partition_shards, partitions_per_task, regroup_partition, staging
+from pipeline.storage.fs import remove_all
 from pipeline.storage.shards import RecordError, Shard
 
 
@@ -83,23 +89,39 @@ def draft(
     folder = Path(out)
     if folder.exists() and any(folder.iterdir()):
         raise DraftError(f"{out} exists and is not empty: give a new folder for the draft")
+    if reading.format != "canonical" and reading.format in formats() and not get_format(reading.format).reads_files:
+        raise DraftError(
+            f"{reading.format} is read from a server, not from files: copy the night to a canonical store first "
+            f"(`pexec ingest {reading.format} … --out STORE`) and draft from it (`pexec spec draft STORE --out DIR`)"
+        )
     source = reading.raw_input(list(sources))
     if source is None and len(sources) != 1:
         raise DraftError("a canonical store is one file or folder; several sources need --format")
-    if source is not None and source.shuffle is not None:
-        raise DraftError(
-            f"{source.fmt}: its rollouts span files and are assembled by a shuffle, which spec draft does not run: "
-            f"copy them to a canonical store first (`pexec ingest {source.fmt} … --out STORE`) and draft from it"
-        )
     shard_plan = plan(sources[0] if source is None else " ".join(sources), reading.shard_bytes,
                       reading.storage_options, source)  # fmt: skip
-    task = TaskSettings(run="", run_id="draft", storage_options=reading.storage_options, source=source)
+    runner = _Runner(inline, address, num_cpus)
+    shuffled = source is not None and source.shuffle is not None
+    # A shuffle's rounds stage their rows under the draft folder (absolute: a Ray worker works elsewhere).
+    run = str(folder.resolve()) if shuffled else ""
+    task = TaskSettings(run=run, run_id="draft", storage_options=reading.storage_options, source=source)
     merged = ShardEvidence(Evidence())
-    for part in _gather(shard_plan.shards, task, inline, address, num_cpus):
-        merged.evidence.merge(part.evidence)
-        merged.read += part.read
-        merged.rejected += part.rejected
-        merged.peak_mib = max(merged.peak_mib, part.peak_mib)
+    created = not folder.exists()
+    try:
+        shards = shard_plan.shards
+        if source is not None and shuffled:
+            folder.mkdir(parents=True, exist_ok=True)
+            shards = _shuffle(source, run, shard_plan, reading.shard_bytes, runner)
+        for part in runner.run(shard_evidence, shards, task):
+            merged.evidence.merge(part.evidence)
+            merged.read += part.read
+            merged.rejected += part.rejected
+            merged.peak_mib = max(merged.peak_mib, part.peak_mib)
+    except BaseException:
+        if shuffled:
+            _unstage(folder, run, created)
+        raise
+    if shuffled:
+        _unstage(folder, run, created)
     ev = merged.evidence
     if ev.rollouts == 0:
         raise DraftError(
@@ -119,21 +141,64 @@ def draft(
     return Draft(folder, ev, merged.read, merged.rejected, len(shard_plan.shards), proposed, n_rules, merged.peak_mib)
 
 
-def _gather(shards: list[Shard], task: TaskSettings, inline: bool, address: str | None, num_cpus: int | None) -> Any:
-    if inline:
-        for shard in shards:
-            yield shard_evidence(shard, task)
-        return
-    import ray
+@dataclass(frozen=True)
+class _Runner:
+    """Where tasks run: Ray tasks (local Ray on `num_cpus`, or the cluster at `address`), at most two per CPU in
+    flight, or one after another in this process (`inline`)."""
 
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if not ray.is_initialized():
-        ray.init(address=address, num_cpus=num_cpus if address is None else None, include_dashboard=False,
-                 logging_level=logging.WARNING)  # fmt: skip
-    remote = ray.remote(max_retries=2)(shard_evidence)  # a lost worker is retried; a shard's error fails the draft
-    window = 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))
-    for _, part in completed(shards, lambda s: remote.remote(s, task), window, lambda: None):
-        yield part
+    inline: bool
+    address: str | None
+    num_cpus: int | None
+
+    def run(self, fn: Any, shards: list[Shard], *args: Any) -> Iterator[Any]:
+        if self.inline:
+            for shard in shards:
+                yield fn(shard, *args)
+            return
+        remote = self._ray().remote(max_retries=2)(fn)  # a lost worker is retried; a shard's error fails the draft
+        for _, part in completed(shards, lambda s: remote.remote(s, *args), 2 * self.cpus(), lambda: None):
+            yield part
+
+    def cpus(self) -> int:
+        return 1 if self.inline else max(1, int(self._ray().cluster_resources().get("CPU", 1)))
+
+    def _ray(self) -> Any:
+        import ray
+
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        if not ray.is_initialized():
+            ray.init(address=self.address, num_cpus=self.num_cpus if self.address is None else None,
+                     include_dashboard=False, logging_level=logging.WARNING)  # fmt: skip
+        return ray
+
+
+def _shuffle(source: RawSource, run: str, shard_plan: ShardPlan, shard_bytes: int, runner: _Runner) -> list[Shard]:
+    """The rounds of `score`'s shuffle over the planned input shards (round 2 when the format regroups): their items
+    partitioned by key, about one partition per `shard_bytes` of input; returns the final partitions as shards."""
+    inputs = shard_plan.shards
+    partitions = max(1, -(-shard_plan.total_bytes // shard_bytes))
+    per_task = partitions_per_task(partitions, runner.cpus())
+    rounds = 2 if source.shuffle is not None and source.shuffle.regroup is not None else 1
+    list(runner.run(_map, inputs, source, run, partitions, rounds, shard_bytes))
+    if rounds == 2:
+        regroup = partition_shards(source, run, inputs, partitions, 1, per_task)
+        list(runner.run(_regroup, regroup, source, run, partitions, shard_bytes))
+    return partition_shards(source, run, inputs, partitions, 2, per_task)
+
+
+def _map(shard: Shard, source: RawSource, run: str, partitions: int, rounds: int, shard_bytes: int) -> int:
+    return map_shard(source, run, shard, partitions, rounds, shard_bytes)
+
+
+def _regroup(shard: Shard, source: RawSource, run: str, partitions: int, shard_bytes: int) -> int:
+    return regroup_partition(source, run, shard, partitions, shard_bytes)
+
+
+def _unstage(folder: Path, run: str, created: bool) -> None:
+    """Remove the shuffle's staged rows, and the draft folder too when this draft created it and wrote nothing."""
+    remove_all(staging(run), None)
+    if created and folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
 
 
 def _header(
