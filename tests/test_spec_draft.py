@@ -7,18 +7,24 @@ does, and what it cannot draft from is a one-line refusal."""
 
 from __future__ import annotations
 
+import itertools
 import tomllib
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.apps.drafting import DraftSettings, Evidence, draft, observe
+from pipeline.apps.drafting.evidence import SKETCH, PathCount, estimate
 from pipeline.apps.drafting.proposal import grounded, rules
 from pipeline.apps.guard.replay import replay_traffic
 from pipeline.core.errors import DraftError
+from pipeline.core.model import Call, Message, Rollout
 from pipeline.core.records import parse_rollout
 from pipeline.envs import EnvOptions, get_environment
 from pipeline.envs.spec.loader import find_spec, load_spec, load_tools_json
@@ -217,3 +223,64 @@ def test_otlp_spans_drafted_on_ray_from_a_relative_folder(tmp_path, monkeypatch)
     assert (made.rejected, made.evidence.rollouts, made.evidence.calls) == (0, 600, 2889)
     assert made.shards > 1 and proposed(tmp_path / "draft") == truth("support")
     assert not (tmp_path / "draft" / "_staging").exists()
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 300), st.integers(0, 40)), max_size=400),
+    st.lists(st.integers(0, 400), max_size=6),
+    st.randoms(use_true_random=False),
+)
+@settings(max_examples=60, deadline=None)
+def test_a_paths_sketches_merged_in_any_order_equal_the_sketches_of_the_whole(calls, cuts, rnd):
+    """Distinct values with their counts, and (task, value) pairs: the k smallest hashes of a union are the k smallest
+    of the parts' k smallest, so the merged evidence is exact whatever the shards and their order."""
+    whole = PathCount()
+    for value, task in calls:
+        whole.add(f"V{value}", f"t{task}", True, False, True)
+    bounds = sorted({0, len(calls), *(c % (len(calls) + 1) for c in cuts)})
+    parts = []
+    for a, b in itertools.pairwise(bounds):
+        part = PathCount()
+        for value, task in calls[a:b]:
+            part.add(f"V{value}", f"t{task}", True, False, True)
+        parts.append(part)
+    rnd.shuffle(parts)
+    merged = PathCount()
+    for part in parts:
+        merged.merge(part)
+    assert merged == whole
+    distinct, pairs = {v for v, _ in calls}, set(calls)
+    assert len(whole.distinct) == min(len(distinct), SKETCH) and len(whole.pairs) == min(len(pairs), SKETCH)
+    if len(distinct) < SKETCH:  # exact below the sketch's size: the counts too
+        assert estimate(whole.distinct) == len(distinct)
+        assert sorted(whole.distinct.values()) == sorted(Counter(v for v, _ in calls).values())
+
+
+def _conversation(i: int, said: str, returned: str) -> Rollout:
+    """A user states `said`; a look-up returns `returned`; the agent passes both on."""
+    return Rollout(f"r{i}", f"task{i}", "own", events=[
+        Message("user", f"I am {said}"),
+        Call("lookup", {"who": said}, output={"ref": returned}, error=False, call_id="a"),
+        Call("act", {"ref": returned, "who": said}, output={"ok": True}, error=False, call_id="b"),
+    ])  # fmt: skip
+
+
+def test_the_grounding_rule_reads_where_values_came_from_not_parameter_names():
+    """Whatever the parameters are called: a value minted by a tool's output is proposed; a value only the user's
+    message carried is proposed when each value serves many tasks (something the system holds, quoted), not when
+    each user brings their own; one value in every call is a constant, never proposed."""
+    own = observe([_conversation(i, f"u{i}@example.com", f"R{i}") for i in range(40)])
+    shared = observe([_conversation(i, f"ACCT-{i % 4}", f"R{i}") for i in range(40)])
+    constant = observe([_conversation(i, "ACCT-7", f"R{i}") for i in range(40)])
+    s = DraftSettings()
+
+    def chosen(ev: Evidence, tool: str) -> dict[str, bool]:
+        return {g.path: g.proposed for g in grounded(ev.tools[tool], s)}
+
+    assert chosen(own, "act") == {"ref": True, "who": False}
+    assert chosen(own, "lookup") == {"who": False}
+    assert chosen(shared, "act") == {"ref": True, "who": True}  # 4 values, 10 tasks each
+    assert chosen(constant, "act") == {"ref": True, "who": False}
+    reason = next(g.why for g in grounded(own.tools["act"], s) if g.path == "who")
+    assert "what users say about themselves" in reason
+    assert {g.path: g.proposed for g in grounded(own.tools["act"], DraftSettings(min_reuse=0))}["who"]

@@ -215,15 +215,17 @@ def _observe(rollout: Rollout, out: Evidence) -> None:
         out.first_date = min(out.first_date, day) if out.first_date else day
         out.last_date = max(out.last_date, day)
     versions = _versions(rollout)
+    # What D checks, in two parts: the earlier outputs (and the references to them), and the user and system
+    # messages; a value is known when either holds it, and came from a message when only the messages do.
     history = History()
-    outputs = History()  # the earlier outputs alone: a value known to `history` and not here came from a message
+    messages = History()
     seen: dict[str, Any] = {}  # tool -> last output of an accepted call, decoded
     used: set[tuple[str, bytes]] = set()  # (tool, definition) already counted for this conversation
     depth = 0
     for event in rollout.events:
         if isinstance(event, Message):
             if event.role in ("user", "system"):
-                history.add_message(event.content)
+                messages.add_message(event.content)
             continue
         depth += 1
         out.calls += 1
@@ -252,8 +254,9 @@ def _observe(rollout: Rollout, out: Evidence) -> None:
                 count = _bounded(tool, tool.paths, path, MAX_PATHS, PathCount)
                 if count is not None:
                     referenced = path.split(".")[0].removesuffix("[]") in holders
-                    known = referenced or history.knows(value)
-                    from_messages = known and not referenced and not outputs.knows(value)
+                    in_outputs = referenced or history.knows(value)
+                    from_messages = not in_outputs and messages.knows(value)
+                    known = in_outputs or from_messages
                     identifier = isinstance(value, str) and bool(_IDENTIFIER.match(value))
                     count.add(value, rollout.task_id, known, from_messages, identifier)
         template = None
@@ -278,7 +281,6 @@ def _observe(rollout: Rollout, out: Evidence) -> None:
         accepted = not event.error
         output = None if event.output is NOT_LOGGED else event.output
         history.add_result(depth, event.call_id, accepted, output)
-        outputs.add_result(depth, event.call_id, accepted, output)
         if accepted:
             seen[event.tool] = _decoded(output)
 
