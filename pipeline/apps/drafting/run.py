@@ -116,12 +116,9 @@ def draft(
             merged.read += part.read
             merged.rejected += part.rejected
             merged.peak_mib = max(merged.peak_mib, part.peak_mib)
-    except BaseException:
+    finally:
         if shuffled:
             _unstage(folder, run, created)
-        raise
-    if shuffled:
-        _unstage(folder, run, created)
     ev = merged.evidence
     if ev.rollouts == 0:
         raise DraftError(
