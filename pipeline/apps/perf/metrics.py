@@ -301,7 +301,7 @@ def _memory_rows(
         }
         runs.append(got)
         who = f"{n_models} cohorts over {n_tasks:,} tasks, {size:,} rollouts"
-        reference = "numpy reference (every rollout in memory)"
+        reference = "numpy reference, every rollout in memory"
         peaks, cpu = got["peak_rss_mib"], got["cpu_seconds"]
         figures += [
             figure(f"{who}: peak RSS (VmHWM) of compute_metrics", "MiB", peaks["project"], reference,
@@ -315,7 +315,7 @@ def _memory_rows(
             f"peak RSS, {n_rollouts * scale:,} over {n_rollouts:,} rollouts, same tasks × cohorts (target ≤ 1.1)",
             "×",
             growth["project"],
-            "numpy reference (every rollout in memory)",
+            "numpy reference, every rollout in memory",
             growth["reference"],
         )
     )

@@ -5,7 +5,7 @@
 SET VARIABLE pexec_k = coalesce(getvariable('max_k'), least((SELECT max(T) FROM rollout_parts), 20), 0);
 
 -- A rollout's PEC depth is min(T, FED - 1, K); the depths >= 1 that occur get a histogram column each
--- (pipeline.metrics.cohorts makes the view rollout_keys with one 0/1 column per depth).
+-- (pipeline.metrics.cohorts makes the view rollout_keys with one column per depth).
 CREATE OR REPLACE TEMP TABLE pec_depths AS
 SELECT DISTINCT least(T, fed - 1, getvariable('pexec_k')) AS depth
 FROM rollout_parts

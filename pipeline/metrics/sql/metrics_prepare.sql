@@ -1,7 +1,7 @@
 -- Per-(cohort, task) sums: the only input of the bootstrap (docs/explanation/measured-facts.md: aggregate first, then resample).
 -- Variables set by pipeline.metrics.cohorts: cohort_cols (VARCHAR[]: 'benchmark' and the `by` labels), and
 -- pexec_k (metrics_depths.sql). Reads the view rollout_keys (pipeline.metrics.cohorts): per rollout its cohort
--- key, task_id, T, success, the catalogue's parts p_<name> and a 0/1 column h_<d> per PEC depth d that occurs,
+-- key, task_id, T, success, the catalogue's parts p_<name> and a BOOLEAN column h_<d> per PEC depth d that occurs,
 -- and h_0 (depth 0, counted in no PEC(k >= 1): there so that the h_ columns are never none, left out below).
 --
 -- The rollouts are summed as they are read, straight to one row per (cohort, task): no table holds a row per
@@ -29,7 +29,7 @@ SELECT key,
        sum(COLUMNS('^p_(.*)$'))::BIGINT AS 's_\1',
        -- PEC counts per task, one column per depth: s_h<d> = #{rollouts with min(T, FED - 1, K) = d}, d >= 1;
        -- PEC(k) * N = sum of s_h<d> over d >= k. NULL where the task has none (it counts as 0 downstream).
-       nullif(sum(COLUMNS('^h_([0-9]+)$')), 0)::INTEGER AS 's_h\1'
+       nullif(count_if(COLUMNS('^h_([0-9]+)$')), 0)::INTEGER AS 's_h\1'
 FROM rollout_keys
 GROUP BY key, task_id;
 
