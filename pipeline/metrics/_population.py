@@ -97,7 +97,7 @@ def check_pools(present: set[str], population: Population, url: str) -> None:
 
 
 def _create_rollout_parts(con: duckdb.DuckDBPyConnection, strict_replay: bool) -> None:
-    # The one statement built in Python: its columns are the catalogue's part expressions.
+    # Built in Python, as is pipeline.metrics.cohorts's rollout_keys: its columns are the catalogue's part expressions.
     parts = ", ".join(f"{p.sql} AS p_{p.name}" for p in metric_catalogue.PARTS)
     where = " WHERE NOT diverged_before_fed" if strict_replay else ""
     con.execute(f"CREATE OR REPLACE TEMP VIEW rollout_parts AS SELECT *, {parts} FROM rollouts{where}")

@@ -3,7 +3,9 @@
 Definitions: docs/explanation/definitions.md ("Aggregates") and docs/explanation/intervals.md. The metrics and
 their parts come from the metric catalogue (pipeline.core.metric_catalogue); one pass computes all cohorts:
   _population.py              the rollouts the metrics count (`Population`: harness errors, benchmark pools)
-  metrics_prepare.sql        rollouts -> cohort numbers -> per-(cohort, task) sums `s_*` (+ PEC histogram)
+  metrics_depths.sql         K of PEC(k) and the depths that occur (prepare_sums: a column per depth)
+  metrics_prepare.sql        rollouts, as they are read -> per-(cohort, task) sums `s_*` (+ PEC histogram)
+                             -> cohort numbers; nothing is kept per rollout
   bootstrap.py               per-(cohort, replicate) sums of the resampled tasks' `s_*` (numpy; the draws of
   bootstrap_sums.sql         sql/hash.sql), put together exactly in SQL
   metrics_intervals.sql      ratios of sums (point estimate = full data), percentile intervals
@@ -103,7 +105,7 @@ def metrics_and_replicates(
             parts=[f"s_{p.name}" for p in metric_catalogue.PARTS],
             replicated=list(replicated),
         )
-        run_sql(con, "metrics/metrics_prepare")
+        prepare_sums(con)
         sums = task_sums(con)
         run_bootstrap(con, sums, settings)
         info = fetch(con, "cohort_info", CohortInfo)
@@ -114,6 +116,24 @@ def metrics_and_replicates(
         return intervals_and_replicates(
             con, info, clusters, harness, by_cols, settings, population, replicated, snapshot
         )
+
+
+def prepare_sums(con: duckdb.DuckDBPyConnection) -> None:
+    """Tables task_sums, cohort_info and cohort_diverged (sql/metrics_prepare.sql) and variable pexec_k, over the
+    view rollout_parts of a population, with variables cohort_cols and max_k set: the rollouts summed per
+    (cohort, task) as they are read, no row kept per rollout."""
+    run_sql(con, "metrics/metrics_depths")
+    # Depth columns in the order of their names (s_h1, s_h10, s_h2, ...), the order a PIVOT on them gives.
+    depths = sorted((int(r[0]) for r in con.execute("SELECT depth FROM pec_depths").fetchall()), key=str)
+    # Built here, as rollout_parts is (pipeline.metrics._population): a true/false column per PEC depth that occurs, so
+    # that one aggregate sums them with the parts (integers only, from the run's own T and FED).
+    hist = "".join(f", least(T, fed - 1, getvariable('pexec_k')) = {d} AS h_{d}" for d in (0, *depths))
+    con.execute(
+        "CREATE OR REPLACE TEMP VIEW rollout_keys AS "
+        "SELECT struct_pack(*COLUMNS(lambda c: list_contains(getvariable('cohort_cols'), c))) AS key, "
+        f"task_id, T, success, COLUMNS('^p_'){hist} FROM rollout_parts"
+    )
+    run_sql(con, "metrics/metrics_prepare")
 
 
 class CohortInfo(TypedDict):

@@ -136,7 +136,7 @@ def part_sums(
     tables (a tuple: the Ray task returns each as its own object)."""
     with open_part_population(root, file, columns, population) as con:
         set_variables(con, cohort_cols=cohort_cols, max_k=max_k, partitions=partitions)
-        run_sql(con, "metrics/metrics_prepare")
+        cohorts.prepare_sums(con)
         run_sql(con, "metrics/part_sums")
         run_sql(con, "metrics/harness_counts")
         counts = PartCounts()

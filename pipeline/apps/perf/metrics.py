@@ -1,10 +1,12 @@
 """Benchmark of the metrics stage (docs/explanation/measured-facts.md): compute_metrics on a synthetic rollouts table,
-against a plain-numpy reference that reproduces its multinomial bounds, measured interleaved in the same run.
+against a plain-numpy reference that reproduces its multinomial bounds, measured interleaved in the same run; and
+the peak memory of compute_metrics at N and 10 N rollouts over the same tasks and cohorts, which is flat when the
+rollouts are summed per (cohort, task) as they are read.
 
-    python -m pipeline.apps.perf.metrics [--rollouts N] [--tasks M] [-B B] [--cohorts 1,16] [--repeats R]
-        [--workdir DIR]
+    python -m pipeline.apps.perf.metrics [--rollouts N] [--tasks M] [-B B] [--cohorts 1,16] [--memory-cohorts 4]
+        [--memory-scale 10] [--repeats R] [--workdir DIR]
 
-Each measurement runs in a fresh process, so the peak RSS reported is its own.
+Each measurement runs in a fresh process (spawned: a new program), so the peak it reports, its VmHWM, is its own.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import argparse
 import math
 import multiprocessing
 import os
-import resource
 import shutil
 import tempfile
 import time
@@ -24,6 +25,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from pipeline.apps.perf._fixtures import commit_parts
+from pipeline.apps.perf._processes import peak_mib
 from pipeline.apps.perf.figures import Bench, Figure, figure, load_average, n_runs, show
 from pipeline.core.arrow import pa
 
@@ -35,12 +37,22 @@ Bounds = dict[str, dict[str, tuple[float, float]]]  # model -> metric -> (lo, hi
 
 
 class MetricsRun(TypedDict):
-    """What `details` keeps per number of cohorts: seconds and peak RSS per method, and whether the reference's
-    bounds equal the project's."""
+    """What `details` keeps per number of cohorts: seconds and peak RSS (VmHWM) per method, and whether the
+    reference's bounds equal the project's."""
 
     seconds: dict[str, list[float]]
     peak_rss_mib: dict[str, list[float]]
     same_bounds: bool
+
+
+class MemoryRun(TypedDict):
+    """What `details` keeps per run size of the memory rows: wall and CPU seconds and VmHWM of the project
+    (multinomial) and of the reference."""
+
+    rollouts: int
+    seconds: dict[str, list[float]]
+    cpu_seconds: dict[str, list[float]]
+    peak_rss_mib: dict[str, list[float]]
 
 
 def write_synthetic_rollouts(
@@ -155,22 +167,34 @@ def reference_bounds(run: str, B: int, seed: int = 0, level: float = 0.95) -> Bo
     return out
 
 
-def _time_project(run: str, method: Method, B: int, max_k: int) -> tuple[float, int, dict[str | None, Cohort]]:
+class Measured(TypedDict):
+    """One measurement in a fresh process: wall and CPU seconds, and the process's own peak (VmHWM)."""
+
+    seconds: float
+    cpu_seconds: float
+    peak_mib: float
+
+
+def _time_project(run: str, method: Method, B: int, max_k: int) -> tuple[Measured, dict[str | None, Cohort]]:
     from pipeline.metrics.results import key_values
     from pipeline.metrics.run import open_run
     from pipeline.metrics.settings import BootstrapSettings
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     cohorts = open_run(run).cohorts(None, BootstrapSettings(B=B, method=method), max_k=max_k)
-    seconds = time.perf_counter() - start
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    return seconds, peak_kib, {key_values(c, ["model"])[0]: c for c in cohorts}
+    measured = _measured(start, cpu)
+    return measured, {key_values(c, ["model"])[0]: c for c in cohorts}
 
 
-def _time_reference(run: str, B: int) -> tuple[float, int, Bounds]:
-    start = time.perf_counter()
+def _time_reference(run: str, B: int) -> tuple[Measured, Bounds]:
+    start, cpu = time.perf_counter(), time.process_time()
     bounds = reference_bounds(run, B)
-    return time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, bounds
+    return _measured(start, cpu), bounds
+
+
+def _measured(start: float, cpu: float) -> Measured:
+    # process_time counts this process's threads (DuckDB's and numpy's), not a child's.
+    return {"seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu, "peak_mib": peak_mib()}
 
 
 def bench_metrics(
@@ -181,15 +205,19 @@ def bench_metrics(
     max_k: int = 10,
     cohorts: tuple[int, ...] = (1, 16),
     repeats: int = 3,
+    memory_cohorts: int = 4,
+    memory_scale: int = 10,
 ) -> Bench:
     """Time compute_metrics (both methods) against the plain-numpy reference, interleaved in the same run
     (a fresh process per measurement, so each peak RSS is its own), for each number of model cohorts over the
-    same tasks; checks that the reference reproduces the project's multinomial bounds."""
+    same tasks; checks that the reference reproduces the project's multinomial bounds. Then the peak memory of
+    compute_metrics (multinomial) and of the reference over `memory_cohorts` cohorts at `n_rollouts` and
+    `memory_scale` times as many rollouts over the same tasks (memory_scale 1: no such rows)."""
     base = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="pexec-bench-metrics-"))
     load = os.getloadavg()[0]
     ctx = multiprocessing.get_context("spawn")
     figures: list[Figure] = []
-    details: dict[str, MetricsRun] = {}
+    details: dict[str, MetricsRun | list[MemoryRun]] = {}
     for n_models in cohorts:
         run = base / f"run-{n_models}"
         if run.exists():
@@ -201,15 +229,15 @@ def bench_metrics(
         for _ in range(repeats):
             for method in ("multinomial", "poisson"):
                 with ctx.Pool(1) as pool:
-                    seconds, peak_kib, project = pool.apply(_time_project, (str(run), method, B, max_k))
-                times[method].append(seconds)
-                peak[method].append(peak_kib / 1024)
+                    measured, project = pool.apply(_time_project, (str(run), method, B, max_k))
+                times[method].append(measured["seconds"])
+                peak[method].append(measured["peak_mib"])
                 if method == "multinomial":
                     mine = project
             with ctx.Pool(1) as pool:
-                seconds, peak_kib, bounds = pool.apply(_time_reference, (str(run), B))
-            times["reference"].append(seconds)
-            peak["reference"].append(peak_kib / 1024)
+                measured, bounds = pool.apply(_time_reference, (str(run), B))
+            times["reference"].append(measured["seconds"])
+            peak["reference"].append(measured["peak_mib"])
             # Same to 1e-12: numpy and DuckDB interpolate between the same two order statistics with formulas
             # that can differ in the last bit.
             same &= all(
@@ -227,13 +255,71 @@ def bench_metrics(
             figure(f"{who}: compute_metrics, Poisson", "s", times["poisson"], reference, times["reference"]),
             figure(f"{who}: peak RSS, multinomial", "MiB", peak["multinomial"], "numpy reference", peak["reference"]),
         ]
+        if workdir is None:
+            shutil.rmtree(run, ignore_errors=True)
+    if memory_scale > 1:
+        memory_figures, memory_details = _memory_rows(base, n_rollouts, n_tasks, B, max_k, memory_cohorts,
+                                                      memory_scale, repeats)  # fmt: skip
+        figures += memory_figures
+        details["memory"] = memory_details
     if workdir is None:
         shutil.rmtree(base, ignore_errors=True)
+    sizes = f"{n_rollouts:,} rollouts" + (f" (and {n_rollouts * memory_scale:,})" if memory_scale > 1 else "")
     caption = (
-        f"{n_rollouts:,} rollouts, {n_tasks:,} tasks, B = {B}, K = {max_k}; each measurement in a fresh process, "
+        f"{sizes}, {n_tasks:,} tasks, B = {B}, K = {max_k}; each measurement in a fresh process, "
         f"project and reference interleaved, {n_runs(repeats)}; {load_average(load)}"
     )
     return Bench("metrics", caption, figures, details)
+
+
+def _memory_rows(
+    base: Path, n_rollouts: int, n_tasks: int, B: int, max_k: int, n_models: int, scale: int, repeats: int
+) -> tuple[list[Figure], list[MemoryRun]]:
+    """Peak memory (VmHWM) and seconds of compute_metrics and of the reference at n_rollouts and scale times as
+    many over the same tasks and cohorts; then the peak of the larger over the smaller: about 1 when memory grows
+    with tasks x cohorts, not with rollouts (the reference holds every rollout)."""
+    ctx = multiprocessing.get_context("spawn")
+    figures: list[Figure] = []
+    runs: list[MemoryRun] = []
+    for size in (n_rollouts, n_rollouts * scale):
+        run = base / f"memory-{size}"
+        if run.exists():
+            shutil.rmtree(run)
+        write_synthetic_rollouts(run, size, n_tasks, parts=max(4, -(-size // 250_000)), n_models=n_models)
+        measured: dict[str, list[Measured]] = {"project": [], "reference": []}
+        for _ in range(repeats):
+            with ctx.Pool(1) as pool:
+                measured["project"].append(pool.apply(_time_project, (str(run), "multinomial", B, max_k))[0])
+            with ctx.Pool(1) as pool:
+                measured["reference"].append(pool.apply(_time_reference, (str(run), B))[0])
+        shutil.rmtree(run, ignore_errors=True)
+        got: MemoryRun = {
+            "rollouts": size,
+            "seconds": {k: [m["seconds"] for m in v] for k, v in measured.items()},
+            "cpu_seconds": {k: [m["cpu_seconds"] for m in v] for k, v in measured.items()},
+            "peak_rss_mib": {k: [m["peak_mib"] for m in v] for k, v in measured.items()},
+        }
+        runs.append(got)
+        who = f"{n_models} cohorts over {n_tasks:,} tasks, {size:,} rollouts"
+        reference = "numpy reference, every rollout in memory"
+        peaks, cpu = got["peak_rss_mib"], got["cpu_seconds"]
+        figures += [
+            figure(f"{who}: peak RSS (VmHWM) of compute_metrics", "MiB", peaks["project"], reference,
+                   peaks["reference"]),
+            figure(f"{who}: CPU seconds of compute_metrics", "CPU s", cpu["project"], reference, cpu["reference"]),
+        ]  # fmt: skip
+    small, large = (r["peak_rss_mib"] for r in runs)
+    growth = {k: [b / a for a, b in zip(small[k], large[k], strict=True)] for k in small}
+    figures.append(
+        figure(
+            f"peak RSS, {n_rollouts * scale:,} over {n_rollouts:,} rollouts, same tasks × cohorts (target ≤ 1.1)",
+            "×",
+            growth["project"],
+            "numpy reference, every rollout in memory",
+            growth["reference"],
+        )
+    )
+    return figures, runs
 
 
 def _bounds(cohort: Cohort, metric: str) -> tuple[float | None, float | None]:
@@ -250,11 +336,14 @@ def main() -> None:
     parser.add_argument("-B", type=int, default=1000)
     parser.add_argument("--max-k", type=int, default=10)
     parser.add_argument("--cohorts", default="1,16", help="model cohorts over the same tasks, comma-separated")
+    parser.add_argument("--memory-cohorts", type=int, default=4, help="model cohorts of the memory rows")
+    parser.add_argument("--memory-scale", type=int, default=10, help="the memory rows' larger run, in --rollouts")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args()
     cohorts = tuple(int(c) for c in args.cohorts.split(","))
-    show(bench_metrics(args.rollouts, args.tasks, args.B, args.workdir, args.max_k, cohorts, args.repeats))
+    sizes = (args.rollouts, args.tasks, args.B, args.workdir, args.max_k, cohorts, args.repeats)
+    show(bench_metrics(*sizes, args.memory_cohorts, args.memory_scale))
 
 
 if __name__ == "__main__":
