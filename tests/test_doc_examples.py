@@ -76,7 +76,7 @@ EXPECTED = {
     "docs/how-to/score-nightly-logs.md": [
         "wrote 40 rollouts to out/support/store/date=2026-11-28: 40 ok, 0 harness error(s)",
         "read 40 · scored 40 · rejected 0 · steps 191",
-        "│ observed  │ support-model-b · v1.5 │ 20 │     9 │",
+        "│ observed  │ support-model-b · v1.5 │ 20 │     0.850 † │     0.550 † │",
         "diff: out/support/runs/date=2026-11-28 (A) -> out/support/runs/date=2026-11-29 (B)",
         "│ 2026-11-29 │ support-model-b │ v1.5          │ 20       │ 0.7  │",
         "│ get_order       │ D            │ information  │              │ 4 │",
