@@ -5,7 +5,8 @@ only its usage-stats module, which `RAY_USAGE_STATS_ENABLED=0` keeps silent), no
 (GCS, raylet, object manager, workers, the raylet's agents) bound to 127.0.0.1 rather than the machine's address, so
 nothing of an embedded cluster is reachable from the network. In Ray 2.60 the raylet refuses to start without its
 dashboard agent and runtime-env agent, and `ray.init` always starts the autoscaler monitor and the log monitor:
-those stay (docs/explanation/measured-facts.md lists the processes and what they cost).
+those stay (docs/reference/benchmarks.md: what the start costs, and the input below which `pexec score` does not
+start Ray at all).
 """
 
 from __future__ import annotations

@@ -167,8 +167,8 @@ class ScoreProgress:
             + (f", {p.reusable} unchanged since they were scored (reused)" if p.reusable else "")
             + (f"; ignored {len(p.ignored)} non-data file(s)" if p.ignored else "")
         )
-        if self.settings is not None and self.settings.inline is None and self.settings.placed(p.total_bytes).inline:
-            # One line at 80 columns: under the threshold Ray's start would cost more than its CPUs save.
+        s = self.settings  # left to decide, with shards to score, and placed in this process: one line at 80 columns
+        if s is not None and s.inline is None and p.reusable < len(p.shards) and s.placed(p.total_bytes).inline:
             console.print(f"in-process: under {IN_PROCESS_BELOW_MB} MiB, Ray's start costs more (--num-cpus N: Ray)")
         self.task = self.bar.add_task("score", total=len(p.shards), rollouts=0, rate=0.0, rejects=0)
 

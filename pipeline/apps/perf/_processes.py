@@ -19,7 +19,6 @@ import logging
 import os
 import signal
 import socket
-import statistics
 import subprocess
 import threading
 import time
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.apps.perf import require_dev
+from pipeline.apps.perf.figures import Usage
 
 ROOT = Path(__file__).resolve().parents[3]
 BENCH_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
@@ -85,36 +85,6 @@ def cpu_seconds(pid: int | None = None) -> float:
     """CPU-seconds (user + system) used so far by process `pid` (this one by default), its live descendants and
     every child any of them reaped: Ray's processes included while Ray runs."""
     return sum(s.cpu_s for s in process_tree(pid).values())
-
-
-@dataclass(frozen=True)
-class Usage:
-    """What a measurement cost the machine: wall seconds, CPU-seconds of the measuring process and its children
-    (Ray's included), the 1-minute load average sampled during it, and the niceness of the processes seen."""
-
-    wall_s: float
-    cpu_s: float
-    load: tuple[float, ...]  # sampled every `Meter.every` seconds, first and last included
-    nice: tuple[int, ...] = ()  # of every process of the tree but Ray's workers
-    ray_worker_nice: tuple[int, ...] = ()  # of Ray's workers (none seen: no Ray, or one not started by the tree)
-
-    def text(self) -> str:
-        """`… s wall, … CPU-s; load average min–median–max; niceness …`, for a caption."""
-        load = "–".join(f"{x:.1f}" for x in (min(self.load), statistics.median(self.load), max(self.load)))
-        nice = f"processes at nice {_values(self.nice)}"
-        if self.ray_worker_nice:
-            nice += f", Ray workers at nice {_values(self.ray_worker_nice)}"
-        return (f"{_seconds(self.wall_s)} s wall, {_seconds(self.cpu_s)} CPU-s (the bench process and its children, "
-                f"Ray's included); load average {load} (min–median–max during it); {nice}")  # fmt: skip
-
-
-def _seconds(x: float) -> str:
-    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
-
-
-def _values(values: tuple[int, ...]) -> str:
-    seen = sorted(set(values))
-    return " and ".join(str(v) for v in seen) if seen else "–"
 
 
 @dataclass

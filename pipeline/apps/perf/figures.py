@@ -25,7 +25,6 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.apps.perf._processes import Usage
 from pipeline.core.errors import PexecError
 
 
@@ -69,6 +68,36 @@ class Figure:
         if self.baseline_values is None or min(self.project + self.baseline_values) <= 0:
             return None
         return tuple(p / b for p, b in zip(self.project, self.baseline_values, strict=True))
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What a measurement cost the machine: wall seconds, CPU-seconds of the measuring process and its children
+    (Ray's included), the 1-minute load average sampled during it, and the niceness of the processes seen."""
+
+    wall_s: float
+    cpu_s: float
+    load: tuple[float, ...]  # sampled every `Meter.every` seconds, first and last included
+    nice: tuple[int, ...] = ()  # of every process of the tree but Ray's workers
+    ray_worker_nice: tuple[int, ...] = ()  # of Ray's workers (none seen: no Ray, or one not started by the tree)
+
+    def text(self) -> str:
+        """`… s wall, … CPU-s; load average min–median–max; niceness …`, for a caption."""
+        load = "–".join(f"{x:.1f}" for x in (min(self.load), statistics.median(self.load), max(self.load)))
+        nice = f"processes at nice {_values(self.nice)}"
+        if self.ray_worker_nice:
+            nice += f", Ray workers at nice {_values(self.ray_worker_nice)}"
+        return (f"{_seconds(self.wall_s)} s wall, {_seconds(self.cpu_s)} CPU-s (the bench process and its children, "
+                f"Ray's included); load average {load} (min–median–max during it); {nice}")  # fmt: skip
+
+
+def _seconds(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
+
+
+def _values(values: tuple[int, ...]) -> str:
+    seen = sorted(set(values))
+    return " and ".join(str(v) for v in seen) if seen else "–"
 
 
 @dataclass(frozen=True)
