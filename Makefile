@@ -71,10 +71,12 @@ $(VENV)/tau2/.installed-stamp: tests/tau3_runs/requirements.txt $(STAMP)
 
 demo: install
 	rm -rf $(DEMO)
-	$(BIN)/pexec synth shop --rollouts 4000 --tasks 250 --seed 0 --out $(DEMO)/store
+	$(BIN)/pexec synth shop --rollouts 4000 --tasks 250 --seed 0 \
+	  --out $(DEMO)/store
 	$(BIN)/pexec score $(DEMO)/store --out $(DEMO)/run --shard-mb 2
 	$(BIN)/pexec metrics $(DEMO)/run --by model,method
-	$(BIN)/pexec report $(DEMO)/run --by model,method --out $(DEMO)/report
+	$(BIN)/pexec report $(DEMO)/run --by model,method \
+	  --out $(DEMO)/report
 
 lint: install
 	$(BIN)/ruff check pipeline tests

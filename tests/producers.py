@@ -422,7 +422,8 @@ def send(target: str, url: str, name: str) -> None:
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # its INFO lines (a new experiment, a flush): noise here
     with stub_server() as stub:
         {"mlflow": run_mlflow, "phoenix": run_phoenix}[target](stub.base_url, url, name)
-    print(f"sent 1 trace of the support agent ({len(CALLS)} tool calls) to {target} at {url}, {name!r}")
+    where = {"mlflow": "experiment", "phoenix": "project"}[target]
+    print(f"sent 1 trace of the support agent ({len(CALLS)} tool calls) to {target}, {where} {name!r}")
 
 
 if __name__ == "__main__":  # python producers.py otel|otel-files|agents|mlflow|phoenix BASE_URL ...

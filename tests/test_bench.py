@@ -261,6 +261,10 @@ def _small(name: str, tmp_path: Path, shared: Path) -> Bench:
         from pipeline.apps.perf.spans import bench_spans
 
         return bench_spans(2000, tmp_path, shard_mb=0.05, repeats=1)
+    if name == "split":
+        from pipeline.apps.perf.split import bench_split
+
+        return bench_split(400, tmp_path, repeats=1, shard_mb=0.1, in_process=True)
     if name.startswith("nightly"):
         from pipeline.apps.perf.nightly import bench_nightly, bench_nightly_otel
 
@@ -290,6 +294,17 @@ def test_every_bench_runs_and_prints(name, tmp_path, bench_data, monkeypatch, sh
     _check(bench, name)
     if name.startswith("nightly"):
         _check_nightly(bench, "otel" if name == "nightly_otel" else "openai")
+    if name == "split":
+        _check_split(bench)
+
+
+def _check_split(bench: Bench) -> None:
+    """The one file was cut into ranges, every run scored every rollout written, and the ratios are paired."""
+    runs = bench.details["runs"]
+    assert set(runs) == {"1", "2"}
+    assert all(r["count"] == bench.details["rollouts"] and r["shards"] > 2 for rs in runs.values() for r in rs)
+    assert all(r["cpu_seconds"] > 0 and r["task_seconds"] > 0 for rs in runs.values() for r in rs)
+    assert all(f.ratios for f in bench.figures if f.baseline_values is not None)
 
 
 def _check_nightly(bench: Bench, fmt: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from importlib.metadata import version
@@ -75,7 +76,7 @@ def test_writes_through_sql_are_refused(run):
     [
         (["score", "/nonexistent/store", "--out", "/tmp/x"], "no such store"),
         (["metrics", "/nonexistent/run"], "/nonexistent/run"),
-        (["synth", "airline", "--out", "/tmp/x"], "'shop' spec and tau_telecom only"),
+        (["synth", "airline", "--out", "/tmp/x"], "'shop' spec, tau_telecom and tau_banking_knowledge only"),
         (["score", "/tmp", "--out", "/tmp/x", "--policy", "lenient"], "--policy is code or strict"),
     ],
 )
@@ -141,7 +142,7 @@ def test_records_of_an_environment_that_appears_later_are_rescored_on_rerun(tmp_
     [
         (
             ["synth", "airline", "--out", "{tmp}/s"],
-            "synth knows how to build tasks for the 'shop' spec and tau_telecom only",
+            "synth knows how to build tasks for the 'shop' spec, tau_telecom and tau_banking_knowledge only",
         ),
         (["synth", "shop", "--rollouts", "5", "--out", "{tmp}/file/s"], "cannot write store {tmp}/file/s: [Errno"),
         (["ingest", "nope", "{tmp}", "--out", "{tmp}/s"], "unknown format 'nope'"),
@@ -169,7 +170,7 @@ def test_records_of_an_environment_that_appears_later_are_rescored_on_rerun(tmp_
         (
             ["bench", "nope"],
             "bench takes replay, metrics, merged, scale, view, guard, driver, distributed, bfcl, tau, nightly, "
-            "nightly_otel, start or spans",
+            "nightly_otel, start, split or spans",
         ),
         (["guard", "serve", "--env", "nope"], "unknown environment 'nope'"),
         (["guard", "serve", "--env", "shop", "--host", "0.0.0.0"], "refusing to listen on 0.0.0.0 without a bearer"),
@@ -237,6 +238,34 @@ def test_the_progress_counts_a_shard_scored_again_once_with_its_final_counts():
     progress.on_shard(marker("a", 0, 10, read=5, scored=4, rejected=1))
     assert progress.bar.tasks[progress.task].completed == 2
     assert (progress.rollouts, progress.rejects) == (7, 1)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the swallowed exception, on purpose
+def test_a_signal_whose_exception_a_finaliser_swallowed_still_stops_the_job_at_the_next_shard(sig):
+    # A signal that lands while a `__del__` runs raises there, and Python drops the exception ("Exception
+    # ignored"): the job went on to score every shard and commit, exit 0. The next shard's progress stops it.
+    from pipeline.apps.cli import _scoring
+    from pipeline.core.run_folder import ShardMarker
+
+    class Finalised:
+        def __del__(self) -> None:
+            signal.raise_signal(sig)
+            sum(range(1000))  # the handler runs here, inside the finaliser
+
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        _scoring.unwind_on_sigterm()
+        Finalised()  # collected at once: its exception goes to sys.unraisablehook, not here
+        progress = _scoring.ScoreProgress()
+        with pytest.raises(SystemExit if sig == signal.SIGTERM else KeyboardInterrupt) as stopped:
+            progress.on_shard(ShardMarker(shard="a", source="f", start=0, stop=None, fingerprint="x"))
+        if sig == signal.SIGTERM:
+            assert stopped.value.code == 143
+    finally:
+        _scoring._SIGNALLED.clear()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def test_every_reader_of_a_run_takes_the_shared_options_it_needs_and_no_other():

@@ -218,13 +218,18 @@ def page_blocks(page: str) -> list[Block]:
 _MAKE_VARIABLES = ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")
 
 
-def shell_env(ray_address: str = "", columns: int = 200) -> dict[str, str]:
+# The terminal the pages' outputs were printed in: the first hour's wider terminal, so that a reader pasting a page
+# into a terminal that wide sees what it shows, tables and wrapped lines alike.
+PAGE_COLUMNS = 120
+
+
+def shell_env(ray_address: str = "", columns: int = PAGE_COLUMNS) -> dict[str, str]:
     return {
         **{k: v for k, v in os.environ.items() if k not in _MAKE_VARIABLES},
         "RAY_ADDRESS": ray_address,  # a command that scores on Ray joins the suite's shared one: no Ray start each
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        "COLUMNS": str(columns),  # the terminal the reader has (200: tables as the pages show them, not wrapped)
+        "COLUMNS": str(columns),  # the terminal the reader has
     }
 
 
@@ -441,21 +446,6 @@ def test_page_examples_run(page: str, page_runs: dict[str, PageRun]) -> None:
         assert want in result.shell.output, f"{page}: the commands did not print {want!r}"
 
 
-# Pages whose shown outputs predate the command line's new widths and default metric columns, merged from two
-# lines of work at once: their blocks must still run to the end without a traceback, but a difference from what
-# the page shows is an expected failure until the outputs are regenerated (tests/rewrite_doc_outputs.py) at the
-# one width both the page test and the first hour compare at.
-STALE_OUTPUTS = {
-    "README.md",
-    "docs/how-to/change-a-spec-safely.md",
-    "docs/how-to/query-with-sql.md",
-    "docs/how-to/score-logs-without-a-spec.md",
-    "docs/how-to/score-nightly-logs.md",
-    "docs/how-to/score-mlflow-traces.md",
-    "docs/how-to/score-phoenix-traces.md",
-}
-
-
 def check_shell(page: str, shell: ShellRun | None, seconds: float, compare: bool = True) -> None:
     """The page's shell ran every block to the end, printed no traceback, and (`compare`) printed what the page
     shows after each block."""
@@ -470,17 +460,11 @@ def check_shell(page: str, shell: ShellRun | None, seconds: float, compare: bool
     if os.environ.get("PEXEC_DOC_DUMP"):  # what each block printed: tests/rewrite_doc_outputs.py reads it
         dump = Path(os.environ["PEXEC_DOC_DUMP"]) / (page.replace("/", "__") + ".json")
         dump.write_text(json.dumps([{"line": b.line, "output": out} for b, out in shell.outputs]))
-    stale = []
     for block, out in shell.outputs:
         assert TRACEBACK not in out, f"{page}:{block.line}: a traceback reached the reader\n{out[-4000:]}"
         if compare and block.shown is not None:
             difference = output_differs(block.shown, out)
-            if difference is not None and page in STALE_OUTPUTS:
-                stale.append(f"{page}:{block.line}")
-                continue
             assert difference is None, f"{page}:{block.line}: the page does not show what it prints:\n{difference}"
-    if stale:
-        pytest.xfail(f"shown outputs not yet regenerated (STALE_OUTPUTS): {', '.join(stale)}")
 
 
 def test_every_page_is_checked() -> None:
@@ -623,10 +607,12 @@ def test_first_hour_never_goes_on_after_scoring_nothing(first_hour: Hour) -> Non
             assert not _ZERO_SCORED.search(out), f"{page}:{block.line}: exit 0 after zero rollouts\n{out[-2000:]}"
 
 
-# Lines that are not human output and keep their length: a file a block shows (`cat`, `sed`, `diff` of a spec), JSON
-# (`--json`, `--format json`), `diff`'s lines of a file (`> `, `< `), and an alert line (`breach …`: one line per
-# breach, for grep and for the nightly job).
-_FILE_COMMANDS = re.compile(r"^\s*(cat|sed|diff|head|tail)\b")
+# Lines that are not pexec's human output and keep their length: a file a block shows (`cat`, `sed`, `diff` of a
+# spec), what a reader's own script prints (`python - <<'PY'`), JSON (`--json`, `--format json`), `diff`'s lines of
+# a file (`> `, `< `), an alert line (`breach …`: one line per breach, for grep and for the nightly job), and a link
+# with its short label (a link cut in two no longer opens).
+_FILE_COMMANDS = re.compile(r"^\s*(cat|sed|diff|head|tail|python -)\b")
+_LINK = re.compile(r"^\s*\S{0,3}\s*https?://\S+$")
 
 
 def _not_human(block: Block, line: str) -> bool:
@@ -634,6 +620,7 @@ def _not_human(block: Block, line: str) -> bool:
         bool(_FILE_COMMANDS.match(block.code))
         or line.lstrip().startswith(("{", "[", "breach "))
         or line.startswith(("> ", "< "))
+        or bool(_LINK.match(line))
     )
 
 
@@ -651,23 +638,19 @@ def test_first_hour_output_fits_the_terminal(first_hour: Hour) -> None:
 
 
 def test_first_hour_prints_what_the_pages_show(first_hour: Hour) -> None:
-    """Every line a page shows after a block, but the tables' (drawn for the pages' width), at 120 columns."""
-    if first_hour.columns < 120:
-        pytest.skip("the pages show what a terminal of 120 columns or more prints")
-    differences, stale = [], []
+    """Every line a page shows after a block, but the tables', in the pages' own terminal width."""
+    if first_hour.columns != PAGE_COLUMNS:
+        pytest.skip(f"the pages show what a terminal of {PAGE_COLUMNS} columns prints")
+    differences = []
     for page, shell in first_hour.shells.items():
         for block, out in shell.outputs:
             if block.shown is None:
                 continue
             shown = "\n".join(line for line in block.shown.splitlines() if not _TABLE.search(line))
             missing = unshown_lines(shown, out)
-            if missing and page in STALE_OUTPUTS:
-                stale.append(f"{page}:{block.line}")
-            elif missing:
+            if missing:
                 differences.append(f"{page}:{block.line}:\n" + "\n".join(missing) + f"\n--- printed\n{out[-2000:]}")
     assert not differences, "\n\n".join(differences)
-    if stale:
-        pytest.xfail(f"shown outputs not yet regenerated (STALE_OUTPUTS): {', '.join(stale)}")
 
 
 def test_a_page_shows_all_a_block_prints_or_says_what_it_leaves_out() -> None:

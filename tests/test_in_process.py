@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,17 @@ LINE = f"in-process: under {IN_PROCESS_BELOW_MB} MiB, Ray's start costs more (--
 
 @pytest.fixture
 def no_ray_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No $RAY_ADDRESS, and no Ray in this process (another test's shared Ray is hidden for the test)."""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delitem(sys.modules, "ray", raising=False)
+
+
+def test_a_ray_running_in_this_process_is_used_whatever_the_size(
+    no_ray_address: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    running = types.SimpleNamespace(is_initialized=lambda: True)
+    monkeypatch.setitem(sys.modules, "ray", running)
+    assert ScoreSettings(inline=None).placed(0).inline is False
 
 
 def test_a_local_run_left_to_decide_scores_in_process_below_the_threshold_only(no_ray_address: None) -> None:

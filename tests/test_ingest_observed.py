@@ -140,3 +140,22 @@ def test_formats_are_listed(fmt):
     from pipeline.ingest import formats
 
     assert fmt in formats()
+
+
+@pytest.mark.ray
+def test_a_spec_folder_named_relative_to_here_is_found_by_tasks_working_elsewhere(tmp_path, monkeypatch, shared_ray):
+    # The shared Ray's workers run in the folder the suite started in: a spec folder named relative to this test's
+    # folder names nothing there, and every record was rejected.
+    import shutil
+
+    from pipeline.envs.data import BUILTIN_SPECS
+    from pipeline.scoring.settings import ScoreSettings
+
+    write_samples(tmp_path / "logs", ("2026-11-29",), per_date=20, seed=1)
+    shutil.copytree(BUILTIN_SPECS / "support", tmp_path / "own" / "support")
+    monkeypatch.chdir(tmp_path)
+    settings = ScoreSettings(env="observed", spec="own/support", format="openai", options={"error_prefix": "Error:"})
+    manifest = run_scoring("logs/date=2026-11-29", "run", settings)
+    assert (manifest.counts.scored, manifest.counts.rejected) == (20, 0)
+    decided = pq.read_table(tmp_path / "run" / "steps").column("decided_by").to_pylist()
+    assert "precondition" in decided  # the spec's rules were applied, not only the log's errors

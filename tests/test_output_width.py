@@ -46,11 +46,12 @@ COMMANDS = [
     ["diff", "{a}", "{b}", "--unpaired", "--by", "model,method", "--bootstrap", "20"],
     ["diff", "{a}", "{a}", "--bootstrap", "20"],
     ["sql", "{a}", "SELECT * FROM rollouts ORDER BY rollout_id LIMIT 3"],
+    ["sql", "{a}", "SELECT 'a' || repeat(' said', 60) AS detail, repeat('x', 300) AS token"],
 ]
 
 
 @pytest.mark.parametrize("width", [120, 80])
-@pytest.mark.parametrize("command", COMMANDS, ids=["metrics", "metrics-all", "drift", "paired", "sql"])
+@pytest.mark.parametrize("command", COMMANDS, ids=["metrics", "metrics-all", "drift", "paired", "sql", "sql-long"])
 def test_no_line_is_wider_than_the_width_given(runs, width: int, command: list[str]) -> None:
     a, b = runs
     stdout, stderr = shown(width, *(x.format(a=a, b=b) for x in command))
@@ -102,3 +103,11 @@ def test_sql_goes_vertical_when_wider_saying_so_and_on_request(runs) -> None:
     assert "┃ n" in small and note == ""
     vertical, note = shown(120, "sql", a, "SELECT count(*) AS n FROM rollouts", "--vertical")
     assert vertical.splitlines()[1:] == ["n | 400"] and note == ""
+
+
+def test_a_long_value_goes_on_under_itself_whole(runs) -> None:
+    value = "the environment said: " + " ".join(f"word{i}" for i in range(60))
+    stdout, _ = shown(80, "sql", runs[0], f"SELECT 1 AS n, '{value}' AS detail", "--vertical")
+    lines = stdout.splitlines()[1:]
+    assert lines[0] == "n      | 1" and all(line.startswith(("detail | ", "       | ")) for line in lines[1:])
+    assert " ".join(line[9:] for line in lines[1:]) == value and widest(stdout) <= 80

@@ -5,6 +5,7 @@ over several files are assembled by the shuffle as if they were in one file."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 import struct
@@ -18,13 +19,15 @@ from test_producers_inspect import eval_log  # noqa: F401  (a fixture: a real .e
 from typer.testing import CliRunner
 
 from pipeline.apps.cli.app import app
+from pipeline.core.errors import PexecError
 from pipeline.ingest import IngestOptions, ingest
 from pipeline.ingest.sharded import plan_raw, raw_source
 from pipeline.metrics.run import open_run
 from pipeline.scoring.driver import run_scoring
 from pipeline.scoring.settings import ScoreSettings
+from pipeline.storage.inputs import line_shards, list_inputs
 from pipeline.storage.stores import write_store
-from pipeline.synthetic.support_logs import write_samples
+from pipeline.synthetic.support_logs import write_night, write_samples
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "real"
@@ -73,6 +76,59 @@ def test_openai_logs_cut_into_byte_ranges_score_on_ray_as_ingest_then_score(tmp_
     manifest = json.loads((raw / "_manifest.json").read_text())
     assert manifest["counts"]["shards"] > 4 and manifest["settings"]["executor"] == "ray"
     assert_same(ingested, raw)
+
+
+def test_a_gzip_cut_by_decompressed_bytes_scores_on_ray_as_read_whole_and_a_rerun_reuses_its_ranges(
+    tmp_path, shared_ray
+):
+    """One gzip file, its ranges streamed to the tasks by one reader: the same rows, rejects (named by line) and
+    duplicate-id verdicts as the file scored whole in this process; a rerun reuses every range, and one whose
+    part went missing is scored again while the others' ids are read back through the reader."""
+    [path] = write_night(tmp_path / "logs", 300, files=1)
+    lines = gzip.decompress(path.read_bytes()).splitlines(keepends=True)
+    path.write_bytes(gzip.compress(b"".join([*lines, b"[1, 2]\n", *lines[:3], *lines[150:152]])))  # later copies
+    options, env = {"error_prefix": "Error:"}, {"spec": "support"}
+    whole = score_raw("openai", [str(path)], tmp_path, options, name="whole", **env)
+    split = score_raw("openai", [str(path)], tmp_path, options, name="split", shard_mb=64 / 1024, inline=False, **env)
+    manifest = json.loads((split / "_manifest.json").read_text())
+    assert manifest["counts"]["shards"] > 4 and manifest["settings"]["executor"] == "ray"
+    assert_same(whole, split)
+
+    def rejects(run: Path) -> list[tuple[str, str]]:
+        return sorted((r["location"], r["reason"]) for r in open_run(str(run)).rejects().to_pylist())
+
+    assert rejects(whole) == rejects(split) and len(rejects(whole)) == 6
+    assert [loc for loc, _ in rejects(split)] == [f"line {n}" for n in range(301, 307)]
+    assert rejects(split)[-1][1].endswith(f"{path} line 152)")  # a later copy names the first by its line
+
+    again = run_scoring([str(path)], str(split), ScoreSettings(format="openai", options=options, shard_mb=64 / 1024,
+                                                               **env))  # fmt: skip
+    assert again.counts.shards_reused == again.counts.shards
+    next(split.glob("rollouts/part-*.parquet")).unlink()
+    again = run_scoring([str(path)], str(split), ScoreSettings(format="openai", options=options, shard_mb=64 / 1024,
+                                                               **env))  # fmt: skip
+    assert again.counts.shards_reused == again.counts.shards - 1
+    assert_same(whole, split)
+    assert rejects(whole) == rejects(split)
+
+
+@pytest.mark.parametrize("inline", [True, False])
+def test_a_gzip_changed_between_its_plan_and_its_read_fails_the_run(tmp_path, shared_ray, inline):
+    """Its ranges were planned on the stream as it was: another stream of the same size fails its checksum in the
+    reader, and the run fails with one line and commits nothing."""
+    [path] = write_night(tmp_path / "logs", 200, files=1)
+
+    def change(_: object) -> None:  # after the plan, before any range is read
+        data = bytearray(path.read_bytes())
+        data[-8] ^= 0xFF  # the CRC of the stream's one member
+        path.write_bytes(bytes(data))
+
+    settings = ScoreSettings(format="openai", options={"error_prefix": "Error:"}, spec="support",
+                             shard_mb=64 / 1024, inline=inline)  # fmt: skip
+    with pytest.raises(PexecError, match="changed since it was planned") as failed:
+        run_scoring([str(path)], str(tmp_path / "run"), settings, on_plan=change)
+    assert "\n" not in str(failed.value)
+    assert not (tmp_path / "run" / "_manifest.json").exists()
 
 
 def test_ids_missing_in_a_byte_range_are_named_by_their_line_as_a_whole_file_read_names_them(tmp_path):
@@ -134,6 +190,22 @@ def test_ingest_decodes_the_same_shards_on_ray_and_writes_the_same_store(tmp_pat
     path.write_bytes(path.read_bytes() + b"[1, 2]\n")  # all or nothing: one bad line and nothing is written
     bad = RUNNER.invoke(app, [*args, "--out", str(tmp_path / "bad"), "--ray"])
     assert bad.exit_code == 2 and "line 21" in bad.output and not (tmp_path / "bad").exists(), bad.output
+
+
+def test_ingest_cuts_a_gzip_by_shard_mb_and_writes_the_same_store_here_and_on_ray(tmp_path, shared_ray):
+    [path] = write_night(tmp_path / "logs", 400, files=1)
+    args = ["ingest", "openai", str(path), "--option", "error_prefix=Error:"]
+    runs = {
+        "whole": RUNNER.invoke(app, [*args, "--out", str(tmp_path / "whole")]),
+        "here": RUNNER.invoke(app, [*args, "--out", str(tmp_path / "here"), "--shard-mb", str(64 / 1024)]),
+        "ray": RUNNER.invoke(app, [*args, "--out", str(tmp_path / "ray"), "--shard-mb", str(64 / 1024), "--ray"]),
+    }
+    assert all(r.exit_code == 0 and "wrote 400 rollouts" in r.output for r in runs.values()), runs
+    stores = {name: b"".join(p.read_bytes() for p in sorted((tmp_path / name).glob("*.jsonl"))) for name in runs}
+    assert stores["whole"] == stores["here"] == stores["ray"] and stores["whole"].count(b"\n") == 400
+    assert len(line_shards(list_inputs(str(path))[0], 64 * 1024)) > 4  # the file was cut
+    bad = RUNNER.invoke(app, [*args, "--out", str(tmp_path / "bad"), "--shard-mb", "0"])
+    assert bad.exit_code == 2 and "--shard-mb takes a size > 0" in bad.output and not (tmp_path / "bad").exists()
 
 
 # -- OTel: one conversation's spans in three files ------------------------------------------------------

@@ -21,7 +21,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.core.errors import StoreError
-from pipeline.storage.inputs import list_inputs, plan_shards, read_shard
+from pipeline.storage.inputs import (
+    line_shards,
+    list_inputs,
+    plan_shards,
+    read_shard,
+    shard_lines,
+    stream_batches,
+    supplied,
+)
 from pipeline.storage.shards import InputFile, RecordError, Shard
 
 
@@ -299,12 +307,97 @@ RECORDS = [{"i": i, "text": f"r{i} ü"} for i in range(2000)]
         ("two.jsonl.gz", lambda d: gzip.compress(d[:777]) + gzip.compress(d[777:])),
     ],
 )  # fmt: skip
-def test_compressed_files_read_back_whole(tmp_path: Path, name: str, compress: Any) -> None:
-    write(tmp_path / name, compress(jsonl(*RECORDS)))
+def test_compressed_files_cut_by_decompressed_bytes_read_as_whole(tmp_path: Path, name: str, compress: Any) -> None:
+    data = jsonl(*RECORDS)
+    write(tmp_path / name, compress(data))
     files, _ = list_inputs(str(tmp_path))
-    shards = plan_shards(files, target_bytes=100)
-    assert shards == [Shard(files[0], 0, None)]  # compressed files are never split
-    assert read_all(shards) == [(f"line {i + 1}", r) for i, r in enumerate(RECORDS)]
+    shards = plan_shards(files, target_bytes=1000)
+    # ranges of the decompressed bytes, as a plain file's are of its bytes: the same keys on every plan
+    assert [(s.start, s.stop) for s in shards] == [(a, min(a + 1000, len(data))) for a in range(0, len(data), 1000)]
+    assert [s.key for s in shards] == [s.key for s in plan_shards(files, target_bytes=1000)]
+    # named as a whole-file read names them, whether each range is read from the file or from one streaming pass
+    expected = [(f"line {i + 1}", r) for i, r in enumerate(RECORDS)]
+    assert read_all(shards) == expected
+    streamed = []
+    for batch, shard in zip(stream_batches(shards), shards, strict=True):
+        with supplied(batch):
+            streamed += read_shard(shard)
+    assert streamed == expected
+    assert plan_shards(files, target_bytes=len(data)) == [Shard(files[0], 0, None)]  # what fits one shard is whole
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupt"])
+def test_a_damaged_compressed_file_stays_one_shard_that_names_where_it_breaks(tmp_path: Path, damage: str) -> None:
+    whole = gzip.compress(jsonl(*RECORDS))
+    data = whole[: len(whole) // 2] if damage == "truncated" else whole[:-8] + bytes(8)  # CRC and size zeroed
+    write(tmp_path / "d.jsonl.gz", data)
+    files, _ = list_inputs(str(tmp_path))
+    assert plan_shards(files, target_bytes=1000) == [Shard(files[0], 0, None)]
+    out = read_all(plan_shards(files, target_bytes=1000))
+    assert isinstance(out[-1][1], RecordError) and out[-1][1].reason.startswith(f"{damage} gzip stream ")
+    assert len(out) == 1 if damage == "corrupt" else len(out) > 1  # a damaged member is lost whole
+
+
+def test_a_range_of_a_file_changed_since_its_plan_is_a_storage_error(tmp_path: Path) -> None:
+    path = write(tmp_path / "c.jsonl.gz", gzip.compress(jsonl(*RECORDS)))
+    files, _ = list_inputs(str(tmp_path))
+    shards = plan_shards(files, target_bytes=1000)
+    data = bytearray(path.read_bytes())
+    data[-8] ^= 0xFF  # same size, another CRC
+    path.write_bytes(bytes(data))
+    with pytest.raises(StoreError, match="changed since it was planned"):
+        read_all(shards)
+
+
+_LINE = st.one_of(
+    st.builds(lambda i, t: orjson.dumps({"i": i, "t": t}), st.integers(-(2**63), 2**63 - 1), st.text(max_size=30)),
+    st.sampled_from([b"", b"  ", b"\r", b"not json", b"[1, 2]", b"\xef\xbb\xbf{}", b"\xff\xfe"]),
+    st.integers(65, 200).map(lambda n: b'{"x": "' + b"y" * n + b'"}'),  # over the 64-byte line limit below
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    lines=st.lists(_LINE, max_size=60),
+    newline=st.sampled_from([b"\n", b"\r\n"]),
+    trailing=st.booleans(),
+    codec=st.sampled_from(["gzip", "zstd"]),
+    members=st.integers(1, 3),
+    target=st.integers(1, 400),
+    data=st.data(),
+)
+def test_ranges_of_a_compressed_file_hold_every_line_once_as_a_whole_file_read_names_it(
+    tmp_path: Path,
+    lines: list[bytes],
+    newline: bytes,
+    trailing: bool,
+    codec: str,
+    members: int,
+    target: int,
+    data: st.DataObject,
+) -> None:
+    """Whatever the target size, the lines, the line ends and the members: the ranges' lines, read from the file
+    or handed on by one streaming pass, are the whole-file read's lines in order, each once, with its location
+    ("line N"), a line over the limit a reject in its place, a BOM dropped only on the file's first line."""
+    content = newline.join(lines) + (newline if trailing and lines else b"")
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(content)), min_size=members - 1, max_size=members - 1)))
+    pieces = [content[a:b] for a, b in zip([0, *cuts], [*cuts, len(content)], strict=True)]
+    pack = gzip.compress if codec == "gzip" else zstandard.ZstdCompressor().compress
+    path = tmp_path / f"{uuid.uuid4().hex}.jsonl.{'gz' if codec == 'gzip' else 'zst'}"
+    write(path, b"".join(pack(p) for p in pieces))
+    files, _ = list_inputs(str(path))
+    whole = list(shard_lines(Shard(files[0], 0, None), max_line=64))
+
+    shards = line_shards(files, target)
+    assert [s.key for s in shards] == [s.key for s in line_shards(files, target)]  # a rerun plans the same shards
+    assert [item for s in shards for item in shard_lines(s, max_line=64)] == whole
+    ranges = [s for s in shards if not s.whole_file]
+    streamed = []
+    for batch, shard in zip(stream_batches(ranges, max_line=64), ranges, strict=True):
+        assert batch.shard == shard.key
+        with supplied(batch):
+            streamed += shard_lines(shard, max_line=64)
+    assert streamed == (whole if ranges else [])
 
 
 def test_truncated_gzip_yields_good_records_then_one_error(tmp_path: Path) -> None:

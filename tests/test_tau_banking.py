@@ -6,17 +6,24 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import orjson
 import pytest
 
 from pipeline.core.errors import IngestError
 from pipeline.core.records import parse_rollout
 from pipeline.envs import EnvOptions, get_environment
+from pipeline.envs.tau.banking import source_version
 from pipeline.ingest import IngestOptions, ingest
+from pipeline.metrics.run import open_run
 from pipeline.replay.checker import replay
+from pipeline.scoring.driver import run_scoring
+from pipeline.scoring.settings import ScoreSettings
+from pipeline.storage.stores import write_store
 
 HERE = Path(__file__).resolve().parent
 BANKING = HERE / "data" / "tau3" / "banking_knowledge.json"
@@ -34,7 +41,8 @@ def _python_ready() -> bool:
 
 
 @pytest.fixture(scope="module")
-def results():
+def python() -> str:
+    """The Python that runs the snapshot (skipped without one)."""
     if not SOURCE.is_dir():
         pytest.fail(f"the tau2-bench snapshot is not at {SOURCE}")
     if not _python_ready():
@@ -42,7 +50,12 @@ def results():
             f"no Python >= 3.12 with tau2-bench's dependencies at {PYTHON}: `make test` builds one (.venv/tau2), "
             "or point PEXEC_TAU2_PYTHON at one"
         )
-    options = IngestOptions(extra={"tau2_source": str(SOURCE), "tau2_python": PYTHON})
+    return PYTHON
+
+
+@pytest.fixture(scope="module")
+def results(python):
+    options = IngestOptions(extra={"tau2_source": str(SOURCE), "tau2_python": python})
     records = list(ingest("tau2", [str(BANKING)], options))
     env = get_environment("tau_banking_knowledge", EnvOptions())
     return records, [replay(env, parse_rollout(r)) for r in records if r["status"] == "ok"]
@@ -88,3 +101,71 @@ def test_a_discoverable_tool_is_available_from_its_discovery(results):
         ("call_discoverable_user_tool", True),
     ]
     assert "was not given to the user" in referral.user_steps[1].detail
+
+
+def test_a_changed_source_rescores_what_was_read_against_it(python, tmp_path):
+    # The source's version (its code and the domain's data) is pinned where the run is planned: a rerun over the
+    # same logs after the source changed rescores them, and rollouts read before the change are refused, never
+    # replayed against other code than the one they name.
+    source = tmp_path / "tau2-bench"
+    shutil.copytree(SOURCE / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    domain = Path("data", "tau2", "domains", "banking_knowledge")
+    shutil.copytree(SOURCE / domain, source / domain)
+    options = {"tau2_source": str(source), "tau2_python": python}
+    raw, run = ScoreSettings(inline=True, format="tau2", options=options), tmp_path / "run"
+    first = run_scoring([str(BANKING)], str(run), raw)
+    assert (first.counts.scored, first.counts.shards_reused) == (4, 0)  # 3 replayed, 1 harness error
+    store = tmp_path / "store"
+    write_store(ingest("tau2", [str(BANKING)], IngestOptions(extra=options)), str(store))
+    assert run_scoring([str(BANKING)], str(run), raw).counts.shards_reused == 1  # unchanged: reused
+
+    tools = source / "src" / "tau2" / "domains" / "banking_knowledge" / "tools.py"
+    tools.write_text(tools.read_text() + "\n# edited\n")
+    last = run_scoring([str(BANKING)], str(run), raw)
+    assert (last.counts.scored, last.counts.shards_reused) == (4, 0)
+    [shard] = orjson.loads((run / "_manifest.json").read_bytes())["reuse"]["shards"]
+    assert (shard["reused"], shard["why"]) == (False, "settings changed")
+    stale = run_scoring(str(store), str(tmp_path / "stale"), ScoreSettings(inline=True, allow_empty=True))
+    assert (stale.counts.scored, stale.counts.rejected) == (0, 4)
+    reasons = open_run(str(tmp_path / "stale")).sql("SELECT DISTINCT reason FROM rejects").to_pylist()
+    assert len(reasons) == 1 and f"the τ source {source} changed since this rollout was read" in reasons[0]["reason"]
+
+
+def test_a_source_that_is_not_a_checkout_is_refused_where_the_run_is_planned(tmp_path):
+    with pytest.raises(IngestError, match="is not a tau2-bench checkout"):
+        list(ingest("tau2", [str(BANKING)], IngestOptions(extra={"tau2_source": str(tmp_path)})))
+
+
+def test_synth_banking_rollouts_score_to_their_known_truth(python):
+    # `pexec synth tau_banking_knowledge`: retrieval calls and the source's gold actions of both actors, run once on
+    # the domain's own code, with injected invalid agent calls (an unknown tool or argument, a discoverable tool
+    # called before its unlock, one the domain does not have) and user calls; the replay finds exactly the truth.
+    from pipeline.synthetic.rollouts import synthesize
+
+    options = {"tau2_source": str(SOURCE), "tau2_python": python}
+    records = list(synthesize("tau_banking_knowledge", 24, 12, seed=3, options=options))
+    env = get_environment("tau_banking_knowledge", EnvOptions())
+    invalid_users, early, causes = 0, 0, set()
+    for record in records:
+        result = replay(env, parse_rollout(record))
+        assert [{"valid": s.valid, "cause": s.cause} for s in result.steps] == record["truth"]["steps"]
+        assert result.fed == record["truth"]["fed"]
+        assert all(s.output_match is not False for s in result.all_steps if s.valid)  # real outputs, replayed
+        retrieved = [s.decided_by for s in result.steps if s.tool in ("KB_search", "grep")]
+        assert retrieved == ["simulator", "simulator"]  # BM25 and grep replay
+        invalid_users += sum(not s.valid for s in result.user_steps)
+        early += sum("was not unlocked before this call" in (s.detail or "") for s in result.steps)
+        causes |= {s.cause for s in result.steps if s.cause}
+    assert invalid_users > 0 and early > 0 and causes == {"schema", "precondition"}
+    assert sum(r["truth"]["fed"] <= len(r["truth"]["steps"]) for r in records) > 0
+    assert {r["env"]["tau2_source_version"] for r in records} == {source_version(str(SOURCE))}
+
+
+def test_synth_banking_needs_a_source():
+    from pipeline.core.errors import SynthError
+    from pipeline.synthetic.rollouts import synthesize
+
+    with pytest.raises(SynthError, match="--option tau2_source=PATH"):
+        next(synthesize("tau_banking_knowledge", 2, 1))
+    with pytest.raises(SynthError, match="takes no --option"):
+        next(synthesize("shop", 2, 1, options={"tau2_source": str(SOURCE)}))

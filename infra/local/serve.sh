@@ -60,7 +60,7 @@ case "$action" in
                                              "$0" stop "$name"; exit 1; fi
       sleep 1
     done
-    echo "$name serving at $url (log $log; stop: infra/local/serve.sh stop $name)" ;;
+    printf '%s serving at %s\n  log %s; stop: infra/local/serve.sh stop %s\n' "$name" "$url" "$log" "$name" ;;
   stop)
     if ! running; then rm -f "$pidfile"; echo "$name not running"; exit 0; fi
     pid="$(cat "$pidfile")"

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from pipeline.core.errors import EnvError
 from pipeline.core.plugins import Registry, declared
 from pipeline.core.text import some
 from pipeline.envs.base import Environment
 from pipeline.envs.spec.env import SpecEnvironment
-from pipeline.envs.spec.loader import find_spec, spec_folders
+from pipeline.envs.spec.loader import SPEC_FILE, find_spec, spec_folders
 
 ENTRY_POINT_GROUP = "pexec.environments"
 
@@ -31,6 +32,15 @@ class EnvOptions:
     spec_dirs: tuple[str, ...] = field(default_factory=tuple)  # extra folders searched for specs
     spec: str | None = None  # a spec name or folder that gives `observed` its schemas
     policy: str = "code"  # code | strict (written-policy overlays, where an environment has them)
+
+    def anchored(self) -> EnvOptions:
+        """These options with the local folders they name made absolute. A task finds them from a working
+        directory of its own (a Ray worker's): there a relative spec folder names nothing, or another folder."""
+        spec = self.spec
+        if spec is not None and (Path(spec) / SPEC_FILE).is_file():
+            spec = str(Path(spec).resolve())
+        spec_dirs = tuple(str(Path(d).resolve()) if Path(d).is_dir() else d for d in self.spec_dirs)
+        return replace(self, spec=spec, spec_dirs=spec_dirs)
 
 
 Factory = Callable[[EnvOptions], Environment]

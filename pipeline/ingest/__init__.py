@@ -126,7 +126,8 @@ def accepted_options(fmt: str) -> OptionSchema:
 
 def prepared(fmt: str, options: IngestOptions | None = None) -> tuple[LogFormat, IngestOptions, bool]:
     """The format `fmt`, the options its reader gets (checked against its schema, its defaults filled in, the
-    common options taken out: the byte limits into `limits`), and whether sources with no call are allowed."""
+    common options taken out: the byte limits into `limits`; then resolved by the format, `LogFormat.resolve`), and
+    whether sources with no call are allowed."""
     log_format = get_format(fmt)
     options = options or IngestOptions()
     allowed = options.extra.get(ALLOW_NO_CALLS, "false").lower()
@@ -144,7 +145,9 @@ def prepared(fmt: str, options: IngestOptions | None = None) -> tuple[LogFormat,
                 raise IngestError(f"{fmt}: --option {key} takes a number >= 1, got {value!r}")
             limits[name] = int(value)
     common = {ALLOW_NO_CALLS, *_LIMITS}
-    extra = log_format.options.defaults() | {k: v for k, v in options.extra.items() if k not in common}
+    extra = log_format.resolve(
+        log_format.options.defaults() | {k: v for k, v in options.extra.items() if k not in common}
+    )
     return log_format, replace(options, extra=extra, limits=replace(options.limits, **limits)), allowed == "true"
 
 

@@ -314,7 +314,7 @@ class ChatFormat(ShardedFormat):
 
     def plan(self, sources: Sequence[str], options: IngestOptions, target_bytes: int) -> list[Shard]:
         files = [f for source in sources for f in source_inputs(self.name, source, options, LOG_FILES)]
-        return line_shards(files, target_bytes)
+        return line_shards(files, target_bytes, options.storage_options)
 
     def read_shard(self, shard: Shard, options: IngestOptions) -> Iterator[Part]:
         fmt = self.name

@@ -16,6 +16,7 @@ import orjson
 
 from pipeline.core.errors import IngestError
 from pipeline.core.records import MAX_DEPTH, too_deep
+from pipeline.storage import inputs
 from pipeline.storage.fs import StorageOptions, list_files
 from pipeline.storage.inputs import MAX_LINE_BYTES, MAX_RECORD_ITEMS, MAX_ROW_GROUP_BYTES, over_items
 from pipeline.storage.shards import Compression, InputFile, RecordError, Shard, fingerprint
@@ -147,6 +148,14 @@ class LogFormat(ABC):
         an error), fills in the declared defaults and lists them with `--option help`. Default: no key of its own
         (the byte limits and `allow_no_calls`, common to every format, are handled by pexec)."""
         return OptionSchema()
+
+    def resolve(self, extra: dict[str, str]) -> dict[str, str]:
+        """The `--option` values as this run reads them, resolved once where it is planned (after the check against
+        `options` and the defaults): what a value names that can change between runs (a folder of code the logs
+        replay against) is pinned here, e.g. as an absolute path and a fingerprint of what it holds. The result is
+        what `read` gets and part of the scoring settings, so a change to what an option names rescores the shards
+        read with it. Default: as given."""
+        return extra
 
     @property
     def reads_files(self) -> bool:
@@ -286,16 +295,12 @@ def source_inputs(
     return out
 
 
-def line_shards(files: Sequence[InputFile], target_bytes: int) -> list[Shard]:
-    """Shards of `files`: byte ranges of about `target_bytes` of a plain line-delimited file, else whole files
-    (a compressed stream cannot seek; a JSON document is read whole)."""
-    shards: list[Shard] = []
-    for file in files:
-        if file.fmt == "jsonl" and file.compression is None and file.size > target_bytes:
-            shards += [Shard(file, a, min(a + target_bytes, file.size)) for a in range(0, file.size, target_bytes)]
-        else:
-            shards.append(Shard(file, 0, None))
-    return shards
+def line_shards(
+    files: Sequence[InputFile], target_bytes: int, storage_options: StorageOptions | None = None
+) -> list[Shard]:
+    """Shards of `files`: byte ranges of about `target_bytes` of a line-delimited file (of a compressed one, of
+    its decompressed bytes), else whole files (a JSON document is read whole): pipeline.storage.inputs."""
+    return inputs.line_shards(files, target_bytes, storage_options)
 
 
 def read_document(fmt: str, url: str, options: IngestOptions) -> bytes:

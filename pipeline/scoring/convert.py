@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -16,14 +17,22 @@ from pipeline.core.errors import InvalidRecord
 from pipeline.core.records import parse_rollout
 from pipeline.ingest import IngestError
 from pipeline.ingest.sharded import RawSource, plan_raw, read_raw
-from pipeline.scoring.shuffle import map_shard, partition_shards, read_partition, regroup_partition
-from pipeline.storage.fs import remove_all
+from pipeline.scoring.shuffle import (
+    map_shard,
+    partition_shards,
+    partitions_per_task,
+    read_partition,
+    regroup_partition,
+)
+from pipeline.storage.fs import StorageOptions, remove_all
+from pipeline.storage.inputs import supplied, with_batches
 from pipeline.storage.shards import RecordError, Shard
 
 if TYPE_CHECKING:
     from ray import ObjectRef
 
 DEFAULT_SHARD_BYTES = 64 * 2**20
+Lines = tuple[StorageOptions | None, int] | None  # how ranges of compressed files are read: options, line limit
 Result = TypeVar("Result")
 
 
@@ -35,26 +44,43 @@ class Executor:
     address: str | None = None
     num_cpus: int | None = None
 
-    def map(self, fn: Callable[..., Result], shards: list[Shard], *args: object) -> Iterator[Result]:
-        """fn(shard, *args) for every shard, results in shard order; at most 2 × CPUs tasks in flight."""
+    def map(
+        self, fn: Callable[..., Result], shards: list[Shard], *args: object, lines: Lines = None
+    ) -> Iterator[Result]:
+        """fn(shard, *args) for every shard, results in shard order; at most 2 × CPUs tasks in flight. `lines`
+        (storage options, line limit): ranges of a compressed file get their lines from one streaming read of it
+        (pipeline.scoring.driver.batch_refs), not each from the file's start."""
         if self.kind == "inline":
-            for shard in shards:
-                yield fn(shard, *args)
+            for shard, batch in with_batches(shards, *lines) if lines else ((s, None) for s in shards):
+                with nullcontext() if batch is None else supplied(batch):
+                    result = fn(shard, *args)
+                yield result
             return
         import ray
 
-        from pipeline.scoring.driver import _remote, _start_ray
+        from pipeline.scoring.driver import _remote, _start_ray, batch_refs, with_lines
 
         _start_ray(self.address, self.num_cpus)
-        task = _remote(fn)
+        task, in_range = _remote(fn), _remote(with_lines)
         window = 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))
         pending: deque[ObjectRef[Result]] = deque()
-        for shard in shards:
-            pending.append(task.remote(shard, *args))
+        for shard, batch in batch_refs(shards, *lines) if lines else ((s, None) for s in shards):
+            pending.append(task.remote(shard, *args) if batch is None else in_range.remote(fn, shard, batch, *args))
             if len(pending) >= window:
                 yield _get(pending.popleft())
         while pending:
             yield _get(pending.popleft())
+
+    def cpus(self) -> int:
+        """The CPUs the tasks run on (inline: one)."""
+        if self.kind == "inline":
+            return 1
+        import ray
+
+        from pipeline.scoring.driver import _start_ray
+
+        _start_ray(self.address, self.num_cpus)
+        return max(1, int(ray.cluster_resources().get("CPU", 1)))
 
 
 def _get(ref: ObjectRef[Result]) -> Result:
@@ -74,19 +100,21 @@ def converted(
     partitions staged under `scratch`, a hidden folder of the output store, removed at the end)."""
     shards = plan_raw(source, shard_bytes)
     shuffle = source.shuffle
+    lines = (source.options.storage_options, source.options.limits.line_bytes)
     if shuffle is None:
-        for records in executor.map(_records, shards, source, ""):
+        for records in executor.map(_records, shards, source, "", lines=lines):
             yield from records
         return
     partitions = max(1, -(-sum(s.file.size for s in shards) // shard_bytes))
+    per_task = partitions_per_task(partitions, executor.cpus())  # as scoring takes them
     rounds = 2 if shuffle.regroup is not None else 1
     try:
-        list(executor.map(_map, shards, source, scratch, partitions, rounds, shard_bytes))
+        list(executor.map(_map, shards, source, scratch, partitions, rounds, shard_bytes, lines=lines))
         if rounds == 2:
-            list(executor.map(_regroup, partition_shards(source, scratch, shards, partitions, 1), source, scratch,
-                              partitions, shard_bytes))  # fmt: skip
-        for records in executor.map(_records, partition_shards(source, scratch, shards, partitions, 2), source,
-                                    scratch):  # fmt: skip
+            list(executor.map(_regroup, partition_shards(source, scratch, shards, partitions, 1, per_task), source,
+                              scratch, partitions, shard_bytes))  # fmt: skip
+        for records in executor.map(_records, partition_shards(source, scratch, shards, partitions, 2, per_task),
+                                    source, scratch):  # fmt: skip
             yield from records
     finally:
         remove_all(scratch, source.options.storage_options)

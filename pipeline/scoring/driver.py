@@ -11,10 +11,10 @@ import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 from msgspec import structs
@@ -39,6 +39,7 @@ from pipeline.core.run_folder import (
 )
 from pipeline.envs import EnvError, forget_unresolved, get_environment
 from pipeline.ingest import IngestError
+from pipeline.ingest.base import ReadLimits
 from pipeline.ingest.sharded import RawSource, plan_raw
 from pipeline.scoring._code_version import code_version, environment_version
 from pipeline.scoring.id_check import RayIdCheck, partition_count
@@ -48,7 +49,15 @@ from pipeline.scoring.shuffle import map_shard, partition_shards, partitions_per
 from pipeline.scoring.sniff import refuse_other_formats
 from pipeline.storage.fs import absolute, remove_all
 from pipeline.storage.ids import Duplicates, digest, duplicate_ids, ids_table, shard_ids
-from pipeline.storage.inputs import list_inputs, plan_shards
+from pipeline.storage.inputs import (
+    LineBatch,
+    list_inputs,
+    plan_shards,
+    split_by_bytes,
+    stream_batches,
+    supplied,
+    with_batches,
+)
 from pipeline.storage.lease import Lease
 from pipeline.storage.run import (
     TABLES,
@@ -67,6 +76,9 @@ from pipeline.storage.shards import RecordError, Shard
 
 POLL_S = 1.0  # the longest the driver waits before checking the lease and reporting progress
 _RETRIES: dict[str, Any] = {"max_retries": 3, "retry_exceptions": [OSError]}  # of a task that reads or writes
+# Ranges of a compressed file whose lines its streaming reader holds ahead of the tasks that take them (each about
+# one shard size): with the 2 x CPUs in flight, what the object store holds of one file at most.
+READ_AHEAD = 2
 
 
 @dataclass(frozen=True)
@@ -168,7 +180,7 @@ def _job(store: str | Sequence[str], run: str, scoring: ScoreSettings, run_id: s
         run=absolute(run).rstrip("/"),  # the tasks write it, from working directories of their own
         run_id=run_id or run.rstrip("/").rsplit("/", 1)[-1],
         env=scoring.env,
-        options=scoring.env_options,
+        options=scoring.env_options.anchored(),  # spec folders found from the tasks' working directories
         storage_options=scoring.storage_options,
         code_version=code_version(),
         checks=scoring.checks,
@@ -251,7 +263,10 @@ class _Scorer:
 
     def score(self, shards: list[Shard], duplicates: Duplicates, ids: RayIdCheck | None = None) -> list[ScoredShard]:
         if self.inline:
-            return [_inline(s, self.settings, duplicates, self.on_shard, self.still_held) for s in shards]
+            return [
+                _inline(s, batch, self.settings, duplicates, self.on_shard, self.still_held)
+                for s, batch in _with_batches(shards, self.settings)
+            ]
         if not shards:
             return []
         s = self.scoring
@@ -282,7 +297,8 @@ def _score_and_gather_ids(
     else:
         _start_ray(scorer.scoring.address, scorer.scoring.num_cpus)
         check = RayIdCheck(shard_plan.shards, partition_count(shard_plan.total_bytes))
-        check.read(_shard_ids, reused, scorer.settings, **_RETRIES)
+        check.read(_shard_ids, [s for s in reused if not split_by_bytes(s)], scorer.settings, **_RETRIES)
+        _read_streamed_ids(check, [s for s in reused if split_by_bytes(s)], scorer.settings, scorer.still_held)
         scored = scorer.score(reuse.todo, {}, check)
         duplicates = check.duplicates(scorer.settings.storage_options)
     return reuse.kept | {s.report.shard: s.report for s in scored}, duplicates
@@ -477,24 +493,139 @@ def _reuse_record(reports: list[ShardMarker], why: dict[str, str], settings: Tas
 
 
 def _shard_ids(shard: Shard, settings: TaskSettings) -> pa.Table:
-    return _ids([shard], settings)[shard.key]
+    return _one_shard_ids(shard, settings)
+
+
+def _batch_ids(shard: Shard, batch: LineBatch, settings: TaskSettings) -> pa.Table:
+    with supplied(batch):
+        return _one_shard_ids(shard, settings)
 
 
 def _ids(shards: list[Shard], settings: TaskSettings) -> dict[str, pa.Table]:
+    out = {}
+    for shard, batch in _with_batches(shards, settings):
+        with _lines_of(batch):
+            out[shard.key] = _one_shard_ids(shard, settings)
+    return out
+
+
+def _one_shard_ids(shard: Shard, settings: TaskSettings) -> pa.Table:
     if settings.source is None:
-        return {shard.key: shard_ids(shard, settings.storage_options) for shard in shards}
-    return {
-        shard.key: ids_table(
-            (location, rid)
-            for location, record in read_records(shard, settings)
-            if not isinstance(record, RecordError) and (rid := record_id(record)) is not None
-        )
-        for shard in shards
-    }
+        return shard_ids(shard, settings.storage_options)
+    return ids_table(
+        (location, rid)
+        for location, record in read_records(shard, settings)
+        if not isinstance(record, RecordError) and (rid := record_id(record)) is not None
+    )
+
+
+def _read_streamed_ids(
+    check: RayIdCheck, shards: list[Shard], settings: TaskSettings, still_held: Callable[[], None]
+) -> None:
+    """The ids of reused ranges of compressed files, read from their files' streaming readers (`_streamed`) by
+    tasks that hand them to the id check, at most 2 x CPUs in flight: the object store holds a bounded number of
+    ranges' lines, never a whole file's."""
+    if not shards:
+        return
+    import ray
+
+    batches: dict[str, Any] = {}
+    window = 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+    def submit(shard: Shard) -> Any:
+        return check.read(_batch_ids, [shard], batches.pop(shard.key), settings, **_RETRIES)[0]
+
+    for _ in completed(_streamed(shards, settings, batches), submit, window, still_held):
+        pass
+
+
+def _line_limit(settings: TaskSettings) -> int:
+    """The line limit the shards are read with (as pipeline.scoring.shard reads them)."""
+    return (settings.source.options.limits if settings.source is not None else ReadLimits()).line_bytes
+
+
+def _with_batches(shards: list[Shard], settings: TaskSettings) -> Iterator[tuple[Shard, LineBatch | None]]:
+    """Each shard with its lines when it is a range of a compressed file (`with_batches`, in this process)."""
+    by_file = sorted(shards, key=lambda s: (s.file.url, s.start))  # a file's ranges together: one pass each
+    return with_batches(by_file, settings.storage_options, _line_limit(settings))
+
+
+def _lines_of(batch: LineBatch | None) -> AbstractContextManager[None]:
+    return nullcontext() if batch is None else supplied(batch)
+
+
+def _streamed(shards: list[Shard], settings: TaskSettings, batches: dict[str, Any]) -> Iterator[Shard]:
+    """The ranges of compressed files among `shards`, each yielded once the ObjectRef of its lines is in
+    `batches` (`batch_refs`)."""
+    by_file = sorted(shards, key=lambda s: (s.file.url, s.start))
+    for shard, ref in batch_refs(by_file, settings.storage_options, _line_limit(settings)):
+        if ref is not None:
+            batches[shard.key] = ref
+            yield shard
+
+
+def batch_refs(
+    shards: Sequence[Shard], storage_options: dict[str, Any] | None, max_line: int
+) -> Iterator[tuple[Shard, Any]]:
+    """Each shard in order, with the ObjectRef of its lines (a LineBatch) when it is a range of a compressed file,
+    else None. Each run of consecutive ranges of one file is read by one streaming reader task, a file at a time:
+    it decompresses the file once and puts each range's lines in the object store as it passes them. The reader
+    takes no CPU slot (its work, decompressing and cutting lines, is a small part of scoring them): the tasks that
+    take the ranges keep every CPU. It runs at most READ_AHEAD ranges ahead of the ranges taken from here, and a
+    caller takes one only as it submits its task, so the lines held are bounded whatever the file's size."""
+    import ray
+
+    reader = ray.remote(_read_batches).options(
+        num_cpus=0, num_returns="streaming", _generator_backpressure_num_objects=READ_AHEAD
+    )
+    i = 0
+    while i < len(shards):
+        if not split_by_bytes(shards[i]):
+            yield shards[i], None
+            i += 1
+            continue
+        j = i + 1
+        while j < len(shards) and split_by_bytes(shards[j]) and shards[j].file == shards[i].file:
+            j += 1
+        ranges = sorted(shards[i:j], key=lambda s: s.start)
+        # a streaming task returns an ObjectRefGenerator (Ray's stubs say ObjectRef)
+        refs = cast(Iterator[Any], reader.remote(ranges, storage_options, max_line))
+        last: Any = None
+        for shard in ranges:
+            ref = next(refs, None)
+            if ref is None:  # it failed: its error is the last ref it made, which no task may have met yet
+                try:
+                    ray.get([last] if last is not None else [])
+                except Exception as exc:
+                    cause = getattr(exc, "cause", None) or exc
+                    raise ScoringFailed(f"the streaming reader of {shard.file.url} failed: {cause}") from exc
+                raise ScoringFailed(f"the streaming reader of {shard.file.url} stopped before shard {shard.key}")
+            last = ref
+            yield shard, ref
+        i = j
+
+
+def with_lines(fn: Callable[..., Any], shard: Shard, batch: LineBatch, *args: Any) -> Any:
+    """`fn(shard, *args)` reading the range `shard` from `batch` (in a task: `batch` given as its ObjectRef)."""
+    with supplied(batch):
+        return fn(shard, *args)
+
+
+def _read_batches(shards: list[Shard], storage_options: dict[str, Any] | None, max_line: int) -> Iterator[LineBatch]:
+    yield from stream_batches(shards, storage_options, max_line)
+
+
+def _score_batch(
+    shard: Shard, batch: LineBatch, settings: TaskSettings, duplicates: dict[str, tuple[str, int]] | None
+) -> ScoredShard:
+    """Score a range of a compressed file from the lines its file's streaming reader handed on."""
+    with supplied(batch):
+        return score_shard(shard, settings, duplicates)
 
 
 def _inline(
     shard: Shard,
+    batch: LineBatch | None,
     settings: TaskSettings,
     duplicates: Duplicates,
     on_shard: Callable[[ShardMarker], None] | None,
@@ -502,7 +633,8 @@ def _inline(
 ) -> ScoredShard:
     still_held()
     try:
-        scored = score_shard(shard, settings, duplicates.get(shard.key))
+        with _lines_of(batch):
+            scored = score_shard(shard, settings, duplicates.get(shard.key))
     except OSError as exc:  # a storage failure: reported as the Ray path reports a failed task
         raise ScoringFailed(_failed(shard, exc)) from exc
     if on_shard:
@@ -526,16 +658,26 @@ def _on_ray(
     task = _remote(score_shard)
     window = 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))  # every CPU busy and one task queued for it
 
-    def submit(shard: Shard) -> Any:
-        if ids is not None:  # the shard's ids kept in the object store for the partitioned check
-            return ids.submit(score_shard, shard, settings, duplicates.get(shard.key), **_RETRIES)
-        return task.remote(shard, settings, duplicates.get(shard.key))
+    batches: dict[str, Any] = {}  # the lines of a range of a compressed file, from its streaming reader
 
-    # Largest first: the small shards (the end of each file) fill in at the end instead of one large shard
+    def submit(shard: Shard) -> Any:
+        told = duplicates.get(shard.key)
+        if shard.key in batches:
+            batch = batches.pop(shard.key)
+            if ids is not None:
+                return ids.submit(_score_batch, shard, batch, settings, told, **_RETRIES)
+            return _remote(_score_batch).remote(shard, batch, settings, told)
+        if ids is not None:  # the shard's ids kept in the object store for the partitioned check
+            return ids.submit(score_shard, shard, settings, told, **_RETRIES)
+        return task.remote(shard, settings, told)
+
+    # Ranges of compressed files first, as their readers hand them on (each a full shard size); then the others
+    # largest first: the small shards (the end of each file) fill in at the end instead of one large shard
     # running alone on one CPU while the others idle. Reports are sorted afterwards, so the order is not seen.
-    largest_first = sorted(shards, key=lambda s: -(_span(s) or 0))
+    largest_first = sorted((s for s in shards if not split_by_bytes(s)), key=lambda s: -(_span(s) or 0))
+    work = itertools.chain(_streamed([s for s in shards if split_by_bytes(s)], settings, batches), largest_first)
     out: list[ScoredShard] = []
-    for _, scored in completed(largest_first, submit, window, still_held):
+    for _, scored in completed(work, submit, window, still_held):
         out.append(scored)
         if on_shard:
             on_shard(scored.report)

@@ -129,12 +129,14 @@ class RayIdCheck:
         task = _remote(scored_in_partitions).options(**options)
         return task.remote(score, self.index[shard.key], self.partitions, self.holder(), shard, *args)
 
-    def read(self, read: Callable[..., Any], shards: Sequence[Shard], *args: Any, **options: Any) -> None:
-        """Start reading the ids of `shards` (reused ones: not scored again) as Ray tasks, `read(shard, *args)`."""
+    def read(self, read: Callable[..., Any], shards: Sequence[Shard], *args: Any, **options: Any) -> list[Any]:
+        """Start reading the ids of `shards` (reused ones: not scored again) as Ray tasks, `read(shard, *args)`;
+        their ObjectRefs (each done once its ids are with the holder)."""
         task = _remote(read_in_partitions).options(**options)
         holder = self.holder()
-        for shard in shards:
-            self.reads.append(task.remote(read, shard, self.index[shard.key], self.partitions, holder, *args))
+        started = [task.remote(read, shard, self.index[shard.key], self.partitions, holder, *args) for shard in shards]
+        self.reads += started
+        return started
 
     def duplicates(self, storage_options: dict[str, Any] | None = None) -> Duplicates:
         """Check every partition in a task of its own; what each shard is told (pipeline.storage.ids.told). Every

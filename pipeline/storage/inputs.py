@@ -9,9 +9,13 @@ Errors of the storage layer itself (network, permissions) are raised: they are w
 from __future__ import annotations
 
 import itertools
+import os
 import re
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import IO, Literal
 
@@ -78,20 +82,63 @@ def list_inputs(url: str, storage_options: StorageOptions | None = None) -> tupl
 def plan_shards(
     files: Sequence[InputFile], target_bytes: int = 64 * 2**20, storage_options: StorageOptions | None = None
 ) -> list[Shard]:
-    """Cut files into shards of about `target_bytes` (compressed JSONL is never cut: it cannot seek)."""
+    """Cut files into shards of about `target_bytes`: Parquet by row groups, JSON Lines as `line_shards`."""
     if target_bytes < 1:
         raise ValueError(f"target_bytes must be at least 1, got {target_bytes}")
+    sizes = decompressed_sizes(files, storage_options)
     shards: list[Shard] = []
     for file in files:
         if file.fmt == "parquet":
             shards.extend(_parquet_shards(file, target_bytes, storage_options))
-        elif file.compression is None and file.size > target_bytes:
-            shards.extend(
-                Shard(file, start, min(start + target_bytes, file.size)) for start in range(0, file.size, target_bytes)
-            )
         else:
-            shards.append(Shard(file, 0, None))
+            shards.extend(_line_ranges(file, sizes.get(file.url, file.size), target_bytes))
     return shards
+
+
+def line_shards(
+    files: Sequence[InputFile], target_bytes: int, storage_options: StorageOptions | None = None
+) -> list[Shard]:
+    """Shards of line-delimited files (and of other files, read whole): byte ranges of about `target_bytes`. A
+    compressed file's ranges are of its decompressed bytes (`split_by_bytes`), planned when its whole stream
+    decompresses cleanly; a damaged or truncated one stays one shard, which names where it breaks."""
+    if target_bytes < 1:
+        raise ValueError(f"target_bytes must be at least 1, got {target_bytes}")
+    sizes = decompressed_sizes(files, storage_options)
+    return [s for file in files for s in _line_ranges(file, sizes.get(file.url, file.size), target_bytes)]
+
+
+def _line_ranges(file: InputFile, size: int | None, target_bytes: int) -> list[Shard]:
+    if file.fmt != "jsonl" or size is None or size <= target_bytes:
+        return [Shard(file, 0, None)]
+    return [Shard(file, start, min(start + target_bytes, size)) for start in range(0, size, target_bytes)]
+
+
+def decompressed_sizes(
+    files: Sequence[InputFile], storage_options: StorageOptions | None = None
+) -> dict[str, int | None]:
+    """The decompressed size of each compressed JSON Lines file, None for one whose stream is damaged or cut
+    short: each decompressed once, checksums verified, several at a time (zlib and zstd decompress outside the
+    GIL)."""
+    todo = [f for f in files if f.fmt == "jsonl" and f.compression is not None]
+    if not todo:
+        return {}
+    with ThreadPoolExecutor(min(len(todo), os.cpu_count() or 1)) as pool:
+        sizes = list(pool.map(lambda f: _decompressed_size(f, storage_options), todo))
+    return {f.url: size for f, size in zip(todo, sizes, strict=True)}
+
+
+def _decompressed_size(file: InputFile, storage_options: StorageOptions | None) -> int | None:
+    assert file.compression is not None
+    fs, path = filesystem(file.url, storage_options)
+    with fs.open(path, "rb") as f:
+        _check_unchanged(f, file)
+        size = 0
+        try:
+            for _, chunk in _members(f, file.compression):
+                size += len(chunk or b"")
+        except (_Truncated, _Damaged):
+            return None
+    return size
 
 
 def read_shard(
@@ -103,12 +150,13 @@ def read_shard(
 ) -> Iterator[tuple[str, Record]]:
     """Yield (location, record or RecordError) for every record of the shard, in file order.
 
-    Locations: "line N" (1-based) in whole-file JSONL shards, "byte N" (offset of the line's first byte) in
-    byte-range shards, "row N" (0-based within the file) in Parquet. Blank lines are not records. A corrupt
-    compressed stream or Parquet file ends the shard with one RecordError at the point of failure. The record
-    limits hold before a record is decoded into Python objects: a line over `max_line` bytes is a RecordError,
-    never held whole, as is a line of more than `max_items` objects and lists; a Parquet row is one when its
-    columns decode to more than `max_line` bytes or its lists hold more than `max_items` elements, and the rows
+    Locations: "line N" (1-based) in whole-file JSONL shards and ranges of compressed ones, "byte N" (offset of
+    the line's first byte) in byte-range shards of plain files, "row N" (0-based within the file) in Parquet.
+    Blank lines are not records. A corrupt compressed stream or Parquet file ends the shard with one RecordError at
+    the point of failure. The record limits hold before a record is decoded into Python objects: a line over
+    `max_line` bytes is a RecordError, never held whole, as is a line of more than `max_items` objects and lists;
+    a Parquet row is one when its columns decode to more than `max_line` bytes or its lists hold more than
+    `max_items` elements, and the rows
     of a row group that decodes (by its footer) to more than `max_row_group` bytes are RecordErrors, unread.
     """
     if shard.file.fmt == "parquet":
@@ -128,7 +176,12 @@ def shard_lines(
 ) -> Iterator[tuple[str, bytes | RecordError]]:
     """(location, line) for every line of a line-delimited shard, blank ones included, decompressed as it is
     read (`read_shard` names the locations): a line over `max_line` bytes, and the unreadable rest of a damaged
-    compressed file, come as a RecordError instead."""
+    compressed file, come as a RecordError instead. A range of a compressed file (`split_by_bytes`) is read from
+    the batch `supplied` for it, else from the file's start; its lines are named "line N" as in a whole-file
+    read."""
+    if split_by_bytes(shard):
+        yield from _split_lines(shard, storage_options, max_line)
+        return
     fs, path = filesystem(shard.file.url, storage_options)
     with fs.open(path, "rb") as f:
         _check_unchanged(f, shard.file)
@@ -534,6 +587,158 @@ def _range_lines(
         if stop is not None and offset >= stop:
             break
         yield f"byte {offset}", _line(line, offset == 0, max_line)
+
+
+# --- a compressed file split by bytes -------------------------------------------------------------------
+#
+# A compressed stream cannot seek: a range of its decompressed bytes is read by decompressing from the file's
+# start. So the ranges of one file are read by one streaming pass (`stream_batches`, in the scoring driver a Ray
+# task per file) that hands each range's lines on as a `LineBatch` as soon as the stream is past it, and the
+# task given a range reads its batch (`supplied`) instead of the file.
+
+
+@dataclass(frozen=True)
+class LineBatch:
+    """The lines of one range of a compressed line-delimited file, as one streaming read of the file found them."""
+
+    shard: str  # the key of the shard (range) it holds
+    first_line: int  # the 1-based line number of its first line in the file
+    data: bytes  # its lines within the limit, each ended by a newline
+    max_line: int  # the line limit it was read with
+    overlong: tuple[tuple[int, Overlong], ...] = ()  # (index among its lines, the line) of lines over the limit
+
+
+def split_by_bytes(shard: Shard) -> bool:
+    """Whether the shard is a range of a compressed line-delimited file's decompressed bytes."""
+    return shard.file.fmt == "jsonl" and shard.file.compression is not None and not shard.whole_file
+
+
+_SUPPLIED: ContextVar[LineBatch | None] = ContextVar("pexec_supplied_lines", default=None)
+
+
+@contextmanager
+def supplied(batch: LineBatch) -> Iterator[None]:
+    """Within the block, reading the shard `batch` holds reads the batch, not the file."""
+    token = _SUPPLIED.set(batch)
+    try:
+        yield
+    finally:
+        _SUPPLIED.reset(token)
+
+
+def stream_batches(
+    shards: Sequence[Shard], storage_options: StorageOptions | None = None, max_line: int = MAX_LINE_BYTES
+) -> Iterator[LineBatch]:
+    """One `LineBatch` per shard of `shards` (ranges of one compressed file), in the order of their starts, each
+    yielded once the stream is past it: the file is decompressed once, up to the end of the last range, holding
+    one range's lines at a time. A range owns the lines whose first byte lies in it, as a plain file's does.
+
+    The plan verified the stream whole (`decompressed_sizes`); a stream that now fails its checksum or ends early
+    was changed since: a StoreError, not rejects."""
+    wanted = sorted(shards, key=lambda s: s.start)
+    if not wanted:
+        return
+    file = wanted[0].file
+    if not all(split_by_bytes(s) and s.file == file for s in wanted):
+        raise ValueError("stream_batches reads ranges of one compressed file")
+    assert file.compression is not None
+    fs, path = filesystem(file.url, storage_options)
+    with fs.open(path, "rb") as f:
+        _check_unchanged(f, file)
+        batch = _BatchBuilder(wanted[0].key, max_line)
+        now, lines = 0, 0  # index in `wanted`, lines seen
+        try:
+            for offset, line in _Lines(_chunks(f, file.compression), max_line=max_line):
+                lines += 1
+                while offset >= _stop(wanted[now]):
+                    yield batch.built(lines)
+                    now += 1
+                    if now == len(wanted):
+                        return
+                    batch = _BatchBuilder(wanted[now].key, max_line)
+                if offset >= wanted[now].start:
+                    batch.add(line, lines)
+        except (_Truncated, _Damaged) as e:
+            raise StoreError(f"{file.url} changed since it was planned: its {file.compression} stream: {e}") from e
+    yield batch.built(lines + 1)
+    for shard in wanted[now + 1 :]:  # ranges past the last line (a long last line spans them)
+        yield _BatchBuilder(shard.key, max_line).built(lines + 1)
+
+
+def with_batches(
+    shards: Sequence[Shard], storage_options: StorageOptions | None = None, max_line: int = MAX_LINE_BYTES
+) -> Iterator[tuple[Shard, LineBatch | None]]:
+    """Each shard in order, with its lines when it is a range of a compressed file (else None): each run of
+    consecutive ranges of one file is read by one streaming pass (`stream_batches`), in this process."""
+    i = 0
+    while i < len(shards):
+        if not split_by_bytes(shards[i]):
+            yield shards[i], None
+            i += 1
+            continue
+        j = i + 1
+        while j < len(shards) and split_by_bytes(shards[j]) and shards[j].file == shards[i].file:
+            j += 1
+        ranges = sorted(shards[i:j], key=lambda s: s.start)
+        yield from zip(ranges, stream_batches(ranges, storage_options, max_line), strict=True)
+        i = j
+
+
+def _stop(shard: Shard) -> int:
+    assert shard.stop is not None
+    return shard.stop
+
+
+class _BatchBuilder:
+    def __init__(self, shard: str, max_line: int) -> None:
+        self._shard = shard
+        self._max = max_line
+        self._data = bytearray()
+        self._overlong: list[tuple[int, Overlong]] = []
+        self._count = 0
+        self._first: int | None = None
+
+    def add(self, line: bytes | Overlong, number: int) -> None:
+        if self._first is None:
+            self._first = number
+        if isinstance(line, Overlong):
+            self._overlong.append((self._count, line))
+        else:
+            self._data += line
+            self._data += b"\n"
+        self._count += 1
+
+    def built(self, next_line: int) -> LineBatch:
+        first = next_line if self._first is None else self._first
+        return LineBatch(self._shard, first, bytes(self._data), self._max, tuple(self._overlong))
+
+
+def _split_lines(
+    shard: Shard, storage_options: StorageOptions | None, max_line: int
+) -> Iterator[tuple[str, bytes | RecordError]]:
+    batch = _SUPPLIED.get()
+    if batch is None or batch.shard != shard.key:  # no reader handed it: read the file from its start
+        batch = next(stream_batches([shard], storage_options, max_line))
+    if batch.max_line != max_line:
+        raise ValueError(f"lines of shard {shard.key} were read with a line limit of {batch.max_line}, not {max_line}")
+    yield from batch_lines(batch)
+
+
+def batch_lines(batch: LineBatch) -> Iterator[tuple[str, bytes | RecordError]]:
+    """(location, line) for every line of the batch, as `shard_lines` of a whole-file read names them."""
+    overlong = dict(batch.overlong)
+    data, pos, index, number = batch.data, 0, 0, batch.first_line
+    while True:
+        if (over := overlong.get(index)) is not None:
+            yield f"line {number}", over.reject(batch.max_line)
+        elif pos < len(data):
+            end = data.index(b"\n", pos)
+            yield f"line {number}", _line(data[pos:end], number == 1, batch.max_line)
+            pos = end + 1
+        else:
+            return
+        index += 1
+        number += 1
 
 
 def _line(line: bytes | Overlong, at_file_start: bool, max_line: int) -> bytes | RecordError:

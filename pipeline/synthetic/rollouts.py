@@ -9,7 +9,7 @@ the gold trajectory, success) or give up. The expected per-step truth is recorde
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -59,17 +59,39 @@ class _Task:
 
 
 def synthesize(
-    spec: str = "shop", n_rollouts: int = 1000, n_tasks: int = 100, seed: int = 0
+    spec: str = "shop",
+    n_rollouts: int = 1000,
+    n_tasks: int = 100,
+    seed: int = 0,
+    options: Mapping[str, str] | None = None,
 ) -> Iterator[RolloutRecord]:
     """Canonical rollout records with a `truth` field, `n_rollouts` of them over `n_tasks` tasks: on the `shop`
-    spec, or on τ telecom's official tasks and environment (`tau_telecom`, both actors: pipeline.synthetic.telecom)."""
+    spec, on τ telecom's official tasks and environment (`tau_telecom`, both actors: pipeline.synthetic.telecom),
+    or on a τ source's banking_knowledge tasks and code (`tau_banking_knowledge`: `options` name the source,
+    `tau2_source` and `tau2_python`; pipeline.synthetic.banking)."""
+    options = options or {}
+    if spec != "tau_banking_knowledge" and options:
+        raise SynthError(f"synth {spec} takes no --option (only tau_banking_knowledge: tau2_source, tau2_python)")
     if spec == "tau_telecom":
         from pipeline.synthetic.telecom import synthesize_telecom
 
         yield from synthesize_telecom(n_rollouts, n_tasks, seed)
         return
+    if spec == "tau_banking_knowledge":
+        from pipeline.synthetic.banking import synthesize_banking
+
+        unknown = sorted(set(options) - {"tau2_source", "tau2_python"})
+        if unknown:
+            raise SynthError(
+                f"synth tau_banking_knowledge: unknown option(s) {', '.join(unknown)} (known: tau2_python, tau2_source)"
+            )
+        yield from synthesize_banking(n_rollouts, n_tasks, seed, options)
+        return
     if spec != "shop":
-        raise SynthError(f"synth knows how to build tasks for the 'shop' spec and tau_telecom only, not {spec!r}")
+        raise SynthError(
+            f"synth knows how to build tasks for the 'shop' spec, tau_telecom and tau_banking_knowledge only, "
+            f"not {spec!r}"
+        )
     folder = find_spec(spec)
     if folder is None:
         raise SynthError("the 'shop' spec is not installed (specs/shop)")

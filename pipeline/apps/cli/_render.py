@@ -126,17 +126,22 @@ def print_table(table: Table, width: int | None = None) -> None:
 
 def print_records(table: Table) -> None:
     """A table one row per block: a rule naming the row (`-[ RECORD 3 ]-`), then each column's name and its value
-    (a cell's lines joined by spaces), as psql's expanded display does."""
+    (a cell's lines joined by spaces), as psql's expanded display does; a value longer than the output is wide goes
+    on under itself, so a record never runs past the terminal's edge."""
     names = [literal(str(c.header)) for c in table.columns]
     cells = [[str(cell) for cell in column.cells] for column in table.columns]
     pad = max((len(n) for n in names), default=0)
+    room = max(20, output_width() - pad - 3)  # what is left beside "name | "
     if table.title:
         out.print(Text(str(table.title), "italic"), soft_wrap=True)
     for i in range(table.row_count):
         out.print(f"-[ RECORD {i + 1} ]" + "-" * max(0, min(pad, 40) - 8), soft_wrap=True)
         for name, column in zip(names, cells, strict=True):
             value = " ".join(line.strip() for line in column[i].splitlines())
-            out.print(f"{name.ljust(pad)} | {value}", soft_wrap=True)
+            first, *more = Text(value).wrap(out, room, overflow="fold") or [Text("")]
+            out.print(f"{name.ljust(pad)} | {first.plain.rstrip()}", soft_wrap=True)
+            for line in more:
+                out.print(f"{' ' * pad} | {line.plain.rstrip()}", soft_wrap=True)
 
 
 @dataclass(frozen=True)
@@ -170,9 +175,10 @@ def metrics_columns() -> list[MetricsColumn]:
     return columns
 
 
-# What `pexec metrics` shows unless --columns says otherwise: the cohort, its size, and the headline metrics, in
-# the order a reader follows them (how deep the prefix stays executable, then all of it, then recovery).
-DEFAULT_COLUMNS = ("benchmark", "condition", "n", "pec@1", "pec@3", "ter", "auc_pec", "rr")
+# What `pexec metrics` shows unless --columns says otherwise: the cohort, its size, and the headline metrics in the
+# order a reader follows them: the benchmark's own success, how many rollouts stay executable throughout and how
+# deep the others get, how many recover, and how many get their first call right.
+DEFAULT_COLUMNS = ("benchmark", "condition", "n", "success", "ter", "auc_pec", "rr", "pec@1")
 
 
 def chosen_columns(asked: str | None) -> list[MetricsColumn]:

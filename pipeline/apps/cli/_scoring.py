@@ -121,13 +121,34 @@ def score(
     settings.refuse_empty(manifest, output)
 
 
+_SIGNALLED: list[int] = []  # the stopping signals received, in order
+
+
 def unwind_on_sigterm() -> None:
-    """A scheduler's SIGTERM (a cron or pod timeout) unwinds like Ctrl-C, so the run's lease is released."""
+    """A scheduler's SIGTERM (a cron or pod timeout) unwinds like Ctrl-C, so the run's lease is released. Both are
+    also remembered (`stop_if_signalled`)."""
 
     def leave(signum: int, frame: object) -> None:
+        _SIGNALLED.append(signum)
         raise SystemExit(128 + signum)
 
+    def interrupt(signum: int, frame: object) -> None:
+        _SIGNALLED.append(signum)
+        raise KeyboardInterrupt
+
+    _SIGNALLED.clear()  # one that came before this command (run in-process, as tests do) is not for it
     signal.signal(signal.SIGTERM, leave)
+    signal.signal(signal.SIGINT, interrupt)
+
+
+def stop_if_signalled() -> None:
+    """Stop now if a stopping signal came. A handler's exception is lost when the signal lands while a finaliser runs
+    (a `__del__`, a weakref callback: Python prints "Exception ignored" and carries on), and the job would then
+    score to the end and commit; the progress callbacks, run in the main thread between shards, stop it instead."""
+    if _SIGNALLED:
+        if _SIGNALLED[0] == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise SystemExit(128 + _SIGNALLED[0])
 
 
 class ScoreProgress:
@@ -173,6 +194,7 @@ class ScoreProgress:
         self.task = self.bar.add_task("score", total=len(p.shards), rollouts=0, rate=0.0, rejects=0)
 
     def on_shard(self, r: ShardMarker) -> None:
+        stop_if_signalled()
         before = self.seen.get(r.shard)
         self.seen[r.shard] = r
         self.rollouts += r.scored - (before.scored if before else 0)

@@ -26,8 +26,9 @@ from pipeline.apps.cli._options import (
     write_mode,
 )
 from pipeline.apps.cli._render import console, out
-from pipeline.core.errors import PexecError
+from pipeline.core.errors import PexecError, SettingError
 from pipeline.core.text import literal
+from pipeline.scoring.settings import DEFAULT_SHARD_MB, MAX_SHARD_MB
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
 
@@ -36,7 +37,8 @@ def synth(
     spec: Annotated[
         str,
         typer.Argument(
-            help="What to build tasks for: the shop spec, or tau_telecom (its official tasks, both actors)."
+            help="What to build tasks for: the shop spec, tau_telecom (its official tasks, both actors) or "
+            "tau_banking_knowledge (a τ source's tasks: --option tau2_source=PATH, tau2_python=PATH)."
         ),
     ],
     out_store: OutStore,
@@ -52,6 +54,14 @@ def synth(
     old_fmt: OldStoreFormat = None,
     compression: Annotated[str, typer.Option("--compression", help="none, gzip or zstd (JSON Lines)")] = "none",
     per_file: Annotated[int, typer.Option("--per-file", min=1, max=10_000_000, help="Rollouts per file.")] = 50_000,
+    option: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--option",
+            help="k=v: tau_banking_knowledge's τ source, tau2_source=PATH (a tau2-bench >= 1.0.1 checkout) and "
+            "tau2_python=PATH (its Python, default python3.12).",
+        ),
+    ] = None,
     overwrite: Overwrite = False,
     append: Append = False,
     endpoint_url: EndpointUrl = None,
@@ -62,7 +72,7 @@ def synth(
     if fmt not in ("jsonl", "parquet") or compression not in ("none", "gzip", "zstd"):
         raise PexecError("--output-format is jsonl or parquet; --compression is none, gzip or zstd")
     mode = write_mode(overwrite, append)
-    records = synthesize(spec, rollouts, tasks, seed)
+    records = synthesize(spec, rollouts, tasks, seed, pairs(option, "--option"))
     options = storage(endpoint_url, storage_option)
     n = write_store(records, out_store, fmt, per_file, None if compression == "none" else compression, options, mode)
     console.print(f"wrote {n} rollouts over {min(tasks, rollouts)} tasks to {literal(out_store)}")
@@ -107,11 +117,15 @@ def ingest(
         bool, typer.Option("--ray", help="Decode the shards in Ray tasks (local Ray, or --address), not here.")
     ] = False,
     address: RayAddress = None,
+    shard_mb: Annotated[
+        float, typer.Option("--shard-mb", max=MAX_SHARD_MB, help="Target shard size in MiB.")
+    ] = DEFAULT_SHARD_MB,
 ) -> None:
     """Convert benchmark or production logs into canonical rollouts.
 
-    The logs are read shard by shard as `pexec score --format` reads them (files, byte ranges, archive members;
-    OTel spans partitioned by conversation first), here or in Ray tasks (`--ray`), and written in source order.
+    The logs are read shard by shard as `pexec score --format` reads them (files, byte ranges of about
+    `--shard-mb` — of a compressed file, of its decompressed bytes —, archive members; OTel spans partitioned by
+    conversation first), here or in Ray tasks (`--ray`), and written in source order.
     All or nothing: a part of a log that is not a rollout stops the ingest and nothing is written.
     `--option help` lists the options of FORMAT instead: nothing is read or written."""
     from pipeline.ingest import IngestOptions, accepted_options, checked
@@ -127,6 +141,8 @@ def ingest(
         out.print(table)
         return
     store_fmt = store_format(store_fmt, old_fmt, "ingest")
+    if shard_mb * 2**20 < 1:
+        raise SettingError("shard_mb", f"shard_mb takes a size > 0 and at most {MAX_SHARD_MB:,} MiB, got {shard_mb!r}")
     options = storage(endpoint_url, storage_option)  # for the sources and the output store
     extra = pairs(option, "--option")
     # A trace store's location and window are options of its format: written as flags here, as `--option`
@@ -151,7 +167,8 @@ def ingest(
         source = raw_source(fmt, sources or [], settings)
         executor = Executor("ray" if ray or address else "inline", address)
         scratch = f"{out_store.rstrip('/')}/.shuffle-{uuid.uuid4().hex[:8]}"  # a shuffle's partitions, hidden
-        records = counted(checked(fmt, converted(source, executor, scratch), source.allow_no_calls, validate=False))
+        shards = converted(source, executor, scratch, int(shard_mb * 2**20))
+        records = counted(checked(fmt, shards, source.allow_no_calls, validate=False))
     n = write_store(records, out_store, store_fmt, storage_options=options, mode=write_mode(overwrite, append))
     ok = n - harness_errors
     console.print(f"wrote {n} rollouts to {literal(out_store)}: {ok} ok, {harness_errors} harness error(s)")

@@ -88,6 +88,13 @@ BENCHES: dict[str, Entry] = {
         note="the largest store; three more, each a quarter of the one above",
         workdir=True,
     ),
+    "split": Entry(
+        "pipeline.apps.perf.split:bench_split",
+        "rollouts",
+        1_000_000,
+        workdir=True,
+        note="as one gzip OpenAI JSON Lines file",
+    ),
     "spans": Entry(
         "pipeline.apps.perf.spans:bench_spans", "n_spans", 1_000_000, note="spans, not rollouts", workdir=True
     ),

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
 from pipeline.core.effects import FILE, Effect, EffectClass, load_effects
-from pipeline.core.errors import SpecError
+from pipeline.core.errors import EnvError, SpecError
 from pipeline.envs._rules import Precondition, check_rules, compile_lets, compile_preconditions
-from pipeline.envs.base import ToolInfo
+from pipeline.envs.base import ToolInfo, with_effects
 from pipeline.envs.data import BUILTIN_SPECS, files_fingerprint
 from pipeline.envs.spec.loader import load_tools_json, tool_rules
 from pipeline.expr import BudgetExceeded, EvalError, Expr, metered
@@ -83,6 +83,16 @@ def tau_effects(upstream: Mapping[str, str], declared: Mapping[str, Effect], whe
         elif base is not None:
             out[name] = Effect(base)
     return out
+
+
+def official_rules(name: str, rules: TauRules, kinds: Mapping[str, str], domain: str) -> TauRules:
+    """`rules` with each official tool's effect class: upstream's ToolType (`kinds`, tool -> type name), refined by
+    specs/tau_<domain>/effects.toml. An official tool the spec has no schema for fails."""
+    missing = sorted(set(kinds) - set(rules.tools))
+    if missing:
+        raise EnvError(f"{name}: no schema for official tool(s) {', '.join(missing)}")
+    where = str(spec_folder(domain))
+    return replace(rules, tools=with_effects(rules.tools, tau_effects(kinds, rules.effects, where), where))
 
 
 def _compile_policy(table: dict[str, Any], where: str) -> ToolPolicy:

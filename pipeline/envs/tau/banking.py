@@ -16,10 +16,17 @@ tau2 reader's `--option`s), and its code runs in that interpreter, in a worker p
   is not compared.
 - The domain's tools answer most refusals with an `Error: …` text (upstream's `error` flag stays false): such an
   answer is a rejection (P), as an exception is.
+- The source's version: the tau2 reader records in each rollout the fingerprint of the source's code and
+  banking_knowledge data it was read against (`tau2_source_version`, `source_version`), taken once where the run is
+  planned, so it is part of the scoring settings and a changed source rescores. A rollout replays only against
+  that version: a worker is started per source and version, and a rollout whose source changed since it was read
+  is refused in one line (read the logs again), never replayed against other code than it names.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import re
 import subprocess
@@ -40,6 +47,66 @@ RETRIEVAL_TOOLS = frozenset({"KB_search", "grep", "KB_search_bm25", "KB_search_d
 DETERMINISTIC = frozenset({"bm25", "bm25_grep", "grep_only", "no_knowledge", "full_kb"})
 WRAPPERS = frozenset({"call_discoverable_agent_tool", "call_discoverable_user_tool"})
 MAX_LINE = 64 << 20  # bytes of one worker answer
+VERSION_KEY = "tau2_source_version"
+# What a source's version covers: the whole tau2 package's files (shared code: the environment, the retrievers)
+# and the domain's data (DB, documents, tasks). Bytecode caches are left out: they follow the code.
+VERSIONED = (("src", "tau2"), ("data", "tau2", "domains", DOMAIN))
+MAX_SOURCE_FILES = 20_000  # files one source's version reads (1,071 in tau2-bench 1.0.1)
+MAX_SOURCE_BYTES = 256 << 20  # and their bytes (6.5 MB)
+
+
+def source_version(source: str) -> str:
+    """The fingerprint of a τ source's code and banking_knowledge data: the SHA-256 of every file under
+    `src/tau2` and `data/tau2/domains/banking_knowledge`, paths and bytes, in path order (short, like the other
+    environments' data fingerprints). A folder that is not a tau2-bench checkout is an EnvError."""
+    root = Path(source)
+    try:
+        return _digest(root, _source_files(root))
+    except OSError as exc:
+        raise EnvError(f"tau_{DOMAIN}: cannot read the τ source {source}: {exc}") from None
+
+
+def _source_listing(source: str) -> str:
+    """A hash of the versioned files' paths, sizes and modification times: unchanged while nothing was written."""
+    root = Path(source)
+    digest = hashlib.sha256()
+    try:
+        for path in _source_files(root):
+            stat = path.stat()
+            digest.update(f"{path.relative_to(root).as_posix()}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    except OSError as exc:
+        raise EnvError(f"tau_{DOMAIN}: cannot read the τ source {source}: {exc}") from None
+    return digest.hexdigest()
+
+
+def _source_files(root: Path) -> list[Path]:
+    """The files a source's version covers, in path order (at most MAX_SOURCE_FILES)."""
+    folders = [root.joinpath(*parts) for parts in VERSIONED]
+    if not all(f.is_dir() for f in folders):
+        raise EnvError(f"tau_{DOMAIN}: {root} is not a tau2-bench checkout (no src/tau2, data/tau2/domains/{DOMAIN})")
+    files: list[Path] = []
+    for path in (p for f in folders for p in f.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            files.append(path)
+            if len(files) > MAX_SOURCE_FILES:
+                raise EnvError(
+                    f"tau_{DOMAIN}: {root} holds over {MAX_SOURCE_FILES} files under src/tau2 and the domain's data"
+                )
+    return sorted(files)
+
+
+def _digest(root: Path, files: list[Path]) -> str:
+    digest = hashlib.sha256()
+    size = 0
+    for path in files:
+        size += path.stat().st_size  # before reading: a file past the limit is never read
+        if size > MAX_SOURCE_BYTES:
+            raise EnvError(
+                f"tau_{DOMAIN}: {root} holds over {MAX_SOURCE_BYTES >> 20} MiB under src/tau2 and the domain's data"
+            )
+        data = path.read_bytes()
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + len(data).to_bytes(8, "big") + data)
+    return digest.hexdigest()[:16]
 
 
 @dataclass
@@ -47,7 +114,8 @@ class _Worker:
     """One τ source's interpreter, serving one rollout at a time."""
 
     process: subprocess.Popen[str]
-    hello: dict[str, Any]
+    version: str  # the source's version when the worker started: the code it imported, the data it reads
+    hello: dict[str, Any] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def ask(self, **request: Any) -> dict[str, Any]:
@@ -66,6 +134,21 @@ class _Worker:
             raise EnvError(f"tau_banking_knowledge: the τ source failed: {answer['error']}")
         return answer
 
+    def stop(self) -> None:
+        """End the worker (its stdin closed: it leaves its loop), killed when it does not within seconds."""
+        with self.lock:
+            if self.process.stdin is not None:
+                with contextlib.suppress(OSError):  # a pipe already broken: the process is going
+                    self.process.stdin.close()
+            try:
+                self.process.wait(timeout=STOP_WAIT)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+STOP_WAIT = 10  # seconds a replaced worker is given to exit
+
 
 @dataclass
 class BankingState:
@@ -79,8 +162,12 @@ class BankingEnvironment:
 
     def __init__(self) -> None:
         self.name = f"tau_{DOMAIN}"
-        self.version = "tau2-source"  # the source each rollout names; its commit is in the rollout's attributes
+        # The source and its version are each rollout's (`tau2_source`, `tau2_source_version`): part of the input a
+        # shard reads, and of the settings when the logs are read where they lie.
+        self.version = "tau2-source"
         self._workers: dict[tuple[str, str], _Worker] = {}
+        # (source, a version it no longer is) -> (its file listing, its version) when that was found
+        self._stale: dict[tuple[str, str], tuple[str, str]] = {}
         self._tools: dict[str, ToolInfo] = {}
 
     def tool(self, name: str) -> ToolInfo | None:
@@ -102,7 +189,13 @@ class BankingEnvironment:
                 f"{self.name}: the rollout names no τ source: ingest with --option tau2_source=PATH "
                 "(a tau2-bench >= 1.0.1 checkout) and --option tau2_python=PATH (its Python)"
             )
-        worker = self._worker(str(source), str(python))
+        version = env.get(VERSION_KEY)
+        if not version:
+            raise EnvError(
+                f"{self.name}: the rollout names no version of its τ source ({VERSION_KEY}): it was read by an "
+                "earlier pexec; read the logs again"
+            )
+        worker = self._worker(str(source), str(python), str(version))
         retrieval = str(env.get("retrieval") or "alltools")
         observed = retrieval not in DETERMINISTIC
         started = worker.ask(
@@ -149,29 +242,52 @@ class BankingEnvironment:
     def rollback(self, state: BankingState, mark: int) -> None:
         state.worker.ask(op="rollback", mark=mark)
 
-    def _worker(self, source: str, python: str) -> _Worker:
+    def _worker(self, source: str, python: str, version: str) -> _Worker:
+        """The worker of `source` at `version`: the running one, else a new one once the source is checked to be
+        at that version now (the one it replaces is stopped)."""
         key = (source, python)
-        if key not in self._workers:
-            root = Path(source)
-            if not (root / "src" / "tau2").is_dir() or not (root / "data" / "tau2" / "domains" / DOMAIN).is_dir():
-                raise EnvError(f"{self.name}: {source} is not a tau2-bench checkout (no src/tau2, data/tau2/domains)")
-            environ = {"PYTHONPATH": str(root / "src"), "TAU2_DATA_DIR": str(root / "data"), "PATH": "/usr/bin:/bin"}
-            try:
-                process = subprocess.Popen(
-                    [python, str(WORKER)],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.DEVNULL,
-                    text=True,
-                    env=environ,
-                    cwd=str(root),
-                )
-            except OSError as exc:
-                raise EnvError(f"{self.name}: cannot run the τ source's Python {python}: {exc}") from exc
-            worker = _Worker(process, {})
-            worker.hello = worker.ask(op="hello")
-            self._workers[key] = worker
-        return self._workers[key]
+        running = self._workers.get(key)
+        if running is not None and running.version == version:
+            return running
+        # A version found stale is refused again without hashing the source for each of its rollouts (a store read
+        # before the change holds many) while the source's files keep their sizes and modification times.
+        listing = _source_listing(source)
+        stale = self._stale.get((source, version))
+        now = stale[1] if stale is not None and stale[0] == listing else source_version(source)
+        if now != version:
+            self._stale[(source, version)] = (listing, now)
+            raise EnvError(
+                f"{self.name}: the τ source {source} changed since this rollout was read (read at version {version}, "
+                f"now {now}): read the logs again to replay them against it"
+            )
+        if running is not None:
+            running.stop()
+            del self._workers[key]
+        root = Path(source)
+        environ = {
+            "PYTHONPATH": str(root / "src"),
+            "TAU2_DATA_DIR": str(root / "data"),
+            "PATH": "/usr/bin:/bin",
+            # tau2 imports litellm, which otherwise fetches its model price list at import (retried for about 20 s
+            # offline); replay prices nothing.
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        }
+        try:
+            process = subprocess.Popen(
+                [python, str(WORKER)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+                env=environ,
+                cwd=str(root),
+            )
+        except OSError as exc:
+            raise EnvError(f"{self.name}: cannot run the τ source's Python {python}: {exc}") from exc
+        worker = _Worker(process, version)
+        worker.hello = worker.ask(op="hello")
+        self._workers[key] = worker
+        return worker
 
 
 _TIMING = re.compile(r"\n*\[Timing: retrieval=\d+ms, reranking=\d+ms, total=\d+ms\]$")

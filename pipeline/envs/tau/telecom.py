@@ -16,15 +16,14 @@ Checkpoints are deep copies of both DBs (a few kilobytes).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from importlib.metadata import version
 from typing import Any
 
 from pipeline.core.errors import EnvError
 from pipeline.core.model import Call, Rollout
-from pipeline.envs.base import Outcome, ToolInfo, captured, with_effects
-from pipeline.envs.tau._rules import TauRules, spec_folder, tau_effects
+from pipeline.envs.base import Outcome, ToolInfo, captured
+from pipeline.envs.tau._rules import TauRules, official_rules
 from pipeline.envs.tau.env import PACKAGE, PIN, _output, _type_name
 
 DOMAIN = "telecom"
@@ -60,12 +59,7 @@ class TelecomEnvironment:
         self._user_tools = frozenset(probe.user_tools.get_tools())
         kinds = {n: _type_name(probe.tools.tool_type(n)) for n in self._agent_tools}
         kinds |= {n: _type_name(probe.user_tools.tool_type(n)) for n in self._user_tools}
-        missing = sorted((self._agent_tools | self._user_tools) - set(rules.tools))
-        if missing:
-            raise EnvError(f"{self.name}: no schema for official tool(s) {', '.join(missing)}")
-        where = str(spec_folder(DOMAIN))
-        tools = with_effects(rules.tools, tau_effects(kinds, rules.effects, where), where)
-        self.rules = dataclasses.replace(rules, tools=tools)
+        self.rules = official_rules(self.name, rules, kinds, DOMAIN)
 
     def tool(self, name: str) -> ToolInfo | None:
         return self.rules.tools.get(name)
