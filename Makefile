@@ -148,6 +148,7 @@ bench: install
 	$(BIN)/pexec bench scale --readme $(BENCH_PAGE)
 	$(BIN)/pexec bench guard --readme $(BENCH_PAGE)
 	$(BIN)/pexec bench driver --readme $(BENCH_PAGE)
+	$(BIN)/pexec bench start --readme $(BENCH_PAGE)
 
 # The worker image from infra/Dockerfile, built with buildah (a Debian package; no daemon) and smoke-tested
 # with `pexec --version` inside (infra/local/build-image.sh). RAY_BASE=debian builds it on a base bootstrapped

@@ -7,7 +7,10 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+import os
+import subprocess
 import sys
+import time
 import types
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,7 +20,7 @@ import ray
 from typer.testing import CliRunner
 
 from pipeline.apps.cli import app
-from pipeline.apps.perf import figures
+from pipeline.apps.perf import _processes, figures
 from pipeline.apps.perf.driver import finish, one_wait_per_shard
 from pipeline.apps.perf.figures import Bench, figure
 from pipeline.apps.perf.registry import BENCHES, Entry
@@ -69,6 +72,69 @@ def test_the_markdown_block_is_replaced_in_place_and_only_its_own(tmp_path):
     assert lines[4] == "| a \\| b | 3 | 1.00–2.00–3.00 s | 2.00–2.00–2.00 s (old) | 0.500–1.00–1.50× |"
     with pytest.raises(PexecError, match="no <!-- bench:start missing -->"):
         figures.replace_block(readme, Bench("missing", "c", bench.figures))
+
+
+def test_a_figure_measured_with_its_cpu_time_is_followed_by_a_row_of_it():
+    f = figure("raw → run", "rollouts/s", [100.0, 120.0], "1 CPU", [60.0, 60.0], cpu=[10.0, 12.0],
+               baseline_cpu=[8.0, 8.0])  # fmt: skip
+    wall, cpu = figures.rows([f])
+    assert wall[0] == "raw → run" and cpu[0].startswith("↳ CPU time of the row above")
+    assert cpu[1:] == ["2", "10.0–11.0–12.0 CPU-s", "8.00–8.00–8.00 CPU-s (1 CPU)", "1.25–1.38–1.50×"]
+    [_, alone] = figures.rows([figure("start", "s", [5.0], "none: no baseline", cpu=[3.0])])
+    assert alone[2:] == ["3.00 CPU-s", "none: the baseline's was not measured", "–"]
+    assert len(figures.rows([figure("peak", "MiB", [1.0], "none: memory")])) == 1  # no CPU time, no row
+    with pytest.raises(ValueError, match="CPU time measured a different number of times"):
+        figure("x", "s", [1.0, 2.0], "y", [1.0, 1.0], cpu=[1.0])
+    with pytest.raises(ValueError, match="a baseline's CPU time without"):
+        figure("x", "s", [1.0], "y", [1.0], baseline_cpu=[1.0])
+
+
+BUSY = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass\ntime.sleep({})"
+
+
+def test_the_cpu_time_of_a_child_counts_while_it_runs_and_once_reaped():
+    before = _processes.cpu_seconds()
+    child = subprocess.Popen([sys.executable, "-c", BUSY.format(30)])
+    try:
+        deadline = time.monotonic() + 60
+        while _processes.cpu_seconds(child.pid) < 0.6 and time.monotonic() < deadline:  # busy, then asleep
+            time.sleep(0.1)
+        assert _processes.cpu_seconds() - before >= 0.6  # alive: read from its /proc entry
+    finally:
+        child.kill()
+        child.wait()
+    assert _processes.cpu_seconds() - before >= 0.6  # reaped: in this process's children's time
+
+
+def test_a_metered_block_has_wall_cpu_load_and_niceness():
+    with _processes.metered(every=0.1) as meter:
+        subprocess.run([sys.executable, "-c", BUSY.format(0.3)], check=True)
+    usage = meter.usage
+    assert usage is not None and usage.cpu_s >= 0.6 and usage.wall_s >= 0.9
+    assert len(usage.load) >= 3 and all(x >= 0 for x in usage.load)
+    assert os.nice(0) in usage.nice and usage.ray_worker_nice == ()
+    text = usage.text()
+    assert "CPU-s (the bench process and its children, Ray's included); load average" in text
+    assert f"processes at nice {os.nice(0)}" in text
+
+
+def test_pexec_bench_adds_what_the_run_cost_and_leaves_the_environment_as_it_was(monkeypatch):
+    [niceness] = _processes.BENCH_ENVIRONMENT  # Ray's own name for it
+    monkeypatch.delenv(niceness, raising=False)
+    seen: list[str | None] = []
+
+    def measure() -> Bench:
+        seen.append(os.environ.get(niceness))
+        return Bench("fake", "a caption", [figure("x", "s", [1.0], "none: a test")], measured="2026-12-01")
+
+    fake = types.ModuleType("fake_bench")
+    fake.measure = measure  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "fake_bench", fake)
+    bench = Entry("fake_bench:measure").run(None, None, None)
+    assert seen == ["0"] and niceness not in os.environ  # Ray's workers at nice 0 during the run only
+    assert bench.usage is not None
+    caption = figures.markdown(bench).splitlines()[0]
+    assert caption.startswith("_a caption; whole run: ") and caption.endswith("; measured 2026-12-01_")
 
 
 # -- the driver's completion loop, on real local Ray ----------------------------------------------------------
@@ -187,6 +253,10 @@ def _small(name: str, tmp_path: Path, shared: Path) -> Bench:
         from pipeline.apps.perf.distributed import bench_distributed
 
         return bench_distributed(20_000, per_shard=1000, B=20, workdir=tmp_path, in_process=True)
+    if name == "start":
+        from pipeline.apps.perf.start import bench_start
+
+        return bench_start(sizes=(40, 80), repeats=1, workdir=tmp_path)
     if name == "spans":
         from pipeline.apps.perf.spans import bench_spans
 

@@ -43,9 +43,15 @@ PAGES = ["README.md", "docs/tutorial.md", *GUIDES]
 # What the pages read from the repository (never written): `make mlflow-server` reads the Makefile and what its
 # targets depend on.
 SHARED = ("specs", "jobs", "tests", "infra", "Makefile", "pyproject.toml", "requirements.lock")
-# Pages whose `pexec score` starts a Ray of its own, as the reader's does: the workers of the suite's shared Ray do
-# not have the credentials the page exports.
-OWN_RAY = {"docs/how-to/run-on-a-cluster.md"}
+# Pages run without the suite's shared Ray, as in the reader's shell: a `pexec score` that starts a Ray of its own
+# (the workers of the shared Ray do not have the credentials the page exports), or one that, given no Ray, scores a
+# small input in-process and says so (with $RAY_ADDRESS set it would score on that Ray).
+OWN_RAY = {
+    "docs/how-to/run-on-a-cluster.md",
+    "docs/tutorial.md",
+    "docs/how-to/score-mlflow-traces.md",
+    "docs/how-to/score-phoenix-traces.md",
+}
 NEEDS_DEMO_RUN = {"README.md", "docs/how-to/query-with-sql.md"}
 BLOCK_TIMEOUT = 300  # seconds; a block stuck this long is a failure, not a slow machine
 PAGES_AT_ONCE = 3

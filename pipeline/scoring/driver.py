@@ -142,6 +142,7 @@ def run_scoring(
     started = datetime.now(UTC)
     job = _job(store, run, scoring, run_id)
     shard_plan = plan(job.store, scoring.shard_bytes, scoring.storage_options, job.source)
+    scoring = scoring.placed(shard_plan.total_bytes)
     lease = Lease(run, scoring.storage_options, scoring.lease_stale_after)
     with ExitStack() as held:
         _take(lease, run, held)

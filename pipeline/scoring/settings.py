@@ -8,8 +8,10 @@ dashes, `shard_mb` is `--shard-mb`; `spec_dirs`, `options` and `labels` are the 
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from pipeline.core.errors import EmptyRun, SettingError
@@ -34,6 +36,9 @@ DEFAULT_SHARD_MB = 64.0
 DEFAULT_SHARD_BYTES = int(DEFAULT_SHARD_MB * 2**20)
 MAX_SHARD_MB = 4096  # the largest target shard size (`--shard-mb`, a job's `shard_mb`)
 MAX_NUM_CPUS = 1024  # CPUs of a local Ray (`--num-cpus`)
+# A local run with less input than this scores in this process unless told otherwise (`inline=None`): below it,
+# starting local Ray costs more than its CPUs save (measured by `pexec bench start`, docs/reference/limits.md).
+IN_PROCESS_BELOW_MB = 32
 LEASE_STALE_AFTER = (1, 86_400)  # seconds without a heartbeat before another writer takes a run's lease over
 
 
@@ -51,7 +56,8 @@ class ScoreSettings:
 
     env: the environment of every rollout (None: each rollout's `benchmark` names its own); spec, spec_dirs,
     policy: what environments are built with (pipeline.envs.EnvOptions); address: the Ray to score on (None: a
-    local one, `num_cpus` CPUs); inline: score in this process, without Ray (same output); shard_mb: target shard
+    local one, `num_cpus` CPUs); inline: score in this process, without Ray (same output; None: in this process for
+    a local run of less than IN_PROCESS_BELOW_MB of input, `placed`); shard_mb: target shard
     size in MiB; force: rescore every shard, even those unchanged since they were committed; lease_stale_after:
     seconds without a heartbeat after which another writer's lease on the run is taken over; checks: which of
     S's schema fit, D and P apply; format, options, labels: how the input is read (a log format read where it lies,
@@ -65,7 +71,7 @@ class ScoreSettings:
     spec_dirs: tuple[str, ...] = ()
     policy: str = "code"  # one of POLICIES
     address: str | None = None
-    inline: bool = False
+    inline: bool | None = False
     shard_mb: float = DEFAULT_SHARD_MB
     num_cpus: int | None = None
     force: bool = False
@@ -82,7 +88,8 @@ class ScoreSettings:
         environment_options(self.spec, self.spec_dirs, self.policy)
         object.__setattr__(self, "spec_dirs", tuple(self.spec_dirs))
         check_name("address", self.address)
-        check_flag("inline", self.inline)
+        if self.inline is not None:
+            check_flag("inline", self.inline)
         if not is_number(self.shard_mb) or self.shard_mb * 2**20 < 1 or self.shard_mb > MAX_SHARD_MB:
             raise SettingError(
                 "shard_mb", f"shard_mb takes a size > 0 and at most {MAX_SHARD_MB:,} MiB, got {self.shard_mb!r}"
@@ -116,6 +123,17 @@ class ScoreSettings:
     @property
     def executor(self) -> Literal["ray", "inline"]:
         return "inline" if self.inline else "ray"
+
+    def placed(self, input_bytes: int) -> ScoreSettings:
+        """These settings with `inline` decided for a job of `input_bytes` of input. Left undecided (None), a run
+        is local when nothing names a Ray (no address, no $RAY_ADDRESS, no num_cpus, none running in this
+        process): it then scores in this process below IN_PROCESS_BELOW_MB, where Ray's start costs more than
+        its CPUs save; any other run scores on Ray."""
+        if self.inline is not None:
+            return self
+        ray = sys.modules.get("ray")
+        local = not (self.address or os.environ.get("RAY_ADDRESS") or self.num_cpus or (ray and ray.is_initialized()))
+        return replace(self, inline=local and input_bytes < IN_PROCESS_BELOW_MB * 2**20)
 
     def raw_input(self, sources: Sequence[str]) -> RawSource | None:
         """`sources` read as these settings say: raw logs read by their format's adapter inside the tasks, or None

@@ -58,8 +58,10 @@ def bench(
 
     Replay through Ray vs a naive baseline, the metrics stage vs a plain-numpy reference, the mergeable Poisson
     bootstrap, scale-out over S3, the viewer's page latency, the guard's latency per check, the scoring driver at
-    cluster scale, BFCL and τ replay, OTel spans through the shuffle, and a night of raw production logs scored where
-    they lie."""
+    cluster scale, local Ray's start against scoring in-process, BFCL and τ replay, OTel spans through the shuffle,
+    and a night of raw production logs scored where they lie. Every run ends its caption with its wall time, its
+    CPU-seconds (Ray's processes included), the load average during it and the niceness of its processes; Ray's
+    workers run at nice 0, as the baselines do."""
     from pipeline.apps.perf import figures
 
     if what not in BENCHES:

@@ -28,6 +28,7 @@ from pipeline.replay.checker import CHECKS
 from pipeline.scoring.driver import ShardPlan, run_scoring
 from pipeline.scoring.settings import (
     DEFAULT_SHARD_MB,
+    IN_PROCESS_BELOW_MB,
     LEASE_STALE_AFTER,
     MAX_NUM_CPUS,
     MAX_SHARD_MB,
@@ -56,7 +57,14 @@ def score(
     num_cpus: Annotated[
         int | None, typer.Option("--num-cpus", min=1, max=MAX_NUM_CPUS, help="CPUs for local Ray.")
     ] = None,
-    inline: Annotated[bool, typer.Option("--inline", help="Score in this process, without Ray.")] = False,
+    inline: Annotated[
+        bool | None,
+        typer.Option(
+            "--inline",
+            help=f"Score in this process, without Ray (the default for a local run of less than "
+            f"{IN_PROCESS_BELOW_MB} MiB of input; --num-cpus, --address or $RAY_ADDRESS: Ray).",
+        ),
+    ] = None,
     force: Force = False,
     lease_stale_after: Annotated[
         float,
@@ -107,7 +115,7 @@ def score(
         allow_empty=allow_empty,
     )
     unwind_on_sigterm()
-    with ScoreProgress() as progress:
+    with ScoreProgress(settings) as progress:
         manifest = run_scoring(store, output, settings, on_plan=progress.on_plan, on_shard=progress.on_shard)
     summary(manifest, output)
     settings.refuse_empty(manifest, output)
@@ -146,9 +154,10 @@ def stop_if_signalled() -> None:
 class ScoreProgress:
     """The driver's live view of a scoring job: shards, rollouts, rollouts/s, rejects, ETA. A context manager: the
     view starts with the plan, so that a job refused before it (a missing store, an unknown format) prints its error
-    alone."""
+    alone. Given the job's settings, it says when a run left to decide scores in this process."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: ScoreSettings | None = None) -> None:
+        self.settings = settings
         self.bar = Progress(
             TextColumn("[bold]scoring"),
             BarColumn(),
@@ -179,6 +188,9 @@ class ScoreProgress:
             + (f", {p.reusable} unchanged since they were scored (reused)" if p.reusable else "")
             + (f"; ignored {len(p.ignored)} non-data file(s)" if p.ignored else "")
         )
+        s = self.settings  # left to decide, with shards to score, and placed in this process: one line at 80 columns
+        if s is not None and s.inline is None and p.reusable < len(p.shards) and s.placed(p.total_bytes).inline:
+            console.print(f"in-process: under {IN_PROCESS_BELOW_MB} MiB, Ray's start costs more (--num-cpus N: Ray)")
         self.task = self.bar.add_task("score", total=len(p.shards), rollouts=0, rate=0.0, rejects=0)
 
     def on_shard(self, r: ShardMarker) -> None:

@@ -1,8 +1,9 @@
 """Performance measurements of pexec itself (`pexec bench`, `python -m pipeline.apps.perf.<name>`): replay
 throughput, the DuckDB bootstrap stage, the mergeable bootstrap, scale-out over S3, the viewer's pages, the
-guard's latency, the scoring driver at cluster scale, replay over the BFCL and τ simulators, and a night of
-raw production logs scored where they lie (nightly). Each returns a `figures.Bench` (project / baseline / ratio
-per figure), printed by `figures.show` or as a Markdown block of docs/reference/benchmarks.md.
+guard's latency, the scoring driver at cluster scale, local Ray's start against scoring in-process (start), replay
+over the BFCL and τ simulators, and a night of raw production logs scored where they lie (nightly). Each returns a
+`figures.Bench` (project / baseline / ratio per figure, CPU-seconds where measured), printed by `figures.show` or as
+a Markdown block of docs/reference/benchmarks.md.
 
 Not to be confused with the benchmarks a rollout's `benchmark` names (BFCL, τ...): those are environments,
 in pipeline/envs/. Measurements that need a development dependency (jsonschema for the naive replay
@@ -82,6 +83,7 @@ __all__ = [
     "require_dev",
     "scale",
     "spans",
+    "start",
     "tau",
     "view",
 ]

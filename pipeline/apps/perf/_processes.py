@@ -1,8 +1,16 @@
 """What benches share about processes: a local S3-compatible server (moto, infra/local/s3-server.sh) for the
-duration of a measurement, and a process's own peak memory.
+duration of a measurement, a process's own peak memory, and the CPU time, load average and niceness of what a
+measurement ran.
 
 A peak is read from /proc (VmHWM), which a new program starts afresh at exec; ru_maxrss is not used for a
 measured process, as a forked child keeps the high-water mark of the process that started it.
+
+CPU time is read from /proc too: a process and every live descendant, each with what its reaped children used
+(utime + stime + cutime + cstime). Ray's processes are not all reaped by the process that started Ray (a worker's
+parent is the raylet, killed at shutdown), so the CPU time a measured process's own rusage gives for its children
+misses most of Ray's; read before Ray stops, the process tree holds it all. Ray starts its workers at nice 15
+(Ray's `worker_niceness`) while a baseline runs at the niceness of the bench: `BENCH_ENVIRONMENT` starts them at
+0, the same as every other measured process, and `Usage` says what niceness it saw.
 """
 
 from __future__ import annotations
@@ -12,12 +20,15 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.apps.perf import require_dev
+from pipeline.apps.perf.figures import Usage
 
 ROOT = Path(__file__).resolve().parents[3]
 BENCH_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
@@ -27,6 +38,95 @@ def peak_mib(pid: int | str = "self") -> float:
     """The peak RSS of process `pid` (this one by default): its VmHWM in MiB."""
     status = Path(f"/proc/{pid}/status").read_text()
     return int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1]) / 1024
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+_RAY_AGENTS = ("ray::RuntimeEnv", "ray::DashboardA")  # the raylet's agents, as /proc names them (15 characters)
+# Ray workers at the niceness of every other measured process (Ray's default: 15, behind a baseline at 0).
+BENCH_ENVIRONMENT = {"RAY_worker_niceness": "0"}
+
+
+@dataclass(frozen=True)
+class _Stat:
+    ppid: int
+    cpu_s: float  # user + system, its reaped children's included
+    nice: int
+    ray_worker: bool  # a Ray worker (named `ray::IDLE`, `ray::<task>`) rather than one of Ray's services
+
+
+def _stat(pid: str) -> _Stat | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # gone since the listing
+        return None
+    name, rest = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
+    utime, stime, cutime, cstime = (int(v) for v in rest[11:15])
+    worker = name.startswith("ray::") and name not in _RAY_AGENTS
+    return _Stat(int(rest[1]), (utime + stime + cutime + cstime) / _TICKS, int(rest[16]), worker)
+
+
+def process_tree(pid: int | None = None) -> dict[int, _Stat]:
+    """Process `pid` (this one by default) and its live descendants, read from /proc."""
+    root = os.getpid() if pid is None else pid
+    stats = {int(p.name): s for p in Path("/proc").iterdir() if p.name.isdigit() and (s := _stat(p.name))}
+    children: dict[int, list[int]] = {}
+    for child, s in stats.items():
+        children.setdefault(s.ppid, []).append(child)
+    tree, todo = {}, [root]
+    while todo:
+        at = todo.pop()
+        if at in stats:
+            tree[at] = stats[at]
+            todo += children.get(at, [])
+    return tree
+
+
+def cpu_seconds(pid: int | None = None) -> float:
+    """CPU-seconds (user + system) used so far by process `pid` (this one by default), its live descendants and
+    every child any of them reaped: Ray's processes included while Ray runs."""
+    return sum(s.cpu_s for s in process_tree(pid).values())
+
+
+@dataclass
+class Meter:
+    """Measures a block (`with metered() as meter:`): after it, `meter.usage`."""
+
+    every: float = 1.0  # seconds between samples of the load average and of the processes' niceness
+    usage: Usage | None = None
+    _load: list[float] = field(default_factory=list)
+    _nice: set[int] = field(default_factory=set)
+    _worker_nice: set[int] = field(default_factory=set)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def sample(self) -> float:
+        """Record the load average and the tree's niceness; the tree's CPU-seconds so far."""
+        self._load.append(os.getloadavg()[0])
+        tree = process_tree()
+        for s in tree.values():
+            (self._worker_nice if s.ray_worker else self._nice).add(s.nice)
+        return sum(s.cpu_s for s in tree.values())
+
+    def _sampling(self) -> None:
+        while not self._stop.wait(self.every):
+            self.sample()
+
+
+@contextmanager
+def metered(every: float = 1.0) -> Iterator[Meter]:
+    """Wall time, CPU-seconds (this process and its descendants, Ray's included: read at the end of the block,
+    so a Ray stopped inside it counts only its reaped processes), load average and niceness of the block."""
+    meter = Meter(every)
+    cpu, began = meter.sample(), time.perf_counter()
+    sampler = threading.Thread(target=meter._sampling, name="bench-meter", daemon=True)
+    sampler.start()
+    try:
+        yield meter
+    finally:
+        meter._stop.set()
+        sampler.join()
+        cpu = meter.sample() - cpu
+        meter.usage = Usage(time.perf_counter() - began, cpu, tuple(meter._load), tuple(sorted(meter._nice)),
+                            tuple(sorted(meter._worker_nice)))  # fmt: skip
 
 
 def free_port() -> int:

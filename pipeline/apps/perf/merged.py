@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import time
 
 import numpy as np
 
 from pipeline.apps.perf import CLUSTER_CORES
+from pipeline.apps.perf._processes import peak_mib
 from pipeline.apps.perf.figures import Bench, figure, load_average, n_runs, show
 from pipeline.metrics import bootstrap
 
@@ -62,7 +62,7 @@ def bench_merged(n_tasks: int, per_task: int = 10, B: int = 1000, shards: int = 
     # Projection: the target's (task, replicate) pairs spread over `cores` shards, then one merge of that many
     # partials (merge time per partial as measured).
     projected = [target_tasks * B / p / cores + m / shards * cores for p, m in zip(pairs, merge_s, strict=True)]
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = peak_mib()
     none = "none: one implementation"
     figures = [
         figure("shard work, (task, replicate) pairs per second on one core", "pairs/s", pairs, none),

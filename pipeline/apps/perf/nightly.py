@@ -11,7 +11,8 @@ In one run, on a moto S3 server on loopback:
   - an Inspect `.eval` log (`pipeline.synthetic.support_eval`, Inspect's own writer) read by pexec's `inspect`
     adapter and by `inspect_ai.log.read_eval_log`.
 Every measured step is a fresh process (`python -m pipeline.apps.perf.nightly STEP …`) reporting its seconds, its
-own peak RSS (VmHWM) and, for scoring, the largest Ray worker's peak from the shard reports. The projection to
+CPU-seconds (its own and its children's, Ray's processes included, read before it exits), its own peak RSS (VmHWM)
+and, for scoring, the largest Ray worker's peak from the shard reports. The projection to
 100M rollouts on 128 × 16 cores is computed from the per-core rates measured here (`projected_seconds`).
 Progress lines go to stderr; the data goes under --workdir.
 """
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
 import orjson
 
 from pipeline.apps.perf import CLUSTER_CORES, CLUSTER_ROLLOUTS, require_dev
-from pipeline.apps.perf._processes import local_ray, moto_server, peak_mib
+from pipeline.apps.perf._processes import cpu_seconds, local_ray, moto_server, peak_mib
 from pipeline.apps.perf.figures import Bench, figure, load_average, n_runs, replace_block, show
 
 if TYPE_CHECKING:
@@ -82,6 +83,7 @@ class Step(TypedDict):
 
 class Measured(Step):
     peak_mib: float  # the step's process
+    cpu_s: float  # the step's process and its children, Ray's included
 
 
 def bench_nightly(
@@ -183,7 +185,7 @@ def bench_nightly_otel(rollouts: int = DEFAULT_ROLLOUTS, workdir: Path | None = 
 def _bench(runs: dict[str, list[Measured]], formats: tuple[str, ...], rollouts: int, spans: int,
            sizes: dict[str, int], eval_text: str, files: int, shard_mb: float, B: int, repeats: int,
            load: float) -> Bench:  # fmt: skip
-    def v(key: str, field: Literal["seconds", "peak_mib", "worker_mib"] = "seconds") -> list[float]:
+    def v(key: str, field: Literal["seconds", "peak_mib", "worker_mib", "cpu_s"] = "seconds") -> list[float]:
         return [r[field] for r in runs[key]]
 
     def rate(key: str, per_core: bool = False) -> list[float]:
@@ -195,15 +197,18 @@ def _bench(runs: dict[str, list[Measured]], formats: tuple[str, ...], rollouts: 
     for fmt, name in names.items():
         one, two = rate(f"{fmt} raw 1"), rate(f"{fmt} raw 2")
         baseline = [rollouts / (i + s) for i, s in zip(v(f"{fmt} ingest"), v(f"{fmt} store 2"), strict=True)]
+        baseline_cpu = [i + s for i, s in zip(v(f"{fmt} ingest", "cpu_s"), v(f"{fmt} store 2", "cpu_s"), strict=True)]
         stages = [Stages(r, m) for r, m in zip(rate(f"{fmt} raw 1", True), rate("metrics 1", True), strict=True)]
         projections[fmt] = [projected_seconds(s) for s in stages]
         figures += [
             figure(f"{name}: raw → run, rollouts/s per core, 2 CPUs", "rollouts/s", rate(f"{fmt} raw 2", True),
-                   "1 CPU", rate(f"{fmt} raw 1", True)),
+                   "1 CPU", rate(f"{fmt} raw 1", True), cpu=v(f"{fmt} raw 2", "cpu_s"),
+                   baseline_cpu=v(f"{fmt} raw 1", "cpu_s")),
             figure(f"{name}: speed-up 1 → 2 CPUs (target ≥ 1.7×)", "×", [b / a for a, b in zip(one, two, strict=True)],
                    "none: 2-CPU over 1-CPU rollouts/s, same run"),
             figure(f"{name}: raw → run end to end on 2 CPUs (target ≥ 1.5×)", "rollouts/s", two,
-                   f"ingest {fmt} (one process) to an S3 store, then score it on 2 CPUs", baseline),
+                   f"ingest {fmt} (one process) to an S3 store, then score it on 2 CPUs", baseline,
+                   cpu=v(f"{fmt} raw 2", "cpu_s"), baseline_cpu=baseline_cpu),
             figure(f"{name}: driver peak RSS, raw on 2 CPUs", "MiB", v(f"{fmt} raw 2", "peak_mib"),
                    "the ingest process", v(f"{fmt} ingest", "peak_mib")),
             figure(f"{name}: largest Ray worker peak RSS, raw on 2 CPUs (stated bound {TASK_BOUND_MIB:,} MiB)",
@@ -212,7 +217,8 @@ def _bench(runs: dict[str, list[Measured]], formats: tuple[str, ...], rollouts: 
         ]  # fmt: skip
     if eval_text:
         figures.append(figure("reading the `.eval` log, samples → rollouts (target ≥ 3×)", "samples/s",
-                              rate("eval pexec"), "inspect_ai's read_eval_log", rate("eval inspect")))  # fmt: skip
+                              rate("eval pexec"), "inspect_ai's read_eval_log", rate("eval inspect"),
+                              cpu=v("eval pexec", "cpu_s"), baseline_cpu=v("eval inspect", "cpu_s")))  # fmt: skip
         figures.append(figure(".eval reading: peak RSS", "MiB", v("eval pexec", "peak_mib"), "read_eval_log",
                               v("eval inspect", "peak_mib")))  # fmt: skip
     for fmt, name in names.items():
@@ -368,11 +374,11 @@ _TYPES: dict[str, Callable[[str], object]] = {"cpus": int, "B": int, "shard_mb":
 
 
 def _run_step(argv: list[str]) -> Measured:
-    """STEP ARG… -> the step's measurements and this process's peak RSS."""
+    """STEP ARG… -> the step's measurements, this process's peak RSS and the CPU-seconds of it and its children."""
     step = STEPS[argv[0]]
     names = list(inspect.signature(step).parameters)
     result = step(*(_TYPES.get(n, str)(a) for n, a in zip(names, argv[1:], strict=True)))
-    return {**result, "peak_mib": peak_mib()}
+    return {**result, "peak_mib": peak_mib(), "cpu_s": cpu_seconds()}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import os
-import resource
 import shutil
 import tempfile
 import time
@@ -20,7 +19,7 @@ from typing import Any, TypedDict, cast
 import orjson
 
 from pipeline.apps.perf import cluster_projection, dev_dependency
-from pipeline.apps.perf._processes import local_ray
+from pipeline.apps.perf._processes import local_ray, peak_mib
 from pipeline.apps.perf.figures import Bench, Figure, figure, load_average, n_runs, show
 from pipeline.core.model import Call
 from pipeline.core.records import parse_rollout
@@ -141,7 +140,7 @@ def bench_replay(
                 "worker_peak_rss_mib": max(s.peak_rss_mib for s in manifest.shards),
             }
         runs.append(ReplayRun(naive, checker, ray))
-    driver = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    driver = peak_mib()
     return Bench("replay", _caption(n_rollouts, baseline_sample, repeats, load), _figures(runs, cpus, driver),
                  {"runs": [r.as_details() for r in runs], "driver_peak_rss_mib": driver})  # fmt: skip
 

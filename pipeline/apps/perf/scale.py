@@ -3,7 +3,8 @@ infra/local/s3-server.sh), scored end to end through local Ray with 1 and with 2
 driver's peak memory with few and with many shards.
 
 Each scoring run is a separate driver process; its peak memory is read from /proc (VmHWM, which starts
-afresh at exec, unlike ru_maxrss that keeps the forking parent's high-water mark).
+afresh at exec, unlike ru_maxrss that keeps the forking parent's high-water mark), and so are its CPU-seconds and
+those of its children, Ray's processes included, read before it exits.
 Run: `pexec bench scale [--rollouts N]` or `python -m pipeline.apps.perf.scale`.
 """
 
@@ -21,7 +22,7 @@ import msgspec
 import s3fs
 
 from pipeline.apps.perf import cluster_projection
-from pipeline.apps.perf._processes import moto_server, peak_mib
+from pipeline.apps.perf._processes import cpu_seconds, moto_server, peak_mib
 from pipeline.apps.perf.figures import Bench, figure, load_average, n_runs, show
 from pipeline.scoring.driver import run_scoring
 from pipeline.scoring.settings import ScoreSettings
@@ -35,9 +36,9 @@ _DRIVER = (
     "from pipeline.scoring.settings import ScoreSettings\n"
     "m = run_scoring(sys.argv[1], sys.argv[2], ScoreSettings(num_cpus=int(sys.argv[3]), shard_mb=float(sys.argv[4]),\n"
     "                storage_options={'endpoint_url': sys.argv[5]}, force=True, address=sys.argv[6] or None))\n"
-    "from pipeline.apps.perf._processes import peak_mib\n"
+    "from pipeline.apps.perf._processes import cpu_seconds, peak_mib\n"
     "import msgspec\n"
-    "print(json.dumps({'counts': msgspec.to_builtins(m.counts), 'peak_mib': peak_mib()}))\n"
+    "print(json.dumps({'counts': msgspec.to_builtins(m.counts), 'peak_mib': peak_mib(), 'cpu_s': cpu_seconds()}))\n"
 )
 
 
@@ -50,6 +51,7 @@ class ScaleRun(TypedDict):
     steps_per_s: float
     steps_per_rollout: float
     driver_peak_mib: float
+    cpu_s: float  # the driver process and its children, Ray's included
 
 
 class _DriverReport(TypedDict):
@@ -57,6 +59,7 @@ class _DriverReport(TypedDict):
 
     counts: dict[str, int]
     peak_mib: float
+    cpu_s: float
 
 
 def bench_scale(
@@ -87,17 +90,18 @@ def bench_scale(
                 runs[label].append(_score(store, run, cpus, shard_mb, endpoint, address, in_process))
     one, two, more = (runs[label] for label, *_ in SETUPS)
 
-    def of(rows: list[ScaleRun], key: Literal["rollouts_per_s", "driver_peak_mib"]) -> list[float]:
+    def of(rows: list[ScaleRun], key: Literal["rollouts_per_s", "driver_peak_mib", "cpu_s"]) -> list[float]:
         return [r[key] for r in rows]
 
     figures = [
         figure("2 worker CPUs, all cores", "rollouts/s", of(two, "rollouts_per_s"), "1 worker CPU",
-               of(one, "rollouts_per_s")),
+               of(one, "rollouts_per_s"), cpu=of(two, "cpu_s"), baseline_cpu=of(one, "cpu_s")),
         figure("2 worker CPUs, per core", "steps/s", [r["steps_per_s"] / 2 for r in two], "none: see the row above"),
         figure(f"driver peak RSS, {more[0]['shards']} shards (4 MiB)", "MiB", of(more, "driver_peak_mib"),
                f"{two[0]['shards']} shards (16 MiB)", of(two, "driver_peak_mib")),
         figure(f"2 worker CPUs, 4 MiB shards ({more[0]['shards']})", "rollouts/s", of(more, "rollouts_per_s"),
-               f"16 MiB shards ({two[0]['shards']})", of(two, "rollouts_per_s")),
+               f"16 MiB shards ({two[0]['shards']})", of(two, "rollouts_per_s"), cpu=of(more, "cpu_s"),
+               baseline_cpu=of(two, "cpu_s")),
         cluster_projection([r["steps_per_s"] / 2 for r in two], [r["steps_per_rollout"] for r in two],
                            "scoring from and to S3 (moto, on the same 2 cores) with 2 worker CPUs"),
     ]  # fmt: skip
@@ -117,7 +121,7 @@ def _score(
     if in_process:
         options = {"endpoint_url": endpoint}
         manifest = run_scoring(store, run, ScoreSettings(shard_mb=shard_mb, storage_options=options, force=True))
-        report = {"counts": msgspec.to_builtins(manifest.counts), "peak_mib": peak_mib()}
+        report = {"counts": msgspec.to_builtins(manifest.counts), "peak_mib": peak_mib(), "cpu_s": cpu_seconds()}
     else:
         proc = subprocess.run(
             [sys.executable, "-c", _DRIVER, store, run, str(cpus), str(shard_mb), endpoint, address],
@@ -135,6 +139,7 @@ def _score(
         "steps_per_s": c["steps"] / seconds,
         "steps_per_rollout": c["steps"] / c["scored"],
         "driver_peak_mib": report["peak_mib"],
+        "cpu_s": report["cpu_s"],
     }
 
 

@@ -74,11 +74,10 @@ def bench_spans(
 
 
 def _ingest_peak_mib(spans: Path, store: Path) -> float:
-    """`pexec ingest otel` in a process of its own; its peak RSS (the largest child waited for so far is taken
-    from a fresh process per call, so an earlier child cannot stand in for it)."""
-    code = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
-            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")  # fmt: skip
-    pexec = str(Path(sys.executable).with_name("pexec"))
-    out = subprocess.run([sys.executable, "-c", code, pexec, "ingest", "otel", str(spans), "--out", str(store)],
-                         check=True, capture_output=True, text=True)  # fmt: skip
-    return int(out.stdout.strip().splitlines()[-1]) / 1024
+    """`pexec ingest otel` in a process of its own; its peak RSS, read by that process from /proc (VmHWM) once the
+    command is done."""
+    code = ("import sys\nfrom pipeline.apps.cli import app\nfrom pipeline.apps.perf._processes import peak_mib\n"
+            "app(sys.argv[1:], standalone_mode=False)\nprint(peak_mib())")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code, "ingest", "otel", str(spans), "--out", str(store)], check=True,
+                         capture_output=True, text=True)  # fmt: skip
+    return float(out.stdout.strip().splitlines()[-1])
