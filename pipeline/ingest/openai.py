@@ -23,18 +23,18 @@ from functools import partial
 from typing import Any
 
 from pipeline.core.errors import IngestError
+from pipeline.core.model import Message, Rollout
 from pipeline.ingest._logs import (
     ChatFormat,
     LogSettings,
-    call,
+    call_event,
     log_options,
-    message,
-    rollout,
+    rollout_of,
     text,
     tool_definitions,
     tool_dialect,
 )
-from pipeline.ingest._pairing import Call, Entry, Result, assemble
+from pipeline.ingest._pairing import Call, Result, TypedEntry, assemble_events
 from pipeline.ingest.base import Option
 
 _CONTEXT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -48,11 +48,11 @@ class OpenAI(ChatFormat):
     def looks_like(self, doc: Any) -> bool:
         return tool_dialect(doc) == "openai"
 
-    def convert(self, s: LogSettings, where: str, record: dict[str, Any]) -> dict[str, Any]:
-        """The canonical rollout of one conversation record."""
-        events, attributes = assemble(log(record["messages"], s, where))
+    def convert(self, s: LogSettings, where: str, record: dict[str, Any]) -> Rollout:
+        """The rollout of one conversation record."""
+        events, attributes = assemble_events(log(record["messages"], s, where))
         tools = tool_definitions(record.get("tools")) or tool_definitions(record.get("functions"))
-        return rollout(s, record, events, where, attributes, env={"tools": tools} if tools else None)
+        return rollout_of(s, record, events, where, attributes, env={"tools": tools} if tools else None)
 
 
 FORMAT = OpenAI()
@@ -60,8 +60,8 @@ FORMAT = OpenAI()
 _LEGACY = ("legacy function call",)  # the key of legacy calls and results: they pair in order
 
 
-def log(messages: list[Any], s: LogSettings, where: str) -> list[Entry]:
-    out: list[Entry] = []
+def log(messages: list[Any], s: LogSettings, where: str) -> list[TypedEntry]:
+    out: list[TypedEntry] = []
     turn = 0
     for i, m in enumerate(messages):
         at = f"{where} messages[{i}]"
@@ -70,8 +70,8 @@ def log(messages: list[Any], s: LogSettings, where: str) -> list[Entry]:
         role = m.get("role")
         if role == "user":
             turn += 1
-        if role in _CONTEXT_ROLES and text(m.get("content")):
-            out.append(message(_CONTEXT_ROLES[role], text(m.get("content")), turn))
+        if role in _CONTEXT_ROLES and (said := text(m.get("content"))):
+            out.append(Message(_CONTEXT_ROLES[role], said, turn))
         if role in ("tool", "function"):
             out.append(_result(m, s, at, turn))
         if role != "assistant":
@@ -81,12 +81,11 @@ def log(messages: list[Any], s: LogSettings, where: str) -> list[Entry]:
             here = f"{at}.tool_calls[{j}]"
             if not isinstance(fn, dict):
                 raise IngestError(f"openai: {here}: expected {{'id', 'function': {{'name', 'arguments'}}}}")
-            out.append(
-                Call(tc.get("id"), partial(call, fn.get("name"), fn.get("arguments"), tc.get("id"), turn, where=here))
-            )
+            build = partial(call_event, fn.get("name"), fn.get("arguments"), tc.get("id"), turn, where=here)
+            out.append(Call(tc.get("id"), build))
         fc = m.get("function_call")
         if isinstance(fc, dict):
-            out.append(Call(_LEGACY, partial(call, fc.get("name"), fc.get("arguments"), None, turn, where=at)))
+            out.append(Call(_LEGACY, partial(call_event, fc.get("name"), fc.get("arguments"), None, turn, where=at)))
     return out
 
 
