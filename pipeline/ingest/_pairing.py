@@ -12,21 +12,19 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from pipeline.core.model import Event, Message
 from pipeline.core.records import EventRecord, MessageRecord
 
 
-@dataclass(frozen=True)
-class Call:
+# Named tuples, not dataclasses: one is made for every logged call and result.
+class Call(NamedTuple):
     key: Hashable  # the call's id as logged (None when it has none)
     build: Callable[[Any], Any]  # its call event (a CallRecord, or the model's Call), given its result's `value`
 
 
-@dataclass(frozen=True)
-class Result:
+class Result(NamedTuple):
     key: Hashable  # the id of the call it answers, as logged
     value: Any  # what the call's `build` takes
     content: Any  # what an orphan message keeps
@@ -42,10 +40,12 @@ def pair(log: Sequence[Entry | TypedEntry]) -> dict[int, int]:
     answers: dict[int, int] = {}
     waiting: dict[Hashable, deque[int]] = defaultdict(deque)
     for position, entry in enumerate(log):
-        if isinstance(entry, Call):
+        if type(entry) is Call:
             waiting[entry.key].append(position)
-        elif isinstance(entry, Result) and waiting[entry.key]:
-            answers[waiting[entry.key].popleft()] = position
+        elif type(entry) is Result:
+            calls = waiting.get(entry.key)
+            if calls:
+                answers[calls.popleft()] = position
     return answers
 
 
@@ -70,10 +70,11 @@ def _assemble(log: Sequence[Any], orphan: Callable[[str, str, int], Any]) -> tup
     events: list[Any] = []
     orphans = 0
     for position, entry in enumerate(log):
-        if isinstance(entry, Call):
-            result = log[answers[position]] if position in answers else None
-            events.append(entry.build(result.value if isinstance(result, Result) else None))
-        elif isinstance(entry, Result):
+        kind = type(entry)
+        if kind is Call:
+            answer = answers.get(position)
+            events.append(entry.build(None if answer is None else log[answer].value))
+        elif kind is Result:
             if position not in answered:
                 orphans += 1
                 events.append(orphan("tool", _text(entry.content), entry.turn))

@@ -19,7 +19,7 @@ from pipeline.core.model import NOT_LOGGED, Actor, Call, Cause, Check, Message, 
 from pipeline.core.records import MAX_DEPTH, decoded_too_deep
 from pipeline.core.values import same
 from pipeline.envs.base import CallCatalogue, Environment, Outcome, ToolInfo
-from pipeline.replay.dependencies import History, grounded_values, resolve_references
+from pipeline.replay.dependencies import History, grounded_values, no_references, resolve_references
 
 # The `detail` of every step whose arguments the log did not capture (S and D not checked).
 UNCAPTURED = "arguments not captured: S and D unknown"
@@ -107,7 +107,8 @@ class Session:
         self._simulated = env.simulated
 
     def message(self, role: str, content: str) -> None:
-        self._discard()
+        if self._pending is not None:
+            self._discard()
         if role in ("user", "system"):
             self.history.add_message(content)
         if role in ("assistant", "system"):
@@ -115,7 +116,8 @@ class Session:
 
     def check(self, call: Call) -> Verdict:
         """The verdict on `call` as the next step, before it is recorded."""
-        self._discard()
+        if self._pending is not None:
+            self._discard()
         env, state = self.env, self.state
         user = call.actor == "user"
         steps, history = (self.user_steps, self.user_history) if user else (self.steps, self.history)
@@ -239,6 +241,7 @@ def _check(
     args = call.arguments
     if args is None:
         return _uncaptured(env, state, call)
+    plain = False  # whether the arguments cannot hold a reference (decided from their text)
     if isinstance(args, str):
         text = args
         try:
@@ -247,10 +250,15 @@ def _check(
             return Verdict(False, "S", "schema", f"arguments do not parse as JSON: {exc}")
         if decoded_too_deep(text, args):  # as a record's own values are (pipeline/core/records.py)
             return Verdict(False, "S", "schema", f"arguments nest deeper than {MAX_DEPTH} levels")
+        plain = no_references(text)
     if not isinstance(args, dict):
         return Verdict(False, "S", "schema", f"arguments must be an object, got {type(args).__name__}")
 
-    args, ref_failures, ref_holders = resolve_references(args, history, depth)
+    if plain:  # decoded here: nobody else holds them, and no reference to substitute
+        ref_failures: dict[str, str] = {}
+        ref_holders: set[str] = set()
+    else:
+        args, ref_failures, ref_holders = resolve_references(args, history, depth)
     if info is not None and "schema" in checks:
         failed = _schema_failure(info, args, ref_failures, ref_holders)
         if failed:

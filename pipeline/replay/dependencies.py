@@ -200,6 +200,12 @@ def resolve_references(args: Any, history: History, step: int) -> tuple[Any, dic
     return out, failures, holders
 
 
+def no_references(text: str) -> bool:
+    """Whether the values decoded from the JSON text `text` can hold no reference, told from the text alone: every
+    form of one has a `$` (`$step`, `$ref`), `{{` or `<` that a JSON text shows as is, or escaped (`\\u`)."""
+    return "$" not in text and "{{" not in text and "<" not in text and "\\u" not in text
+
+
 def _substitute(value: Any, history: History, step: int) -> tuple[Any, list[str], bool]:
     if isinstance(value, str):
         return _substitute_text(value, history, step)
