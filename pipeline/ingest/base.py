@@ -258,7 +258,6 @@ def decode_json(data: bytes, max_items: int = MAX_RECORD_ITEMS) -> Any:
     return value
 
 
-
 def check_document(value: Any) -> Any:
     """`value`, a decoded log document, or an IngestError when it nests deeper than MAX_DOCUMENT_DEPTH levels."""
     if too_deep(value, MAX_DOCUMENT_DEPTH):
