@@ -1,0 +1,144 @@
+"""Raw logs to a committed run in one process (`pexec bench raw`, `python -m pipeline.apps.perf.raw`): the nightly
+bench's OpenAI logs (`pipeline.synthetic.support_logs.write_night`, gzip JSON Lines) scored by `pexec score --format
+openai --inline` in a fresh process, beside the rate of reading, gunzipping and orjson-decoding every line of the
+same files in this process (the floor any reader pays), measured in the same run.
+
+Every rate is per CPU-second (user + system of the process that did the work: stable on a shared machine where
+wall time is not). The stages of the inline path are timed in this process on the same conversations: the
+documents read and decoded, the adapter building each rollout as the model's objects, the checker with every check
+on, and the steps and rollouts tables built from them.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import orjson
+
+from pipeline.apps.perf.figures import Bench, Figure, figure, load_average, n_runs, show
+
+OPTIONS = {"error_prefix": "Error:"}  # what the support sample's logs need (as the nightly bench gives them)
+FILES = 8
+# The checker's rate on these logs before the adapters built the model's objects directly, measured on the same
+# machine with the same code path (in-process replay of every conversation, all checks on), for comparison only:
+# it is not measured again here.
+CHECKER_BEFORE = 65_760
+
+
+@dataclass(frozen=True)
+class RawRun:
+    """One repetition, each a rate per CPU-second."""
+
+    inline: float  # rollouts: `pexec score --inline` raw -> committed run, the whole command
+    orjson: float  # rollouts: gunzip + orjson of every line
+    read: float  # rollouts: the documents of the shards read and decoded (pipeline.ingest._logs.shard_documents)
+    adapter: float  # rollouts: decoded conversation -> checked Rollout
+    checker: float  # steps: replay with every check on
+    tables: float  # rollouts: steps and rollouts tables
+    steps_per_rollout: float
+
+
+def bench_raw(rollouts: int = 100_000, workdir: Path | None = None, repeats: int = 3) -> Bench:
+    from pipeline.synthetic.support_logs import write_night
+
+    root = Path(workdir or tempfile.mkdtemp(prefix="pexec-bench-raw-"))
+    logs = root / "openai"
+    shutil.rmtree(logs, ignore_errors=True)
+    write_night(logs, rollouts, FILES)
+    load = os.getloadavg()[0]
+    runs = [_run(logs, root / "run", rollouts) for _ in range(repeats)]
+    size = sum(f.stat().st_size for f in logs.iterdir())
+    caption = (
+        f"{rollouts:,} conversations of the nightly bench's OpenAI logs ({FILES} gzip JSON Lines files, "
+        f"{size / 2**20:,.1f} MiB), observed environment with the `support` spec; rates per CPU-second; "
+        f"{n_runs(repeats)}; {load_average(load)}"
+    )
+    return Bench("raw", caption, _figures(runs), {"runs": [asdict(r) for r in runs]})
+
+
+def _run(logs: Path, run: Path, rollouts: int) -> RawRun:
+    shutil.rmtree(run, ignore_errors=True)
+    options = [f"--option={k}={v}" for k, v in OPTIONS.items()]
+    command = [sys.executable, "-m", "pipeline.apps.cli", "score", str(logs), "--format", "openai", *options,
+               "--env", "observed", "--spec", "support", "--inline", "--out", str(run)]  # fmt: skip
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    inline = rollouts / (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    return RawRun(inline=inline, orjson=rollouts / _cpu(lambda: _parse_all(logs)), **_stages(logs))
+
+
+def _parse_all(logs: Path) -> None:
+    for path in sorted(logs.iterdir()):
+        with gzip.open(path, "rb") as f:
+            for line in f:
+                orjson.loads(line)
+
+
+def _stages(logs: Path) -> dict[str, float]:
+    """The inline path's stages, timed one after another over every conversation."""
+    from pipeline.core.model import Rollout, RolloutResult
+    from pipeline.core.records import check_rollout
+    from pipeline.envs import EnvOptions, get_environment
+    from pipeline.ingest import IngestOptions
+    from pipeline.ingest._logs import chat_record, settings, shard_documents
+    from pipeline.ingest.openai import FORMAT
+    from pipeline.ingest.sharded import plan_raw, raw_source
+    from pipeline.replay.checker import replay
+    from pipeline.scoring.run_tables import rollouts_table, steps_table
+
+    source = raw_source("openai", [str(logs)], IngestOptions(extra=dict(OPTIONS)))
+    shards = plan_raw(source, 64 * 2**20)
+    docs: list[tuple[str, object]] = []
+    read = _cpu(lambda: docs.extend((d.place(), d.value) for s in shards for d in shard_documents("openai", s,
+                source.options) if not isinstance(d, tuple)))  # fmt: skip
+    s = settings("openai", source.options)
+    rollouts: list[Rollout] = []
+    adapter = _cpu(lambda: rollouts.extend(check_rollout(FORMAT.convert(s, w, chat_record("openai", w, v)))
+                                           for w, v in docs))  # fmt: skip
+    env = get_environment("observed", EnvOptions(spec="support"))
+    results: list[RolloutResult] = []
+    checker = _cpu(lambda: results.extend(replay(env, r) for r in rollouts))
+    batch = 250  # as a scoring task converts them
+    tables = _cpu(lambda: [(steps_table("run", results[i : i + batch]), rollouts_table("run", results[i : i + batch]))
+                           for i in range(0, len(results), batch)])  # fmt: skip
+    steps = sum(r.T for r in results)
+    n = len(rollouts)
+    return {"read": n / read, "adapter": n / adapter, "checker": steps / checker, "tables": n / tables,
+            "steps_per_rollout": steps / n}  # fmt: skip
+
+
+def _cpu(work: object) -> float:
+    """CPU-seconds of this process spent in `work()`."""
+    assert callable(work)
+    began = time.process_time()
+    work()
+    return time.process_time() - began
+
+
+def _figures(runs: list[RawRun]) -> list[Figure]:
+    parse = "gunzip + orjson of every line"
+    orjson_rates = [r.orjson for r in runs]
+    return [
+        figure("raw → run, `pexec score --format openai --inline` (the whole command)", "rollouts/CPU-s",
+               [r.inline for r in runs], parse, orjson_rates),
+        figure("stage: documents read and decoded", "rollouts/CPU-s", [r.read for r in runs], parse, orjson_rates),
+        figure("stage: adapter, conversation → checked Rollout", "rollouts/CPU-s", [r.adapter for r in runs], parse,
+               orjson_rates),
+        figure("stage: checker in-process, all checks on", "steps/CPU-s", [r.checker for r in runs],
+               "before: the checker on the same logs, same path (stated)", [CHECKER_BEFORE] * len(runs)),
+        figure("stage: steps and rollouts tables", "rollouts/CPU-s", [r.tables for r in runs], parse, orjson_rates),
+    ]  # fmt: skip
+
+
+if __name__ == "__main__":
+    show(bench_raw(int(sys.argv[1]) if len(sys.argv) > 1 else 100_000))
