@@ -108,7 +108,7 @@ def get_path(obj: Any, path: str) -> Any:
     """The value at a dotted path; None when any part is missing."""
     if not path:
         return obj
-    if not isinstance(obj, Mapping):
+    if type(obj) is not dict and not isinstance(obj, Mapping):  # a decoded object is a dict: no ABC check
         return None
     if path in obj:
         return obj[path]

@@ -9,7 +9,6 @@ imports no adapter; an entry point that cannot be loaded is one line naming its 
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Any
 
 from pipeline.core.errors import IngestError
@@ -48,12 +47,17 @@ def get_format(name: str) -> LogFormat:
     return found
 
 
+_BUILT_IN: dict[str, LogFormat] = {}
+
+
 def likely_format(doc: Any) -> str | None:
     """The format `doc` (one decoded JSON document, or a conversation record) looks like, when one claims it:
     the built-in formats are asked first, in `BUILT_IN` order, then the entry points by name."""
-    for built_in in _built_in():
+    for name in BUILT_IN:
+        # Asked of every conversation read: each built-in format is looked up once, and only when it is asked.
+        built_in = _BUILT_IN.get(name) or _BUILT_IN.setdefault(name, get_format(name))
         if built_in.looks_like(doc):
-            return built_in.name
+            return name
     for name in FORMATS.entry_points():
         # A hint is not worth failing the read of another format: an outside format that cannot be loaded, or
         # whose looks_like raises, is passed over here and reported when it is named (`pexec ingest <name>`).
@@ -63,12 +67,6 @@ def likely_format(doc: Any) -> str | None:
         except Exception:
             continue
     return None
-
-
-@cache
-def _built_in() -> tuple[LogFormat, ...]:
-    # Asked of every conversation read: the built-in formats are looked up once.
-    return tuple(get_format(name) for name in BUILT_IN)
 
 
 def mismatch(fmt: str, doc: Any) -> str | None:
