@@ -25,6 +25,7 @@ from pathlib import Path
 import orjson
 
 from pipeline.apps.perf.figures import Bench, Figure, figure, load_average, n_runs, show
+from pipeline.storage.run import read_manifest
 
 OPTIONS = {"error_prefix": "Error:"}  # what the support sample's logs need (as the nightly bench gives them)
 FILES = 8
@@ -73,6 +74,10 @@ def _run(logs: Path, run: Path, rollouts: int) -> RawRun:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    manifest = read_manifest(str(run))
+    counts = manifest.counts if manifest is not None else None
+    if counts is None or counts.scored != rollouts or counts.rejected:  # a rate over rejects would flatter pexec
+        raise RuntimeError(f"bench raw: not every one of {rollouts:,} rollouts was scored: {counts}")
     inline = rollouts / (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
     return RawRun(inline=inline, orjson=rollouts / _cpu(lambda: _parse_all(logs)), **_stages(logs))
 
