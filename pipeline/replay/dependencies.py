@@ -81,12 +81,18 @@ class History:
         if not valid:
             self.failed.add(step)
             return
-        output = _maybe_json(output)
+        if isinstance(output, str) and output[:1] in ("{", "["):  # `_maybe_json`, inline: once per step
+            try:
+                output = orjson.loads(output)
+            except orjson.JSONDecodeError:
+                pass
         self.outputs[step] = output
         if isinstance(output, dict):
             self.fields.update(dict.fromkeys(output, step))
         if output is not None:
-            self._add_text(output if isinstance(output, str) else orjson.dumps(output).decode())
+            text = output if isinstance(output, str) else orjson.dumps(output).decode()
+            self.texts.append(text)  # `_add_text`, inline
+            self.chars += len(text)
 
     def _add_text(self, text: str) -> None:
         self.texts.append(text)  # its words are found when a value is first looked up after it (often never)

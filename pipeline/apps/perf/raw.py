@@ -29,10 +29,6 @@ from pipeline.storage.run import read_manifest
 
 OPTIONS = {"error_prefix": "Error:"}  # what the support sample's logs need (as the nightly bench gives them)
 FILES = 8
-# The checker's rate on these logs before the adapters built the model's objects directly, measured on the same
-# machine with the same code path (in-process replay of every conversation, all checks on), for comparison only:
-# it is not measured again here.
-CHECKER_BEFORE = 65_760
 
 
 @dataclass(frozen=True)
@@ -140,7 +136,7 @@ def _figures(runs: list[RawRun]) -> list[Figure]:
         figure("stage: adapter, conversation → checked Rollout", "rollouts/CPU-s", [r.adapter for r in runs], parse,
                orjson_rates),
         figure("stage: checker in-process, all checks on", "steps/CPU-s", [r.checker for r in runs],
-               "before: the checker on the same logs, same path (stated)", [CHECKER_BEFORE] * len(runs)),
+               "none: the earlier checker is not kept (its paired runs: docs/reference/benchmarks.md)"),
         figure("stage: steps and rollouts tables", "rollouts/CPU-s", [r.tables for r in runs], parse, orjson_rates),
     ]  # fmt: skip
 
