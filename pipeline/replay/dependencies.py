@@ -81,11 +81,7 @@ class History:
         if not valid:
             self.failed.add(step)
             return
-        if isinstance(output, str) and output[:1] in ("{", "["):  # `_maybe_json`, inline: once per step
-            try:
-                output = orjson.loads(output)
-            except orjson.JSONDecodeError:
-                pass
+        output = _maybe_json(output)
         self.outputs[step] = output
         if isinstance(output, dict):
             self.fields.update(dict.fromkeys(output, step))
