@@ -4,9 +4,9 @@ openai --inline` in a fresh process, beside the rate of reading, gunzipping and 
 same files in this process (the floor any reader pays), measured in the same run.
 
 Every rate is per CPU-second (user + system of the process that did the work: stable on a shared machine where
-wall time is not). The stages of the inline path are timed in this process on the same conversations: the
-documents read and decoded, the adapter building each rollout as the model's objects, the checker with every check
-on, and the steps and rollouts tables built from them.
+wall time is not). The stages of the inline path are timed in this process on the same conversations: the logs
+read, decoded and converted by the adapter into checked rollouts (the model's objects), the checker with every
+check on, and the steps and rollouts tables built from them.
 """
 
 from __future__ import annotations
@@ -38,8 +38,7 @@ class RawRun:
 
     inline: float  # rollouts: `pexec score --inline` raw -> committed run, the whole command
     orjson: float  # rollouts: gunzip + orjson of every line
-    read: float  # rollouts: the documents of the shards read and decoded (pipeline.ingest._logs.shard_documents)
-    adapter: float  # rollouts: decoded conversation -> checked Rollout
+    adapter: float  # rollouts: the shards read, decoded and converted to checked Rollouts (the format's reader)
     checker: float  # steps: replay with every check on
     tables: float  # rollouts: steps and rollouts tables
     steps_per_rollout: float
@@ -92,7 +91,6 @@ def _stages(logs: Path) -> dict[str, float]:
     from pipeline.core.records import check_rollout
     from pipeline.envs import EnvOptions, get_environment
     from pipeline.ingest import IngestOptions
-    from pipeline.ingest._logs import chat_record, settings, shard_documents
     from pipeline.ingest.openai import FORMAT
     from pipeline.ingest.sharded import plan_raw, raw_source
     from pipeline.replay.checker import replay
@@ -100,13 +98,9 @@ def _stages(logs: Path) -> dict[str, float]:
 
     source = raw_source("openai", [str(logs)], IngestOptions(extra=dict(OPTIONS)))
     shards = plan_raw(source, 64 * 2**20)
-    docs: list[tuple[str, object]] = []
-    read = _cpu(lambda: docs.extend((d.place(), d.value) for s in shards for d in shard_documents("openai", s,
-                source.options) if not isinstance(d, tuple)))  # fmt: skip
-    s = settings("openai", source.options)
     rollouts: list[Rollout] = []
-    adapter = _cpu(lambda: rollouts.extend(check_rollout(FORMAT.convert(s, w, chat_record("openai", w, v)))
-                                           for w, v in docs))  # fmt: skip
+    adapter = _cpu(lambda: rollouts.extend(check_rollout(r) for s in shards for _, r in FORMAT.read_rollouts(s,
+                   source.options) if isinstance(r, Rollout)))  # fmt: skip
     env = get_environment("observed", EnvOptions(spec="support"))
     results: list[RolloutResult] = []
     checker = _cpu(lambda: results.extend(replay(env, r) for r in rollouts))
@@ -115,8 +109,7 @@ def _stages(logs: Path) -> dict[str, float]:
                            for i in range(0, len(results), batch)])  # fmt: skip
     steps = sum(r.T for r in results)
     n = len(rollouts)
-    return {"read": n / read, "adapter": n / adapter, "checker": steps / checker, "tables": n / tables,
-            "steps_per_rollout": steps / n}  # fmt: skip
+    return {"adapter": n / adapter, "checker": steps / checker, "tables": n / tables, "steps_per_rollout": steps / n}
 
 
 def _cpu(work: object) -> float:
@@ -140,9 +133,8 @@ def _figures(runs: list[RawRun]) -> list[Figure]:
     return [
         figure("raw → run, `pexec score --format openai --inline` (the whole command)", "rollouts/CPU-s",
                [r.inline for r in runs], parse, orjson_rates),
-        figure("stage: documents read and decoded", "rollouts/CPU-s", [r.read for r in runs], parse, orjson_rates),
-        figure("stage: adapter, conversation → checked Rollout", "rollouts/CPU-s", [r.adapter for r in runs], parse,
-               orjson_rates),
+        figure("stage: read, decoded and converted to checked Rollouts", "rollouts/CPU-s", [r.adapter for r in runs],
+               parse, orjson_rates),
         figure("stage: checker in-process, all checks on", "steps/CPU-s", [r.checker for r in runs],
                "none: the earlier checker is not kept (its paired runs: docs/reference/benchmarks.md)"),
         figure("stage: steps and rollouts tables", "rollouts/CPU-s", [r.tables for r in runs], parse, orjson_rates),
