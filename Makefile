@@ -149,6 +149,8 @@ bench: install
 	$(BIN)/pexec bench guard --readme $(BENCH_PAGE)
 	$(BIN)/pexec bench driver --readme $(BENCH_PAGE)
 	$(BIN)/pexec bench start --readme $(BENCH_PAGE)
+	$(BIN)/pexec bench split --readme $(BENCH_PAGE)
+	$(BIN)/pexec bench raw --readme $(BENCH_PAGE)
 
 # The worker image from infra/Dockerfile, built with buildah (a Debian package; no daemon) and smoke-tested
 # with `pexec --version` inside (infra/local/build-image.sh). RAY_BASE=debian builds it on a base bootstrapped

@@ -270,6 +270,10 @@ def _small(name: str, tmp_path: Path, shared: Path) -> Bench:
 
         measure = bench_nightly if name == "nightly" else bench_nightly_otel
         return measure(40, eval_mb=0.01, workdir=shared, files=2, shard_mb=0.1, B=20, in_process=True)
+    if name == "raw":
+        from pipeline.apps.perf.raw import bench_raw
+
+        return bench_raw(200, tmp_path, repeats=1)
     if name == "bfcl":
         from pipeline.apps.perf.bfcl import bench_bfcl
 

@@ -135,6 +135,20 @@ def _orjson_limit_holds() -> bool:
 _ORJSON_LIMIT_HOLDS = _orjson_limit_holds()
 
 
+def decoded_too_deep(text: str | bytes, value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether `value`, decoded from the JSON text `text`, has more than `limit` levels of objects and lists.
+    A value has no more levels than its text opens objects and lists, and the text's brackets (those inside
+    strings too: an upper bound) are counted in C; only a text with more of them is walked (`too_deep`)."""
+    if type(value) not in _CONTAINERS:
+        return False
+    if isinstance(text, str):
+        if text.count("{") + text.count("[") <= limit:
+            return False
+    elif text.count(b"{") + text.count(b"[") <= limit:
+        return False
+    return too_deep(value, limit)
+
+
 def check_depth(value: Any, what: str) -> None:
     if too_deep(value):
         raise InvalidRecord(f"{what} nests deeper than {MAX_DEPTH} levels")
@@ -176,6 +190,65 @@ def parse_rollout(record: Mapping[str, Any]) -> Rollout:
     )
 
 
+def check_rollout(rollout: Rollout) -> Rollout:
+    """`rollout`, built by an adapter from the model's own types (its events already well-formed), checked as
+    `parse_rollout` checks a record, in the same order with the same reasons: depth, ids, label and attribute
+    names. Only its free-form values (the env, a call's arguments and output when they are objects or lists)
+    are walked for depth, at their own place in the canonical record."""
+    if _free_form_too_deep(rollout):
+        raise InvalidRecord(f"the record nests deeper than {MAX_DEPTH} levels")
+    for key in ("rollout_id", "task_id", "benchmark"):
+        if getattr(rollout, key) == "":
+            raise InvalidRecord(f"missing or invalid {key!r}")
+    if "" in rollout.labels:
+        raise InvalidRecord("'labels' has an empty name")
+    _check_label_names(rollout.labels)
+    if "" in rollout.attributes:
+        raise InvalidRecord("'attributes' has an empty name")
+    both = sorted(rollout.labels.keys() & rollout.attributes.keys())
+    if both:
+        raise InvalidRecord(f"{', '.join(map(repr, both))} is both a label and an attribute")
+    return rollout
+
+
+# Levels above a free-form value in the canonical record: record > env; record > events > event > arguments.
+_ENV_LIMIT = MAX_DEPTH - 1
+_EVENT_VALUE_LIMIT = MAX_DEPTH - 3
+
+
+def _free_form_too_deep(rollout: Rollout) -> bool:
+    if rollout.env and too_deep(rollout.env, _ENV_LIMIT):
+        return True
+    for event in rollout.events:
+        if type(event) is Call:
+            for value in (event.arguments, event.output):
+                if type(value) in _CONTAINERS and too_deep(value, _EVENT_VALUE_LIMIT):
+                    return True
+    return False
+
+
+def rollout_record(rollout: Rollout) -> dict[str, Any]:
+    """The canonical record of a rollout an adapter built (`check_rollout`), its keys in the order the store
+    has always been written in: what `pexec ingest` writes, and what `parse_rollout` reads back as `rollout`."""
+    out: dict[str, Any] = {
+        "rollout_id": rollout.rollout_id,
+        "task_id": rollout.task_id,
+        "benchmark": rollout.benchmark,
+        "labels": rollout.labels,
+        "attributes": rollout.attributes,
+        "status": rollout.status,
+        "events": [event_record(e) for e in rollout.events],
+        "success": rollout.success,
+    }
+    if rollout.env:
+        out["env"] = rollout.env
+    if rollout.cost:
+        out["cost"] = rollout.cost
+    if rollout.truth is not None:
+        out["truth"] = rollout.truth
+    return out
+
+
 def _status(value: Any) -> Status:
     for status in STATUSES:
         if value == status:
@@ -192,7 +265,10 @@ def record_id(record: Mapping[str, Any]) -> str | None:
 
 
 def _labels(raw: Any) -> dict[str, str]:
-    labels = _strings(raw, "labels")
+    return _check_label_names(_strings(raw, "labels"))
+
+
+def _check_label_names(labels: dict[str, str]) -> dict[str, str]:
     for key in labels:
         # SQL names are case-insensitive: a label `t` would be read as the column `T`.
         if key.lower() in _RESERVED or key.lower().startswith(("cost_", ATTRIBUTE_PREFIX)):

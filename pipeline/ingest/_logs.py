@@ -20,12 +20,13 @@ import io
 from abc import abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
 from pipeline.core.errors import IngestError
-from pipeline.core.records import CallRecord, EventRecord, MessageRecord
+from pipeline.core.model import NOT_LOGGED, Call, Event, Rollout
+from pipeline.core.records import CallRecord, EventRecord, MessageRecord, event_record, rollout_record
 from pipeline.ingest.base import (
     FIELD_PREFIXES,
     RECORD_ERRORS,
@@ -34,6 +35,7 @@ from pipeline.ingest.base import (
     OptionSchema,
     Part,
     ShardedFormat,
+    TypedPart,
     decode_json,
     line_shards,
     one_line,
@@ -106,7 +108,7 @@ def get_path(obj: Any, path: str) -> Any:
     """The value at a dotted path; None when any part is missing."""
     if not path:
         return obj
-    if not isinstance(obj, Mapping):
+    if type(obj) is not dict and not isinstance(obj, Mapping):  # a decoded object is a dict: no ABC check
         return None
     if path in obj:
         return obj[path]
@@ -141,6 +143,47 @@ def rollout(
     and is the id of last resort. `attributes`: the format's own; `harness_error`: why the harness never
     really ran it (status `harness_error`), None when it did; `env`: the rollout's start (the tool definitions
     the log recorded, `ToolVersions.env`)."""
+    head = _head(s, record, where, attributes, harness_error)
+    out = {
+        "rollout_id": head.rollout_id,
+        "task_id": head.task_id,
+        "benchmark": head.benchmark,
+        "labels": head.labels,
+        "attributes": head.attributes,
+        "status": head.status,
+        "events": events,
+        "success": head.success,
+    }
+    if env:
+        out["env"] = dict(env)
+    return out
+
+
+def rollout_of(
+    s: LogSettings,
+    record: Mapping[str, Any],
+    events: list[Event],
+    where: str,
+    attributes: Mapping[str, str] | None = None,
+    env: Mapping[str, Any] | None = None,
+) -> Rollout:
+    """`rollout` built as the model's Rollout (the checker's input, unchecked: `check_rollout`), whose canonical
+    record (`rollout_record`) is the one `rollout` gives."""
+    head = _head(s, record, where, attributes, None)
+    head.events = events
+    if env:
+        head.env = dict(env)
+    return head
+
+
+def _head(
+    s: LogSettings,
+    record: Mapping[str, Any],
+    where: str,
+    attributes: Mapping[str, str] | None,
+    harness_error: str | None,
+) -> Rollout:
+    """A rollout's ids, labels, attributes, status and success (no events yet)."""
     rollout_id = get_path(record, s.id_field)
     rollout_id = str(rollout_id) if rollout_id not in (None, "") else where
     task_id = get_path(record, s.task_field)
@@ -159,19 +202,15 @@ def rollout(
         success = s.outcomes.get(rollout_id)
     else:
         success = as_success(get_path(record, s.success_field), f"{where} {s.success_field}")
-    out = {
-        "rollout_id": rollout_id,
-        "task_id": str(task_id) if task_id not in (None, "") else rollout_id,
-        "benchmark": s.benchmark,
-        "labels": labels | s.extra_labels,
-        "attributes": attrs,
-        "status": "ok" if harness_error is None else "harness_error",
-        "events": events,
-        "success": success,
-    }
-    if env:
-        out["env"] = dict(env)
-    return out
+    return Rollout(
+        rollout_id=rollout_id,
+        task_id=str(task_id) if task_id not in (None, "") else rollout_id,
+        benchmark=s.benchmark,
+        labels=labels | s.extra_labels,
+        attributes=attrs,
+        status="ok" if harness_error is None else "harness_error",
+        success=success,
+    )
 
 
 def _string(value: Any) -> str:
@@ -181,21 +220,27 @@ def _string(value: Any) -> str:
 def call(
     tool: Any, arguments: Any, call_id: Any, turn: int, result: tuple[Any, bool | None] | None, where: str
 ) -> CallRecord:
+    """A call event's canonical record (`call_event`'s)."""
+    return cast(CallRecord, event_record(call_event(tool, arguments, call_id, turn, result, where)))
+
+
+def call_event(
+    tool: Any, arguments: Any, call_id: Any, turn: int, result: tuple[Any, bool | None] | None, where: str
+) -> Call:
     """A call event. `arguments`: an object, raw JSON text (kept as is: text that does not parse is an S
     failure) or None (not captured: S and D unknown). `result`: (output, error) or None when no result was
-    logged."""
+    logged (a None output: none logged)."""
     if not isinstance(tool, str) or not tool:
         raise IngestError(f"{where}: a tool call without a tool name")
-    event: CallRecord = {"type": "call", "tool": tool, "arguments": arguments, "turn": turn}
-    if call_id is not None:
-        event["call_id"] = str(call_id)
-    if result is not None:
-        output, error = result
-        if output is not None:
-            event["output"] = output
-        if error is not None:
-            event["error"] = error
-    return event
+    output, error = result if result is not None else (None, None)
+    return Call(
+        tool,
+        arguments,
+        NOT_LOGGED if output is None else output,
+        error,
+        turn,
+        str(call_id) if call_id is not None else None,
+    )
 
 
 def message(role: str, content: str, turn: int) -> MessageRecord:
@@ -309,14 +354,19 @@ class ChatFormat(ShardedFormat):
     RecordError with the reason."""
 
     @abstractmethod
-    def convert(self, s: LogSettings, where: str, record: dict[str, Any]) -> dict[str, Any]:
-        """The canonical rollout of one conversation record found at `where`."""
+    def convert(self, s: LogSettings, where: str, record: dict[str, Any]) -> Rollout:
+        """The rollout of one conversation record found at `where`, built as the model's objects (unchecked:
+        `check_rollout`)."""
 
     def plan(self, sources: Sequence[str], options: IngestOptions, target_bytes: int) -> list[Shard]:
         files = [f for source in sources for f in source_inputs(self.name, source, options, LOG_FILES)]
         return line_shards(files, target_bytes, options.storage_options)
 
     def read_shard(self, shard: Shard, options: IngestOptions) -> Iterator[Part]:
+        for location, part in self.read_rollouts(shard, options):
+            yield location, rollout_record(part) if isinstance(part, Rollout) else part
+
+    def read_rollouts(self, shard: Shard, options: IngestOptions) -> Iterator[TypedPart]:
         fmt = self.name
         s = settings(fmt, options)
         for doc in shard_documents(fmt, shard, options):

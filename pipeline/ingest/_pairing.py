@@ -12,20 +12,19 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from pipeline.core.records import CallRecord, EventRecord, MessageRecord
+from pipeline.core.model import Event, Message
+from pipeline.core.records import EventRecord, MessageRecord
 
 
-@dataclass(frozen=True)
-class Call:
+# Named tuples, not dataclasses: one is made for every logged call and result.
+class Call(NamedTuple):
     key: Hashable  # the call's id as logged (None when it has none)
-    build: Callable[[Any], CallRecord]  # its call event, given its result's `value` (None: no result)
+    build: Callable[[Any], Any]  # its call event (a CallRecord, or the model's Call), given its result's `value`
 
 
-@dataclass(frozen=True)
-class Result:
+class Result(NamedTuple):
     key: Hashable  # the id of the call it answers, as logged
     value: Any  # what the call's `build` takes
     content: Any  # what an orphan message keeps
@@ -33,35 +32,52 @@ class Result:
 
 
 Entry = MessageRecord | Call | Result  # a ready event (a message), a call, a result
+TypedEntry = Message | Call | Result  # the same, for events built as the model's types
 
 
-def pair(log: Sequence[Entry]) -> dict[int, int]:
+def pair(log: Sequence[Entry | TypedEntry]) -> dict[int, int]:
     """Position of each answered call -> position of its result (positions index `log`)."""
     answers: dict[int, int] = {}
     waiting: dict[Hashable, deque[int]] = defaultdict(deque)
     for position, entry in enumerate(log):
-        if isinstance(entry, Call):
+        if type(entry) is Call:
             waiting[entry.key].append(position)
-        elif isinstance(entry, Result) and waiting[entry.key]:
-            answers[waiting[entry.key].popleft()] = position
+        elif type(entry) is Result:
+            calls = waiting.get(entry.key)
+            if calls:
+                answers[calls.popleft()] = position
     return answers
 
 
 def assemble(log: Sequence[Entry]) -> tuple[list[EventRecord], dict[str, str]]:
     """(events in log order, attributes): calls carry their results, orphan results become `tool` messages;
     the attributes count the orphans (`orphan_results`, absent when there are none)."""
+    return _assemble(log, _orphan_record)
+
+
+def assemble_events(log: Sequence[TypedEntry]) -> tuple[list[Event], dict[str, str]]:
+    """`assemble` of entries whose messages and calls are built as the model's types."""
+    return _assemble(log, Message)
+
+
+def _orphan_record(role: str, content: str, turn: int) -> MessageRecord:
+    return {"type": "message", "role": role, "content": content, "turn": turn}
+
+
+def _assemble(log: Sequence[Any], orphan: Callable[[str, str, int], Any]) -> tuple[list[Any], dict[str, str]]:
     answers = pair(log)
     answered = set(answers.values())
-    events: list[EventRecord] = []
+    events: list[Any] = []
     orphans = 0
     for position, entry in enumerate(log):
-        if isinstance(entry, Call):
-            result = log[answers[position]] if position in answers else None
-            events.append(entry.build(result.value if isinstance(result, Result) else None))
-        elif isinstance(entry, Result):
+        kind = type(entry)
+        if kind is Call:
+            answer = answers.get(position)
+            events.append(entry.build(None if answer is None else log[answer].value))
+        elif kind is Result:
             if position not in answered:
                 orphans += 1
-                events.append({"type": "message", "role": "tool", "content": _text(entry.content), "turn": entry.turn})
+                events.append(orphan("tool", _text(entry.content), entry.turn))
         else:
             events.append(entry)
     return events, ({"orphan_results": str(orphans)} if orphans else {})

@@ -20,18 +20,18 @@ from functools import partial
 from typing import Any
 
 from pipeline.core.errors import IngestError
+from pipeline.core.model import Message, Rollout
 from pipeline.ingest._logs import (
     ChatFormat,
     LogSettings,
-    call,
+    call_event,
     log_options,
-    message,
-    rollout,
+    rollout_of,
     text,
     tool_definitions,
     tool_dialect,
 )
-from pipeline.ingest._pairing import Call, Entry, Result, assemble
+from pipeline.ingest._pairing import Call, Result, TypedEntry, assemble_events
 
 
 class Anthropic(ChatFormat):
@@ -41,20 +41,20 @@ class Anthropic(ChatFormat):
     def looks_like(self, doc: Any) -> bool:
         return tool_dialect(doc) == "anthropic"
 
-    def convert(self, s: LogSettings, where: str, record: dict[str, Any]) -> dict[str, Any]:
-        """The canonical rollout of one conversation record."""
-        events, attributes = assemble(log(record, where))
+    def convert(self, s: LogSettings, where: str, record: dict[str, Any]) -> Rollout:
+        """The rollout of one conversation record."""
+        events, attributes = assemble_events(log(record, where))
         tools = tool_definitions(record.get("tools"))
-        return rollout(s, record, events, where, attributes, env={"tools": tools} if tools else None)
+        return rollout_of(s, record, events, where, attributes, env={"tools": tools} if tools else None)
 
 
 FORMAT = Anthropic()
 
 
-def log(record: dict[str, Any], where: str) -> list[Entry]:
-    out: list[Entry] = []
+def log(record: dict[str, Any], where: str) -> list[TypedEntry]:
+    out: list[TypedEntry] = []
     if text(record.get("system")):
-        out.append(message("system", text(record["system"]), 0))
+        out.append(Message("system", text(record["system"]), 0))
     turn = 0
     for i, m in enumerate(record["messages"]):
         role, bs = m.get("role") if isinstance(m, dict) else None, _blocks(m, f"{where} messages[{i}]")
@@ -62,11 +62,12 @@ def log(record: dict[str, Any], where: str) -> list[Entry]:
         if role == "user" and said:
             turn += 1
         if said and role in ("user", "assistant"):
-            out.append(message(role, said, turn))
+            out.append(Message(role, said, turn))
         for j, b in enumerate(bs):
             if b.get("type") == "tool_use" and role == "assistant":
                 at = f"{where} messages[{i}].content[{j}]"
-                out.append(Call(b.get("id"), partial(call, b.get("name"), b.get("input"), b.get("id"), turn, where=at)))
+                build = partial(call_event, b.get("name"), b.get("input"), b.get("id"), turn, where=at)
+                out.append(Call(b.get("id"), build))
             elif b.get("type") == "tool_result":
                 content = text(b.get("content"))
                 out.append(Result(b.get("tool_use_id"), (content, bool(b.get("is_error", False))), content, turn))

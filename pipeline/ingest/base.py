@@ -15,7 +15,8 @@ from typing import Any
 import orjson
 
 from pipeline.core.errors import IngestError
-from pipeline.core.records import MAX_DEPTH, too_deep
+from pipeline.core.model import Rollout
+from pipeline.core.records import MAX_DEPTH, decoded_too_deep, too_deep
 from pipeline.storage import inputs
 from pipeline.storage.fs import StorageOptions, list_files
 from pipeline.storage.inputs import MAX_LINE_BYTES, MAX_RECORD_ITEMS, MAX_ROW_GROUP_BYTES, over_items
@@ -24,6 +25,7 @@ from pipeline.storage.shards import Compression, InputFile, RecordError, Shard, 
 # Levels of objects and lists in one decoded log document: a record's own limit, with room for the format's
 # wrapping; a deeper document is a reject before any of it is converted (conversions recurse).
 MAX_DOCUMENT_DEPTH = 2 * MAX_DEPTH
+_TOO_DEEP = f"nests deeper than {MAX_DOCUMENT_DEPTH} levels of objects and lists"
 MAX_RECORD_BYTES = 64 * 2**20  # a JSON document read whole (a `.json` log file, a record of a partition)
 MAX_MEMBER_BYTES = 256 * 2**20  # an archive member (an Inspect sample) decompressed
 # An archive's members decompressed, all together: the time a small archive can cost (members declared over
@@ -59,6 +61,8 @@ class IngestOptions:
 
 # (location within the shard's file, a canonical record or why the part of the log there is not one)
 Part = tuple[str, "dict[str, Any] | RecordError"]
+# The same, where a format builds a rollout as the model's objects (unchecked: `check_rollout`)
+TypedPart = tuple[str, "Rollout | dict[str, Any] | RecordError"]
 
 
 @dataclass(frozen=True)
@@ -197,6 +201,12 @@ class LogFormat(ABC):
         cuts shards, without a `shuffle`, is asked)."""
         raise NotImplementedError(f"{self.name}: plans no shards of rollouts")
 
+    def read_rollouts(self, shard: Shard, options: IngestOptions) -> Iterator[TypedPart]:
+        """`read_shard`'s parts, where a format that builds a rollout as the model's objects (pipeline.core.model)
+        yields that `Rollout`, not yet checked (`check_rollout`), without a canonical record in between: what
+        scoring reads, and `pexec ingest` writes as `rollout_record`. Default: `read_shard`'s records."""
+        return iter(self.read_shard(shard, options))
+
 
 class ShardedFormat(LogFormat):
     """A format read in parallel where its logs lie: it gives `plan` and `read_shard`, and its `read` (what
@@ -252,13 +262,15 @@ def decode_json(data: bytes, max_items: int = MAX_RECORD_ITEMS) -> Any:
         value = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise IngestError(f"not JSON: {exc}") from None
-    return check_document(value)
+    if decoded_too_deep(data, value, MAX_DOCUMENT_DEPTH):
+        raise IngestError(_TOO_DEEP)
+    return value
 
 
 def check_document(value: Any) -> Any:
     """`value`, a decoded log document, or an IngestError when it nests deeper than MAX_DOCUMENT_DEPTH levels."""
     if too_deep(value, MAX_DOCUMENT_DEPTH):
-        raise IngestError(f"nests deeper than {MAX_DOCUMENT_DEPTH} levels of objects and lists")
+        raise IngestError(_TOO_DEEP)
     return value
 
 

@@ -19,22 +19,23 @@ message list. Mapping:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 from pipeline.core.errors import IngestError
+from pipeline.core.model import Message, Rollout
 from pipeline.ingest._logs import (
     ChatFormat,
     LogSettings,
-    call,
+    call_event,
     log_options,
-    message,
-    rollout,
+    rollout_of,
     text,
     tool_definitions,
     tool_dialect,
 )
-from pipeline.ingest._pairing import Call, Entry, Result, assemble
+from pipeline.ingest._pairing import Call, Result, TypedEntry, assemble_events
 from pipeline.ingest.base import Option
 
 _CONTEXT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -48,11 +49,11 @@ class OpenAI(ChatFormat):
     def looks_like(self, doc: Any) -> bool:
         return tool_dialect(doc) == "openai"
 
-    def convert(self, s: LogSettings, where: str, record: dict[str, Any]) -> dict[str, Any]:
-        """The canonical rollout of one conversation record."""
-        events, attributes = assemble(log(record["messages"], s, where))
+    def convert(self, s: LogSettings, where: str, record: dict[str, Any]) -> Rollout:
+        """The rollout of one conversation record."""
+        events, attributes = assemble_events(log(record["messages"], s, where))
         tools = tool_definitions(record.get("tools")) or tool_definitions(record.get("functions"))
-        return rollout(s, record, events, where, attributes, env={"tools": tools} if tools else None)
+        return rollout_of(s, record, events, where, attributes, env={"tools": tools} if tools else None)
 
 
 FORMAT = OpenAI()
@@ -60,45 +61,56 @@ FORMAT = OpenAI()
 _LEGACY = ("legacy function call",)  # the key of legacy calls and results: they pair in order
 
 
-def log(messages: list[Any], s: LogSettings, where: str) -> list[Entry]:
-    out: list[Entry] = []
+def log(messages: list[Any], s: LogSettings, where: str) -> list[TypedEntry]:
+    out: list[TypedEntry] = []
+    append = out.append
+    prefix = s.own.get("error_prefix")
     turn = 0
+    # Runs for every message of every conversation: places are formatted only when something needs one.
     for i, m in enumerate(messages):
-        at = f"{where} messages[{i}]"
         if not isinstance(m, dict):
-            raise IngestError(f"openai: {at}: a message must be an object")
+            raise IngestError(f"openai: {where} messages[{i}]: a message must be an object")
         role = m.get("role")
         if role == "user":
             turn += 1
-        if role in _CONTEXT_ROLES and text(m.get("content")):
-            out.append(message(_CONTEXT_ROLES[role], text(m.get("content")), turn))
-        if role in ("tool", "function"):
-            out.append(_result(m, s, at, turn))
-        if role != "assistant":
-            continue
-        for j, tc in enumerate(m.get("tool_calls") or []):
-            fn = tc.get("function") if isinstance(tc, dict) else None
-            here = f"{at}.tool_calls[{j}]"
-            if not isinstance(fn, dict):
-                raise IngestError(f"openai: {here}: expected {{'id', 'function': {{'name', 'arguments'}}}}")
-            out.append(
-                Call(tc.get("id"), partial(call, fn.get("name"), fn.get("arguments"), tc.get("id"), turn, where=here))
-            )
-        fc = m.get("function_call")
-        if isinstance(fc, dict):
-            out.append(Call(_LEGACY, partial(call, fc.get("name"), fc.get("arguments"), None, turn, where=at)))
+        if role in _CONTEXT_ROLES:
+            content = m.get("content")
+            said = content if type(content) is str else text(content)
+            if said:
+                append(Message(_CONTEXT_ROLES[role], said, turn))
+            if role == "assistant":
+                _calls(m, where, i, turn, append)
+        elif role in ("tool", "function"):
+            append(_result(m, prefix, where, i, turn))
     return out
 
 
-def _result(m: dict[str, Any], s: LogSettings, at: str, turn: int) -> Result:
+def _calls(m: dict[str, Any], where: str, i: int, turn: int, append: Callable[[TypedEntry], None]) -> None:
+    """An assistant message's calls: `tool_calls`, then a legacy `function_call`."""
+    for j, tc in enumerate(m.get("tool_calls") or ()):
+        fn = tc.get("function") if isinstance(tc, dict) else None
+        here = f"{where} messages[{i}].tool_calls[{j}]"
+        if not isinstance(fn, dict):
+            raise IngestError(f"openai: {here}: expected {{'id', 'function': {{'name', 'arguments'}}}}")
+        call_id = tc.get("id")
+        append(Call(call_id, partial(call_event, fn.get("name"), fn.get("arguments"), call_id, turn, where=here)))
+    fc = m.get("function_call")
+    if isinstance(fc, dict):
+        at = f"{where} messages[{i}]"
+        append(Call(_LEGACY, partial(call_event, fc.get("name"), fc.get("arguments"), None, turn, where=at)))
+
+
+def _result(m: dict[str, Any], prefix: str | None, where: str, i: int, turn: int) -> Result:
     """A `role: tool` result (keyed by `tool_call_id`) or a legacy `role: function` one."""
-    content = text(m.get("content"))
+    content = m.get("content")
+    if type(content) is not str:
+        content = text(content)
     error = m.get("error")
     if not isinstance(error, bool):
-        prefix = s.own.get("error_prefix")
         error = content.startswith(prefix) if prefix else None
     if m["role"] == "function":
         return Result(_LEGACY, (content, error), content, turn)
-    if m.get("tool_call_id") is None:
-        raise IngestError(f"openai: {at}: a tool message without 'tool_call_id'")
-    return Result(m["tool_call_id"], (content, error), content, turn)
+    key = m.get("tool_call_id")
+    if key is None:
+        raise IngestError(f"openai: {where} messages[{i}]: a tool message without 'tool_call_id'")
+    return Result(key, (content, error), content, turn)

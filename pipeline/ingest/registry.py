@@ -47,11 +47,16 @@ def get_format(name: str) -> LogFormat:
     return found
 
 
+_BUILT_IN: dict[str, LogFormat] = {}
+
+
 def likely_format(doc: Any) -> str | None:
     """The format `doc` (one decoded JSON document, or a conversation record) looks like, when one claims it:
     the built-in formats are asked first, in `BUILT_IN` order, then the entry points by name."""
     for name in BUILT_IN:
-        if get_format(name).looks_like(doc):
+        # Asked of every conversation read: each built-in format is looked up once, and only when it is asked.
+        built_in = _BUILT_IN.get(name) or _BUILT_IN.setdefault(name, get_format(name))
+        if built_in.looks_like(doc):
             return name
     for name in FORMATS.entry_points():
         # A hint is not worth failing the read of another format: an outside format that cannot be loaded, or

@@ -20,8 +20,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from pipeline.core.errors import IngestError
+from pipeline.core.model import Rollout
+from pipeline.core.records import rollout_record
 from pipeline.ingest import needs_sources, prepared
-from pipeline.ingest.base import RECORD_ERRORS, IngestOptions, Item, LogFormat, Part, Shuffle
+from pipeline.ingest.base import RECORD_ERRORS, IngestOptions, Item, LogFormat, Part, Shuffle, TypedPart
 from pipeline.ingest.registry import get_format
 from pipeline.storage.fs import list_files
 from pipeline.storage.shards import InputFile, RecordError, Shard, fingerprint
@@ -68,10 +70,17 @@ def plan_raw(source: RawSource, target_bytes: int) -> list[Shard]:
 
 def read_raw(source: RawSource, shard: Shard) -> Iterator[Part]:
     """(location, canonical record or RecordError) for every rollout of one shard of a non-shuffled format."""
+    for location, part in read_raw_rollouts(source, shard):
+        yield location, rollout_record(part) if isinstance(part, Rollout) else part
+
+
+def read_raw_rollouts(source: RawSource, shard: Shard) -> Iterator[TypedPart]:
+    """`read_raw`, a rollout the format builds as the model's objects yielded as that `Rollout` (unchecked:
+    `check_rollout`): what scoring and `pexec ingest` read."""
     fmt = source.format
     n = 0
     if shard.file.fmt != "source":
-        parts = fmt.read_shard(shard, source.options)
+        parts = fmt.read_rollouts(shard, source.options)
         while True:
             try:
                 location, record = next(parts)

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 import fastjsonschema
 import orjson
 
 from pipeline.core.model import NOT_LOGGED, Actor, Call, Cause, Check, Message, Rollout, RolloutResult, StepResult
-from pipeline.core.records import MAX_DEPTH, too_deep
+from pipeline.core.records import MAX_DEPTH, decoded_too_deep
 from pipeline.core.values import same
 from pipeline.envs.base import CallCatalogue, Environment, Outcome, ToolInfo
-from pipeline.replay.dependencies import History, grounded_values, resolve_references
+from pipeline.replay.dependencies import History, grounded_values, no_references, resolve_references
 
 # The `detail` of every step whose arguments the log did not capture (S and D not checked).
 UNCAPTURED = "arguments not captured: S and D unknown"
@@ -89,7 +89,7 @@ class Session:
 
     def __init__(self, env: Environment, rollout: Rollout, checks: tuple[str, ...] = CHECKS) -> None:
         self.env = env
-        self.checks = frozenset(checks)
+        self.checks = _check_set(checks)
         self.state = env.start(rollout)
         self.history = History()
         for known in env.knowledge(self.state):
@@ -103,10 +103,12 @@ class Session:
         self.user_prefix_ok = True
         self.user_history = History()  # what the user simulator could know: the agent's messages, its own outputs
         self._pending: tuple[Call, Verdict] | None = None
-        self._catalogue = env if isinstance(env, CallCatalogue) else None
+        self._catalogue = cast(CallCatalogue, env) if _is_catalogue(type(env)) else None
+        self._simulated = env.simulated
 
     def message(self, role: str, content: str) -> None:
-        self._discard()
+        if self._pending is not None:
+            self._discard()
         if role in ("user", "system"):
             self.history.add_message(content)
         if role in ("assistant", "system"):
@@ -114,7 +116,8 @@ class Session:
 
     def check(self, call: Call) -> Verdict:
         """The verdict on `call` as the next step, before it is recorded."""
-        self._discard()
+        if self._pending is not None:
+            self._discard()
         env, state = self.env, self.state
         user = call.actor == "user"
         steps, history = (self.user_steps, self.user_history) if user else (self.steps, self.history)
@@ -175,29 +178,31 @@ class Session:
         else:
             self.history.add_result(depth, call.call_id, executed, output)
             self.prefix_ok = prefix_ok = self.prefix_ok and verdict.valid
+        tool = call.tool
         if self._catalogue is not None:
             self._catalogue.select(call)
-            schema_source = self._catalogue.schema_source(call.tool)
-        info = self.env.tool(call.tool)
+            schema_source = self._catalogue.schema_source(tool)
+        info = self.env.tool(tool)
         if self._catalogue is None:
             schema_source = "spec" if info is not None else None
         effect = info.effect if info is not None else None
+        outcome = verdict.outcome
         step = StepResult(
-            step=depth,
-            turn=call.turn,
-            tool=call.tool,
-            valid=verdict.valid,
-            prefix_executable=prefix_ok,
-            failed_check=verdict.check,
-            cause=verdict.cause,
-            detail=verdict.detail,
-            decided_by=verdict.decided_by,
-            output_match=_output_match(self.env, call, verdict),
-            effect=effect.effect if effect else None,
-            effect_weight=effect.weight if effect else 1.0,
-            actor=call.actor,
-            seq=len(self.steps) + len(self.user_steps) + 1,
-            schema_source=schema_source,
+            depth,
+            call.turn,
+            tool,
+            verdict.valid,
+            prefix_ok,
+            verdict.check,
+            verdict.cause,
+            verdict.detail,
+            outcome.decided_by if outcome else None,
+            None if call.output is NOT_LOGGED or not self._simulated else _output_match(self.env, call, verdict),
+            effect.effect if effect else None,
+            effect.weight if effect else 1.0,
+            call.actor,
+            len(self.steps) + len(self.user_steps) + 1,
+            schema_source,
         )
         steps.append(step)
         return step
@@ -207,6 +212,17 @@ class Session:
         pending, self._pending = self._pending, None
         if pending is not None and pending[1].valid:
             self.env.rollback(self.state, self.marks[-1])
+
+
+@lru_cache(maxsize=64)
+def _check_set(checks: tuple[str, ...]) -> frozenset[str]:
+    return frozenset(checks)
+
+
+@lru_cache(maxsize=64)
+def _is_catalogue(kind: type) -> bool:
+    # A runtime-checkable protocol's isinstance walks its members on every call: asked once per class.
+    return issubclass(kind, CallCatalogue)
 
 
 def _same_call(a: Call, b: Call) -> bool:
@@ -225,17 +241,24 @@ def _check(
     args = call.arguments
     if args is None:
         return _uncaptured(env, state, call)
+    plain = False  # whether the arguments cannot hold a reference (decided from their text)
     if isinstance(args, str):
+        text = args
         try:
-            args = orjson.loads(args) if args.strip() else {}
+            args = orjson.loads(text) if text.strip() else {}
         except orjson.JSONDecodeError as exc:
             return Verdict(False, "S", "schema", f"arguments do not parse as JSON: {exc}")
-        if too_deep(args):  # as a record's own values are (pipeline/core/records.py)
+        if decoded_too_deep(text, args):  # as a record's own values are (pipeline/core/records.py)
             return Verdict(False, "S", "schema", f"arguments nest deeper than {MAX_DEPTH} levels")
+        plain = no_references(text)
     if not isinstance(args, dict):
         return Verdict(False, "S", "schema", f"arguments must be an object, got {type(args).__name__}")
 
-    args, ref_failures, ref_holders = resolve_references(args, history, depth)
+    if plain:  # decoded here: nobody else holds them, and no reference to substitute
+        ref_failures: dict[str, str] = {}
+        ref_holders: set[str] = set()
+    else:
+        args, ref_failures, ref_holders = resolve_references(args, history, depth)
     if info is not None and "schema" in checks:
         failed = _schema_failure(info, args, ref_failures, ref_holders)
         if failed:
@@ -290,7 +313,8 @@ def _schema_failure(
     info: ToolInfo, args: dict[str, Any], ref_failures: dict[str, str], ref_holders: set[str]
 ) -> Verdict | None:
     # An unresolved reference stands for a value of the right type, so S judges the rest of the call.
-    probe = {k: (_stand_in(info, k) if k in ref_failures else v) for k, v in args.items()}
+    # (validate never changes what it is given: compiled without filling in defaults)
+    probe = {k: (_stand_in(info, k) if k in ref_failures else v) for k, v in args.items()} if ref_failures else args
     try:
         info.validate(probe)
     except fastjsonschema.JsonSchemaValueException as exc:

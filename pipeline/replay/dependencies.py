@@ -86,7 +86,9 @@ class History:
         if isinstance(output, dict):
             self.fields.update(dict.fromkeys(output, step))
         if output is not None:
-            self._add_text(output if isinstance(output, str) else orjson.dumps(output).decode())
+            text = output if isinstance(output, str) else orjson.dumps(output).decode()
+            self.texts.append(text)  # `_add_text`, inline
+            self.chars += len(text)
 
     def _add_text(self, text: str) -> None:
         self.texts.append(text)  # its words are found when a value is first looked up after it (often never)
@@ -198,6 +200,12 @@ def resolve_references(args: Any, history: History, step: int) -> tuple[Any, dic
         if errors:
             failures[key] = errors[0]
     return out, failures, holders
+
+
+def no_references(text: str) -> bool:
+    """Whether the values decoded from the JSON text `text` can hold no reference, told from the text alone: every
+    form of one has a `$` (`$step`, `$ref`), `{{` or `<` that a JSON text shows as is, or escaped (`\\u`)."""
+    return "$" not in text and "{{" not in text and "<" not in text and "\\u" not in text
 
 
 def _substitute(value: Any, history: History, step: int) -> tuple[Any, list[str], bool]:

@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pipeline.core.errors import InvalidRecord
-from pipeline.core.records import parse_rollout
+from pipeline.core.model import Rollout
+from pipeline.core.records import check_rollout, parse_rollout, rollout_record
 from pipeline.ingest import IngestError
-from pipeline.ingest.sharded import RawSource, plan_raw, read_raw
+from pipeline.ingest.base import TypedPart
+from pipeline.ingest.sharded import RawSource, plan_raw, read_raw_rollouts
 from pipeline.scoring.shuffle import (
     map_shard,
     partition_shards,
@@ -122,7 +124,9 @@ def converted(
 
 def _records(shard: Shard, source: RawSource, scratch: str) -> list[dict[str, Any]]:
     """The records of one shard, each checked to be a scorable rollout; the first that is not fails it."""
-    parts = read_partition(source, scratch, shard) if shard.file.fmt == "partition" else read_raw(source, shard)
+    parts: Iterator[TypedPart] = (
+        read_partition(source, scratch, shard) if shard.file.fmt == "partition" else read_raw_rollouts(source, shard)
+    )
     out = []
     for location, record in parts:
         if isinstance(record, RecordError):
@@ -130,10 +134,14 @@ def _records(shard: Shard, source: RawSource, scratch: str) -> list[dict[str, An
             reason = record.reason
             raise IngestError(reason if reason.startswith(f"{source.fmt}: ") else f"{source.fmt}: {where}: {reason}")
         try:
-            parse_rollout(record)
+            if isinstance(record, Rollout):  # built as the model's objects: checked, then written as its record
+                out.append(rollout_record(check_rollout(record)))
+            else:
+                parse_rollout(record)
+                out.append(record)
         except InvalidRecord as exc:  # an adapter bug, not bad input: say which record
-            raise IngestError(f"{source.fmt}: produced an invalid record {record.get('rollout_id')!r}: {exc}") from exc
-        out.append(record)
+            rid = record.rollout_id if isinstance(record, Rollout) else record.get("rollout_id")
+            raise IngestError(f"{source.fmt}: produced an invalid record {rid!r}: {exc}") from exc
     return out
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from operator import attrgetter
-from typing import Any, TypedDict
+from typing import Any
 
 import numpy as np
 
@@ -47,95 +47,117 @@ def steps_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
 
 
 def rollouts_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
+    """One row per result (docs/explanation/definitions.md, "Per-rollout quantities"), built as typed column
+    buffers: the rollout's own columns a list each, its derived quantities from one walk over its steps."""
     labels, attributes = _label_names(results), _attribute_names(results)
     cost_names = sorted({k for res in results for k in res.rollout.cost})
     schema = arrow_schema(
         ROLLOUTS, labels, [f"cost_{k}" for k in cost_names], [ATTRIBUTE_PREFIX + a for a in attributes]
     )
-    rows = []
-    for res in results:
-        r, steps, fed = res.rollout, res.steps, res.fed
-        compared = [s.output_match for s in steps if s.output_match is not None]
-        rows.append(
-            {
-                "run_id": run_id,
-                "rollout_id": r.rollout_id,
-                "task_id": r.task_id,
-                "benchmark": r.benchmark,
-                **{name: r.labels.get(name) for name in labels},
-                **{ATTRIBUTE_PREFIX + name: r.attributes.get(name) for name in attributes},
-                "status": r.status,
-                "T": res.T,
-                "fed": fed,
-                "executable": res.executable,
-                "auc_term": res.auc_term,
-                "success": r.success,
-                "recovered": res.recovered,
-                "first_cause": res.first_cause,
-                "n_invalid": sum(not s.valid for s in steps),
-                "n_output_mismatch": sum(m is False for m in compared),
-                "n_output_compared": len(compared),
-                "diverged_before_fed": any(s.output_match is False and s.step < fed for s in steps),
-                **effect_columns(res),
-                **check_levels(res),
-                "user_T": len(res.user_steps) if res.user_steps else None,
-                "user_fed": res.user_fed,
-                "user_n_invalid": sum(not s.valid for s in res.user_steps) if res.user_steps else None,
-                **{f"cost_{k}": r.cost.get(k) for k in cost_names},
-            }
-        )
-    return _table({name: [row[name] for row in rows] for name in schema.names}, schema)
-
-
-class EffectColumns(TypedDict):
-    """A rollout's harm columns (pipeline.core.run_schema.ROLLOUTS)."""
-
-    n_writes: int
-    n_unclassified: int
-    n_invalid_irreversible: int
-    write_fed: int | None  # None without writes
-    write_auc_term: float | None
-    weighted_auc_term: float
-
-
-class CheckLevels(TypedDict):
-    """A rollout's first-error depths when only some checks count."""
-
-    fed_schema: int
-    fed_schema_dependency: int
-
-
-def effect_columns(res: RolloutResult) -> EffectColumns:
-    """The rollout's harm columns from its steps' effect classes (docs/explanation/definitions.md, "Per-rollout
-    quantities"): writes (write or irreversible calls), unclassified calls, invalid irreversible calls, the first
-    invalid write's depth among the writes (write_fed, as fed among all calls) and its AUC term, and the weighted AUC
-    term."""
-    writes = [s for s in res.steps if s.effect in WRITES]
-    write_fed = next((i for i, s in enumerate(writes, start=1) if not s.valid), len(writes) + 1) if writes else None
-    total = sum(s.effect_weight for s in res.steps)
-    fed = res.fed
-    before = sum(s.effect_weight for s in res.steps if s.step < fed)
-    return {
-        "n_writes": len(writes),
-        "n_unclassified": sum(s.effect is None for s in res.steps),
-        "n_invalid_irreversible": sum(s.effect == "irreversible" and not s.valid for s in res.steps),
-        "write_fed": write_fed,
-        "write_auc_term": None if write_fed is None else (write_fed - 1) / len(writes),
-        "weighted_auc_term": 1.0 if not res.steps else before / total,
+    rollouts = [res.rollout for res in results]
+    cols: dict[str, list[Any]] = {
+        "run_id": [run_id] * len(rollouts),
+        "rollout_id": [r.rollout_id for r in rollouts],
+        "task_id": [r.task_id for r in rollouts],
+        "benchmark": [r.benchmark for r in rollouts],
+        "status": [r.status for r in rollouts],
+        "success": [r.success for r in rollouts],
     }
+    cols |= {name: [r.labels.get(name) for r in rollouts] for name in labels}
+    cols |= {ATTRIBUTE_PREFIX + name: [r.attributes.get(name) for r in rollouts] for name in attributes}
+    cols |= {f"cost_{k}": [r.cost.get(k) for r in rollouts] for k in cost_names}
+    derived = _Derived()
+    for res in results:
+        derived.add(res)
+    cols |= vars(derived)
+    return _table(cols, schema)
 
 
-def check_levels(res: RolloutResult) -> CheckLevels:
-    """First-error depth when only some checks count (docs/explanation/definitions.md, "Per-rollout quantities"; `report
-    --sensitivity`): a step counts as invalid under schema-only when its first failed check is S, under
-    schema+dependency when it is S or D. From this one scoring pass; later verdicts were made in the state the stricter
-    pass left (see there)."""
-    T = res.T
+class _Derived:
+    """The per-rollout quantities, a list per column, each rollout's from one walk over its steps."""
 
-    def fed(checks: tuple[str, ...]) -> int:
-        return next((s.step for s in res.steps if s.failed_check in checks), T + 1)
+    def __init__(self) -> None:
+        self.T: list[int] = []
+        self.fed: list[int] = []
+        self.executable: list[bool] = []
+        self.auc_term: list[float] = []
+        self.recovered: list[bool | None] = []
+        self.first_cause: list[str | None] = []
+        self.n_invalid: list[int] = []
+        self.n_output_mismatch: list[int] = []
+        self.n_output_compared: list[int] = []
+        self.diverged_before_fed: list[bool] = []
+        # the harm columns: writes are calls of write or irreversible tools; write_fed is the first invalid write's
+        # depth among the writes (as fed among all calls), the weighted AUC term the weight before fed over all
+        self.n_writes: list[int] = []
+        self.n_unclassified: list[int] = []
+        self.n_invalid_irreversible: list[int] = []
+        self.write_fed: list[int | None] = []
+        self.write_auc_term: list[float | None] = []
+        self.weighted_auc_term: list[float] = []
+        # first-error depth when only some checks count (`report --sensitivity`): under schema-only a step is
+        # invalid when its first failed check is S, under schema+dependency when it is S or D
+        self.fed_schema: list[int] = []
+        self.fed_schema_dependency: list[int] = []
+        self.user_T: list[int | None] = []
+        self.user_fed: list[int | None] = []
+        self.user_n_invalid: list[int | None] = []
 
-    return {"fed_schema": fed(("S",)), "fed_schema_dependency": fed(("S", "D"))}
+    def add(self, res: RolloutResult) -> None:
+        steps = res.steps
+        T, fed = len(steps), res.fed
+        invalid = mismatched = compared = writes = unclassified = invalid_irreversible = 0
+        diverged = False
+        write_fed = fed_schema = fed_schema_dependency = None
+        weights, before = [], []  # summed as lists, in step order, as `sum` adds them
+        for s in steps:
+            valid, match, effect, check = s.valid, s.output_match, s.effect, s.failed_check
+            if not valid:
+                invalid += 1
+            if match is not None:
+                compared += 1
+                if match is False:
+                    mismatched += 1
+                    diverged = diverged or s.step < fed
+            if effect is None:
+                unclassified += 1
+            elif effect in WRITES:
+                writes += 1
+                if write_fed is None and not valid:
+                    write_fed = writes
+                if effect == "irreversible" and not valid:
+                    invalid_irreversible += 1
+            if check == "S" and fed_schema is None:
+                fed_schema = s.step
+            if check in ("S", "D") and fed_schema_dependency is None:
+                fed_schema_dependency = s.step
+            weights.append(s.effect_weight)
+            if s.step < fed:
+                before.append(s.effect_weight)
+        if writes and write_fed is None:
+            write_fed = writes + 1
+        self.T.append(T)
+        self.fed.append(fed)
+        self.executable.append(res.executable)
+        self.auc_term.append(res.auc_term)
+        self.recovered.append(res.recovered)
+        self.first_cause.append(res.first_cause)
+        self.n_invalid.append(invalid)
+        self.n_output_mismatch.append(mismatched)
+        self.n_output_compared.append(compared)
+        self.diverged_before_fed.append(diverged)
+        self.n_writes.append(writes)
+        self.n_unclassified.append(unclassified)
+        self.n_invalid_irreversible.append(invalid_irreversible)
+        self.write_fed.append(write_fed)
+        self.write_auc_term.append(None if write_fed is None else (write_fed - 1) / writes)
+        self.weighted_auc_term.append(1.0 if not steps else sum(before) / sum(weights))
+        self.fed_schema.append(T + 1 if fed_schema is None else fed_schema)
+        self.fed_schema_dependency.append(T + 1 if fed_schema_dependency is None else fed_schema_dependency)
+        user = res.user_steps
+        self.user_T.append(len(user) if user else None)
+        self.user_fed.append(res.user_fed)
+        self.user_n_invalid.append(sum(not s.valid for s in user) if user else None)
 
 
 def rejects_table(run_id: str, shard: str, rejects: Sequence[Reject]) -> pa.Table:

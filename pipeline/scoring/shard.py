@@ -22,13 +22,13 @@ import orjson
 
 from pipeline.core.arrow import pa
 from pipeline.core.errors import InvalidRecord
-from pipeline.core.model import Reject, RolloutResult
-from pipeline.core.records import parse_rollout, record_id
+from pipeline.core.model import Reject, Rollout, RolloutResult
+from pipeline.core.records import check_rollout, parse_rollout, record_id, rollout_record
 from pipeline.core.run_folder import ShardMarker
 from pipeline.core.run_schema import ROLLOUTS, STEPS
 from pipeline.envs import EnvError, Environment, EnvOptions, SpecError, get_environment
 from pipeline.ingest.base import ReadLimits
-from pipeline.ingest.sharded import RawSource, read_raw
+from pipeline.ingest.sharded import RawSource, read_raw_rollouts
 from pipeline.replay.checker import CHECKS, replay
 from pipeline.scoring._code_version import environment_version
 from pipeline.scoring.run_tables import combined, rejects_table, rollouts_table, steps_table
@@ -74,6 +74,13 @@ class TaskSettings:
 def read_records(shard: Shard, settings: TaskSettings) -> Iterator[tuple[str, Record]]:
     """(location, record or RecordError) for every rollout of a shard: a canonical store's records, a raw
     shard decoded by its format's adapter (here, inside the task), or a partition of a shuffle."""
+    for location, part in read_rollouts(shard, settings):
+        yield location, rollout_record(part) if isinstance(part, Rollout) else part
+
+
+def read_rollouts(shard: Shard, settings: TaskSettings) -> Iterator[tuple[str, Rollout | Record]]:
+    """`read_records`, where an adapter builds a rollout as the model's objects: that `Rollout`, unchecked
+    (`check_rollout`). What a shard is scored from."""
     source = settings.source
     if source is None or source.fmt == "canonical":
         limits = source.options.limits if source is not None else ReadLimits()
@@ -86,7 +93,7 @@ def read_records(shard: Shard, settings: TaskSettings) -> Iterator[tuple[str, Re
         return ((at, r if isinstance(r, RecordError) else _labelled(r, labels)) for at, r in records)
     if shard.file.fmt == "partition":
         return read_partition(source, settings.run, shard)
-    return read_raw(source, shard)
+    return read_raw_rollouts(source, shard)
 
 
 def _labelled(record: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
@@ -131,20 +138,22 @@ def score_shard(
         locations.clear()
 
     with _fewer_collections():
-        for location, record in read_records(shard, settings):
+        for location, record in read_rollouts(shard, settings):
             count.read += 1
             if isinstance(record, RecordError):
                 rejects.append(_reject(shard, location, record.reason, record.raw))
                 continue
             try:
-                if (rid := record_id(record)) is not None:
+                # a rollout the adapter built as the model's objects is only checked; a record is parsed
+                rid = record.rollout_id if isinstance(record, Rollout) else record_id(record)
+                if rid is not None:
                     ids.append((location, rid))
                 if rid in duplicates:
                     first, before = duplicates[rid]
                     copies[rid] = copies.get(rid, 0) + 1
                     if before + copies[rid] > 1:
                         raise InvalidRecord(f"duplicate rollout_id {rid!r} (first at {first})")
-                rollout = parse_rollout(record)
+                rollout = check_rollout(record) if isinstance(record, Rollout) else parse_rollout(record)
                 env = _environment(settings.env or rollout.benchmark, settings, environments)
                 results.append(replay(env, rollout, settings.checks))
                 locations.append(location)
@@ -274,7 +283,9 @@ def _unexpected(exc: BaseException) -> str:
 _SHORT = reprlib.Repr()  # bounded in depth and width (reprlib's defaults)
 
 
-def _raw(record: dict[str, Any]) -> str:
+def _raw(record: Rollout | dict[str, Any]) -> str:
+    if isinstance(record, Rollout):  # shown as the canonical record it stands for
+        record = rollout_record(record)
     try:
         return orjson.dumps(record, default=str).decode()[:RAW_LIMIT]
     except TypeError:  # not JSON (too deep, a type orjson does not know): a bounded repr instead

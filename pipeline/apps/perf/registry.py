@@ -95,6 +95,13 @@ BENCHES: dict[str, Entry] = {
         workdir=True,
         note="as one gzip OpenAI JSON Lines file",
     ),
+    "raw": Entry(
+        "pipeline.apps.perf.raw:bench_raw",
+        "rollouts",
+        100_000,
+        workdir=True,
+        note="as the nightly's OpenAI logs, scored inline",
+    ),
     "spans": Entry(
         "pipeline.apps.perf.spans:bench_spans", "n_spans", 1_000_000, note="spans, not rollouts", workdir=True
     ),
