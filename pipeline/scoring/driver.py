@@ -45,7 +45,7 @@ from pipeline.scoring._code_version import code_version, environment_version
 from pipeline.scoring.id_check import RayIdCheck, partition_count
 from pipeline.scoring.settings import DEFAULT_SCORING, DEFAULT_SHARD_BYTES, ScoreSettings
 from pipeline.scoring.shard import ScoredShard, TaskSettings, read_records, score_shard
-from pipeline.scoring.shuffle import map_shard, partition_shards, partitions_per_task, regroup_partition, staging
+from pipeline.scoring.shuffle import shuffle_rounds, staging
 from pipeline.scoring.sniff import refuse_other_formats
 from pipeline.storage.fs import absolute, remove_all
 from pipeline.storage.ids import Duplicates, digest, duplicate_ids, ids_table, shard_ids
@@ -416,24 +416,9 @@ def _shuffle(source: RawSource, run: str, shard_plan: ShardPlan, shard_bytes: in
     """Round 1 (and 2 when the format regroups) of the shuffle: the plan's shards become its partitions, about
     one per `shard_bytes` of input, scored as shards of one or more consecutive partitions each."""
     inputs = shard_plan.shards
-    partitions = max(1, -(-shard_plan.total_bytes // shard_bytes))
-    per_task = partitions_per_task(partitions, tasks.cpus())
-    rounds = 2 if source.shuffle is not None and source.shuffle.regroup is not None else 1
     remove_all(staging(run), source.options.storage_options)  # what an interrupted run left
-    tasks.run(_map_shard, inputs, source, run, partitions, rounds, shard_bytes)
-    if rounds == 2:
-        regroup = partition_shards(source, run, inputs, partitions, 1, per_task)
-        tasks.run(_regroup, regroup, source, run, partitions, shard_bytes)
-    final = partition_shards(source, run, inputs, partitions, 2, per_task)
+    final = shuffle_rounds(source, run, inputs, shard_plan.total_bytes, shard_bytes, tasks.cpus(), tasks.run)
     return replace(shard_plan, shards=final, inputs=inputs)
-
-
-def _map_shard(shard: Shard, source: RawSource, run: str, partitions: int, rounds: int, shard_bytes: int) -> int:
-    return map_shard(source, run, shard, partitions, rounds, shard_bytes)
-
-
-def _regroup(shard: Shard, source: RawSource, run: str, partitions: int, shard_bytes: int) -> int:
-    return regroup_partition(source, run, shard, partitions, shard_bytes)
 
 
 def _rescore_reason(shard: Shard, marker: ShardMarker | None, settings: TaskSettings, folder: RunPrefix) -> str:

@@ -38,7 +38,7 @@ import struct
 import tempfile
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 import fsspec
@@ -143,6 +143,37 @@ def partition_shards(
         shards.append(Shard(InputFile(name, "partition", None, size * (stop - start) // partitions, fingerprint),
                             start, stop))  # fmt: skip
     return shards
+
+
+def shuffle_rounds(
+    source: RawSource,
+    run: str,
+    inputs: list[Shard],
+    total_bytes: int,
+    shard_bytes: int,
+    cpus: int,
+    run_tasks: Callable[..., object],
+) -> list[Shard]:
+    """The shuffle's rounds over the planned `inputs` (round 2 when the format regroups): their items partitioned
+    by key, about one partition per `shard_bytes` of input; the final partitions as shards of one or more
+    consecutive partitions each. `run_tasks(fn, shards, *args)` runs fn(shard, *args) for every shard, to the end
+    (Ray tasks or in this process)."""
+    partitions = max(1, -(-total_bytes // shard_bytes))
+    per_task = partitions_per_task(partitions, cpus)
+    rounds = 2 if source.shuffle is not None and source.shuffle.regroup is not None else 1
+    run_tasks(_map_task, inputs, source, run, partitions, rounds, shard_bytes)
+    if rounds == 2:
+        regroup = partition_shards(source, run, inputs, partitions, 1, per_task)
+        run_tasks(_regroup_task, regroup, source, run, partitions, shard_bytes)
+    return partition_shards(source, run, inputs, partitions, 2, per_task)
+
+
+def _map_task(shard: Shard, source: RawSource, run: str, partitions: int, rounds: int, shard_bytes: int) -> int:
+    return map_shard(source, run, shard, partitions, rounds, shard_bytes)
+
+
+def _regroup_task(shard: Shard, source: RawSource, run: str, partitions: int, shard_bytes: int) -> int:
+    return regroup_partition(source, run, shard, partitions, shard_bytes)
 
 
 def map_shard(source: RawSource, run: str, shard: Shard, partitions: int, rounds: int, shard_bytes: int) -> int:

@@ -7,8 +7,6 @@ staged in the draft folder's `_staging/` (removed when done), and its partitions
 
 from __future__ import annotations
 
-import logging
-import os
 import resource
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -22,13 +20,14 @@ import orjson
 from pipeline.apps.drafting.evidence import Evidence, observe
 from pipeline.apps.drafting.proposal import DraftSettings, drafted, grounded, rules, spec_toml, tools_json
 from pipeline.core.errors import DraftError, InvalidRecord
+from pipeline.core.ray_start import start_ray
 from pipeline.core.records import parse_rollout
 from pipeline.ingest.registry import formats, get_format
 from pipeline.ingest.sharded import RawSource
 from pipeline.scoring.driver import ShardPlan, completed, plan
 from pipeline.scoring.settings import ScoreSettings
 from pipeline.scoring.shard import TaskSettings, read_records
-from pipeline.scoring.shuffle import map_shard, partition_shards, partitions_per_task, regroup_partition, staging
+from pipeline.scoring.shuffle import shuffle_rounds, staging
 from pipeline.storage.fs import remove_all
 from pipeline.storage.shards import RecordError, Shard
 
@@ -162,33 +161,16 @@ class _Runner:
     def _ray(self) -> Any:
         import ray
 
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        if not ray.is_initialized():
-            ray.init(address=self.address, num_cpus=self.num_cpus if self.address is None else None,
-                     include_dashboard=False, logging_level=logging.WARNING)  # fmt: skip
+        start_ray(self.address, self.num_cpus)  # as scoring starts it: on loopback, quiet
         return ray
 
 
 def _shuffle(source: RawSource, run: str, shard_plan: ShardPlan, shard_bytes: int, runner: _Runner) -> list[Shard]:
-    """The rounds of `score`'s shuffle over the planned input shards (round 2 when the format regroups): their items
-    partitioned by key, about one partition per `shard_bytes` of input; returns the final partitions as shards."""
-    inputs = shard_plan.shards
-    partitions = max(1, -(-shard_plan.total_bytes // shard_bytes))
-    per_task = partitions_per_task(partitions, runner.cpus())
-    rounds = 2 if source.shuffle is not None and source.shuffle.regroup is not None else 1
-    list(runner.run(_map, inputs, source, run, partitions, rounds, shard_bytes))
-    if rounds == 2:
-        regroup = partition_shards(source, run, inputs, partitions, 1, per_task)
-        list(runner.run(_regroup, regroup, source, run, partitions, shard_bytes))
-    return partition_shards(source, run, inputs, partitions, 2, per_task)
-
-
-def _map(shard: Shard, source: RawSource, run: str, partitions: int, rounds: int, shard_bytes: int) -> int:
-    return map_shard(source, run, shard, partitions, rounds, shard_bytes)
-
-
-def _regroup(shard: Shard, source: RawSource, run: str, partitions: int, shard_bytes: int) -> int:
-    return regroup_partition(source, run, shard, partitions, shard_bytes)
+    """The rounds of `score`'s shuffle over the planned input shards; the final partitions as shards."""
+    return shuffle_rounds(
+        source, run, shard_plan.shards, shard_plan.total_bytes, shard_bytes, runner.cpus(),
+        lambda *task: list(runner.run(*task)),
+    )  # fmt: skip
 
 
 def _unstage(folder: Path, run: str, created: bool) -> None:
