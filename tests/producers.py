@@ -423,7 +423,7 @@ def send(target: str, url: str, name: str) -> None:
     with stub_server() as stub:
         {"mlflow": run_mlflow, "phoenix": run_phoenix}[target](stub.base_url, url, name)
     where = {"mlflow": "experiment", "phoenix": "project"}[target]
-    print(f"sent 1 trace of the support agent ({len(CALLS)} tool calls) to {target}, {where} {name!r}")
+    print(f"sent 1 trace ({len(CALLS)} tool calls) to {target} {where} {name!r}")
 
 
 if __name__ == "__main__":  # python producers.py otel|otel-files|agents|mlflow|phoenix BASE_URL ...

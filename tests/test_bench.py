@@ -112,7 +112,8 @@ def test_a_metered_block_has_wall_cpu_load_and_niceness():
     usage = meter.usage
     assert usage is not None and usage.cpu_s >= 0.6 and usage.wall_s >= 0.9
     assert len(usage.load) >= 3 and all(x >= 0 for x in usage.load)
-    assert os.nice(0) in usage.nice and usage.ray_worker_nice == ()
+    # Ray's workers are counted apart (none here unless this process hosts a Ray: the suite's shared one)
+    assert os.nice(0) in usage.nice and set(usage.ray_worker_nice) <= {0, 15}
     text = usage.text()
     assert "CPU-s (the bench process and its children, Ray's included); load average" in text
     assert f"processes at nice {os.nice(0)}" in text

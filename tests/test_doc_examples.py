@@ -611,7 +611,7 @@ def test_first_hour_never_goes_on_after_scoring_nothing(first_hour: Hour) -> Non
 # spec), what a reader's own script prints (`python - <<'PY'`), JSON (`--json`, `--format json`), `diff`'s lines of
 # a file (`> `, `< `), an alert line (`breach …`: one line per breach, for grep and for the nightly job), and a link
 # with its short label (a link cut in two no longer opens).
-_FILE_COMMANDS = re.compile(r"^\s*(cat|sed|diff|head|tail|python -)\b")
+_FILE_COMMANDS = re.compile(r"^\s*(?:cat|sed|diff|head|tail|python -)(?=\s|$)")
 _LINK = re.compile(r"^\s*\S{0,3}\s*https?://\S+$")
 
 

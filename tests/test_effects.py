@@ -18,7 +18,7 @@ from pipeline.envs.tau._rules import tau_effects
 from pipeline.metrics.run import open_run
 from pipeline.metrics.settings import BootstrapSettings
 from pipeline.scoring.driver import run_scoring
-from pipeline.scoring.run_tables import effect_columns
+from pipeline.scoring.run_tables import rollouts_table
 from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
@@ -29,6 +29,16 @@ SMALL = BootstrapSettings(B=100, seed=1)
 
 def step(i: int, valid: bool, effect: str | None, weight: float = 1.0) -> StepResult:
     return StepResult(i, 1, f"t{i}", valid, False, None if valid else "P", None, None, None, None, effect, weight)
+
+
+EFFECT_COLUMNS = ("n_writes", "n_unclassified", "n_invalid_irreversible", "write_fed", "write_auc_term",
+                  "weighted_auc_term")  # fmt: skip
+
+
+def effect_columns(res: RolloutResult) -> dict:
+    """The effect columns of the rollouts row the scorer writes for `res`."""
+    (row,) = rollouts_table("run", [res]).to_pylist()
+    return {k: row[k] for k in EFFECT_COLUMNS}
 
 
 def test_effect_columns_known_answer() -> None:

@@ -404,7 +404,7 @@ def test_every_built_in_format_is_a_log_format_with_every_member(name: str) -> N
     assert isinstance(fmt, LogFormat) and fmt.name == name and not inspect.isabstract(type(fmt))
     assert all(hasattr(fmt, m) for m in declared(LogFormat))
     assert set(declared(LogFormat)) == {"name", "options", "reads_files", "shuffle", "looks_like", "read", "plan",
-                                        "read_shard", "resolve"}  # fmt: skip
+                                        "read_shard", "read_rollouts", "resolve"}  # fmt: skip
     # a format that plans shards reads each by read_shard or shuffles its items, one or the other
     planned = type(fmt).plan is not LogFormat.plan
     reads_shards = type(fmt).read_shard is not LogFormat.read_shard

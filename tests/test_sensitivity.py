@@ -13,13 +13,19 @@ from pipeline.core.model import Rollout, RolloutResult, StepResult
 from pipeline.metrics.run import open_run
 from pipeline.metrics.settings import BootstrapSettings
 from pipeline.report import build_report
-from pipeline.scoring.run_tables import check_levels
+from pipeline.scoring.run_tables import rollouts_table
 
 SMALL = BootstrapSettings(B=100, seed=2)
 
 
 def steps(*checks: str | None) -> list[StepResult]:
     return [StepResult(i, 1, "t", c is None, False, c, None, None, None, None) for i, c in enumerate(checks, start=1)]
+
+
+def check_levels(res: RolloutResult) -> dict:
+    """The first-error depths under fewer checks, from the rollouts row the scorer writes for `res`."""
+    (row,) = rollouts_table("run", [res]).to_pylist()
+    return {k: row[k] for k in ("fed_schema", "fed_schema_dependency")}
 
 
 def test_check_levels_known_answer() -> None:

@@ -14,6 +14,8 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, NamedTuple
 
+import orjson
+
 from pipeline.core.model import Event, Message
 from pipeline.core.records import EventRecord, MessageRecord
 
@@ -41,12 +43,23 @@ def pair(log: Sequence[Entry | TypedEntry]) -> dict[int, int]:
     waiting: dict[Hashable, deque[int]] = defaultdict(deque)
     for position, entry in enumerate(log):
         if type(entry) is Call:
-            waiting[entry.key].append(position)
+            waiting[_id(entry.key)].append(position)
         elif type(entry) is Result:
-            calls = waiting.get(entry.key)
+            calls = waiting.get(_id(entry.key))
             if calls:
                 answers[calls.popleft()] = position
     return answers
+
+
+def _id(key: Any) -> Hashable:
+    """A logged id as a dictionary key: a value a log gives as an id may be a list or an object (hostile, or a
+    writer's bug); equal values are the same id."""
+    if key is None or isinstance(key, str | int | float):
+        return key
+    try:
+        return ("json", orjson.dumps(key, option=orjson.OPT_SORT_KEYS))
+    except TypeError:  # not JSON at all: an id no other entry can repeat
+        return ("object", id(key))
 
 
 def assemble(log: Sequence[Entry]) -> tuple[list[EventRecord], dict[str, str]]:
