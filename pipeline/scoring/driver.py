@@ -51,6 +51,7 @@ from pipeline.storage.fs import absolute, remove_all
 from pipeline.storage.ids import Duplicates, digest, duplicate_ids, ids_table, shard_ids
 from pipeline.storage.inputs import (
     LineBatch,
+    file_runs,
     list_inputs,
     plan_shards,
     split_by_bytes,
@@ -563,16 +564,10 @@ def batch_refs(
     reader = ray.remote(_read_batches).options(
         num_cpus=0, num_returns="streaming", _generator_backpressure_num_objects=READ_AHEAD
     )
-    i = 0
-    while i < len(shards):
-        if not split_by_bytes(shards[i]):
-            yield shards[i], None
-            i += 1
+    for ranges in file_runs(shards):
+        if not split_by_bytes(ranges[0]):
+            yield ranges[0], None
             continue
-        j = i + 1
-        while j < len(shards) and split_by_bytes(shards[j]) and shards[j].file == shards[i].file:
-            j += 1
-        ranges = sorted(shards[i:j], key=lambda s: s.start)
         # a streaming task returns an ObjectRefGenerator (Ray's stubs say ObjectRef)
         refs = cast(Iterator[Any], reader.remote(ranges, storage_options, max_line))
         last: Any = None
@@ -587,7 +582,6 @@ def batch_refs(
                 raise ScoringFailed(f"the streaming reader of {shard.file.url} stopped before shard {shard.key}")
             last = ref
             yield shard, ref
-        i = j
 
 
 def with_lines(fn: Callable[..., Any], shard: Shard, batch: LineBatch, *args: Any) -> Any:

@@ -670,17 +670,23 @@ def with_batches(
 ) -> Iterator[tuple[Shard, LineBatch | None]]:
     """Each shard in order, with its lines when it is a range of a compressed file (else None): each run of
     consecutive ranges of one file is read by one streaming pass (`stream_batches`), in this process."""
+    for ranges in file_runs(shards):
+        if split_by_bytes(ranges[0]):
+            yield from zip(ranges, stream_batches(ranges, storage_options, max_line), strict=True)
+        else:
+            yield ranges[0], None
+
+
+def file_runs(shards: Sequence[Shard]) -> Iterator[list[Shard]]:
+    """`shards` in order, grouped as they are read: each run of consecutive ranges of one compressed file (split by
+    bytes) as one group, sorted by start, to be read by one streaming pass; any other shard alone."""
     i = 0
     while i < len(shards):
-        if not split_by_bytes(shards[i]):
-            yield shards[i], None
-            i += 1
-            continue
         j = i + 1
-        while j < len(shards) and split_by_bytes(shards[j]) and shards[j].file == shards[i].file:
-            j += 1
-        ranges = sorted(shards[i:j], key=lambda s: s.start)
-        yield from zip(ranges, stream_batches(ranges, storage_options, max_line), strict=True)
+        if split_by_bytes(shards[i]):
+            while j < len(shards) and split_by_bytes(shards[j]) and shards[j].file == shards[i].file:
+                j += 1
+        yield sorted(shards[i:j], key=lambda s: s.start)
         i = j
 
 

@@ -17,13 +17,14 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import EnvError, SynthError
 from pipeline.core.model import Actor, Call, Rollout
-from pipeline.core.records import CallRecord, EventRecord, RolloutRecord
+from pipeline.core.records import RolloutRecord
+from pipeline.synthetic.telecom import ActorStep, ActorTask, dual_control_record
 
 BENCHMARK = "tau_banking_knowledge"
 DOMAIN = "banking_knowledge"
@@ -37,23 +38,6 @@ QUERIES = ("replacement credit card", "close a credit card account", "wire trans
 PATTERNS = ("overdraft", "annual fee", "referral", "expedited shipping")
 UNLOCK, CALL = "unlock_discoverable_agent_tool", "call_discoverable_agent_tool"
 GIVE, USER_CALL = "give_discoverable_user_tool", "call_discoverable_user_tool"
-
-
-@dataclass
-class _Step:
-    tool: str
-    args: Any
-    actor: Actor
-    valid: bool = True
-    cause: str | None = None
-    output: Any = None
-
-
-@dataclass
-class _Task:
-    task_id: str
-    initial_state: Any
-    gold: list[_Step] = field(default_factory=list)
 
 
 def synthesize_banking(
@@ -111,16 +95,16 @@ def _source_tasks(source: Path) -> list[dict[str, Any]]:
     return tasks
 
 
-def _gold(env: Any, raw: dict[str, Any], env_fields: dict[str, Any], rng: random.Random) -> _Task | None:
+def _gold(env: Any, raw: dict[str, Any], env_fields: dict[str, Any], rng: random.Random) -> ActorTask | None:
     """The task's retrieval calls and gold actions run once (None when upstream's own gold does not replay)."""
-    task = _Task(str(raw["id"]), raw.get("initial_state"))
+    task = ActorTask(str(raw["id"]), raw.get("initial_state"))
     task.gold += [
-        _Step("KB_search", {"query": rng.choice(QUERIES)}, "agent"),
-        _Step("grep", {"pattern": rng.choice(PATTERNS)}, "agent"),
+        ActorStep("KB_search", {"query": rng.choice(QUERIES)}, "agent"),
+        ActorStep("grep", {"pattern": rng.choice(PATTERNS)}, "agent"),
     ]
     for action in raw["evaluation_criteria"]["actions"]:
         actor: Actor = "user" if action.get("requestor") == "user" else "agent"
-        task.gold.append(_Step(action["name"], dict(action.get("arguments") or {}), actor))
+        task.gold.append(ActorStep(action["name"], dict(action.get("arguments") or {}), actor))
     rollout = Rollout("gold", task.task_id, BENCHMARK, env=env_fields | {"initial_state": task.initial_state})
     state = env.start(rollout)
     for step in task.gold:
@@ -133,7 +117,7 @@ def _gold(env: Any, raw: dict[str, Any], env_fields: dict[str, Any], rng: random
 
 def _record(
     rollout_id: str,
-    task: _Task,
+    task: ActorTask,
     model: str,
     method: str,
     env_fields: dict[str, Any],
@@ -148,34 +132,13 @@ def _record(
     if user_tools and rng.random() < p_user:
         # Before any call, nothing has been given to the user yet.
         args = {"discoverable_tool_name": rng.choice(user_tools), "arguments": "{}"}
-        steps.insert(0, _Step(USER_CALL, args, "user", valid=False, cause="schema"))
-    # The user's message names every value the gold agent calls take, so that they are grounded as in a real run.
-    known = sorted({str(v) for s in task.gold if s.actor == "agent" for v in s.args.values()})
-    content = f"I need help with my account. Details: {', '.join(known)}"
-    events: list[EventRecord] = [{"type": "message", "role": "user", "content": content, "turn": 1}]
-    for step in steps:
-        output, error = (step.output, False) if step.valid else ("Error", True)
-        event: CallRecord = {"type": "call", "tool": step.tool, "arguments": step.args, "turn": 1, "output": output}
-        event["error"] = error
-        if step.actor == "user":
-            event["actor"] = "user"
-        events.append(event)
-    agent = [s for s in steps if s.actor == "agent"]
-    fed = next((i + 1 for i, s in enumerate(agent) if not s.valid), len(agent) + 1)
-    truth = [{"valid": s.valid, "cause": s.cause} for s in agent]
-    return {
-        "rollout_id": rollout_id,
-        "task_id": task.task_id,
-        "benchmark": BENCHMARK,
-        "labels": {"model": model, "method": method},
-        "env": env_fields | {"task_id": task.task_id, "initial_state": task.initial_state},
-        "events": events,
-        "success": fed == len(agent) + 1 and rng.random() < 0.9,
-        "truth": {"fed": fed, "first_cause": truth[fed - 1]["cause"] if fed <= len(agent) else None, "steps": truth},
-    }
+        steps.insert(0, ActorStep(USER_CALL, args, "user", valid=False, cause="schema"))
+    env = env_fields | {"task_id": task.task_id, "initial_state": task.initial_state}
+    labels = {"model": model, "method": method}
+    return dual_control_record(rollout_id, task, steps, BENCHMARK, labels, env, "I need help with my account.", rng)
 
 
-def _invalid_agent_call(steps: list[_Step], rng: random.Random) -> tuple[int, _Step]:
+def _invalid_agent_call(steps: list[ActorStep], rng: random.Random) -> tuple[int, ActorStep]:
     """Where to insert an invalid agent call, and the call: its cause holds in any state the gold reaches."""
     unlocked: dict[Any, int] = {}  # tool -> the step that first unlocks it
     for i, s in enumerate(steps):
@@ -197,4 +160,4 @@ def _invalid_agent_call(steps: list[_Step], rng: random.Random) -> tuple[int, _S
             ("precondition", CALL, {"agent_tool_name": f"waive_all_fees_{rng.randint(1000, 9999)}", "arguments": "{}"}),
         ]
     )
-    return pos, _Step(tool, args, "agent", valid=False, cause=cause)
+    return pos, ActorStep(tool, args, "agent", valid=False, cause=cause)

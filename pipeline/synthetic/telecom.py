@@ -29,7 +29,9 @@ CONDITIONS: dict[tuple[str, str], tuple[float, float]] = {  # (p of an invalid a
 
 
 @dataclass
-class _Step:
+class ActorStep:
+    """A call of a dual-control rollout: which actor made it, and its known truth."""
+
     tool: str
     args: Any
     actor: Actor
@@ -39,10 +41,12 @@ class _Step:
 
 
 @dataclass
-class _Task:
+class ActorTask:
+    """A task's gold calls, both actors', on one initial state."""
+
     task_id: str
     initial_state: Any
-    gold: list[_Step] = field(default_factory=list)
+    gold: list[ActorStep] = field(default_factory=list)
 
 
 def synthesize_telecom(n_rollouts: int, n_tasks: int, seed: int) -> Iterator[RolloutRecord]:
@@ -72,12 +76,12 @@ def _official_tasks() -> list[dict[str, Any]]:
     return [t for t in tasks if (t.get("evaluation_criteria") or {}).get("actions")]
 
 
-def _gold(env: Any, raw: dict[str, Any]) -> _Task | None:
+def _gold(env: Any, raw: dict[str, Any]) -> ActorTask | None:
     """The task with its gold actions run once (None when upstream's own gold does not replay: left out)."""
-    task = _Task(str(raw["id"]), raw.get("initial_state"))
+    task = ActorTask(str(raw["id"]), raw.get("initial_state"))
     for action in raw["evaluation_criteria"]["actions"]:
         actor: Actor = "user" if action.get("requestor") == "user" else "agent"
-        task.gold.append(_Step(action["name"], dict(action.get("arguments") or {}), actor))
+        task.gold.append(ActorStep(action["name"], dict(action.get("arguments") or {}), actor))
     rollout = Rollout("gold", task.task_id, BENCHMARK, env={"domain": "telecom", "initial_state": task.initial_state})
     state = env.start(rollout)
     for step in task.gold:
@@ -88,7 +92,7 @@ def _gold(env: Any, raw: dict[str, Any]) -> _Task | None:
     return task
 
 
-def _record(rollout_id: str, task: _Task, model: str, method: str, rng: random.Random) -> RolloutRecord:
+def _record(rollout_id: str, task: ActorTask, model: str, method: str, rng: random.Random) -> RolloutRecord:
     p_agent, p_user = CONDITIONS[(model, method)]
     steps = list(task.gold)
     agent_positions = [i for i, s in enumerate(steps) if s.actor == "agent"]
@@ -101,13 +105,30 @@ def _record(rollout_id: str, task: _Task, model: str, method: str, rng: random.R
                 ("information", "get_details_by_id", {"id": f"L{rng.randint(7000, 7999)}"}),  # an invented id
             ]
         )
-        steps.insert(pos, _Step(tool, args, "agent", valid=False, cause=cause))
+        steps.insert(pos, ActorStep(tool, args, "agent", valid=False, cause=cause))
     if rng.random() < p_user:
         pos = rng.randint(0, len(steps))
-        steps.insert(pos, _Step("toggle_airplane_mode", {"force": True}, "user", valid=False, cause="schema"))
-    # The user's message names every value the gold agent calls take, so that they are grounded (D) as in a real run.
+        steps.insert(pos, ActorStep("toggle_airplane_mode", {"force": True}, "user", valid=False, cause="schema"))
+    env = {"domain": "telecom", "task_id": task.task_id, "initial_state": task.initial_state}
+    return dual_control_record(
+        rollout_id, task, steps, BENCHMARK, {"model": model, "method": method}, env, "My phone has a problem.", rng
+    )
+
+
+def dual_control_record(
+    rollout_id: str,
+    task: ActorTask,
+    steps: list[ActorStep],
+    benchmark: str,
+    labels: dict[str, str],
+    env: dict[str, Any],
+    opening: str,
+    rng: random.Random,
+) -> RolloutRecord:
+    """The record of `steps` (the gold with any injected invalid calls), its truth over the agent's calls. The
+    user's message names every value the gold agent calls take, so that they are grounded (D) as in a real run."""
     known = sorted({str(v) for s in task.gold if s.actor == "agent" for v in s.args.values()})
-    content = f"My phone has a problem. Details: {', '.join(known)}"
+    content = f"{opening} Details: {', '.join(known)}"
     events: list[EventRecord] = [{"type": "message", "role": "user", "content": content, "turn": 1}]
     for step in steps:
         output, error = (step.output, False) if step.valid else ("Error", True)
@@ -122,9 +143,9 @@ def _record(rollout_id: str, task: _Task, model: str, method: str, rng: random.R
     return {
         "rollout_id": rollout_id,
         "task_id": task.task_id,
-        "benchmark": BENCHMARK,
-        "labels": {"model": model, "method": method},
-        "env": {"domain": "telecom", "task_id": task.task_id, "initial_state": task.initial_state},
+        "benchmark": benchmark,
+        "labels": labels,
+        "env": env,
         "events": events,
         "success": fed == len(agent) + 1 and rng.random() < 0.9,
         "truth": {"fed": fed, "first_cause": truth[fed - 1]["cause"] if fed <= len(agent) else None, "steps": truth},
