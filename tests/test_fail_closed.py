@@ -79,3 +79,23 @@ def test_a_job_whose_run_holds_no_rollout_fails_before_its_metrics_unless_allowe
     assert not (tmp_path / "run" / "metrics").exists()
     (tmp_path / "job.toml").write_text(job.replace('"run"', '"run2"') + "allow_empty = true\n")
     assert RUNNER.invoke(app, ["run", "job.toml"]).exit_code == 0
+
+
+def test_metrics_says_how_many_records_were_rejected_and_left_out_of_every_n(tmp_path, monkeypatch):
+    # A cut-short gzip scored its whole lines and rejected the cut one: the table's N leaves that record out, and
+    # the table must say so (the count from the shards' markers, equal to the rows of `rejects`).
+    monkeypatch.chdir(tmp_path)
+    assert RUNNER.invoke(app, ["synth", "shop", "--rollouts", "40", "--tasks", "8", "--out", "store"]).exit_code == 0
+    lines = next((tmp_path / "store").rglob("*.jsonl")).read_text().splitlines(keepends=True)
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "a.jsonl").write_text("".join(lines[:30]) + '{"x": 1}\n[]\n' + lines[30][:50])
+    assert RUNNER.invoke(app, ["score", "logs", "--out", "run", "--inline"]).exit_code == 0
+    table = RUNNER.invoke(app, ["metrics", "run", "--bootstrap", "50"])
+    assert table.exit_code == 0
+    said = "3 record(s) rejected at scoring are in no N; why: pexec sql run 'SELECT reason, count(*) AS n FROM rejects"
+    assert said in table.stdout.replace("\n", " ")
+    rows = RUNNER.invoke(app, ["sql", "run", "SELECT count(*) FROM rejects", "--format", "csv"]).stdout
+    assert rows.split()[-1] == "3"
+    (tmp_path / "logs" / "a.jsonl").write_text("".join(lines))
+    assert RUNNER.invoke(app, ["score", "logs", "--out", "clean", "--inline"]).exit_code == 0
+    assert "rejected at scoring" not in RUNNER.invoke(app, ["metrics", "clean", "--bootstrap", "50"]).stdout

@@ -157,13 +157,19 @@ class DraftError(PexecError, ValueError):
     output folder it will not overwrite; the message says which."""
 
 
+def rejects_query(run: str, query: str = "SELECT reason, count(*) AS n FROM rejects GROUP BY reason") -> str:
+    """The command that shows a run's rejected records (`query` over its `rejects` view)."""
+    return f"pexec sql {run} '{query}'"
+
+
 class EmptyRun(PexecError):
     """A run that holds no rollout (every record rejected, or none read): a failure of the command that scored or
     read it unless empty is explicitly fine. The message gives the counts and where the rejects are."""
 
     def __init__(self, run: str, read: int, rejected: int, opt_in: str = "--allow-empty") -> None:
-        query = "SELECT reason, source, location FROM rejects"
-        where = f"; to see why: pexec sql {run} '{query}'" if rejected else ""
+        where = (
+            f"; to see why: {rejects_query(run, 'SELECT reason, source, location FROM rejects')}" if rejected else ""
+        )
         super().__init__(
             f"{run} holds no rollout: {read:,} record(s) read, {rejected:,} rejected{where} "
             f"({opt_in} accepts an empty run)"

@@ -61,6 +61,11 @@ class Run:
         """One row per record that could not be scored, with its reason and source location."""
         return self._table("rejects")
 
+    def rejected(self) -> int:
+        """How many records were rejected at scoring (rows of `rejects`), counted from the shards' markers."""
+        counted = self.snapshot.rejected()
+        return self.rejects().num_rows if counted is None else counted
+
     def written_by(self, population: Population = DEFAULT_POPULATION) -> list[str]:
         """Warnings where the code that wrote the logs is not the code that replayed them
         (pipeline.metrics.written_by)."""

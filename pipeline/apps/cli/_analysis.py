@@ -47,8 +47,8 @@ from pipeline.apps.cli._render import (
     print_table,
     warning_notice,
 )
-from pipeline.core.errors import EmptyRun, PartDamaged, PexecError
-from pipeline.core.text import literal
+from pipeline.core.errors import EmptyRun, PartDamaged, PexecError, rejects_query
+from pipeline.core.text import literal, public_url
 from pipeline.metrics.completeness import Coverage
 from pipeline.metrics.query import MAX_ROWS_LIMIT, QueryLimits, read_statements, stream_sql
 from pipeline.metrics.run import Run
@@ -95,8 +95,9 @@ def metrics(
     allow_empty: AllowEmpty = False,
 ) -> None:
     """Success, TER, AUC-PEC, RR, output match and PEC(k) per cohort with 95% intervals (task bootstrap, or
-    Wilson on the effective sample size for small samples). A run that holds no rollout is an error (exit 2)
-    unless --allow-empty."""
+    Wilson on the effective sample size for small samples). Records rejected at scoring are in no N: the table
+    ends saying how many, and the query that lists why. A run that holds no rollout is an error (exit 2) unless
+    --allow-empty."""
     asked = metrics_settings(
         by, bootstrap, seed, method, harness_errors, pool, strict_replay, max_k=max_k, methods=METHODS
     )
@@ -109,8 +110,8 @@ def metrics(
         return
     chosen_columns(columns)  # an unknown column fails before the metrics are computed
     cohorts = opened.cohorts(asked.by, asked.bootstrap, asked.max_k, asked.population, address)
+    rejected = opened.rejected()
     if not cohorts and not allow_empty:
-        rejected = opened.rejects().num_rows
         raise EmptyRun(run, rejected, rejected)
     folder = opened.write_metrics(cohorts, asked.by)
     if as_json:
@@ -129,6 +130,11 @@ def metrics(
         )
         for note in metrics_notes(cohorts):
             out.print(note)
+    if rejected:
+        out.print(
+            f"{rejected:,} record(s) rejected at scoring are in no N; why: {rejects_query(literal(public_url(run)))}",
+            soft_wrap=True,
+        )
 
 
 def _tool_metrics(run: Run, by: list[str], asked: MetricsSettings, as_json: bool) -> None:
