@@ -9,6 +9,10 @@ VENV ?= $(if $(filter 3.11,$(PY_VERSION)),.venv,.venv-$(PY_VERSION))
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO := out/demo
+# Python caches compiled modules (and pytest its rewritten test modules) in __pycache__/ unless the shell says not
+# to: a shell with PYTHONDONTWRITEBYTECODE set compiled every module of pexec again in each of the suite's hundreds
+# of processes (the test collection alone: 11 s of CPU per worker instead of 7).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: install servers demo check test smoke lint typecheck docs docs-serve reference browser bench fuzz lock clean \
 	image mlflow-server phoenix-server trace-servers trace-servers-stop
