@@ -13,8 +13,9 @@ from __future__ import annotations
 import io
 import textwrap
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, TypeVar
 
 import matplotlib
 
@@ -59,19 +60,43 @@ _STYLE = {
     "pdf.fonttype": 42,  # TrueType, text kept
     "text.parse_math": False,  # labels come from data: `$...$` in a model name is text, never mathtext
 }
+_Sink = TypeVar("_Sink", io.BytesIO, io.StringIO)
 _PANEL = (3.6, 2.7)  # inches per panel
 _LABEL_WIDTH = 28  # characters per line of a cohort label in a legend or under a bar; longer parts are wrapped
 
 
 @dataclass(frozen=True)
 class Chart:
+    """A drawn figure and the rows it draws. Its file forms are rendered when first asked for, in one fixed order
+    (SVG, PNG, PDF: each drawing lays the figure out again from where the last one left it, so the order decides
+    the bytes), in the figures' style, and kept: a caller that needs the SVG alone pays for that one (a 300 dpi PNG
+    costs about twice what the SVG does)."""
+
     name: str  # file stem under figures/
     title: str  # the caption
     columns: list[str]
     rows: list[list[Any]]  # the data drawn, one row per point / bar segment
-    png: bytes
-    svg: str
-    pdf: bytes
+    figure: Figure = field(repr=False, compare=False)
+
+    @cached_property
+    def svg(self) -> str:
+        return self._saved(io.StringIO(), format="svg", metadata={"Date": None, "Creator": None}).getvalue()
+
+    @cached_property
+    def png(self) -> bytes:
+        self.svg  # noqa: B018 - rendered in order
+        return self._saved(io.BytesIO(), format="png", dpi=300, metadata={"Software": None}).getvalue()
+
+    @cached_property
+    def pdf(self) -> bytes:
+        self.png  # noqa: B018 - rendered in order
+        metadata = {"CreationDate": None, "Creator": None, "Producer": None}
+        return self._saved(io.BytesIO(), format="pdf", metadata=metadata).getvalue()
+
+    def _saved(self, sink: _Sink, **how: Any) -> _Sink:
+        with plt.rc_context(_STYLE):  # saved in the style it was drawn in: text kept as text, stable SVG ids
+            self.figure.savefig(sink, **how)
+        return sink
 
 
 def cohort_colours(labels: Iterable[str]) -> dict[str, str]:
@@ -289,12 +314,8 @@ def _grid(n: int, ncols: int | None = None, legend: bool = True) -> tuple[Figure
 
 
 def _chart(name: str, title: str, columns: list[str], rows: list[list[Any]], fig: Figure) -> Chart:
-    png, svg, pdf = io.BytesIO(), io.StringIO(), io.BytesIO()
-    fig.savefig(png, format="png", dpi=300, metadata={"Software": None})
-    fig.savefig(svg, format="svg", metadata={"Date": None, "Creator": None})
-    fig.savefig(pdf, format="pdf", metadata={"CreationDate": None, "Creator": None, "Producer": None})
-    plt.close(fig)
-    return Chart(name, title, columns, rows, png.getvalue(), svg.getvalue(), pdf.getvalue())
+    plt.close(fig)  # out of pyplot's list of open figures; the Chart keeps it to render its files
+    return Chart(name, title, columns, rows, fig)
 
 
 def tool_rows(tools: list[ToolProfile], label: Label) -> list[list[Any]]:
