@@ -75,7 +75,9 @@ def test_a_new_metric_reaches_the_report_and_the_paired_comparison(
     run: Path, tmp_path: Path, extra_metric: metric_catalogue.Metric
 ) -> None:
     compare = Compare("method", "react", "plan_execute")
-    report = build_report(open_run(str(run)), tmp_path, ["model", "method"], compare, [1, 3], BootstrapSettings(B=200))
+    report = build_report(
+        open_run(str(run)), tmp_path, ["model", "method"], compare, [1, 3], BootstrapSettings(B=200), figures=False
+    )
     md = (tmp_path / "report.md").read_text()
     header = next(line for line in md.splitlines() if line.startswith("| benchmark | model | method | N |"))
     assert "| invalid calls |" in header

@@ -92,7 +92,7 @@ def test_every_reader_refuses_a_killed_run_in_one_line(killed: tuple[Path, Path]
     for call in (
         lambda: open_run(str(run)).cohorts(settings=FAST),
         lambda: open_run(str(run)).sql("SELECT 1"),
-        lambda: build_report(open_run(str(run)), tmp_path / "r", settings=FAST),
+        lambda: build_report(open_run(str(run)), tmp_path / "r", settings=FAST, figures=False),
         lambda: open_run(str(run)).connect().__enter__(),
     ):
         with pytest.raises(RunIncomplete, match=r"no _manifest\.json"):
@@ -137,7 +137,7 @@ def test_partial_states_the_coverage_on_disk(killed: tuple[Path, Path], tmp_path
     assert warning in " ".join(result.stderr.split())
 
     # report: the warning heads report.md and report.html.
-    build_report(open_run(str(run), partial=True), tmp_path / "rep", settings=FAST)
+    build_report(open_run(str(run), partial=True), tmp_path / "rep", settings=FAST, figures=False)
     for name in ("report.md", "report.html"):
         assert warning in (tmp_path / "rep" / name).read_text()
 
@@ -247,7 +247,7 @@ def test_a_partial_report_reads_one_snapshot_while_the_run_gains_a_shard(
 
     monkeypatch.setattr(report_module, "run_tables", then_the_scorer_commits)
     args = ["report", str(run), "--partial", "--out", str(tmp_path / "rep"), "--by", "model,method"]
-    args += ["--bootstrap", "20", "--sensitivity", "--compare", "method=react", "method=plan_execute"]
+    args += ["--bootstrap", "20", "--sensitivity", "--compare", "method=react", "method=plan_execute", "--no-figures"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert marker.exists() and len(open_run(str(run), partial=True).snapshot.runs[0].keys) == 6
@@ -357,11 +357,11 @@ def test_report_into_a_non_empty_folder_needs_overwrite(parquet_run: tuple[Path,
     message = f"error: report folder {out} is not empty: pass --overwrite to replace what it holds"
     assert result.stderr.strip() == message
     assert sorted(p.name for p in out.iterdir()) == ["old-figure.png"]  # untouched
-    result = cli("report", run, "--out", str(out), "--bootstrap", "20", "--overwrite")
+    result = cli("report", run, "--out", str(out), "--bootstrap", "20", "--overwrite", "--no-figures")
     assert result.exit_code == 0, result.output
     assert not (out / "old-figure.png").exists() and (out / "report.md").exists()
     with pytest.raises(ReportError, match="holds the run"):
-        build_report(open_run(run), Path(run).parent, settings=FAST, overwrite=True)
+        build_report(open_run(run), Path(run).parent, settings=FAST, overwrite=True, figures=False)
     assert (Path(run) / "_manifest.json").exists()
 
 

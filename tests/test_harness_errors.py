@@ -139,14 +139,16 @@ def test_cli_metrics_say_how_harness_errors_were_counted(run: Path) -> None:
 
 
 def test_report_counts_harness_errors_in_its_tables(run: Path, tmp_path: Path) -> None:
-    failed = build_report(open_run(str(run)), tmp_path / "fail", settings=SMALL, population=Population("fail"))
+    failed = build_report(
+        open_run(str(run)), tmp_path / "fail", settings=SMALL, population=Population("fail"), figures=False
+    )
     md = (Path(failed.out) / "report.md").read_text()
     assert "| harness errors |" in md and "Harness errors: 3, counted in N as non-executable failures" in md
     assert {(r["model"], r["cause"], r["n"]) for r in failed.tables.causes if r["cause"] == "harness_error"} == {
         ("m", "harness_error", 2),
         ("z", "harness_error", 1),
     }
-    excluded = build_report(open_run(str(run)), tmp_path / "exclude", settings=SMALL)
+    excluded = build_report(open_run(str(run)), tmp_path / "exclude", settings=SMALL, figures=False)
     assert "Harness errors: 3, left out of N" in (Path(excluded.out) / "report.md").read_text()
     assert {r["model"]: r["n"] for r in excluded.tables.recovery} == {"m": 4}
 
@@ -184,7 +186,9 @@ def test_report_pools_and_compares_an_attribute(tmp_path: Path) -> None:
     pooled = Population(pools=(("all", ("observed",)),))
     run = open_run(str(tmp_path / "run"))
     compare = Compare("trial", "0", "1")
-    report = build_report(run, tmp_path / "report", ["model", "trial"], compare, settings=SMALL, population=pooled)
+    report = build_report(
+        run, tmp_path / "report", ["model", "trial"], compare, settings=SMALL, population=pooled, figures=False
+    )
     assert report.tables.keys == ["benchmark", "model", "attr_trial"]
     cohorts = {
         (c["benchmark"], c["model"], c["attr_trial"]): (c["n"], c["n_harness_error"]) for c in report.tables.cohorts

@@ -92,7 +92,7 @@ def test_strict_replay_leaves_them_out_and_says_so(run: Path, tmp_path: Path) ->
     table = CliRunner().invoke(app, ["metrics", str(run), "--bootstrap", "50", "--strict-replay"])
     assert f"--strict-replay: {len(diverged)} rollout(s) whose replay diverged" in " ".join(table.stdout.split())
     report = build_report(
-        open_run(str(run)), tmp_path, [], settings=SETTINGS, population=Population(strict_replay=True)
+        open_run(str(run)), tmp_path, [], settings=SETTINGS, population=Population(strict_replay=True), figures=False
     )
     [r] = report.tables.recovery
     assert r["n"] == len(rows)

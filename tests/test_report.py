@@ -185,7 +185,9 @@ def test_paired_uses_shared_tasks_only(tmp_path: Path) -> None:
     rows = [rollout("t1", 2, 3, True, method="a"), rollout("t2", 2, 1, False, method="a")]
     rows += [rollout("t1", 2, 1, True, method="b"), rollout("t3", 2, 3, True, method="b")]
     write_rollouts(tmp_path / "run", rows)
-    r = build_report(open_run(str(tmp_path / "run")), tmp_path / "out", None, Compare("method", "a", "b"), [1], SMALL)
+    r = build_report(
+        open_run(str(tmp_path / "run")), tmp_path / "out", None, Compare("method", "a", "b"), [1], SMALL, figures=False
+    )
     ter = next(x for x in r.paired if x["metric"] == "ter")
     # Only t1 is shared: A executable (1.0), B not (0.0); the one-task bootstrap always redraws t1.
     assert (ter["shared_tasks"], ter["value_a"], ter["value_b"], ter["value"]) == (1, 1.0, 0.0, 1.0)
@@ -197,7 +199,9 @@ def test_paired_uses_shared_tasks_only(tmp_path: Path) -> None:
 def test_empty_pairing_is_said(tmp_path: Path) -> None:
     rows = [rollout("t1", 2, 3, True, method="a"), rollout("t2", 2, 1, False, method="b")]
     write_rollouts(tmp_path / "run", rows)
-    r = build_report(open_run(str(tmp_path / "run")), tmp_path / "out", None, Compare("method", "a", "b"), [1], SMALL)
+    r = build_report(
+        open_run(str(tmp_path / "run")), tmp_path / "out", None, Compare("method", "a", "b"), [1], SMALL, figures=False
+    )
     assert r.paired == []
     assert "The pairing is empty" in (tmp_path / "out" / "report.md").read_text()
 
@@ -285,6 +289,24 @@ def test_cli_report(synth_run: Path, tmp_path: Path) -> None:
     assert "Paired comparison — method: react − plan\\_execute" in md
 
 
+def test_no_figures_writes_the_same_tables_and_text_says_so_and_draws_nothing(
+    synth_run: Path, synth_report: ReportResult, tmp_path: Path
+) -> None:
+    args = ["report", str(synth_run), "--out", str(tmp_path / "r"), "--by", "model,method", "--k", "1,3,5"]
+    args += ["--compare", "method=react", "method=plan_execute", "--bootstrap", "200", "--seed", "3", "--no-figures"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    drawn, bare = Path(synth_report.out), tmp_path / "r"
+    assert not (bare / "figures").exists() and (drawn / "figures" / "pec_curves.pdf").exists()
+    assert sorted(p.name for p in (bare / "tables").iterdir()) == sorted(p.name for p in (drawn / "tables").iterdir())
+    for table in (drawn / "tables").glob("*.csv"):
+        assert (bare / "tables" / table.name).read_bytes() == table.read_bytes(), table.name
+    md, full = (bare / "report.md").read_text(), (drawn / "report.md").read_text()
+    assert "Figures not drawn (asked for the tables alone: --no-figures)." in md and "## Figures" not in md
+    assert md.split("\n## ", 1)[1] == full.split("\n## ", 1)[1].split("\n## Figures", 1)[0].rstrip() + "\n"
+    assert "Figures not drawn" in (bare / "report.html").read_text()
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
@@ -307,7 +329,7 @@ def test_labels_are_escaped(tmp_path: Path) -> None:
     evil = "<script>alert(1)</script>|*x*"
     rows = [rollout("t1", 2, 3, True, model=evil), rollout("t1", 2, 1, False, model="plain")]
     write_rollouts(tmp_path / "run", rows)
-    r = build_report(open_run(str(tmp_path / "run")), tmp_path / "out", settings=BootstrapSettings(B=5))
+    r = build_report(open_run(str(tmp_path / "run")), tmp_path / "out", settings=BootstrapSettings(B=5), figures=False)
     html = (Path(r.out) / "report.html").read_text()
     assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;|*x*" in html
     md = (Path(r.out) / "report.md").read_text()
@@ -326,7 +348,7 @@ def test_unknown_verdicts_identity_and_counts_agree(tmp_path: Path) -> None:
     rows += [rollout(f"t{4 + i}", 2, 1, True) for i in range(2)]  # invalid prefix, successful (recovered)
     rows += [rollout("t6", 2, 2, False), rollout("t7", 2, 1, None)]  # invalid prefix: failed; no verdict
     write_rollouts(tmp_path / "run", rows)
-    report = build_report(open_run(str(tmp_path / "run")), tmp_path / "out", settings=SMALL)
+    report = build_report(open_run(str(tmp_path / "run")), tmp_path / "out", settings=SMALL, figures=False)
     [c] = report.tables.cohorts
     [r] = report.tables.recovery
     assert c["n_unknown_success"] == r["n_unknown_success"] == 1
@@ -360,7 +382,9 @@ def test_unknown_verdicts_identity_and_counts_agree(tmp_path: Path) -> None:
 def test_ranking_within_model_and_flip_share_matches_numpy(synth_run: Path, tmp_path: Path) -> None:
     """`--within model`: per model the methods are ranked. model-b's methods flip (react: more successes, lower
     TER); the share of replicates in which that holds is recomputed with the same draws in numpy."""
-    report = build_report(open_run(str(synth_run)), tmp_path, ["model", "method"], settings=SMALL, within="model")
+    report = build_report(
+        open_run(str(synth_run)), tmp_path, ["model", "method"], settings=SMALL, within="model", figures=False
+    )
     assert [r.group for r in report.rankings] == [
         {"benchmark": "shop", "model": "model-a"},
         {"benchmark": "shop", "model": "model-b"},

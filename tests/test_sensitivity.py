@@ -42,7 +42,9 @@ def test_sensitivity_table_known_answers(tmp_path: Path) -> None:
         rollout("a", 2, 1, False) | {"fed_schema": 3, "fed_schema_dependency": 1},
     ]
     write_rollouts(tmp_path / "run", rows)
-    result = build_report(open_run(str(tmp_path / "run")), tmp_path / "out", settings=SMALL, sensitivity=True)
+    result = build_report(
+        open_run(str(tmp_path / "run")), tmp_path / "out", settings=SMALL, sensitivity=True, figures=False
+    )
     (row,) = pq.read_table(tmp_path / "out" / "tables" / "sensitivity.parquet").to_pylist()
     assert (row["ter_s"], row["ter_sd"], row["ter"]) == (0.5, 0.0, 0.0)
     assert row["auc_pec_s"] == pytest.approx(5 / 6) and row["auc_pec_sd"] == pytest.approx(1 / 3)
@@ -54,6 +56,6 @@ def test_sensitivity_table_known_answers(tmp_path: Path) -> None:
 
 def test_without_check_levels_the_values_are_undefined(tmp_path: Path) -> None:
     write_rollouts(tmp_path / "run", [rollout("a", 2, 3, True)])
-    build_report(open_run(str(tmp_path / "run")), tmp_path / "out", settings=SMALL, sensitivity=True)
+    build_report(open_run(str(tmp_path / "run")), tmp_path / "out", settings=SMALL, sensitivity=True, figures=False)
     (row,) = pq.read_table(tmp_path / "out" / "tables" / "sensitivity.parquet").to_pylist()
     assert row["ter_s"] is None and row["ter"] == 1.0

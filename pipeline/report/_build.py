@@ -56,6 +56,9 @@ class ReportResult:
     tools: list[ToolProfile]  # the per-tool error profile (pipeline.metrics.tool_profiles): benchmark × tool × labels
 
 
+NO_FIGURES = "Figures not drawn (asked for the tables alone: --no-figures)."
+
+
 def build_report(
     run: Run,
     out: str | Path,
@@ -68,13 +71,16 @@ def build_report(
     within: str | None = None,
     population: Population = DEFAULT_POPULATION,
     sensitivity: bool = False,
+    figures: bool = True,
 ) -> ReportResult:
     """Write the report of `run` into `out` (a local folder or an fsspec URL, written with the run's storage
     options). Every table reads the files of the run's one snapshot; a partial run's report says so at the top.
     A non-empty `out` is refused unless `overwrite`, which removes what it holds first.
     `within`: rank the other conditions within each value of this cohort column (default: per benchmark).
     `population`: which rollouts count (harness errors, pools, strict replay: pipeline.metrics.settings).
-    `sensitivity`: add the table of TER and AUC-PEC under schema-only, schema+dependency and all checks."""
+    `sensitivity`: add the table of TER and AUC-PEC under schema-only, schema+dependency and all checks.
+    `figures`: False writes the tables and text alone (drawing the figures is most of a small report's time); the
+    report says so at the top."""
     root = str(out).rstrip("/")
     storage_options = run.storage_options
     check_request(run.url, root, ks, overwrite, storage_options)
@@ -95,12 +101,16 @@ def build_report(
         pair_cols, paired = paired_comparison(run, compare, t.keys, ks, settings, population)
     tools = run.tool_profiles(conditions, settings, population)
     colours = cohort_colours(label(c) for c in t.cohorts)  # one colour per cohort in every figure
-    charts = [
-        pec_chart(pec_rows(t.cohorts, label), colours),
-        fed_chart(fed_rows(t.fed, label), colours),
-        cause_chart(cause_rows(t.causes, label)),
-        *([tool_chart(tool_rows(tools, label))] if tools else []),
-    ]
+    charts = (
+        [
+            pec_chart(pec_rows(t.cohorts, label), colours),
+            fed_chart(fed_rows(t.fed, label), colours),
+            cause_chart(cause_rows(t.causes, label)),
+            *([tool_chart(tool_rows(tools, label))] if tools else []),
+        ]
+        if figures
+        else []
+    )
     n_keys = len(t.keys)
     display = [layout.metrics_table(t, ks), layout.recovery_table(t), layout.causes_table(t)]
     key_counts = [n_keys, n_keys, n_keys]
@@ -127,6 +137,7 @@ def build_report(
         *([f"⚠ {Coverage.from_json(covered).describe()}"] if covered else []),
         *(f"⚠ {note}" for note in run.written_by(population)),
         layout.settings_line(t.cohorts),
+        *([] if figures else [NO_FIGURES]),
     ]
     if overwrite:
         remove_all(root, storage_options)

@@ -182,6 +182,14 @@ def report(
     list_files: Annotated[
         bool, typer.Option("--list", help="Print every file written, one per line (default: only where they are).")
     ] = False,
+    figures: Annotated[
+        bool,
+        typer.Option(
+            "--figures/--no-figures",
+            help="Draw the figures (PNG, SVG, PDF); --no-figures writes the tables and text alone, several times "
+            "faster on a small run, and says so at the top of the report.",
+        ),
+    ] = True,
     by: By = None,
     bootstrap: Bootstrap = 1000,
     seed: IntervalsSeed = 0,
@@ -212,6 +220,7 @@ def report(
         within=within,
         population=asked.population,
         sensitivity=sensitivity,
+        figures=figures,
     )
     if list_files:
         for path in result.files:

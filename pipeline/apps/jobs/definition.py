@@ -177,6 +177,12 @@ FIELDS = (
         "false",
     ),
     JobField(
+        "report",
+        ("figures",),
+        "draw the figures; `false` writes the tables and text alone, as `--no-figures`",
+        "true",
+    ),
+    JobField(
         "diff",
         ("against", "by", "fail_on", "look_back_days"),
         'after the metrics, `pexec diff PREVIOUS OUTPUT` (B = tonight\'s run): `against = "previous"` is the output '
@@ -219,6 +225,7 @@ class JobReport:
     overwrite: bool = False  # replace what `out` holds (`pexec report --overwrite`); else a non-empty out fails
     within: str | None = None  # as `pexec report --within`
     sensitivity: bool = False  # as `pexec report --sensitivity`
+    figures: bool = True  # as `pexec report --figures/--no-figures`
 
 
 @dataclass(frozen=True)
@@ -383,9 +390,17 @@ def _load_report(
         check_name("within", raw.get("within"))
         check_flag("overwrite", raw.get("overwrite", False))
         check_flag("sensitivity", raw.get("sensitivity", False))
+        check_flag("figures", raw.get("figures", True))
         by = replace(metrics, by=raw["by"]).by if "by" in raw else metrics.by
     return JobReport(
-        out, by, compare, tuple(ks), raw.get("overwrite", False), raw.get("within"), raw.get("sensitivity", False)
+        out,
+        by,
+        compare,
+        tuple(ks),
+        raw.get("overwrite", False),
+        raw.get("within"),
+        raw.get("sensitivity", False),
+        raw.get("figures", True),
     )
 
 
@@ -468,7 +483,7 @@ def run_job(
 
         r = job.report
         build_report(run, r.out, r.by, r.compare, r.ks, m.bootstrap, overwrite=r.overwrite, within=r.within,
-                     population=m.population, sensitivity=r.sensitivity)  # fmt: skip
+                     population=m.population, sensitivity=r.sensitivity, figures=r.figures)  # fmt: skip
     return manifest, cohorts
 
 
