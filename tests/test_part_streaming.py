@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,7 @@ def test_a_shard_spilled_past_a_tiny_bound_has_every_row_of_the_shard_held_whole
     whole = _score(store, tmp_path / "whole" / "run")
     spill_root = tmp_path / "tmp"
     spill_root.mkdir()
-    monkeypatch.setattr(shard_module, "HELD_PART_BYTES", 1)  # every batch spilled
+    monkeypatch.setattr(shard_module, "HELD_PART_SHARDS", 0)  # every batch spilled
     monkeypatch.setattr(tempfile, "tempdir", str(spill_root))
     spilled = _score(store, tmp_path / "spilled" / "run")
     assert spilled == whole  # every table, every row, every column, in order
@@ -96,7 +97,7 @@ def results() -> list[Any]:
 @given(cuts=st.lists(st.integers(1, 39), max_size=6, unique=True), limit=st.sampled_from([1, 30_000, 2**30]))
 def test_held_parts_write_the_rows_of_the_batches_combined(results: list[Any], cuts: list[int], limit: int) -> None:
     bounds = [0, *sorted(cuts), len(results)]
-    batches = [results[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    batches = [results[a:b] for a, b in pairwise(bounds)]
     with tempfile.TemporaryDirectory() as run, HeldParts({"steps": STEPS, "rollouts": ROLLOUTS}, limit) as held:
         for batch in batches:
             held.add({"steps": steps_table("r", batch), "rollouts": rollouts_table("r", batch)})

@@ -33,6 +33,7 @@ from pipeline.replay.checker import CHECKS, replay
 from pipeline.scoring._code_version import environment_version
 from pipeline.scoring._held import HeldParts
 from pipeline.scoring.run_tables import rejects_table, rollouts_table, steps_table
+from pipeline.scoring.settings import DEFAULT_SHARD_BYTES
 from pipeline.scoring.shuffle import read_partition
 from pipeline.storage.ids import digest, ids_table
 from pipeline.storage.inputs import read_shard
@@ -47,8 +48,11 @@ _REASON_LIMIT = 1000  # characters of a reject reason (messages may quote the re
 # Allocations between two young-generation collections while a shard is scored (CPython's default: 700).
 _SHARD_GC_THRESHOLD = 50_000
 _BATCH = 250  # results converted to Arrow at a time (fewer Python objects alive: measured faster than 1000)
-# Bytes of converted steps and rollouts (Arrow) a task holds before it spills them to the node's temporary folder.
-HELD_PART_BYTES = 64 * 2**20
+# Converted steps and rollouts (Arrow) a task holds, in shard sizes, before it spills them to the node's temporary
+# folder. A shard's tables are smaller than its input (0.09-0.55 of it: the demo, the real BFCL and tau2 logs), so
+# a shard or a partition stays under it and is written as one table; a run of 16 partitions passes it, and then
+# holds about a partition's worth, not the run's.
+HELD_PART_SHARDS = 1
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,7 @@ class TaskSettings:
     checks: tuple[str, ...] = CHECKS  # which of S's schema fit, D and P apply (`--checks`)
     lease: str | None = None  # the driver's lease token: a shard is written only while it holds the run
     source: RawSource | None = field(default=None, repr=False)  # raw logs read by their format; None: a store
+    shard_bytes: int = DEFAULT_SHARD_BYTES  # the run's shard size: what bounds the tables a task holds
 
     def identity(self) -> str:
         """What, besides the input and versions, decides a shard's output (never the storage credentials)."""
@@ -121,7 +126,8 @@ def score_shard(
     """Score one shard. `duplicates`: the shard's ids that other records carry too, each with where its first
     copy is and how many copies come before this shard (pipeline.storage.ids); later copies are rejected."""
     duplicates = duplicates or {}
-    with HeldParts({"steps": STEPS, "rollouts": ROLLOUTS}, HELD_PART_BYTES) as parts:
+    bound = HELD_PART_SHARDS * settings.shard_bytes
+    with HeldParts({"steps": STEPS, "rollouts": ROLLOUTS}, bound) as parts:
         return _score(shard, settings, duplicates, parts)
 
 
