@@ -87,6 +87,7 @@ class HeldParts:
                 held.files.append(path)
             held.held = []
         self.held = 0
+        pa.default_memory_pool().release_unused()
 
     def write(self, run: str, shard_key: str, storage_options: StorageOptions | None) -> dict[str, PartFacts]:
         """Write each table's part. Nothing spilled: the batches combined in memory, written in one `write_table`.

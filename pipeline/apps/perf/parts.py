@@ -66,7 +66,7 @@ def _status_mib(key: str) -> float:
     return int(line.split()[1]) / 1024
 
 
-def bench_parts(n_spans: int = 300_000, workdir: Path | None = None, shard_mb: float = 4, repeats: int = 3) -> Bench:
+def bench_parts(n_spans: int = 1_000_000, workdir: Path | None = None, shard_mb: float = 16, repeats: int = 3) -> Bench:
     load = os.getloadavg()[0]
     base = Path(workdir or tempfile.mkdtemp(prefix="pexec-parts-"))
     spans = base / "spans"
@@ -74,6 +74,7 @@ def bench_parts(n_spans: int = 300_000, workdir: Path | None = None, shard_mb: f
     written = write_spans(spans, max(1, n_spans // SPANS_PER_CONVERSATION), files=16)
     grown: dict[int, list[float]] = {16: [], 1: []}
     peaks: dict[int, list[float]] = {16: [], 1: []}
+    rollouts: dict[int, list[float]] = {16: [], 1: []}
     partitions: list[int] = []
     for _ in range(repeats):
         for per_task in (16, 1):  # interleaved: the machine's load falls on both alike
@@ -81,11 +82,12 @@ def bench_parts(n_spans: int = 300_000, workdir: Path | None = None, shard_mb: f
             took = [t for t in tasks if t[0] == per_task] or tasks  # the full runs (the last may be shorter)
             peaks[per_task].append(max(t[1] for t in took))
             grown[per_task].append(max(t[1] - t[2] for t in took))
+            rollouts[per_task].append(max(t[3] for t in took))
             if per_task == 1:
                 partitions.append(len(tasks))
     caption = (f"{written:,} spans of {written // SPANS_PER_CONVERSATION:,} conversations over 16 files, partitions "
-               f"of about {shard_mb:g} MiB of spans ({partitions[0]:,}), scored in one process; {n_runs(repeats)}; "
-               f"{load_average(load)}")  # fmt: skip
+               f"of about {shard_mb:g} MiB of spans ({partitions[0]:,}), shuffled in one process, each scoring task "
+               f"in a process of its own (its VmHWM); {n_runs(repeats)}; {load_average(load)}")  # fmt: skip
     return Bench(
         "parts",
         caption,
@@ -103,6 +105,13 @@ def bench_parts(n_spans: int = 300_000, workdir: Path | None = None, shard_mb: f
                 grown[16],
                 "the same over 1 partition",
                 grown[1],
+            ),
+            figure(
+                "rollouts a scoring task over 16 partitions scored",
+                "rollouts",
+                rollouts[16],
+                "the same over 1 partition",
+                rollouts[1],
             ),
         ],
         {"spans": written, "partitions": partitions},
