@@ -262,6 +262,10 @@ def _small(name: str, tmp_path: Path, shared: Path) -> Bench:
         from pipeline.apps.perf.spans import bench_spans
 
         return bench_spans(2000, tmp_path, shard_mb=0.05, repeats=1)
+    if name == "parts":
+        from pipeline.apps.perf.parts import bench_parts
+
+        return bench_parts(4000, tmp_path, shard_mb=0.05, repeats=1)
     if name == "split":
         from pipeline.apps.perf.split import bench_split
 

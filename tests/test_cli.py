@@ -170,7 +170,7 @@ def test_records_of_an_environment_that_appears_later_are_rescored_on_rerun(tmp_
         (
             ["bench", "nope"],
             "bench takes replay, metrics, merged, scale, view, guard, driver, distributed, bfcl, tau, nightly, "
-            "nightly_otel, start, split, raw or spans",
+            "nightly_otel, start, split, raw, spans or parts",
         ),
         (["guard", "serve", "--env", "nope"], "unknown environment 'nope'"),
         (["guard", "serve", "--env", "shop", "--host", "0.0.0.0"], "refusing to listen on 0.0.0.0 without a bearer"),

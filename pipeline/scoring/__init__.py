@@ -9,6 +9,7 @@ shuffle.py       rollouts that span files: items hash-partitioned by key through
 convert.py       `pexec ingest`: the same shards decoded here or in Ray tasks, records in source order to a store
 run_tables.py    results -> the steps, rollouts and rejects tables as Arrow
 _code_version.py  what decides whether an earlier run's shards can be reused
+_held.py         a shard's converted steps and rollouts, held up to a bound, then spilled to local disk, then written
 id_check.py      the duplicate-id check on Ray, in hash partitions: the driver never holds the ids
 
 Imports: core, storage, envs, replay, ingest.

@@ -186,6 +186,7 @@ def _job(store: str | Sequence[str], run: str, scoring: ScoreSettings, run_id: s
         code_version=code_version(),
         checks=scoring.checks,
         source=source,
+        shard_bytes=scoring.shard_bytes,
     )
     return _Job(" ".join(sources), source, settings)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from operator import attrgetter
 from typing import Any
 
@@ -172,12 +172,26 @@ def combined(parts: Sequence[pa.Table], table: RunTable) -> pa.Table:
     if len(parts) == 1:
         return parts[0]
     merged = pa.concat_tables(parts, promote_options="default")
+    return merged.select(unified_schema([merged.schema], table).names)
+
+
+def unified_schema(schemas: Iterable[pa.Schema], table: RunTable) -> pa.Schema:
+    """The schema of `table` whose parts have `schemas`: every label, attribute and cost column any of them has, in
+    the order one call over all their results would give (`combined`'s)."""
     fixed = {c.name for c in table.columns}
-    extra = [n for n in merged.column_names if n not in fixed]
+    extra = {n for s in schemas for n in s.names if n not in fixed}
     labels = sorted(n for n in extra if not n.startswith((ATTRIBUTE_PREFIX, "cost_")))
     attributes = sorted(n for n in extra if n.startswith(ATTRIBUTE_PREFIX))
     costs = sorted(n for n in extra if n.startswith("cost_"))
-    return merged.select(arrow_schema(table, labels, costs, attributes).names)
+    return arrow_schema(table, labels, costs, attributes)
+
+
+def conformed(part: pa.Table | pa.RecordBatch, schema: pa.Schema) -> pa.Table:
+    """`part` with `schema`'s columns in its order, those it lacks null (as `combined` gives them)."""
+    n = part.num_rows
+    have = set(part.schema.names)
+    columns = [part.column(f.name) if f.name in have else pa.nulls(n, f.type) for f in schema]
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def _label_names(results: Sequence[RolloutResult]) -> list[str]:

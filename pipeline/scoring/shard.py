@@ -31,12 +31,14 @@ from pipeline.ingest.base import ReadLimits
 from pipeline.ingest.sharded import RawSource, read_raw_rollouts
 from pipeline.replay.checker import CHECKS, replay
 from pipeline.scoring._code_version import environment_version
-from pipeline.scoring.run_tables import combined, rejects_table, rollouts_table, steps_table
+from pipeline.scoring._held import HeldParts
+from pipeline.scoring.run_tables import rejects_table, rollouts_table, steps_table
+from pipeline.scoring.settings import DEFAULT_SHARD_BYTES
 from pipeline.scoring.shuffle import read_partition
 from pipeline.storage.ids import digest, ids_table
 from pipeline.storage.inputs import read_shard
 from pipeline.storage.lease import require_holder
-from pipeline.storage.run import write_part, write_shard_marker
+from pipeline.storage.run import PartFacts, write_part, write_shard_marker
 from pipeline.storage.shards import RAW_LIMIT, Record, RecordError, Shard
 
 # Not a record's fault: the shard fails (and is retried or resumed) instead of rejecting the record.
@@ -46,6 +48,11 @@ _REASON_LIMIT = 1000  # characters of a reject reason (messages may quote the re
 # Allocations between two young-generation collections while a shard is scored (CPython's default: 700).
 _SHARD_GC_THRESHOLD = 50_000
 _BATCH = 250  # results converted to Arrow at a time (fewer Python objects alive: measured faster than 1000)
+# Converted steps and rollouts (Arrow) a task holds, in shard sizes, before it spills them to the node's temporary
+# folder. A shard's tables are smaller than its input (0.09-0.55 of it: the demo, the real BFCL and tau2 logs), so
+# a shard or a partition stays under it and is written as one table; a run of 16 partitions passes it, and then
+# holds about a partition's worth, not the run's.
+HELD_PART_SHARDS = 1
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,7 @@ class TaskSettings:
     checks: tuple[str, ...] = CHECKS  # which of S's schema fit, D and P apply (`--checks`)
     lease: str | None = None  # the driver's lease token: a shard is written only while it holds the run
     source: RawSource | None = field(default=None, repr=False)  # raw logs read by their format; None: a store
+    shard_bytes: int = DEFAULT_SHARD_BYTES  # the run's shard size: what bounds the tables a task holds
 
     def identity(self) -> str:
         """What, besides the input and versions, decides a shard's output (never the storage credentials)."""
@@ -118,20 +126,29 @@ def score_shard(
     """Score one shard. `duplicates`: the shard's ids that other records carry too, each with where its first
     copy is and how many copies come before this shard (pipeline.storage.ids); later copies are rejected."""
     duplicates = duplicates or {}
+    bound = HELD_PART_SHARDS * settings.shard_bytes
+    with HeldParts({"steps": STEPS, "rollouts": ROLLOUTS}, bound) as parts:
+        return _score(shard, settings, duplicates, parts)
+
+
+def _score(
+    shard: Shard, settings: TaskSettings, duplicates: dict[str, tuple[str, int]], parts: HeldParts
+) -> ScoredShard:
     ids: list[tuple[str, str]] = []  # (location, rollout id) of the records carrying a valid id
     began = time.perf_counter()
     count = _Count()
     environments: dict[str, str | None] = {}  # every name a record asked for, with its version
     results: list[RolloutResult] = []  # the batch not yet converted to Arrow
     locations: list[str] = []  # of each result, should it fail to convert for writing
-    parts: list[tuple[pa.Table, pa.Table]] = []  # (steps, rollouts) of every converted batch
     rejects: list[Reject] = []
     unwritable: list[Reject] = []  # results that fail to convert: after the records' own rejects
     copies: dict[str, int] = {}  # duplicated id -> its copies in this shard so far
 
     def convert() -> None:
-        # Results hold their whole rollouts: converted every batch, a worker's memory does not grow with the shard.
-        parts.append(_tables(settings.run_id, results, locations, unwritable, shard))
+        # Results hold their whole rollouts: converted every batch, a worker's memory does not grow with the shard
+        # (nor, as the converted tables are spilled past a bound, with a run of partitions).
+        steps, rollouts = _tables(settings.run_id, results, locations, unwritable, shard)
+        parts.add({"steps": steps, "rollouts": rollouts})
         count.scored += len(results)
         count.steps += sum(r.T for r in results)
         results.clear()
@@ -165,16 +182,16 @@ def score_shard(
                 rejects.append(_reject(shard, location, _unexpected(exc), _raw(record)))
             if len(results) >= _BATCH:
                 convert()
-        if results or not parts:
+        if results or not parts.batches:
             convert()
-    steps, rollouts = combined([p[0] for p in parts], STEPS), combined([p[1] for p in parts], ROLLOUTS)
     rejects += unwritable
     if count.read != count.scored + len(rejects):
         raise RuntimeError(f"shard {shard.key}: counts do not reconcile: {count}, {len(rejects)} rejected")
-    tables = {"steps": steps, "rollouts": rollouts, "rejects": rejects_table(settings.run_id, shard.key, rejects)}
     if settings.lease is not None:
         require_holder(settings.run, settings.lease, settings.storage_options)
-    written = {n: write_part(settings.run, n, shard.key, t, settings.storage_options) for n, t in tables.items()}
+    written: dict[str, PartFacts] = parts.write(settings.run, shard.key, settings.storage_options)
+    rejected = rejects_table(settings.run_id, shard.key, rejects)
+    written["rejects"] = write_part(settings.run, "rejects", shard.key, rejected, settings.storage_options)
     marker = ShardMarker(
         shard=shard.key,
         source=shard.file.url,

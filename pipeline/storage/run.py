@@ -54,15 +54,54 @@ def part_rel(table: str, shard_key: str, rel: str = "") -> str:
 def write_part(
     run: str, table_name: str, shard_key: str, table: pa.Table, storage_options: StorageOptions | None = None
 ) -> PartFacts:
-    """Write one part; returns its size, rows and digest (recorded in the shard's marker, checked when the part is
-    read and before it is reused). The part is encoded in memory first (it is smaller than the table it encodes,
-    which is in memory already) so that the bytes hashed are the bytes written, in one pass."""
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd")
-    data = sink.getvalue()
+    """Write one part, a table in memory, in one `write_table` (one row group up to Parquet's default rows); returns
+    its size, rows and digest (recorded in the shard's marker, checked when the part is read and before it is
+    reused)."""
+    return write_part_stream(run, table_name, shard_key, table.schema, [table], storage_options)
+
+
+def write_part_stream(
+    run: str,
+    table_name: str,
+    shard_key: str,
+    schema: pa.Schema,
+    tables: Iterable[pa.Table],
+    storage_options: StorageOptions | None = None,
+) -> PartFacts:
+    """Write one part from `tables` of `schema`, taken one at a time (each at least one row group), never the whole
+    part: the Parquet writer's sink hashes the bytes as they go to storage, so the bytes hashed are the bytes written,
+    in one pass. One table gives the bytes `pq.write_table` gives."""
+    rows = 0
     with open_for_write(part_path(run, table_name, shard_key), storage_options) as f:
-        f.write(memoryview(data))
-    return PartFacts(size=data.size, rows=table.num_rows, digest=f"{DIGEST}:{hashlib.sha256(data).hexdigest()}")
+        sink = _HashingSink(f)
+        with pq.ParquetWriter(pa.PythonFile(sink, mode="w"), schema, compression="zstd") as writer:
+            for table in tables:
+                writer.write_table(table)
+                rows += table.num_rows
+    return PartFacts(size=sink.size, rows=rows, digest=f"{DIGEST}:{sink.sha.hexdigest()}")
+
+
+class _HashingSink:
+    """What the Parquet writer writes to: the bytes go on to `f`, counted and hashed as they pass. Closing it leaves
+    `f` open (its opener closes it, which is what commits it on an object store)."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self.f, self.sha, self.size, self.closed = f, hashlib.sha256(), 0, False
+
+    def write(self, data: bytes | memoryview) -> int:
+        self.sha.update(data)
+        self.size += len(data)
+        self.f.write(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self.size
+
+    def flush(self) -> None:
+        self.f.flush()
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def part_digest(f: IO[bytes]) -> tuple[int, str]:

@@ -105,4 +105,7 @@ BENCHES: dict[str, Entry] = {
     "spans": Entry(
         "pipeline.apps.perf.spans:bench_spans", "n_spans", 1_000_000, note="spans, not rollouts", workdir=True
     ),
+    "parts": Entry(
+        "pipeline.apps.perf.parts:bench_parts", "n_spans", 1_000_000, note="spans, not rollouts", workdir=True
+    ),
 }
