@@ -9,7 +9,8 @@ tasks, so one file keeps both CPUs busy and each task holds one range.
 
 Every run samples its process tree (the driver, Ray's own processes, its workers) twice a second: CPU-seconds (user
 + system of each process, its last sample for one that ended first), and each Ray worker's peak RSS (VmHWM: a
-worker runs many tasks, so its peak bounds each of its tasks'). Ray workers run at nice 15 in both runs alike.
+worker runs many tasks, so its peak bounds each of its tasks'). Ray workers run at the same niceness in both runs
+(nice 0 under `pexec bench`).
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def _bench(runs: dict[int, list[Run]], rollouts: int, size: int, shard_mb: float
         f"{rollouts:,} support conversations{size_note} in one gzip OpenAI JSON Lines file of {size / 2**20:,.1f} "
         f"MiB on the local disk, cut into {shards} ranges of {shard_mb:g} MiB of its decompressed bytes that one "
         f"streaming reader hands to the scoring tasks; every run a fresh process (Ray start-up included), 1 and 2 "
-        f"CPUs alternating; CPU-seconds of the whole process tree (driver, Ray, workers at nice 15); "
+        f"CPUs alternating; CPU-seconds of the whole process tree (driver, Ray, workers); "
         f"{n_runs(repeats)}; load average during the runs {min(loads):.1f}–{max(loads):.1f}; {load_average(load)}"
     )
     details = {"runs": {str(c): list(r) for c, r in runs.items()}, "rollouts": rollouts}
