@@ -153,7 +153,7 @@ def test_a_job_file_may_hold_every_documented_field(tmp_path):
         "synth": {"spec": "shop", "rollouts": 10, "tasks": 2, "seed": 0},
         "submit": {"runtime": "image", "python": "python3"},
         "report": {"out": "r/{date}", "by": ["model"], "compare": ["method=a", "method=b"], "k": [1, 2],
-                   "within": "model", "overwrite": True, "sensitivity": True},
+                   "within": "model", "overwrite": True, "sensitivity": True, "figures": False},
         "diff": {"against": "previous", "by": ["model"], "fail_on": ["ter<-0.02"], "look_back_days": 3},
     }  # fmt: skip
     assert {(f.table, k) for f in FIELDS for k in f.keys} == {(t, k) for t, kv in values.items() for k in kv}
@@ -161,7 +161,7 @@ def test_a_job_file_may_hold_every_documented_field(tmp_path):
     def toml(value: object) -> str:
         if isinstance(value, dict):
             return "{ " + ", ".join(f"{k} = {toml(v)}" for k, v in value.items()) + " }"
-        return repr(value).replace("True", "true").replace("'", '"')
+        return repr(value).replace("True", "true").replace("False", "false").replace("'", '"')
 
     lines = [f"{k} = {toml(v)}" for k, v in values[""].items()]
     for table in (t for t in values if t):
@@ -179,7 +179,7 @@ def test_a_job_file_may_hold_every_documented_field(tmp_path):
     m = job.metrics
     assert (m.by, m.bootstrap.B, m.bootstrap.seed, m.bootstrap.method, m.max_k) == (("model",), 50, 1, "poisson", 3)
     assert m.population.pools == (("all", ("shop", "observed")),) and m.population.strict_replay
-    assert job.partial and job.report.sensitivity and job.report.by == ("model",)
+    assert job.partial and job.report.sensitivity and job.report.by == ("model",) and not job.report.figures
 
 
 def test_every_score_option_has_a_job_file_key():
