@@ -58,6 +58,10 @@ def test_a_run_where_every_record_was_rejected_fails_score_and_metrics_unless_al
     assert (metrics.exit_code, metrics.stderr.strip()) == (2, f"{said} (--allow-empty accepts an empty run)")
     assert not (tmp_path / "run" / "metrics").exists()
 
+    report = RUNNER.invoke(app, ["report", "run", "--out", "rep", "--no-figures"])
+    assert (report.exit_code, report.stderr.strip()) == (2, f"{said} (--allow-empty accepts an empty run)")
+    assert not (tmp_path / "rep").exists()
+    assert RUNNER.invoke(app, ["report", "run", "--out", "rep", "--no-figures", "--allow-empty"]).exit_code == 0
     assert RUNNER.invoke(app, ["score", "store", "--out", "run2", "--inline", "--allow-empty"]).exit_code == 0
     assert RUNNER.invoke(app, ["metrics", "run2", "--allow-empty", "--json"]).exit_code == 0
 

@@ -15,7 +15,8 @@ import pyarrow.parquet as pq
 
 from pipeline.core import metric_catalogue
 from pipeline.core.arrow import pa
-from pipeline.core.errors import ReportError, StorageError
+from pipeline.core.errors import EmptyRun, ReportError, StorageError
+from pipeline.core.text import public_url
 from pipeline.metrics.cohorts import metrics_tables
 from pipeline.metrics.completeness import Coverage
 from pipeline.metrics.duck import fetch, run_sql, set_variables
@@ -72,6 +73,7 @@ def build_report(
     population: Population = DEFAULT_POPULATION,
     sensitivity: bool = False,
     figures: bool = True,
+    allow_empty: bool = False,
 ) -> ReportResult:
     """Write the report of `run` into `out` (a local folder or an fsspec URL, written with the run's storage
     options). Every table reads the files of the run's one snapshot; a partial run's report says so at the top.
@@ -80,12 +82,15 @@ def build_report(
     `population`: which rollouts count (harness errors, pools, strict replay: pipeline.metrics.settings).
     `sensitivity`: add the table of TER and AUC-PEC under schema-only, schema+dependency and all checks.
     `figures`: False writes the tables and text alone (drawing the figures is most of a small report's time); the
-    report says so at the top."""
+    report says so at the top. A run that holds no rollout is EmptyRun, nothing written, unless `allow_empty`."""
     root = str(out).rstrip("/")
     storage_options = run.storage_options
     check_request(run.url, root, ks, overwrite, storage_options)
     ks = sorted(set(ks))
     t = run_tables(run, by, ks, settings, population)
+    if not t.cohorts and not allow_empty:
+        rejected = run.rejected()
+        raise EmptyRun(public_url(run.url), rejected, rejected)
     conditions = t.keys[1:]
     if within is not None and within not in conditions:
         available = ", ".join(conditions) or "none"

@@ -200,8 +200,10 @@ def report(
     strict_replay: StrictReplay = False,
     endpoint_url: EndpointUrl = None,
     storage_option: StorageOption = None,
+    allow_empty: AllowEmpty = False,
 ) -> None:
-    """Tables, ranking divergence, paired comparisons and figures as Markdown, HTML, CSV and Parquet."""
+    """Tables, ranking divergence, paired comparisons and figures as Markdown, HTML, CSV and Parquet. A run that
+    holds no rollout is an error (exit 2), nothing written, unless --allow-empty."""
     from pipeline.report import build_report, check_request, parse_compare
 
     asked = metrics_settings(by, bootstrap, seed, method, harness_errors, pool, strict_replay)
@@ -221,6 +223,7 @@ def report(
         population=asked.population,
         sensitivity=sensitivity,
         figures=figures,
+        allow_empty=allow_empty,
     )
     if list_files:
         for path in result.files:

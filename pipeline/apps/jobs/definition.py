@@ -483,7 +483,8 @@ def run_job(
 
         r = job.report
         build_report(run, r.out, r.by, r.compare, r.ks, m.bootstrap, overwrite=r.overwrite, within=r.within,
-                     population=m.population, sensitivity=r.sensitivity, figures=r.figures)  # fmt: skip
+                     population=m.population, sensitivity=r.sensitivity, figures=r.figures,
+                     allow_empty=scoring.allow_empty)  # fmt: skip
     return manifest, cohorts
 
 
