@@ -20,6 +20,7 @@ from pipeline.apps.cli import app
 from pipeline.core.run_folder import Manifest
 from pipeline.scoring.driver import run_scoring
 from pipeline.scoring.settings import ScoreSettings
+from pipeline.storage.fs import open_for_commit
 from pipeline.storage.inputs import line_numbers, list_inputs
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
@@ -224,3 +225,19 @@ def test_a_shard_whose_part_changed_is_refused_by_readers_then_rescored_and_coun
     )
     assert len({r["rollout_id"] for r in rows(run, "rollouts")}) == counts.scored
     assert CliRunner().invoke(app, ["metrics", str(run), "--bootstrap", "20"]).exit_code == 0
+
+
+def test_a_commit_point_is_seen_whole_or_not_at_all(tmp_path: Path) -> None:
+    """Another process may list and read the run while a marker or the manifest is written (a partial read, a
+    test's watcher): on a local disk the file appears only once its bytes are all there, and a write that fails
+    leaves neither the file nor its temporary."""
+    target = tmp_path / "_shards" / "0001.json"
+    with open_for_commit(str(target)) as f:
+        f.write(b'{"half": ')
+        assert [p.name for p in target.parent.iterdir() if not p.name.startswith(".")] == []
+        f.write(b"1}")
+    assert target.read_bytes() == b'{"half": 1}'
+    with pytest.raises(RuntimeError), open_for_commit(str(target)) as f:
+        f.write(b"{")
+        raise RuntimeError("the process is interrupted mid-write")
+    assert target.read_bytes() == b'{"half": 1}' and sorted(p.name for p in target.parent.iterdir()) == ["0001.json"]

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
 from fnmatch import fnmatchcase
 from typing import IO, Any
 
@@ -129,3 +130,26 @@ def open_for_write(url: str, storage_options: StorageOptions | None = None) -> I
         fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
     opened: IO[bytes] = fs.open(path, "wb")
     return opened
+
+
+@contextmanager
+def open_for_commit(url: str, storage_options: StorageOptions | None = None) -> Iterator[IO[bytes]]:
+    """Open `url` for a write that a reader sees whole or not at all: a commit point of the run folder (its plan,
+    a shard's marker, the manifest), which other processes may read while it is written. An object store's PUT
+    is whole already; on a local disk the bytes go to a hidden file beside `url` (listings skip names starting
+    with a dot), renamed over it once closed, and removed if the write fails."""
+    fs, path = filesystem(url, storage_options)
+    if not is_local(fs):
+        with fs.open(path, "wb") as f:
+            yield f
+        return
+    folder, name = path.rsplit("/", 1)
+    os.makedirs(folder, exist_ok=True)
+    temporary = f"{folder}/.{name}.{os.getpid()}.partial"
+    try:
+        with open(temporary, "wb") as f:
+            yield f
+        os.replace(temporary, path)
+    finally:
+        with suppress(FileNotFoundError):
+            os.unlink(temporary)

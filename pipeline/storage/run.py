@@ -21,7 +21,7 @@ from pipeline.core.arrow import pa
 from pipeline.core.errors import RunFolderError, StorageError, UnknownLayout
 from pipeline.core.run_folder import DIGEST, Manifest, Plan, RunFile, ShardMarker, decode, encode
 from pipeline.core.text import public_url
-from pipeline.storage.fs import StorageOptions, filesystem, is_local, open_for_write
+from pipeline.storage.fs import StorageOptions, filesystem, is_local, open_for_commit, open_for_write
 
 if TYPE_CHECKING:
     import duckdb
@@ -208,7 +208,7 @@ def remove_stale_parts(run: str, keep: set[str], storage_options: StorageOptions
 
 def write_shard_marker(run: str, marker: ShardMarker, storage_options: StorageOptions | None = None) -> None:
     """Commit a shard: its marker, written after its three parts."""
-    with open_for_write(f"{run.rstrip('/')}/{SHARD_MARKERS}/{marker.shard}.json", storage_options) as f:
+    with open_for_commit(f"{run.rstrip('/')}/{SHARD_MARKERS}/{marker.shard}.json", storage_options) as f:
         f.write(encode(marker, indent=False))
 
 
@@ -246,7 +246,7 @@ def read_shard_markers(
 
 def write_manifest(run: str, manifest: Manifest, storage_options: StorageOptions | None = None) -> None:
     """Commit the run: its manifest, written last."""
-    with open_for_write(f"{run.rstrip('/')}/{MANIFEST}", storage_options) as f:
+    with open_for_commit(f"{run.rstrip('/')}/{MANIFEST}", storage_options) as f:
         f.write(encode(manifest))
 
 
@@ -260,7 +260,7 @@ def read_manifest(
 
 def write_plan(run: str, plan: Plan, storage_options: StorageOptions | None = None) -> None:
     """What the run will cover, written before its first shard is scored."""
-    with open_for_write(f"{run.rstrip('/')}/{PLAN}", storage_options) as f:
+    with open_for_commit(f"{run.rstrip('/')}/{PLAN}", storage_options) as f:
         f.write(encode(plan))
 
 
