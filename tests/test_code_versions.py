@@ -4,6 +4,7 @@ exactly the shards a change does not affect, and the manifest says why for each 
 
 from __future__ import annotations
 
+import ast
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -122,3 +123,52 @@ def test_a_rescore_reuses_the_shards_a_change_does_not_affect(
     last = run_scoring(str(store), str(run), ScoreSettings(inline=True))
     assert last.counts.shards_reused == 0
     assert all(not r and w.startswith("scoring core changed (") for r, w in reuse(run).values())
+
+
+def _names_by_full_parse(source: bytes) -> tuple[str, ...]:
+    """What the code version's import scan must find: every import statement of the whole module's syntax tree."""
+    names: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names += [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+    return tuple(sorted(names))
+
+
+def test_the_import_scan_finds_what_a_full_parse_finds_in_every_module_of_the_package() -> None:
+    # It may find more (an example in a docstring), which only hashes more code; never less.
+    files = sorted(cv.PACKAGE_ROOT.rglob("*.py"))
+    assert len(files) > 150
+    for path in files:
+        source = path.read_bytes()
+        assert set(cv._imported_names(source)) >= set(_names_by_full_parse(source)), path
+
+
+def test_the_import_scan_reads_every_form_an_import_takes() -> None:
+    source = b'''"""A docstring that mentions
+import of something and
+from the logs import nothing
+"""
+import pipeline.a, pipeline.b as b
+from pipeline.c import (  # a comment with a ) in it
+    d,  # and ( here
+    e as f,
+)
+from pipeline.g import \\
+    h
+from . import relative
+
+
+def lazy() -> None:
+    if True:
+        from pipeline.i import j
+    try:
+        import pipeline.k
+    except ImportError:
+        pass
+'''
+    found = set(cv._imported_names(source))
+    assert found == set(_names_by_full_parse(source))
+    assert {"pipeline.a", "pipeline.b", "pipeline.c.d", "pipeline.c.e", "pipeline.g.h", "pipeline.i.j"} <= found
+    assert "pipeline.k" in found
