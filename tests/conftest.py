@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 
 import fsspec
 import pytest
-import s3fs
 from launches import WATCHED, Launches
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,9 +73,10 @@ def _declared_markers(item: pytest.Item) -> set[str]:
     return names
 
 
-# The modules that take longest (about 20 s to 75 s each on the 2-core machine, longest first). On pytest-xdist's
-# workers (`make test`: a module at a time, in collection order) they are collected first, so that no worker is
-# left with one of them while the other has finished everything else. Left out of date, it only costs time.
+# The modules that take longest on the 2-core machine, longest first: those of `make test` (about 20 s to 75 s
+# each), then what is left of them and the longest of the rest in `make check` (about 7 s to 19 s). On
+# pytest-xdist's workers (a module at a time, in this order) they are collected first, so that no worker is left
+# with one of them while the other has finished everything else. Left out of date, it only costs time.
 LONGEST_MODULES = (
     "test_cluster.py",
     "test_lease.py",
@@ -91,6 +91,18 @@ LONGEST_MODULES = (
     "test_pipeline.py",
     "test_traces_mlflow.py",
     "test_traces_phoenix.py",
+    "test_tau_banking.py",
+    "test_figures.py",
+    "test_score_raw.py",
+    "test_read_bounds.py",
+    "test_plugins.py",
+    "test_producers_otel.py",
+    "test_install.py",
+    "test_otlp_files.py",
+    "test_aggregate.py",
+    "test_smoke.py",
+    "test_producers_agents.py",
+    "test_record_budget.py",
 )
 
 
@@ -298,6 +310,8 @@ def s3() -> Iterator[dict]:
     options = {"endpoint_url": f"http://127.0.0.1:{port}"}
     try:
         wait_for(lambda: _answers(port), 30, "the S3 server")
+        import s3fs  # here, not at the top: every worker of `make check` collects this file and starts no S3
+
         s3fs.S3FileSystem(**options).mkdir("pexec-test")
         yield options
     finally:

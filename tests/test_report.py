@@ -49,7 +49,7 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 def paper(tmp_path_factory: pytest.TempPathFactory) -> ReportResult:
     run = tmp_path_factory.mktemp("paper-run")
     write_rollouts(run, paper_rows())
-    return build_report(open_run(str(run)), run.parent / "paper-report", settings=SMALL)
+    return build_report(open_run(str(run)), run.parent / "paper-report", settings=SMALL, figures=False)
 
 
 def test_paper_numbers_in_the_report(paper: ReportResult) -> None:
@@ -281,7 +281,7 @@ def test_figure_data(synth_report: ReportResult) -> None:
 
 def test_cli_report(synth_run: Path, tmp_path: Path) -> None:
     args = ["report", str(synth_run), "--out", str(tmp_path / "r"), "--by", "method", "--k", "2,4"]
-    args += ["--compare", "method=react", "method=plan_execute", "--bootstrap", "50", "--seed", "1"]
+    args += ["--compare", "method=react", "method=plan_execute", "--bootstrap", "50", "--seed", "1", "--no-figures"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     md = (tmp_path / "r" / "report.md").read_text()
