@@ -99,10 +99,6 @@ def _bench(runs: dict[int, list[Run]], rollouts: int, size: int, shard_mb: float
                "rollouts/s", rate(2), "1 CPU", rate(1)),
         figure("one gzip file: rollouts per CPU-second of the process tree, 2 CPUs", "rollouts/CPU-s",
                per_cpu_s(2), "1 CPU", per_cpu_s(1)),
-        figure("one gzip file: speed-up 1 → 2 CPUs on an idle machine, from CPU-seconds and tasks at once", "×",
-               [_idle_speedup(one, two) for one, two in zip(runs[1], runs[2], strict=True)],
-               "none: computed, not measured: (1-CPU run's CPU-s / 2-CPU run's) × (tasks at once, 2 CPUs / 1 CPU); "
-               "wall time on a loaded machine measures the other processes"),
         figure("one gzip file: CPU-seconds of the process tree, 2 CPUs", "CPU-s",
                [r["cpu_seconds"] for r in runs[2]], "1 CPU", [r["cpu_seconds"] for r in runs[1]]),
         figure(f"one gzip file: largest Ray worker peak RSS (VmHWM), 2 CPUs (stated bound {TASK_BOUND_MIB:,} MiB)",
@@ -122,13 +118,6 @@ def _bench(runs: dict[int, list[Run]], rollouts: int, size: int, shard_mb: float
     )
     details = {"runs": {str(c): list(r) for c, r in runs.items()}, "rollouts": rollouts}
     return Bench("split", caption, figures, details)
-
-
-def _idle_speedup(one: Run, two: Run) -> float:
-    """The 1 → 2 CPU speed-up a machine with nothing else running would show: each run's wall time is its
-    CPU-seconds over the CPUs it keeps busy, and the scoring tasks running at once say how many those are (they
-    hold a CPU slot each, however little of a CPU a loaded machine gives them)."""
-    return (one["cpu_seconds"] / two["cpu_seconds"]) * (_at_once(two) / _at_once(one))
 
 
 def _at_once(run: Run) -> float:
