@@ -41,7 +41,7 @@ CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing
 # A test gets a marker from a decorator or its module's `pytestmark`, or from a fixture it uses, directly or
 # through other fixtures, whose function is declared with `starts`. Whatever is selected, a test that starts Ray,
 # a server process or a browser without the marker for it fails (`_Launches`), so the split cannot drift.
-STARTS_MARKERS = ("ray", "server", "browser", "docs", "cluster")
+STARTS_MARKERS = ("ray", "server", "browser", "docs", "cluster", "other_python")
 # A finer marker carries the broader one: `-m "not ray"` leaves out the cluster tests too.
 IMPLIED = {"cluster": "ray", "trace_server": "server"}
 

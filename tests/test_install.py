@@ -11,6 +11,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import pytest
+
 from pipeline.apps.jobs.cluster import build_wheel
 
 
@@ -20,6 +22,7 @@ def run(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProce
     return done
 
 
+@pytest.mark.other_python
 def test_the_wheel_runs_the_demo_outside_the_checkout(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     wheel = build_wheel(tmp_path)  # from a clean copy of what the build reads: a stale build/ would hide a gap

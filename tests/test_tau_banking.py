@@ -13,6 +13,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from conftest import starts
 
 from pipeline.core.errors import IngestError
 from pipeline.core.records import parse_rollout
@@ -41,6 +42,7 @@ def _python_ready() -> bool:
 
 
 @pytest.fixture(scope="module")
+@starts("other_python")
 def python() -> str:
     """The Python that runs the snapshot (skipped without one)."""
     if not SOURCE.is_dir():
