@@ -19,6 +19,7 @@ from pipeline.metrics.run import open_run
 from pipeline.metrics.verify import verify_run
 from pipeline.scoring.driver import run_scoring
 from pipeline.scoring.settings import ScoreSettings
+from pipeline.storage.fs import open_whole
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
 
@@ -200,3 +201,22 @@ def test_parts_on_an_s3_compatible_store_are_verified_refused_and_rescored(score
         open_run(url, s3).rollouts()
     again = run_scoring(str(store), url, ScoreSettings(inline=True, storage_options=s3))
     assert again.counts.shards_reused == SHARDS - 1 and verify_run(url, s3).ok
+
+
+def test_a_write_that_fails_midway_leaves_no_object_on_an_s3_compatible_store(s3: dict) -> None:
+    """A scoring task that fails while it streams a part (or writes a marker) to an object store abandons the
+    upload: no object that looks written, no multipart upload left open; a write that ends uploads its bytes."""
+    fs = s3fs.S3FileSystem(**s3)
+    url = "s3://pexec-test/abandoned/part-0.parquet"
+    block = b"x" * (6 * 2**20)  # past s3fs's 5 MiB block: the first block goes up as a multipart upload
+    with pytest.raises(RuntimeError, match="mid-part"), open_whole(url, s3) as f:
+        f.write(block)
+        f.write(block)
+        raise RuntimeError("the task fails mid-part")
+    fs.invalidate_cache()
+    assert not fs.exists(url)
+    assert fs.call_s3("list_multipart_uploads", Bucket="pexec-test").get("Uploads", []) == []
+    with open_whole(url, s3) as f:
+        f.write(block)
+    fs.invalidate_cache()
+    assert fs.cat(url) == block

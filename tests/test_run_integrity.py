@@ -20,7 +20,7 @@ from pipeline.apps.cli import app
 from pipeline.core.run_folder import Manifest
 from pipeline.scoring.driver import run_scoring
 from pipeline.scoring.settings import ScoreSettings
-from pipeline.storage.fs import open_for_commit
+from pipeline.storage.fs import open_whole
 from pipeline.storage.inputs import line_numbers, list_inputs
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
@@ -232,12 +232,12 @@ def test_a_commit_point_is_seen_whole_or_not_at_all(tmp_path: Path) -> None:
     test's watcher): on a local disk the file appears only once its bytes are all there, and a write that fails
     leaves neither the file nor its temporary."""
     target = tmp_path / "_shards" / "0001.json"
-    with open_for_commit(str(target)) as f:
+    with open_whole(str(target)) as f:
         f.write(b'{"half": ')
         assert [p.name for p in target.parent.iterdir() if not p.name.startswith(".")] == []
         f.write(b"1}")
     assert target.read_bytes() == b'{"half": 1}'
-    with pytest.raises(RuntimeError), open_for_commit(str(target)) as f:
+    with pytest.raises(RuntimeError), open_whole(str(target)) as f:
         f.write(b"{")
         raise RuntimeError("the process is interrupted mid-write")
     assert target.read_bytes() == b'{"half": 1}' and sorted(p.name for p in target.parent.iterdir()) == ["0001.json"]

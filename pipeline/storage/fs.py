@@ -133,23 +133,40 @@ def open_for_write(url: str, storage_options: StorageOptions | None = None) -> I
 
 
 @contextmanager
-def open_for_commit(url: str, storage_options: StorageOptions | None = None) -> Iterator[IO[bytes]]:
-    """Open `url` for a write that a reader sees whole or not at all: a commit point of the run folder (its plan,
-    a shard's marker, the manifest), which other processes may read while it is written. An object store's PUT
-    is whole already; on a local disk the bytes go to a hidden file beside `url` (listings skip names starting
-    with a dot), renamed over it once closed, and removed if the write fails."""
+def open_whole(url: str, storage_options: StorageOptions | None = None) -> Iterator[IO[bytes]]:
+    """Open `url` for a write that a reader sees whole or not at all: what the run folder holds (a part, a shard's
+    marker, the plan, the manifest) is read by other processes while scoring writes it, and a write that fails
+    must not leave a file that looks written.
+    - On a local disk the bytes go to a hidden file beside `url` (listings skip names starting with a dot),
+      renamed over it once closed, and removed if the write fails.
+    - On an object store the object appears when the upload completes; a write that fails is abandoned: its
+      multipart upload aborted (`discard`), and the file marked closed so that nothing uploads what was written."""
     fs, path = filesystem(url, storage_options)
-    if not is_local(fs):
-        with fs.open(path, "wb") as f:
-            yield f
+    if is_local(fs):
+        folder, name = path.rsplit("/", 1)
+        os.makedirs(folder, exist_ok=True)
+        temporary = f"{folder}/.{name}.{os.getpid()}.partial"
+        try:
+            with open(temporary, "wb") as f:
+                yield f
+            os.replace(temporary, path)
+        finally:
+            with suppress(FileNotFoundError):
+                os.unlink(temporary)
         return
-    folder, name = path.rsplit("/", 1)
-    os.makedirs(folder, exist_ok=True)
-    temporary = f"{folder}/.{name}.{os.getpid()}.partial"
+    remote: IO[bytes] = fs.open(path, "wb")
     try:
-        with open(temporary, "wb") as f:
-            yield f
-        os.replace(temporary, path)
-    finally:
-        with suppress(FileNotFoundError):
-            os.unlink(temporary)
+        yield remote
+    except BaseException:
+        _abandon(remote)
+        raise
+    remote.close()
+
+
+def _abandon(f: IO[bytes]) -> None:
+    discard = getattr(f, "discard", None)
+    if callable(discard):
+        with suppress(Exception):  # the store that failed the write may fail this too: the first error is the one
+            discard()
+    with suppress(AttributeError):  # fsspec's buffered files: closing (or collecting) one would upload its bytes
+        f.closed = True  # type: ignore[misc]

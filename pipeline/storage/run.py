@@ -21,7 +21,7 @@ from pipeline.core.arrow import pa
 from pipeline.core.errors import RunFolderError, StorageError, UnknownLayout
 from pipeline.core.run_folder import DIGEST, Manifest, Plan, RunFile, ShardMarker, decode, encode
 from pipeline.core.text import public_url
-from pipeline.storage.fs import StorageOptions, filesystem, is_local, open_for_commit, open_for_write
+from pipeline.storage.fs import StorageOptions, filesystem, is_local, open_whole
 
 if TYPE_CHECKING:
     import duckdb
@@ -72,7 +72,7 @@ def write_part_stream(
     part: the Parquet writer's sink hashes the bytes as they go to storage, so the bytes hashed are the bytes written,
     in one pass. One table gives the bytes `pq.write_table` gives."""
     rows = 0
-    with open_for_write(part_path(run, table_name, shard_key), storage_options) as f:
+    with open_whole(part_path(run, table_name, shard_key), storage_options) as f:
         sink = _HashingSink(f)
         with pq.ParquetWriter(pa.PythonFile(sink, mode="w"), schema, compression="zstd") as writer:
             for table in tables:
@@ -208,7 +208,7 @@ def remove_stale_parts(run: str, keep: set[str], storage_options: StorageOptions
 
 def write_shard_marker(run: str, marker: ShardMarker, storage_options: StorageOptions | None = None) -> None:
     """Commit a shard: its marker, written after its three parts."""
-    with open_for_commit(f"{run.rstrip('/')}/{SHARD_MARKERS}/{marker.shard}.json", storage_options) as f:
+    with open_whole(f"{run.rstrip('/')}/{SHARD_MARKERS}/{marker.shard}.json", storage_options) as f:
         f.write(encode(marker, indent=False))
 
 
@@ -246,7 +246,7 @@ def read_shard_markers(
 
 def write_manifest(run: str, manifest: Manifest, storage_options: StorageOptions | None = None) -> None:
     """Commit the run: its manifest, written last."""
-    with open_for_commit(f"{run.rstrip('/')}/{MANIFEST}", storage_options) as f:
+    with open_whole(f"{run.rstrip('/')}/{MANIFEST}", storage_options) as f:
         f.write(encode(manifest))
 
 
@@ -260,7 +260,7 @@ def read_manifest(
 
 def write_plan(run: str, plan: Plan, storage_options: StorageOptions | None = None) -> None:
     """What the run will cover, written before its first shard is scored."""
-    with open_for_commit(f"{run.rstrip('/')}/{PLAN}", storage_options) as f:
+    with open_whole(f"{run.rstrip('/')}/{PLAN}", storage_options) as f:
         f.write(encode(plan))
 
 
