@@ -191,6 +191,14 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     )
 
 
+def s3_filesystem(options: dict) -> Any:
+    """s3fs's filesystem over the test S3 server. s3fs is imported here, not at the top of the test modules: every
+    worker of `make check` collects them all and starts no S3 server."""
+    import s3fs
+
+    return s3fs.S3FileSystem(**options)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -310,9 +318,7 @@ def s3() -> Iterator[dict]:
     options = {"endpoint_url": f"http://127.0.0.1:{port}"}
     try:
         wait_for(lambda: _answers(port), 30, "the S3 server")
-        import s3fs  # here, not at the top: every worker of `make check` collects this file and starts no S3
-
-        s3fs.S3FileSystem(**options).mkdir("pexec-test")
+        s3_filesystem(options).mkdir("pexec-test")
         yield options
     finally:
         os.killpg(proc.pid, signal.SIGKILL)

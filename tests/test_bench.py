@@ -16,7 +16,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-import ray
 from typer.testing import CliRunner
 
 from pipeline.apps.cli import app
@@ -153,6 +152,8 @@ FILE = InputFile("bench://test", "jsonl", None, 0, "0")
 def cancels(monkeypatch) -> list:
     """Calls of `ray.cancel`: a stopping loop must make none (in Ray 2.60 cancelling a task that is just
     finishing can abort the driver; pipeline.scoring.driver.completed)."""
+    import ray  # here and in the tests on Ray, not when the suite is collected
+
     calls: list = []
     monkeypatch.setattr(ray, "cancel", lambda *args, **kwargs: calls.append(args))
     return calls
@@ -160,6 +161,8 @@ def cancels(monkeypatch) -> list:
 
 @pytest.mark.parametrize("loop", [completed, one_wait_per_shard])
 def test_the_loop_retires_every_shard_once_within_the_window(local_ray, loop):
+    import ray
+
     task = ray.remote(finish)
     in_flight, most = 0, 0
 
@@ -184,6 +187,8 @@ def test_a_failed_task_stops_the_loop_naming_its_shard(local_ray, cancels):
             raise ValueError("bad shard")
         return finish(shard)
 
+    import ray
+
     task = ray.remote(max_retries=0)(fails_on_7)
     with pytest.raises(ScoringFailed, match=r"shard [0-9a-f]{16} \(bench://test \[7:8\]\) failed: .*bad shard"):
         for _ in completed((Shard(FILE, i, i + 1) for i in range(50)), task.remote, 8, lambda: None):
@@ -192,6 +197,8 @@ def test_a_failed_task_stops_the_loop_naming_its_shard(local_ray, cancels):
 
 
 def test_a_lost_lease_stops_the_loop_at_once(local_ray, cancels):
+    import ray
+
     task = ray.remote(finish)
     retired = 0
 

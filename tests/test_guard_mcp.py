@@ -7,12 +7,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import duckdb
 import orjson
-from mcp import Client, StdioServerParameters
 
 from pipeline.scoring.driver import run_scoring
 from pipeline.scoring.settings import ScoreSettings
@@ -20,9 +19,14 @@ from pipeline.scoring.settings import ScoreSettings
 PEXEC = str(Path(sys.executable).parent / "pexec")
 UPSTREAM = [sys.executable, str(Path(__file__).parent / "mcp_upstream.py")]
 SAID = {"pexec/messages": [{"role": "user", "content": "Hi, I'm ava@example.com"}]}
+# The MCP SDK is imported where a client is made, not when the suite is collected (half a second in each worker).
+if TYPE_CHECKING:
+    from mcp import Client
 
 
 def proxy(*args: str) -> Client:
+    from mcp import Client, StdioServerParameters
+
     # This checkout's pexec: the SDK passes a server only a few environment variables unless told.
     command = ["guard", "mcp", *args, "--", *UPSTREAM]
     return Client(StdioServerParameters(command=PEXEC, args=command, env=dict(os.environ)))

@@ -18,24 +18,28 @@ import os
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import duckdb
 import orjson
 import pytest
-from mcp import Client, MCPError, StdioServerParameters
 from test_guard_mcp import PEXEC, SAID, UPSTREAM, text
 
 from pipeline.core.records import MAX_DEPTH
 from pipeline.scoring.driver import run_scoring
 from pipeline.scoring.settings import ScoreSettings
 
+if TYPE_CHECKING:  # the SDK is imported where a client is made (test_guard_mcp says why)
+    from mcp import Client, StdioServerParameters
+
 pytestmark = pytest.mark.fuzz  # an adversarial suite: `make fuzz` runs it too
 TOO_DEEP = f"the record nests deeper than {MAX_DEPTH} levels"
 
 
 def proxy(*args: str, upstream: list[str] = UPSTREAM, env: dict[str, str] | None = None, errlog: Any = None) -> Client:
+    from mcp import Client, StdioServerParameters
+
     command = ["guard", "mcp", *args, "--", *upstream]
     params = StdioServerParameters(command=PEXEC, args=command, env=env or dict(os.environ))
     return Client(params) if errlog is None else Client(_with_errlog(params, errlog))
@@ -156,6 +160,8 @@ def test_a_misbehaving_upstream_is_bounded_and_its_log_appended_to(tmp_path):
     # Measured before: the log rewritten whole after every call (~9 GB written for 300 calls of 200 KB); a hung
     # upstream waited for ever; a 50 MB result cost 35-44 s; 100k junk lines became 88.9 MB of tracebacks; a dead
     # upstream left its tools advertised, nothing on stderr and the failed call missing from the log.
+    from mcp import MCPError
+
     log, errors = tmp_path / "log", tmp_path / "stderr.txt"
     seen, journals = [], []
     calls = [

@@ -9,16 +9,21 @@ import urllib.request
 import orjson
 import pytest
 from conftest import free_port
-from ray import serve
 
 from pipeline.apps.guard.http import GuardServerError
-from pipeline.apps.guard.ray_serve import guard_application
+
+# Ray Serve (and pipeline.apps.guard.ray_serve, which imports it) is imported in the tests, not when the suite is
+# collected: over half a second in each worker, for two tests.
 
 AVA = "Hi, I'm Ava Lopez (ava.lopez@example.com, zip 78701)."
 SIGN_IN = {"tool": "authenticate", "arguments": {"email": "ava.lopez@example.com", "zip": "78701"}}
 
 
 def test_the_builder_makes_the_deployment_and_refuses_bad_arguments():
+    from ray import serve
+
+    from pipeline.apps.guard.ray_serve import guard_application
+
     app = guard_application({"env": "shop", "token": "t", "num_replicas": 3, "ttl_s": 30})
     assert isinstance(app, serve.Application)
     assert (app._bound_deployment.name, app._bound_deployment.num_replicas) == ("pexec-guard", 3)
@@ -40,6 +45,10 @@ def post(port: int, path: str, body: dict, token: str | None) -> tuple[int, dict
 
 def test_a_serve_deployment_answers_stateless_checks(shared_ray):
     # On the suite's shared Ray: Serve's controller and proxy are actors of their own, all gone at shutdown.
+    from ray import serve
+
+    from pipeline.apps.guard.ray_serve import guard_application
+
     port = free_port()
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})

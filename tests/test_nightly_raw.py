@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import orjson
-import s3fs
+from conftest import s3_filesystem
 from typer.testing import CliRunner
 
 from pipeline.apps.cli.app import app
@@ -35,7 +35,7 @@ def test_three_nights_from_raw_logs_to_the_alert(tmp_path, s3, shared_ray):
     [night] = write_samples(tmp_path / "logs", NIGHTS[:1], per_date=16, seed=5)
     [late] = write_samples(tmp_path / "late", ("2026-11-30",), per_date=4, seed=6)  # other ids: another day's
     lines = night.read_bytes().splitlines(keepends=True)
-    fs = s3fs.S3FileSystem(**s3)
+    fs = s3_filesystem(s3)
     for day, content in zip(NIGHTS, (lines, lines, regressed(lines)), strict=True):
         fs.pipe(f"{BUCKET}/logs/date={day}/conversations.jsonl", b"".join(content))
     job = tmp_path / "nightly.toml"

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import orjson
 import pytest
-import s3fs
 import zstandard
+from conftest import s3_filesystem
 from producers import EXPECTED_STEPS, pexec, stub_server, verdicts
 
 from pipeline.core.records import parse_rollout
@@ -108,7 +108,7 @@ def test_the_s3_exporters_partitions_read_with_a_date_glob(produced, s3, tmp_pat
     """`otlp_json`, `otlp_proto` and gzip objects under year=/month=/day=/hour=/minute=; a glob picks two days."""
     run = produced["spans"]
     [reference] = read(run / "spans.json")
-    fs = s3fs.S3FileSystem(**s3)
+    fs = s3_filesystem(s3)
     lines = (run / "traces.jsonl").read_bytes().splitlines()
     messages = frames(run / "traces.pb")
     root = "pexec-test/otel-s3"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-import s3fs
+from conftest import s3_filesystem
 from typer.testing import CliRunner
 
 from pipeline.apps.cli import app
@@ -191,7 +191,7 @@ def test_parts_on_an_s3_compatible_store_are_verified_refused_and_rescored(score
     url = "s3://pexec-test/digests-run"
     run_scoring(str(store), url, ScoreSettings(inline=True, storage_options=s3))
     assert verify_run(url, s3).verified == 3 * SHARDS
-    fs = s3fs.S3FileSystem(**s3)
+    fs = s3_filesystem(s3)
     victim = sorted(fs.ls(f"{url.removeprefix('s3://')}/rollouts"))[0]
     data = bytearray(fs.cat(victim))
     data[4000:4064] = bytes(64)
@@ -206,7 +206,7 @@ def test_parts_on_an_s3_compatible_store_are_verified_refused_and_rescored(score
 def test_a_write_that_fails_midway_leaves_no_object_on_an_s3_compatible_store(s3: dict) -> None:
     """A scoring task that fails while it streams a part (or writes a marker) to an object store abandons the
     upload: no object that looks written, no multipart upload left open; a write that ends uploads its bytes."""
-    fs = s3fs.S3FileSystem(**s3)
+    fs = s3_filesystem(s3)
     url = "s3://pexec-test/abandoned/part-0.parquet"
     block = b"x" * (6 * 2**20)  # past s3fs's 5 MiB block: the first block goes up as a multipart upload
     with pytest.raises(RuntimeError, match="mid-part"), open_whole(url, s3) as f:

@@ -11,8 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import s3fs
-from conftest import free_port, wait_for
+from conftest import free_port, s3_filesystem, wait_for
 from typer.testing import CliRunner
 
 from pipeline.apps.cli import app
@@ -59,7 +58,7 @@ def test_object_storage_end_to_end_through_ray(s3, local_store, reference_run, t
     cohorts = open_run(run, s3).cohorts(["model"])
     assert [c["model"] for c in cohorts] == ["model-a", "model-b"] and sum(c["n"] for c in cohorts) == 1500
     # Nothing of the credentials is written anywhere in the run.
-    fs = s3fs.S3FileSystem(**s3)
+    fs = s3_filesystem(s3)
     assert "testing" not in fs.cat(f"{run[5:]}/_manifest.json").decode()
     # The report reads the run from the bucket and writes into it; its numbers equal a local report's.
     report = "s3://pexec-test/reports/a"
@@ -75,7 +74,7 @@ def test_object_storage_end_to_end_through_ray(s3, local_store, reference_run, t
 def test_unwritable_bucket_fails_clearly_and_commits_nothing(s3, local_store, shared_ray):
     with pytest.raises(ScoringFailed, match=r"NoSuchBucket|does not exist|not found"):
         run_scoring(str(local_store), "s3://no-such-bucket/run", ScoreSettings(storage_options=s3))
-    assert not s3fs.S3FileSystem(**s3).exists("no-such-bucket/run/_manifest.json")
+    assert not s3_filesystem(s3).exists("no-such-bucket/run/_manifest.json")
 
 
 def test_a_missing_store_in_the_bucket_is_a_clear_error(s3, tmp_path):

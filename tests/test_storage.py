@@ -9,7 +9,7 @@ from pathlib import Path
 
 import fsspec
 import pytest
-import s3fs
+from conftest import s3_filesystem
 from typer.testing import CliRunner
 
 from pipeline.apps.cli import app
@@ -83,7 +83,7 @@ def test_ingest_reads_sources_from_an_s3_compatible_store(s3: dict, tmp_path: Pa
     local = tmp_path / "src"
     make(local)
     source = f"s3://pexec-test/sources-{fmt}"
-    s3fs.S3FileSystem(**s3).put(f"{local}/", source.removeprefix("s3://"), recursive=True)
+    s3_filesystem(s3).put(f"{local}/", source.removeprefix("s3://"), recursive=True)
 
     runner = CliRunner()
     result = runner.invoke(app, ["ingest", fmt, str(local), "--out", str(tmp_path / "local-store"), *args])
