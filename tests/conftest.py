@@ -3,6 +3,7 @@ the script developers use (infra/local/s3-server.sh)."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import socket
@@ -164,6 +165,15 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     _selection["selected"] = len(session.items)
+    # Collecting imports every test module and what they import (inspect_ai, pydantic, matplotlib, ...): hundreds of
+    # thousands of long-lived objects that each of Python's full garbage collections would walk again, hundreds of
+    # times over a run. Frozen, they are left out of every collection (about 5% of a worker's CPU time).
+    gc.collect()
+    gc.freeze()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    gc.unfreeze()  # collectable again at exit: a frozen object is never freed, and nanobind reports it as a leak
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
