@@ -112,7 +112,7 @@ browser:
 	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 # Tests are marked by what they start (pyproject.toml: ray, cluster, server, trace_server, browser, docs, other_python;
-# and fuzz, corpus):
+# and fuzz, corpus, memory):
 # a marker comes from the test, its module or a fixture it uses, and a test that starts Ray, a server process or
 # a browser without its marker fails (tests/conftest.py).
 # The suite runs on 2 worker processes (pytest-xdist), a test file at a time on one of them: each module's
@@ -123,7 +123,7 @@ PYTEST_XDIST := -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 # The inner loop, in about two minutes from a warm venv: lint, the type checker, and every test that starts
 # nothing of the above and is not a fuzz suite; it ends saying how many tests it ran and how many it left to
 # `make test`.
-CHECK_LEAVES := ray or cluster or server or trace_server or browser or docs or other_python or fuzz or corpus
+CHECK_LEAVES := ray or cluster or server or trace_server or browser or docs or other_python or fuzz or corpus or memory
 check: lint typecheck
 	$(BIN)/pytest $(PYTEST_XDIST) -m "not ($(CHECK_LEAVES))"
 

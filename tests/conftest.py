@@ -154,7 +154,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 # How many tests the run selected, and how many `-m` left out, by marker. Counted where the suite is collected:
 # under pytest-xdist each worker collects it all (alike) and hands the counts to the controller, which does not.
-TIER_MARKERS = (*STARTS_MARKERS, "fuzz", "corpus")
+TIER_MARKERS = (*STARTS_MARKERS, "fuzz", "corpus", "memory")
 _selection: Counter[str] = Counter()
 
 

@@ -302,6 +302,7 @@ def night_of_spans(export: Path, folder: Path, conversations: int, files: int) -
     return n
 
 
+@pytest.mark.memory
 def test_a_night_of_spans_scores_in_partitions_with_memory_flat_in_the_nights_size(tmp_path, otel_export):
     from test_read_bounds import pexec_rss
 
@@ -325,6 +326,7 @@ def test_a_night_of_spans_scores_in_partitions_with_memory_flat_in_the_nights_si
     assert peaks[600] - peaks[150] < 30, peaks
 
 
+@pytest.mark.memory
 def test_a_file_that_cannot_be_cut_is_mapped_with_memory_flat_in_the_files_size(tmp_path):
     """A length-prefixed protobuf file (the OpenTelemetry SDK's own encoder) is one shard whatever its size: the
     task that reads it spills its rows to local disk past a shard size of them, so a file four times larger
