@@ -231,7 +231,7 @@ def call_event(
     failure) or None (not captured: S and D unknown). `result`: (output, error) or None when no result was
     logged (a None output: none logged)."""
     if not isinstance(tool, str) or not tool:
-        raise IngestError(f"{where}: a tool call without a tool name")
+        raise no_tool_name(where)
     output, error = result if result is not None else (None, None)
     return Call(
         tool,
@@ -241,6 +241,11 @@ def call_event(
         turn,
         str(call_id) if call_id is not None else None,
     )
+
+
+def no_tool_name(where: str) -> IngestError:
+    """The error of a call at `where` that has no tool name (a `str` that is not empty)."""
+    return IngestError(f"{where}: a tool call without a tool name")
 
 
 def message(role: str, content: str, turn: int) -> MessageRecord:
