@@ -201,7 +201,9 @@ def _head(
     if s.outcomes is not None:
         success = s.outcomes.get(rollout_id)
     else:
-        success = as_success(get_path(record, s.success_field), f"{where} {s.success_field}")
+        success = get_path(record, s.success_field)
+        if success is not None and type(success) is not bool:  # as_success's answer to these, without its place
+            success = as_success(success, f"{where} {s.success_field}")
     return Rollout(
         rollout_id=rollout_id,
         task_id=str(task_id) if task_id not in (None, "") else rollout_id,
