@@ -115,7 +115,8 @@ class ObservedEnvironment:
         if call.error:
             return Outcome(False, message=str(output) if output is not None else "logged error", decided_by="log")
         state[tool] = _decoded(output)
-        return Outcome(True, output=output, decided_by="precondition" if check.evaluated else "log")
+        # positional: keywords cost a frozen dataclass a third more, and this is every accepted call's
+        return Outcome(True, output, None, "precondition" if check.evaluated else "log")
 
     def checkpoint(self, state: Seen) -> Seen:
         return dict(state)
