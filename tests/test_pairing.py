@@ -8,11 +8,15 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from pipeline.apps.cli import app
-from pipeline.ingest import IngestOptions, ingest
-from pipeline.ingest._pairing import Call, Result, assemble, pair
+from pipeline.core.errors import IngestError
+from pipeline.ingest import IngestOptions, ingest, openai
+from pipeline.ingest._logs import LogSettings
+from pipeline.ingest._pairing import Call, Result, assemble, assemble_events, pair
 
 # One conversation in every format: the framework reuses id `x` for two calls (each answered after it), answers
 # the two calls of one message out of order (`b` before `a`), never answers `n`, and logs a result for `z`, a
@@ -175,3 +179,54 @@ def test_otel(tmp_path: Path) -> None:
     assert [(c["tool"], c["arguments"], c.get("output")) for c in calls] == [
         ("get", {"k": 1}, "out0"), ("get", {"k": 2}, "out1"), ("put", {"k": 4}, "out3"), ("put", {"k": 3}, "out2"),
         ("get", {"k": 5}, None), ("put", {"k": 6}, "out5"), ("put", {"k": 7}, "out6")]  # fmt: skip
+
+
+# -- openai's one-walk pairing agrees with the shared rule -------------------------------------------------------
+
+# Ids that pair, repeat, are missing, or are no string (a list or object id is compared as its JSON text, and a list
+# spelled as the legacy key pairs with legacy calls: as `pair` has it). Each way to fail is drawn rarely, so that
+# most conversations convert and pair.
+_IDS = st.sampled_from([None, "a", "b", "c", "a", "b", 1, 1.0, True, ["x"], {"k": 1}, ["legacy function call"]])
+_NAMES = st.sampled_from([*("get", "put") * 8, "", None, 5])
+_CONTENT = st.sampled_from([None, "out", "Err: no", "", '{"k": 1}', [{"text": "t"}, "p"], {"content": "c"}, 3])
+_ARGUMENTS = st.sampled_from(['{"k": 1}', "{", None, {"k": 2}])
+
+
+@st.composite
+def _message(draw: st.DrawFn) -> Any:
+    rare = draw(st.integers(0, 39))
+    if rare == 0:
+        return ["not an object"]
+    role = draw(st.sampled_from(["system", "developer", "user", "other", *("assistant", "tool") * 3, "function"]))
+    content = draw(_CONTENT)
+    m: dict[str, Any] = {"role": role, "content": content}
+    if role == "assistant":
+        calls = []
+        for _ in range(draw(st.integers(0, 3))):
+            function = None if rare == 1 else {"name": draw(_NAMES), "arguments": draw(_ARGUMENTS)}
+            calls.append("not an object" if rare == 2 else {"id": draw(_IDS), "type": "function", "function": function})
+        if calls or draw(st.booleans()):
+            m["tool_calls"] = calls
+        if draw(st.integers(0, 3)) == 0:
+            m["function_call"] = {"name": draw(_NAMES), "arguments": "{}"}
+    elif role == "tool":
+        if rare != 3:
+            m["tool_call_id"] = draw(_IDS)
+        if draw(st.booleans()):
+            m["error"] = draw(st.sampled_from([True, False, "yes"]))
+    return m
+
+
+def _outcome(build: Any) -> Any:
+    try:
+        return build()
+    except IngestError as exc:
+        return ("error", str(exc))
+
+
+@settings(max_examples=400, deadline=None)
+@given(messages=st.lists(_message(), max_size=12), prefix=st.sampled_from([None, "Err"]))
+def test_openai_pairs_in_one_walk_as_the_shared_rule_does(messages: list[Any], prefix: str | None) -> None:
+    s = LogSettings("openai", "id", "task_id", "success", "observed", own={"error_prefix": prefix} if prefix else {})
+    one_walk = _outcome(lambda: openai.paired_events(messages, s, "f line 1"))
+    assert one_walk == _outcome(lambda: assemble_events(openai.log(messages, s, "f line 1")))

@@ -270,10 +270,18 @@ def _labels(raw: Any) -> dict[str, str]:
 
 def _check_label_names(labels: dict[str, str]) -> dict[str, str]:
     for key in labels:
+        if key in _LABEL_NAMES:  # a name seen fit before: every rollout of a store repeats the same few
+            continue
         # SQL names are case-insensitive: a label `t` would be read as the column `T`.
         if key.lower() in _RESERVED or key.lower().startswith(("cost_", ATTRIBUTE_PREFIX)):
             raise InvalidRecord(f"label {key!r} clashes with an output column name")
+        if len(_LABEL_NAMES) < _KEPT_LABEL_NAMES:
+            _LABEL_NAMES.add(key)
     return labels
+
+
+_LABEL_NAMES: set[str] = set()  # label names that clash with no output column, as found so far
+_KEPT_LABEL_NAMES = 4096  # at most (a store whose every rollout names new labels only pays the check each time)
 
 
 def _strings(raw: Any, name: str) -> dict[str, str]:

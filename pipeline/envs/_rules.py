@@ -65,7 +65,12 @@ def check_rules(rules: Sequence[Precondition], ctx: dict[str, Any], unknown_viol
         evaluated = True
         if not holds:
             return RuleCheck(rule, _render(rule, ctx), True)
-    return RuleCheck(evaluated=evaluated)
+    return _HELD if evaluated else NO_RULES
+
+
+# The outcomes of a call no rule rejects, made once: a frozen dataclass is slow to build, and this is every call's.
+_HELD = RuleCheck(evaluated=True)
+NO_RULES = RuleCheck()  # no rule was evaluated: what `check_rules` says of no rules at all
 
 
 def _render(rule: Precondition, ctx: dict[str, Any]) -> str:

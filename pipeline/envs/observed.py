@@ -32,7 +32,7 @@ import orjson
 from pipeline.core.errors import EnvError
 from pipeline.core.model import NOT_LOGGED, Call, Rollout
 from pipeline.envs._registry import EnvOptions
-from pipeline.envs._rules import Precondition, check_rules
+from pipeline.envs._rules import NO_RULES, Precondition, check_rules
 from pipeline.envs.base import Outcome, ToolInfo
 from pipeline.envs.spec.loader import find_spec, load_spec
 
@@ -107,14 +107,16 @@ class ObservedEnvironment:
 
     def execute(self, state: Seen, tool: str, args: dict[str, Any] | None, call: Call) -> Outcome:
         output = None if call.output is NOT_LOGGED else call.output
-        check = check_rules(self._rules.get(tool, ()), {"args": args, "seen": state}, unknown_violates=False)
+        rules = self._rules.get(tool)
+        check = check_rules(rules, {"args": args, "seen": state}, unknown_violates=False) if rules else NO_RULES
         if check.violated:
             note = "" if call.error else NO_ERROR_NOTE
             return Outcome(False, message=f"{check.message}{note}", decided_by="precondition")
         if call.error:
             return Outcome(False, message=str(output) if output is not None else "logged error", decided_by="log")
         state[tool] = _decoded(output)
-        return Outcome(True, output=output, decided_by="precondition" if check.evaluated else "log")
+        # positional: keywords cost a frozen dataclass a third more, and this is every accepted call's
+        return Outcome(True, output, None, "precondition" if check.evaluated else "log")
 
     def checkpoint(self, state: Seen) -> Seen:
         return dict(state)

@@ -201,7 +201,9 @@ def _head(
     if s.outcomes is not None:
         success = s.outcomes.get(rollout_id)
     else:
-        success = as_success(get_path(record, s.success_field), f"{where} {s.success_field}")
+        success = get_path(record, s.success_field)
+        if success is not None and type(success) is not bool:  # as_success's answer to these, without its place
+            success = as_success(success, f"{where} {s.success_field}")
     return Rollout(
         rollout_id=rollout_id,
         task_id=str(task_id) if task_id not in (None, "") else rollout_id,
@@ -231,7 +233,7 @@ def call_event(
     failure) or None (not captured: S and D unknown). `result`: (output, error) or None when no result was
     logged (a None output: none logged)."""
     if not isinstance(tool, str) or not tool:
-        raise IngestError(f"{where}: a tool call without a tool name")
+        raise no_tool_name(where)
     output, error = result if result is not None else (None, None)
     return Call(
         tool,
@@ -241,6 +243,11 @@ def call_event(
         turn,
         str(call_id) if call_id is not None else None,
     )
+
+
+def no_tool_name(where: str) -> IngestError:
+    """The error of a call at `where` that has no tool name (a `str` that is not empty)."""
+    return IngestError(f"{where}: a tool call without a tool name")
 
 
 def message(role: str, content: str, turn: int) -> MessageRecord:

@@ -43,15 +43,15 @@ def pair(log: Sequence[Entry | TypedEntry]) -> dict[int, int]:
     waiting: dict[Hashable, deque[int]] = defaultdict(deque)
     for position, entry in enumerate(log):
         if type(entry) is Call:
-            waiting[_id(entry.key)].append(position)
+            waiting[id_key(entry.key)].append(position)
         elif type(entry) is Result:
-            calls = waiting.get(_id(entry.key))
+            calls = waiting.get(id_key(entry.key))
             if calls:
                 answers[calls.popleft()] = position
     return answers
 
 
-def _id(key: Any) -> Hashable:
+def id_key(key: Any) -> Hashable:
     """A logged id as a dictionary key: a value a log gives as an id may be a list or an object (hostile, or a
     writer's bug); equal values are the same id."""
     if key is None or isinstance(key, str | int | float):

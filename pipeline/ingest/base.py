@@ -256,13 +256,16 @@ def record_error(fmt: str, where: str, exc: Exception, raw: str = "") -> RecordE
 def decode_json(data: bytes, max_items: int = MAX_RECORD_ITEMS) -> Any:
     """One log document decoded, within the record limits: more than `max_items` objects and lists is refused
     before it is decoded, deeper than MAX_DOCUMENT_DEPTH after; an IngestError says why (without the place)."""
-    if (items := over_items(data, max_items)) is not None:
+    # The objects and lists the text opens, at most: counted once (in C) for both limits, which `over_items` and
+    # `decoded_too_deep` would each count again; only a text with more than a limit's worth is looked at further.
+    opened = data.count(b"{") + data.count(b"[")
+    if opened > max_items and (items := over_items(data, max_items)) is not None:
         raise IngestError(f"{items:,} objects and lists are over the limit of {max_items:,} (max_record_items)")
     try:
         value = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise IngestError(f"not JSON: {exc}") from None
-    if decoded_too_deep(data, value, MAX_DOCUMENT_DEPTH):
+    if opened > MAX_DOCUMENT_DEPTH and decoded_too_deep(data, value, MAX_DOCUMENT_DEPTH):
         raise IngestError(_TOO_DEEP)
     return value
 

@@ -19,23 +19,26 @@ message list. Mapping:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Hashable
 from functools import partial
 from typing import Any
 
 from pipeline.core.errors import IngestError
-from pipeline.core.model import Message, Rollout
+from pipeline.core.model import NOT_LOGGED, Call, Event, Message, Rollout
 from pipeline.ingest._logs import (
     ChatFormat,
     LogSettings,
     call_event,
     log_options,
+    no_tool_name,
     rollout_of,
     text,
     tool_definitions,
     tool_dialect,
 )
-from pipeline.ingest._pairing import Call, Result, TypedEntry, assemble_events
+from pipeline.ingest._pairing import Call as Logged
+from pipeline.ingest._pairing import Result, TypedEntry, id_key
 from pipeline.ingest.base import Option
 
 _CONTEXT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -51,7 +54,7 @@ class OpenAI(ChatFormat):
 
     def convert(self, s: LogSettings, where: str, record: dict[str, Any]) -> Rollout:
         """The rollout of one conversation record."""
-        events, attributes = assemble_events(log(record["messages"], s, where))
+        events, attributes = paired_events(record["messages"], s, where)
         tools = tool_definitions(record.get("tools")) or tool_definitions(record.get("functions"))
         return rollout_of(s, record, events, where, attributes, env={"tools": tools} if tools else None)
 
@@ -59,9 +62,100 @@ class OpenAI(ChatFormat):
 FORMAT = OpenAI()
 
 _LEGACY = ("legacy function call",)  # the key of legacy calls and results: they pair in order
+_LEGACY_ID = id_key(_LEGACY)
+
+
+def paired_events(messages: list[Any], s: LogSettings, where: str) -> tuple[list[Event], dict[str, str]]:
+    """`assemble_events(log(messages, s, where))` in one walk, without an entry per call and result: each call is
+    built as it is logged and a result fills in the earliest unanswered call of its id (`pipeline.ingest._pairing`'s
+    rule, its ids compared as `pair` compares them), or is kept as an orphan `tool` message where it was logged.
+    The errors are the same and come in the same order: any of the walk's own first, then the first call that has
+    no tool name (`assemble` builds the calls only after the walk)."""
+    out: list[Event] = []
+    append = out.append
+    prefix = s.own.get("error_prefix")
+    waiting: dict[Hashable, deque[Call]] = {}
+    unnamed: IngestError | None = None  # the first call without a tool name, raised once the walk has ended
+    orphans = 0
+    turn = 0
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise IngestError(f"openai: {where} messages[{i}]: a message must be an object")
+        role = m.get("role")
+        if role == "user":
+            turn += 1
+        if role in _CONTEXT_ROLES:
+            content = m.get("content")
+            said = content if type(content) is str else text(content)
+            if said:
+                append(Message(_CONTEXT_ROLES[role], said, turn))
+            if role != "assistant":
+                continue
+            for j, tc in enumerate(m.get("tool_calls") or ()):
+                fn = tc.get("function") if isinstance(tc, dict) else None
+                if not isinstance(fn, dict):
+                    here = f"{where} messages[{i}].tool_calls[{j}]"
+                    raise IngestError(f"openai: {here}: expected {{'id', 'function': {{'name', 'arguments'}}}}")
+                call_id = tc.get("id")
+                name = fn.get("name")
+                if not isinstance(name, str) or not name:
+                    if unnamed is None:
+                        unnamed = no_tool_name(f"{where} messages[{i}].tool_calls[{j}]")
+                    continue
+                logged_id = None if call_id is None else str(call_id)
+                call = Call(name, fn.get("arguments"), NOT_LOGGED, None, turn, logged_id)
+                append(call)
+                key = call_id if call_id is None or type(call_id) is str else id_key(call_id)
+                queue = waiting.get(key)
+                if queue is None:
+                    waiting[key] = deque((call,))
+                else:
+                    queue.append(call)
+            fc = m.get("function_call")
+            if isinstance(fc, dict):
+                name = fc.get("name")
+                if not isinstance(name, str) or not name:
+                    if unnamed is None:
+                        unnamed = no_tool_name(f"{where} messages[{i}]")
+                    continue
+                call = Call(name, fc.get("arguments"), NOT_LOGGED, None, turn, None)
+                append(call)
+                queue = waiting.get(_LEGACY_ID)
+                if queue is None:
+                    waiting[_LEGACY_ID] = deque((call,))
+                else:
+                    queue.append(call)
+        elif role in ("tool", "function"):
+            content = m.get("content")
+            if type(content) is not str:
+                content = text(content)
+            error = m.get("error")
+            if not isinstance(error, bool):
+                error = content.startswith(prefix) if prefix else None
+            if role == "function":
+                key = _LEGACY_ID
+            else:
+                key = m.get("tool_call_id")
+                if key is None:
+                    raise IngestError(f"openai: {where} messages[{i}]: a tool message without 'tool_call_id'")
+                if type(key) is not str:
+                    key = id_key(key)
+            queue = waiting.get(key)
+            if queue:
+                answered = queue.popleft()
+                answered.output = content
+                answered.error = error
+            else:
+                orphans += 1
+                append(Message("tool", content, turn))
+    if unnamed is not None:
+        raise unnamed
+    return out, ({"orphan_results": str(orphans)} if orphans else {})
 
 
 def log(messages: list[Any], s: LogSettings, where: str) -> list[TypedEntry]:
+    """The conversation as the entries of the shared pairing rule (`assemble_events` pairs them): what
+    `paired_events` gives in one walk."""
     out: list[TypedEntry] = []
     append = out.append
     prefix = s.own.get("error_prefix")
@@ -93,11 +187,11 @@ def _calls(m: dict[str, Any], where: str, i: int, turn: int, append: Callable[[T
         if not isinstance(fn, dict):
             raise IngestError(f"openai: {here}: expected {{'id', 'function': {{'name', 'arguments'}}}}")
         call_id = tc.get("id")
-        append(Call(call_id, partial(call_event, fn.get("name"), fn.get("arguments"), call_id, turn, where=here)))
+        append(Logged(call_id, partial(call_event, fn.get("name"), fn.get("arguments"), call_id, turn, where=here)))
     fc = m.get("function_call")
     if isinstance(fc, dict):
         at = f"{where} messages[{i}]"
-        append(Call(_LEGACY, partial(call_event, fc.get("name"), fc.get("arguments"), None, turn, where=at)))
+        append(Logged(_LEGACY, partial(call_event, fc.get("name"), fc.get("arguments"), None, turn, where=at)))
 
 
 def _result(m: dict[str, Any], prefix: str | None, where: str, i: int, turn: int) -> Result:

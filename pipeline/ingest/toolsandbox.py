@@ -44,7 +44,6 @@ import orjson
 from pipeline.core.errors import IngestError
 from pipeline.core.records import CallRecord, EventRecord
 from pipeline.core.values import decoded
-from pipeline.envs.toolsandbox.env import seed_clock
 from pipeline.ingest._pairing import Call, Entry, Result, assemble
 from pipeline.ingest.base import IngestOptions, LogFormat, Option, OptionSchema, read_document, source_files
 from pipeline.storage.fs import exists
@@ -171,6 +170,10 @@ def _scenario(folder: str, crashed: bool, tz: str, options: IngestOptions) -> Sc
     conversation, context_url = f"{folder}/conversation.json", f"{folder}/execution_context.json"
     context = _load(context_url, options) if exists(context_url, options.storage_options) else None
     settings = start_settings(context, context_url) if context is not None else None
+    # Imported here: the simulator's module loads pint, holidays, phonenumbers and rapidfuzz (0.1 CPU-s), and this
+    # module is imported wherever a log's format is sniffed (`likely_format`), on every other format's read path.
+    from pipeline.envs.toolsandbox.env import seed_clock
+
     seeded_at = seed_clock(_table(context, "reminder", context_url), tz) if context is not None else None
     if crashed and not exists(conversation, options.storage_options):
         turns = sandbox_messages(context, context_url) if context is not None else []

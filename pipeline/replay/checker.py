@@ -286,7 +286,7 @@ def _check(
         if "precondition" not in checks:  # the environment's rejection is not a check here: the state stays
             return Verdict(True, detail=f"P not checked: {outcome.message}", outcome=outcome, args=args)
         return Verdict(False, "P", None, outcome.message, outcome, args)
-    return Verdict(True, outcome=outcome, args=args)
+    return Verdict(True, None, None, None, outcome, args)  # positional: the verdict of most calls, made often
 
 
 @lru_cache(maxsize=256)

@@ -114,7 +114,11 @@ class History:
     def _finds(self, text: str) -> bool:
         quoted = orjson.dumps(text).decode()
         if self.chars <= _SCANNED_CHARS:  # a short history: every text, as `_candidates` would narrow them
-            return any(quoted in t for t in self.texts) or any(_whole_word(text, t) for t in self.texts)
+            texts = self.texts
+            for t in texts:  # a loop, not any() over a generator: this runs for most grounded values
+                if quoted in t:
+                    return True
+            return any(_whole_word(text, t) for t in texts)
         candidates = self._candidates(text)
         # Escapes (`\n`, `\u0001`) change the runs of word characters: then the quoted form has its own.
         quoted_in = candidates if len(quoted) == len(text) + 2 else self._candidates(quoted)

@@ -143,6 +143,9 @@ def _score(
     rejects: list[Reject] = []
     unwritable: list[Reject] = []  # results that fail to convert: after the records' own rejects
     copies: dict[str, int] = {}  # duplicated id -> its copies in this shard so far
+    # name -> its environment, resolved and recorded once per shard, not per rollout (the registry's look-up hashes
+    # the options; the version walks the family): a name that fails is asked again, and rejected, each time
+    ready: dict[str, Environment] = {}
 
     def convert() -> None:
         # Results hold their whole rollouts: converted every batch, a worker's memory does not grow with the shard
@@ -171,7 +174,10 @@ def _score(
                     if before + copies[rid] > 1:
                         raise InvalidRecord(f"duplicate rollout_id {rid!r} (first at {first})")
                 rollout = check_rollout(record) if isinstance(record, Rollout) else parse_rollout(record)
-                env = _environment(settings.env or rollout.benchmark, settings, environments)
+                name = settings.env or rollout.benchmark
+                env = ready.get(name)
+                if env is None:
+                    env = ready[name] = _environment(name, settings, environments)
                 results.append(replay(env, rollout, settings.checks))
                 locations.append(location)
             except (InvalidRecord, EnvError) as exc:

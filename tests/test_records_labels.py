@@ -1,0 +1,55 @@
+"""A rollout's label names against the output columns (pipeline.core.records): a name fit once is remembered, and
+the answer for every name is the rule's, whatever names came before and however many."""
+
+from __future__ import annotations
+
+from unittest.mock import patch
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.core import records
+from pipeline.core.errors import InvalidRecord
+from pipeline.core.model import Rollout
+from pipeline.core.records import check_rollout, parse_rollout
+from pipeline.core.run_schema import ATTRIBUTE_PREFIX, RESERVED_COLUMNS
+
+# Output column names in any case, names that start like a cost or attribute column, and others.
+NAMES = st.one_of(
+    st.sampled_from(sorted(RESERVED_COLUMNS)).flatmap(lambda c: st.sampled_from([c, c.upper(), c.title()])),
+    st.sampled_from(["cost_usd", "Cost_x", ATTRIBUTE_PREFIX + "seed", ATTRIBUTE_PREFIX.upper() + "a"]),
+    st.text(min_size=1, max_size=6),
+)
+
+
+def clashes(name: str) -> bool:
+    return name.lower() in {c.lower() for c in RESERVED_COLUMNS} or name.lower().startswith(("cost_", ATTRIBUTE_PREFIX))
+
+
+def accepted(labels: dict[str, str]) -> bool:
+    rollout = Rollout("r", "t", "b", labels=labels)
+    try:
+        check_rollout(rollout)
+    except InvalidRecord as exc:
+        assert "clashes with an output column name" in str(exc)
+        answer = False
+    else:
+        answer = True
+    record = {"rollout_id": "r", "task_id": "t", "benchmark": "b", "labels": labels, "events": [], "success": None}
+    try:
+        parse_rollout(record)
+    except InvalidRecord:
+        assert not answer
+    else:
+        assert answer
+    return answer
+
+
+@settings(max_examples=300)
+@given(st.lists(NAMES, min_size=1, max_size=8), st.integers(0, 2))
+def test_every_name_is_judged_by_the_rule_whatever_came_before(names: list[str], room: int) -> None:
+    # `room`: the remembered names may fill up (at 0 none is kept) before or while these are judged
+    with patch.object(records, "_LABEL_NAMES", set()), patch.object(records, "_KEPT_LABEL_NAMES", room):
+        for name in names + names:  # each judged twice: the second time it may have been remembered
+            assert accepted({name: "x"}) == (not clashes(name))
+            assert name in records._LABEL_NAMES or clashes(name) or len(records._LABEL_NAMES) >= room
