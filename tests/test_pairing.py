@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import zipfile
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +16,10 @@ from typer.testing import CliRunner
 
 from pipeline.apps.cli import app
 from pipeline.core.errors import IngestError
+from pipeline.core.model import Message
 from pipeline.ingest import IngestOptions, ingest, openai
-from pipeline.ingest._logs import LogSettings
-from pipeline.ingest._pairing import Call, Result, assemble, assemble_events, pair
+from pipeline.ingest._logs import LogSettings, call_event, text
+from pipeline.ingest._pairing import Call, Result, TypedEntry, assemble, assemble_events, pair
 
 # One conversation in every format: the framework reuses id `x` for two calls (each answered after it), answers
 # the two calls of one message out of order (`b` before `a`), never answers `n`, and logs a result for `z`, a
@@ -229,4 +232,61 @@ def _outcome(build: Any) -> Any:
 def test_openai_pairs_in_one_walk_as_the_shared_rule_does(messages: list[Any], prefix: str | None) -> None:
     s = LogSettings("openai", "id", "task_id", "success", "observed", own={"error_prefix": prefix} if prefix else {})
     one_walk = _outcome(lambda: openai.paired_events(messages, s, "f line 1"))
-    assert one_walk == _outcome(lambda: assemble_events(openai.log(messages, s, "f line 1")))
+    assert one_walk == _outcome(lambda: assemble_events(_openai_entries(messages, s, "f line 1")))
+
+
+def _openai_entries(messages: list[Any], s: LogSettings, where: str) -> list[TypedEntry]:
+    """An OpenAI conversation as the shared pairing rule's entries (`assemble_events` pairs them): the general form
+    that `openai.paired_events` takes in one walk, kept here as its reference."""
+    out: list[TypedEntry] = []
+    append = out.append
+    prefix = s.own.get("error_prefix")
+    turn = 0
+    # Runs for every message of every conversation: places are formatted only when something needs one.
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise IngestError(f"openai: {where} messages[{i}]: a message must be an object")
+        role = m.get("role")
+        if role == "user":
+            turn += 1
+        if role in openai._CONTEXT_ROLES:
+            content = m.get("content")
+            said = content if type(content) is str else text(content)
+            if said:
+                append(Message(openai._CONTEXT_ROLES[role], said, turn))
+            if role == "assistant":
+                _openai_calls(m, where, i, turn, append)
+        elif role in ("tool", "function"):
+            append(_openai_result(m, prefix, where, i, turn))
+    return out
+
+
+def _openai_calls(m: dict[str, Any], where: str, i: int, turn: int, append: Callable[[TypedEntry], None]) -> None:
+    """An assistant message's calls: `tool_calls`, then a legacy `function_call`."""
+    for j, tc in enumerate(m.get("tool_calls") or ()):
+        fn = tc.get("function") if isinstance(tc, dict) else None
+        here = f"{where} messages[{i}].tool_calls[{j}]"
+        if not isinstance(fn, dict):
+            raise IngestError(f"openai: {here}: expected {{'id', 'function': {{'name', 'arguments'}}}}")
+        call_id = tc.get("id")
+        append(Call(call_id, partial(call_event, fn.get("name"), fn.get("arguments"), call_id, turn, where=here)))
+    fc = m.get("function_call")
+    if isinstance(fc, dict):
+        at = f"{where} messages[{i}]"
+        append(Call(openai._LEGACY, partial(call_event, fc.get("name"), fc.get("arguments"), None, turn, where=at)))
+
+
+def _openai_result(m: dict[str, Any], prefix: str | None, where: str, i: int, turn: int) -> Result:
+    """A `role: tool` result (keyed by `tool_call_id`) or a legacy `role: function` one."""
+    content = m.get("content")
+    if type(content) is not str:
+        content = text(content)
+    error = m.get("error")
+    if not isinstance(error, bool):
+        error = content.startswith(prefix) if prefix else None
+    if m["role"] == "function":
+        return Result(openai._LEGACY, (content, error), content, turn)
+    key = m.get("tool_call_id")
+    if key is None:
+        raise IngestError(f"openai: {where} messages[{i}]: a tool message without 'tool_call_id'")
+    return Result(key, (content, error), content, turn)

@@ -20,8 +20,7 @@ message list. Mapping:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Hashable
-from functools import partial
+from collections.abc import Hashable
 from typing import Any
 
 from pipeline.core.errors import IngestError
@@ -29,7 +28,6 @@ from pipeline.core.model import NOT_LOGGED, Call, Event, Message, Rollout
 from pipeline.ingest._logs import (
     ChatFormat,
     LogSettings,
-    call_event,
     log_options,
     no_tool_name,
     rollout_of,
@@ -37,8 +35,7 @@ from pipeline.ingest._logs import (
     tool_definitions,
     tool_dialect,
 )
-from pipeline.ingest._pairing import Call as Logged
-from pipeline.ingest._pairing import Result, TypedEntry, id_key
+from pipeline.ingest._pairing import id_key
 from pipeline.ingest.base import Option
 
 _CONTEXT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -66,11 +63,12 @@ _LEGACY_ID = id_key(_LEGACY)
 
 
 def paired_events(messages: list[Any], s: LogSettings, where: str) -> tuple[list[Event], dict[str, str]]:
-    """`assemble_events(log(messages, s, where))` in one walk, without an entry per call and result: each call is
-    built as it is logged and a result fills in the earliest unanswered call of its id (`pipeline.ingest._pairing`'s
-    rule, its ids compared as `pair` compares them), or is kept as an orphan `tool` message where it was logged.
-    The errors are the same and come in the same order: any of the walk's own first, then the first call that has
-    no tool name (`assemble` builds the calls only after the walk)."""
+    """A conversation's events, in one walk: each call is built as it is logged, and a result fills in the earliest
+    unanswered call of its id (`pipeline.ingest._pairing`'s rule, ids compared as `pair` compares them) or is kept
+    as an orphan `tool` message where it was logged. What the shared rule's `assemble_events` makes of the
+    conversation as pairing entries, errors included and in the same order (the walk's own first, then the first
+    call without a tool name); tests/test_pairing.py holds the two to each other, without an entry per call and
+    result here."""
     out: list[Event] = []
     append = out.append
     prefix = s.own.get("error_prefix")
@@ -151,60 +149,3 @@ def paired_events(messages: list[Any], s: LogSettings, where: str) -> tuple[list
     if unnamed is not None:
         raise unnamed
     return out, ({"orphan_results": str(orphans)} if orphans else {})
-
-
-def log(messages: list[Any], s: LogSettings, where: str) -> list[TypedEntry]:
-    """The conversation as the entries of the shared pairing rule (`assemble_events` pairs them): what
-    `paired_events` gives in one walk."""
-    out: list[TypedEntry] = []
-    append = out.append
-    prefix = s.own.get("error_prefix")
-    turn = 0
-    # Runs for every message of every conversation: places are formatted only when something needs one.
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise IngestError(f"openai: {where} messages[{i}]: a message must be an object")
-        role = m.get("role")
-        if role == "user":
-            turn += 1
-        if role in _CONTEXT_ROLES:
-            content = m.get("content")
-            said = content if type(content) is str else text(content)
-            if said:
-                append(Message(_CONTEXT_ROLES[role], said, turn))
-            if role == "assistant":
-                _calls(m, where, i, turn, append)
-        elif role in ("tool", "function"):
-            append(_result(m, prefix, where, i, turn))
-    return out
-
-
-def _calls(m: dict[str, Any], where: str, i: int, turn: int, append: Callable[[TypedEntry], None]) -> None:
-    """An assistant message's calls: `tool_calls`, then a legacy `function_call`."""
-    for j, tc in enumerate(m.get("tool_calls") or ()):
-        fn = tc.get("function") if isinstance(tc, dict) else None
-        here = f"{where} messages[{i}].tool_calls[{j}]"
-        if not isinstance(fn, dict):
-            raise IngestError(f"openai: {here}: expected {{'id', 'function': {{'name', 'arguments'}}}}")
-        call_id = tc.get("id")
-        append(Logged(call_id, partial(call_event, fn.get("name"), fn.get("arguments"), call_id, turn, where=here)))
-    fc = m.get("function_call")
-    if isinstance(fc, dict):
-        at = f"{where} messages[{i}]"
-        append(Logged(_LEGACY, partial(call_event, fc.get("name"), fc.get("arguments"), None, turn, where=at)))
-
-
-def _result(m: dict[str, Any], prefix: str | None, where: str, i: int, turn: int) -> Result:
-    """A `role: tool` result (keyed by `tool_call_id`) or a legacy `role: function` one."""
-    content = m.get("content")
-    if type(content) is not str:
-        content = text(content)
-    error = m.get("error")
-    if not isinstance(error, bool):
-        error = content.startswith(prefix) if prefix else None
-    if m["role"] == "function":
-        return Result(_LEGACY, (content, error), content, turn)
-    key = m.get("tool_call_id")
-    if key is None:
-        raise IngestError(f"openai: {where} messages[{i}]: a tool message without 'tool_call_id'")
-    return Result(key, (content, error), content, turn)
