@@ -74,10 +74,10 @@ def _declared_markers(item: pytest.Item) -> set[str]:
     return names
 
 
-# The modules that take longest on the 2-core machine, longest first: those of `make test` (about 20 s to 75 s
-# each), then what is left of them and the longest of the rest in `make check` (about 7 s to 19 s). On
-# pytest-xdist's workers (a module at a time, in this order) they are collected first, so that no worker is left
-# with one of them while the other has finished everything else. Left out of date, it only costs time.
+# The modules that take longest on the 2-core machine, longest first. On pytest-xdist's workers (a module at a time,
+# in this order) they are collected first, so that no worker is left with one of them while the other has finished
+# everything else. Left out of date, it only costs time. `make test` (about 20 s to 75 s each); its order also sets
+# which modules run beside each other, and the suite is known to pass with it:
 LONGEST_MODULES = (
     "test_cluster.py",
     "test_lease.py",
@@ -92,30 +92,37 @@ LONGEST_MODULES = (
     "test_pipeline.py",
     "test_traces_mlflow.py",
     "test_traces_phoenix.py",
+)
+# A run narrowed by `-m` (`make check`, about 7 s to 20 s each):
+LONGEST_CHECKED = (
+    "test_lease.py",
     "test_tau_banking.py",
     "test_figures.py",
     "test_score_raw.py",
     "test_read_bounds.py",
+    "test_cli.py",
+    "test_report.py",
     "test_plugins.py",
     "test_producers_otel.py",
-    "test_install.py",
+    "test_coverage.py",
     "test_otlp_files.py",
     "test_aggregate.py",
     "test_smoke.py",
+    "test_pipeline.py",
     "test_producers_agents.py",
     "test_record_budget.py",
 )
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         present = {mark.name for mark in item.iter_markers()}
         for name in sorted(_declared_markers(item) - present):
             item.add_marker(name)
     if "PYTEST_XDIST_WORKER" not in os.environ:
         return  # a run in one process keeps the order of the files
-    rank = {name: i for i, name in enumerate(LONGEST_MODULES)}
+    rank = {name: i for i, name in enumerate(LONGEST_CHECKED if config.option.markexpr else LONGEST_MODULES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
 
 
