@@ -11,6 +11,7 @@ intervals.py         which interval a metric gets, and the small-sample one
 errors.py            the one base of every error a user is meant to read
 plugins.py           the registry of a plug-in kind: built-ins imported on first use, entry points loaded guarded
 ray_start.py         how pexec starts or joins Ray (the one call; Ray's token-auth notice dropped)
+ray_waits.py         waits on Ray that end, with an error, once this machine's Ray node dies
 settings.py          the checks a stage's settings object makes of its values, and the error naming one
 
 Imports: nothing of pexec.
@@ -26,6 +27,7 @@ __all__ = [
     "model",
     "plugins",
     "ray_start",
+    "ray_waits",
     "records",
     "run_folder",
     "run_schema",

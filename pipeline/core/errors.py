@@ -152,6 +152,11 @@ class ScoringFailed(PexecError, RuntimeError):
     written."""
 
 
+class RayNodeLost(ScoringFailed):
+    """The Ray node of the driver's own machine died while the driver waited on it
+    (pipeline.core.ray_waits)."""
+
+
 class DraftError(PexecError, ValueError):
     """`pexec spec draft` has nothing to draft from (no rollout read, a format it cannot read in shards) or an
     output folder it will not overwrite; the message says which."""

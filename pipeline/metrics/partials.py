@@ -32,7 +32,7 @@ from typing import Any, TypedDict, TypeVar
 import duckdb
 import numpy as np
 
-from pipeline.core import metric_catalogue
+from pipeline.core import metric_catalogue, ray_waits
 from pipeline.core.arrow import pa
 from pipeline.core.errors import MetricsError
 from pipeline.metrics import bootstrap, cohorts
@@ -218,7 +218,6 @@ def metrics_on_ray(
 ) -> tuple[list[Cohort], cohorts.Replicates]:
     """pipeline.metrics.cohorts.metrics_and_replicates with the poisson-merged bootstrap, computed in Ray tasks
     (the Ray at `address`); the same cohorts, bounds and replicates."""
-    import ray
 
     if settings.method != "poisson-merged":
         raise MetricsError(
@@ -239,7 +238,7 @@ def metrics_on_ray(
     stage1 = _remote(part_sums).options(num_returns=n_parts + 1)
     outputs = [stage1.remote(snapshot.root, f, columns, population, cohort_cols, first_k, n_parts) for f in files]
     counts = PartCounts()
-    for got in ray.get([o[0] for o in outputs]):
+    for got in ray_waits.get([o[0] for o in outputs]):
         counts.add(got)
     check_pools(counts.benchmarks, population, snapshot.root.url)
     K = max_k if max_k is not None else min(counts.max_t or 0, _DEFAULT_K)
@@ -249,9 +248,10 @@ def metrics_on_ray(
     pending = [stage2.remote(sum_columns, K, settings, *(o[1 + p] for o in outputs)) for p in range(n_parts)]
     del outputs
     merged = PartitionResult({}, None, {}, {})
+    watch = ray_waits.NodeWatch()
     while pending:  # merged as each partition finishes: this process holds one partition's result at a time
-        done, pending = ray.wait(pending, num_returns=1)
-        merged.add(ray.get(done[0]))
+        done, pending = ray_waits.wait(pending, watch=watch)
+        merged.add(ray_waits.get(done[0], watch))
     return _merged(counts, merged, by_cols, sum_columns, K, settings, population, replicated, snapshot)
 
 

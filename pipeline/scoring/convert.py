@@ -13,6 +13,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from pipeline.core import ray_waits
 from pipeline.core.errors import InvalidRecord
 from pipeline.core.model import Rollout
 from pipeline.core.records import check_rollout, parse_rollout, rollout_record
@@ -89,10 +90,11 @@ def _get(ref: ObjectRef[Result]) -> Result:
     import ray
 
     try:
-        return ray.get(ref)
+        result: Result = ray_waits.get(ref)
     except ray.exceptions.RayTaskError as exc:  # the task's own error, as one line
         cause = exc.cause if isinstance(exc.cause, Exception) else exc
         raise IngestError(str(cause)) from None
+    return result
 
 
 def converted(

@@ -19,6 +19,7 @@ from typing import Any, cast
 import msgspec
 from msgspec import structs
 
+from pipeline.core import ray_waits
 from pipeline.core.arrow import pa
 from pipeline.core.errors import RunFolderError, ScoringFailed, StorageError, UnknownLayout
 from pipeline.core.ray_start import start_ray
@@ -699,6 +700,7 @@ def completed(
 
     todo = iter(shards)
     pending: dict[Any, Shard] = {}
+    watch = ray_waits.NodeWatch()
     while True:
         for shard in itertools.islice(todo, window - len(pending)):
             pending[submit(shard)] = shard
@@ -706,6 +708,8 @@ def completed(
             return
         done, _ = ray.wait(list(pending), num_returns=max(1, len(pending) // 16), timeout=poll_s)
         still_held()
+        if not done:  # nothing finished this poll: is this machine's Ray node still there?
+            watch.check()
         for ref in done:
             shard = pending.pop(ref)
             try:

@@ -18,6 +18,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pipeline.core import ray_waits
 from pipeline.scoring.shard import ScoredShard
 from pipeline.storage.ids import Copies, Duplicates, ids_table, partition_copies, partition_ids, told
 from pipeline.storage.shards import Shard
@@ -140,21 +141,23 @@ class RayIdCheck:
 
     def duplicates(self, storage_options: dict[str, Any] | None = None) -> Duplicates:
         """Check every partition in a task of its own; what each shard is told (pipeline.storage.ids.told). Every
-        shard must have been scored (its task finished) or read. The partitions' objects are released."""
+        shard must have been scored (its task finished) or read. The partitions' objects are released. Raises
+        RayNodeLost, not waiting for ever, if this machine's Ray node dies meanwhile."""
         import ray
 
-        ray.get(self.reads)
+        ray_waits.get(self.reads)
         self.reads = []
-        kept = set(ray.get(self.holder().shards.remote()))
+        kept = set(ray_waits.get(self.holder().shards.remote()))
         missing = [s.key for i, s in enumerate(self.shards) if i not in kept]
         if missing:
             raise ValueError(f"the ids of shard(s) {', '.join(missing[:3])} were never submitted")
         check = _remote(_copies)
         pending = [check.remote(self._holder, p) for p in range(self.partitions)]
         copies: dict[str, Copies] = {}
+        watch = ray_waits.NodeWatch()
         while pending:  # each partition's copies as it finishes; an id lies in one partition only
-            done, pending = ray.wait(pending, num_returns=1)
-            copies |= ray.get(done[0])
+            done, pending = ray_waits.wait(pending, watch=watch)
+            copies |= ray_waits.get(done[0], watch)
         ray.kill(self._holder)  # its objects with it: every partition is checked
         self._holder = None
         return told(copies, self.shards, storage_options)
