@@ -118,6 +118,25 @@ def test_a_metered_block_has_wall_cpu_load_and_niceness():
     assert f"processes at nice {os.nice(0)}" in text
 
 
+def test_a_metered_block_counts_an_orphan_and_reaps_it(tmp_path):
+    # A child that starts a busy grandchild and exits at once, as a driver leaves Ray's processes: the grandchild
+    # is an orphan. Without a subreaper it would be adopted outside this process's tree, its CPU time lost.
+    done = tmp_path / "done"
+    burn = BUSY.format(0) + f"\nopen({str(done)!r}, 'w').close()"
+    orphan = f"import subprocess, sys; print(subprocess.Popen([sys.executable, '-c', {burn!r}]).pid)"
+    mine = time.process_time()  # this process's own CPU, the meter's sampling included, is not the orphan's
+    with _processes.metered(every=0.1) as meter:
+        pid = int(subprocess.run([sys.executable, "-c", orphan], check=True, capture_output=True).stdout)
+        deadline = time.monotonic() + 60
+        while not done.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # its file written, it exits
+    mine = time.process_time() - mine
+    assert meter.usage is not None and meter.usage.cpu_s - mine >= 0.6
+    with pytest.raises(ChildProcessError):  # reaped at the block's end: no zombie left
+        os.waitpid(pid, os.WNOHANG)
+
+
 def test_pexec_bench_adds_what_the_run_cost_and_leaves_the_environment_as_it_was(monkeypatch):
     [niceness] = _processes.BENCH_ENVIRONMENT  # Ray's own name for it
     monkeypatch.delenv(niceness, raising=False)

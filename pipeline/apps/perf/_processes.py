@@ -8,13 +8,18 @@ measured process, as a forked child keeps the high-water mark of the process tha
 CPU time is read from /proc too: a process and every live descendant, each with what its reaped children used
 (utime + stime + cutime + cstime). Ray's processes are not all reaped by the process that started Ray (a worker's
 parent is the raylet, killed at shutdown), so the CPU time a measured process's own rusage gives for its children
-misses most of Ray's; read before Ray stops, the process tree holds it all. Ray starts its workers at nice 15
+misses most of Ray's; read before Ray stops, the process tree holds it all. A measured process that starts a Ray
+of its own and exits leaves Ray's processes orphaned, so for the whole of a measured block (`metered`) the bench
+process is their subreaper (Linux's PR_SET_CHILD_SUBREAPER): an orphan of the tree becomes its child instead of
+init's, stays in the tree, and once dead waits as a zombie, its CPU time still readable, until the block's last
+reading; then the block reaps it. Ray starts its workers at nice 15
 (Ray's `worker_niceness`) while a baseline runs at the niceness of the bench: `BENCH_ENVIRONMENT` starts them at
 0, the same as every other measured process, and `Usage` says what niceness it saw.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -41,6 +46,7 @@ def peak_mib(pid: int | str = "self") -> float:
 
 
 _TICKS = os.sysconf("SC_CLK_TCK")
+_PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 _RAY_AGENTS = ("ray::RuntimeEnv", "ray::DashboardA")  # the raylet's agents, as /proc names them (15 characters)
 # Ray workers at the niceness of every other measured process (Ray's default: 15, behind a baseline at 0).
 BENCH_ENVIRONMENT = {"RAY_worker_niceness": "0"}
@@ -52,6 +58,7 @@ class _Stat:
     cpu_s: float  # user + system, its reaped children's included
     nice: int
     ray_worker: bool  # a Ray worker (named `ray::IDLE`, `ray::<task>`) rather than one of Ray's services
+    zombie: bool = False  # dead, not yet reaped: its times are final
 
 
 def _stat(pid: str) -> _Stat | None:
@@ -62,7 +69,7 @@ def _stat(pid: str) -> _Stat | None:
     name, rest = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
     utime, stime, cutime, cstime = (int(v) for v in rest[11:15])
     worker = name.startswith("ray::") and name not in _RAY_AGENTS
-    return _Stat(int(rest[1]), (utime + stime + cutime + cstime) / _TICKS, int(rest[16]), worker)
+    return _Stat(int(rest[1]), (utime + stime + cutime + cstime) / _TICKS, int(rest[16]), worker, rest[0] == "Z")
 
 
 def process_tree(pid: int | None = None) -> dict[int, _Stat]:
@@ -113,9 +120,10 @@ class Meter:
 
 @contextmanager
 def metered(every: float = 1.0) -> Iterator[Meter]:
-    """Wall time, CPU-seconds (this process and its descendants, Ray's included: read at the end of the block,
-    so a Ray stopped inside it counts only its reaped processes), load average and niceness of the block."""
+    """Wall time, CPU-seconds (this process and its descendants, Ray's included, orphans too: this process is
+    their subreaper during the block), load average and niceness of the block."""
     meter = Meter(every)
+    reaping = _subreaper(True)
     cpu, began = meter.sample(), time.perf_counter()
     sampler = threading.Thread(target=meter._sampling, name="bench-meter", daemon=True)
     sampler.start()
@@ -127,6 +135,29 @@ def metered(every: float = 1.0) -> Iterator[Meter]:
         cpu = meter.sample() - cpu
         meter.usage = Usage(time.perf_counter() - began, cpu, tuple(meter._load), tuple(sorted(meter._nice)),
                             tuple(sorted(meter._worker_nice)))  # fmt: skip
+        if reaping:
+            _subreaper(False)
+            _reap_orphans()
+
+
+def _subreaper(on: bool) -> bool:
+    """Make this process the subreaper of its descendants' orphans (or stop); False where Linux's prctl is not."""
+    import ctypes
+
+    try:
+        return bool(ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def _reap_orphans() -> None:
+    """Reap the dead orphans the block adopted. Only zombies are waited for, so a live child is never taken from
+    the code that started it; by the block's end the bench has waited for every process it started."""
+    me = os.getpid()
+    for pid, s in process_tree().items():
+        if s.zombie and s.ppid == me:
+            with contextlib.suppress(ChildProcessError):  # reaped meanwhile by whoever started it
+                os.waitpid(pid, os.WNOHANG)
 
 
 def free_port() -> int:
