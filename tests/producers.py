@@ -414,6 +414,22 @@ def run_phoenix(base_url: str, endpoint: str, project: str) -> None:
                                                                    tools=tool_schemas()),
                    lambda tc, arguments: tools[tc.function.name](**arguments))  # fmt: skip
     provider.shutdown()
+    _wait_for_spans(endpoint, project)
+
+
+PHOENIX_SPANS = 1 + 4 + 4  # what run_phoenix sends: the agent span, four model calls, four tool calls
+
+
+def _wait_for_spans(endpoint: str, project: str, seconds: float = 60) -> None:
+    """Until Phoenix can read back every span sent: it answers the export at once and inserts the spans in the
+    background, so a reader that comes right after (the guide's next command) could find no trace."""
+    from phoenix.client import Client
+
+    deadline = time.monotonic() + seconds
+    while len(Client(base_url=endpoint).spans.get_spans(project_identifier=project, limit=100)) < PHOENIX_SPANS:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"phoenix did not store the {PHOENIX_SPANS} spans sent within {seconds:g} s")
+        time.sleep(0.2)
 
 
 def send(target: str, url: str, name: str) -> None:
