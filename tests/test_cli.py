@@ -217,6 +217,16 @@ def test_any_other_exception_is_a_bug_and_keeps_its_traceback(monkeypatch):
     assert "error:" not in proc.stderr
 
 
+def test_a_reader_that_went_away_ends_the_command_quietly(monkeypatch):
+    # `pexec sql … | head`: once head exits, a write fails with EPIPE; that is not a storage error to report.
+    def gone(*args: object) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(pipeline.apps.cli._options, "open_run", gone)
+    result = CliRunner().invoke(app, ["sql", "run", "SELECT 1"])
+    assert result.exit_code == 1 and result.stderr == ""
+
+
 def test_version():
     result = CliRunner().invoke(app, ["--version"])
     assert result.exit_code == 0 and result.stdout == version("pexec") + "\n"

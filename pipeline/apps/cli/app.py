@@ -42,6 +42,8 @@ class _Commands(TyperGroup):
             _fail(exc.naming(_option(self.get_command(ctx, ctx.invoked_subcommand or ""), exc)), exc)
         except PexecError as exc:
             _fail(str(exc), exc)
+        except BrokenPipeError:  # the reader went away (`pexec … | head`): click stops quietly, exit code 1
+            raise
         except OSError as exc:  # storage: a missing bucket or file, a refused write, an unreachable endpoint
             _fail(f"{type(exc).__name__}: {exc}", exc)
         except Exception as exc:
