@@ -295,7 +295,7 @@ def _small(name: str, tmp_path: Path, shared: Path) -> Bench:
     if name == "split":
         from pipeline.apps.perf.split import bench_split
 
-        return bench_split(400, tmp_path, repeats=1, shard_mb=0.1, in_process=True)
+        return bench_split(400, None, repeats=1, shard_mb=0.1, in_process=True)  # its own folder, then removed
     if name.startswith("nightly"):
         from pipeline.apps.perf.nightly import bench_nightly, bench_nightly_otel
 

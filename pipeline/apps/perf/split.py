@@ -63,6 +63,7 @@ def bench_split(
     load = os.getloadavg()[0]
     root = Path(workdir or tempfile.mkdtemp(prefix="pexec-bench-split-"))
     path = _data(root / "split-data", rollouts)
+    size = path.stat().st_size  # read now: a folder of its own is removed below
     runs: dict[int, list[Run]] = {1: [], 2: []}
     try:
         for _ in range(repeats):
@@ -82,7 +83,7 @@ def bench_split(
             shutil.rmtree(root / f"run-{cpus}", ignore_errors=True)
         if workdir is None:
             shutil.rmtree(root, ignore_errors=True)
-    return _bench(runs, rollouts, path.stat().st_size, shard_mb, repeats, load)
+    return _bench(runs, rollouts, size, shard_mb, repeats, load)
 
 
 def _bench(runs: dict[int, list[Run]], rollouts: int, size: int, shard_mb: float, repeats: int, load: float) -> Bench:
