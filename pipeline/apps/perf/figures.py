@@ -80,6 +80,7 @@ class Usage:
     load: tuple[float, ...]  # sampled every `Meter.every` seconds, first and last included
     nice: tuple[int, ...] = ()  # of every process of the tree but Ray's workers
     ray_worker_nice: tuple[int, ...] = ()  # of Ray's workers (none seen: no Ray, or one not started by the tree)
+    counted_by: str = "tree"  # "cgroup": the kernel's count for every process started; "tree": read from /proc
 
     def text(self) -> str:
         """`… s wall, … CPU-s; load average min–median–max; niceness …`, for a caption."""
@@ -87,8 +88,11 @@ class Usage:
         nice = f"processes at nice {_values(self.nice)}"
         if self.ray_worker_nice:
             nice += f", Ray workers at nice {_values(self.ray_worker_nice)}"
-        return (f"{_seconds(self.wall_s)} s wall, {_seconds(self.cpu_s)} CPU-s (the bench process and its children, "
-                f"Ray's included); load average {load} (min–median–max during it); {nice}")  # fmt: skip
+        counted = {"cgroup": "every process it started, Ray's included, counted by the kernel in a cgroup",
+                   "tree": "the bench process and its descendants, read from /proc; Ray's workers that ended before "
+                           "it are missed"}[self.counted_by]  # fmt: skip
+        return (f"{_seconds(self.wall_s)} s wall, {_seconds(self.cpu_s)} CPU-s ({counted}); load average {load} "
+                f"(min–median–max during it); {nice}")  # fmt: skip
 
 
 def _seconds(x: float) -> str:
