@@ -5,16 +5,18 @@ measurement ran.
 A peak is read from /proc (VmHWM), which a new program starts afresh at exec; ru_maxrss is not used for a
 measured process, as a forked child keeps the high-water mark of the process that started it.
 
-CPU time is read from /proc too: a process and every live descendant, each with what its reaped children used
-(utime + stime + cutime + cstime). Ray's processes are not all reaped by the process that started Ray (a worker's
-parent is the raylet, killed at shutdown), so the CPU time a measured process's own rusage gives for its children
-misses most of Ray's; read before Ray stops, the process tree holds it all. A measured process that starts a Ray
-of its own and exits leaves Ray's processes orphaned, so for the whole of a measured block (`metered`) the bench
-process is their subreaper (Linux's PR_SET_CHILD_SUBREAPER): an orphan of the tree becomes its child instead of
-init's, stays in the tree, and once dead waits as a zombie, its CPU time still readable, until the block's last
-reading; then the block reaps it. Ray starts its workers at nice 15
-(Ray's `worker_niceness`) while a baseline runs at the niceness of the bench: `BENCH_ENVIRONMENT` starts them at
-0, the same as every other measured process, and `Usage` says what niceness it saw.
+CPU time of a single process is read from /proc too: it and every live descendant, each with what its reaped
+children used (utime + stime + cutime + cstime), read before Ray stops, while Ray's workers live. A whole measured
+block (`metered`) is counted by the kernel instead, in a cgroup of its own that every process started in it joins:
+the raylet reaps its workers without adding their time to anyone's, so once a driver that started a Ray has exited
+no process tree holds its workers' time. Where no cgroup can be made (not root), the block falls back to the tree,
+with this process the subreaper of the tree's orphans (Linux's PR_SET_CHILD_SUBREAPER: an orphan becomes its
+child instead of init's and, once dead, waits as a zombie, its times readable, until the block reaps it), and says
+so.
+
+Ray starts its workers at nice 15 (Ray's `worker_niceness`) while a baseline runs at the niceness of the bench:
+`BENCH_ENVIRONMENT` starts them at 0, the same as every other measured process, and `Usage` says what niceness it
+saw.
 """
 
 from __future__ import annotations
