@@ -153,6 +153,25 @@ def test_a_metered_block_counts_an_orphan_and_reaps_it(tmp_path, counted_by):
         os.waitpid(pid, os.WNOHANG)
 
 
+def test_counting_has_the_time_of_a_process_reaped_without_accounting(tmp_path, counted_by):
+    # A parent that ignores SIGCHLD, as Ray's raylet treats its workers: its busy child is reaped by the kernel and
+    # its time is added to no one's. Only the cgroup has it.
+    done = tmp_path / "done"
+    burn = BUSY.format(0) + f"\nopen({str(done)!r}, 'w').close()"
+    parent = (f"import signal, subprocess, sys, time, pathlib\nsignal.signal(signal.SIGCHLD, signal.SIG_IGN)\n"
+              f"subprocess.Popen([sys.executable, '-c', {burn!r}])\n"
+              f"while not pathlib.Path({str(done)!r}).exists(): time.sleep(0.05)\ntime.sleep(0.5)")  # fmt: skip
+    with _processes.counting() as cpu:
+        before, mine = cpu(), time.process_time()  # both count this process since it started
+        subprocess.run([sys.executable, "-c", parent], check=True, timeout=120)
+        counted = cpu() - before - (time.process_time() - mine)
+    if counted_by == "cgroup":
+        assert counted >= 0.6
+    else:  # what the tree misses: the reason for the cgroup
+        assert counted < 0.6
+    assert _processes.counted_by() == counted_by
+
+
 def test_pexec_bench_adds_what_the_run_cost_and_leaves_the_environment_as_it_was(monkeypatch):
     [niceness] = _processes.BENCH_ENVIRONMENT  # Ray's own name for it
     monkeypatch.delenv(niceness, raising=False)

@@ -29,7 +29,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +94,33 @@ def cpu_seconds(pid: int | None = None) -> float:
     """CPU-seconds (user + system) used so far by process `pid` (this one by default), its live descendants and
     every child any of them reaped: Ray's processes included while Ray runs."""
     return sum(s.cpu_s for s in process_tree(pid).values())
+
+
+@contextmanager
+def counting() -> Iterator[Callable[[], float]]:
+    """For the block of a measured process: a function that gives the CPU-seconds so far of this process since it
+    started and of every process started in the block, Ray's included, ended or not. Counted by the kernel in a
+    cgroup of the block's own; where none can be made, `cpu_seconds()` (which misses Ray's ended workers).
+    `counted_by()` says which."""
+    with _CpuGroup.entered() as group:
+        if group is None:
+            yield cpu_seconds
+            return
+        user, system, *_ = os.times()
+        before = group.cpu_seconds() - user - system  # this process's time before it joined counts too
+        yield lambda: group.cpu_seconds() - before
+
+
+def counted_by() -> str:
+    """How `counting` counts here: "cgroup" or "tree" (found by making, and leaving, a cgroup)."""
+    with _CpuGroup.entered() as group:
+        return "cgroup" if group is not None else "tree"
+
+
+COUNTED_BY = {
+    "cgroup": "counted by the kernel in a cgroup of its own, so Ray's ended workers are in",
+    "tree": "read from its process tree, which misses Ray's ended workers",
+}
 
 
 @dataclass

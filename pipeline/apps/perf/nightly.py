@@ -11,9 +11,9 @@ In one run, on a moto S3 server on loopback:
   - an Inspect `.eval` log (`pipeline.synthetic.support_eval`, Inspect's own writer) read by pexec's `inspect`
     adapter and by `inspect_ai.log.read_eval_log`.
 Every measured step is a fresh process (`python -m pipeline.apps.perf.nightly STEP …`) reporting its seconds, its
-CPU-seconds (its own and its children's, Ray's processes included, read before it exits), its own peak RSS (VmHWM)
-and, for scoring, the largest Ray worker's peak from the shard reports. The projection to
-100M rollouts on 128 × 16 cores is computed from the per-core rates measured here (`projected_seconds`).
+CPU-seconds (its own and those of every process it started, Ray's included, read before it exits), its own peak
+RSS (VmHWM) and, for scoring, the largest Ray worker's peak from the shard reports. The projection to 100M
+rollouts on 128 × 16 cores is computed from the per-core rates measured here (`projected_seconds`).
 Progress lines go to stderr; the data goes under --workdir.
 """
 
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
 import orjson
 
 from pipeline.apps.perf import CLUSTER_CORES, CLUSTER_ROLLOUTS, require_dev
-from pipeline.apps.perf._processes import cpu_seconds, local_ray, moto_server, peak_mib
+from pipeline.apps.perf._processes import COUNTED_BY, counted_by, counting, local_ray, moto_server, peak_mib
 from pipeline.apps.perf.figures import Bench, figure, load_average, n_runs, replace_block, show
 
 if TYPE_CHECKING:
@@ -236,7 +236,8 @@ def _bench(runs: dict[str, list[Measured]], formats: tuple[str, ...], rollouts: 
         f"{rollouts:,} support conversations{size} on a moto S3 server on loopback: "
         f"{' and '.join(forms[f] for f in formats)}, {files} files{' each' if len(formats) > 1 else ''}, shards of "
         f"{shard_mb:g} MiB; metrics B = {B}; {eval_text + '; ' if eval_text else ''}every step a fresh process (Ray "
-        f"start-up included); {n_runs(repeats)}; {load_average(load)}"
+        f"start-up included; its CPU-seconds and those of every process it started, {COUNTED_BY[counted_by()]}); "
+        f"{n_runs(repeats)}; {load_average(load)}"
     )
     name = "nightly" if formats == ("openai",) else "nightly_" + "_".join(formats)
     return Bench(name, caption, figures, {"runs": runs, "projected_s": projections, "rollouts": rollouts})
@@ -374,11 +375,13 @@ _TYPES: dict[str, Callable[[str], object]] = {"cpus": int, "B": int, "shard_mb":
 
 
 def _run_step(argv: list[str]) -> Measured:
-    """STEP ARG… -> the step's measurements, this process's peak RSS and the CPU-seconds of it and its children."""
+    """STEP ARG… -> the step's measurements, this process's peak RSS and the CPU-seconds of it and of every process
+    it started (`counting`)."""
     step = STEPS[argv[0]]
     names = list(inspect.signature(step).parameters)
-    result = step(*(_TYPES.get(n, str)(a) for n, a in zip(names, argv[1:], strict=True)))
-    return {**result, "peak_mib": peak_mib(), "cpu_s": cpu_seconds()}
+    with counting() as cpu:
+        result = step(*(_TYPES.get(n, str)(a) for n, a in zip(names, argv[1:], strict=True)))
+        return {**result, "peak_mib": peak_mib(), "cpu_s": cpu()}
 
 
 def main(argv: list[str] | None = None) -> None:

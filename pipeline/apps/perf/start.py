@@ -26,7 +26,7 @@ from typing import Literal, TypedDict
 
 import orjson
 
-from pipeline.apps.perf._processes import cpu_seconds, peak_mib
+from pipeline.apps.perf._processes import COUNTED_BY, counted_by, counting, peak_mib
 from pipeline.apps.perf.figures import Bench, figure, load_average, n_runs, show
 from pipeline.scoring.settings import IN_PROCESS_BELOW_MB
 
@@ -61,6 +61,12 @@ def _empty() -> int:
 def _step(argv: list[str]) -> dict[str, object]:
     """In the fresh process: `start` (Ray and two empty tasks), `import` (the modules only), or `score STORE RUN
     WHERE` (WHERE: `inline` in this process, `ray` on a local Ray of CPUS CPUs)."""
+    with counting() as cpu:
+        scored, executor = _work(argv)
+        return {"cpu_s": cpu(), "peak_mib": peak_mib(), "scored": scored, "executor": executor}
+
+
+def _work(argv: list[str]) -> tuple[int, str]:
     from pipeline.core.ray_start import start_ray
     from pipeline.scoring.driver import run_scoring
     from pipeline.scoring.settings import ScoreSettings
@@ -78,7 +84,7 @@ def _step(argv: list[str]) -> dict[str, object]:
         settings = ScoreSettings(inline=True) if where == "inline" else ScoreSettings(num_cpus=CPUS)
         manifest = run_scoring(store, run, settings)
         scored, executor = manifest.counts.scored, manifest.settings.executor
-    return {"cpu_s": cpu_seconds(), "peak_mib": peak_mib(), "scored": scored, "executor": executor}
+    return scored, executor
 
 
 # Ray gives its raylet 30 s to start: on a machine whose load is many times its cores it may not, and the step fails
@@ -153,8 +159,9 @@ def bench_start(
             v(f"ray {n}"), cpu=v(f"inline {n}", "cpu_s"), baseline_cpu=v(f"ray {n}", "cpu_s")))  # fmt: skip
     caption = (
         f"synthetic `shop` stores of {', '.join(f'{n:,}' for n in sizes)} rollouts; every step a fresh process (wall "
-        f"from outside it, imports included; CPU-seconds of it and its children, Ray's processes included, read "
-        f"before it exits); Ray workers at nice 0; {n_runs(repeats)}; {load_average(load)}"
+        f"from outside it, imports included; CPU-seconds of it and every process it started, Ray's included, read "
+        f"before it exits, {COUNTED_BY[counted_by()]}); Ray workers at nice 0; {n_runs(repeats)}; "
+        f"{load_average(load)}"
     )
     if retried:
         caption += f"; {len(retried)} step(s) run again after Ray's start timed out (30 s) on the busy machine"
