@@ -61,7 +61,12 @@ def start_server(*args: str) -> tuple[subprocess.Popen, int]:
         except OSError:
             return False
 
-    wait_for(up, 60, "the guard service")
+    try:
+        wait_for(up, 60, "the guard service")
+    except BaseException:  # not up in time: stop it, or it outlives the suite in a session of its own
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        raise
     return proc, port
 
 
