@@ -423,13 +423,18 @@ PHOENIX_SPANS = 1 + 4 + 4  # what run_phoenix sends: the agent span, four model 
 def _wait_for_spans(endpoint: str, project: str, seconds: float = 60) -> None:
     """Until Phoenix can read back every span sent: it answers the export at once and inserts the spans in the
     background, so a reader that comes right after (the guide's next command) could find no trace."""
+    import httpx
     from phoenix.client import Client
 
     deadline = time.monotonic() + seconds
-    while len(Client(base_url=endpoint).spans.get_spans(project_identifier=project, limit=100)) < PHOENIX_SPANS:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"phoenix did not store the {PHOENIX_SPANS} spans sent within {seconds:g} s")
+    while time.monotonic() < deadline:
+        try:  # the project itself is made with its first stored span: 404 until then
+            if len(Client(base_url=endpoint).spans.get_spans(project_identifier=project, limit=100)) >= PHOENIX_SPANS:
+                return
+        except (httpx.HTTPStatusError, httpx.TimeoutException):
+            pass
         time.sleep(0.2)
+    raise RuntimeError(f"phoenix did not store the {PHOENIX_SPANS} spans sent within {seconds:g} s")
 
 
 def send(target: str, url: str, name: str) -> None:
