@@ -216,11 +216,17 @@ class _CpuGroup:
         return int(value) * self.scale
 
     def _left(self) -> None:
-        with contextlib.suppress(OSError):
-            for pid in (self.folder / "cgroup.procs").read_text().split():  # this process and any survivor
-                with contextlib.suppress(OSError):
-                    (self.home / "cgroup.procs").write_text(pid)
-            self.folder.rmdir()
+        """Back home, with every survivor (a Ray still stopping), and the group removed: tried for up to 5 s, as a
+        process that is exiting keeps its group busy until it is gone."""
+        for _ in range(50):
+            with contextlib.suppress(OSError):
+                for group in sorted(self.folder.rglob("cgroup.procs"), key=lambda p: -len(p.parts)):
+                    for pid in group.read_text().split():  # this process, survivors, a step's own group's
+                        with contextlib.suppress(OSError):
+                            (self.home / "cgroup.procs").write_text(pid)
+                    group.parent.rmdir()  # the deepest first: a step's group left behind, then this one
+                return
+            time.sleep(0.1)
 
 
 # cgroup v2 (the unified hierarchy, alone or beside v1), then v1's cpuacct: mount, name in /proc/self/cgroup, the
