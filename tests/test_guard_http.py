@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -26,8 +27,8 @@ SIGN_IN = {"tool": "authenticate", "arguments": {"email": "ava.lopez@example.com
 
 
 class Client:
-    def __init__(self, port: int, token: str | None = TOKEN) -> None:
-        self.base, self.token = f"http://127.0.0.1:{port}", token
+    def __init__(self, port: int, token: str | None = TOKEN, timeout: float = 30) -> None:
+        self.base, self.token, self.timeout = f"http://127.0.0.1:{port}", token, timeout
 
     def __call__(self, method: str, path: str, body: Any = None, raw: bytes | None = None) -> tuple[int, Any]:
         data = raw if raw is not None else (orjson.dumps(body) if body is not None else None)
@@ -36,7 +37,7 @@ class Client:
         if self.token:
             request.add_header("Authorization", f"Bearer {self.token}")
         try:
-            with urllib.request.urlopen(request, timeout=30) as response:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 self.headers = response.headers
                 return response.status, orjson.loads(response.read())
         except urllib.error.HTTPError as exc:
@@ -72,7 +73,12 @@ def start_server(*args: str) -> tuple[subprocess.Popen, int]:
 
 def stop(proc: subprocess.Popen) -> None:
     os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait(timeout=30)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:  # killed, so that it does not go on taking the machine from later tests
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        raise
 
 
 @pytest.fixture(scope="module")
@@ -196,6 +202,36 @@ def test_a_bfcl_session_and_a_malformed_start():
         assert (wrong["valid"], wrong["failed_check"], wrong["cause"]) == (False, "S", "schema")
     finally:
         stop(proc)
+
+
+@pytest.mark.server
+def test_a_stopping_service_cuts_off_a_request_at_its_shutdown_timeout():
+    # Creating a session with a 7.8 MiB env takes about a second here; SIGTERM comes while it is being built.
+    proc, port = start_server("--env", "shop", "--token", TOKEN, "--session-mb", "256", "--shutdown-timeout", "0.1")
+    body = orjson.dumps({"env": {"state": {"notes": [{"id": f"x{i}", "v": i} for i in range(300_000)]}}})
+    answers: list[tuple[int, Any]] = []
+    sending = threading.Thread(target=lambda: answers.append(Client(port, timeout=120)("POST", "/sessions", raw=body)))
+    try:
+        before = resident_bytes(proc.pid)
+        sending.start()
+        wait_for(lambda: resident_bytes(proc.pid) > before + 16 * 2**20, 60, "the guard to build the env")
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+        sending.join(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    # Without the bound the service answered 201 first: the stop waited for as long as the request ran.
+    assert answers == [(503, {"error": "the service is stopping: this request was cut off after 0.1 s"})]
+    assert proc.returncode == -signal.SIGTERM
+    assert b"Traceback" not in proc.stderr.read()
+
+
+def resident_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
 
 
 def test_listening_beyond_loopback_needs_a_token():

@@ -12,23 +12,15 @@ allows 24 MiB of that (the RSS of a fresh guard varies by about 10 MiB between r
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import orjson
 import pytest
 from conftest import starts
-from test_guard_http import AVA, SIGN_IN, TOKEN, Client, start_server, stop
+from test_guard_http import AVA, SIGN_IN, TOKEN, Client, resident_bytes, start_server, stop
 
 pytestmark = pytest.mark.fuzz  # an adversarial suite: `make fuzz` runs it too
 MIB = 1024 * 1024
 SLACK = 24 * MIB
-
-
-def vm_rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 def big_env(records: int = 300_000) -> dict:
@@ -39,10 +31,10 @@ def big_env(records: int = 300_000) -> dict:
 class Served:
     def __init__(self, *args: str) -> None:
         self.proc, port = start_server("--env", "shop", "--token", TOKEN, *args)
-        self.client = Client(port)
+        self.client = Client(port, timeout=120)  # a 7.8 MiB env took over 30 s on a loaded machine
 
     def rss(self) -> int:
-        return vm_rss(self.proc.pid)
+        return resident_bytes(self.proc.pid)
 
     def health(self) -> dict:
         status, health = self.client("GET", "/health")

@@ -27,6 +27,7 @@ from pipeline.apps.cli._options import (
     Pool,
     Reading,
     ScoredRun,
+    ShutdownTimeout,
     StorageOption,
     StrictReplay,
     TokenFile,
@@ -391,6 +392,7 @@ def view(
     allow_host: AllowHost = None,
     header_timeout: HeaderTimeout = 5.0,
     max_concurrency: MaxConcurrency = 64,
+    shutdown_timeout: ShutdownTimeout = 10.0,
     bootstrap: Bootstrap = 1000,
     seed: IntervalsSeed = 0,
     method: Method = "multinomial",
@@ -419,7 +421,7 @@ def view(
         run_view = RunView(opened, asked.bootstrap, tuple(inputs or ()))
         console.print(f"pexec view: http://{host}:{port}/ (Ctrl-C to stop)")
         try:
-            limits = server_limits(header_timeout, max_concurrency)
+            limits = server_limits(header_timeout, max_concurrency, shutdown_timeout)
             serve(run_view, host, port, token, limits, tuple(allow_host or ()), sock)
         finally:
             run_view.close()

@@ -13,6 +13,7 @@ from pipeline.apps.cli._options import (
     HeaderTimeout,
     MaxConcurrency,
     Policy,
+    ShutdownTimeout,
     SpecDir,
     TokenFile,
     server_limits,
@@ -67,6 +68,7 @@ def serve(
     ] = 16_384,
     header_timeout: HeaderTimeout = 5.0,
     max_concurrency: MaxConcurrency = 64,
+    shutdown_timeout: ShutdownTimeout = 10.0,
 ) -> None:
     """Serve the guard over HTTP: sessions (create, check, record, message, close) and stateless checks."""
     from pipeline.apps.guard.http import require_token
@@ -89,7 +91,7 @@ def serve(
     with listen(host, port) as sock:  # bound before the banner says so
         port = sock.getsockname()[1]
         console.print(f"guard: {env} ({guard.version}) on http://{host}:{port}")
-        limited = server_limits(header_timeout, max_concurrency)
+        limited = server_limits(header_timeout, max_concurrency, shutdown_timeout)
         serve_http(guard, host, port, token, limited, tuple(allow_host or ()), sock)
 
 

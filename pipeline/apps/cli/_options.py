@@ -193,11 +193,24 @@ MaxConcurrency = Annotated[
 ]
 
 
-def server_limits(header_timeout: float, max_concurrency: int) -> Any:
-    """The hardened server's limits (pipeline.apps.web.ServerLimits) with the two a user may set."""
+ShutdownTimeout = Annotated[
+    float,
+    typer.Option(
+        "--shutdown-timeout",
+        min=0,
+        max=300,
+        help="Seconds the requests being answered get to finish after SIGTERM or Ctrl-C; then they are cut off.",
+    ),
+]
+
+
+def server_limits(header_timeout: float, max_concurrency: int, shutdown_timeout: float) -> Any:
+    """The hardened server's limits (pipeline.apps.web.ServerLimits) with the three a user may set."""
     from pipeline.apps.web import ServerLimits
 
-    return ServerLimits(header_timeout=header_timeout, max_concurrency=max_concurrency)
+    return ServerLimits(
+        header_timeout=header_timeout, max_concurrency=max_concurrency, shutdown_timeout=shutdown_timeout
+    )
 
 
 def in_panel(option: Any, panel: str) -> Any:

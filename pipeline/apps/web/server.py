@@ -62,6 +62,9 @@ class ServerLimits:
     max_connections: int = 1024  # open connections; one more is closed at once (each takes a file descriptor)
     max_head: int = 16 * 1024  # bytes of a request line and headers
     max_bodies: int = 256 * 1024 * 1024  # bytes of request bodies being received, all requests together (503)
+    # Seconds the requests being answered get to finish after SIGTERM or Ctrl-C; then they are cut off and the
+    # process ends (without a bound, one slow request held a stopping service for as long as it ran).
+    shutdown_timeout: float = 10.0
 
 
 def token_cookie(port: int) -> str:
@@ -205,7 +208,7 @@ class WebGuard:
             self.working -= 1
 
     async def _answer(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:
-        delivered = False
+        delivered = started = False
 
         async def replay() -> Message:
             nonlocal delivered
@@ -214,7 +217,19 @@ class WebGuard:
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()  # the disconnect, when it comes
 
-        await self.app(scope, replay, send)
+        async def sending(message: Message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await self.app(scope, replay, sending)
+        except asyncio.CancelledError:
+            # The server cancels the requests still being answered when its shutdown timeout ends: the client
+            # gets one line, the terminal no traceback (the task ends here, so nothing waits on the cancel).
+            if not started:
+                limit = self.limits.shutdown_timeout
+                await _refuse(send, 503, f"the service is stopping: this request was cut off after {limit:g} s")
 
     def _check_framing(self, scope: Scope) -> None:
         """The head's size however it arrived (the parser counts only a head that comes in pieces), and one
@@ -391,8 +406,9 @@ def run_server(
         host=host,
         port=port,
         http=_protocol(limits.header_timeout, connection_limit(limits.max_connections)),
-        # uvicorn annotates an int, and hands it to loop.call_later, which takes any number of seconds.
+        # uvicorn annotates ints, and hands them to loop.call_later and asyncio.wait_for, which take any seconds.
         timeout_keep_alive=limits.idle_timeout,  # type: ignore[arg-type]
+        timeout_graceful_shutdown=limits.shutdown_timeout,  # type: ignore[arg-type]
         h11_max_incomplete_event_size=limits.max_head,
         log_level="warning",
         access_log=False,
