@@ -22,7 +22,7 @@ import msgspec
 import s3fs
 
 from pipeline.apps.perf import cluster_projection
-from pipeline.apps.perf._processes import cpu_seconds, moto_server, peak_mib
+from pipeline.apps.perf._processes import COUNTED_BY, counted_by, cpu_seconds, moto_server, peak_mib
 from pipeline.apps.perf.figures import Bench, figure, load_average, n_runs, show
 from pipeline.scoring.driver import run_scoring
 from pipeline.scoring.settings import ScoreSettings
@@ -34,11 +34,14 @@ _DRIVER = (
     "import sys, json\n"
     "from pipeline.scoring.driver import run_scoring\n"
     "from pipeline.scoring.settings import ScoreSettings\n"
-    "m = run_scoring(sys.argv[1], sys.argv[2], ScoreSettings(num_cpus=int(sys.argv[3]), shard_mb=float(sys.argv[4]),\n"
-    "                storage_options={'endpoint_url': sys.argv[5]}, force=True, address=sys.argv[6] or None))\n"
-    "from pipeline.apps.perf._processes import cpu_seconds, peak_mib\n"
+    "from pipeline.apps.perf._processes import counting, peak_mib\n"
     "import msgspec\n"
-    "print(json.dumps({'counts': msgspec.to_builtins(m.counts), 'peak_mib': peak_mib(), 'cpu_s': cpu_seconds()}))\n"
+    "with counting() as cpu:\n"
+    "    m = run_scoring(sys.argv[1], sys.argv[2], ScoreSettings(num_cpus=int(sys.argv[3]),\n"
+    "                    shard_mb=float(sys.argv[4]), storage_options={'endpoint_url': sys.argv[5]}, force=True,\n"
+    "                    address=sys.argv[6] or None))\n"
+    "    used = cpu()\n"
+    "print(json.dumps({'counts': msgspec.to_builtins(m.counts), 'peak_mib': peak_mib(), 'cpu_s': used}))\n"
 )
 
 
@@ -51,7 +54,7 @@ class ScaleRun(TypedDict):
     steps_per_s: float
     steps_per_rollout: float
     driver_peak_mib: float
-    cpu_s: float  # the driver process and its children, Ray's included
+    cpu_s: float  # the driver process and every process it started, Ray's included (`counting`)
 
 
 class _DriverReport(TypedDict):
@@ -107,7 +110,8 @@ def bench_scale(
     ]  # fmt: skip
     caption = (
         f"{n_rollouts:,} synthetic `shop` rollouts in a local S3-compatible server (moto), scored end to end through "
-        f"local Ray by a separate driver process each time (Ray start-up included); {n_runs(repeats)}; "
+        f"local Ray by a separate driver process each time (Ray start-up included; its CPU-seconds and those of every "
+        f"process it started, {COUNTED_BY[counted_by()]}); {n_runs(repeats)}; "
         f"{load_average(load)}"
     )
     return Bench("scale", caption, figures, runs)
