@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import orjson
 from typer.testing import CliRunner
 
 from pipeline.apps.cli import app
@@ -100,6 +101,13 @@ def test_metrics_says_how_many_records_were_rejected_and_left_out_of_every_n(tmp
     assert said in table.stdout.replace("\n", " ")
     rows = RUNNER.invoke(app, ["sql", "run", "SELECT count(*) FROM rejects", "--format", "csv"]).stdout
     assert rows.split()[-1] == "3"
+    # A JSON reader gets the same count on every cohort, and so does the metrics table `sql` reads.
+    cohorts = [orjson.loads(line) for line in RUNNER.invoke(app, ["metrics", "run", "--json"]).stdout.splitlines()]
+    assert cohorts and {c["n_rejected_in_run"] for c in cohorts} == {3}
+    kept = RUNNER.invoke(app, ["sql", "run", "SELECT DISTINCT n_rejected_in_run FROM metrics", "--format", "csv"])
+    assert kept.stdout.split()[-1] == "3"
     (tmp_path / "logs" / "a.jsonl").write_text("".join(lines))
     assert RUNNER.invoke(app, ["score", "logs", "--out", "clean", "--inline"]).exit_code == 0
     assert "rejected at scoring" not in RUNNER.invoke(app, ["metrics", "clean", "--bootstrap", "50"]).stdout
+    clean = RUNNER.invoke(app, ["metrics", "clean", "--json", "--bootstrap", "50"]).stdout.splitlines()
+    assert {orjson.loads(line)["n_rejected_in_run"] for line in clean} == {0}

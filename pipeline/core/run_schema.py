@@ -175,6 +175,12 @@ COHORT_COUNTS = (
 POPULATION = (
     Column("harness_errors", _STR, "exclude (left out of every metric) or fail (counted as non-executable failures)"),
     Column("strict_replay", _BOOL, "the rollouts of n_diverged_before_fed were left out (--strict-replay)"),
+    Column(
+        "n_rejected_in_run",
+        _I64,
+        "records of the whole run (of the shards read) rejected at scoring, so in no cohort's n: "
+        "its `rejects` table says why",
+    ),
 )
 BOOTSTRAP = (
     Column("bootstrap_B", _I64, "bootstrap replicates"),

@@ -32,7 +32,7 @@ from pipeline.core.arrow import pa
 from pipeline.core.errors import MetricsError, StorageError
 from pipeline.metrics import bootstrap
 from pipeline.metrics._population import open_population
-from pipeline.metrics.completeness import Coverage, Snapshot
+from pipeline.metrics.completeness import Snapshot
 from pipeline.metrics.duck import fetch, rollout_columns, run_sql, set_variables
 from pipeline.metrics.results import Cohort, CohortBootstrap, Interval, Labels, PecPoint, key_values, ratio
 from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, BootstrapSettings, Population
@@ -209,7 +209,7 @@ def intervals_and_replicates(
     pec = fetch(con, "pec_intervals", PecRow)
     reps = fetch(con, "replicated_values", ReplicatedRow)
     keys = ["benchmark", *by_cols]
-    cohorts, ids = _assemble(info, ratios, pec, clusters, harness, keys, settings, population, snapshot.partial())
+    cohorts, ids = _assemble(info, ratios, pec, clusters, harness, keys, settings, population, snapshot)
     by_id: dict[int, dict[str, list[float | None]]] = {}
     for r in reps:
         by_id.setdefault(r["cohort"], {})[r["metric"]] = r["replicate_values"]
@@ -421,9 +421,10 @@ def _assemble(
     keys: list[str],
     settings: BootstrapSettings,
     population: Population,
-    covered: Coverage | None,
+    snapshot: Snapshot,
 ) -> tuple[list[Cohort], list[int | None]]:
     """The cohort dicts, in key order, and each one's cohort number in the SQL tables (None: no rollout)."""
+    covered, rejected = snapshot.partial(), snapshot.rejected()
     metric_moments, pec_moments = clusters
     by_metric = {(r["cohort"], r["metric"]): r for r in ratios}
     pec_by_cohort: dict[int, list[PecPoint]] = {}
@@ -457,6 +458,7 @@ def _assemble(
         out |= {"n_unknown_success": c["n_unknown_success"], "n_diverged_before_fed": c["n_diverged_before_fed"]}
         out["n_harness_error"] = n_harness.get(key(c["key"]), 0)  # counted over every scored rollout
         out |= {"harness_errors": population.harness_errors, "strict_replay": population.strict_replay}
+        out["n_rejected_in_run"] = rejected
         for m in metric_catalogue.METRICS:
             if m.kind == "curve":
                 out[m.name] = sorted(pec_by_cohort.get(cid, []) if cid is not None else [], key=lambda p: p["k"])

@@ -161,13 +161,10 @@ class Snapshot:
         rollouts_total = _of(_total(r.rollouts_total for r in self.runs))
         return f"partial: {runs}{shards:,} of {shards_total} shards, {rollouts:,} of {rollouts_total} rollouts"
 
-    def rejected(self) -> int | None:
-        """Records the readable shards rejected at scoring (from their markers); None when a shard has no marker
-        to say (the rejects table then counts them)."""
-        markers = [r.recorded.get(key) for r in self.runs for key in r.keys]
-        if any(m is None for m in markers):
-            return None
-        return sum(m.rejected for m in markers if m is not None)
+    def rejected(self) -> int:
+        """Records the readable shards rejected at scoring (rows of their rejects parts), as their markers count
+        them: every shard read has one."""
+        return sum(r.recorded[key].rejected for r in self.runs for key in r.keys)
 
     def parts(self, table: str) -> list[str]:
         """URLs of `table`'s part files of the readable shards, as DuckDB reads them; the first call for a table

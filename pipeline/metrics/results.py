@@ -75,6 +75,7 @@ class Cohort(Labelled):
     n_harness_error: int  # counted over every scored rollout, counted in N or not
     harness_errors: HarnessErrors
     strict_replay: bool
+    n_rejected_in_run: int  # the run's records rejected at scoring (in no cohort), the same on every cohort
     pec: list[PecPoint]  # PEC(k), k = 0 .. K
     bootstrap: CohortBootstrap
     partial: CoverageJSON | None  # None for a complete run

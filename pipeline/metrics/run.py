@@ -63,8 +63,7 @@ class Run:
 
     def rejected(self) -> int:
         """How many records were rejected at scoring (rows of `rejects`), counted from the shards' markers."""
-        counted = self.snapshot.rejected()
-        return self.rejects().num_rows if counted is None else counted
+        return self.snapshot.rejected()
 
     def written_by(self, population: Population = DEFAULT_POPULATION) -> list[str]:
         """Warnings where the code that wrote the logs is not the code that replayed them
