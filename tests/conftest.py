@@ -222,6 +222,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_group(proc: subprocess.Popen, timeout: float = 30) -> None:
+    """SIGTERM to the process group of `proc` (started with start_new_session), then its end awaited; one that
+    has not ended in `timeout` seconds is killed before the error is raised, so it does not go on taking the
+    machine from the tests after it, in a session of its own."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        raise
+
+
 def wait_for(condition, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

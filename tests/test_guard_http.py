@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import free_port, starts, wait_for
+from conftest import free_port, starts, stop_group, wait_for
 
 from pipeline.envs import get_environment
 
@@ -71,14 +71,7 @@ def start_server(*args: str) -> tuple[subprocess.Popen, int]:
     return proc, port
 
 
-def stop(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:  # killed, so that it does not go on taking the machine from later tests
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-        raise
+stop = stop_group
 
 
 @pytest.fixture(scope="module")

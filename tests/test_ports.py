@@ -4,9 +4,7 @@ followed by uvicorn's `[Errno 98]`."""
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -14,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import typer
+from conftest import stop_group
 from typer.testing import CliRunner
 
 from pipeline.apps.cli import app
@@ -67,5 +66,4 @@ def test_the_banner_names_the_port_bound_and_the_server_answers_on_it() -> None:
             conn.settimeout(30)
             assert conn.recv(64).startswith(b"HTTP/1.1 200")
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+        stop_group(proc)

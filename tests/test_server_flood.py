@@ -8,8 +8,6 @@ Measured before: 64 silent sockets re-opened every 10 s turned 60/60 guard reque
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import subprocess
 import threading
@@ -21,7 +19,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import free_port, starts, wait_for
+from conftest import free_port, starts, stop_group, wait_for
 from test_guard_bounds import small_calls
 from test_guard_http import SIGN_IN, TOKEN, start_server, stop
 from test_view import PEXEC, make_run
@@ -163,8 +161,7 @@ def test_the_viewer_serves_while_idle_and_slow_sockets_flood_it(tmp_path: Path) 
         wait_for(up, 90, "the viewer")
         held_under_flood(port, lambda: status_of(url, auth))
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+        stop_group(proc)
 
 
 def test_past_the_work_limit_requests_get_503_and_connections_do_not_count(guard_port: int) -> None:

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from conftest import free_port, wait_for
+from conftest import free_port, stop_group, wait_for
 from starlette.testclient import TestClient
 from typer.testing import CliRunner
 
@@ -415,8 +415,7 @@ def test_the_served_viewer_checks_token_host_and_origin(run: str, tmp_path: Path
         status, _, body = get("/", Cookie=cookie, Origin="http://attacker.example")
         assert status == 403 and "cross-origin request" in body
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+        stop_group(proc)
 
 
 class NoRedirect(urllib.request.HTTPRedirectHandler):
