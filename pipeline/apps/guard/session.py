@@ -53,9 +53,13 @@ class GuardVerdict:
 
     @classmethod
     def of(cls, step: int, verdict: Verdict, simulated: bool) -> GuardVerdict:
+        """The checker's verdict on a call checked before it runs: there is no logged outcome yet for a rule's
+        refusal to contradict, so the replay's note that the log shows no error is left out."""
         output = verdict.outcome.output if verdict.outcome is not None and verdict.valid and simulated else None
-        why = (verdict.check, verdict.cause, verdict.detail, verdict.message, verdict.decided_by)
-        return cls(step, verdict.valid, *why, output)
+        detail, message = verdict.detail, verdict.message
+        detail = detail and detail.removesuffix(NO_ERROR_NOTE)
+        message = message and message.removesuffix(NO_ERROR_NOTE)
+        return cls(step, verdict.valid, verdict.check, verdict.cause, detail, message, verdict.decided_by, output)
 
     def to_json(self) -> VerdictJSON:
         return {
@@ -155,12 +159,17 @@ def check_event(event: Call | Message) -> bytes:
     (the guard refuses a call the nightly rescore could not read)."""
     record = event_record(event)
     # An event sits two levels below its rollout record (the record, its `events` list): checked in that place.
-    if too_deep({"events": [record]}):
-        raise InvalidRecord(RECORD_TOO_DEEP)
     try:
-        return orjson.dumps(record)
-    except TypeError as exc:
+        text = orjson.dumps(record)
+    except TypeError as exc:  # orjson also refuses more levels than it writes
+        if too_deep({"events": [record]}):
+            raise InvalidRecord(RECORD_TOO_DEEP) from None
         raise InvalidRecord(f"the event is not JSON: {exc}") from exc
+    # Its levels are at most its brackets (those in strings included): the walk only when they could be too many,
+    # which a call's few brackets never are (it cost more than the rest of a check).
+    if text.count(b"[") + text.count(b"{") > MAX_DEPTH - 2 and too_deep({"events": [record]}):
+        raise InvalidRecord(RECORD_TOO_DEEP)
+    return text
 
 
 def check_start(env: dict[str, Any]) -> None:
@@ -298,15 +307,9 @@ class GuardSession:
         check_event(call)
         self._indexing()
         try:
-            verdict = GuardVerdict.of(self.depth + 1, self._session.check(call), self.env.simulated)
+            return GuardVerdict.of(self.depth + 1, self._session.check(call), self.env.simulated)
         finally:
             self._counted()
-        # Checked before it runs: there is no logged outcome for a rule's refusal to contradict.
-        return replace(
-            verdict,
-            detail=verdict.detail and verdict.detail.removesuffix(NO_ERROR_NOTE),
-            message=verdict.message and verdict.message.removesuffix(NO_ERROR_NOTE),
-        )
 
     def record(self, call: Call, output: Any = NOT_LOGGED, error: bool | None = None) -> StepResult:
         """Add `call` as the next step with its real outcome: the production tool's output (or, in a
