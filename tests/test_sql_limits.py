@@ -17,13 +17,14 @@ import threading
 import time
 from pathlib import Path
 
+import duckdb
 import psutil
 import pytest
 from typer.testing import CliRunner
 
 from pipeline.apps.cli import app
 from pipeline.core.errors import PexecError
-from pipeline.metrics.query import QueryError, QueryLimits
+from pipeline.metrics.query import QueryError, QueryLimits, _Stopping
 from pipeline.metrics.run import open_run
 from pipeline.scoring.driver import run_scoring
 from pipeline.scoring.settings import ScoreSettings
@@ -289,3 +290,20 @@ def test_the_spill_folder_of_a_killed_query_is_removed_by_the_next(run: Path, tm
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     assert open_run(str(run)).sql("SELECT 1 AS one").to_pylist() == [{"one": 1}]
     assert spill_folders(tmp_path) == [live]
+
+
+def test_a_signal_as_the_query_ends_stops_nothing_and_prints_no_traceback(monkeypatch) -> None:
+    # The fresh-clone run's race: SIGTERM reached the watcher after the query's connection was closed, and its
+    # interrupt printed "Exception in thread pexec-sql-signals: ... Connection already closed!" before exit 143.
+    raised: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: raised.append(args.exc_value))
+    con = duckdb.connect()
+    stopping = _Stopping(con)
+    stopping.start()
+    try:
+        con.close()
+        assert stopping._sockets is not None
+        stopping._sockets[1].send(bytes([signal.SIGTERM]))  # what the wake-up fd carries for a SIGTERM
+    finally:
+        stopping.stop()  # the watcher reads the byte (and interrupts) before the end of the stream: joined here
+    assert raised == []

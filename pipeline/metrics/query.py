@@ -167,7 +167,7 @@ def stream_sql(snapshot: Snapshot, query: str, limits: QueryLimits | None = None
     con = connect(root)
     spill = _spill_folder()
     # DuckDB has no statement timeout of its own: a timer interrupts the connection, reading included.
-    timer = threading.Timer(limits.timeout, con.interrupt)
+    timer = threading.Timer(limits.timeout, _interrupt, (con,))
     timer.start()
     stopping = _Stopping(con)
     try:
@@ -217,6 +217,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _interrupt(con: duckdb.DuckDBPyConnection) -> None:
+    """Interrupt the query running on `con`, from another thread. The query may have ended and the connection
+    been closed meanwhile (a signal or the timeout arriving as the query finishes): nothing is left to stop then,
+    and DuckDB's error about the closed connection would print as a thread's traceback."""
+    with contextlib.suppress(duckdb.ConnectionException):
+        con.interrupt()
+
+
 class _Stopping:
     """While a query runs in the main thread: SIGTERM and SIGINT interrupt DuckDB (from a thread that waits on
     the signal wake-up socket, since the main thread is inside DuckDB and runs no Python until it returns), then
@@ -251,7 +259,7 @@ class _Stopping:
         with contextlib.suppress(OSError):
             while data := reader.recv(64):  # b"": the writing end closed, the query is over
                 if any(b in _STOPPING for b in data):
-                    self.con.interrupt()
+                    _interrupt(self.con)
 
     def _handle(self, signum: int, frame: object) -> None:
         self.signalled = signum
