@@ -22,7 +22,6 @@ saw.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import signal
 import socket
@@ -314,10 +313,11 @@ def local_ray(cpus: int) -> Iterator[str]:
     running: its CPUs are then its own, not `cpus`, so such a run exercises the code paths and measures nothing."""
     import ray
 
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    from pipeline.core.ray_start import start_ray
+
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING)
+        start_ray(None, cpus)  # as `pexec score` starts it: the benches measure the product's own Ray
     try:
         yield ray.get_runtime_context().gcs_address
     finally:

@@ -14,7 +14,6 @@ Both at the given size and a tenth of it: the driver's peak at the larger over t
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import shutil
 import subprocess
@@ -51,11 +50,9 @@ def synthetic_ids(shard: Shard, n: int) -> ScoredShard:
 
 
 def _start_ray(address: str) -> None:
-    import ray
+    from pipeline.core.ray_start import start_ray
 
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if not ray.is_initialized():  # a driver of its own; in process (tests) the bench's Ray already is
-        ray.init(address=address, logging_level=logging.WARNING)
+    start_ray(address)  # a driver of its own; in process (tests) the bench's Ray already is: nothing to do
 
 
 class Measured(TypedDict):
