@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import orjson
 import psutil
 import pytest
-from conftest import starts
-from test_guard_http import AVA, SIGN_IN, TOKEN, Client, start_server, stop
+from conftest import starts, stop_group
+from test_guard_http import AVA, SIGN_IN, TOKEN, Client, start_server
 
 pytestmark = pytest.mark.fuzz  # an adversarial suite: `make fuzz` runs it too
 MIB = 1024 * 1024
@@ -72,7 +72,7 @@ def guard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guard]:
     try:
         yield Guard(proc, port)
     finally:
-        stop(proc)
+        stop_group(proc)
 
 
 def test_a_token_file_keeps_the_token_out_of_the_process_list(guard):
@@ -201,7 +201,7 @@ def roomy() -> Iterator[Guard]:
     try:
         yield Guard(proc, port)
     finally:
-        stop(proc)
+        stop_group(proc)
 
 
 def test_the_stateless_cache_has_a_byte_budget_and_a_ttl(roomy):

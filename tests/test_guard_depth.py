@@ -12,10 +12,10 @@ from __future__ import annotations
 import duckdb
 import orjson
 import pytest
-from conftest import examples
+from conftest import examples, stop_group
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_guard_http import Client, start_server, stop
+from test_guard_http import Client, start_server
 
 from pipeline.apps.guard.service import Guard
 from pipeline.core.errors import GuardRequestError, InvalidRecord
@@ -165,7 +165,7 @@ def test_deep_requests_over_http_are_400_with_the_scorers_reason(tmp_path):
             step = steps[0] if text else steps[1]
             assert (verdict["valid"], verdict["failed_check"], verdict["detail"]) == step[1:]
     finally:
-        stop(proc)
+        stop_group(proc)
 
 
 def test_a_start_the_scorer_would_reject_is_refused_with_its_reason(guard):

@@ -71,9 +71,6 @@ def start_server(*args: str) -> tuple[subprocess.Popen, int]:
     return proc, port
 
 
-stop = stop_group
-
-
 @pytest.fixture(scope="module")
 @starts("server")
 def shop() -> Iterator[Client]:
@@ -81,7 +78,7 @@ def shop() -> Iterator[Client]:
     try:
         yield Client(port)
     finally:
-        stop(proc)
+        stop_group(proc)
 
 
 def pending_order() -> str:
@@ -194,7 +191,7 @@ def test_a_bfcl_session_and_a_malformed_start():
         wrong = client("POST", f"/sessions/{sid}/check", {"call": {"tool": "add", "arguments": {"a": "x"}}})[1]
         assert (wrong["valid"], wrong["failed_check"], wrong["cause"]) == (False, "S", "schema")
     finally:
-        stop(proc)
+        stop_group(proc)
 
 
 @pytest.mark.server

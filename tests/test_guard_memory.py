@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import orjson
 import pytest
-from conftest import starts
-from test_guard_http import AVA, SIGN_IN, TOKEN, Client, resident_bytes, start_server, stop
+from conftest import starts, stop_group
+from test_guard_http import AVA, SIGN_IN, TOKEN, Client, resident_bytes, start_server
 
 pytestmark = pytest.mark.fuzz  # an adversarial suite: `make fuzz` runs it too
 MIB = 1024 * 1024
@@ -49,7 +49,7 @@ def served(request: pytest.FixtureRequest) -> Iterator[Served]:
     try:
         yield guard
     finally:
-        stop(guard.proc)
+        stop_group(guard.proc)
 
 
 @pytest.mark.parametrize("served", [("--session-mb", "16")], indirect=True)

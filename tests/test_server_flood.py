@@ -21,7 +21,7 @@ import orjson
 import pytest
 from conftest import free_port, starts, stop_group, wait_for
 from test_guard_bounds import small_calls
-from test_guard_http import SIGN_IN, TOKEN, start_server, stop
+from test_guard_http import SIGN_IN, TOKEN, start_server
 from test_view import PEXEC, make_run
 
 pytestmark = pytest.mark.fuzz  # an adversarial suite: `make fuzz` runs it too
@@ -130,7 +130,7 @@ def guard_port() -> Iterator[int]:
     try:
         yield port
     finally:
-        stop(proc)
+        stop_group(proc)
 
 
 def test_the_guard_serves_while_idle_and_slow_sockets_flood_it(guard_port: int) -> None:

@@ -158,16 +158,16 @@ def check_event(event: Call | Message) -> bytes:
     """The event's canonical JSON, or InvalidRecord with the reason `pexec score` would reject its rollout for
     (the guard refuses a call the nightly rescore could not read)."""
     record = event_record(event)
-    # An event sits two levels below its rollout record (the record, its `events` list): checked in that place.
+    placed = {"events": [record]}  # an event sits two levels below its rollout record: checked in that place
     try:
         text = orjson.dumps(record)
     except TypeError as exc:  # orjson also refuses more levels than it writes
-        if too_deep({"events": [record]}):
+        if too_deep(placed):
             raise InvalidRecord(RECORD_TOO_DEEP) from None
         raise InvalidRecord(f"the event is not JSON: {exc}") from exc
     # Its levels are at most its brackets (those in strings included): the walk only when they could be too many,
     # which a call's few brackets never are (it cost more than the rest of a check).
-    if text.count(b"[") + text.count(b"{") > MAX_DEPTH - 2 and too_deep({"events": [record]}):
+    if text.count(b"[") + text.count(b"{") > MAX_DEPTH - 2 and too_deep(placed):
         raise InvalidRecord(RECORD_TOO_DEEP)
     return text
 
