@@ -247,6 +247,6 @@ def test_a_large_check_does_not_stall_health(roomy):
     # A stalled loop answers /health only after the check: one wait nearly as long as the whole check (1.9 s of
     # 2.1 s before), and few answers. On a machine busy with other work a wait can lose a time slice or two (0.22 s
     # of a 0.40 s check has been seen), so the bound is three quarters of the check, not half.
-    # (The check must take long enough to tell: 0.3 s on a quiet 2-core machine, over 2 s before.)
-    assert took > 0.15 and len(waits) >= 5, (took, waits)
+    # (The check must take long enough to tell: 0.15-0.3 s on a quiet 2-core machine, over 2 s before.)
+    assert took > 0.1 and len(waits) >= 5, (took, waits)
     assert max(waits) < 0.75 * took, (took, waits)

@@ -209,6 +209,45 @@ def test_a_123_kib_head_in_one_write_is_a_431(guard_port: int) -> None:
     assert answer.startswith(b"HTTP/1.1 200")
 
 
+def test_an_endless_head_in_pieces_is_a_431_at_the_limit(guard_port: int) -> None:
+    """A head that never ends, sent fast in 4 KiB pieces, is refused once it passes the 16 KiB limit, before the
+    header timeout: the parser would otherwise keep the header's value in memory for as long as it grows."""
+    head = f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{guard_port}\r\nX-Big: ".encode()
+    with socket.create_connection(("127.0.0.1", guard_port), timeout=10) as s:
+        s.sendall(head)
+        sent, began = len(head), time.monotonic()
+        try:
+            while sent < 64 * 1024 * 1024:  # 4,096x the limit
+                s.sendall(b"a" * 4096)
+                sent += 4096
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except ConnectionResetError:
+            pass
+    assert out.startswith(b"HTTP/1.1 431") and b"over 16384 bytes" in out, out[:200]
+    assert sent < 8 * 1024 * 1024 and time.monotonic() - began < HEAD_TIMEOUT, sent
+
+
+@pytest.mark.server
+def test_a_websocket_upgrade_is_an_ordinary_request_checked_as_any() -> None:
+    # Measured before: the upgrade went to a WebSocket handler past the token check (the app then closed it).
+    proc, port = start_server("--env", "shop", "--token", TOKEN)
+    try:
+        upgrade = (
+            f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        ).encode()
+        answer, _ = exchange(port, upgrade)
+        assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+    finally:
+        stop_group(proc)
+    assert b"WebSocket" not in proc.stderr.read()  # nor uvicorn's advice to install a WebSocket library
+
+
 def test_content_length_with_transfer_encoding_is_refused_and_the_connection_closed(guard_port: int) -> None:
     # Measured before: answered, and the connection kept open (a request could be smuggled after it).
     body = b"0\r\n\r\n"

@@ -1,9 +1,10 @@
 """The hardened HTTP server of the guard (`pexec guard serve`) and the viewer (`pexec view`).
 
 Two layers, because an ASGI app never sees a connection that has not sent a whole request head:
-- the connection protocol (uvicorn's h11 one) closes a connection that sends no complete request head within
-  `header_timeout` of opening, or of its previous response, and one past `max_connections` at once: silent or
-  slow sockets cannot pile up, and they hold no work slot;
+- the connection protocol (uvicorn's httptools one) refuses a request head over `max_head` bytes while it
+  arrives, closes a connection that sends no complete request head within `header_timeout` of opening, or of its
+  previous response, and one past `max_connections` at once: silent or slow sockets cannot pile up, and they
+  hold no work slot;
 - `WebGuard`, an ASGI layer in front of the app, answers before the app runs: a request head over `max_head`
   bytes gets 431 however it arrived, `Content-Length` with `Transfer-Encoding` 400, a `Host` that is not the
   served address (DNS rebinding) and a foreign `Origin` (a browser on another site) 403, a missing or wrong
@@ -232,7 +233,7 @@ class WebGuard:
                 await _refuse(send, 503, f"the service is stopping: this request was cut off after {limit:g} s")
 
     def _check_framing(self, scope: Scope) -> None:
-        """The head's size however it arrived (the parser counts only a head that comes in pieces), and one
+        """The head's size as parsed (the protocol refuses a longer one while it arrives, counting raw bytes), and one
         framing of the body: `Content-Length` beside `Transfer-Encoding` is how requests are smuggled past a
         proxy (RFC 9112: refuse it and close the connection)."""
         headers: list[tuple[bytes, bytes]] = scope.get("headers", [])
@@ -325,14 +326,20 @@ def _same_origin(path: str) -> str:
     return "/" + quote(path.lstrip("/\\"), safe="/:@!$&'()*+,;=-._~")
 
 
-def _protocol(header_timeout: float, max_connections: int) -> type[asyncio.Protocol]:
-    from uvicorn.protocols.http.h11_impl import H11Protocol, RequestResponseCycle
+def _protocol(header_timeout: float, max_connections: int, max_head: int) -> type[asyncio.Protocol]:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-    class HeadTimeoutProtocol(H11Protocol):
-        """uvicorn's h11 protocol, closing a connection with no complete request head after `header_timeout`,
-        and one opened while `max_connections` are (at once: it never reads a byte)."""
+    class BoundedProtocol(HttpToolsProtocol):
+        """uvicorn's httptools protocol (the compiled llhttp parser) with the bounds it lacks: a request head over
+        `max_head` bytes is refused while it arrives (llhttp keeps any head in memory, however long); a connection
+        with no complete request head after `header_timeout` is closed; one opened while `max_connections` are is
+        dropped at once, before it reads a byte."""
 
-        # As uvicorn's own H11Protocol: it takes the stream Transport asyncio gives it, not any BaseTransport.
+        # Bytes of the request head being received; None inside a body. Counted per piece of at most
+        # max_head + 1 bytes, so at most that much of a head is buffered before the count sees it.
+        head_seen: int | None = 0
+
+        # As uvicorn's own protocol: it takes the stream Transport asyncio gives it, not any BaseTransport.
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             if len(self.connections) > max_connections:
@@ -340,10 +347,46 @@ def _protocol(header_timeout: float, max_connections: int) -> type[asyncio.Proto
                 return
             self._arm()
 
+        def data_received(self, data: bytes) -> None:
+            view, step = memoryview(data), max_head + 1
+            for start in range(0, len(view), step):
+                if self.transport.is_closing():
+                    return  # refused: what follows is not read
+                piece = view[start : start + step]
+                if self.head_seen is not None:
+                    self.head_seen += len(piece)
+                super().data_received(piece)  # type: ignore[arg-type]  # llhttp reads any buffer
+                if self.head_seen is not None and self.head_seen > max_head:
+                    self._refuse_head()
+                    return
+
+        def on_headers_complete(self) -> None:
+            self.head_seen = None
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            self.head_seen = 0  # the next request's head begins
+
         def on_response_complete(self) -> None:
             super().on_response_complete()
             if not self.transport.is_closing():
                 self._arm()
+
+        def _refuse_head(self) -> None:
+            current: RequestResponseCycle | None = self.cycle  # None until a request begins
+            if current is None or current.response_complete:
+                body = orjson.dumps({"error": f"the request head is over {max_head} bytes"})
+                self.transport.write(
+                    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+                    b"content-length: %d\r\nconnection: close\r\n\r\n%b" % (len(body), body)
+                )
+            # Else an earlier pipelined response is still being written: the connection closes after what is
+            # buffered, with no answer of its own.
+            self.transport.close()
+
+        def _unsupported_upgrade_warning(self) -> None:
+            pass  # no service here speaks WebSocket: an upgrade request is answered as an ordinary one, unlogged
 
         def _arm(self) -> None:
             self.loop.call_later(header_timeout, self._head_overdue, self.cycle)
@@ -355,7 +398,7 @@ def _protocol(header_timeout: float, max_connections: int) -> type[asyncio.Proto
             if current is armed and (armed is None or armed.response_complete):
                 self.transport.close()  # no new request began since the timer was set
 
-    return HeadTimeoutProtocol
+    return BoundedProtocol
 
 
 def connection_limit(wanted: int) -> int:
@@ -405,11 +448,11 @@ def run_server(
         app,
         host=host,
         port=port,
-        http=_protocol(limits.header_timeout, connection_limit(limits.max_connections)),
+        http=_protocol(limits.header_timeout, connection_limit(limits.max_connections), limits.max_head),
+        ws="none",  # nothing here speaks WebSocket: an upgrade request is an ordinary one
         # uvicorn annotates ints, and hands them to loop.call_later and asyncio.wait_for, which take any seconds.
         timeout_keep_alive=limits.idle_timeout,  # type: ignore[arg-type]
         timeout_graceful_shutdown=limits.shutdown_timeout,  # type: ignore[arg-type]
-        h11_max_incomplete_event_size=limits.max_head,
         log_level="warning",
         access_log=False,
         server_header=False,
