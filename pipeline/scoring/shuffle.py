@@ -298,8 +298,9 @@ def regroup_partition(source: RawSource, run: str, shard: Shard, partitions: int
         for table in _read(run, 1, *_partition_range(shard), storage):
             rekeyed, rest = _rekeyed(table)  # without `Shuffle.rekey` every item is marked whole: none rekeyed
             staged.put_table(rekeyed)
+            cut = _cut_keys(rest)
             for key, group in _groups(rest):
-                if key is not None and _oversized(source, key, group) is not None:
+                if key is not None and _oversized(source, key, group, key in cut) is not None:
                     # the conversation it names (as rekeying would) is over the limit too
                     names = group["names"].drop_null()
                     staged.put(StagedRow.over(names[0].as_py() if len(names) else key, f"key {key}"))
@@ -344,8 +345,9 @@ def read_partition(source: RawSource, run: str, shard: Shard) -> Iterator[tuple[
     shuffle = source.shuffle
     assert shuffle is not None
     for partition in _read(run, 2, *_partition_range(shard), source.options.storage_options):
+        cut = _cut_keys(partition)
         for key, table in _groups(partition):
-            if key is not None and (over := _oversized(source, key, table)) is not None:
+            if key is not None and (over := _oversized(source, key, table, key in cut)) is not None:
                 yield f"key {key}", over
                 continue
             cols = table.to_pydict()
@@ -359,10 +361,16 @@ def read_partition(source: RawSource, run: str, shard: Shard) -> Iterator[tuple[
                 yield f"key {key}", record_error(source.fmt, f"key {key}", exc)
 
 
-def _oversized(source: RawSource, key: str, group: pa.Table) -> RecordError | None:
-    """The reject of a key group of more items than one conversation may gather, found before any is decoded."""
+def _cut_keys(table: pa.Table) -> set[str]:
+    """The keys of `table` with a group that round 1 cut at the item limit (a StagedRow.over row among its rows).
+    Asked once per table: two compute calls per group cost more than the rest of reading a small conversation."""
+    return set(table.filter(pc.equal(table["item_id"], _OVER))["key"].to_pylist())
+
+
+def _oversized(source: RawSource, key: str, group: pa.Table, cut: bool) -> RecordError | None:
+    """The reject of a key group of more items than one conversation may gather (`cut`: round 1 stopped staging
+    it at the limit), found before any is decoded."""
     limit = source.options.limits.conversation_items
-    cut = pc.any(pc.equal(group["item_id"], _OVER)).as_py()
     if group.num_rows <= limit and not cut:
         return None
     items = f"more than {limit:,}" if cut else f"{group.num_rows:,}"
