@@ -38,7 +38,7 @@ _API = {
     "MetricsSettings": "pipeline.metrics.settings",
     "Outcome": "pipeline.envs",
     "Population": "pipeline.metrics.settings",
-    "QueryLimits": "pipeline.metrics.query",
+    "QueryLimits": "pipeline.metrics.query_limits",
     "QueryRefused": "pipeline.core.errors",
     "Reject": "pipeline.core.model",
     "Rollout": "pipeline.core.model",

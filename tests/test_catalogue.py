@@ -17,8 +17,7 @@ from typer.testing import CliRunner
 
 from pipeline.apps.cli import app
 from pipeline.core import metric_catalogue, run_schema
-from pipeline.metrics.cohorts import cohort_fields
-from pipeline.metrics.results import Cohort, Interval, ToolProfile, ratio
+from pipeline.metrics.results import Cohort, Interval, ToolProfile, cohort_fields, ratio
 from pipeline.metrics.run import open_run
 from pipeline.metrics.settings import BootstrapSettings
 from pipeline.metrics.tool_profiles import TOOL_FIELDS

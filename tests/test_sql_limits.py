@@ -24,7 +24,8 @@ from typer.testing import CliRunner
 
 from pipeline.apps.cli import app
 from pipeline.core.errors import PexecError
-from pipeline.metrics.query import QueryError, QueryLimits, _Stopping
+from pipeline.metrics.query import QueryError, _Stopping
+from pipeline.metrics.query_limits import QueryLimits
 from pipeline.metrics.run import open_run
 from pipeline.scoring.driver import run_scoring
 from pipeline.scoring.settings import ScoreSettings

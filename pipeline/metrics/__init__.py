@@ -12,6 +12,7 @@ results.py        what the cohort and per-tool dicts hold, key by key (TypedDict
 bootstrap.py      the replicates' sums in numpy, exactly as sql/hash.sql draws them
 partials.py       the poisson-merged metrics in Ray tasks: part sums, task partitions, an exact merge
 query.py          read-only user SQL within limits
+query_limits.py   the limits of one such query (read without loading DuckDB)
 tool_profiles.py  per-tool error profiles (step-level cohorts)
 drift.py          `pexec diff`: drift between two runs of different tasks
 verdicts.py       `pexec diff`: the step-level verdict diff of two runs of the same rollouts

@@ -34,7 +34,16 @@ from pipeline.metrics import bootstrap
 from pipeline.metrics._population import open_population
 from pipeline.metrics.completeness import Snapshot
 from pipeline.metrics.duck import fetch, rollout_columns, run_sql, set_variables
-from pipeline.metrics.results import Cohort, CohortBootstrap, Interval, Labels, PecPoint, key_values, ratio
+from pipeline.metrics.results import (
+    Cohort,
+    CohortBootstrap,
+    Interval,
+    Labels,
+    PecPoint,
+    cohort_fields,
+    key_values,
+    ratio,
+)
 from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, BootstrapSettings, Population
 from pipeline.storage.run import RunPrefix
 
@@ -54,12 +63,6 @@ def label_columns(columns: Sequence[str]) -> list[str]:
 def attribute_columns(columns: Sequence[str]) -> list[str]:
     """Attribute columns (`attr_<name>`) of a rollouts table, in table order."""
     return [c for c in columns if c.startswith(run_schema.ATTRIBUTE_PREFIX)]
-
-
-def cohort_fields() -> tuple[str, ...]:
-    """The keys of a cohort dict besides its label values (a label may not take one of these names)."""
-    counts = (c.name for c in (*run_schema.COHORT_COUNTS, *run_schema.POPULATION))
-    return (*counts, *(m.name for m in metric_catalogue.METRICS), "bootstrap", "partial")
 
 
 def compute_metrics(

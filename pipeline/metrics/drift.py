@@ -21,8 +21,8 @@ import numpy as np
 
 from pipeline.core import metric_catalogue
 from pipeline.core.errors import DiffError
-from pipeline.metrics.cohorts import cohort_fields, metrics_and_replicates
-from pipeline.metrics.results import CauseCount, Key, Labels, ToolProfile, key_values, labelled, ratio
+from pipeline.metrics.cohorts import metrics_and_replicates
+from pipeline.metrics.results import CauseCount, Key, Labels, ToolProfile, cohort_fields, key_values, labelled, ratio
 from pipeline.metrics.run import Run
 from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, BootstrapSettings, Population
 from pipeline.metrics.tool_profiles import TOOL_FIELDS, profiles_and_replicates

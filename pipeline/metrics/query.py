@@ -21,7 +21,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -32,51 +31,19 @@ from pipeline.core.arrow import pa
 from pipeline.core.errors import PexecError, QueryRefused
 from pipeline.metrics.completeness import Coverage, Snapshot
 from pipeline.metrics.duck import connect, run_sql, set_variables
+from pipeline.metrics.query_limits import QueryLimits
 
 PARTIAL_KEY = b"pexec.partial"  # schema metadata of a `sql` result read from an incomplete run
 _METRICS_NAME = re.compile(r"^metrics(_by_\w+)?$")
-_MEMORY = re.compile(r"(?P<n>\d+(\.\d+)?)\s*(?P<unit>B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", re.IGNORECASE)
-_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}  # as DuckDB reads them
-_UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-SPILL_BOUNDS = (2**20, 2**40)  # the smallest and largest --spill-limit, in bytes
 _SPILL_PREFIX = "pexec-sql-"  # the spill folder's name: the prefix, the process id, a dash, a random part
 _STOPPING = (signal.SIGTERM, signal.SIGINT)  # signals that stop a query and remove its spill folder
 BATCH_ROWS = 10_000  # rows fetched from DuckDB at a time while a result streams
-MAX_ROWS_LIMIT = 1_000_000_000  # the largest --max-rows
 Result = TypeVar("Result")
 _EXPLAIN = re.compile(r"^\s*EXPLAIN\s+(?:ANALYZE\s+)?(?:\([^)]*\)\s*)?(?P<rest>.*)$", re.IGNORECASE | re.DOTALL)
 
 
 class QueryError(PexecError, duckdb.Error):
     """DuckDB's own error for a user query (syntax, unknown column or table, a file outside the run)."""
-
-
-@dataclass(frozen=True)
-class QueryLimits:
-    """What one `sql()` call may use. DuckDB spills to `temp_directory` beyond the memory limit, and has no
-    statement timeout of its own: a timer interrupts the connection."""
-
-    memory_limit: str = "2GB"
-    spill_limit: str = "4GB"  # spill files at most (DuckDB's max_temp_directory_size)
-    timeout: float = 120.0  # seconds, for all statements of the query together and reading their result
-    max_rows: int = 1_000_000  # rows of the result; more is cut (streamed) or an error (a table in memory)
-
-    def __post_init__(self) -> None:
-        if not _MEMORY.fullmatch(self.memory_limit):
-            raise PexecError(f"memory limit takes a size such as 512MB or 4GB, got {self.memory_limit!r}")
-        spill = size_bytes(self.spill_limit)
-        if spill is None or not SPILL_BOUNDS[0] <= spill <= SPILL_BOUNDS[1]:
-            raise PexecError(f"spill limit takes a size from 1MiB to 1TiB such as 4GB, got {self.spill_limit!r}")
-        if not self.timeout > 0:
-            raise PexecError(f"timeout takes seconds > 0, got {self.timeout}")
-        if not 1 <= self.max_rows <= MAX_ROWS_LIMIT:
-            raise PexecError(f"max rows takes 1 to {MAX_ROWS_LIMIT:,}, got {self.max_rows}")
-
-
-def size_bytes(size: str) -> int | None:
-    """Bytes in a size such as `512MB` or `4GiB` (None when it is not one)."""
-    match = _MEMORY.fullmatch(size.strip())
-    return None if match is None else int(float(match["n"]) * _UNITS[match["unit"].lower()])
 
 
 class QueryResult:

@@ -5,7 +5,7 @@ They are plain dicts, as users receive them; these TypedDicts say what each key 
 cohort's values: `benchmark`, then the condition labels (or attributes) it was grouped by (`Labelled`). Those
 after `benchmark` are the run's own column names, which a TypedDict cannot declare: a row is made by `labelled` (its
 one unchecked step) and its cohort read back by `key_values`. tests/test_catalogue.py checks that the declared keys
-are the ones the code writes besides the catalogue's metrics (pipeline.metrics.cohorts.cohort_fields,
+are the ones the code writes besides the catalogue's metrics (cohort_fields,
 pipeline.metrics.tool_profiles.TOOL_FIELDS).
 """
 
@@ -14,12 +14,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Literal, NotRequired, TypedDict, TypeVar, cast
 
+from pipeline.core import metric_catalogue, run_schema
 from pipeline.core.intervals import Method as IntervalMethod
 from pipeline.metrics.completeness import CoverageJSON
 from pipeline.metrics.settings import HarnessErrors, Method
 
 Labels = dict[str, str | None]  # a cohort's key: cohort column (benchmark, labels, attributes) -> its value
 Key = tuple[str | None, ...]  # the same values in the order of the cohort columns
+
+
+def cohort_fields() -> tuple[str, ...]:
+    """The keys of a cohort dict besides its label values (a label may not take one of these names)."""
+    counts = (c.name for c in (*run_schema.COHORT_COUNTS, *run_schema.POPULATION))
+    return (*counts, *(m.name for m in metric_catalogue.METRICS), "bootstrap", "partial")
 
 
 class Interval(TypedDict):

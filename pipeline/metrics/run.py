@@ -21,7 +21,8 @@ from pipeline.metrics._population import open_population
 from pipeline.metrics.cohorts import compute_metrics, metrics_tables, write_metrics
 from pipeline.metrics.completeness import CoverageJSON, Snapshot, take_snapshot
 from pipeline.metrics.duck import connect, run_sql, set_variables
-from pipeline.metrics.query import QueryLimits, sql
+from pipeline.metrics.query import sql
+from pipeline.metrics.query_limits import QueryLimits
 from pipeline.metrics.results import Cohort, ToolProfile
 from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, BootstrapSettings, Population
 from pipeline.metrics.tool_profiles import tool_profiles

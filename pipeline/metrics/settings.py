@@ -21,6 +21,7 @@ _UINT32 = 2**32
 MAX_B = 10_000  # bootstrap replicates; measured on 200 rollouts: B = 10,000 peaks at 406 MB, 100,000 at 2.4 GB
 MAX_K = 1000  # the largest depth k of PEC(k) asked for (`--max-k`, a job's `max_k`)
 METHODS = ("multinomial", "poisson", "poisson-merged")
+VIEW_PORT = 8765  # where `pexec view RUN` listens by default (`pexec guard serve` listens on another)
 Method = Literal["multinomial", "poisson", "poisson-merged"]
 
 

@@ -28,11 +28,10 @@ from pipeline.metrics import bootstrap
 from pipeline.metrics.drift import Threshold, split_threshold
 from pipeline.metrics.duck import connect, fetch, run_sql, set_variables
 from pipeline.metrics.run import Run
-from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, BootstrapSettings, Method
+from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, VIEW_PORT, BootstrapSettings, Method
 
 KINDS = ("valid_to_invalid", "invalid_to_valid", "check_changed", "cause_changed")
 EXAMPLES = 5  # rollouts listed per flip kind
-VIEW_PORT = 8765  # where `pexec view RUN` listens by default (`pexec guard serve` listens on another)
 VIEW_URL = f"http://127.0.0.1:{VIEW_PORT}"
 # --fail-on names of the paired diff: counts of flipped steps, the flip rate, and the paired changes B − A.
 PAIRED_METRICS = {

@@ -5,7 +5,7 @@ reader checks them the same way (MetricsSettings)."""
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -51,11 +51,11 @@ from pipeline.apps.cli._render import (
 from pipeline.core.errors import EmptyRun, PartDamaged, PexecError, rejects_query
 from pipeline.core.text import literal, public_url
 from pipeline.metrics.completeness import Coverage
-from pipeline.metrics.query import MAX_ROWS_LIMIT, QueryLimits, read_statements, stream_sql
-from pipeline.metrics.run import Run
-from pipeline.metrics.settings import DEFAULT_POPULATION, MAX_K, METHODS, MetricsSettings
-from pipeline.metrics.tool_profiles import TOOL_FIELDS, tool_cohort_columns
-from pipeline.metrics.verdicts import VIEW_PORT
+from pipeline.metrics.query_limits import MAX_ROWS_LIMIT, QueryLimits
+from pipeline.metrics.settings import DEFAULT_POPULATION, MAX_K, METHODS, VIEW_PORT, MetricsSettings
+
+if TYPE_CHECKING:  # DuckDB, which these load, loads with the first run a command reads
+    from pipeline.metrics.run import Run
 
 
 def metrics(
@@ -102,6 +102,8 @@ def metrics(
     asked = metrics_settings(
         by, bootstrap, seed, method, harness_errors, pool, strict_replay, max_k=max_k, methods=METHODS
     )
+    from pipeline.metrics.tool_profiles import tool_cohort_columns
+
     opened = Reading(storage(endpoint_url, storage_option), partial).open(run)
     tool_by = tool_cohort_columns(asked.by)
     if tool_by is not None:
@@ -140,6 +142,7 @@ def metrics(
 
 def _tool_metrics(run: Run, by: list[str], asked: MetricsSettings, as_json: bool) -> None:
     """`metrics --by tool[,labels]`: the per-tool error profile (step-level cohorts), printed, not written."""
+    from pipeline.metrics.tool_profiles import TOOL_FIELDS
     from pipeline.report.layout import tools_table
 
     rows = run.tool_profiles(by, asked.bootstrap, asked.population)
@@ -360,6 +363,8 @@ def sql(
     """Run a read-only SQL query (DuckDB) over the run's tables; the result streams out within the limits."""
     if fmt not in ("table", "csv", "json"):
         raise PexecError(f"--format is table, csv or json, got {fmt!r}")
+    from pipeline.metrics.query import read_statements, stream_sql
+
     limits = QueryLimits(memory_limit=memory_limit, spill_limit=spill_limit, timeout=timeout, max_rows=max_rows)
     read_statements(query)  # a query that is not a read, or not SQL, is refused before the run is listed
     reading = Reading(storage(endpoint_url, storage_option), partial)

@@ -14,16 +14,18 @@ from collections.abc import Sequence
 from copy import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, get_args
+from typing import TYPE_CHECKING, Annotated, Any, get_args
 
 import orjson
 import typer
 
 from pipeline.apps.cli._render import console
 from pipeline.core.errors import PexecError
-from pipeline.metrics.run import Run, open_run
 from pipeline.metrics.settings import MAX_B, MetricsSettings
 from pipeline.storage.stores import WriteMode
+
+if TYPE_CHECKING:  # DuckDB loads with the first run a command reads, not with every command
+    from pipeline.metrics.run import Run
 
 # Where `pexec guard serve` listens by default: not where `pexec view` does (VIEW_PORT), so both can run at once.
 GUARD_PORT = 8766
@@ -235,6 +237,8 @@ class Reading:
 
     def open(self, url: str) -> Run:
         """The run (or runs) under `url`, read as this Reading says."""
+        from pipeline.metrics.run import open_run
+
         return open_run(url, self.storage, self.partial)
 
 

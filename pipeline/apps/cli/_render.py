@@ -17,7 +17,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TextIO, cast
+from typing import TYPE_CHECKING, Any, Literal, TextIO, cast
 
 import orjson
 from rich.console import Console
@@ -28,11 +28,12 @@ from pipeline.core import intervals, metric_catalogue
 from pipeline.core.arrow import pa
 from pipeline.core.errors import PexecError
 from pipeline.core.text import literal
-from pipeline.metrics.cohorts import cohort_fields
 from pipeline.metrics.completeness import Coverage
-from pipeline.metrics.query import QueryResult
-from pipeline.metrics.results import Cohort, Interval, key_values, ratio
+from pipeline.metrics.results import Cohort, Interval, cohort_fields, key_values, ratio
 from pipeline.metrics.settings import harness_note, replay_note
+
+if TYPE_CHECKING:  # a query result is printed only after DuckDB made it
+    from pipeline.metrics.query import QueryResult
 
 console = Console(stderr=True, markup=False, emoji=False, highlight=False)  # messages, progress, notices
 out = Console(width=None if sys.stdout.isatty() else 200, markup=False, emoji=False, highlight=False)  # results

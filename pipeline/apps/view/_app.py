@@ -22,7 +22,7 @@ from pipeline.apps.web.server import DEFAULT_LIMITS
 from pipeline.core.errors import ViewError
 from pipeline.core.text import public_url
 from pipeline.metrics.results import Interval
-from pipeline.metrics.verdicts import VIEW_PORT
+from pipeline.metrics.settings import VIEW_PORT
 
 _HERE = Path(__file__).parent
 _ENV = Environment(loader=FileSystemLoader(_HERE / "templates"), autoescape=select_autoescape(default=True))
