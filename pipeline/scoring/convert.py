@@ -117,19 +117,26 @@ def converted(
         if rounds == 2:
             list(executor.map(_regroup, partition_shards(source, scratch, shards, partitions, 1, per_task), source,
                               scratch, partitions, shard_bytes))  # fmt: skip
-        for records in executor.map(_records, partition_shards(source, scratch, shards, partitions, 2, per_task),
-                                    source, scratch):  # fmt: skip
-            yield from records
+        # In this process the records stream to the writer a partition at a time; a Ray task hands back the list of
+        # its run of partitions (a quarter of a night on one CPU, were it held here).
+        final = _records if executor.kind == "ray" else _record_stream
+        for partition_records in executor.map(final, partition_shards(source, scratch, shards, partitions, 2,
+                                                                      per_task), source, scratch):  # fmt: skip
+            yield from partition_records
     finally:
         remove_all(scratch, source.options.storage_options)
 
 
 def _records(shard: Shard, source: RawSource, scratch: str) -> list[dict[str, Any]]:
     """The records of one shard, each checked to be a scorable rollout; the first that is not fails it."""
+    return list(_record_stream(shard, source, scratch))
+
+
+def _record_stream(shard: Shard, source: RawSource, scratch: str) -> Iterator[dict[str, Any]]:
+    """The records of `_records`, one at a time."""
     parts: Iterator[TypedPart] = (
         read_partition(source, scratch, shard) if shard.file.fmt == "partition" else read_raw_rollouts(source, shard)
     )
-    out = []
     for location, record in parts:
         if isinstance(record, RecordError):
             where = f"{shard.file.url} {location}".rstrip()
@@ -137,14 +144,13 @@ def _records(shard: Shard, source: RawSource, scratch: str) -> list[dict[str, An
             raise IngestError(reason if reason.startswith(f"{source.fmt}: ") else f"{source.fmt}: {where}: {reason}")
         try:
             if isinstance(record, Rollout):  # built as the model's objects: checked, then written as its record
-                out.append(rollout_record(check_rollout(record)))
+                yield rollout_record(check_rollout(record))
             else:
                 parse_rollout(record)
-                out.append(record)
+                yield record
         except InvalidRecord as exc:  # an adapter bug, not bad input: say which record
             rid = record.rollout_id if isinstance(record, Rollout) else record.get("rollout_id")
             raise IngestError(f"{source.fmt}: produced an invalid record {rid!r}: {exc}") from exc
-    return out
 
 
 def _map(shard: Shard, source: RawSource, scratch: str, partitions: int, rounds: int, shard_bytes: int) -> int:
