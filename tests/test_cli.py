@@ -15,8 +15,8 @@ import pytest
 from conftest import starts
 from typer.testing import CliRunner
 
-import pipeline.apps.cli._options
 import pipeline.apps.cli._scoring
+import pipeline.metrics.run
 from pipeline.apps.cli import app
 from pipeline.core.errors import PexecError
 
@@ -193,7 +193,7 @@ def test_long_and_multi_line_messages_stay_one_line_and_verbatim(monkeypatch):
     def fail(*args: object) -> None:
         raise PexecError(message.replace("a message", "a\nmessage"))
 
-    monkeypatch.setattr(pipeline.apps.cli._options, "open_run", fail)
+    monkeypatch.setattr(pipeline.metrics.run, "open_run", fail)
     result = CliRunner().invoke(app, ["sql", "run", "SELECT 1"])
     assert result.exit_code == 2
     assert result.stderr == f"error: {message.strip()}\n"  # rich markup is not interpreted
@@ -203,13 +203,12 @@ def test_any_other_exception_is_a_bug_and_keeps_its_traceback(monkeypatch):
     def bug(*args: object) -> None:
         raise KeyError("not a user error")
 
-    monkeypatch.setattr(pipeline.apps.cli._options, "open_run", bug)
+    monkeypatch.setattr(pipeline.metrics.run, "open_run", bug)
     result = CliRunner().invoke(app, ["sql", "run", "SELECT 1"])
     assert isinstance(result.exception, KeyError) and result.exit_code == 1
     assert "error:" not in result.output
     script = (
-        "import pipeline.apps.cli._options as o; o.open_run = lambda *a: {}['boom']; "
-        "from pipeline.apps.cli import app; app()"
+        "import pipeline.metrics.run as r; r.open_run = lambda *a: {}['boom']; from pipeline.apps.cli import app; app()"
     )
     proc = subprocess.run([sys.executable, "-c", script, "sql", "run", "SELECT 1"], capture_output=True, text=True,
                           timeout=120, env=ENV)  # fmt: skip
@@ -222,7 +221,7 @@ def test_a_reader_that_went_away_ends_the_command_quietly(monkeypatch):
     def gone(*args: object) -> None:
         raise BrokenPipeError(32, "Broken pipe")
 
-    monkeypatch.setattr(pipeline.apps.cli._options, "open_run", gone)
+    monkeypatch.setattr(pipeline.metrics.run, "open_run", gone)
     result = CliRunner().invoke(app, ["sql", "run", "SELECT 1"])
     assert result.exit_code == 1 and result.stderr == ""
 
