@@ -298,9 +298,8 @@ def regroup_partition(source: RawSource, run: str, shard: Shard, partitions: int
         for table in _read(run, 1, *_partition_range(shard), storage):
             rekeyed, rest = _rekeyed(table)  # without `Shuffle.rekey` every item is marked whole: none rekeyed
             staged.put_table(rekeyed)
-            cut = _cut_keys(rest)
-            for key, group in _groups(rest):
-                if key is not None and _oversized(source, key, group, key in cut) is not None:
+            for key, group, over in _limited_groups(source, rest):
+                if key is not None and over is not None:
                     # the conversation it names (as rekeying would) is over the limit too
                     names = group["names"].drop_null()
                     staged.put(StagedRow.over(names[0].as_py() if len(names) else key, f"key {key}"))
@@ -345,9 +344,8 @@ def read_partition(source: RawSource, run: str, shard: Shard) -> Iterator[tuple[
     shuffle = source.shuffle
     assert shuffle is not None
     for partition in _read(run, 2, *_partition_range(shard), source.options.storage_options):
-        cut = _cut_keys(partition)
-        for key, table in _groups(partition):
-            if key is not None and (over := _oversized(source, key, table, key in cut)) is not None:
+        for key, table, over in _limited_groups(source, partition):
+            if over is not None:
                 yield f"key {key}", over
                 continue
             cols = table.to_pydict()
@@ -361,10 +359,13 @@ def read_partition(source: RawSource, run: str, shard: Shard) -> Iterator[tuple[
                 yield f"key {key}", record_error(source.fmt, f"key {key}", exc)
 
 
-def _cut_keys(table: pa.Table) -> set[str]:
-    """The keys of `table` with a group that round 1 cut at the item limit (a StagedRow.over row among its rows).
-    Asked once per table: two compute calls per group cost more than the rest of reading a small conversation."""
-    return set(table.filter(pc.equal(table["item_id"], _OVER))["key"].to_pylist())
+def _limited_groups(source: RawSource, table: pa.Table) -> Iterator[tuple[str | None, pa.Table, RecordError | None]]:
+    """`_groups` of `table`, each with its reject when it gathers more items than one conversation may (None for
+    the error rows). The groups round 1 cut at the limit are found once per table: two compute calls per group
+    cost more than the rest of reading a small conversation."""
+    cut = set(table.filter(pc.equal(table["item_id"], _OVER))["key"].to_pylist())
+    for key, group in _groups(table):
+        yield key, group, None if key is None else _oversized(source, key, group, key in cut)
 
 
 def _oversized(source: RawSource, key: str, group: pa.Table, cut: bool) -> RecordError | None:
