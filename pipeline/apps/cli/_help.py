@@ -10,12 +10,12 @@ prints no help never imports it."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 from typer.core import TyperCommand, TyperGroup, TyperOption
 
 _display_type = TyperOption.display_type_rich
-_patched = False
 
 
 def _flag_type(self: TyperOption, ctx: Any) -> str | None:
@@ -24,10 +24,8 @@ def _flag_type(self: TyperOption, ctx: Any) -> str | None:
     return _display_type(self, ctx)
 
 
+@cache  # once per process: the first help page drawn patches Typer's renderer
 def _fold_long_words() -> None:
-    global _patched
-    if _patched:
-        return
     from rich.text import Text
     from typer import rich_utils
 
@@ -41,7 +39,6 @@ def _fold_long_words() -> None:
         return shown
 
     rich_utils._get_parameter_help = whole_help
-    _patched = True
 
 
 def _patching_first(format_help: Callable[..., None]) -> Callable[..., None]:
