@@ -29,6 +29,7 @@ pytestmark = pytest.mark.fuzz  # an adversarial suite: `make fuzz` runs it too
 WORK = 4  # --max-concurrency of the servers under test
 HEAD_TIMEOUT = 2.0  # --header-timeout
 FLOOD_S = 3 * HEAD_TIMEOUT + 1  # the flood outlives several head timeouts, so its sockets are re-opened
+PASS_S = 0.2  # the flood re-opens what the server closed this often
 
 
 class Flood:
@@ -40,7 +41,7 @@ class Flood:
         self.idle = [self._open() for _ in range(idle)]
         self.slow = [self._open() for _ in range(slow)]
         self.reopened = 0
-        self.held: list[int] = []  # open flood sockets, sampled each second
+        self.held: list[int] = []  # flood sockets open since the previous pass, sampled every pass
         self._head = f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nX-Pad: {'p' * 64}\r\n".encode()
         self._sent = [0] * slow
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -59,7 +60,11 @@ class Flood:
             return True
 
     def _run(self) -> None:
+        next_byte = 0.0
         while not self.stop.is_set():
+            # Sampled before re-opening: a socket counts only if it stayed open since the last pass, so a server that
+            # closed the flood's sockets at once would show near zero here, however fast they were re-opened.
+            self.held.append(sum(not self._closed(s) for s in [*self.idle, *self.slow]))
             for group in (self.idle, self.slow):
                 for i, s in enumerate(group):
                     if self._closed(s):
@@ -68,14 +73,15 @@ class Flood:
                         self.reopened += 1
                         if group is self.slow:
                             self._sent[i] = 0
-            for i, s in enumerate(self.slow):  # one byte a second on each (never the head's end)
-                try:
-                    s.send(self._head[self._sent[i] % len(self._head) : self._sent[i] % len(self._head) + 1])
-                    self._sent[i] += 1
-                except OSError:
-                    pass
-            self.held.append(sum(not self._closed(s) for s in [*self.idle, *self.slow]))
-            self.stop.wait(1.0)
+            if time.monotonic() >= next_byte:  # one byte a second on each slow socket (never the head's end)
+                next_byte = time.monotonic() + 1.0
+                for i, s in enumerate(self.slow):
+                    try:
+                        s.send(self._head[self._sent[i] % len(self._head) : self._sent[i] % len(self._head) + 1])
+                        self._sent[i] += 1
+                    except OSError:
+                        pass
+            self.stop.wait(PASS_S)
 
     def __enter__(self) -> Flood:
         self._thread.start()
@@ -110,14 +116,17 @@ def held_under_flood(port: int, get: Callable[[], int]) -> None:
     with Flood(port, idle=10 * WORK, slow=5 * WORK) as flood:
         time.sleep(0.5)
         statuses = legitimate(get, FLOOD_S)
+    mean_held = sum(flood.held) / len(flood.held)
     print(
         f"flood on :{port}: {len(statuses)} requests, statuses {sorted(set(statuses))}, flood sockets held "
-        f"{min(flood.held)}-{max(flood.held)}, re-opened {flood.reopened}"
+        f"{min(flood.held)}-{max(flood.held)} (mean {mean_held:.1f}), re-opened {flood.reopened}"
     )
     assert statuses and set(statuses) == {200}, statuses
     assert len(statuses) >= 20
-    # The flood was really there: about 15x the work limit of sockets held open at every sample ...
-    assert min(flood.held) >= 10 * WORK, flood.held
+    # The flood was really there: of its 15x the work limit of sockets, 10x held open on average over the flood's
+    # passes. The server closes them in batches at the head timeout, so one sample may catch a batch just closed;
+    # the mean counts how long the server kept them, which a server closing them at once would bring near zero ...
+    assert mean_held >= 10 * WORK, flood.held
     # ... and the server closed the ones that sent no complete head within --header-timeout (re-opened since).
     assert flood.reopened >= 15 * WORK, flood.reopened
 
