@@ -64,15 +64,14 @@ class Flood:
         while not self.stop.is_set():
             # Sampled before re-opening: a socket counts only if it stayed open since the last pass, so a server that
             # closed the flood's sockets at once would show near zero here, however fast they were re-opened.
-            self.held.append(sum(not self._closed(s) for s in [*self.idle, *self.slow]))
-            for group in (self.idle, self.slow):
-                for i, s in enumerate(group):
-                    if self._closed(s):
-                        s.close()
-                        group[i] = self._open()
-                        self.reopened += 1
-                        if group is self.slow:
-                            self._sent[i] = 0
+            closed = [(group, i) for group in (self.idle, self.slow) for i, s in enumerate(group) if self._closed(s)]
+            self.held.append(len(self.idle) + len(self.slow) - len(closed))
+            for group, i in closed:
+                group[i].close()
+                group[i] = self._open()
+                self.reopened += 1
+                if group is self.slow:
+                    self._sent[i] = 0
             if time.monotonic() >= next_byte:  # one byte a second on each slow socket (never the head's end)
                 next_byte = time.monotonic() + 1.0
                 for i, s in enumerate(self.slow):

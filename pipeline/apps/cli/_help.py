@@ -1,4 +1,4 @@
-"""Two changes to how Typer draws `--help`, made once when the command line is built: a boolean flag shows no
+"""Two changes to how Typer draws `--help`, installed when the command line is built: a boolean flag shows no
 value type (`--inline`, not `--inline <bool>`: it takes none), and a default or help word longer than its column
 folds onto the next line instead of ending in `…` (`[default: schema,dependency,precondition]` whole at 80
 columns). Typer offers no setting for either; tests/test_help.py fails if an upgrade of Typer undoes them.
