@@ -216,7 +216,12 @@ def _head(
 
 
 def _string(value: Any) -> str:
-    return value if isinstance(value, str) else orjson.dumps(value).decode()
+    if isinstance(value, str):
+        return value
+    try:
+        return orjson.dumps(value).decode()
+    except orjson.JSONEncodeError as exc:  # nested past orjson's 255 levels, or an integer past 64 bits
+        raise IngestError(f"a label or attribute value cannot be written as JSON text: {exc}") from None
 
 
 def call(
