@@ -122,3 +122,14 @@ def test_a_hostile_value_anywhere(tmp_path, fmt, name, doc, per_line, place, tex
 @given(place=st.integers(0, 10_000), text=st.sampled_from(HOSTILE), as_string=st.booleans())
 def test_a_hostile_value_somewhere(tmp_path, fmt, name, doc, per_line, place, text, as_string):
     read_all(tmp_path, fmt, name, hostile_text(doc, place, text, as_string), per_line)
+
+
+def test_a_label_nested_past_what_json_text_can_hold_is_a_one_line_error(tmp_path: Path) -> None:
+    # Found by the fuzz test above: a span's model attribute 300 lists deep reached the label's JSON text, and
+    # orjson's TypeError left ingest() instead of the reader's error naming the place.
+    _, name, doc, _ = next(f for f in FORMATS if f[0] == "otel")
+    path = tmp_path / name
+    path.write_bytes(hostile_text(doc, 31, "[" * 300 + "1" + "]" * 300, as_string=False))
+    with pytest.raises(IngestError, match="a label or attribute value cannot be written as JSON text") as raised:
+        list(ingest("otel", [str(path)], IngestOptions(extra={"allow_no_calls": "true"})))
+    assert "\n" not in str(raised.value).strip()
