@@ -269,3 +269,28 @@ def test_an_archive_is_decompressed_within_its_budget(tmp_path, eval_log):  # no
     )
     counts, [reject], _ = score(tmp_path, "logs", *args)
     assert counts["scored"] == 1 and "(max_archive_bytes): not read" in reject["reason"]
+
+
+def test_a_span_that_cannot_be_staged_makes_its_whole_conversation_one_reject(tmp_path):
+    """A span nested past what JSON text can hold (orjson writes 255 levels) is not staged for the shuffle: its
+    conversation is one reject, never scored from its other spans, and the other conversation is scored."""
+    from test_ingest_otel import CHAT, export, span, tool
+
+    deep: dict = {"stringValue": "bottom"}
+    for _ in range(300):  # three JSON levels each in the file, one in the span as read
+        deep = {"arrayValue": {"values": [deep]}}
+    broken = tool("a" * 32, "b" * 16, 10, "find_customer", "c1")
+    broken["attributes"].append({"key": "tool.detail", "value": deep})
+    other = {**CHAT, "gen_ai__conversation__id": "conv-2"}
+    docs = [
+        export(span("a" * 32, "c" * 16, "chat", 0, **CHAT), broken),
+        export(span("d" * 32, "e" * 16, "chat", 0, **other), tool("d" * 32, "f" * 16, 10, "find_customer", "c1")),
+    ]
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "spans.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))  # orjson cannot
+    counts, [reject], _ = score(tmp_path, "logs", "--format", "otel", "--spec", "support")
+    assert counts["scored"] == 1 and counts["rejected"] == 1, counts
+    assert reject["location"] == "key conv-9", reject
+    assert f"an item of key {'a' * 32} cannot be written as JSON" in reject["reason"], reject  # its trace
+    scored = pq.read_table(tmp_path / "run" / "rollouts", columns=["rollout_id"]).to_pylist()
+    assert [r["rollout_id"] for r in scored] == ["conv-2"], scored

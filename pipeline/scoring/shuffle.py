@@ -56,7 +56,7 @@ STAGING = "_staging"
 # fewer than TASKS_PER_CPU tasks per CPU to balance the load (a large cluster: one partition a task).
 PARTITIONS_PER_TASK = 16
 TASKS_PER_CPU = 4
-_OVER = "\x00over"  # the item id of StagedRow.over
+_REJECTED = "\x00rejected"  # the item id of StagedRow.rejected
 SPILL_AFTER_SHARDS = 1  # staged rows a round-1 task holds, in shard sizes, before it spills them to local disk
 _ROW_BYTES = 200  # a held row's own cost beyond its strings and payload (the tuple, the objects' headers)
 # The staged rows' columns (what each holds: StagedRow).
@@ -93,10 +93,10 @@ class StagedRow(NamedTuple):
         return cls(where, 0, "", raw, where, reason, None, False)
 
     @classmethod
-    def over(cls, key: str, where: str) -> StagedRow:
-        """The row that stands for the items of group `key` past its limit, which are not staged: its group is a
-        reject, never assembled from the items that were."""
-        return cls(key, 0, _OVER, b"", where, None, None, True)
+    def rejected(cls, key: str, where: str, reason: str) -> StagedRow:
+        """The row that stands for items of group `key` that were not staged (past its limit, or not writable as
+        JSON): its group is a reject for `reason`, never assembled from the items that were."""
+        return cls(key, 0, _REJECTED, reason.encode(), where, None, None, True)
 
 
 assert StagedRow._fields == tuple(_SCHEMA.names), "a staged row is a value per column of the staged schema"
@@ -193,13 +193,14 @@ def map_shard(source: RawSource, run: str, shard: Shard, partitions: int, rounds
             seen[key] = seen.get(key, 0) + 1
             if seen[key] > limit:
                 if seen[key] == limit + 1:
-                    staged.put(StagedRow.over(key, where))
+                    staged.put(StagedRow.rejected(key, where, _over_limit(source, key, f"more than {limit:,}").reason))
                 continue
             names, whole = rekey(payload) if rekey is not None else (None, True)
             try:
                 data = orjson.dumps(payload)
-            except TypeError as exc:  # an integer past 64 bits: the item cannot be staged
-                staged.put(StagedRow.failed(where, f"{source.fmt}: {where}: cannot be staged: {exc}", b""))
+            except TypeError as exc:  # nested past orjson's 255 levels, or an integer past 64 bits
+                reason = f"{source.fmt}: {where}: an item of key {key} cannot be written as JSON: {exc}"
+                staged.put(StagedRow.rejected(key, where, reason))  # not the rest of its conversation without it
             else:
                 staged.put(StagedRow(key, start, item_id, data, where, names=names, whole=whole))
         round_ = 1 if rounds == 2 else 2
@@ -298,11 +299,11 @@ def regroup_partition(source: RawSource, run: str, shard: Shard, partitions: int
         for table in _read(run, 1, *_partition_range(shard), storage):
             rekeyed, rest = _rekeyed(table)  # without `Shuffle.rekey` every item is marked whole: none rekeyed
             staged.put_table(rekeyed)
-            for key, group, over in _limited_groups(source, rest):
-                if key is not None and over is not None:
-                    # the conversation it names (as rekeying would) is over the limit too
+            for key, group, reject in _limited_groups(source, rest):
+                if key is not None and reject is not None:
+                    # the conversation it names (as rekeying would) is a reject too
                     names = group["names"].drop_null()
-                    staged.put(StagedRow.over(names[0].as_py() if len(names) else key, f"key {key}"))
+                    staged.put(StagedRow.rejected(names[0].as_py() if len(names) else key, f"key {key}", reject.reason))
                     continue
                 cols = group.to_pydict()
                 if key is None:  # error rows keep their place
@@ -344,9 +345,9 @@ def read_partition(source: RawSource, run: str, shard: Shard) -> Iterator[tuple[
     shuffle = source.shuffle
     assert shuffle is not None
     for partition in _read(run, 2, *_partition_range(shard), source.options.storage_options):
-        for key, table, over in _limited_groups(source, partition):
-            if over is not None:
-                yield f"key {key}", over
+        for key, table, reject in _limited_groups(source, partition):
+            if reject is not None:
+                yield f"key {key}", reject
                 continue
             cols = table.to_pydict()
             if key is None:
@@ -360,21 +361,24 @@ def read_partition(source: RawSource, run: str, shard: Shard) -> Iterator[tuple[
 
 
 def _limited_groups(source: RawSource, table: pa.Table) -> Iterator[tuple[str | None, pa.Table, RecordError | None]]:
-    """`_groups` of `table`, each with its reject when it gathers more items than one conversation may (None for
-    the error rows). The groups round 1 cut at the limit are found once per table: two compute calls per group
-    cost more than the rest of reading a small conversation."""
-    cut = set(table.filter(pc.equal(table["item_id"], _OVER))["key"].to_pylist())
-    for key, group in _groups(table):
-        yield key, group, None if key is None else _oversized(source, key, group, key in cut)
-
-
-def _oversized(source: RawSource, key: str, group: pa.Table, cut: bool) -> RecordError | None:
-    """The reject of a key group of more items than one conversation may gather (`cut`: round 1 stopped staging
-    it at the limit), found before any is decoded."""
+    """`_groups` of `table`, each with its reject (None for the error rows): marked by round 1 (StagedRow.rejected),
+    or gathering more items than one conversation may. The marked groups are found once per table: two compute
+    calls per group cost more than the rest of reading a small conversation."""
+    marked = table.filter(pc.equal(table["item_id"], _REJECTED))
+    reasons = dict(zip(marked["key"].to_pylist(), marked["payload"].to_pylist(), strict=True))
     limit = source.options.limits.conversation_items
-    if group.num_rows <= limit and not cut:
-        return None
-    items = f"more than {limit:,}" if cut else f"{group.num_rows:,}"
+    for key, group in _groups(table):
+        if key is None:
+            yield key, group, None
+        elif key in reasons:
+            yield key, group, RecordError(reasons[key].decode("utf-8", "replace"), "")
+        else:
+            yield key, group, _over_limit(source, key, f"{group.num_rows:,}") if group.num_rows > limit else None
+
+
+def _over_limit(source: RawSource, key: str, items: str) -> RecordError:
+    """The reject of a key group of more items than one conversation may gather, found before any is decoded."""
+    limit = source.options.limits.conversation_items
     return RecordError(f"{source.fmt}: key {key}: {items} items (spans, log records) are over the limit of "
                        f"{limit:,} for one conversation (max_conversation_items)", "")  # fmt: skip
 
