@@ -300,21 +300,20 @@ def regroup_partition(source: RawSource, run: str, shard: Shard, partitions: int
             rekeyed, rest = _rekeyed(table)  # without `Shuffle.rekey` every item is marked whole: none rekeyed
             staged.put_table(rekeyed)
             for key, group, reject in _limited_groups(source, rest):
-                if key is not None and reject is not None:
-                    # the conversation it names (as rekeying would) is a reject too
-                    names = group["names"].drop_null()
-                    staged.put(StagedRow.rejected(names[0].as_py() if len(names) else key, f"key {key}", reject.reason))
-                    continue
-                cols = group.to_pydict()
                 if key is None:  # error rows keep their place
-                    for row in zip(*cols.values(), strict=True):
+                    for row in zip(*group.to_pydict().values(), strict=True):
                         staged.put(StagedRow(*row))
                     continue
-                where = cols["location"][0]
-                try:
-                    regrouped = shuffle.regroup(key, [orjson.loads(p) for p in cols["payload"]])
-                except RECORD_ERRORS as exc:
-                    staged.put(StagedRow.failed(where, record_error(source.fmt, where, exc).reason, b""))
+                if reject is None:
+                    where = group["location"][0].as_py()
+                    try:
+                        regrouped = shuffle.regroup(key, [orjson.loads(p) for p in group["payload"].to_pylist()])
+                    except RECORD_ERRORS as exc:
+                        reject = record_error(source.fmt, where, exc)
+                if reject is not None:
+                    # the conversation it names (as rekeying would) is a reject, never assembled without its items
+                    names = group["names"].drop_null()
+                    staged.put(StagedRow.rejected(names[0].as_py() if len(names) else key, f"key {key}", reject.reason))
                     continue
                 for new_key, item in regrouped:
                     staged.put(
