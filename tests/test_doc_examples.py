@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pytest
 from conftest import shared_ray_address, starts
+from trace_servers import server_python, server_python_path
 
 pytestmark = pytest.mark.docs
 ROOT = Path(__file__).resolve().parents[1]
@@ -400,6 +401,12 @@ def cost(page: str) -> int:
     return 10 * ray + len(code)
 
 
+def trace_servers(page: str) -> list[str]:
+    """The trace servers a page starts (`make mlflow-server`), each from the environment `make servers` builds."""
+    code = "".join(b.code for b in page_blocks(page) if b.not_run is None)
+    return re.findall(r"^make (mlflow|phoenix)-server$", code, re.M)
+
+
 @pytest.fixture(scope="module")
 @starts("ray", "trace_server")
 def page_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, PageRun]:
@@ -411,6 +418,9 @@ def page_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
         for item in request.session.items
         if getattr(item, "originalname", None) == "test_page_examples_run"
     }
+    # a page whose server's environment is not built is not run (its `make` would build it, printing more than
+    # the page shows): its test says what to run
+    selected = {p for p in selected if all(server_python_path(n).exists() for n in trace_servers(p))}
     address = shared_ray_address()
     with ThreadPoolExecutor(max_workers=PAGES_AT_ONCE) as pool:
         folders = {page: tmp_path_factory.mktemp("page") for page in selected}
@@ -431,6 +441,8 @@ def page_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
 
 @pytest.mark.parametrize("page", PAGES)
 def test_page_examples_run(page: str, page_runs: dict[str, PageRun]) -> None:
+    for server in trace_servers(page):
+        server_python(server)  # the environment `make servers` builds, or a one-line failure naming it
     runnable = [b for b in page_blocks(page) if b.not_run is None]
     expected = EXPECTED.get(page, [])
     assert bool(runnable) == bool(expected), f"{page}: runnable blocks and expected outputs go together"

@@ -28,9 +28,14 @@ from conftest import free_port, wait_for
 START_TIMEOUT_S = 300
 
 
+def server_python_path(name: str) -> Path:
+    """Where the interpreter of the server's own environment is, once `make servers` has built it."""
+    return Path(sys.prefix) / "servers" / name / "bin" / "python"
+
+
 def server_python(name: str) -> Path:
     """The interpreter of the server's own environment; a clear failure (not a skip: the test is required)."""
-    python = Path(sys.prefix) / "servers" / name / "bin" / "python"
+    python = server_python_path(name)
     if not python.exists():
         raise AssertionError(f"{python} is missing: `make servers` builds it from tests/servers/{name}.txt")
     return python
