@@ -115,7 +115,7 @@ class ObservedEnvironment:
         if call.error:
             return Outcome(False, message=str(output) if output is not None else "logged error", decided_by="log")
         decoded = state[tool] = _decoded(output)
-        if decoded is not output and output[:1] in ("{", "["):
+        if decoded is not output and isinstance(output, str) and output[:1] in ("{", "["):
             output = decoded  # JSON text of an object or list, which the grounding history would decode again
         # positional: keywords cost a frozen dataclass a third more, and this is every accepted call's
         return Outcome(True, output, None, "precondition" if check.evaluated else "log")
