@@ -379,6 +379,44 @@ def test_the_staged_spans_take_less_room_than_the_file_they_came_from(tmp_path):
         assert len(ids) == len(set(ids)) == 300  # every conversation, assembled once
 
 
+def test_a_trace_that_cannot_be_regrouped_is_a_reject_of_the_conversation_it_names(tmp_path, monkeypatch):
+    """A trace round 2 cannot regroup (the format's `regroup` raises) is one reject at the key of the conversation
+    it names, as a trace over the item limit is, and no conversation is assembled without it; every other
+    conversation is assembled once."""
+    from dataclasses import replace
+
+    from pipeline.ingest.otel import CONVERSATION, SHUFFLE
+    from pipeline.ingest.sharded import RawSource
+    from pipeline.scoring.shuffle import map_shard, partition_shards, read_partition, regroup_partition
+    from pipeline.storage.shards import RecordError
+    from pipeline.synthetic.support_spans import write_spans
+
+    failed: list[str] = []
+
+    def regroup(trace: str, items: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+        if not failed:
+            failed.extend({str(i["attrs"][CONVERSATION]) for i in items})
+            raise ValueError("this trace cannot be regrouped")
+        return SHUFFLE.regroup(trace, items)
+
+    def rekey(item: dict[str, Any]) -> tuple[str | None, bool]:
+        return SHUFFLE.rekey(item)[0], True  # every trace decoded in round 2, as one with log records is
+
+    monkeypatch.setattr(RawSource, "shuffle", property(lambda self: replace(SHUFFLE, regroup=regroup, rekey=rekey)))
+    write_spans(tmp_path / "spans", 30, files=1, encoding="proto")
+    source, run = raw_source("otel", [str(tmp_path / "spans")], IngestOptions()), str(tmp_path / "run")
+    [shard] = plan_raw(source, 2**20)
+    map_shard(source, run, shard, 4, 2, 2**20)
+    for partition in partition_shards(source, run, [shard], 4, 1):
+        regroup_partition(source, run, partition, 4, 2**20)
+    read = [r for p in partition_shards(source, run, [shard], 4, 2) for r in read_partition(source, run, p)]
+    [victim] = failed  # one conversation a trace
+    [(where, reject)] = [(where, r) for where, r in read if isinstance(r, RecordError)]
+    assert where == f"key {victim}" and reject.reason.endswith("ValueError: this trace cannot be regrouped"), reject
+    ids = sorted(r["rollout_id"] for _, r in read if not isinstance(r, RecordError))
+    assert len(ids) == len(set(ids)) == 29 and victim not in ids
+
+
 @pytest.mark.parametrize(("place", "partitions"), [("local", 9000), pytest.param("s3", 5, marks=pytest.mark.server)])
 def test_each_partition_reads_back_from_every_tasks_object(place, partitions, tmp_path, request):
     """A round's tasks write one object each; partition p reads back exactly the rows its tasks wrote to p (none for
