@@ -256,6 +256,9 @@ def examples(ci: int) -> int:
 
 # The one set of options for a local Ray in tests: 2 CPUs, as on this project's machines.
 RAY_OPTIONS = {"num_cpus": 2, "include_dashboard": False, "logging_level": "WARNING"}
+# Serve's controller gives a starting proxy 5 s to answer its readiness check, three times, then kills it, and
+# `serve.start` fails with ActorDiedError: on the 2-core machine under the whole suite a proxy once took 15 s.
+SERVE_UNDER_LOAD = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "30"}
 # The node id of the Ray that `shared_ray` started, while it runs: tells it apart from a Ray started by a test
 # itself (run_scoring with options of its own, a bench), which is never reused.
 _shared_node: list[str] = []
@@ -314,7 +317,7 @@ def shared_ray_address() -> str:
     if node is None or node not in _shared_node:
         _stop_ray()  # a Ray of another test's options: never reused
         # A module's `s3` fixture may come after the shared Ray started: its workers have the credentials already.
-        _shared_node.append(_start_ray(worker_env=CREDENTIALS))
+        _shared_node.append(_start_ray(worker_env=CREDENTIALS | SERVE_UNDER_LOAD))
     return ray.get_runtime_context().gcs_address
 
 
