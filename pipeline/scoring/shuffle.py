@@ -193,7 +193,7 @@ def map_shard(source: RawSource, run: str, shard: Shard, partitions: int, rounds
             seen[key] = seen.get(key, 0) + 1
             if seen[key] > limit:
                 if seen[key] == limit + 1:
-                    staged.put(StagedRow.rejected(key, where, _over_limit(source, key, f"more than {limit:,}").reason))
+                    staged.put(StagedRow.rejected(key, where, _over_limit(source, key, f"more than {limit:,}")))
                 continue
             names, whole = rekey(payload) if rekey is not None else (None, True)
             try:
@@ -372,14 +372,16 @@ def _limited_groups(source: RawSource, table: pa.Table) -> Iterator[tuple[str | 
         elif key in reasons:
             yield key, group, RecordError(reasons[key].decode("utf-8", "replace"), "")
         else:
-            yield key, group, _over_limit(source, key, f"{group.num_rows:,}") if group.num_rows > limit else None
+            over = group.num_rows > limit
+            yield key, group, RecordError(_over_limit(source, key, f"{group.num_rows:,}"), "") if over else None
 
 
-def _over_limit(source: RawSource, key: str, items: str) -> RecordError:
-    """The reject of a key group of more items than one conversation may gather, found before any is decoded."""
+def _over_limit(source: RawSource, key: str, items: str) -> str:
+    """Why a key group of `items` items, more than one conversation may gather, is a reject (found before any is
+    decoded)."""
     limit = source.options.limits.conversation_items
-    return RecordError(f"{source.fmt}: key {key}: {items} items (spans, log records) are over the limit of "
-                       f"{limit:,} for one conversation (max_conversation_items)", "")  # fmt: skip
+    return (f"{source.fmt}: key {key}: {items} items (spans, log records) are over the limit of {limit:,} for one "
+            "conversation (max_conversation_items)")  # fmt: skip
 
 
 def _groups(table: pa.Table) -> Iterator[tuple[str | None, pa.Table]]:
