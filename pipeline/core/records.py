@@ -19,6 +19,9 @@ from pipeline.core.model import ACTORS, NOT_LOGGED, STATUSES, Call, Event, Messa
 from pipeline.core.run_schema import ATTRIBUTE_PREFIX, RESERVED_COLUMNS
 
 MAX_DEPTH = 64  # levels of objects and lists in a record (and in JSON text it carries); deeper is a reject
+# Characters of an id or a name: rollout, task, benchmark, label (name and value), attribute name, tool, call id.
+# They fill the tables' key columns, the duplicate-id check and reject locations: longer is a reject, never kept.
+MAX_ID_CHARS = 4096
 _RESERVED = frozenset(c.lower() for c in RESERVED_COLUMNS)  # SQL names are case-insensitive
 
 
@@ -160,8 +163,10 @@ def parse_rollout(record: Mapping[str, Any]) -> Rollout:
         value = record.get(key)
         if not isinstance(value, str | int) or isinstance(value, bool) or value == "":
             raise InvalidRecord(f"missing or invalid {key!r}")
+        check_length(str(value), repr(key))
     labels = _labels(record.get("labels"))
     attributes = _strings(record.get("attributes"), "attributes")
+    _check_name_lengths(attributes, "an attribute name")
     both = sorted(set(labels) & set(attributes))
     if both:
         raise InvalidRecord(f"{', '.join(map(repr, both))} is both a label and an attribute")
@@ -198,17 +203,41 @@ def check_rollout(rollout: Rollout) -> Rollout:
     if _free_form_too_deep(rollout):
         raise InvalidRecord(f"the record nests deeper than {MAX_DEPTH} levels")
     for key in ("rollout_id", "task_id", "benchmark"):
-        if getattr(rollout, key) == "":
+        value = getattr(rollout, key)
+        if value == "":
             raise InvalidRecord(f"missing or invalid {key!r}")
+        check_length(value, repr(key))
     if "" in rollout.labels:
         raise InvalidRecord("'labels' has an empty name")
     _check_label_names(rollout.labels)
     if "" in rollout.attributes:
         raise InvalidRecord("'attributes' has an empty name")
+    _check_name_lengths(rollout.attributes, "an attribute name")
     both = sorted(rollout.labels.keys() & rollout.attributes.keys())
     if both:
         raise InvalidRecord(f"{', '.join(map(repr, both))} is both a label and an attribute")
+    for i, event in enumerate(rollout.events):
+        if type(event) is Call:
+            check_call_names(event, f"events[{i}]")
     return rollout
+
+
+def check_length(value: str, what: str) -> None:
+    """An InvalidRecord when `value`, an id or a name, is longer than MAX_ID_CHARS (said without quoting it)."""
+    if len(value) > MAX_ID_CHARS:
+        raise InvalidRecord(f"{what} is {len(value):,} characters, over the limit of {MAX_ID_CHARS:,} (ids and names)")
+
+
+def check_call_names(call: Call, where: str) -> None:
+    """A call's tool name and call id within MAX_ID_CHARS (`where` names the call: `events[3]`)."""
+    check_length(call.tool, f"{where}.tool")
+    if call.call_id is not None:
+        check_length(call.call_id, f"{where}.call_id")
+
+
+def _check_name_lengths(values: Mapping[str, str], what: str) -> None:
+    for name in values:
+        check_length(name, what)
 
 
 # Levels above a free-form value in the canonical record: record > env; record > events > event > arguments.
@@ -269,9 +298,12 @@ def _labels(raw: Any) -> dict[str, str]:
 
 
 def _check_label_names(labels: dict[str, str]) -> dict[str, str]:
-    for key in labels:
+    for key, value in labels.items():
+        if len(value) > MAX_ID_CHARS:
+            check_length(value, f"the value of label {key[:64]!r}")
         if key in _LABEL_NAMES:  # a name seen fit before: every rollout of a store repeats the same few
             continue
+        check_length(key, "a label name")
         # SQL names are case-insensitive: a label `t` would be read as the column `T`.
         if key.lower() in _RESERVED or key.lower().startswith(("cost_", ATTRIBUTE_PREFIX)):
             raise InvalidRecord(f"label {key!r} clashes with an output column name")
@@ -349,7 +381,7 @@ def parse_event(raw: Any, where: str) -> Event:
         version = raw.get("tools_version") or 0
         if not isinstance(version, int) or isinstance(version, bool) or version < 0:
             raise InvalidRecord(f"{where}.tools_version must be a non-negative integer")
-        return Call(
+        call = Call(
             tool=tool,
             arguments=raw.get("arguments", {}),
             # null and absent both mean "nothing logged" (Parquet cannot tell them apart).
@@ -360,6 +392,8 @@ def parse_event(raw: Any, where: str) -> Event:
             actor=actor,
             tools_version=version,
         )
+        check_call_names(call, where)
+        return call
     raise InvalidRecord(f"{where}: unknown event type {kind!r} (expected 'message' or 'call')")
 
 

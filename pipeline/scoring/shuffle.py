@@ -46,6 +46,7 @@ import orjson
 import pyarrow.compute as pc
 
 from pipeline.core.arrow import pa
+from pipeline.core.records import MAX_ID_CHARS
 from pipeline.ingest.base import RECORD_ERRORS, record_error
 from pipeline.ingest.sharded import RawSource, shuffle_items
 from pipeline.storage.fs import filesystem, list_files, open_for_write
@@ -190,12 +191,19 @@ def map_shard(source: RawSource, run: str, shard: Shard, partitions: int, rounds
                 staged.put(StagedRow.failed(where, item.reason, item.raw.encode()))
                 continue
             key, (start, item_id), payload = item
+            if len(key) > MAX_ID_CHARS:  # its group is kept together under a stand-in, and a reject
+                long_key, key = key, _stand_in(key)
+                if key not in seen:
+                    staged.put(StagedRow.rejected(key, where, _too_long(source, where, "its key", long_key)))
             seen[key] = seen.get(key, 0) + 1
             if seen[key] > limit:
                 if seen[key] == limit + 1:
                     staged.put(StagedRow.rejected(key, where, _over_limit(source, key, f"more than {limit:,}")))
                 continue
             names, whole = rekey(payload) if rekey is not None else (None, True)
+            if names is not None and len(names) > MAX_ID_CHARS:  # so is the conversation it names, in round 2
+                staged.put(StagedRow.rejected(key, where, _too_long(source, where, "the key it names", names)))
+                names = _stand_in(names)
             try:
                 data = orjson.dumps(payload)
             except TypeError as exc:  # nested past orjson's 255 levels, or an integer past 64 bits
@@ -316,6 +324,10 @@ def regroup_partition(source: RawSource, run: str, shard: Shard, partitions: int
                     staged.put(StagedRow.rejected(names[0].as_py() if len(names) else key, f"key {key}", reject.reason))
                     continue
                 for new_key, item in regrouped:
+                    if len(new_key) > MAX_ID_CHARS:
+                        reason = _too_long(source, f"key {key}", "a key it joins", new_key)
+                        new_key = _stand_in(new_key)
+                        staged.put(StagedRow.rejected(new_key, f"key {key}", reason))
                     staged.put(
                         StagedRow(new_key, item["start"], item["span_id"], orjson.dumps(item), where, whole=False)
                     )
@@ -382,6 +394,17 @@ def _over_limit(source: RawSource, key: str, items: str) -> str:
     limit = source.options.limits.conversation_items
     return (f"{source.fmt}: key {key}: {items} items (spans, log records) are over the limit of {limit:,} for one "
             "conversation (max_conversation_items)")  # fmt: skip
+
+
+def _stand_in(key: str) -> str:
+    """What stands for a key longer than MAX_ID_CHARS, whose group is a reject: its start, length and digest, so
+    that its items still gather in one group (and one reject) without carrying it."""
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{key[:64]}… ({len(key):,} characters, sha256 {digest})"
+
+
+def _too_long(source: RawSource, where: str, what: str, key: str) -> str:
+    return f"{source.fmt}: {where}: {what} is {len(key):,} characters, over the limit of {MAX_ID_CHARS:,} for an id"
 
 
 def _groups(table: pa.Table) -> Iterator[tuple[str | None, pa.Table]]:

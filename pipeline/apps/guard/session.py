@@ -18,7 +18,7 @@ import orjson
 
 from pipeline.core.errors import GuardFull, InvalidRecord, SessionFull
 from pipeline.core.model import NOT_LOGGED, Call, Message, Rollout, RolloutResult, StepResult
-from pipeline.core.records import MAX_DEPTH, event_record, too_deep
+from pipeline.core.records import MAX_DEPTH, check_call_names, event_record, too_deep
 from pipeline.envs import Environment, EnvOptions, get_environment, new_environment
 from pipeline.envs.observed import NO_ERROR_NOTE
 from pipeline.replay.checker import Session, Verdict
@@ -157,6 +157,8 @@ RECORD_TOO_DEEP = f"the record nests deeper than {MAX_DEPTH} levels"  # the scor
 def check_event(event: Call | Message) -> bytes:
     """The event's canonical JSON, or InvalidRecord with the reason `pexec score` would reject its rollout for
     (the guard refuses a call the nightly rescore could not read)."""
+    if type(event) is Call:
+        check_call_names(event, "call")
     record = event_record(event)
     placed = {"events": [record]}  # an event sits two levels below its rollout record: checked in that place
     try:
