@@ -200,25 +200,29 @@ def check_rollout(rollout: Rollout) -> Rollout:
     `parse_rollout` checks a record, in the same order with the same reasons: depth, ids, label and attribute
     names. Only its free-form values (the env, a call's arguments and output when they are objects or lists)
     are walked for depth, at their own place in the canonical record."""
-    if _free_form_too_deep(rollout):
+    too_deep_value, long_call_name = _scan_events(rollout)
+    if too_deep_value:
         raise InvalidRecord(f"the record nests deeper than {MAX_DEPTH} levels")
     for key in ("rollout_id", "task_id", "benchmark"):
         value = getattr(rollout, key)
         if value == "":
             raise InvalidRecord(f"missing or invalid {key!r}")
-        check_length(value, repr(key))
+        if len(value) > MAX_ID_CHARS:  # the test inline, the call only to say why: this runs on every rollout
+            check_length(value, repr(key))
     if "" in rollout.labels:
         raise InvalidRecord("'labels' has an empty name")
     _check_label_names(rollout.labels)
     if "" in rollout.attributes:
         raise InvalidRecord("'attributes' has an empty name")
-    _check_name_lengths(rollout.attributes, "an attribute name")
+    if rollout.attributes and max(map(len, rollout.attributes)) > MAX_ID_CHARS:
+        _check_name_lengths(rollout.attributes, "an attribute name")
     both = sorted(rollout.labels.keys() & rollout.attributes.keys())
     if both:
         raise InvalidRecord(f"{', '.join(map(repr, both))} is both a label and an attribute")
-    for i, event in enumerate(rollout.events):
-        if type(event) is Call:
-            check_call_names(event, f"events[{i}]")
+    if long_call_name:  # found while the events were walked for depth; which one is said after the record's own
+        for i, event in enumerate(rollout.events):
+            if type(event) is Call:
+                check_call_names(event, f"events[{i}]")
     return rollout
 
 
@@ -245,15 +249,19 @@ _ENV_LIMIT = MAX_DEPTH - 1
 _EVENT_VALUE_LIMIT = MAX_DEPTH - 3
 
 
-def _free_form_too_deep(rollout: Rollout) -> bool:
+def _scan_events(rollout: Rollout) -> tuple[bool, bool]:
+    """Whether a free-form value nests too deep, and whether a call's tool name or id is too long: one walk."""
     if rollout.env and too_deep(rollout.env, _ENV_LIMIT):
-        return True
+        return True, False
+    long_name = False
     for event in rollout.events:
         if type(event) is Call:
             for value in (event.arguments, event.output):
                 if type(value) in _CONTAINERS and too_deep(value, _EVENT_VALUE_LIMIT):
-                    return True
-    return False
+                    return True, False
+            if len(event.tool) > MAX_ID_CHARS or (event.call_id is not None and len(event.call_id) > MAX_ID_CHARS):
+                long_name = True
+    return False, long_name
 
 
 def rollout_record(rollout: Rollout) -> dict[str, Any]:
