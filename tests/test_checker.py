@@ -233,3 +233,42 @@ def test_a_users_calls_share_the_state_but_not_the_agents_prefix(ava):
     own = run(SIGN_IN, ("get_user", {"user_id": "U1001"}), ("cancel_order", reason), ("cancel_order", reason))
     assert own.steps[3].cause == "state_consistency" and "made impossible" not in own.steps[3].detail
     assert own.user_steps == [] and own.user_fed is None and own.all_steps == own.steps
+
+
+# -- what a detail quotes ---------------------------------------------------------------------------------------------
+
+BIG = "x" * 1_000_000
+
+
+def test_a_long_argument_is_quoted_in_a_grounding_detail_to_a_bounded_length():
+    rollout = Rollout("r", "t", "shop", events=[Message("user", "hi"), Call("get_order", {"order_id": BIG})])
+    [step] = replay(get_environment("shop"), rollout).steps
+    assert (step.failed_check, step.cause) == ("D", "information")
+    quoted = "'" + "x" * 199 + f"… ({len(BIG) + 2 - 200:,} more characters)"  # repr's quotes counted
+    assert step.detail == f"order_id={quoted} occurs in no earlier output or message"
+
+
+def test_a_simulators_long_message_is_kept_to_the_detail_limit_with_what_was_cut_counted():
+    from pipeline.replay.checker import MAX_DETAIL_CHARS
+
+    rollout = Rollout("r", "t", "shop", events=[Message("user", "hi"), Call("get_order", {"order_id": BIG})])
+    [step] = replay(get_environment("shop"), rollout, ("schema", "precondition")).steps
+    assert step.failed_check == "P" and step.detail is not None
+    kept, cut = step.detail.split("… (")
+    assert len(kept) == MAX_DETAIL_CHARS and BIG[:100] in kept
+    assert cut.endswith(" more characters)") and int(cut.split()[0].replace(",", "")) > len(BIG) - MAX_DETAIL_CHARS
+
+
+def test_the_guard_quotes_a_long_argument_as_the_scorer_does():
+    from pipeline.apps.guard.replay import rule_of
+    from pipeline.apps.guard.session import open_session
+
+    rollout = Rollout("r", "t", "shop", events=[Message("user", "hi"), Call("get_order", {"order_id": BIG})])
+    [scored] = replay(get_environment("shop"), rollout).steps
+    session = open_session("shop")
+    try:
+        verdict = session.check(Call("get_order", {"order_id": BIG}))
+    finally:
+        session.close()
+    assert verdict.detail == scored.detail and len(verdict.detail or "") < 300
+    assert rule_of(verdict) == "D information (grounded order_id)"

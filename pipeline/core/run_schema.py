@@ -68,7 +68,9 @@ STEPS = RunTable(
         Column("prefix_executable", _BOOL, "this call and every earlier one are valid"),
         Column("failed_check", _STR, "failed check: S (schema), D (data dependency), P (precondition); null if valid"),
         Column("cause", _STR, "first-error cause label (diagnostic); null if valid"),
-        Column("detail", _STR, "the environment's own message, or what failed"),
+        Column(
+            "detail", _STR, "the environment's own message, or what failed (2,000 characters at most, the rest counted)"
+        ),
         Column("decided_by", _STR, "which source decided P: simulator, precondition, log"),
         Column(
             "schema_source",

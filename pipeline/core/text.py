@@ -22,6 +22,13 @@ def literal(value: Any) -> str:
     return _CONTROL.sub(lambda m: m[0].encode("unicode_escape").decode(), str(value))
 
 
+def clipped(text: str, limit: int) -> str:
+    """`text`, or its first `limit` characters and how many more were cut (`… (1,234 more characters)`)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit:,} more characters)"
+
+
 def public_url(url: str) -> str:
     """`url` as it may be shown: user and password (`s3://KEY:SECRET@bucket`, `https://user:token@host`) and a
     query string (a presigned URL's signature) are replaced by `***`; everything else is kept as given."""

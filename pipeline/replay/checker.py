@@ -17,12 +17,17 @@ import orjson
 
 from pipeline.core.model import NOT_LOGGED, Actor, Call, Cause, Check, Message, Rollout, RolloutResult, StepResult
 from pipeline.core.records import MAX_DEPTH, decoded_too_deep
+from pipeline.core.text import clipped
 from pipeline.core.values import same
 from pipeline.envs.base import CallCatalogue, Environment, Outcome, ToolInfo
 from pipeline.replay.dependencies import History, grounded_values, no_references, resolve_references
 
 # The `detail` of every step whose arguments the log did not capture (S and D not checked).
 UNCAPTURED = "arguments not captured: S and D unknown"
+# A step's `detail` may quote what a log or a simulator said (a value, a message): kept to this many characters, the
+# rest counted, so a long argument does not fill the steps table once per step that names it.
+MAX_DETAIL_CHARS = 2000
+MAX_QUOTED_CHARS = 200  # of an argument's path or value quoted in a grounding detail
 # The checks `--checks` selects from: S's schema fit, D (references and grounding), P (the environment's
 # acceptance). A call that cannot be replayed at all (unknown or unavailable tool, arguments that are not an
 # object) is an S failure whatever is selected.
@@ -195,7 +200,7 @@ class Session:
             prefix_ok,
             verdict.check,
             verdict.cause,
-            verdict.detail,
+            verdict.detail if verdict.detail is None else clipped(verdict.detail, MAX_DETAIL_CHARS),
             outcome.decided_by if outcome else None,
             None if call.output is NOT_LOGGED or not self._simulated else _output_match(self.env, call, verdict),
             effect.effect if effect else None,
@@ -278,7 +283,8 @@ def _check(
                 continue  # a resolved reference is grounded by construction
             for value in grounded_values(args, path):
                 if not history.knows(value):
-                    detail = f"{path}={value!r} occurs in no earlier output or message"
+                    quoted = clipped(repr(value), MAX_QUOTED_CHARS)
+                    detail = f"{clipped(path, MAX_QUOTED_CHARS)}={quoted} occurs in no earlier output or message"
                     return Verdict(False, "D", "information", detail)
     # P: the environment accepts the call in the current state.
     outcome = env.execute(state, call.tool, args, call)

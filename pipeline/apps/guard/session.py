@@ -19,9 +19,10 @@ import orjson
 from pipeline.core.errors import GuardFull, InvalidRecord, SessionFull
 from pipeline.core.model import NOT_LOGGED, Call, Message, Rollout, RolloutResult, StepResult
 from pipeline.core.records import MAX_DEPTH, check_call_names, event_record, too_deep
+from pipeline.core.text import clipped
 from pipeline.envs import Environment, EnvOptions, get_environment, new_environment
 from pipeline.envs.observed import NO_ERROR_NOTE
-from pipeline.replay.checker import Session, Verdict
+from pipeline.replay.checker import MAX_DETAIL_CHARS, Session, Verdict
 from pipeline.replay.dependencies import INDEX_ENTRY_BYTES
 
 
@@ -57,8 +58,8 @@ class GuardVerdict:
         refusal to contradict, so the replay's note that the log shows no error is left out."""
         output = verdict.outcome.output if verdict.outcome is not None and verdict.valid and simulated else None
         detail, message = verdict.detail, verdict.message
-        detail = detail and detail.removesuffix(NO_ERROR_NOTE)
-        message = message and message.removesuffix(NO_ERROR_NOTE)
+        detail = detail and clipped(detail.removesuffix(NO_ERROR_NOTE), MAX_DETAIL_CHARS)  # as a scored step's
+        message = message and clipped(message.removesuffix(NO_ERROR_NOTE), MAX_DETAIL_CHARS)
         return cls(step, verdict.valid, verdict.check, verdict.cause, detail, message, verdict.decided_by, output)
 
     def to_json(self) -> VerdictJSON:
