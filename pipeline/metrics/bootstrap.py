@@ -97,23 +97,28 @@ class Limbs:
     values: np.ndarray  # float64, tasks x limbs, every entry an integer of at most `bits` bits (+ sign)
     source: list[int]  # the column each limb belongs to
     shift: list[int]
+    zero: list[int]  # the columns that are 0 for every task: no limb, 0 in every replicate
 
 
 def split_limbs(sums: np.ndarray, bits: int) -> Limbs:
-    """Each int64 column of `sums` as limbs of `bits` bits (the top limb signed), as few as it needs."""
+    """Each int64 column of `sums` as limbs of `bits` bits (the top limb signed), as few as it needs: none when it
+    is all 0 (a run without writes, say, has several such columns, and each limb costs a product per replicate)."""
     mask = np.int64((1 << bits) - 1)
-    cols, source, shift = [], [], []
+    cols, source, shift, zero = [], [], [], []
     for j in range(sums.shape[1]):
         col = sums[:, j]
         top = int(np.abs(col).max(initial=0))
-        n_limbs = max(1, -(-(top.bit_length() + 1) // bits))
+        if top == 0:
+            zero.append(j)
+            continue
+        n_limbs = -(-(top.bit_length() + 1) // bits)
         for limb in range(n_limbs):
             part = col >> np.int64(bits * limb)
             cols.append(part if limb == n_limbs - 1 else part & mask)
             source.append(j)
             shift.append(bits * limb)
     values = np.stack(cols, axis=1).astype(np.float64) if cols else np.zeros((sums.shape[0], 0))
-    return Limbs(np.ascontiguousarray(values), source, shift)
+    return Limbs(np.ascontiguousarray(values), source, shift, zero)
 
 
 def replicate_sums(
@@ -173,14 +178,17 @@ def _multinomial_counts(h: np.ndarray, m: int) -> np.ndarray:
 
 
 def _limb_batch(cohort: int, b0: int, totals: np.ndarray, limb: Limbs, columns: Sequence[str]) -> pa.RecordBatch:
+    if limb.zero:  # a row of 0 for each column that has no limb, so that every column has its sum
+        totals = np.hstack([totals, np.zeros((len(totals), len(limb.zero)))])
     n_rep, n_limbs = totals.shape
-    source = np.tile(np.asarray(limb.source, dtype=np.int32), n_rep)
+    source = np.tile(np.asarray(limb.source + limb.zero, dtype=np.int32), n_rep)
+    shift = limb.shift + [0] * len(limb.zero)
     return pa.record_batch(
         [
             pa.array(np.full(n_rep * n_limbs, cohort, dtype=np.int64)),
             pa.array(np.repeat(np.arange(b0, b0 + n_rep, dtype=np.int64), n_limbs)),
             pa.DictionaryArray.from_arrays(source, pa.array(list(columns), pa.string())),
-            pa.array(np.tile(np.asarray(limb.shift, dtype=np.int32), n_rep)),
+            pa.array(np.tile(np.asarray(shift, dtype=np.int32), n_rep)),
             pa.array(np.asarray(totals).ravel().astype(np.int64)),
         ],
         schema=LIMBS,
@@ -331,7 +339,7 @@ def partial_limbs(partial: PoissonPartial[int], plain: bool = False) -> pa.Table
         n_rep, n_cols = reps.shape
         flat = reps.ravel().tolist()
         values = np.array([[v >> 32, v & mask] for v in flat], dtype=np.int64).reshape(n_rep, 2 * n_cols)
-        limb = Limbs(np.empty((0, 2 * n_cols)), [j for j in range(n_cols) for _ in (0, 1)], [32, 0] * n_cols)
+        limb = Limbs(np.empty((0, 2 * n_cols)), [j for j in range(n_cols) for _ in (0, 1)], [32, 0] * n_cols, [])
         first = -1 if plain else 0
         batches.append(_limb_batch(cohort, first, values, limb, partial.columns))
     return pa.Table.from_batches(batches, LIMBS)
