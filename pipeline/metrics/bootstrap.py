@@ -107,10 +107,10 @@ def split_limbs(sums: np.ndarray, bits: int) -> Limbs:
     cols, source, shift, zero = [], [], [], []
     for j in range(sums.shape[1]):
         col = sums[:, j]
-        top = int(np.abs(col).max(initial=0))
-        if top == 0:
+        if not col.any():
             zero.append(j)
             continue
+        top = int(np.abs(col).max(initial=0))
         n_limbs = -(-(top.bit_length() + 1) // bits)
         for limb in range(n_limbs):
             part = col >> np.int64(bits * limb)
