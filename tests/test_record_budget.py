@@ -294,3 +294,43 @@ def test_a_span_that_cannot_be_staged_makes_its_whole_conversation_one_reject(tm
     assert f"an item of key {'a' * 32} cannot be written as JSON" in reject["reason"], reject  # its trace
     scored = pq.read_table(tmp_path / "run" / "rollouts", columns=["rollout_id"]).to_pylist()
     assert [r["rollout_id"] for r in scored] == ["conv-2"], scored
+
+
+# -- text a rollout's steps repeat ---------------------------------------------------------------------------------
+
+
+def long_attribute_logs(tmp: Path, per_rollout: list[tuple[int, int]]) -> Path:
+    """OpenAI logs whose conversation i repeats its calls `rounds` times and carries a `note` of `chars`
+    characters, for each (rounds, chars) of `per_rollout`; the `note` is read as an attribute."""
+    from pipeline.synthetic.support_logs import write_samples
+
+    [path] = write_samples(tmp / "logs", ("2026-11-27",), len(per_rollout), 2)
+    lines = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    for line, (rounds, chars) in zip(lines, per_rollout, strict=True):
+        line["messages"] = line["messages"][:2] + line["messages"][2:] * rounds
+        line["note"] = "n" * chars
+    path.write_bytes(b"".join(orjson.dumps(line) + b"\n" for line in lines))
+    return tmp / "logs"
+
+
+def test_a_long_attribute_repeated_on_every_step_is_a_reject_before_it_takes_memory(tmp_path):
+    """A 10 MB attribute on a rollout of 240 calls: its steps would hold it 240 times (3.4 GB, then an Arrow
+    overflow made it a reject anyway). It is a reject at once, saying why; the other rollouts are scored."""
+    from pipeline.scoring.run_tables import MAX_REPEATED_CHARS
+
+    long_attribute_logs(tmp_path, [(40, 10_000_000), (1, 10), (1, 10)])
+    counts, [reject], rss = score(tmp_path, "logs", "--format", "openai", "--option", "attr.note=note")
+    assert counts["scored"] == 2 and counts["rejected"] == 1, counts
+    assert reject["location"] == "line 1"
+    said = f"each of its 240 calls make 2,400,015,360 characters of steps, over the limit of {MAX_REPEATED_CHARS:,}"
+    assert said in reject["reason"], reject
+    assert rss < RSS_CEILING_MIB, rss
+
+
+def test_rollouts_whose_steps_repeat_much_text_are_converted_a_few_at_a_time(tmp_path):
+    """40 rollouts of 18 calls, each with a 1 MB attribute: each is within the limit, and the batch is converted
+    before their repeated text passes it together (one batch of 40 held 720 MB of steps text: 830 MiB peak)."""
+    long_attribute_logs(tmp_path, [(3, 1_000_000)] * 40)
+    counts, rejects, rss = score(tmp_path, "logs", "--format", "openai", "--option", "attr.note=note")
+    assert counts["scored"] == 40 and not rejects, (counts, rejects)
+    assert rss < RSS_CEILING_MIB, rss

@@ -22,7 +22,7 @@ import orjson
 
 from pipeline.core.arrow import pa
 from pipeline.core.errors import InvalidRecord
-from pipeline.core.model import Reject, Rollout, RolloutResult
+from pipeline.core.model import Call, Reject, Rollout, RolloutResult
 from pipeline.core.records import check_rollout, parse_rollout, record_id, rollout_record
 from pipeline.core.run_folder import ShardMarker
 from pipeline.core.run_schema import ROLLOUTS, STEPS
@@ -32,7 +32,13 @@ from pipeline.ingest.sharded import RawSource, read_raw_rollouts
 from pipeline.replay.checker import CHECKS, replay
 from pipeline.scoring._code_version import environment_version
 from pipeline.scoring._held import HeldParts
-from pipeline.scoring.run_tables import rejects_table, rollouts_table, steps_table
+from pipeline.scoring.run_tables import (
+    MAX_REPEATED_CHARS,
+    rejects_table,
+    repeated_chars,
+    rollouts_table,
+    steps_table,
+)
 from pipeline.scoring.settings import DEFAULT_SHARD_BYTES
 from pipeline.scoring.shuffle import read_partition
 from pipeline.storage.ids import digest, ids_table
@@ -147,15 +153,19 @@ def _score(
     # the options; the version walks the family): a name that fails is asked again, and rejected, each time
     ready: dict[str, Environment] = {}
 
+    repeated = 0  # characters the batch's steps repeat (run_tables.MAX_REPEATED_CHARS)
+
     def convert() -> None:
         # Results hold their whole rollouts: converted every batch, a worker's memory does not grow with the shard
         # (nor, as the converted tables are spilled past a bound, with a run of partitions).
+        nonlocal repeated
         steps, rollouts = _tables(settings.run_id, results, locations, unwritable, shard)
         parts.add({"steps": steps, "rollouts": rollouts})
         count.scored += len(results)
         count.steps += sum(r.T for r in results)
         results.clear()
         locations.clear()
+        repeated = 0
 
     with _fewer_collections():
         for location, record in read_rollouts(shard, settings):
@@ -174,12 +184,16 @@ def _score(
                     if before + copies[rid] > 1:
                         raise InvalidRecord(f"duplicate rollout_id {rid!r} (first at {first})")
                 rollout = check_rollout(record) if isinstance(record, Rollout) else parse_rollout(record)
+                steps_text = _steps_text(rollout)
                 name = settings.env or rollout.benchmark
                 env = ready.get(name)
                 if env is None:
                     env = ready[name] = _environment(name, settings, environments)
+                if repeated + steps_text > MAX_REPEATED_CHARS and results:
+                    convert()  # before this one: a batch's steps hold at most the limit of repeated text
                 results.append(replay(env, rollout, settings.checks))
                 locations.append(location)
+                repeated += steps_text
             except (InvalidRecord, EnvError) as exc:
                 rejects.append(_reject(shard, location, str(exc), _raw(record)))
             except _FATAL:
@@ -286,6 +300,20 @@ def _tables(
         kept_locations.append(location)
     results[:], locations[:] = kept, kept_locations
     return steps_table(run_id, results), rollouts_table(run_id, results)
+
+
+def _steps_text(rollout: Rollout) -> int:
+    """Characters of the rollout's own text its steps will repeat, or InvalidRecord past MAX_REPEATED_CHARS."""
+    own = repeated_chars(rollout)
+    if own * len(rollout.events) <= MAX_REPEATED_CHARS:  # events bound the calls: counted only when it matters
+        return own * len(rollout.events)
+    calls = sum(1 for e in rollout.events if type(e) is Call)
+    if own * calls > MAX_REPEATED_CHARS:
+        raise InvalidRecord(
+            f"its ids, labels and attributes ({own:,} characters) on each of its {calls:,} calls make "
+            f"{own * calls:,} characters of steps, over the limit of {MAX_REPEATED_CHARS:,}"
+        )
+    return own * calls
 
 
 def _reject(shard: Shard, location: str, reason: str, raw: str) -> Reject:
