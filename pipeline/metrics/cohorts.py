@@ -44,7 +44,13 @@ from pipeline.metrics.results import (
     key_values,
     ratio,
 )
-from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, BootstrapSettings, Population
+from pipeline.metrics.settings import (
+    DEFAULT_BOOTSTRAP,
+    DEFAULT_POPULATION,
+    MAX_COHORT_REPLICATES,
+    BootstrapSettings,
+    Population,
+)
 from pipeline.storage.run import RunPrefix
 
 DEFAULT_METRICS = "metrics"  # the name of the metrics over every label (no --by)
@@ -110,6 +116,7 @@ def metrics_and_replicates(
         )
         prepare_sums(con)
         sums = task_sums(con)
+        check_replicates(len(sums.cohorts), settings)
         run_bootstrap(con, sums, settings)
         info = fetch(con, "cohort_info", CohortInfo)
         k = con.execute("SELECT getvariable('pexec_k')").fetchall()[0][0]
@@ -118,6 +125,15 @@ def metrics_and_replicates(
         clusters = _metric_clusters(sums), _pec_clusters(sums, k)
         return intervals_and_replicates(
             con, info, clusters, harness, by_cols, settings, population, replicated, snapshot
+        )
+
+
+def check_replicates(n_cohorts: int, settings: BootstrapSettings) -> None:
+    """A MetricsError when the cohorts' replicate sums, held together, would pass MAX_COHORT_REPLICATES."""
+    if n_cohorts * settings.B > MAX_COHORT_REPLICATES:
+        raise MetricsError(
+            f"{n_cohorts:,} cohorts × {settings.B:,} bootstrap replicates are over the limit of "
+            f"{MAX_COHORT_REPLICATES:,} replicate sums at once: group by fewer labels (--by) or lower --bootstrap"
         )
 
 
