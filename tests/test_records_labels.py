@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from unittest.mock import patch
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -53,3 +54,17 @@ def test_every_name_is_judged_by_the_rule_whatever_came_before(names: list[str],
         for name in names + names:  # each judged twice: the second time it may have been remembered
             assert accepted({name: "x"}) == (not clashes(name))
             assert name in records._LABEL_NAMES or clashes(name) or len(records._LABEL_NAMES) >= room
+
+
+@pytest.mark.parametrize("field", ["labels", "attributes"])
+def test_a_rollout_holds_at_most_max_labels_labels_and_as_many_attributes(field):
+    """Each is a column of the run's tables: past the limit the rollout is a reject, the same from both readers."""
+    names = {f"n{i}": "v" for i in range(records.MAX_LABELS)}
+    at = Rollout("r", "t", "b", **{field: names})
+    assert check_rollout(at) == at and parse_rollout(records.rollout_record(at)) == at
+    over = Rollout("r", "t", "b", **{field: {**names, "one_more": "v"}})
+    said = f"{records.MAX_LABELS + 1} {field} are over the limit of {records.MAX_LABELS} for one rollout"
+    with pytest.raises(InvalidRecord, match=said):
+        check_rollout(over)
+    with pytest.raises(InvalidRecord, match=said):
+        parse_rollout(records.rollout_record(over))

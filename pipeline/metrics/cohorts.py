@@ -47,6 +47,7 @@ from pipeline.metrics.results import (
 from pipeline.metrics.settings import (
     DEFAULT_BOOTSTRAP,
     DEFAULT_POPULATION,
+    MAX_COHORT_COLUMNS,
     MAX_COHORT_REPLICATES,
     BootstrapSettings,
     Population,
@@ -401,6 +402,11 @@ def resolve_by(by: Sequence[str] | None, labels: list[str], attributes: Sequence
     """Cohort columns for `by` (every condition label when None). `attributes` are column names (`attr_<name>`),
     found by either name."""
     if by is None:
+        if len(labels) > MAX_COHORT_COLUMNS:
+            raise MetricsError(
+                f"the run has {len(labels):,} label columns, over the limit of {MAX_COHORT_COLUMNS} to key a cohort "
+                "by: name the ones to group by (--by)"
+            )
         return list(labels)
     out: list[str] = []
     for name in by:
@@ -408,15 +414,22 @@ def resolve_by(by: Sequence[str] | None, labels: list[str], attributes: Sequence
         if name == "benchmark" or column in out:
             continue  # benchmark is always part of the cohort
         if column not in labels and column not in attributes:
-            available = ", ".join(labels) if labels else "none (the rollouts have no label columns)"
-            attrs = ", ".join(a.removeprefix(run_schema.ATTRIBUTE_PREFIX) for a in attributes) or "none"
+            available = _listed(labels) if labels else "none (the rollouts have no label columns)"
+            attrs = _listed([a.removeprefix(run_schema.ATTRIBUTE_PREFIX) for a in attributes]) or "none"
             raise MetricsError(
                 f"unknown cohort column {name!r}; available label columns: {available}; attributes: {attrs}"
             )
         if name in cohort_fields():
             raise MetricsError(f"label column {name!r} clashes with a metric name and cannot define a cohort")
         out.append(column)
+    if len(out) > MAX_COHORT_COLUMNS:
+        raise MetricsError(f"{len(out):,} cohort columns are over the limit of {MAX_COHORT_COLUMNS}")
     return out
+
+
+def _listed(names: Sequence[str], shown: int = 20) -> str:
+    more = f" and {len(names) - shown:,} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def interval(point: Point | None, moments: bootstrap.Moments | None, scale: float, level: float) -> Interval:

@@ -22,6 +22,7 @@ MAX_B = 10_000  # bootstrap replicates; measured on 200 rollouts: B = 10,000 pea
 # Cohorts × B of one metrics computation (the replicate sums are held together): measured over 100,000 rollouts,
 # 200 cohorts × 1,000 replicates peak at 1,350 MiB, 1,000 × 1,000 at 5.2 GB.
 MAX_COHORT_REPLICATES = 200_000
+MAX_COHORT_COLUMNS = 64  # label columns a cohort is keyed by (every label of the run without --by)
 MAX_K = 1000  # the largest depth k of PEC(k) asked for (`--max-k`, a job's `max_k`)
 METHODS = ("multinomial", "poisson", "poisson-merged")
 VIEW_PORT = 8765  # where `pexec view RUN` listens by default (`pexec guard serve` listens on another)
