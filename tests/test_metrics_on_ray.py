@@ -99,6 +99,20 @@ def test_only_the_merged_bootstrap_runs_on_ray_and_pools_are_checked(tmp_path: P
         metrics_on_ray(snapshot, "auto", settings=MERGED, population=Population(pools=(("p", ("nope",)),)))
 
 
+def test_more_cohorts_times_replicates_than_one_node_holds_are_refused_on_ray_too(
+    tmp_path: Path, shared_ray: None
+) -> None:
+    rng = np.random.default_rng(3)
+    write_rollouts(tmp_path, [r for i in range(21) for r in random_rows(rng, 2, 1, "bench", model=f"m{i}")])
+    snapshot = open_run(str(tmp_path)).snapshot
+    over = BootstrapSettings(B=10_000, method="poisson-merged")  # 21 × 10,000 = 210,000
+    said = "21 cohorts × 10,000 bootstrap replicates are over the limit of 200,000"
+    with pytest.raises(MetricsError, match=said):
+        metrics_on_ray(snapshot, "auto", settings=over)
+    with pytest.raises(MetricsError, match=said):
+        metrics_and_replicates(snapshot, settings=over)
+
+
 def test_the_cli_computes_on_ray_when_given_an_address(tmp_path: Path, shared_ray: None) -> None:
     rng = np.random.default_rng(2)
     write_rollouts(tmp_path, random_rows(rng, 10, 3, "bench", model="m1"), part="part-a")

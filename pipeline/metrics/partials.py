@@ -241,6 +241,7 @@ def metrics_on_ray(
     for got in ray_waits.get([o[0] for o in outputs]):
         counts.add(got)
     check_pools(counts.benchmarks, population, snapshot.root.url)
+    cohorts.check_replicates(len(counts.info), settings)  # before any replicate is drawn, as on one node
     K = max_k if max_k is not None else min(counts.max_t or 0, _DEFAULT_K)
     sum_columns = [f"s_{p.name}" for p in metric_catalogue.PARTS]
     sum_columns += [f"s_h{d}" for d in range(1, min(K, counts.max_t or 0) + 1)]
