@@ -14,7 +14,7 @@ from pipeline.core.model import Reject, Rollout, RolloutResult
 from pipeline.core.run_schema import ATTRIBUTE_PREFIX, REJECTS, ROLLOUTS, STEPS, RunTable, arrow_schema
 
 # Characters of a rollout's own text that its steps repeat (ids, label and attribute values), times its steps: a
-# rollout past it is a reject (its steps would hold a long value once per call: a 10 MB attribute on 200 calls took
+# rollout past it is a reject (its steps would hold a long value once per call: a 10 MB attribute on 240 calls took
 # 3.4 GB), and a batch of results is converted to Arrow before its rollouts reach it together.
 MAX_REPEATED_CHARS = 32 << 20
 
