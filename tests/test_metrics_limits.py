@@ -1,6 +1,6 @@
-"""The metrics step holds every cohort's bootstrap replicate sums at once: past MAX_COHORT_REPLICATES (cohorts × B)
-it refuses in one line that says what to change, before any replicate is drawn (1,000 cohorts × 1,000 replicates
-took 5.2 GB)."""
+"""The metrics step takes the cohorts a pass at a time (pipeline.metrics.cohorts.cohort_passes): every pass holds at
+most PASS_REPLICATE_VALUES replicate values, so memory follows a pass, not the cohorts × B (1,000 cohorts × 1,000
+replicates held at once took 5.2 GB), and the passes give exactly what one pass over every cohort gives."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.apps.perf.metrics import write_synthetic_rollouts
-from pipeline.core.errors import MetricsError
+from pipeline.metrics import cohorts
 from pipeline.metrics.run import open_run
-from pipeline.metrics.settings import MAX_COHORT_REPLICATES, BootstrapSettings
+from pipeline.metrics.settings import PASS_REPLICATE_VALUES, BootstrapSettings
 
 COHORTS = 60
 
@@ -25,21 +25,55 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_cohorts_times_replicates_past_the_limit_are_refused(run):
-    over = MAX_COHORT_REPLICATES // COHORTS + 1
-    with pytest.raises(MetricsError, match=f"{COHORTS} cohorts × {over:,} bootstrap replicates are over the limit"):
-        open_run(str(run)).cohorts(None, BootstrapSettings(B=over))
-    cohorts = open_run(str(run)).cohorts(None, BootstrapSettings(B=100))
-    assert len(cohorts) == COHORTS
+def test_a_pass_holds_at_most_its_budget_of_replicate_values_and_every_cohort_once():
+    for n, B, columns, K in [(1_000, 1_000, 30, 15), (60, 10_000, 40, 20), (7, 1, 1, 0), (0, 1_000, 30, 15)]:
+        passes = cohorts.cohort_passes(n, B, columns, K)
+        assert [c for p in passes for c in p] == list(range(n))
+        per_cohort = B * (columns + K + 1)
+        assert all(len(p) == 1 or len(p) * per_cohort <= PASS_REPLICATE_VALUES for p in passes)
+    assert len(cohorts.cohort_passes(1_000, 1_000, 30, 15)) > 1
+    [one] = cohorts.cohort_passes(1, 10_000, 1_000, 1_000)  # a cohort over the budget is a pass of its own
+    assert one == range(1)
 
 
-def test_the_command_says_it_in_one_line_and_exits_2(run):
-    pexec = str(Path(sys.executable).with_name("pexec"))
-    over = str(MAX_COHORT_REPLICATES // COHORTS + 1)
-    proc = subprocess.run([pexec, "metrics", str(run), "--bootstrap", over], capture_output=True, text=True)
-    assert proc.returncode == 2, proc
-    [line] = proc.stderr.strip().splitlines()
-    assert "over the limit of 200,000 replicate sums at once: group by fewer labels (--by) or lower --bootstrap" in line
+@pytest.mark.parametrize("method", ["multinomial", "poisson", "poisson-merged"])
+def test_cohorts_in_several_passes_get_exactly_what_one_pass_gives(run, method, monkeypatch):
+    settings = BootstrapSettings(B=200, method=method)
+    report = ["invalid_rate", "ter"]
+    snapshot = open_run(str(run)).snapshot
+    monkeypatch.setattr(cohorts, "PASS_REPLICATE_VALUES", 10**12)
+    assert len(cohorts.cohort_passes(COHORTS, 200, 40, 20)) == 1
+    whole = cohorts.metrics_and_replicates(snapshot, settings=settings, replicated=report)
+    monkeypatch.setattr(cohorts, "PASS_REPLICATE_VALUES", 7 * 200 * 40)  # a few cohorts a pass, one left over
+    assert len(cohorts.cohort_passes(COHORTS, 200, 25, 15)) > 8
+    passes = cohorts.metrics_and_replicates(snapshot, settings=settings, replicated=report)
+    assert passes == whole
+    assert len(passes[0]) == COHORTS
+    assert all(c["ter"]["lo"] is not None for c in passes[0])
+
+
+def test_tool_profiles_go_a_pass_at_a_time_too(tmp_path, monkeypatch):
+    import orjson
+
+    from pipeline.metrics.tool_profiles import profiles_and_replicates
+    from pipeline.scoring.driver import run_scoring
+    from pipeline.scoring.settings import ScoreSettings
+    from pipeline.synthetic.rollouts import synthesize
+
+    records = list(synthesize("shop", 240, 30, 0))
+    for i, record in enumerate(records):
+        record["labels"] = {"model": f"m{i % 12}"}
+    store = tmp_path / "store.jsonl"
+    store.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    run_scoring(str(store), str(tmp_path / "run"), ScoreSettings(inline=True))
+    snapshot = open_run(str(tmp_path / "run")).snapshot
+    settings = BootstrapSettings(B=100)
+    monkeypatch.setattr(cohorts, "PASS_REPLICATE_VALUES", 10**12)
+    whole = profiles_and_replicates(snapshot, ["model"], settings)
+    monkeypatch.setattr(cohorts, "PASS_REPLICATE_VALUES", 3 * 100 * 10)
+    assert len(cohorts.cohort_passes(len(whole[0]), 100, 5, 0)) > 10
+    assert profiles_and_replicates(snapshot, ["model"], settings) == whole
+    assert len(whole[0]) > 12  # tools × models
 
 
 def test_a_run_with_more_label_columns_than_a_cohort_key_takes_needs_by(tmp_path):

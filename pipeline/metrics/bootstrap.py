@@ -122,11 +122,12 @@ def split_limbs(sums: np.ndarray, bits: int) -> Limbs:
 
 
 def replicate_sums(
-    cohorts: Sequence[np.ndarray], columns: Sequence[str], seed: int, B: int, method: Method
+    cohorts: Sequence[np.ndarray], columns: Sequence[str], seed: int, B: int, method: Method, first: int = 0
 ) -> Iterator[pa.RecordBatch]:
     """Per-(cohort, replicate) sums of each cohort's per-task sums (int64, tasks in task_id order x `columns`), as
     record batches of limbs (cohort, b, part, shift, total): column `part` of replicate b of cohort c is the sum
-    of total * 2^shift over its rows (metrics/sql/bootstrap_sums.sql adds them up)."""
+    of total * 2^shift over its rows (metrics/sql/bootstrap_sums.sql adds them up). The cohorts are numbered from
+    `first`; a cohort's draws depend on its own tasks only, so any run of cohorts gives each the same sums."""
     if not cohorts:
         return
     keys = replicate_keys(seed, B)
@@ -144,7 +145,7 @@ def replicate_sums(
             if m:
                 w = shared[:, :m] if shared is not None else _multinomial_counts(h[:, :m], m)
                 totals = w @ limb.values  # replicates in the block x limbs, exact integers
-                batches.append(_limb_batch(c, b0, totals, limb, columns))
+                batches.append(_limb_batch(first + c, b0, totals, limb, columns))
         return batches
 
     # numpy releases the GIL in the hashing, counting and products, so blocks of replicates run on threads;

@@ -9,6 +9,7 @@ their parts come from the metric catalogue (pipeline.core.metric_catalogue); one
   bootstrap.py               per-(cohort, replicate) sums of the resampled tasks' `s_*` (numpy; the draws of
   bootstrap_sums.sql         sql/hash.sql), put together exactly in SQL
   metrics_intervals.sql      ratios of sums (point estimate = full data), percentile intervals
+                             (these three a pass of cohorts at a time: bootstrap_intervals)
   _metric_clusters, ...      what the small-sample interval needs, exact moments of the per-task sums (numpy);
                              pipeline.core.intervals picks the interval per metric
   results.py                 the cohort dicts' keys (`Cohort`)
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypedDict, cast
 
 import duckdb
@@ -48,7 +49,8 @@ from pipeline.metrics.settings import (
     DEFAULT_BOOTSTRAP,
     DEFAULT_POPULATION,
     MAX_COHORT_COLUMNS,
-    MAX_COHORT_REPLICATES,
+    MAX_MERGED_REPLICATES,
+    PASS_REPLICATE_VALUES,
     BootstrapSettings,
     Population,
 )
@@ -117,24 +119,14 @@ def metrics_and_replicates(
         )
         prepare_sums(con)
         sums = task_sums(con)
-        check_replicates(len(sums.cohorts), settings)
-        run_bootstrap(con, sums, settings)
+        rows = bootstrap_intervals(con, sums, settings)
         info = fetch(con, "cohort_info", CohortInfo)
         k = con.execute("SELECT getvariable('pexec_k')").fetchall()[0][0]
         run_sql(con, "metrics/harness_counts")
         harness = fetch(con, "harness_counts", HarnessCount)
         clusters = _metric_clusters(sums), _pec_clusters(sums, k)
         return intervals_and_replicates(
-            con, info, clusters, harness, by_cols, settings, population, replicated, snapshot
-        )
-
-
-def check_replicates(n_cohorts: int, settings: BootstrapSettings) -> None:
-    """A MetricsError when the cohorts' replicate sums, held together, would pass MAX_COHORT_REPLICATES."""
-    if n_cohorts * settings.B > MAX_COHORT_REPLICATES:
-        raise MetricsError(
-            f"{n_cohorts:,} cohorts × {settings.B:,} bootstrap replicates are over the limit of "
-            f"{MAX_COHORT_REPLICATES:,} replicate sums at once: group by fewer labels (--by) or lower --bootstrap"
+            rows, info, clusters, harness, by_cols, settings, population, replicated, snapshot
         )
 
 
@@ -209,8 +201,67 @@ PecMoments = dict[tuple[int, int], bootstrap.Moments]  # (cohort, k >= 1) -> the
 Clusters = tuple[MetricMoments, PecMoments]  # _metric_clusters, _pec_clusters
 
 
+@dataclass(frozen=True)
+class IntervalRows:
+    """Tables metric_intervals, pec_intervals and replicated_values (sql/metrics_intervals.sql) as rows, over the
+    cohorts of one or more passes (cohort numbers as in task_sums)."""
+
+    ratios: list[MetricRow] = field(default_factory=list)
+    pec: list[PecRow] = field(default_factory=list)
+    replicated: list[ReplicatedRow] = field(default_factory=list)
+
+    def extend(self, other: IntervalRows) -> None:
+        self.ratios.extend(other.ratios)
+        self.pec.extend(other.pec)
+        self.replicated.extend(other.replicated)
+
+
+def interval_rows(con: duckdb.DuckDBPyConnection) -> IntervalRows:
+    """sql/metrics_intervals.sql over tables task_sums (its rows of the cohorts from variable pass_first to before
+    pass_end; none of its rows in the distributed path, where rep_sums holds the point estimates' sums as b = -1)
+    and rep_sums, with the variables it names set; its tables as rows."""
+    run_sql(con, "metrics/metrics_intervals")
+    return IntervalRows(
+        fetch(con, "metric_intervals", MetricRow),
+        fetch(con, "pec_intervals", PecRow),
+        fetch(con, "replicated_values", ReplicatedRow),
+    )
+
+
+def cohort_passes(n_cohorts: int, B: int, n_columns: int, K: int) -> list[range]:
+    """The cohorts, in runs that each hold at most PASS_REPLICATE_VALUES replicate values (a cohort's B replicates
+    of its `n_columns` sums and of PEC(0..K)), a cohort at least: memory follows a pass, not the cohorts × B."""
+    per_cohort = B * (n_columns + K + 1)
+    size = max(1, PASS_REPLICATE_VALUES // per_cohort)
+    return [range(first, min(first + size, n_cohorts)) for first in range(0, n_cohorts, size)]
+
+
+def bootstrap_intervals(con: duckdb.DuckDBPyConnection, sums: TaskSums, settings: BootstrapSettings) -> IntervalRows:
+    """The bootstrap (run_bootstrap) and its intervals (interval_rows) of every cohort of task_sums, one pass of
+    cohorts at a time (cohort_passes): each cohort's draws and replicates depend on its own tasks only, so the rows
+    are those of one pass over every cohort. Variable pexec_k and those of metrics_intervals.sql set."""
+    K = con.execute("SELECT getvariable('pexec_k')").fetchall()[0][0]
+    rows = IntervalRows()
+    for cohorts in cohort_passes(len(sums.cohorts), settings.B, len(sums.columns), K):
+        set_variables(con, pass_first=cohorts.start, pass_end=cohorts.stop)
+        run_bootstrap(con, sums, settings, cohorts)
+        rows.extend(interval_rows(con))
+    return rows
+
+
+def check_merged_replicates(n_cohorts: int, settings: BootstrapSettings) -> None:
+    """A MetricsError when the merged partial sums of the distributed bootstrap (pipeline.metrics.partials), which
+    hold every cohort's replicates at once, would pass MAX_MERGED_REPLICATES."""
+    if n_cohorts * settings.B > MAX_MERGED_REPLICATES:
+        raise MetricsError(
+            f"{n_cohorts:,} cohorts × {settings.B:,} bootstrap replicates are over the limit of "
+            f"{MAX_MERGED_REPLICATES:,} replicate sums merged at once on Ray: group by fewer labels (--by), lower "
+            "--bootstrap, or compute on one node (without --address), which takes the cohorts a pass at a time"
+        )
+
+
 def intervals_and_replicates(
-    con: duckdb.DuckDBPyConnection,
+    rows: IntervalRows,
     info: list[CohortInfo],
     clusters: Clusters,
     harness: list[HarnessCount],
@@ -220,18 +271,12 @@ def intervals_and_replicates(
     replicated: Sequence[str],
     snapshot: Snapshot,
 ) -> tuple[list[Cohort], Replicates]:
-    """The cohort dicts and replicates from what every way of computing them ends with: on `con`, tables
-    task_sums (or none of its rows, when rep_sums holds the point estimates' sums as b = -1) and rep_sums
-    (pipeline/metrics/sql/bootstrap_sums.sql) and variables pexec_k and those of metrics_intervals.sql; `info` as
-    table cohort_info, what the small-sample intervals need, and the harness-error counts."""
-    run_sql(con, "metrics/metrics_intervals")
-    ratios = fetch(con, "metric_intervals", MetricRow)
-    pec = fetch(con, "pec_intervals", PecRow)
-    reps = fetch(con, "replicated_values", ReplicatedRow)
+    """The cohort dicts and replicates from what every way of computing them ends with: the bootstrap's interval
+    rows, `info` as table cohort_info, what the small-sample intervals need, and the harness-error counts."""
     keys = ["benchmark", *by_cols]
-    cohorts, ids = _assemble(info, ratios, pec, clusters, harness, keys, settings, population, snapshot)
+    cohorts, ids = _assemble(info, rows.ratios, rows.pec, clusters, harness, keys, settings, population, snapshot)
     by_id: dict[int, dict[str, list[float | None]]] = {}
-    for r in reps:
+    for r in rows.replicated:
         by_id.setdefault(r["cohort"], {})[r["metric"]] = r["replicate_values"]
     # A cohort with no rollout in the population (only harness errors) has no replicates: all undefined.
     undefined: list[float | None] = [None] * settings.B
@@ -268,22 +313,29 @@ def task_sums(con: duckdb.DuckDBPyConnection) -> TaskSums:
     return TaskSums(columns, np.split(sums, np.searchsorted(cohort, np.arange(1, n_cohorts)))[:n_cohorts])
 
 
-def run_bootstrap(con: duckdb.DuckDBPyConnection, sums: TaskSums, settings: BootstrapSettings) -> None:
-    """rep_sums: per-(cohort, replicate) sums of the resampled tasks' s_* columns (pipeline.metrics.bootstrap draws and
-    weighs the tasks in numpy; metrics/sql/bootstrap_sums.sql puts the exact sums together)."""
+def run_bootstrap(con: duckdb.DuckDBPyConnection, sums: TaskSums, settings: BootstrapSettings, cohorts: range) -> None:
+    """rep_sums: per-(cohort, replicate) sums of the resampled tasks' s_* columns, of the `cohorts` (numbers) of
+    task_sums (pipeline.metrics.bootstrap draws and weighs the tasks in numpy; metrics/sql/bootstrap_sums.sql puts
+    the exact sums together)."""
+    chosen = sums.cohorts[cohorts.start : cohorts.stop]
     if settings.method == "poisson-merged":
         # Weights keyed by the task itself (pipeline.metrics.bootstrap): what scoring shards can sum on their own; here
-        # one partial over every task of the run.
-        task_key = con.sql("SELECT pexec_task_key(task_id) FROM task_sums").fetchnumpy()
-        codes = np.repeat(np.arange(len(sums.cohorts)), [len(c) for c in sums.cohorts])
-        all_sums = np.concatenate(sums.cohorts) if sums.cohorts else np.zeros((0, len(sums.columns)), np.int64)
+        # one partial over every task of these cohorts.
+        task_key = con.execute(
+            "SELECT pexec_task_key(task_id) AS task_key FROM task_sums WHERE cohort >= ? AND cohort < ? "
+            "ORDER BY cohort, task_id",
+            [cohorts.start, cohorts.stop],
+        ).fetchnumpy()["task_key"]
+        codes = np.repeat(np.arange(len(chosen)), [len(c) for c in chosen])
+        all_sums = np.concatenate(chosen) if chosen else np.zeros((0, len(sums.columns)), np.int64)
         partial = bootstrap.poisson_partial(
-            range(len(sums.cohorts)), codes, next(iter(task_key.values())), all_sums, sums.columns,
-            settings.seed, settings.B,
-        )  # fmt: skip
+            list(cohorts), codes, task_key, all_sums, sums.columns, settings.seed, settings.B
+        )
         limbs = bootstrap.partial_limbs(partial)
     else:
-        batches = bootstrap.replicate_sums(sums.cohorts, sums.columns, settings.seed, settings.B, settings.method)
+        batches = bootstrap.replicate_sums(
+            chosen, sums.columns, settings.seed, settings.B, settings.method, first=cohorts.start
+        )
         limbs = pa.Table.from_batches(list(batches), bootstrap.LIMBS)
     con.register("rep_limbs", limbs)
     run_sql(con, "metrics/bootstrap_sums")

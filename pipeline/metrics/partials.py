@@ -241,7 +241,7 @@ def metrics_on_ray(
     for got in ray_waits.get([o[0] for o in outputs]):
         counts.add(got)
     check_pools(counts.benchmarks, population, snapshot.root.url)
-    cohorts.check_replicates(len(counts.info), settings)  # before any replicate is drawn, as on one node
+    cohorts.check_merged_replicates(len(counts.info), settings)  # before any replicate is drawn
     K = max_k if max_k is not None else min(counts.max_t or 0, _DEFAULT_K)
     sum_columns = [f"s_{p.name}" for p in metric_catalogue.PARTS]
     sum_columns += [f"s_h{d}" for d in range(1, min(K, counts.max_t or 0) + 1)]
@@ -294,6 +294,8 @@ def _merged(
             metric_defs=cohorts.metric_defs(),
             parts=[f"s_{p.name}" for p in metric_catalogue.PARTS],
             replicated=list(replicated),
+            pass_first=0,
+            pass_end=len(keys),
         )
         if merged is None:
             limbs = bootstrap.LIMBS.empty_table()
@@ -307,8 +309,9 @@ def _merged(
         con.register("sum_columns", pa.schema([(c, pa.int64()) for c in ["cohort", *sum_columns]]).empty_table())
         run_sql(con, "metrics/merged_sums")
         con.unregister("sum_columns")
+        rows = cohorts.interval_rows(con)
         return cohorts.intervals_and_replicates(
-            con, info, clusters, harness, by_cols, settings, population, replicated, snapshot
+            rows, info, clusters, harness, by_cols, settings, population, replicated, snapshot
         )
     finally:
         con.close()

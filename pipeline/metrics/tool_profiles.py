@@ -18,13 +18,12 @@ import duckdb
 from pipeline.metrics import bootstrap
 from pipeline.metrics._population import open_population
 from pipeline.metrics.cohorts import (
+    IntervalRows,
     MetricDef,
-    MetricRow,
-    ReplicatedRow,
     TaskSums,
+    bootstrap_intervals,
     cohort_columns,
     interval,
-    run_bootstrap,
     task_sums,
 )
 from pipeline.metrics.completeness import Coverage, Snapshot
@@ -111,9 +110,8 @@ def profiles_and_replicates(
         run_sql(con, "metrics/view_steps")
         run_sql(con, "metrics/tool_prepare")
         sums = task_sums(con)  # the metrics' own bootstrap (pipeline.metrics.bootstrap), over these task sums
-        run_bootstrap(con, sums, settings)
-        run_sql(con, "metrics/metrics_intervals")
-        return _assemble(con, keys, settings, _clusters(sums), snapshot.partial())
+        rows = bootstrap_intervals(con, sums, settings)
+        return _assemble(con, rows, keys, settings, _clusters(sums), snapshot.partial())
 
 
 class ToolInfo(TypedDict):
@@ -139,14 +137,15 @@ def _clusters(sums: TaskSums) -> dict[tuple[int, str], bootstrap.Moments]:
 
 def _assemble(
     con: duckdb.DuckDBPyConnection,
+    rows: IntervalRows,
     keys: list[str],
     settings: BootstrapSettings,
     clusters: dict[tuple[int, str], bootstrap.Moments],
     covered: Coverage | None,
 ) -> tuple[list[ToolProfile], list[list[float | None]]]:
     info = fetch(con, "tool_info", ToolInfo)
-    reps = {r["cohort"]: r["replicate_values"] for r in fetch(con, "replicated_values", ReplicatedRow)}
-    ratios = {(r["cohort"], r["metric"]): r for r in fetch(con, "metric_intervals", MetricRow)}
+    reps = {r["cohort"]: r["replicate_values"] for r in rows.replicated}
+    ratios = {(r["cohort"], r["metric"]): r for r in rows.ratios}
     group = [k for k in keys if k != "tool"]
     first_total: dict[Key, int] = {}
     for c in info:

@@ -1,6 +1,7 @@
 -- Ratios of sums for the full data (b = -1: the point estimates) and for every replicate (b >= 0), then
--- percentile intervals. Variables: q_lo, q_hi = (1 -/+ level) / 2, pexec_k, replicated (VARCHAR[]), and from the
--- catalogue metric_defs (STRUCT[]: metric, num, den, scale, ord) and parts (the s_<name> columns of the parts).
+-- percentile intervals, of the cohorts pass_first .. pass_end - 1 (one pass: rep_sums holds theirs). Variables:
+-- q_lo, q_hi = (1 -/+ level) / 2, pexec_k, pass_first, pass_end, replicated (VARCHAR[]), and from the catalogue
+-- metric_defs (STRUCT[]: metric, num, den, scale, ord) and parts (the s_<name> columns of the parts).
 --
 -- What the small-sample interval needs (the moments of the per-task sums) pipeline.metrics.cohorts computes in numpy
 -- from task_sums.
@@ -9,7 +10,10 @@
 -- q * (n - 1) of the n replicate values, the same as numpy.quantile(method="linear"). Replicates whose
 -- denominator is 0 (e.g. no RR-eligible rollout among the drawn tasks) give NULL and are left out.
 CREATE OR REPLACE TEMP TABLE all_sums AS
-SELECT cohort, -1 AS b, sum(COLUMNS('^s_')) FROM task_sums GROUP BY cohort
+SELECT cohort, -1 AS b, sum(COLUMNS('^s_'))
+FROM task_sums
+WHERE cohort >= getvariable('pass_first') AND cohort < getvariable('pass_end')
+GROUP BY cohort
 UNION ALL BY NAME
 SELECT * FROM rep_sums;
 
@@ -17,17 +21,25 @@ SELECT * FROM rep_sums;
 CREATE OR REPLACE TEMP TABLE metric_defs AS SELECT unnest(getvariable('metric_defs'), recursive := true);
 
 -- Every metric of every (cohort, replicate): sum(s_<num>) / sum(s_<den>) / scale, with the denominator's total
--- (at b = -1, the count shown beside a metric such as RR).
+-- (at b = -1, the count shown beside a metric such as RR). Each part's total meets the metrics it is a part of in
+-- one hash join, and a metric's two parts meet in one group: no join of the totals with themselves.
 CREATE OR REPLACE TEMP TABLE rep_metrics AS
 WITH part_totals AS (
     UNPIVOT (SELECT cohort, b, COLUMNS(lambda c: list_contains(getvariable('parts'), c)) FROM all_sums)
     ON COLUMNS(* EXCLUDE (cohort, b)) INTO NAME part VALUE total
+),
+metric_parts AS (
+    SELECT metric, scale, 's_' || num AS part, true AS numerator FROM metric_defs
+    UNION ALL
+    SELECT metric, scale, 's_' || den AS part, false AS numerator FROM metric_defs
 )
-SELECT n.cohort, n.b, d.metric, den.total AS den_total,
-       n.total::DOUBLE / nullif(den.total, 0)::DOUBLE / d.scale AS value
-FROM metric_defs AS d
-JOIN part_totals AS n ON n.part = 's_' || d.num
-JOIN part_totals AS den ON den.part = 's_' || d.den AND den.cohort = n.cohort AND den.b = n.b;
+SELECT t.cohort, t.b, m.metric,
+       any_value(t.total) FILTER (WHERE NOT m.numerator) AS den_total,
+       any_value(t.total) FILTER (WHERE m.numerator)::DOUBLE / nullif(den_total, 0)::DOUBLE / any_value(m.scale)
+           AS value
+FROM part_totals AS t
+JOIN metric_parts AS m ON m.part = t.part
+GROUP BY t.cohort, t.b, m.metric;
 
 -- The replicates' values of the metrics named in variable `replicated` (the report's ranking: how often a
 -- flip holds), in replicate order.
@@ -47,22 +59,33 @@ FROM rep_metrics
 GROUP BY cohort, metric
 ORDER BY cohort, metric;
 
+-- PEC(k) of every (cohort, replicate): the rollouts at depth >= k over the rollouts. A depth column d counts the
+-- rollouts at depth d (the depths that occur); the rollouts at depth >= d are its running sum from the deepest
+-- column down, and PEC(k) takes that of the shallowest column at or past k (none: no rollout reaches k).
 CREATE OR REPLACE TEMP TABLE rep_pec AS
 WITH hist AS (
     SELECT cohort, b, CAST(substr(depth, 4) AS BIGINT) AS d, cnt
     FROM (
-        UNPIVOT (SELECT cohort, b, COLUMNS('^s_(n|h[0-9]+)$')::DOUBLE FROM all_sums)
+        UNPIVOT (SELECT cohort, b, coalesce(COLUMNS('^s_(n|h[0-9]+)$'), 0)::DOUBLE FROM all_sums)
         ON COLUMNS('^s_(n|h[0-9]+)$') INTO NAME depth VALUE cnt
     )
     WHERE depth <> 's_n'
+),
+at_least AS (
+    SELECT cohort, b, d, sum(cnt) OVER (PARTITION BY cohort, b ORDER BY d DESC) AS cnt FROM hist
+),
+next_depth AS (
+    SELECT k.k, min(h.d) AS d
+    FROM range(1, getvariable('pexec_k') + 1) AS k(k)
+    LEFT JOIN (SELECT DISTINCT d FROM hist) AS h ON h.d >= k.k
+    GROUP BY k.k
 )
-SELECT a.cohort, a.b, k.k,
-       CASE WHEN k.k = 0 THEN any_value(a.s_n)::DOUBLE ELSE coalesce(sum(h.cnt), 0) END
-           / nullif(any_value(a.s_n), 0)::DOUBLE AS value
+SELECT cohort, b, 0 AS k, s_n::DOUBLE / nullif(s_n, 0)::DOUBLE AS value FROM all_sums
+UNION ALL
+SELECT a.cohort, a.b, n.k, coalesce(l.cnt, 0) / nullif(a.s_n, 0)::DOUBLE AS value
 FROM all_sums AS a
-CROSS JOIN range(0, getvariable('pexec_k') + 1) AS k(k)
-LEFT JOIN hist AS h ON h.cohort = a.cohort AND h.b = a.b AND h.d >= k.k
-GROUP BY a.cohort, a.b, k.k;
+CROSS JOIN next_depth AS n
+LEFT JOIN at_least AS l ON l.cohort = a.cohort AND l.b = a.b AND l.d = n.d;
 
 CREATE OR REPLACE TEMP TABLE pec_intervals AS
 SELECT cohort, k,
