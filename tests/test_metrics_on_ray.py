@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from pipeline.apps.cli import app
 from pipeline.core.errors import MetricsError
+from pipeline.metrics import bootstrap, cohorts, partials
 from pipeline.metrics.cohorts import metrics_and_replicates
 from pipeline.metrics.partials import metrics_on_ray
 from pipeline.metrics.run import open_run
@@ -99,19 +100,30 @@ def test_only_the_merged_bootstrap_runs_on_ray_and_pools_are_checked(tmp_path: P
         metrics_on_ray(snapshot, "auto", settings=MERGED, population=Population(pools=(("p", ("nope",)),)))
 
 
-def test_more_cohorts_times_replicates_than_a_merge_holds_are_refused_on_ray_but_computed_on_one_node(
-    tmp_path: Path, shared_ray: None
+def test_cohorts_go_a_pass_at_a_time_on_ray_with_the_bounds_of_one_node(
+    tmp_path: Path, shared_ray: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The merged partial sums hold every cohort's replicates at once: past MAX_MERGED_REPLICATES Ray refuses, in a
-    line that names the single node, which takes the cohorts a pass at a time."""
+    """Each partition yields its partial sums a pass of cohorts at a time and the driver merges them a pass at a
+    time: with a pass budget of a few cohorts, the cohorts and their bounds are those of one node."""
     rng = np.random.default_rng(3)
-    write_rollouts(tmp_path, [r for i in range(21) for r in random_rows(rng, 2, 1, "bench", model=f"m{i}")])
+    rows = [r for i in range(21) for r in random_rows(rng, 6, 2, "bench", model=f"m{i}")]
+    write_rollouts(tmp_path, rows[::2], part="part-a")
+    write_rollouts(tmp_path, rows[1::2], part="part-b")
     snapshot = open_run(str(tmp_path)).snapshot
-    over = BootstrapSettings(B=10_000, method="poisson-merged")  # 21 × 10,000 = 210,000
-    said = "21 cohorts × 10,000 bootstrap replicates are over the limit of 200,000 .*without --address"
-    with pytest.raises(MetricsError, match=said):
-        metrics_on_ray(snapshot, "auto", settings=over)
-    assert len(metrics_and_replicates(snapshot, settings=over)[0]) == 21
+    settings = BootstrapSettings(B=200, method="poisson-merged")
+    here = metrics_and_replicates(snapshot, settings=settings, replicated=["ter"])
+    monkeypatch.setattr(cohorts, "PASS_REPLICATE_VALUES", 4 * 200 * 30)  # the driver's passes (Ray's tasks get them)
+    merged: list[int] = []  # the cohorts of each merged partial sums in this process
+    original = bootstrap.merge
+
+    def merge(parts: Any) -> Any:
+        out = original(parts)
+        merged.append(len(out.sums))
+        return out
+
+    monkeypatch.setattr(partials.bootstrap, "merge", merge)
+    assert metrics_on_ray(snapshot, "auto", settings=settings, replicated=["ter"], partitions=3) == here
+    assert len(merged) >= 5 and max(merged) <= 4 and sum(merged) == 21
 
 
 def test_the_cli_computes_on_ray_when_given_an_address(tmp_path: Path, shared_ray: None) -> None:

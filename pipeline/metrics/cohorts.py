@@ -49,7 +49,6 @@ from pipeline.metrics.settings import (
     DEFAULT_BOOTSTRAP,
     DEFAULT_POPULATION,
     MAX_COHORT_COLUMNS,
-    MAX_MERGED_REPLICATES,
     PASS_REPLICATE_VALUES,
     BootstrapSettings,
     Population,
@@ -247,17 +246,6 @@ def bootstrap_intervals(con: duckdb.DuckDBPyConnection, sums: TaskSums, settings
         run_bootstrap(con, sums, settings, cohorts)
         rows.extend(interval_rows(con))
     return rows
-
-
-def check_merged_replicates(n_cohorts: int, settings: BootstrapSettings) -> None:
-    """A MetricsError when the merged partial sums of the distributed bootstrap (pipeline.metrics.partials), which
-    hold every cohort's replicates at once, would pass MAX_MERGED_REPLICATES."""
-    if n_cohorts * settings.B > MAX_MERGED_REPLICATES:
-        raise MetricsError(
-            f"{n_cohorts:,} cohorts × {settings.B:,} bootstrap replicates are over the limit of "
-            f"{MAX_MERGED_REPLICATES:,} replicate sums merged at once on Ray: group by fewer labels (--by), lower "
-            "--bootstrap, or compute on one node (without --address), which takes the cohorts a pass at a time"
-        )
 
 
 def intervals_and_replicates(

@@ -9,23 +9,25 @@ Two stages of tasks, then a merge (docs/explanation/intervals.md, where each ste
      a task's rollouts may lie in several parts), then the task-keyed Poisson partial sums of those tasks
      (pipeline.metrics.bootstrap.poisson_partial), the tasks counted per cohort, and the exact integer moments
      of the per-task sums that the small-sample intervals need (sums over tasks, so they add up too);
-  3. here: the partitions' partial sums merged (pipeline.metrics.bootstrap.merge, exact integers), the counts and
-     moments added, and the same SQL as a single node (bootstrap_sums.sql, metrics_intervals.sql) turns them
-     into the cohort dicts.
+  3. here: the counts and moments added, then a pass of cohorts at a time, the partitions' partial sums merged
+     (pipeline.metrics.bootstrap.merge, exact integers) and turned into intervals by the same SQL as a single node
+     (bootstrap_sums.sql, metrics_intervals.sql); then the cohort dicts.
 
 Why partitions by task and not the parts' partial sums alone: a task's Poisson weight is keyed by the task, so
 partial sums of any cut of the rollouts add up exactly; but the tasks counted per cohort and the moments (sums
 of squares of whole-task sums) need each task's rollouts together. Only the poisson-merged bootstrap can be
 distributed: the multinomial and Poisson draws number a cohort's tasks, which no part knows.
 
-Memory: a part task holds one part; a partition task its share of the (cohort, task) rows; this process holds
-per cohort the B + 1 rows of sums and one reference per (part, partition), never a rollout or a task.
+Memory: a part task holds one part; a partition task its share of the (cohort, task) rows and the partial sums of
+one pass of cohorts at a time (pipeline.metrics.cohorts.cohort_passes; it yields each pass's, which Ray stores as
+it goes); this process holds the merged partial sums of one pass at a time, a few numbers per cohort and one
+reference per (part, partition) and per (partition, pass), never a rollout or a task.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict, TypeVar
 
@@ -102,21 +104,19 @@ class PartCounts:
 
 @dataclass
 class PartitionResult:
-    """What one task partition returns: per cohort key, its tasks, its Poisson partial sums and moments."""
+    """What one task partition returns first: per cohort key, its tasks and moments (its Poisson partial sums
+    follow, a pass of cohorts each)."""
 
     tasks: dict[Key, int]
-    partial: bootstrap.PoissonPartial[Key] | None
     metric_moments: dict[tuple[Key, str], bootstrap.Moments]  # (cohort key, ratio metric)
     pec_moments: dict[tuple[Key, int], bootstrap.Moments]  # (cohort key, k)
 
     def add(self, other: PartitionResult) -> None:
-        """Merge another partition's result (disjoint tasks): tasks and moments add, partial sums merge exactly."""
+        """Merge another partition's result (disjoint tasks): tasks and moments add."""
         for k, n in other.tasks.items():
             self.tasks[k] = self.tasks.get(k, 0) + n
         _add_moments(self.metric_moments, other.metric_moments)
         _add_moments(self.pec_moments, other.pec_moments)
-        if other.partial is not None:
-            self.partial = other.partial if self.partial is None else bootstrap.merge([self.partial, other.partial])
 
 
 def _key(value: Labels) -> Key:
@@ -154,12 +154,20 @@ def part_sums(
     return (counts, *tables)
 
 
-def partition_result(columns: list[str], K: int, settings: BootstrapSettings, *tables: pa.Table) -> PartitionResult:
-    """Stage 2, one task partition: every part's rows of its tasks (`tables`) as whole-task sums, then their
-    Poisson partial sums, tasks and moments per cohort key."""
+def partition_result(
+    columns: list[str], K: int, settings: BootstrapSettings, passes: dict[Key, int], *tables: pa.Table
+) -> Iterator[PartitionResult | bootstrap.PoissonPartial[Key]]:
+    """Stage 2, one task partition: every part's rows of its tasks (`tables`) as whole-task sums; yields their
+    tasks and moments per cohort key, then for each pass of cohorts (`passes`: a cohort key's pass number, every
+    pass numbered) the Poisson partial sums of its cohorts. A generator: Ray stores each object as it is yielded,
+    so the task holds one pass's partial sums at a time."""
+    n_passes = max(passes.values(), default=-1) + 1
     filled = [t for t in tables if t.num_rows]
     if not filled:
-        return PartitionResult({}, None, {}, {})
+        yield PartitionResult({}, {}, {})
+        for _ in range(n_passes):
+            yield bootstrap.PoissonPartial(settings.seed, settings.B, tuple(columns), {})
+        return
     rows = pa.concat_tables(filled, promote_options="default")  # a depth no rollout of a part reached: no column
     con = duckdb.connect()
     try:
@@ -172,20 +180,27 @@ def partition_result(columns: list[str], K: int, settings: BootstrapSettings, *t
     finally:
         con.close()
     code = table["code"].to_numpy()
+    task_key = table["task_key"].to_numpy()
     sums = np.zeros((len(code), len(columns)), dtype=np.int64)  # a depth no part reached: no column, 0 rollouts
     for j, name in enumerate(columns):
         if name in table.column_names:
             sums[:, j] = table[name].to_numpy()
+    del table
     split = np.searchsorted(code, np.arange(1, len(keys)))
     task_sums = cohorts.TaskSums(columns, np.split(sums, split))
-    partial = bootstrap.poisson_partial(
-        keys, code, table["task_key"].to_numpy(), sums, columns, settings.seed, settings.B
-    )
     metric_moments = {(keys[c], name): m for (c, name), m in cohorts._metric_clusters(task_sums).items()}
     pec_moments = {(keys[c], k): m for (c, k), m in cohorts._pec_clusters(task_sums, K).items()}
-    return PartitionResult(
-        {k: len(s) for k, s in zip(keys, task_sums.cohorts, strict=True)}, partial, metric_moments, pec_moments
+    yield PartitionResult(
+        {k: len(s) for k, s in zip(keys, task_sums.cohorts, strict=True)}, metric_moments, pec_moments
     )
+    row_pass = np.array([passes[k] for k in keys], dtype=np.int64)[code]
+    for number in range(n_passes):
+        rows_in = np.flatnonzero(row_pass == number)
+        codes = np.unique(code[rows_in])  # this partition's cohorts of the pass, in code order
+        yield bootstrap.poisson_partial(
+            [keys[c] for c in codes], np.searchsorted(codes, code[rows_in]), task_key[rows_in], sums[rows_in],
+            columns, settings.seed, settings.B,
+        )  # fmt: skip
 
 
 @functools.cache
@@ -241,24 +256,34 @@ def metrics_on_ray(
     for got in ray_waits.get([o[0] for o in outputs]):
         counts.add(got)
     check_pools(counts.benchmarks, population, snapshot.root.url)
-    cohorts.check_merged_replicates(len(counts.info), settings)  # before any replicate is drawn
     K = max_k if max_k is not None else min(counts.max_t or 0, _DEFAULT_K)
     sum_columns = [f"s_{p.name}" for p in metric_catalogue.PARTS]
     sum_columns += [f"s_h{d}" for d in range(1, min(K, counts.max_t or 0) + 1)]
-    stage2 = _remote(partition_result)
-    pending = [stage2.remote(sum_columns, K, settings, *(o[1 + p] for o in outputs)) for p in range(n_parts)]
+    keys = sorted(counts.info, key=lambda k: tuple((v is None, v) for v in k))  # the cohort numbers' order
+    passes = cohorts.cohort_passes(len(keys), settings.B, len(sum_columns), K)
+    pass_of = {keys[c]: number for number, cohort_range in enumerate(passes) for c in cohort_range}
+    stage2 = _remote(partition_result).options(num_returns=1 + len(passes))
+    # Per partition, its first object and one per pass (Ray gives a lone object, not a list, when there is no pass).
+    outputs2 = [
+        _objects(stage2.remote(sum_columns, K, settings, pass_of, *(o[1 + p] for o in outputs))) for p in range(n_parts)
+    ]
     del outputs
-    merged = PartitionResult({}, None, {}, {})
+    merged = PartitionResult({}, {}, {})
     watch = ray_waits.NodeWatch()
+    pending = [o[0] for o in outputs2]
     while pending:  # merged as each partition finishes: this process holds one partition's result at a time
         done, pending = ray_waits.wait(pending, watch=watch)
         merged.add(ray_waits.get(done[0], watch))
-    return _merged(counts, merged, by_cols, sum_columns, K, settings, population, replicated, snapshot)
+    return _merged(counts, keys, merged, outputs2, passes, by_cols, sum_columns, K, settings, population, replicated,
+                   snapshot, watch)  # fmt: skip
 
 
 def _merged(
     counts: PartCounts,
+    keys: list[Key],
     result: PartitionResult,
+    outputs: list[Any],
+    passes: list[range],
     by_cols: list[str],
     sum_columns: list[str],
     K: int,
@@ -266,11 +291,13 @@ def _merged(
     population: Population,
     replicated: Sequence[str],
     snapshot: Snapshot,
+    watch: ray_waits.NodeWatch,
 ) -> tuple[list[Cohort], cohorts.Replicates]:
-    """The partitions' results merged into the cohort dicts, through the SQL a single node runs."""
-    keys = sorted(counts.info, key=lambda k: tuple((v is None, v) for v in k))
+    """The partitions' results merged into the cohort dicts, through the SQL a single node runs, a pass of cohorts
+    at a time: each pass's partial sums of every partition (`outputs`: per partition, its object refs after the
+    first) merged, their intervals taken, and the pass's objects let go."""
     code = {k: i for i, k in enumerate(keys)}
-    tasks, metric, pec, merged = result.tasks, result.metric_moments, result.pec_moments, result.partial
+    tasks, metric, pec = result.tasks, result.metric_moments, result.pec_moments
     info: list[cohorts.CohortInfo] = [
         {"cohort": code[k], "key": counts.info[k]["key"], "n": counts.info[k]["n"], "n_tasks": tasks.get(k, 0),
          "n_no_calls": counts.info[k]["n_no_calls"], "n_unknown_success": counts.info[k]["n_unknown_success"],
@@ -285,6 +312,7 @@ def _merged(
         {(code[k], name): m for (k, name), m in metric.items()},
         {(code[k], d): m for (k, d), m in pec.items() if d <= K},
     )
+    rows = cohorts.IntervalRows()
     con = duckdb.connect()
     try:
         set_variables(
@@ -294,27 +322,35 @@ def _merged(
             metric_defs=cohorts.metric_defs(),
             parts=[f"s_{p.name}" for p in metric_catalogue.PARTS],
             replicated=list(replicated),
-            pass_first=0,
-            pass_end=len(keys),
         )
-        if merged is None:
-            limbs = bootstrap.LIMBS.empty_table()
-        else:
-            by_code = bootstrap.PoissonPartial(merged.seed, merged.B, merged.columns,
-                                               {code[k]: s for k, s in merged.sums.items()})  # fmt: skip
-            limbs = bootstrap.partial_limbs(by_code, plain=True)
-        con.register("rep_limbs", limbs)
-        run_sql(con, "metrics/bootstrap_sums")
-        con.unregister("rep_limbs")
         con.register("sum_columns", pa.schema([(c, pa.int64()) for c in ["cohort", *sum_columns]]).empty_table())
         run_sql(con, "metrics/merged_sums")
         con.unregister("sum_columns")
-        rows = cohorts.interval_rows(con)
-        return cohorts.intervals_and_replicates(
-            rows, info, clusters, harness, by_cols, settings, population, replicated, snapshot
-        )
+        for number, cohort_range in enumerate(passes):
+            refs = [o[1 + number] for o in outputs]
+            partial = bootstrap.merge(ray_waits.get(refs, watch))
+            del refs
+            by_code = bootstrap.PoissonPartial(partial.seed, partial.B, partial.columns,
+                                               {code[k]: s for k, s in partial.sums.items()})  # fmt: skip
+            limbs = bootstrap.partial_limbs(by_code, plain=True) if by_code.sums else bootstrap.LIMBS.empty_table()
+            del partial, by_code
+            con.register("rep_limbs", limbs)
+            run_sql(con, "metrics/bootstrap_sums")
+            con.unregister("rep_limbs")
+            del limbs
+            set_variables(con, pass_first=cohort_range.start, pass_end=cohort_range.stop)
+            rows.extend(cohorts.interval_rows(con))
+            for o in outputs:  # this pass's objects are no longer needed: the object store may free them
+                o[1 + number] = None
     finally:
         con.close()
+    return cohorts.intervals_and_replicates(
+        rows, info, clusters, harness, by_cols, settings, population, replicated, snapshot
+    )
+
+
+def _objects(refs: Any) -> list[Any]:
+    return refs if isinstance(refs, list) else [refs]
 
 
 Where = TypeVar("Where")

@@ -20,11 +20,9 @@ _UINT32 = 2**32
 
 MAX_B = 10_000  # bootstrap replicates; measured on 200 rollouts: B = 10,000 peaks at 406 MB, 100,000 at 2.4 GB
 # Replicate values one pass of the metrics holds (pipeline.metrics.cohorts.cohort_passes): cohorts of the pass × B ×
-# (sum columns + PEC depths); the cohorts go a pass at a time, so memory follows this, not the cohorts × B.
+# (sum columns + PEC depths); the cohorts go a pass at a time, on one node and on Ray, so memory follows this, not
+# the cohorts × B (1,000 cohorts × 1,000 replicates held at once took 5.2 GB).
 PASS_REPLICATE_VALUES = 1_000_000
-# Cohorts × B of the distributed bootstrap, whose merged partial sums hold every cohort's replicates at once:
-# measured over 100,000 rollouts, 200 cohorts × 1,000 replicates peak at 1,350 MiB, 1,000 × 1,000 at 5.2 GB.
-MAX_MERGED_REPLICATES = 200_000
 MAX_COHORT_COLUMNS = 64  # label columns a cohort is keyed by (every label of the run without --by)
 MAX_K = 1000  # the largest depth k of PEC(k) asked for (`--max-k`, a job's `max_k`)
 METHODS = ("multinomial", "poisson", "poisson-merged")
