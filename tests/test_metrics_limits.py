@@ -74,6 +74,9 @@ def test_tool_profiles_go_a_pass_at_a_time_too(tmp_path, monkeypatch):
     assert len(cohorts.cohort_passes(len(whole[0]), 100, 5, 0)) > 10
     assert profiles_and_replicates(snapshot, ["model"], settings) == whole
     assert len(whole[0]) > 12  # tools × models
+    assert all(len(values) == 100 for values in whole[1])
+    # The profiles alone (`pexec metrics --by tool`, the report) keep no replicate values.
+    assert profiles_and_replicates(snapshot, ["model"], settings, replicates=False) == (whole[0], [[]] * len(whole[0]))
 
 
 def test_a_run_with_more_label_columns_than_a_cohort_key_takes_needs_by(tmp_path):

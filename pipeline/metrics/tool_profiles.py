@@ -76,7 +76,7 @@ def tool_profiles(
     causes, first errors (calls that were their rollout's first invalid call) and first-error share (of the
     first errors of the benchmark [× labels], the share at this tool: a point value, no interval), and the
     ratio metrics of TOOL_METRICS with task-clustered intervals."""
-    return profiles_and_replicates(snapshot, by, settings, population)[0]
+    return profiles_and_replicates(snapshot, by, settings, population, replicates=False)[0]
 
 
 def profiles_and_replicates(
@@ -84,9 +84,11 @@ def profiles_and_replicates(
     by: Sequence[str] | None = (),
     settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
     population: Population = DEFAULT_POPULATION,
+    replicates: bool = True,
 ) -> tuple[list[ToolProfile], list[list[float | None]]]:
     """tool_profiles, and per profile (as listed) its invalid rate in every bootstrap replicate (None where a
-    replicate's ratio is undefined): the draws its interval comes from."""
+    replicate's ratio is undefined): the draws its interval comes from. Without `replicates`, an empty list per
+    profile: B values a profile are not kept when no one reads them."""
     steps = snapshot.parts("steps")
     with open_population(snapshot, population) as con:
         # `actor` (agent or user: whose call, τ telecom) is a column of the steps, not of the rollouts.
@@ -105,13 +107,13 @@ def profiles_and_replicates(
             cohort_cols=keys,
             metric_defs=metric_defs,
             parts=["s_n", "s_inv", "s_first", "s_cmp", "s_match"],
-            replicated=["invalid_rate"],
+            replicated=["invalid_rate"] if replicates else [],
         )
         run_sql(con, "metrics/view_steps")
         run_sql(con, "metrics/tool_prepare")
         sums = task_sums(con)  # the metrics' own bootstrap (pipeline.metrics.bootstrap), over these task sums
         rows = bootstrap_intervals(con, sums, settings)
-        return _assemble(con, rows, keys, settings, _clusters(sums), snapshot.partial())
+        return _assemble(con, rows, keys, settings, _clusters(sums), snapshot.partial(), replicates)
 
 
 class ToolInfo(TypedDict):
@@ -142,6 +144,7 @@ def _assemble(
     settings: BootstrapSettings,
     clusters: dict[tuple[int, str], bootstrap.Moments],
     covered: Coverage | None,
+    replicates: bool,
 ) -> tuple[list[ToolProfile], list[list[float | None]]]:
     info = fetch(con, "tool_info", ToolInfo)
     reps = {r["cohort"]: r["replicate_values"] for r in rows.replicated}
@@ -176,6 +179,7 @@ def _assemble(
         row["partial"] = None if covered is None else covered.as_json()
         # The labels, then ToolProfile's keys: one per TOOL_METRICS (tests/test_catalogue.py checks ToolProfile
         # declares them), which the checker cannot follow through the loop above.
-        out.append((labels, cast(ToolProfile, row), reps.get(c["cohort"], [None] * settings.B)))
+        drawn_values = reps.get(c["cohort"], [None] * settings.B) if replicates else []
+        out.append((labels, cast(ToolProfile, row), drawn_values))
     out.sort(key=lambda p: tuple((v is None, v) for v in p[0]))
     return [p[1] for p in out], [p[2] for p in out]
