@@ -41,9 +41,13 @@ BENCH_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "ben
 
 
 def peak_mib(pid: int | str = "self") -> float:
-    """The peak RSS of process `pid` (this one by default): its VmHWM in MiB."""
+    """The peak RSS of process `pid` (this one by default): its VmHWM in MiB. ProcessLookupError for a process that
+    has exited, a zombie included: its status has no memory lines left."""
     status = Path(f"/proc/{pid}/status").read_text()
-    return int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1]) / 1024
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise ProcessLookupError(f"process {pid} has exited: no VmHWM in its status")
 
 
 _TICKS = os.sysconf("SC_CLK_TCK")
