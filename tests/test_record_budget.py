@@ -316,7 +316,7 @@ def long_attribute_logs(tmp: Path, per_rollout: list[tuple[int, int]]) -> Path:
 def test_a_long_attribute_repeated_on_every_step_is_a_reject_before_it_takes_memory(tmp_path):
     """A 10 MB attribute on a rollout of 240 calls: its steps would hold it 240 times (3.4 GB, then an Arrow
     overflow made it a reject anyway). It is a reject at once, saying why; the other rollouts are scored."""
-    from pipeline.scoring.run_tables import MAX_REPEATED_CHARS
+    from pipeline.core.records import MAX_REPEATED_CHARS
 
     long_attribute_logs(tmp_path, [(40, 10_000_000), (1, 10), (1, 10)])
     counts, [reject], rss = score(tmp_path, "logs", "--format", "openai", "--option", "attr.note=note")
@@ -334,3 +334,42 @@ def test_rollouts_whose_steps_repeat_much_text_are_converted_a_few_at_a_time(tmp
     counts, rejects, rss = score(tmp_path, "logs", "--format", "openai", "--option", "attr.note=note")
     assert counts["scored"] == 40 and not rejects, (counts, rejects)
     assert rss < RSS_CEILING_MIB, rss
+
+
+def test_the_guard_refuses_the_call_that_takes_a_session_past_the_repeated_text_limit_with_the_scorers_reason(
+    tmp_path,
+):
+    """The scorer rejects a rollout whose steps would repeat more than MAX_REPEATED_CHARS; a live session with the
+    same labels is refused the call that would make it such a rollout, for the same reason."""
+    from pipeline.apps.guard.session import open_session
+    from pipeline.core.errors import InvalidRecord
+    from pipeline.core.model import Call
+    from pipeline.core.records import MAX_ID_CHARS, MAX_LABELS, MAX_REPEATED_CHARS
+
+    labels = {f"l{i}": "v" * MAX_ID_CHARS for i in range(MAX_LABELS)}  # every label at its longest
+    own = MAX_LABELS * MAX_ID_CHARS + len("guard") * 2 + len("observed")
+    allowed = MAX_REPEATED_CHARS // own  # 127 calls
+    session = open_session("observed", labels=labels)
+    try:
+        for _ in range(allowed):
+            session.record(Call("lookup", {"q": "x"}), output="ok")
+        said = f"({own:,} characters) on each of its {allowed + 1:,} calls make {own * (allowed + 1):,} characters"
+        with pytest.raises(InvalidRecord, match=said.replace("(", r"\(").replace(")", r"\)")):
+            session.check(Call("lookup", {"q": "x"}))
+        with pytest.raises(InvalidRecord, match="over the limit"):
+            session.record(Call("lookup", {"q": "x"}), output="ok")
+        assert session.depth == allowed
+        call = {"type": "call", "tool": "lookup", "arguments": {"q": "x"}, "output": "ok"}
+        record = {"rollout_id": "guard", "task_id": "guard", "benchmark": "observed", "labels": labels,
+                  "events": [call] * (allowed + 1)}  # fmt: skip
+    finally:
+        session.close()
+    (tmp_path / "store.jsonl").write_bytes(orjson.dumps(record) + b"\n")
+    from pipeline.scoring.driver import run_scoring
+    from pipeline.scoring.settings import ScoreSettings
+
+    run_scoring(str(tmp_path / "store.jsonl"), str(tmp_path / "run"), ScoreSettings(inline=True, env="observed"))
+    counts = json.loads((tmp_path / "run" / "_manifest.json").read_text())["counts"]
+    assert (counts["scored"], counts["rejected"]) == (0, 1), counts
+    [reject] = pq.read_table(tmp_path / "run" / "rejects").to_pylist()
+    assert said in reject["reason"]

@@ -25,6 +25,11 @@ MAX_ID_CHARS = 4096
 # Labels, and attributes, of one rollout: each is a column of the steps and rollouts tables (and a label a cohort
 # column); more is a reject (20,000 labels on one rollout made `pexec metrics` run 130 s and crash).
 MAX_LABELS = 64
+# Characters of a rollout's own text that its steps repeat (ids, label and attribute values), times its calls: a
+# rollout past it is a reject (its steps would hold a long value once per call: a 10 MB attribute on 240 calls took
+# 3.4 GB), the guard refuses the call that would take a session past it, and the scorer converts a batch of results
+# to Arrow before its rollouts reach it together.
+MAX_REPEATED_CHARS = 32 << 20
 _RESERVED = frozenset(c.lower() for c in RESERVED_COLUMNS)  # SQL names are case-insensitive
 
 
@@ -229,6 +234,27 @@ def check_rollout(rollout: Rollout) -> Rollout:
             if type(event) is Call:
                 check_call_names(event, f"events[{i}]")
     return rollout
+
+
+def repeated_chars(rollout: Rollout) -> int:
+    """Characters of `rollout`'s own columns, which the steps table repeats on each of its steps."""
+    return (
+        len(rollout.rollout_id)
+        + len(rollout.task_id)
+        + len(rollout.benchmark)
+        + sum(map(len, rollout.labels.values()))
+        + sum(map(len, rollout.attributes.values()))
+    )
+
+
+def check_repeated(own: int, calls: int) -> None:
+    """InvalidRecord when a rollout of `own` repeated characters (repeated_chars) on `calls` calls would make its
+    steps repeat more than MAX_REPEATED_CHARS."""
+    if own * calls > MAX_REPEATED_CHARS:
+        raise InvalidRecord(
+            f"its ids, labels and attributes ({own:,} characters) on each of its {calls:,} calls make "
+            f"{own * calls:,} characters of steps, over the limit of {MAX_REPEATED_CHARS:,}"
+        )
 
 
 def check_length(value: str, what: str) -> None:

@@ -10,24 +10,8 @@ import numpy as np
 
 from pipeline.core.arrow import pa
 from pipeline.core.effects import WRITES
-from pipeline.core.model import Reject, Rollout, RolloutResult
+from pipeline.core.model import Reject, RolloutResult
 from pipeline.core.run_schema import ATTRIBUTE_PREFIX, REJECTS, ROLLOUTS, STEPS, RunTable, arrow_schema
-
-# Characters of a rollout's own text that its steps repeat (ids, label and attribute values), times its steps: a
-# rollout past it is a reject (its steps would hold a long value once per call: a 10 MB attribute on 240 calls took
-# 3.4 GB), and a batch of results is converted to Arrow before its rollouts reach it together.
-MAX_REPEATED_CHARS = 32 << 20
-
-
-def repeated_chars(rollout: Rollout) -> int:
-    """Characters of `rollout`'s own columns, which the steps table repeats on each of its steps."""
-    return (
-        len(rollout.rollout_id)
-        + len(rollout.task_id)
-        + len(rollout.benchmark)
-        + sum(map(len, rollout.labels.values()))
-        + sum(map(len, rollout.attributes.values()))
-    )
 
 
 def steps_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:

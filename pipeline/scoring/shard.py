@@ -23,7 +23,15 @@ import orjson
 from pipeline.core.arrow import pa
 from pipeline.core.errors import InvalidRecord
 from pipeline.core.model import Call, Reject, Rollout, RolloutResult
-from pipeline.core.records import check_rollout, parse_rollout, record_id, rollout_record
+from pipeline.core.records import (
+    MAX_REPEATED_CHARS,
+    check_repeated,
+    check_rollout,
+    parse_rollout,
+    record_id,
+    repeated_chars,
+    rollout_record,
+)
 from pipeline.core.run_folder import ShardMarker
 from pipeline.core.run_schema import ROLLOUTS, STEPS
 from pipeline.envs import EnvError, Environment, EnvOptions, SpecError, get_environment
@@ -32,13 +40,7 @@ from pipeline.ingest.sharded import RawSource, read_raw_rollouts
 from pipeline.replay.checker import CHECKS, replay
 from pipeline.scoring._code_version import environment_version
 from pipeline.scoring._held import HeldParts
-from pipeline.scoring.run_tables import (
-    MAX_REPEATED_CHARS,
-    rejects_table,
-    repeated_chars,
-    rollouts_table,
-    steps_table,
-)
+from pipeline.scoring.run_tables import rejects_table, rollouts_table, steps_table
 from pipeline.scoring.settings import DEFAULT_SHARD_BYTES
 from pipeline.scoring.shuffle import read_partition
 from pipeline.storage.ids import digest, ids_table
@@ -153,7 +155,7 @@ def _score(
     # the options; the version walks the family): a name that fails is asked again, and rejected, each time
     ready: dict[str, Environment] = {}
 
-    repeated = 0  # characters the batch's steps repeat (run_tables.MAX_REPEATED_CHARS)
+    repeated = 0  # characters the batch's steps repeat (records.MAX_REPEATED_CHARS)
 
     def convert() -> None:
         # Results hold their whole rollouts: converted every batch, a worker's memory does not grow with the shard
@@ -308,11 +310,7 @@ def _steps_text(rollout: Rollout) -> int:
     if own * len(rollout.events) <= MAX_REPEATED_CHARS:  # events bound the calls: counted only when it matters
         return own * len(rollout.events)
     calls = sum(1 for e in rollout.events if type(e) is Call)
-    if own * calls > MAX_REPEATED_CHARS:
-        raise InvalidRecord(
-            f"its ids, labels and attributes ({own:,} characters) on each of its {calls:,} calls make "
-            f"{own * calls:,} characters of steps, over the limit of {MAX_REPEATED_CHARS:,}"
-        )
+    check_repeated(own, calls)
     return own * calls
 
 

@@ -18,7 +18,14 @@ import orjson
 
 from pipeline.core.errors import GuardFull, InvalidRecord, SessionFull
 from pipeline.core.model import NOT_LOGGED, Call, Message, Rollout, RolloutResult, StepResult
-from pipeline.core.records import MAX_DEPTH, check_call_names, event_record, too_deep
+from pipeline.core.records import (
+    MAX_DEPTH,
+    check_call_names,
+    check_repeated,
+    event_record,
+    repeated_chars,
+    too_deep,
+)
 from pipeline.core.text import clipped
 from pipeline.envs import Environment, EnvOptions, get_environment, new_environment
 from pipeline.envs.observed import NO_ERROR_NOTE
@@ -232,6 +239,7 @@ class GuardSession:
         self.base = base  # what an empty session of the environment costs, measured by the guard
         self.bytes = 0  # held: events (their canonical JSON and EVENT_OVERHEAD each), `env`, the word index
         self._index = 0  # word index entries counted in `bytes`
+        self._own = repeated_chars(start)  # what the steps table would repeat on each call (records.check_repeated)
         stop = budget.max_bytes if budget is not None else sys.maxsize
         env_size = with_slack(ENV_COPIES * held_size(start.env, stop // ENV_COPIES))
         if budget is not None and env_size > budget.max_bytes:
@@ -306,8 +314,10 @@ class GuardSession:
 
     def check(self, call: Call) -> GuardVerdict:
         """The verdict on `call` as the next step. Nothing is recorded: check again after a repair. A call the
-        batch scorer would reject with its rollout (nested too deep) raises InvalidRecord with that reason."""
+        batch scorer would reject with its rollout (nested too deep, or one call too many for the text its steps
+        repeat) raises InvalidRecord with that reason."""
         check_event(call)
+        check_repeated(self._own, self.depth + 1)
         self._indexing()
         try:
             return GuardVerdict.of(self.depth + 1, self._session.check(call), self.env.simulated)
@@ -320,6 +330,7 @@ class GuardSession:
         is "not known", as `null` is in a canonical log."""
         if output is not NOT_LOGGED or error is not None:
             call = replace(call, output=NOT_LOGGED if output is None else output, error=error)
+        check_repeated(self._own, self.depth + 1)
         self._admit(call)
         self.rollout.events.append(call)
         self._indexing()
