@@ -6,6 +6,8 @@ stays under `RSS_CEILING_MIB` whatever the input. Inputs are made on the fly, sm
 from __future__ import annotations
 
 import json
+import zipfile
+import zlib
 from pathlib import Path
 
 import orjson
@@ -373,3 +375,21 @@ def test_the_guard_refuses_the_call_that_takes_a_session_past_the_repeated_text_
     assert (counts["scored"], counts["rejected"]) == (0, 1), counts
     [reject] = pq.read_table(tmp_path / "run" / "rejects").to_pylist()
     assert said in reject["reason"]
+
+
+def test_a_member_with_a_long_name_is_a_reject_whose_location_is_clipped(tmp_path, eval_log):  # noqa: F811
+    """A zip member's name may have 65,535 characters: its reject's location keeps 1,000 and counts the rest."""
+    from test_read_bounds import GIB, write_zip
+
+    from pipeline.ingest.inspect import _member
+
+    with open(eval_log, "rb") as f, zipfile.ZipFile(f) as z:
+        members = [(n, 0, z.getinfo(n).CRC, data, len(data)) for n in z.namelist()
+                   if isinstance(data := _member(f, z, n, GIB), bytes)]  # fmt: skip
+    name = "samples/" + "x" * 60_000 + "_epoch_1.json"
+    members.append((name, 0, zlib.crc32(b"not json"), b"not json", 8))
+    (tmp_path / "logs").mkdir()
+    write_zip(tmp_path / "logs" / "night.eval", members)
+    counts, [reject], _ = score(tmp_path, "logs", "--format", "inspect", "--env", "observed", "--spec", "support")
+    assert counts["scored"] == 2 and counts["rejected"] == 1
+    assert reject["location"] == name[:1000] + f"… ({len(name) - 1000:,} more characters)"

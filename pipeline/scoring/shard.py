@@ -34,6 +34,7 @@ from pipeline.core.records import (
 )
 from pipeline.core.run_folder import ShardMarker
 from pipeline.core.run_schema import ROLLOUTS, STEPS
+from pipeline.core.text import clipped
 from pipeline.envs import EnvError, Environment, EnvOptions, SpecError, get_environment
 from pipeline.ingest.base import ReadLimits
 from pipeline.ingest.sharded import RawSource, read_raw_rollouts
@@ -53,6 +54,7 @@ from pipeline.storage.shards import RAW_LIMIT, Record, RecordError, Shard
 _FATAL = (OSError, SpecError)
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:+-]{0,99}")
 _REASON_LIMIT = 1000  # characters of a reject reason (messages may quote the record's values)
+_LOCATION_LIMIT = 1000  # characters of a reject location (an archive member's name may have 65,535)
 # Allocations between two young-generation collections while a shard is scored (CPython's default: 700).
 _SHARD_GC_THRESHOLD = 50_000
 _BATCH = 250  # results converted to Arrow at a time (fewer Python objects alive: measured faster than 1000)
@@ -315,7 +317,8 @@ def _steps_text(rollout: Rollout) -> int:
 
 
 def _reject(shard: Shard, location: str, reason: str, raw: str) -> Reject:
-    return Reject(shard.file.url, location, _printable(reason[:_REASON_LIMIT]), _printable(raw))
+    where = clipped(_printable(location), _LOCATION_LIMIT)
+    return Reject(shard.file.url, where, _printable(reason[:_REASON_LIMIT]), _printable(raw))
 
 
 def _printable(text: str) -> str:
