@@ -146,8 +146,13 @@ REJECTS = RunTable(
     (
         Column("shard", _STR, "the shard that read it"),
         Column("source", _STR, "the input file's URL"),
-        Column("location", _STR, "where in the file: line, row or byte range"),
-        Column("reason", _STR, "why it could not be scored"),
+        Column(
+            "location",
+            _STR,
+            "where in the file: line, row, byte range, archive member or rollout key; at most 1,000 characters and "
+            "a count of the rest (`… (59,013 more characters)`)",
+        ),
+        Column("reason", _STR, "why it could not be scored (at most 1,000 characters)"),
         Column("raw", _STR, "the offending text, truncated"),
     ),
 )
