@@ -142,3 +142,20 @@ def test_moments_exact_for_any_int64(pairs: list[tuple[int, int]]) -> None:
         sum(w * w for _, w in pairs),
     )
     assert (got.num_total, got.den_total) == (sum(v for v, _ in pairs), sum(w for _, w in pairs))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(-(2**80), 2**80), min_size=1, max_size=12), st.booleans())
+def test_partial_limbs_are_exact_for_any_integer(values: list[int], within_int64: bool) -> None:
+    """Exact sums as limbs of 32 bits (hi * 2^32 + lo): in int64 where every sum fits, as Python ints past it."""
+    if within_int64:
+        values = [v % 2**64 - 2**63 for v in values]
+    total = np.array([[v, -v] for v in values], dtype=object)
+    partial = bootstrap.PoissonPartial(0, len(values) - 1, ("s_a", "s_b"), {3: total})
+    rebuilt: dict[tuple[int, str], int] = {}
+    for row in bootstrap.partial_limbs(partial, plain=True).to_pylist():
+        assert row["cohort"] == 3 and row["shift"] in (0, 32)
+        key = (row["b"], row["part"])
+        rebuilt[key] = rebuilt.get(key, 0) + (row["total"] << row["shift"])
+    signs = (("s_a", 1), ("s_b", -1))
+    assert rebuilt == {(b - 1, part): v * sign for b, v in enumerate(values) for part, sign in signs}

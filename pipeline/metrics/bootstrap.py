@@ -338,8 +338,12 @@ def partial_limbs(partial: PoissonPartial[int], plain: bool = False) -> pa.Table
     for cohort, total in partial.sums.items():
         reps = total if plain else total[1:]  # row 0: the plain sums
         n_rep, n_cols = reps.shape
-        flat = reps.ravel().tolist()
-        values = np.array([[v >> 32, v & mask] for v in flat], dtype=np.int64).reshape(n_rep, 2 * n_cols)
+        try:  # in int64, >> is floor division and & the low bits, as on Python's ints: the same limbs
+            words = reps.astype(np.int64)
+            values = np.stack([words >> 32, words & mask], axis=2).reshape(n_rep, 2 * n_cols)
+        except OverflowError:  # a sum past int64 (the auc part of a huge cohort): split as Python ints
+            flat = reps.ravel().tolist()
+            values = np.array([[v >> 32, v & mask] for v in flat], dtype=np.int64).reshape(n_rep, 2 * n_cols)
         limb = Limbs(np.empty((0, 2 * n_cols)), [j for j in range(n_cols) for _ in (0, 1)], [32, 0] * n_cols, [])
         first = -1 if plain else 0
         batches.append(_limb_batch(cohort, first, values, limb, partial.columns))
