@@ -146,16 +146,46 @@ def test_moments_exact_for_any_int64(pairs: list[tuple[int, int]]) -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(-(2**80), 2**80), min_size=1, max_size=12), st.booleans())
-def test_partial_limbs_are_exact_for_any_integer(values: list[int], within_int64: bool) -> None:
-    """Exact sums as limbs of 32 bits (hi * 2^32 + lo): in int64 where every sum fits, as Python ints past it."""
+def test_partial_sums_are_exact_for_any_integer(values: list[int], within_int64: bool) -> None:
+    """Exact partial sums for the SQL: as they are where every sum of the cohort fits in int64, else as limbs of 32
+    bits (hi * 2^32 + lo) split from Python ints."""
     if within_int64:
         values = [v % 2**64 - 2**63 for v in values]
     total = np.array([[v, -v] for v in values], dtype=object)
     partial = bootstrap.PoissonPartial(0, len(values) - 1, ("s_a", "s_b"), {3: total})
+    wide, limbs = bootstrap.partial_tables(partial, plain=True)
+    fits = all(-(2**63) <= x < 2**63 for v in values for x in (v, -v))
+    assert (wide.num_rows, limbs.num_rows) == ((len(values), 0) if fits else (0, 4 * len(values)))
     rebuilt: dict[tuple[int, str], int] = {}
-    for row in bootstrap.partial_limbs(partial, plain=True).to_pylist():
+    for row in limbs.to_pylist():
         assert row["cohort"] == 3 and row["shift"] in (0, 32)
         key = (row["b"], row["part"])
         rebuilt[key] = rebuilt.get(key, 0) + (row["total"] << row["shift"])
+    for row in wide.to_pylist():
+        assert row["cohort"] == 3
+        rebuilt |= {(row["b"], "s_a"): row["s_a"], (row["b"], "s_b"): row["s_b"]}
     signs = (("s_a", 1), ("s_b", -1))
     assert rebuilt == {(b - 1, part): v * sign for b, v in enumerate(values) for part, sign in signs}
+
+
+@pytest.mark.parametrize("method", ["multinomial", "poisson"])
+def test_replicate_sums_are_the_same_wide_and_as_limbs(method: str) -> None:
+    """A cohort whose sums fit in 64 bits comes wide, one with a column near 2^60 as limbs; both exact."""
+    rng = np.random.default_rng(5)
+    small = np.stack([rng.integers(0, 2**40, 30), rng.integers(-(2**20), 2**20, 30), np.zeros(30, np.int64)], axis=1)
+    huge = small.copy()
+    huge[:, 0] = rng.integers(0, 2**60, 30)
+    columns = ["s_a", "s_b", "s_c"]
+    batches = bootstrap.replicate_sums([small, huge], columns, seed=4, B=40, method=method, first=7, wide=True)
+    wide, limbs = bootstrap.replicate_tables(batches, columns)
+    assert set(wide["cohort"].to_pylist()) == {7} and set(limbs["cohort"].to_pylist()) == {8}
+    w = weights(4, 40, 30, method).astype(np.int64).astype(object)
+    for cohort, sums, table in ((7, small, wide), (8, huge, limbs)):
+        exact = (w @ sums.astype(object)).tolist()
+        if table is wide:
+            got = [[row[c] for c in columns] for row in sorted(table.to_pylist(), key=lambda r: r["b"])]
+        else:
+            got = [[0] * 3 for _ in range(40)]
+            for row in table.to_pylist():
+                got[row["b"]][columns.index(row["part"])] += row["total"] << row["shift"]
+        assert got == exact, cohort

@@ -16,7 +16,7 @@ type DuckDB's own sum had. The same bits for any BLAS, thread count or summation
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
@@ -121,13 +121,26 @@ def split_limbs(sums: np.ndarray, bits: int) -> Limbs:
     return Limbs(np.ascontiguousarray(values), source, shift, zero)
 
 
+def wide_schema(columns: Sequence[str]) -> pa.Schema:
+    """Replicate sums one row per (cohort, b), a BIGINT column per sum: where every sum fits in 64 bits."""
+    return pa.schema([("cohort", pa.int64()), ("b", pa.int64()), *((c, pa.int64()) for c in columns)])
+
+
 def replicate_sums(
-    cohorts: Sequence[np.ndarray], columns: Sequence[str], seed: int, B: int, method: Method, first: int = 0
+    cohorts: Sequence[np.ndarray],
+    columns: Sequence[str],
+    seed: int,
+    B: int,
+    method: Method,
+    first: int = 0,
+    wide: bool = False,
 ) -> Iterator[pa.RecordBatch]:
     """Per-(cohort, replicate) sums of each cohort's per-task sums (int64, tasks in task_id order x `columns`), as
     record batches of limbs (cohort, b, part, shift, total): column `part` of replicate b of cohort c is the sum
-    of total * 2^shift over its rows (metrics/sql/bootstrap_sums.sql adds them up). The cohorts are numbered from
-    `first`; a cohort's draws depend on its own tasks only, so any run of cohorts gives each the same sums."""
+    of total * 2^shift over its rows (metrics/sql/bootstrap_sums.sql adds them up). `wide`: a cohort whose sums all
+    fit in 64 bits comes as batches of wide_schema(columns) instead (split them with replicate_tables). The cohorts
+    are numbered from `first`; a cohort's draws depend on its own tasks only, so any run of cohorts gives each the
+    same sums."""
     if not cohorts:
         return
     keys = replicate_keys(seed, B)
@@ -135,6 +148,9 @@ def replicate_sums(
     bits = _EXACT_BITS - weight_bound(method, max_m).bit_length()
     mixed = lb32(np.arange(max_m, dtype=np.uint32))
     per_block = max(1, min(B, _CHUNK // max(max_m, 1)))
+    # A replicate's sum of a column is at most (its weights' sum) x (the column's largest magnitude), and so is each
+    # limb's term of it, up to the factor 2 a signed top limb adds: far under 2^63 here, in float64 or not.
+    fits = [wide and float(_magnitudes(s).max(initial=0)) * weight_bound(method, len(s)) < 2.0**58 for s in cohorts]
 
     def block(b0: int, limbs: list[Limbs]) -> list[pa.RecordBatch]:
         h = draws(keys[b0 : b0 + per_block], mixed)
@@ -145,7 +161,8 @@ def replicate_sums(
             if m:
                 w = shared[:, :m] if shared is not None else _multinomial_counts(h[:, :m], m)
                 totals = w @ limb.values  # replicates in the block x limbs, exact integers
-                batches.append(_limb_batch(first + c, b0, totals, limb, columns))
+                made = _wide_batch if fits[c] else _limb_batch
+                batches.append(made(first + c, b0, totals, limb, columns))
         return batches
 
     # numpy releases the GIL in the hashing, counting and products, so blocks of replicates run on threads;
@@ -176,6 +193,30 @@ def _multinomial_counts(h: np.ndarray, m: int) -> np.ndarray:
         drawn[:] = slot
         out[:] = np.bincount(drawn, minlength=m)
     return counts
+
+
+def replicate_tables(batches: Iterable[pa.RecordBatch], columns: Sequence[str]) -> tuple[pa.Table, pa.Table]:
+    """Batches of replicate sums, wide and as limbs, as the two relations metrics/sql/bootstrap_sums.sql reads:
+    rep_wide (wide_schema(columns)) and rep_limbs (LIMBS)."""
+    schema = wide_schema(columns)
+    wide: list[pa.RecordBatch] = []
+    limbs: list[pa.RecordBatch] = []
+    for batch in batches:
+        (wide if batch.schema.equals(schema) else limbs).append(batch)
+    return pa.Table.from_batches(wide, schema), pa.Table.from_batches(limbs, LIMBS)
+
+
+def _wide_batch(cohort: int, b0: int, totals: np.ndarray, limb: Limbs, columns: Sequence[str]) -> pa.RecordBatch:
+    """The limbs' totals put together in int64 (replicate_sums checked they fit): one row per replicate."""
+    n_rep = len(totals)
+    out = np.zeros((len(columns), n_rep), dtype=np.int64)  # a column without limbs is 0 (Limbs.zero)
+    for k, (j, shift) in enumerate(zip(limb.source, limb.shift, strict=True)):
+        out[j] += totals[:, k].astype(np.int64) << np.int64(shift)
+    return pa.record_batch(
+        [pa.array(np.full(n_rep, cohort, dtype=np.int64)), pa.array(np.arange(b0, b0 + n_rep, dtype=np.int64)),
+         *(pa.array(col) for col in out)],
+        schema=wide_schema(columns),
+    )  # fmt: skip
 
 
 def _limb_batch(cohort: int, b0: int, totals: np.ndarray, limb: Limbs, columns: Sequence[str]) -> pa.RecordBatch:
@@ -329,25 +370,28 @@ def _exact_column_sums(sums: np.ndarray) -> list[int]:
     return [_sum(sums[:, j]) for j in range(sums.shape[1])]
 
 
-def partial_limbs(partial: PoissonPartial[int], plain: bool = False) -> pa.Table:
-    """The replicates of partial sums as limbs (LIMBS; metrics/sql/bootstrap_sums.sql): each exact total as
-    hi * 2^32 + lo, cohort keys being the cohort numbers of task_sums. `plain`: the plain sums too, as b = -1
-    (the point estimates' sums, when no task_sums table holds them)."""
+def partial_tables(partial: PoissonPartial[int], plain: bool = False) -> tuple[pa.Table, pa.Table]:
+    """The replicates of partial sums as the two relations of metrics/sql/bootstrap_sums.sql (replicate_tables):
+    a cohort whose sums all fit in int64 as they are, another as limbs, each exact total as hi * 2^32 + lo; cohort
+    keys being the cohort numbers of task_sums. `plain`: the plain sums too, as b = -1 (the point estimates'
+    sums, when no task_sums table holds them)."""
     batches = []
-    mask = (1 << 32) - 1
+    first = -1 if plain else 0
     for cohort, total in partial.sums.items():
         reps = total if plain else total[1:]  # row 0: the plain sums
         n_rep, n_cols = reps.shape
-        try:  # in int64, >> is floor division and & the low bits, as on Python's ints: the same limbs
+        try:
             words = reps.astype(np.int64)
-            values = np.stack([words >> 32, words & mask], axis=2).reshape(n_rep, 2 * n_cols)
         except OverflowError:  # a sum past int64 (the auc part of a huge cohort): split as Python ints
+            mask = (1 << 32) - 1
             flat = reps.ravel().tolist()
             values = np.array([[v >> 32, v & mask] for v in flat], dtype=np.int64).reshape(n_rep, 2 * n_cols)
-        limb = Limbs(np.empty((0, 2 * n_cols)), [j for j in range(n_cols) for _ in (0, 1)], [32, 0] * n_cols, [])
-        first = -1 if plain else 0
-        batches.append(_limb_batch(cohort, first, values, limb, partial.columns))
-    return pa.Table.from_batches(batches, LIMBS)
+            limb = Limbs(np.empty((0, 2 * n_cols)), [j for j in range(n_cols) for _ in (0, 1)], [32, 0] * n_cols, [])
+            batches.append(_limb_batch(cohort, first, values, limb, partial.columns))
+            continue
+        plain_limb = Limbs(np.empty((0, n_cols)), list(range(n_cols)), [0] * n_cols, [])
+        batches.append(_wide_batch(cohort, first, words, plain_limb, partial.columns))
+    return replicate_tables(batches, partial.columns)
 
 
 def merge(parts: Sequence[PoissonPartial[CohortKey]]) -> PoissonPartial[CohortKey]:

@@ -319,14 +319,22 @@ def run_bootstrap(con: duckdb.DuckDBPyConnection, sums: TaskSums, settings: Boot
         partial = bootstrap.poisson_partial(
             list(cohorts), codes, task_key, all_sums, sums.columns, settings.seed, settings.B
         )
-        limbs = bootstrap.partial_limbs(partial)
+        wide, limbs = bootstrap.partial_tables(partial)
     else:
         batches = bootstrap.replicate_sums(
-            chosen, sums.columns, settings.seed, settings.B, settings.method, first=cohorts.start
+            chosen, sums.columns, settings.seed, settings.B, settings.method, first=cohorts.start, wide=True
         )
-        limbs = pa.Table.from_batches(list(batches), bootstrap.LIMBS)
+        wide, limbs = bootstrap.replicate_tables(batches, sums.columns)
+    bootstrap_sums(con, wide, limbs)
+
+
+def bootstrap_sums(con: duckdb.DuckDBPyConnection, wide: pa.Table, limbs: pa.Table) -> None:
+    """Table rep_sums from the replicate sums of pipeline.metrics.bootstrap.replicate_tables (metrics/sql/
+    bootstrap_sums.sql)."""
+    con.register("rep_wide", wide)
     con.register("rep_limbs", limbs)
     run_sql(con, "metrics/bootstrap_sums")
+    con.unregister("rep_wide")
     con.unregister("rep_limbs")
 
 

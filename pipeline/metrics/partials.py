@@ -332,12 +332,10 @@ def _merged(
             del refs
             by_code = bootstrap.PoissonPartial(partial.seed, partial.B, partial.columns,
                                                {code[k]: s for k, s in partial.sums.items()})  # fmt: skip
-            limbs = bootstrap.partial_limbs(by_code, plain=True) if by_code.sums else bootstrap.LIMBS.empty_table()
+            wide, limbs = bootstrap.partial_tables(by_code, plain=True)
             del partial, by_code
-            con.register("rep_limbs", limbs)
-            run_sql(con, "metrics/bootstrap_sums")
-            con.unregister("rep_limbs")
-            del limbs
+            cohorts.bootstrap_sums(con, wide, limbs)
+            del wide, limbs
             set_variables(con, pass_first=cohort_range.start, pass_end=cohort_range.stop)
             rows.extend(cohorts.interval_rows(con))
             for o in outputs:  # this pass's objects are no longer needed: the object store may free them
