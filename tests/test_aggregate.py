@@ -164,6 +164,18 @@ def test_paper_example_exact(tmp_path: Path) -> None:
 MASK32 = np.uint64(0xFFFFFFFF)
 
 
+def comparable(result: tuple[Any, Any]) -> tuple[Any, Any]:
+    """(cohorts or profiles, replicates) with each replicate array as a list, NaN as None: comparable with ==."""
+    items, replicates = result
+
+    def listed(values: np.ndarray) -> list[float | None]:
+        return [None if math.isnan(v) else v for v in values.tolist()]
+
+    return items, [
+        {m: listed(v) for m, v in per.items()} if isinstance(per, dict) else listed(per) for per in replicates
+    ]
+
+
 def lb32(x: np.ndarray | int) -> np.ndarray:
     x = np.asarray(x, dtype=np.uint64)
     x = x ^ (x >> np.uint64(16))

@@ -423,8 +423,8 @@ def test_within_must_be_a_cohort_column(synth_run: Path, tmp_path: Path) -> None
 def test_flip_share_counts_replicates() -> None:
     # p above q under success in replicates 0, 1, 2; q above p under TER in 0, 2, 3; replicate 4 undefined.
     replicates = {
-        "success": [[0.9, 0.8, 0.7, 0.1, None], [0.5, 0.5, 0.5, 0.5, 0.5]],
-        "ter": [[0.1, 0.9, 0.1, 0.1, 0.1], [0.2, 0.2, 0.2, 0.2, 0.2]],
+        "success": [np.array([0.9, 0.8, 0.7, 0.1, np.nan]), np.array([0.5, 0.5, 0.5, 0.5, 0.5])],
+        "ter": [np.array([0.1, 0.9, 0.1, 0.1, 0.1]), np.array([0.2, 0.2, 0.2, 0.2, 0.2])],
     }
     r = rank_conditions({"benchmark": "b"}, ["p", "q"], {"success": [0.9, 0.5], "ter": [0.1, 0.2]}, replicates)
     [flip] = r.flips

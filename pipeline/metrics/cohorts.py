@@ -90,7 +90,9 @@ def compute_metrics(
     return metrics_and_replicates(snapshot, by, settings, max_k, population)[0]
 
 
-Replicates = list[dict[str, list[float | None]]]  # per cohort (as listed): metric -> value per replicate b
+# Per cohort (as listed): metric -> its value in replicate b = 0 .. B-1, float64, NaN where the ratio is undefined
+# (8 bytes a value: a drift of 1,000 cohorts × 7 metrics × B = 1,000 held them as Python lists, 750 MB more).
+Replicates = list[dict[str, np.ndarray]]
 
 
 def metrics_and_replicates(
@@ -102,7 +104,7 @@ def metrics_and_replicates(
     replicated: Sequence[str] = (),
 ) -> tuple[list[Cohort], Replicates]:
     """compute_metrics, and the bootstrap replicates' values of the `replicated` ratio metrics (the draws the
-    intervals come from; None where a replicate's ratio is undefined)."""
+    intervals come from; NaN where a replicate's ratio is undefined)."""
     if max_k is not None and max_k < 0:
         raise MetricsError(f"max_k must be >= 0, got {max_k}")
     with open_population(snapshot, population) as con:
@@ -188,11 +190,11 @@ class MetricRow(Point):
 
 
 class ReplicatedRow(TypedDict):
-    """A row of table replicated_values: a metric's value in every replicate (None where undefined)."""
+    """A row of table replicated_values: a metric's value in every replicate (float64, NaN where undefined)."""
 
     cohort: int
     metric: str
-    replicate_values: list[float | None]
+    replicate_values: np.ndarray
 
 
 MetricMoments = dict[tuple[int, str], bootstrap.Moments]  # (cohort, ratio metric) -> what its interval needs
@@ -221,10 +223,20 @@ def interval_rows(con: duckdb.DuckDBPyConnection) -> IntervalRows:
     and rep_sums, with the variables it names set; its tables as rows."""
     run_sql(con, "metrics/metrics_intervals")
     return IntervalRows(
-        fetch(con, "metric_intervals", MetricRow),
-        fetch(con, "pec_intervals", PecRow),
-        fetch(con, "replicated_values", ReplicatedRow),
+        fetch(con, "metric_intervals", MetricRow), fetch(con, "pec_intervals", PecRow), _replicated_values(con)
     )
+
+
+def _replicated_values(con: duckdb.DuckDBPyConnection) -> list[ReplicatedRow]:
+    """Table replicated_values, each row's values as one float64 array (a NULL as NaN), not a list of floats."""
+    table = con.sql("SELECT * FROM replicated_values").to_arrow_table()
+    values = table["replicate_values"].combine_chunks()
+    flat = values.flatten().to_numpy(zero_copy_only=False)  # float64; a null becomes NaN
+    ends = values.offsets.to_numpy()
+    return [
+        {"cohort": cohort, "metric": metric, "replicate_values": flat[ends[i] : ends[i + 1]]}
+        for i, (cohort, metric) in enumerate(zip(table["cohort"].to_pylist(), table["metric"].to_pylist(), strict=True))
+    ]
 
 
 def cohort_passes(n_cohorts: int, B: int, n_columns: int, K: int) -> list[range]:
@@ -263,11 +275,11 @@ def intervals_and_replicates(
     rows, `info` as table cohort_info, what the small-sample intervals need, and the harness-error counts."""
     keys = ["benchmark", *by_cols]
     cohorts, ids = _assemble(info, rows.ratios, rows.pec, clusters, harness, keys, settings, population, snapshot)
-    by_id: dict[int, dict[str, list[float | None]]] = {}
+    by_id: dict[int, dict[str, np.ndarray]] = {}
     for r in rows.replicated:
         by_id.setdefault(r["cohort"], {})[r["metric"]] = r["replicate_values"]
     # A cohort with no rollout in the population (only harness errors) has no replicates: all undefined.
-    undefined: list[float | None] = [None] * settings.B
+    undefined = np.full(settings.B, np.nan)
     per_cohort: Replicates = [
         {m: undefined if cid is None else by_id.get(cid, {}).get(m, undefined) for m in replicated} for cid in ids
     ]

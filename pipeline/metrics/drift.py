@@ -197,27 +197,29 @@ def _num(x: float | None) -> str:
 def _contrast(
     value_a: float | None,
     value_b: float | None,
-    reps_a: Sequence[float | None],
-    reps_b: Sequence[float | None],
+    reps_a: np.ndarray,
+    reps_b: np.ndarray,
     settings: BootstrapSettings,
 ) -> Contrast:
     """a, b, diff = b − a, and the percentile interval of the replicate differences B_b − A_b (a replicate where
-    either ratio is undefined is left out; `replicates_used` says how many remain)."""
-    pairs = [(x, y) for x, y in zip(reps_a, reps_b, strict=True) if x is not None and y is not None]
+    either ratio is undefined, NaN, is left out; `replicates_used` says how many remain)."""
+    if len(reps_a) != len(reps_b):
+        raise ValueError(f"replicates of different bootstraps: {len(reps_a)} and {len(reps_b)}")
+    both = ~(np.isnan(reps_a) | np.isnan(reps_b))
     diff = None if value_a is None or value_b is None else value_b - value_a
     lo = hi = None
-    if diff is not None and pairs:
-        d = np.array([y - x for x, y in pairs])
+    if diff is not None and both.any():
+        d = reps_b[both] - reps_a[both]
         # numpy's "linear" percentile: the rule metrics_intervals.sql uses (DuckDB's quantile_cont).
         lo, hi = (float(v) for v in np.quantile(d, settings.quantiles))
-    return {"a": value_a, "b": value_b, "diff": diff, "lo": lo, "hi": hi, "replicates_used": len(pairs)}
+    return {"a": value_a, "b": value_b, "diff": diff, "lo": lo, "hi": hi, "replicates_used": int(both.sum())}
 
 
 def _tool_changes(
     tools_a: list[ToolProfile],
     tools_b: list[ToolProfile],
-    reps_a: list[list[float | None]],
-    reps_b: list[list[float | None]],
+    reps_a: list[np.ndarray],
+    reps_b: list[np.ndarray],
     settings: BootstrapSettings,
 ) -> tuple[list[ToolDrift], list[ToolCalls], list[ToolCalls], list[CauseCount]]:
     first: Mapping[str, object] = tools_a[0] if tools_a else tools_b[0] if tools_b else {}

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TypedDict, cast
 
 import duckdb
+import numpy as np
 
 from pipeline.metrics import bootstrap
 from pipeline.metrics._population import open_population
@@ -85,9 +86,9 @@ def profiles_and_replicates(
     settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
     population: Population = DEFAULT_POPULATION,
     replicates: bool = True,
-) -> tuple[list[ToolProfile], list[list[float | None]]]:
-    """tool_profiles, and per profile (as listed) its invalid rate in every bootstrap replicate (None where a
-    replicate's ratio is undefined): the draws its interval comes from. Without `replicates`, an empty list per
+) -> tuple[list[ToolProfile], list[np.ndarray]]:
+    """tool_profiles, and per profile (as listed) its invalid rate in every bootstrap replicate (float64, NaN where a
+    replicate's ratio is undefined): the draws its interval comes from. Without `replicates`, an empty array per
     profile: B values a profile are not kept when no one reads them."""
     steps = snapshot.parts("steps")
     with open_population(snapshot, population) as con:
@@ -145,7 +146,7 @@ def _assemble(
     clusters: dict[tuple[int, str], bootstrap.Moments],
     covered: Coverage | None,
     replicates: bool,
-) -> tuple[list[ToolProfile], list[list[float | None]]]:
+) -> tuple[list[ToolProfile], list[np.ndarray]]:
     info = fetch(con, "tool_info", ToolInfo)
     reps = {r["cohort"]: r["replicate_values"] for r in rows.replicated}
     ratios = {(r["cohort"], r["metric"]): r for r in rows.ratios}
@@ -154,7 +155,7 @@ def _assemble(
     for c in info:
         g = tuple(c["key"][k] for k in group)
         first_total[g] = first_total.get(g, 0) + c["n_first_errors"]
-    out: list[tuple[Key, ToolProfile, list[float | None]]] = []
+    out: list[tuple[Key, ToolProfile, np.ndarray]] = []
     for c in info:
         labels = tuple(c["key"][k] for k in keys)
         row: dict[str, object] = dict(zip(keys, labels, strict=True))
@@ -179,7 +180,7 @@ def _assemble(
         row["partial"] = None if covered is None else covered.as_json()
         # The labels, then ToolProfile's keys: one per TOOL_METRICS (tests/test_catalogue.py checks ToolProfile
         # declares them), which the checker cannot follow through the loop above.
-        drawn_values = reps.get(c["cohort"], [None] * settings.B) if replicates else []
+        drawn_values = reps.get(c["cohort"], np.full(settings.B, np.nan)) if replicates else np.empty(0)
         out.append((labels, cast(ToolProfile, row), drawn_values))
     out.sort(key=lambda p: tuple((v is None, v) for v in p[0]))
     return [p[1] for p in out], [p[2] for p in out]

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import combinations
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class Flip:
@@ -74,10 +76,10 @@ def rank_conditions(
     group: dict[str, str | None],
     conditions: list[str],
     values: dict[str, list[float | None]],
-    replicates: dict[str, list[list[float | None]]] | None = None,
+    replicates: dict[str, list[np.ndarray]] | None = None,
 ) -> Ranking:
     """`values` has "success" first, then every metric to rank against it; one value per condition.
-    `replicates[metric][condition]` are the bootstrap replicates' values, b = 0..B-1 (None: undefined)."""
+    `replicates[metric][condition]` are the bootstrap replicates' values, b = 0..B-1 (NaN: undefined)."""
     ranked_by = [m for m in values if m != "success"]
     all_ranks = {m: ranks(values[m]) for m in values}
     # τ on ranks (negated: rank 1 is best) equals τ on the values, with missing values ranked last.
@@ -93,18 +95,15 @@ def rank_conditions(
     return Ranking(group, conditions, values, all_ranks, tau, flips)
 
 
-def flip_share(replicates: dict[str, list[list[float | None]]], metric: str, hi_s: int, hi_m: int) -> float | None:
+def flip_share(replicates: dict[str, list[np.ndarray]], metric: str, hi_s: int, hi_m: int) -> float | None:
     """Share of the replicates in which condition hi_s is above hi_m under success and below it under `metric`
-    (strictly); replicates where any of the four values is undefined are left out. None when none is left."""
-    holds = used = 0
-    columns = (replicates["success"][hi_s], replicates["success"][hi_m], replicates[metric][hi_s],
-               replicates[metric][hi_m])  # fmt: skip
-    for s_hi, s_lo, m_lo, m_hi in zip(*columns, strict=True):
-        if s_hi is None or s_lo is None or m_lo is None or m_hi is None:
-            continue
-        used += 1
-        holds += s_hi > s_lo and m_hi > m_lo
-    return holds / used if used else None
+    (strictly); replicates where any of the four values is undefined (NaN) are left out. None when none is left."""
+    s_hi, s_lo = replicates["success"][hi_s], replicates["success"][hi_m]
+    m_lo, m_hi = replicates[metric][hi_s], replicates[metric][hi_m]
+    used = ~(np.isnan(s_hi) | np.isnan(s_lo) | np.isnan(m_lo) | np.isnan(m_hi))
+    n = int(used.sum())
+    holds = int(((s_hi > s_lo) & (m_hi > m_lo) & used).sum())
+    return holds / n if n else None
 
 
 def _sign(x: float) -> int:
