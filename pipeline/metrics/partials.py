@@ -327,9 +327,12 @@ def _merged(
         run_sql(con, "metrics/merged_sums")
         con.unregister("sum_columns")
         for number, cohort_range in enumerate(passes):
-            refs = [o[1 + number] for o in outputs]
-            partial = bootstrap.merge(ray_waits.get(refs, watch))
-            del refs
+            partial: bootstrap.PoissonPartial[Key] = bootstrap.PoissonPartial(
+                settings.seed, settings.B, tuple(sum_columns), {}
+            )
+            for o in outputs:  # one partition's partial sums at a time beside the merged ones
+                partial = bootstrap.merge([partial, ray_waits.get(o[1 + number], watch)])
+                o[1 + number] = None  # read: the object store may free it
             by_code = bootstrap.PoissonPartial(partial.seed, partial.B, partial.columns,
                                                {code[k]: s for k, s in partial.sums.items()})  # fmt: skip
             wide, limbs = bootstrap.partial_tables(by_code, plain=True)
@@ -338,8 +341,6 @@ def _merged(
             del wide, limbs
             set_variables(con, pass_first=cohort_range.start, pass_end=cohort_range.stop)
             rows.extend(cohorts.interval_rows(con))
-            for o in outputs:  # this pass's objects are no longer needed: the object store may free them
-                o[1 + number] = None
     finally:
         con.close()
     return cohorts.intervals_and_replicates(
