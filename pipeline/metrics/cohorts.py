@@ -252,10 +252,15 @@ def bootstrap_intervals(con: duckdb.DuckDBPyConnection, sums: TaskSums, settings
     cohorts at a time (cohort_passes): each cohort's draws and replicates depend on its own tasks only, so the rows
     are those of one pass over every cohort. Variable pexec_k and those of metrics_intervals.sql set."""
     K = con.execute("SELECT getvariable('pexec_k')").fetchall()[0][0]
+    task_key = np.zeros(0, np.uint64)
+    if settings.method == "poisson-merged":  # the tasks' 64-bit keys, once, in task_sums order
+        sql = "SELECT pexec_task_key(task_id) AS task_key FROM task_sums ORDER BY cohort, task_id"
+        task_key = con.execute(sql).fetchnumpy()["task_key"]
+    first_row = np.cumsum([0, *map(len, sums.cohorts)])  # each cohort's first row in task_sums
     rows = IntervalRows()
     for cohorts in cohort_passes(len(sums.cohorts), settings.B, len(sums.columns), K):
         set_variables(con, pass_first=cohorts.start, pass_end=cohorts.stop)
-        run_bootstrap(con, sums, settings, cohorts)
+        run_bootstrap(con, sums, settings, cohorts, task_key[first_row[cohorts.start] : first_row[cohorts.stop]])
         rows.extend(interval_rows(con))
     return rows
 
@@ -313,19 +318,21 @@ def task_sums(con: duckdb.DuckDBPyConnection) -> TaskSums:
     return TaskSums(columns, np.split(sums, np.searchsorted(cohort, np.arange(1, n_cohorts)))[:n_cohorts])
 
 
-def run_bootstrap(con: duckdb.DuckDBPyConnection, sums: TaskSums, settings: BootstrapSettings, cohorts: range) -> None:
+def run_bootstrap(
+    con: duckdb.DuckDBPyConnection,
+    sums: TaskSums,
+    settings: BootstrapSettings,
+    cohorts: range,
+    task_key: np.ndarray,
+) -> None:
     """rep_sums: per-(cohort, replicate) sums of the resampled tasks' s_* columns, of the `cohorts` (numbers) of
     task_sums (pipeline.metrics.bootstrap draws and weighs the tasks in numpy; metrics/sql/bootstrap_sums.sql puts
-    the exact sums together)."""
+    the exact sums together). `task_key`: the 64-bit keys of these cohorts' tasks, in task_sums order (what the
+    poisson-merged method weighs by)."""
     chosen = sums.cohorts[cohorts.start : cohorts.stop]
     if settings.method == "poisson-merged":
         # Weights keyed by the task itself (pipeline.metrics.bootstrap): what scoring shards can sum on their own; here
         # one partial over every task of these cohorts.
-        task_key = con.execute(
-            "SELECT pexec_task_key(task_id) AS task_key FROM task_sums WHERE cohort >= ? AND cohort < ? "
-            "ORDER BY cohort, task_id",
-            [cohorts.start, cohorts.stop],
-        ).fetchnumpy()["task_key"]
         codes = np.repeat(np.arange(len(chosen)), [len(c) for c in chosen])
         all_sums = np.concatenate(chosen) if chosen else np.zeros((0, len(sums.columns)), np.int64)
         partial = bootstrap.poisson_partial(

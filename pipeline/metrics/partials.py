@@ -194,8 +194,10 @@ def partition_result(
         {k: len(s) for k, s in zip(keys, task_sums.cohorts, strict=True)}, metric_moments, pec_moments
     )
     row_pass = np.array([passes[k] for k in keys], dtype=np.int64)[code]
+    by_pass = np.argsort(row_pass, kind="stable")  # the rows of each pass together, in code order within it
+    bounds = np.searchsorted(row_pass[by_pass], np.arange(n_passes + 1))
     for number in range(n_passes):
-        rows_in = np.flatnonzero(row_pass == number)
+        rows_in = by_pass[bounds[number] : bounds[number + 1]]
         codes = np.unique(code[rows_in])  # this partition's cohorts of the pass, in code order
         yield bootstrap.poisson_partial(
             [keys[c] for c in codes], np.searchsorted(codes, code[rows_in]), task_key[rows_in], sums[rows_in],

@@ -149,6 +149,7 @@ def _assemble(
 ) -> tuple[list[ToolProfile], list[np.ndarray]]:
     info = fetch(con, "tool_info", ToolInfo)
     reps = {r["cohort"]: r["replicate_values"] for r in rows.replicated}
+    undefined = np.full(settings.B if replicates else 0, np.nan)  # a profile without replicates: all undefined
     ratios = {(r["cohort"], r["metric"]): r for r in rows.ratios}
     group = [k for k in keys if k != "tool"]
     first_total: dict[Key, int] = {}
@@ -180,7 +181,6 @@ def _assemble(
         row["partial"] = None if covered is None else covered.as_json()
         # The labels, then ToolProfile's keys: one per TOOL_METRICS (tests/test_catalogue.py checks ToolProfile
         # declares them), which the checker cannot follow through the loop above.
-        drawn_values = reps.get(c["cohort"], np.full(settings.B, np.nan)) if replicates else np.empty(0)
-        out.append((labels, cast(ToolProfile, row), drawn_values))
+        out.append((labels, cast(ToolProfile, row), reps.get(c["cohort"], undefined)))
     out.sort(key=lambda p: tuple((v is None, v) for v in p[0]))
     return [p[1] for p in out], [p[2] for p in out]
