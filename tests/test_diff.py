@@ -145,3 +145,19 @@ def test_job_diff_resolves_the_previous_night(tmp_path: Path) -> None:
     spec.write_text('name = "n"\ninput = "i"\noutput = "o"\n[diff]\n')
     with pytest.raises(JobFileError, match="needs \\{date\\}"):
         load_job(spec, "2026-11-29")
+
+
+def test_shared_tasks_counted_past_the_query_row_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tasks both runs have are counted by digest, not read as rows through `pexec sql`'s capped query: a
+    night with more tasks than the cap (1M rows by default) must still be compared. Ids that a joined text
+    could confuse count apart."""
+    from pipeline.metrics import query
+    from pipeline.metrics.query_limits import QueryLimits
+
+    monkeypatch.setattr(query, "QueryLimits", lambda: QueryLimits(max_rows=3))
+    ids_a = [f"t{i:02d}" for i in range(10)] + ["x:1", "x", "y\x00z"]
+    ids_b = [f"t{i:02d}" for i in range(5, 15)] + ["x:1", "x:", "y"]
+    for name, ids in (("a", ids_a), ("b", ids_b)):
+        write_run(tmp_path / name, [rollout(t, 1, 2, True) for t in ids], [[("search", True, None)] for _ in ids])
+    result = diff_runs(open_run(str(tmp_path / "a")), open_run(str(tmp_path / "b")), settings=SETTINGS)
+    assert result.shared_tasks == len(set(ids_a) & set(ids_b)) == 6
