@@ -108,3 +108,46 @@ def test_a_run_with_more_label_columns_than_a_cohort_key_takes_needs_by(tmp_path
     assert "--by" in line
     proc = subprocess.run([pexec, "metrics", str(run), "--by", "model", "--bootstrap", "50"], capture_output=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_pec_percentiles_a_share_of_depths_at_a_time_equal_all_at_once(tmp_path, monkeypatch):
+    """PEC(k)'s percentiles are taken over a share of the depth columns per query (pipeline.metrics.pec: DuckDB then
+    holds a pass's worth of values): one column a query gives exactly what every column at once gives, past the
+    deepest depth included."""
+    from pipeline.metrics import pec
+
+    write_synthetic_rollouts(tmp_path / "run", 600, 40, n_models=3, max_t=60)
+    snapshot = open_run(str(tmp_path / "run")).snapshot
+    settings = BootstrapSettings(B=150)
+    whole = cohorts.metrics_and_replicates(snapshot, settings=settings, max_k=80)
+    monkeypatch.setattr(pec, "PASS_REPLICATE_VALUES", 1)  # one depth column a query
+    assert comparable(cohorts.metrics_and_replicates(snapshot, settings=settings, max_k=80)) == comparable(whole)
+    curve = whole[0][0]["pec"]
+    assert [p["k"] for p in curve] == list(range(81))
+    assert curve[0]["value"] == 1.0 and curve[80]["value"] == curve[80]["lo"] == 0.0
+    assert curve[80]["method"] == "wilson-clustered"  # no rollout that deep: the small-sample interval, not [0, 0]
+    assert 0 < curve[30]["value"] < 1 and curve[30]["lo"] < curve[30]["hi"]
+
+
+_PEC_PEAK = """
+import sys
+from pathlib import Path
+from pipeline.apps.perf.metrics import write_synthetic_rollouts
+from pipeline.metrics.run import open_run
+from pipeline.metrics.settings import BootstrapSettings
+run = Path(sys.argv[1])
+write_synthetic_rollouts(run, 20_000, 1_000, max_t=1_200)
+[cohort] = open_run(str(run)).cohorts(None, BootstrapSettings(B=10_000), max_k=1_000)
+assert len(cohort["pec"]) == 1_001
+print(next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")) // 1024)
+"""
+
+
+@pytest.mark.memory
+def test_one_cohort_at_the_largest_b_and_k_peaks_well_under_a_gigabyte(tmp_path):
+    """One cohort cannot be split into passes: at B = 10,000 and 1,000 PEC depths its PEC is held one value per
+    depth and replicate, never as B × K rows (which took 1.9 GB), and its percentiles a share of the depths at a
+    time. The peak of the whole process, Python and DuckDB included (measured 680-850 MiB)."""
+    proc = subprocess.run([sys.executable, "-c", _PEC_PEAK, str(tmp_path / "run")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout) < 1_200, f"{proc.stdout.strip()} MiB"

@@ -35,6 +35,7 @@ from pipeline.metrics import bootstrap
 from pipeline.metrics._population import open_population
 from pipeline.metrics.completeness import Snapshot
 from pipeline.metrics.duck import fetch, rollout_columns, run_sql, set_variables
+from pipeline.metrics.pec import pec_rows
 from pipeline.metrics.results import (
     Cohort,
     CohortBootstrap,
@@ -170,7 +171,7 @@ class HarnessCount(TypedDict):
 
 
 class Point(TypedDict):
-    """A point estimate and its bootstrap percentiles: a row of table pec_intervals (sql/metrics_intervals.sql)."""
+    """A point estimate and its bootstrap percentiles."""
 
     cohort: int
     value: float | None
@@ -179,6 +180,8 @@ class Point(TypedDict):
 
 
 class PecRow(Point):
+    """PEC(k) of a cohort (pipeline.metrics.pec)."""
+
     k: int
 
 
@@ -204,8 +207,8 @@ Clusters = tuple[MetricMoments, PecMoments]  # _metric_clusters, _pec_clusters
 
 @dataclass(frozen=True)
 class IntervalRows:
-    """Tables metric_intervals, pec_intervals and replicated_values (sql/metrics_intervals.sql) as rows, over the
-    cohorts of one or more passes (cohort numbers as in task_sums)."""
+    """Tables metric_intervals and replicated_values (sql/metrics_intervals.sql) and PEC(k) (pipeline.metrics.pec) as
+    rows, over the cohorts of one or more passes (cohort numbers as in task_sums)."""
 
     ratios: list[MetricRow] = field(default_factory=list)
     pec: list[PecRow] = field(default_factory=list)
@@ -222,9 +225,7 @@ def interval_rows(con: duckdb.DuckDBPyConnection) -> IntervalRows:
     pass_end; none of its rows in the distributed path, where rep_sums holds the point estimates' sums as b = -1)
     and rep_sums, with the variables it names set; its tables as rows."""
     run_sql(con, "metrics/metrics_intervals")
-    return IntervalRows(
-        fetch(con, "metric_intervals", MetricRow), fetch(con, "pec_intervals", PecRow), _replicated_values(con)
-    )
+    return IntervalRows(fetch(con, "metric_intervals", MetricRow), pec_rows(con), _replicated_values(con))
 
 
 def _replicated_values(con: duckdb.DuckDBPyConnection) -> list[ReplicatedRow]:

@@ -56,9 +56,9 @@ class MemoryRun(TypedDict):
 
 
 def write_synthetic_rollouts(
-    run: Path, n_rollouts: int, n_tasks: int, seed: int = 0, parts: int = 4, n_models: int = 1
+    run: Path, n_rollouts: int, n_tasks: int, seed: int = 0, parts: int = 4, n_models: int = 1, max_t: int = 15
 ) -> None:
-    """A rollouts table shaped like a real run: T in 0..15, ~20% executable, success tied to both.
+    """A rollouts table shaped like a real run: T in 0..max_t, ~20% executable, success tied to both.
 
     With n_models > 1 every rollout gets a random `model` label: that many cohorts over the same tasks.
     """
@@ -66,7 +66,7 @@ def write_synthetic_rollouts(
     task = rng.integers(0, n_tasks, n_rollouts)
     # Per-task difficulty drives both executability and success (within-task correlation, as in real runs).
     hard = rng.beta(2, 2, n_tasks)[task]
-    T = rng.integers(0, 16, n_rollouts).astype(np.int32)
+    T = rng.integers(0, max_t + 1, n_rollouts).astype(np.int32)
     exec_p = np.clip(0.4 - 0.4 * hard, 0.0, 1.0)  # mean ~0.2
     executable = (T == 0) | (rng.random(n_rollouts) < exec_p)
     fed = np.where(executable, T + 1, 1 + np.floor(rng.random(n_rollouts) * np.maximum(T, 1))).astype(np.int32)

@@ -1,6 +1,6 @@
 -- Ratios of sums for the full data (b = -1: the point estimates) and for every replicate (b >= 0), then
 -- percentile intervals, of the cohorts pass_first .. pass_end - 1 (one pass: rep_sums holds theirs). Variables:
--- q_lo, q_hi = (1 -/+ level) / 2, pexec_k, pass_first, pass_end, replicated (VARCHAR[]), and from the catalogue
+-- q_lo, q_hi = (1 -/+ level) / 2, pass_first, pass_end, replicated (VARCHAR[]), and from the catalogue
 -- metric_defs (STRUCT[]: metric, num, den, scale, ord) and parts (the s_<name> columns of the parts).
 --
 -- What the small-sample interval needs (the moments of the per-task sums) pipeline.metrics.cohorts computes in numpy
@@ -9,7 +9,10 @@
 -- Percentile rule: quantile_cont, i.e. linear interpolation between order statistics at position
 -- q * (n - 1) of the n replicate values, the same as numpy.quantile(method="linear"). Replicates whose
 -- denominator is 0 (e.g. no RR-eligible rollout among the drawn tasks) give NULL and are left out.
-CREATE OR REPLACE TEMP TABLE all_sums AS
+
+-- A view, not a table: the pass's replicate sums are held once, in rep_sums (at B = 10,000 and 1,000 depths,
+-- 80 MB a copy).
+CREATE OR REPLACE TEMP VIEW all_sums AS
 SELECT cohort, -1 AS b, sum(COLUMNS('^s_'))
 FROM task_sums
 WHERE cohort >= getvariable('pass_first') AND cohort < getvariable('pass_end')
@@ -59,39 +62,4 @@ FROM rep_metrics
 GROUP BY cohort, metric
 ORDER BY cohort, metric;
 
--- PEC(k) of every (cohort, replicate): the rollouts at depth >= k over the rollouts. A depth column d counts the
--- rollouts at depth d (the depths that occur); the rollouts at depth >= d are its running sum from the deepest
--- column down, and PEC(k) takes that of the shallowest column at or past k (none: no rollout reaches k).
-CREATE OR REPLACE TEMP TABLE rep_pec AS
-WITH hist AS (
-    SELECT cohort, b, CAST(substr(depth, 4) AS BIGINT) AS d, cnt
-    FROM (
-        UNPIVOT (SELECT cohort, b, coalesce(COLUMNS('^s_(n|h[0-9]+)$'), 0)::DOUBLE FROM all_sums)
-        ON COLUMNS('^s_(n|h[0-9]+)$') INTO NAME depth VALUE cnt
-    )
-    WHERE depth <> 's_n'
-),
-at_least AS (
-    SELECT cohort, b, d, sum(cnt) OVER (PARTITION BY cohort, b ORDER BY d DESC) AS cnt FROM hist
-),
-next_depth AS (
-    SELECT k.k, min(h.d) AS d
-    FROM range(1, getvariable('pexec_k') + 1) AS k(k)
-    LEFT JOIN (SELECT DISTINCT d FROM hist) AS h ON h.d >= k.k
-    GROUP BY k.k
-)
-SELECT cohort, b, 0 AS k, s_n::DOUBLE / nullif(s_n, 0)::DOUBLE AS value FROM all_sums
-UNION ALL
-SELECT a.cohort, a.b, n.k, coalesce(l.cnt, 0) / nullif(a.s_n, 0)::DOUBLE AS value
-FROM all_sums AS a
-CROSS JOIN next_depth AS n
-LEFT JOIN at_least AS l ON l.cohort = a.cohort AND l.b = a.b AND l.d = n.d;
-
-CREATE OR REPLACE TEMP TABLE pec_intervals AS
-SELECT cohort, k,
-       any_value(value) FILTER (WHERE b = -1) AS value,
-       quantile_cont(value, getvariable('q_lo')) FILTER (WHERE b >= 0) AS lo,
-       quantile_cont(value, getvariable('q_hi')) FILTER (WHERE b >= 0) AS hi
-FROM rep_pec
-GROUP BY cohort, k
-ORDER BY cohort, k;
+-- PEC(k) and its interval: pipeline.metrics.pec, from all_sums's depth histogram.
