@@ -165,3 +165,122 @@ def test_a_job_with_the_merged_bootstrap_computes_its_metrics_on_ray(
         {"model": c["model"], "ter": c["ter"]["value"], "ter_lo": c["ter"]["lo"], "ter_hi": c["ter"]["hi"]}
         for c in single
     ]
+
+
+@pytest.fixture(scope="module")
+def scored_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A scored run of 3 shards whose tasks each lie in every shard (record i in shard i mod 3)."""
+    import orjson
+
+    from pipeline.scoring.driver import run_scoring
+    from pipeline.scoring.settings import ScoreSettings
+    from pipeline.synthetic.rollouts import synthesize
+
+    root = tmp_path_factory.mktemp("shards")
+    records = list(synthesize("shop", 240, 30, 5))
+    (root / "store").mkdir()
+    for s in range(3):
+        lines = b"".join(orjson.dumps(r) + b"\n" for r in records[s::3])
+        (root / "store" / f"s{s}.jsonl").write_bytes(lines)
+    run_scoring(str(root / "store"), str(root / "run"), ScoreSettings(inline=True))
+    assert len(open_run(str(root / "run")).snapshot.parts("steps")) == 3
+    return root / "run"
+
+
+@pytest.mark.parametrize("by", [["model"], ["model", "actor"], []])
+def test_tool_profiles_on_ray_equal_the_single_node_ones(scored_shards: Path, shared_ray: None, by: list[str]) -> None:
+    """Per-tool profiles from Ray tasks (a shard's rollouts and steps parts, then partitions by task) equal one
+    node's with the poisson-merged bootstrap: counts, tasks, causes, first errors, bounds and replicates."""
+    from pipeline.metrics.tool_partials import profiles_on_ray
+    from pipeline.metrics.tool_profiles import profiles_and_replicates
+
+    snapshot = open_run(str(scored_shards)).snapshot
+    here = profiles_and_replicates(snapshot, by, MERGED)
+    on_ray = profiles_on_ray(snapshot, "auto", by, MERGED)
+    assert comparable(on_ray) == comparable(here)
+    assert len(here[0]) > 5 and any(p["causes"] for p in here[0])
+    assert sum(p["n_tasks"] for p in here[0]) > len({p["tool"] for p in here[0]}) * 2  # tasks span the shards
+
+
+def test_tool_profiles_on_ray_need_the_merged_bootstrap_and_check_pools(scored_shards: Path, shared_ray: None) -> None:
+    from pipeline.metrics.tool_partials import profiles_on_ray
+
+    snapshot = open_run(str(scored_shards)).snapshot
+    with pytest.raises(MetricsError, match="poisson-merged"):
+        profiles_on_ray(snapshot, "auto", settings=BootstrapSettings(method="multinomial"))
+    with pytest.raises(MetricsError, match="nope"):
+        profiles_on_ray(snapshot, "auto", settings=MERGED, population=Population(pools=(("p", ("nope",)),)))
+
+
+def test_drift_and_tool_metrics_on_ray_print_what_one_node_prints(
+    scored_shards: Path, tmp_path: Path, shared_ray: None
+) -> None:
+    """`pexec diff --unpaired --address` (each run's metrics and tool profiles from Ray tasks) and `pexec metrics
+    --by tool --address` print exactly what one node prints with the same bootstrap."""
+    import orjson
+
+    from pipeline.scoring.driver import run_scoring
+    from pipeline.scoring.settings import ScoreSettings
+    from pipeline.synthetic.rollouts import synthesize
+
+    store = tmp_path / "store.jsonl"
+    store.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in synthesize("shop", 90, 12, 9)))
+    run_scoring(str(store), str(tmp_path / "a"), ScoreSettings(inline=True))
+    merged = ["--method", "poisson-merged", "--bootstrap", "60", "--json"]
+    diff = ["diff", str(tmp_path / "a"), str(scored_shards), "--unpaired", "--by", "model", *merged]
+    here = CliRunner().invoke(app, diff)
+    on_ray = CliRunner().invoke(app, [*diff, "--address", "auto"])
+    assert here.exit_code == on_ray.exit_code == 0, on_ray.output
+    assert on_ray.stdout == here.stdout and '"kind":"tool"' in here.stdout.replace(" ", "")
+    tools = ["metrics", str(scored_shards), "--by", "tool,model", *merged]
+    here = CliRunner().invoke(app, tools)
+    on_ray = CliRunner().invoke(app, [*tools, "--address", "auto"])
+    assert here.exit_code == on_ray.exit_code == 0, on_ray.output
+    assert on_ray.stdout == here.stdout and '"invalid_rate"' in here.stdout
+    paired = CliRunner().invoke(app, ["diff", str(scored_shards), str(scored_shards), "--address", "auto"])
+    assert paired.exit_code == 2 and "apply to drift (--unpaired)" in paired.output
+
+
+def test_a_job_with_the_merged_bootstrap_computes_its_diff_on_ray(
+    tmp_path: Path, shared_ray: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The nightly alert goes through Ray too: a job whose [metrics] take the mergeable bootstrap computes its
+    [diff] against the previous night (both runs' metrics and tool profiles) in Ray tasks, where it scored."""
+    from pipeline.metrics import tool_partials
+
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'name = "nightly"\ninput = "{tmp_path}/store/{{date}}"\noutput = "{tmp_path}/run/date={{date}}"\n'
+        '[synth]\nspec = "shop"\nrollouts = 120\ntasks = 20\nseed = 3\n'
+        '[metrics]\nby = ["model"]\nbootstrap = 40\nmethod = "poisson-merged"\n'
+        '[diff]\nagainst = "previous"\nlook_back_days = 2\nfail_on = ["ter<-1"]\n'
+    )
+    asked: list[tuple[str, str]] = []
+    for module, name in ((partials, "metrics_on_ray"), (tool_partials, "profiles_on_ray")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda snapshot, address, *a, _real=real, _name=name, **k: (
+            asked.append((_name, address)), _real(snapshot, address, *a, **k))[1])  # fmt: skip
+    first = CliRunner().invoke(app, ["run", str(job), "--date", "2026-12-01"])
+    assert first.exit_code == 0 and "diff skipped" in first.output, first.output
+    asked.clear()
+    second = CliRunner().invoke(app, ["run", str(job), "--date", "2026-12-02"])
+    assert second.exit_code == 0, second.output
+    assert "diff: " in second.output and "date=2026-12-01 (A)" in second.output
+    # The night's metrics, then the diff's: both runs' metrics and both runs' tool profiles, all on the local Ray.
+    assert asked == [("metrics_on_ray", "local")] * 3 + [("profiles_on_ray", "local")] * 2
+
+
+def test_a_report_on_ray_writes_the_tables_of_one_node(scored_shards: Path, tmp_path: Path, shared_ray: None) -> None:
+    """`pexec report --address` (its metrics and tool profiles from Ray tasks) writes the same tables, to the
+    byte of their values, as one node with the same bootstrap."""
+    import pyarrow.parquet as pq
+
+    report = ["report", str(scored_shards), "--by", "model", "--method", "poisson-merged", "--bootstrap", "40",
+              "--no-figures"]  # fmt: skip
+    here = CliRunner().invoke(app, [*report, "--out", str(tmp_path / "here")])
+    on_ray = CliRunner().invoke(app, [*report, "--out", str(tmp_path / "ray"), "--address", "auto"])
+    assert here.exit_code == on_ray.exit_code == 0, on_ray.output
+    tables = sorted(p.relative_to(tmp_path / "here") for p in (tmp_path / "here").rglob("*.parquet"))
+    assert {"metrics.parquet", "tools.parquet"} <= {p.name for p in tables}
+    for rel in tables:
+        assert pq.read_table(tmp_path / "ray" / rel).equals(pq.read_table(tmp_path / "here" / rel)), rel

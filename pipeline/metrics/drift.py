@@ -15,15 +15,26 @@ import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Final, TypedDict
+from typing import Any, Final, TypedDict
 
 import numpy as np
 
 from pipeline.core import metric_catalogue
 from pipeline.core.errors import DiffError
-from pipeline.metrics.cohorts import metrics_and_replicates
+from pipeline.metrics.cohorts import Replicates, metrics_and_replicates
+from pipeline.metrics.completeness import Snapshot
 from pipeline.metrics.duck import connect, run_sql, set_variables
-from pipeline.metrics.results import CauseCount, Key, Labels, ToolProfile, cohort_fields, key_values, labelled, ratio
+from pipeline.metrics.results import (
+    CauseCount,
+    Cohort,
+    Key,
+    Labels,
+    ToolProfile,
+    cohort_fields,
+    key_values,
+    labelled,
+    ratio,
+)
 from pipeline.metrics.run import Run
 from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, BootstrapSettings, Population
 from pipeline.metrics.tool_profiles import TOOL_FIELDS, profiles_and_replicates
@@ -128,12 +139,16 @@ def diff_runs(
     by: Sequence[str] | None = (),
     settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
     population: Population = DEFAULT_POPULATION,
+    address: str | None = None,
 ) -> DiffResult:
-    """B − A per cohort and metric, and per tool, with two-sample task-level bootstrap intervals."""
+    """B − A per cohort and metric, and per tool, with two-sample task-level bootstrap intervals. `address`: each
+    run's metrics and tool profiles computed in Ray tasks on the Ray there (the poisson-merged bootstrap only; the
+    same numbers as here), no process reading every rollout or call."""
     settings_b = replace(settings, seed=settings.seed ^ SEED_B)
     names = [m.name for m in metric_catalogue.ratios()]
-    a, reps_a = metrics_and_replicates(run_a.snapshot, by, settings, None, population, names)
-    b, reps_b = metrics_and_replicates(run_b.snapshot, by, settings_b, None, population, names)
+    metrics, profiles = _computed_by(address)
+    a, reps_a = metrics(run_a.snapshot, by, settings, None, population, names)
+    b, reps_b = metrics(run_b.snapshot, by, settings_b, None, population, names)
     fields = set(cohort_fields())
     keys = list(dict.fromkeys(k for c in [*a, *b] for k in c if k not in fields))
     index_a = {key_values(c, keys): i for i, c in enumerate(a)}
@@ -149,8 +164,8 @@ def diff_runs(
             drift: MetricDrift = {"metric": name, **contrast, "tasks_a": a[i]["n_tasks"], "tasks_b": b[j]["n_tasks"]}
             rows.append(labelled(dict(zip(keys, key, strict=True)), drift))
     labels = keys[1:]  # the tools' cohorts: benchmark × tool × the same labels
-    tools_a, tool_reps_a = profiles_and_replicates(run_a.snapshot, labels, settings, population)
-    tools_b, tool_reps_b = profiles_and_replicates(run_b.snapshot, labels, settings_b, population)
+    tools_a, tool_reps_a = profiles(run_a.snapshot, labels, settings, population)
+    tools_b, tool_reps_b = profiles(run_b.snapshot, labels, settings_b, population)
     tool_rows, new_tools, vanished, new_causes = _tool_changes(tools_a, tools_b, tool_reps_a, tool_reps_b, settings)
     return DiffResult(
         keys=keys,
@@ -165,6 +180,27 @@ def diff_runs(
         settings=settings,
         seed_b=settings_b.seed,
     )
+
+
+Profiles = tuple[list[ToolProfile], list[np.ndarray]]
+Computed = tuple[Callable[..., tuple[list[Cohort], Replicates]], Callable[..., Profiles]]
+
+
+def _computed_by(address: str | None) -> Computed:
+    """A run's metrics and tool profiles as one node computes them, or in Ray tasks on the Ray at `address` (the
+    same arguments after the snapshot)."""
+    if address is None:
+        return metrics_and_replicates, profiles_and_replicates
+    from pipeline.metrics.partials import metrics_on_ray
+    from pipeline.metrics.tool_partials import profiles_on_ray
+
+    def metrics(snapshot: Snapshot, *rest: Any) -> tuple[list[Cohort], Replicates]:
+        return metrics_on_ray(snapshot, address, *rest)
+
+    def profiles(snapshot: Snapshot, *rest: Any) -> Profiles:
+        return profiles_on_ray(snapshot, address, *rest)
+
+    return metrics, profiles
 
 
 def breaches(result: DiffResult, thresholds: Sequence[Threshold]) -> list[str]:

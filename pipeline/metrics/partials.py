@@ -18,6 +18,8 @@ partial sums of any cut of the rollouts add up exactly; but the tasks counted pe
 of squares of whole-task sums) need each task's rollouts together. Only the poisson-merged bootstrap can be
 distributed: the multinomial and Poisson draws number a cohort's tasks, which no part knows.
 
+The per-tool profiles (pipeline.metrics.tool_partials) go through the same stages 2 and 3, over step-level cohorts.
+
 Memory: a part task holds one part; a partition task its share of the (cohort, task) rows and the partial sums of
 one pass of cohorts at a time (pipeline.metrics.cohorts.cohort_passes; it yields each pass's, which Ray stores as
 it goes); this process holds the merged partial sums of one pass at a time, a few numbers per cohort and one
@@ -154,13 +156,23 @@ def part_sums(
     return (counts, *tables)
 
 
+def rollout_clusters(sums: cohorts.TaskSums, K: int) -> cohorts.Clusters:
+    """The moments the rollout metrics' small-sample intervals need: per (cohort, ratio metric) and (cohort, k)."""
+    return cohorts._metric_clusters(sums), cohorts._pec_clusters(sums, K)
+
+
 def partition_result(
-    columns: list[str], K: int, settings: BootstrapSettings, passes: dict[Key, int], *tables: pa.Table
+    columns: list[str],
+    K: int,
+    settings: BootstrapSettings,
+    passes: dict[Key, int],
+    clusters: Callable[[cohorts.TaskSums, int], cohorts.Clusters],
+    *tables: pa.Table,
 ) -> Iterator[PartitionResult | bootstrap.PoissonPartial[Key]]:
     """Stage 2, one task partition: every part's rows of its tasks (`tables`) as whole-task sums; yields their
-    tasks and moments per cohort key, then for each pass of cohorts (`passes`: a cohort key's pass number, every
-    pass numbered) the Poisson partial sums of its cohorts. A generator: Ray stores each object as it is yielded,
-    so the task holds one pass's partial sums at a time."""
+    tasks and moments per cohort key (`clusters`: rollout_clusters, or the tool profiles' own), then for each pass
+    of cohorts (`passes`: a cohort key's pass number, every pass numbered) the Poisson partial sums of its cohorts.
+    A generator: Ray stores each object as it is yielded, so the task holds one pass's partial sums at a time."""
     n_passes = max(passes.values(), default=-1) + 1
     filled = [t for t in tables if t.num_rows]
     if not filled:
@@ -188,8 +200,9 @@ def partition_result(
     del table
     split = np.searchsorted(code, np.arange(1, len(keys)))
     task_sums = cohorts.TaskSums(columns, np.split(sums, split))
-    metric_moments = {(keys[c], name): m for (c, name), m in cohorts._metric_clusters(task_sums).items()}
-    pec_moments = {(keys[c], k): m for (c, k), m in cohorts._pec_clusters(task_sums, K).items()}
+    by_metric, by_depth = clusters(task_sums, K)
+    metric_moments = {(keys[c], name): m for (c, name), m in by_metric.items()}
+    pec_moments = {(keys[c], k): m for (c, k), m in by_depth.items()}
     yield PartitionResult(
         {k: len(s) for k, s in zip(keys, task_sums.cohorts, strict=True)}, metric_moments, pec_moments
     )
@@ -206,7 +219,7 @@ def partition_result(
 
 
 @functools.cache
-def _remote(function: Callable[..., object]) -> Any:
+def remote_function(function: Callable[..., object]) -> Any:
     import ray
 
     return ray.remote(function)  # a Ray remote function (Ray's types do not follow `options`)
@@ -252,7 +265,7 @@ def metrics_on_ray(
     start_ray(address)
     cohort_cols = ["benchmark", *by_cols]
     first_k = _DEFAULT_K if max_k is None else max_k
-    stage1 = _remote(part_sums).options(num_returns=n_parts + 1)
+    stage1 = remote_function(part_sums).options(num_returns=n_parts + 1)
     outputs = [stage1.remote(snapshot.root, f, columns, population, cohort_cols, first_k, n_parts) for f in files]
     counts = PartCounts()
     for got in ray_waits.get([o[0] for o in outputs]):
@@ -264,20 +277,28 @@ def metrics_on_ray(
     keys = sorted(counts.info, key=lambda k: tuple((v is None, v) for v in k))  # the cohort numbers' order
     passes = cohorts.cohort_passes(len(keys), settings.B, len(sum_columns), K)
     pass_of = {keys[c]: number for number, cohort_range in enumerate(passes) for c in cohort_range}
-    stage2 = _remote(partition_result).options(num_returns=1 + len(passes))
+    stage2 = remote_function(partition_result).options(num_returns=1 + len(passes))
     # Per partition, its first object and one per pass (Ray gives a lone object, not a list, when there is no pass).
     outputs2 = [
-        _objects(stage2.remote(sum_columns, K, settings, pass_of, *(o[1 + p] for o in outputs))) for p in range(n_parts)
+        object_list(stage2.remote(sum_columns, K, settings, pass_of, rollout_clusters, *(o[1 + p] for o in outputs)))
+        for p in range(n_parts)
     ]
     del outputs
-    merged = PartitionResult({}, {}, {})
     watch = ray_waits.NodeWatch()
-    pending = [o[0] for o in outputs2]
-    while pending:  # merged as each partition finishes: this process holds one partition's result at a time
-        done, pending = ray_waits.wait(pending, watch=watch)
-        merged.add(ray_waits.get(done[0], watch))
+    merged = merge_first(outputs2, watch)
     return _merged(counts, keys, merged, outputs2, passes, by_cols, sum_columns, K, settings, population, replicated,
                    snapshot, watch)  # fmt: skip
+
+
+def merge_first(outputs: list[list[Any]], watch: ray_waits.NodeWatch) -> PartitionResult:
+    """The partitions' first objects (tasks and moments) added up as each partition finishes: this process holds
+    one partition's result at a time."""
+    merged = PartitionResult({}, {}, {})
+    pending = [o[0] for o in outputs]
+    while pending:
+        done, pending = ray_waits.wait(pending, watch=watch)
+        merged.add(ray_waits.get(done[0], watch))
+    return merged
 
 
 def _merged(
@@ -295,9 +316,8 @@ def _merged(
     snapshot: Snapshot,
     watch: ray_waits.NodeWatch,
 ) -> tuple[list[Cohort], cohorts.Replicates]:
-    """The partitions' results merged into the cohort dicts, through the SQL a single node runs, a pass of cohorts
-    at a time: each pass's partial sums of every partition (`outputs`: per partition, its object refs after the
-    first) merged, their intervals taken, and the pass's objects let go."""
+    """The partitions' results merged into the cohort dicts, their intervals taken a pass of cohorts at a time
+    (pass_rows)."""
     code = {k: i for i, k in enumerate(keys)}
     tasks, metric, pec = result.tasks, result.metric_moments, result.pec_moments
     info: list[cohorts.CohortInfo] = [
@@ -314,17 +334,31 @@ def _merged(
         {(code[k], name): m for (k, name), m in metric.items()},
         {(code[k], d): m for (k, d), m in pec.items() if d <= K},
     )
+    variables = {"pexec_k": K, "metric_defs": cohorts.metric_defs(), "replicated": list(replicated),
+                 "parts": [f"s_{p.name}" for p in metric_catalogue.PARTS]}  # fmt: skip
+    rows = pass_rows(outputs, passes, code, sum_columns, settings, variables, watch)
+    return cohorts.intervals_and_replicates(
+        rows, info, clusters, harness, by_cols, settings, population, replicated, snapshot
+    )
+
+
+def pass_rows(
+    outputs: list[list[Any]],
+    passes: list[range],
+    code: dict[Key, int],
+    sum_columns: list[str],
+    settings: BootstrapSettings,
+    variables: dict[str, object],
+    watch: ray_waits.NodeWatch,
+) -> cohorts.IntervalRows:
+    """The intervals of every cohort, a pass at a time: each pass's partial sums of every partition (`outputs`: per
+    partition, its object refs after the first) merged one partition at a time, their intervals taken by the SQL of
+    a single node (`variables`: those metrics_intervals.sql names besides the bootstrap's and the pass's), and the
+    pass's objects let go. `code`: each cohort key's number, in key order."""
     rows = cohorts.IntervalRows()
     con = duckdb.connect()
     try:
-        set_variables(
-            con,
-            **settings.sql_variables,
-            pexec_k=K,
-            metric_defs=cohorts.metric_defs(),
-            parts=[f"s_{p.name}" for p in metric_catalogue.PARTS],
-            replicated=list(replicated),
-        )
+        set_variables(con, **settings.sql_variables, **variables)
         con.register("sum_columns", pa.schema([(c, pa.int64()) for c in ["cohort", *sum_columns]]).empty_table())
         run_sql(con, "metrics/merged_sums")
         con.unregister("sum_columns")
@@ -345,12 +379,11 @@ def _merged(
             rows.extend(cohorts.interval_rows(con))
     finally:
         con.close()
-    return cohorts.intervals_and_replicates(
-        rows, info, clusters, harness, by_cols, settings, population, replicated, snapshot
-    )
+    return rows
 
 
-def _objects(refs: Any) -> list[Any]:
+def object_list(refs: Any) -> list[Any]:
+    """A task's object refs as a list (Ray gives a lone ref, not a list, for num_returns=1)."""
     return refs if isinstance(refs, list) else [refs]
 
 

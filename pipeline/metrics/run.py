@@ -134,8 +134,15 @@ class Run:
         by: Sequence[str] | None = (),
         settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
         population: Population = DEFAULT_POPULATION,
+        address: str | None = None,
     ) -> list[ToolProfile]:
-        """Per-tool error profiles (pipeline.metrics.tool_profiles)."""
+        """Per-tool error profiles (pipeline.metrics.tool_profiles). `address`: computed in Ray tasks on the Ray there,
+        no process reading every call; needs the poisson-merged bootstrap, and gives exactly its single-node
+        profiles (pipeline.metrics.tool_partials)."""
+        if address is not None:
+            from pipeline.metrics.tool_partials import profiles_on_ray
+
+            return profiles_on_ray(self.snapshot, address, by, settings, population, replicates=False)[0]
         return tool_profiles(self.snapshot, by, settings, population)
 
     def sql(self, query: str, limits: QueryLimits | None = None) -> pa.Table:

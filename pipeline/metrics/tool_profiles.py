@@ -16,7 +16,7 @@ from typing import TypedDict, cast
 import duckdb
 import numpy as np
 
-from pipeline.metrics import bootstrap
+from pipeline.metrics import bootstrap, cohorts
 from pipeline.metrics._population import open_population
 from pipeline.metrics.cohorts import (
     IntervalRows,
@@ -92,29 +92,37 @@ def profiles_and_replicates(
     profile: B values a profile are not kept when no one reads them."""
     steps = snapshot.parts("steps")
     with open_population(snapshot, population) as con:
-        # `actor` (agent or user: whose call, τ telecom) is a column of the steps, not of the rollouts.
-        asked = list(by or [])
-        labels = cohort_columns(con, [b for b in asked if b != "actor"])
-        keys = ["benchmark", "tool", *(["actor"] if "actor" in asked else []), *labels]
+        keys = profile_keys(con, by)
         if not steps:
             return [], []
-        metric_defs: list[MetricDef] = [
-            {"metric": m.name, "num": m.num, "den": m.den, "scale": 1.0, "ord": i} for i, m in enumerate(TOOL_METRICS)
-        ]
-        set_variables(
-            con,
-            **settings.sql_variables,
-            steps_files=steps,
-            cohort_cols=keys,
-            metric_defs=metric_defs,
-            parts=["s_n", "s_inv", "s_first", "s_cmp", "s_match"],
-            replicated=["invalid_rate"] if replicates else [],
-        )
+        set_variables(con, **settings.sql_variables, steps_files=steps, cohort_cols=keys,
+                      **interval_variables(replicates))  # fmt: skip
         run_sql(con, "metrics/view_steps")
         run_sql(con, "metrics/tool_prepare")
         sums = task_sums(con)  # the metrics' own bootstrap (pipeline.metrics.bootstrap), over these task sums
         rows = bootstrap_intervals(con, sums, settings)
-        return _assemble(con, rows, keys, settings, _clusters(sums), snapshot.partial(), replicates)
+        info = fetch(con, "tool_info", ToolInfo)
+        return assemble(info, rows, keys, settings, _clusters(sums), snapshot.partial(), replicates)
+
+
+PARTS = ["s_n", "s_inv", "s_first", "s_cmp", "s_match"]  # the per-(cohort, task) sums of sql/tool_prepare.sql
+
+
+def profile_keys(con: duckdb.DuckDBPyConnection, by: Sequence[str] | None) -> list[str]:
+    """A profile's cohort columns: benchmark, tool, `actor` when asked (agent or user: whose call, τ telecom; a
+    column of the steps, not of the rollouts), then the `by` labels."""
+    asked = list(by or [])
+    labels = cohort_columns(con, [b for b in asked if b != "actor"])
+    return ["benchmark", "tool", *(["actor"] if "actor" in asked else []), *labels]
+
+
+def interval_variables(replicates: bool) -> dict[str, object]:
+    """The variables metrics_intervals.sql reads besides the bootstrap's and the pass's, for the tool metrics."""
+    metric_defs: list[MetricDef] = [
+        {"metric": m.name, "num": m.num, "den": m.den, "scale": 1.0, "ord": i} for i, m in enumerate(TOOL_METRICS)
+    ]
+    return {"metric_defs": metric_defs, "parts": PARTS, "replicated": ["invalid_rate"] if replicates else [],
+            "pexec_k": 0}  # fmt: skip
 
 
 class ToolInfo(TypedDict):
@@ -129,6 +137,12 @@ class ToolInfo(TypedDict):
     causes: list[CauseCount]
 
 
+def clusters(sums: TaskSums, K: int = 0) -> cohorts.Clusters:
+    """What the small-sample interval needs per (cohort, tool metric), and no PEC (`K` unused: the signature of
+    pipeline.metrics.partials.partition_result's clusters)."""
+    return _clusters(sums), {}
+
+
 def _clusters(sums: TaskSums) -> dict[tuple[int, str], bootstrap.Moments]:
     """What the small-sample interval needs per (cohort, tool metric), as pipeline.metrics.cohorts's for its metrics."""
     return {
@@ -138,8 +152,8 @@ def _clusters(sums: TaskSums) -> dict[tuple[int, str], bootstrap.Moments]:
     }
 
 
-def _assemble(
-    con: duckdb.DuckDBPyConnection,
+def assemble(
+    info: list[ToolInfo],
     rows: IntervalRows,
     keys: list[str],
     settings: BootstrapSettings,
@@ -147,7 +161,8 @@ def _assemble(
     covered: Coverage | None,
     replicates: bool,
 ) -> tuple[list[ToolProfile], list[np.ndarray]]:
-    info = fetch(con, "tool_info", ToolInfo)
+    """The profile dicts, sorted by their key, and each one's replicate values, from table tool_info's rows and the
+    intervals of the cohorts they number (one node, or merged from Ray tasks: pipeline.metrics.tool_partials)."""
     reps = {r["cohort"]: r["replicate_values"] for r in rows.replicated}
     undefined = np.full(settings.B if replicates else 0, np.nan)  # a profile without replicates: all undefined
     ratios = {(r["cohort"], r["metric"]): r for r in rows.ratios}

@@ -74,6 +74,7 @@ def build_report(
     sensitivity: bool = False,
     figures: bool = True,
     allow_empty: bool = False,
+    address: str | None = None,
 ) -> ReportResult:
     """Write the report of `run` into `out` (a local folder or an fsspec URL, written with the run's storage
     options). Every table reads the files of the run's one snapshot; a partial run's report says so at the top.
@@ -82,12 +83,14 @@ def build_report(
     `population`: which rollouts count (harness errors, pools, strict replay: pipeline.metrics.settings).
     `sensitivity`: add the table of TER and AUC-PEC under schema-only, schema+dependency and all checks.
     `figures`: False writes the tables and text alone (drawing the figures is most of a small report's time); the
-    report says so at the top. A run that holds no rollout is EmptyRun, nothing written, unless `allow_empty`."""
+    report says so at the top. A run that holds no rollout is EmptyRun, nothing written, unless `allow_empty`.
+    `address`: the metrics and tool profiles computed in Ray tasks on the Ray there (the poisson-merged bootstrap;
+    the same numbers), no process reading every rollout or call."""
     root = str(out).rstrip("/")
     storage_options = run.storage_options
     check_request(run.url, root, ks, overwrite, storage_options)
     ks = sorted(set(ks))
-    t = run_tables(run, by, ks, settings, population)
+    t = run_tables(run, by, ks, settings, population, address)
     if not t.cohorts and not allow_empty:
         rejected = run.rejected()
         raise EmptyRun(public_url(run.url), rejected, rejected)
@@ -104,7 +107,7 @@ def build_report(
     paired: list[PairedRow] = []
     if compare is not None:
         pair_cols, paired = paired_comparison(run, compare, t.keys, ks, settings, population)
-    tools = run.tool_profiles(conditions, settings, population)
+    tools = run.tool_profiles(conditions, settings, population, address)
     colours = cohort_colours(label(c) for c in t.cohorts)  # one colour per cohort in every figure
     charts = (
         [

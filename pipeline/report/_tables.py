@@ -129,14 +129,22 @@ def run_tables(
     ks: Sequence[int],
     settings: BootstrapSettings,
     population: Population = DEFAULT_POPULATION,
+    address: str | None = None,
 ) -> RunTables:
+    """The report's tables of `run`. `address`: its metrics computed in Ray tasks on the Ray there
+    (pipeline.metrics.partials; the poisson-merged bootstrap, the same numbers)."""
     with run.connect(population) as con:
         keys = ["benchmark", *cohort_columns(con, by)]
         parts = descriptive(con, keys)
     # PEC is computed up to the largest requested k, and at least as far as the curves go (max T, <= 20).
     max_k = max([*ks, min(parts.max_t, 20)])
     ranked = ["success", *(m.name for m in metric_catalogue.ratios() if m.ranked)]
-    cohorts, replicates = metrics_and_replicates(run.snapshot, keys[1:], settings, max_k, population, ranked)
+    if address is None:
+        cohorts, replicates = metrics_and_replicates(run.snapshot, keys[1:], settings, max_k, population, ranked)
+    else:
+        from pipeline.metrics.partials import metrics_on_ray
+
+        cohorts, replicates = metrics_on_ray(run.snapshot, address, keys[1:], settings, max_k, population, ranked)
     return RunTables(
         keys=keys,
         cohorts=cohorts,

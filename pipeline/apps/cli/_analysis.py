@@ -23,6 +23,7 @@ from pipeline.apps.cli._options import (
     MaxConcurrency,
     MergedMethod,
     Method,
+    MetricsAddress,
     Partial,
     Pool,
     Reading,
@@ -75,14 +76,7 @@ def metrics(
             "rr). A table wider than the output is shown one cohort per block.",
         ),
     ] = None,
-    address: Annotated[
-        str | None,
-        typer.Option(
-            "--address",
-            help="Compute in Ray tasks on this Ray (`local`: start one here; `auto`: the running cluster), part "
-            "by part, no process reading every rollout; needs --method poisson-merged, same numbers.",
-        ),
-    ] = None,
+    address: MetricsAddress = None,
     by: By = None,
     bootstrap: Bootstrap = 1000,
     seed: IntervalsSeed = 0,
@@ -107,9 +101,7 @@ def metrics(
     opened = Reading(storage(endpoint_url, storage_option), partial).open(run)
     tool_by = tool_cohort_columns(asked.by)
     if tool_by is not None:
-        if address is not None:
-            raise PexecError("--address computes the rollout metrics; per-tool profiles (--by tool) run here")
-        _tool_metrics(opened, tool_by, asked, as_json)
+        _tool_metrics(opened, tool_by, asked, as_json, address)
         return
     chosen_columns(columns)  # an unknown column fails before the metrics are computed
     cohorts = opened.cohorts(asked.by, asked.bootstrap, asked.max_k, asked.population, address)
@@ -140,12 +132,12 @@ def metrics(
         )
 
 
-def _tool_metrics(run: Run, by: list[str], asked: MetricsSettings, as_json: bool) -> None:
+def _tool_metrics(run: Run, by: list[str], asked: MetricsSettings, as_json: bool, address: str | None) -> None:
     """`metrics --by tool[,labels]`: the per-tool error profile (step-level cohorts), printed, not written."""
     from pipeline.metrics.tool_profiles import TOOL_FIELDS
     from pipeline.report.layout import tools_table
 
-    rows = run.tool_profiles(by, asked.bootstrap, asked.population)
+    rows = run.tool_profiles(by, asked.bootstrap, asked.population, address)
     if as_json:
         json_lines(rows)
         return
@@ -194,10 +186,11 @@ def report(
             "faster on a small run, and says so at the top of the report.",
         ),
     ] = True,
+    address: MetricsAddress = None,
     by: By = None,
     bootstrap: Bootstrap = 1000,
     seed: IntervalsSeed = 0,
-    method: Method = "multinomial",
+    method: MergedMethod = "multinomial",
     harness_errors: HarnessErrors = "exclude",
     pool: Pool = None,
     partial: Partial = False,
@@ -210,7 +203,7 @@ def report(
     holds no rollout is an error (exit 2), nothing written, unless --allow-empty."""
     from pipeline.report import build_report, check_request, parse_compare
 
-    asked = metrics_settings(by, bootstrap, seed, method, harness_errors, pool, strict_replay)
+    asked = metrics_settings(by, bootstrap, seed, method, harness_errors, pool, strict_replay, methods=METHODS)
     reading = Reading(storage(endpoint_url, storage_option), partial)
     pair = parse_compare(compare) if compare else None
     ks = _depths(k)
@@ -228,6 +221,7 @@ def report(
         sensitivity=sensitivity,
         figures=figures,
         allow_empty=allow_empty,
+        address=address,
     )
     if list_files:
         for path in result.files:
@@ -262,10 +256,11 @@ def diff(
             "least half of the smaller run's rollout ids are in both).",
         ),
     ] = None,
+    address: MetricsAddress = None,
     by: By = None,
     bootstrap: Bootstrap = 1000,
     seed: IntervalsSeed = 0,
-    method: Method = "multinomial",
+    method: MergedMethod = "multinomial",
     harness_errors: HarnessErrors = "exclude",
     pool: Pool = None,
     strict_replay: StrictReplay = False,
@@ -278,15 +273,17 @@ def diff(
     from pipeline.metrics.drift import breaches, diff_runs, parse_threshold
     from pipeline.metrics.verdicts import shared_rollouts
 
-    asked = metrics_settings(by, bootstrap, seed, method, harness_errors, pool, strict_replay)
+    asked = metrics_settings(by, bootstrap, seed, method, harness_errors, pool, strict_replay, methods=METHODS)
     reading = Reading(storage(endpoint_url, storage_option))
     a, b = reading.open(run_a), reading.open(run_b)
     shared = shared_rollouts(a, b)
     if paired or (paired is None and shared[2] and 2 * shared[2] >= min(shared[:2])):
+        if address is not None or asked.bootstrap.method not in LOCAL_METHODS:
+            raise PexecError("--address and --method poisson-merged apply to drift (--unpaired), not the paired diff")
         alert(_paired(a, b, asked, fail_on or [], as_json, shared))
         return
     thresholds = [parse_threshold(t) for t in fail_on or []]
-    result = diff_runs(a, b, asked.by, asked.bootstrap, asked.population)
+    result = diff_runs(a, b, asked.by, asked.bootstrap, asked.population, address)
     if as_json:
         json_lines([{"kind": "metric", **row} for row in result.rows])
         json_lines([{"kind": "tool", "metric": "invalid_rate", **row} for row in result.tools])

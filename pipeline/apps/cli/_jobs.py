@@ -54,13 +54,13 @@ def run(
     if job.report is not None:
         console.print(f"report written to {literal(job.report.out.rstrip('/'))}/report.html and report.md")
     if job.diff is not None:
-        _job_diff(job)
+        _job_diff(job, address)
 
 
-def _job_diff(job: Any) -> None:
-    """The job's [diff]: `pexec diff PREVIOUS OUTPUT`; a crossed fail_on threshold exits 1 (after the run and
-    its metrics are written)."""
-    from pipeline.apps.jobs.definition import previous_run
+def _job_diff(job: Any, address: str | None) -> None:
+    """The job's [diff]: `pexec diff PREVIOUS OUTPUT`, computed where the job's metrics are; a crossed fail_on
+    threshold exits 1 (after the run and its metrics are written)."""
+    from pipeline.apps.jobs.definition import metrics_address, previous_run
     from pipeline.metrics.drift import breaches, diff_runs, parse_threshold
 
     previous = previous_run(job)
@@ -70,7 +70,8 @@ def _job_diff(job: Any) -> None:
     console.print(f"diff: {previous} (A) -> {job.output} (B)")
     reading = Reading(job.storage_options)
     m = job.metrics
-    result = diff_runs(reading.open(previous), reading.open(job.output), job.diff.by, m.bootstrap, m.population)
+    result = diff_runs(reading.open(previous), reading.open(job.output), job.diff.by, m.bootstrap, m.population,
+                       metrics_address(job, address))  # fmt: skip
     print_diff(result)
     alert(breaches(result, [parse_threshold(t) for t in job.diff.fail_on]))
 

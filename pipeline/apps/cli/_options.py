@@ -90,6 +90,14 @@ Policy = Annotated[str, typer.Option("--policy", help="code or strict (written-p
 RayAddress = Annotated[
     str | None, typer.Option("--address", help="Ray cluster address (default: the job's for `run`, else local Ray).")
 ]
+MetricsAddress = Annotated[
+    str | None,
+    typer.Option(
+        "--address",
+        help="Compute in Ray tasks on this Ray (`local`: start one here; `auto`: the running cluster), part by "
+        "part, no process reading every rollout or call; needs --method poisson-merged, same numbers.",
+    ),
+]
 DashboardAddress = Annotated[
     str | None,
     typer.Option(

@@ -474,9 +474,7 @@ def run_job(
     scoring.refuse_empty(manifest, job.output, "allow_empty = true in the job file")
     run = open_run(job.output, job.storage_options, job.partial)  # the metrics and report read the same shards
     m = job.metrics
-    # The mergeable bootstrap runs in Ray tasks on the Ray that scored the run, no process reading every rollout.
-    on_ray = (scoring.address or "local") if m.bootstrap.method == "poisson-merged" else None
-    cohorts = run.cohorts(m.by, m.bootstrap, m.max_k, m.population, on_ray)
+    cohorts = run.cohorts(m.by, m.bootstrap, m.max_k, m.population, metrics_address(job, address))
     run.write_metrics(cohorts, m.by)
     if job.report is not None:
         from pipeline.report import build_report
@@ -484,8 +482,17 @@ def run_job(
         r = job.report
         build_report(run, r.out, r.by, r.compare, r.ks, m.bootstrap, overwrite=r.overwrite, within=r.within,
                      population=m.population, sensitivity=r.sensitivity, figures=r.figures,
-                     allow_empty=scoring.allow_empty)  # fmt: skip
+                     allow_empty=scoring.allow_empty, address=metrics_address(job, address))  # fmt: skip
     return manifest, cohorts
+
+
+def metrics_address(job: Job, address: str | None = None) -> str | None:
+    """Where the job's metrics, and its diff's, are computed: with the mergeable bootstrap, in Ray tasks on the Ray
+    that scores the run (`address`, else the job's, else a local one), no process reading every rollout or call;
+    otherwise here (None)."""
+    if job.metrics.bootstrap.method != "poisson-merged":
+        return None
+    return address or job.scoring.address or "local"
 
 
 def raw_input(job: Job) -> RawSource | None:
