@@ -284,3 +284,18 @@ def test_a_report_on_ray_writes_the_tables_of_one_node(scored_shards: Path, tmp_
     assert {"metrics.parquet", "tools.parquet"} <= {p.name for p in tables}
     for rel in tables:
         assert pq.read_table(tmp_path / "ray" / rel).equals(pq.read_table(tmp_path / "here" / rel)), rel
+
+
+@pytest.mark.parametrize("cuts", [(3, 2), (1, 1)])
+def test_shared_tasks_counted_in_ray_tasks_equal_one_node(tmp_path: Path, shared_ray: None, cuts: Any) -> None:
+    """The tasks two runs share, counted from each part's digests cut into partitions (a task's rollouts in
+    several parts of a run), equal the count of one node and the sets' intersection."""
+    from pipeline.metrics.shared_tasks import shared_tasks
+
+    ids_a = [f"t{i}" for i in range(40)]
+    ids_b = [f"t{i}" for i in range(25, 70)]
+    for name, ids, parts in (("a", ids_a, cuts[0]), ("b", ids_b, cuts[1])):
+        rows = [rollout(t, 1, 2, True) for t in ids for _ in range(2)]  # two rollouts a task, in different parts
+        write_cut(tmp_path / name, rows, [i % parts for i in range(len(rows))])
+    a, b = open_run(str(tmp_path / "a")).snapshot, open_run(str(tmp_path / "b")).snapshot
+    assert shared_tasks(a, b, "auto") == shared_tasks(a, b) == len(set(ids_a) & set(ids_b)) == 15

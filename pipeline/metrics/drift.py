@@ -23,7 +23,6 @@ from pipeline.core import metric_catalogue
 from pipeline.core.errors import DiffError
 from pipeline.metrics.cohorts import Replicates, metrics_and_replicates
 from pipeline.metrics.completeness import Snapshot
-from pipeline.metrics.duck import connect, run_sql, set_variables
 from pipeline.metrics.results import (
     CauseCount,
     Cohort,
@@ -37,6 +36,7 @@ from pipeline.metrics.results import (
 )
 from pipeline.metrics.run import Run
 from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, BootstrapSettings, Population
+from pipeline.metrics.shared_tasks import shared_tasks
 from pipeline.metrics.tool_profiles import TOOL_FIELDS, profiles_and_replicates
 
 SEED_B = 0x9E3779B9  # B's draws: seed XOR this (a fixed, recorded offset: A and B are independent samples)
@@ -176,7 +176,7 @@ def diff_runs(
         new_tools=new_tools,
         vanished_tools=vanished,
         new_causes=new_causes,
-        shared_tasks=_shared_tasks(run_a, run_b),
+        shared_tasks=shared_tasks(run_a.snapshot, run_b.snapshot, address),
         settings=settings,
         seed_b=settings_b.seed,
     )
@@ -288,32 +288,3 @@ def _tool_changes(
         if k not in index_b
     ]
     return rows, new, vanished, causes
-
-
-def _shared_tasks(run_a: Run, run_b: Run) -> int:
-    """(benchmark, task_id) pairs both runs have, counted by their 128-bit digests: 16 bytes a task, never a row
-    of strings (a night of 1M conversation-tasks took 1M Python tuples a run, and a query capped at 1M rows)."""
-    a, b = _task_digests(run_a), _task_digests(run_b)
-    return len(np.intersect1d(a, b, assume_unique=True))
-
-
-_DIGEST = np.dtype([("hi", "<u8"), ("lo", "<u8")])  # ordered as one 128-bit number: sorts, compares, intersects
-
-
-def _task_digests(run: Run) -> np.ndarray:
-    """md5 of each distinct (benchmark, task_id) of the run's scored rollouts (sql/task_digests.sql), sorted."""
-    files = run.snapshot.parts("rollouts")
-    if not files:
-        return np.zeros(0, _DIGEST)
-    con = connect(run.snapshot.root)
-    try:
-        set_variables(con, rollouts_files=files)
-        run_sql(con, "metrics/view_rollouts")
-        run_sql(con, "metrics/task_digests")
-        got = con.sql("SELECT hi, lo FROM task_digests").fetchnumpy()
-    finally:
-        con.close()
-    digests = np.empty(len(got["hi"]), _DIGEST)
-    digests["hi"], digests["lo"] = got["hi"], got["lo"]
-    digests.sort()
-    return digests
