@@ -295,9 +295,11 @@ def test_every_reader_of_a_run_takes_the_shared_options_it_needs_and_no_other():
     for name, options in wanted.items():
         taken = {p.name for p in group.commands[name].params}  # type: ignore[attr-defined]
         assert taken & shared == options, name
-    # metrics alone takes the mergeable bootstrap
-    assert "poisson-merged" in CliRunner().invoke(app, ["metrics", "--help"]).stdout
-    assert "poisson-merged" not in CliRunner().invoke(app, ["report", "--help"]).stdout
+    # The readers that can compute in Ray tasks take the mergeable bootstrap (and --address); the viewer does not.
+    for name in ("metrics", "report", "diff"):
+        assert "poisson-merged" in CliRunner().invoke(app, [name, "--help"]).stdout, name
+        assert "address" in {p.name for p in group.commands[name].params}, name  # type: ignore[attr-defined]
+    assert "poisson-merged" not in CliRunner().invoke(app, ["view", "--help"]).stdout
 
 
 def test_the_command_line_starts_without_what_only_some_commands_need():

@@ -90,7 +90,7 @@ def test_a_job_file_and_pexec_metrics_make_the_same_settings(tmp_path: Path) -> 
     ("args", "message"),
     [
         (["metrics", "RUN", "--seed", "-1"], "error: --seed must be in [0, 2**32), got -1"),
-        (["report", "RUN", "--out", "R", "--method", "poisson-merged"], "error: --method is multinomial or poisson,"),
+        (["view", "RUN", "--method", "poisson-merged"], "error: --method is multinomial or poisson,"),
         (["metrics", "RUN", "--pool", "p=a", "--pool", "q=a"], "error: --pool: benchmark 'a' is in two pools"),
         (["score", "S", "--out", "R", "--checks", ","], "error: --checks: checks are a comma-separated subset"),
         (["guard", "serve", "--env", "shop", "--policy", "x"], "error: --policy is code or strict, got 'x'"),

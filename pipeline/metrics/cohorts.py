@@ -35,7 +35,7 @@ from pipeline.metrics import bootstrap
 from pipeline.metrics._population import open_population
 from pipeline.metrics.completeness import Snapshot
 from pipeline.metrics.duck import fetch, rollout_columns, run_sql, set_variables
-from pipeline.metrics.pec import pec_rows
+from pipeline.metrics.pec import PecRow, pec_rows
 from pipeline.metrics.results import (
     Cohort,
     CohortBootstrap,
@@ -177,12 +177,6 @@ class Point(TypedDict):
     value: float | None
     lo: float | None
     hi: float | None
-
-
-class PecRow(Point):
-    """PEC(k) of a cohort (pipeline.metrics.pec)."""
-
-    k: int
 
 
 class MetricRow(Point):

@@ -14,7 +14,7 @@ DuckDB's quantile_cont, the rule of every other interval.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TypedDict
 
 import duckdb
 import numpy as np
@@ -23,11 +23,18 @@ from pipeline.core.arrow import pa
 from pipeline.metrics.duck import run_sql
 from pipeline.metrics.settings import PASS_REPLICATE_VALUES
 
-if TYPE_CHECKING:  # pipeline.metrics.cohorts imports this module
-    from pipeline.metrics.cohorts import PecRow
-
 _NO_DEPTH = "none"  # the column of a k past every depth that occurs: no rollout reaches it (PEC 0)
 _BATCH_ROWS = 1024  # rows of all_sums fetched at a time (at 1,000 depths, 8 MiB)
+
+
+class PecRow(TypedDict):
+    """PEC(k) of a cohort: its point estimate and bootstrap percentiles."""
+
+    cohort: int
+    k: int
+    value: float | None
+    lo: float | None
+    hi: float | None
 
 
 @dataclass(frozen=True)
