@@ -161,3 +161,20 @@ def test_shared_tasks_counted_past_the_query_row_cap(tmp_path: Path, monkeypatch
         write_run(tmp_path / name, [rollout(t, 1, 2, True) for t in ids], [[("search", True, None)] for _ in ids])
     result = diff_runs(open_run(str(tmp_path / "a")), open_run(str(tmp_path / "b")), settings=SETTINGS)
     assert result.shared_tasks == len(set(ids_a) & set(ids_b)) == 6
+
+
+def test_unpaired_reads_no_rollout_ids_of_both_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--unpaired goes straight to drift: the scan of both runs' rollout ids that picks the default (paired or
+    not) is not made, so drift on Ray has no step that reads every rollout in one process."""
+    from pipeline.metrics import verdicts
+
+    nightly(tmp_path / "a", "a", 20, "pay")
+    nightly(tmp_path / "b", "b", 10, "pay")
+
+    def refuse(*_: object) -> None:
+        raise AssertionError("both runs' rollout ids were read")
+
+    monkeypatch.setattr(verdicts, "shared_rollouts", refuse)
+    cli = CliRunner().invoke(app, ["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--unpaired", "--bootstrap", "50"])
+    assert cli.exit_code == 0, cli.output
+    assert "ter" in cli.output

@@ -276,7 +276,8 @@ def diff(
     asked = metrics_settings(by, bootstrap, seed, method, harness_errors, pool, strict_replay, methods=METHODS)
     reading = Reading(storage(endpoint_url, storage_option))
     a, b = reading.open(run_a), reading.open(run_b)
-    shared = shared_rollouts(a, b)
+    # Which rollout ids both runs have decides the default; --unpaired needs no such scan of both runs' ids.
+    shared = (0, 0, 0) if paired is False else shared_rollouts(a, b)
     if paired or (paired is None and shared[2] and 2 * shared[2] >= min(shared[:2])):
         if address is not None or asked.bootstrap.method not in LOCAL_METHODS:
             raise PexecError("--address and --method poisson-merged apply to drift (--unpaired), not the paired diff")
