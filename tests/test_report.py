@@ -440,3 +440,24 @@ def test_a_list_of_values_in_a_message_shows_ten_and_counts_the_rest(values: lis
     shown = said.split(" and ")[0].split(", ") if values else []
     assert shown == values[:10]
     assert said.endswith(f" and {len(values) - 10} more") == (len(values) > 10)
+
+
+def test_a_paired_comparison_with_the_merged_bootstrap_is_refused_before_any_metric(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--compare draws multinomial or Poisson replicates only: with poisson-merged (the method that runs on Ray) the
+    report is refused in one line before its metrics are computed, which on a night's run takes minutes."""
+    from pipeline.core.errors import ReportError
+    from pipeline.report import _build
+
+    rows = [rollout("t1", 2, 3, True, method="a"), rollout("t1", 2, 1, False, method="b")]
+    write_rollouts(tmp_path / "run", rows)
+
+    def no_metrics(*_: object, **__: object) -> None:
+        raise AssertionError("the metrics were computed")
+
+    monkeypatch.setattr(_build, "run_tables", no_metrics)
+    compare = parse_compare(("method=a", "method=b"))
+    merged = BootstrapSettings(method="poisson-merged")
+    with pytest.raises(ReportError, match="multinomial or poisson, not poisson-merged"):
+        build_report(open_run(str(tmp_path / "run")), tmp_path / "out", ["method"], compare, settings=merged)

@@ -71,8 +71,8 @@ def shard_sums(
         counts = ToolCounts()
         for row in fetch(con, "tool_info", ToolInfo):
             key = tuple(row["key"].values())
-            counts.info[key] = row
             counts.causes[key] = {c["cause"]: c["n"] for c in row["causes"]}
+            counts.info[key] = {**row, "causes": []}  # the causes travel once, as counts that add up
         counts.benchmarks = {r[0] for r in con.sql("SELECT DISTINCT benchmark FROM run_rollouts").fetchall()}
         rows = con.sql("SELECT * FROM part_task_sums ORDER BY partition").to_arrow_table()
     cut = np.searchsorted(rows["partition"].to_numpy(), np.arange(partitions + 1))

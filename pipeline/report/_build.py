@@ -40,7 +40,7 @@ from pipeline.report._figures import (
 )
 from pipeline.report._ranking import Ranking, rank_conditions
 from pipeline.report._tables import RunTables, SensitivityCount, run_tables
-from pipeline.report.paired import Compare, PairedRow, paired_comparison
+from pipeline.report.paired import Compare, PairedRow, check_paired_method, paired_comparison
 from pipeline.storage.fs import filesystem, is_empty, open_for_write, remove_all
 
 DEFAULT_KS = (1, 3, 5)
@@ -89,6 +89,8 @@ def build_report(
     root = str(out).rstrip("/")
     storage_options = run.storage_options
     check_request(run.url, root, ks, overwrite, storage_options)
+    if compare is not None:  # before any metric is computed (on Ray, minutes)
+        check_paired_method(settings)
     ks = sorted(set(ks))
     t = run_tables(run, by, ks, settings, population, address)
     if not t.cohorts and not allow_empty:

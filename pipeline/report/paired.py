@@ -81,8 +81,7 @@ def paired_comparison(
     population: Population = DEFAULT_POPULATION,
 ) -> tuple[list[str], list[PairedRow]]:
     """(pair key columns, one row per pair and metric). `keys` are the report's cohort columns."""
-    if settings.method not in ("multinomial", "poisson"):  # report/sql/paired_bootstrap.sql draws these two only
-        raise ReportError(f"the paired comparison takes --method multinomial or poisson, not {settings.method}")
+    check_paired_method(settings)
     with run.connect(population) as con:
         # raises when it is not a label or attribute; an attribute comes back as its column (attr_<name>)
         column = next(iter(cohort_columns(con, [compare.column])), compare.column)
@@ -110,3 +109,9 @@ def paired_comparison(
             run_sql(con, "report/paired_costs")
         run_sql(con, "report/paired_bootstrap")
         return pair_cols, fetch(con, "paired_intervals", PairedRow)
+
+
+def check_paired_method(settings: BootstrapSettings) -> None:
+    """report/sql/paired_bootstrap.sql draws the multinomial and Poisson replicates only."""
+    if settings.method not in ("multinomial", "poisson"):
+        raise ReportError(f"the paired comparison takes --method multinomial or poisson, not {settings.method}")
