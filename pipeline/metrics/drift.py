@@ -15,17 +15,14 @@ import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Final, TypedDict
+from typing import Final, TypedDict
 
 import numpy as np
 
 from pipeline.core import metric_catalogue
 from pipeline.core.errors import DiffError
-from pipeline.metrics.cohorts import Replicates, metrics_and_replicates
-from pipeline.metrics.completeness import Snapshot
 from pipeline.metrics.results import (
     CauseCount,
-    Cohort,
     Key,
     Labels,
     ToolProfile,
@@ -37,7 +34,7 @@ from pipeline.metrics.results import (
 from pipeline.metrics.run import Run
 from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, BootstrapSettings, Population
 from pipeline.metrics.shared_tasks import shared_tasks
-from pipeline.metrics.tool_profiles import TOOL_FIELDS, profiles_and_replicates
+from pipeline.metrics.tool_profiles import TOOL_FIELDS
 
 SEED_B = 0x9E3779B9  # B's draws: seed XOR this (a fixed, recorded offset: A and B are independent samples)
 TOOL_METRIC: Final = "invalid_rate"  # the per-tool metric a --fail-on can name
@@ -146,9 +143,8 @@ def diff_runs(
     same numbers as here), no process reading every rollout or call."""
     settings_b = replace(settings, seed=settings.seed ^ SEED_B)
     names = [m.name for m in metric_catalogue.ratios()]
-    metrics, profiles = _computed_by(address)
-    a, reps_a = metrics(run_a.snapshot, by, settings, None, population, names)
-    b, reps_b = metrics(run_b.snapshot, by, settings_b, None, population, names)
+    a, reps_a = run_a.cohorts_and_replicates(by, settings, None, population, names, address)
+    b, reps_b = run_b.cohorts_and_replicates(by, settings_b, None, population, names, address)
     fields = set(cohort_fields())
     keys = list(dict.fromkeys(k for c in [*a, *b] for k in c if k not in fields))
     index_a = {key_values(c, keys): i for i, c in enumerate(a)}
@@ -164,8 +160,8 @@ def diff_runs(
             drift: MetricDrift = {"metric": name, **contrast, "tasks_a": a[i]["n_tasks"], "tasks_b": b[j]["n_tasks"]}
             rows.append(labelled(dict(zip(keys, key, strict=True)), drift))
     labels = keys[1:]  # the tools' cohorts: benchmark × tool × the same labels
-    tools_a, tool_reps_a = profiles(run_a.snapshot, labels, settings, population)
-    tools_b, tool_reps_b = profiles(run_b.snapshot, labels, settings_b, population)
+    tools_a, tool_reps_a = run_a.profiles_and_replicates(labels, settings, population, True, address)
+    tools_b, tool_reps_b = run_b.profiles_and_replicates(labels, settings_b, population, True, address)
     tool_rows, new_tools, vanished, new_causes = _tool_changes(tools_a, tools_b, tool_reps_a, tool_reps_b, settings)
     return DiffResult(
         keys=keys,
@@ -180,27 +176,6 @@ def diff_runs(
         settings=settings,
         seed_b=settings_b.seed,
     )
-
-
-Profiles = tuple[list[ToolProfile], list[np.ndarray]]
-Computed = tuple[Callable[..., tuple[list[Cohort], Replicates]], Callable[..., Profiles]]
-
-
-def _computed_by(address: str | None) -> Computed:
-    """A run's metrics and tool profiles as one node computes them, or in Ray tasks on the Ray at `address` (the
-    same arguments after the snapshot)."""
-    if address is None:
-        return metrics_and_replicates, profiles_and_replicates
-    from pipeline.metrics.partials import metrics_on_ray
-    from pipeline.metrics.tool_partials import profiles_on_ray
-
-    def metrics(snapshot: Snapshot, *rest: Any) -> tuple[list[Cohort], Replicates]:
-        return metrics_on_ray(snapshot, address, *rest)
-
-    def profiles(snapshot: Snapshot, *rest: Any) -> Profiles:
-        return profiles_on_ray(snapshot, address, *rest)
-
-    return metrics, profiles
 
 
 def breaches(result: DiffResult, thresholds: Sequence[Threshold]) -> list[str]:

@@ -14,18 +14,19 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import duckdb
+import numpy as np
 
 from pipeline.core.arrow import pa
 from pipeline.core.text import public_url
 from pipeline.metrics._population import open_population
-from pipeline.metrics.cohorts import compute_metrics, metrics_tables, write_metrics
+from pipeline.metrics.cohorts import Replicates, metrics_and_replicates, metrics_tables, write_metrics
 from pipeline.metrics.completeness import CoverageJSON, Snapshot, take_snapshot
 from pipeline.metrics.duck import connect, run_sql, set_variables
 from pipeline.metrics.query import sql
 from pipeline.metrics.query_limits import QueryLimits
 from pipeline.metrics.results import Cohort, ToolProfile
 from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, BootstrapSettings, Population
-from pipeline.metrics.tool_profiles import tool_profiles
+from pipeline.metrics.tool_profiles import profiles_and_replicates
 
 
 @dataclass(frozen=True)
@@ -93,11 +94,24 @@ class Run:
         `pexec metrics --json` prints them (pipeline.metrics.cohorts.compute_metrics). `address`: computed in Ray
         tasks on the Ray there ("local": one started here), no process reading every rollout; needs the
         poisson-merged bootstrap, and gives exactly its single-node numbers (pipeline.metrics.partials)."""
+        return self.cohorts_and_replicates(by, settings, max_k, population, (), address)[0]
+
+    def cohorts_and_replicates(
+        self,
+        by: Sequence[str] | None = None,
+        settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
+        max_k: int | None = None,
+        population: Population = DEFAULT_POPULATION,
+        replicated: Sequence[str] = (),
+        address: str | None = None,
+    ) -> tuple[list[Cohort], Replicates]:
+        """`cohorts`, and the bootstrap replicates' values of the `replicated` ratio metrics
+        (pipeline.metrics.cohorts.metrics_and_replicates): here, or in Ray tasks on the Ray at `address`."""
         if address is not None:
             from pipeline.metrics.partials import metrics_on_ray
 
-            return metrics_on_ray(self.snapshot, address, by, settings, max_k, population)[0]
-        return compute_metrics(self.snapshot, by, settings, max_k, population)
+            return metrics_on_ray(self.snapshot, address, by, settings, max_k, population, replicated)
+        return metrics_and_replicates(self.snapshot, by, settings, max_k, population, replicated)
 
     def metrics(
         self,
@@ -139,11 +153,23 @@ class Run:
         """Per-tool error profiles (pipeline.metrics.tool_profiles). `address`: computed in Ray tasks on the Ray there,
         no process reading every call; needs the poisson-merged bootstrap, and gives exactly its single-node
         profiles (pipeline.metrics.tool_partials)."""
+        return self.profiles_and_replicates(by, settings, population, False, address)[0]
+
+    def profiles_and_replicates(
+        self,
+        by: Sequence[str] | None = (),
+        settings: BootstrapSettings = DEFAULT_BOOTSTRAP,
+        population: Population = DEFAULT_POPULATION,
+        replicates: bool = True,
+        address: str | None = None,
+    ) -> tuple[list[ToolProfile], list[np.ndarray]]:
+        """`tool_profiles`, and each profile's invalid rate in every replicate
+        (pipeline.metrics.tool_profiles.profiles_and_replicates): here, or in Ray tasks on the Ray at `address`."""
         if address is not None:
             from pipeline.metrics.tool_partials import profiles_on_ray
 
-            return profiles_on_ray(self.snapshot, address, by, settings, population, replicates=False)[0]
-        return tool_profiles(self.snapshot, by, settings, population)
+            return profiles_on_ray(self.snapshot, address, by, settings, population, replicates)
+        return profiles_and_replicates(self.snapshot, by, settings, population, replicates)
 
     def sql(self, query: str, limits: QueryLimits | None = None) -> pa.Table:
         """A read-only query over the views steps, rollouts, rejects and the kept metrics (pipeline.metrics.query)."""

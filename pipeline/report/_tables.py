@@ -11,7 +11,7 @@ from typing import TypedDict
 import duckdb
 
 from pipeline.core import metric_catalogue
-from pipeline.metrics.cohorts import Replicates, cohort_columns, metrics_and_replicates
+from pipeline.metrics.cohorts import Replicates, cohort_columns
 from pipeline.metrics.duck import cost_columns, fetch, rollout_columns, run_sql, set_variables
 from pipeline.metrics.results import Cohort, Labelled
 from pipeline.metrics.run import Run
@@ -139,12 +139,7 @@ def run_tables(
     # PEC is computed up to the largest requested k, and at least as far as the curves go (max T, <= 20).
     max_k = max([*ks, min(parts.max_t, 20)])
     ranked = ["success", *(m.name for m in metric_catalogue.ratios() if m.ranked)]
-    if address is None:
-        cohorts, replicates = metrics_and_replicates(run.snapshot, keys[1:], settings, max_k, population, ranked)
-    else:
-        from pipeline.metrics.partials import metrics_on_ray
-
-        cohorts, replicates = metrics_on_ray(run.snapshot, address, keys[1:], settings, max_k, population, ranked)
+    cohorts, replicates = run.cohorts_and_replicates(keys[1:], settings, max_k, population, ranked, address)
     return RunTables(
         keys=keys,
         cohorts=cohorts,
