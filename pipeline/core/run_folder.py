@@ -106,7 +106,13 @@ class ShardMarker(_File, frozen=True):
     rejected: Annotated[int, Meta(description="records rejected (rows of its rejects part)")] = 0
     steps: Annotated[int, Meta(description="calls replayed")] = 0
     seconds: Annotated[float, Meta(description="wall time of the shard's task")] = 0.0
-    peak_rss_mib: Annotated[float, Meta(description="peak resident memory of the process that scored it")] = 0.0
+    peak_rss_mib: Annotated[
+        float,
+        Meta(
+            description="peak resident memory (VmHWM, MiB) of the process that scored it: on Ray the task's own "
+            "(its worker's peak restarted as the task began); scored in-process, the process's peak so far"
+        ),
+    ] = 0.0
     environments: Annotated[
         dict[str, str | None],
         Meta(

@@ -4,6 +4,7 @@
 settings.py      ScoreSettings: how a run is scored, as `pexec score` options and a job file say
 driver.py        plan shards, submit them (bounded in flight), reuse unchanged ones, commit with the manifest
 shard.py         one shard: read its records (a store's, or a raw format's), replay each rollout, write its parts
+memory.py        a process's peak memory (VmHWM), restarted as a Ray task begins: what a shard's marker reports
 sniff.py         a store given without a format whose records are another format's logs: refused, named
 shuffle.py       rollouts that span files: items hash-partitioned by key through the run's staging area
 convert.py       `pexec ingest`: the same shards decoded here or in Ray tasks, records in source order to a store
@@ -20,6 +21,7 @@ __all__ = [
     "convert",
     "driver",
     "id_check",
+    "memory",
     "run_tables",
     "settings",
     "shard",

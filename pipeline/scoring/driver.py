@@ -45,7 +45,7 @@ from pipeline.ingest.sharded import RawSource, plan_raw
 from pipeline.scoring._code_version import code_version, environment_version
 from pipeline.scoring.id_check import RayIdCheck, partition_count
 from pipeline.scoring.settings import DEFAULT_SCORING, DEFAULT_SHARD_BYTES, ScoreSettings
-from pipeline.scoring.shard import ScoredShard, TaskSettings, read_records, score_shard
+from pipeline.scoring.shard import ScoredShard, TaskSettings, read_records, score_shard, score_task
 from pipeline.scoring.shuffle import shuffle_rounds, staging
 from pipeline.scoring.sniff import refuse_other_formats
 from pipeline.storage.fs import absolute, remove_all
@@ -601,7 +601,7 @@ def _score_batch(
 ) -> ScoredShard:
     """Score a range of a compressed file from the lines its file's streaming reader handed on."""
     with supplied(batch):
-        return score_shard(shard, settings, duplicates)
+        return score_task(shard, settings, duplicates)
 
 
 def _inline(
@@ -636,7 +636,7 @@ def _on_ray(
     import ray
 
     _start_ray(address, num_cpus)
-    task = _remote(score_shard)
+    task = _remote(score_task)
     window = 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))  # every CPU busy and one task queued for it
 
     batches: dict[str, Any] = {}  # the lines of a range of a compressed file, from its streaming reader
@@ -649,7 +649,7 @@ def _on_ray(
                 return ids.submit(_score_batch, shard, batch, settings, told, **_RETRIES)
             return _remote(_score_batch).remote(shard, batch, settings, told)
         if ids is not None:  # the shard's ids kept in the object store for the partitioned check
-            return ids.submit(score_shard, shard, settings, told, **_RETRIES)
+            return ids.submit(score_task, shard, settings, told, **_RETRIES)
         return task.remote(shard, settings, told)
 
     # Ranges of compressed files first, as their readers hand them on (each a full shard size); then the others

@@ -11,7 +11,6 @@ from __future__ import annotations
 import gc
 import re
 import reprlib
-import resource
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -41,6 +40,7 @@ from pipeline.ingest.sharded import RawSource, read_raw_rollouts
 from pipeline.replay.checker import CHECKS, replay
 from pipeline.scoring._code_version import environment_version
 from pipeline.scoring._held import HeldParts
+from pipeline.scoring.memory import peak_mib, restart_peak
 from pipeline.scoring.run_tables import rejects_table, rollouts_table, steps_table
 from pipeline.scoring.settings import DEFAULT_SHARD_BYTES
 from pipeline.scoring.shuffle import read_partition
@@ -141,6 +141,15 @@ def score_shard(
         return _score(shard, settings, duplicates, parts)
 
 
+def score_task(
+    shard: Shard, settings: TaskSettings, duplicates: dict[str, tuple[str, int]] | None = None
+) -> ScoredShard:
+    """`score_shard` as a Ray task: the worker's peak memory restarts as the task begins, so the marker's peak is
+    this task's own, not the largest of the tasks the worker ran before it."""
+    restart_peak()
+    return score_shard(shard, settings, duplicates)
+
+
 def _score(
     shard: Shard, settings: TaskSettings, duplicates: dict[str, tuple[str, int]], parts: HeldParts
 ) -> ScoredShard:
@@ -227,7 +236,7 @@ def _score(
         rejected=len(rejects),
         steps=count.steps,
         seconds=time.perf_counter() - began,
-        peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        peak_rss_mib=peak_mib(),
         environments=environments,
         code_version=settings.code_version,
         settings=settings.identity(),

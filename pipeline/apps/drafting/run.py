@@ -7,7 +7,6 @@ staged in the draft folder's `_staging/` (removed when done), and its partitions
 
 from __future__ import annotations
 
-import resource
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -25,6 +24,7 @@ from pipeline.core.records import parse_rollout
 from pipeline.ingest.registry import formats, get_format
 from pipeline.ingest.sharded import RawSource
 from pipeline.scoring.driver import ShardPlan, completed, plan
+from pipeline.scoring.memory import peak_mib
 from pipeline.scoring.settings import ScoreSettings
 from pipeline.scoring.shard import TaskSettings, read_records
 from pipeline.scoring.shuffle import shuffle_rounds, staging
@@ -68,7 +68,7 @@ def shard_evidence(shard: Shard, settings: TaskSettings) -> ShardEvidence:
             out.rejected += 1
             continue
         observe([rollout], out.evidence)
-    out.peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
+    out.peak_mib = peak_mib()
     return out
 
 

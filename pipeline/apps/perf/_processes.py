@@ -1,9 +1,6 @@
 """What benches share about processes: a local S3-compatible server (moto, infra/local/s3-server.sh) for the
-duration of a measurement, a process's own peak memory, and the CPU time, load average and niceness of what a
-measurement ran.
-
-A peak is read from /proc (VmHWM), which a new program starts afresh at exec; ru_maxrss is not used for a
-measured process, as a forked child keeps the high-water mark of the process that started it.
+duration of a measurement, and the CPU time, load average and niceness of what a measurement ran. A process's
+peak memory is read as scoring tasks read their own (`pipeline.scoring.memory`: VmHWM, never ru_maxrss).
 
 CPU time of a single process is read from /proc too: it and every live descendant, each with what its reaped
 children used (utime + stime + cutime + cstime), read before Ray stops, while Ray's workers live. A whole measured
@@ -38,16 +35,6 @@ from pipeline.apps.perf.figures import Usage
 
 ROOT = Path(__file__).resolve().parents[3]
 BENCH_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
-
-
-def peak_mib(pid: int | str = "self") -> float:
-    """The peak RSS of process `pid` (this one by default): its VmHWM in MiB. ProcessLookupError for a process that
-    has exited, a zombie included: its status has no memory lines left."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    for line in status.splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise ProcessLookupError(f"process {pid} has exited: no VmHWM in its status")
 
 
 _TICKS = os.sysconf("SC_CLK_TCK")

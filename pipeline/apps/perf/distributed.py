@@ -25,10 +25,11 @@ from typing import Literal, TypedDict
 
 import orjson
 
-from pipeline.apps.perf._processes import local_ray, peak_mib
+from pipeline.apps.perf._processes import local_ray
 from pipeline.apps.perf.figures import Bench, figure, load_average, n_runs, show
 from pipeline.apps.perf.metrics import write_synthetic_rollouts
 from pipeline.core.run_folder import ShardMarker
+from pipeline.scoring.memory import peak_mib
 from pipeline.scoring.shard import ScoredShard
 from pipeline.storage.ids import duplicate_ids, ids_table
 from pipeline.storage.shards import InputFile, Shard

@@ -17,9 +17,9 @@ import time
 import numpy as np
 
 from pipeline.apps.perf import CLUSTER_CORES
-from pipeline.apps.perf._processes import peak_mib
 from pipeline.apps.perf.figures import Bench, figure, load_average, n_runs, show
 from pipeline.metrics import bootstrap
+from pipeline.scoring.memory import peak_mib
 
 # Columns as metrics_prepare.sql makes them: the catalogue's 11 parts and a PEC histogram with K = 10.
 COLUMNS = [f"s_{p}" for p in ("n", "exec", "auc", "known", "succ", "elig", "rec", "exec_known", "succ_exec", "cmp",

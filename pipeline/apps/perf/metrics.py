@@ -25,9 +25,9 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from pipeline.apps.perf._fixtures import commit_parts
-from pipeline.apps.perf._processes import peak_mib
 from pipeline.apps.perf.figures import Bench, Figure, figure, load_average, n_runs, show
 from pipeline.core.arrow import pa
+from pipeline.scoring.memory import peak_mib
 
 if TYPE_CHECKING:
     from pipeline.metrics.results import Cohort

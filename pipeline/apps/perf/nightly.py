@@ -38,8 +38,9 @@ from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
 import orjson
 
 from pipeline.apps.perf import CLUSTER_CORES, CLUSTER_ROLLOUTS, require_dev
-from pipeline.apps.perf._processes import COUNTED_BY, counted_by, counting, local_ray, moto_server, peak_mib
+from pipeline.apps.perf._processes import COUNTED_BY, counted_by, counting, local_ray, moto_server
 from pipeline.apps.perf.figures import Bench, figure, load_average, n_runs, replace_block, show
+from pipeline.scoring.memory import peak_mib
 
 if TYPE_CHECKING:
     from pipeline.ingest import IngestOptions

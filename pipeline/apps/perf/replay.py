@@ -19,7 +19,7 @@ from typing import Any, TypedDict, cast
 import orjson
 
 from pipeline.apps.perf import cluster_projection, dev_dependency
-from pipeline.apps.perf._processes import local_ray, peak_mib
+from pipeline.apps.perf._processes import local_ray
 from pipeline.apps.perf.figures import Bench, Figure, figure, load_average, n_runs, show
 from pipeline.core.model import Call
 from pipeline.core.records import parse_rollout
@@ -29,6 +29,7 @@ from pipeline.envs.spec.env import SpecEnvironment
 from pipeline.replay.checker import replay
 from pipeline.replay.dependencies import grounded_values
 from pipeline.scoring.driver import run_scoring
+from pipeline.scoring.memory import peak_mib
 from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize

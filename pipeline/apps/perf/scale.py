@@ -22,9 +22,10 @@ import msgspec
 import s3fs
 
 from pipeline.apps.perf import cluster_projection
-from pipeline.apps.perf._processes import COUNTED_BY, counted_by, cpu_seconds, moto_server, peak_mib
+from pipeline.apps.perf._processes import COUNTED_BY, counted_by, cpu_seconds, moto_server
 from pipeline.apps.perf.figures import Bench, figure, load_average, n_runs, show
 from pipeline.scoring.driver import run_scoring
+from pipeline.scoring.memory import peak_mib
 from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
@@ -34,7 +35,7 @@ _DRIVER = (
     "import sys, json\n"
     "from pipeline.scoring.driver import run_scoring\n"
     "from pipeline.scoring.settings import ScoreSettings\n"
-    "from pipeline.apps.perf._processes import counting, peak_mib\n"
+    "from pipeline.apps.perf._processes import counting\nfrom pipeline.scoring.memory import peak_mib\n"
     "import msgspec\n"
     "with counting() as cpu:\n"
     "    m = run_scoring(sys.argv[1], sys.argv[2], ScoreSettings(num_cpus=int(sys.argv[3]),\n"

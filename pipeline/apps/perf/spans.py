@@ -76,7 +76,7 @@ def bench_spans(
 def _ingest_peak_mib(spans: Path, store: Path) -> float:
     """`pexec ingest otel` in a process of its own; its peak RSS, read by that process from /proc (VmHWM) once the
     command is done."""
-    code = ("import sys\nfrom pipeline.apps.cli import app\nfrom pipeline.apps.perf._processes import peak_mib\n"
+    code = ("import sys\nfrom pipeline.apps.cli import app\nfrom pipeline.scoring.memory import peak_mib\n"
             "app(sys.argv[1:], standalone_mode=False)\nprint(peak_mib())")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code, "ingest", "otel", str(spans), "--out", str(store)], check=True,
                          capture_output=True, text=True)  # fmt: skip

@@ -8,9 +8,10 @@ file is cut into ranges of its decompressed bytes that one streaming reader task
 tasks, so one file keeps both CPUs busy and each task holds one range.
 
 Every run samples its process tree (the driver, Ray's own processes, its workers) twice a second: CPU-seconds (user
-+ system of each process, its last sample for one that ended first), and each Ray worker's peak RSS (VmHWM: a
-worker runs many tasks, so its peak bounds each of its tasks'). Ray workers run at the same niceness in both runs
-(nice 0 under `pexec bench`).
++ system of each process, its last sample for one that ended first), and each Ray worker's peak RSS (VmHWM). A
+scoring task restarts its worker's peak as it begins and reports its own in its shard's marker; the largest
+worker peak is the larger of the samples (the streaming readers') and the markers'. Ray workers run at the same
+niceness in both runs (nice 0 under `pexec bench`).
 """
 
 from __future__ import annotations
@@ -210,15 +211,15 @@ def _by_title(tree: _Tree) -> dict[str, float]:
 
 
 def _vm_hwm(pid: int) -> float:
-    from pipeline.apps.perf._processes import peak_mib
+    from pipeline.scoring.memory import peak_mib
 
     return peak_mib(pid)
 
 
 def _score(path: str, run: str, cpus: int, shard_mb: float) -> Run:
     """One measured run in this process: score `path` into `run` on a local Ray of `cpus` CPUs."""
-    from pipeline.apps.perf._processes import peak_mib
     from pipeline.scoring.driver import run_scoring
+    from pipeline.scoring.memory import peak_mib
     from pipeline.scoring.settings import ScoreSettings
 
     settings = ScoreSettings(env="observed", spec="support", num_cpus=cpus, shard_mb=shard_mb, force=True,
@@ -235,7 +236,9 @@ def _score(path: str, run: str, cpus: int, shard_mb: float) -> Run:
         shards=manifest.counts.shards,
         cpus=cpus,
         task_seconds=sum(s.seconds for s in manifest.shards),
-        worker_mib=max(tree.workers.values(), default=0.0),
+        # A scoring task restarts its worker's peak as it begins, so a sample can miss the end of the task before:
+        # the markers hold each scoring task's own peak, the samples the readers'.
+        worker_mib=max([*tree.workers.values(), *(s.peak_rss_mib for s in manifest.shards)], default=0.0),
         peaks=_by_title(tree),
         driver_mib=peak_mib(),
         load=(before, os.getloadavg()[0]),

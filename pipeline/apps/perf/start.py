@@ -26,8 +26,9 @@ from typing import Literal, TypedDict
 
 import orjson
 
-from pipeline.apps.perf._processes import COUNTED_BY, counted_by, counting, peak_mib
+from pipeline.apps.perf._processes import COUNTED_BY, counted_by, counting
 from pipeline.apps.perf.figures import Bench, figure, load_average, n_runs, show
+from pipeline.scoring.memory import peak_mib
 from pipeline.scoring.settings import IN_PROCESS_BELOW_MB
 
 SIZES = (1000, 4000, 16_000, 64_000)  # rollouts of the stores scored both ways
