@@ -90,6 +90,23 @@ def test_threshold_grammar() -> None:
     assert t.breached(0.0) and not t.breached(-0.1) and not t.breached(None)
 
 
+@pytest.mark.parametrize(
+    ("a", "b", "text", "fires"),
+    [
+        (13 / 25, 0.5, "ter<-0.02", False),  # computed: -0.020000000000000018, exactly the threshold
+        (13 / 25, 0.5, "ter<=-0.02", True),
+        (0.3, 0.2, "ter<=-0.1", True),  # computed: -0.09999999999999998
+        (0.3, 0.2, "ter<-0.1", False),
+        (0.2, 0.3, "ter>=0.1", True),
+        (0.2, 0.3, "ter>0.1", False),
+        (0.5, 0.52, "ter<-0.02", False),
+        (0.52, 0.49, "ter<-0.02", True),  # a real crossing by 0.01 still fires
+    ],
+)
+def test_a_difference_equal_to_the_threshold_compares_as_equal(a: float, b: float, text: str, fires: bool) -> None:
+    assert parse_threshold(text).breached(b - a) is fires
+
+
 def test_no_common_cohort_is_said(tmp_path: Path) -> None:
     nightly(tmp_path / "a", "a", 20, "pay")
     write_run(tmp_path / "b", [rollout("x", 1, 2, True, benchmark="other")], [[("search", True, None)]])

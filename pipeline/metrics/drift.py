@@ -38,6 +38,10 @@ from pipeline.metrics.tool_profiles import TOOL_FIELDS
 
 SEED_B = 0x9E3779B9  # B's draws: seed XOR this (a fixed, recorded offset: A and B are independent samples)
 TOOL_METRIC: Final = "invalid_rate"  # the per-tool metric a --fail-on can name
+# A difference this close to a threshold is taken as equal to it. B − A subtracts two ratios rounded to doubles:
+# 0.5 − 13/25 gives −0.020000000000000018, so a drop of exactly 0.02 would fire `ter<-0.02` and miss `ter<=-0.02` if
+# compared as computed. The margin is far above that rounding (~1e-16) and far below the 4 decimals a diff prints.
+EQUAL_WITHIN: Final = 1e-9
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,11 @@ class Threshold:
     value: float
 
     def breached(self, diff: float | None) -> bool:
-        return diff is not None and _OPS[self.op](diff, self.value)
+        if diff is None:
+            return False
+        if abs(diff - self.value) <= EQUAL_WITHIN:
+            diff = self.value  # the threshold itself: `<` does not fire, `<=` does
+        return _OPS[self.op](diff, self.value)
 
     def __str__(self) -> str:
         return f"{self.metric}{self.op}{self.value:g}"
