@@ -117,7 +117,7 @@ def test_the_result_types_declare_every_key_the_code_writes(run: Path, extra_met
     interval_keys = Interval.__required_keys__ | Interval.__optional_keys__
     for name in ratios:
         assert {"value", "lo", "hi"} <= set(ratio(cohort, name)) <= interval_keys
-    assert set(ratio(cohort, "rr")) == {"value", "lo", "hi", "method", "eligible"}
+    assert set(ratio(cohort, "rr")) == {"value", "lo", "hi", "method", "eligible", "small_sample"}
     profile = opened.tool_profiles(["model"], BootstrapSettings(B=20))[0]
     declared = ToolProfile.__required_keys__ | ToolProfile.__optional_keys__
     assert list(profile)[:3] == ["benchmark", "tool", "model"]

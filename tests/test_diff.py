@@ -90,6 +90,27 @@ def test_threshold_grammar() -> None:
     assert t.breached(0.0) and not t.breached(-0.1) and not t.breached(None)
 
 
+def test_no_interval_where_either_run_is_below_the_bootstraps_floor(tmp_path: Path) -> None:
+    """One task against one gives the same difference in every replicate: a zero-width interval that would read as
+    certain drift. Below 30 tasks (or 30 units of the denominator) in either run there is no interval, as in
+    `metrics` and the paired diff; 40 tasks against 40 keep theirs."""
+    nightly(tmp_path / "big", "a", 20, "pay")
+    write_run(tmp_path / "one", [rollout("x", 1, 2, True)], [[("search", True, None), ("pay", False, None)]])
+    few = diff_runs(open_run(str(tmp_path / "big")), open_run(str(tmp_path / "one")), settings=SETTINGS)
+    ter = next(r for r in few.rows if r["metric"] == "ter")
+    assert ter["diff"] == 0.5 and ter["small_sample"] and (ter["lo"], ter["hi"]) == (None, None)
+    assert all(r["small_sample"] and r["lo"] is None for r in few.tools)  # 1 call of each tool in B
+    shown = CliRunner().invoke(app, ["diff", str(tmp_path / "big"), str(tmp_path / "one"), "--bootstrap", "50"])
+    assert shown.exit_code == 0, shown.output
+    assert "–: no interval where either run has fewer than 30 tasks" in shown.output
+    nightly(tmp_path / "big2", "b", 10, "pay")
+    many = diff_runs(open_run(str(tmp_path / "big")), open_run(str(tmp_path / "big2")), settings=SETTINGS)
+    ter = next(r for r in many.rows if r["metric"] == "ter")
+    assert not ter["small_sample"] and ter["lo"] is not None and ter["lo"] < ter["diff"] < ter["hi"]
+    rr = next(r for r in many.rows if r["metric"] == "rr")  # over the 20 non-executable rollouts of A: too few
+    assert rr["small_sample"] and rr["lo"] is None
+
+
 @pytest.mark.parametrize(
     ("a", "b", "text", "fires"),
     [
@@ -117,6 +138,34 @@ def test_no_common_cohort_is_said(tmp_path: Path) -> None:
     # An alert that cannot be evaluated is refused (exit 2), never read as "no drift" (exit 0).
     refused = CliRunner().invoke(app, ["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--fail-on", "ter<-0.02"])
     assert refused.exit_code == 2 and "--fail-on ter<-0.02 cannot be evaluated" in refused.output, refused.output
+    # --json says the same, never an empty output: the settings first, then what each run alone has.
+    shown = CliRunner().invoke(app, ["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--bootstrap", "50", "--json"])
+    assert shown.exit_code == 0, shown.output
+    rows = [orjson.loads(x) for x in shown.output.splitlines()]
+    head = rows[0]
+    assert head["kind"] == "diff" and head["cohorts_compared"] == 0 and head["shared_tasks"] == 0
+    assert head["bootstrap"] | {"duckdb_version": None} == {
+        "B": 50,
+        "seed": 0,
+        "seed_b": SEED_B,
+        "method": "multinomial",
+        "level": 0.95,
+        "unit": "task",
+        "duckdb_version": None,
+    }
+    assert (head["harness_errors"], head["strict_replay"], head["pools"]) == ("exclude", False, {})
+    assert [(r["kind"], r["benchmark"]) for r in rows if r["kind"].startswith("only")] == [
+        ("only_a", "bench"),
+        ("only_b", "other"),
+    ]
+    assert {r["kind"] for r in rows} >= {"new_tool", "vanished_tool"} and "metric" not in {r["kind"] for r in rows}
+
+
+def test_metrics_per_tool_of_a_run_without_steps_fails_closed_in_json_too(tmp_path: Path) -> None:
+    write_run(tmp_path / "run", [rollout("x", 0, 1, True)], [[]])
+    for extra in ([], ["--json"]):
+        done = CliRunner().invoke(app, ["metrics", str(tmp_path / "run"), "--by", "tool", *extra])
+        assert done.exit_code == 2 and "has no steps: nothing to profile per tool" in done.output, done.output
 
 
 def test_two_real_nights_of_support_logs(tmp_path: Path) -> None:
@@ -136,7 +185,10 @@ def test_two_real_nights_of_support_logs(tmp_path: Path) -> None:
     for r in (r for r in result.rows if r["metric"] == "ter"):
         key = (r["model"], "ter")
         assert r["diff"] == pytest.approx(metrics_b[key] - metrics_a[key])
-        assert r["lo"] <= r["diff"] <= r["hi"]
+        if r["small_sample"]:  # a night's model has fewer than 30 tasks
+            assert min(r["tasks_a"], r["tasks_b"]) < 30 and r["lo"] is None and r["hi"] is None
+        else:
+            assert r["lo"] <= r["diff"] <= r["hi"]
     assert {r["tool"] for r in result.tools} >= {"cancel_order"}
     assert result.shared_tasks > 0
     cli = CliRunner().invoke(app, ["diff", a, b, "--by", "model", "--bootstrap", "100", "--fail-on", "ter>=-1"])

@@ -505,7 +505,13 @@ def interval(point: Point | None, moments: bootstrap.Moments | None, scale: floa
     m = moments
     cluster = intervals.Cluster(point["value"], m.den_total, m.den_tasks, m.num_total, m.yy, m.xy, m.xx, scale=scale)
     lo, hi, method = intervals.interval(cluster, point["lo"], point["hi"], level)
-    return {"value": point["value"], "lo": lo, "hi": hi, "method": method}
+    return {
+        "value": point["value"],
+        "lo": lo,
+        "hi": hi,
+        "method": method,
+        "small_sample": intervals.small_sample(cluster),
+    }
 
 
 def _assemble(

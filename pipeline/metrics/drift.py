@@ -17,12 +17,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Final, TypedDict
 
+import duckdb
 import numpy as np
 
 from pipeline.core import metric_catalogue
 from pipeline.core.errors import DiffError
 from pipeline.metrics.results import (
     CauseCount,
+    Interval,
     Key,
     Labels,
     ToolProfile,
@@ -100,6 +102,7 @@ class Contrast(TypedDict):
     lo: float | None
     hi: float | None
     replicates_used: int  # replicates where both ratios are defined
+    small_sample: bool  # either run's denominator is below the bootstrap's floor: no interval (lo, hi None)
 
 
 class MetricDrift(Contrast):
@@ -136,6 +139,32 @@ class DiffResult:
     shared_tasks: int  # (benchmark, task) pairs both runs have: the samples are not independent then
     settings: BootstrapSettings
     seed_b: int
+    population: Population = DEFAULT_POPULATION
+
+    def json_rows(self) -> list[dict[str, object]]:
+        """`pexec diff --json`: first how the intervals were drawn and what the runs share (kind `diff`), then a
+        row per cohort × metric (`metric`) and per tool (`tool`), then what one run only has (`only_a`, `only_b`,
+        `new_tool`, `vanished_tool`, `new_cause`). Never empty: runs with no cohort in common still say so."""
+        s = self.settings
+        drawn = {"B": s.B, "seed": s.seed, "seed_b": self.seed_b, "method": s.method, "level": s.level,
+                 "unit": "task", "duckdb_version": duckdb.__version__}  # fmt: skip
+        p = self.population
+        head = {"kind": "diff", "keys": self.keys, "bootstrap": drawn, "shared_tasks": self.shared_tasks,
+                "cohorts_compared": len({key_values(r, self.keys) for r in self.rows}),
+                "harness_errors": p.harness_errors, "strict_replay": p.strict_replay,
+                "pools": {name: list(benchmarks) for name, benchmarks in p.pools}}  # fmt: skip
+        out: list[dict[str, object]] = [head]
+        out += [{"kind": "metric", **r} for r in self.rows]
+        out += [{"kind": "tool", "metric": TOOL_METRIC, **r} for r in self.tools]
+        listed: list[tuple[str, Sequence[Mapping[str, object]]]] = [
+            ("only_a", self.only_a),
+            ("only_b", self.only_b),
+            ("new_tool", self.new_tools),
+            ("vanished_tool", self.vanished_tools),
+            ("new_cause", self.new_causes),
+        ]
+        out += [{"kind": kind, **r} for kind, rows in listed for r in rows]
+        return out
 
 
 def diff_runs(
@@ -163,8 +192,7 @@ def diff_runs(
             continue
         i = index_a[key]
         for name in names:
-            value_a, value_b = ratio(a[i], name)["value"], ratio(b[j], name)["value"]
-            contrast = _contrast(value_a, value_b, reps_a[i][name], reps_b[j][name], settings)
+            contrast = _contrast(ratio(a[i], name), ratio(b[j], name), reps_a[i][name], reps_b[j][name], settings)
             drift: MetricDrift = {"metric": name, **contrast, "tasks_a": a[i]["n_tasks"], "tasks_b": b[j]["n_tasks"]}
             rows.append(labelled(dict(zip(keys, key, strict=True)), drift))
     labels = keys[1:]  # the tools' cohorts: benchmark × tool × the same labels
@@ -183,6 +211,7 @@ def diff_runs(
         shared_tasks=shared_tasks(run_a.snapshot, run_b.snapshot, address),
         settings=settings,
         seed_b=settings_b.seed,
+        population=population,
     )
 
 
@@ -215,24 +244,33 @@ def _num(x: float | None) -> str:
 
 
 def _contrast(
-    value_a: float | None,
-    value_b: float | None,
-    reps_a: np.ndarray,
-    reps_b: np.ndarray,
-    settings: BootstrapSettings,
+    a: Interval, b: Interval, reps_a: np.ndarray, reps_b: np.ndarray, settings: BootstrapSettings
 ) -> Contrast:
     """a, b, diff = b − a, and the percentile interval of the replicate differences B_b − A_b (a replicate where
-    either ratio is undefined, NaN, is left out; `replicates_used` says how many remain)."""
+    either ratio is undefined, NaN, is left out; `replicates_used` says how many remain). No interval where either
+    run's denominator is below the floor of the task bootstrap (pipeline.core.intervals): with a handful of tasks
+    its percentiles say nothing, down to a zero-width interval from one task against one."""
     if len(reps_a) != len(reps_b):
         raise ValueError(f"replicates of different bootstraps: {len(reps_a)} and {len(reps_b)}")
+    value_a, value_b = a["value"], b["value"]
     both = ~(np.isnan(reps_a) | np.isnan(reps_b))
     diff = None if value_a is None or value_b is None else value_b - value_a
+    small = a.get("small_sample", False) or b.get("small_sample", False)
     lo = hi = None
-    if diff is not None and both.any():
+    if diff is not None and both.any() and not small:
         d = reps_b[both] - reps_a[both]
         # numpy's "linear" percentile: the rule metrics_intervals.sql uses (DuckDB's quantile_cont).
         lo, hi = (float(v) for v in np.quantile(d, settings.quantiles))
-    return {"a": value_a, "b": value_b, "diff": diff, "lo": lo, "hi": hi, "replicates_used": int(both.sum())}
+    used = int(both.sum())
+    return {
+        "a": value_a,
+        "b": value_b,
+        "diff": diff,
+        "lo": lo,
+        "hi": hi,
+        "replicates_used": used,
+        "small_sample": small,
+    }
 
 
 def _tool_changes(
@@ -256,7 +294,7 @@ def _tool_changes(
             continue
         i = index_a[key]
         ta, tb = tools_a[i], tools_b[j]
-        contrast = _contrast(ta[TOOL_METRIC]["value"], tb[TOOL_METRIC]["value"], reps_a[i], reps_b[j], settings)
+        contrast = _contrast(ta[TOOL_METRIC], tb[TOOL_METRIC], reps_a[i], reps_b[j], settings)
         rows.append(labelled(where, ToolDrift(**contrast, calls_a=ta["n_calls"], calls_b=tb["n_calls"])))
     seen_a: dict[Key, set[str]] = {}
     for t in tools_a:

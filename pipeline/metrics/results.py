@@ -38,6 +38,9 @@ class Interval(TypedDict):
     hi: float | None
     method: NotRequired[IntervalMethod]  # absent where there is no value, and for PEC(0) = 1, true by definition
     eligible: NotRequired[int]  # the denominator's count, for the metrics that show it (Metric.eligible)
+    # fewer than MIN_TASKS tasks or MIN_DENOMINATOR units in the denominator (pipeline.core.intervals): set with
+    # `method`; a contrast of two runs gives no bootstrap interval then
+    small_sample: NotRequired[bool]
 
 
 class PecPoint(Interval):

@@ -138,11 +138,11 @@ def _tool_metrics(run: Run, by: list[str], asked: MetricsSettings, as_json: bool
     from pipeline.report.layout import tools_table
 
     rows = run.tool_profiles(by, asked.bootstrap, asked.population, address)
+    if not rows:
+        raise PexecError(f"{run.url} has no steps: nothing to profile per tool")
     if as_json:
         json_lines(rows)
         return
-    if not rows:
-        raise PexecError(f"{run.url} has no steps: nothing to profile per tool")
     if rows[0]["partial"]:
         partial_notice(Coverage.from_json(rows[0]["partial"]), out)
     keys = [k for k in rows[0] if k not in TOOL_FIELDS]
@@ -247,7 +247,10 @@ def diff(
         list[str] | None,
         typer.Option("--fail-on", help="METRIC<NUMBER (or <=, >, >=) on B - A: exit 1 when crossed (repeatable)."),
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per cohort × metric and per tool.")] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="One JSON object per line: the settings, then per cohort × metric and per tool."),
+    ] = False,
     paired: Annotated[
         bool | None,
         typer.Option(
@@ -286,8 +289,7 @@ def diff(
     thresholds = [parse_threshold(t) for t in fail_on or []]
     result = diff_runs(a, b, asked.by, asked.bootstrap, asked.population, address)
     if as_json:
-        json_lines([{"kind": "metric", **row} for row in result.rows])
-        json_lines([{"kind": "tool", "metric": "invalid_rate", **row} for row in result.tools])
+        json_lines(result.json_rows())
     else:
         print_diff(result)
     alert(breaches(result, thresholds))

@@ -287,15 +287,17 @@ def print_diff(result: Any) -> None:
         for k in only:
             out.print(f"cohort only in {name}: " + ", ".join(f"{c}={v}" for c, v in k.items()))
     if result.tools:
-        keys = [k for k in result.tools[0] if k not in ("a", "b", "diff", "lo", "hi", "replicates_used", "calls_a",
-                                                        "calls_b")]  # fmt: skip
+        keys = [k for k in result.tools[0] if k not in ("a", "b", "diff", "lo", "hi", "replicates_used",
+                                                        "small_sample", "calls_a", "calls_b")]  # fmt: skip
         table = Table(title="Invalid rate per tool: B − A")
         for name in [*keys, "A", "B", "B − A", "95% interval", "calls A", "calls B"]:
             table.add_column(name, justify="left" if name in keys else "right")
         for r in result.tools:
             cells = [str(r[k]) for k in keys] + [_fmt(r["a"]), _fmt(r["b"]), _fmt(r["diff"], "+")]
-            table.add_row(*cells, f"{_fmt(r['lo'], '+')} – {_fmt(r['hi'], '+')}", str(r["calls_a"]), str(r["calls_b"]))
+            table.add_row(*cells, _bounds(r), str(r["calls_a"]), str(r["calls_b"]))
         print_table(table)
+    if any(r["small_sample"] for r in [*result.rows, *result.tools]):
+        out.print(SMALL_DRIFT, soft_wrap=True)
     for label, rows in (("new tool", result.new_tools), ("vanished tool", result.vanished_tools)):
         for r in rows:
             out.print(f"{label}: " + ", ".join(f"{k}={v}" for k, v in r.items()))
@@ -310,7 +312,7 @@ def _drift_table(title: str, keys: Sequence[str], rows: Sequence[Mapping[str, An
         table.add_column(name, justify="left" if name in keys or name == "metric" else "right")
     for r in rows:
         cells = [literal(r[k]) for k in keys] + [r["metric"], _fmt(r["a"]), _fmt(r["b"])]
-        cells += [_fmt(r["diff"], "+"), f"{_fmt(r['lo'], '+')} – {_fmt(r['hi'], '+')}"]
+        cells += [_fmt(r["diff"], "+"), _bounds(r)]
         table.add_row(*cells, *((str(r["tasks_a"]), str(r["tasks_b"])) if tasks else ()))
     return table
 
@@ -338,6 +340,19 @@ def _print_drift(result: Any) -> None:
 
 def _fmt(x: float | None, sign: str = "") -> str:
     return "–" if x is None else f"{x:{sign}.3f}"
+
+
+def _bounds(r: Mapping[str, Any]) -> str:
+    """A drift row's interval: its bounds, or a dash where either run's sample is too small for one."""
+    if r["small_sample"] or r["lo"] is None:
+        return "–"
+    return f"{_fmt(r['lo'], '+')} – {_fmt(r['hi'], '+')}"
+
+
+SMALL_DRIFT = (
+    f"–: no interval where either run has fewer than {intervals.MIN_TASKS} tasks or {intervals.MIN_DENOMINATOR} units "
+    "in the metric's denominator (calls for a tool): the task bootstrap says nothing there."
+)
 
 
 TABLE_ROWS = 1_000  # rows `sql --format table` lays out (the whole table is measured before it prints)
