@@ -189,9 +189,10 @@ def test_paired_uses_shared_tasks_only(tmp_path: Path) -> None:
         open_run(str(tmp_path / "run")), tmp_path / "out", None, Compare("method", "a", "b"), [1], SMALL, figures=False
     )
     ter = next(x for x in r.paired if x["metric"] == "ter")
-    # Only t1 is shared: A executable (1.0), B not (0.0); the one-task bootstrap always redraws t1.
+    # Only t1 is shared: A executable (1.0), B not (0.0).
     assert (ter["shared_tasks"], ter["value_a"], ter["value_b"], ter["value"]) == (1, 1.0, 0.0, 1.0)
-    assert ter["lo"] == ter["hi"] == 1.0
+    # Its bootstrap always redraws t1: a zero-width interval that says nothing. Below 30 tasks there is none.
+    assert (ter["den_tasks"], ter["den_total"], ter["small_sample"], ter["lo"], ter["hi"]) == (1, 1, True, None, None)
     costs = next(x for x in r.paired if x["metric"] == "cost_tokens")
     assert costs["value"] == 0.0  # both sides cost 100 tokens per rollout
 

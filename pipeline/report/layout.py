@@ -209,19 +209,35 @@ def ranking_tables(rankings: list[Ranking]) -> list[Table]:
 
 
 def paired_table(compare: Compare, pair_cols: list[str], rows_in: list[PairedRow]) -> Table:
-    columns = [*pair_cols, "shared tasks", "metric", compare.a, compare.b, "difference A − B [95% CI]"]
+    columns = [
+        *pair_cols,
+        "shared tasks",
+        "metric",
+        "tasks",
+        "units",
+        compare.a,
+        compare.b,
+        "difference A − B [95% CI]",
+    ]
     rows = []
     for r in rows_in:
         is_cost = r["kind"] == "pct"
         label = f"mean {cost_name(r['metric'])} (change %)" if is_cost else _label(r["metric"])
         digits = 2 if is_cost else 3
-        shown = bounds(r["value"], r["lo"], r["hi"], 1 if is_cost else 3)
+        if r["small_sample"] and r["value"] is not None:
+            shown = f"{num(r['value'], 1 if is_cost else 3)} [{DASH}]"
+        else:
+            shown = bounds(r["value"], r["lo"], r["hi"], 1 if is_cost else 3)
         value = shown + " %" if is_cost and r["value"] is not None else shown
         keys = [DASH if v is None else v for v in key_values(r, pair_cols)]
-        rows.append([*keys, str(r["shared_tasks"]), label, num(r["value_a"], digits), num(r["value_b"], digits), value])
+        counts = [str(r["shared_tasks"]), label, str(r["den_tasks"]), str(r["den_total"])]
+        rows.append([*keys, *counts, num(r["value_a"], digits), num(r["value_b"], digits), value])
     note = (
         f"A = {compare.column}={compare.a}, B = {compare.column}={compare.b}, over the tasks both share; paired "
-        "task-level bootstrap (the same task draws for A and B). Costs: change of the mean in % of B."
+        "task-level bootstrap (the same task draws for A and B). Costs: change of the mean in % of B. Tasks and "
+        "units: what each difference rests on, the smaller side's shared tasks with a nonzero denominator and its "
+        f"total (rollouts, or rollouts with the cost); [{DASH}]: no interval below {intervals.MIN_TASKS} tasks or "
+        f"{intervals.MIN_DENOMINATOR} units, where the task bootstrap says nothing."
     )
     if not rows:
         note = (

@@ -1,6 +1,7 @@
 """Paired comparison of two conditions (`--compare COL=A COL=B`): sql/paired_*.sql give, per pair (benchmark
 and the other condition labels), A, B and A - B of every metric over the tasks both share, with a paired
-task-level bootstrap interval of the difference (cost: change of the mean in %)."""
+task-level bootstrap interval of the difference (cost: change of the mean in %), none where either side's
+denominator is below the small-sample floor of pipeline.core.intervals."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, TypedDict
 
+from pipeline.core import intervals
 from pipeline.core.errors import ReportError
 from pipeline.core.text import some
 from pipeline.metrics.cohorts import cohort_columns, metric_defs
@@ -23,6 +25,9 @@ class PairedRow(TypedDict):
     metric: str  # a catalogue metric, `pec@<k>`, or a cost column
     kind: Literal["diff", "pct"]  # the contrast: A − B, or the change of the mean in % of B (costs)
     shared_tasks: int
+    den_tasks: int  # of the shared tasks, those with a nonzero denominator (the smaller side's count)
+    den_total: int  # the denominator's total over them (the smaller side's)
+    small_sample: bool  # below the task bootstrap's floor (pipeline.core.intervals): no interval
     value_a: float | None
     value_b: float | None
     value: float | None
@@ -96,6 +101,8 @@ def paired_comparison(
             ks=[int(k) for k in ks],
             metric_defs=metric_defs(paired=True),
             method=settings.method,
+            min_tasks=intervals.MIN_TASKS,
+            min_denominator=intervals.MIN_DENOMINATOR,
         )
         run_sql(con, "report/paired_prepare")
         sides = {r["side"] for r in fetch(con, "paired_sides", _Side)}

@@ -1,5 +1,6 @@
 -- Paired task-level bootstrap over the tasks both sides share (run after paired_prepare.sql and, when there
--- are costs, paired_costs.sql). Variables: method ('multinomial' | 'poisson'), seed, B, q_lo, q_hi.
+-- are costs, paired_costs.sql). Variables: method ('multinomial' | 'poisson'), seed, B, q_lo, q_hi, min_tasks,
+-- min_denominator (pipeline.core.intervals: below either, on either side, the percentiles say nothing).
 --
 -- Shared tasks of a pair are numbered ti = 0 .. m-1 by task_id, as metrics_prepare.sql numbers a cohort's
 -- tasks, and replicate b weighs task ti with the same draws as the cohort bootstrap: multinomial = how often
@@ -58,16 +59,34 @@ FROM side_values AS a
 JOIN side_values AS bb ON bb.key = a.key AND bb.b = a.b AND bb.metric = a.metric AND bb.side = 'B'
 WHERE a.side = 'A';
 
+-- Per (pair, metric) what its interval rests on, the smaller side's: shared tasks with a nonzero denominator,
+-- and the denominator's total over them.
+CREATE OR REPLACE TEMP TABLE paired_support AS
+SELECT key, metric, min(den_tasks)::BIGINT AS den_tasks, min(den_total)::BIGINT AS den_total
+FROM (
+    SELECT p.key, d.metric, p.side, count_if(p.value > 0) AS den_tasks, sum(p.value) AS den_total
+    FROM paired_defs AS d
+    JOIN paired_parts AS p ON p.part = d.den
+    JOIN paired_tasks AS t ON t.key = p.key AND t.task_id = p.task_id
+    GROUP BY ALL
+)
+GROUP BY key, metric;
+
 CREATE OR REPLACE TEMP TABLE paired_intervals AS
 SELECT unnest(c.key), c.metric, c.kind,
        any_value(t.m)::BIGINT AS shared_tasks,
+       coalesce(any_value(s.den_tasks), 0) AS den_tasks,
+       coalesce(any_value(s.den_total), 0) AS den_total,
+       coalesce(any_value(s.den_tasks), 0) < getvariable('min_tasks')
+           OR coalesce(any_value(s.den_total), 0) < getvariable('min_denominator') AS small_sample,
        any_value(c.value_a) FILTER (WHERE c.b = -1) AS value_a,
        any_value(c.value_b) FILTER (WHERE c.b = -1) AS value_b,
        any_value(c.contrast) FILTER (WHERE c.b = -1) AS value,
-       quantile_cont(c.contrast, getvariable('q_lo')) FILTER (WHERE c.b >= 0) AS lo,
-       quantile_cont(c.contrast, getvariable('q_hi')) FILTER (WHERE c.b >= 0) AS hi,
+       CASE WHEN NOT small_sample THEN quantile_cont(c.contrast, getvariable('q_lo')) FILTER (WHERE c.b >= 0) END AS lo,
+       CASE WHEN NOT small_sample THEN quantile_cont(c.contrast, getvariable('q_hi')) FILTER (WHERE c.b >= 0) END AS hi,
        count(c.contrast) FILTER (WHERE c.b >= 0) AS replicates_used
 FROM paired_contrasts AS c
 JOIN (SELECT key, any_value(m) AS m FROM paired_tasks GROUP BY key) AS t USING (key)
+LEFT JOIN paired_support AS s ON s.key = c.key AND s.metric = c.metric
 GROUP BY c.key, c.metric, c.kind, c.ord
 ORDER BY c.key, c.ord, c.metric;
