@@ -559,7 +559,9 @@ def test_k_capped_at_20(tmp_path: Path) -> None:
 def test_only_no_call_rollouts(tmp_path: Path) -> None:
     write_rollouts(tmp_path, [rollout("t1", 0, 1, True), rollout("t2", 0, 1, False)])
     [c] = open_run(str(tmp_path)).cohorts(settings=BootstrapSettings(B=10, method="poisson"))
-    assert c["pec"] == [{"k": 0, "value": 1.0, "lo": 1.0, "hi": 1.0}]
+    # K is at least the table's depths: every rollout ended before depth 1, so PEC(1..3) is 0, not missing.
+    assert c["pec"][0] == {"k": 0, "value": 1.0, "lo": 1.0, "hi": 1.0}
+    assert [(p["k"], p["value"]) for p in c["pec"][1:]] == [(1, 0.0), (2, 0.0), (3, 0.0)]
     assert c["auc_pec"]["value"] == 1.0 and c["n_no_calls"] == 2
 
 

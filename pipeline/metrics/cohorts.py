@@ -48,9 +48,11 @@ from pipeline.metrics.results import (
 )
 from pipeline.metrics.settings import (
     DEFAULT_BOOTSTRAP,
+    DEFAULT_MAX_K,
     DEFAULT_POPULATION,
     MAX_COHORT_COLUMNS,
     PASS_REPLICATE_VALUES,
+    TABLE_PEC_K,
     BootstrapSettings,
     Population,
 )
@@ -115,6 +117,8 @@ def metrics_and_replicates(
             **settings.sql_variables,
             cohort_cols=["benchmark", *by_cols],
             max_k=max_k,
+            default_max_k=DEFAULT_MAX_K,
+            min_default_k=max(TABLE_PEC_K),
             metric_defs=metric_defs(),
             parts=[f"s_{p.name}" for p in metric_catalogue.PARTS],
             replicated=list(replicated),

@@ -44,11 +44,17 @@ from pipeline.metrics._population import check_pools, open_part_population, open
 from pipeline.metrics.completeness import Snapshot
 from pipeline.metrics.duck import fetch, run_sql, set_variables
 from pipeline.metrics.results import Cohort, Key, Labels
-from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, DEFAULT_POPULATION, BootstrapSettings, Population
+from pipeline.metrics.settings import (
+    DEFAULT_BOOTSTRAP,
+    DEFAULT_MAX_K,
+    DEFAULT_POPULATION,
+    BootstrapSettings,
+    Population,
+    default_k,
+)
 from pipeline.storage.run import RunPrefix
 
 MAX_PARTITIONS = 64  # task partitions at most: each holds 1/64 of the (cohort, task) rows or less
-_DEFAULT_K = 20  # PEC's largest depth when max_k is not given (metrics_prepare.sql), before the run's max T is known
 
 
 class PartCount(TypedDict):
@@ -264,14 +270,14 @@ def metrics_on_ray(
     n_parts = partitions or partition_count(len(files))
     start_ray(address)
     cohort_cols = ["benchmark", *by_cols]
-    first_k = _DEFAULT_K if max_k is None else max_k
+    first_k = DEFAULT_MAX_K if max_k is None else max_k  # before the run's largest T is known
     stage1 = remote_function(part_sums).options(num_returns=n_parts + 1)
     outputs = [stage1.remote(snapshot.root, f, columns, population, cohort_cols, first_k, n_parts) for f in files]
     counts = PartCounts()
     for got in ray_waits.get([o[0] for o in outputs]):
         counts.add(got)
     check_pools(counts.benchmarks, population, snapshot.root.url)
-    K = max_k if max_k is not None else min(counts.max_t or 0, _DEFAULT_K)
+    K = max_k if max_k is not None else default_k(counts.max_t)
     sum_columns = [f"s_{p.name}" for p in metric_catalogue.PARTS]
     sum_columns += [f"s_h{d}" for d in range(1, min(K, counts.max_t or 0) + 1)]
     keys = sorted(counts.info, key=lambda k: tuple((v is None, v) for v in k))  # the cohort numbers' order

@@ -25,6 +25,17 @@ MAX_B = 10_000  # bootstrap replicates; measured on 200 rollouts: B = 10,000 pea
 PASS_REPLICATE_VALUES = 1_000_000
 MAX_COHORT_COLUMNS = 64  # label columns a cohort is keyed by (every label of the run without --by)
 MAX_K = 1000  # the largest depth k of PEC(k) asked for (`--max-k`, a job's `max_k`)
+# Without --max-k, K is the run's largest T, at most DEFAULT_MAX_K and at least the depths the metrics table shows:
+# past every rollout's length PEC(k) is 0 by definition, so the table's PEC@3 of a run of short rollouts says 0, not –.
+DEFAULT_MAX_K = 20
+TABLE_PEC_K = (1, 3)
+
+
+def default_k(max_t: int | None) -> int:
+    """K of PEC(k) without --max-k, from the run's largest T (None: the run has no rollout, K = 0)."""
+    return 0 if max_t is None else max(min(max_t, DEFAULT_MAX_K), max(TABLE_PEC_K))
+
+
 METHODS = ("multinomial", "poisson", "poisson-merged")
 VIEW_PORT = 8765  # where `pexec view RUN` listens by default (`pexec guard serve` listens on another)
 Method = Literal["multinomial", "poisson", "poisson-merged"]

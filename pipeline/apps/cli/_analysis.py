@@ -63,7 +63,9 @@ def metrics(
     run: ScoredRun,
     max_k: Annotated[
         int | None,
-        typer.Option("--max-k", min=0, max=MAX_K, help="Largest k for PEC(k) (default: max T, at most 20)."),
+        typer.Option(
+            "--max-k", min=0, max=MAX_K, help="Largest k for PEC(k) (default: max T, at most 20, at least 3)."
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per cohort.")] = False,
     columns: Annotated[

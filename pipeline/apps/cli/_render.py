@@ -30,7 +30,7 @@ from pipeline.core.errors import PexecError
 from pipeline.core.text import literal
 from pipeline.metrics.completeness import Coverage
 from pipeline.metrics.results import Cohort, Interval, cohort_fields, key_values, ratio
-from pipeline.metrics.settings import harness_note, replay_note
+from pipeline.metrics.settings import TABLE_PEC_K, harness_note, replay_note
 
 if TYPE_CHECKING:  # a query result is printed only after DuckDB made it
     from pipeline.metrics.query import QueryResult
@@ -171,7 +171,7 @@ def metrics_columns() -> list[MetricsColumn]:
             columns.append(MetricsColumn(m.name, header, lambda c, m=m: _ratio_cell(c, m)))
     for m in metric_catalogue.METRICS:
         if m.kind == "curve" and m.in_tables:  # PEC, the catalogue's one curve
-            for k in (1, 3):
+            for k in TABLE_PEC_K:
                 columns.append(MetricsColumn(f"{m.name}@{k}", f"{m.label}@{k}", lambda c, k=k: _curve_cell(c, k)))
     return columns
 

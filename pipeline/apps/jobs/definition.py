@@ -115,7 +115,7 @@ FIELDS = (
         "metrics",
         ("by", "bootstrap", "seed", "method", "max_k"),
         "as `pexec metrics` (kept under `<output>/metrics/<name>/`)",
-        "all condition labels, 1000, 0, multinomial, max T ≤ 20",
+        "all condition labels, 1000, 0, multinomial, max T ≤ 20 (at least 3)",
     ),
     JobField(
         "metrics",
