@@ -10,13 +10,15 @@ import pyarrow.parquet as pq
 import pytest
 from test_aggregate import rollout, write_rollouts
 
+from pipeline.apps.cli._render import metrics_notes
 from pipeline.core.effects import Effect, load_effects, parse_effects
 from pipeline.core.errors import EffectsError
 from pipeline.core.model import Rollout, RolloutResult, StepResult
 from pipeline.envs import get_environment
 from pipeline.envs.tau._rules import tau_effects
 from pipeline.metrics.run import open_run
-from pipeline.metrics.settings import BootstrapSettings
+from pipeline.metrics.settings import BootstrapSettings, effects_note
+from pipeline.report import build_report
 from pipeline.scoring.driver import run_scoring
 from pipeline.scoring.run_tables import rollouts_table
 from pipeline.scoring.settings import ScoreSettings
@@ -78,6 +80,23 @@ def test_write_metrics_known_answers(tmp_path: Path) -> None:
     assert c["irreversible_invalid"]["value"] == pytest.approx(1 / 3)
     assert c["weighted_auc_pec"]["value"] == pytest.approx(0.75)
     assert c["unclassified"]["value"] == 0.0
+
+
+def test_the_tables_say_what_invalid_irreversible_cannot_see(tmp_path: Path) -> None:
+    """A tool without a declared effect class is never counted irreversible: where every rollout called one, the
+    0 of "invalid irreversible" says nothing, and both tables say so; where every call has a class, nothing."""
+    blind = [harm(rollout(t, 2, 1, False), 0, None, 0, 0.5) | {"n_unclassified": 2} for t in "abc"]
+    write_rollouts(tmp_path / "blind", blind)
+    (c,) = open_run(str(tmp_path / "blind")).cohorts([], SMALL)
+    assert (c["irreversible_invalid"]["value"], c["unclassified"]["value"]) == (0.0, 1.0)
+    note = effects_note([c])
+    assert note is not None and "up to 100% of a cohort's rollouts" in note and "its 0 says nothing" in note
+    assert note in metrics_notes([c])
+    report = build_report(open_run(str(tmp_path / "blind")), tmp_path / "report", None, None, [1], SMALL, figures=False)
+    assert "its 0 says nothing" in (Path(report.out) / "report.md").read_text()
+    write_rollouts(tmp_path / "seen", [harm(rollout(t, 2, 1, False), 0, None, 0, 0.5) for t in "abc"])
+    (c,) = open_run(str(tmp_path / "seen")).cohorts([], SMALL)
+    assert effects_note([c]) is None and not any("declared effect class" in n for n in metrics_notes([c]))
 
 
 def test_runs_without_effect_columns_have_undefined_harm_metrics(tmp_path: Path) -> None:

@@ -180,6 +180,21 @@ def harness_note(cohorts: Sequence[Mapping[str, Any]]) -> str:
     return f"Harness errors: {n}, left out of N and of every metric (--harness-errors fail counts them as failures)."
 
 
+def effects_note(cohorts: Sequence[Mapping[str, Any]]) -> str | None:
+    """What "invalid irreversible" cannot see: calls of tools whose environment declares no effect class. Such a
+    call is never counted irreversible, so where every rollout made one a 0 says nothing. None when every call of
+    the cohorts has a class."""
+    shares = [(c, c["unclassified"]["value"]) for c in cohorts if c.get("unclassified", {}).get("value")]
+    if not shares:
+        return None
+    worst = max(v for _, v in shares)
+    blind = "; in a cohort where every rollout did, its 0 says nothing" if worst >= 1 else ""
+    return (
+        f"Invalid irreversible counts only tools with a declared effect class: up to {100 * worst:.0f}% of a cohort's "
+        f"rollouts called a tool without one (`unclassified` in --json){blind}."
+    )
+
+
 def replay_note(cohorts: Sequence[Mapping[str, Any]]) -> str:
     """How many rollouts' replay diverged from the log before their first error, and what was done with them."""
     diverged = sum(c["n_diverged_before_fed"] for c in cohorts)

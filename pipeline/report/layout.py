@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pipeline.core import intervals, metric_catalogue
 from pipeline.core.model import CAUSES
 from pipeline.metrics.results import Cohort, Interval, ToolProfile, key_values, ratio
-from pipeline.metrics.settings import harness_note, replay_note
+from pipeline.metrics.settings import effects_note, harness_note, replay_note
 from pipeline.report._ranking import Ranking
 from pipeline.report._tables import Recovery, RunTables, SensitivityCount
 from pipeline.report.paired import Compare, PairedRow
@@ -93,6 +93,9 @@ def metrics_table(t: RunTables, ks: Sequence[int]) -> Table:
     if any(c["n_no_calls"] for c in t.cohorts):
         no_calls = ", ".join(f"{'/'.join(map(str, key_values(c, t.keys)))}: {c['n_no_calls']}" for c in t.cohorts)
         notes.append(f"Rollouts with no calls (vacuously executable): {no_calls}.")
+    effects = effects_note(t.cohorts)
+    if effects:
+        notes.append(effects)
     notes.append(replay_note(t.cohorts))
     return Table("Metrics per benchmark × condition", columns, rows, notes)
 

@@ -30,7 +30,7 @@ from pipeline.core.errors import PexecError
 from pipeline.core.text import literal
 from pipeline.metrics.completeness import Coverage
 from pipeline.metrics.results import Cohort, Interval, cohort_fields, key_values, ratio
-from pipeline.metrics.settings import TABLE_PEC_K, harness_note, replay_note
+from pipeline.metrics.settings import TABLE_PEC_K, effects_note, harness_note, replay_note
 
 if TYPE_CHECKING:  # a query result is printed only after DuckDB made it
     from pipeline.metrics.query import QueryResult
@@ -256,7 +256,8 @@ def metrics_notes(cohorts: Sequence[Cohort]) -> list[str]:
     points = [p for c in cohorts for p in [*(ratio(c, m.name) for m in metric_catalogue.ratios()), *c["pec"]]]
     if any(p.get("method") == intervals.WILSON for p in points):
         notes.append(intervals.NOTE)
-    return [*notes, harness_note(cohorts), replay_note(cohorts)]
+    effects = effects_note(cohorts)
+    return [*notes, *([effects] if effects else []), harness_note(cohorts), replay_note(cohorts)]
 
 
 def _ci(m: Interval) -> str:
