@@ -29,9 +29,9 @@ INFO = (False, "D", "information")
 
 
 def write_verdicts(
-    run: Path, verdicts: list[list[tuple[bool, str | None, str | None]]], prefix: str = "part-0"
+    run: Path, verdicts: list[list[tuple[bool, str | None, str | None]]], prefix: str = "part-0", **labels: str
 ) -> None:
-    """Rollout i (id <prefix>-i, task tNN = i mod 40) with its steps' verdicts; rollouts and steps tables."""
+    """Rollout i (id <prefix>-i, task tNN = i mod 40) with its steps' verdicts and `labels`; rollouts and steps."""
     cols: dict[str, list] = {k: [] for k in ("run_id", "rollout_id", "task_id", "benchmark", "step", "tool", "valid",
                                              "failed_check", "cause", "detail", "output_match")}  # fmt: skip
     rows = []
@@ -44,7 +44,7 @@ def write_verdicts(
             for k in cols:
                 cols[k].append(row[k])
         fed = next((j for j, v in enumerate(steps, start=1) if not v[0]), len(steps) + 1)
-        rows.append(rollout(task, len(steps), fed, True, benchmark="shop"))
+        rows.append(rollout(task, len(steps), fed, True, benchmark="shop", **labels))
     types = {"step": pa.int32(), "valid": pa.bool_(), "output_match": pa.bool_()}
     (run / "steps").mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table({k: pa.array(v, types.get(k, pa.string())) for k, v in cols.items()}),
@@ -170,3 +170,22 @@ def test_example_links_open_the_rollout_in_pexec_view(tmp_path: Path) -> None:
         finally:
             view.close()
         assert page.status_code == 200 and example["rollout_id"] in page.text
+
+
+def test_ids_that_collide_under_other_labels_are_not_paired_by_default(tmp_path: Path) -> None:
+    """Two models' logs numbered alike share every rollout id: by default that is refused in one line, never paired
+    as if they were the same rollouts; --paired pairs them with a warning, --unpaired compares them as drift."""
+    write_verdicts(tmp_path / "x", [[OK, OK]] * TASKS, model="X")
+    write_verdicts(tmp_path / "y", [[OK, PRE]] * TASKS, model="Y")
+    args = ["diff", str(tmp_path / "x"), str(tmp_path / "y"), "--bootstrap", "50"]
+    refused = CliRunner().invoke(app, args)
+    assert refused.exit_code == 2, refused.output
+    assert "40 of the 40 rollout ids both runs have carry other labels in B" in refused.output
+    assert "{'model': X} in A, {'model': Y} in B" in refused.output and "--unpaired" in refused.output
+    forced = CliRunner().invoke(app, [*args, "--paired"])
+    assert forced.exit_code == 0 and "compared step by step as --paired asks" in forced.output, forced.output
+    drift = CliRunner().invoke(app, [*args, "--unpaired"])
+    assert drift.exit_code == 0 and "Differences B − A" in drift.output and "other labels" not in drift.output
+    write_verdicts(tmp_path / "x2", [[OK, PRE]] * TASKS, model="X")  # the same rollouts rescored: paired as before
+    same = CliRunner().invoke(app, ["diff", str(tmp_path / "x"), str(tmp_path / "x2"), "--bootstrap", "50"])
+    assert same.exit_code == 0 and "Paired step-level diff" in same.output and "other labels" not in same.output

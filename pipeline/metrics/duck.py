@@ -55,8 +55,8 @@ def fetch(con: duckdb.DuckDBPyConnection, table: str, row: type[Row]) -> list[Ro
     return cast(list[Row], con.sql(f"SELECT * FROM {table}").to_arrow_table().to_pylist())
 
 
-def rollout_columns(con: duckdb.DuckDBPyConnection) -> list[str]:
-    return list(con.sql("SELECT * FROM rollouts LIMIT 0").columns)
+def rollout_columns(con: duckdb.DuckDBPyConnection, view: str = "rollouts") -> list[str]:
+    return list(con.sql(f"SELECT * FROM {view} LIMIT 0").columns)
 
 
 def cost_columns(con: duckdb.DuckDBPyConnection) -> list[str]:

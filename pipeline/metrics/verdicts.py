@@ -25,8 +25,9 @@ from pipeline.core.errors import DiffError
 from pipeline.core.intervals import MIN_TASKS
 from pipeline.core.metric_catalogue import AUC_UNIT
 from pipeline.metrics import bootstrap
+from pipeline.metrics.cohorts import label_columns
 from pipeline.metrics.drift import Threshold, split_threshold
-from pipeline.metrics.duck import connect, fetch, run_sql, set_variables
+from pipeline.metrics.duck import connect, fetch, rollout_columns, run_sql, set_variables
 from pipeline.metrics.run import Run
 from pipeline.metrics.settings import DEFAULT_BOOTSTRAP, VIEW_PORT, BootstrapSettings, Method
 
@@ -230,6 +231,31 @@ def shared_rollouts(run_a: Run, run_b: Run) -> tuple[int, int, int]:
         run_sql(con, "metrics/paired_shared")
         row = fetch(con, "paired_shared", SharedRollouts)[0]
     return int(row["rollouts_a"]), int(row["rollouts_b"]), int(row["shared"])
+
+
+class Relabelled(TypedDict):
+    """The row of table paired_relabelled (sql/paired_labels.sql)."""
+
+    relabelled: int  # shared rollouts whose condition labels differ between the runs
+    example: _Example | None  # the first of them by id: its labels in A and B
+
+
+class _Example(TypedDict):
+    a: str
+    b: str
+
+
+def relabelled_rollouts(run_a: Run, run_b: Run) -> Relabelled:
+    """The shared rollouts whose condition labels (those both runs have) differ: not the same rollouts, but ids that
+    collide, which a step-level comparison would pair."""
+    with _connection(run_a, run_b) as con:
+        labels_a = label_columns(rollout_columns(con, "a_rollouts_all"))
+        common = [c for c in label_columns(rollout_columns(con, "b_rollouts_all")) if c in labels_a]
+        if not common:
+            return {"relabelled": 0, "example": None}
+        set_variables(con, label_cols=common)
+        run_sql(con, "metrics/paired_labels")
+        return fetch(con, "paired_relabelled", Relabelled)[0]
 
 
 def paired_diff(

@@ -276,7 +276,7 @@ def diff(
     drift, B - A per cohort and metric, and per tool, with two-sample task-level bootstrap intervals. --fail-on
     turns thresholds into exit code 1."""
     from pipeline.metrics.drift import breaches, diff_runs, parse_threshold
-    from pipeline.metrics.verdicts import shared_rollouts
+    from pipeline.metrics.verdicts import relabelled_rollouts, shared_rollouts
 
     asked = metrics_settings(by, bootstrap, seed, method, harness_errors, pool, strict_replay, methods=METHODS)
     reading = Reading(storage(endpoint_url, storage_option))
@@ -286,6 +286,16 @@ def diff(
     if paired or (paired is None and shared[2] and 2 * shared[2] >= min(shared[:2])):
         if address is not None or asked.bootstrap.method not in LOCAL_METHODS:
             raise PexecError("--address and --method poisson-merged apply to drift (--unpaired), not the paired diff")
+        relabelled = relabelled_rollouts(a, b)
+        if relabelled["relabelled"] and relabelled["example"] is not None:
+            example = relabelled["example"]
+            said = (
+                f"{relabelled['relabelled']:,} of the {shared[2]:,} rollout ids both runs have carry other labels "
+                f"in B (the first: {example['a']} in A, {example['b']} in B): ids that collide, not the same rollouts"
+            )
+            if paired is None:  # the default would pair them: refused rather than guessed
+                raise PexecError(f"{said}; --paired compares them step by step anyway, --unpaired as drift")
+            warning_notice(f"{said}; compared step by step as --paired asks", console)
         alert(_paired(a, b, asked, fail_on or [], as_json, shared))
         return
     thresholds = [parse_threshold(t) for t in fail_on or []]

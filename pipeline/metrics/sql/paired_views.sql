@@ -1,5 +1,12 @@
 -- The rollouts and steps of two runs, A and B, side by side (pipeline.metrics.verdicts). Variables: a_rollouts_files,
 -- b_rollouts_files, a_steps_files, b_steps_files: the parts each run's snapshot allows.
+-- Every column of each run's rollouts: the condition labels are the run's own (paired_labels.sql).
+CREATE OR REPLACE TEMP VIEW a_rollouts_all AS
+SELECT * FROM read_parquet(getvariable('a_rollouts_files'), union_by_name = true, hive_partitioning = false);
+
+CREATE OR REPLACE TEMP VIEW b_rollouts_all AS
+SELECT * FROM read_parquet(getvariable('b_rollouts_files'), union_by_name = true, hive_partitioning = false);
+
 CREATE OR REPLACE TEMP VIEW a_rollouts AS
 SELECT rollout_id, task_id, benchmark, run_id, coalesce(status, 'ok') AS status, T, fed, executable, auc_term,
        regexp_extract(_file, 'part-([^/]+)\.parquet$', 1) AS shard
