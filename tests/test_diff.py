@@ -247,3 +247,18 @@ def test_unpaired_reads_no_rollout_ids_of_both_runs(tmp_path: Path, monkeypatch:
     cli = CliRunner().invoke(app, ["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--unpaired", "--bootstrap", "50"])
     assert cli.exit_code == 0, cli.output
     assert "ter" in cli.output
+
+
+def test_labels_and_tools_from_the_logs_print_as_text(tmp_path: Path) -> None:
+    """A missing label prints as a dash, never as "None" (a label can hold that text); a tool name or label with
+    control characters prints them escaped, never as a terminal sequence."""
+    rows = [rollout("a", 1, 2, True, model="None"), rollout("b", 1, 2, True, model=None)]
+    write_run(tmp_path / "a", rows, [[("search", True, None)], [("search", True, None)]])
+    shown = CliRunner().invoke(app, ["metrics", str(tmp_path / "a"), "--bootstrap", "50"])
+    assert shown.exit_code == 0, shown.output
+    assert "│ bench     │ None      │" in shown.output and "│ bench     │ –         │" in shown.output
+    red = "pay\x1b[31m"
+    write_run(tmp_path / "b", [rollout("c", 1, 2, True, model="None")], [[(red, False, None)]])
+    drift = CliRunner().invoke(app, ["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--unpaired"])
+    assert drift.exit_code == 0, drift.output
+    assert "\x1b" not in drift.output and "tool=pay\\x1b[31m" in drift.output and "model=–" in drift.output

@@ -22,6 +22,12 @@ def literal(value: Any) -> str:
     return _CONTROL.sub(lambda m: m[0].encode("unicode_escape").decode(), str(value))
 
 
+def label_text(value: Any) -> str:
+    """A label's value as a table shows it: `literal`, and a dash for a missing one (null), never the text "None",
+    which a label can hold."""
+    return "–" if value is None else literal(value)
+
+
 def clipped(text: str, limit: int) -> str:
     """`text`, or its first `limit` characters and how many more were cut (`… (1,234 more characters)`)."""
     if len(text) <= limit:

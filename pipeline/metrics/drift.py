@@ -22,6 +22,7 @@ import numpy as np
 
 from pipeline.core import metric_catalogue
 from pipeline.core.errors import DiffError
+from pipeline.core.text import label_text
 from pipeline.metrics.results import (
     CauseCount,
     Interval,
@@ -232,7 +233,8 @@ def breaches(result: DiffResult, thresholds: Sequence[Threshold]) -> list[str]:
             )
         for r in rows:
             if t.breached(r["diff"]):
-                where = ", ".join(f"{k}={v}" for k, v in zip(keys, key_values(r, keys), strict=True))
+                values = zip(keys, key_values(r, keys), strict=True)
+                where = ", ".join(f"{k}={label_text(v)}" for k, v in values)
                 lines.append(
                     f"breach {t}: {t.metric} B − A = {r['diff']:+.4f} [{_num(r['lo'])}, {_num(r['hi'])}] ({where})"
                 )

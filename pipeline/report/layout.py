@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from pipeline.core import intervals, metric_catalogue
 from pipeline.core.model import CAUSES
+from pipeline.core.text import label_text
 from pipeline.metrics.results import Cohort, Interval, ToolProfile, key_values, ratio
 from pipeline.metrics.settings import effects_note, harness_note, replay_note
 from pipeline.report._ranking import Ranking
@@ -69,7 +70,7 @@ def metrics_table(t: RunTables, ks: Sequence[int]) -> Table:
     columns += [f"mean {cost_name(c)}" for c in costs]
     rows = []
     for c in t.cohorts:
-        cells = [*(str(v) for v in key_values(c, t.keys)), str(c["n"]), str(c["n_tasks"])]
+        cells = [*(label_text(v) for v in key_values(c, t.keys)), str(c["n"]), str(c["n_tasks"])]
         cells += [str(c["n_unknown_success"]), str(c["n_harness_error"])]
         for m in shown:
             if m.kind == "curve":  # PEC, the catalogue's one curve
@@ -111,7 +112,7 @@ def recovery_table(t: RunTables) -> Table:
     columns += ["successes after an invalid prefix", "success = TER_v · P(success | executable) + (1 − TER_v) · RR"]
     rows = [
         [
-            *(str(v) for v in key_values(r, t.keys)),
+            *(label_text(v) for v in key_values(r, t.keys)),
             str(r["n"]),
             str(r["n_unknown_success"]),
             str(r["n_with_verdict"]),
@@ -139,7 +140,7 @@ def users_table(t: RunTables) -> Table:
     columns = [*t.keys, "rollouts with user calls", "user calls", "invalid user calls", "all user calls valid"]
     rows = [
         [
-            *(str(v) for v in key_values(r, t.keys)),
+            *(label_text(v) for v in key_values(r, t.keys)),
             str(r["n_with_user_calls"]),
             str(r["n_user_calls"]),
             str(r["n_user_invalid"]),
@@ -307,7 +308,7 @@ def sensitivity_table(t: RunTables, approx: list[SensitivityCount]) -> Table:
     rows = []
     for c in t.cohorts:
         r = by_key.get(key_values(c, t.keys))
-        cells = [*(str(v) for v in key_values(c, t.keys)), str(c["n"])]
+        cells = [*(label_text(v) for v in key_values(c, t.keys)), str(c["n"])]
         cells += [ci(ratio(c, m)) for m in SENSITIVITY_METRICS]
         cells += [str(0 if r is None else r[n]) for n in ("n_approx_schema", "n_approx_schema_dependency")]
         rows.append(cells)

@@ -330,7 +330,7 @@ def _paired(
 def alert(lines: list[str]) -> None:
     """One line per crossed --fail-on threshold on stderr, then exit 1 (for alerting)."""
     for line in lines:
-        console.print(line, soft_wrap=True)
+        console.print(literal(line), soft_wrap=True)  # a breach names labels and tools, which come from the logs
     if lines:
         raise typer.Exit(1)
 

@@ -27,7 +27,7 @@ from rich.text import Text
 from pipeline.core import intervals, metric_catalogue
 from pipeline.core.arrow import pa
 from pipeline.core.errors import PexecError
-from pipeline.core.text import literal
+from pipeline.core.text import label_text, literal
 from pipeline.metrics.completeness import Coverage
 from pipeline.metrics.results import Cohort, Interval, cohort_fields, key_values, ratio
 from pipeline.metrics.settings import TABLE_PEC_K, effects_note, harness_note, replay_note
@@ -234,7 +234,7 @@ def print_metrics(cohorts: Sequence[Cohort], asked: str | None = None, width: in
 def _condition(c: Cohort) -> str:
     # The cohort's key columns: everything of a cohort dict that is not a count, a metric or a setting.
     labels = [k for k in c if k != "benchmark" and k not in cohort_fields()]
-    return " · ".join(literal(v) for v in key_values(c, labels)) or "all"
+    return " · ".join(label_text(v) for v in key_values(c, labels)) or "all"
 
 
 def _ratio_cell(c: Cohort, m: Any) -> str:
@@ -286,7 +286,7 @@ def print_diff(result: Any) -> None:
         _print_drift(result)
     for name, only in (("A", result.only_a), ("B", result.only_b)):
         for k in only:
-            out.print(f"cohort only in {name}: " + ", ".join(f"{c}={v}" for c, v in k.items()))
+            out.print(literal(f"cohort only in {name}: " + ", ".join(f"{c}={label_text(v)}" for c, v in k.items())))
     if result.tools:
         keys = [k for k in result.tools[0] if k not in ("a", "b", "diff", "lo", "hi", "replicates_used",
                                                         "small_sample", "calls_a", "calls_b")]  # fmt: skip
@@ -294,17 +294,17 @@ def print_diff(result: Any) -> None:
         for name in [*keys, "A", "B", "B − A", "95% interval", "calls A", "calls B"]:
             table.add_column(name, justify="left" if name in keys else "right")
         for r in result.tools:
-            cells = [str(r[k]) for k in keys] + [_fmt(r["a"]), _fmt(r["b"]), _fmt(r["diff"], "+")]
+            cells = [label_text(r[k]) for k in keys] + [_fmt(r["a"]), _fmt(r["b"]), _fmt(r["diff"], "+")]
             table.add_row(*cells, _bounds(r), str(r["calls_a"]), str(r["calls_b"]))
         print_table(table)
     if any(r["small_sample"] for r in [*result.rows, *result.tools]):
         out.print(SMALL_DRIFT, soft_wrap=True)
     for label, rows in (("new tool", result.new_tools), ("vanished tool", result.vanished_tools)):
         for r in rows:
-            out.print(f"{label}: " + ", ".join(f"{k}={v}" for k, v in r.items()))
+            out.print(literal(f"{label}: " + ", ".join(f"{k}={label_text(v)}" for k, v in r.items())))
     for r in result.new_causes:
-        where = ", ".join(f"{k}={v}" for k, v in r.items() if k not in ("cause", "n"))
-        out.print(f"new cause: {r['cause']} ({r['n']} call(s); {where})")
+        where = ", ".join(f"{k}={label_text(v)}" for k, v in r.items() if k not in ("cause", "n"))
+        out.print(literal(f"new cause: {r['cause']} ({r['n']} call(s); {where})"))
 
 
 def _drift_table(title: str, keys: Sequence[str], rows: Sequence[Mapping[str, Any]], tasks: bool = True) -> Table:
@@ -312,7 +312,7 @@ def _drift_table(title: str, keys: Sequence[str], rows: Sequence[Mapping[str, An
     for name in [*keys, "metric", "A", "B", "B − A", "95% interval", *(("tasks A", "tasks B") if tasks else ())]:
         table.add_column(name, justify="left" if name in keys or name == "metric" else "right")
     for r in rows:
-        cells = [literal(r[k]) for k in keys] + [r["metric"], _fmt(r["a"]), _fmt(r["b"])]
+        cells = [label_text(r[k]) for k in keys] + [r["metric"], _fmt(r["a"]), _fmt(r["b"])]
         cells += [_fmt(r["diff"], "+"), _bounds(r)]
         table.add_row(*cells, *((str(r["tasks_a"]), str(r["tasks_b"])) if tasks else ()))
     return table
@@ -328,7 +328,7 @@ def _print_drift(result: Any) -> None:
         return
     cohorts: dict[tuple[str, ...], list[Mapping[str, Any]]] = {}
     for r in result.rows:
-        cohorts.setdefault(tuple(literal(r[k]) for k in result.keys), []).append(r)
+        cohorts.setdefault(tuple(label_text(r[k]) for k in result.keys), []).append(r)
     for key, rows in cohorts.items():
         title = f"Drift of {' · '.join(key)}: B − A"
         counts = {(r["tasks_a"], r["tasks_b"]) for r in rows}
