@@ -262,3 +262,15 @@ def test_labels_and_tools_from_the_logs_print_as_text(tmp_path: Path) -> None:
     drift = CliRunner().invoke(app, ["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--unpaired"])
     assert drift.exit_code == 0, drift.output
     assert "\x1b" not in drift.output and "tool=pay\\x1b[31m" in drift.output and "model=–" in drift.output
+
+
+def test_a_run_without_rollouts_is_refused_in_one_line(tmp_path: Path) -> None:
+    nightly(tmp_path / "a", "a", 20, "pay")
+    (tmp_path / "bad.jsonl").write_text("{not json\n")
+    scored = CliRunner().invoke(app, ["score", str(tmp_path / "bad.jsonl"), "--out", str(tmp_path / "empty"),
+                                      "--env", "observed", "--inline"])  # fmt: skip
+    assert scored.exit_code == 2, scored.output  # the run is committed, with its one reject
+    for args in (["empty", "a"], ["a", "empty", "--unpaired"]):
+        done = CliRunner().invoke(app, ["diff", *(str(tmp_path / x) if x[0] != "-" else x for x in args)])
+        assert done.exit_code == 2, done.output
+        assert "empty holds no rollout (1 record(s) rejected): nothing to compare" in done.output

@@ -166,6 +166,10 @@ class Snapshot:
         them: every shard read has one."""
         return sum(r.recorded[key].rejected for r in self.runs for key in r.keys)
 
+    def scored(self) -> int:
+        """Rollouts the readable shards scored (rows of their rollouts parts), as their markers count them."""
+        return sum(r.recorded[key].scored for r in self.runs for key in r.keys)
+
     def parts(self, table: str) -> list[str]:
         """URLs of `table`'s part files of the readable shards, as DuckDB reads them; the first call for a table
         checks each of its parts against its marker (PartDamaged for one that does not match)."""

@@ -281,6 +281,16 @@ def diff(
     asked = metrics_settings(by, bootstrap, seed, method, harness_errors, pool, strict_replay, methods=METHODS)
     reading = Reading(storage(endpoint_url, storage_option))
     a, b = reading.open(run_a), reading.open(run_b)
+    for given, opened in ((run_a, a), (run_b, b)):
+        name = literal(public_url(given))
+        if not opened.snapshot.scored():  # checked first: its cohorts and columns would be absent, not empty
+            rejected = opened.snapshot.rejected()
+            why = (
+                f"; to see why: {rejects_query(name, 'SELECT reason, source, location FROM rejects')}"
+                if rejected
+                else ""
+            )
+            raise PexecError(f"{name} holds no rollout ({rejected:,} record(s) rejected): nothing to compare{why}")
     # Which rollout ids both runs have decides the default; --unpaired needs no such scan of both runs' ids.
     shared = (0, 0, 0) if paired is False else shared_rollouts(a, b)
     if paired or (paired is None and shared[2] and 2 * shared[2] >= min(shared[:2])):
