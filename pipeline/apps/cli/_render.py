@@ -298,7 +298,7 @@ def print_diff(result: Any) -> None:
             table.add_row(*cells, _bounds(r), str(r["calls_a"]), str(r["calls_b"]))
         print_table(table)
     if any(r["small_sample"] for r in [*result.rows, *result.tools]):
-        out.print(SMALL_DRIFT, soft_wrap=True)
+        out.print(SMALL_DRIFT)
     for label, rows in (("new tool", result.new_tools), ("vanished tool", result.vanished_tools)):
         for r in rows:
             out.print(literal(f"{label}: " + ", ".join(f"{k}={label_text(v)}" for k, v in r.items())))
