@@ -12,7 +12,8 @@ In one run, on a moto S3 server on loopback:
     adapter and by `inspect_ai.log.read_eval_log`.
 Every measured step is a fresh process (`python -m pipeline.apps.perf.nightly STEP …`) reporting its seconds, its
 CPU-seconds (its own and those of every process it started, Ray's included, read before it exits), its own peak
-RSS (VmHWM) and, for scoring, the largest Ray worker's peak from the shard reports. The projection to 100M
+RSS (VmHWM) and, for scoring, the largest scoring task's own peak from the shard reports (its worker's VmHWM,
+restarted as the task began: pipeline.scoring.memory). The projection to 100M
 rollouts on 128 × 16 cores is computed from the per-core rates measured here (`projected_seconds`).
 Progress lines go to stderr; the data goes under --workdir.
 """

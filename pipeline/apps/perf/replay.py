@@ -75,7 +75,7 @@ class RayRun(TypedDict):
     seconds: float
     steps_per_s_per_core: float
     steps_per_rollout: float
-    worker_peak_rss_mib: float
+    worker_peak_rss_mib: float  # the largest scoring task's own peak (its shard report's VmHWM)
 
 
 @dataclass(frozen=True)
