@@ -27,6 +27,7 @@ from pipeline.scoring.driver import run_scoring
 from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.inputs import line_shards, list_inputs
 from pipeline.storage.stores import write_store
+from pipeline.synthetic.rollouts import synthesize
 from pipeline.synthetic.support_logs import write_night, write_samples
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -521,3 +522,30 @@ def test_a_trace_is_rekeyed_without_decoding_as_the_format_regroups_it(spans):
         for key, sp in otel.regroup(trace, [p for p in payloads if p["trace_id"] == trace])
     )
     assert got == expected
+
+
+def test_a_file_named_twice_or_inside_a_named_folder_is_scored_once(tmp_path):
+    """Every rollout of the night is scored once: a file named twice, or named beside the folder that holds it, is
+    planned once (planned twice, the duplicate-id check took each of its rollouts for a later copy of itself)."""
+    files = write_samples(tmp_path / "logs", ("2026-11-28", "2026-11-29"), per_date=20)
+    named = str(files[1])
+    for i, sources in enumerate(([named, named], [str(tmp_path / "logs"), named], [named, f"{tmp_path}/logs/../logs/"
+                                 f"date=2026-11-29/conversations.jsonl"])):  # fmt: skip
+        out = tmp_path / f"run{i}"
+        result = RUNNER.invoke(app, ["score", *sources, "--format", "openai", "--inline", "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        manifest = open_run(str(out)).snapshot
+        assert (manifest.scored(), manifest.rejected()) == (40 if i == 1 else 20, 0), sources
+
+
+def test_a_run_folder_inside_its_input_is_refused_before_anything_is_written(tmp_path):
+    """Inside the input, the run's own parts would be read back as logs by the next run, each a reject."""
+    store = tmp_path / "store"
+    write_store(synthesize("shop", 30, 5, seed=1), str(store), per_file=30)
+    for out in (store / "run", store):
+        result = RUNNER.invoke(app, ["score", str(store), "--inline", "--out", str(out)])
+        assert result.exit_code == 2, result.output
+        assert "lies inside the input it scores" in result.output
+    assert not (store / "run").exists() and not (store / "_manifest.json").exists()
+    beside = RUNNER.invoke(app, ["score", str(store), "--inline", "--out", str(tmp_path / "store-run")])
+    assert beside.exit_code == 0, beside.output  # a name that only starts like the input's is outside it

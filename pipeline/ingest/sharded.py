@@ -63,9 +63,15 @@ def raw_source(fmt: str, sources: Sequence[str], options: IngestOptions) -> RawS
 
 
 def plan_raw(source: RawSource, target_bytes: int) -> list[Shard]:
-    """The shards of the raw source, in source order: the format's own plan, else one shard per source."""
+    """The shards of the raw source, in source order: the format's own plan, else one shard per source. A file
+    named twice, or named beside a folder that holds it, is read once: a shard planned twice would be scored twice,
+    and the duplicate-id check would then take each of its rollouts for a later copy of itself."""
     shards = source.format.plan(source.sources, source.options, target_bytes)
-    return [_whole_source(source, s) for s in source.sources] if shards is None else shards
+    planned = [_whole_source(source, s) for s in source.sources] if shards is None else shards
+    once: dict[str, Shard] = {}
+    for shard in planned:
+        once.setdefault(shard.key, shard)
+    return list(once.values())
 
 
 def read_raw(source: RawSource, shard: Shard) -> Iterator[Part]:

@@ -38,6 +38,7 @@ from pipeline.core.run_folder import (
     ShardMarker,
     ShardReuse,
 )
+from pipeline.core.text import public_url
 from pipeline.envs import EnvError, forget_unresolved, get_environment
 from pipeline.ingest import IngestError
 from pipeline.ingest.base import ReadLimits
@@ -48,7 +49,7 @@ from pipeline.scoring.settings import DEFAULT_SCORING, DEFAULT_SHARD_BYTES, Scor
 from pipeline.scoring.shard import ScoredShard, TaskSettings, read_records, score_shard, score_task
 from pipeline.scoring.shuffle import shuffle_rounds, staging
 from pipeline.scoring.sniff import refuse_other_formats
-from pipeline.storage.fs import absolute, remove_all
+from pipeline.storage.fs import absolute, filesystem, remove_all, url_of
 from pipeline.storage.ids import Duplicates, digest, duplicate_ids, ids_table, shard_ids
 from pipeline.storage.inputs import (
     LineBatch,
@@ -144,6 +145,7 @@ def run_scoring(
     started = datetime.now(UTC)
     job = _job(store, run, scoring, run_id)
     shard_plan = plan(job.store, scoring.shard_bytes, scoring.storage_options, job.source)
+    _refuse_run_inside_input(run, [store] if isinstance(store, str) else store, shard_plan, scoring.storage_options)
     scoring = scoring.placed(shard_plan.total_bytes)
     lease = Lease(run, scoring.storage_options, scoring.lease_stale_after)
     with ExitStack() as held:
@@ -158,6 +160,26 @@ def run_scoring(
         reports, why = _score_later_copies(scorer, shard_plan, reuse, reports, duplicates)
         manifest = _commit(run, job, settings, shard_plan, reports, why, started, scoring.executor, lease)
     return manifest
+
+
+def _refuse_run_inside_input(
+    run: str, sources: Sequence[str], shard_plan: ShardPlan, storage_options: dict[str, Any] | None
+) -> None:
+    """A run folder inside its input would be read back as input by the next run: its parts taken for logs, each
+    record a reject, more with every rerun. Refused before anything is written, whether the folder exists yet
+    (inside a source named) or not (a planned file under it)."""
+    fs, path = filesystem(absolute(run), storage_options)
+    inside = url_of(fs, path).rstrip("/") + "/"
+    named = []
+    for source in sources:
+        source_fs, source_path = filesystem(absolute(source), storage_options)
+        if type(source_fs) is type(fs):
+            named.append(url_of(source_fs, source_path).rstrip("/") + "/")
+    if any(inside.startswith(s) for s in named) or any(s.file.url.startswith(inside) for s in shard_plan.shards):
+        raise ScoringFailed(
+            f"the run folder {public_url(run)} lies inside the input it scores: a rerun would read the run's own "
+            "files as logs; give --out a folder outside the input"
+        )
 
 
 @dataclass(frozen=True)

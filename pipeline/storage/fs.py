@@ -41,8 +41,9 @@ def is_local(fs: fsspec.AbstractFileSystem) -> bool:
 
 
 def url_of(fs: fsspec.AbstractFileSystem, path: str) -> str:
-    """The URL of a path of `fs`: a plain absolute path on the local disk, else with its protocol."""
-    return path if is_local(fs) else fs.unstrip_protocol(path)
+    """The URL of a path of `fs`: a plain absolute path on the local disk, normalised (`a/../a/x` is `a/x`: one file,
+    one name), else with its protocol."""
+    return os.path.normpath(path) if is_local(fs) else fs.unstrip_protocol(path)
 
 
 def exists(url: str, storage_options: StorageOptions | None = None) -> bool:
