@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 
 from pipeline.core import records
 from pipeline.core.errors import InvalidRecord
-from pipeline.core.model import Rollout
+from pipeline.core.model import Rollout, RolloutResult
 from pipeline.core.records import check_rollout, parse_rollout
 from pipeline.core.run_schema import ATTRIBUTE_PREFIX, RESERVED_COLUMNS
+from pipeline.scoring.run_tables import rollouts_table, steps_table
 
 # Output column names in any case, names that start like a cost or attribute column, and others.
 NAMES = st.one_of(
@@ -68,3 +69,31 @@ def test_a_rollout_holds_at_most_max_labels_labels_and_as_many_attributes(field)
         check_rollout(over)
     with pytest.raises(InvalidRecord, match=said):
         parse_rollout(records.rollout_record(over))
+
+
+@pytest.mark.parametrize(("field", "what"), [("labels", "labels"), ("attributes", "attributes"), ("cost", "costs")])
+def test_two_names_of_one_rollout_that_differ_only_in_case_are_a_reject(field: str, what: str) -> None:
+    """SQL names are case-insensitive: `model` and `MODEL` would be one column, read as `MODEL` and `model_1`."""
+    value: str | float = 1.0 if field == "cost" else "v"
+    both = Rollout("r", "t", "b", **{field: {"model": value, "MODEL": value}})
+    said = f"{what} 'model' and 'MODEL' differ only in letter case"
+    with pytest.raises(InvalidRecord, match=said):
+        check_rollout(both)
+    with pytest.raises(InvalidRecord, match=said):
+        parse_rollout(records.rollout_record(both))
+    one = Rollout("r", "t", "b", **{field: {"model": value, "method": value}})
+    assert check_rollout(one) == one
+
+
+def test_rollouts_that_spell_one_label_differently_share_its_column() -> None:
+    """Across rollouts the spellings are one label, named by the spelling that sorts first, in both tables; a
+    DuckDB read of the parts sees one `model` column, not `MODEL` beside `model_1`."""
+    results = [
+        RolloutResult(Rollout("r1", "t", "b", labels={"model": "x"}, attributes={"Seed": "1"}, cost={"usd": 1.0}), []),
+        RolloutResult(Rollout("r2", "t", "b", labels={"MODEL": "y"}, attributes={"seed": "2"}, cost={"USD": 2.0}), []),
+    ]
+    rollouts = rollouts_table("run", results)
+    assert rollouts["MODEL"].to_pylist() == ["x", "y"] and "model" not in rollouts.column_names
+    assert rollouts[ATTRIBUTE_PREFIX + "Seed"].to_pylist() == ["1", "2"] and rollouts["cost_USD"].to_pylist() == [1, 2]
+    steps = steps_table("run", results).column_names
+    assert "MODEL" in steps and ATTRIBUTE_PREFIX + "Seed" in steps and "model" not in steps

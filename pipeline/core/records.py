@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal, NotRequired, TypedDict
 
 import orjson
@@ -175,7 +175,8 @@ def parse_rollout(record: Mapping[str, Any]) -> Rollout:
     labels = _labels(record.get("labels"))
     attributes = _strings(record.get("attributes"), "attributes")
     _check_name_lengths(attributes, "an attribute name")
-    _check_counts(labels, attributes)
+    cost = _cost(record.get("cost"))
+    _check_counts(labels, attributes, cost)
     both = sorted(set(labels) & set(attributes))
     if both:
         raise InvalidRecord(f"{', '.join(map(repr, both))} is both a label and an attribute")
@@ -197,7 +198,7 @@ def parse_rollout(record: Mapping[str, Any]) -> Rollout:
         env=env,
         events=[parse_event(e, f"events[{i}]") for i, e in enumerate(events)],
         success=success,
-        cost=_cost(record.get("cost")),
+        cost=cost,
         truth=_json_field(record.get("truth"), "truth"),
         attributes=attributes,
         status=status,
@@ -225,7 +226,7 @@ def check_rollout(rollout: Rollout) -> Rollout:
         raise InvalidRecord("'attributes' has an empty name")
     if rollout.attributes and max(map(len, rollout.attributes)) > MAX_ID_CHARS:
         _check_name_lengths(rollout.attributes, "an attribute name")
-    _check_counts(rollout.labels, rollout.attributes)
+    _check_counts(rollout.labels, rollout.attributes, rollout.cost)
     both = sorted(rollout.labels.keys() & rollout.attributes.keys())
     if both:
         raise InvalidRecord(f"{', '.join(map(repr, both))} is both a label and an attribute")
@@ -270,10 +271,23 @@ def check_call_names(call: Call, where: str) -> None:
         check_length(call.call_id, f"{where}.call_id")
 
 
-def _check_counts(labels: Mapping[str, str], attributes: Mapping[str, str]) -> None:
+def _check_counts(labels: Mapping[str, str], attributes: Mapping[str, str], cost: Mapping[str, float]) -> None:
     for values, what in ((labels, "labels"), (attributes, "attributes")):
         if len(values) > MAX_LABELS:
             raise InvalidRecord(f"{len(values):,} {what} are over the limit of {MAX_LABELS} for one rollout")
+    for names, what in ((labels, "labels"), (attributes, "attributes"), (cost, "costs")):
+        if len(names) > 1 and len({name.lower() for name in names}) < len(names):
+            _one_spelling(names, what)
+
+
+def _one_spelling(names: Iterable[str], what: str) -> None:
+    """Each name is a column, and SQL names are case-insensitive: two that differ only in letter case would be read
+    as one column (of the run's tables, one spelling names it: pipeline.scoring.run_tables)."""
+    seen: dict[str, str] = {}
+    for name in names:
+        if name.lower() in seen:
+            raise InvalidRecord(f"{what} {seen[name.lower()][:64]!r} and {name[:64]!r} differ only in letter case")
+        seen[name.lower()] = name
 
 
 def _check_name_lengths(values: Mapping[str, str], what: str) -> None:

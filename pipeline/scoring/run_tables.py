@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from operator import attrgetter
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -13,48 +13,43 @@ from pipeline.core.effects import WRITES
 from pipeline.core.model import Reject, RolloutResult
 from pipeline.core.run_schema import ATTRIBUTE_PREFIX, REJECTS, ROLLOUTS, STEPS, RunTable, arrow_schema
 
+V = TypeVar("V")
+
 
 def steps_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
-    labels, attributes = _label_names(results), _attribute_names(results)
-    schema = arrow_schema(STEPS, labels, attributes=[ATTRIBUTE_PREFIX + a for a in attributes])
+    rollouts = [res.rollout for res in results]
+    labels, attributes = _case_folded([r.labels for r in rollouts]), _case_folded([r.attributes for r in rollouts])
+    schema = arrow_schema(STEPS, list(labels), attributes=[ATTRIBUTE_PREFIX + a for a in attributes])
     fields = [c.name for c in STEPS.fields if c.name != "status"]
     # Built column by column (a transpose in C) rather than cell by cell: this runs on every step. The rollout's
     # own columns are built once per rollout and repeated for its steps by Arrow.
-    rollout_rows = [
-        (
-            run_id,
-            r.rollout_id,
-            r.task_id,
-            r.benchmark,
-            *(r.labels.get(name) for name in labels),
-            *(r.attributes.get(name) for name in attributes),
-            r.status,
-        )
-        for r in (res.rollout for res in results)
-    ]
+    per_rollout: dict[str, Sequence[Any]] = {
+        "run_id": [run_id] * len(rollouts),
+        "rollout_id": [r.rollout_id for r in rollouts],
+        "task_id": [r.task_id for r in rollouts],
+        "benchmark": [r.benchmark for r in rollouts],
+        **labels,
+        **{ATTRIBUTE_PREFIX + name: values for name, values in attributes.items()},
+        "status": [r.status for r in rollouts],
+    }
     step_rows = map(attrgetter(*fields), (s for res in results for s in res.all_steps))
-    rollout_names = [*schema.names[: len(STEPS.ids) + len(labels) + len(attributes)], "status"]
     cols: dict[str, Sequence[Any]] = {name: () for name in schema.names}
     cols |= zip(fields, zip(*step_rows, strict=True), strict=False)
     per_step = np.repeat(np.arange(len(results)), [len(res.steps) + len(res.user_steps) for res in results])
-    arrays = {f.name: pa.array(cols[f.name], f.type) for f in schema if f.name not in rollout_names}
-    per_rollout = list(zip(*rollout_rows, strict=True)) or [()] * len(rollout_names)
-    arrays |= {
-        name: pa.array(values, schema.field(name).type).take(per_step)
-        for name, values in zip(rollout_names, per_rollout, strict=True)
-    }
+    arrays = {f.name: pa.array(cols[f.name], f.type) for f in schema if f.name not in per_rollout}
+    arrays |= {name: pa.array(values, schema.field(name).type).take(per_step) for name, values in per_rollout.items()}
     return pa.Table.from_arrays([arrays[name] for name in schema.names], schema=schema)
 
 
 def rollouts_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
     """One row per result (docs/explanation/definitions.md, "Per-rollout quantities"), built as typed column
     buffers: the rollout's own columns a list each, its derived quantities from one walk over its steps."""
-    labels, attributes = _label_names(results), _attribute_names(results)
-    cost_names = sorted({k for res in results for k in res.rollout.cost})
-    schema = arrow_schema(
-        ROLLOUTS, labels, [f"cost_{k}" for k in cost_names], [ATTRIBUTE_PREFIX + a for a in attributes]
-    )
     rollouts = [res.rollout for res in results]
+    labels, attributes = _case_folded([r.labels for r in rollouts]), _case_folded([r.attributes for r in rollouts])
+    costs = _case_folded([r.cost for r in rollouts])
+    schema = arrow_schema(
+        ROLLOUTS, list(labels), [f"cost_{k}" for k in costs], [ATTRIBUTE_PREFIX + a for a in attributes]
+    )
     cols: dict[str, list[Any]] = {
         "run_id": [run_id] * len(rollouts),
         "rollout_id": [r.rollout_id for r in rollouts],
@@ -63,9 +58,9 @@ def rollouts_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
         "status": [r.status for r in rollouts],
         "success": [r.success for r in rollouts],
     }
-    cols |= {name: [r.labels.get(name) for r in rollouts] for name in labels}
-    cols |= {ATTRIBUTE_PREFIX + name: [r.attributes.get(name) for r in rollouts] for name in attributes}
-    cols |= {f"cost_{k}": [r.cost.get(k) for r in rollouts] for k in cost_names}
+    cols |= labels
+    cols |= {ATTRIBUTE_PREFIX + name: values for name, values in attributes.items()}
+    cols |= {f"cost_{name}": values for name, values in costs.items()}
     derived = _Derived()
     for res in results:
         derived.add(res)
@@ -194,12 +189,19 @@ def conformed(part: pa.Table | pa.RecordBatch, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
-def _label_names(results: Sequence[RolloutResult]) -> list[str]:
-    return sorted({k for res in results for k in res.rollout.labels})
-
-
-def _attribute_names(results: Sequence[RolloutResult]) -> list[str]:
-    return sorted({k for res in results for k in res.rollout.attributes})
+def _case_folded(rows: Sequence[Mapping[str, V]]) -> dict[str, list[V | None]]:
+    """The rows' keys as columns in name order, a value per row (None where a row has none). Keys that differ only
+    in letter case are one column, named by the spelling that sorts first: SQL names are case-insensitive, and
+    DuckDB would read two such columns as one name twice (renaming one `x_1`). A rollout that holds two spellings
+    of one name is a reject (pipeline.core.records), so no row gives one column two values."""
+    column: dict[str, str] = {}
+    for name in sorted({k for row in rows for k in row}):
+        column.setdefault(name.lower(), name)
+    out: dict[str, list[V | None]] = {name: [None] * len(rows) for name in column.values()}
+    for i, row in enumerate(rows):
+        for key, value in row.items():
+            out[column[key.lower()]][i] = value
+    return out
 
 
 def _table(cols: Mapping[str, Sequence[object]], schema: pa.Schema) -> pa.Table:
