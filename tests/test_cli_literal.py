@@ -7,6 +7,8 @@ every command succeeds, the text appears literally and control characters appear
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from pathlib import Path
 
@@ -73,6 +75,15 @@ def test_sql_table_prints_values_and_column_names_literally(run: Path) -> None:
     assert MARKUP in table and SHOWN in table
     records = cli("sql", str(run), query, "--vertical")  # one record per block: names and values literal too
     assert records.splitlines()[1].startswith("[/x]") and MARKUP in records and SHOWN in records
+
+
+def test_sql_csv_writes_control_characters_as_escapes_and_json_keeps_them_exactly(run: Path) -> None:
+    """A raw carriage return ends a CSV record for most readers, and an escape sequence reaches the terminal."""
+    query = "SELECT DISTINCT model FROM rollouts ORDER BY 1"
+    rows = list(csv.reader(io.StringIO(cli("sql", str(run), query, "--format", "csv"))))
+    assert rows == [["model"], [SHOWN], [MARKUP]]  # ordered by the values themselves
+    exact = CliRunner().invoke(app, ["sql", str(run), query, "--format", "json"]).stdout
+    assert [json.loads(line)["model"] for line in exact.splitlines()] == [CONTROL, MARKUP]
 
 
 def test_score_error_with_markup_is_one_literal_line(tmp_path: Path) -> None:

@@ -430,6 +430,9 @@ def _blob(value: bytes) -> str:
 
 
 def _csv_cell(value: Any) -> str:
+    # Control characters as escapes, as a table shows them: a raw carriage return ends a CSV record for most
+    # readers (Python's csv module quotes only the line terminator it writes), and an escape sequence would reach a
+    # terminal. JSON output keeps values exactly, in JSON's own escapes.
     if value is None:
         return ""
     if isinstance(value, bool):
@@ -438,4 +441,4 @@ def _csv_cell(value: Any) -> str:
         return _json_default(value)
     if isinstance(value, list | dict):
         return _json(value)
-    return str(value)
+    return literal(str(value))
