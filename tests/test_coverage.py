@@ -81,7 +81,8 @@ def test_every_reader_refuses_a_killed_run_in_one_line(killed: tuple[Path, Path]
     assert 1 <= k < N_FILES
     expected = (
         f"error: run {run} is incomplete: no _manifest.json (scoring did not finish); {k} of {N_FILES} shards "
-        f"committed; finish it with the same `pexec score {store} --out {run}` (committed shards are reused) "
+        f"committed; finish it with the same `pexec score {store} --out {run}` and the options that started it "
+        "(committed shards are reused) "
         "(or pass --partial to read only the committed shards; every output says so)"
     )
     for args in (["metrics", str(run)], ["sql", str(run), "SELECT 1"], ["report", str(run), "--out", str(tmp_path)]):

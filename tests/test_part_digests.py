@@ -5,6 +5,7 @@ the command that repairs it, and running that command restores the run's numbers
 
 from __future__ import annotations
 
+import shlex
 import shutil
 from pathlib import Path
 
@@ -15,13 +16,16 @@ from typer.testing import CliRunner
 
 from pipeline.apps.cli import app
 from pipeline.core.errors import PartDamaged
+from pipeline.metrics.completeness import rescore_command
 from pipeline.metrics.run import open_run
 from pipeline.metrics.verify import verify_run
 from pipeline.scoring.driver import run_scoring
 from pipeline.scoring.settings import ScoreSettings
 from pipeline.storage.fs import open_whole
+from pipeline.storage.run import read_manifest
 from pipeline.storage.stores import write_store
 from pipeline.synthetic.rollouts import synthesize
+from pipeline.synthetic.support_logs import write_samples
 
 SHARDS = 4
 
@@ -96,7 +100,8 @@ def test_verify_lists_every_damaged_part_and_exits_2(scored: tuple[Path, Path], 
     assert lines[0] == f"{3 * SHARDS} parts of {SHARDS} shards: {3 * SHARDS - 3} verified, 3 damaged, 0 unverified"
     assert sum(line.startswith("damaged: ") for line in lines) == 3 and "Traceback" not in result.output
     assert lines[-1] == (
-        f"error: 3 of {3 * SHARDS} parts damaged; `pexec score {store} --out {run}` rescores their shards"
+        f"error: 3 of {3 * SHARDS} parts damaged; `pexec score {store} --out {run} "
+        "--checks schema,dependency,precondition` rescores their shards"
     )
     # The repair it names restores every part (and the rerun scores only the three damaged shards).
     again = run_scoring(str(store), str(run), ScoreSettings(inline=True))
@@ -155,7 +160,10 @@ def test_every_reader_refuses_a_damaged_part_in_one_line_and_the_repair_restores
     else:
         victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
     line = f"error: damaged part {victim}: "
-    repair = f"`pexec score {store} --out {run}` rescores its shard (`pexec verify {run}` lists every damaged part)"
+    repair = (
+        f"`pexec score {store} --out {run} --checks schema,dependency,precondition` rescores its shard "
+        f"(`pexec verify {run}` lists every damaged part)"
+    )
     for command in (
         ["metrics", str(run), "--bootstrap", "50"],
         ["sql", str(run), "SELECT count(*) FROM rollouts"],
@@ -220,3 +228,25 @@ def test_a_write_that_fails_midway_leaves_no_object_on_an_s3_compatible_store(s3
         f.write(block)
     fs.invalidate_cache()
     assert fs.cat(url) == block
+
+
+def test_the_repair_command_scores_as_the_run_was_scored(tmp_path: Path) -> None:
+    """Followed as printed, the repair rescores under the run's own format, options, labels, environment, spec and
+    checks: every other shard is reused (with other settings none would be, and the numbers would change)."""
+    write_samples(tmp_path / "logs", ("2026-11-28", "2026-11-29"), per_date=10)
+    run = tmp_path / "run with space"
+    asked = ["--format", "openai", "--option", "error_prefix=Error:", "--label", "team=a b", "--env", "observed",
+             "--spec", "support", "--checks", "schema,precondition"]  # fmt: skip
+    assert cli("score", str(tmp_path / "logs"), "--out", str(run), "--inline", *asked).exit_code == 0
+    manifest = read_manifest(str(run))
+    assert manifest is not None
+    command = rescore_command(manifest, str(run))
+    assert command.startswith(f"pexec score {tmp_path / 'logs'} --out '{run}' --format openai ")
+    for said in ("--option error_prefix=Error:", "--label 'team=a b'", "--env observed --spec support",
+                 "--checks schema,precondition"):  # fmt: skip
+        assert said in command
+    victim = sorted((run / "rollouts").iterdir())[0]
+    zero(victim)
+    again = cli(*shlex.split(command)[1:], "--inline")
+    assert again.exit_code == 0, again.output
+    assert "1 of 2 shard(s) reused" in again.output

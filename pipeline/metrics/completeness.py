@@ -19,6 +19,7 @@ A path may hold several runs (nightly `date=…/` partitions read together): eac
 
 from __future__ import annotations
 
+import shlex
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from pipeline.core.errors import (
     UnknownLayout,
 )
 from pipeline.core.run_folder import Manifest, Plan, PlannedShard, ShardMarker
-from pipeline.core.text import some
+from pipeline.core.text import public_url, some
 from pipeline.storage.run import (
     MANIFEST,
     PLAN,
@@ -272,6 +273,26 @@ def _run_folders(files: set[str]) -> list[str]:
     return sorted(folders)
 
 
+def rescore_command(manifest: Manifest, run: str) -> str:
+    """The `pexec score` that scores the run's input into `run` again as the manifest says it was scored: its
+    format, reader options and labels, environment, spec and checks. Without them a repair would rescore under the
+    defaults, another environment and other checks, with exit 0."""
+    s = manifest.settings
+    words = ["pexec", "score", public_url(manifest.input.store), "--out", shlex.quote(public_url(run))]
+    if s.read is not None:
+        words += ["--format", shlex.quote(s.read.format)]
+        words += [f"--option {shlex.quote(f'{k}={v}')}" for k, v in s.read.options]
+        words += [f"--label {shlex.quote(f'{k}={v}')}" for k, v in s.read.labels]
+    if s.env is not None:
+        words += ["--env", shlex.quote(s.env)]
+    if s.options.spec is not None:
+        words += ["--spec", shlex.quote(s.options.spec)]
+    words += [f"--spec-dir {shlex.quote(d)}" for d in s.options.spec_dirs]
+    if s.options.policy != "code":
+        words += ["--policy", shlex.quote(s.options.policy)]
+    return " ".join([*words, "--checks", ",".join(s.checks)])
+
+
 def _state(root: RunPrefix, rel: str, files: set[str]) -> RunState:
     prefix = f"{rel}/" if rel else ""
     run = root.file(rel) if rel else root.url
@@ -288,7 +309,7 @@ def _state(root: RunPrefix, rel: str, files: set[str]) -> RunState:
         ]
         keys = tuple(k for k in reports if has_parts(k))
         total = sum(s.read for s in reports.values())
-        repair = f"`pexec score {manifest.input.store} --out {run}`"
+        repair = f"`{rescore_command(manifest, run)}`"
         if not lost:
             return RunState(
                 rel,
@@ -344,9 +365,10 @@ def _state(root: RunPrefix, rel: str, files: set[str]) -> RunState:
         input_bytes=_total(planned[k].bytes for k in keys),
         input_bytes_total=plan.bytes,
         missing=f"{what}; {len(keys)} of {len(planned)} shards committed",
-        fix=f"finish it with the same `pexec score {plan.store} --out {run}` (committed shards are reused)",
+        fix=f"finish it with the same `pexec score {plan.store} --out {run}` and the options that started it "
+        "(committed shards are reused)",
         recorded=current,
-        repair=f"`pexec score {plan.store} --out {run}`",
+        repair=f"`pexec score {plan.store} --out {run}` with the options that started it",
     )
 
 
