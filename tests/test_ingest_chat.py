@@ -210,3 +210,19 @@ def test_anthropic_missing_input_is_not_captured(tmp_path):
         {"type": "tool_use", "id": "x", "name": "get_order"}]}]}  # fmt: skip
     [rec] = read("anthropic", write_jsonl(tmp_path / "a.jsonl", blind))
     assert score(rec) == [(True, None, "log", UNCAPTURED)]
+
+
+def test_ingest_names_the_file_of_a_document_that_is_not_json(tmp_path):
+    """A `.json` file that holds JSON Lines is one document that does not parse: `pexec ingest` fails on one line
+    that says which file, as scoring's reject does."""
+    from typer.testing import CliRunner
+
+    from pipeline.apps.cli import app
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    line = orjson.dumps({"messages": [{"role": "user", "content": "hi"}]}).decode()
+    (logs / "b.json").write_text(f"{line}\n{line}\n")
+    done = CliRunner().invoke(app, ["ingest", "openai", str(logs), "--out", str(tmp_path / "store")])
+    assert done.exit_code == 2, done.output
+    assert done.output.replace("\n", "").startswith(f"error: openai: {logs / 'b.json'}: not JSON: ")

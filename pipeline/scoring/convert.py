@@ -18,7 +18,7 @@ from pipeline.core.errors import InvalidRecord
 from pipeline.core.model import Rollout
 from pipeline.core.records import check_rollout, parse_rollout, rollout_record
 from pipeline.ingest import IngestError
-from pipeline.ingest.base import TypedPart
+from pipeline.ingest.base import TypedPart, one_line
 from pipeline.ingest.sharded import RawSource, plan_raw, read_raw_rollouts
 from pipeline.scoring.shuffle import (
     map_shard,
@@ -138,10 +138,9 @@ def _record_stream(shard: Shard, source: RawSource, scratch: str) -> Iterator[di
         read_partition(source, scratch, shard) if shard.file.fmt == "partition" else read_raw_rollouts(source, shard)
     )
     for location, record in parts:
-        if isinstance(record, RecordError):
-            where = f"{shard.file.url} {location}".rstrip()
-            reason = record.reason
-            raise IngestError(reason if reason.startswith(f"{source.fmt}: ") else f"{source.fmt}: {where}: {reason}")
+        where = f"{shard.file.url} {location}".rstrip()
+        if isinstance(record, RecordError):  # named where it is, unless its reason names the place already
+            raise IngestError(one_line(source.fmt, where, record.reason))
         try:
             if isinstance(record, Rollout):  # built as the model's objects: checked, then written as its record
                 yield rollout_record(check_rollout(record))
@@ -150,7 +149,7 @@ def _record_stream(shard: Shard, source: RawSource, scratch: str) -> Iterator[di
                 yield record
         except InvalidRecord as exc:  # an adapter bug, not bad input: say which record
             rid = record.rollout_id if isinstance(record, Rollout) else record.get("rollout_id")
-            raise IngestError(f"{source.fmt}: produced an invalid record {rid!r}: {exc}") from exc
+            raise IngestError(f"{source.fmt}: {where}: produced an invalid record {rid!r}: {exc}") from exc
 
 
 def _map(shard: Shard, source: RawSource, scratch: str, partitions: int, rounds: int, shard_bytes: int) -> int:
