@@ -67,3 +67,19 @@ def test_logs_without_a_single_call_need_the_opt_in(tmp_path: Path) -> None:
     # Rollouts without calls before the first one with a call are kept, in order.
     mixed = write(tmp_path, "mixed.jsonl", CHAT_ONLY, OPENAI, CHAT_ONLY | {"id": "r"})
     assert [r["rollout_id"] for r in ingest("openai", [mixed])] == ["q", "o", "r"]
+
+
+def test_a_bfcl_result_file_given_without_its_format_is_named(tmp_path: Path) -> None:
+    """The shared real BFCL results scored as if a canonical store: one line naming bfcl, not every entry rejected
+    for a missing rollout_id."""
+    from typer.testing import CliRunner
+
+    from pipeline.apps.cli import app
+
+    result = (
+        Path(__file__).resolve().parents[2] / "shared/data/real/bfcl/gpt-oss-120b/BFCL_v4_multi_turn_base_result.json"
+    )
+    done = CliRunner().invoke(app, ["score", str(result), "--out", str(tmp_path / "run"), "--inline"])
+    assert done.exit_code == 2, done.output
+    assert done.output.startswith("error: these look like bfcl logs: add --format bfcl")
+    assert not (tmp_path / "run").exists()

@@ -68,6 +68,10 @@ class Bfcl(ShardedFormat):
     name = "bfcl"
     options = OPTIONS
 
+    def looks_like(self, doc: Any) -> bool:
+        """A multi-turn result entry: `{"id": "multi_turn_…", "result": …}` (its calls, or the crash's text)."""
+        return isinstance(doc, dict) and str(doc.get("id", "")).startswith("multi_turn_") and "result" in doc
+
     def plan(self, sources: Sequence[str], options: IngestOptions, target_bytes: int) -> list[Shard]:
         """One shard per result file (JSON Lines under a `.json` name), read whole."""
         files = [f for source in sources for f in source_inputs("bfcl", source, options, _RESULT_FILES)]
