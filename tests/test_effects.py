@@ -47,7 +47,7 @@ def test_effect_columns_known_answer() -> None:
     # read ok, write ok, irreversible (weight 3) invalid, write invalid: fed = 3; writes = [ok, bad, bad].
     steps = [step(1, True, "read"), step(2, True, "write"), step(3, False, "irreversible", 3.0)]
     steps.append(step(4, False, "write"))
-    res = RolloutResult(Rollout("r", "t", "b", []), steps)  # type: ignore[call-arg]
+    res = RolloutResult(Rollout("r", "t", "b"), steps)
     cols = effect_columns(res)
     assert cols == {
         "n_writes": 3,
@@ -57,7 +57,7 @@ def test_effect_columns_known_answer() -> None:
         "write_auc_term": pytest.approx(1 / 3),
         "weighted_auc_term": pytest.approx(2 / 6),
     }
-    reads = RolloutResult(Rollout("r", "t", "b", []), [step(1, False, "read"), step(2, True, None)])  # type: ignore[call-arg]
+    reads = RolloutResult(Rollout("r", "t", "b"), [step(1, False, "read"), step(2, True, None)])
     expected = {"n_writes": 0, "n_unclassified": 1, "n_invalid_irreversible": 0, "write_fed": None,
                 "write_auc_term": None, "weighted_auc_term": 0.0}  # fmt: skip
     assert effect_columns(reads) == expected

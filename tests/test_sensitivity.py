@@ -29,9 +29,9 @@ def check_levels(res: RolloutResult) -> dict:
 
 
 def test_check_levels_known_answer() -> None:
-    res = RolloutResult(Rollout("r", "t", "b", []), steps(None, "P", "S"))  # type: ignore[call-arg]
+    res = RolloutResult(Rollout("r", "t", "b"), steps(None, "P", "S"))
     assert (res.fed, check_levels(res)) == (2, {"fed_schema": 3, "fed_schema_dependency": 3})
-    res = RolloutResult(Rollout("r", "t", "b", []), steps("D", None))  # type: ignore[call-arg]
+    res = RolloutResult(Rollout("r", "t", "b"), steps("D", None))
     assert (res.fed, check_levels(res)) == (1, {"fed_schema": 3, "fed_schema_dependency": 1})
 
 
