@@ -120,7 +120,7 @@ browser:
 # (tests/conftest.py). The 15 slowest tests are listed at the end.
 PYTEST_XDIST := -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 
-# The inner loop, meant to take under 150 s on a 2-core machine from a warm venv (150-169 s at 1,584 tests; 230-280 s at 1,593-1,597 on a slower day): lint, the
+# The inner loop, meant to take under 150 s on a 2-core machine from a warm venv (150-169 s at 1,584 tests; 230-280 s at 1,593-1,623 on a slower day): lint, the
 # type checker, and every test that starts nothing of the above and is none of the longer suites (fuzz, corpus,
 # memory); it ends saying how many tests it ran and how many it left to `make test`.
 CHECK_LEAVES := ray or cluster or server or trace_server or browser or docs or other_python or fuzz or corpus or memory
