@@ -235,14 +235,16 @@ def test_the_repair_command_scores_as_the_run_was_scored(tmp_path: Path) -> None
     checks: every other shard is reused (with other settings none would be, and the numbers would change)."""
     write_samples(tmp_path / "logs", ("2026-11-28", "2026-11-29"), per_date=10)
     run = tmp_path / "run with space"
-    asked = ["--format", "openai", "--option", "error_prefix=Error:", "--label", "team=a b", "--env", "observed",
+    asked = ["--format", "openai", "--option", "error_prefix=Error:", "--option", "allow_no_calls=true",
+             "--label", "team=a b", "--env", "observed",
              "--spec", "support", "--checks", "schema,precondition"]  # fmt: skip
     assert cli("score", str(tmp_path / "logs"), "--out", str(run), "--inline", *asked).exit_code == 0
     manifest = read_manifest(str(run))
     assert manifest is not None
     command = rescore_command(manifest, str(run))
     assert command.startswith(f"pexec score {tmp_path / 'logs'} --out '{run}' --format openai ")
-    for said in ("--option error_prefix=Error:", "--label 'team=a b'", "--env observed --spec support",
+    for said in ("--option error_prefix=Error:", "--label 'team=a b'", "--option allow_no_calls=true",
+                 "--env observed --spec support",
                  "--checks schema,precondition"):  # fmt: skip
         assert said in command
     victim = sorted((run / "rollouts").iterdir())[0]

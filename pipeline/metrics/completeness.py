@@ -283,6 +283,7 @@ def rescore_command(manifest: Manifest, run: str) -> str:
         words += ["--format", shlex.quote(s.read.format)]
         words += [f"--option {shlex.quote(f'{k}={v}')}" for k, v in s.read.options]
         words += [f"--label {shlex.quote(f'{k}={v}')}" for k, v in s.read.labels]
+        words += ["--option allow_no_calls=true"] if s.read.allow_no_calls else []
     if s.env is not None:
         words += ["--env", shlex.quote(s.env)]
     if s.options.spec is not None:
