@@ -248,7 +248,7 @@ def test_one_conversations_spans_in_three_files_score_as_in_one_file(tmp_path, s
     ingested = ingest_then_score("otel", [str(export)], tmp_path, {}, **spec)
     one = score_raw("otel", [str(export)], tmp_path, {}, "one", **spec)
     three = score_raw(
-        "otel", [str(tmp_path / "three")], tmp_path, {}, "three", shard_mb=512 / 2**20, inline=False, **spec
+        "otel", [str(tmp_path / "three")], tmp_path, {}, "run-three", shard_mb=512 / 2**20, inline=False, **spec
     )
     assert_same(ingested, one)
     assert_same(one, three)
