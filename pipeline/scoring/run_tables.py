@@ -10,7 +10,7 @@ import numpy as np
 
 from pipeline.core.arrow import pa
 from pipeline.core.effects import WRITES
-from pipeline.core.model import Reject, RolloutResult
+from pipeline.core.model import Reject, Rollout, RolloutResult
 from pipeline.core.run_schema import ATTRIBUTE_PREFIX, REJECTS, ROLLOUTS, STEPS, RunTable, arrow_schema
 
 V = TypeVar("V")
@@ -18,20 +18,11 @@ V = TypeVar("V")
 
 def steps_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
     rollouts = [res.rollout for res in results]
-    labels, attributes = _case_folded([r.labels for r in rollouts]), _case_folded([r.attributes for r in rollouts])
-    schema = arrow_schema(STEPS, list(labels), attributes=[ATTRIBUTE_PREFIX + a for a in attributes])
+    per_rollout, labels, attributes = _rollout_columns(run_id, rollouts)
+    schema = arrow_schema(STEPS, labels, attributes=attributes)
     fields = [c.name for c in STEPS.fields if c.name != "status"]
     # Built column by column (a transpose in C) rather than cell by cell: this runs on every step. The rollout's
     # own columns are built once per rollout and repeated for its steps by Arrow.
-    per_rollout: dict[str, Sequence[Any]] = {
-        "run_id": [run_id] * len(rollouts),
-        "rollout_id": [r.rollout_id for r in rollouts],
-        "task_id": [r.task_id for r in rollouts],
-        "benchmark": [r.benchmark for r in rollouts],
-        **labels,
-        **{ATTRIBUTE_PREFIX + name: values for name, values in attributes.items()},
-        "status": [r.status for r in rollouts],
-    }
     step_rows = map(attrgetter(*fields), (s for res in results for s in res.all_steps))
     cols: dict[str, Sequence[Any]] = {name: () for name in schema.names}
     cols |= zip(fields, zip(*step_rows, strict=True), strict=False)
@@ -45,21 +36,10 @@ def rollouts_table(run_id: str, results: Sequence[RolloutResult]) -> pa.Table:
     """One row per result (docs/explanation/definitions.md, "Per-rollout quantities"), built as typed column
     buffers: the rollout's own columns a list each, its derived quantities from one walk over its steps."""
     rollouts = [res.rollout for res in results]
-    labels, attributes = _case_folded([r.labels for r in rollouts]), _case_folded([r.attributes for r in rollouts])
+    columns, labels, attributes = _rollout_columns(run_id, rollouts)
     costs = _case_folded([r.cost for r in rollouts])
-    schema = arrow_schema(
-        ROLLOUTS, list(labels), [f"cost_{k}" for k in costs], [ATTRIBUTE_PREFIX + a for a in attributes]
-    )
-    cols: dict[str, list[Any]] = {
-        "run_id": [run_id] * len(rollouts),
-        "rollout_id": [r.rollout_id for r in rollouts],
-        "task_id": [r.task_id for r in rollouts],
-        "benchmark": [r.benchmark for r in rollouts],
-        "status": [r.status for r in rollouts],
-        "success": [r.success for r in rollouts],
-    }
-    cols |= labels
-    cols |= {ATTRIBUTE_PREFIX + name: values for name, values in attributes.items()}
+    schema = arrow_schema(ROLLOUTS, labels, [f"cost_{k}" for k in costs], attributes)
+    cols: dict[str, Sequence[Any]] = {**columns, "success": [r.success for r in rollouts]}
     cols |= {f"cost_{name}": values for name, values in costs.items()}
     derived = _Derived()
     for res in results:
@@ -187,6 +167,22 @@ def conformed(part: pa.Table | pa.RecordBatch, schema: pa.Schema) -> pa.Table:
     have = set(part.schema.names)
     columns = [part.column(f.name) if f.name in have else pa.nulls(n, f.type) for f in schema]
     return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _rollout_columns(run_id: str, rollouts: Sequence[Rollout]) -> tuple[dict[str, Sequence[Any]], list[str], list[str]]:
+    """What both tables hold of each rollout, a list per column: its ids, its labels and attributes (one column per
+    name whatever its letter case: `_case_folded`) and its status; with the label and attribute column names."""
+    labels, attributes = _case_folded([r.labels for r in rollouts]), _case_folded([r.attributes for r in rollouts])
+    columns: dict[str, Sequence[Any]] = {
+        "run_id": [run_id] * len(rollouts),
+        "rollout_id": [r.rollout_id for r in rollouts],
+        "task_id": [r.task_id for r in rollouts],
+        "benchmark": [r.benchmark for r in rollouts],
+        **labels,
+        **{ATTRIBUTE_PREFIX + name: values for name, values in attributes.items()},
+        "status": [r.status for r in rollouts],
+    }
+    return columns, list(labels), [ATTRIBUTE_PREFIX + name for name in attributes]
 
 
 def _case_folded(rows: Sequence[Mapping[str, V]]) -> dict[str, list[V | None]]:
